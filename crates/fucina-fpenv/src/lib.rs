@@ -1,0 +1,1 @@
+//! fucina-fpenv: work in progress (being written in this change).

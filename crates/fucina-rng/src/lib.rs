@@ -1,0 +1,1 @@
+//! fucina-rng: work in progress (being written in this change).

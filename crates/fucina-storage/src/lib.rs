@@ -1,0 +1,1 @@
+//! fucina-storage: work in progress (being written in this change).

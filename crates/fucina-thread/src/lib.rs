@@ -1,0 +1,1 @@
+//! fucina-thread: work in progress (being written in this change).
