@@ -1,1 +1,202 @@
-fn main() {}
+//! Project automation for fucina-rs, run as `cargo xtask <command>`.
+//!
+//! - `cargo xtask ci`: every check CI runs, in order, failing on the first
+//!   failing step and naming it.
+//! - `cargo xtask doctest`: compiles and runs every ```` ```rust ```` block of
+//!   `docs/*.md` against the workspace crates.
+//! - `cargo xtask loom`: the loom model checks (also part of `ci`).
+//!
+//! Deliberately dependency-free so that it builds in seconds on a fresh clone.
+
+mod doctest;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  ci        fmt check, clippy, tests, loom models, doc examples, cargo-deny (if installed)
+  doctest   compile and run every ```rust block of docs/*.md
+  loom      run the loom model checks (RUSTFLAGS=--cfg loom)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("doctest") => doctest::run(&workspace_root()),
+        Some("loom") => loom(),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command `{other}`\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of this crate's manifest directory).
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// `cargo`, as the one that runs us (falls back to `cargo` on the PATH).
+pub(crate) fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs one named step; an error names the step and how to reproduce it.
+pub(crate) fn step(name: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("\n==> [{name}] {}", show(cmd));
+    let start = Instant::now();
+    let status = cmd
+        .status()
+        .map_err(|e| format!("step `{name}` could not start: {e}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    if status.success() {
+        eprintln!("==> [{name}] ok ({secs:.1} s)");
+        Ok(())
+    } else {
+        Err(format!(
+            "step `{name}` FAILED ({status}) after {secs:.1} s; reproduce with: {}",
+            show(cmd)
+        ))
+    }
+}
+
+fn show(cmd: &Command) -> String {
+    let mut out = String::new();
+    for (key, value) in cmd.get_envs() {
+        if let Some(value) = value {
+            out.push_str(&format!(
+                "{}={} ",
+                key.to_string_lossy(),
+                value.to_string_lossy()
+            ));
+        }
+    }
+    out.push_str(&cmd.get_program().to_string_lossy());
+    for arg in cmd.get_args() {
+        out.push(' ');
+        out.push_str(&arg.to_string_lossy());
+    }
+    out
+}
+
+/// Whether `cargo <sub>` is installed (e.g. `nextest`, `deny`).
+fn has_cargo_subcommand(sub: &str) -> bool {
+    cargo()
+        .args([sub, "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn ci() -> Result<(), String> {
+    let start = Instant::now();
+    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    if has_cargo_subcommand("nextest") {
+        step(
+            "test",
+            cargo().args([
+                "nextest",
+                "run",
+                "--workspace",
+                "--all-features",
+                "--no-fail-fast",
+            ]),
+        )?;
+        // nextest does not run rustdoc examples; run them separately.
+        step(
+            "rustdoc examples",
+            cargo().args(["test", "--workspace", "--all-features", "--doc"]),
+        )?;
+    } else {
+        eprintln!("xtask: cargo-nextest is not installed; running the tests with `cargo test`");
+        step(
+            "test",
+            cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]),
+        )?;
+    }
+    loom()?;
+    eprintln!("\n==> [doctest] compile and run the examples of docs/*.md");
+    doctest::run(&workspace_root()).map_err(|e| format!("step `doctest` FAILED: {e}"))?;
+    if has_cargo_subcommand("deny") {
+        step("deny", cargo().args(["deny", "check"]))?;
+    } else {
+        eprintln!(
+            "\n==> [deny] SKIPPED: cargo-deny is not installed \
+             (install it with `cargo install cargo-deny --locked` to run `cargo deny check`)"
+        );
+    }
+    eprintln!(
+        "\nxtask ci: all steps passed in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The loom model tests: (package, test target).
+const LOOM_TESTS: &[(&str, &str)] = &[];
+
+fn loom() -> Result<(), String> {
+    let root = workspace_root();
+    let available: Vec<_> = LOOM_TESTS
+        .iter()
+        .filter(|(pkg, test)| {
+            let file = root
+                .join("crates")
+                .join(pkg)
+                .join("tests")
+                .join(format!("{test}.rs"));
+            file.exists()
+        })
+        .collect();
+    if available.is_empty() {
+        eprintln!("\n==> [loom] no loom models registered");
+        return Ok(());
+    }
+    for (pkg, test) in available {
+        step(
+            &format!("loom {pkg}/{test}"),
+            cargo()
+                .env("RUSTFLAGS", "--cfg loom")
+                .env("LOOM_MAX_PREEMPTIONS", "2")
+                .env(
+                    "CARGO_TARGET_DIR",
+                    root.join("target").join("loom").as_os_str(),
+                )
+                .args(["test", "--release", "-p", pkg, "--test", test]),
+        )?;
+    }
+    Ok(())
+}
