@@ -1,0 +1,200 @@
+//! aarch64 (both endians): the control register FPCR and the status register
+//! FPSR, through `mrs`/`msr` in inline `asm!`.
+//!
+//! | Register bits | meaning |
+//! |---|---|
+//! | FPCR 23:22 RMode | 00 nearest-even, 01 toward +inf (upward), 10 toward -inf (downward), 11 toward zero |
+//! | FPCR 24 FZ | flush-to-zero for single and double precision |
+//! | FPCR 19 FZ16 | flush-to-zero for half precision (FEAT_FP16) |
+//! | FPSR 0 IOC | invalid operation |
+//! | FPSR 1 DZC | divide by zero |
+//! | FPSR 2 OFC | overflow |
+//! | FPSR 3 UFC | underflow |
+//! | FPSR 4 IXC | inexact |
+//! | FPSR 7 IDC | input denormal (only ever set while FZ is on: a subnormal input was flushed) |
+//!
+//! Reading the underflow mode looks at FZ only; setting flush-to-zero sets FZ
+//! and (where the CPU has FEAT_FP16) FZ16, gradual clears both. Note the middle two rounding encodings are
+//! swapped relative to x86_64's MXCSR.
+//!
+//! This file is compiled only for aarch64 targets; see `docs/FPENV.md` for
+//! how it was (and was not) verified.
+
+use core::arch::asm;
+
+use crate::backend::Backend;
+use crate::{Environment, Exceptions, RoundingMode, UnderflowMode};
+
+const RMODE_SHIFT: u32 = 22;
+const RMODE_MASK: u64 = 0b11 << RMODE_SHIFT;
+const FZ: u64 = 1 << 24;
+const FZ16: u64 = 1 << 19;
+/// The FPCR bits that decide rounding and underflow.
+const CONTROL_BITS: u64 = RMODE_MASK | FZ | FZ16;
+
+const IOC: u64 = 1 << 0;
+const DZC: u64 = 1 << 1;
+const OFC: u64 = 1 << 2;
+const UFC: u64 = 1 << 3;
+const IXC: u64 = 1 << 4;
+const IDC: u64 = 1 << 7;
+/// The six cumulative flag bits in FPSR.
+const FLAG_BITS: u64 = IOC | DZC | OFC | UFC | IXC | IDC;
+
+#[inline]
+fn read_fpcr() -> u64 {
+    let value: u64;
+    // SAFETY: reading FPCR is always permitted at EL0 and has no side effect;
+    // it touches no memory, no stack and not NZCV.
+    unsafe {
+        asm!("mrs {v}, fpcr", v = out(reg) value, options(nomem, nostack, preserves_flags));
+    }
+    value
+}
+
+/// Writes FPCR.
+///
+/// # Safety
+///
+/// Every bit outside [`CONTROL_BITS`] must be the register's own (read just
+/// before), and if the control bits differ from the default environment the
+/// caller upholds the contract of [`crate::set`].
+#[inline]
+unsafe fn write_fpcr(value: u64) {
+    // SAFETY: writing FPCR is permitted at EL0; the value's bits and the
+    // float-semantics contract are the caller's obligations (see above). It
+    // touches no memory, no stack and not NZCV.
+    unsafe {
+        asm!("msr fpcr, {v}", v = in(reg) value, options(nomem, nostack, preserves_flags));
+    }
+}
+
+#[inline]
+fn read_fpsr() -> u64 {
+    let value: u64;
+    // SAFETY: reading FPSR is always permitted at EL0 and has no side effect;
+    // it touches no memory, no stack and not NZCV.
+    unsafe {
+        asm!("mrs {v}, fpsr", v = out(reg) value, options(nomem, nostack, preserves_flags));
+    }
+    value
+}
+
+#[inline]
+fn write_fpsr(value: u64) {
+    // SAFETY: writing FPSR is permitted at EL0. FPSR holds only status (the
+    // cumulative flags and QC), never a mode the compiler depends on, so any
+    // value is sound; callers pass the register's own bits with only the flag
+    // bits changed. It touches no memory, no stack and not NZCV.
+    unsafe {
+        asm!("msr fpsr, {v}", v = in(reg) value, options(nomem, nostack, preserves_flags));
+    }
+}
+
+fn encode_rounding(mode: RoundingMode) -> u64 {
+    let rmode = match mode {
+        RoundingMode::NearestEven => 0b00,
+        RoundingMode::Upward => 0b01,
+        RoundingMode::Downward => 0b10,
+        RoundingMode::TowardZero => 0b11,
+    };
+    rmode << RMODE_SHIFT
+}
+
+fn decode_rounding(fpcr: u64) -> RoundingMode {
+    match (fpcr & RMODE_MASK) >> RMODE_SHIFT {
+        0b00 => RoundingMode::NearestEven,
+        0b01 => RoundingMode::Upward,
+        0b10 => RoundingMode::Downward,
+        _ => RoundingMode::TowardZero,
+    }
+}
+
+/// The FPCR/FPSR backend.
+pub(crate) struct Imp;
+
+impl Backend for Imp {
+    const SUPPORTED: bool = true;
+
+    /// FPCR masked to RMode, FZ and FZ16.
+    type Control = u64;
+
+    fn read_control() -> Option<u64> {
+        Some(read_fpcr() & CONTROL_BITS)
+    }
+
+    unsafe fn write_control(control: u64) {
+        let current = read_fpcr();
+        let value = (current & !CONTROL_BITS) | (control & CONTROL_BITS);
+        if value != current {
+            // SAFETY: the control bits were read from this register by
+            // `read_control`, every other bit is the register's own; the
+            // float-semantics contract is forwarded to our caller.
+            unsafe { write_fpcr(value) }
+        }
+    }
+
+    fn decode(control: u64) -> Environment {
+        Environment {
+            rounding: decode_rounding(control),
+            underflow: if control & FZ != 0 {
+                UnderflowMode::FlushToZero
+            } else {
+                UnderflowMode::Gradual
+            },
+        }
+    }
+
+    unsafe fn set(env: Environment) {
+        let mut control = encode_rounding(env.rounding);
+        if env.underflow == UnderflowMode::FlushToZero {
+            control |= FZ;
+            // FZ16 exists only with FEAT_FP16 (it is RES0 otherwise, and a
+            // reserved bit is never written as 1 here).
+            if std::arch::is_aarch64_feature_detected!("fp16") {
+                control |= FZ16;
+            }
+        }
+        let current = read_fpcr();
+        let value = (current & !CONTROL_BITS) | control;
+        if value != current {
+            // SAFETY: only RMode, FZ and (with FEAT_FP16) FZ16 change; every
+            // other bit is the register's own. The float-semantics contract is forwarded to our
+            // caller.
+            unsafe { write_fpcr(value) }
+        }
+    }
+
+    fn read_exceptions() -> Exceptions {
+        let s = read_fpsr();
+        Exceptions {
+            invalid: s & IOC != 0,
+            division_by_zero: s & DZC != 0,
+            overflow: s & OFC != 0,
+            underflow: s & UFC != 0,
+            inexact: s & IXC != 0,
+            denormal: s & IDC != 0,
+        }
+    }
+
+    fn write_exceptions(flags: Exceptions) {
+        let mut bits = 0;
+        for (set, bit) in [
+            (flags.invalid, IOC),
+            (flags.division_by_zero, DZC),
+            (flags.overflow, OFC),
+            (flags.underflow, UFC),
+            (flags.inexact, IXC),
+            (flags.denormal, IDC),
+        ] {
+            if set {
+                bits |= bit;
+            }
+        }
+        let current = read_fpsr();
+        let value = (current & !FLAG_BITS) | bits;
+        if value != current {
+            write_fpsr(value);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The per-architecture interface and its selection.
+//!
+//! One file per architecture implements [`Backend`]; `cfg_if!` with `#[path]`
+//! picks exactly one of them as `imp` (the shape of `parking_lot_core`'s
+//! `thread_parker/mod.rs`). `generic.rs` is the fallback that answers
+//! "cannot observe" for every query and ignores every write.
+
+use core::fmt::Debug;
+
+use crate::{Environment, Exceptions};
+
+/// What an architecture must provide. Every function acts on the calling
+/// thread's control/status register(s) only, and every write is a
+/// read-modify-write that preserves the bits it does not own.
+pub(crate) trait Backend {
+    /// Whether this target exposes the environment at all.
+    const SUPPORTED: bool;
+
+    /// The raw control bits that decide rounding and underflow, exactly as
+    /// the hardware reported them (so a [`Guard`](crate::Guard) restores the
+    /// register bit for bit, e.g. FTZ without DAZ on x86_64).
+    type Control: Copy + Eq + Debug;
+
+    /// Reads the control bits; `None` where the target cannot observe them.
+    fn read_control() -> Option<Self::Control>;
+
+    /// Writes back control bits previously returned by [`Backend::read_control`]
+    /// on this thread, leaving every other bit of the register as it is.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`crate::set`]: if the value is not the default
+    /// environment, the caller must not let compiler-generated floating-point
+    /// code run on this thread until the default is back.
+    unsafe fn write_control(control: Self::Control);
+
+    /// Decodes control bits into the portable description.
+    fn decode(control: Self::Control) -> Environment;
+
+    /// Installs `env` (rounding and underflow only).
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`crate::set`].
+    unsafe fn set(env: Environment);
+
+    /// Reads the six sticky exception flags (all false where unsupported).
+    fn read_exceptions() -> Exceptions;
+
+    /// Replaces the six sticky exception flags with exactly `flags`, leaving
+    /// every control bit as it is. A no-op where unsupported.
+    fn write_exceptions(flags: Exceptions);
+}
+
+cfg_if::cfg_if! {
+    if #[cfg(target_arch = "x86_64")] {
+        #[path = "x86_64.rs"]
+        mod imp;
+    } else if #[cfg(target_arch = "aarch64")] {
+        #[path = "aarch64.rs"]
+        mod imp;
+    } else {
+        #[path = "generic.rs"]
+        mod imp;
+    }
+}
+
+/// The backend selected for this target.
+pub(crate) type Imp = imp::Imp;

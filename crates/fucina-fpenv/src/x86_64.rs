@@ -1,0 +1,227 @@
+//! x86_64: the SSE control/status register MXCSR.
+//!
+//! Read with `stmxcsr` and written with `ldmxcsr` through inline `asm!` (the
+//! `_mm_getcsr`/`_mm_setcsr` intrinsics are deprecated for exactly the reason
+//! this crate documents: ordinary Rust float code must not run under a
+//! changed mode). The x87 control word is never touched: Rust's f32/f64
+//! arithmetic on x86_64 is SSE.
+//!
+//! | MXCSR bit | meaning |
+//! |---|---|
+//! | 0 IE | invalid operation flag |
+//! | 1 DE | denormal operand flag |
+//! | 2 ZE | divide-by-zero flag |
+//! | 3 OE | overflow flag |
+//! | 4 UE | underflow flag |
+//! | 5 PE | precision (inexact) flag |
+//! | 6 DAZ | denormals are zero (inputs) |
+//! | 7-12 | exception masks (never changed here) |
+//! | 13-14 RC | 00 nearest-even, 01 down, 10 up, 11 toward zero |
+//! | 15 FTZ | flush to zero (outputs) |
+//!
+//! Reading reports flush-to-zero when FTZ **or** DAZ is set (either one
+//! changes results); setting flush-to-zero sets both, gradual clears both.
+
+use core::arch::asm;
+
+use crate::backend::Backend;
+use crate::{Environment, Exceptions, RoundingMode, UnderflowMode};
+
+const IE: u32 = 1 << 0;
+const DE: u32 = 1 << 1;
+const ZE: u32 = 1 << 2;
+const OE: u32 = 1 << 3;
+const UE: u32 = 1 << 4;
+const PE: u32 = 1 << 5;
+const DAZ: u32 = 1 << 6;
+const RC_SHIFT: u32 = 13;
+const RC_MASK: u32 = 0b11 << RC_SHIFT;
+const FTZ: u32 = 1 << 15;
+
+/// The six sticky flag bits.
+const FLAG_BITS: u32 = IE | DE | ZE | OE | UE | PE;
+/// The bits that decide rounding and underflow.
+const CONTROL_BITS: u32 = RC_MASK | FTZ | DAZ;
+
+/// MXCSR_MASK to assume when `fxsave` reports 0 (Intel SDM vol. 1, 11.6.6):
+/// everything but DAZ.
+const DEFAULT_MXCSR_MASK: u32 = 0xFFBF;
+
+/// Reads MXCSR.
+#[inline]
+fn read_mxcsr() -> u32 {
+    let mut value: u32 = 0;
+    // SAFETY: `stmxcsr` stores the 32-bit MXCSR into the four bytes at the
+    // address, which is a live, aligned, writable local `u32`. SSE (and so
+    // `stmxcsr`) is part of the x86_64 baseline. It changes no register and
+    // no flag.
+    unsafe {
+        asm!(
+            "stmxcsr [{ptr}]",
+            ptr = in(reg) &raw mut value,
+            options(nostack, preserves_flags),
+        );
+    }
+    value
+}
+
+/// Writes MXCSR.
+///
+/// # Safety
+///
+/// * `value` must not set a bit outside MXCSR_MASK (that raises #GP); it is
+///   enough that every bit outside [`FLAG_BITS`] and [`CONTROL_BITS`] was
+///   read from the register and that control bits come from
+///   [`mxcsr_mask`]-filtered or previously read values.
+/// * If the control bits differ from the default environment, the caller
+///   upholds the contract of [`crate::set`].
+#[inline]
+unsafe fn write_mxcsr(value: u32) {
+    // SAFETY: `ldmxcsr` loads four bytes from the address of a live local
+    // `u32` (read-only access). The value's validity and the float-semantics
+    // contract are the caller's obligations (see above). It does not touch
+    // RFLAGS.
+    unsafe {
+        asm!(
+            "ldmxcsr [{ptr}]",
+            ptr = in(reg) &raw const value,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+}
+
+/// The 512-byte, 16-byte-aligned area `fxsave` writes.
+#[repr(C, align(16))]
+struct FxsaveArea([u8; 512]);
+
+/// The MXCSR bits this CPU accepts (MXCSR_MASK from `fxsave`), so DAZ is
+/// only ever written where the CPU implements it (a few early x86_64 parts
+/// did not, and `ldmxcsr` would fault). Not cached: nothing here is on a hot
+/// path.
+fn mxcsr_mask() -> u32 {
+    let mut area = FxsaveArea([0; 512]);
+    // SAFETY: `fxsave` writes exactly 512 bytes to a 16-byte-aligned address;
+    // `area` is a live local of that size and alignment. FXSR is part of the
+    // x86_64 baseline. It reads the x87/SSE state and changes none of it.
+    unsafe {
+        asm!(
+            "fxsave [{ptr}]",
+            ptr = in(reg) area.0.as_mut_ptr(),
+            options(nostack, preserves_flags),
+        );
+    }
+    let a = &area.0;
+    let mask = u32::from_le_bytes([a[28], a[29], a[30], a[31]]);
+    if mask == 0 { DEFAULT_MXCSR_MASK } else { mask }
+}
+
+fn encode_rounding(mode: RoundingMode) -> u32 {
+    let rc = match mode {
+        RoundingMode::NearestEven => 0b00,
+        RoundingMode::Downward => 0b01,
+        RoundingMode::Upward => 0b10,
+        RoundingMode::TowardZero => 0b11,
+    };
+    rc << RC_SHIFT
+}
+
+fn decode_rounding(mxcsr: u32) -> RoundingMode {
+    match (mxcsr & RC_MASK) >> RC_SHIFT {
+        0b00 => RoundingMode::NearestEven,
+        0b01 => RoundingMode::Downward,
+        0b10 => RoundingMode::Upward,
+        _ => RoundingMode::TowardZero,
+    }
+}
+
+/// The MXCSR backend.
+pub(crate) struct Imp;
+
+impl Backend for Imp {
+    const SUPPORTED: bool = true;
+
+    /// MXCSR masked to RC, FTZ and DAZ.
+    type Control = u32;
+
+    fn read_control() -> Option<u32> {
+        Some(read_mxcsr() & CONTROL_BITS)
+    }
+
+    unsafe fn write_control(control: u32) {
+        let current = read_mxcsr();
+        let value = (current & !CONTROL_BITS) | (control & CONTROL_BITS);
+        if value != current {
+            // SAFETY: the control bits were read from this register by
+            // `read_control` (so the CPU accepts them) and every other bit is
+            // the register's own; the float-semantics contract is forwarded to
+            // our caller.
+            unsafe { write_mxcsr(value) }
+        }
+    }
+
+    fn decode(control: u32) -> Environment {
+        Environment {
+            rounding: decode_rounding(control),
+            underflow: if control & (FTZ | DAZ) != 0 {
+                UnderflowMode::FlushToZero
+            } else {
+                UnderflowMode::Gradual
+            },
+        }
+    }
+
+    unsafe fn set(env: Environment) {
+        let mut control = encode_rounding(env.rounding);
+        if env.underflow == UnderflowMode::FlushToZero {
+            // DAZ only where the CPU implements it; FTZ is always there.
+            control |= (FTZ | DAZ) & mxcsr_mask();
+        }
+        let current = read_mxcsr();
+        let value = (current & !CONTROL_BITS) | control;
+        if value != current {
+            // SAFETY: RC and FTZ exist on every x86_64 CPU, DAZ was filtered
+            // through MXCSR_MASK, and every other bit is the register's own.
+            // The float-semantics contract is forwarded to our caller.
+            unsafe { write_mxcsr(value) }
+        }
+    }
+
+    fn read_exceptions() -> Exceptions {
+        let m = read_mxcsr();
+        Exceptions {
+            invalid: m & IE != 0,
+            division_by_zero: m & ZE != 0,
+            overflow: m & OE != 0,
+            underflow: m & UE != 0,
+            inexact: m & PE != 0,
+            denormal: m & DE != 0,
+        }
+    }
+
+    fn write_exceptions(flags: Exceptions) {
+        let mut bits = 0;
+        for (set, bit) in [
+            (flags.invalid, IE),
+            (flags.division_by_zero, ZE),
+            (flags.overflow, OE),
+            (flags.underflow, UE),
+            (flags.inexact, PE),
+            (flags.denormal, DE),
+        ] {
+            if set {
+                bits |= bit;
+            }
+        }
+        let current = read_mxcsr();
+        let value = (current & !FLAG_BITS) | bits;
+        if value != current {
+            // SAFETY: only the six sticky flag bits change (they exist on every
+            // x86_64 CPU); the control bits are the register's own, so the
+            // rounding/underflow state the compiler sees is unchanged. Writing
+            // a flag does not itself raise a SIMD floating-point exception
+            // (SSE has no x87-style pending exceptions), even where foreign
+            // code unmasked one; the masks are left as they are.
+            unsafe { write_mxcsr(value) }
+        }
+    }
+}
