@@ -1,0 +1,124 @@
+//! Pool hit vs fresh allocation, and first touch of fresh vs recycled memory.
+//!
+//! `cargo bench -p fucina-storage --bench pool -- --warm-up-time 1 --measurement-time 3`
+//!
+//! Same run, sizes 4 KiB, 256 KiB and 4 MiB:
+//! - `pool_hit`: `BufferPool::acquire` + drop of a warmed size class (f32 arm);
+//! - `pool_hit_f16`: `acquire_typed::<f16>` + drop (slab arm);
+//! - `aligned_block`: `AlignedBlock::new` + drop (uninitialized, the baseline);
+//! - `aligned_block_zeroed`: `AlignedBlock::new_zeroed` + drop (what a pool miss costs);
+//! - `vec_with_capacity`: `Vec::<f32>::with_capacity` + drop (the std baseline).
+//!
+//! `first_touch_4MiB`: writing every byte of a fresh 4 MiB block, zeroed (what a pool
+//! miss gives) or not (allocation and free included), or of freshly mapped pages, vs of
+//! a recycled pooled buffer.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use fucina_storage::{AlignedBlock, BufferPool};
+
+const SIZES: [(usize, &str); 3] = [(4 << 10, "4KiB"), (256 << 10, "256KiB"), (4 << 20, "4MiB")];
+
+fn alloc_cycle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("alloc_cycle");
+    let pool = BufferPool::new();
+    for (bytes, name) in SIZES {
+        let elems = bytes / 4;
+        // Warm the size classes.
+        drop(pool.acquire(elems).unwrap());
+        drop(pool.acquire_typed::<half::f16>(bytes / 2).unwrap());
+        g.bench_with_input(BenchmarkId::new("pool_hit", name), &elems, |b, &n| {
+            b.iter(|| drop(black_box(pool.acquire(black_box(n)).unwrap())));
+        });
+        g.bench_with_input(
+            BenchmarkId::new("pool_hit_f16", name),
+            &(bytes / 2),
+            |b, &n| {
+                b.iter(|| {
+                    drop(black_box(
+                        pool.acquire_typed::<half::f16>(black_box(n)).unwrap(),
+                    ))
+                });
+            },
+        );
+        g.bench_with_input(BenchmarkId::new("aligned_block", name), &bytes, |b, &n| {
+            b.iter(|| drop(black_box(AlignedBlock::new(black_box(n)).unwrap())));
+        });
+        g.bench_with_input(
+            BenchmarkId::new("aligned_block_zeroed", name),
+            &bytes,
+            |b, &n| {
+                b.iter(|| drop(black_box(AlignedBlock::new_zeroed(black_box(n)).unwrap())));
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("vec_with_capacity", name),
+            &elems,
+            |b, &n| {
+                b.iter(|| drop(black_box(Vec::<f32>::with_capacity(black_box(n)))));
+            },
+        );
+    }
+    g.finish();
+}
+
+fn first_touch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("first_touch_4MiB");
+    let bytes = 4 << 20;
+    let pool = BufferPool::new();
+    drop(pool.acquire(bytes / 4).unwrap());
+    g.bench_function("fresh_zeroed_block", |b| {
+        b.iter(|| {
+            let mut block = AlignedBlock::new_zeroed(bytes).unwrap();
+            // SAFETY: the block holds `bytes` writable bytes.
+            unsafe { block.as_mut_ptr().write_bytes(1, bytes) };
+            black_box(&block);
+        });
+    });
+    g.bench_function("fresh_uninit_block", |b| {
+        b.iter(|| {
+            let mut block = AlignedBlock::new(bytes).unwrap();
+            // SAFETY: the block holds `bytes` writable bytes.
+            unsafe { block.as_mut_ptr().write_bytes(1, bytes) };
+            black_box(&block);
+        });
+    });
+    // What a fresh block costs when the allocator cannot reuse a chunk: new pages from
+    // the OS, each faulted in on first touch (glibc reuses freed 4 MiB chunks after the
+    // first free, so the two `fresh_*_block` cases above see recycled heap memory).
+    #[cfg(target_os = "linux")]
+    g.bench_function("fresh_mmap_pages", |b| {
+        b.iter(|| {
+            // SAFETY: an anonymous private mapping of `bytes` bytes, written within
+            // bounds, then unmapped once.
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                p.cast::<u8>().write_bytes(1, bytes);
+                black_box(p);
+                libc::munmap(p, bytes);
+            }
+        });
+    });
+    g.bench_function("recycled_pool_buffer", |b| {
+        b.iter(|| {
+            let buf = pool.acquire(bytes / 4).unwrap();
+            // SAFETY: a fresh unique pooled buffer of `bytes` writable bytes, nothing
+            // else reads it meanwhile, and 0x01 bytes are a valid f32.
+            unsafe { buf.as_mut_ptr().cast::<u8>().write_bytes(1, bytes) };
+            black_box(&buf);
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, alloc_cycle, first_touch);
+criterion_main!(benches);

@@ -1,0 +1,535 @@
+//! Refcounted, typed storage buffers.
+//!
+//! A [`Buffer<T>`] is a pointer to a heap [`Header`] holding the atomic refcount, the
+//! data pointer and what to do when the count reaches zero. The header is not generic
+//! (its data pointer is a byte pointer), so the pool can recycle headers across dtypes
+//! together with the memory they describe.
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::ptr::NonNull;
+
+use crate::aligned::AlignedBlock;
+use crate::dtype::Scalar;
+use crate::pool::PoolShared;
+use crate::sync::{Arc, AtomicUsize, Ordering, fence};
+use crate::{DType, StorageError};
+
+/// Which free list of a pool a header returns to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arm {
+    /// Whole f32 buffer objects.
+    F32,
+    /// Untyped 4096-byte-rounded slabs (typed buffers and scratch leases).
+    Slab,
+}
+
+/// Where a pooled header goes when its last reference drops. Set while the header is
+/// handed out and cleared when it is cached, so the free lists never point back at
+/// their own pool (no `Arc` cycle).
+pub(crate) struct Home {
+    pub(crate) shared: Arc<PoolShared>,
+    pub(crate) arm: Arm,
+}
+
+/// What keeps the data alive. Never read: each variant is held for its `Drop`.
+#[allow(dead_code)]
+pub(crate) enum Storage {
+    /// An owned aligned block (plain and pooled buffers).
+    Block(AlignedBlock),
+    /// Zero-copy: memory owned by something else (a `Vec`, an `Arc<[T]>`, an mmap),
+    /// dropped with the header.
+    Owner(Box<dyn Any + Send + Sync>),
+    /// Zero-copy over `'static` memory: nothing to free.
+    Static,
+}
+
+/// The shared part of a buffer: refcount, data and release rule.
+pub(crate) struct Header {
+    /// Number of live handles. Zero while the header sits in a pool's free list.
+    pub(crate) refs: AtomicUsize,
+    /// Start of the data (64-aligned for blocks; aligned for the element type otherwise).
+    pub(crate) data: NonNull<u8>,
+    /// Usable bytes behind `data` (the slab or block size for pooled headers).
+    pub(crate) bytes: usize,
+    /// Capacity in elements of the typed view currently handed out.
+    pub(crate) len: usize,
+    /// Whether a unique handle may write (false for shared or `'static` memory).
+    pub(crate) writable: bool,
+    #[allow(dead_code)]
+    pub(crate) storage: Storage,
+    /// `Some` while handed out by a pool: the release hook returns the header there.
+    pub(crate) home: Option<Home>,
+}
+
+// SAFETY: the header owns (or keeps alive through a `Send + Sync` owner) the memory
+// `data` points to; `refs` is atomic, and every other field is written only by whoever
+// holds the header exclusively (its creator, the last releaser, or the pool under its
+// lock), so it may move between threads and be shared.
+unsafe impl Send for Header {}
+// SAFETY: see `Send`; shared access only reads the immutable fields and the atomic.
+unsafe impl Sync for Header {}
+
+impl Header {
+    /// A fresh header owning `block`, with one reference.
+    pub(crate) fn with_block(block: AlignedBlock, len: usize) -> Box<Header> {
+        Box::new(Header {
+            refs: AtomicUsize::new(1),
+            data: block.non_null(),
+            bytes: block.len(),
+            len,
+            writable: true,
+            storage: Storage::Block(block),
+            home: None,
+        })
+    }
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Header")
+            .field("data", &self.data)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+/// Runs the release rule of a header whose last reference just went away: pooled
+/// headers go back to their pool, everything else is freed (the block, or the owner of
+/// borrowed memory, drops with the header).
+pub(crate) fn release_header(mut hdr: Box<Header>) {
+    match hdr.home.take() {
+        // `home.shared` keeps the pool state alive until `reclaim` has returned; the
+        // Arc is dropped only afterwards (possibly freeing the state).
+        Some(home) => home.shared.reclaim(home.arm, hdr),
+        None => drop(hdr),
+    }
+}
+
+/// A refcounted handle to typed tensor storage.
+///
+/// `Buffer<T>` (default `T = f32`) is one pointer wide. [`Clone`] is one atomic
+/// increment and never allocates; dropping the last handle runs the buffer's release
+/// rule exactly once:
+///
+/// | made by | data | when the last handle drops |
+/// |---|---|---|
+/// | [`crate::BufferPool`] acquires | pooled block (64-aligned) | back to its pool (header and data) |
+/// | [`Buffer::zeroed`], [`Buffer::from_slice`] | owned block (64-aligned) | block and header freed |
+/// | [`Buffer::from_vec`], [`Buffer::from_arc`], [`Buffer::from_raw_parts_with_owner`] | borrowed (zero-copy) | header freed, owner dropped |
+/// | [`Buffer::from_static`] | borrowed `'static` | header freed |
+///
+/// [`Buffer::len`] is the **capacity** in elements, which for pooled buffers may exceed
+/// the request (a tensor uses the prefix its shape covers).
+///
+/// Reading is always safe ([`Deref`] to `[T]`): every buffer's memory is initialized
+/// (fresh blocks are zeroed, recycled ones hold earlier values, `bool` memory is zeroed
+/// on reuse). Writing needs proof that nobody else can read: [`Buffer::get_mut`]
+/// succeeds only for a unique handle over writable memory. Kernels that fill a fresh
+/// output from several threads use [`Buffer::as_mut_ptr`] under its documented contract.
+///
+/// ```
+/// use fucina_storage::Buffer;
+///
+/// let mut a = Buffer::<f32>::from_slice(&[1.0, 2.0, 3.0])?;
+/// a.get_mut().unwrap()[0] = 10.0; // unique: writable in place
+/// let view = a.clone(); // an alias: +1 reference, no copy
+/// assert!(a.get_mut().is_none()); // shared now: copy-on-write is the caller's move
+/// drop(a); // the alias keeps the storage alive
+/// assert_eq!(&view[..], &[10.0, 2.0, 3.0]);
+/// assert!(view.is_unique());
+/// # Ok::<(), fucina_storage::StorageError>(())
+/// ```
+#[repr(transparent)]
+pub struct Buffer<T: Scalar = f32> {
+    hdr: NonNull<Header>,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: a `Buffer<T>` is shared ownership of `[T]` (like `Arc<[T]>`): the refcount is
+// atomic, the release rule runs on exactly one thread, and `T: Scalar` is `Send + Sync`.
+unsafe impl<T: Scalar> Send for Buffer<T> {}
+// SAFETY: shared access gives `&[T]` (T: Sync) and atomic refcount updates only.
+unsafe impl<T: Scalar> Sync for Buffer<T> {}
+
+impl<T: Scalar> Buffer<T> {
+    /// Wraps a header that carries one reference for this handle and a typed view of
+    /// `T` (`hdr.len` elements of `T`, aligned for `T`).
+    pub(crate) fn from_header(hdr: Box<Header>) -> Self {
+        debug_assert!(
+            hdr.len
+                .checked_mul(size_of::<T>())
+                .is_some_and(|b| b <= hdr.bytes)
+        );
+        Self {
+            hdr: NonNull::from(Box::leak(hdr)),
+            _marker: PhantomData,
+        }
+    }
+
+    /// Gives up this handle's reference to the caller as a raw header pointer.
+    pub(crate) fn into_header_ptr(self) -> NonNull<Header> {
+        let hdr = self.hdr;
+        std::mem::forget(self);
+        hdr
+    }
+
+    /// Re-wraps a header pointer from [`Buffer::into_header_ptr`].
+    ///
+    /// # Safety
+    /// `hdr` must come from `into_header_ptr` of a `Buffer<U>` with the same element
+    /// layout as `T` (in practice: `U` and `T` are the same type), and is consumed.
+    pub(crate) unsafe fn from_header_ptr(hdr: NonNull<Header>) -> Self {
+        Self {
+            hdr,
+            _marker: PhantomData,
+        }
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the header stays allocated while any handle (this one) holds a reference.
+        unsafe { self.hdr.as_ref() }
+    }
+
+    fn bytes_for(len: usize) -> Result<usize, StorageError> {
+        len.checked_mul(size_of::<T>())
+            .ok_or(StorageError::SizeOverflow {
+                len,
+                element_size: size_of::<T>(),
+            })
+    }
+
+    /// A plain buffer of `len` zeroed elements in a fresh 64-aligned block.
+    ///
+    /// # Errors
+    /// [`StorageError::SizeOverflow`] if `len * size_of::<T>()` overflows; the errors of
+    /// [`AlignedBlock::new`] otherwise.
+    pub fn zeroed(len: usize) -> Result<Self, StorageError> {
+        let block = AlignedBlock::new_zeroed(Self::bytes_for(len)?)?;
+        Ok(Self::from_header(Header::with_block(block, len)))
+    }
+
+    /// A plain buffer holding a copy of `values` in a fresh 64-aligned block.
+    ///
+    /// # Errors
+    /// As [`Buffer::zeroed`].
+    pub fn from_slice(values: &[T]) -> Result<Self, StorageError> {
+        let mut block = AlignedBlock::new(Self::bytes_for(values.len())?)?;
+        // SAFETY: the block holds `values.len() * size_of::<T>()` bytes, is 64-aligned
+        // (enough for any scalar) and is fresh, so it cannot overlap `values`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values.as_ptr(),
+                block.as_mut_ptr().cast::<T>(),
+                values.len(),
+            );
+        }
+        Ok(Self::from_header(Header::with_block(block, values.len())))
+    }
+
+    fn wrap(data: NonNull<T>, len: usize, writable: bool, storage: Storage) -> Self {
+        Self::from_header(Box::new(Header {
+            refs: AtomicUsize::new(1),
+            data: data.cast(),
+            bytes: len * size_of::<T>(),
+            len,
+            writable,
+            storage,
+            home: None,
+        }))
+    }
+
+    /// Zero-copy: takes ownership of `values` without copying (one small header
+    /// allocation plus the boxed owner). The data is aligned for `T`, not to 64 bytes.
+    /// The buffer is writable when unique; `len()` is `values.len()`.
+    pub fn from_vec(values: Vec<T>) -> Self {
+        let mut owner = Box::new(values);
+        let len = owner.len();
+        let data = NonNull::new(owner.as_mut_ptr()).expect("Vec pointers are non-null");
+        // Moving the box moves the `Vec` header only; its heap data stays put.
+        Self::wrap(data, len, true, Storage::Owner(owner))
+    }
+
+    /// Zero-copy: shares the memory of `values`. Writable (when unique) only if this was
+    /// the sole reference to the `Arc` at wrap time; otherwise read-only, since others
+    /// may read it through their own `Arc`.
+    pub fn from_arc(mut values: std::sync::Arc<[T]>) -> Self {
+        let len = values.len();
+        let (data, writable) = match std::sync::Arc::get_mut(&mut values) {
+            Some(unique) => (NonNull::from(unique).cast::<T>(), true),
+            None => (NonNull::from(&*values).cast::<T>(), false),
+        };
+        Self::wrap(data, len, writable, Storage::Owner(Box::new(values)))
+    }
+
+    /// Zero-copy over `'static` memory (read-only: [`Buffer::get_mut`] returns `None`).
+    pub fn from_static(values: &'static [T]) -> Self {
+        Self::wrap(
+            NonNull::from(values).cast::<T>(),
+            values.len(),
+            false,
+            Storage::Static,
+        )
+    }
+
+    /// Zero-copy over memory kept alive by `owner` (an mmap, a foreign allocation...).
+    /// The owner is dropped, on whichever thread releases the last handle, after which
+    /// the memory is no longer used.
+    ///
+    /// # Safety
+    /// - `data` is aligned for `T` and valid for reads of `len` initialized values of `T`
+    ///   for as long as `owner` is alive, and `len * size_of::<T>()` fits in `isize`;
+    /// - nothing writes to that memory while the buffer lives, except through this
+    ///   buffer when `writable` is true;
+    /// - if `writable` is true, `data` is valid for writes and nothing else reads or
+    ///   writes the memory while the buffer lives.
+    pub unsafe fn from_raw_parts_with_owner<O: Any + Send + Sync>(
+        data: NonNull<T>,
+        len: usize,
+        owner: O,
+        writable: bool,
+    ) -> Self {
+        Self::wrap(data, len, writable, Storage::Owner(Box::new(owner)))
+    }
+
+    /// The capacity in elements (may exceed what a pooled request asked for).
+    pub fn len(&self) -> usize {
+        self.header().len
+    }
+
+    /// Whether the capacity is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The dtype of the elements.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    /// Pointer to the first element (64-aligned for pooled and plain buffers).
+    pub fn as_ptr(&self) -> *const T {
+        self.header().data.as_ptr().cast::<T>()
+    }
+
+    /// Pointer to the first element, for kernels that write into a fresh output.
+    ///
+    /// Obtaining the pointer is safe; **writing through it** is allowed only while:
+    /// - the buffer [is writable](Buffer::is_writable) (plain or pooled, or a unique
+    ///   zero-copy wrap that was made writable);
+    /// - no other access (through this or any other handle, `&[T]` from [`Deref`], or
+    ///   another thread) overlaps the elements being written for the duration of the
+    ///   write — e.g. a fresh output whose handle is unique, split into disjoint chunks
+    ///   between threads;
+    /// - only valid values of `T` are written within `len()` elements (for `bool`: 0 or 1).
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.header().data.as_ptr().cast::<T>()
+    }
+
+    /// The whole capacity as a slice.
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `data` is aligned for `T` and points to `len` initialized values that
+        // stay alive while this handle does; writes happen only through `get_mut`
+        // (which needs `&mut self` of the unique handle) or the documented
+        // `as_mut_ptr` contract, which excludes overlapping reads.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+
+    /// Mutable access when this is the only handle and the memory is writable;
+    /// `None` otherwise (the caller copies: copy-on-write).
+    pub fn get_mut(&mut self) -> Option<&mut [T]> {
+        if self.is_unique() && self.header().writable {
+            // SAFETY: one reference exists and we hold it by `&mut`, so nobody can
+            // clone it or read the data meanwhile; the memory is writable and holds
+            // `len` initialized values.
+            Some(unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) })
+        } else {
+            None
+        }
+    }
+
+    /// The whole capacity as a mutable slice, without the uniqueness check.
+    ///
+    /// # Safety
+    /// The [`Buffer::as_mut_ptr`] contract for all `len()` elements, for the lifetime
+    /// of the returned slice.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice_unchecked(&self) -> &mut [T] {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+
+    /// Whether this is the only handle (an `Acquire` snapshot; meaningful when the
+    /// caller controls every handle, e.g. holds this one by `&mut`).
+    pub fn is_unique(&self) -> bool {
+        self.header().refs.load(Ordering::Acquire) == 1
+    }
+
+    /// The number of live handles (a snapshot, for tests and diagnostics).
+    pub fn ref_count(&self) -> usize {
+        self.header().refs.load(Ordering::Acquire)
+    }
+
+    /// Whether a unique handle may write (false for read-only zero-copy wraps).
+    pub fn is_writable(&self) -> bool {
+        self.header().writable
+    }
+
+    /// Whether this buffer came from a [`crate::BufferPool`] and returns there.
+    pub fn is_pooled(&self) -> bool {
+        self.header().home.is_some()
+    }
+
+    /// Whether two handles share the same storage.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        a.hdr == b.hdr
+    }
+}
+
+impl<T: Scalar> Clone for Buffer<T> {
+    /// One relaxed atomic increment; never allocates.
+    fn clone(&self) -> Self {
+        let old = self.header().refs.fetch_add(1, Ordering::Relaxed);
+        // Like `Arc`: an absurd count means leaked clones; abort rather than wrap.
+        if old > isize::MAX as usize {
+            std::process::abort();
+        }
+        Self {
+            hdr: self.hdr,
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<T: Scalar> Drop for Buffer<T> {
+    fn drop(&mut self) {
+        let prev = self.header().refs.fetch_sub(1, Ordering::Release);
+        debug_assert!(prev > 0, "Buffer refcount underflow");
+        if prev != 1 {
+            return;
+        }
+        // Pairs with the `Release` decrements of the other handles: their accesses to
+        // the data happen before the release rule runs.
+        fence(Ordering::Acquire);
+        // SAFETY: the count went 1 -> 0, so this was the last handle; the header came
+        // from `Box::leak` in `from_header` and nobody else will touch it.
+        let hdr = unsafe { Box::from_raw(self.hdr.as_ptr()) };
+        release_header(hdr);
+    }
+}
+
+impl<T: Scalar> Deref for Buffer<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: Scalar> AsRef<[T]> for Buffer<T> {
+    fn as_ref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: Scalar> fmt::Debug for Buffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("dtype", &T::DTYPE)
+            .field("len", &self.len())
+            .field("ptr", &self.as_ptr())
+            .field("refs", &self.ref_count())
+            .field("pooled", &self.is_pooled())
+            .field("writable", &self.is_writable())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize as StdAtomic;
+
+    struct DropCounter(std::sync::Arc<StdAtomic>, Vec<u16>);
+    impl Drop for DropCounter {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn plain_constructors() {
+        let z = Buffer::<i32>::zeroed(5).unwrap();
+        assert_eq!(&z[..], &[0; 5]);
+        assert_eq!(z.as_ptr() as usize % 64, 0);
+        assert_eq!(z.dtype(), DType::I32);
+        let s = Buffer::from_slice(&[1u16, 2, 3]).unwrap();
+        assert_eq!(&*s, &[1, 2, 3]);
+        assert!(!s.is_pooled() && s.is_writable());
+        let e = Buffer::<f64>::from_slice(&[]).unwrap();
+        assert!(e.is_empty());
+        assert!(matches!(
+            Buffer::<f64>::zeroed(usize::MAX / 4),
+            Err(StorageError::SizeOverflow { len, element_size: 8 }) if len == usize::MAX / 4
+        ));
+        let b = Buffer::<bool>::zeroed(3).unwrap();
+        assert_eq!(&b[..], &[false; 3]);
+    }
+
+    #[test]
+    fn clone_and_uniqueness() {
+        let mut a = Buffer::<f32>::zeroed(4).unwrap();
+        assert!(a.is_unique());
+        a.get_mut().unwrap().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        let b = a.clone();
+        assert_eq!(a.ref_count(), 2);
+        assert!(Buffer::ptr_eq(&a, &b));
+        assert!(a.get_mut().is_none());
+        drop(b);
+        assert!(a.get_mut().is_some());
+        assert_eq!(&a[..], &[1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn zero_copy_wraps_drop_their_owner_once() {
+        let v = vec![1.5f32, 2.5];
+        let ptr = v.as_ptr();
+        let mut b = Buffer::from_vec(v);
+        assert_eq!(b.as_ptr(), ptr, "from_vec must not copy");
+        b.get_mut().unwrap()[1] = 7.0;
+        assert_eq!(&b[..], &[1.5, 7.0]);
+
+        let arc: std::sync::Arc<[i64]> = vec![4, 5, 6].into();
+        let keep = arc.clone();
+        let mut shared = Buffer::from_arc(arc);
+        assert_eq!(shared.as_ptr(), keep.as_ptr());
+        assert!(!shared.is_writable() && shared.get_mut().is_none());
+        drop(shared);
+        assert_eq!(std::sync::Arc::strong_count(&keep), 1);
+        let mut sole = Buffer::from_arc(keep);
+        assert!(sole.get_mut().is_some());
+
+        let mut st = Buffer::from_static(&[1u8, 2, 3]);
+        assert!(st.get_mut().is_none());
+        assert_eq!(&st[..], &[1, 2, 3]);
+
+        let drops = std::sync::Arc::new(StdAtomic::new(0));
+        let mut owner = DropCounter(drops.clone(), vec![9, 8, 7]);
+        let data = NonNull::new(owner.1.as_mut_ptr()).unwrap();
+        // SAFETY: `data` points at the owner's 3 initialized u16, which live (and are
+        // not touched elsewhere) until the owner drops; read-only.
+        let b = unsafe { Buffer::from_raw_parts_with_owner(data, 3, owner, false) };
+        let clones: Vec<_> = (0..8).map(|_| b.clone()).collect();
+        drop(b);
+        let handles: Vec<_> = clones
+            .into_iter()
+            .map(|c| std::thread::spawn(move || assert_eq!(&c[..], &[9, 8, 7])))
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,0 +1,443 @@
+//! The two-arm buffer pool (spec §6.5, reference-behaviors §1).
+
+use std::fmt;
+
+use crate::aligned::AlignedBlock;
+use crate::buffer::{Arm, Buffer, Header, Home};
+use crate::dtype::Scalar;
+use crate::lease::ScratchLease;
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
+use crate::{DType, StorageError};
+
+/// Default cap on cached (free-list) bytes, shared by both arms: 1 GiB.
+pub const DEFAULT_MAX_CACHED_BYTES: usize = 1 << 30;
+
+/// Slab byte sizes are rounded up to a multiple of this.
+pub const SLAB_QUANTUM: usize = 4096;
+
+/// f32 requests up to this many elements round to a power of two, larger ones to a
+/// multiple of it.
+pub const F32_ROUNDING_THRESHOLD: usize = 1024;
+
+/// The f32 arm's size class for a request of `len` elements: the next power of two up
+/// to 1024, then the next multiple of 1024.
+///
+/// ```
+/// use fucina_storage::round_f32_len;
+///
+/// assert_eq!(round_f32_len(3)?, 4);
+/// assert_eq!(round_f32_len(1025)?, 2048);
+/// assert_eq!(round_f32_len(3000)?, 3072);
+/// assert!(round_f32_len(0).is_err());
+/// # Ok::<(), fucina_storage::StorageError>(())
+/// ```
+///
+/// # Errors
+/// [`StorageError::ZeroLength`] for 0; [`StorageError::SizeOverflow`] when the rounded
+/// length or its byte size does not fit in `usize`.
+pub fn round_f32_len(len: usize) -> Result<usize, StorageError> {
+    let overflow = StorageError::SizeOverflow {
+        len,
+        element_size: size_of::<f32>(),
+    };
+    let rounded = match len {
+        0 => return Err(StorageError::ZeroLength),
+        1..=F32_ROUNDING_THRESHOLD => len.next_power_of_two(),
+        _ => len
+            .checked_next_multiple_of(F32_ROUNDING_THRESHOLD)
+            .ok_or(overflow.clone())?,
+    };
+    rounded.checked_mul(size_of::<f32>()).ok_or(overflow)?;
+    Ok(rounded)
+}
+
+/// The slab arm's size class for a request of `bytes`: `max(bytes, 1)` rounded up to a
+/// multiple of [`SLAB_QUANTUM`] (so 0 and 1 both give 4096).
+///
+/// ```
+/// use fucina_storage::round_slab_bytes;
+///
+/// assert_eq!(round_slab_bytes(2920)?, 4096);
+/// assert_eq!(round_slab_bytes(5840)?, 8192);
+/// # Ok::<(), fucina_storage::StorageError>(())
+/// ```
+///
+/// # Errors
+/// [`StorageError::SizeOverflow`] (with `element_size: 1`) when the rounding overflows.
+pub fn round_slab_bytes(bytes: usize) -> Result<usize, StorageError> {
+    bytes
+        .max(1)
+        .checked_next_multiple_of(SLAB_QUANTUM)
+        .ok_or(StorageError::SizeOverflow {
+            len: bytes,
+            element_size: 1,
+        })
+}
+
+/// A cached object: its capacity in bytes (the sort key, kept inline so a lookup does
+/// not chase header pointers) and the header, which owns the block.
+struct Entry {
+    bytes: usize,
+    hdr: Box<Header>,
+}
+
+struct PoolState {
+    /// Whole f32 buffer objects, ascending by capacity, LIFO among equals.
+    f32_free: Vec<Entry>,
+    /// Untyped slabs (each with a recycled header), ascending, LIFO among equals.
+    slab_free: Vec<Entry>,
+    cached_bytes: usize,
+    max_cached_bytes: usize,
+}
+
+impl PoolState {
+    fn list(&mut self, arm: Arm) -> &mut Vec<Entry> {
+        match arm {
+            Arm::F32 => &mut self.f32_free,
+            Arm::Slab => &mut self.slab_free,
+        }
+    }
+}
+
+/// The state every clone of a [`BufferPool`] and every pooled object shares.
+pub(crate) struct PoolShared {
+    state: Mutex<PoolState>,
+    /// Live pooled objects of both arms (buffers and leases). Atomic so observers read
+    /// it without the lock; written only under the lock (see `add_outstanding`).
+    outstanding: AtomicUsize,
+}
+
+impl PoolShared {
+    /// First fit: removes and returns the smallest cached entry of `arm` holding at least
+    /// `bytes`, or `None` (a miss). Either way it counts one more outstanding object
+    /// (a miss that then fails to allocate calls [`PoolShared::cancel_checkout`]).
+    fn take(&self, arm: Arm, bytes: usize) -> Option<Box<Header>> {
+        let mut state = self.state.lock();
+        self.add_outstanding(&state);
+        let list = state.list(arm);
+        let pos = list.partition_point(|e| e.bytes < bytes);
+        if pos == list.len() {
+            return None;
+        }
+        let entry = list.remove(pos);
+        state.cached_bytes -= entry.bytes;
+        Some(entry.hdr)
+    }
+
+    /// Undoes the outstanding count of a checkout whose fresh allocation failed.
+    fn cancel_checkout(&self) {
+        let state = self.state.lock();
+        self.sub_outstanding(&state);
+    }
+
+    /// `outstanding += 1`. The `_locked` borrow of the guarded state proves the caller
+    /// holds the lock: every writer does, so a plain load and store is exact and avoids
+    /// a locked read-modify-write on the hot path; readers load it without the lock.
+    fn add_outstanding(&self, _locked: &PoolState) {
+        let v = self.outstanding.load(Ordering::Relaxed);
+        self.outstanding.store(v + 1, Ordering::Release);
+    }
+
+    /// `outstanding -= 1`; the caller holds the lock (see `add_outstanding`).
+    fn sub_outstanding(&self, _locked: &PoolState) {
+        let v = self.outstanding.load(Ordering::Relaxed);
+        debug_assert!(v > 0, "BufferPool outstanding counter underflow");
+        self.outstanding.store(v.wrapping_sub(1), Ordering::Release);
+    }
+
+    /// The release hook: caches `hdr` (before equal capacities: LIFO) unless that would
+    /// push the cached bytes over the cap, in which case it is destroyed.
+    pub(crate) fn reclaim(&self, arm: Arm, hdr: Box<Header>) {
+        let bytes = hdr.bytes;
+        let mut state = self.state.lock();
+        self.sub_outstanding(&state);
+        let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
+        // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
+        // reaching the cap exactly is allowed.
+        if bytes <= room {
+            let list = state.list(arm);
+            // Once warmed the list has retained capacity, so this does not allocate; a
+            // failed growth destroys the buffer instead of aborting.
+            if list.try_reserve(1).is_ok() {
+                let pos = list.partition_point(|e| e.bytes < bytes);
+                list.insert(pos, Entry { bytes, hdr });
+                state.cached_bytes += bytes;
+                return;
+            }
+        }
+        drop(state);
+        // Destroyed outside the lock.
+        drop(hdr);
+    }
+}
+
+impl Drop for PoolShared {
+    fn drop(&mut self) {
+        // Every pooled object holds an `Arc` to this state, so none can be alive here.
+        debug_assert_eq!(self.outstanding.load(Ordering::Acquire), 0);
+    }
+}
+
+/// A pool that recycles tensor buffers across ops (spec §6.5).
+///
+/// Cheap to clone: clones share one pool (`Arc`). Two arms share one byte budget:
+/// - the **f32 arm** caches whole [`Buffer<f32>`] objects (header and data), serving
+///   [`BufferPool::acquire`] and `acquire_typed::<f32>`;
+/// - the **slab arm** caches 64-aligned raw slabs (each with a recycled header),
+///   serving every other dtype ([`BufferPool::acquire_typed`]) and scratch leases
+///   ([`BufferPool::acquire_scratch`]); a slab released by one dtype serves any other.
+///
+/// Sizes are rounded ([`round_f32_len`], [`round_slab_bytes`]), a request takes the
+/// smallest cached entry that fits (first fit over an ascending list), and a release is
+/// inserted before equal capacities, so same-size acquire/release cycles return the
+/// same address (LIFO). A release that would push the cached bytes over
+/// [`BufferPool::max_cached_bytes`] (default 1 GiB) destroys the buffer instead; the
+/// cap never limits live memory. Misses allocate [`AlignedBlock`]s (zeroed, so they show
+/// in [`crate::allocation_stats`]); **hits allocate nothing at all**, in either arm.
+///
+/// Every pooled object keeps the pool alive, so dropping the last `BufferPool` handle
+/// while buffers are out is safe: they still return here when they drop, and the cache
+/// is freed with the last of them. A leak check is the caller's:
+/// [`BufferPool::outstanding_buffers`] should be 0 when a run is over.
+///
+/// ```
+/// use fucina_storage::BufferPool;
+///
+/// let pool = BufferPool::new();
+/// let a = pool.acquire(1000)?; // a miss: a fresh zeroed block of 1024 f32
+/// assert_eq!(a.len(), 1024);
+/// let addr = a.as_ptr();
+/// drop(a); // back to the pool
+/// let b = pool.acquire(1000)?; // a hit: same object, no allocation
+/// assert_eq!(b.as_ptr(), addr);
+/// assert_eq!(pool.outstanding_buffers(), 1);
+/// # Ok::<(), fucina_storage::StorageError>(())
+/// ```
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<PoolShared>,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BufferPool {
+    /// An empty pool with the default cap ([`DEFAULT_MAX_CACHED_BYTES`]).
+    pub fn new() -> Self {
+        Self::with_max_cached_bytes(DEFAULT_MAX_CACHED_BYTES)
+    }
+
+    /// An empty pool caching at most `bytes` bytes in its free lists.
+    pub fn with_max_cached_bytes(bytes: usize) -> Self {
+        Self {
+            shared: Arc::new(PoolShared {
+                state: Mutex::new(PoolState {
+                    f32_free: Vec::new(),
+                    slab_free: Vec::new(),
+                    cached_bytes: 0,
+                    max_cached_bytes: bytes,
+                }),
+                outstanding: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
+    /// (one reference, home = this pool, +1 outstanding).
+    fn checkout(&self, arm: Arm, bytes: usize) -> Result<(Box<Header>, bool), StorageError> {
+        let (mut hdr, hit) = match self.shared.take(arm, bytes) {
+            Some(hdr) => (hdr, true),
+            // Unlocked: the fresh allocation touches no shared pool state.
+            None => match AlignedBlock::new_zeroed(bytes) {
+                Ok(block) => (Header::with_block(block, 0), false),
+                Err(e) => {
+                    self.shared.cancel_checkout();
+                    return Err(e);
+                }
+            },
+        };
+        // We own the header exclusively (it came out of the locked list or is fresh).
+        hdr.refs.store(1, Ordering::Relaxed);
+        hdr.home = Some(Home {
+            shared: Arc::clone(&self.shared),
+            arm,
+        });
+        Ok((hdr, hit))
+    }
+
+    /// An f32 buffer of at least `len` elements from the f32 arm. Its [`Buffer::len`]
+    /// is the rounded size class or more; its contents are zero (fresh) or whatever
+    /// the previous user left (recycled).
+    ///
+    /// # Errors
+    /// [`StorageError::ZeroLength`] for `len == 0`, [`StorageError::SizeOverflow`] when
+    /// the rounded byte size overflows, and the allocation errors of a miss.
+    pub fn acquire(&self, len: usize) -> Result<Buffer<f32>, StorageError> {
+        let bytes = round_f32_len(len)? * size_of::<f32>();
+        let (mut hdr, _) = self.checkout(Arm::F32, bytes)?;
+        hdr.len = hdr.bytes / size_of::<f32>();
+        Ok(Buffer::from_header(hdr))
+    }
+
+    /// A typed buffer of at least `len` elements: `f32` goes to the f32 arm, every other
+    /// scalar type to the slab arm (whose capacity is `floor(slab_bytes / size_of::<T>())`
+    /// elements). Recycled `bool` memory is zeroed so it only holds valid `bool`s; other
+    /// types see stale values.
+    ///
+    /// # Errors
+    /// As [`BufferPool::acquire`]; [`StorageError::SizeOverflow`] also when
+    /// `len * size_of::<T>()` overflows.
+    pub fn acquire_typed<T: Scalar>(&self, len: usize) -> Result<Buffer<T>, StorageError> {
+        if T::DTYPE == DType::F32 {
+            let buffer = self.acquire(len)?;
+            // SAFETY: `T::DTYPE == F32` and `Scalar` is sealed, so `T` is `f32`.
+            return Ok(unsafe { Buffer::from_header_ptr(buffer.into_header_ptr()) });
+        }
+        let bytes = slab_request::<T>(len)?;
+        let (mut hdr, hit) = self.checkout(Arm::Slab, bytes)?;
+        if hit && !T::ANY_BIT_PATTERN {
+            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
+            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
+        }
+        hdr.len = hdr.bytes / size_of::<T>();
+        Ok(Buffer::from_header(hdr))
+    }
+
+    /// A scratch lease of exactly `len` items of any plain-old-data type over a pooled
+    /// slab (for packed layouts that are not a dtype). The slab returns to the pool when
+    /// the lease drops or on [`ScratchLease::release`], from any thread. Contents are
+    /// zero (fresh) or stale (recycled).
+    ///
+    /// `T` must have a non-zero size and an alignment of at most 64 (checked at compile
+    /// time).
+    ///
+    /// # Errors
+    /// As [`BufferPool::acquire_typed`].
+    pub fn acquire_scratch<T: bytemuck::Pod>(
+        &self,
+        len: usize,
+    ) -> Result<ScratchLease<T>, StorageError> {
+        const {
+            assert!(size_of::<T>() > 0, "scratch items must not be zero-sized");
+            assert!(
+                align_of::<T>() <= crate::ALIGNMENT,
+                "scratch items need align <= 64"
+            );
+        }
+        let bytes = slab_request::<T>(len)?;
+        let (hdr, _) = self.checkout(Arm::Slab, bytes)?;
+        Ok(ScratchLease::new(hdr, len))
+    }
+
+    /// Number of f32 buffers in the f32 free list.
+    pub fn cached_buffers(&self) -> usize {
+        self.shared.state.lock().f32_free.len()
+    }
+
+    /// Number of slabs in the slab free list.
+    pub fn cached_slabs(&self) -> usize {
+        self.shared.state.lock().slab_free.len()
+    }
+
+    /// Bytes sitting in both free lists (capacities, not requests).
+    pub fn cached_bytes(&self) -> usize {
+        self.shared.state.lock().cached_bytes
+    }
+
+    /// Pooled objects of both arms currently handed out (buffers and leases).
+    pub fn outstanding_buffers(&self) -> usize {
+        self.shared.outstanding.load(Ordering::Acquire)
+    }
+
+    /// The cap on cached bytes.
+    pub fn max_cached_bytes(&self) -> usize {
+        self.shared.state.lock().max_cached_bytes
+    }
+
+    /// Changes the cap. It applies to later releases; what is cached stays (use
+    /// [`BufferPool::trim`] to drop it).
+    pub fn set_max_cached_bytes(&self, bytes: usize) {
+        self.shared.state.lock().max_cached_bytes = bytes;
+    }
+
+    /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
+    /// the number of bytes freed.
+    pub fn trim(&self) -> usize {
+        let (f32_free, slab_free, bytes) = {
+            let mut state = self.shared.state.lock();
+            let bytes = std::mem::take(&mut state.cached_bytes);
+            (
+                std::mem::take(&mut state.f32_free),
+                std::mem::take(&mut state.slab_free),
+                bytes,
+            )
+        };
+        // Freed outside the lock.
+        drop((f32_free, slab_free));
+        bytes
+    }
+
+    /// Whether two handles are clones of one pool.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.shared, &b.shared)
+    }
+
+    /// Test support: checks that both free lists are ascending and that their keys match
+    /// the headers, and returns the sum of the cached capacities (which must equal
+    /// [`BufferPool::cached_bytes`]).
+    #[doc(hidden)]
+    pub fn debug_sum_cached_capacities(&self) -> usize {
+        let state = self.shared.state.lock();
+        let mut sum = 0;
+        for list in [&state.f32_free, &state.slab_free] {
+            assert!(
+                list.windows(2).all(|w| w[0].bytes <= w[1].bytes),
+                "free list not sorted"
+            );
+            for e in list {
+                assert_eq!(e.bytes, e.hdr.bytes);
+                assert_eq!(e.hdr.refs.load(Ordering::Relaxed), 0);
+                assert!(e.hdr.home.is_none());
+                sum += e.bytes;
+            }
+        }
+        assert!(state.slab_free.iter().all(|e| e.bytes % SLAB_QUANTUM == 0));
+        sum
+    }
+}
+
+/// The rounded slab size for `len` items of `T`.
+fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
+    if len == 0 {
+        return Err(StorageError::ZeroLength);
+    }
+    let bytes = len
+        .checked_mul(size_of::<T>())
+        .ok_or(StorageError::SizeOverflow {
+            len,
+            element_size: size_of::<T>(),
+        })?;
+    round_slab_bytes(bytes).map_err(|_| StorageError::SizeOverflow {
+        len,
+        element_size: size_of::<T>(),
+    })
+}
+
+impl fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.state.lock();
+        f.debug_struct("BufferPool")
+            .field("cached_buffers", &state.f32_free.len())
+            .field("cached_slabs", &state.slab_free.len())
+            .field("cached_bytes", &state.cached_bytes)
+            .field("max_cached_bytes", &state.max_cached_bytes)
+            .field(
+                "outstanding",
+                &self.shared.outstanding.load(Ordering::Acquire),
+            )
+            .finish()
+    }
+}

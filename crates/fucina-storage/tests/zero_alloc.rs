@@ -1,0 +1,97 @@
+//! A pool hit performs no heap allocation at all: counted by a `#[global_allocator]`
+//! that tallies allocations made on the current thread (so the test harness's own
+//! threads cannot disturb the count).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use fucina_storage::BufferPool;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn bump() {
+    // `try_with`: the slot may be gone while the thread is being torn down.
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump();
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> usize {
+    ALLOCS.with(Cell::get)
+}
+
+#[test]
+fn counter_sees_allocations() {
+    let before = allocs();
+    let v = std::hint::black_box(vec![1u8; 10]);
+    assert_eq!(allocs(), before + 1, "the counting allocator must be live");
+    drop(v);
+    let pool = BufferPool::new();
+    let before = allocs();
+    drop(pool.acquire(10).unwrap()); // a miss: header + block (+ free-list growth)
+    assert!(allocs() >= before + 2);
+}
+
+#[test]
+fn pool_hits_allocate_nothing() {
+    let pool = BufferPool::new();
+    let sizes = [1usize, 100, 1024, 5000, 65536, 1 << 20];
+    let round = |round: usize| {
+        let n = sizes[round % sizes.len()];
+        // f32 arm: acquire, alias, write, release.
+        let mut a = pool.acquire(n).unwrap();
+        a.get_mut().unwrap()[0] = round as f32;
+        let view = a.clone();
+        drop(a);
+        assert_eq!(view[0], round as f32);
+        drop(view);
+        // f32 through the typed entry.
+        drop(pool.acquire_typed::<f32>(n).unwrap());
+        // Slab arm: typed buffers of several dtypes (headers are recycled too), bools,
+        // and scratch leases.
+        let h = pool.acquire_typed::<half::f16>(n).unwrap();
+        let i = pool.acquire_typed::<i64>(n.div_ceil(4)).unwrap();
+        drop((h, i));
+        drop(pool.acquire_typed::<bool>(n).unwrap());
+        let mut lease = pool.acquire_scratch::<[u8; 2]>(n).unwrap();
+        lease[0] = [1, 2];
+        lease.release();
+    };
+    // Warm up: one pass over the sizes misses once per size class and sizes the lists.
+    (0..sizes.len()).for_each(round);
+    let cached = (pool.cached_buffers(), pool.cached_slabs());
+
+    let before = allocs();
+    (0..1000).for_each(round);
+    assert_eq!(allocs() - before, 0, "pool hits allocated on the heap");
+    assert_eq!((pool.cached_buffers(), pool.cached_slabs()), cached);
+    assert_eq!(pool.outstanding_buffers(), 0);
+}
