@@ -1,8 +1,92 @@
-//! fucina-thread: the spin-then-park fork-join team (work in progress in this change).
+//! fucina-thread: a persistent spin-then-park fork-join team with
+//! deterministic chunking, for CPU kernels that need to split work across cores
+//! with a dispatch cost close to one cache-line round trip.
 //!
-//! Module map (kept in sync with `ARCHITECTURE.md`):
+//! # The team
+//!
+//! A [`Team`] is participant 0 (the thread that calls it) plus a fixed set of
+//! worker threads, started lazily on the first parallel call and joined when
+//! the team is dropped. Between dispatches a worker spins on a generation
+//! counter for a bounded budget, then parks on a futex, so a dense stream of
+//! parallel ops pays atomics instead of system calls while an idle team costs
+//! no CPU. The protocol, with its proof sketch, is in `src/team/README.md`.
+//!
+//! - [`Team::parallel_chunks`] runs one closure per task, each task exactly
+//!   once; [`Team::parallel_for`] splits a range with [`chunk_ranges`], whose
+//!   boundaries depend only on `(begin, end, grain, threads)`.
+//! - [`Team::parallel_chained`] runs a dependency graph: running tasks make
+//!   others runnable through [`Chain::enqueue`].
+//! - The calls are scoped like `std::thread::scope`: tasks and closures may
+//!   borrow the caller's stack, and a dispatch allocates nothing.
+//! - Degradation is always safe: with no workers, from inside a task (nested
+//!   call, see [`in_parallel_region`]) or while another thread is dispatching
+//!   on the same team, the tasks run serially on the calling thread.
+//! - A panicking task does not poison the team: the dispatch completes and the
+//!   panic is resumed on the caller.
+//!
+//! ```
+//! use fucina_thread::{Team, TeamOptions};
+//!
+//! // One participant per schedulable core (the caller is one of them).
+//! let team = Team::new(TeamOptions::default())?;
+//!
+//! // Scale a vector in place; each chunk writes only its own elements.
+//! let mut v: Vec<f32> = (0..10_000).map(|i| i as f32).collect();
+//! let chunks: Vec<&mut [f32]> = v.chunks_mut(1000).collect();
+//! let chunks: Vec<std::sync::Mutex<&mut [f32]>> = chunks.into_iter().map(std::sync::Mutex::new).collect();
+//! team.parallel_chunks(&chunks, |c| {
+//!     for x in c.lock().unwrap().iter_mut() {
+//!         *x *= 2.0;
+//!     }
+//! });
+//! drop(chunks);
+//! assert_eq!(v[1234], 2468.0);
+//!
+//! // A deterministic reduction: one partial per chunk, combined in order.
+//! let data = v.clone();
+//! let ranges = fucina_thread::chunk_ranges(0, data.len(), 512, team.participants());
+//! let partials: Vec<std::sync::Mutex<f32>> = (0..ranges.len()).map(|_| Default::default()).collect();
+//! team.parallel_for(0, data.len(), 512, |r| {
+//!     let k = r.start / ranges.chunk_size();
+//!     *partials[k].lock().unwrap() = data[r].iter().sum();
+//! });
+//! let total: f32 = partials.iter().map(|p| *p.lock().unwrap()).sum();
+//! // Bitwise equal to the same chunks summed serially, however they ran.
+//! let serial: f32 = ranges.map(|r| data[r].iter().sum::<f32>()).sum();
+//! assert_eq!(total.to_bits(), serial.to_bits());
+//! # Ok::<(), fucina_thread::ThreadError>(())
+//! ```
+//!
+//! # Other helpers
+//!
+//! - [`OneShotWorker`]: one helper thread that runs one job at a time, to
+//!   overlap two branches (`join(a, b)`).
+//! - [`TaskPool`]: many small independent tasks on a private `rayon-core`
+//!   pool, away from the hot team.
+//!
+//! # Knobs
+//!
+//! The default team size is [`cpu_thread_count`]`(MAX_THREADS)`: the
+//! schedulable cores (physical cores in the affinity mask, lowered by a cgroup
+//! CPU quota and, on Apple Silicon, by the performance-core count). Precedence:
+//! [`set_max_threads`] (replaces detection) > `FUCINA_MAX_THREADS` (only
+//! lowers) > detection. `FUCINA_SPIN_BUDGET` overrides the worker spin budget
+//! (0 = park at once) and `FUCINA_POOL_PROFILE=1` prints one trace line per
+//! dispatch; both are read once per team start. See [`knobs`] and
+//! `docs/THREADING.md`.
+//!
+//! # Floating-point environment
+//!
+//! This crate does not touch the floating-point control registers (it does
+//! not depend on `fucina-fpenv`). A worker thread starts with whatever
+//! environment the OS gives a new thread (on Linux, the default one: round to
+//! nearest-even, no flush-to-zero), not the caller's. Code that changes the
+//! environment must set it inside each task.
+//!
+//! # Module map
+//!
 //! - `team/`: the persistent fork-join [`Team`] and its dispatch protocol
-//!   (`team/README.md`), chained dispatch;
+//!   (`team/README.md`), chained dispatch, futex parking;
 //! - `chunking`: the deterministic range chunking;
 //! - `knobs/`: thread-count knobs, environment parsing, CPU detection, spin budgets;
 //! - `one_shot`: [`OneShotWorker`];
@@ -10,12 +94,31 @@
 //! - `profile`: the `FUCINA_POOL_PROFILE` trace line;
 //! - `sync`: the std/loom shim every atomic, lock and park goes through.
 
+mod chunking;
 mod error;
 pub mod knobs;
+mod one_shot;
+mod profile;
+mod sync;
+mod tasks;
+mod team;
 
+pub use chunking::{ChunkRanges, chunk_ranges};
 pub use error::ThreadError;
 pub use knobs::{
     MAX_THREADS, SpinBudgets, cgroup_cpu_budget, cpu_thread_count, env_flag, env_positive_usize,
     env_spin_budget, performance_cpu_count, physical_cpu_count, schedulable_cpu_count,
     set_max_threads, spin_budgets,
 };
+pub use one_shot::OneShotWorker;
+pub use tasks::{TaskPool, TaskScope};
+pub use team::chained::Chain;
+pub use team::{Team, TeamOptions, in_parallel_region};
+
+/// Internals exposed for this crate's benchmarks only; not a stable API.
+#[doc(hidden)]
+pub mod __bench {
+    #[cfg(target_os = "linux")]
+    pub use crate::team::park::futex;
+    pub use crate::team::park::keyed;
+}

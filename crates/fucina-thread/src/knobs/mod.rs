@@ -1,82 +1,227 @@
 //! Thread-count knobs, environment parsing, CPU detection and spin budgets
 //! (reference §3.4, §3.10–3.12).
 //!
-//! PLACEHOLDER BODIES: the signatures below are the agreed interface; the
-//! bodies are simplified stand-ins until the real detection lands in this change.
+//! # The thread count and its precedence
+//!
+//! [`cpu_thread_count(max)`](cpu_thread_count) is `max(1, min(count, max))`,
+//! where `count` is one process-global cached value, decided by the first of:
+//!
+//! 1. [`set_max_threads(n)`](set_max_threads) with `n >= 1`: stored verbatim
+//!    (detection and the environment are bypassed; it may exceed the detected
+//!    count, up to the `max` the caller passes, e.g. [`MAX_THREADS`]). It
+//!    overwrites the cache whenever called, but teams already created keep
+//!    their size: call it once at startup, before any parallel work.
+//! 2. Otherwise, on the first `cpu_thread_count` call, detection:
+//!    the logical CPUs the OS reports (`std::thread::available_parallelism`,
+//!    1 on error), lowered to the physical cores ([`physical_cpu_count`]), to
+//!    the performance cores on Apple Silicon ([`performance_cpu_count`]), to
+//!    the cgroup CPU quota ([`cgroup_cpu_budget`]), and finally to
+//!    `FUCINA_MAX_THREADS` when it is a positive integer
+//!    ([`env_positive_usize`]) — the variable only ever *lowers* the count.
+//!    The result is cached; later changes to the variable are not seen.
+//!
+//! # Caching
+//!
+//! [`physical_cpu_count`], [`performance_cpu_count`] and [`cgroup_cpu_budget`]
+//! each probe the system once per process and cache the answer in an atomic
+//! (first caller wins, including its affinity mask); [`schedulable_cpu_count`]
+//! combines the cached values. The `env_*` readers are not cached: teams read
+//! `FUCINA_SPIN_BUDGET` once at creation.
+//!
+//! These caches are process-global plain `std` atomics, not routed through
+//! the crate's loom shim: they are write-once values outside every modelled
+//! protocol.
+//!
+//! # Environment variables
+//!
+//! | Variable | Parser | Meaning |
+//! |---|---|---|
+//! | `FUCINA_MAX_THREADS` | [`parse_positive_usize`] | lowers the detected count; 0/invalid = no override |
+//! | `FUCINA_SPIN_BUDGET` | [`parse_spin_budget`] | worker spin budget; `0` is valid (park at once) |
+//! | `FUCINA_POOL_PROFILE` | [`parse_flag`] | one trace line per dispatch |
+//!
+//! The integer parsers mirror the Zig integer parser of the reference exactly
+//! (see [`parse_zig_usize`]).
+//!
+//! ```
+//! use fucina_thread::knobs::{cpu_thread_count, MAX_THREADS};
+//! let n = cpu_thread_count(MAX_THREADS);
+//! assert!((1..=MAX_THREADS).contains(&n));
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod budget;
+mod cgroup;
+mod cpus;
+mod env;
+
+pub use budget::{
+    DEFAULT_JOIN_SPIN, DEFAULT_WORKER_SPIN, OVERSUBSCRIBED_JOIN_SPIN, SpinBudgets, spin_budgets,
+};
+pub use cgroup::{
+    cgroup_v2_levels, cgroup_v2_path, cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
+};
+pub use cpus::{count_physical_cores, parse_cpu_list};
+pub use env::{
+    env_flag, env_positive_usize, env_spin_budget, parse_flag, parse_positive_usize,
+    parse_spin_budget, parse_zig_usize,
+};
 
 /// Compile-time ceiling on team participants (workers + the caller).
 pub const MAX_THREADS: usize = 64;
-/// Default worker spin budget (spin-hint iterations before parking).
-pub const DEFAULT_WORKER_SPIN: u32 = 32_768;
-/// Default dispatcher join spin bound (iterations before the 1 ms timed waits).
-pub const DEFAULT_JOIN_SPIN: u32 = 1 << 20;
-/// Join spin bound on an oversubscribed team, and after the first timed wait.
-pub const OVERSUBSCRIBED_JOIN_SPIN: u32 = 4096;
 
-/// The spin budgets of one team, fixed at team creation (reference §3.4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SpinBudgets {
-    /// Spin-hint iterations a worker spends before parking.
-    pub worker_spin: u32,
-    /// Iterations the dispatcher spins in the join before its first timed wait.
-    pub join_spin: u32,
+/// Name of the variable that lowers the detected thread count.
+pub const MAX_THREADS_ENV: &str = "FUCINA_MAX_THREADS";
+/// Name of the variable that overrides the worker spin budget.
+pub const SPIN_BUDGET_ENV: &str = "FUCINA_SPIN_BUDGET";
+/// Name of the flag that enables the per-dispatch profile line.
+pub const POOL_PROFILE_ENV: &str = "FUCINA_POOL_PROFILE";
+
+/// Sentinel of the probe caches: probed, answer unknown.
+const UNKNOWN: usize = usize::MAX;
+
+/// A probe-once cache: 0 = not probed yet, [`UNKNOWN`] = probed and unknown,
+/// anything else = the answer.
+struct ProbeCache(AtomicUsize);
+
+impl ProbeCache {
+    const fn new() -> Self {
+        Self(AtomicUsize::new(0))
+    }
+
+    fn decode(v: usize) -> Option<usize> {
+        (v != UNKNOWN).then_some(v)
+    }
+
+    /// The cached answer, running `probe` on the first call. Concurrent first
+    /// callers may all probe; the first to store wins and all see its value.
+    fn get_or_probe(&self, probe: impl FnOnce() -> Option<usize>) -> Option<usize> {
+        let cached = self.0.load(Ordering::Acquire);
+        if cached != 0 {
+            return Self::decode(cached);
+        }
+        let encoded = probe()
+            .filter(|&v| v != 0 && v != UNKNOWN)
+            .unwrap_or(UNKNOWN);
+        match self
+            .0
+            .compare_exchange(0, encoded, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Self::decode(encoded),
+            Err(winner) => Self::decode(winner),
+        }
+    }
 }
 
-/// The spin-budget policy of reference §3.4, a pure function.
-pub fn spin_budgets(
-    env_override: Option<usize>,
-    team_size: usize,
-    schedulable_cores: Option<usize>,
-) -> SpinBudgets {
-    let oversubscribed = schedulable_cores.is_some_and(|c| team_size > c);
-    let guarded = if oversubscribed { 0 } else { DEFAULT_WORKER_SPIN };
-    let worker_spin = env_override
-        .and_then(|v| u32::try_from(v).ok())
-        .unwrap_or(guarded);
-    let join_spin = if oversubscribed { OVERSUBSCRIBED_JOIN_SPIN } else { DEFAULT_JOIN_SPIN };
-    SpinBudgets { worker_spin, join_spin }
+static PHYSICAL: ProbeCache = ProbeCache::new();
+static PERFORMANCE: ProbeCache = ProbeCache::new();
+static CGROUP: ProbeCache = ProbeCache::new();
+/// The process-global CPU count: 0 = not computed yet.
+static CPU_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Overrides the CPU count behind [`cpu_thread_count`] (like llama.cpp's
+/// `-t`); `n == 0` is ignored.
+///
+/// The value replaces detection and `FUCINA_MAX_THREADS` entirely and may
+/// exceed the detected count (deliberate oversubscription; such a team gets
+/// the spin guard of [`spin_budgets`]). Every call overwrites the cache, but
+/// teams already created keep their size: call it once at startup.
+pub fn set_max_threads(n: usize) {
+    if n > 0 {
+        CPU_COUNT.store(n, Ordering::Release);
+    }
 }
 
-/// Overrides the detected CPU count (`n == 0` is ignored).
-pub fn set_max_threads(_n: usize) {}
-
-/// `max(1, min(detected or set count, max_threads))`.
+/// `max(1, min(count, max_threads))`, where `count` is the
+/// [`set_max_threads`] value or else the detected, process-cached count (see
+/// the [module docs](self) for the detection and its precedence).
 pub fn cpu_thread_count(max_threads: usize) -> usize {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    n.min(max_threads).max(1)
+    let mut count = CPU_COUNT.load(Ordering::Acquire);
+    if count == 0 {
+        let detected = detect_cpu_count();
+        // A concurrent `set_max_threads` (or another first caller) wins.
+        count = match CPU_COUNT.compare_exchange(0, detected, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => detected,
+            Err(current) => current,
+        };
+    }
+    count.min(max_threads).max(1)
 }
 
-/// Physical cores in the affinity mask, `None` when unknown.
+/// The uncached detection of reference §3.10 (steps 1–5).
+fn detect_cpu_count() -> usize {
+    let mut count = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Steps 2-4: physical, performance and cgroup counts, when known.
+    let known = [
+        physical_cpu_count(),
+        performance_cpu_count(),
+        cgroup_cpu_budget(),
+    ];
+    for k in known.into_iter().flatten() {
+        count = count.min(k.max(1));
+    }
+    if let Some(cap) = env_positive_usize(MAX_THREADS_ENV) {
+        count = count.min(cap);
+    }
+    count.max(1)
+}
+
+/// Physical cores the process may run on, `None` when unknown.
+///
+/// Linux: the calling thread's affinity mask, deduplicated through each
+/// CPU's sysfs `topology/thread_siblings_list` (a core counts once, via its
+/// lowest schedulable hardware thread; see [`count_physical_cores`]); any
+/// read or parse failure is unknown. macOS: `sysctl hw.physicalcpu`.
+/// Elsewhere: `None`. Probed once per process (first caller's mask wins).
 pub fn physical_cpu_count() -> Option<usize> {
-    None
+    PHYSICAL.get_or_probe(cpus::probe_physical)
 }
 
-/// Performance cores (Apple Silicon), `None` elsewhere.
+/// Performance cores on Apple Silicon (`sysctl hw.perflevel0.physicalcpu`),
+/// `None` on every other target or on error. Probed once per process.
 pub fn performance_cpu_count() -> Option<usize> {
-    None
+    PERFORMANCE.get_or_probe(cpus::probe_performance)
 }
 
-/// The cgroup CPU quota in whole CPUs, `None` when unlimited or unknown.
+/// The cgroup CPU-bandwidth quota in whole CPUs, `None` when unlimited or
+/// unknown (and on non-Linux targets).
+///
+/// cgroup v2: the process's path from the `0::` line of `/proc/self/cgroup`;
+/// `/sys/fs/cgroup<level>/cpu.max` for that path and every ancestor
+/// ([`cgroup_v2_levels`], [`parse_cpu_max`]), the tightest limit wins.
+/// Without a v2 limit, cgroup v1's `/sys/fs/cgroup/cpu/cpu.cfs_quota_us` and
+/// `cpu.cfs_period_us` ([`parse_cfs_quota`]). Budgets are floored, never
+/// below 1 ([`cpu_budget_from_quota`]). Probed once per process.
 pub fn cgroup_cpu_budget() -> Option<usize> {
-    None
+    CGROUP.get_or_probe(cgroup::probe)
 }
 
-/// `min(physical, cgroup)` of what is known, `None` when neither is.
+/// The tightest known CPU budget: `min(physical, cgroup)` when both are
+/// known, whichever is known otherwise, `None` when neither is. This is the
+/// oversubscription reference of [`spin_budgets`].
 pub fn schedulable_cpu_count() -> Option<usize> {
-    None
+    match (physical_cpu_count(), cgroup_cpu_budget()) {
+        (Some(p), Some(c)) => Some(p.min(c)),
+        (p, c) => p.or(c),
+    }
 }
 
-/// A positive integer environment knob; unset, invalid or 0 is `None`.
-pub fn env_positive_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok().filter(|&v| v > 0)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `FUCINA_SPIN_BUDGET`; 0 is a valid value.
-pub fn env_spin_budget() -> Option<usize> {
-    std::env::var("FUCINA_SPIN_BUDGET").ok()?.parse().ok()
-}
-
-/// A flag: set, non-empty, and not starting with '0'.
-pub fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !v.is_empty() && !v.starts_with('0'))
+    #[test]
+    fn probe_cache_first_answer_wins() {
+        let cache = ProbeCache::new();
+        assert_eq!(cache.get_or_probe(|| Some(3)), Some(3));
+        assert_eq!(cache.get_or_probe(|| Some(5)), Some(3));
+        let unknown = ProbeCache::new();
+        assert_eq!(unknown.get_or_probe(|| None), None);
+        assert_eq!(unknown.get_or_probe(|| Some(5)), None);
+        // A zero answer is "unknown", never re-probed as "not probed".
+        let zero = ProbeCache::new();
+        assert_eq!(zero.get_or_probe(|| Some(0)), None);
+        assert_eq!(zero.get_or_probe(|| Some(5)), None);
+    }
 }

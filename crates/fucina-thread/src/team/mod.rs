@@ -1,0 +1,628 @@
+//! The persistent spin-then-park fork-join [`Team`] (protocol: `team/README.md`).
+
+pub(crate) mod chained;
+pub(crate) mod dispatch;
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) mod park;
+
+use crate::chunking::chunk_ranges;
+use crate::error::ThreadError;
+use crate::knobs::{self, MAX_THREADS};
+use crate::profile::Mode;
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, thread_local};
+use chained::{Chain, ChainedJob};
+use crossbeam_utils::CachePadded;
+use dispatch::{Core, Share};
+use std::any::Any;
+use std::cell::Cell;
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
+#[cfg(not(loom))]
+thread_local! {
+    /// Set while this thread runs tasks of a parallel dispatch (always on a
+    /// worker thread). A parallel call made while it is set runs inline.
+    static IN_REGION: Cell<bool> = const { Cell::new(false) };
+}
+
+#[cfg(loom)]
+thread_local! {
+    static IN_REGION: Cell<bool> = Cell::new(false);
+}
+
+/// Whether the calling thread is inside a parallel region (running a task of a
+/// team dispatch, on a worker or as the dispatching caller). Parallel calls made
+/// from inside a region run inline on the calling thread.
+pub fn in_parallel_region() -> bool {
+    IN_REGION.with(|f| f.get())
+}
+
+/// Marks the current thread as a team worker (permanently in a region).
+pub(crate) fn mark_worker_thread() {
+    IN_REGION.with(|f| f.set(true));
+}
+
+/// Sets the in-region flag for the caller's participation; restores on drop.
+struct RegionGuard {
+    prev: bool,
+}
+
+impl RegionGuard {
+    fn enter() -> Self {
+        RegionGuard {
+            prev: IN_REGION.with(|f| f.replace(true)),
+        }
+    }
+}
+
+impl Drop for RegionGuard {
+    fn drop(&mut self) {
+        IN_REGION.with(|f| f.set(self.prev));
+    }
+}
+
+/// The first panic of a dispatch, carried to the caller after the join.
+pub(crate) struct PanicSlot {
+    panicked: AtomicBool,
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl PanicSlot {
+    pub(crate) fn new() -> Self {
+        PanicSlot {
+            panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f`, recording its panic (the first one wins) instead of unwinding.
+    #[inline(always)]
+    pub(crate) fn catch(&self, f: impl FnOnce()) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
+            self.record(p);
+        }
+    }
+
+    #[cold]
+    fn record(&self, p: Box<dyn Any + Send>) {
+        let mut slot = self.payload.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(p);
+        }
+        self.panicked.store(true, Ordering::Release);
+    }
+
+    /// Whether a task panicked.
+    #[inline]
+    pub(crate) fn panicked(&self) -> bool {
+        self.panicked.load(Ordering::Acquire)
+    }
+
+    /// Re-raises the recorded panic on the calling thread, if any.
+    fn resume(&self) {
+        if self.panicked() {
+            let p = self
+                .payload
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(p) = p {
+                resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// Options of [`Team::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TeamOptions {
+    /// Upper bound on worker threads (participants - 1). The actual count,
+    /// fixed when the workers start, is
+    /// `min(max_workers, max(cpu_thread_count(usize::MAX) - 1, 1))`
+    /// (reference §3.2); `0` means every call runs serially on the caller.
+    pub max_workers: usize,
+}
+
+impl Default for TeamOptions {
+    /// `max_workers = cpu_thread_count(MAX_THREADS) - 1`: one participant per
+    /// schedulable core, the caller being one of them.
+    fn default() -> Self {
+        TeamOptions {
+            max_workers: knobs::cpu_thread_count(MAX_THREADS).saturating_sub(1),
+        }
+    }
+}
+
+/// `worker_count` value while no worker has been started.
+const NOT_STARTED: usize = usize::MAX;
+
+/// A persistent fork-join team: participant 0 is the calling thread, the
+/// workers (participants `1..`) are started lazily on the first parallel
+/// dispatch and shut down and joined on drop.
+///
+/// Several threads may share a `&Team`; one dispatch runs at a time, and a
+/// call that finds the team busy (or that is made from inside a task) runs its
+/// tasks serially on the calling thread instead of waiting.
+///
+/// ```
+/// use fucina_thread::{Team, TeamOptions};
+///
+/// let team = Team::new(TeamOptions::default())?;
+/// let mut out = vec![0u64; 1000];
+/// let sums: Vec<std::sync::atomic::AtomicU64> =
+///     (0..4).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+/// team.parallel_for(0, out.len(), 100, |r| {
+///     let s: u64 = r.clone().map(|i| i as u64).sum();
+///     sums[0].fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+/// });
+/// assert_eq!(sums[0].load(std::sync::atomic::Ordering::Relaxed), 999 * 1000 / 2);
+/// # out.clear();
+/// # Ok::<(), fucina_thread::ThreadError>(())
+/// ```
+pub struct Team {
+    max_workers: usize,
+    /// Held by the one thread currently dispatching (the spec's
+    /// `parallel_chunks_active`); guards `core`.
+    active: CachePadded<AtomicBool>,
+    /// Workers of the started team, or [`NOT_STARTED`].
+    worker_count: AtomicUsize,
+    /// The started team; accessed only by the holder of `active` (or `&mut self`).
+    core: std::cell::UnsafeCell<Option<Core>>,
+}
+
+// SAFETY: `core` is only accessed by the thread that won the `active` CAS
+// (acquire) until it releases the flag (release), or through `&mut self`; all
+// other fields are atomics. `Core` itself is `Send`.
+unsafe impl Sync for Team {}
+
+impl std::fmt::Debug for Team {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Team")
+            .field("max_workers", &self.max_workers)
+            .field("participants", &self.participants())
+            .field("started", &self.is_started())
+            .finish()
+    }
+}
+
+/// Proof that the holder won the `active` flag; releases it on drop.
+struct ActiveToken<'t>(&'t Team);
+
+impl Drop for ActiveToken<'_> {
+    fn drop(&mut self) {
+        self.0.active.store(false, Ordering::Release);
+    }
+}
+
+/// The dynamic claim chunk of reference §3.3 for `count` tasks on `p` participants.
+pub(crate) fn claim_chunk(count: usize, p: usize) -> usize {
+    if count <= p.saturating_mul(4) {
+        1
+    } else if count <= p.saturating_mul(16) {
+        2
+    } else {
+        4
+    }
+}
+
+/// A chunks-mode job on the dispatching caller's stack. Only a participant
+/// that claimed a task reads it; the claim counter, task count and chunk are
+/// in the team's shared state ([`Share`]).
+struct ChunksJob<'a, F> {
+    run: &'a F,
+    panic: PanicSlot,
+}
+
+/// One participant's share of a chunks job: claim `chunk` indices at a time.
+///
+/// # Safety
+/// `ctx` must point to a live `ChunksJob<'_, F>`.
+unsafe fn run_chunks<F: Fn(usize) + Sync>(ctx: *const (), share: Share<'_>) {
+    // SAFETY: the caller passes the context this function was made for.
+    let job = unsafe { &*(ctx as *const ChunksJob<'_, F>) };
+    let Share {
+        next,
+        count,
+        chunk,
+        tracer,
+    } = share;
+    let mut ran = 0u64;
+    let mut first = true;
+    loop {
+        let start = next.fetch_add(chunk, Ordering::Relaxed);
+        if first {
+            first = false;
+            if let Some(t) = tracer {
+                t.claimed();
+            }
+        }
+        if start >= count {
+            break;
+        }
+        let end = count.min(start + chunk);
+        for i in start..end {
+            job.panic.catch(|| (job.run)(i));
+        }
+        ran += (end - start) as u64;
+    }
+    if let Some(t) = tracer {
+        t.completed(ran);
+    }
+}
+
+impl Team {
+    /// Creates a team; no thread is started until the first parallel dispatch.
+    ///
+    /// # Errors
+    /// [`ThreadError::TooManyWorkers`] when `options.max_workers` exceeds
+    /// `MAX_THREADS - 1`.
+    pub fn new(options: TeamOptions) -> Result<Team, ThreadError> {
+        if options.max_workers > MAX_THREADS - 1 {
+            return Err(ThreadError::TooManyWorkers {
+                requested: options.max_workers,
+                max: MAX_THREADS - 1,
+            });
+        }
+        Ok(Team {
+            max_workers: options.max_workers,
+            active: CachePadded::new(AtomicBool::new(false)),
+            worker_count: AtomicUsize::new(NOT_STARTED),
+            core: std::cell::UnsafeCell::new(None),
+        })
+    }
+
+    /// The configured worker ceiling ([`TeamOptions::max_workers`]).
+    pub fn max_workers(&self) -> usize {
+        self.max_workers
+    }
+
+    /// The number of workers the team has (once started) or would start now.
+    fn planned_workers(&self) -> usize {
+        let started = self.worker_count.load(Ordering::Acquire);
+        if started != NOT_STARTED {
+            return started;
+        }
+        let cpus = knobs::cpu_thread_count(usize::MAX);
+        self.max_workers.min(cpus.saturating_sub(1).max(1))
+    }
+
+    /// Participants of a dispatch: workers + 1 (the caller). Before the workers
+    /// start this is the count they would start with now.
+    pub fn participants(&self) -> usize {
+        self.planned_workers() + 1
+    }
+
+    /// Whether the worker threads have been started.
+    pub fn is_started(&self) -> bool {
+        self.worker_count.load(Ordering::Acquire) != NOT_STARTED
+    }
+
+    /// Join fallback timed waits taken so far (reference §3.5); a diagnostic.
+    /// 0 before the workers start.
+    pub fn join_timed_waits(&self) -> u64 {
+        self.with_core(|core| core.map_or(0, |c| c.engine.join_timed_waits()))
+            .unwrap_or(0)
+    }
+
+    /// The spin budgets of the started team (`None` before start or while
+    /// another thread is dispatching).
+    pub fn spin_budgets(&self) -> Option<knobs::SpinBudgets> {
+        self.with_core(|core| core.map(|c| c.engine.budgets()))
+            .flatten()
+    }
+
+    /// Starts the workers now instead of on the first dispatch, reporting a
+    /// spawn failure. Returns without doing anything when the team is already
+    /// started, has no workers, or is busy in another thread.
+    ///
+    /// # Errors
+    /// [`ThreadError::Spawn`] when the OS refuses a thread; the team stays
+    /// unstarted (every dispatch runs serially until a later start succeeds).
+    pub fn warm_up(&self) -> Result<(), ThreadError> {
+        let Some(mut token) = self.acquire() else {
+            return Ok(());
+        };
+        self.start_core(&mut token).map(|_| ())
+    }
+
+    /// Wins the `active` flag, `None` when another dispatch holds it.
+    #[inline]
+    fn acquire(&self) -> Option<ActiveToken<'_>> {
+        self.active
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| ActiveToken(self))
+    }
+
+    /// Runs `f` on the core while holding the flag; `None` when busy.
+    fn with_core<R>(&self, f: impl FnOnce(Option<&Core>) -> R) -> Option<R> {
+        let token = self.acquire()?;
+        // SAFETY: we hold `active` (token), so no other thread accesses `core`.
+        let core = unsafe { &*self.core.get() };
+        let r = f(core.as_ref());
+        drop(token);
+        Some(r)
+    }
+
+    /// The started core, starting it on first use; `Ok(None)` when the team
+    /// has no workers.
+    #[allow(clippy::mut_from_ref)] // exclusivity comes from the token
+    fn start_core<'t>(
+        &'t self,
+        _token: &'t mut ActiveToken<'_>,
+    ) -> Result<Option<&'t mut Core>, ThreadError> {
+        // SAFETY: the token proves we hold `active`, so this is the only access
+        // to `core` until the token is dropped, and the returned borrow keeps
+        // the token mutably borrowed, so it cannot be dropped while in use.
+        let core = unsafe { &mut *self.core.get() };
+        if core.is_none() {
+            let workers = self.planned_workers();
+            if workers == 0 {
+                return Ok(None);
+            }
+            *core = Some(Core::start(workers)?);
+            self.worker_count.store(workers, Ordering::Release);
+        }
+        Ok(core.as_mut())
+    }
+
+    /// Runs `f(0..count)` across the team (the shared engine of
+    /// `parallel_chunks` and `parallel_for`).
+    fn run_indexed<F: Fn(usize) + Sync>(&self, count: usize, f: F) {
+        match count {
+            0 => return,
+            1 => return f(0),
+            _ => {}
+        }
+        let serial = |f: &F| (0..count).for_each(f);
+        if in_parallel_region() {
+            return serial(&f);
+        }
+        let Some(mut token) = self.acquire() else {
+            return serial(&f);
+        };
+        let Ok(Some(core)) = self.start_core(&mut token) else {
+            return serial(&f);
+        };
+        let chunk = claim_chunk(count, core.engine.workers() + 1);
+        let job = ChunksJob {
+            run: &f,
+            panic: PanicSlot::new(),
+        };
+        let region = RegionGuard::enter();
+        // SAFETY: `run_chunks::<F>` is made for `ChunksJob<F>`; it catches every
+        // task panic and is safe to run concurrently (`F: Sync`, atomics). `job`
+        // lives on this frame until `dispatch` returns, which is after every
+        // worker has left the job.
+        unsafe {
+            core.engine.dispatch(
+                (&raw const job).cast(),
+                run_chunks::<F>,
+                Mode::Chunks,
+                count,
+                chunk,
+            );
+        }
+        drop(region);
+        drop(token);
+        job.panic.resume();
+    }
+
+    /// Runs `run(&tasks[i])` for every task across the team and returns when
+    /// all have finished.
+    ///
+    /// - 0 tasks: returns at once; 1 task: runs inline on the caller.
+    /// - No workers, a call from inside a task (nested), or the team busy with
+    ///   a dispatch from another thread: every task runs serially on the
+    ///   calling thread, in index order.
+    /// - Otherwise every task runs exactly once, on some participant; the order
+    ///   is unspecified. The caller is participant 0.
+    ///
+    /// `tasks` and `run` may borrow from the caller's stack: the call does not
+    /// return before every participant has left the dispatch.
+    ///
+    /// # Panics
+    /// If a task panics, the other tasks still run, the dispatch completes,
+    /// and the first panic is resumed on the caller; the team stays usable.
+    ///
+    /// ```
+    /// use fucina_thread::{Team, TeamOptions};
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    ///
+    /// let team = Team::new(TeamOptions { max_workers: 1 })?;
+    /// let hits: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
+    /// let tasks: Vec<usize> = (0..8).collect();
+    /// team.parallel_chunks(&tasks, |&i| {
+    ///     hits[i].fetch_add(1, Ordering::Relaxed);
+    /// });
+    /// assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    /// # Ok::<(), fucina_thread::ThreadError>(())
+    /// ```
+    pub fn parallel_chunks<T, F>(&self, tasks: &[T], run: F)
+    where
+        T: Sync,
+        F: Fn(&T) + Sync,
+    {
+        self.run_indexed(tasks.len(), |i| run(&tasks[i]));
+    }
+
+    /// Runs `f` over the deterministic chunks of `[begin, end)`
+    /// ([`chunk_ranges`](crate::chunk_ranges) with `threads` = this team's
+    /// [`participants`](Team::participants), or 1 inside a parallel region).
+    ///
+    /// With a single chunk `f(begin..end)` is called directly; an empty range
+    /// calls nothing. The boundaries depend only on `(begin, end, grain,
+    /// threads)`, never on scheduling: when the team is busy the same chunks
+    /// run serially, in order. A `grain` of 0 is treated as 1.
+    ///
+    /// # Panics
+    /// As [`parallel_chunks`](Team::parallel_chunks).
+    pub fn parallel_for<F>(&self, begin: usize, end: usize, grain: usize, f: F)
+    where
+        F: Fn(Range<usize>) + Sync,
+    {
+        let threads = if in_parallel_region() {
+            1
+        } else {
+            self.participants()
+        };
+        let chunks = chunk_ranges(begin, end, grain, threads);
+        match chunks.len() {
+            0 => {}
+            1 => f(begin..end),
+            n => self.run_indexed(n, |i| {
+                if let Some(r) = chunks.get(i) {
+                    f(r)
+                }
+            }),
+        }
+    }
+
+    /// Dependency-chained fork-join (reference §3.7): tasks
+    /// `0..initial_count` start runnable (and start in that order), and a
+    /// running task makes others runnable with [`Chain::enqueue`]. Each task
+    /// gets `&mut` access to its element.
+    ///
+    /// Returns `true` when the graph ran here (all tasks finished), and `true`
+    /// for an empty task list. Returns `false` without running anything when
+    /// `initial_count` is 0 or larger than `tasks.len()`, or when the team
+    /// cannot run it (no workers, busy with another thread's dispatch, called
+    /// from inside a task, the chained arrays cannot grow): the caller then
+    /// runs the graph itself.
+    ///
+    /// Contract: within one call, the seeds plus all `enqueue` calls must name
+    /// each index in `0..tasks.len()` exactly once.
+    ///
+    /// # Panics
+    /// - If a task panics: the dispatch stops handing out tasks, every
+    ///   participant leaves, and the panic is resumed on the caller.
+    /// - If an index would be handed out twice (in every build), and in debug
+    ///   builds on a double enqueue, a certain stall (under-enqueue) or a
+    ///   seeds + enqueues count different from the task count.
+    ///
+    /// ```
+    /// use fucina_thread::{Chain, Team, TeamOptions};
+    ///
+    /// let team = Team::new(TeamOptions { max_workers: 1 })?;
+    /// // A chain 0 -> 1 -> 2 -> 3: each task enqueues its successor.
+    /// let mut order = vec![0usize; 4];
+    /// let step = std::sync::atomic::AtomicUsize::new(0);
+    /// let ran = team.parallel_chained(&mut order, 1, |slot: &mut usize, chain: &Chain| {
+    ///     let k = step.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///     *slot = k;
+    ///     if k + 1 < chain.len() {
+    ///         chain.enqueue(k + 1);
+    ///     }
+    /// });
+    /// if ran {
+    ///     assert_eq!(order, [0, 1, 2, 3]);
+    /// }
+    /// # Ok::<(), fucina_thread::ThreadError>(())
+    /// ```
+    pub fn parallel_chained<T, F>(&self, tasks: &mut [T], initial_count: usize, run: F) -> bool
+    where
+        T: Send,
+        F: Fn(&mut T, &Chain<'_>) + Sync,
+    {
+        let n = tasks.len();
+        if n == 0 {
+            return true;
+        }
+        if initial_count == 0 || initial_count > n || in_parallel_region() {
+            return false;
+        }
+        let Some(mut token) = self.acquire() else {
+            return false;
+        };
+        let Ok(Some(core)) = self.start_core(&mut token) else {
+            return false;
+        };
+        if !core.chain.grow(n) {
+            return false;
+        }
+        let Core {
+            engine,
+            chain: arrays,
+        } = core;
+        let job = ChainedJob::new(tasks, initial_count, &run, arrays);
+        let region = RegionGuard::enter();
+        // SAFETY: `run_chained::<T, F>` is made for `ChainedJob<T, F>`; it
+        // catches every panic; tasks are handed out at most once each (claimed
+        // flags), `T: Send`, `F: Sync`. `job` (and the `&mut tasks` borrow it
+        // holds) lives until `dispatch` returns, after every worker has left.
+        unsafe {
+            engine.dispatch(
+                (&raw const job).cast(),
+                chained::run_chained::<T, F>,
+                Mode::Chained,
+                n,
+                1,
+            );
+        }
+        drop(region);
+        // A resumed panic releases `active` while unwinding (the token's Drop).
+        job.panic.resume();
+        #[cfg(debug_assertions)]
+        {
+            let (completed, enqueued) = (job.completed(), job.chain.enqueued());
+            assert!(
+                initial_count + enqueued == n && completed == n,
+                "parallel_chained: seeds ({initial_count}) + enqueues ({enqueued}) != task count ({n}) \
+                 ({completed} tasks ran)"
+            );
+        }
+        true
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        // Shut the workers down and join them (Core's Drop).
+        drop(self.core.get_mut().take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_chunk_follows_the_reference_rule() {
+        // p = 2: <= 8 -> 1, <= 32 -> 2, else 4.
+        assert_eq!(claim_chunk(2, 2), 1);
+        assert_eq!(claim_chunk(8, 2), 1);
+        assert_eq!(claim_chunk(9, 2), 2);
+        assert_eq!(claim_chunk(32, 2), 2);
+        assert_eq!(claim_chunk(33, 2), 4);
+        assert_eq!(claim_chunk(usize::MAX, usize::MAX), 1);
+    }
+
+    #[test]
+    fn a_spawn_failure_falls_back_to_serial_and_is_retried() {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        dispatch::FAIL_SPAWN_AT.with(|f| f.set(1));
+        let err = team.warm_up().unwrap_err();
+        assert!(
+            matches!(&err, ThreadError::Spawn { what, .. } if what == "team worker 1"),
+            "{err}"
+        );
+        assert!(!team.is_started());
+        // The call still runs every task, serially on the caller.
+        let me = std::thread::current().id();
+        let order = std::sync::Mutex::new(Vec::new());
+        team.parallel_chunks(&[0, 1, 2, 3], |&i| {
+            assert_eq!(std::thread::current().id(), me);
+            order.lock().unwrap().push(i);
+        });
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+        assert!(!team.parallel_chained(&mut [0u8; 3], 1, |_, _| {}));
+        // The next call retries and succeeds.
+        dispatch::FAIL_SPAWN_AT.with(|f| f.set(0));
+        let hits: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+        team.parallel_chunks(&[0, 1, 2, 3], |&i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(team.is_started());
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+}

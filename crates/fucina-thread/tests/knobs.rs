@@ -1,0 +1,130 @@
+//! Read-only checks of the knobs against this machine (no global state is
+//! changed here; see `knobs_env.rs` for the tests that set the caches/env).
+
+use fucina_thread::knobs::{self, SpinBudgets};
+use fucina_thread::{
+    MAX_THREADS, cgroup_cpu_budget, cpu_thread_count, performance_cpu_count, physical_cpu_count,
+    schedulable_cpu_count, spin_budgets,
+};
+
+fn logical() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[test]
+fn detected_counts_are_plausible_and_stable() {
+    if let Some(p) = physical_cpu_count() {
+        assert!(
+            (1..=logical()).contains(&p),
+            "physical {p}, logical {}",
+            logical()
+        );
+    }
+    if let Some(p) = performance_cpu_count() {
+        assert!((1..=logical()).contains(&p));
+    }
+    if let Some(c) = cgroup_cpu_budget() {
+        assert!(c >= 1);
+    }
+    // Probed once: the same answers every time.
+    for _ in 0..3 {
+        assert_eq!(physical_cpu_count(), physical_cpu_count());
+        assert_eq!(cgroup_cpu_budget(), cgroup_cpu_budget());
+    }
+}
+
+#[test]
+fn schedulable_is_the_min_of_what_is_known() {
+    let expected = match (physical_cpu_count(), cgroup_cpu_budget()) {
+        (Some(p), Some(c)) => Some(p.min(c)),
+        (p, c) => p.or(c),
+    };
+    assert_eq!(schedulable_cpu_count(), expected);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn linux_physical_count_is_known_when_sysfs_topology_exists() {
+    if std::path::Path::new("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").exists() {
+        assert!(physical_cpu_count().is_some());
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+#[test]
+fn physical_count_is_unknown_elsewhere() {
+    assert_eq!(physical_cpu_count(), None);
+}
+
+#[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]
+#[test]
+fn performance_count_is_apple_silicon_only() {
+    assert_eq!(performance_cpu_count(), None);
+}
+
+#[test]
+fn cpu_thread_count_is_clamped() {
+    let n = cpu_thread_count(MAX_THREADS);
+    assert!((1..=MAX_THREADS).contains(&n));
+    assert_eq!(cpu_thread_count(1), 1);
+    assert_eq!(cpu_thread_count(0), 1, "never below 1");
+    assert!(cpu_thread_count(2) <= 2);
+    assert_eq!(cpu_thread_count(usize::MAX), cpu_thread_count(usize::MAX));
+}
+
+#[test]
+fn budgets_follow_the_reference_table() {
+    const M: u32 = 1 << 20;
+    let b = |worker_spin, join_spin| SpinBudgets {
+        worker_spin,
+        join_spin,
+    };
+    assert_eq!(spin_budgets(None, 8, Some(10)), b(32_768, M));
+    assert_eq!(spin_budgets(None, 10, Some(10)), b(32_768, M));
+    assert_eq!(spin_budgets(None, 11, Some(10)), b(0, 4096));
+    assert_eq!(spin_budgets(None, 64, None), b(32_768, M));
+    assert_eq!(spin_budgets(Some(512), 11, Some(10)), b(512, 4096));
+    assert_eq!(spin_budgets(Some(0), 8, Some(10)), b(0, M));
+    assert_eq!(spin_budgets(Some(1 << 40), 8, Some(10)).worker_spin, 32_768);
+    assert_eq!(spin_budgets(Some(1 << 40), 11, Some(10)).worker_spin, 0);
+    assert_eq!(knobs::DEFAULT_WORKER_SPIN, 32_768);
+    assert_eq!(knobs::DEFAULT_JOIN_SPIN, M);
+    assert_eq!(knobs::OVERSUBSCRIBED_JOIN_SPIN, 4096);
+}
+
+#[test]
+fn public_parsers_match_the_reference_examples() {
+    use knobs::*;
+    // Env grammar (§3.11).
+    assert_eq!(parse_positive_usize("+6"), Some(6));
+    assert_eq!(parse_positive_usize("1_2"), Some(12));
+    assert_eq!(parse_positive_usize("6\n"), None);
+    assert_eq!(parse_positive_usize("0008"), Some(8));
+    assert_eq!(parse_positive_usize("123456789012345678901"), None);
+    assert_eq!(parse_positive_usize("-0"), None);
+    assert_eq!(parse_positive_usize("-4"), None);
+    assert_eq!(parse_zig_usize("-0"), Some(0));
+    assert_eq!(parse_spin_budget("0"), Some(0));
+    assert_eq!(parse_spin_budget("-0"), None);
+    assert_eq!(parse_spin_budget(""), None);
+    assert!(parse_flag("1") && !parse_flag("0") && !parse_flag(""));
+    // CPU lists and cgroup files (§3.12).
+    assert_eq!(parse_cpu_list("0-1,8-9\n"), Some(vec![0..=1, 8..=9]));
+    for bad in ["a", "1-", "-3", "1-a", "3-1", "0 1"] {
+        assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+    }
+    let mask: Vec<usize> = (0..16).collect();
+    let ht = |cpu: usize| Some(format!("{},{}", cpu % 8, cpu % 8 + 8));
+    assert_eq!(count_physical_cores(&mask, ht), Some(8));
+    assert_eq!(parse_cpu_max("200000 100000"), Some(2));
+    assert_eq!(parse_cpu_max("150000 100000"), Some(1));
+    assert_eq!(parse_cpu_max("50000 100000"), Some(1));
+    assert_eq!(parse_cpu_max("-1 100000"), None);
+    assert_eq!(parse_cpu_max("0 100000"), None);
+    assert_eq!(parse_cpu_max("200000 0"), None);
+    assert_eq!(parse_cpu_max("max 100000"), None);
+    assert_eq!(parse_cpu_max("200000"), None);
+    assert_eq!(parse_cpu_max("200000 100000 7"), None);
+    assert_eq!(parse_cfs_quota("-1", "100000"), None);
+    assert_eq!(cgroup_v2_path("0::/a/b\n"), Some("/a/b"));
+}
