@@ -5,11 +5,11 @@
 //! `team/park.rs`); under `cfg(loom)` they are loom's model-checked
 //! counterparts, so `tests/loom_*.rs` explore the real protocol code.
 //!
-//! Two loom-only adjustments, both documented where they are used:
-//! - loom treats `SeqCst` loads/stores as `AcqRel` (its README, issue #180), which
-//!   would report false lost wake-ups in the generation/parked Dekker pair. The real
-//!   code relies on `SeqCst` accesses; under loom [`dekker_fence`] adds the
-//!   `fence(SeqCst)` that loom does model, restoring the same guarantee.
+//! Loom-only adjustments, documented where they are used:
+//! - the team's no-lost-wake-up handshake uses only acquire/release RMWs on one
+//!   word (`parked`; team/README.md, P1), which loom models exactly, so it needs
+//!   no `SeqCst` (loom weakens `SeqCst` accesses to `AcqRel`, its issue #180);
+//! - spin budgets are capped by [`model_spin_cap`];
 //! - a futex cannot be modelled directly, so under loom [`WaitWord`] is a
 //!   "sleep only while the word still equals the expected value" primitive built
 //!   from a loom `Mutex` + `Condvar`, and a timed wait is a yield (a timeout that
@@ -70,15 +70,6 @@ where
     {
         loom::thread::Builder::new().name(name).spawn(f)
     }
-}
-
-/// Between the `SeqCst` RMW and the `SeqCst` load of a Dekker pair: nothing in
-/// real builds (two `SeqCst` accesses are already totally ordered), a
-/// `fence(SeqCst)` under loom, which models `SeqCst` accesses as `AcqRel`.
-#[inline(always)]
-pub(crate) fn dekker_fence() {
-    #[cfg(loom)]
-    loom::sync::atomic::fence(Ordering::SeqCst);
 }
 
 /// Caps a spin budget under loom (every spin hint is a scheduling point there,

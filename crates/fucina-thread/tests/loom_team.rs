@@ -3,7 +3,8 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p fucina-thread --release --test loom_team`
 //!
 //! One worker (spin budget capped to one hint under loom, so it parks almost at
-//! once), two dispatches and the shutdown. loom reports a lost wake-up as a
+//! once), two dispatches and the shutdown; a model with a dynamic claim on top
+//! of the static tasks; a panicking task; two dispatching threads. loom reports a lost wake-up as a
 //! deadlock, and a join that returned before a participant left its task as a
 //! data race on the task's result cell (or a wrong count).
 #![cfg(loom)]
@@ -52,6 +53,28 @@ fn dispatch_park_join_handshake() {
             assert_eq!(runs.load(Ordering::Relaxed), 2);
         }
         drop(team); // shutdown wakes and joins the (possibly parked) worker
+    });
+}
+
+#[test]
+fn static_and_dynamic_claims_run_each_task_once_across_dispatches() {
+    // 3 tasks on 2 participants: tasks 0 and 1 are the static ones, task 2 is
+    // claimed from the monotonic counter (base = its value at publish). Two
+    // rounds, so the second round's base is the first round's final count and
+    // `done` is joined against a target that was not reset.
+    loom::model(|| {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        for round in 0..2usize {
+            let results = [Cell::new(0usize), Cell::new(0usize), Cell::new(0usize)];
+            team.parallel_chunks(&[0usize, 1, 2], |&i| {
+                // Each cell written once: a second run of a task would be a
+                // data race (or a wrong value) that loom reports.
+                results[i].set(results[i].get() + round + 1);
+            });
+            for r in &results {
+                assert_eq!(r.get(), round + 1);
+            }
+        }
     });
 }
 

@@ -14,7 +14,7 @@
 
 use crate::sync::{self, AtomicBool, AtomicUsize, Ordering};
 use crate::team::PanicSlot;
-use crate::team::dispatch::Share;
+use crate::team::dispatch::{Payload, Share};
 use crossbeam_utils::CachePadded;
 
 /// The empty-stack sentinel of the chained stack's `head` and `next` links.
@@ -218,15 +218,16 @@ impl<'a, T, F> ChainedJob<'a, T, F> {
 /// One participant's share of a chained job.
 ///
 /// # Safety
-/// `ctx` must point to a live `ChainedJob<'_, T, F>` whose `tasks` pointer
+/// `payload` must hold a pointer to a live `ChainedJob<'_, T, F>` whose `tasks` pointer
 /// covers `n` initialized `T`s that nothing else accesses during the dispatch.
 pub(crate) unsafe fn run_chained<T: Send, F: Fn(&mut T, &Chain<'_>) + Sync>(
-    ctx: *const (),
+    payload: &Payload,
     share: Share<'_>,
 ) {
     let tracer = share.tracer;
-    // SAFETY: the caller passes the context this function was made for.
-    let job = unsafe { &*(ctx as *const ChainedJob<'_, T, F>) };
+    // SAFETY: the caller passes the payload this function was made for: a
+    // pointer to a live `ChainedJob<'_, T, F>`.
+    let job = unsafe { &*payload.get::<*const ChainedJob<'_, T, F>>() };
     if let Some(t) = tracer {
         t.claimed();
     }

@@ -4,10 +4,12 @@
 //! dispatcher-side owner (thread handles, chained arrays, the profile counter),
 //! touched only by the thread that holds the team's `active` flag.
 //!
-//! A job is type-erased as a context pointer plus a monomorphized
-//! [`RunFn`]; the context lives on the dispatching caller's stack and is valid
-//! until [`Core::dispatch`] returns, which is after every participant has left
-//! the job (the `done` join).
+//! A job is type-erased as a small `Copy` [`Payload`] plus a monomorphized
+//! [`RunFn`]. The payload is copied into the job descriptor, on the generation
+//! cache line, so a worker needs no further cache miss on the caller's stack to
+//! start its task (it holds raw pointers into the caller's stack, valid until
+//! [`Engine::dispatch`] returns, which is after every participant has left the
+//! job: the `done` join).
 
 use crate::error::ThreadError;
 use crate::knobs::{self, OVERSUBSCRIBED_JOIN_SPIN, SpinBudgets};
@@ -16,60 +18,128 @@ use crate::sync::{
     self, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, JoinHandle, Ordering, UnsafeCell,
     WaitWord,
 };
+use crate::team::PanicSlot;
 use crossbeam_utils::CachePadded;
+use std::any::Any;
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 /// How long one join fallback wait sleeps on the `done` word at most.
 pub(crate) const JOIN_WAIT_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// One participant's share of a job: called once per participant per dispatch
-/// with the job context and the participant's [`Share`].
+/// with the job payload and the participant's [`Share`].
 ///
 /// # Safety
-/// `ctx` must point to the live job object the function was monomorphized for.
-pub(crate) type RunFn = unsafe fn(ctx: *const (), share: Share<'_>);
+/// `payload` must have been made (by [`Payload::new`]) from the value the
+/// function was monomorphized for, and what it points to must be live.
+pub(crate) type RunFn = unsafe fn(payload: &Payload, share: Share<'_>);
 
-/// What a participant gets besides the job context: the shared claim counter
-/// (chunks mode), the task count and claim chunk, and its trace slot.
+/// The inline bytes of a job payload (4 words: fits the generation line).
+const PAYLOAD_BYTES: usize = 32;
+
+/// A job's `Copy` data (typically raw pointers into the caller's stack and a
+/// few integers), type-erased and copied into the job descriptor.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub(crate) struct Payload([MaybeUninit<u8>; PAYLOAD_BYTES]);
+
+impl Payload {
+    /// Copies `c` in; `C` must fit [`PAYLOAD_BYTES`] with alignment <= 8
+    /// (checked at compile time).
+    #[inline(always)]
+    pub(crate) fn new<C: Copy>(c: C) -> Self {
+        const {
+            assert!(size_of::<C>() <= PAYLOAD_BYTES && align_of::<C>() <= 8);
+        }
+        let mut p = Payload([MaybeUninit::uninit(); PAYLOAD_BYTES]);
+        // SAFETY: `C` fits and the buffer is 8-aligned (const check above).
+        unsafe { p.0.as_mut_ptr().cast::<C>().write(c) };
+        p
+    }
+
+    /// Copies the value out.
+    ///
+    /// # Safety
+    /// `self` must have been made by `Payload::new::<C>`.
+    #[inline(always)]
+    pub(crate) unsafe fn get<C: Copy>(&self) -> C {
+        // SAFETY: the caller guarantees a `C` was written here by `new::<C>`
+        // (which checked size and alignment).
+        unsafe { self.0.as_ptr().cast::<C>().read() }
+    }
+}
+
+/// The job of a generation that has none (before the first dispatch).
+///
+/// # Safety
+/// Always safe; `unsafe` only to match [`RunFn`].
+unsafe fn no_job(_: &Payload, _: Share<'_>) {}
+
+/// What a participant gets besides the job context: its index, the shared
+/// claim counter and its base (chunks mode), the task count, the panic slot
+/// and its trace slot.
 #[derive(Clone, Copy)]
 pub(crate) struct Share<'a> {
-    /// The claim counter (`job_next` of the reference), reset to 0 per dispatch.
+    /// This participant (0 = the dispatcher, `1..=W` = the workers).
+    pub(crate) index: usize,
+    /// Participants of the dispatch (`W + 1`).
+    pub(crate) participants: usize,
+    /// The monotonic claim counter (never reset; see `base`).
     pub(crate) next: &'a AtomicUsize,
+    /// The value of `next` when the job was published: a claim that returns
+    /// `v` got dynamic claim number `v - base` (wrapping).
+    pub(crate) base: usize,
     /// Tasks in the job.
     pub(crate) count: usize,
-    /// Tasks per claim.
-    pub(crate) chunk: usize,
+    /// The team's panic slot (chunks mode): the first task panic is recorded here.
+    pub(crate) panic: &'a PanicSlot,
     /// This participant's trace slot, when profiling.
     pub(crate) tracer: Option<Tracer<'a>>,
 }
 
-/// The type-erased job descriptor published with a generation.
+/// The type-erased job descriptor published with a generation (56 bytes: with
+/// the generation word it fills one 64-byte line).
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub(crate) struct JobRef {
-    ctx: *const (),
     run: RunFn,
     count: usize,
-    chunk: usize,
-    start: Option<Instant>,
+    /// `next` at publish time (the dynamic claims' origin).
+    base: usize,
+    payload: Payload,
 }
 
 /// The completion counter and the claim counter, on one cache line: a worker's
 /// last (failed) claim brings the line its `done` increment needs.
+///
+/// Both are monotonic (never reset), so publishing a job writes only the
+/// generation line (team/README.md, "Monotonic counters").
 pub(crate) struct JoinLine {
-    /// Workers that finished the current generation; the dispatcher joins on it.
+    /// Worker `done` increments, ever (wrapping u32, the futex word); the
+    /// dispatcher joins on it reaching its target.
     done: WaitWord,
-    /// The chunks-mode claim counter.
+    /// The chunks-mode dynamic claim counter (wrapping).
     next: AtomicUsize,
 }
 
 /// The generation word and the job descriptor it publishes, on one cache line:
 /// the worker's read of a new generation brings the job with it.
+#[repr(C)]
 pub(crate) struct GenerationLine {
-    /// Bumped (`SeqCst`) once per dispatch and once at shutdown; workers wait on it.
+    /// Bumped (release) once per dispatch and once at shutdown; workers wait on it.
     word: WaitWord,
     /// The current job; written by the dispatcher only while no worker reads it.
-    job: UnsafeCell<Option<JobRef>>,
+    job: UnsafeCell<JobRef>,
+    /// The profile start of the current job (next line; read only when profiling),
+    /// under the same protocol as `job`.
+    start: UnsafeCell<Option<Instant>>,
 }
+
+// The generation word and the job descriptor share the first 64-byte line
+// (`CachePadded` aligns the struct to 128 bytes).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(GenerationLine, start) <= 64);
 
 /// State shared by the dispatcher and the workers.
 pub(crate) struct Shared {
@@ -83,6 +153,8 @@ pub(crate) struct Shared {
     ready: AtomicU32,
     /// Set before the final generation bump; a worker that sees it exits.
     shutdown: AtomicBool,
+    /// The first task panic of the current chunks-mode dispatch.
+    panic: CachePadded<PanicSlot>,
     /// Timed waits taken by the join fallback (diagnostics and tests).
     join_timed_waits: AtomicU64,
     workers: u32,
@@ -91,13 +163,14 @@ pub(crate) struct Shared {
     trace: Option<Box<[CachePadded<TraceSlot>]>>,
 }
 
-// SAFETY: every field but `generation.job` is an atomic or immutable after creation. `job`
-// holds a raw context pointer and is accessed under the generation protocol:
-// the dispatcher writes it only between a completed join (every worker's
-// `done` increment acquired) and the next `SeqCst` generation bump, and workers
-// read it only after acquiring that bump and before their `done` increment, so
-// no write races a read (team/README.md, "job descriptor"). The context it points
-// to is `Sync` data (the job types require `Sync` closures and tasks).
+// SAFETY: every field but `generation.job`/`generation.start` is an atomic, a
+// lock, or immutable after creation. `job` holds raw pointers and is accessed
+// under the generation protocol: the dispatcher writes it only between a
+// completed join (every worker's `done` increment of that generation acquired)
+// and the next (release) generation bump, and workers read it only after
+// acquiring that bump and before their `done` increment, so no write races a
+// read (team/README.md, P2). The data its payload points to is `Sync` (the job
+// types require `Sync` closures and tasks).
 unsafe impl Sync for Shared {}
 // SAFETY: as above; moving the `Arc` between threads moves no thread-affine data.
 unsafe impl Send for Shared {}
@@ -117,12 +190,29 @@ pub(crate) struct Engine {
     handles: Vec<JoinHandle<()>>,
     /// The profile line's dispatch counter (starts at 1, wraps).
     dispatches: u32,
+    /// The value of `done` once every worker left the last dispatch.
+    done_target: u32,
 }
 
 #[cfg(test)]
 std::thread_local! {
     /// Test hook: make the spawn of this worker index fail (0 = never).
     pub(crate) static FAIL_SPAWN_AT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Test hook: the initial values of `done` and `next` (to cross the wrap).
+    pub(crate) static COUNTER_START: std::cell::Cell<(u32, usize)> =
+        const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The initial values of the monotonic `done` and `next` counters.
+fn counter_start() -> (u32, usize) {
+    #[cfg(test)]
+    {
+        COUNTER_START.with(|c| c.get())
+    }
+    #[cfg(not(test))]
+    {
+        (0, 0)
+    }
 }
 
 impl Core {
@@ -146,18 +236,26 @@ impl Core {
                 .map(|_| CachePadded::new(TraceSlot::new()))
                 .collect::<Box<[_]>>()
         });
+        let (done_start, next_start) = counter_start();
         let shared = Arc::new(Shared {
             generation: CachePadded::new(GenerationLine {
                 word: WaitWord::new(0),
-                job: UnsafeCell::new(None),
+                job: UnsafeCell::new(JobRef {
+                    run: no_job,
+                    count: 0,
+                    base: 0,
+                    payload: Payload::new(()),
+                }),
+                start: UnsafeCell::new(None),
             }),
             join: CachePadded::new(JoinLine {
-                done: WaitWord::new(0),
-                next: AtomicUsize::new(0),
+                done: WaitWord::new(done_start),
+                next: AtomicUsize::new(next_start),
             }),
             parked: CachePadded::new(AtomicU32::new(0)),
             ready: AtomicU32::new(0),
             shutdown: AtomicBool::new(false),
+            panic: CachePadded::new(PanicSlot::new()),
             join_timed_waits: AtomicU64::new(0),
             workers: u32::try_from(workers).expect("worker count below MAX_THREADS"),
             budgets,
@@ -196,6 +294,7 @@ impl Core {
                 shared,
                 handles,
                 dispatches: 0,
+                done_target: done_start,
             },
             chain: Default::default(),
         })
@@ -219,16 +318,22 @@ impl Engine {
         self.shared.budgets
     }
 
+    /// Takes the first task panic recorded by the last chunks-mode dispatch.
+    pub(crate) fn take_panic(&self) -> Option<Box<dyn Any + Send>> {
+        self.shared.panic.take()
+    }
+
     /// Publishes a job, runs participant 0's share on the calling thread, and
     /// returns once every worker has left the job.
     ///
     /// # Safety
-    /// `run(ctx, _)` must be safe to call concurrently from every participant
-    /// until this function returns, and must not unwind (job functions catch
-    /// task panics). `ctx` must stay valid until this function returns.
+    /// `run(&payload, _)` must be safe to call concurrently from every
+    /// participant until this function returns, and must not unwind (job
+    /// functions catch task panics). What `payload` points to must stay valid
+    /// until this function returns.
     pub(crate) unsafe fn dispatch(
         &mut self,
-        ctx: *const (),
+        payload: Payload,
         run: RunFn,
         mode: Mode,
         count: usize,
@@ -241,24 +346,40 @@ impl Engine {
             }
             Instant::now()
         });
-        // State PUBLISH: job fields, then `done = 0`, then the SeqCst bump.
+        // State PUBLISH: the job fields (with the claim base), then the release
+        // bump. Nothing is reset: `done` and `next` are monotonic.
+        // No participant touches `next` between our join and the bump below
+        // (workers claim only after acquiring a bump, and our previous join
+        // acquired every worker's last claim), so this read is its final value.
+        let base = sh.join.next.load(Ordering::Relaxed);
+        self.done_target = self.done_target.wrapping_add(sh.workers);
         // SAFETY: no worker reads `job` now: each one's previous read happened
         // before its `done` increment, which our previous join acquired; the
         // next read happens only after acquiring the bump below.
         sh.generation.job.with_mut(|j| unsafe {
-            *j = Some(JobRef {
-                ctx,
+            *j = JobRef {
                 run,
                 count,
-                chunk,
-                start,
-            })
+                base,
+                payload,
+            }
         });
-        sh.join.next.store(0, Ordering::Relaxed);
-        sh.join.done.word().store(0, Ordering::Relaxed);
-        sh.generation.word.word().fetch_add(1, Ordering::SeqCst);
-        sync::dekker_fence();
-        if sh.parked.load(Ordering::SeqCst) != 0 {
+        if sh.trace.is_some() {
+            // SAFETY: as for `job`.
+            sh.generation.start.with_mut(|s| unsafe { *s = start });
+        }
+        // Only the `active` holder (and `Drop`, exclusively) writes the
+        // generation, so a plain release store suffices, and the relaxed load
+        // reads our own (or a previous holder's, acquired via `active`) value.
+        let g = sh.generation.word.word().load(Ordering::Relaxed);
+        sh.generation
+            .word
+            .word()
+            .store(g.wrapping_add(1), Ordering::Release);
+        // The wake check is an RMW on `parked` (README, P1): it reads the last
+        // parking announcement, or a parker's RMW reads from it and acquires
+        // the bump above. On a line the spinning workers never touch.
+        if sh.parked.fetch_add(0, Ordering::AcqRel) != 0 {
             sh.generation.word.wake_all();
         }
         // State RUN: participant 0.
@@ -267,20 +388,23 @@ impl Engine {
             .as_ref()
             .zip(start)
             .map(|(t, start)| Tracer { slot: &t[0], start });
-        // SAFETY: the caller guarantees `run` may be called with `ctx` here.
+        // SAFETY: the caller guarantees `run` may be called with `payload` here.
         unsafe {
             run(
-                ctx,
+                &payload,
                 Share {
+                    index: 0,
+                    participants: sh.workers as usize + 1,
                     next: &sh.join.next,
+                    base,
                     count,
-                    chunk,
+                    panic: &sh.panic,
                     tracer,
                 },
             )
         };
         // State JOIN.
-        join(sh);
+        join(sh, self.done_target);
         if let (Some(slots), Some(start)) = (&sh.trace, start) {
             let span_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.dispatches = self.dispatches.wrapping_add(1);
@@ -325,8 +449,7 @@ fn shutdown(sh: &Shared, handles: &mut Vec<JoinHandle<()>>) {
         return;
     }
     sh.shutdown.store(true, Ordering::Release);
-    sh.generation.word.word().fetch_add(1, Ordering::SeqCst);
-    sync::dekker_fence();
+    sh.generation.word.word().fetch_add(1, Ordering::Release);
     sh.generation.word.wake_all();
     for h in handles.drain(..) {
         // A worker never unwinds (task panics are caught), so join cannot fail;
@@ -337,13 +460,14 @@ fn shutdown(sh: &Shared, handles: &mut Vec<JoinHandle<()>>) {
 
 /// The join of reference §3.5: spin up to the join bound, then 1 ms timed waits
 /// on `done` itself (workers never wake it), with the bound dropped to
-/// [`OVERSUBSCRIBED_JOIN_SPIN`] after the first wait.
-fn join(sh: &Shared) {
+/// [`OVERSUBSCRIBED_JOIN_SPIN`] after the first wait. Returns when `done`
+/// reaches `target` (it never passes it: see team/README.md, P2).
+fn join(sh: &Shared, target: u32) {
     let mut bound = sh.budgets.join_spin;
     let mut spins = 0u32;
     loop {
         let d = sh.join.done.word().load(Ordering::Acquire);
-        if d == sh.workers {
+        if d == target {
             return;
         }
         spins += 1;
@@ -380,10 +504,9 @@ fn worker_main(sh: &Shared, index: usize) {
                 sync::spin_loop();
             } else {
                 // State PARK: announce, then sleep only while the word is still `g`.
-                sh.parked.fetch_add(1, Ordering::SeqCst);
-                sync::dekker_fence();
+                sh.parked.fetch_add(1, Ordering::AcqRel);
                 sh.generation.word.wait(g);
-                sh.parked.fetch_sub(1, Ordering::SeqCst);
+                sh.parked.fetch_sub(1, Ordering::Relaxed);
                 spins = 0;
             }
         };
@@ -394,24 +517,28 @@ fn worker_main(sh: &Shared, index: usize) {
         // State RUN.
         // SAFETY: we acquired the bump that published `job`; the dispatcher does
         // not write it again before our `done` increment below.
-        let job = sh
-            .generation
-            .job
-            .with(|j| unsafe { *j })
-            .expect("a published generation carries a job");
-        let tracer = sh.trace.as_ref().zip(job.start).map(|(t, start)| Tracer {
-            slot: &t[index],
-            start,
+        let job = sh.generation.job.with(|j| unsafe { *j });
+        let tracer = sh.trace.as_ref().and_then(|t| {
+            // SAFETY: as for `job`.
+            let start = sh.generation.start.with(|s| unsafe { *s })?;
+            Some(Tracer {
+                slot: &t[index],
+                start,
+            })
         });
-        // SAFETY: the dispatcher keeps `job.ctx` alive until it has acquired our
-        // `done` increment, and `job.run` is the function made for that context.
+        // SAFETY: the dispatcher keeps what `job.payload` points to alive until
+        // it has acquired our `done` increment, and `job.run` is the function
+        // made for that payload.
         unsafe {
             (job.run)(
-                job.ctx,
+                &job.payload,
                 Share {
+                    index,
+                    participants: sh.workers as usize + 1,
                     next: &sh.join.next,
+                    base: job.base,
                     count: job.count,
-                    chunk: job.chunk,
+                    panic: &sh.panic,
                     tracer,
                 },
             )

@@ -5,14 +5,14 @@ pub(crate) mod dispatch;
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) mod park;
 
-use crate::chunking::chunk_ranges;
+use crate::chunking::{ChunkRanges, chunk_ranges};
 use crate::error::ThreadError;
 use crate::knobs::{self, MAX_THREADS};
 use crate::profile::Mode;
 use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, thread_local};
 use chained::{Chain, ChainedJob};
 use crossbeam_utils::CachePadded;
-use dispatch::{Core, Share};
+use dispatch::{Core, Payload, Share};
 use std::any::Any;
 use std::cell::Cell;
 use std::ops::Range;
@@ -96,6 +96,18 @@ impl PanicSlot {
     #[inline]
     pub(crate) fn panicked(&self) -> bool {
         self.panicked.load(Ordering::Acquire)
+    }
+
+    /// Takes the recorded panic and clears the slot (exclusive use: after a join).
+    pub(crate) fn take(&self) -> Option<Box<dyn Any + Send>> {
+        if !self.panicked() {
+            return None;
+        }
+        self.panicked.store(false, Ordering::Relaxed);
+        self.payload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Re-raises the recorded panic on the calling thread, if any.
@@ -205,50 +217,138 @@ pub(crate) fn claim_chunk(count: usize, p: usize) -> usize {
     }
 }
 
-/// A chunks-mode job on the dispatching caller's stack. Only a participant
-/// that claimed a task reads it; the claim counter, task count and chunk are
-/// in the team's shared state ([`Share`]).
-struct ChunksJob<'a, F> {
-    run: &'a F,
-    panic: PanicSlot,
+/// A chunks-mode job: the `Copy` data that runs task `i`, copied into the job
+/// descriptor (raw pointers into the caller's stack, so a worker's first access
+/// after the generation line is the task's own data).
+trait IndexedJob: Copy {
+    /// Runs task `i`.
+    ///
+    /// # Safety
+    /// `i` is below the job's task count and the pointers inside are live.
+    unsafe fn call(&self, i: usize);
 }
 
-/// One participant's share of a chunks job: claim `chunk` indices at a time.
+/// `parallel_chunks`: task `i` is `run(&tasks[i])`.
+struct SliceJob<T, F> {
+    tasks: *const T,
+    run: *const F,
+}
+
+impl<T, F> Clone for SliceJob<T, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, F> Copy for SliceJob<T, F> {}
+
+impl<T: Sync, F: Fn(&T) + Sync> IndexedJob for SliceJob<T, F> {
+    #[inline(always)]
+    unsafe fn call(&self, i: usize) {
+        // SAFETY: the caller guarantees `i < tasks.len()` and that the slice and
+        // the closure are live; both are `Sync`, so shared use from any thread is fine.
+        unsafe { (*self.run)(&*self.tasks.add(i)) }
+    }
+}
+
+/// `parallel_for`: task `i` is `f(chunk i)`, chunk `i` being
+/// `[begin + i * size, min(begin + (i + 1) * size, end))` ([`ChunkRanges::get`]).
+struct RangeJob<F> {
+    begin: usize,
+    size: usize,
+    end: usize,
+    f: *const F,
+}
+
+impl<F> Clone for RangeJob<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F> Copy for RangeJob<F> {}
+
+impl<F> RangeJob<F> {
+    /// The job for the chunks of `chunks` (at least one).
+    fn new(chunks: &ChunkRanges, f: &F) -> Self {
+        let first = chunks.get(0).unwrap_or(0..0);
+        RangeJob {
+            begin: first.start,
+            size: chunks.chunk_size(),
+            end: chunks.clone().last().map_or(first.end, |r| r.end),
+            f,
+        }
+    }
+
+    /// Chunk `i` (`i` below the chunk count).
+    #[inline(always)]
+    fn range(&self, i: usize) -> Range<usize> {
+        // No overflow: chunk `i` exists, so `begin + i * size < end`.
+        let lo = self.begin + i * self.size;
+        lo..lo.saturating_add(self.size).min(self.end)
+    }
+}
+
+impl<F: Fn(Range<usize>) + Sync> IndexedJob for RangeJob<F> {
+    #[inline(always)]
+    unsafe fn call(&self, i: usize) {
+        // SAFETY: the caller guarantees the closure is live; it is `Sync`.
+        unsafe { (*self.f)(self.range(i)) }
+    }
+}
+
+/// One participant's share of a chunks job: participant `p` first runs task
+/// `p` (its static task, no atomic), then claims `chunk` indices at a time
+/// from the dynamic part `participants..count` (team/README.md, "Job shares").
 ///
 /// # Safety
-/// `ctx` must point to a live `ChunksJob<'_, F>`.
-unsafe fn run_chunks<F: Fn(usize) + Sync>(ctx: *const (), share: Share<'_>) {
-    // SAFETY: the caller passes the context this function was made for.
-    let job = unsafe { &*(ctx as *const ChunksJob<'_, F>) };
+/// `payload` must hold a `C` whose pointers are live, for `share.count` tasks.
+unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
+    // SAFETY: the caller passes the payload this function was made for.
+    let job = unsafe { payload.get::<C>() };
     let Share {
+        index,
+        participants,
         next,
+        base,
         count,
-        chunk,
+        panic,
         tracer,
     } = share;
+    if let Some(t) = tracer {
+        t.claimed();
+    }
     let mut ran = 0u64;
-    let mut first = true;
-    loop {
-        let start = next.fetch_add(chunk, Ordering::Relaxed);
-        if first {
-            first = false;
-            if let Some(t) = tracer {
-                t.claimed();
+    if index < count {
+        // SAFETY: `index < count`; the caller keeps the job's data live.
+        panic.catch(|| unsafe { job.call(index) });
+        ran += 1;
+    }
+    if count > participants {
+        let chunk = claim_chunk(count, participants);
+        // `count <= MAX_CHUNKS_COUNT` (run_job), so neither the claim number
+        // nor `start + chunk` can overflow (README, "Monotonic counters").
+        loop {
+            let claim = next.fetch_add(chunk, Ordering::Relaxed).wrapping_sub(base);
+            let start = participants + claim;
+            if start >= count {
+                break;
             }
+            let end = count.min(start + chunk);
+            for i in start..end {
+                // SAFETY: `i < count`; the caller keeps the job's data live.
+                panic.catch(|| unsafe { job.call(i) });
+            }
+            ran += (end - start) as u64;
         }
-        if start >= count {
-            break;
-        }
-        let end = count.min(start + chunk);
-        for i in start..end {
-            job.panic.catch(|| (job.run)(i));
-        }
-        ran += (end - start) as u64;
     }
     if let Some(t) = tracer {
         t.completed(ran);
     }
 }
+
+/// The largest task count a team dispatch takes; larger counts (only possible
+/// with zero-sized task types, and never finishing in practice) run serially,
+/// so the wrapping claim arithmetic stays exact.
+const MAX_CHUNKS_COUNT: usize = isize::MAX as usize;
 
 impl Team {
     /// Creates a team; no thread is started until the first parallel dispatch.
@@ -366,46 +466,54 @@ impl Team {
         Ok(core.as_mut())
     }
 
-    /// Runs `f(0..count)` across the team (the shared engine of
+    /// Runs tasks `0..count` of `job` across the team (the shared engine of
     /// `parallel_chunks` and `parallel_for`).
-    fn run_indexed<F: Fn(usize) + Sync>(&self, count: usize, f: F) {
+    ///
+    /// # Safety
+    /// `job.call(i)` must be safe for every `i < count` until this returns.
+    unsafe fn run_job<C: IndexedJob>(&self, count: usize, job: C) {
+        let serial = || {
+            (0..count).for_each(|i| {
+                // SAFETY: `i < count`, and the caller keeps the job's data live.
+                unsafe { job.call(i) }
+            })
+        };
         match count {
             0 => return,
-            1 => return f(0),
+            1 => return serial(),
             _ => {}
         }
-        let serial = |f: &F| (0..count).for_each(f);
-        if in_parallel_region() {
-            return serial(&f);
+        if in_parallel_region() || count > MAX_CHUNKS_COUNT {
+            return serial();
         }
         let Some(mut token) = self.acquire() else {
-            return serial(&f);
+            return serial();
         };
         let Ok(Some(core)) = self.start_core(&mut token) else {
-            return serial(&f);
+            return serial();
         };
         let chunk = claim_chunk(count, core.engine.workers() + 1);
-        let job = ChunksJob {
-            run: &f,
-            panic: PanicSlot::new(),
-        };
         let region = RegionGuard::enter();
-        // SAFETY: `run_chunks::<F>` is made for `ChunksJob<F>`; it catches every
-        // task panic and is safe to run concurrently (`F: Sync`, atomics). `job`
-        // lives on this frame until `dispatch` returns, which is after every
-        // worker has left the job.
+        // SAFETY: `run_chunks::<C>` is made for a `C` payload; it catches every
+        // task panic and is safe to run concurrently (`IndexedJob`s only hold
+        // pointers to `Sync` data). The caller keeps what `job` points to live
+        // until we return, which is after `dispatch` returned, which is after
+        // every worker has left the job.
         unsafe {
             core.engine.dispatch(
-                (&raw const job).cast(),
-                run_chunks::<F>,
+                Payload::new(job),
+                run_chunks::<C>,
                 Mode::Chunks,
                 count,
                 chunk,
             );
         }
+        let panic = core.engine.take_panic();
         drop(region);
         drop(token);
-        job.panic.resume();
+        if let Some(p) = panic {
+            resume_unwind(p);
+        }
     }
 
     /// Runs `run(&tasks[i])` for every task across the team and returns when
@@ -443,7 +551,13 @@ impl Team {
         T: Sync,
         F: Fn(&T) + Sync,
     {
-        self.run_indexed(tasks.len(), |i| run(&tasks[i]));
+        let job = SliceJob {
+            tasks: tasks.as_ptr(),
+            run: &run,
+        };
+        // SAFETY: task `i < tasks.len()` is `run(&tasks[i])`; `tasks` and `run`
+        // outlive the call.
+        unsafe { self.run_job(tasks.len(), job) };
     }
 
     /// Runs `f` over the deterministic chunks of `[begin, end)`
@@ -470,11 +584,11 @@ impl Team {
         match chunks.len() {
             0 => {}
             1 => f(begin..end),
-            n => self.run_indexed(n, |i| {
-                if let Some(r) = chunks.get(i) {
-                    f(r)
-                }
-            }),
+            n => {
+                let job = RangeJob::new(&chunks, &f);
+                // SAFETY: `f` outlives the call; `job.range(i)` is chunk `i < n`.
+                unsafe { self.run_job(n, job) }
+            }
         }
     }
 
@@ -552,7 +666,7 @@ impl Team {
         // holds) lives until `dispatch` returns, after every worker has left.
         unsafe {
             engine.dispatch(
-                (&raw const job).cast(),
+                Payload::new(&raw const job),
                 chained::run_chained::<T, F>,
                 Mode::Chained,
                 n,
@@ -595,6 +709,52 @@ mod tests {
         assert_eq!(claim_chunk(32, 2), 2);
         assert_eq!(claim_chunk(33, 2), 4);
         assert_eq!(claim_chunk(usize::MAX, usize::MAX), 1);
+    }
+
+    #[test]
+    fn range_jobs_match_the_deterministic_chunks() {
+        let f = |_: Range<usize>| {};
+        for (begin, end, grain, threads) in [
+            (0usize, 1000usize, 10usize, 4usize),
+            (0, 100, 1, 4),
+            (3, 4, 1, 2),
+            (10, 100_000, 64, 3),
+            (7, 4103, 2048, 2),
+            (usize::MAX - 100, usize::MAX, 1, 8),
+        ] {
+            let chunks = chunk_ranges(begin, end, grain, threads);
+            let job = RangeJob::new(&chunks, &f);
+            for (i, r) in chunks.clone().enumerate() {
+                assert_eq!(
+                    job.range(i),
+                    r,
+                    "chunk {i} of ({begin}, {end}, {grain}, {threads})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn monotonic_counters_cross_their_wrap() {
+        // Start `done` and `next` just below their wrap, so the joins and the
+        // dynamic claims of the next dispatches cross it.
+        dispatch::COUNTER_START.with(|c| c.set((u32::MAX - 2, usize::MAX - 9)));
+        let team = Team::new(TeamOptions { max_workers: 3 }).unwrap();
+        team.warm_up().unwrap();
+        dispatch::COUNTER_START.with(|c| c.set((0, 0)));
+        let p = team.participants();
+        for count in [2usize, 3, 5, 9, 17, 40, 100, 2, 7] {
+            for _ in 0..4 {
+                let hits: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+                team.parallel_chunks(&hits, |h| {
+                    h.fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "{count} tasks on {p} participants"
+                );
+            }
+        }
     }
 
     #[test]
