@@ -77,11 +77,16 @@
 //!
 //! # Floating-point environment
 //!
-//! This crate does not touch the floating-point control registers (it does
-//! not depend on `fucina-fpenv`). A worker thread starts with whatever
-//! environment the OS gives a new thread (on Linux, the default one: round to
-//! nearest-even, no flush-to-zero), not the caller's. Code that changes the
-//! environment must set it inside each task.
+//! On Linux a new thread inherits its creator's floating-point environment
+//! (rounding mode, flush-to-zero). So that no task's numerics depend on which
+//! thread happened to start the team, every thread this crate starts (team
+//! workers, the [`OneShotWorker`] helper, [`TaskPool`] threads) installs the
+//! default IEEE environment (round to nearest-even, gradual underflow) through
+//! `fucina-fpenv` before it runs anything. Participant 0 is the caller and
+//! keeps the caller's environment, which the workspace's numeric contracts
+//! assume is the default (`fucina_fpenv::assert_default` checks it). Code that
+//! changes the environment must do so inside each task, under a
+//! `fucina_fpenv::Guard`.
 //!
 //! # Module map
 //!
@@ -96,6 +101,7 @@
 
 mod chunking;
 mod error;
+mod fp;
 pub mod knobs;
 mod one_shot;
 mod profile;

@@ -98,6 +98,8 @@ unsafe fn run_slot<A: FnOnce() -> RA, RA>(data: *const ()) {
 
 /// The helper thread's body: sleep until a job or a stop arrives.
 fn helper_loop(shared: &Shared) {
+    // Jobs never depend on the spawner's float environment.
+    crate::fp::enter_default_environment();
     loop {
         let state = shared.state.word().load(Ordering::Acquire);
         match state {

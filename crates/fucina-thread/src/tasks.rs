@@ -130,6 +130,8 @@ impl TaskPool {
         let pool = rayon_core::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("fucina-task-{i}"))
+            // Tasks never depend on the spawner's float environment.
+            .start_handler(|_| crate::fp::enter_default_environment())
             .build()
             .map_err(|e| ThreadError::Spawn {
                 what: format!("task pool of {threads} threads"),

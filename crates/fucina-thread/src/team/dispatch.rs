@@ -487,6 +487,8 @@ fn worker_main(sh: &Shared, index: usize) {
     // A worker only ever runs task code, so it is always "inside a parallel
     // region": any parallel call made by a task runs inline.
     crate::team::mark_worker_thread();
+    // Numerics of tasks never depend on the spawner's float environment.
+    crate::fp::enter_default_environment();
     // State LATCH.
     let mut seen = sh.generation.word.word().load(Ordering::Acquire);
     sh.ready.fetch_add(1, Ordering::Release);
