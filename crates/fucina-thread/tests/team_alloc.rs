@@ -2,33 +2,12 @@
 //! test's allocations are counted).
 
 use fucina_thread::{Chain, Team, TeamOptions};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod support;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 #[test]
 fn steady_state_dispatch_allocates_nothing() {
@@ -61,11 +40,11 @@ fn steady_state_dispatch_allocates_nothing() {
     for _ in 0..10 {
         work(&team, &mut chained);
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = support::allocations();
     for _ in 0..2000 {
         work(&team, &mut chained);
     }
-    let after = ALLOCS.load(Ordering::Relaxed);
+    let after = support::allocations();
     assert_eq!(
         after - before,
         0,
