@@ -18,7 +18,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci        fmt check, clippy, tests, loom models, doc examples, cargo-deny (if installed)
+  ci        fmt check, clippy, rustdoc, tests, loom models, doc examples, cargo-deny (if installed)
   doctest   compile and run every ```rust block of docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
 ";
@@ -123,6 +123,12 @@ fn ci() -> Result<(), String> {
             "-D",
             "warnings",
         ]),
+    )?;
+    step(
+        "rustdoc",
+        cargo()
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .args(["doc", "--workspace", "--no-deps", "--all-features"]),
     )?;
     if has_cargo_subcommand("nextest") {
         step(
