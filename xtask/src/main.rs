@@ -126,9 +126,12 @@ fn ci() -> Result<(), String> {
     )?;
     step(
         "rustdoc",
-        cargo()
-            .env("RUSTDOCFLAGS", "-D warnings")
-            .args(["doc", "--workspace", "--no-deps", "--all-features"]),
+        cargo().env("RUSTDOCFLAGS", "-D warnings").args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--all-features",
+        ]),
     )?;
     if has_cargo_subcommand("nextest") {
         step(

@@ -26,9 +26,12 @@ pub(crate) enum Arm {
     Slab,
 }
 
-/// Where a pooled header goes when its last reference drops. Set while the header is
-/// handed out and cleared when it is cached, so the free lists never point back at
-/// their own pool (no `Arc` cycle).
+/// Where a pooled header goes when its last reference drops. Set when a pool creates the
+/// header and kept for the header's whole life, also while it sits in a free list, so a
+/// hit and a release never touch the pool's `Arc` count. The resulting cycle (the free
+/// lists hold headers that hold the pool state) is broken by the last
+/// [`crate::BufferPool`] handle, whose drop empties the free lists and closes the pool
+/// (see `PoolHandle` in `pool.rs`).
 pub(crate) struct Home {
     pub(crate) shared: Arc<PoolShared>,
     pub(crate) arm: Arm,
@@ -60,7 +63,8 @@ pub(crate) struct Header {
     pub(crate) writable: bool,
     #[allow(dead_code)]
     pub(crate) storage: Storage,
-    /// `Some` while handed out by a pool: the release hook returns the header there.
+    /// `Some` for every header a pool made (handed out or cached): the release hook
+    /// returns the header there.
     pub(crate) home: Option<Home>,
 }
 
@@ -99,11 +103,14 @@ impl fmt::Debug for Header {
 /// Runs the release rule of a header whose last reference just went away: pooled
 /// headers go back to their pool, everything else is freed (the block, or the owner of
 /// borrowed memory, drops with the header).
-pub(crate) fn release_header(mut hdr: Box<Header>) {
-    match hdr.home.take() {
-        // `home.shared` keeps the pool state alive until `reclaim` has returned; the
-        // Arc is dropped only afterwards (possibly freeing the state).
-        Some(home) => home.shared.reclaim(home.arm, hdr),
+pub(crate) fn release_header(hdr: Box<Header>) {
+    match &hdr.home {
+        Some(home) => {
+            let (shared, arm) = (NonNull::from(&*home.shared), home.arm);
+            // SAFETY: `shared` is the pool state `hdr.home` holds an `Arc` to, and `hdr`
+            // (with that `Arc`) is moved into `reclaim`.
+            unsafe { PoolShared::reclaim(shared, arm, hdr) }
+        }
         None => drop(hdr),
     }
 }
@@ -377,7 +384,8 @@ impl<T: Scalar> Buffer<T> {
         self.header().writable
     }
 
-    /// Whether this buffer came from a [`crate::BufferPool`] and returns there.
+    /// Whether this buffer came from a [`crate::BufferPool`] and returns there (unless
+    /// the pool's last handle is gone by then: a closed pool frees it instead).
     pub fn is_pooled(&self) -> bool {
         self.header().home.is_some()
     }
@@ -405,16 +413,30 @@ impl<T: Scalar> Clone for Buffer<T> {
 
 impl<T: Scalar> Drop for Buffer<T> {
     fn drop(&mut self) {
-        let prev = self.header().refs.fetch_sub(1, Ordering::Release);
-        debug_assert!(prev > 0, "Buffer refcount underflow");
-        if prev != 1 {
-            return;
+        let refs = &self.header().refs;
+        // Fast path for the common unique handle (a pool hit dropped unshared): no
+        // read-modify-write. Sound as `Arc::get_mut` is: we hold a handle by `&mut`, so
+        // every clone made from it or its aliases happens-before this point (their
+        // borrows have ended) and a count of 1 means ours is the only handle left (there
+        // are no weak references), which nobody can clone any more. The `Acquire`
+        // load reads from the `Release` decrement of the last other handle (or the
+        // release sequence it ends), so all their data accesses happen before the
+        // release rule, as with the fence below.
+        if refs.load(Ordering::Acquire) == 1 {
+            // Keep the "cached or freed headers have no references" invariant.
+            refs.store(0, Ordering::Relaxed);
+        } else {
+            let prev = refs.fetch_sub(1, Ordering::Release);
+            debug_assert!(prev > 0, "Buffer refcount underflow");
+            if prev != 1 {
+                return;
+            }
+            // Pairs with the `Release` decrements of the other handles: their accesses
+            // to the data happen before the release rule runs.
+            fence(Ordering::Acquire);
         }
-        // Pairs with the `Release` decrements of the other handles: their accesses to
-        // the data happen before the release rule runs.
-        fence(Ordering::Acquire);
-        // SAFETY: the count went 1 -> 0, so this was the last handle; the header came
-        // from `Box::leak` in `from_header` and nobody else will touch it.
+        // SAFETY: the count went (or was seen at) 1 -> 0, so this was the last handle;
+        // the header came from `Box::leak` in `from_header` and nobody else will touch it.
         let hdr = unsafe { Box::from_raw(self.hdr.as_ptr()) };
         release_header(hdr);
     }

@@ -62,7 +62,8 @@
 //!   lists keep their capacity. Only a miss (or a free list growing past its previous
 //!   length) allocates.
 //! - **Pool lifetime.** Every pooled buffer and lease keeps its pool alive, so handles
-//!   can outlive the `BufferPool` they came from.
+//!   can outlive the `BufferPool` they came from. Dropping the last `BufferPool` handle
+//!   frees the cache at once; objects still out are freed (not cached) when they drop.
 //! - **Errors, not aborts.** Overflowing sizes, refused allocations and zero-length
 //!   pool requests return [`StorageError`].
 //!

@@ -1,6 +1,7 @@
 //! The two-arm buffer pool (spec §6.5, reference-behaviors §1).
 
 use std::fmt;
+use std::ptr::NonNull;
 
 use crate::aligned::AlignedBlock;
 use crate::buffer::{Arm, Buffer, Header, Home};
@@ -88,6 +89,9 @@ struct PoolState {
     slab_free: Vec<Entry>,
     cached_bytes: usize,
     max_cached_bytes: usize,
+    /// Set (with the free lists emptied) when the last [`BufferPool`] handle drops;
+    /// later releases destroy instead of caching.
+    closed: bool,
 }
 
 impl PoolState {
@@ -146,15 +150,29 @@ impl PoolShared {
     }
 
     /// The release hook: caches `hdr` (before equal capacities: LIFO) unless that would
-    /// push the cached bytes over the cap, in which case it is destroyed.
-    pub(crate) fn reclaim(&self, arm: Arm, hdr: Box<Header>) {
+    /// push the cached bytes over the cap or the pool is closed, in which case it is
+    /// destroyed.
+    ///
+    /// Takes the state by pointer, not `&self`: once `hdr` is cached and the lock is
+    /// released, the last handle's drop may drain the list and free the state before
+    /// this function returns, so no reference to it may outlive the guard.
+    ///
+    /// # Safety
+    /// `this` is the state `hdr.home` holds an `Arc` to.
+    pub(crate) unsafe fn reclaim(this: NonNull<PoolShared>, arm: Arm, hdr: Box<Header>) {
         let bytes = hdr.bytes;
-        let mut state = self.state.lock();
-        self.sub_outstanding(&state);
+        // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own `hdr`;
+        // once `hdr` is cached, the free list keeps it alive until the lock is released
+        // (draining needs the lock), and neither `shared` nor `state` is used after that.
+        let shared = unsafe { this.as_ref() };
+        let mut state = shared.state.lock();
+        shared.sub_outstanding(&state);
         let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
         // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
-        // reaching the cap exactly is allowed.
-        if bytes <= room {
+        // reaching the cap exactly is allowed. The closed check is made under the same
+        // lock as the drain in `close`: a release either lands in the list before the
+        // drain (and is freed by it) or sees `closed` (and frees itself).
+        if bytes <= room && !state.closed {
             let list = state.list(arm);
             // Once warmed the list has retained capacity, so this does not allocate; a
             // failed growth destroys the buffer instead of aborting.
@@ -166,15 +184,52 @@ impl PoolShared {
             }
         }
         drop(state);
-        // Destroyed outside the lock.
+        // Destroyed outside the lock. This may drop the last `Arc` to the state (a
+        // closed pool), which is why `shared` is not used past this point.
         drop(hdr);
+    }
+
+    /// Empties both free lists and makes later releases destroy their objects. Called
+    /// once, by the last [`BufferPool`] handle.
+    fn close(&self) {
+        let (f32_free, slab_free) = {
+            let mut state = self.state.lock();
+            state.closed = true;
+            state.cached_bytes = 0;
+            (
+                std::mem::take(&mut state.f32_free),
+                std::mem::take(&mut state.slab_free),
+            )
+        };
+        // Freed outside the lock; the caller still holds an `Arc` to `self`.
+        drop((f32_free, slab_free));
     }
 }
 
 impl Drop for PoolShared {
     fn drop(&mut self) {
-        // Every pooled object holds an `Arc` to this state, so none can be alive here.
+        // Every pooled object holds an `Arc` to this state, so none can be alive here,
+        // and the last handle emptied the free lists before dropping its own `Arc`.
         debug_assert_eq!(self.outstanding.load(Ordering::Acquire), 0);
+        #[cfg(not(loom))]
+        debug_assert!({
+            let state = self.state.get_mut();
+            state.closed && state.f32_free.is_empty() && state.slab_free.is_empty()
+        });
+    }
+}
+
+/// What the clones of one [`BufferPool`] share. Pooled objects point at the
+/// [`PoolShared`] state directly (and keep it alive), cached ones included, so the state
+/// cannot tell when the last user handle is gone; this is what does: its drop closes
+/// the pool, which frees the cache and breaks the state <-> cached-header cycle.
+struct PoolHandle {
+    shared: Arc<PoolShared>,
+}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        self.shared.close();
     }
 }
 
@@ -195,9 +250,11 @@ impl Drop for PoolShared {
 /// cap never limits live memory. Misses allocate [`AlignedBlock`]s (zeroed, so they show
 /// in [`crate::allocation_stats`]); **hits allocate nothing at all**, in either arm.
 ///
-/// Every pooled object keeps the pool alive, so dropping the last `BufferPool` handle
-/// while buffers are out is safe: they still return here when they drop, and the cache
-/// is freed with the last of them. A leak check is the caller's:
+/// Every pooled object keeps the pool's state alive, so dropping the last `BufferPool`
+/// handle while buffers are out is safe. Dropping the last handle frees every cached
+/// buffer and slab at once; buffers and leases still out keep working and are freed
+/// (not cached) when they drop, and the state goes with the last of them. A leak check
+/// is the caller's:
 /// [`BufferPool::outstanding_buffers`] should be 0 when a run is over.
 ///
 /// ```
@@ -215,7 +272,7 @@ impl Drop for PoolShared {
 /// ```
 #[derive(Clone)]
 pub struct BufferPool {
-    shared: Arc<PoolShared>,
+    handle: Arc<PoolHandle>,
 }
 
 impl Default for BufferPool {
@@ -233,38 +290,52 @@ impl BufferPool {
     /// An empty pool caching at most `bytes` bytes in its free lists.
     pub fn with_max_cached_bytes(bytes: usize) -> Self {
         Self {
-            shared: Arc::new(PoolShared {
-                state: Mutex::new(PoolState {
-                    f32_free: Vec::new(),
-                    slab_free: Vec::new(),
-                    cached_bytes: 0,
-                    max_cached_bytes: bytes,
+            handle: Arc::new(PoolHandle {
+                shared: Arc::new(PoolShared {
+                    state: Mutex::new(PoolState {
+                        f32_free: Vec::new(),
+                        slab_free: Vec::new(),
+                        cached_bytes: 0,
+                        max_cached_bytes: bytes,
+                        closed: false,
+                    }),
+                    outstanding: AtomicUsize::new(0),
                 }),
-                outstanding: AtomicUsize::new(0),
             }),
         }
     }
 
+    fn shared(&self) -> &PoolShared {
+        &self.handle.shared
+    }
+
     /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
-    /// (one reference, home = this pool, +1 outstanding).
+    /// (one reference, +1 outstanding). A fresh header gets its home (this pool's state)
+    /// here and keeps it for life, so a hit needs no `Arc` clone.
     fn checkout(&self, arm: Arm, bytes: usize) -> Result<(Box<Header>, bool), StorageError> {
-        let (mut hdr, hit) = match self.shared.take(arm, bytes) {
-            Some(hdr) => (hdr, true),
+        let (hdr, hit) = match self.shared().take(arm, bytes) {
+            Some(hdr) => {
+                debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));
+                (hdr, true)
+            }
             // Unlocked: the fresh allocation touches no shared pool state.
             None => match AlignedBlock::new_zeroed(bytes) {
-                Ok(block) => (Header::with_block(block, 0), false),
+                Ok(block) => {
+                    let mut hdr = Header::with_block(block, 0);
+                    hdr.home = Some(Home {
+                        shared: Arc::clone(&self.handle.shared),
+                        arm,
+                    });
+                    (hdr, false)
+                }
                 Err(e) => {
-                    self.shared.cancel_checkout();
+                    self.shared().cancel_checkout();
                     return Err(e);
                 }
             },
         };
         // We own the header exclusively (it came out of the locked list or is fresh).
         hdr.refs.store(1, Ordering::Relaxed);
-        hdr.home = Some(Home {
-            shared: Arc::clone(&self.shared),
-            arm,
-        });
         Ok((hdr, hit))
     }
 
@@ -334,40 +405,40 @@ impl BufferPool {
 
     /// Number of f32 buffers in the f32 free list.
     pub fn cached_buffers(&self) -> usize {
-        self.shared.state.lock().f32_free.len()
+        self.shared().state.lock().f32_free.len()
     }
 
     /// Number of slabs in the slab free list.
     pub fn cached_slabs(&self) -> usize {
-        self.shared.state.lock().slab_free.len()
+        self.shared().state.lock().slab_free.len()
     }
 
     /// Bytes sitting in both free lists (capacities, not requests).
     pub fn cached_bytes(&self) -> usize {
-        self.shared.state.lock().cached_bytes
+        self.shared().state.lock().cached_bytes
     }
 
     /// Pooled objects of both arms currently handed out (buffers and leases).
     pub fn outstanding_buffers(&self) -> usize {
-        self.shared.outstanding.load(Ordering::Acquire)
+        self.shared().outstanding.load(Ordering::Acquire)
     }
 
     /// The cap on cached bytes.
     pub fn max_cached_bytes(&self) -> usize {
-        self.shared.state.lock().max_cached_bytes
+        self.shared().state.lock().max_cached_bytes
     }
 
     /// Changes the cap. It applies to later releases; what is cached stays (use
     /// [`BufferPool::trim`] to drop it).
     pub fn set_max_cached_bytes(&self, bytes: usize) {
-        self.shared.state.lock().max_cached_bytes = bytes;
+        self.shared().state.lock().max_cached_bytes = bytes;
     }
 
     /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
     /// the number of bytes freed.
     pub fn trim(&self) -> usize {
         let (f32_free, slab_free, bytes) = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.shared().state.lock();
             let bytes = std::mem::take(&mut state.cached_bytes);
             (
                 std::mem::take(&mut state.f32_free),
@@ -382,7 +453,7 @@ impl BufferPool {
 
     /// Whether two handles are clones of one pool.
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
-        Arc::ptr_eq(&a.shared, &b.shared)
+        Arc::ptr_eq(&a.handle, &b.handle)
     }
 
     /// Test support: checks that both free lists are ascending and that their keys match
@@ -390,9 +461,9 @@ impl BufferPool {
     /// [`BufferPool::cached_bytes`]).
     #[doc(hidden)]
     pub fn debug_sum_cached_capacities(&self) -> usize {
-        let state = self.shared.state.lock();
+        let state = self.shared().state.lock();
         let mut sum = 0;
-        for list in [&state.f32_free, &state.slab_free] {
+        for (arm, list) in [(Arm::F32, &state.f32_free), (Arm::Slab, &state.slab_free)] {
             assert!(
                 list.windows(2).all(|w| w[0].bytes <= w[1].bytes),
                 "free list not sorted"
@@ -400,7 +471,9 @@ impl BufferPool {
             for e in list {
                 assert_eq!(e.bytes, e.hdr.bytes);
                 assert_eq!(e.hdr.refs.load(Ordering::Relaxed), 0);
-                assert!(e.hdr.home.is_none());
+                let home = e.hdr.home.as_ref().expect("a cached header has a home");
+                assert_eq!(home.arm, arm);
+                assert!(std::ptr::eq(&*home.shared, self.shared()));
                 sum += e.bytes;
             }
         }
@@ -428,7 +501,7 @@ fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
 
 impl fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared.state.lock();
+        let state = self.shared().state.lock();
         f.debug_struct("BufferPool")
             .field("cached_buffers", &state.f32_free.len())
             .field("cached_slabs", &state.slab_free.len())
@@ -436,7 +509,7 @@ impl fmt::Debug for BufferPool {
             .field("max_cached_bytes", &state.max_cached_bytes)
             .field(
                 "outstanding",
-                &self.shared.outstanding.load(Ordering::Acquire),
+                &self.shared().outstanding.load(Ordering::Acquire),
             )
             .finish()
     }

@@ -351,7 +351,7 @@ fn buffers_keep_their_pool_alive() {
     let view = b.clone();
     drop(b);
     assert_eq!(view[0], 4.0);
-    drop(view); // returns to the (still alive) pool state, which is then freed
+    drop(view); // the pool is closed (its last handle is gone): the buffer is freed
     drop(lease);
 }
 
