@@ -128,3 +128,76 @@ pub mod __bench {
     pub use crate::team::park::futex;
     pub use crate::team::park::keyed;
 }
+
+/// Compile-time checks of the thread-safety bounds (doctests only).
+///
+/// The accepted shapes compile:
+///
+/// ```
+/// use fucina_thread::{Chain, OneShotWorker, Team, TeamOptions};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let tasks = [AtomicU32::new(0), AtomicU32::new(0)];
+/// team.parallel_chunks(&tasks, |t| { t.fetch_add(1, Ordering::Relaxed); });
+/// let mut owned = vec![Box::new(0u32), Box::new(0u32)];
+/// team.parallel_chained(&mut owned, 2, |t: &mut Box<u32>, _: &Chain<'_>| **t += 1);
+/// let w = OneShotWorker::new();
+/// let v = vec![1u32];
+/// let _ = w.join(|| v.len(), || 0usize).unwrap();
+/// ```
+///
+/// `parallel_chunks` hands `&T` to other threads, so `T` must be `Sync`:
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::{Team, TeamOptions};
+/// use std::cell::Cell;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let tasks = [Cell::new(0u32), Cell::new(0u32)];
+/// team.parallel_chunks(&tasks, |t| t.set(t.get() + 1));
+/// ```
+///
+/// The closure is shared by every participant, so it must be `Sync`:
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::{Team, TeamOptions};
+/// use std::cell::Cell;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let count = Cell::new(0u32);
+/// team.parallel_for(0, 100, 1, |_| count.set(count.get() + 1));
+/// ```
+///
+/// `parallel_chained` moves `&mut T` to other threads, so `T` must be `Send`:
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::{Chain, Team, TeamOptions};
+/// use std::rc::Rc;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let mut tasks = vec![Rc::new(0u32), Rc::new(0u32)];
+/// team.parallel_chained(&mut tasks, 2, |t: &mut Rc<u32>, _: &Chain<'_>| {
+///     *t = Rc::new(1);
+/// });
+/// ```
+///
+/// The `&Chain` of a task cannot outlive the task:
+///
+/// ```compile_fail,E0521
+/// use fucina_thread::{Chain, Team, TeamOptions};
+/// use std::sync::Mutex;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let escaped: Mutex<Option<&Chain<'_>>> = Mutex::new(None);
+/// team.parallel_chained(&mut [0u8; 2], 2, |_, chain| {
+///     *escaped.lock().unwrap() = Some(chain);
+/// });
+/// ```
+///
+/// The helper branch of `OneShotWorker::join` runs on another thread:
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::OneShotWorker;
+/// use std::rc::Rc;
+/// let w = OneShotWorker::new();
+/// let v = Rc::new(1u32);
+/// let _ = w.join(move || *v, || 0u32);
+/// ```
+#[cfg(doctest)]
+pub mod bounds_checks {}

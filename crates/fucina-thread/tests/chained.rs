@@ -236,3 +236,50 @@ fn an_under_enqueue_panics_instead_of_hanging_in_debug_builds() {
         }
     });
 }
+
+/// A panic payload whose `Drop` panics (armed until the test disarms it).
+struct PanickyPayload {
+    armed: bool,
+}
+
+impl Drop for PanickyPayload {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("panic payload dropped");
+        }
+    }
+}
+
+/// Concurrent chained tasks that all panic: the losing payloads are dropped by
+/// the team, and a panicking `Drop` must not unwind out of a participant's
+/// share (the dispatcher would return before the workers left the job).
+#[test]
+fn a_panic_payload_that_panics_on_drop_does_not_break_the_join() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let team = team(2);
+        team.warm_up().unwrap();
+        for _ in 0..5 {
+            let mut v = vec![0u8; 16];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                team.parallel_chained(&mut v, 16, |_, _| {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    std::panic::panic_any(PanickyPayload { armed: true });
+                })
+            }));
+            if let Err(mut p) = r {
+                let first = p
+                    .downcast_mut::<PanickyPayload>()
+                    .expect("the first task payload is resumed, not the drop panic");
+                first.armed = false;
+            }
+        }
+        let mut v = vec![0u8; 8];
+        let ran = team.parallel_chained(&mut v, 8, |x, _| *x = 1);
+        let _ = tx.send(!ran || v == [1; 8]);
+    });
+    let ok = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the dispatch did not finish (a participant left it by unwinding?)");
+    assert!(ok);
+}

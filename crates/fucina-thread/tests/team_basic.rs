@@ -335,3 +335,64 @@ fn a_long_worker_task_engages_the_join_fallback() {
         "{waits} timed waits for a 100 ms tail"
     );
 }
+
+/// A panic payload whose `Drop` panics (armed until the test disarms it).
+struct PanickyPayload {
+    armed: bool,
+}
+
+impl Drop for PanickyPayload {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("panic payload dropped");
+        }
+    }
+}
+
+/// Runs `f` on a fresh thread and fails the test if it does not finish in
+/// `secs` (a participant that died mid-dispatch would hang the join).
+fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .expect("the dispatch did not finish (a participant left it by unwinding?)")
+}
+
+/// The second and later task panics of a dispatch are dropped by the team; a
+/// payload whose `Drop` panics must neither unwind out of a participant's share
+/// (the dispatcher would return before the workers left the job: the tasks and
+/// the closure on its stack would be freed under them) nor kill a worker (the
+/// join would wait forever).
+#[test]
+fn a_panic_payload_that_panics_on_drop_does_not_break_the_join() {
+    within(20, || {
+        let team = team(2);
+        team.warm_up().unwrap();
+        for _ in 0..5 {
+            let ran = counts(64);
+            let tasks: Vec<usize> = (0..64).collect();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                team.parallel_chunks(&tasks, |&i| {
+                    thread::sleep(Duration::from_micros(200));
+                    ran[i].fetch_add(1, Ordering::Relaxed);
+                    std::panic::panic_any(PanickyPayload { armed: true });
+                });
+            }));
+            let mut p = r.expect_err("the task panic reaches the caller");
+            let first = p
+                .downcast_mut::<PanickyPayload>()
+                .expect("the first task payload is resumed, not the drop panic");
+            first.armed = false;
+            drop(p);
+            assert!(ran.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+        // The team still works.
+        let ok = counts(8);
+        team.parallel_chunks(&ok, |h| {
+            h.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(ok.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    });
+}

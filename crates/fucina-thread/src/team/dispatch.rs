@@ -170,7 +170,8 @@ pub(crate) struct Shared {
 // and the next (release) generation bump, and workers read it only after
 // acquiring that bump and before their `done` increment, so no write races a
 // read (team/README.md, P2). The data its payload points to is `Sync` (the job
-// types require `Sync` closures and tasks).
+// types require `Sync` closures and tasks), except chained-mode tasks, which
+// are `Send` and handed out as `&mut` at most once each (claimed flags).
 unsafe impl Sync for Shared {}
 // SAFETY: as above; moving the `Arc` between threads moves no thread-affine data.
 unsafe impl Send for Shared {}

@@ -85,11 +85,25 @@ impl PanicSlot {
 
     #[cold]
     fn record(&self, p: Box<dyn Any + Send>) {
-        let mut slot = self.payload.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            *slot = Some(p);
-        }
+        let lost = {
+            let mut slot = self.payload.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(p);
+                None
+            } else {
+                Some(p)
+            }
+        };
         self.panicked.store(true, Ordering::Release);
+        if let Some(p) = lost {
+            // A payload's `Drop` may itself panic. That must not unwind out of
+            // a participant's share: participant 0 would leave `dispatch`
+            // before the join (freeing the job under the workers) and a worker
+            // would die without its `done` increment. Leak the nested payload.
+            if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(p))) {
+                std::mem::forget(nested);
+            }
+        }
     }
 
     /// Whether a task panicked.
