@@ -247,6 +247,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri reports resource exhaustion where the allocator would return null"
+    )]
     fn huge_requests_fail_cleanly() {
         assert_eq!(
             AlignedBlock::new(usize::MAX - 8).unwrap_err(),
