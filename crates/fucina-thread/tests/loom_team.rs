@@ -11,26 +11,9 @@
 
 use fucina_thread::{Team, TeamOptions};
 
-/// A loom-tracked cell shared by tasks; loom itself checks the accesses.
-struct Cell(loom::cell::UnsafeCell<usize>);
+mod loom_support;
+use loom_support::Cell;
 
-// SAFETY: every access goes through loom's `with`/`with_mut`, which fail the
-// model on any unsynchronized conflicting access: that is what we test.
-unsafe impl Sync for Cell {}
-
-impl Cell {
-    fn new(v: usize) -> Self {
-        Cell(loom::cell::UnsafeCell::new(v))
-    }
-    fn set(&self, v: usize) {
-        // SAFETY: checked by loom (see the `Sync` impl).
-        self.0.with_mut(|p| unsafe { *p = v });
-    }
-    fn get(&self) -> usize {
-        // SAFETY: checked by loom (see the `Sync` impl).
-        self.0.with(|p| unsafe { *p })
-    }
-}
 use loom::sync::atomic::{AtomicUsize, Ordering};
 
 #[test]
