@@ -5,6 +5,9 @@
 //! - `cargo xtask doctest`: compiles and runs every ```` ```rust ```` block of
 //!   `docs/*.md` against the workspace crates.
 //! - `cargo xtask loom`: the loom model checks (also part of `ci`).
+//! - `cargo xtask bench [ARGS]`: every crate's criterion benchmarks with the
+//!   settings `docs/BENCHMARKS.md` was measured with (extra ARGS, e.g. a
+//!   filter, go to criterion).
 //!
 //! Deliberately dependency-free so that it builds in seconds on a fresh clone.
 
@@ -21,6 +24,8 @@ commands:
   ci        fmt check, clippy, rustdoc, tests, loom models, doc examples, cargo-deny (if installed)
   doctest   compile and run every ```rust block of docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
+  bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
+            (extra arguments, e.g. a name filter, are passed to criterion)
 ";
 
 fn main() -> ExitCode {
@@ -29,6 +34,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("doctest") => doctest::run(&workspace_root()),
         Some("loom") => loom(),
+        Some("bench") => bench(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
@@ -211,6 +217,44 @@ fn loom() -> Result<(), String> {
                     root.join("target").join("loom").as_os_str(),
                 )
                 .args(["test", "--release", "-p", pkg, "--test", test]),
+        )?;
+    }
+    Ok(())
+}
+
+/// Criterion settings every figure in `docs/BENCHMARKS.md` was measured with.
+const BENCH_ARGS: &[&str] = &["--warm-up-time", "1", "--measurement-time", "3"];
+
+/// `cargo bench` of every bench target (`crates/*/benches/*.rs`), one after
+/// the other (never in parallel: the figures are timings).
+fn bench(extra: &[String]) -> Result<(), String> {
+    let root = workspace_root();
+    let mut targets = Vec::new();
+    let crates =
+        std::fs::read_dir(root.join("crates")).map_err(|e| format!("reading crates/: {e}"))?;
+    for krate in crates.filter_map(|e| e.ok()) {
+        let Ok(files) = std::fs::read_dir(krate.path().join("benches")) else {
+            continue;
+        };
+        for file in files.filter_map(|e| e.ok()).map(|e| e.path()) {
+            if file.extension().is_some_and(|x| x == "rs") {
+                let name = file
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                targets.push((krate.file_name().to_string_lossy().into_owned(), name));
+            }
+        }
+    }
+    targets.sort();
+    for (krate, name) in targets {
+        step(
+            &format!("bench {krate}/{name}"),
+            cargo()
+                .args(["bench", "-p", &krate, "--bench", &name, "--"])
+                .args(BENCH_ARGS)
+                .args(extra),
         )?;
     }
     Ok(())
