@@ -5,16 +5,19 @@
 //! |---|---|
 //! | FPCR 23:22 RMode | 00 nearest-even, 01 toward +inf (upward), 10 toward -inf (downward), 11 toward zero |
 //! | FPCR 24 FZ | flush-to-zero for single and double precision |
+//! | FPCR 0 FIZ | flush denormal *inputs* to zero (FEAT_AFP; RES0 without it) |
 //! | FPCR 19 FZ16 | flush-to-zero for half precision (FEAT_FP16) |
 //! | FPSR 0 IOC | invalid operation |
 //! | FPSR 1 DZC | divide by zero |
 //! | FPSR 2 OFC | overflow |
 //! | FPSR 3 UFC | underflow |
 //! | FPSR 4 IXC | inexact |
-//! | FPSR 7 IDC | input denormal (only ever set while FZ is on: a subnormal input was flushed) |
+//! | FPSR 7 IDC | input denormal (only ever set while FZ or FIZ is on: a subnormal input was flushed) |
 //!
-//! Reading the underflow mode looks at FZ only; setting flush-to-zero sets FZ
-//! and (where the CPU has FEAT_FP16) FZ16, gradual clears both. Note the middle two rounding encodings are
+//! Reading reports flush-to-zero when FZ **or** FIZ is set (either one changes
+//! results, like FTZ and DAZ on x86_64); setting flush-to-zero sets FZ and
+//! (where the CPU has FEAT_FP16) FZ16, gradual clears FZ, FZ16 and FIZ
+//! (writing 0 to FIZ is harmless where it is RES0). Note the middle two rounding encodings are
 //! swapped relative to x86_64's MXCSR.
 //!
 //! This file is compiled only for aarch64 targets; see `docs/FPENV.md` for
@@ -29,8 +32,10 @@ const RMODE_SHIFT: u32 = 22;
 const RMODE_MASK: u64 = 0b11 << RMODE_SHIFT;
 const FZ: u64 = 1 << 24;
 const FZ16: u64 = 1 << 19;
+/// FEAT_AFP's flush-inputs-to-zero (reads as 0 on CPUs without FEAT_AFP).
+const FIZ: u64 = 1 << 0;
 /// The FPCR bits that decide rounding and underflow.
-const CONTROL_BITS: u64 = RMODE_MASK | FZ | FZ16;
+const CONTROL_BITS: u64 = RMODE_MASK | FZ | FZ16 | FIZ;
 
 const IOC: u64 = 1 << 0;
 const DZC: u64 = 1 << 1;
@@ -116,7 +121,7 @@ pub(crate) struct Imp;
 impl Backend for Imp {
     const SUPPORTED: bool = true;
 
-    /// FPCR masked to RMode, FZ and FZ16.
+    /// FPCR masked to RMode, FZ, FZ16 and FIZ.
     type Control = u64;
 
     fn read_control() -> Option<u64> {
@@ -137,7 +142,7 @@ impl Backend for Imp {
     fn decode(control: u64) -> Environment {
         Environment {
             rounding: decode_rounding(control),
-            underflow: if control & FZ != 0 {
+            underflow: if control & (FZ | FIZ) != 0 {
                 UnderflowMode::FlushToZero
             } else {
                 UnderflowMode::Gradual
@@ -158,9 +163,9 @@ impl Backend for Imp {
         let current = read_fpcr();
         let value = (current & !CONTROL_BITS) | control;
         if value != current {
-            // SAFETY: only RMode, FZ and (with FEAT_FP16) FZ16 change; every
-            // other bit is the register's own. The float-semantics contract is forwarded to our
-            // caller.
+            // SAFETY: only RMode, FZ, FZ16 (set only with FEAT_FP16) and FIZ
+            // (only ever cleared) change; every other bit is the register's
+            // own. The float-semantics contract is forwarded to our caller.
             unsafe { write_fpcr(value) }
         }
     }
@@ -196,5 +201,20 @@ impl Backend for Imp {
         if value != current {
             write_fpsr(value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_inputs_to_zero_alone_is_reported_and_owned() {
+        // FEAT_AFP's FIZ flushes subnormal inputs: not the default environment.
+        assert_eq!(Imp::decode(FIZ).underflow, UnderflowMode::FlushToZero);
+        assert!(!Imp::decode(FIZ).is_default());
+        // Owned, so `set`/`reset_to_default` clear it and a guard restores it.
+        assert_eq!(FIZ & CONTROL_BITS, FIZ);
+        assert!(Imp::decode(0).is_default());
     }
 }

@@ -23,8 +23,12 @@ use crate::backend::{Backend, Imp};
 ///
 /// `Guard` is safe: it only puts back a state this thread already had. If
 /// that state was not the default (say, foreign code left flush-to-zero on
-/// before the guard began), restoring it re-creates that situation; repair
-/// it with [`reset_to_default`](crate::reset_to_default) instead.
+/// before the guard began), restoring it re-creates that situation, even
+/// after a [`reset_to_default`](crate::reset_to_default) inside the guard's
+/// scope: the drop undoes such a repair. Repair with `reset_to_default` once
+/// the guard is gone, or begin the guard after the repair. Whoever installed
+/// the non-default state stays answerable for it until then (see the safety
+/// section of [`set`](crate::set)).
 ///
 /// The control register is per thread, so a guard is neither `Send` nor
 /// `Sync`: it restores the thread that created it.

@@ -80,7 +80,12 @@
 //!   restoring a state in a [`Guard`]-like pattern of your own.
 //! * [`reset_to_default`] is safe: it only moves the thread to the state the
 //!   compiler assumes. Use it to repair what foreign code left behind.
-//! * [`Guard`] is safe: it only puts back a state the thread already had.
+//! * [`Guard`] is safe: it only puts back a state the thread already had. A
+//!   non-default snapshot can only be taken while some unsafe code (a
+//!   [`set`] call, or foreign code that left the state behind) answers for
+//!   that state, and [`set`]'s contract extends that obligation over the
+//!   guard's restore and drop; so a guard never creates a non-default state
+//!   that no unsafe code answers for.
 //! * Everything that only reads ([`get`], [`rounding_mode`],
 //!   [`underflow_mode`], [`assert_default`]) or only touches the sticky
 //!   exception flags ([`test_exceptions`], [`clear_exceptions`],
@@ -114,12 +119,14 @@
 //! | target | control | flags | [`SUPPORTED`] |
 //! |---|---|---|---|
 //! | x86_64 | MXCSR RC (bits 13-14), FTZ (15) + DAZ (6) | MXCSR IE DE ZE OE UE PE (bits 0-5) | `true` |
-//! | aarch64 (LE and BE) | FPCR RMode (bits 22-23), FZ (24) + FZ16 (19) | FPSR IOC DZC OFC UFC IXC IDC | `true` |
+//! | aarch64 (LE and BE) | FPCR RMode (bits 22-23), FZ (24) + FZ16 (19), FIZ (0, FEAT_AFP) | FPSR IOC DZC OFC UFC IXC IDC | `true` |
 //! | anything else (incl. 32-bit x86) | - | - | `false`: getters `None`, flags all false, writes no-ops |
 //!
 //! On x86_64, flush-to-zero means FTZ and DAZ together: reading reports
 //! [`UnderflowMode::FlushToZero`] when either is set, setting it sets both,
-//! setting [`UnderflowMode::Gradual`] clears both. The x87 control word and
+//! setting [`UnderflowMode::Gradual`] clears both. On aarch64 reading reports
+//! it when FZ or FEAT_AFP's FIZ is set, setting it sets FZ (and FZ16 with
+//! FEAT_FP16), gradual clears all three. The x87 control word and
 //! the exception masks are never touched; every write is a
 //! read-modify-write of the bits it owns.
 //!
@@ -172,6 +179,13 @@ pub fn get() -> Option<Environment> {
 /// Computing under a changed mode is done inside `asm!` or in foreign code
 /// that expects it. Setting [`DEFAULT_ENVIRONMENT`] itself is always sound
 /// (prefer the safe [`reset_to_default`]).
+///
+/// The obligation follows the state into guards: a [`Guard`] begun while a
+/// non-default environment is installed snapshots it, and its
+/// [`restore`](Guard::restore) or drop installs it again, even if the default
+/// was put back in between. Until every such guard is gone and the default
+/// is back after it, the obligation above still holds (restoring nested
+/// guards in reverse order, as scopes do, keeps that span short).
 pub unsafe fn set(env: Environment) {
     // SAFETY: the contract is forwarded to our caller.
     unsafe { Imp::set(env) }

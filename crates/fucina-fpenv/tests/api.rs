@@ -329,6 +329,35 @@ fn nested_guards_restore_their_own_snapshots() {
     }
 }
 
+/// The hazard `set`'s safety section describes: a guard begun while a
+/// non-default environment is installed re-installs it on drop, even after a
+/// `reset_to_default` inside the guard's scope. So the obligation of the `set`
+/// call lasts until such a guard is gone and the default is back after it.
+#[test]
+fn a_guard_begun_off_default_reinstalls_that_state_after_a_reset() {
+    let _env = Guard::begin();
+    let ftz = Environment {
+        rounding: RoundingMode::NearestEven,
+        underflow: UnderflowMode::FlushToZero,
+    };
+    // SAFETY: only register reads and writes (no floating-point code) run
+    // until the final `reset_to_default`.
+    unsafe { fucina_fpenv::set(ftz) };
+    let guard = Guard::begin();
+    fucina_fpenv::reset_to_default();
+    let inside = fucina_fpenv::get();
+    drop(guard);
+    let after_drop = fucina_fpenv::get();
+    fucina_fpenv::reset_to_default();
+    if fucina_fpenv::SUPPORTED {
+        assert_eq!(inside, Some(DEFAULT_ENVIRONMENT));
+        assert_eq!(after_drop, Some(ftz));
+        assert_eq!(fucina_fpenv::get(), Some(DEFAULT_ENVIRONMENT));
+    } else {
+        assert_eq!([inside, after_drop], [None, None]);
+    }
+}
+
 #[test]
 fn guard_restores_when_the_guarded_code_panics() {
     let _env = Guard::begin();

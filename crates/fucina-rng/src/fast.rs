@@ -146,9 +146,9 @@ pub fn gaussian_fill_at_fast(seed: u64, first: u64, out: &mut [f32], scale: f32)
     fill_with(Path::detect(), seed, first, out, scale);
 }
 
-/// [`gaussian_fill_at_fast`] on an explicit path. The caller guarantees that
-/// `path` is supported by the running CPU (it came from [`Path::detect`] or
-/// [`Path::available`]).
+/// [`gaussian_fill_at_fast`] on an explicit path. A vector `path` carries the
+/// proof of its runtime detection (only [`Path::detect`] and
+/// [`Path::available`] make one), so any `path` is sound here.
 pub(crate) fn fill_with(path: Path, seed: u64, first: u64, out: &mut [f32], scale: f32) {
     let mut rest = out;
     let mut p = first / 2;
@@ -163,20 +163,22 @@ pub(crate) fn fill_with(path: Path, seed: u64, first: u64, out: &mut [f32], scal
     let body_len = match path {
         Path::Scalar => 0,
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 | Path::Avx512 => rest.len() / 16 * 16,
+        Path::Avx2(_) | Path::Avx512(_) => rest.len() / 16 * 16,
     };
     let (body, tail) = rest.split_at_mut(body_len);
     match path {
-        Path::Scalar => {}
+        Path::Scalar => debug_assert!(body.is_empty()),
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => {
-            // SAFETY: `Path::Avx2` is only produced after runtime detection of AVX2.
+        Path::Avx2(_) => {
+            // SAFETY: a `Path::Avx2` carries a `Detected` token, which only
+            // `dispatch` creates, after the runtime detection of AVX2.
             unsafe { x86::gaussian_fast_avx2(seed, p, body, scale) }
         }
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => {
-            // SAFETY: `Path::Avx512` is only produced after runtime detection of
-            // AVX-512 F, DQ and VL.
+        Path::Avx512(_) => {
+            // SAFETY: a `Path::Avx512` carries a `Detected` token, which only
+            // `dispatch` creates, after the runtime detection of AVX2 and
+            // AVX-512 F, DQ and VL (the features the body enables).
             unsafe { x86::gaussian_fast_avx512(seed, p, body, scale) }
         }
     }
@@ -247,6 +249,42 @@ mod tests {
                 reference.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "{path:?}"
             );
+        }
+    }
+
+    /// Every small length and offset (vector body empty, exactly one 8-pair
+    /// step, one 16-pair step plus remainders, odd heads), at ordinary and
+    /// wrapping counters: each path equals the scalar path bit for bit, and
+    /// writes exactly `out.len()` elements (the canaries around the window stay).
+    #[test]
+    fn every_path_matches_scalar_for_small_lengths_and_offsets() {
+        const CANARY: u32 = 0x7fc0_dead;
+        let bases = [0u64, u64::MAX - 80, u64::MAX - 33, (1 << 63) - 17];
+        for &base in &bases {
+            for off in 0..=33u64 {
+                let first = base.wrapping_add(off);
+                for len in 0..=70usize {
+                    let mut reference = vec![0.0f32; len];
+                    fill_with(Path::Scalar, 0x5EED, first, &mut reference, 1.5);
+                    for path in Path::available() {
+                        let mut buf = vec![f32::from_bits(CANARY); len + 2];
+                        fill_with(path, 0x5EED, first, &mut buf[1..=len], 1.5);
+                        assert_eq!(buf[0].to_bits(), CANARY, "{path:?} wrote before the window");
+                        assert_eq!(
+                            buf[len + 1].to_bits(),
+                            CANARY,
+                            "{path:?} wrote after the window"
+                        );
+                        for (k, (a, b)) in buf[1..=len].iter().zip(&reference).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{path:?} first {first:#x} len {len} element {k}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

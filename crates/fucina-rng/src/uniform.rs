@@ -53,26 +53,29 @@ pub fn uniform_fill(seed: u64, out: &mut [f32], lo: f32, hi: f32) {
     fill_with(Path::detect(), seed, out, lo, hi);
 }
 
-/// [`uniform_fill`] on an explicit path; `path` must be supported by the CPU.
+/// [`uniform_fill`] on an explicit path (a vector `path` carries the proof of
+/// its runtime detection, see [`Path`]).
 pub(crate) fn fill_with(path: Path, seed: u64, out: &mut [f32], lo: f32, hi: f32) {
     let clamp = clamp_value(lo, hi);
     let body_len = match path {
         Path::Scalar => 0,
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 | Path::Avx512 => out.len() / 8 * 8,
+        Path::Avx2(_) | Path::Avx512(_) => out.len() / 8 * 8,
     };
     let (body, tail) = out.split_at_mut(body_len);
     match path {
-        Path::Scalar => {}
+        Path::Scalar => debug_assert!(body.is_empty()),
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => {
-            // SAFETY: `Path::Avx2` is only produced after runtime detection of AVX2.
+        Path::Avx2(_) => {
+            // SAFETY: a `Path::Avx2` carries a `Detected` token, which only
+            // `dispatch` creates, after the runtime detection of AVX2.
             unsafe { x86::uniform_avx2(seed, body, lo, hi, clamp) }
         }
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => {
-            // SAFETY: `Path::Avx512` is only produced after runtime detection of
-            // AVX-512 F, DQ and VL.
+        Path::Avx512(_) => {
+            // SAFETY: a `Path::Avx512` carries a `Detected` token, which only
+            // `dispatch` creates, after the runtime detection of AVX2 and
+            // AVX-512 F, DQ and VL (the features the body enables).
             unsafe { x86::uniform_avx512(seed, body, lo, hi, clamp) }
         }
     }
@@ -179,6 +182,44 @@ mod tests {
                             b.to_bits(),
                             "{path:?} [{lo}, {hi}) seed {seed:#x} index {i}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every small length (empty body, one 8-lane step, one 16-element step,
+    /// and every remainder), at several seeds including ones whose counters
+    /// wrap: each path equals the O(1) formula bit for bit and writes exactly
+    /// `out.len()` elements.
+    #[test]
+    fn every_path_matches_scalar_for_small_lengths() {
+        const CANARY: u32 = 0x7fc0_dead;
+        let seeds = [
+            0u64,
+            42,
+            u64::MAX,
+            0u64.wrapping_sub(crate::stream::GAMMA.wrapping_mul(33)),
+        ];
+        for &seed in &seeds {
+            for &(lo, hi) in &[(-0.25f32, 0.75f32), (0.0, 1.0), (3.0, -2.0)] {
+                for len in 0..=70usize {
+                    for path in Path::available() {
+                        let mut buf = vec![f32::from_bits(CANARY); len + 2];
+                        fill_with(path, seed, &mut buf[1..=len], lo, hi);
+                        assert_eq!(buf[0].to_bits(), CANARY, "{path:?} wrote before the window");
+                        assert_eq!(
+                            buf[len + 1].to_bits(),
+                            CANARY,
+                            "{path:?} wrote after the window"
+                        );
+                        for (i, v) in buf[1..=len].iter().enumerate() {
+                            assert_eq!(
+                                v.to_bits(),
+                                uniform_at(seed, i as u64, lo, hi).to_bits(),
+                                "{path:?} seed {seed:#x} len {len} index {i}"
+                            );
+                        }
                     }
                 }
             }
