@@ -11,16 +11,9 @@ fn team(workers: usize) -> Team {
     .expect("a valid team")
 }
 
-/// xorshift64*, deterministic test data without a dependency.
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut s = seed.max(1);
-    move || {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        s.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+#[path = "support/rng.rs"]
+mod test_rng;
+use test_rng::rng;
 
 #[test]
 fn a_linear_chain_runs_in_order() {

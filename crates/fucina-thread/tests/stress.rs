@@ -8,15 +8,9 @@ use std::time::Duration;
 
 const DISPATCHES: usize = if cfg!(miri) { 200 } else { 100_000 };
 
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut s = seed.max(1);
-    move || {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        s.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+#[path = "support/rng.rs"]
+mod test_rng;
+use test_rng::rng;
 
 #[test]
 fn random_dispatches_run_every_task_exactly_once() {
