@@ -1,7 +1,7 @@
 //! Read-only checks of the knobs against this machine (no global state is
 //! changed here; see `knobs_env.rs` for the tests that set the caches/env).
 
-use fucina_thread::knobs::{self, SpinBudgets};
+use fucina_thread::knobs;
 use fucina_thread::{
     MAX_THREADS, cgroup_cpu_budget, cpu_thread_count, performance_cpu_count, physical_cpu_count,
     schedulable_cpu_count, spin_budgets,
@@ -73,23 +73,13 @@ fn cpu_thread_count_is_clamped() {
 }
 
 #[test]
-fn budgets_follow_the_reference_table() {
-    const M: u32 = 1 << 20;
-    let b = |worker_spin, join_spin| SpinBudgets {
-        worker_spin,
-        join_spin,
-    };
-    assert_eq!(spin_budgets(None, 8, Some(10)), b(32_768, M));
-    assert_eq!(spin_budgets(None, 10, Some(10)), b(32_768, M));
-    assert_eq!(spin_budgets(None, 11, Some(10)), b(0, 4096));
-    assert_eq!(spin_budgets(None, 64, None), b(32_768, M));
-    assert_eq!(spin_budgets(Some(512), 11, Some(10)), b(512, 4096));
-    assert_eq!(spin_budgets(Some(0), 8, Some(10)), b(0, M));
-    assert_eq!(spin_budgets(Some(1 << 40), 8, Some(10)).worker_spin, 32_768);
-    assert_eq!(spin_budgets(Some(1 << 40), 11, Some(10)).worker_spin, 0);
+fn budget_constants_are_the_reference_values() {
+    // The §3.4 policy table itself is unit-tested in src/knobs/budget.rs.
     assert_eq!(knobs::DEFAULT_WORKER_SPIN, 32_768);
-    assert_eq!(knobs::DEFAULT_JOIN_SPIN, M);
+    assert_eq!(knobs::DEFAULT_JOIN_SPIN, 1 << 20);
     assert_eq!(knobs::OVERSUBSCRIBED_JOIN_SPIN, 4096);
+    let b = spin_budgets(Some(512), 11, Some(10));
+    assert_eq!((b.worker_spin, b.join_spin), (512, 4096));
 }
 
 #[test]
@@ -116,15 +106,9 @@ fn public_parsers_match_the_reference_examples() {
     let mask: Vec<usize> = (0..16).collect();
     let ht = |cpu: usize| Some(format!("{},{}", cpu % 8, cpu % 8 + 8));
     assert_eq!(count_physical_cores(&mask, ht), Some(8));
-    assert_eq!(parse_cpu_max("200000 100000"), Some(2));
+    // (every cpu.max example is unit-tested in src/knobs/cgroup.rs)
     assert_eq!(parse_cpu_max("150000 100000"), Some(1));
-    assert_eq!(parse_cpu_max("50000 100000"), Some(1));
-    assert_eq!(parse_cpu_max("-1 100000"), None);
-    assert_eq!(parse_cpu_max("0 100000"), None);
-    assert_eq!(parse_cpu_max("200000 0"), None);
     assert_eq!(parse_cpu_max("max 100000"), None);
-    assert_eq!(parse_cpu_max("200000"), None);
-    assert_eq!(parse_cpu_max("200000 100000 7"), None);
     assert_eq!(parse_cfs_quota("-1", "100000"), None);
     assert_eq!(cgroup_v2_path("0::/a/b\n"), Some("/a/b"));
 }
