@@ -45,6 +45,8 @@ const IXC: u64 = 1 << 4;
 const IDC: u64 = 1 << 7;
 /// The six cumulative flag bits in FPSR.
 const FLAG_BITS: u64 = IOC | DZC | OFC | UFC | IXC | IDC;
+/// Each flag's bit, in the field order of [`Exceptions`].
+const FLAG_MAP: [u64; 6] = [IOC, DZC, OFC, UFC, IXC, IDC];
 
 #[inline]
 fn read_fpcr() -> u64 {
@@ -132,9 +134,11 @@ impl Backend for Imp {
         let current = read_fpcr();
         let value = (current & !CONTROL_BITS) | (control & CONTROL_BITS);
         if value != current {
-            // SAFETY: the control bits were read from this register by
-            // `read_control`, every other bit is the register's own; the
-            // float-semantics contract is forwarded to our caller.
+            // SAFETY: the control bits come from `read_control` on this
+            // register or from `encode` (RMode and FZ always exist, FZ16 only
+            // with FEAT_FP16, FIZ only ever cleared by `encode`); every other
+            // bit is the register's own. The float-semantics contract is
+            // forwarded to our caller.
             unsafe { write_fpcr(value) }
         }
     }
@@ -150,7 +154,8 @@ impl Backend for Imp {
         }
     }
 
-    unsafe fn set(env: Environment) {
+    fn encode(env: Environment) -> Option<u64> {
+        // FIZ is never set here, only cleared (it is part of CONTROL_BITS).
         let mut control = encode_rounding(env.rounding);
         if env.underflow == UnderflowMode::FlushToZero {
             control |= FZ;
@@ -160,42 +165,15 @@ impl Backend for Imp {
                 control |= FZ16;
             }
         }
-        let current = read_fpcr();
-        let value = (current & !CONTROL_BITS) | control;
-        if value != current {
-            // SAFETY: only RMode, FZ, FZ16 (set only with FEAT_FP16) and FIZ
-            // (only ever cleared) change; every other bit is the register's
-            // own. The float-semantics contract is forwarded to our caller.
-            unsafe { write_fpcr(value) }
-        }
+        Some(control)
     }
 
     fn read_exceptions() -> Exceptions {
-        let s = read_fpsr();
-        Exceptions {
-            invalid: s & IOC != 0,
-            division_by_zero: s & DZC != 0,
-            overflow: s & OFC != 0,
-            underflow: s & UFC != 0,
-            inexact: s & IXC != 0,
-            denormal: s & IDC != 0,
-        }
+        Exceptions::from_register(read_fpsr(), &FLAG_MAP)
     }
 
     fn write_exceptions(flags: Exceptions) {
-        let mut bits = 0;
-        for (set, bit) in [
-            (flags.invalid, IOC),
-            (flags.division_by_zero, DZC),
-            (flags.overflow, OFC),
-            (flags.underflow, UFC),
-            (flags.inexact, IXC),
-            (flags.denormal, IDC),
-        ] {
-            if set {
-                bits |= bit;
-            }
-        }
+        let bits = flags.to_register(&FLAG_MAP);
         let current = read_fpsr();
         let value = (current & !FLAG_BITS) | bits;
         if value != current {

@@ -24,8 +24,9 @@ pub(crate) trait Backend {
     /// Reads the control bits; `None` where the target cannot observe them.
     fn read_control() -> Option<Self::Control>;
 
-    /// Writes back control bits previously returned by [`Backend::read_control`]
-    /// on this thread, leaving every other bit of the register as it is.
+    /// Writes control bits previously returned by [`Backend::read_control`] on
+    /// this thread or by [`Backend::encode`], leaving every other bit of the
+    /// register as it is.
     ///
     /// # Safety
     ///
@@ -37,12 +38,23 @@ pub(crate) trait Backend {
     /// Decodes control bits into the portable description.
     fn decode(control: Self::Control) -> Environment;
 
-    /// Installs `env` (rounding and underflow only).
+    /// The control bits that install `env` on this CPU; `None` where the
+    /// target cannot observe the environment.
+    fn encode(env: Environment) -> Option<Self::Control>;
+
+    /// Installs `env` (rounding and underflow only): [`Backend::encode`] then
+    /// [`Backend::write_control`]. A no-op where unsupported.
     ///
     /// # Safety
     ///
     /// The contract of [`crate::set`].
-    unsafe fn set(env: Environment);
+    unsafe fn set(env: Environment) {
+        if let Some(control) = Self::encode(env) {
+            // SAFETY: the contract of `crate::set` is forwarded to our caller;
+            // `encode` only produces bits this CPU accepts.
+            unsafe { Self::write_control(control) }
+        }
+    }
 
     /// Reads the six sticky exception flags (all false where unsupported).
     fn read_exceptions() -> Exceptions;

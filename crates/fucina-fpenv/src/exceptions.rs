@@ -75,6 +75,53 @@ impl Exceptions {
         }
     }
 
+    /// The flags in field order.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    const fn flags(self) -> [bool; 6] {
+        [
+            self.invalid,
+            self.division_by_zero,
+            self.overflow,
+            self.underflow,
+            self.inexact,
+            self.denormal,
+        ]
+    }
+
+    /// Decodes a status register given each flag's bit, in field order.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn from_register(value: u64, bits: &[u64; 6]) -> Exceptions {
+        let set = |i: usize| value & bits[i] != 0;
+        Exceptions {
+            invalid: set(0),
+            division_by_zero: set(1),
+            overflow: set(2),
+            underflow: set(3),
+            inexact: set(4),
+            denormal: set(5),
+        }
+    }
+
+    /// The status-register bits of the set flags, given each flag's bit in
+    /// field order.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn to_register(self, bits: &[u64; 6]) -> u64 {
+        self.flags()
+            .iter()
+            .zip(bits)
+            .filter(|(set, _)| **set)
+            .fold(0, |acc, (_, bit)| acc | bit)
+    }
+
     /// The flags paired with their names, in field order.
     const fn named(self) -> [(bool, &'static str); 6] {
         [

@@ -31,7 +31,9 @@ impl Backend for Imp {
         match control {}
     }
 
-    unsafe fn set(_env: Environment) {}
+    fn encode(_env: Environment) -> Option<Infallible> {
+        None
+    }
 
     fn read_exceptions() -> Exceptions {
         Exceptions::NONE

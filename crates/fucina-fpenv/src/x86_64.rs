@@ -40,6 +40,10 @@ const FTZ: u32 = 1 << 15;
 
 /// The six sticky flag bits.
 const FLAG_BITS: u32 = IE | DE | ZE | OE | UE | PE;
+/// Each flag's bit, in the field order of [`Exceptions`].
+const FLAG_MAP: [u64; 6] = [
+    IE as u64, ZE as u64, OE as u64, UE as u64, PE as u64, DE as u64,
+];
 /// The bits that decide rounding and underflow.
 const CONTROL_BITS: u32 = RC_MASK | FTZ | DAZ;
 
@@ -151,10 +155,11 @@ impl Backend for Imp {
         let current = read_mxcsr();
         let value = (current & !CONTROL_BITS) | (control & CONTROL_BITS);
         if value != current {
-            // SAFETY: the control bits were read from this register by
-            // `read_control` (so the CPU accepts them) and every other bit is
-            // the register's own; the float-semantics contract is forwarded to
-            // our caller.
+            // SAFETY: the control bits come from `read_control` on this
+            // register or from `encode` (RC and FTZ exist on every x86_64 CPU,
+            // DAZ is filtered through MXCSR_MASK), so the CPU accepts them;
+            // every other bit is the register's own. The float-semantics
+            // contract is forwarded to our caller.
             unsafe { write_mxcsr(value) }
         }
     }
@@ -170,48 +175,22 @@ impl Backend for Imp {
         }
     }
 
-    unsafe fn set(env: Environment) {
+    fn encode(env: Environment) -> Option<u32> {
         let mut control = encode_rounding(env.rounding);
         if env.underflow == UnderflowMode::FlushToZero {
             // DAZ only where the CPU implements it; FTZ is always there.
             control |= (FTZ | DAZ) & mxcsr_mask();
         }
-        let current = read_mxcsr();
-        let value = (current & !CONTROL_BITS) | control;
-        if value != current {
-            // SAFETY: RC and FTZ exist on every x86_64 CPU, DAZ was filtered
-            // through MXCSR_MASK, and every other bit is the register's own.
-            // The float-semantics contract is forwarded to our caller.
-            unsafe { write_mxcsr(value) }
-        }
+        Some(control)
     }
 
     fn read_exceptions() -> Exceptions {
-        let m = read_mxcsr();
-        Exceptions {
-            invalid: m & IE != 0,
-            division_by_zero: m & ZE != 0,
-            overflow: m & OE != 0,
-            underflow: m & UE != 0,
-            inexact: m & PE != 0,
-            denormal: m & DE != 0,
-        }
+        Exceptions::from_register(read_mxcsr().into(), &FLAG_MAP)
     }
 
     fn write_exceptions(flags: Exceptions) {
-        let mut bits = 0;
-        for (set, bit) in [
-            (flags.invalid, IE),
-            (flags.division_by_zero, ZE),
-            (flags.overflow, OE),
-            (flags.underflow, UE),
-            (flags.inexact, PE),
-            (flags.denormal, DE),
-        ] {
-            if set {
-                bits |= bit;
-            }
-        }
+        // Only bits of FLAG_MAP, all below bit 6: the cast is lossless.
+        let bits = flags.to_register(&FLAG_MAP) as u32;
         let current = read_mxcsr();
         let value = (current & !FLAG_BITS) | bits;
         if value != current {
