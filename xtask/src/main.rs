@@ -180,44 +180,51 @@ fn ci() -> Result<(), String> {
     Ok(())
 }
 
-/// The loom model tests: (package, test target). Each is a `tests/<target>.rs`
-/// gated by `#![cfg(loom)]`; a listed file that does not exist is skipped.
-const LOOM_TESTS: &[(&str, &str)] = &[
-    ("fucina-storage", "loom_refcount"),
-    ("fucina-thread", "loom_team"),
-    ("fucina-thread", "loom_chained"),
-    ("fucina-thread", "loom_one_shot"),
-];
+/// `(crate, file stem)` of every `crates/<crate>/<dir>/*.rs` whose stem starts
+/// with `prefix`, sorted (the crate directory is named after its package).
+fn crate_files(dir: &str, prefix: &str) -> Result<Vec<(String, String)>, String> {
+    let crates = std::fs::read_dir(workspace_root().join("crates"))
+        .map_err(|e| format!("reading crates/: {e}"))?;
+    let mut found = Vec::new();
+    for krate in crates.filter_map(|e| e.ok()) {
+        let Ok(files) = std::fs::read_dir(krate.path().join(dir)) else {
+            continue;
+        };
+        for file in files.filter_map(|e| e.ok()).map(|e| e.path()) {
+            let stem = file.file_stem().unwrap_or_default().to_string_lossy();
+            if file.extension().is_some_and(|x| x == "rs") && stem.starts_with(prefix) {
+                let krate = krate.file_name().to_string_lossy().into_owned();
+                found.push((krate, stem.into_owned()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
 
+/// The loom models: every `crates/*/tests/loom*.rs` (each gated by
+/// `#![cfg(loom)]`), one `cargo test` per crate, in their own target dir.
 fn loom() -> Result<(), String> {
-    let root = workspace_root();
-    let available: Vec<_> = LOOM_TESTS
-        .iter()
-        .filter(|(pkg, test)| {
-            let file = root
-                .join("crates")
-                .join(pkg)
-                .join("tests")
-                .join(format!("{test}.rs"));
-            file.exists()
-        })
-        .collect();
-    if available.is_empty() {
-        eprintln!("\n==> [loom] no loom models registered");
+    let models = crate_files("tests", "loom")?;
+    if models.is_empty() {
+        eprintln!("\n==> [loom] no loom models (crates/*/tests/loom*.rs)");
         return Ok(());
     }
-    for (pkg, test) in available {
-        step(
-            &format!("loom {pkg}/{test}"),
-            cargo()
-                .env("RUSTFLAGS", "--cfg loom")
-                .env("LOOM_MAX_PREEMPTIONS", "2")
-                .env(
-                    "CARGO_TARGET_DIR",
-                    root.join("target").join("loom").as_os_str(),
-                )
-                .args(["test", "--release", "-p", pkg, "--test", test]),
-        )?;
+    let mut crates: Vec<&str> = models.iter().map(|(k, _)| k.as_str()).collect();
+    crates.dedup();
+    for krate in crates {
+        let mut cmd = cargo();
+        cmd.env("RUSTFLAGS", "--cfg loom")
+            .env("LOOM_MAX_PREEMPTIONS", "2")
+            .env(
+                "CARGO_TARGET_DIR",
+                workspace_root().join("target").join("loom"),
+            )
+            .args(["test", "--release", "-p", krate]);
+        for (_, test) in models.iter().filter(|(k, _)| k == krate) {
+            cmd.args(["--test", test]);
+        }
+        step(&format!("loom {krate}"), &mut cmd)?;
     }
     Ok(())
 }
@@ -228,26 +235,7 @@ const BENCH_ARGS: &[&str] = &["--warm-up-time", "1", "--measurement-time", "3"];
 /// `cargo bench` of every bench target (`crates/*/benches/*.rs`), one after
 /// the other (never in parallel: the figures are timings).
 fn bench(extra: &[String]) -> Result<(), String> {
-    let root = workspace_root();
-    let mut targets = Vec::new();
-    let crates =
-        std::fs::read_dir(root.join("crates")).map_err(|e| format!("reading crates/: {e}"))?;
-    for krate in crates.filter_map(|e| e.ok()) {
-        let Ok(files) = std::fs::read_dir(krate.path().join("benches")) else {
-            continue;
-        };
-        for file in files.filter_map(|e| e.ok()).map(|e| e.path()) {
-            if file.extension().is_some_and(|x| x == "rs") {
-                let name = file
-                    .file_stem()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned();
-                targets.push((krate.file_name().to_string_lossy().into_owned(), name));
-            }
-        }
-    }
-    targets.sort();
+    let targets = crate_files("benches", "")?;
     for (krate, name) in targets {
         step(
             &format!("bench {krate}/{name}"),
