@@ -162,27 +162,23 @@ pub(crate) fn render(file: &str, blocks: &[Block]) -> String {
     out
 }
 
-/// (package name, manifest directory) of every crate under `crates/`.
+/// (package name, manifest directory) of every crate under `crates/` (each
+/// crate's directory is named after its package).
 fn workspace_crates(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let mut crates = Vec::new();
     let dir = root.join("crates");
     let entries = fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
-    for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path();
-        let manifest = path.join("Cargo.toml");
-        let Ok(text) = fs::read_to_string(&manifest) else {
-            continue;
-        };
-        let name = text
-            .lines()
-            .find_map(|l| {
-                let l = l.trim();
-                let rest = l.strip_prefix("name")?.trim_start().strip_prefix('=')?;
-                Some(rest.trim().trim_matches('"').to_string())
-            })
-            .ok_or_else(|| format!("no package name in {}", manifest.display()))?;
-        crates.push((name, path));
-    }
+    let mut crates: Vec<(String, PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|path| path.join("Cargo.toml").is_file())
+        .map(|path| {
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (name, path)
+        })
+        .collect();
     crates.sort();
     Ok(crates)
 }
