@@ -42,6 +42,28 @@ fn report(name: &str, expect: &str, v: &[f32], ms: f64) {
     );
 }
 
+/// Whether two slices hold the same f32 bit patterns.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Fills `buf` window by window with `fill(first_index, window)`, the window
+/// lengths starting at `chunk` and growing by `next`.
+fn fill_chunked(
+    buf: &mut [f32],
+    mut chunk: usize,
+    next: impl Fn(usize) -> usize,
+    mut fill: impl FnMut(u64, &mut [f32]),
+) {
+    let mut start = 0;
+    while start < buf.len() {
+        let len = chunk.min(buf.len() - start);
+        fill(start as u64, &mut buf[start..start + len]);
+        start += len;
+        chunk = next(chunk);
+    }
+}
+
 fn timed(f: impl FnOnce()) -> f64 {
     let t = Instant::now();
     f();
@@ -99,34 +121,25 @@ fn main() {
     // Determinism: refill, and refill in odd-sized windows, and compare bits.
     let mut again = vec![0.0f32; N];
     gaussian_fill(SEED, &mut again, 1.0);
-    let same_exact = again
-        .iter()
-        .zip(&exact)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    let mut start = 0;
-    let mut chunk = 1;
-    while start < N {
-        let len = chunk.min(N - start);
-        gaussian_fill_at(SEED, start as u64, &mut again[start..start + len], 1.0);
-        start += len;
-        chunk = chunk * 3 + 1;
-    }
-    let chunked_exact = again
-        .iter()
-        .zip(&exact)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    let mut start = 0;
-    let mut chunk = 5;
-    while start < N {
-        let len = chunk.min(N - start);
-        gaussian_fill_at_fast(SEED, start as u64, &mut again[start..start + len], 1.0);
-        start += len;
-        chunk = chunk * 2 + 3;
-    }
-    let chunked_fast = again
-        .iter()
-        .zip(&fast)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let same_exact = same_bits(&again, &exact);
+    fill_chunked(
+        &mut again,
+        1,
+        |c| c * 3 + 1,
+        |first, w| {
+            gaussian_fill_at(SEED, first, w, 1.0);
+        },
+    );
+    let chunked_exact = same_bits(&again, &exact);
+    fill_chunked(
+        &mut again,
+        5,
+        |c| c * 2 + 3,
+        |first, w| {
+            gaussian_fill_at_fast(SEED, first, w, 1.0);
+        },
+    );
+    let chunked_fast = same_bits(&again, &fast);
     let ok = |b: bool| if b { "identical bits" } else { "MISMATCH" };
     println!(
         "determinism: refill {}, chunked exact {}, chunked fast {}",

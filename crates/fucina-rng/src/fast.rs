@@ -12,7 +12,7 @@
 #![allow(clippy::excessive_precision)]
 
 use crate::dispatch::Path;
-use crate::gaussian::TWO_POW_M53;
+use crate::gaussian::{TWO_POW_M53, fill_pairs, split_odd_head};
 use crate::stream::at;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
@@ -150,16 +150,8 @@ pub fn gaussian_fill_at_fast(seed: u64, first: u64, out: &mut [f32], scale: f32)
 /// proof of its runtime detection (only [`Path::detect`] and
 /// [`Path::available`] make one), so any `path` is sound here.
 pub(crate) fn fill_with(path: Path, seed: u64, first: u64, out: &mut [f32], scale: f32) {
-    let mut rest = out;
-    let mut p = first / 2;
-    if first % 2 == 1 {
-        let Some((head, tail)) = rest.split_first_mut() else {
-            return;
-        };
-        *head = pair(seed, p, scale).1;
-        rest = tail;
-        p = p.wrapping_add(1);
-    }
+    let pair_at = |p: u64| pair(seed, p, scale);
+    let (rest, p) = split_odd_head(first, out, pair_at);
     let body_len = match path {
         Path::Scalar => 0,
         #[cfg(target_arch = "x86_64")]
@@ -182,17 +174,7 @@ pub(crate) fn fill_with(path: Path, seed: u64, first: u64, out: &mut [f32], scal
             unsafe { x86::gaussian_fast_avx512(seed, p, body, scale) }
         }
     }
-    p = p.wrapping_add((body_len / 2) as u64);
-    let mut pairs = tail.chunks_exact_mut(2);
-    for two in &mut pairs {
-        let (c, s) = pair(seed, p, scale);
-        two[0] = c;
-        two[1] = s;
-        p = p.wrapping_add(1);
-    }
-    if let [last] = pairs.into_remainder() {
-        *last = pair(seed, p, scale).0;
-    }
+    fill_pairs(p.wrapping_add((body_len / 2) as u64), tail, pair_at);
 }
 
 #[cfg(test)]

@@ -80,17 +80,39 @@ pub fn gaussian_fill_at(seed: u64, first: u64, out: &mut [f32], scale: f32) {
         let i = p.wrapping_mul(2);
         pair(at(seed, i), at(seed, i.wrapping_add(1)), scale)
     };
-    let mut rest = out;
-    let mut p = first / 2;
-    if first % 2 == 1 {
-        let Some((head, tail)) = rest.split_first_mut() else {
-            return;
-        };
-        *head = pair_at(p).1;
-        rest = tail;
-        p = p.wrapping_add(1);
+    let (rest, p) = split_odd_head(first, out, pair_at);
+    fill_pairs(p, rest, pair_at);
+}
+
+/// The head of a window starting at element `first` of a pair stream (element
+/// `2p` is the cosine half `pair_at(p).0`, element `2p + 1` the sine half
+/// `pair_at(p).1`): when `first` is odd and `out` is not empty, writes the sine
+/// half of pair `first / 2` into `out[0]`. Returns the rest of `out`, which
+/// starts on a pair boundary, and the index of its first pair.
+#[inline(always)]
+pub(crate) fn split_odd_head(
+    first: u64,
+    out: &mut [f32],
+    pair_at: impl FnOnce(u64) -> (f32, f32),
+) -> (&mut [f32], u64) {
+    let p = first / 2;
+    if first.is_multiple_of(2) {
+        return (out, p);
     }
-    let mut pairs = rest.chunks_exact_mut(2);
+    match out {
+        [head, rest @ ..] => {
+            *head = pair_at(p).1;
+            (rest, p.wrapping_add(1))
+        }
+        [] => (out, p),
+    }
+}
+
+/// Fills `out`, which starts on a pair boundary at pair `p`, with whole pairs
+/// `(pair_at(p).0, pair_at(p).1, ...)`; an odd length ends with a cosine half.
+#[inline(always)]
+pub(crate) fn fill_pairs(mut p: u64, out: &mut [f32], pair_at: impl Fn(u64) -> (f32, f32)) {
+    let mut pairs = out.chunks_exact_mut(2);
     for two in &mut pairs {
         let (c, s) = pair_at(p);
         two[0] = c;

@@ -138,94 +138,64 @@ fn at_values() {
     }
 }
 
+/// Runs every golden case of the f32 function `name` (its reference name):
+/// `fill(case, out)` fills a zeroed buffer of the case's length, whose bits
+/// must equal the case's `out`.
+#[track_caller]
+fn check_f32_cases(name: &str, fill: impl Fn(&Value, &mut [f32])) {
+    let g = goldens();
+    for case in cases(&g, name) {
+        let mut out = vec![0.0f32; len(case)];
+        fill(case, &mut out);
+        assert_bits(name, &out, &expected_bits(case));
+    }
+}
+
 #[test]
 fn gaussian_fill_golden() {
-    let g = goldens();
-    for case in cases(&g, "gaussianFill") {
-        let mut out = vec![0.0f32; len(case)];
-        gaussian_fill(seed(case), &mut out, f32_param(case, "scale"));
-        assert_bits("gaussian_fill", &out, &expected_bits(case));
-    }
+    check_f32_cases("gaussianFill", |c, out| {
+        gaussian_fill(seed(c), out, f32_param(c, "scale"));
+    });
 }
 
 #[test]
 fn gaussian_fill_at_golden() {
-    let g = goldens();
-    for case in cases(&g, "gaussianFillAt") {
-        let mut out = vec![0.0f32; len(case)];
-        gaussian_fill_at(
-            seed(case),
-            dec_u64(&case["first"]),
-            &mut out,
-            f32_param(case, "scale"),
-        );
-        assert_bits("gaussian_fill_at", &out, &expected_bits(case));
-    }
+    check_f32_cases("gaussianFillAt", |c, out| {
+        gaussian_fill_at(seed(c), dec_u64(&c["first"]), out, f32_param(c, "scale"));
+    });
 }
 
 #[test]
 fn gaussian_fill_at_fast_golden() {
-    let g = goldens();
-    for case in cases(&g, "gaussianFillAtFast") {
-        let mut out = vec![0.0f32; len(case)];
-        gaussian_fill_at_fast(
-            seed(case),
-            dec_u64(&case["first"]),
-            &mut out,
-            f32_param(case, "scale"),
-        );
-        assert_bits("gaussian_fill_at_fast", &out, &expected_bits(case));
-    }
+    check_f32_cases("gaussianFillAtFast", |c, out| {
+        gaussian_fill_at_fast(seed(c), dec_u64(&c["first"]), out, f32_param(c, "scale"));
+    });
 }
 
 #[test]
 fn uniform_fill_golden() {
-    let g = goldens();
-    for case in cases(&g, "uniformFill") {
-        let mut out = vec![0.0f32; len(case)];
-        uniform_fill(
-            seed(case),
-            &mut out,
-            f32_param(case, "lo"),
-            f32_param(case, "hi"),
-        );
-        assert_bits("uniform_fill", &out, &expected_bits(case));
-    }
+    check_f32_cases("uniformFill", |c, out| {
+        uniform_fill(seed(c), out, f32_param(c, "lo"), f32_param(c, "hi"));
+    });
 }
 
 #[test]
 fn kaiming_uniform_fill_golden() {
-    let g = goldens();
-    for case in cases(&g, "kaimingUniformFill") {
-        let mut out = vec![0.0f32; len(case)];
-        kaiming_uniform_fill(seed(case), &mut out, dec_u64(&case["fan_in"]) as usize);
-        assert_bits("kaiming_uniform_fill", &out, &expected_bits(case));
-    }
+    check_f32_cases("kaimingUniformFill", |c, out| {
+        kaiming_uniform_fill(seed(c), out, dec_u64(&c["fan_in"]) as usize);
+    });
 }
 
 #[test]
 fn normal_fill_golden() {
-    let g = goldens();
-    for case in cases(&g, "normalFill") {
-        let mut out = vec![0.0f32; len(case)];
-        normal_fill(
-            seed(case),
-            &mut out,
-            f32_param(case, "mean"),
-            f32_param(case, "std"),
-        );
-        assert_bits("normal_fill", &out, &expected_bits(case));
-    }
+    check_f32_cases("normalFill", |c, out| {
+        normal_fill(seed(c), out, f32_param(c, "mean"), f32_param(c, "std"));
+    });
 }
 
 #[test]
 fn gumbel_fill_golden() {
-    let g = goldens();
-    for case in cases(&g, "gumbelFill") {
-        let mut out = vec![0.0f32; len(case)];
-        gumbel_fill(seed(case), &mut out);
-        assert_bits("gumbel_fill", &out, &expected_bits(case));
-    }
+    check_f32_cases("gumbelFill", |c, out| gumbel_fill(seed(c), out));
 }
 
 #[test]
