@@ -50,25 +50,21 @@ fn ping_pong(iters: u64) -> Duration {
             }
         }
     });
-    // Let the ponger start spinning.
     let mut v = 0u32;
-    for _ in 0..1000 {
-        v += 1;
-        word.store(v, Ordering::Release);
-        v += 1;
-        while word.load(Ordering::Acquire) != v {
-            std::hint::spin_loop();
+    let mut round_trips = |n: u64| {
+        for _ in 0..n {
+            v += 1;
+            word.store(v, Ordering::Release);
+            v += 1;
+            while word.load(Ordering::Acquire) != v {
+                std::hint::spin_loop();
+            }
         }
-    }
+    };
+    // Let the ponger start spinning.
+    round_trips(1000);
     let t0 = Instant::now();
-    for _ in 0..iters {
-        v += 1;
-        word.store(v, Ordering::Release);
-        v += 1;
-        while word.load(Ordering::Acquire) != v {
-            std::hint::spin_loop();
-        }
-    }
+    round_trips(iters);
     let el = t0.elapsed();
     stop.store(true, Ordering::Relaxed);
     ponger.join().unwrap();

@@ -12,7 +12,7 @@ fn logical() -> usize {
 }
 
 #[test]
-fn detected_counts_are_plausible_and_stable() {
+fn detected_counts_are_plausible() {
     if let Some(p) = physical_cpu_count() {
         assert!(
             (1..=logical()).contains(&p),
@@ -25,11 +25,6 @@ fn detected_counts_are_plausible_and_stable() {
     }
     if let Some(c) = cgroup_cpu_budget() {
         assert!(c >= 1);
-    }
-    // Probed once: the same answers every time.
-    for _ in 0..3 {
-        assert_eq!(physical_cpu_count(), physical_cpu_count());
-        assert_eq!(cgroup_cpu_budget(), cgroup_cpu_budget());
     }
 }
 
@@ -69,7 +64,7 @@ fn cpu_thread_count_is_clamped() {
     assert_eq!(cpu_thread_count(1), 1);
     assert_eq!(cpu_thread_count(0), 1, "never below 1");
     assert!(cpu_thread_count(2) <= 2);
-    assert_eq!(cpu_thread_count(usize::MAX), cpu_thread_count(usize::MAX));
+    // Probed once and cached: knobs_env.rs tests the read-once behaviour.
 }
 
 #[test]

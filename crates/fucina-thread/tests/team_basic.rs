@@ -7,6 +7,10 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[path = "support/panicky.rs"]
+mod panicky;
+use panicky::{PanickyPayload, within};
+
 static_assertions::assert_impl_all!(Team: Send, Sync);
 static_assertions::assert_impl_all!(TeamOptions: Send, Sync, Copy, Default);
 
@@ -334,30 +338,6 @@ fn a_long_worker_task_engages_the_join_fallback() {
         (1..=5000).contains(&waits),
         "{waits} timed waits for a 100 ms tail"
     );
-}
-
-/// A panic payload whose `Drop` panics (armed until the test disarms it).
-struct PanickyPayload {
-    armed: bool,
-}
-
-impl Drop for PanickyPayload {
-    fn drop(&mut self) {
-        if self.armed {
-            panic!("panic payload dropped");
-        }
-    }
-}
-
-/// Runs `f` on a fresh thread and fails the test if it does not finish in
-/// `secs` (a participant that died mid-dispatch would hang the join).
-fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .expect("the dispatch did not finish (a participant left it by unwinding?)")
 }
 
 /// The second and later task panics of a dispatch are dropped by the team; a

@@ -216,6 +216,20 @@ fn counter_start() -> (u32, usize) {
     }
 }
 
+/// Test hook: whether the spawn of worker `index` must fail (`FAIL_SPAWN_AT`; never
+/// outside unit tests).
+fn injected_spawn_failure(index: usize) -> bool {
+    #[cfg(test)]
+    {
+        FAIL_SPAWN_AT.with(|f| f.get()) == index
+    }
+    #[cfg(not(test))]
+    {
+        let _ = index;
+        false
+    }
+}
+
 impl Core {
     /// Starts a team of `workers` workers (>= 1) and waits until each has
     /// latched the initial generation. On a spawn failure the started workers
@@ -231,7 +245,7 @@ impl Core {
             worker_spin: sync::model_spin_cap(budgets.worker_spin),
             join_spin: sync::model_spin_cap(budgets.join_spin),
         };
-        let profile = !cfg!(loom) && knobs::env_flag("FUCINA_POOL_PROFILE");
+        let profile = !cfg!(loom) && knobs::env_flag(knobs::POOL_PROFILE_ENV);
         let trace = profile.then(|| {
             (0..=workers)
                 .map(|_| CachePadded::new(TraceSlot::new()))
@@ -265,18 +279,13 @@ impl Core {
         let mut handles = Vec::with_capacity(workers);
         for index in 1..=workers {
             let sh = Arc::clone(&shared);
-            #[cfg(test)]
-            let spawned = if FAIL_SPAWN_AT.with(|f| f.get()) == index {
+            let spawned = if injected_spawn_failure(index) {
                 Err(std::io::Error::other("injected spawn failure"))
             } else {
                 sync::spawn(format!("fucina-team-{index}"), move || {
                     worker_main(&sh, index)
                 })
             };
-            #[cfg(not(test))]
-            let spawned = sync::spawn(format!("fucina-team-{index}"), move || {
-                worker_main(&sh, index)
-            });
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(source) => {

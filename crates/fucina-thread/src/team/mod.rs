@@ -126,15 +126,8 @@ impl PanicSlot {
 
     /// Re-raises the recorded panic on the calling thread, if any.
     fn resume(&self) {
-        if self.panicked() {
-            let p = self
-                .payload
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            if let Some(p) = p {
-                resume_unwind(p);
-            }
+        if let Some(p) = self.take() {
+            resume_unwind(p);
         }
     }
 }
