@@ -55,10 +55,10 @@ pub(crate) struct Header {
     pub(crate) refs: AtomicUsize,
     /// Start of the data (64-aligned for blocks; aligned for the element type otherwise).
     pub(crate) data: NonNull<u8>,
-    /// Usable bytes behind `data` (the slab or block size for pooled headers).
+    /// Usable bytes behind `data` (the slab or block size for pooled headers). A
+    /// `Buffer<T>`'s length is `bytes / size_of::<T>()`, so a recycled header needs no
+    /// per-dtype bookkeeping.
     pub(crate) bytes: usize,
-    /// Capacity in elements of the typed view currently handed out.
-    pub(crate) len: usize,
     /// Whether a unique handle may write (false for shared or `'static` memory).
     pub(crate) writable: bool,
     #[allow(dead_code)]
@@ -78,12 +78,11 @@ unsafe impl Sync for Header {}
 
 impl Header {
     /// A fresh header owning `block`, with one reference.
-    pub(crate) fn with_block(block: AlignedBlock, len: usize) -> Box<Header> {
+    pub(crate) fn with_block(block: AlignedBlock) -> Box<Header> {
         Box::new(Header {
             refs: AtomicUsize::new(1),
             data: block.non_null(),
             bytes: block.len(),
-            len,
             writable: true,
             storage: Storage::Block(block),
             home: None,
@@ -162,14 +161,10 @@ unsafe impl<T: Scalar> Send for Buffer<T> {}
 unsafe impl<T: Scalar> Sync for Buffer<T> {}
 
 impl<T: Scalar> Buffer<T> {
-    /// Wraps a header that carries one reference for this handle and a typed view of
-    /// `T` (`hdr.len` elements of `T`, aligned for `T`).
+    /// Wraps a header that carries one reference for this handle and whose data is
+    /// aligned for `T` (the view is `hdr.bytes / size_of::<T>()` elements).
     pub(crate) fn from_header(hdr: Box<Header>) -> Self {
-        debug_assert!(
-            hdr.len
-                .checked_mul(size_of::<T>())
-                .is_some_and(|b| b <= hdr.bytes)
-        );
+        debug_assert!(hdr.data.as_ptr().cast::<T>().is_aligned());
         Self {
             hdr: NonNull::from(Box::leak(hdr)),
             _marker: PhantomData,
@@ -215,7 +210,7 @@ impl<T: Scalar> Buffer<T> {
     /// [`AlignedBlock::new`] otherwise.
     pub fn zeroed(len: usize) -> Result<Self, StorageError> {
         let block = AlignedBlock::new_zeroed(Self::bytes_for(len)?)?;
-        Ok(Self::from_header(Header::with_block(block, len)))
+        Ok(Self::from_header(Header::with_block(block)))
     }
 
     /// A plain buffer holding a copy of `values` in a fresh 64-aligned block.
@@ -233,7 +228,7 @@ impl<T: Scalar> Buffer<T> {
                 values.len(),
             );
         }
-        Ok(Self::from_header(Header::with_block(block, values.len())))
+        Ok(Self::from_header(Header::with_block(block)))
     }
 
     fn wrap(data: NonNull<T>, len: usize, writable: bool, storage: Storage) -> Self {
@@ -241,7 +236,6 @@ impl<T: Scalar> Buffer<T> {
             refs: AtomicUsize::new(1),
             data: data.cast(),
             bytes: len * size_of::<T>(),
-            len,
             writable,
             storage,
             home: None,
@@ -303,7 +297,9 @@ impl<T: Scalar> Buffer<T> {
 
     /// The capacity in elements (may exceed what a pooled request asked for).
     pub fn len(&self) -> usize {
-        self.header().len
+        // `bytes` is exact for plain buffers and wraps, a whole slab or size class for
+        // pooled ones; `size_of::<T>()` is a power of two, so this is a shift.
+        self.header().bytes / size_of::<T>()
     }
 
     /// Whether the capacity is zero.

@@ -37,19 +37,17 @@ pub const F32_ROUNDING_THRESHOLD: usize = 1024;
 /// [`StorageError::ZeroLength`] for 0; [`StorageError::SizeOverflow`] when the rounded
 /// length or its byte size does not fit in `usize`.
 pub fn round_f32_len(len: usize) -> Result<usize, StorageError> {
-    let overflow = StorageError::SizeOverflow {
-        len,
-        element_size: size_of::<f32>(),
-    };
     let rounded = match len {
         0 => return Err(StorageError::ZeroLength),
-        1..=F32_ROUNDING_THRESHOLD => len.next_power_of_two(),
-        _ => len
-            .checked_next_multiple_of(F32_ROUNDING_THRESHOLD)
-            .ok_or(overflow.clone())?,
+        1..=F32_ROUNDING_THRESHOLD => Some(len.next_power_of_two()),
+        _ => len.checked_next_multiple_of(F32_ROUNDING_THRESHOLD),
     };
-    rounded.checked_mul(size_of::<f32>()).ok_or(overflow)?;
-    Ok(rounded)
+    rounded
+        .filter(|r| r.checked_mul(size_of::<f32>()).is_some())
+        .ok_or(StorageError::SizeOverflow {
+            len,
+            element_size: size_of::<f32>(),
+        })
 }
 
 /// The slab arm's size class for a request of `bytes`: `max(bytes, 1)` rounded up to a
@@ -100,6 +98,16 @@ impl PoolState {
             Arm::F32 => &mut self.f32_free,
             Arm::Slab => &mut self.slab_free,
         }
+    }
+
+    /// Empties both free lists, returning them (for the caller to drop outside the
+    /// lock) and the bytes they held.
+    fn take_cache(&mut self) -> ([Vec<Entry>; 2], usize) {
+        let lists = [
+            std::mem::take(&mut self.f32_free),
+            std::mem::take(&mut self.slab_free),
+        ];
+        (lists, std::mem::take(&mut self.cached_bytes))
     }
 }
 
@@ -192,17 +200,13 @@ impl PoolShared {
     /// Empties both free lists and makes later releases destroy their objects. Called
     /// once, by the last [`BufferPool`] handle.
     fn close(&self) {
-        let (f32_free, slab_free) = {
+        let cache = {
             let mut state = self.state.lock();
             state.closed = true;
-            state.cached_bytes = 0;
-            (
-                std::mem::take(&mut state.f32_free),
-                std::mem::take(&mut state.slab_free),
-            )
+            state.take_cache()
         };
         // Freed outside the lock; the caller still holds an `Arc` to `self`.
-        drop((f32_free, slab_free));
+        drop(cache);
     }
 }
 
@@ -321,7 +325,7 @@ impl BufferPool {
             // Unlocked: the fresh allocation touches no shared pool state.
             None => match AlignedBlock::new_zeroed(bytes) {
                 Ok(block) => {
-                    let mut hdr = Header::with_block(block, 0);
+                    let mut hdr = Header::with_block(block);
                     hdr.home = Some(Home {
                         shared: Arc::clone(&self.handle.shared),
                         arm,
@@ -348,8 +352,7 @@ impl BufferPool {
     /// the rounded byte size overflows, and the allocation errors of a miss.
     pub fn acquire(&self, len: usize) -> Result<Buffer<f32>, StorageError> {
         let bytes = round_f32_len(len)? * size_of::<f32>();
-        let (mut hdr, _) = self.checkout(Arm::F32, bytes)?;
-        hdr.len = hdr.bytes / size_of::<f32>();
+        let (hdr, _) = self.checkout(Arm::F32, bytes)?;
         Ok(Buffer::from_header(hdr))
     }
 
@@ -368,12 +371,11 @@ impl BufferPool {
             return Ok(unsafe { Buffer::from_header_ptr(buffer.into_header_ptr()) });
         }
         let bytes = slab_request::<T>(len)?;
-        let (mut hdr, hit) = self.checkout(Arm::Slab, bytes)?;
+        let (hdr, hit) = self.checkout(Arm::Slab, bytes)?;
         if hit && !T::ANY_BIT_PATTERN {
             // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
             unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
         }
-        hdr.len = hdr.bytes / size_of::<T>();
         Ok(Buffer::from_header(hdr))
     }
 
@@ -437,17 +439,9 @@ impl BufferPool {
     /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
     /// the number of bytes freed.
     pub fn trim(&self) -> usize {
-        let (f32_free, slab_free, bytes) = {
-            let mut state = self.shared().state.lock();
-            let bytes = std::mem::take(&mut state.cached_bytes);
-            (
-                std::mem::take(&mut state.f32_free),
-                std::mem::take(&mut state.slab_free),
-                bytes,
-            )
-        };
-        // Freed outside the lock.
-        drop((f32_free, slab_free));
+        let (lists, bytes) = self.shared().state.lock().take_cache();
+        // Freed outside the lock (the guard was a temporary of the statement above).
+        drop(lists);
         bytes
     }
 
@@ -487,16 +481,12 @@ fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
     if len == 0 {
         return Err(StorageError::ZeroLength);
     }
-    let bytes = len
-        .checked_mul(size_of::<T>())
+    len.checked_mul(size_of::<T>())
+        .and_then(|bytes| round_slab_bytes(bytes).ok())
         .ok_or(StorageError::SizeOverflow {
             len,
             element_size: size_of::<T>(),
-        })?;
-    round_slab_bytes(bytes).map_err(|_| StorageError::SizeOverflow {
-        len,
-        element_size: size_of::<T>(),
-    })
+        })
 }
 
 impl fmt::Debug for BufferPool {
