@@ -1,26 +1,70 @@
-//! # fucina-exec (placeholder)
+//! # fucina-exec
 //!
-//! **This crate is a placeholder: nothing is implemented yet.** It reserves the
-//! name and the place in the crate graph. It will hold the execution layer of
-//! fucina (see `ARCHITECTURE.md`):
+//! The execution layer of fucina: an [`ExecContext`] that owns a buffer pool, a
+//! lazily started worker team and an exec-scope stack; [`RawTensor`], an f32 (or
+//! typed) tensor over refcounted pooled storage with an inline layout and zero-copy
+//! views; and the raw op surface (elementwise, reductions, softmax, norms, matmul,
+//! indexing, losses, dropout, and the backward kernels autograd calls).
 //!
-//! - `ExecContext` / `Runtime`: the per-context buffer pool, the lazily created
-//!   worker team, the float-environment record and the exec-scope stack;
-//! - `RawTensor`: a buffer plus an inline shape/strides header (max rank 8),
-//!   layouts and views as refcounted aliases;
-//! - the kernels (elementwise, reductions, softmax, norms, matmul, indexing,
-//!   losses, dropout) with portable and per-architecture SIMD paths.
+//! ```
+//! use fucina_exec::ExecContext;
 //!
-//! It sits on `fucina-storage`, `fucina-thread`, `fucina-rng` and `fucina-fpenv`
-//! and on nothing above them.
-#![forbid(unsafe_code)]
+//! let ctx = ExecContext::new();
+//! let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+//! let y = ctx.scale(&x, 2.0)?;
+//! assert_eq!(y.to_vec(), [2., 4., 6., 8., 10., 12.]);
+//! # Ok::<(), fucina_exec::ExecError>(())
+//! ```
+//!
+//! ## Guarantees
+//! - **Errors, not panics.** Every op returns `Result<_, ExecError>`; a wrong shape,
+//!   length, axis or index is an `Err` naming the op and the value, and nothing is
+//!   half-written.
+//! - **Determinism.** Every op's output is bitwise identical for every team size
+//!   (outputs are written by exactly one chunk; reductions combine fixed blocks in a
+//!   fixed order) and for every batch size (a row's result never depends on the
+//!   other rows).
+//! - **No allocation at steady state.** Tensor headers are inline (rank <= 8), op
+//!   outputs come from the context's pool, and the parallel dispatch allocates
+//!   nothing.
+//! - **Threads.** A context is `Send + !Sync` (one driving thread at a time);
+//!   tensors are `Send + Sync`.
+//!
+//! See `docs/RUNTIME.md` in the repository for the lifecycle, ownership and scope
+//! rules with examples.
 
-/// Re-exported lower layers, so the dependency edges are real even while this
-/// crate is a placeholder.
-#[doc(hidden)]
-pub mod deps {
-    pub use fucina_fpenv as fpenv;
-    pub use fucina_rng as rng;
-    pub use fucina_storage as storage;
-    pub use fucina_thread as thread;
+// `ExecError` carries inline shapes (no heap on the error path), which makes it as
+// large as the `RawTensor` in the `Ok` arm (also an inline layout): boxing it would
+// not shrink `Result<RawTensor, ExecError>` and would allocate on every error.
+#![allow(clippy::result_large_err)]
+
+mod context;
+mod error;
+mod kernels;
+mod ops;
+mod scope;
+mod tensor;
+
+pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
+pub use error::ExecError;
+pub use ops::matmul::{MatmulOptions, RhsLifetime};
+pub use scope::{ExecScope, ScopeNode};
+pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
+pub use tensor::{Element, RawTensor};
+
+/// The lower layers, re-exported for users of the exec layer alone.
+pub use fucina_fpenv as fpenv;
+pub use fucina_rng as rng;
+pub use fucina_storage as storage;
+pub use fucina_thread as thread;
+
+#[cfg(test)]
+mod static_checks {
+    use super::*;
+    static_assertions::assert_impl_all!(ExecContext: Send);
+    static_assertions::assert_not_impl_any!(ExecContext: Sync);
+    static_assertions::assert_impl_all!(RawTensor: Send, Sync, Clone);
+    static_assertions::assert_impl_all!(RawTensor<i64>: Send, Sync, Clone);
+    static_assertions::assert_impl_all!(ExecError: Send, Sync, std::error::Error);
+    static_assertions::assert_impl_all!(ScopeNode: Send, Sync);
 }

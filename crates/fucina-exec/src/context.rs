@@ -1,0 +1,316 @@
+//! [`ExecContext`]: the pool, the lazily created team and one-shot worker, the
+//! float-environment record and the exec-scope stack of one runtime instance.
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use fucina_fpenv::Environment;
+use fucina_storage::BufferPool;
+use fucina_thread::{OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges};
+
+use crate::error::ExecError;
+use crate::scope::ScopeStack;
+
+/// The most participants a context's team may have (the caller plus 63 workers).
+pub const MAX_THREADS: usize = 64;
+
+/// `chunk_ranges` yields at most four chunks per participant.
+const MAX_CHUNKS: usize = 4 * MAX_THREADS;
+
+/// Below this many elements of work (output elements times the per-element cost
+/// weight an op passes), an op runs serially on the caller and never starts the
+/// team.
+pub const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+/// The execution context: every op, every tensor allocation and every exec scope
+/// goes through one.
+///
+/// It owns its [`BufferPool`] (every tensor it creates is pooled storage that
+/// returns to it when the last handle drops), a worker [`Team`] created lazily on
+/// the first op large enough to go parallel, a lazily created [`OneShotWorker`],
+/// the exec-scope stack, and the float environment recorded at creation.
+///
+/// One context is driven from one thread at a time: it is `Send` (move it to
+/// another thread) but not `Sync` (ops take `&self` and use interior mutability).
+/// The tensors it returns are `Send + Sync` values.
+///
+/// ```
+/// use fucina_exec::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let x = ctx.from_slice(&[2, 2], &[1., 2., 3., 4.])?;
+/// let y = ctx.scale(&x, 2.0)?;
+/// assert_eq!(y.data()?, [2., 4., 6., 8.]);
+/// drop((x, y));
+/// ctx.close()?; // reports pooled buffers still alive, if any
+/// # Ok::<(), fucina_exec::ExecError>(())
+/// ```
+///
+/// # Teardown
+/// Dropping (or [`close`](ExecContext::close)-ing) a context stops and joins the
+/// one-shot worker, then the team, releases the values of exec scopes still open
+/// (newest first), then checks that no pooled buffer of its pool is still alive.
+/// A buffer that outlives its context stays valid (it keeps the pool alive) but is
+/// a leak of the context's working set: `close` returns
+/// [`ExecError::LeakedBuffers`], and a debug-build drop panics with the count
+/// (unless the thread is already panicking; release builds print one line to
+/// stderr).
+pub struct ExecContext {
+    pool: BufferPool,
+    threads: usize,
+    team: OnceCell<Team>,
+    one_shot: OnceCell<OneShotWorker>,
+    pub(crate) scopes: RefCell<ScopeStack>,
+    fp_env: Option<Environment>,
+    pub(crate) rhs_cache: RefCell<crate::ops::matmul::RhsCache>,
+    closed: Cell<bool>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Default for ExecContext {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ExecContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecContext")
+            .field("threads", &self.threads)
+            .field(
+                "team_started",
+                &self.team.get().is_some_and(Team::is_started),
+            )
+            .field("outstanding_buffers", &self.pool.outstanding_buffers())
+            .field("scope_depth", &self.scopes.borrow().depth())
+            .field("float_environment_at_init", &self.fp_env)
+            .finish()
+    }
+}
+
+impl ExecContext {
+    /// A context whose team has one participant per schedulable core (the
+    /// `fucina-thread` knobs decide; the caller is participant 0). Cannot fail,
+    /// takes nothing from the pool and starts no thread.
+    pub fn new() -> Self {
+        let workers = TeamOptions::default().max_workers;
+        Self::with_threads(workers + 1)
+    }
+
+    /// A context with a fixed team size of `threads` participants (the caller plus
+    /// `threads - 1` workers); `0` is treated as `1` (every op serial) and values
+    /// above [`MAX_THREADS`] as [`MAX_THREADS`].
+    ///
+    /// The size also fixes how ops split their work into chunks, but never their
+    /// results: every op is bitwise identical for every team size.
+    pub fn with_threads(threads: usize) -> Self {
+        ExecContext {
+            pool: BufferPool::new(),
+            threads: threads.clamp(1, MAX_THREADS),
+            team: OnceCell::new(),
+            one_shot: OnceCell::new(),
+            scopes: RefCell::new(ScopeStack::default()),
+            fp_env: fucina_fpenv::get(),
+            rhs_cache: RefCell::new(Default::default()),
+            closed: Cell::new(false),
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// The team size this context splits work for (participants, caller included).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The context's buffer pool (every tensor it creates comes from here).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// The worker team, created on the first call (its threads start on the first
+    /// parallel dispatch).
+    ///
+    /// # Errors
+    /// The team's creation error; the next call tries again.
+    pub fn try_work_pool(&self) -> Result<&Team, ThreadError> {
+        if let Some(t) = self.team.get() {
+            return Ok(t);
+        }
+        let team = Team::new(TeamOptions {
+            max_workers: self.threads - 1,
+        })?;
+        Ok(self.team.get_or_init(|| team))
+    }
+
+    /// [`try_work_pool`](ExecContext::try_work_pool), with `None` on error.
+    pub fn work_pool(&self) -> Option<&Team> {
+        self.try_work_pool().ok()
+    }
+
+    /// The one-shot worker (for overlapping two branches, e.g. independent backward
+    /// matmuls), created on the first call; its thread starts on first use.
+    pub fn one_shot_worker(&self) -> &OneShotWorker {
+        self.one_shot.get_or_init(OneShotWorker::new)
+    }
+
+    /// The calling thread's float environment when the context was created
+    /// (`None` where the target cannot observe it).
+    pub fn float_environment_at_init(&self) -> Option<Environment> {
+        self.fp_env
+    }
+
+    /// Checks that the calling thread's float environment is the one recorded at
+    /// creation.
+    ///
+    /// # Errors
+    /// [`ExecError::FloatEnvironmentChanged`] with both environments.
+    pub fn check_float_environment(&self) -> Result<(), ExecError> {
+        match (self.fp_env, fucina_fpenv::get()) {
+            (Some(at_init), Some(now)) if at_init != now => {
+                Err(ExecError::FloatEnvironmentChanged { at_init, now })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Pooled buffers of this context currently alive (tensors, views' storage,
+    /// scratch leases).
+    pub fn outstanding_buffers(&self) -> usize {
+        self.pool.outstanding_buffers()
+    }
+
+    /// Tears the context down (see the type docs) and reports leaks.
+    ///
+    /// # Errors
+    /// [`ExecError::LeakedBuffers`] if pooled buffers of this context are still alive.
+    pub fn close(self) -> Result<(), ExecError> {
+        let mut this = self;
+        let leaked = this.teardown();
+        this.closed.set(true);
+        match leaked {
+            0 => Ok(()),
+            count => Err(ExecError::LeakedBuffers { count }),
+        }
+    }
+
+    /// Stops the workers, releases open scopes, returns the outstanding count.
+    fn teardown(&mut self) -> usize {
+        drop(self.one_shot.take());
+        drop(self.team.take());
+        let open = self.scopes.get_mut().depth();
+        for _ in 0..open {
+            self.scopes.get_mut().force_close_innermost();
+        }
+        self.rhs_cache.get_mut().clear();
+        self.pool.outstanding_buffers()
+    }
+
+    /// Runs `f(rows, out_rows)` over the rows of `out` (rows of `row_len` elements),
+    /// split into the deterministic chunks of `fucina_thread::chunk_ranges` for this
+    /// context's team size, in parallel when `rows * work_per_row` reaches
+    /// [`PARALLEL_THRESHOLD`]. `f` receives a range of row indices and exactly the
+    /// matching rows of `out`; every row is written by exactly one call, so the
+    /// result never depends on the chunking.
+    pub(crate) fn par_rows<T, F>(&self, out: &mut [T], row_len: usize, work_per_row: usize, f: F)
+    where
+        T: Send,
+        F: Fn(Range<usize>, &mut [T]) + Sync,
+    {
+        let row_len = row_len.max(1);
+        let rows = out.len() / row_len;
+        let work = rows.saturating_mul(work_per_row.max(1));
+        let team = if self.threads > 1
+            && rows > 1
+            && work >= PARALLEL_THRESHOLD
+            && !fucina_thread::in_parallel_region()
+        {
+            self.work_pool()
+        } else {
+            None
+        };
+        let Some(team) = team else {
+            f(0..rows, out);
+            return;
+        };
+        let grain = (PARALLEL_THRESHOLD / work_per_row.max(1)).max(1);
+        let chunks = chunk_ranges(0, rows, grain, self.threads);
+        // Split `out` into disjoint per-chunk pieces (at most MAX_CHUNKS of them,
+        // on the stack: no allocation).
+        let mut pieces: [Piece<'_, T>; MAX_CHUNKS] =
+            [const { std::sync::Mutex::new(None) }; MAX_CHUNKS];
+        let mut rest = out;
+        let mut n = 0;
+        for r in chunks {
+            let (head, tail) = rest.split_at_mut((r.end - r.start) * row_len);
+            *pieces[n].get_mut().unwrap_or_else(|e| e.into_inner()) = Some((r, head));
+            rest = tail;
+            n += 1;
+        }
+        team.parallel_chunks(&pieces[..n], |piece| {
+            let taken = piece.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((r, rows_out)) = taken {
+                f(r, rows_out);
+            }
+        });
+    }
+
+    /// Runs `f(i)` for every `i in 0..n` tasks in parallel when `n * work_per_task`
+    /// reaches [`PARALLEL_THRESHOLD`] (each task writes only its own outputs).
+    #[allow(dead_code)] // used by the op families being written
+    pub(crate) fn par_tasks<F>(&self, n: usize, work_per_task: usize, f: F)
+    where
+        F: Fn(Range<usize>) + Sync,
+    {
+        let work = n.saturating_mul(work_per_task.max(1));
+        let team = if self.threads > 1
+            && n > 1
+            && work >= PARALLEL_THRESHOLD
+            && !fucina_thread::in_parallel_region()
+        {
+            self.work_pool()
+        } else {
+            None
+        };
+        match team {
+            None => f(0..n),
+            Some(team) => {
+                let grain = (PARALLEL_THRESHOLD / work_per_task.max(1)).max(1);
+                let chunks = chunk_ranges(0, n, grain, self.threads);
+                let mut ranges: [Range<usize>; MAX_CHUNKS] = [const { 0..0 }; MAX_CHUNKS];
+                let mut k = 0;
+                for r in chunks {
+                    ranges[k] = r;
+                    k += 1;
+                }
+                team.parallel_chunks(&ranges[..k], |r| f(r.clone()));
+            }
+        }
+    }
+}
+
+/// One chunk of rows handed to exactly one task (a `Mutex` so a shared `&` task can
+/// take its `&mut` rows; each is locked once, uncontended).
+type Piece<'a, T> = std::sync::Mutex<Option<(Range<usize>, &'a mut [T])>>;
+
+impl Drop for ExecContext {
+    fn drop(&mut self) {
+        if self.closed.get() {
+            return;
+        }
+        let leaked = self.teardown();
+        if leaked > 0 {
+            if cfg!(debug_assertions) && !std::thread::panicking() {
+                panic!(
+                    "ExecContext dropped while {leaked} of its pooled buffer(s) are still alive \
+                     (drop every tensor before its context, or call ExecContext::close to get \
+                     ExecError::LeakedBuffers instead)"
+                );
+            } else if !std::thread::panicking() {
+                eprintln!(
+                    "fucina-exec: ExecContext dropped with {leaked} pooled buffer(s) still alive"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Kernels: plain functions over slices, free of shapes and pools. Ops in
+//! [`crate::ops`] validate, allocate and split the work; kernels compute.

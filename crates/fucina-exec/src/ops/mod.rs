@@ -1,0 +1,7 @@
+//! The raw op surface, one module per op family. Each op validates its operands
+//! (returning an `Err` before anything is allocated), allocates its output from the
+//! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
+//! chunks above [`crate::PARALLEL_THRESHOLD`].
+
+pub(crate) mod elementwise;
+pub(crate) mod matmul;

@@ -1,0 +1,218 @@
+//! Zero-copy views: new handles over the same storage (one refcount increment,
+//! no data movement, no pool traffic).
+
+use crate::error::ExecError;
+use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, check_axis, check_shape};
+use crate::tensor::{Element, RawTensor};
+
+impl<T: Element> RawTensor<T> {
+    fn view(&self, layout: Layout) -> RawTensor<T> {
+        RawTensor::from_parts(self.buf.clone(), layout)
+    }
+
+    /// The same elements under a new shape (equal element count). Keeps the offset.
+    ///
+    /// # Errors
+    /// The shape errors of the constructors; [`ExecError::InvalidShape`] if the element
+    /// count differs; [`ExecError::UnsupportedView`] if the tensor is not contiguous
+    /// (materialize it first).
+    pub fn reshape(&self, shape: &[usize]) -> Result<RawTensor<T>, ExecError> {
+        let n = check_shape("reshape", shape)?;
+        if n != self.numel() {
+            return Err(ExecError::InvalidShape {
+                op: "reshape",
+                shape: Dims::new(shape),
+                reason: "the element count differs from the tensor's",
+            });
+        }
+        if !self.is_contiguous() {
+            return Err(ExecError::UnsupportedView {
+                op: "reshape",
+                reason: "reshape needs a contiguous tensor; materialize it first",
+            });
+        }
+        let l = Layout::contiguous_unchecked(shape);
+        Ok(self.view(Layout::from_parts(l.dims(), l.stride_dims(), self.offset())))
+    }
+
+    /// Axes reordered: axis `i` of the result is axis `order[i]` of `self`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `order` is not a permutation of `0..rank`.
+    pub fn permute(&self, order: &[usize]) -> Result<RawTensor<T>, ExecError> {
+        let rank = self.rank();
+        let mut seen = [false; MAX_RANK];
+        if order.len() != rank
+            || order
+                .iter()
+                .any(|&a| a >= rank || std::mem::replace(&mut seen[a], true))
+        {
+            return Err(ExecError::InvalidShape {
+                op: "permute",
+                shape: Dims::new(order),
+                reason: "the order is not a permutation of the tensor's axes",
+            });
+        }
+        let (mut dims, mut strides) = (Dims::default(), Dims::default());
+        for &a in order {
+            dims.push(self.shape()[a]);
+            strides.push(self.strides()[a]);
+        }
+        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+    }
+
+    /// Axes `a` and `b` swapped.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] if an axis is not below the rank.
+    pub fn transpose(&self, a: usize, b: usize) -> Result<RawTensor<T>, ExecError> {
+        check_axis("transpose", a, self.rank())?;
+        check_axis("transpose", b, self.rank())?;
+        let (mut dims, mut strides) = (self.dims(), self.layout().stride_dims());
+        dims.as_mut_slice().swap(a, b);
+        strides.as_mut_slice().swap(a, b);
+        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+    }
+
+    /// Elements `start..start + len` along `axis`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] for `len == 0`;
+    /// [`ExecError::IndexOutOfBounds`] if the range does not fit the axis.
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<RawTensor<T>, ExecError> {
+        check_axis("narrow", axis, self.rank())?;
+        let size = self.shape()[axis];
+        if len == 0 {
+            return Err(ExecError::InvalidShape {
+                op: "narrow",
+                shape: self.dims(),
+                reason: "narrow to length 0 (tensors have no zero dimensions)",
+            });
+        }
+        match start.checked_add(len) {
+            Some(end) if end <= size => {}
+            _ => {
+                return Err(ExecError::IndexOutOfBounds {
+                    op: "narrow",
+                    index: i64::try_from(start.saturating_add(len)).unwrap_or(i64::MAX),
+                    bound: size + 1,
+                });
+            }
+        }
+        let mut dims = self.dims();
+        dims.as_mut_slice()[axis] = len;
+        let offset = self.offset() + start * self.strides()[axis];
+        Ok(self.view(Layout::from_parts(
+            dims,
+            self.layout().stride_dims(),
+            offset,
+        )))
+    }
+
+    /// Removes `axis`, which must have size 1. A rank-1 tensor cannot be squeezed.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] if the axis is not of
+    /// size 1 or the tensor has rank 1.
+    pub fn squeeze(&self, axis: usize) -> Result<RawTensor<T>, ExecError> {
+        check_axis("squeeze", axis, self.rank())?;
+        if self.shape()[axis] != 1 || self.rank() == 1 {
+            return Err(ExecError::InvalidShape {
+                op: "squeeze",
+                shape: self.dims(),
+                reason: "squeeze needs a size-1 axis and a result of rank >= 1",
+            });
+        }
+        let (mut dims, mut strides) = (Dims::default(), Dims::default());
+        for i in (0..self.rank()).filter(|&i| i != axis) {
+            dims.push(self.shape()[i]);
+            strides.push(self.strides()[i]);
+        }
+        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+    }
+
+    /// Inserts a size-1 axis at position `axis` (`0..=rank`). The new axis gets the
+    /// stride that keeps a contiguous tensor contiguous.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] if `axis > rank`; [`ExecError::InvalidShape`] if the
+    /// result would have rank above 8.
+    pub fn unsqueeze(&self, axis: usize) -> Result<RawTensor<T>, ExecError> {
+        let rank = self.rank();
+        check_axis("unsqueeze", axis, rank + 1)?;
+        if rank == MAX_RANK {
+            return Err(ExecError::InvalidShape {
+                op: "unsqueeze",
+                shape: self.dims(),
+                reason: "the result would have rank above 8",
+            });
+        }
+        let (mut dims, mut strides) = (Dims::default(), Dims::default());
+        for i in 0..=rank {
+            if i == axis {
+                dims.push(1);
+                let inner = if i < rank {
+                    self.strides()[i] * self.shape()[i]
+                } else {
+                    1
+                };
+                strides.push(inner);
+            }
+            if i < rank {
+                dims.push(self.shape()[i]);
+                strides.push(self.strides()[i]);
+            }
+        }
+        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+    }
+
+    /// A zero-copy broadcast to `shape` (right-aligned rules, reference §5.6).
+    ///
+    /// # Errors
+    /// The shape errors; [`ExecError::ShapeMismatch`] if the shapes do not broadcast.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(broadcast_layout("broadcast_to", self.layout(), shape)?))
+    }
+
+    /// An arbitrary strided view of this tensor's storage: element `idx` of the
+    /// result is storage element `offset + sum(idx[i] * strides[i])`.
+    ///
+    /// # Errors
+    /// The shape errors; [`ExecError::InvalidShape`] if `strides.len() != shape.len()`;
+    /// [`ExecError::InvalidDataLength`] if the view reaches past the storage.
+    pub fn view_with_strides(
+        &self,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<RawTensor<T>, ExecError> {
+        check_shape("view_with_strides", shape)?;
+        if strides.len() != shape.len() {
+            return Err(ExecError::InvalidShape {
+                op: "view_with_strides",
+                shape: Dims::new(strides),
+                reason: "the stride count must equal the rank",
+            });
+        }
+        let end = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
+            (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
+        });
+        let cap = self.buf.len();
+        match end {
+            Some(last) if last < cap => {}
+            _ => {
+                return Err(ExecError::InvalidDataLength {
+                    op: "view_with_strides",
+                    shape: Dims::new(shape),
+                    expected: end.map_or(usize::MAX, |e| e.saturating_add(1)),
+                    got: cap,
+                });
+            }
+        }
+        Ok(self.view(Layout::from_parts(
+            Dims::new(shape),
+            Dims::new(strides),
+            offset,
+        )))
+    }
+}
