@@ -1,2 +1,5 @@
 //! Kernels: plain functions over slices, free of shapes and pools. Ops in
 //! [`crate::ops`] validate, allocate and split the work; kernels compute.
+
+pub(crate) mod gemm;
+pub(crate) mod reduce;

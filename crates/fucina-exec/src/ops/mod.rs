@@ -4,4 +4,10 @@
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
 pub(crate) mod elementwise;
+pub(crate) mod index;
+pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod norm;
+pub(crate) mod reduce;
+pub(crate) mod select;
+pub(crate) mod softmax;

@@ -1,0 +1,1 @@
+//! PLACEHOLDER: these kernels are being written.

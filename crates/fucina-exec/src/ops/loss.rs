@@ -1,0 +1,1 @@
+//! PLACEHOLDER: this op family is being written.
