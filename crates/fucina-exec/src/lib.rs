@@ -11,8 +11,9 @@
 //!
 //! let ctx = ExecContext::new();
 //! let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
-//! let y = ctx.scale(&x, 2.0)?;
-//! assert_eq!(y.to_vec(), [2., 4., 6., 8., 10., 12.]);
+//! let b = ctx.from_slice(&[3], &[10., 20., 30.])?;
+//! let y = ctx.add(&x, &b)?; // numpy broadcasting
+//! assert_eq!(y.to_vec(), [11., 22., 33., 14., 25., 36.]);
 //! # Ok::<(), fucina_exec::ExecError>(())
 //! ```
 //!

@@ -3,3 +3,5 @@
 
 pub(crate) mod gemm;
 pub(crate) mod reduce;
+pub(crate) mod strided;
+pub(crate) mod unary;

@@ -1,8 +1,232 @@
-//! Elementwise ops. PLACEHOLDER: only `scale` exists yet; the family is being written.
+//! Elementwise ops: binary ops with numpy broadcasting, scalar forms, unary math,
+//! `where_`/`masked_fill`, comparisons, the storage-consuming `take_*_no_grad` ops,
+//! dropout, and the backward kernels of the unary ops.
+//!
+//! Every op reads its operands through their strides (contiguous, broadcast,
+//! transposed or stepped views alike; see [`Geom`]) and writes a fresh contiguous
+//! output. Each output element is a pure function of its inputs, so results never
+//! depend on the team size.
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::tensor::RawTensor;
+use crate::kernels::strided::{Geom, seg1, seg2};
+use crate::kernels::unary as k;
+use crate::tensor::layout::{broadcast_layout, broadcast_shapes};
+use crate::tensor::{Element, RawTensor};
+
+/// Work weight of a cheap elementwise op (an add) per output element.
+const CHEAP: usize = 1;
+/// Work weight of a transcendental op (exp, tanh, erf) per output element.
+const TRANSCENDENTAL: usize = 8;
+
+impl ExecContext {
+    /// `out[i] = f(x[i])` over any layout of `x`.
+    pub(crate) fn map1<A: Element, O: Element>(
+        &self,
+        op: &'static str,
+        x: &RawTensor<A>,
+        cost: usize,
+        f: impl Fn(A) -> O + Sync,
+    ) -> Result<RawTensor<O>, ExecError> {
+        let geom = Geom::new(x.shape(), [x.layout()]);
+        let [sx] = geom.inner_strides();
+        let xs: &[A] = x.buffer();
+        self.new_tensor(op, x.shape(), |out| {
+            self.par_rows(out, 1, cost, |r, o| {
+                let start = r.start;
+                geom.for_segments(r, |pos, len, [bx]| {
+                    seg1(&mut o[pos - start..pos - start + len], xs, bx, sx, &f);
+                });
+            });
+        })
+    }
+
+    /// `out[i] = f(a[i], b[i])` with numpy broadcasting, over any layouts.
+    pub(crate) fn map2<A: Element, B: Element, O: Element>(
+        &self,
+        op: &'static str,
+        a: &RawTensor<A>,
+        b: &RawTensor<B>,
+        cost: usize,
+        f: impl Fn(A, B) -> O + Sync,
+    ) -> Result<RawTensor<O>, ExecError> {
+        let shape = broadcast_shapes(op, a.shape(), b.shape())?;
+        let la = broadcast_layout(op, a.layout(), &shape)?;
+        let lb = broadcast_layout(op, b.layout(), &shape)?;
+        let geom = Geom::new(&shape, [&la, &lb]);
+        let [sa, sb] = geom.inner_strides();
+        let (av, bv): (&[A], &[B]) = (a.buffer(), b.buffer());
+        self.new_tensor(op, &shape, |out| {
+            self.par_rows(out, 1, cost, |r, o| {
+                let start = r.start;
+                geom.for_segments(r, |pos, len, [ba, bb]| {
+                    seg2(
+                        &mut o[pos - start..pos - start + len],
+                        av,
+                        ba,
+                        sa,
+                        bv,
+                        bb,
+                        sb,
+                        &f,
+                    );
+                });
+            });
+        })
+    }
+
+    /// `out[i] = f(c[i], a[i], b[i])` with broadcasting of all three.
+    fn map3<C: Element, A: Element, B: Element, O: Element>(
+        &self,
+        op: &'static str,
+        c: &RawTensor<C>,
+        a: &RawTensor<A>,
+        b: &RawTensor<B>,
+        f: impl Fn(C, A, B) -> O + Sync,
+    ) -> Result<RawTensor<O>, ExecError> {
+        let ab = broadcast_shapes(op, a.shape(), b.shape())?;
+        let shape = broadcast_shapes(op, c.shape(), &ab)?;
+        let lc = broadcast_layout(op, c.layout(), &shape)?;
+        let la = broadcast_layout(op, a.layout(), &shape)?;
+        let lb = broadcast_layout(op, b.layout(), &shape)?;
+        let geom = Geom::new(&shape, [&lc, &la, &lb]);
+        let [sc, sa, sb] = geom.inner_strides();
+        let (cv, av, bv): (&[C], &[A], &[B]) = (c.buffer(), a.buffer(), b.buffer());
+        self.new_tensor(op, &shape, |out| {
+            self.par_rows(out, 1, CHEAP, |r, o| {
+                let start = r.start;
+                geom.for_segments(r, |pos, len, [bc, ba, bb]| {
+                    for (j, o) in o[pos - start..pos - start + len].iter_mut().enumerate() {
+                        *o = f(cv[bc + j * sc], av[ba + j * sa], bv[bb + j * sb]);
+                    }
+                });
+            });
+        })
+    }
+}
+
+macro_rules! binary_ops {
+    ($($(#[$doc:meta])* $name:ident => |$a:ident, $b:ident| $e:expr;)*) => {
+        impl ExecContext {$(
+            $(#[$doc])*
+            ///
+            /// Operands broadcast as in numpy (right-aligned; equal dims or 1) and may
+            /// have any layout.
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+            /// [`ExecError::OutOfMemory`].
+            pub fn $name(&self, a: &RawTensor, b: &RawTensor) -> Result<RawTensor, ExecError> {
+                self.map2(stringify!($name), a, b, CHEAP, |$a: f32, $b: f32| $e)
+            }
+        )*}
+    };
+}
+
+binary_ops! {
+    /// `a + b`.
+    add => |x, y| x + y;
+    /// `a - b`.
+    sub => |x, y| x - y;
+    /// `a * b`.
+    mul => |x, y| x * y;
+    /// `a / b` (IEEE: division by zero gives ±inf or NaN).
+    div => |x, y| x / y;
+    /// The larger of `a` and `b` (NaN if either is NaN, as `torch.maximum`).
+    maximum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) };
+    /// The smaller of `a` and `b` (NaN if either is NaN, as `torch.minimum`).
+    minimum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) };
+    /// `a` to the power `b` (`f32::powf`).
+    pow => |x, y| x.powf(y);
+}
+
+macro_rules! compare_ops {
+    ($($(#[$doc:meta])* $name:ident => $op:tt;)*) => {
+        impl ExecContext {$(
+            $(#[$doc])*
+            /// Broadcasting as in [`add`](ExecContext::add); the result is a `bool`
+            /// tensor (NaN compares false except in `not_equal`).
+            ///
+            /// # Errors
+            /// As [`add`](ExecContext::add).
+            pub fn $name(&self, a: &RawTensor, b: &RawTensor) -> Result<RawTensor<bool>, ExecError> {
+                self.map2(stringify!($name), a, b, CHEAP, |x: f32, y: f32| x $op y)
+            }
+        )*}
+    };
+}
+
+compare_ops! {
+    /// `a == b`.
+    equal => ==;
+    /// `a != b`.
+    not_equal => !=;
+    /// `a < b`.
+    less => <;
+    /// `a <= b`.
+    less_equal => <=;
+    /// `a > b`.
+    greater => >;
+    /// `a >= b`.
+    greater_equal => >=;
+}
+
+macro_rules! unary_ops {
+    ($($(#[$doc:meta])* $name:ident, $bwd:ident, $cost:expr => |$x:ident| $e:expr, |$gx:ident| $de:expr;)*) => {
+        impl ExecContext {$(
+            $(#[$doc])*
+            ///
+            /// # Errors
+            /// [`ExecError::OutOfMemory`].
+            pub fn $name(&self, x: &RawTensor) -> Result<RawTensor, ExecError> {
+                self.map1(stringify!($name), x, $cost, |$x: f32| $e)
+            }
+
+            #[doc = concat!("The backward kernel of [`", stringify!($name), "`](ExecContext::", stringify!($name), "): `grad * d", stringify!($name), "/dx` at the forward input `x`.")]
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`] if `x` and `grad` do not broadcast;
+            /// [`ExecError::OutOfMemory`].
+            #[allow(clippy::neg_multiply)]
+            pub fn $bwd(&self, x: &RawTensor, grad: &RawTensor) -> Result<RawTensor, ExecError> {
+                self.map2(stringify!($bwd), x, grad, $cost, |$gx: f32, g: f32| g * $de)
+            }
+        )*}
+    };
+}
+
+unary_ops! {
+    /// `-x`.
+    neg, neg_backward, CHEAP => |x| -x, |_x| -1.0;
+    /// `|x|` (its derivative at 0 is taken as 0, as PyTorch's `sign`).
+    abs, abs_backward, CHEAP => |x| x.abs(), |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
+    /// `e^x`.
+    exp, exp_backward, TRANSCENDENTAL => |x| x.exp(), |x| x.exp();
+    /// Natural logarithm (`-inf` at 0, NaN below).
+    log, log_backward, TRANSCENDENTAL => |x| x.ln(), |x| 1.0 / x;
+    /// Square root.
+    sqrt, sqrt_backward, TRANSCENDENTAL => |x| x.sqrt(), |x| 0.5 / x.sqrt();
+    /// `1 / sqrt(x)`.
+    rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
+    /// The logistic function `1 / (1 + e^-x)`.
+    sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| k::sigmoid(x), |x| { let s = k::sigmoid(x); s * (1.0 - s) };
+    /// Hyperbolic tangent.
+    tanh, tanh_backward, TRANSCENDENTAL => |x| x.tanh(), |x| { let t = x.tanh(); 1.0 - t * t };
+    /// `max(x, 0)` (derivative 0 at 0).
+    relu, relu_backward, CHEAP => |x| if x > 0.0 { x } else { 0.0 }, |x| if x > 0.0 { 1.0 } else { 0.0 };
+    /// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
+    gelu, gelu_backward, TRANSCENDENTAL => |x| k::gelu(x), |x| k::gelu_grad(x);
+    /// Exact GELU `0.5 x (1 + erf(x / sqrt 2))`.
+    gelu_erf, gelu_erf_backward, TRANSCENDENTAL => |x| k::gelu_erf(x), |x| k::gelu_erf_grad(x);
+    /// SiLU (swish) `x * sigmoid(x)`.
+    silu, silu_backward, TRANSCENDENTAL => |x| k::silu(x), |x| k::silu_grad(x);
+    /// Softplus `ln(1 + e^x)`, linear above 20 (PyTorch's threshold).
+    softplus, softplus_backward, TRANSCENDENTAL => |x| k::softplus(x), |x| k::softplus_grad(x);
+    /// Sine.
+    sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
+    /// Cosine.
+    cos, cos_backward, TRANSCENDENTAL => |x| x.cos(), |x| -x.sin();
+}
 
 impl ExecContext {
     /// `x * s`.
@@ -10,14 +234,316 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`].
     pub fn scale(&self, x: &RawTensor, s: f32) -> Result<RawTensor, ExecError> {
+        self.map1("scale", x, CHEAP, |v: f32| v * s)
+    }
+
+    /// `x + s`.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`].
+    pub fn add_scalar(&self, x: &RawTensor, s: f32) -> Result<RawTensor, ExecError> {
+        self.map1("add_scalar", x, CHEAP, |v: f32| v + s)
+    }
+
+    /// `x` to the power `p` (`f32::powf`; `p == 2` is computed as `x * x`).
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`].
+    pub fn pow_scalar(&self, x: &RawTensor, p: f32) -> Result<RawTensor, ExecError> {
+        if p == 2.0 {
+            return self.map1("pow_scalar", x, CHEAP, |v: f32| v * v);
+        }
+        self.map1("pow_scalar", x, TRANSCENDENTAL, |v: f32| v.powf(p))
+    }
+
+    /// The backward kernel of [`pow_scalar`](ExecContext::pow_scalar):
+    /// `grad * p * x^(p-1)`.
+    ///
+    /// # Errors
+    /// As [`sub`](ExecContext::sub).
+    pub fn pow_scalar_backward(
+        &self,
+        x: &RawTensor,
+        p: f32,
+        grad: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        if p == 2.0 {
+            return self.map2("pow_scalar_backward", x, grad, CHEAP, |v: f32, g: f32| {
+                g * 2.0 * v
+            });
+        }
+        self.map2(
+            "pow_scalar_backward",
+            x,
+            grad,
+            TRANSCENDENTAL,
+            |v: f32, g: f32| g * p * v.powf(p - 1.0),
+        )
+    }
+
+    /// `x` clamped to `[min, max]` (NaN stays NaN).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `min > max` or either bound is NaN;
+    /// [`ExecError::OutOfMemory`].
+    pub fn clamp(&self, x: &RawTensor, min: f32, max: f32) -> Result<RawTensor, ExecError> {
+        check_bounds("clamp", min, max)?;
+        self.map1("clamp", x, CHEAP, |v: f32| {
+            if v < min {
+                min
+            } else if v > max {
+                max
+            } else {
+                v
+            }
+        })
+    }
+
+    /// The backward kernel of [`clamp`](ExecContext::clamp): `grad` where
+    /// `min <= x <= max`, else 0.
+    ///
+    /// # Errors
+    /// As [`clamp`](ExecContext::clamp), and [`ExecError::ShapeMismatch`] if `x` and
+    /// `grad` do not broadcast.
+    pub fn clamp_backward(
+        &self,
+        x: &RawTensor,
+        min: f32,
+        max: f32,
+        grad: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        check_bounds("clamp_backward", min, max)?;
+        self.map2("clamp_backward", x, grad, CHEAP, |v: f32, g: f32| {
+            if v >= min && v <= max { g } else { 0.0 }
+        })
+    }
+
+    /// The backward kernels of [`pow`](ExecContext::pow): `(grad * b * a^(b-1),
+    /// grad * a^b * ln a)`, each of the broadcast shape (reduce them to the operand
+    /// shapes with `sum_to`).
+    ///
+    /// # Errors
+    /// As [`pow`](ExecContext::pow).
+    pub fn pow_backward(
+        &self,
+        a: &RawTensor,
+        b: &RawTensor,
+        grad: &RawTensor,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let t = self.map2("pow_backward", a, b, TRANSCENDENTAL, |x: f32, y: f32| {
+            y * x.powf(y - 1.0)
+        })?;
+        let ga = self.mul(&t, grad)?;
+        let u = self.map2("pow_backward", a, b, TRANSCENDENTAL, |x: f32, y: f32| {
+            x.powf(y) * x.ln()
+        })?;
+        let gb = self.mul(&u, grad)?;
+        Ok((ga, gb))
+    }
+
+    /// The backward kernels of [`maximum`](ExecContext::maximum) (or of
+    /// [`minimum`](ExecContext::minimum) with `max = false`): the gradient goes to
+    /// the operand that was selected; on ties it is split evenly (as PyTorch).
+    /// Both results have the broadcast shape.
+    ///
+    /// # Errors
+    /// As [`maximum`](ExecContext::maximum).
+    pub fn extremum_backward(
+        &self,
+        a: &RawTensor,
+        b: &RawTensor,
+        grad: &RawTensor,
+        max: bool,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let wa = self.map2("extremum_backward", a, b, CHEAP, move |x: f32, y: f32| {
+            if x == y {
+                0.5
+            } else if (x > y) == max {
+                1.0
+            } else {
+                0.0
+            }
+        })?;
+        let ga = self.mul(&wa, grad)?;
+        let gb = self.map2("extremum_backward", &wa, grad, CHEAP, |w: f32, g: f32| {
+            (1.0 - w) * g
+        })?;
+        Ok((ga, gb))
+    }
+
+    /// `cond ? a : b` elementwise, all three broadcast together.
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+    /// [`ExecError::OutOfMemory`].
+    pub fn where_(
+        &self,
+        cond: &RawTensor<bool>,
+        a: &RawTensor,
+        b: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        self.map3(
+            "where_",
+            cond,
+            a,
+            b,
+            |c: bool, x: f32, y: f32| {
+                if c { x } else { y }
+            },
+        )
+    }
+
+    /// `x` with `value` where `mask` is true (`mask` broadcasts to `x`'s shape; the
+    /// result has `x`'s shape).
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] if `mask` does not broadcast to `x`'s shape;
+    /// [`ExecError::OutOfMemory`].
+    pub fn masked_fill(
+        &self,
+        x: &RawTensor,
+        mask: &RawTensor<bool>,
+        value: f32,
+    ) -> Result<RawTensor, ExecError> {
+        let m = mask
+            .broadcast_to(x.shape())
+            .map_err(|_| ExecError::ShapeMismatch {
+                op: "masked_fill",
+                lhs: x.dims(),
+                rhs: mask.dims(),
+                reason: "the mask does not broadcast to the tensor's shape",
+            })?;
+        self.map2(
+            "masked_fill",
+            x,
+            &m,
+            CHEAP,
+            |v: f32, c: bool| {
+                if c { value } else { v }
+            },
+        )
+    }
+
+    /// `x + y`, consuming `x`: when `x` is the only handle to its storage,
+    /// contiguous, and the broadcast result has `x`'s shape, the sum is written into
+    /// `x`'s storage (no allocation); otherwise it falls back to [`add`](ExecContext::add).
+    ///
+    /// # Errors
+    /// As [`add`](ExecContext::add); on error `x` is dropped.
+    pub fn take_add_no_grad(&self, x: RawTensor, y: &RawTensor) -> Result<RawTensor, ExecError> {
+        self.take_binary("take_add_no_grad", x, y, |a, b| a + b)
+    }
+
+    /// `x * s`, consuming `x` and reusing its storage when it is unique (see
+    /// [`take_add_no_grad`](ExecContext::take_add_no_grad)).
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] (only when the storage cannot be reused).
+    pub fn take_scale_no_grad(&self, mut x: RawTensor, s: f32) -> Result<RawTensor, ExecError> {
+        if !x.is_contiguous() || !x.is_unique() {
+            return self.scale(&x, s);
+        }
+        let data = x.data_mut()?;
+        self.par_rows(data, 1, CHEAP, |_, o| {
+            for v in o.iter_mut() {
+                *v *= s;
+            }
+        });
+        Ok(x)
+    }
+
+    fn take_binary(
+        &self,
+        op: &'static str,
+        mut x: RawTensor,
+        y: &RawTensor,
+        f: impl Fn(f32, f32) -> f32 + Sync,
+    ) -> Result<RawTensor, ExecError> {
+        let shape = broadcast_shapes(op, x.shape(), y.shape())?;
+        if shape.as_slice() != x.shape() || !x.is_contiguous() || !x.is_unique() {
+            return self.map2(op, &x, y, CHEAP, f);
+        }
+        let ly = broadcast_layout(op, y.layout(), &shape)?;
+        let lx = *x.layout();
+        let geom = Geom::new(&shape, [&lx, &ly]);
+        let [_, sy] = geom.inner_strides();
+        let yv: &[f32] = y.buffer();
+        let off = x.offset();
+        let data = x.data_mut()?;
+        self.par_rows(data, 1, CHEAP, |r, o| {
+            let start = r.start;
+            geom.for_segments(r, |pos, len, [bx, by]| {
+                debug_assert_eq!(bx, off + pos);
+                let seg = &mut o[pos - start..pos - start + len];
+                for (j, v) in seg.iter_mut().enumerate() {
+                    *v = f(*v, yv[by + j * sy]);
+                }
+            });
+        });
+        Ok(x)
+    }
+
+    /// Inverted dropout: each element is kept with probability `1 - p` and scaled
+    /// by `1 / (1 - p)`, or set to 0. Element `i` (row-major) is dropped iff
+    /// `u_i < p` with `u_i = (fucina_rng::at(seed, i) >> 11) * 2^-53`, so the mask is
+    /// a pure function of `(seed, i)`: never stored, regenerated by
+    /// [`dropout_backward`](ExecContext::dropout_backward), identical for any
+    /// chunking or team size. `p == 0` returns a copy.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] unless `0 <= p < 1`; [`ExecError::OutOfMemory`].
+    pub fn dropout(&self, x: &RawTensor, p: f32, seed: u64) -> Result<RawTensor, ExecError> {
+        self.dropout_apply("dropout", x, p, seed)
+    }
+
+    /// The backward kernel of [`dropout`](ExecContext::dropout) with the same `p` and
+    /// `seed`: the same mask and scale applied to `grad`.
+    ///
+    /// # Errors
+    /// As [`dropout`](ExecContext::dropout).
+    pub fn dropout_backward(
+        &self,
+        grad: &RawTensor,
+        p: f32,
+        seed: u64,
+    ) -> Result<RawTensor, ExecError> {
+        self.dropout_apply("dropout_backward", grad, p, seed)
+    }
+
+    fn dropout_apply(
+        &self,
+        op: &'static str,
+        x: &RawTensor,
+        p: f32,
+        seed: u64,
+    ) -> Result<RawTensor, ExecError> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(ExecError::InvalidArgument {
+                op,
+                reason: "the dropout probability must satisfy 0 <= p < 1",
+            });
+        }
         let src = self.contiguous(x)?;
         let xs = src.contiguous_slice();
-        self.new_tensor("scale", x.shape(), |out| {
-            self.par_rows(out, 1, 1, |rows, o| {
-                for (o, &v) in o.iter_mut().zip(&xs[rows]) {
-                    *o = v * s;
+        let scale = 1.0 / (1.0 - p);
+        let threshold = f64::from(p);
+        self.new_tensor(op, x.shape(), |out| {
+            self.par_rows(out, 1, 4, |r, o| {
+                for ((o, &v), i) in o.iter_mut().zip(&xs[r.clone()]).zip(r.start as u64..) {
+                    let u = (fucina_rng::at(seed, i) >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+                    *o = if u < threshold { 0.0 } else { v * scale };
                 }
             });
         })
     }
+}
+
+fn check_bounds(op: &'static str, min: f32, max: f32) -> Result<(), ExecError> {
+    if min.is_nan() || max.is_nan() || min > max {
+        return Err(ExecError::InvalidArgument {
+            op,
+            reason: "clamp bounds must be ordered (min <= max) and not NaN",
+        });
+    }
+    Ok(())
 }

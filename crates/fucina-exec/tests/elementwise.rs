@@ -1,0 +1,351 @@
+//! Elementwise ops against a naive reference, over every layout class.
+
+mod support;
+
+use fucina_exec::{ExecContext, ExecError, RawTensor};
+use proptest::prelude::*;
+use support::{bits, layouts, naive_binary, values};
+
+type Binary = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor, ExecError>;
+type BinaryRow = (&'static str, Binary, fn(f32, f32) -> f32);
+
+fn binary_table() -> Vec<BinaryRow> {
+    vec![
+        ("add", ExecContext::add, |a, b| a + b),
+        ("sub", ExecContext::sub, |a, b| a - b),
+        ("mul", ExecContext::mul, |a, b| a * b),
+        ("div", ExecContext::div, |a, b| a / b),
+        ("maximum", ExecContext::maximum, f32::max),
+        ("minimum", ExecContext::minimum, f32::min),
+        ("pow", ExecContext::pow, f32::powf),
+    ]
+}
+
+type Unary = fn(&ExecContext, &RawTensor) -> Result<RawTensor, ExecError>;
+type UnaryRow = (&'static str, Unary, fn(f32) -> f32);
+
+fn unary_table() -> Vec<UnaryRow> {
+    vec![
+        ("neg", ExecContext::neg, |x| -x),
+        ("abs", ExecContext::abs, f32::abs),
+        ("exp", ExecContext::exp, f32::exp),
+        ("log", ExecContext::log, f32::ln),
+        ("sqrt", ExecContext::sqrt, f32::sqrt),
+        ("rsqrt", ExecContext::rsqrt, |x| 1.0 / x.sqrt()),
+        ("sigmoid", ExecContext::sigmoid, |x| {
+            1.0 / (1.0 + (-x).exp())
+        }),
+        ("tanh", ExecContext::tanh, f32::tanh),
+        ("relu", ExecContext::relu, |x| x.max(0.0)),
+        ("sin", ExecContext::sin, f32::sin),
+        ("cos", ExecContext::cos, f32::cos),
+        ("silu", ExecContext::silu, |x| {
+            x * (1.0 / (1.0 + (-x).exp()))
+        }),
+    ]
+}
+
+/// A pair of broadcast-compatible shapes.
+fn shape_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+    (1usize..=4, 1usize..=4)
+        .prop_flat_map(|(ra, rb)| {
+            let r = ra.max(rb);
+            (
+                proptest::collection::vec(1usize..=5, r),
+                proptest::collection::vec(0u8..3, r),
+                Just((ra, rb)),
+            )
+        })
+        .prop_map(|(full, mode, (ra, rb))| {
+            let r = full.len();
+            // each operand takes the full dim, or 1 (broadcast), per axis
+            let a: Vec<usize> = (r - ra..r)
+                .map(|i| if mode[i] == 1 { 1 } else { full[i] })
+                .collect();
+            let b: Vec<usize> = (r - rb..r)
+                .map(|i| if mode[i] == 2 { 1 } else { full[i] })
+                .collect();
+            (a, b)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn binary_ops_match_the_naive_broadcast((ashape, bshape) in shape_pair(), seed in 0u64..1000) {
+        let ctx = ExecContext::new();
+        let av = values(ashape.iter().product(), seed);
+        let bv = values(bshape.iter().product(), seed + 1);
+        for a in layouts(&ctx, &ashape, seed) {
+            for b in layouts(&ctx, &bshape, seed + 1) {
+                prop_assert_eq!(a.to_vec(), av.clone());
+                for (name, op, f) in binary_table() {
+                    let (shape, want) = naive_binary(&av, &ashape, &bv, &bshape, f);
+                    let got = op(&ctx, &a, &b).unwrap();
+                    prop_assert_eq!(got.shape(), &shape[..], "{}", name);
+                    prop_assert_eq!(bits(&got.to_vec()), bits(&want), "{}", name);
+                }
+                let (_, want) = naive_binary(&av, &ashape, &bv, &bshape, |x, y| f32::from(u8::from(x < y)));
+                let got: Vec<f32> = ctx.less(&a, &b).unwrap().to_vec().iter().map(|&c| f32::from(u8::from(c))).collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn unary_ops_match_scalar_math(shape in proptest::collection::vec(1usize..=6, 1..=4), seed in 0u64..1000) {
+        let ctx = ExecContext::new();
+        let n: usize = shape.iter().product();
+        let v = values(n, seed);
+        for x in layouts(&ctx, &shape, seed) {
+            for (name, op, f) in unary_table() {
+                let want: Vec<f32> = v.iter().map(|&x| f(x)).collect();
+                let got = op(&ctx, &x).unwrap();
+                prop_assert_eq!(got.shape(), &shape[..]);
+                prop_assert_eq!(bits(&got.to_vec()), bits(&want), "{}", name);
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_errors_name_the_shapes() {
+    let ctx = ExecContext::new();
+    let a = ctx.zeros(&[2, 3]).unwrap();
+    let b = ctx.zeros(&[4]).unwrap();
+    let e = ctx.add(&a, &b).unwrap_err();
+    assert!(matches!(e, ExecError::ShapeMismatch { .. }));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("add") && msg.contains("[2, 3]") && msg.contains("[4]"),
+        "{msg}"
+    );
+    let m = ctx.ones_typed::<bool>(&[4]).unwrap();
+    assert!(matches!(
+        ctx.masked_fill(&a, &m, 0.0),
+        Err(ExecError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        ctx.where_(&m, &a, &a),
+        Err(ExecError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        ctx.clamp(&a, 1.0, 0.0),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        ctx.clamp(&a, f32::NAN, 0.0),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        ctx.dropout(&a, 1.0, 0),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        ctx.dropout(&a, -0.1, 0),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn scalar_forms_where_and_masked_fill() {
+    let ctx = ExecContext::new();
+    let x = ctx.from_slice(&[2, 2], &[-1., 0.5, 2., 3.]).unwrap();
+    assert_eq!(ctx.scale(&x, 2.0).unwrap().to_vec(), [-2., 1., 4., 6.]);
+    assert_eq!(ctx.add_scalar(&x, 1.0).unwrap().to_vec(), [0., 1.5, 3., 4.]);
+    assert_eq!(
+        ctx.pow_scalar(&x, 2.0).unwrap().to_vec(),
+        [1., 0.25, 4., 9.]
+    );
+    assert_eq!(
+        ctx.pow_scalar(&x, 3.0).unwrap().to_vec(),
+        [-1., 0.125, 8., 27.]
+    );
+    assert_eq!(
+        ctx.clamp(&x, 0.0, 2.5).unwrap().to_vec(),
+        [0., 0.5, 2., 2.5]
+    );
+    let c = ctx.from_slice_typed::<bool>(&[2], &[true, false]).unwrap();
+    let z = ctx.scalar(0.0).unwrap();
+    // cond [2] broadcast over rows, b a scalar
+    assert_eq!(ctx.where_(&c, &x, &z).unwrap().to_vec(), [-1., 0., 2., 0.]);
+    assert_eq!(
+        ctx.masked_fill(&x, &c, 9.0).unwrap().to_vec(),
+        [9., 0.5, 9., 3.]
+    );
+    let eq = ctx.equal(&x, &x.transpose(0, 1).unwrap()).unwrap();
+    assert_eq!(eq.to_vec(), [true, false, false, true]);
+    let nan = ctx.from_slice(&[2], &[f32::NAN, 1.0]).unwrap();
+    let one = ctx.scalar(1.0).unwrap();
+    assert_eq!(ctx.not_equal(&nan, &one).unwrap().to_vec(), [true, false]);
+    assert!(ctx.maximum(&nan, &one).unwrap().to_vec()[0].is_nan());
+    assert_eq!(
+        ctx.greater_equal(&nan, &one).unwrap().to_vec(),
+        [false, true]
+    );
+}
+
+#[test]
+fn gelu_variants_match_pytorch_values() {
+    let ctx = ExecContext::new();
+    let x = ctx.from_slice(&[4], &[-2.0, -0.5, 0.5, 3.0]).unwrap();
+    // torch.nn.functional.gelu(x, approximate="tanh") and the exact form
+    let tanh = [-0.045_402_3_f32, -0.154_286, 0.345_714, 2.996_362_7];
+    let exact = [-0.045_500_26_f32, -0.154_268_7, 0.345_731_3, 2.995_950_5];
+    for (g, w) in ctx.gelu(&x).unwrap().to_vec().iter().zip(tanh) {
+        assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    }
+    for (g, w) in ctx.gelu_erf(&x).unwrap().to_vec().iter().zip(exact) {
+        assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    }
+    let sp = ctx
+        .softplus(&ctx.from_slice(&[2], &[0.0, 30.0]).unwrap())
+        .unwrap();
+    assert!((sp.to_vec()[0] - std::f32::consts::LN_2).abs() < 1e-7);
+    assert_eq!(sp.to_vec()[1], 30.0);
+}
+
+#[test]
+fn unary_backward_kernels_match_finite_differences() {
+    let ctx = ExecContext::new();
+    let xs = [-1.7f32, -0.3, 0.4, 1.2, 2.5];
+    let x = ctx.from_slice(&[5], &xs).unwrap();
+    let g = ctx.from_slice(&[5], &[1.0, -2.0, 0.5, 3.0, 1.5]).unwrap();
+    type Bwd = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor, ExecError>;
+    let table: Vec<(Unary, Bwd)> = vec![
+        (ExecContext::exp, ExecContext::exp_backward),
+        (ExecContext::sigmoid, ExecContext::sigmoid_backward),
+        (ExecContext::tanh, ExecContext::tanh_backward),
+        (ExecContext::gelu, ExecContext::gelu_backward),
+        (ExecContext::gelu_erf, ExecContext::gelu_erf_backward),
+        (ExecContext::silu, ExecContext::silu_backward),
+        (ExecContext::softplus, ExecContext::softplus_backward),
+        (ExecContext::sin, ExecContext::sin_backward),
+        (ExecContext::cos, ExecContext::cos_backward),
+        (ExecContext::relu, ExecContext::relu_backward),
+        (ExecContext::abs, ExecContext::abs_backward),
+        (ExecContext::neg, ExecContext::neg_backward),
+    ];
+    for (i, (f, b)) in table.into_iter().enumerate() {
+        let got = b(&ctx, &x, &g).unwrap().to_vec();
+        for (j, &x0) in xs.iter().enumerate() {
+            let h = 1e-2f32;
+            let p = ctx.from_slice(&[1], &[x0 + h]).unwrap();
+            let m = ctx.from_slice(&[1], &[x0 - h]).unwrap();
+            let fd = (f(&ctx, &p).unwrap().item().unwrap() - f(&ctx, &m).unwrap().item().unwrap())
+                / (2.0 * h);
+            let want = fd * g.to_vec()[j];
+            assert!(
+                (got[j] - want).abs() < 5e-3 * (1.0 + want.abs()),
+                "op {i} at {x0}: {} vs {want}",
+                got[j]
+            );
+        }
+    }
+    // positive-domain ops
+    let xp = ctx.from_slice(&[3], &[0.5, 1.0, 4.0]).unwrap();
+    let gp = ctx.ones(&[3]).unwrap();
+    let l = ctx.log_backward(&xp, &gp).unwrap().to_vec();
+    assert_eq!(l, [2.0, 1.0, 0.25]);
+    let s = ctx.sqrt_backward(&xp, &gp).unwrap().to_vec();
+    assert!((s[2] - 0.25).abs() < 1e-7);
+    let r = ctx.rsqrt_backward(&xp, &gp).unwrap().to_vec();
+    assert!((r[2] + 0.0625).abs() < 1e-7);
+    let pw = ctx.pow_scalar_backward(&xp, 3.0, &gp).unwrap().to_vec();
+    assert!((pw[2] - 48.0).abs() < 1e-4);
+    let cb = ctx.clamp_backward(&x, -1.0, 1.0, &g).unwrap().to_vec();
+    assert_eq!(cb, [0.0, -2.0, 0.5, 0.0, 0.0]);
+    let a = ctx.from_slice(&[3], &[1.0, 2.0, 3.0]).unwrap();
+    let b = ctx.from_slice(&[3], &[3.0, 2.0, 1.0]).unwrap();
+    let (ga, gb) = ctx.extremum_backward(&a, &b, &gp, true).unwrap();
+    assert_eq!(ga.to_vec(), [0.0, 0.5, 1.0]);
+    assert_eq!(gb.to_vec(), [1.0, 0.5, 0.0]);
+    let (ga, gb) = ctx.pow_backward(&a, &b, &gp).unwrap();
+    assert_eq!(ga.to_vec()[1], 4.0); // 2 * 2^1
+    assert!((gb.to_vec()[1] - 4.0 * std::f32::consts::LN_2).abs() < 1e-6);
+}
+
+#[test]
+fn take_ops_reuse_unique_storage() {
+    let ctx = ExecContext::new();
+    let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.]).unwrap();
+    let row = ctx.from_slice(&[3], &[10., 20., 30.]).unwrap();
+    let addr = x.buffer().as_ptr();
+    let y = ctx.take_add_no_grad(x, &row).unwrap();
+    assert_eq!(y.buffer().as_ptr(), addr);
+    assert_eq!(y.to_vec(), [11., 22., 33., 14., 25., 36.]);
+    let y = ctx.take_scale_no_grad(y, 0.5).unwrap();
+    assert_eq!(y.buffer().as_ptr(), addr);
+    assert_eq!(y.to_vec()[0], 5.5);
+    // shared storage: falls back to a fresh output, the other handle is untouched
+    let keep = y.clone();
+    let z = ctx.take_scale_no_grad(y, 2.0).unwrap();
+    assert!(!z.same_storage(&keep));
+    assert_eq!(keep.to_vec()[0], 5.5);
+    assert_eq!(z.to_vec()[0], 11.0);
+    // a result that would grow the operand falls back too
+    let col = ctx.from_slice(&[2, 1], &[1., 2.]).unwrap();
+    let grown = ctx
+        .take_add_no_grad(row, &ctx.zeros(&[2, 3]).unwrap())
+        .unwrap();
+    assert_eq!(grown.shape(), [2, 3]);
+    drop(col);
+}
+
+#[test]
+fn dropout_regenerates_its_mask() {
+    let ctx = ExecContext::new();
+    let n = 100_000;
+    let x = ctx.ones(&[n]).unwrap();
+    let y = ctx.dropout(&x, 0.25, 7).unwrap().to_vec();
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!((kept as f64 / n as f64 - 0.75).abs() < 0.01, "{kept}");
+    assert!(y.iter().all(|&v| v == 0.0 || v == 1.0 / 0.75));
+    let g = ctx.dropout_backward(&x, 0.25, 7).unwrap().to_vec();
+    assert_eq!(bits(&g), bits(&y));
+    let other = ctx.dropout(&x, 0.25, 8).unwrap().to_vec();
+    assert_ne!(bits(&other), bits(&y));
+    // element i depends only on (seed, i): a prefix gives the same mask
+    let head = ctx
+        .dropout(&ctx.ones(&[1000]).unwrap(), 0.25, 7)
+        .unwrap()
+        .to_vec();
+    assert_eq!(bits(&head), bits(&y[..1000]));
+    assert_eq!(ctx.dropout(&x, 0.0, 7).unwrap().to_vec(), x.to_vec());
+}
+
+#[test]
+fn results_are_bitwise_identical_for_every_team_size() {
+    let shape = [300, 257];
+    let run = |threads: usize| {
+        let ctx = ExecContext::with_threads(threads);
+        let n = shape.iter().product();
+        let a = ctx.from_slice(&shape, &values(n, 1)).unwrap();
+        let b = ctx.from_slice(&[257], &values(257, 2)).unwrap();
+        let t = ctx
+            .from_slice(&[257, 300], &values(n, 3))
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        let mut out = vec![
+            ctx.add(&a, &b).unwrap().to_vec(),
+            ctx.mul(&a, &t).unwrap().to_vec(),
+        ];
+        out.push(ctx.gelu(&t).unwrap().to_vec());
+        out.push(ctx.exp(&a).unwrap().to_vec());
+        out.push(ctx.dropout(&t, 0.3, 11).unwrap().to_vec());
+        let c = ctx.greater(&a, &b).unwrap();
+        out.push(ctx.where_(&c, &a, &t).unwrap().to_vec());
+        out.push(
+            ctx.take_add_no_grad(ctx.materialize(&a).unwrap(), &t)
+                .unwrap()
+                .to_vec(),
+        );
+        out.into_iter().map(|v| bits(&v)).collect::<Vec<_>>()
+    };
+    let one = run(1);
+    for threads in 2..=4 {
+        assert_eq!(run(threads), one, "threads = {threads}");
+    }
+}

@@ -1,0 +1,102 @@
+//! Shared helpers of the exec integration tests: views of every layout class and a
+//! naive broadcasting reference.
+#![allow(dead_code, unreachable_pub)]
+
+use fucina_exec::{ExecContext, RawTensor};
+
+/// Deterministic pseudo-random values in [-2, 2).
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let u = (fucina_exec::rng::at(seed, i) >> 40) as f32 / (1u64 << 24) as f32;
+            4.0 * u - 2.0
+        })
+        .collect()
+}
+
+/// The four ways an operand of `shape` can reach an op: contiguous, transposed
+/// (stored as the transpose and viewed back), narrowed out of a wider tensor, and
+/// broadcast from a size-1 leading axis. All hold the same logical values.
+pub fn layouts(ctx: &ExecContext, shape: &[usize], seed: u64) -> Vec<RawTensor> {
+    let n: usize = shape.iter().product();
+    let vals = values(n, seed);
+    let mut out = vec![ctx.from_slice(shape, &vals).unwrap()];
+    let r = shape.len();
+    if r >= 2 {
+        // store the transpose of the last two axes, view it back
+        let mut tshape = shape.to_vec();
+        tshape.swap(r - 2, r - 1);
+        let t = ctx
+            .from_slice(shape, &vals)
+            .unwrap()
+            .transpose(r - 2, r - 1)
+            .unwrap();
+        let stored = ctx.materialize(&t).unwrap();
+        assert_eq!(stored.shape(), &tshape[..]);
+        out.push(stored.transpose(r - 2, r - 1).unwrap());
+    }
+    // narrowed out of a tensor one wider on the last axis
+    let mut wide = shape.to_vec();
+    wide[r - 1] += 1;
+    let wn: usize = wide.iter().product();
+    let mut wv = vec![99.0; wn];
+    for (i, v) in vals.iter().enumerate() {
+        let row = i / shape[r - 1];
+        let col = i % shape[r - 1];
+        wv[row * wide[r - 1] + col + 1] = *v;
+    }
+    out.push(
+        ctx.from_slice(&wide, &wv)
+            .unwrap()
+            .narrow(r - 1, 1, shape[r - 1])
+            .unwrap(),
+    );
+    out
+}
+
+/// Row-major multi-index of `i` in `shape`.
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for ax in (0..shape.len()).rev() {
+        idx[ax] = i % shape[ax];
+        i /= shape[ax];
+    }
+    idx
+}
+
+/// Logical index into `shape` of the element broadcast to `out_idx`.
+pub fn bcast_index(out_idx: &[usize], shape: &[usize]) -> usize {
+    let lead = out_idx.len() - shape.len();
+    let mut k = 0;
+    for (ax, &d) in shape.iter().enumerate() {
+        let i = if d == 1 { 0 } else { out_idx[lead + ax] };
+        k = k * d + i;
+    }
+    k
+}
+
+/// Naive numpy-broadcast binary op on logical values.
+pub fn naive_binary(
+    a: &[f32],
+    ashape: &[usize],
+    b: &[f32],
+    bshape: &[usize],
+    f: impl Fn(f32, f32) -> f32,
+) -> (Vec<usize>, Vec<f32>) {
+    let shape = fucina_exec::broadcast_shapes("test", ashape, bshape)
+        .unwrap()
+        .to_vec();
+    let n: usize = shape.iter().product();
+    let out = (0..n)
+        .map(|i| {
+            let idx = unravel(i, &shape);
+            f(a[bcast_index(&idx, ashape)], b[bcast_index(&idx, bshape)])
+        })
+        .collect();
+    (shape, out)
+}
+
+/// Bit patterns, for bitwise comparisons.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
