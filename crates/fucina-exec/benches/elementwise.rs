@@ -1,0 +1,74 @@
+//! Elementwise op cost against a plain loop over the same slices (same run).
+//!
+//! `cargo bench -p fucina-exec --bench elementwise -- --warm-up-time 1 --measurement-time 3`
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use fucina_exec::ExecContext;
+use std::hint::black_box;
+
+fn add(c: &mut Criterion) {
+    let n = 1 << 20;
+    let mut g = c.benchmark_group("add_1M");
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let mut out = vec![0f32; n];
+    g.bench_function("plain_loop_1_thread", |bn| {
+        bn.iter(|| {
+            for ((o, x), y) in out.iter_mut().zip(&a).zip(&b) {
+                *o = x + y;
+            }
+            black_box(&mut out);
+        })
+    });
+    for threads in [1, 2] {
+        let ctx = ExecContext::with_threads(threads);
+        let x = ctx.from_slice(&[n], &a).unwrap();
+        let y = ctx.from_slice(&[n], &b).unwrap();
+        g.bench_function(format!("ctx_add_{threads}_threads"), |bn| {
+            bn.iter(|| black_box(ctx.add(&x, &y).unwrap()))
+        });
+        let xr = x.reshape(&[1024, 1024]).unwrap();
+        let row = ctx.from_slice(&[1024], &b[..1024]).unwrap();
+        g.bench_function(format!("ctx_add_row_broadcast_{threads}_threads"), |bn| {
+            bn.iter(|| black_box(ctx.add(&xr, &row).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+/// A 20-op chain of elementwise ops on [64, 256]: the per-op overhead.
+fn chain(c: &mut Criterion) {
+    let mut g = c.benchmark_group("chain_20_ops_64x256");
+    let ctx = ExecContext::with_threads(1);
+    let x = ctx.full(&[64, 256], 0.5).unwrap();
+    let y = ctx.full(&[64, 256], 1.5).unwrap();
+    g.bench_function("ctx_ops", |bn| {
+        bn.iter(|| {
+            let mut t = ctx.add(&x, &y).unwrap();
+            for _ in 0..19 {
+                t = ctx.mul(&t, &y).unwrap();
+            }
+            black_box(t)
+        })
+    });
+    let xs = vec![0.5f32; 64 * 256];
+    let ys = vec![1.5f32; 64 * 256];
+    let mut t = vec![0f32; 64 * 256];
+    g.bench_function("plain_loops", |bn| {
+        bn.iter(|| {
+            for ((o, a), b) in t.iter_mut().zip(&xs).zip(&ys) {
+                *o = a + b;
+            }
+            for _ in 0..19 {
+                for (o, b) in t.iter_mut().zip(&ys) {
+                    *o *= b;
+                }
+            }
+            black_box(&mut t);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, add, chain);
+criterion_main!(benches);
