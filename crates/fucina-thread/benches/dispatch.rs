@@ -3,7 +3,9 @@
 //! `cargo bench -p fucina-thread --bench dispatch -- --warm-up-time 1 --measurement-time 3`
 //!
 //! Groups:
-//! - `dispatch_2p`: two participants, two trivial tasks: `parallel_chunks` vs
+//! - `dispatch_2p`: two participants, two trivial tasks: `parallel_chunks`
+//!   with a zero-size closure and with a closure that captures a slice and
+//!   reads its task's element (the shape of every real kernel) vs
 //!   `rayon::join` vs `rayon::scope` with two spawns (2-thread rayon pool), and
 //!   the floor: a two-thread ping-pong on one atomic (one cache-line round trip);
 //! - `parallel_for_4096_f32`: one add per element over 4096 f32: serial,
@@ -84,6 +86,17 @@ fn dispatch_2p(c: &mut Criterion) {
         b.iter(|| {
             team.parallel_chunks(black_box(&tasks), |t| {
                 black_box(t);
+            })
+        })
+    });
+    // What every real kernel does: the closure captures a slice (on the heap,
+    // as kernel data is) and each task reads its own element.
+    let data: Vec<u64> = (0..64).collect();
+    let data = &data[..];
+    g.bench_function("parallel_chunks_2_tasks_capturing", |b| {
+        b.iter(|| {
+            team.parallel_chunks(black_box(&tasks), |&t| {
+                black_box(data[t as usize]);
             })
         })
     });

@@ -96,13 +96,7 @@ impl PanicSlot {
         };
         self.panicked.store(true, Ordering::Release);
         if let Some(p) = lost {
-            // A payload's `Drop` may itself panic. That must not unwind out of
-            // a participant's share: participant 0 would leave `dispatch`
-            // before the join (freeing the job under the workers) and a worker
-            // would die without its `done` increment. Leak the nested payload.
-            if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(p))) {
-                std::mem::forget(nested);
-            }
+            drop_lost_payload(p);
         }
     }
 
@@ -129,6 +123,38 @@ impl PanicSlot {
         if let Some(p) = self.take() {
             resume_unwind(p);
         }
+    }
+}
+
+/// Drops the payload of a panic that is not the first of its call.
+///
+/// A payload's `Drop` may itself panic. That must not unwind out of a
+/// participant's share (participant 0 would leave `dispatch` before the join,
+/// freeing the job under the workers, and a worker would die without its
+/// `done` increment) nor out of a serial run (the remaining tasks would not
+/// run). The nested payload is leaked instead.
+#[cold]
+fn drop_lost_payload(p: Box<dyn Any + Send>) {
+    if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(p))) {
+        std::mem::forget(nested);
+    }
+}
+
+/// Runs `task(0..count)` in index order on the calling thread (the serial
+/// fallbacks and the single-task call): every task runs even if an earlier
+/// one panicked, then the first panic is resumed.
+fn run_serially(count: usize, task: impl Fn(usize)) {
+    let mut first: Option<Box<dyn Any + Send>> = None;
+    for i in 0..count {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| task(i))) {
+            match first {
+                None => first = Some(p),
+                Some(_) => drop_lost_payload(p),
+            }
+        }
+    }
+    if let Some(p) = first {
+        resume_unwind(p);
     }
 }
 
@@ -480,7 +506,7 @@ impl Team {
     /// `job.call(i)` must be safe for every `i < count` until this returns.
     unsafe fn run_job<C: IndexedJob>(&self, count: usize, job: C) {
         let serial = || {
-            (0..count).for_each(|i| {
+            run_serially(count, |i| {
                 // SAFETY: `i < count`, and the caller keeps the job's data live.
                 unsafe { job.call(i) }
             })
@@ -539,6 +565,8 @@ impl Team {
     /// # Panics
     /// If a task panics, the other tasks still run, the dispatch completes,
     /// and the first panic is resumed on the caller; the team stays usable.
+    /// This holds in every mode: a parallel dispatch, the serial fallbacks and
+    /// a single task run inline.
     ///
     /// ```
     /// use fucina_thread::{Team, TeamOptions};
@@ -590,7 +618,7 @@ impl Team {
         let chunks = chunk_ranges(begin, end, grain, threads);
         match chunks.len() {
             0 => {}
-            1 => f(begin..end),
+            1 => run_serially(1, |_| f(begin..end)),
             n => {
                 let job = RangeJob::new(&chunks, &f);
                 // SAFETY: `f` outlives the call; `job.range(i)` is chunk `i < n`.
