@@ -48,6 +48,15 @@ fn every_entry_point(team: &Team, mode: &str, n: usize) {
             }
         })
     });
+    let mut items: Vec<usize> = (0..n).collect();
+    check_every_task_runs(&format!("{mode}, parallel_chunks_mut"), n, |ran| {
+        team.parallel_chunks_mut(&mut items, |i| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            if *i == 0 {
+                panic!("task 0 failed");
+            }
+        })
+    });
     // `parallel_for` with a grain of 1 over `n` elements: `n` chunks on 2
     // participants as long as `n <= 8`, and a single chunk inside a region.
     let chunks = if fucina_thread::in_parallel_region() {
@@ -57,6 +66,15 @@ fn every_entry_point(team: &Team, mode: &str, n: usize) {
     };
     check_every_task_runs(&format!("{mode}, parallel_for"), chunks, |ran| {
         team.parallel_for(0, n, 1, |r| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            if r.start == 0 {
+                panic!("task 0 failed");
+            }
+        })
+    });
+    let mut out = vec![0u8; n];
+    check_every_task_runs(&format!("{mode}, parallel_for_slices"), chunks, |ran| {
+        team.parallel_for_slices(&mut out, 1, |r, _| {
             ran.fetch_add(1, Ordering::Relaxed);
             if r.start == 0 {
                 panic!("task 0 failed");
