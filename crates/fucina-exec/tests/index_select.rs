@@ -532,17 +532,17 @@ proptest! {
 #[test]
 fn backward_accumulates_duplicates_in_index_order() {
     let ctx = ExecContext::new();
-    // 1e8 + 1 - 1e8 in f32 depends on the order: index order gives (1e8 + 1) - 1e8 = 0,
-    // which differs from 1e8 - 1e8 + 1 = 1.
+    // 1 + 1e8 - 1e8 in f32 depends on the order: index order gives (1 + 1e8) - 1e8 = 0,
+    // the reverse order (-1e8 + 1e8) + 1 = 1.
     let ids = ctx.from_slice_typed::<i64>(&[3], &[0, 0, 0]).unwrap();
-    let g = ctx.from_slice(&[3, 1], &[1e8, 1.0, -1e8]).unwrap();
+    let g = ctx.from_slice(&[3, 1], &[1.0, 1e8, -1e8]).unwrap();
     let e = ctx.embedding_backward(&g, &ids, 1).unwrap();
-    assert_eq!(e.to_vec(), [(1e8f32 + 1.0) - 1e8]);
+    assert_eq!(e.to_vec(), [(1.0f32 + 1e8) - 1e8]);
     let s = ctx.index_select_backward(&g, 0, &ids, &[1, 1]).unwrap();
-    assert_eq!(s.to_vec(), [(1e8f32 + 1.0) - 1e8]);
+    assert_eq!(s.to_vec(), [(1.0f32 + 1e8) - 1e8]);
     let gi = ctx.from_slice_typed::<i64>(&[3, 1], &[0, 0, 0]).unwrap();
     let b = ctx.gather_backward(&g, 0, &gi, &[1, 1]).unwrap();
-    assert_eq!(b.to_vec(), [(1e8f32 + 1.0) - 1e8]);
+    assert_eq!(b.to_vec(), [(1.0f32 + 1e8) - 1e8]);
     // Rows no index points at are zero, even in a recycled (dirty) buffer.
     drop((e, s, b));
     let dirty = ctx.full(&[4, 1], f32::NAN).unwrap();
