@@ -86,25 +86,81 @@ fn copy_logical<T: Element>(x: &RawTensor<T>, start: usize, dst: &mut [T]) {
     }
 }
 
+/// One operand of a join: its block length per output row, and its elements when
+/// it is contiguous (read through the strides of `t` otherwise).
+struct Part<'a, T: Element> {
+    t: &'a RawTensor<T>,
+    contiguous: Option<&'a [T]>,
+    inner: usize,
+}
+
+impl<T: Element> Clone for Part<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Element> Copy for Part<'_, T> {}
+
+impl<'a, T: Element> Part<'a, T> {
+    fn new(t: &'a RawTensor<T>, outer: usize) -> Self {
+        Part {
+            t,
+            contiguous: t.is_contiguous().then(|| t.contiguous_slice()),
+            inner: t.numel() / outer,
+        }
+    }
+
+    /// Copies its logical elements `start..start + dst.len()` into `dst`.
+    #[inline]
+    fn copy(&self, start: usize, dst: &mut [T]) {
+        match self.contiguous {
+            Some(src) if dst.len() == 1 => dst[0] = src[start],
+            Some(src) => dst.copy_from_slice(&src[start..start + dst.len()]),
+            None => copy_logical(self.t, start, dst),
+        }
+    }
+}
+
+/// Joins with at most this many operands describe them on the stack.
+const INLINE_PARTS: usize = 16;
+
+/// Runs `f` with the [`Part`]s of `parts` (on the stack for up to
+/// [`INLINE_PARTS`] operands, in one `Vec` beyond).
+fn with_parts<T: Element, R>(
+    parts: &[&RawTensor<T>],
+    outer: usize,
+    f: impl FnOnce(&[Part<'_, T>]) -> R,
+) -> R {
+    if parts.len() <= INLINE_PARTS {
+        let mut arr = [Part::new(parts[0], outer); INLINE_PARTS];
+        for (a, p) in arr.iter_mut().zip(parts) {
+            *a = Part::new(p, outer);
+        }
+        f(&arr[..parts.len()])
+    } else {
+        let v: Vec<Part<'_, T>> = parts.iter().map(|p| Part::new(p, outer)).collect();
+        f(&v)
+    }
+}
+
 /// Writes the elements `pos0..pos0 + dst.len()` of the join of `parts`: the output
 /// is `outer` rows, each the concatenation of one block of every part (part `i`'s
-/// block `o` is its logical elements `o * inner_i..(o + 1) * inner_i`, with
-/// `inner_i = numel_i / outer`).
-fn fill_joined<T: Element>(parts: &[&RawTensor<T>], outer: usize, pos0: usize, dst: &mut [T]) {
-    let inner_of = |i: usize| parts[i].numel() / outer;
-    let row_total: usize = (0..parts.len()).map(inner_of).sum();
+/// block `o` is its logical elements `o * inner_i..(o + 1) * inner_i`).
+fn fill_joined<T: Element>(parts: &[Part<'_, T>], pos0: usize, dst: &mut [T]) {
+    let row_total: usize = parts.iter().map(|p| p.inner).sum();
     let mut o = pos0 / row_total;
     let mut within = pos0 % row_total;
     let mut i = 0;
-    while within >= inner_of(i) {
-        within -= inner_of(i);
+    while within >= parts[i].inner {
+        within -= parts[i].inner;
         i += 1;
     }
     let mut written = 0;
     while written < dst.len() {
-        let w = inner_of(i);
+        let w = parts[i].inner;
         let take = (w - within).min(dst.len() - written);
-        copy_logical(parts[i], o * w + within, &mut dst[written..written + take]);
+        parts[i].copy(o * w + within, &mut dst[written..written + take]);
         written += take;
         within = 0;
         i += 1;
@@ -202,7 +258,8 @@ impl ExecContext {
     /// Joins `parts` along the existing axis `axis`: every part has the same rank
     /// and the same sizes off `axis`; the result's size along `axis` is the sum of
     /// theirs. Parts of any layout (transposed, narrowed, broadcast views) are read
-    /// through their strides; nothing is allocated besides the output.
+    /// through their strides; nothing is allocated besides the output (and, for
+    /// more than 16 parts, one small list describing them).
     ///
     /// The backward of `concat` is [`split`](ExecContext::split) of the gradient
     /// with the parts' sizes along `axis` (zero-copy [`RawTensor::narrow`] views).
@@ -261,10 +318,12 @@ impl ExecContext {
         let mut out_shape = first.dims();
         out_shape.as_mut_slice()[axis] = total;
         let outer: usize = first.shape()[..axis].iter().product();
-        self.new_tensor(OP, &out_shape, |out| {
-            self.par_rows(out, 1, 1, |range, dst| {
-                fill_joined(parts, outer, range.start, dst);
-            });
+        with_parts(parts, outer, |parts| {
+            self.new_tensor(OP, &out_shape, |out| {
+                self.par_rows(out, 1, 1, |range, dst| {
+                    fill_joined(parts, range.start, dst);
+                });
+            })
         })
     }
 
@@ -335,10 +394,12 @@ impl ExecContext {
             out_shape.push(parts.len());
         }
         let outer: usize = first.shape()[..axis].iter().product();
-        self.new_tensor(OP, &out_shape, |out| {
-            self.par_rows(out, 1, 1, |range, dst| {
-                fill_joined(parts, outer, range.start, dst);
-            });
+        with_parts(parts, outer, |parts| {
+            self.new_tensor(OP, &out_shape, |out| {
+                self.par_rows(out, 1, 1, |range, dst| {
+                    fill_joined(parts, range.start, dst);
+                });
+            })
         })
     }
 
@@ -553,18 +614,37 @@ impl ExecContext {
         let m = ishape[axis];
         let iin: usize = ishape[axis + 1..].iter().product();
         let (isub, xsub) = (&ishape[axis + 1..], &xshape[axis + 1..]);
+        let same_inner = isub == xsub;
         self.new_tensor(OP, ishape, |out| {
-            // Rows of `out` are (o, j): index outer position o, position j on `axis`.
+            // Rows of `out` are (o, j): index outer position o, position j on `axis`;
+            // a chunk handles them in runs of equal `o`.
             self.par_rows(out, iin, iin, |rows, dst| {
-                for (r, drow) in rows.zip(dst.chunks_exact_mut(iin)) {
-                    let oi = r / m;
+                let mut r = rows.start;
+                let mut rest = dst;
+                while r < rows.end {
+                    let (oi, j0) = (r / m, r % m);
+                    let run = (m - j0).min(rows.end - r);
+                    let (head, tail) = rest.split_at_mut(run * iin);
                     let xo = remap_position(oi, &ishape[..axis], &xshape[..axis])
                         .expect("index sizes never exceed the source's");
-                    let irow = &ix[r * iin..(r + 1) * iin];
                     let xblock = &xs[xo * dx * xin..(xo + 1) * dx * xin];
-                    for_each_sub_offset(isub, xsub, |q, s| {
-                        drow[q] = xblock[irow[q] as usize * xin + s];
-                    });
+                    let iblock = &ix[r * iin..(r + run) * iin];
+                    let pairs = head.chunks_exact_mut(iin).zip(iblock.chunks_exact(iin));
+                    if same_inner {
+                        for (drow, irow) in pairs {
+                            for (q, (d, &t)) in drow.iter_mut().zip(irow).enumerate() {
+                                *d = xblock[t as usize * xin + q];
+                            }
+                        }
+                    } else {
+                        for (drow, irow) in pairs {
+                            for_each_sub_offset(isub, xsub, |q, s| {
+                                drow[q] = xblock[irow[q] as usize * xin + s];
+                            });
+                        }
+                    }
+                    rest = tail;
+                    r += run;
                 }
             });
         })
@@ -751,6 +831,7 @@ impl ExecContext {
         let m = ishape[axis];
         let iin: usize = ishape[axis + 1..].iter().product();
         let (isub, ssub) = (&ishape[axis + 1..], &src_shape[axis + 1..]);
+        let same_inner = isub == ssub;
         let row_len = d * inner;
         self.new_tensor(OP, src_shape, |out| {
             self.par_rows(out, row_len, row_len + m * iin, |rows, dst| {
@@ -763,10 +844,19 @@ impl ExecContext {
                     };
                     let gblock = &g[io * m * iin..(io + 1) * m * iin];
                     let iblock = &ix[io * m * iin..(io + 1) * m * iin];
-                    for (grow, irow) in gblock.chunks_exact(iin).zip(iblock.chunks_exact(iin)) {
-                        for_each_sub_offset(isub, ssub, |q, s| {
-                            drow[irow[q] as usize * inner + s] += grow[q];
-                        });
+                    let pairs = gblock.chunks_exact(iin).zip(iblock.chunks_exact(iin));
+                    if same_inner {
+                        for (grow, irow) in pairs {
+                            for (q, (&g, &t)) in grow.iter().zip(irow).enumerate() {
+                                drow[t as usize * inner + q] += g;
+                            }
+                        }
+                    } else {
+                        for (grow, irow) in pairs {
+                            for_each_sub_offset(isub, ssub, |q, s| {
+                                drow[irow[q] as usize * inner + s] += grow[q];
+                            });
+                        }
                     }
                 }
             });
