@@ -350,6 +350,39 @@ fn concat_and_stack_handle_typed_and_broadcast_parts() {
 }
 
 #[test]
+fn joins_of_many_parts() {
+    // More parts than are described on the stack, strided ones among them.
+    let ctx = ExecContext::new();
+    let mut rng = Rng(3);
+    let parts: Vec<(Vec<usize>, Vec<f32>)> = (0..40)
+        .map(|i| {
+            let sh = vec![3, 1 + i % 4, 2];
+            let v = rng.vec(numel(&sh));
+            (sh, v)
+        })
+        .collect();
+    let tensors: Vec<RawTensor> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, (sh, v))| make(&ctx, sh, v, (i % 4) as u8))
+        .collect();
+    let refs: Vec<&RawTensor> = tensors.iter().collect();
+    let got = ctx.concat(&refs, 1).unwrap();
+    let (rshape, rvals) = concat_ref(&parts, 1);
+    assert_eq!(got.shape(), &rshape[..]);
+    assert_eq!(bits(&got.to_vec()), bits(&rvals));
+    let same: Vec<&RawTensor> = tensors.iter().step_by(4).collect(); // all [3, 1, 2]
+    let s = ctx.stack(&same, 3).unwrap();
+    assert_eq!(s.shape(), [3, 1, 2, 10]);
+    let uparts: Vec<(Vec<usize>, Vec<f32>)> = parts
+        .iter()
+        .step_by(4)
+        .map(|(_, v)| (vec![3, 1, 2, 1], v.clone()))
+        .collect();
+    assert_eq!(bits(&s.to_vec()), bits(&concat_ref(&uparts, 3).1));
+}
+
+#[test]
 fn concat_stack_split_errors() {
     let ctx = ExecContext::new();
     let a = ctx.zeros(&[2, 3]).unwrap();
