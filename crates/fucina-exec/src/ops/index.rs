@@ -553,10 +553,22 @@ impl ExecContext {
         out_shape: &[usize],
     ) -> Result<RawTensor<T>, ExecError> {
         check_shape(op, out_shape)?;
-        let xs = self.contiguous(x)?;
         let is = self.contiguous(idx)?;
-        let (xs, is) = (xs.contiguous_slice(), is.contiguous_slice());
+        let is = is.contiguous_slice();
         let m = is.len();
+        if !x.is_contiguous() {
+            // Read the selected slices through the strides (a slice `x[o, t, :]` is
+            // a run of `x`'s logical order) instead of copying all of `x`.
+            return self.new_tensor(op, out_shape, |out| {
+                self.par_rows(out, inner, inner, |rows, dst| {
+                    for (r, drow) in rows.zip(dst.chunks_exact_mut(inner)) {
+                        let (o, j) = (r / m, r % m);
+                        copy_logical(x, (o * d + is[j] as usize) * inner, drow);
+                    }
+                });
+            });
+        }
+        let xs = x.contiguous_slice();
         self.new_tensor(op, out_shape, |out| {
             self.par_rows(out, inner, inner, |rows, dst| {
                 // Rows of `out` are (o, j) pairs; handle them in runs of equal `o`.
