@@ -116,6 +116,23 @@ fn make<T: Element>(ctx: &ExecContext, shape: &[usize], vals: &[T], variant: u8)
     }
 }
 
+/// Runs a call that must fail and checks that it touched the pool neither to
+/// keep nor to return a buffer (the cache is emptied first, so even a buffer
+/// acquired and dropped again would show). Returns the error as an `Err`.
+fn err_clean<R>(
+    ctx: &ExecContext,
+    f: impl FnOnce() -> Result<R, ExecError>,
+) -> Result<(), ExecError> {
+    ctx.pool().trim();
+    let before = ctx.outstanding_buffers();
+    let Err(e) = f() else {
+        panic!("expected an error");
+    };
+    assert_eq!(ctx.outstanding_buffers(), before, "{e}: a buffer was kept");
+    assert_eq!(ctx.pool().cached_bytes(), 0, "{e}: a buffer was acquired");
+    Err(e)
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -390,25 +407,25 @@ fn concat_stack_split_errors() {
     let c = ctx.zeros(&[2, 3, 1]).unwrap();
     let none: [&RawTensor; 0] = [];
     assert!(matches!(
-        ctx.concat(&none, 0),
+        err_clean(&ctx, || ctx.concat(&none, 0)),
         Err(ExecError::InvalidArgument { op: "concat", .. })
     ));
     assert!(matches!(
-        ctx.stack(&none, 0),
+        err_clean(&ctx, || ctx.stack(&none, 0)),
         Err(ExecError::InvalidArgument { op: "stack", .. })
     ));
     // Off-axis size mismatch, rank mismatch, bad axis.
     assert!(matches!(
-        ctx.concat(&[&a, &b], 0),
+        err_clean(&ctx, || ctx.concat(&[&a, &b], 0)),
         Err(ExecError::ShapeMismatch { op: "concat", .. })
     ));
     assert!(ctx.concat(&[&a, &b], 1).is_ok());
     assert!(matches!(
-        ctx.concat(&[&a, &c], 1),
+        err_clean(&ctx, || ctx.concat(&[&a, &c], 1)),
         Err(ExecError::ShapeMismatch { op: "concat", .. })
     ));
     assert!(matches!(
-        ctx.concat(&[&a, &a], 2),
+        err_clean(&ctx, || ctx.concat(&[&a, &a], 2)),
         Err(ExecError::InvalidAxis {
             op: "concat",
             axis: 2,
@@ -417,31 +434,31 @@ fn concat_stack_split_errors() {
     ));
     // Stack: any shape difference, axis > rank, rank 8 inputs.
     assert!(matches!(
-        ctx.stack(&[&a, &b], 0),
+        err_clean(&ctx, || ctx.stack(&[&a, &b], 0)),
         Err(ExecError::ShapeMismatch { op: "stack", .. })
     ));
     assert!(matches!(
-        ctx.stack(&[&a, &c], 0),
+        err_clean(&ctx, || ctx.stack(&[&a, &c], 0)),
         Err(ExecError::ShapeMismatch { op: "stack", .. })
     ));
     assert!(matches!(
-        ctx.stack(&[&a, &a], 3),
+        err_clean(&ctx, || ctx.stack(&[&a, &a], 3)),
         Err(ExecError::InvalidAxis { op: "stack", .. })
     ));
     let r8 = ctx.zeros(&[1; 8]).unwrap();
     assert!(matches!(
-        ctx.stack(&[&r8], 0),
+        err_clean(&ctx, || ctx.stack(&[&r8], 0)),
         Err(ExecError::InvalidShape { op: "stack", .. })
     ));
     // Split: bad axis, empty sizes, a zero, wrong sum.
     assert!(matches!(
-        ctx.split(&a, 2, &[1]),
+        err_clean(&ctx, || ctx.split(&a, 2, &[1])),
         Err(ExecError::InvalidAxis { op: "split", .. })
     ));
     for sizes in [&[][..], &[0, 3], &[1, 1], &[2, 2], &[usize::MAX, 4]] {
         assert!(
             matches!(
-                ctx.split(&a, 1, sizes),
+                err_clean(&ctx, || ctx.split(&a, 1, sizes)),
                 Err(ExecError::InvalidArgument { op: "split", .. })
             ),
             "{sizes:?}"
@@ -593,7 +610,7 @@ fn index_errors_name_the_index_and_the_bound() {
     // index_select
     let bad = idx(&[0, 4, -1]);
     assert_eq!(
-        ctx.index_select(&x, 1, &bad).unwrap_err(),
+        err_clean(&ctx, || ctx.index_select(&x, 1, &bad)).unwrap_err(),
         ExecError::IndexOutOfBounds {
             op: "index_select",
             index: 4,
@@ -602,7 +619,7 @@ fn index_errors_name_the_index_and_the_bound() {
     );
     let neg = idx(&[1, -1]);
     assert_eq!(
-        ctx.index_select(&x, 0, &neg).unwrap_err(),
+        err_clean(&ctx, || ctx.index_select(&x, 0, &neg)).unwrap_err(),
         ExecError::IndexOutOfBounds {
             op: "index_select",
             index: -1,
@@ -610,12 +627,12 @@ fn index_errors_name_the_index_and_the_bound() {
         }
     );
     assert!(matches!(
-        ctx.index_select(&x, 2, &neg),
+        err_clean(&ctx, || ctx.index_select(&x, 2, &neg)),
         Err(ExecError::InvalidAxis { .. })
     ));
     let two_d = ctx.zeros_typed::<i64>(&[1, 2]).unwrap();
     assert!(matches!(
-        ctx.index_select(&x, 0, &two_d),
+        err_clean(&ctx, || ctx.index_select(&x, 0, &two_d)),
         Err(ExecError::InvalidShape {
             op: "index_select",
             ..
@@ -628,7 +645,7 @@ fn index_errors_name_the_index_and_the_bound() {
         .transpose(0, 1)
         .unwrap();
     assert_eq!(
-        ctx.embedding(&x, &t).unwrap_err(),
+        err_clean(&ctx, || ctx.embedding(&x, &t)).unwrap_err(),
         ExecError::IndexOutOfBounds {
             op: "embedding",
             index: 9,
@@ -639,7 +656,7 @@ fn index_errors_name_the_index_and_the_bound() {
     // embedding
     let big = idx(&[3]);
     assert_eq!(
-        ctx.embedding(&x, &big).unwrap_err(),
+        err_clean(&ctx, || ctx.embedding(&x, &big)).unwrap_err(),
         ExecError::IndexOutOfBounds {
             op: "embedding",
             index: 3,
@@ -649,7 +666,7 @@ fn index_errors_name_the_index_and_the_bound() {
     let w3 = ctx.zeros(&[3, 4, 1]).unwrap();
     let ok = idx(&[0]);
     assert!(matches!(
-        ctx.embedding(&w3, &ok),
+        err_clean(&ctx, || ctx.embedding(&w3, &ok)),
         Err(ExecError::InvalidShape {
             op: "embedding",
             ..
@@ -657,7 +674,7 @@ fn index_errors_name_the_index_and_the_bound() {
     ));
     let ids8 = ctx.zeros_typed::<i64>(&[1; 8]).unwrap();
     assert!(matches!(
-        ctx.embedding(&x, &ids8),
+        err_clean(&ctx, || ctx.embedding(&x, &ids8)),
         Err(ExecError::InvalidShape {
             op: "embedding",
             ..
@@ -667,7 +684,7 @@ fn index_errors_name_the_index_and_the_bound() {
     // gather
     let gi = ctx.from_slice_typed::<i64>(&[3, 1], &[0, 4, 0]).unwrap();
     assert_eq!(
-        ctx.gather(&x, 1, &gi).unwrap_err(),
+        err_clean(&ctx, || ctx.gather(&x, 1, &gi)).unwrap_err(),
         ExecError::IndexOutOfBounds {
             op: "gather",
             index: 4,
@@ -676,16 +693,16 @@ fn index_errors_name_the_index_and_the_bound() {
     );
     let wide = ctx.zeros_typed::<i64>(&[4, 1]).unwrap(); // 4 > 3 off the axis
     assert!(matches!(
-        ctx.gather(&x, 1, &wide),
+        err_clean(&ctx, || ctx.gather(&x, 1, &wide)),
         Err(ExecError::ShapeMismatch { op: "gather", .. })
     ));
     let rank1 = idx(&[0]);
     assert!(matches!(
-        ctx.gather(&x, 1, &rank1),
+        err_clean(&ctx, || ctx.gather(&x, 1, &rank1)),
         Err(ExecError::ShapeMismatch { op: "gather", .. })
     ));
     assert!(matches!(
-        ctx.gather(&x, 2, &gi),
+        err_clean(&ctx, || ctx.gather(&x, 2, &gi)),
         Err(ExecError::InvalidAxis { op: "gather", .. })
     ));
     drop((bad, neg, two_d, t, big, w3, ok, ids8, gi, wide, rank1, x));
@@ -703,7 +720,7 @@ fn backward_errors() {
     };
     assert!(f(&g, 0, &i, &[3, 4]).is_ok());
     assert!(matches!(
-        f(&g, 0, &i, &[2, 4]),
+        err_clean(&ctx, || f(&g, 0, &i, &[2, 4])),
         Err(ExecError::IndexOutOfBounds {
             index: 2,
             bound: 2,
@@ -711,35 +728,35 @@ fn backward_errors() {
         })
     ));
     assert!(matches!(
-        f(&g, 0, &i, &[3, 5]),
+        err_clean(&ctx, || f(&g, 0, &i, &[3, 5])),
         Err(ExecError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        f(&g, 1, &i, &[3, 4]),
+        err_clean(&ctx, || f(&g, 1, &i, &[3, 4])),
         Err(ExecError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        f(&g, 2, &i, &[3, 4]),
+        err_clean(&ctx, || f(&g, 2, &i, &[3, 4])),
         Err(ExecError::InvalidAxis { .. })
     ));
     assert!(matches!(
-        f(&g, 0, &i, &[3, 0]),
+        err_clean(&ctx, || f(&g, 0, &i, &[3, 0])),
         Err(ExecError::InvalidShape { .. })
     ));
     assert!(matches!(
-        f(&g, 0, &i, &[]),
+        err_clean(&ctx, || f(&g, 0, &i, &[])),
         Err(ExecError::InvalidShape { .. })
     ));
     let i2 = ctx.zeros_typed::<i64>(&[2, 1]).unwrap();
     assert!(matches!(
-        f(&g, 0, &i2, &[3, 4]),
+        err_clean(&ctx, || f(&g, 0, &i2, &[3, 4])),
         Err(ExecError::InvalidShape { .. })
     ));
 
     // embedding_backward
     assert!(ctx.embedding_backward(&g, &i, 3).is_ok());
     assert!(matches!(
-        ctx.embedding_backward(&g, &i, 2),
+        err_clean(&ctx, || ctx.embedding_backward(&g, &i, 2)),
         Err(ExecError::IndexOutOfBounds {
             op: "embedding_backward",
             index: 2,
@@ -747,21 +764,21 @@ fn backward_errors() {
         })
     ));
     assert!(matches!(
-        ctx.embedding_backward(&g, &i, 0),
+        err_clean(&ctx, || ctx.embedding_backward(&g, &i, 0)),
         Err(ExecError::InvalidShape { .. })
     ));
     let g3 = ctx.zeros(&[3, 4]).unwrap();
     assert!(matches!(
-        ctx.embedding_backward(&g3, &i, 3),
+        err_clean(&ctx, || ctx.embedding_backward(&g3, &i, 3)),
         Err(ExecError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        ctx.embedding_backward(&g, &i2, 3),
+        err_clean(&ctx, || ctx.embedding_backward(&g, &i2, 3)),
         Err(ExecError::ShapeMismatch { .. })
     ));
     let ids8 = ctx.zeros_typed::<i64>(&[1; 8]).unwrap();
     assert!(matches!(
-        ctx.embedding_backward(&g, &ids8, 3),
+        err_clean(&ctx, || ctx.embedding_backward(&g, &ids8, 3)),
         Err(ExecError::InvalidShape { .. })
     ));
 
@@ -771,7 +788,7 @@ fn backward_errors() {
     assert!(ctx.gather_backward(&gg, 1, &gi, &[2, 4]).is_ok());
     assert!(ctx.gather_backward(&gg, 1, &gi, &[3, 4]).is_ok());
     assert!(matches!(
-        ctx.gather_backward(&gg, 1, &gi, &[2, 3]),
+        err_clean(&ctx, || ctx.gather_backward(&gg, 1, &gi, &[2, 3])),
         Err(ExecError::IndexOutOfBounds {
             index: 3,
             bound: 3,
@@ -779,19 +796,19 @@ fn backward_errors() {
         })
     ));
     assert!(matches!(
-        ctx.gather_backward(&gg, 1, &gi, &[1, 4]),
+        err_clean(&ctx, || ctx.gather_backward(&gg, 1, &gi, &[1, 4])),
         Err(ExecError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        ctx.gather_backward(&g, 1, &gi, &[2, 4]),
+        err_clean(&ctx, || ctx.gather_backward(&g, 1, &gi, &[2, 4])),
         Err(ExecError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        ctx.gather_backward(&gg, 2, &gi, &[2, 4]),
+        err_clean(&ctx, || ctx.gather_backward(&gg, 2, &gi, &[2, 4])),
         Err(ExecError::InvalidAxis { .. })
     ));
     assert!(matches!(
-        ctx.gather_backward(&gg, 0, &gi, &[2, 4, 1]),
+        err_clean(&ctx, || ctx.gather_backward(&gg, 0, &gi, &[2, 4, 1])),
         Err(ExecError::ShapeMismatch { .. })
     ));
 }
@@ -858,21 +875,21 @@ fn topk_argsort_errors() {
     let x = ctx.zeros(&[2, 3]).unwrap();
     for k in [0, 4] {
         assert!(matches!(
-            ctx.topk(&x, k, 1, true),
+            err_clean(&ctx, || ctx.topk(&x, k, 1, true)),
             Err(ExecError::InvalidArgument { op: "topk", .. })
         ));
     }
     assert!(ctx.topk(&x, 2, 0, true).is_ok());
     assert!(matches!(
-        ctx.topk(&x, 3, 0, true),
+        err_clean(&ctx, || ctx.topk(&x, 3, 0, true)),
         Err(ExecError::InvalidArgument { op: "topk", .. })
     ));
     assert!(matches!(
-        ctx.topk(&x, 1, 2, true),
+        err_clean(&ctx, || ctx.topk(&x, 1, 2, true)),
         Err(ExecError::InvalidAxis { op: "topk", .. })
     ));
     assert!(matches!(
-        ctx.argsort(&x, 2, false),
+        err_clean(&ctx, || ctx.argsort(&x, 2, false)),
         Err(ExecError::InvalidAxis { op: "argsort", .. })
     ));
     // A line longer than 2^32 (a zero-stride view: no memory) is refused before
@@ -881,11 +898,11 @@ fn topk_argsort_errors() {
     let huge = one.broadcast_to(&[(1 << 32) + 1]).unwrap();
     let before = ctx.outstanding_buffers();
     assert!(matches!(
-        ctx.argsort(&huge, 0, false),
+        err_clean(&ctx, || ctx.argsort(&huge, 0, false)),
         Err(ExecError::InvalidShape { op: "argsort", .. })
     ));
     assert!(matches!(
-        ctx.topk(&huge, 1, 0, false),
+        err_clean(&ctx, || ctx.topk(&huge, 1, 0, false)),
         Err(ExecError::InvalidShape { op: "topk", .. })
     ));
     assert_eq!(ctx.outstanding_buffers(), before);
