@@ -851,6 +851,25 @@ proptest! {
 }
 
 #[test]
+fn ordering_along_a_leading_axis_of_a_larger_tensor() {
+    // Lines and line counts beyond one transposition tile, split over chunks.
+    let ctx = ExecContext::with_threads(3);
+    let mut rng = Rng(17);
+    let shape = [3, 70, 45];
+    let x = rng.tie_vec(numel(&shape));
+    let t = make(&ctx, &shape, &x, 1);
+    let s = ctx.argsort(&t, 1, false).unwrap();
+    assert_eq!(s.to_vec(), order_ref(&shape, &x, 1, 70, false));
+    let (v, i) = ctx.topk(&t, 40, 1, true).unwrap();
+    let ri = order_ref(&shape, &x, 1, 40, true);
+    assert_eq!(i.to_vec(), ri);
+    assert_eq!(
+        bits(&v.to_vec()),
+        bits(&gather_ref(&shape, &x, 1, &[3, 40, 45], &ri))
+    );
+}
+
+#[test]
 fn topk_nan_and_signed_zero_rules() {
     let ctx = ExecContext::new();
     let x = ctx

@@ -6,10 +6,14 @@
 //! Descending orders reverse the values but keep ties by increasing position
 //! (PyTorch's stable sort). The result is therefore unique: the same for every
 //! team size and batch size.
+//!
+//! Lines are ordered in parallel, one line per task; each parallel chunk keeps one
+//! key buffer of the line's length (one heap allocation per chunk, at most four
+//! per team member).
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::select::{key_position, line_keys, smallest_k};
+use crate::kernels::select::{key_position, line_keys, smallest_k, transpose_rows};
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
 
@@ -154,9 +158,23 @@ impl ExecContext {
         if inner == 1 {
             return by_line.reshape(&out_shape);
         }
-        // [outer, inner, k] -> [outer, k, inner].
-        let t = by_line.reshape(&[outer, inner, k])?.permute(&[0, 2, 1])?;
-        self.materialize(&t)?.reshape(&out_shape)
+        // [outer, inner, k] -> [outer, k, inner]: rows (o, j) of `inner` positions,
+        // in runs of equal `o`, transposed in tiles.
+        let by = by_line.contiguous_slice();
+        self.new_tensor(op, &out_shape, |out: &mut [i64]| {
+            self.par_rows(out, inner, inner, |rows, dst| {
+                let mut r = rows.start;
+                let mut rest = dst;
+                while r < rows.end {
+                    let (o, j0) = (r / k, r % k);
+                    let run = (k - j0).min(rows.end - r);
+                    let (head, tail) = rest.split_at_mut(run * inner);
+                    transpose_rows(head, &by[o * inner * k..(o + 1) * inner * k], inner, k, j0);
+                    rest = tail;
+                    r += run;
+                }
+            });
+        })
     }
 }
 
