@@ -20,9 +20,20 @@ pub(crate) fn check_index_values(
     idx: &RawTensor<i64>,
     bound: usize,
 ) -> Result<(), ExecError> {
-    let bad = |i: i64| i < 0 || i as u64 >= bound as u64;
+    // A negative index read as `u64` is above every bound.
+    let bad = |i: i64| i as u64 >= bound as u64;
     let first_bad = if idx.is_contiguous() {
-        idx.contiguous_slice().iter().copied().find(|&i| bad(i))
+        // A vectorizable maximum per block; the first offender of a failing block.
+        idx.contiguous_slice()
+            .chunks(256)
+            .find(|block| {
+                block
+                    .iter()
+                    .map(|&i| i as u64)
+                    .max()
+                    .is_some_and(|m| m >= bound as u64)
+            })
+            .and_then(|block| block.iter().copied().find(|&i| bad(i)))
     } else {
         let buf: &[i64] = idx.buffer();
         let mut found = None;
@@ -642,7 +653,12 @@ impl ExecContext {
                     let xblock = &xs[xo * dx * xin..(xo + 1) * dx * xin];
                     let iblock = &ix[r * iin..(r + run) * iin];
                     let pairs = head.chunks_exact_mut(iin).zip(iblock.chunks_exact(iin));
-                    if same_inner {
+                    if iin == 1 && xin == 1 {
+                        // Gathering along the last axis: one element per row.
+                        for (d, &t) in head.iter_mut().zip(iblock) {
+                            *d = xblock[t as usize];
+                        }
+                    } else if same_inner {
                         for (drow, irow) in pairs {
                             for (q, (d, &t)) in drow.iter_mut().zip(irow).enumerate() {
                                 *d = xblock[t as usize * xin + q];
