@@ -10,6 +10,7 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
+use crate::kernels::select::transpose_rows;
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
 
@@ -820,10 +821,11 @@ impl ExecContext {
     /// scatter-add: every `grad` element is added at the source position it was
     /// gathered from; everything else is zero.
     ///
-    /// Deterministic: the source is split into rows over the axes before `axis`,
-    /// each written by exactly one task, which adds the contributions to an
-    /// element in increasing position along `axis` (the order of a serial
-    /// scatter-add in row-major order), for any team size.
+    /// Deterministic: the source is split into rows over the axes before `axis`
+    /// (or, when there is only one such row, into its columns after `axis`), each
+    /// written by exactly one task, which adds the contributions to an element in
+    /// increasing position along `axis` (the order of a serial scatter-add in
+    /// row-major order), for any team size.
     ///
     /// # Errors
     /// The shape errors of `src_shape`; [`ExecError::InvalidAxis`];
@@ -860,6 +862,32 @@ impl ExecContext {
         let iin: usize = ishape[axis + 1..].iter().product();
         let (isub, ssub) = (&ishape[axis + 1..], &src_shape[axis + 1..]);
         let same_inner = isub == ssub;
+        let outer: usize = src_shape[..axis].iter().product();
+        if outer == 1 && inner > 1 {
+            // One source row: split it over its inner columns instead. Column `s`
+            // (the `d` destinations of one inner position) is summed into row `s`
+            // of a transposed `[inner, d]` scratch, in increasing `j` as below, then
+            // the scratch is transposed into place: the same bits as the row path.
+            let cols = self.new_tensor(OP, &[inner, d], |sc: &mut [f32]| {
+                self.par_rows(sc, d, d + m, |rows, dst| {
+                    for (s, col) in rows.zip(dst.chunks_exact_mut(d)) {
+                        col.fill(0.0);
+                        let Some(q) = remap_position(s, ssub, isub) else {
+                            continue;
+                        };
+                        for j in 0..m {
+                            col[ix[j * iin + q] as usize] += g[j * iin + q];
+                        }
+                    }
+                });
+            })?;
+            let cols = cols.contiguous_slice();
+            return self.new_tensor(OP, src_shape, |out| {
+                self.par_rows(out, inner, inner, |rows, dst| {
+                    transpose_rows(dst, cols, inner, d, rows.start);
+                });
+            });
+        }
         let row_len = d * inner;
         self.new_tensor(OP, src_shape, |out| {
             self.par_rows(out, row_len, row_len + m * iin, |rows, dst| {
