@@ -593,6 +593,19 @@ fn backward_accumulates_duplicates_in_index_order() {
     let gi = ctx.from_slice_typed::<i64>(&[3, 1], &[0, 0, 0]).unwrap();
     let b = ctx.gather_backward(&g, 0, &gi, &[1, 1]).unwrap();
     assert_eq!(b.to_vec(), [(1.0f32 + 1e8) - 1e8]);
+    // The same through the column split of a single-row source (gather along axis 0
+    // of a [1, 2] source) and through the row split (axis 1 of a [2, 1] source).
+    let g2 = ctx
+        .from_slice(&[3, 2], &[1.0, 1.0, 1e8, 1e8, -1e8, -1e8])
+        .unwrap();
+    let gi2 = ctx.zeros_typed::<i64>(&[3, 2]).unwrap();
+    let b2 = ctx.gather_backward(&g2, 0, &gi2, &[1, 2]).unwrap();
+    assert_eq!(b2.to_vec(), [(1.0f32 + 1e8) - 1e8; 2]);
+    let g3 = g2.transpose(0, 1).unwrap();
+    let gi3 = ctx.zeros_typed::<i64>(&[2, 3]).unwrap();
+    let b3 = ctx.gather_backward(&g3, 1, &gi3, &[2, 1]).unwrap();
+    assert_eq!(b3.to_vec(), [(1.0f32 + 1e8) - 1e8; 2]);
+    drop((g2, gi2, b2, g3, gi3, b3));
     // Rows no index points at are zero, even in a recycled (dirty) buffer.
     drop((e, s, b));
     let dirty = ctx.full(&[4, 1], f32::NAN).unwrap();
