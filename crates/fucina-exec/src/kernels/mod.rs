@@ -3,3 +3,4 @@
 
 pub(crate) mod gemm;
 pub(crate) mod reduce;
+pub(crate) mod rowwise;
