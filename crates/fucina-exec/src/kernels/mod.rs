@@ -2,5 +2,6 @@
 //! [`crate::ops`] validate, allocate and split the work; kernels compute.
 
 pub(crate) mod gemm;
+pub(crate) mod math;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;

@@ -2,6 +2,7 @@
 //! and their backward rows. Each works on one row (a slice) and uses the fixed-order
 //! sums of [`super::reduce`], so a row's result depends only on the row.
 
+use super::math::exp;
 use super::reduce::{max, sum, sum_map, sum_map2};
 
 /// `log(sum(exp(x)))`, shifted by the row max (`0` when the max is infinite, which
@@ -10,7 +11,7 @@ use super::reduce::{max, sum, sum_map, sum_map2};
 pub(crate) fn logsumexp(x: &[f32]) -> f32 {
     let m = max(x);
     let shift = if m.is_finite() { m } else { 0.0 };
-    shift + sum_map(x, |v| (v - shift).exp()).ln()
+    shift + sum_map(x, |v| exp(v - shift)).ln()
 }
 
 /// The variance of the row: `sum((x - mean)^2) / (n - correction)` (two passes).
@@ -28,7 +29,7 @@ pub(crate) fn variance(x: &[f32], correction: usize) -> f32 {
 pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
     let m = max(x);
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v - m).exp();
+        *o = exp(v - m);
     }
     let inv = 1.0 / sum(out);
     for o in out.iter_mut() {
@@ -39,10 +40,7 @@ pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
 /// `out = x - max(x) - log(sum(exp(x - max(x))))`.
 pub(crate) fn log_softmax(x: &[f32], out: &mut [f32]) {
     let m = max(x);
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v - m).exp();
-    }
-    let lse = sum(out).ln();
+    let lse = sum_map(x, |v| exp(v - m)).ln();
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (v - m) - lse;
     }
@@ -60,7 +58,7 @@ pub(crate) fn softmax_backward(y: &[f32], gy: &[f32], gx: &mut [f32]) {
 pub(crate) fn log_softmax_backward(y: &[f32], gy: &[f32], gx: &mut [f32]) {
     let s = sum(gy);
     for ((o, &yv), &g) in gx.iter_mut().zip(y).zip(gy) {
-        *o = g - yv.exp() * s;
+        *o = g - exp(yv) * s;
     }
 }
 

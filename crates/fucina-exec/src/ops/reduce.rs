@@ -594,7 +594,9 @@ impl ExecContext {
         check_axis(OP, axis, x.rank())?;
         check_reduced_grad(OP, y.shape(), x.shape(), axis, keepdim)?;
         check_reduced_grad(OP, grad_y.shape(), x.shape(), axis, keepdim)?;
-        self.map_axis_bcast(OP, x, y, grad_y, axis, |v, l, g| g * (v - l).exp())
+        self.map_axis_bcast(OP, x, y, grad_y, axis, |v, l, g| {
+            g * crate::kernels::math::exp(v - l)
+        })
     }
 
     /// `out[o, k, i] = f(x[o, k, i], a[o, i], b[o, i])`: `a` and `b` (reduced
