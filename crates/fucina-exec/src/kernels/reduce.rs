@@ -5,7 +5,7 @@
 //!
 //! - a *block* of at most [`BLOCK`] elements is summed in [`LANES`] interleaved
 //!   accumulators (lane `j` takes elements `j, j + LANES, ...`), combined in a fixed
-//!   tree, then the `len % LANES` tail is added in order;
+//!   halving tree, then the `len % LANES` tail is added in order;
 //! - up to [`SUPER`] elements, blocks are combined pairwise (the split falls on the
 //!   block boundary nearest the middle: `ceil(len / BLOCK) / 2` blocks on the left);
 //! - above [`SUPER`] elements, super-chunks of [`SUPER`] elements are summed as above
@@ -16,8 +16,9 @@
 //! each column sequentially inside blocks of [`BLOCK`] rows and add the block
 //! partials in row order ([`col_sum_with`]).
 
-/// Interleaved accumulators of a block sum (vectorizes to one or two SIMD registers).
-pub(crate) const LANES: usize = 8;
+/// Interleaved accumulators of a block sum: four SSE or two AVX registers, enough
+/// independent add chains to hide the add latency.
+pub(crate) const LANES: usize = 16;
 /// Elements per block: the unit of the pairwise combination.
 pub(crate) const BLOCK: usize = 256;
 /// Elements per super-chunk: the unit a full reduction parallelizes over.
@@ -25,10 +26,19 @@ pub(crate) const SUPER: usize = 1 << 16;
 /// Columns per tile of the column kernels (stack accumulators).
 pub(crate) const TILE: usize = 64;
 
-/// The fixed combination tree of the lane accumulators.
+/// The fixed combination tree of the lane accumulators (halving: lane `j` plus
+/// lane `j + width / 2`, until one is left).
 #[inline(always)]
 fn combine_lanes(a: &[f32; LANES]) -> f32 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    let mut v = *a;
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            v[j] += v[j + w];
+        }
+    }
+    v[0]
 }
 
 #[inline(always)]
@@ -114,46 +124,41 @@ pub(crate) fn pairwise(partials: &[f32]) -> f32 {
     }
 }
 
-/// `max` that propagates NaN (PyTorch semantics): NaN as soon as either is NaN.
+/// Folds `x` with `pick(acc, v)` (a NaN-ignoring max or min: one SIMD instruction)
+/// in [`LANES`] accumulators while tracking NaNs on the side; NaN if any element is
+/// NaN (PyTorch's propagation), `init` for an empty slice.
 #[inline(always)]
-fn max_nan(a: f32, v: f32) -> f32 {
-    if v > a || v.is_nan() { v } else { a }
-}
-
-/// `min` that propagates NaN.
-#[inline(always)]
-fn min_nan(a: f32, v: f32) -> f32 {
-    if v < a || v.is_nan() { v } else { a }
-}
-
-#[inline(always)]
-fn fold_lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     let mut acc = [init; LANES];
+    let mut nan = [false; LANES];
     let chunks = x.chunks_exact(LANES);
     let rem = chunks.remainder();
     for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = f(*a, v);
+        for ((a, n), &v) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
+            *a = pick(*a, v);
+            *n |= v.is_nan();
         }
     }
     let mut m = init;
+    let mut any_nan = nan.iter().any(|&n| n);
     for &a in &acc {
-        m = f(m, a);
+        m = pick(m, a);
     }
     for &v in rem {
-        m = f(m, v);
+        m = pick(m, v);
+        any_nan |= v.is_nan();
     }
-    m
+    if any_nan { f32::NAN } else { m }
 }
 
 /// The largest element; NaN if any element is NaN; `-inf` for an empty slice.
 pub(crate) fn max(x: &[f32]) -> f32 {
-    fold_lanes(x, f32::NEG_INFINITY, max_nan)
+    extremum(x, f32::NEG_INFINITY, |a, v| if v > a { v } else { a })
 }
 
 /// The smallest element; NaN if any element is NaN; `+inf` for an empty slice.
 pub(crate) fn min(x: &[f32]) -> f32 {
-    fold_lanes(x, f32::INFINITY, min_nan)
+    extremum(x, f32::INFINITY, |a, v| if v < a { v } else { a })
 }
 
 /// Index of the first largest element, NaN counting as larger than everything
