@@ -273,6 +273,17 @@ fn long_reductions_match_f64() {
         1e-5,
         "long column sum",
     );
+    // Inner widths above a column tile, rows above a row block, a middle axis.
+    for (shape, axis) in [(vec![600, 130], 0), (vec![3, 300, 70], 1)] {
+        let data = rand_vec(3, numel(&shape));
+        let y = ctx.from_slice(&shape, &data).unwrap();
+        assert_close(
+            &ctx.sum(&y, axis, false).unwrap().to_vec(),
+            &naive_axis(&shape, &data, axis, f64_sum),
+            1e-5,
+            "tiled column sum",
+        );
+    }
     // Full reductions, above and below a super-chunk, and over a transposed view.
     for n in [1usize, 7, 1_000, 200_001] {
         let data = rand_vec(n as u64, n);
