@@ -21,7 +21,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci        fmt check, clippy, rustdoc, tests, loom models, doc examples, cargo-deny (if installed)
+  ci        fmt check, clippy, rustdoc, tests, fucina-rng no_std, loom models, doc examples,
+            cargo-deny (if installed)
   doctest   compile and run every ```rust block of docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
   bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
@@ -162,6 +163,13 @@ fn ci() -> Result<(), String> {
             cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]),
         )?;
     }
+    // fucina-rng without its default `std` feature is `no_std`: it must build
+    // and reproduce the goldens there too (scalar paths unless the build
+    // enables AVX2/AVX-512).
+    step(
+        "fucina-rng without std",
+        cargo().args(["test", "-p", "fucina-rng", "--no-default-features"]),
+    )?;
     loom()?;
     eprintln!("\n==> [doctest] compile and run the examples of docs/*.md");
     doctest::run(&workspace_root()).map_err(|e| format!("step `doctest` FAILED: {e}"))?;

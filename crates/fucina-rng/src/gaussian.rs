@@ -1,7 +1,7 @@
 //! The exact Gaussian mapping: splitmix64 + Box–Muller in f64.
 
-use crate::math;
 use crate::stream::{at, splitmix64};
+use crate::{float, math};
 
 /// `2^-53`.
 pub(crate) const TWO_POW_M53: f64 = f64::from_bits(0x3ca0_0000_0000_0000);
@@ -12,7 +12,7 @@ pub(crate) const TWO_POW_M53: f64 = f64::from_bits(0x3ca0_0000_0000_0000);
 fn pair(a: u64, b: u64, scale: f64) -> (f32, f32) {
     let ua = ((a >> 11) as f64 + 1.0) * TWO_POW_M53; // (0, 1]
     let ub = (b >> 11) as f64 * TWO_POW_M53; // [0, 1)
-    let radius = (-2.0 * math::ln(ua)).sqrt();
+    let radius = float::sqrt(-2.0 * math::ln(ua));
     let angle = 2.0 * core::f64::consts::PI * ub;
     let (sin, cos) = math::sin_cos(angle);
     ((radius * cos * scale) as f32, (radius * sin * scale) as f32)

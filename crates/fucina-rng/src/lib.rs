@@ -92,16 +92,24 @@
 //! [`kaiming_uniform_fill`] with `fan_in == 0`. Nothing else panics or
 //! allocates.
 //!
-//! ## Optional features
+//! ## Features
 //!
+//! * `std` (default): run-time CPU feature detection for the vector paths.
+//!   Without it the crate is `no_std` (it needs neither `std` nor `alloc`)
+//!   and picks a vector path only when the build enables its target features
+//!   (e.g. `-C target-cpu=native`); every mapping gives the same bits either
+//!   way.
 //! * `rand_core`: `rand_core` 0.10 `TryRng` (hence `Rng`) and `SeedableRng` for [`SplitMix64`].
 //! * `rand_core_09`: `rand_core` 0.9 `RngCore` and `SeedableRng` for [`SplitMix64`].
 //!
 //! In both, `seed_from_u64(seed)` uses the seed as the state as-is, so the
 //! `next_u64` sequence equals `at(seed, 0), at(seed, 1), ...`.
 
+#![cfg_attr(not(any(feature = "std", test)), no_std)]
+
 mod dispatch;
 mod fast;
+mod float;
 mod gaussian;
 mod int;
 mod math;
