@@ -70,6 +70,15 @@
 //!
 //! ## Vectorization
 //!
+//! The exact [`gaussian_fill`] and [`gaussian_fill_at`] compute 16 pairs at a
+//! time through a branch-free form of the f64 Box–Muller (the quadrant of the
+//! angle is applied with masks instead of branches), which the compiler turns
+//! into SSE2 (2 lanes), AVX2 (4) or AVX-512 (8) code, chosen at run time. The
+//! few angles the branch-free form does not cover exactly (within a few
+//! ulps of a multiple of pi/2, or tiny) are flagged and their block redone
+//! with the general functions, so every path gives the bits of the scalar
+//! definition.
+//!
 //! [`gaussian_fill_at_fast`] and [`uniform_fill`] choose at run time between an
 //! AVX-512 (F/DQ/VL) body, an AVX2 body and portable scalar code (other
 //! targets use the scalar code). Each vector lane runs the scalar op sequence
