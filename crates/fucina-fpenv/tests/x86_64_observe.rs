@@ -1,6 +1,6 @@
 //! Observations on x86_64 hardware: every rounding mode and flush-to-zero
 //! seen on a real SSE operation, every exception flag raised by a real
-//! operation, and the MXCSR bit layout of spec reference §4.3.
+//! operation, and the documented MXCSR bit layout.
 //!
 //! Rust code never computes under a changed mode here (that is undefined
 //! behaviour, see the crate docs). Each observation:

@@ -7,8 +7,8 @@
 //! the vector body and the scalar head/tail give identical bits. The unit tests
 //! check every path available on the running CPU against the scalar path.
 
-// The constants below are the contract's decimal literals verbatim (as the
-// spec writes them); each denotes the f32 nearest to it.
+// The constants below are the contract's decimal literals verbatim; each
+// denotes the f32 nearest to it.
 #![allow(clippy::excessive_precision)]
 
 use crate::dispatch::Path;

@@ -5,8 +5,9 @@
 //! integers, permutations). Every `(seed -> values)` mapping here is a
 //! **checkpoint contract**: store a seed instead of the values, regenerate the
 //! values later, and get the same bits, on any run, thread count, chunking and
-//! CPU. The mappings are bit-compatible with the reference implementation the
-//! spec describes (its outputs for seed 42 are the crate's golden tests).
+//! CPU. The mappings are bit-compatible with the reference implementation, the
+//! Zig library of the same name (its outputs for seed 42 are the crate's
+//! golden tests).
 //!
 //! The crate has no dependencies (optional `rand_core` adapters aside) and
 //! allocates nothing.
