@@ -186,9 +186,8 @@ fn pack_a(
     }
 }
 
-/// The `R x NR` micro-kernel body: `tile[i][j] = fma(a[kk*R+i], b[kk*NR+j], tile[i][j])`
-/// for `kk` in increasing order. Inlined into each instruction-set wrapper, where
-/// LLVM vectorizes the `j` loop into full-width FMAs and keeps `acc` in registers.
+/// The portable `R x NR` micro-kernel body:
+/// `tile[i][j] = fma(a[kk*R+i], b[kk*NR+j], tile[i][j])` for `kk` in increasing order.
 #[inline(always)]
 fn micro_body<const R: usize>(a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
     let mut acc = [[0.0f32; NR]; R];
@@ -223,16 +222,105 @@ fn micro_rows(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX])
     }
 }
 
+/// Explicit AVX2 / AVX-512 micro-kernels. They compute exactly what
+/// `micro_body` computes (`_mm*_fmadd_ps` is the same fused, once-rounded
+/// `a * b + c` as `f32::mul_add`), with a fixed register layout: the portable body
+/// is left to the auto-vectorizer, which for some tile heights picks gathers.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn micro_avx512(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
-    micro_rows(rows, a, b, tile);
-}
+mod x86 {
+    use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn micro_avx2(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
-    micro_rows(rows, a, b, tile);
+    use super::{MR_MAX, NR};
+
+    /// The `R x 32` tile with two 16-lane accumulators per row.
+    #[target_feature(enable = "avx512f")]
+    fn tile_avx512<const R: usize>(a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for (acc, t) in acc.iter_mut().zip(tile.iter()) {
+            // SAFETY: `t` holds NR = 32 floats: the loads read t[0..16] and t[16..32].
+            unsafe {
+                acc[0] = _mm512_loadu_ps(t.as_ptr());
+                acc[1] = _mm512_loadu_ps(t.as_ptr().add(16));
+            }
+        }
+        for (av, bv) in a.chunks_exact(R).zip(b.chunks_exact(NR)) {
+            // SAFETY: `bv` holds NR = 32 floats: the loads read bv[0..16], bv[16..32].
+            let (b0, b1) = unsafe {
+                (
+                    _mm512_loadu_ps(bv.as_ptr()),
+                    _mm512_loadu_ps(bv.as_ptr().add(16)),
+                )
+            };
+            for (acc, &ai) in acc.iter_mut().zip(av) {
+                let ai = _mm512_set1_ps(ai);
+                acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+            }
+        }
+        for (acc, t) in acc.iter().zip(tile.iter_mut()) {
+            // SAFETY: `t` holds NR = 32 floats: the stores write t[0..16], t[16..32].
+            unsafe {
+                _mm512_storeu_ps(t.as_mut_ptr(), acc[0]);
+                _mm512_storeu_ps(t.as_mut_ptr().add(16), acc[1]);
+            }
+        }
+    }
+
+    /// The `R x 32` tile with four 8-lane accumulators per row.
+    #[target_feature(enable = "avx2,fma")]
+    fn tile_avx2<const R: usize>(a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for (acc, t) in acc.iter_mut().zip(tile.iter()) {
+            for (q, x) in acc.iter_mut().enumerate() {
+                // SAFETY: `t` holds NR = 32 floats and q < 4: reads t[8q..8q + 8].
+                *x = unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * q)) };
+            }
+        }
+        for (av, bv) in a.chunks_exact(R).zip(b.chunks_exact(NR)) {
+            let mut bq = [_mm256_setzero_ps(); 4];
+            for (q, x) in bq.iter_mut().enumerate() {
+                // SAFETY: `bv` holds NR = 32 floats and q < 4: reads bv[8q..8q + 8].
+                *x = unsafe { _mm256_loadu_ps(bv.as_ptr().add(8 * q)) };
+            }
+            for (acc, &ai) in acc.iter_mut().zip(av) {
+                let ai = _mm256_set1_ps(ai);
+                for (x, &bx) in acc.iter_mut().zip(&bq) {
+                    *x = _mm256_fmadd_ps(ai, bx, *x);
+                }
+            }
+        }
+        for (acc, t) in acc.iter().zip(tile.iter_mut()) {
+            for (q, &x) in acc.iter().enumerate() {
+                // SAFETY: `t` holds NR = 32 floats and q < 4: writes t[8q..8q + 8].
+                unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * q), x) };
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn micro_avx512(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
+        match rows {
+            1 => tile_avx512::<1>(a, b, tile),
+            2 => tile_avx512::<2>(a, b, tile),
+            3 => tile_avx512::<3>(a, b, tile),
+            4 => tile_avx512::<4>(a, b, tile),
+            5 => tile_avx512::<5>(a, b, tile),
+            6 => tile_avx512::<6>(a, b, tile),
+            7 => tile_avx512::<7>(a, b, tile),
+            8 => tile_avx512::<8>(a, b, tile),
+            _ => unreachable!("micro-tile height {rows} is not in 1..=8"),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn micro_avx2(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
+        match rows {
+            1 => tile_avx2::<1>(a, b, tile),
+            2 => tile_avx2::<2>(a, b, tile),
+            3 => tile_avx2::<3>(a, b, tile),
+            _ => unreachable!("AVX2 micro-tile height {rows} is not in 1..=3"),
+        }
+    }
 }
 
 fn micro_generic(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
@@ -247,13 +335,12 @@ fn micro(isa: Isa, rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_
         Isa::Generic => micro_generic(rows, a, b, tile),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only produced (by `detect`/`available`) after
-        // `is_x86_feature_detected!` confirmed avx512f and fma; avx2 is implied by
-        // avx512f on every CPU that has it.
-        Isa::Avx512 => unsafe { micro_avx512(rows, a, b, tile) },
+        // `is_x86_feature_detected!` confirmed avx512f (and fma).
+        Isa::Avx512 => unsafe { x86::micro_avx512(rows, a, b, tile) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced after `is_x86_feature_detected!`
         // confirmed avx2 and fma.
-        Isa::Avx2 => unsafe { micro_avx2(rows, a, b, tile) },
+        Isa::Avx2 => unsafe { x86::micro_avx2(rows, a, b, tile) },
     }
 }
 
