@@ -132,10 +132,16 @@ pub(crate) fn pack_b_panel(
         }
     } else if rs == 1 {
         // Column-major (a transposed view): each column is a contiguous run of k.
-        for j in 0..ncols {
-            let col = &src[off + j * cs..][..k];
-            for (d, &v) in dst.chunks_exact_mut(NR).zip(col) {
-                d[j] = v;
+        // Transpose in blocks of KB rows so the destination rows being scattered
+        // into (KB * NR floats) stay in L1 while every column is read.
+        const KB: usize = 16;
+        for (kb, dblk) in dst.chunks_mut(KB * NR).enumerate() {
+            let k0 = kb * KB;
+            for j in 0..ncols {
+                let col = &src[off + j * cs + k0..][..dblk.len() / NR];
+                for (d, &v) in dblk.chunks_exact_mut(NR).zip(col) {
+                    d[j] = v;
+                }
             }
         }
         if ncols < NR {
