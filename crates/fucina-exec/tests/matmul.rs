@@ -679,6 +679,19 @@ fn rhs_cache_hits_reuse_the_packed_panels() {
     let c_stable = ctx.matmul_with(&xt, &w, STABLE).unwrap().to_vec();
     assert_eq!(bits(&c_plain), bits(&c_stable));
     assert_eq!(ctx.rhs_cache_len(), 2);
+    // A square weight: its matmul and linear packings have the same size, and
+    // must still be told apart by layout.
+    let sq = rand_vec(53, inf * inf);
+    let wsq = ctx.from_vec(&[inf, inf], sq).unwrap();
+    let x50 = ctx.from_slice(&[2, inf], &rand_vec(54, 2 * inf)).unwrap();
+    let mm = ctx.matmul_with(&x50, &wsq, STABLE).unwrap().to_vec();
+    let lin = ctx.linear_with(&x50, &wsq, None, STABLE).unwrap().to_vec();
+    assert_eq!(bits(&mm), bits(&ctx.matmul(&x50, &wsq).unwrap().to_vec()));
+    assert_eq!(
+        bits(&lin),
+        bits(&ctx.linear(&x50, &wsq, None).unwrap().to_vec())
+    );
+    assert_eq!(ctx.rhs_cache_len(), 4);
     // Other zero-copy storage is accepted.
     let shared: Arc<[f32]> = wv.clone().into();
     let ws = ctx.from_shared(&[outf, inf], shared.clone()).unwrap();
@@ -717,4 +730,33 @@ fn rhs_cache_never_serves_new_storage() {
             ctx.clear_rhs_cache();
         }
     }
+}
+
+#[test]
+fn steady_state_calls_take_no_new_blocks() {
+    // Pool misses and plain buffers are aligned-block allocations; at steady state a
+    // matmul (output, packing scratch) and a cached linear take everything from the
+    // pool or the cache. The counters are process-wide, so other tests running in
+    // this process may allocate meanwhile: one clean window out of ten suffices.
+    let ctx = ExecContext::with_threads(2);
+    let a = ctx.from_slice(&[70, 300], &rand_vec(70, 70 * 300)).unwrap();
+    let b = ctx.from_slice(&[300, 90], &rand_vec(71, 300 * 90)).unwrap();
+    let w = ctx.from_vec(&[90, 300], rand_vec(72, 90 * 300)).unwrap();
+    let run = || {
+        drop(ctx.matmul(&a, &b).unwrap());
+        drop(ctx.linear_with(&a, &w, None, STABLE).unwrap());
+        drop(ctx.linear(&a, &w, None).unwrap());
+    };
+    run();
+    let clean = (0..10).any(|_| {
+        let before = fucina_exec::storage::allocation_stats().allocations;
+        run();
+        fucina_exec::storage::allocation_stats().allocations == before
+    });
+    assert!(clean, "every steady-state window allocated new blocks");
+    // A refused StableProcess call allocates nothing either.
+    let pooled = ctx.zeros(&[90, 300]).unwrap();
+    let outstanding = ctx.outstanding_buffers();
+    assert!(ctx.linear_with(&a, &pooled, None, STABLE).is_err());
+    assert_eq!(ctx.outstanding_buffers(), outstanding);
 }
