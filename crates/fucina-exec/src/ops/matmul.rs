@@ -628,21 +628,21 @@ impl ExecContext {
         }
     }
 
-    /// Packs every distinct right-hand matrix of `plan` into `dst` (panels in
-    /// parallel when large).
+    /// Packs every distinct right-hand matrix of `plan` into `dst`, on the calling
+    /// thread: packing reads `k * n` floats once per matrix, small next to the
+    /// `m * k * n` product, and a separate parallel dispatch for it costs more
+    /// than it saves when the team's threads compete for cores.
     fn pack_rhs(&self, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
         let (k, n) = (plan.k, plan.n);
         let np = n.div_ceil(NR);
         let src: &[f32] = b.buffer();
-        self.par_rows(dst, k * NR, k * NR, |panels, d| {
-            for (r, d) in panels.zip(d.chunks_exact_mut(k * NR)) {
-                let (t, p) = (r / np, r % np);
-                let off = plan.b_off
-                    + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
-                    + p * NR * plan.b_cs;
-                gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
-            }
-        });
+        for (r, d) in dst.chunks_exact_mut(k * NR).enumerate() {
+            let (t, p) = (r / np, r % np);
+            let off = plan.b_off
+                + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
+                + p * NR * plan.b_cs;
+            gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
+        }
     }
 
     /// Allocates the output and computes it from the packed right-hand side.
