@@ -130,6 +130,13 @@ pub(crate) fn pack_b_panel(
             d[..ncols].copy_from_slice(s);
             d[ncols..].fill(0.0);
         }
+    } else if rs == 1 && ncols == NR && gather_ok(src.len(), off, cs, k) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `gather_ok` returned true only after `Isa::detect()` found
+        // avx512f (and checked the bounds the function asserts).
+        unsafe {
+            x86::pack_cols_avx512(dst, src, off, cs, k)
+        };
     } else if rs == 1 {
         // Column-major (a transposed view): each column is a contiguous run of k.
         // Transpose in blocks of KB rows so the destination rows being scattered
@@ -156,6 +163,23 @@ pub(crate) fn pack_b_panel(
                 *x = if j < ncols { src[base + j * cs] } else { 0.0 };
             }
         }
+    }
+}
+
+/// Whether [`pack_b_panel`] may use the AVX-512 gather packer for a full
+/// column-major panel at `off` with column stride `cs` and depth `k`.
+fn gather_ok(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Isa::detect() == Isa::Avx512
+            && cs.checked_mul(31).is_some_and(|x| {
+                x <= i32::MAX as usize && off.saturating_add(x).saturating_add(k) <= src_len
+            })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (src_len, off, cs, k);
+        false
     }
 }
 
@@ -299,6 +323,39 @@ mod x86 {
             for (q, &x) in acc.iter().enumerate() {
                 // SAFETY: `t` holds NR = 32 floats and q < 4: writes t[8q..8q + 8].
                 unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * q), x) };
+            }
+        }
+    }
+
+    /// Packs one full panel (32 columns) of a column-major right-hand side
+    /// (`rs == 1`): for each `kk`, two 16-lane gathers read
+    /// `src[off + j * cs + kk]` for `j < 32` and one 32-float row of `dst` is
+    /// stored. Pure data movement: the packed floats are those of the scalar path.
+    ///
+    /// The caller checks `off + 31 * cs + k <= src.len()`, `31 * cs <= i32::MAX`
+    /// and `dst.len() == k * NR`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn pack_cols_avx512(dst: &mut [f32], src: &[f32], off: usize, cs: usize, k: usize) {
+        assert!(off + 31 * cs + k <= src.len() && 31 * cs <= i32::MAX as usize);
+        assert_eq!(dst.len(), k * NR);
+        let mut lanes = [0i32; 16];
+        for (j, l) in lanes.iter_mut().enumerate() {
+            *l = (j * cs) as i32;
+        }
+        // SAFETY: `lanes` is 16 i32 = 64 bytes, the size of the unaligned load.
+        let idx = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
+        for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
+            // SAFETY: lane j of the first gather reads src[off + kk + j * cs] and of
+            // the second src[off + kk + (16 + j) * cs]; the largest index,
+            // off + 31 * cs + kk < off + 31 * cs + k, is in bounds (asserted
+            // above), and the i32 offsets do not overflow (31 * cs <= i32::MAX).
+            // The stores write d[0..16] and d[16..32] of the 32-float row `d`.
+            unsafe {
+                let base = src.as_ptr().add(off + kk);
+                let v0 = _mm512_i32gather_ps::<4>(idx, base);
+                let v1 = _mm512_i32gather_ps::<4>(idx, base.add(16 * cs));
+                _mm512_storeu_ps(d.as_mut_ptr(), v0);
+                _mm512_storeu_ps(d.as_mut_ptr().add(16), v1);
             }
         }
     }
