@@ -365,7 +365,7 @@ impl ExecContext {
         options: MatmulOptions,
     ) -> Result<RawTensor, ExecError> {
         let plan = Plan::new("matmul", a, b)?;
-        self.run_plan("matmul", &plan, a, b, None, options)
+        self.mm_run_plan("matmul", &plan, a, b, None, options)
     }
 
     /// `x · wᵀ + bias` (PyTorch's `linear`): `x` is `[..., in]` (or `[in]`), `w` is
@@ -427,7 +427,7 @@ impl ExecContext {
             });
         }
         let plan = Plan::new(op, x, &wt)?;
-        self.run_plan(op, &plan, x, &wt, bias, options)
+        self.mm_run_plan(op, &plan, x, &wt, bias, options)
     }
 
     /// The gradients of `c = matmul(a, b)` given `grad = dL/dc`:
@@ -478,10 +478,14 @@ impl ExecContext {
         let (ar, br) = (a2.rank(), b2.rank());
         let bt = b2.transpose(br - 2, br - 1)?;
         let at = a2.transpose(ar - 2, ar - 1)?;
-        let ga = self.product(op, &g2, &bt)?;
-        let ga = self.sum_to_shape(op, ga, a2.shape())?.reshape(a.shape())?;
-        let gb = self.product(op, &at, &g2)?;
-        let gb = self.sum_to_shape(op, gb, b2.shape())?.reshape(b.shape())?;
+        let ga = self.mm_product(op, &g2, &bt)?;
+        let ga = self
+            .mm_sum_to_shape(op, ga, a2.shape())?
+            .reshape(a.shape())?;
+        let gb = self.mm_product(op, &at, &g2)?;
+        let gb = self
+            .mm_sum_to_shape(op, gb, b2.shape())?
+            .reshape(b.shape())?;
         Ok((ga, gb))
     }
 
@@ -517,11 +521,11 @@ impl ExecContext {
                 reason: "grad must be [..., out] with x's leading dims",
             });
         }
-        let gx = self.product(op, grad, w)?;
+        let gx = self.mm_product(op, grad, w)?;
         let rows = x.numel() / in_f;
         let g2 = self.contiguous(grad)?.reshape(&[rows, out_f])?;
         let x2 = self.contiguous(x)?.reshape(&[rows, in_f])?;
-        let gw = self.product(op, &g2.transpose(0, 1)?, &x2)?;
+        let gw = self.mm_product(op, &g2.transpose(0, 1)?, &x2)?;
         let gs = g2.contiguous_slice();
         let gb = self.new_tensor(op, &[out_f], |out| {
             self.par_rows(out, 1, rows, |cols, o| {
@@ -548,19 +552,19 @@ impl ExecContext {
     }
 
     /// `a · b` for internal callers (transient right-hand side).
-    fn product(
+    fn mm_product(
         &self,
         op: &'static str,
         a: &RawTensor,
         b: &RawTensor,
     ) -> Result<RawTensor, ExecError> {
         let plan = Plan::new(op, a, b)?;
-        self.run_plan(op, &plan, a, b, None, MatmulOptions::default())
+        self.mm_run_plan(op, &plan, a, b, None, MatmulOptions::default())
     }
 
     /// Sums the contiguous tensor `full` down to `target` (right-aligned
     /// broadcast), adding in increasing index order of `full`.
-    fn sum_to_shape(
+    fn mm_sum_to_shape(
         &self,
         op: &'static str,
         full: RawTensor,
@@ -583,7 +587,7 @@ impl ExecContext {
 
     /// Packs (or fetches from the cache) the right-hand side, then runs the GEMM
     /// over the output rows.
-    fn run_plan(
+    fn mm_run_plan(
         &self,
         op: &'static str,
         plan: &Plan,
@@ -607,19 +611,19 @@ impl ExecContext {
                     let mut fresh =
                         Buffer::<f32>::zeroed(len).map_err(|e| ExecError::storage(op, e))?;
                     let dst = fresh.get_mut().expect("a fresh buffer is unique");
-                    self.pack_rhs(plan, b, &mut dst[..len]);
+                    self.mm_pack_rhs(plan, b, &mut dst[..len]);
                     self.rhs_cache.borrow_mut().insert(b, fresh.clone(), len);
                     fresh
                 }
             };
-            self.gemm_out(op, plan, a, &packed[..len], bias)?
+            self.mm_gemm_out(op, plan, a, &packed[..len], bias)?
         } else {
             let mut lease = self
                 .pool()
                 .acquire_scratch::<f32>(len)
                 .map_err(|e| ExecError::storage(op, e))?;
-            self.pack_rhs(plan, b, &mut lease);
-            self.gemm_out(op, plan, a, &lease, bias)?
+            self.mm_pack_rhs(plan, b, &mut lease);
+            self.mm_gemm_out(op, plan, a, &lease, bias)?
         };
         if plan.result == plan.out {
             Ok(out)
@@ -632,7 +636,7 @@ impl ExecContext {
     /// thread: packing reads `k * n` floats once per matrix, small next to the
     /// `m * k * n` product, and a separate parallel dispatch for it costs more
     /// than it saves when the team's threads compete for cores.
-    fn pack_rhs(&self, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
+    fn mm_pack_rhs(&self, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
         let (k, n) = (plan.k, plan.n);
         let np = n.div_ceil(NR);
         let src: &[f32] = b.buffer();
@@ -646,7 +650,7 @@ impl ExecContext {
     }
 
     /// Allocates the output and computes it from the packed right-hand side.
-    fn gemm_out(
+    fn mm_gemm_out(
         &self,
         op: &'static str,
         plan: &Plan,
