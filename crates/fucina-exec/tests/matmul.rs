@@ -760,3 +760,51 @@ fn steady_state_calls_take_no_new_blocks() {
     assert!(ctx.linear_with(&a, &pooled, None, STABLE).is_err());
     assert_eq!(ctx.outstanding_buffers(), outstanding);
 }
+
+#[test]
+fn single_row_column_split_is_deterministic_and_batch_invariant() {
+    // One output row with k * n above the parallel gate: the columns are split.
+    let (inf, outf) = (1100, 1000);
+    let xv = rand_vec(80, 3 * inf);
+    let wv = rand_vec(81, outf * inf);
+    let bv = rand_vec(82, outf);
+    let mut first: Option<Vec<u32>> = None;
+    for threads in 1..=4 {
+        let ctx = ExecContext::with_threads(threads);
+        let x = ctx.from_slice(&[3, inf], &xv).unwrap();
+        let w = ctx.from_slice(&[outf, inf], &wv).unwrap();
+        let b = ctx.from_slice(&[outf], &bv).unwrap();
+        let batch = ctx.linear(&x, &w, Some(&b)).unwrap().to_vec();
+        let x1 = x.narrow(0, 1, 1).unwrap();
+        let one = ctx.linear(&x1, &w, Some(&b)).unwrap().to_vec();
+        assert_eq!(
+            bits(&one),
+            bits(&batch[outf..2 * outf]),
+            "threads {threads}"
+        );
+        // matmul of a 1-D vector by a transposed view, same chain.
+        let v = ctx.from_slice(&[inf], &xv[inf..2 * inf]).unwrap();
+        let mv = ctx
+            .matmul(&v, &w.transpose(0, 1).unwrap())
+            .unwrap()
+            .to_vec();
+        let nob = ctx.linear(&x1, &w, None).unwrap().to_vec();
+        assert_eq!(bits(&mv), bits(&nob));
+        match &first {
+            None => first = Some(bits(&one)),
+            Some(f) => assert_eq!(f, &bits(&one), "threads {threads}"),
+        }
+    }
+    // Against the f64 reference.
+    let f = first.unwrap();
+    for o in [0, 31, 32, 999] {
+        let want: f64 = f64::from(bv[o])
+            + (0..inf)
+                .map(|i| f64::from(xv[inf + i]) * f64::from(wv[o * inf + i]))
+                .sum::<f64>();
+        assert!(
+            (f64::from(f32::from_bits(f[o])) - want).abs() < 1e-3,
+            "column {o}"
+        );
+    }
+}

@@ -676,6 +676,12 @@ impl ExecContext {
         let pool = self.pool();
         let work_per_row = (k.saturating_mul(n) / WORK_DIV).max(1);
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
+            if out.len() == n {
+                // A single output row (batch-1 inference): split its columns instead,
+                // in whole packed panels.
+                self.mm_gemm_one_row(plan, a_data, packed, bias, out, &failed);
+                return;
+            }
             self.par_rows(out, n, work_per_row, |rows, c| {
                 let mut scratch = match pool.acquire_scratch::<f32>(A_SCRATCH_LEN) {
                     Ok(s) => s,
@@ -722,6 +728,64 @@ impl ExecContext {
         match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(ExecError::storage(op, e)),
             None => Ok(out),
+        }
+    }
+
+    /// The product for a single output row `c` (`n` floats, one batch): groups of
+    /// `NR` columns (one packed panel each) are split across the team, the
+    /// remaining `n % NR` columns run on the caller. Every element is the same
+    /// fused multiply-add chain as on the row-split path.
+    fn mm_gemm_one_row(
+        &self,
+        plan: &Plan,
+        a_data: &[f32],
+        packed: &[f32],
+        bias: Option<&[f32]>,
+        c: &mut [f32],
+        failed: &Mutex<Option<StorageError>>,
+    ) {
+        let (k, n) = (plan.k, plan.n);
+        let isa = Isa::detect();
+        let pool = self.pool();
+        let lhs = LhsRows {
+            data: a_data,
+            row_off: |_| plan.a_row_off(0),
+            cs: plan.a_cs,
+        };
+        let run = |j0: usize, c: &mut [f32]| {
+            let mut scratch = match pool.acquire_scratch::<f32>(A_SCRATCH_LEN) {
+                Ok(s) => s,
+                Err(e) => {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    return;
+                }
+            };
+            if let Some(bias) = bias {
+                c.copy_from_slice(&bias[j0..j0 + c.len()]);
+            }
+            let panels = &packed[j0 / NR * k * NR..][..c.len().div_ceil(NR) * k * NR];
+            let cols = c.len();
+            gemm::gemm_rows(
+                isa,
+                &lhs,
+                1,
+                k,
+                cols,
+                panels,
+                c,
+                bias.is_some(),
+                &mut scratch,
+            );
+        };
+        let full = n / NR * NR;
+        let work_per_group = (k * NR / WORK_DIV).max(1);
+        if full > 0 {
+            self.par_rows(&mut c[..full], NR, work_per_group, |groups, cg| {
+                run(groups.start * NR, cg);
+            });
+        }
+        if full < n {
+            run(full, &mut c[full..]);
         }
     }
 }
