@@ -21,6 +21,8 @@
 //! rows: it equals the plain scalar loop `c = c.mul_add(a, b)`, bit for bit, on
 //! every path ([`Isa`]). The portable path uses `f32::mul_add`, which is exactly
 //! rounded everywhere (a library call on CPUs without FMA: slow, but identical).
+//! (Identical for finite values under the default float environment; NaN payloads
+//! and flush-to-zero modes are not part of the promise.)
 
 /// Columns of a packed right-hand-side panel (and of a micro-tile).
 pub(crate) const NR: usize = 32;
