@@ -358,8 +358,8 @@ impl ExecContext {
     ///   such as a `linear` weight, through gathers or scalar scatter, which costs
     ///   several times a contiguous copy) while the product costs `m * k * n`
     ///   multiply-adds, so the saving shrinks as the number of rows `m` grows. For a
-    ///   `[256, 784]` `linear` weight, a hit was about 7x faster than packing at
-    ///   batch 1, about 2.5x at batch 8 and still 1.2x-1.5x at batch 64 on the
+    ///   `[256, 784]` `linear` weight, a hit was 5x-7x faster than packing at
+    ///   batch 1, about 2.6x at batch 8 and still 1.2x-1.4x at batch 64 on the
     ///   2-core AVX-512 machine the crate's bench ran on (`benches/matmul.rs`),
     ///   and the relative saving keeps shrinking as the batch grows. A hit costs a
     ///   linear scan of the entries.
