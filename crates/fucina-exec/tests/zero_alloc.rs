@@ -2,6 +2,8 @@
 //! zero heap allocations and zero pool misses. Its own test binary: the counting
 //! global allocator sees every allocation of the process.
 
+#![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
