@@ -1,5 +1,6 @@
 //! The gradient model: accumulation, errors, ordering, depth, no_grad, in-place
 //! updates.
+#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use fucina_autograd::exec::{ExecContext, ExecError};
 use fucina_autograd::{AutogradError, BackwardOptions, Tensor, is_grad_enabled, no_grad};
