@@ -33,14 +33,18 @@
 // error path): boxing would allocate on every error and not shrink the `Ok` arm.
 #![allow(clippy::result_large_err)]
 
+mod custom;
 mod error;
 mod grad_mode;
+mod gradcheck;
 mod node;
 mod ops;
 mod tensor;
 
+pub use custom::{CustomVjpArgs, custom_vjp};
 pub use error::{AutogradError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
+pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
 pub use node::{BackwardOptions, Grads};
 pub use tensor::Tensor;
 
