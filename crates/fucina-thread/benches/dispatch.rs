@@ -3,11 +3,13 @@
 //! `cargo bench -p fucina-thread --bench dispatch -- --warm-up-time 1 --measurement-time 3`
 //!
 //! Groups:
-//! - `dispatch_2p`: two participants, two trivial tasks: `parallel_chunks` vs
+//! - `dispatch_2p`: two participants, two trivial tasks: `parallel_chunks`
+//!   with a zero-size closure and with a closure that captures a slice and
+//!   reads its task's element (the shape of every real kernel) vs
 //!   `rayon::join` vs `rayon::scope` with two spawns (2-thread rayon pool), and
 //!   the floor: a two-thread ping-pong on one atomic (one cache-line round trip);
 //! - `parallel_for_4096_f32`: one add per element over 4096 f32: serial,
-//!   `parallel_for`, rayon `par_chunks_mut`, with the same 2 chunks;
+//!   `parallel_for_slices`, rayon `par_chunks_mut`, with the same 2 chunks;
 //! - `park_wake`: wake latency round trip of the two futex backends (a parked
 //!   thread is woken and acknowledges through an atomic);
 //! - `dispatch_parked`: `parallel_chunks` of 2 tasks when the worker parks at
@@ -87,6 +89,17 @@ fn dispatch_2p(c: &mut Criterion) {
             })
         })
     });
+    // What every real kernel does: the closure captures a slice (on the heap,
+    // as kernel data is) and each task reads its own element.
+    let data: Vec<u64> = (0..64).collect();
+    let data = &data[..];
+    g.bench_function("parallel_chunks_2_tasks_capturing", |b| {
+        b.iter(|| {
+            team.parallel_chunks(black_box(&tasks), |&t| {
+                black_box(data[t as usize]);
+            })
+        })
+    });
     let pool = rayon_pool();
     g.bench_function("rayon_join", |b| {
         pool.install(|| b.iter(|| rayon::join(|| black_box(0u32), || black_box(1u32))))
@@ -109,19 +122,6 @@ fn dispatch_2p(c: &mut Criterion) {
     g.finish();
 }
 
-/// A pointer to disjoint chunks of one slice.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: each chunk index is written by exactly one participant.
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 fn parallel_for_4096(c: &mut Criterion) {
     let mut g = c.benchmark_group("parallel_for_4096_f32");
     const N: usize = 4096;
@@ -136,13 +136,9 @@ fn parallel_for_4096(c: &mut Criterion) {
             }
         })
     });
-    g.bench_function("team_parallel_for", |b| {
+    g.bench_function("team_parallel_for_slices", |b| {
         b.iter(|| {
-            let p = SyncPtr(black_box(&mut data[..]).as_mut_ptr());
-            team.parallel_for(0, N, GRAIN, |r| {
-                // SAFETY: chunks are disjoint sub-ranges of `data`, alive
-                // for the whole call.
-                let s = unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start), r.len()) };
+            team.parallel_for_slices(black_box(&mut data[..]), GRAIN, |_, s| {
                 for x in s {
                     *x += 1.0;
                 }

@@ -14,6 +14,13 @@
 //! - [`Team::parallel_chunks`] runs one closure per task, each task exactly
 //!   once; [`Team::parallel_for`] splits a range with [`chunk_ranges`], whose
 //!   boundaries depend only on `(begin, end, grain, threads)`.
+//! - Safe mutable parallelism: [`Team::parallel_chunks_mut`] hands each
+//!   element of a `&mut [T]` to exactly one task, and
+//!   [`Team::parallel_for_slices`] hands each deterministic chunk its range
+//!   and the disjoint `&mut` sub-slice it covers. No `Mutex` or raw pointer
+//!   is needed to write outputs in parallel.
+//! - [`current_participant`] tells a task its participant index (for
+//!   per-participant scratch buffers); `None` in a serial run.
 //! - [`Team::parallel_chained`] runs a dependency graph: running tasks make
 //!   others runnable through [`Chain::enqueue`].
 //! - The calls are scoped like `std::thread::scope`: tasks and closures may
@@ -21,8 +28,9 @@
 //! - Degradation is always safe: with no workers, from inside a task (nested
 //!   call, see [`in_parallel_region`]) or while another thread is dispatching
 //!   on the same team, the tasks run serially on the calling thread.
-//! - A panicking task does not poison the team: the dispatch completes and the
-//!   panic is resumed on the caller.
+//! - A panicking task does not poison the team: the other tasks still run, the
+//!   dispatch completes and the first panic is resumed on the caller (in every
+//!   mode, the serial fallbacks included).
 //!
 //! ```
 //! use fucina_thread::{Team, TeamOptions};
@@ -32,27 +40,25 @@
 //!
 //! // Scale a vector in place; each chunk writes only its own elements.
 //! let mut v: Vec<f32> = (0..10_000).map(|i| i as f32).collect();
-//! let chunks: Vec<&mut [f32]> = v.chunks_mut(1000).collect();
-//! let chunks: Vec<std::sync::Mutex<&mut [f32]>> = chunks.into_iter().map(std::sync::Mutex::new).collect();
-//! team.parallel_chunks(&chunks, |c| {
-//!     for x in c.lock().unwrap().iter_mut() {
+//! team.parallel_for_slices(&mut v, 1000, |_range, chunk| {
+//!     for x in chunk {
 //!         *x *= 2.0;
 //!     }
 //! });
-//! drop(chunks);
 //! assert_eq!(v[1234], 2468.0);
 //!
 //! // A deterministic reduction: one partial per chunk, combined in order.
-//! let data = v.clone();
-//! let ranges = fucina_thread::chunk_ranges(0, data.len(), 512, team.participants());
-//! let partials: Vec<std::sync::Mutex<f32>> = (0..ranges.len()).map(|_| Default::default()).collect();
-//! team.parallel_for(0, data.len(), 512, |r| {
-//!     let k = r.start / ranges.chunk_size();
-//!     *partials[k].lock().unwrap() = data[r].iter().sum();
+//! let data = &v;
+//! let mut partials: Vec<(std::ops::Range<usize>, f32)> =
+//!     fucina_thread::chunk_ranges(0, data.len(), 512, team.participants())
+//!         .map(|r| (r, 0.0))
+//!         .collect();
+//! team.parallel_chunks_mut(&mut partials, |(r, sum)| {
+//!     *sum = data[r.clone()].iter().sum();
 //! });
-//! let total: f32 = partials.iter().map(|p| *p.lock().unwrap()).sum();
+//! let total: f32 = partials.iter().map(|(_, s)| s).sum();
 //! // Bitwise equal to the same chunks summed serially, however they ran.
-//! let serial: f32 = ranges.map(|r| data[r].iter().sum::<f32>()).sum();
+//! let serial: f32 = partials.iter().map(|(r, _)| data[r.clone()].iter().sum::<f32>()).sum();
 //! assert_eq!(total.to_bits(), serial.to_bits());
 //! # Ok::<(), fucina_thread::ThreadError>(())
 //! ```
@@ -119,7 +125,7 @@ pub use knobs::{
 pub use one_shot::OneShotWorker;
 pub use tasks::{TaskPool, TaskScope};
 pub use team::chained::Chain;
-pub use team::{Team, TeamOptions, in_parallel_region};
+pub use team::{Team, TeamOptions, current_participant, in_parallel_region};
 
 /// Internals exposed for this crate's benchmarks only; not a stable API.
 #[doc(hidden)]
@@ -154,6 +160,25 @@ pub mod __bench {
 /// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
 /// let tasks = [Cell::new(0u32), Cell::new(0u32)];
 /// team.parallel_chunks(&tasks, |t| t.set(t.get() + 1));
+/// ```
+///
+/// `parallel_chunks_mut` and `parallel_for_slices` move `&mut T` to other
+/// threads, so `T` must be `Send`:
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::{Team, TeamOptions};
+/// use std::rc::Rc;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let mut items = vec![Rc::new(0u32), Rc::new(0u32)];
+/// team.parallel_chunks_mut(&mut items, |t| *t = Rc::new(1));
+/// ```
+///
+/// ```compile_fail,E0277
+/// use fucina_thread::{Team, TeamOptions};
+/// use std::rc::Rc;
+/// let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+/// let mut out = vec![Rc::new(0u32), Rc::new(0u32)];
+/// team.parallel_for_slices(&mut out, 1, |_, s| s[0] = Rc::new(1));
 /// ```
 ///
 /// The closure is shared by every participant, so it must be `Sync`:

@@ -15,7 +15,9 @@ fn steady_state_dispatch_allocates_nothing() {
     let tasks: Vec<usize> = (0..64).collect();
     let mut chained = vec![0u32; 64];
     let sum = AtomicUsize::new(0);
-    let work = |team: &Team, chained: &mut [u32]| {
+    let mut rows = vec![[0u32; 4]; 64];
+    let mut out = vec![0f32; 4096];
+    let mut work = |team: &Team, chained: &mut [u32]| {
         team.parallel_chunks(&tasks, |&i| {
             sum.fetch_add(i, Ordering::Relaxed);
         });
@@ -24,6 +26,15 @@ fn steady_state_dispatch_allocates_nothing() {
         });
         team.parallel_for(0, 4096, 64, |r| {
             sum.fetch_add(r.len(), Ordering::Relaxed);
+        });
+        team.parallel_chunks_mut(&mut rows[..], |row| {
+            row[0] += 1;
+        });
+        team.parallel_chunks_mut(&mut rows[..2], |row| {
+            row[1] += 1;
+        });
+        team.parallel_for_slices(&mut out[..], 64, |r, s| {
+            s[0] = r.start as f32;
         });
         team.parallel_chained(chained, 1, |x: &mut u32, chain: &Chain| {
             let i = *x as usize;

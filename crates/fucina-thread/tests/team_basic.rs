@@ -307,6 +307,9 @@ fn teams_are_usable_from_many_threads_in_turn() {
 
 #[test]
 fn a_long_worker_task_engages_the_join_fallback() {
+    // Long enough that the join's spin window ends first even when the
+    // caller shares its core with other test processes.
+    const TAIL_MS: u64 = 500;
     let team = team(1);
     team.warm_up().unwrap();
     let before = team.join_timed_waits();
@@ -326,17 +329,17 @@ fn a_long_worker_task_engages_the_join_fallback() {
             }
         } else {
             worker_started.store(true, Ordering::Release);
-            thread::sleep(Duration::from_millis(100));
+            thread::sleep(Duration::from_millis(TAIL_MS));
         }
     });
     let waits = team.join_timed_waits() - before;
-    // The spin window (2^20 hints, a few ms) is far shorter than the 100 ms
-    // tail, so the caller fell back to 1 ms timed waits: at least one, and at
+    // The spin window (2^20 hints, a few ms; tens of ms when the caller is
+    // descheduled on a loaded machine) is far shorter than the tail, so the caller fell back to 1 ms timed waits: at least one, and at
     // most about one per millisecond of tail (loose bound for a loaded machine:
     // a broken timed wait that returned at once would take millions).
     assert!(
-        (1..=5000).contains(&waits),
-        "{waits} timed waits for a 100 ms tail"
+        (1..=5 * TAIL_MS).contains(&waits),
+        "{waits} timed waits for a {TAIL_MS} ms tail"
     );
 }
 

@@ -496,7 +496,7 @@ fn join(sh: &Shared, target: u32) {
 fn worker_main(sh: &Shared, index: usize) {
     // A worker only ever runs task code, so it is always "inside a parallel
     // region": any parallel call made by a task runs inline.
-    crate::team::mark_worker_thread();
+    crate::team::mark_worker_thread(index);
     // Numerics of tasks never depend on the spawner's float environment.
     crate::fp::enter_default_environment();
     // State LATCH.

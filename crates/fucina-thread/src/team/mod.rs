@@ -18,46 +18,128 @@ use std::cell::Cell;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
+/// [`REGION`] value: not running tasks of any call.
+const OUTSIDE: usize = 0;
+/// [`REGION`] value: inside a parallel region, running the tasks of a nested
+/// call serially (no participant index).
+const SERIAL: usize = usize::MAX;
+
 #[cfg(not(loom))]
 thread_local! {
-    /// Set while this thread runs tasks of a parallel dispatch (always on a
-    /// worker thread). A parallel call made while it is set runs inline.
-    static IN_REGION: Cell<bool> = const { Cell::new(false) };
+    /// This thread's place in a dispatch: [`OUTSIDE`], [`SERIAL`], or `p + 1`
+    /// while it runs tasks as participant `p` of a parallel dispatch (always on
+    /// a worker thread). A parallel call made while it is not [`OUTSIDE`] runs
+    /// inline.
+    static REGION: Cell<usize> = const { Cell::new(OUTSIDE) };
 }
 
 #[cfg(loom)]
 thread_local! {
-    static IN_REGION: Cell<bool> = Cell::new(false);
+    static REGION: Cell<usize> = Cell::new(OUTSIDE);
 }
 
 /// Whether the calling thread is inside a parallel region (running a task of a
 /// team dispatch, on a worker or as the dispatching caller). Parallel calls made
 /// from inside a region run inline on the calling thread.
 pub fn in_parallel_region() -> bool {
-    IN_REGION.with(|f| f.get())
+    REGION.with(|f| f.get()) != OUTSIDE
 }
 
-/// Marks the current thread as a team worker (permanently in a region).
-pub(crate) fn mark_worker_thread() {
-    IN_REGION.with(|f| f.set(true));
+/// The participant index of the calling thread in the parallel dispatch whose
+/// task it is running, like rayon's `current_thread_index`: `Some(p)` with `p`
+/// in `0..team.participants()` (the dispatching caller is 0, the workers
+/// `1..`), the same index for every task a thread runs in that dispatch, and
+/// distinct threads of one dispatch never share an index. It is meant for
+/// per-participant scratch: a buffer per index, allocated once.
+///
+/// `None` outside a dispatch and in every serial run: the serial fallbacks (a
+/// team without workers, a nested call, a busy team), a single task run
+/// inline, and `parallel_for`/`parallel_for_slices` with a single chunk. Such
+/// tasks must not use a per-participant slot (a busy-team fallback runs beside
+/// the dispatch that holds the team, whose participant 0 uses slot 0; a nested
+/// call runs inside a task that may hold its own slot); a local buffer is
+/// exclusive there. Inside a nested serial call the outer index comes back
+/// when the nested call returns.
+///
+/// ```
+/// use fucina_thread::{Team, TeamOptions, current_participant};
+/// use std::sync::Mutex;
+///
+/// let team = Team::new(TeamOptions { max_workers: 1 })?;
+/// // One scratch buffer per participant, reused by every task it runs.
+/// let scratch: Vec<Mutex<Vec<f32>>> =
+///     (0..team.participants()).map(|_| Mutex::new(Vec::new())).collect();
+/// let tasks: Vec<usize> = (0..64).collect();
+/// team.parallel_chunks(&tasks, |&t| {
+///     let (mut slot, mut local);
+///     let buf: &mut Vec<f32> = match current_participant() {
+///         Some(p) => {
+///             slot = scratch[p].lock().unwrap();
+///             &mut slot
+///         }
+///         // A serial run: a local buffer is exclusive.
+///         None => {
+///             local = Vec::new();
+///             &mut local
+///         }
+///     };
+///     buf.clear();
+///     buf.extend((0..t).map(|i| i as f32));
+/// });
+/// assert_eq!(current_participant(), None);
+/// # Ok::<(), fucina_thread::ThreadError>(())
+/// ```
+pub fn current_participant() -> Option<usize> {
+    match REGION.with(|f| f.get()) {
+        OUTSIDE | SERIAL => None,
+        p => Some(p - 1),
+    }
 }
 
-/// Sets the in-region flag for the caller's participation; restores on drop.
+/// Marks the current thread as team worker `index` (permanently in a region).
+pub(crate) fn mark_worker_thread(index: usize) {
+    REGION.with(|f| f.set(index + 1));
+}
+
+/// Marks the caller as participant 0 of its dispatch; restores on drop.
 struct RegionGuard {
-    prev: bool,
+    prev: usize,
 }
 
 impl RegionGuard {
+    #[inline]
     fn enter() -> Self {
         RegionGuard {
-            prev: IN_REGION.with(|f| f.replace(true)),
+            prev: REGION.with(|f| f.replace(1)),
         }
     }
 }
 
 impl Drop for RegionGuard {
+    #[inline]
     fn drop(&mut self) {
-        IN_REGION.with(|f| f.set(self.prev));
+        REGION.with(|f| f.set(self.prev));
+    }
+}
+
+/// Inside a region, marks a serial run (no participant index); restores on drop.
+struct SerialGuard {
+    prev: usize,
+}
+
+impl SerialGuard {
+    fn enter() -> Self {
+        let prev = REGION.with(|f| f.get());
+        if prev != OUTSIDE {
+            REGION.with(|f| f.set(SERIAL));
+        }
+        SerialGuard { prev }
+    }
+}
+
+impl Drop for SerialGuard {
+    fn drop(&mut self) {
+        REGION.with(|f| f.set(self.prev));
     }
 }
 
@@ -96,13 +178,7 @@ impl PanicSlot {
         };
         self.panicked.store(true, Ordering::Release);
         if let Some(p) = lost {
-            // A payload's `Drop` may itself panic. That must not unwind out of
-            // a participant's share: participant 0 would leave `dispatch`
-            // before the join (freeing the job under the workers) and a worker
-            // would die without its `done` increment. Leak the nested payload.
-            if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(p))) {
-                std::mem::forget(nested);
-            }
+            drop_lost_payload(p);
         }
     }
 
@@ -129,6 +205,40 @@ impl PanicSlot {
         if let Some(p) = self.take() {
             resume_unwind(p);
         }
+    }
+}
+
+/// Drops the payload of a panic that is not the first of its call.
+///
+/// A payload's `Drop` may itself panic. That must not unwind out of a
+/// participant's share (participant 0 would leave `dispatch` before the join,
+/// freeing the job under the workers, and a worker would die without its
+/// `done` increment) nor out of a serial run (the remaining tasks would not
+/// run). The nested payload is leaked instead.
+#[cold]
+fn drop_lost_payload(p: Box<dyn Any + Send>) {
+    if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(p))) {
+        std::mem::forget(nested);
+    }
+}
+
+/// Runs `task(0..count)` in index order on the calling thread (the serial
+/// fallbacks and the single-task call): every task runs even if an earlier
+/// one panicked, then the first panic is resumed.
+fn run_serially(count: usize, mut task: impl FnMut(usize)) {
+    let serial = SerialGuard::enter();
+    let mut first: Option<Box<dyn Any + Send>> = None;
+    for i in 0..count {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| task(i))) {
+            match first {
+                None => first = Some(p),
+                Some(_) => drop_lost_payload(p),
+            }
+        }
+    }
+    drop(serial);
+    if let Some(p) = first {
+        resume_unwind(p);
     }
 }
 
@@ -254,6 +364,66 @@ impl<T: Sync, F: Fn(&T) + Sync> IndexedJob for SliceJob<T, F> {
         // SAFETY: the caller guarantees `i < tasks.len()` and that the slice and
         // the closure are live; both are `Sync`, so shared use from any thread is fine.
         unsafe { (*self.run)(&*self.tasks.add(i)) }
+    }
+}
+
+/// `parallel_chunks_mut`: task `i` is `run(&mut items[i])`.
+struct MutSliceJob<T, F> {
+    items: *mut T,
+    run: *const F,
+}
+
+impl<T, F> Clone for MutSliceJob<T, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, F> Copy for MutSliceJob<T, F> {}
+
+impl<T: Send, F: Fn(&mut T) + Sync> IndexedJob for MutSliceJob<T, F> {
+    #[inline(always)]
+    unsafe fn call(&self, i: usize) {
+        // SAFETY: the caller guarantees `i < items.len()`, that the slice and
+        // the closure are live, and that each `i` is called once per dispatch
+        // (P3 of team/README.md), so this `&mut` is the only reference to
+        // element `i`; `T: Send` lets it be used on another thread.
+        unsafe { (*self.run)(&mut *self.items.add(i)) }
+    }
+}
+
+/// `parallel_for_slices`: task `i` is `f(chunk i, &mut out[chunk i])`, the
+/// chunks being those of `chunk_ranges(0, len, ..)`: chunk `i` is
+/// `[i * size, min((i + 1) * size, len))`.
+struct SlicesJob<T, F> {
+    out: *mut T,
+    size: usize,
+    len: usize,
+    f: *const F,
+}
+
+impl<T, F> Clone for SlicesJob<T, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, F> Copy for SlicesJob<T, F> {}
+
+impl<T: Send, F: Fn(Range<usize>, &mut [T]) + Sync> IndexedJob for SlicesJob<T, F> {
+    #[inline(always)]
+    unsafe fn call(&self, i: usize) {
+        // No overflow: chunk `i` exists, so `i * size < len`.
+        let lo = i * self.size;
+        let hi = lo.saturating_add(self.size).min(self.len);
+        // SAFETY: the caller guarantees chunk `i` exists (so `lo..hi` lies in
+        // `out`), that `out` and the closure are live, and that each `i` is
+        // called once per dispatch: the chunks are disjoint, so this `&mut`
+        // slice is the only reference to its elements; `T: Send`.
+        unsafe {
+            (*self.f)(
+                lo..hi,
+                std::slice::from_raw_parts_mut(self.out.add(lo), hi - lo),
+            )
+        }
     }
 }
 
@@ -480,7 +650,7 @@ impl Team {
     /// `job.call(i)` must be safe for every `i < count` until this returns.
     unsafe fn run_job<C: IndexedJob>(&self, count: usize, job: C) {
         let serial = || {
-            (0..count).for_each(|i| {
+            run_serially(count, |i| {
                 // SAFETY: `i < count`, and the caller keeps the job's data live.
                 unsafe { job.call(i) }
             })
@@ -539,6 +709,8 @@ impl Team {
     /// # Panics
     /// If a task panics, the other tasks still run, the dispatch completes,
     /// and the first panic is resumed on the caller; the team stays usable.
+    /// This holds in every mode: a parallel dispatch, the serial fallbacks and
+    /// a single task run inline.
     ///
     /// ```
     /// use fucina_thread::{Team, TeamOptions};
@@ -590,10 +762,102 @@ impl Team {
         let chunks = chunk_ranges(begin, end, grain, threads);
         match chunks.len() {
             0 => {}
-            1 => f(begin..end),
+            1 => run_serially(1, |_| f(begin..end)),
             n => {
                 let job = RangeJob::new(&chunks, &f);
                 // SAFETY: `f` outlives the call; `job.range(i)` is chunk `i < n`.
+                unsafe { self.run_job(n, job) }
+            }
+        }
+    }
+
+    /// Runs `run(&mut items[i])` for every item across the team and returns
+    /// when all have finished: safe mutable parallelism over a slice, each
+    /// item handed to exactly one task.
+    ///
+    /// Modes, ordering and panics as [`parallel_chunks`](Team::parallel_chunks)
+    /// (serially in index order on the caller when the team has no workers,
+    /// is busy, or the call is nested; one item runs inline).
+    ///
+    /// ```
+    /// use fucina_thread::{Team, TeamOptions};
+    ///
+    /// let team = Team::new(TeamOptions::default())?;
+    /// // One output row per task.
+    /// let mut rows = vec![[0f32; 16]; 64];
+    /// team.parallel_chunks_mut(&mut rows, |row| {
+    ///     for (j, x) in row.iter_mut().enumerate() {
+    ///         *x = j as f32;
+    ///     }
+    /// });
+    /// assert!(rows.iter().all(|r| r[15] == 15.0));
+    /// # Ok::<(), fucina_thread::ThreadError>(())
+    /// ```
+    pub fn parallel_chunks_mut<T, F>(&self, items: &mut [T], run: F)
+    where
+        T: Send,
+        F: Fn(&mut T) + Sync,
+    {
+        let job = MutSliceJob {
+            items: items.as_mut_ptr(),
+            run: &run,
+        };
+        // SAFETY: task `i < items.len()` is `run(&mut items[i])`; `items` (borrowed
+        // mutably for the call) and `run` outlive it.
+        unsafe { self.run_job(items.len(), job) };
+    }
+
+    /// Runs `f(range, &mut out[range])` over the deterministic chunks of
+    /// `0..out.len()`: the same chunks as
+    /// [`parallel_for`](Team::parallel_for)`(0, out.len(), grain, _)`
+    /// ([`chunk_ranges`](crate::chunk_ranges)), each chunk handed its range and
+    /// the disjoint mutable sub-slice of `out` it covers.
+    ///
+    /// With a single chunk (or inside a parallel region) `f(0..len, out)` is
+    /// called directly; an empty `out` calls nothing. Modes and panics as
+    /// [`parallel_chunks`](Team::parallel_chunks); a `grain` of 0 is treated
+    /// as 1.
+    ///
+    /// ```
+    /// use fucina_thread::{Team, TeamOptions};
+    ///
+    /// let team = Team::new(TeamOptions::default())?;
+    /// let x: Vec<f32> = (0..10_000).map(|i| i as f32).collect();
+    /// let mut y = vec![0f32; x.len()];
+    /// // y = 2x + 1, each chunk writing only its own part of `y`.
+    /// team.parallel_for_slices(&mut y, 1024, |r, y| {
+    ///     for (yi, xi) in y.iter_mut().zip(&x[r]) {
+    ///         *yi = 2.0 * xi + 1.0;
+    ///     }
+    /// });
+    /// assert_eq!(y[1234], 2469.0);
+    /// # Ok::<(), fucina_thread::ThreadError>(())
+    /// ```
+    pub fn parallel_for_slices<T, F>(&self, out: &mut [T], grain: usize, f: F)
+    where
+        T: Send,
+        F: Fn(Range<usize>, &mut [T]) + Sync,
+    {
+        let len = out.len();
+        let threads = if in_parallel_region() {
+            1
+        } else {
+            self.participants()
+        };
+        let chunks = chunk_ranges(0, len, grain, threads);
+        match chunks.len() {
+            0 => {}
+            1 => run_serially(1, |_| f(0..len, &mut *out)),
+            n => {
+                let job = SlicesJob {
+                    out: out.as_mut_ptr(),
+                    size: chunks.chunk_size(),
+                    len,
+                    f: &f,
+                };
+                // SAFETY: chunk `i < n` is `[i * size, min((i + 1) * size, len))`
+                // (`ChunkRanges` with `begin = 0`), inside `out`, which is borrowed
+                // mutably for the call; `f` outlives it.
                 unsafe { self.run_job(n, job) }
             }
         }
