@@ -236,23 +236,18 @@ impl ExecContext {
         let grain = (PARALLEL_THRESHOLD / work_per_row.max(1)).max(1);
         let chunks = chunk_ranges(0, rows, grain, self.threads);
         // Split `out` into disjoint per-chunk pieces (at most MAX_CHUNKS of them,
-        // on the stack: no allocation).
-        let mut pieces: [Piece<'_, T>; MAX_CHUNKS] =
-            [const { std::sync::Mutex::new(None) }; MAX_CHUNKS];
+        // on the stack: no allocation); each is handed to exactly one task.
+        let mut pieces: [(Range<usize>, &mut [T]); MAX_CHUNKS] =
+            std::array::from_fn(|_| (0..0, &mut [][..]));
         let mut rest = out;
         let mut n = 0;
         for r in chunks {
             let (head, tail) = rest.split_at_mut((r.end - r.start) * row_len);
-            *pieces[n].get_mut().unwrap_or_else(|e| e.into_inner()) = Some((r, head));
+            pieces[n] = (r, head);
             rest = tail;
             n += 1;
         }
-        team.parallel_chunks(&pieces[..n], |piece| {
-            let taken = piece.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((r, rows_out)) = taken {
-                f(r, rows_out);
-            }
-        });
+        team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
 
     /// Runs `f(i)` for every `i in 0..n` tasks in parallel when `n * work_per_task`
@@ -288,10 +283,6 @@ impl ExecContext {
         }
     }
 }
-
-/// One chunk of rows handed to exactly one task (a `Mutex` so a shared `&` task can
-/// take its `&mut` rows; each is locked once, uncontended).
-type Piece<'a, T> = std::sync::Mutex<Option<(Range<usize>, &'a mut [T])>>;
 
 impl Drop for ExecContext {
     fn drop(&mut self) {
