@@ -35,6 +35,7 @@
 
 mod custom;
 mod error;
+mod fill;
 mod grad_mode;
 mod gradcheck;
 mod node;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use fucina_exec::{ExecContext, ExecError, RawTensor, ScopeNode};
 
 use crate::error::{AutogradError, Result};
+use crate::fill::{par_fill, seed_at};
 use crate::grad_mode::is_grad_enabled;
 use crate::node::{BackwardOptions, Grads, Node, run_backward};
 
@@ -140,17 +141,21 @@ impl Tensor {
     }
 
     /// A constant of N(0, `std`²) values from `seed` (element `i` is a pure
-    /// function of `(seed, i)`: see `fucina_rng::gaussian_fill_at`).
+    /// function of `(seed, i)`: see `fucina_rng::gaussian_fill_at`). Large fills
+    /// run in parallel chunks, bitwise equal to the serial fill.
     ///
     /// # Errors
     /// The shape errors of [`ExecContext::empty`].
     pub fn randn(ctx: &ExecContext, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {
         let mut raw = ctx.empty(shape)?;
-        fucina_exec::rng::gaussian_fill_at(seed, 0, raw.data_mut()?, std);
+        par_fill(ctx, raw.data_mut()?, |first, out| {
+            fucina_exec::rng::gaussian_fill_at(seed, first, out, std);
+        });
         Ok(Tensor::constant(raw))
     }
 
-    /// A constant of U[`lo`, `hi`) values from `seed` (`fucina_rng::uniform_fill`).
+    /// A constant of U[`lo`, `hi`) values from `seed`, bitwise equal to
+    /// `fucina_rng::uniform_fill(seed, ..)` (large fills run in parallel chunks).
     ///
     /// # Errors
     /// The shape errors of [`ExecContext::empty`].
@@ -162,7 +167,9 @@ impl Tensor {
         seed: u64,
     ) -> Result<Tensor> {
         let mut raw = ctx.empty(shape)?;
-        fucina_exec::rng::uniform_fill(seed, raw.data_mut()?, lo, hi);
+        par_fill(ctx, raw.data_mut()?, |first, out| {
+            fucina_exec::rng::uniform_fill(seed_at(seed, first), out, lo, hi);
+        });
         Ok(Tensor::constant(raw))
     }
 
@@ -175,7 +182,9 @@ impl Tensor {
     pub fn kaiming_uniform(ctx: &ExecContext, shape: &[usize], seed: u64) -> Result<Tensor> {
         let mut raw = ctx.empty(shape)?;
         let fan_in = *raw.shape().last().expect("rank >= 1");
-        fucina_exec::rng::kaiming_uniform_fill(seed, raw.data_mut()?, fan_in);
+        par_fill(ctx, raw.data_mut()?, |first, out| {
+            fucina_exec::rng::kaiming_uniform_fill(seed_at(seed, first), out, fan_in);
+        });
         Ok(Tensor::constant(raw))
     }
 

@@ -280,3 +280,36 @@ fn errors_of_ops_are_exec_errors() {
         Err(AutogradError::Exec(ExecError::InvalidDataLength { .. }))
     ));
 }
+
+#[test]
+fn random_constructors_are_bitwise_equal_to_the_serial_fills() -> R {
+    const N: usize = 3 * 65_536 + 77; // large enough to split across a team
+    type Make = fn(&ExecContext) -> Result<Tensor, AutogradError>;
+    let serial = ExecContext::with_threads(1);
+    let team = ExecContext::with_threads(4);
+    let cases: [(&str, Make); 3] = [
+        ("randn", |c| Tensor::randn(c, &[N], 0.5, 42)),
+        ("uniform", |c| Tensor::uniform(c, &[N], -0.5, 2.0, 43)),
+        ("kaiming", |c| Tensor::kaiming_uniform(c, &[4, N / 4], 44)),
+    ];
+    for (what, make) in cases {
+        let a = make(&serial)?.to_vec();
+        let b = make(&team)?.to_vec();
+        let mut reference = vec![0f32; a.len()];
+        match what {
+            "randn" => fucina_autograd::exec::rng::gaussian_fill(42, &mut reference, 0.5),
+            "uniform" => fucina_autograd::exec::rng::uniform_fill(43, &mut reference, -0.5, 2.0),
+            _ => fucina_autograd::exec::rng::kaiming_uniform_fill(44, &mut reference, N / 4),
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&a) == bits(&reference),
+            "{what}: serial differs from fucina_rng"
+        );
+        assert!(
+            bits(&b) == bits(&reference),
+            "{what}: parallel differs from fucina_rng"
+        );
+    }
+    Ok(())
+}
