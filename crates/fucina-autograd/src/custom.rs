@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::Grads;
+use crate::node::{GradList, Grads};
 use crate::tensor::Tensor;
 
 /// What the backward of a [`custom_vjp`] op receives.
@@ -73,7 +73,7 @@ where
     let out = forward(ctx, &raws)?;
     let saved_out = out.clone();
     Tensor::finish(ctx, name, out, inputs, move |ctx, g, needs| {
-        backward(
+        let grads = backward(
             ctx,
             &CustomVjpArgs {
                 inputs: &raws,
@@ -81,6 +81,7 @@ where
                 grad: g,
                 needs,
             },
-        )
+        )?;
+        Ok(GradList::from(grads))
     })
 }

@@ -8,7 +8,7 @@ use fucina_exec::{ExecContext, ExecError, RawTensor, ScopeNode};
 use crate::error::{AutogradError, Result};
 use crate::fill::{par_fill, seed_at};
 use crate::grad_mode::is_grad_enabled;
-use crate::node::{BackwardOptions, Grads, Node, run_backward};
+use crate::node::{self, BackwardOptions, GradList, NodeRef, Small, run_backward};
 
 /// A differentiable tensor: a [`RawTensor`] (shared, immutable storage plus a
 /// layout) and, when it takes part in a graph, a shared graph node.
@@ -43,7 +43,7 @@ use crate::node::{BackwardOptions, Grads, Node, run_backward};
 #[derive(Clone)]
 pub struct Tensor {
     pub(crate) raw: RawTensor,
-    pub(crate) node: Option<Arc<Node>>,
+    pub(crate) node: Option<NodeRef>,
     scope_owned: bool,
 }
 
@@ -83,7 +83,7 @@ impl Tensor {
     }
 
     fn leaf(raw: RawTensor) -> Tensor {
-        let node = Node::leaf(raw.dims());
+        let node = node::leaf(raw.dims());
         Tensor {
             raw,
             node: Some(node),
@@ -422,8 +422,9 @@ impl Tensor {
     // ---- op plumbing ----
 
     /// Wraps an op result: records a node when gradients are enabled and an input
-    /// requires one, and adopts the result into the innermost open exec scope
-    /// (reserving the slot before the node is built, so adoption cannot fail).
+    /// requires one, and adopts the result (with its node) into the innermost open
+    /// exec scope, reserving the slot before the node is built so that adoption
+    /// cannot fail.
     pub(crate) fn finish<F>(
         ctx: &ExecContext,
         name: &'static str,
@@ -432,39 +433,34 @@ impl Tensor {
         vjp: F,
     ) -> Result<Tensor>
     where
-        F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<Grads> + Send + Sync + 'static,
+        F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
     {
         let scoped = ctx.exec_scope_active();
         if scoped {
             ctx.reserve_scope_slot()?;
         }
-        let node = if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
-            let links = inputs.iter().map(|t| t.node.clone()).collect();
-            Some(Node::op(name, raw.dims(), links, Box::new(vjp)))
+        let node: Option<NodeRef> = if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
+        {
+            let links: Small<NodeRef> = inputs.iter().map(|t| t.node.clone()).collect();
+            let n = node::op(name, raw.dims(), links, vjp);
+            if scoped {
+                ctx.adopt_scope_value_assume_capacity(
+                    raw.clone(),
+                    Some(ScopeNode::new(Arc::clone(&n))),
+                );
+            }
+            Some(n)
         } else {
+            if scoped {
+                ctx.adopt_scope_value_assume_capacity(raw.clone(), None);
+            }
             None
         };
-        Ok(Tensor::adopt(ctx, raw, node, scoped))
-    }
-
-    /// An op result with a node built elsewhere (custom ops); same adoption rule.
-    pub(crate) fn adopt(
-        ctx: &ExecContext,
-        raw: RawTensor,
-        node: Option<Arc<Node>>,
-        scoped: bool,
-    ) -> Tensor {
-        if scoped {
-            ctx.adopt_scope_value_assume_capacity(
-                raw.clone(),
-                node.as_ref().map(|n| ScopeNode::new(Arc::clone(n))),
-            );
-        }
-        Tensor {
+        Ok(Tensor {
             raw,
             node,
             scope_owned: scoped,
-        }
+        })
     }
 
     /// The node's creation number (tests of the ordering).

@@ -313,3 +313,33 @@ fn random_constructors_are_bitwise_equal_to_the_serial_fills() -> R {
     }
     Ok(())
 }
+
+#[test]
+fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
+    // Dropping the outer node drops its VJP closure, which drops a deep graph while
+    // the outer release is in progress.
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[1], &[1.0])?;
+    let mut deep = w.clone();
+    for _ in 0..100_000 {
+        deep = deep.neg(&ctx)?;
+    }
+    let mut outer = w.clone();
+    for _ in 0..1000 {
+        outer = outer.exp(&ctx)?.log(&ctx)?;
+    }
+    let captured = deep;
+    let y = fucina_autograd::custom_vjp(
+        &ctx,
+        "holds_a_graph",
+        &[&outer],
+        |_, x| Ok(x[0].clone()),
+        move |_, a| {
+            let _ = &captured;
+            Ok(vec![Some(a.grad.clone())])
+        },
+    )?;
+    drop(outer);
+    drop(y);
+    Ok(())
+}

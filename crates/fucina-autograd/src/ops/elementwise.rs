@@ -4,6 +4,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
+use crate::node::{GradList, grads};
 use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
@@ -18,7 +19,7 @@ macro_rules! unary {
                 let out = ctx.$name(&self.raw)?;
                 let x = self.raw.clone();
                 Tensor::finish(ctx, stringify!($name), out, &[self], move |ctx, g, _| {
-                    Ok(vec![Some(ctx.$bwd(&x, g)?)])
+                    Ok(grads![Some(ctx.$bwd(&x, g)?)])
                 })
             }
         )*}
@@ -67,7 +68,7 @@ fn reduce_pair(
     b_shape: &[usize],
     ga: impl FnOnce() -> Result<RawTensor>,
     gb: impl FnOnce() -> Result<RawTensor>,
-) -> Result<Vec<Option<RawTensor>>> {
+) -> Result<GradList> {
     let ga = if needs[0] {
         Some(sum_to(ctx, &ga()?, a_shape)?)
     } else {
@@ -78,7 +79,7 @@ fn reduce_pair(
     } else {
         None
     };
-    Ok(vec![ga, gb])
+    Ok(grads![ga, gb])
 }
 
 impl Tensor {
@@ -212,7 +213,7 @@ impl Tensor {
     pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.scale(&self.raw, s)?;
         Tensor::finish(ctx, "scale", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(ctx.scale(g, s)?)])
+            Ok(grads![Some(ctx.scale(g, s)?)])
         })
     }
 
@@ -223,7 +224,7 @@ impl Tensor {
     pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.add_scalar(&self.raw, s)?;
         Tensor::finish(ctx, "add_scalar", out, &[self], |_, g, _| {
-            Ok(vec![Some(g.clone())])
+            Ok(grads![Some(g.clone())])
         })
     }
 
@@ -235,7 +236,7 @@ impl Tensor {
         let out = ctx.pow_scalar(&self.raw, p)?;
         let x = self.raw.clone();
         Tensor::finish(ctx, "pow_scalar", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(ctx.pow_scalar_backward(&x, p, g)?)])
+            Ok(grads![Some(ctx.pow_scalar_backward(&x, p, g)?)])
         })
     }
 
@@ -248,7 +249,7 @@ impl Tensor {
         let out = ctx.clamp(&self.raw, min, max)?;
         let x = self.raw.clone();
         Tensor::finish(ctx, "clamp", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(ctx.clamp_backward(&x, min, max, g)?)])
+            Ok(grads![Some(ctx.clamp_backward(&x, min, max, g)?)])
         })
     }
 
@@ -293,7 +294,7 @@ impl Tensor {
         let out = ctx.masked_fill(&self.raw, mask, value)?;
         let m = mask.clone();
         Tensor::finish(ctx, "masked_fill", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(ctx.masked_fill(g, &m, 0.0)?)])
+            Ok(grads![Some(ctx.masked_fill(g, &m, 0.0)?)])
         })
     }
 
@@ -306,7 +307,7 @@ impl Tensor {
     pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
         let out = ctx.dropout(&self.raw, p, seed)?;
         Tensor::finish(ctx, "dropout", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(ctx.dropout_backward(g, p, seed)?)])
+            Ok(grads![Some(ctx.dropout_backward(g, p, seed)?)])
         })
     }
 }

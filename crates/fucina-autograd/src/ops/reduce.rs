@@ -3,6 +3,7 @@
 use fucina_exec::ExecContext;
 
 use crate::error::Result;
+use crate::node::grads;
 use crate::ops::contiguous;
 use crate::tensor::Tensor;
 
@@ -18,7 +19,7 @@ impl Tensor {
         let out = ctx.scalar(s as f32)?;
         let shape = self.raw.dims();
         Tensor::finish(ctx, "sum_all", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(
+            Ok(grads![Some(
                 ctx.broadcast_to(&g.reshape(&[1])?, shape.as_slice())?,
             )])
         })
@@ -36,7 +37,7 @@ impl Tensor {
         let shape = self.raw.dims();
         Tensor::finish(ctx, "mean_all", out, &[self], move |ctx, g, _| {
             let g = ctx.scale(g, 1.0 / n)?;
-            Ok(vec![Some(ctx.broadcast_to(&g, shape.as_slice())?)])
+            Ok(grads![Some(ctx.broadcast_to(&g, shape.as_slice())?)])
         })
     }
 }

@@ -4,6 +4,7 @@
 use fucina_exec::{Dims, ExecContext, RawTensor};
 
 use crate::error::Result;
+use crate::node::grads;
 use crate::ops::{contiguous, sum_to};
 use crate::tensor::Tensor;
 
@@ -40,7 +41,7 @@ impl Tensor {
         let out = contiguous(ctx, &self.raw)?.reshape(shape)?;
         let in_shape = self.raw.dims();
         Tensor::finish(ctx, "reshape", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(
+            Ok(grads![Some(
                 contiguous(ctx, g)?.reshape(in_shape.as_slice())?,
             )])
         })
@@ -58,7 +59,7 @@ impl Tensor {
             inverse.as_mut_slice()[o] = i;
         }
         Tensor::finish(ctx, "permute", out, &[self], move |_, g, _| {
-            Ok(vec![Some(g.permute(inverse.as_slice())?)])
+            Ok(grads![Some(g.permute(inverse.as_slice())?)])
         })
     }
 
@@ -69,7 +70,7 @@ impl Tensor {
     pub fn transpose(&self, ctx: &ExecContext, a: usize, b: usize) -> Result<Tensor> {
         let out = self.raw.transpose(a, b)?;
         Tensor::finish(ctx, "transpose", out, &[self], move |_, g, _| {
-            Ok(vec![Some(g.transpose(a, b)?)])
+            Ok(grads![Some(g.transpose(a, b)?)])
         })
     }
 
@@ -88,7 +89,7 @@ impl Tensor {
         let out = self.raw.narrow(axis, start, len)?;
         let in_shape = self.raw.dims();
         Tensor::finish(ctx, "narrow", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(unnarrow(
+            Ok(grads![Some(unnarrow(
                 ctx,
                 g,
                 in_shape.as_slice(),
@@ -105,7 +106,7 @@ impl Tensor {
     pub fn squeeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.squeeze(axis)?;
         Tensor::finish(ctx, "squeeze", out, &[self], move |_, g, _| {
-            Ok(vec![Some(g.unsqueeze(axis)?)])
+            Ok(grads![Some(g.unsqueeze(axis)?)])
         })
     }
 
@@ -116,7 +117,7 @@ impl Tensor {
     pub fn unsqueeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.unsqueeze(axis)?;
         Tensor::finish(ctx, "unsqueeze", out, &[self], move |_, g, _| {
-            Ok(vec![Some(g.squeeze(axis)?)])
+            Ok(grads![Some(g.squeeze(axis)?)])
         })
     }
 
@@ -129,7 +130,7 @@ impl Tensor {
         let out = self.raw.broadcast_to(shape)?;
         let in_shape = self.raw.dims();
         Tensor::finish(ctx, "broadcast_to", out, &[self], move |ctx, g, _| {
-            Ok(vec![Some(sum_to(ctx, g, in_shape.as_slice())?)])
+            Ok(grads![Some(sum_to(ctx, g, in_shape.as_slice())?)])
         })
     }
 
@@ -140,7 +141,7 @@ impl Tensor {
     pub fn materialize(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.materialize(&self.raw)?;
         Tensor::finish(ctx, "materialize", out, &[self], |_, g, _| {
-            Ok(vec![Some(g.clone())])
+            Ok(grads![Some(g.clone())])
         })
     }
 }
