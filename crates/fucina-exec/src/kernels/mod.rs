@@ -2,6 +2,8 @@
 //! [`crate::ops`] validate, allocate and split the work; kernels compute.
 
 pub(crate) mod gemm;
+pub(crate) mod index;
 pub(crate) mod reduce;
+pub(crate) mod select;
 pub(crate) mod strided;
 pub(crate) mod unary;

@@ -1,1 +1,921 @@
-//! PLACEHOLDER: this op family is being written.
+//! Structural and indexing ops: `concat`, `stack`, `split`, `index_select`,
+//! `gather`, `embedding`, and the backward kernels autograd calls for them
+//! (`index_select_backward`, `embedding_backward`, `gather_backward`).
+//!
+//! Every index is checked (`0 <= i < bound`) before anything is allocated. The
+//! scatter-add backward kernels are deterministic: each destination row (or
+//! destination line) is written by exactly one task, which adds its contributions
+//! in increasing index position, so the bits never depend on the team size.
+
+use crate::context::ExecContext;
+use crate::error::ExecError;
+use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
+use crate::kernels::select::transpose_rows;
+use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
+use crate::tensor::{Element, RawTensor};
+
+/// The first index (in logical order) outside `0..bound`, as an error of `op`.
+/// Reads through the strides: allocates nothing.
+pub(crate) fn check_index_values(
+    op: &'static str,
+    idx: &RawTensor<i64>,
+    bound: usize,
+) -> Result<(), ExecError> {
+    // A negative index read as `u64` is above every bound.
+    let bad = |i: i64| i as u64 >= bound as u64;
+    let first_bad = if idx.is_contiguous() {
+        // A vectorizable maximum per block; the first offender of a failing block.
+        idx.contiguous_slice()
+            .chunks(256)
+            .find(|block| {
+                block
+                    .iter()
+                    .map(|&i| i as u64)
+                    .max()
+                    .is_some_and(|m| m >= bound as u64)
+            })
+            .and_then(|block| block.iter().copied().find(|&i| bad(i)))
+    } else {
+        let buf: &[i64] = idx.buffer();
+        let mut found = None;
+        idx.layout().for_each_index(|p| {
+            if found.is_none() && bad(buf[p]) {
+                found = Some(buf[p]);
+            }
+        });
+        found
+    };
+    match first_bad {
+        Some(index) => Err(ExecError::IndexOutOfBounds { op, index, bound }),
+        None => Ok(()),
+    }
+}
+
+/// Copies the elements `start..start + dst.len()` of `x` (in logical row-major
+/// order) into `dst`, reading through the strides when `x` is not contiguous.
+fn copy_logical<T: Element>(x: &RawTensor<T>, start: usize, dst: &mut [T]) {
+    let src: &[T] = x.buffer();
+    if x.is_contiguous() {
+        let o = x.offset() + start;
+        dst.copy_from_slice(&src[o..o + dst.len()]);
+        return;
+    }
+    let (shape, strides) = (x.shape(), x.strides());
+    let rank = shape.len();
+    let (inner, inner_stride) = (shape[rank - 1], strides[rank - 1]);
+    // The multi-index of `start` over the outer axes, and the storage base of its row.
+    let mut idx = [0usize; MAX_RANK];
+    let mut rem = start / inner;
+    let mut col = start % inner;
+    let mut base = x.offset();
+    for ax in (0..rank - 1).rev() {
+        idx[ax] = rem % shape[ax];
+        rem /= shape[ax];
+        base += idx[ax] * strides[ax];
+    }
+    let mut written = 0;
+    while written < dst.len() {
+        let take = (inner - col).min(dst.len() - written);
+        let mut p = base + col * inner_stride;
+        for d in &mut dst[written..written + take] {
+            *d = src[p];
+            p += inner_stride;
+        }
+        written += take;
+        col = 0;
+        // Next row: advance the outer odometer.
+        let mut ax = rank - 1;
+        while ax > 0 {
+            ax -= 1;
+            idx[ax] += 1;
+            base += strides[ax];
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            base -= strides[ax] * shape[ax];
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// One operand of a join: its block length per output row, and its elements when
+/// it is contiguous (read through the strides of `t` otherwise).
+struct Part<'a, T: Element> {
+    t: &'a RawTensor<T>,
+    contiguous: Option<&'a [T]>,
+    inner: usize,
+}
+
+impl<T: Element> Clone for Part<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Element> Copy for Part<'_, T> {}
+
+impl<'a, T: Element> Part<'a, T> {
+    fn new(t: &'a RawTensor<T>, outer: usize) -> Self {
+        Part {
+            t,
+            contiguous: t.is_contiguous().then(|| t.contiguous_slice()),
+            inner: t.numel() / outer,
+        }
+    }
+
+    /// Copies its logical elements `start..start + dst.len()` into `dst`.
+    #[inline]
+    fn copy(&self, start: usize, dst: &mut [T]) {
+        match self.contiguous {
+            Some(src) if dst.len() == 1 => dst[0] = src[start],
+            Some(src) => dst.copy_from_slice(&src[start..start + dst.len()]),
+            None => copy_logical(self.t, start, dst),
+        }
+    }
+}
+
+/// Joins with at most this many operands describe them on the stack.
+const INLINE_PARTS: usize = 16;
+
+/// Runs `f` with the [`Part`]s of `parts` (on the stack for up to
+/// [`INLINE_PARTS`] operands, in one `Vec` beyond).
+fn with_parts<T: Element, R>(
+    parts: &[&RawTensor<T>],
+    outer: usize,
+    f: impl FnOnce(&[Part<'_, T>]) -> R,
+) -> R {
+    if parts.len() <= INLINE_PARTS {
+        let mut arr = [Part::new(parts[0], outer); INLINE_PARTS];
+        for (a, p) in arr.iter_mut().zip(parts) {
+            *a = Part::new(p, outer);
+        }
+        f(&arr[..parts.len()])
+    } else {
+        let v: Vec<Part<'_, T>> = parts.iter().map(|p| Part::new(p, outer)).collect();
+        f(&v)
+    }
+}
+
+/// Writes the elements `pos0..pos0 + dst.len()` of the join of `parts`: the output
+/// is `outer` rows, each the concatenation of one block of every part (part `i`'s
+/// block `o` is its logical elements `o * inner_i..(o + 1) * inner_i`).
+fn fill_joined<T: Element>(parts: &[Part<'_, T>], pos0: usize, dst: &mut [T]) {
+    let row_total: usize = parts.iter().map(|p| p.inner).sum();
+    let mut o = pos0 / row_total;
+    let mut within = pos0 % row_total;
+    let mut i = 0;
+    while within >= parts[i].inner {
+        within -= parts[i].inner;
+        i += 1;
+    }
+    let mut written = 0;
+    while written < dst.len() {
+        let w = parts[i].inner;
+        let take = (w - within).min(dst.len() - written);
+        parts[i].copy(o * w + within, &mut dst[written..written + take]);
+        written += take;
+        within = 0;
+        i += 1;
+        if i == parts.len() {
+            i = 0;
+            o += 1;
+        }
+    }
+}
+
+/// Calls `f(q, s)` for every element of the row-major block `sub` (`q` its linear
+/// position in `sub`, `s` its linear position in the enclosing block `full`, where
+/// `sub[d] <= full[d]` for every axis).
+fn for_each_sub_offset(sub: &[usize], full: &[usize], mut f: impl FnMut(usize, usize)) {
+    let n: usize = sub.iter().product();
+    if sub == full {
+        for q in 0..n {
+            f(q, q);
+        }
+        return;
+    }
+    let rank = sub.len();
+    // Strides of `full`.
+    let mut fstr = [0usize; MAX_RANK];
+    let mut acc = 1;
+    for ax in (0..rank).rev() {
+        fstr[ax] = acc;
+        acc *= full[ax];
+    }
+    let mut idx = [0usize; MAX_RANK];
+    let mut s = 0;
+    for q in 0..n {
+        f(q, s);
+        let mut ax = rank;
+        while ax > 0 {
+            ax -= 1;
+            idx[ax] += 1;
+            s += fstr[ax];
+            if idx[ax] < sub[ax] {
+                break;
+            }
+            s -= fstr[ax] * sub[ax];
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// Position `r` of the row-major block `from`, re-expressed as a position of the
+/// row-major block `to` (same rank): `None` when one of its coordinates is not
+/// below `to`'s size on that axis.
+fn remap_position(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
+    let mut rem = r;
+    let mut pos = 0;
+    let mut mul = 1;
+    for ax in (0..from.len()).rev() {
+        let c = rem % from[ax];
+        rem /= from[ax];
+        if c >= to[ax] {
+            return None;
+        }
+        pos += c * mul;
+        mul *= to[ax];
+    }
+    Some(pos)
+}
+
+/// Checks a `gather` index against the source shape: same rank, no larger size off
+/// the gather axis.
+fn check_gather_index(
+    op: &'static str,
+    src: &[usize],
+    axis: usize,
+    index: &RawTensor<i64>,
+) -> Result<(), ExecError> {
+    let fits = index.rank() == src.len()
+        && index
+            .shape()
+            .iter()
+            .zip(src)
+            .enumerate()
+            .all(|(d, (&i, &s))| d == axis || i <= s);
+    if fits {
+        Ok(())
+    } else {
+        Err(ExecError::ShapeMismatch {
+            op,
+            lhs: Dims::new(src),
+            rhs: index.dims(),
+            reason: "the index must have the source's rank and no larger size off the gather axis",
+        })
+    }
+}
+
+impl ExecContext {
+    /// Joins `parts` along the existing axis `axis`: every part has the same rank
+    /// and the same sizes off `axis`; the result's size along `axis` is the sum of
+    /// theirs. Parts of any layout (transposed, narrowed, broadcast views) are read
+    /// through their strides; nothing is allocated besides the output (and, for
+    /// more than 16 parts, one small list describing them).
+    ///
+    /// The backward of `concat` is [`split`](ExecContext::split) of the gradient
+    /// with the parts' sizes along `axis` (zero-copy [`RawTensor::narrow`] views).
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let a = ctx.from_slice(&[2, 1], &[1., 2.])?;
+    /// let b = ctx.from_slice(&[2, 2], &[3., 4., 5., 6.])?;
+    /// let c = ctx.concat(&[&a, &b], 1)?;
+    /// assert_eq!(c.shape(), [2, 3]);
+    /// assert_eq!(c.to_vec(), [1., 3., 4., 2., 5., 6.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `parts` is empty;
+    /// [`ExecError::InvalidAxis`] if `axis` is not below the rank;
+    /// [`ExecError::ShapeMismatch`] if a part's rank or a size off `axis` differs
+    /// from the first part's; [`ExecError::Overflow`] if the joined size overflows;
+    /// [`ExecError::OutOfMemory`].
+    pub fn concat<T: Element>(
+        &self,
+        parts: &[&RawTensor<T>],
+        axis: usize,
+    ) -> Result<RawTensor<T>, ExecError> {
+        const OP: &str = "concat";
+        let Some(first) = parts.first() else {
+            return Err(ExecError::InvalidArgument {
+                op: OP,
+                reason: "the list of tensors to concatenate is empty",
+            });
+        };
+        let rank = first.rank();
+        check_axis(OP, axis, rank)?;
+        let mut total = 0usize;
+        for p in parts {
+            let same = p.rank() == rank
+                && (0..rank).all(|d| d == axis || p.shape()[d] == first.shape()[d]);
+            if !same {
+                return Err(ExecError::ShapeMismatch {
+                    op: OP,
+                    lhs: first.dims(),
+                    rhs: p.dims(),
+                    reason: "the ranks or the sizes off the concatenation axis differ",
+                });
+            }
+            total = total
+                .checked_add(p.shape()[axis])
+                .ok_or(ExecError::Overflow {
+                    op: OP,
+                    shape: first.dims(),
+                })?;
+        }
+        let mut out_shape = first.dims();
+        out_shape.as_mut_slice()[axis] = total;
+        let outer: usize = first.shape()[..axis].iter().product();
+        with_parts(parts, outer, |parts| {
+            self.new_tensor(OP, &out_shape, |out| {
+                self.par_rows(out, 1, 1, |range, dst| {
+                    fill_joined(parts, range.start, dst);
+                });
+            })
+        })
+    }
+
+    /// Stacks `parts`, which all have the same shape, along a new axis inserted at
+    /// position `axis` (`0..=rank`): the result has shape `shape[..axis] ++
+    /// [parts.len()] ++ shape[axis..]`. Parts of any layout are read through their
+    /// strides.
+    ///
+    /// The backward of `stack` is `grad.narrow(axis, i, 1)?.squeeze(axis)` for
+    /// part `i` (zero-copy views; [`split`](ExecContext::split) with sizes of 1).
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let a = ctx.from_slice(&[2], &[1., 2.])?;
+    /// let b = ctx.from_slice(&[2], &[3., 4.])?;
+    /// assert_eq!(ctx.stack(&[&a, &b], 0)?.to_vec(), [1., 2., 3., 4.]);
+    /// let s = ctx.stack(&[&a, &b], 1)?;
+    /// assert_eq!(s.shape(), [2, 2]);
+    /// assert_eq!(s.to_vec(), [1., 3., 2., 4.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `parts` is empty;
+    /// [`ExecError::InvalidAxis`] if `axis > rank`; [`ExecError::InvalidShape`] if
+    /// the result would have rank above 8; [`ExecError::ShapeMismatch`] if a part's
+    /// shape differs from the first part's; [`ExecError::Overflow`];
+    /// [`ExecError::OutOfMemory`].
+    pub fn stack<T: Element>(
+        &self,
+        parts: &[&RawTensor<T>],
+        axis: usize,
+    ) -> Result<RawTensor<T>, ExecError> {
+        const OP: &str = "stack";
+        let Some(first) = parts.first() else {
+            return Err(ExecError::InvalidArgument {
+                op: OP,
+                reason: "the list of tensors to stack is empty",
+            });
+        };
+        let rank = first.rank();
+        check_axis(OP, axis, rank + 1)?;
+        if rank == MAX_RANK {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: first.dims(),
+                reason: "stacking adds an axis and the result would have rank above 8",
+            });
+        }
+        if let Some(p) = parts.iter().find(|p| p.shape() != first.shape()) {
+            return Err(ExecError::ShapeMismatch {
+                op: OP,
+                lhs: first.dims(),
+                rhs: p.dims(),
+                reason: "every stacked tensor must have the same shape",
+            });
+        }
+        let mut out_shape = Dims::default();
+        for (d, &s) in first.shape().iter().enumerate() {
+            if d == axis {
+                out_shape.push(parts.len());
+            }
+            out_shape.push(s);
+        }
+        if axis == rank {
+            out_shape.push(parts.len());
+        }
+        let outer: usize = first.shape()[..axis].iter().product();
+        with_parts(parts, outer, |parts| {
+            self.new_tensor(OP, &out_shape, |out| {
+                self.par_rows(out, 1, 1, |range, dst| {
+                    fill_joined(parts, range.start, dst);
+                });
+            })
+        })
+    }
+
+    /// Splits `x` along `axis` into consecutive zero-copy [`RawTensor::narrow`]
+    /// views of the given `sizes` (which must sum to the axis length). This is the
+    /// backward of [`concat`](ExecContext::concat): split the gradient with the
+    /// parts' sizes.
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+    /// let parts = ctx.split(&x, 1, &[1, 2])?;
+    /// assert_eq!(parts[0].to_vec(), [1., 4.]);
+    /// assert_eq!(parts[1].to_vec(), [2., 3., 5., 6.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidArgument`] if `sizes` is
+    /// empty, holds a zero, or does not sum to the axis length.
+    pub fn split<T: Element>(
+        &self,
+        x: &RawTensor<T>,
+        axis: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<RawTensor<T>>, ExecError> {
+        const OP: &str = "split";
+        check_axis(OP, axis, x.rank())?;
+        if sizes.is_empty() || sizes.contains(&0) {
+            return Err(ExecError::InvalidArgument {
+                op: OP,
+                reason: "the sizes must be a non-empty list of non-zero lengths",
+            });
+        }
+        let sum = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if sum != Some(x.shape()[axis]) {
+            return Err(ExecError::InvalidArgument {
+                op: OP,
+                reason: "the sizes do not sum to the length of the axis",
+            });
+        }
+        let mut start = 0;
+        let mut out = Vec::with_capacity(sizes.len());
+        for &len in sizes {
+            out.push(x.narrow(axis, start, len)?);
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// The slices of `x` at positions `indices` along `axis` (PyTorch
+    /// `index_select`): `indices` is 1-D of length `m`, and the result has `x`'s
+    /// shape with size `m` along `axis`. Repeated indices repeat slices. Generic
+    /// over the element type.
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[3, 2], &[1., 2., 3., 4., 5., 6.])?;
+    /// let i = ctx.from_slice_typed::<i64>(&[3], &[2, 0, 2])?;
+    /// assert_eq!(ctx.index_select(&x, 0, &i)?.to_vec(), [5., 6., 1., 2., 5., 6.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] if `indices` is not
+    /// 1-D; [`ExecError::IndexOutOfBounds`] (the first offending index and the axis
+    /// length) for a negative or too large index; [`ExecError::OutOfMemory`].
+    pub fn index_select<T: Element>(
+        &self,
+        x: &RawTensor<T>,
+        axis: usize,
+        indices: &RawTensor<i64>,
+    ) -> Result<RawTensor<T>, ExecError> {
+        const OP: &str = "index_select";
+        check_axis(OP, axis, x.rank())?;
+        if indices.rank() != 1 {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: indices.dims(),
+                reason: "the indices must be 1-D",
+            });
+        }
+        let d = x.shape()[axis];
+        check_index_values(OP, indices, d)?;
+        let mut out_shape = x.dims();
+        out_shape.as_mut_slice()[axis] = indices.numel();
+        let inner: usize = x.shape()[axis + 1..].iter().product();
+        self.select_rows(OP, x, indices, d, inner, &out_shape)
+    }
+
+    /// Embedding lookup: row `ids[..]` of `weight` (`[V, D]`) for every id; `ids`
+    /// has any shape (rank up to 7) and the result has shape `ids.shape ++ [D]`.
+    /// Generic over the element type.
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let w = ctx.from_slice(&[3, 2], &[0., 1., 10., 11., 20., 21.])?;
+    /// let ids = ctx.from_slice_typed::<i64>(&[2, 2], &[2, 0, 1, 2])?;
+    /// let e = ctx.embedding(&w, &ids)?;
+    /// assert_eq!(e.shape(), [2, 2, 2]);
+    /// assert_eq!(e.to_vec(), [20., 21., 0., 1., 10., 11., 20., 21.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `weight` is not 2-D or `ids` has rank 8;
+    /// [`ExecError::IndexOutOfBounds`] (the first offending id and `V`) for a
+    /// negative id or one `>= V`; [`ExecError::OutOfMemory`].
+    pub fn embedding<T: Element>(
+        &self,
+        weight: &RawTensor<T>,
+        ids: &RawTensor<i64>,
+    ) -> Result<RawTensor<T>, ExecError> {
+        const OP: &str = "embedding";
+        if weight.rank() != 2 {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: weight.dims(),
+                reason: "the weight must be 2-D [vocab, dim]",
+            });
+        }
+        if ids.rank() == MAX_RANK {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: ids.dims(),
+                reason: "the result (ids shape plus the embedding axis) would have rank above 8",
+            });
+        }
+        let (v, dim) = (weight.shape()[0], weight.shape()[1]);
+        check_index_values(OP, ids, v)?;
+        let mut out_shape = ids.dims();
+        out_shape.push(dim);
+        self.select_rows(OP, weight, ids, v, dim, &out_shape)
+    }
+
+    /// `out[o, j, :] = x[o, idx[j], :]` with `x` viewed as `[outer, d, inner]` and
+    /// the flattened `idx` (validated) as `[m]`.
+    fn select_rows<T: Element>(
+        &self,
+        op: &'static str,
+        x: &RawTensor<T>,
+        idx: &RawTensor<i64>,
+        d: usize,
+        inner: usize,
+        out_shape: &[usize],
+    ) -> Result<RawTensor<T>, ExecError> {
+        check_shape(op, out_shape)?;
+        let is = self.contiguous(idx)?;
+        let is = is.contiguous_slice();
+        let m = is.len();
+        if !x.is_contiguous() {
+            // Read the selected slices through the strides (a slice `x[o, t, :]` is
+            // a run of `x`'s logical order) instead of copying all of `x`.
+            return self.new_tensor(op, out_shape, |out| {
+                self.par_rows(out, inner, inner, |rows, dst| {
+                    for (r, drow) in rows.zip(dst.chunks_exact_mut(inner)) {
+                        let (o, j) = (r / m, r % m);
+                        copy_logical(x, (o * d + is[j] as usize) * inner, drow);
+                    }
+                });
+            });
+        }
+        let xs = x.contiguous_slice();
+        self.new_tensor(op, out_shape, |out| {
+            self.par_rows(out, inner, inner, |rows, dst| {
+                // Rows of `out` are (o, j) pairs; handle them in runs of equal `o`.
+                let mut r = rows.start;
+                let mut rest = dst;
+                while r < rows.end {
+                    let (o, j0) = (r / m, r % m);
+                    let j1 = m.min(j0 + (rows.end - r));
+                    let (head, tail) = rest.split_at_mut((j1 - j0) * inner);
+                    let src = &xs[o * d * inner..(o + 1) * d * inner];
+                    gather_rows(head, src, inner, &is[j0..j1]);
+                    rest = tail;
+                    r += j1 - j0;
+                }
+            });
+        })
+    }
+
+    /// PyTorch `torch.gather`: `out[i_0, .., i_{r-1}] = x[i_0, .., index[i_0, ..,
+    /// i_{r-1}], .., i_{r-1}]` (the index replaces the coordinate on `axis`).
+    /// `index` has `x`'s rank and, off `axis`, sizes no larger than `x`'s; the
+    /// result has `index`'s shape. Generic over the element type.
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+    /// let i = ctx.from_slice_typed::<i64>(&[2, 1], &[2, 0])?;
+    /// assert_eq!(ctx.gather(&x, 1, &i)?.to_vec(), [3., 4.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::ShapeMismatch`] if `index`'s rank
+    /// differs from `x`'s or a size off `axis` exceeds `x`'s;
+    /// [`ExecError::IndexOutOfBounds`] (the first offending index and
+    /// `x.shape()[axis]`); [`ExecError::OutOfMemory`].
+    pub fn gather<T: Element>(
+        &self,
+        x: &RawTensor<T>,
+        axis: usize,
+        index: &RawTensor<i64>,
+    ) -> Result<RawTensor<T>, ExecError> {
+        const OP: &str = "gather";
+        check_axis(OP, axis, x.rank())?;
+        check_gather_index(OP, x.shape(), axis, index)?;
+        let dx = x.shape()[axis];
+        check_index_values(OP, index, dx)?;
+        let xs = self.contiguous(x)?;
+        let ix = self.contiguous(index)?;
+        let (xs, ix) = (xs.contiguous_slice(), ix.contiguous_slice());
+        let (xshape, ishape) = (x.shape(), index.shape());
+        let xin: usize = xshape[axis + 1..].iter().product();
+        let m = ishape[axis];
+        let iin: usize = ishape[axis + 1..].iter().product();
+        let (isub, xsub) = (&ishape[axis + 1..], &xshape[axis + 1..]);
+        let same_inner = isub == xsub;
+        self.new_tensor(OP, ishape, |out| {
+            // Rows of `out` are (o, j): index outer position o, position j on `axis`;
+            // a chunk handles them in runs of equal `o`.
+            self.par_rows(out, iin, iin, |rows, dst| {
+                let mut r = rows.start;
+                let mut rest = dst;
+                while r < rows.end {
+                    let (oi, j0) = (r / m, r % m);
+                    let run = (m - j0).min(rows.end - r);
+                    let (head, tail) = rest.split_at_mut(run * iin);
+                    let xo = remap_position(oi, &ishape[..axis], &xshape[..axis])
+                        .expect("index sizes never exceed the source's");
+                    let xblock = &xs[xo * dx * xin..(xo + 1) * dx * xin];
+                    let iblock = &ix[r * iin..(r + run) * iin];
+                    let pairs = head.chunks_exact_mut(iin).zip(iblock.chunks_exact(iin));
+                    if iin == 1 && xin == 1 {
+                        // Gathering along the last axis: one element per row.
+                        for (d, &t) in head.iter_mut().zip(iblock) {
+                            *d = xblock[t as usize];
+                        }
+                    } else if same_inner {
+                        for (drow, irow) in pairs {
+                            for (q, (d, &t)) in drow.iter_mut().zip(irow).enumerate() {
+                                *d = xblock[t as usize * xin + q];
+                            }
+                        }
+                    } else {
+                        for (drow, irow) in pairs {
+                            for_each_sub_offset(isub, xsub, |q, s| {
+                                drow[q] = xblock[irow[q] as usize * xin + s];
+                            });
+                        }
+                    }
+                    rest = tail;
+                    r += run;
+                }
+            });
+        })
+    }
+
+    /// The backward of [`index_select`](ExecContext::index_select): the gradient
+    /// of the source, of shape `src_shape`, from `grad` (the output's gradient:
+    /// `src_shape` with size `indices.len()` on `axis`). A scatter-add:
+    /// `out[o, t, :] = sum of grad[o, j, :] over the positions j with
+    /// indices[j] == t`, in increasing `j` (zero where no index is `t`).
+    ///
+    /// Deterministic: the inverse of `indices` is built once (a stable counting
+    /// sort), then every destination row is summed by exactly one task in
+    /// increasing `j`, so the bits are the same for any team size and equal to a
+    /// serial scatter-add in index order.
+    ///
+    /// # Errors
+    /// The shape errors of `src_shape`; [`ExecError::InvalidAxis`];
+    /// [`ExecError::InvalidShape`] if `indices` is not 1-D;
+    /// [`ExecError::ShapeMismatch`] if `grad`'s shape is not `src_shape` with
+    /// `indices.len()` on `axis`; [`ExecError::IndexOutOfBounds`];
+    /// [`ExecError::OutOfMemory`].
+    pub fn index_select_backward(
+        &self,
+        grad: &RawTensor,
+        axis: usize,
+        indices: &RawTensor<i64>,
+        src_shape: &[usize],
+    ) -> Result<RawTensor, ExecError> {
+        const OP: &str = "index_select_backward";
+        check_shape(OP, src_shape)?;
+        check_axis(OP, axis, src_shape.len())?;
+        if indices.rank() != 1 {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: indices.dims(),
+                reason: "the indices must be 1-D",
+            });
+        }
+        let mut expected = Dims::new(src_shape);
+        expected.as_mut_slice()[axis] = indices.numel();
+        if grad.shape() != expected.as_slice() {
+            return Err(ExecError::ShapeMismatch {
+                op: OP,
+                lhs: grad.dims(),
+                rhs: expected,
+                reason: "the gradient must have the source shape with the index count on the axis",
+            });
+        }
+        let d = src_shape[axis];
+        check_index_values(OP, indices, d)?;
+        let inner: usize = src_shape[axis + 1..].iter().product();
+        self.scatter_add_rows(OP, grad, indices, d, inner, src_shape)
+    }
+
+    /// The backward of [`embedding`](ExecContext::embedding): the weight's
+    /// gradient `[vocab, D]` from `grad` (`ids.shape ++ [D]`). Row `t` is the sum of
+    /// the gradient rows of every id equal to `t`, in the ids' row-major order (zero
+    /// for ids that never occur). Deterministic as
+    /// [`index_select_backward`](ExecContext::index_select_backward).
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let ids = ctx.from_slice_typed::<i64>(&[3], &[1, 0, 1])?;
+    /// let g = ctx.from_slice(&[3, 2], &[1., 2., 3., 4., 5., 6.])?;
+    /// let gw = ctx.embedding_backward(&g, &ids, 3)?;
+    /// assert_eq!(gw.to_vec(), [3., 4., 6., 8., 0., 0.]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `vocab` is 0 or `ids` has rank 8;
+    /// [`ExecError::ShapeMismatch`] if `grad`'s shape is not `ids.shape ++ [D]`;
+    /// [`ExecError::IndexOutOfBounds`] for an id outside `0..vocab`;
+    /// [`ExecError::OutOfMemory`].
+    pub fn embedding_backward(
+        &self,
+        grad: &RawTensor,
+        ids: &RawTensor<i64>,
+        vocab: usize,
+    ) -> Result<RawTensor, ExecError> {
+        const OP: &str = "embedding_backward";
+        if ids.rank() == MAX_RANK {
+            return Err(ExecError::InvalidShape {
+                op: OP,
+                shape: ids.dims(),
+                reason: "the gradient (ids shape plus the embedding axis) would have rank above 8",
+            });
+        }
+        let r = ids.rank();
+        if grad.rank() != r + 1 || grad.shape()[..r] != *ids.shape() {
+            return Err(ExecError::ShapeMismatch {
+                op: OP,
+                lhs: grad.dims(),
+                rhs: ids.dims(),
+                reason: "the gradient must have the ids' shape plus the embedding axis",
+            });
+        }
+        let dim = grad.shape()[r];
+        check_shape(OP, &[vocab, dim])?;
+        check_index_values(OP, ids, vocab)?;
+        self.scatter_add_rows(OP, grad, ids, vocab, dim, &[vocab, dim])
+    }
+
+    /// `out[o, t, :] = sum over j with idx[j] == t (increasing j) of g[o, j, :]`,
+    /// `out` of shape `out_shape` = `[outer, d, inner]`, `g` = `[outer, m, inner]`
+    /// with `m` the number of (validated) indices.
+    fn scatter_add_rows(
+        &self,
+        op: &'static str,
+        grad: &RawTensor,
+        idx: &RawTensor<i64>,
+        d: usize,
+        inner: usize,
+        out_shape: &[usize],
+    ) -> Result<RawTensor, ExecError> {
+        let g = self.contiguous(grad)?;
+        let is = self.contiguous(idx)?;
+        let (g, is) = (g.contiguous_slice(), is.contiguous_slice());
+        let m = is.len();
+        let mut scratch = self
+            .pool()
+            .acquire_scratch::<usize>(d + 1 + m)
+            .map_err(|e| ExecError::storage(op, e))?;
+        let (offs, order) = scratch.split_at_mut(d + 1);
+        invert_indices(is, offs, order);
+        let (offs, order) = (&*offs, &*order);
+        // Every destination row costs its length plus the rows added into it.
+        let work_per_row = inner.saturating_mul(1 + m / d);
+        self.new_tensor(op, out_shape, |out| {
+            self.par_rows(out, inner, work_per_row, |rows, dst| {
+                for (r, drow) in rows.zip(dst.chunks_exact_mut(inner)) {
+                    let (o, t) = (r / d, r % d);
+                    let src = &g[o * m * inner..(o + 1) * m * inner];
+                    sum_rows_into(drow, src, positions_of(offs, order, t));
+                }
+            });
+        })
+    }
+
+    /// The backward of [`gather`](ExecContext::gather): the gradient of the
+    /// source, of shape `src_shape`, from `grad` (of `index`'s shape). A
+    /// scatter-add: every `grad` element is added at the source position it was
+    /// gathered from; everything else is zero.
+    ///
+    /// Deterministic: the source is split into rows over the axes before `axis`
+    /// (or, when there is only one such row, into its columns after `axis`), each
+    /// written by exactly one task, which adds the contributions to an element in
+    /// increasing position along `axis` (the order of a serial scatter-add in
+    /// row-major order), for any team size.
+    ///
+    /// # Errors
+    /// The shape errors of `src_shape`; [`ExecError::InvalidAxis`];
+    /// [`ExecError::ShapeMismatch`] if `index` does not fit `src_shape` (as in
+    /// [`gather`](ExecContext::gather)) or `grad`'s shape is not `index`'s;
+    /// [`ExecError::IndexOutOfBounds`]; [`ExecError::OutOfMemory`].
+    pub fn gather_backward(
+        &self,
+        grad: &RawTensor,
+        axis: usize,
+        index: &RawTensor<i64>,
+        src_shape: &[usize],
+    ) -> Result<RawTensor, ExecError> {
+        const OP: &str = "gather_backward";
+        check_shape(OP, src_shape)?;
+        check_axis(OP, axis, src_shape.len())?;
+        check_gather_index(OP, src_shape, axis, index)?;
+        if grad.shape() != index.shape() {
+            return Err(ExecError::ShapeMismatch {
+                op: OP,
+                lhs: grad.dims(),
+                rhs: index.dims(),
+                reason: "the gradient must have the index's shape",
+            });
+        }
+        let d = src_shape[axis];
+        check_index_values(OP, index, d)?;
+        let g = self.contiguous(grad)?;
+        let ix = self.contiguous(index)?;
+        let (g, ix) = (g.contiguous_slice(), ix.contiguous_slice());
+        let ishape = index.shape();
+        let inner: usize = src_shape[axis + 1..].iter().product();
+        let m = ishape[axis];
+        let iin: usize = ishape[axis + 1..].iter().product();
+        let (isub, ssub) = (&ishape[axis + 1..], &src_shape[axis + 1..]);
+        let same_inner = isub == ssub;
+        let outer: usize = src_shape[..axis].iter().product();
+        if outer == 1 && inner > 1 {
+            // One source row: split it over its inner columns instead. Column `s`
+            // (the `d` destinations of one inner position) is summed into row `s`
+            // of a transposed `[inner, d]` scratch, in increasing `j` as below, then
+            // the scratch is transposed into place: the same bits as the row path.
+            let cols = self.new_tensor(OP, &[inner, d], |sc: &mut [f32]| {
+                self.par_rows(sc, d, d + m, |rows, dst| {
+                    for (s, col) in rows.zip(dst.chunks_exact_mut(d)) {
+                        col.fill(0.0);
+                        let Some(q) = remap_position(s, ssub, isub) else {
+                            continue;
+                        };
+                        for j in 0..m {
+                            col[ix[j * iin + q] as usize] += g[j * iin + q];
+                        }
+                    }
+                });
+            })?;
+            let cols = cols.contiguous_slice();
+            return self.new_tensor(OP, src_shape, |out| {
+                self.par_rows(out, inner, inner, |rows, dst| {
+                    transpose_rows(dst, cols, inner, d, rows.start);
+                });
+            });
+        }
+        let row_len = d * inner;
+        self.new_tensor(OP, src_shape, |out| {
+            self.par_rows(out, row_len, row_len + m * iin, |rows, dst| {
+                for (o, drow) in rows.zip(dst.chunks_exact_mut(row_len)) {
+                    drow.fill(0.0);
+                    // The index covers this source row only if its outer coordinates
+                    // are inside the index's sizes.
+                    let Some(io) = remap_position(o, &src_shape[..axis], &ishape[..axis]) else {
+                        continue;
+                    };
+                    let gblock = &g[io * m * iin..(io + 1) * m * iin];
+                    let iblock = &ix[io * m * iin..(io + 1) * m * iin];
+                    let pairs = gblock.chunks_exact(iin).zip(iblock.chunks_exact(iin));
+                    if same_inner {
+                        for (grow, irow) in pairs {
+                            for (q, (&g, &t)) in grow.iter().zip(irow).enumerate() {
+                                drow[t as usize * inner + q] += g;
+                            }
+                        }
+                    } else {
+                        for (grow, irow) in pairs {
+                            for_each_sub_offset(isub, ssub, |q, s| {
+                                drow[irow[q] as usize * inner + s] += grow[q];
+                            });
+                        }
+                    }
+                }
+            });
+        })
+    }
+}

@@ -157,8 +157,8 @@ pub(crate) fn check_shape(op: &'static str, shape: &[usize]) -> Result<usize, Ex
 }
 
 impl Layout {
-    /// The row-major contiguous layout of `shape` at offset 0, after
-    /// [`check_shape`].
+    /// The row-major contiguous layout of `shape` at offset 0, after the shape
+    /// checks of the constructors (rank 1 to 8, no zero dimension, no overflow).
     pub fn contiguous(op: &'static str, shape: &[usize]) -> Result<Layout, ExecError> {
         check_shape(op, shape)?;
         Ok(Layout::contiguous_unchecked(shape))
