@@ -251,3 +251,54 @@ fn a_broadcast_view_as_a_variable() {
     let b = base.broadcast_to(&[2, 3]).unwrap();
     check(&ctx, "broadcast leaf", |c, t| t[0].exp(c), &[b]);
 }
+
+#[test]
+fn joins_and_indexing() {
+    let ctx = ExecContext::new();
+    let a = values(6, 80, -2.0, 2.0);
+    let b = values(2, 81, -2.0, 2.0);
+    check_layouts(
+        &ctx,
+        "concat",
+        |c, t| Tensor::concat(c, &[&t[0], &t[1]], 1)?.sin(c),
+        &[(S23, a.clone()), (S21, b)],
+    );
+    let a2 = values(6, 82, -2.0, 2.0);
+    check_layouts(
+        &ctx,
+        "stack",
+        |c, t| Tensor::stack(c, &[&t[0], &t[1]], 1)?.sin(c),
+        &[(S23, a.clone()), (S23, a2)],
+    );
+    // Repeated indices: their gradients add up.
+    let idx = ctx.from_slice_typed::<i64>(&[4], &[2, 0, 2, 1]).unwrap();
+    let i2 = idx.clone();
+    check_layouts(
+        &ctx,
+        "index_select",
+        move |c, t| t[0].index_select(c, 1, &i2)?.sin(c),
+        &[(S23, a.clone())],
+    );
+    let ids = ctx.from_slice_typed::<i64>(&[2, 2], &[1, 2, 1, 0]).unwrap();
+    check_layouts(
+        &ctx,
+        "embedding",
+        move |c, t| t[0].transpose(c, 0, 1)?.embedding(c, &ids)?.cos(c),
+        &[(S23, a.clone())],
+    );
+    let gi = ctx.from_slice_typed::<i64>(&[2, 2], &[2, 0, 1, 1]).unwrap();
+    check_layouts(
+        &ctx,
+        "gather",
+        move |c, t| t[0].gather(c, 1, &gi)?.exp(c),
+        &[(S23, a)],
+    );
+    // Distinct values: no ties at the selection boundary.
+    let v = [0.3, -1.2, 0.9, 1.7, -0.4, 0.1];
+    check_layouts(
+        &ctx,
+        "topk",
+        |c, t| t[0].topk(c, 2, 1, true)?.0.sin(c),
+        &[(S23, v.to_vec())],
+    );
+}

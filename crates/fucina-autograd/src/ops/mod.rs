@@ -2,6 +2,7 @@
 //! then records a VJP built from the exec layer's backward kernels.
 
 pub(crate) mod elementwise;
+pub(crate) mod index;
 pub(crate) mod reduce;
 pub(crate) mod view;
 
