@@ -195,3 +195,18 @@ fn a_failed_op_inside_a_scope_leaks_nothing() -> R {
     assert_eq!(ctx.outstanding_buffers(), base);
     Ok(())
 }
+
+#[test]
+fn typed_results_stay_caller_owned() -> R {
+    let ctx = ExecContext::new();
+    let x = Tensor::variable_from_slice(&ctx, &[2, 3], &[1., 5., 3., 4., 2., 6.])?;
+    let scope = ctx.open_exec_scope();
+    let (values, indices) = x.topk(&ctx, 1, 1, true)?;
+    // Only the f32 values arm is adopted.
+    assert_eq!(ctx.exec_scope_len(), 1);
+    assert!(values.is_scope_owned());
+    ctx.close_exec_scope(scope);
+    assert_eq!(indices.to_vec(), [1, 2]);
+    assert_eq!(values.to_vec(), [5., 6.]);
+    Ok(())
+}
