@@ -3,7 +3,9 @@
 
 pub(crate) mod gemm;
 pub(crate) mod index;
+pub(crate) mod math;
 pub(crate) mod reduce;
+pub(crate) mod rowwise;
 pub(crate) mod select;
 pub(crate) mod strided;
 pub(crate) mod unary;

@@ -1,1 +1,285 @@
-//! PLACEHOLDER: these kernels are being written.
+//! Reduction kernels over slices: sums, extrema, arg-extrema and column sums.
+//!
+//! Every long sum has a grouping that depends only on the number of elements
+//! reduced, never on threads or on how many other rows share the call:
+//!
+//! - a *block* of at most [`BLOCK`] elements is summed in [`LANES`] interleaved
+//!   accumulators (lane `j` takes elements `j, j + LANES, ...`), combined in a fixed
+//!   halving tree, then the `len % LANES` tail is added in order;
+//! - up to [`SUPER`] elements, blocks are combined pairwise (the split falls on the
+//!   block boundary nearest the middle: `ceil(len / BLOCK) / 2` blocks on the left);
+//! - above [`SUPER`] elements, super-chunks of [`SUPER`] elements are summed as above
+//!   and combined pairwise the same way (so a full reduction can compute its
+//!   super-chunks in parallel and get the serial bits, see [`pairwise`]).
+//!
+//! Column sums (a reduction along an axis that is not the last one) accumulate
+//! each column sequentially inside blocks of [`BLOCK`] rows and add the block
+//! partials in row order ([`col_sum_with`]).
+
+/// Interleaved accumulators of a block sum: four SSE or two AVX registers, enough
+/// independent add chains to hide the add latency.
+pub(crate) const LANES: usize = 16;
+/// Elements per block: the unit of the pairwise combination.
+pub(crate) const BLOCK: usize = 256;
+/// Elements per super-chunk: the unit a full reduction parallelizes over.
+pub(crate) const SUPER: usize = 1 << 16;
+/// Columns per tile of the column kernels (stack accumulators).
+pub(crate) const TILE: usize = 64;
+
+/// The fixed combination tree of the lane accumulators (halving: lane `j` plus
+/// lane `j + width / 2`, until one is left).
+#[inline(always)]
+fn combine_lanes(a: &[f32; LANES]) -> f32 {
+    let mut v = *a;
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            v[j] += v[j + w];
+        }
+    }
+    v[0]
+}
+
+#[inline(always)]
+fn block_sum_map(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    let mut s = combine_lanes(&acc);
+    for &v in rem {
+        s += f(v);
+    }
+    s
+}
+
+#[inline(always)]
+fn block_sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (xa, xb) in ca.zip(cb) {
+        for ((s, &u), &v) in acc.iter_mut().zip(xa).zip(xb) {
+            *s += f(u, v);
+        }
+    }
+    let mut s = combine_lanes(&acc);
+    for (&u, &v) in ra.iter().zip(rb) {
+        s += f(u, v);
+    }
+    s
+}
+
+/// Where a pairwise sum of `len` elements splits: at a multiple of `unit`, with
+/// `ceil(len / unit) / 2` units on the left.
+#[inline]
+fn split_point(len: usize, unit: usize) -> usize {
+    len.div_ceil(unit) / 2 * unit
+}
+
+/// `sum(f(x[i]))` in the fixed order of the module docs.
+pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= BLOCK {
+        return block_sum_map(x, f);
+    }
+    let unit = if x.len() > SUPER { SUPER } else { BLOCK };
+    let h = split_point(x.len(), unit);
+    sum_map(&x[..h], f) + sum_map(&x[h..], f)
+}
+
+/// `sum(f(a[i], b[i]))` over two equally long slices, in the order of
+/// [`sum_map`].
+pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    if a.len() <= BLOCK {
+        return block_sum_map2(a, b, f);
+    }
+    let unit = if a.len() > SUPER { SUPER } else { BLOCK };
+    let h = split_point(a.len(), unit);
+    sum_map2(&a[..h], &b[..h], f) + sum_map2(&a[h..], &b[h..], f)
+}
+
+/// The sum of `x` (see the module docs for the order).
+pub(crate) fn sum(x: &[f32]) -> f32 {
+    sum_map(x, |v| v)
+}
+
+/// Combines the sums of consecutive super-chunks of [`SUPER`] elements exactly as
+/// [`sum_map`] combines them, so that `pairwise(&[sum(c) for c in x.chunks(SUPER)])`
+/// is bitwise `sum(x)`.
+pub(crate) fn pairwise(partials: &[f32]) -> f32 {
+    match partials.len() {
+        0 => 0.0,
+        1 => partials[0],
+        n => {
+            let h = n / 2;
+            pairwise(&partials[..h]) + pairwise(&partials[h..])
+        }
+    }
+}
+
+/// Folds `x` with `pick(acc, v)` (a NaN-ignoring max or min: one SIMD instruction)
+/// in [`LANES`] accumulators while tracking NaNs on the side; NaN if any element is
+/// NaN (PyTorch's propagation), `init` for an empty slice.
+#[inline(always)]
+fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; LANES];
+    let mut nan = [false; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for ((a, n), &v) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
+            *a = pick(*a, v);
+            *n |= v.is_nan();
+        }
+    }
+    let mut m = init;
+    let mut any_nan = nan.iter().any(|&n| n);
+    for &a in &acc {
+        m = pick(m, a);
+    }
+    for &v in rem {
+        m = pick(m, v);
+        any_nan |= v.is_nan();
+    }
+    if any_nan { f32::NAN } else { m }
+}
+
+/// The largest element; NaN if any element is NaN; `-inf` for an empty slice.
+pub(crate) fn max(x: &[f32]) -> f32 {
+    extremum(x, f32::NEG_INFINITY, |a, v| if v > a { v } else { a })
+}
+
+/// The smallest element; NaN if any element is NaN; `+inf` for an empty slice.
+pub(crate) fn min(x: &[f32]) -> f32 {
+    extremum(x, f32::INFINITY, |a, v| if v < a { v } else { a })
+}
+
+/// Index of the first largest element, NaN counting as larger than everything
+/// (the first NaN wins), as PyTorch's `argmax`. `x` is not empty.
+pub(crate) fn argmax(x: &[f32]) -> usize {
+    arg_by(x, |v, best| v > best)
+}
+
+/// Index of the first smallest element (the first NaN wins).
+pub(crate) fn argmin(x: &[f32]) -> usize {
+    arg_by(x, |v, best| v < best)
+}
+
+#[inline(always)]
+fn arg_by(x: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
+    let mut best = x[0];
+    let mut at = 0;
+    if best.is_nan() {
+        return 0;
+    }
+    for (i, &v) in x.iter().enumerate().skip(1) {
+        if v.is_nan() {
+            return i;
+        }
+        if better(v, best) {
+            best = v;
+            at = i;
+        }
+    }
+    at
+}
+
+/// Column sums: `out[j] = sum over k in 0..n of row_k[j]`, where `add_row(k, acc)`
+/// adds row `k`'s contribution to `acc` (`acc.len() == out.len() <= TILE`).
+///
+/// Order: inside each block of [`BLOCK`] rows, each column accumulates
+/// sequentially from zero; block partials are added to the running total in row
+/// order. The order depends only on `n`.
+pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(usize, &mut [f32])) {
+    let w = out.len();
+    assert!(w <= TILE, "col_sum_with: a tile has at most {TILE} columns");
+    let mut total = [0.0f32; TILE];
+    let mut acc = [0.0f32; TILE];
+    let mut start = 0;
+    while start < n {
+        let end = (start + BLOCK).min(n);
+        let a = &mut acc[..w];
+        a.fill(0.0);
+        for k in start..end {
+            add_row(k, a);
+        }
+        if start == 0 {
+            total[..w].copy_from_slice(a);
+        } else {
+            for (t, &v) in total[..w].iter_mut().zip(a.iter()) {
+                *t += v;
+            }
+        }
+        start = end;
+    }
+    out.copy_from_slice(&total[..w]);
+}
+
+/// Column sums of the `[n, inner]` slab `x`, columns `i0..i0 + out.len()`.
+pub(crate) fn col_sum(x: &[f32], inner: usize, i0: usize, out: &mut [f32]) {
+    let w = out.len();
+    let n = x.len() / inner;
+    col_sum_with(n, out, |k, acc| {
+        for (a, &v) in acc.iter_mut().zip(&x[k * inner + i0..][..w]) {
+            *a += v;
+        }
+    });
+}
+
+/// Calls `f(row, col0, out_tile)` over `out`, the flat elements `range` of an
+/// `[outer, inner]` output, split into tiles of at most [`TILE`] columns that never
+/// cross a row.
+pub(crate) fn for_each_col_tile(
+    range: std::ops::Range<usize>,
+    inner: usize,
+    out: &mut [f32],
+    mut f: impl FnMut(usize, usize, &mut [f32]),
+) {
+    let mut e = range.start;
+    let mut off = 0;
+    while e < range.end {
+        let (o, i) = (e / inner, e % inner);
+        let w = (inner - i).min(range.end - e).min(TILE);
+        f(o, i, &mut out[off..off + w]);
+        e += w;
+        off += w;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_matches_f64_and_pairwise_super_chunks() {
+        let n = 3 * SUPER + 1234;
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1001) as f32 * 0.001 - 0.5)
+            .collect();
+        let exact: f64 = x.iter().map(|&v| f64::from(v)).sum();
+        let s = sum(&x);
+        assert!((f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()));
+        let partials: Vec<f32> = x.chunks(SUPER).map(sum).collect();
+        assert_eq!(pairwise(&partials).to_bits(), s.to_bits());
+    }
+
+    #[test]
+    fn extrema_propagate_nan_and_arg_takes_first() {
+        let mut x = vec![1.0f32, 3.0, 3.0, -2.0, 0.5, 3.0, -2.0, 1.0, 2.0, 0.0];
+        assert_eq!(max(&x), 3.0);
+        assert_eq!(min(&x), -2.0);
+        assert_eq!(argmax(&x), 1);
+        assert_eq!(argmin(&x), 3);
+        x[9] = f32::NAN;
+        assert!(max(&x).is_nan() && min(&x).is_nan());
+        assert_eq!(argmax(&x), 9);
+        assert_eq!(argmin(&x), 9);
+    }
+}

@@ -1,1 +1,275 @@
-//! PLACEHOLDER: this op family is being written.
+//! `layer_norm` and `rms_norm` over the last axis, and their backward kernels.
+//!
+//! Both follow PyTorch: `layer_norm` normalizes with the biased variance and `eps`
+//! inside the square root, `y = (x - mean) / sqrt(var + eps) * gamma + beta`;
+//! `rms_norm` is `y = x / sqrt(mean(x^2) + eps) * gamma`. The row statistics use
+//! the fixed-order sums of the reductions, so a row's result depends only on the
+//! row (batch invariance) and never on the team size.
+
+use crate::context::ExecContext;
+use crate::error::ExecError;
+use crate::kernels::reduce::{col_sum, col_sum_with, for_each_col_tile};
+use crate::kernels::rowwise;
+use crate::tensor::RawTensor;
+
+/// Per-element work weight of a norm row (two statistics passes and the output).
+const NORM_WORK: usize = 4;
+
+/// Checks `eps` and that each parameter has shape `[last axis of x]`.
+fn check_params(
+    op: &'static str,
+    x: &RawTensor,
+    params: &[&RawTensor],
+    eps: f32,
+) -> Result<(), ExecError> {
+    let c = x.shape()[x.rank() - 1];
+    for p in params {
+        if p.shape() != [c] {
+            return Err(ExecError::ShapeMismatch {
+                op,
+                lhs: x.dims(),
+                rhs: p.dims(),
+                reason: "gamma and beta must have shape [size of the last axis]",
+            });
+        }
+    }
+    if !(eps >= 0.0 && eps.is_finite()) {
+        return Err(ExecError::InvalidArgument {
+            op,
+            reason: "eps must be finite and non-negative",
+        });
+    }
+    Ok(())
+}
+
+fn check_same(op: &'static str, x: &RawTensor, g: &RawTensor) -> Result<(), ExecError> {
+    if x.shape() != g.shape() {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: x.dims(),
+            rhs: g.dims(),
+            reason: "the output gradient must have the input's shape",
+        });
+    }
+    Ok(())
+}
+
+impl ExecContext {
+    /// Layer normalization over the last axis (PyTorch's `layer_norm` with
+    /// `normalized_shape = [last]`): per row, `(x - mean) / sqrt(var + eps) * gamma +
+    /// beta` with the biased variance; `gamma` and `beta` have shape `[last]`.
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[1, 4], &[1., 2., 3., 4.])?;
+    /// let (g, b) = (ctx.ones(&[4])?, ctx.zeros(&[4])?);
+    /// let y = ctx.layer_norm(&x, &g, &b, 0.0)?.to_vec();
+    /// let s = (1.25f32).sqrt(); // the biased standard deviation
+    /// assert!((y[0] + 1.5 / s).abs() < 1e-6 && (y[3] - 1.5 / s).abs() < 1e-6);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] if `gamma` or `beta` is not of shape `[last]`;
+    /// [`ExecError::InvalidArgument`] if `eps` is negative, infinite or NaN;
+    /// [`ExecError::OutOfMemory`].
+    pub fn layer_norm(
+        &self,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        beta: &RawTensor,
+        eps: f32,
+    ) -> Result<RawTensor, ExecError> {
+        const OP: &str = "layer_norm";
+        check_params(OP, x, &[gamma, beta], eps)?;
+        let c = x.shape()[x.rank() - 1];
+        let (xc, gc, bc) = (
+            self.contiguous(x)?,
+            self.contiguous(gamma)?,
+            self.contiguous(beta)?,
+        );
+        let (xs, gs, bs) = (
+            xc.contiguous_slice(),
+            gc.contiguous_slice(),
+            bc.contiguous_slice(),
+        );
+        self.new_tensor(OP, x.shape(), |out| {
+            self.par_rows(out, c, c * NORM_WORK, |rows, o| {
+                for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                    rowwise::layer_norm(&xs[r * c..][..c], gs, bs, eps, orow);
+                }
+            });
+        })
+    }
+
+    /// RMS normalization over the last axis: per row, `x / sqrt(mean(x^2) + eps) *
+    /// gamma`; `gamma` has shape `[last]`.
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] if `gamma` is not of shape `[last]`;
+    /// [`ExecError::InvalidArgument`] if `eps` is negative, infinite or NaN;
+    /// [`ExecError::OutOfMemory`].
+    pub fn rms_norm(
+        &self,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        eps: f32,
+    ) -> Result<RawTensor, ExecError> {
+        const OP: &str = "rms_norm";
+        check_params(OP, x, &[gamma], eps)?;
+        let c = x.shape()[x.rank() - 1];
+        let (xc, gc) = (self.contiguous(x)?, self.contiguous(gamma)?);
+        let (xs, gs) = (xc.contiguous_slice(), gc.contiguous_slice());
+        self.new_tensor(OP, x.shape(), |out| {
+            self.par_rows(out, c, c * NORM_WORK, |rows, o| {
+                for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                    rowwise::rms_norm(&xs[r * c..][..c], gs, eps, orow);
+                }
+            });
+        })
+    }
+
+    /// The gradients of [`layer_norm`](ExecContext::layer_norm), recomputing each
+    /// row's mean and `rstd = 1 / sqrt(var + eps)` from `x`. With
+    /// `xhat = (x - mean) * rstd` and `g = grad_y * gamma`, per row:
+    ///
+    /// - `grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))`;
+    /// - `grad_gamma = sum over rows of grad_y * xhat` (shape `[last]`);
+    /// - `grad_beta = sum over rows of grad_y` (shape `[last]`).
+    ///
+    /// The sums over rows are column sums in blocks of 256 rows added in order.
+    ///
+    /// # Errors
+    /// As [`layer_norm`](ExecContext::layer_norm) for `gamma` and `eps`;
+    /// [`ExecError::ShapeMismatch`] if `grad_y` does not have `x`'s shape.
+    pub fn layer_norm_backward(
+        &self,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        grad_y: &RawTensor,
+        eps: f32,
+    ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
+        const OP: &str = "layer_norm_backward";
+        check_params(OP, x, &[gamma], eps)?;
+        check_same(OP, x, grad_y)?;
+        let c = x.shape()[x.rank() - 1];
+        let rows = x.numel() / c;
+        let (xc, gc, gyc) = (
+            self.contiguous(x)?,
+            self.contiguous(gamma)?,
+            self.contiguous(grad_y)?,
+        );
+        let (xs, gs, gys) = (
+            xc.contiguous_slice(),
+            gc.contiguous_slice(),
+            gyc.contiguous_slice(),
+        );
+        let grad_x = self.new_tensor(OP, x.shape(), |out| {
+            self.par_rows(out, c, c * NORM_WORK, |r, o| {
+                for (r, orow) in r.zip(o.chunks_exact_mut(c)) {
+                    let xr = &xs[r * c..][..c];
+                    rowwise::layer_norm_backward(xr, gs, &gys[r * c..][..c], eps, orow);
+                }
+            });
+        })?;
+        let stats = self.new_tensor(OP, &[rows, 2], |st| {
+            self.par_rows(st, 2, c * 2, |r, o| {
+                for (r, s) in r.zip(o.chunks_exact_mut(2)) {
+                    let (m, rstd) = rowwise::layer_norm_stats(&xs[r * c..][..c], eps);
+                    s[0] = m;
+                    s[1] = rstd;
+                }
+            });
+        })?;
+        let st = stats.contiguous_slice();
+        let grad_gamma = self.new_tensor(OP, &[c], |out| {
+            self.par_rows(out, 1, rows * 2, |range, o| {
+                for_each_col_tile(range, c, o, |_, i0, tile| {
+                    let w = tile.len();
+                    col_sum_with(rows, tile, |k, acc| {
+                        let (m, rstd) = (st[2 * k], st[2 * k + 1]);
+                        let gr = &gys[k * c + i0..][..w];
+                        let xr = &xs[k * c + i0..][..w];
+                        for ((a, &g), &v) in acc.iter_mut().zip(gr).zip(xr) {
+                            *a += g * ((v - m) * rstd);
+                        }
+                    });
+                });
+            });
+        })?;
+        let grad_beta = self.new_tensor(OP, &[c], |out| {
+            self.par_rows(out, 1, rows, |range, o| {
+                for_each_col_tile(range, c, o, |_, i0, tile| col_sum(gys, c, i0, tile));
+            });
+        })?;
+        Ok((grad_x, grad_gamma, grad_beta))
+    }
+
+    /// The gradients of [`rms_norm`](ExecContext::rms_norm), recomputing each row's
+    /// `rstd = 1 / sqrt(mean(x^2) + eps)` from `x`. With `xhat = x * rstd` and
+    /// `g = grad_y * gamma`, per row:
+    ///
+    /// - `grad_x = rstd * (g - xhat * mean(g * xhat))`;
+    /// - `grad_gamma = sum over rows of grad_y * xhat` (shape `[last]`).
+    ///
+    /// # Errors
+    /// As [`rms_norm`](ExecContext::rms_norm) for `gamma` and `eps`;
+    /// [`ExecError::ShapeMismatch`] if `grad_y` does not have `x`'s shape.
+    pub fn rms_norm_backward(
+        &self,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        grad_y: &RawTensor,
+        eps: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        const OP: &str = "rms_norm_backward";
+        check_params(OP, x, &[gamma], eps)?;
+        check_same(OP, x, grad_y)?;
+        let c = x.shape()[x.rank() - 1];
+        let rows = x.numel() / c;
+        let (xc, gc, gyc) = (
+            self.contiguous(x)?,
+            self.contiguous(gamma)?,
+            self.contiguous(grad_y)?,
+        );
+        let (xs, gs, gys) = (
+            xc.contiguous_slice(),
+            gc.contiguous_slice(),
+            gyc.contiguous_slice(),
+        );
+        let grad_x = self.new_tensor(OP, x.shape(), |out| {
+            self.par_rows(out, c, c * NORM_WORK, |r, o| {
+                for (r, orow) in r.zip(o.chunks_exact_mut(c)) {
+                    let xr = &xs[r * c..][..c];
+                    rowwise::rms_norm_backward(xr, gs, &gys[r * c..][..c], eps, orow);
+                }
+            });
+        })?;
+        let stats = self.new_tensor(OP, &[rows], |st| {
+            self.par_rows(st, 1, c, |r, o| {
+                for (r, s) in r.zip(o.iter_mut()) {
+                    *s = rowwise::rms_norm_rstd(&xs[r * c..][..c], eps);
+                }
+            });
+        })?;
+        let st = stats.contiguous_slice();
+        let grad_gamma = self.new_tensor(OP, &[c], |out| {
+            self.par_rows(out, 1, rows * 2, |range, o| {
+                for_each_col_tile(range, c, o, |_, i0, tile| {
+                    let w = tile.len();
+                    col_sum_with(rows, tile, |k, acc| {
+                        let rstd = st[k];
+                        let gr = &gys[k * c + i0..][..w];
+                        let xr = &xs[k * c + i0..][..w];
+                        for ((a, &g), &v) in acc.iter_mut().zip(gr).zip(xr) {
+                            *a += g * (v * rstd);
+                        }
+                    });
+                });
+            });
+        })?;
+        Ok((grad_x, grad_gamma))
+    }
+}
