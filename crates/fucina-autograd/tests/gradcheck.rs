@@ -224,7 +224,125 @@ fn reductions() {
         &ctx,
         "mean_all",
         |c, t| t[0].exp(c)?.mean_all(c),
-        &[(S23, v)],
+        &[(S23, v.clone())],
+    );
+    for axis in [0, 1] {
+        for keepdim in [false, true] {
+            let what = |op: &str| format!("{op} axis {axis} keepdim {keepdim}");
+            check_layouts(
+                &ctx,
+                &what("sum"),
+                move |c, t| t[0].sum(c, axis, keepdim)?.sin(c),
+                &[(S23, v.clone())],
+            );
+            check_layouts(
+                &ctx,
+                &what("mean"),
+                move |c, t| t[0].mean(c, axis, keepdim)?.sin(c),
+                &[(S23, v.clone())],
+            );
+            // Distinct values: no ties for the extrema.
+            check_layouts(
+                &ctx,
+                &what("max"),
+                move |c, t| t[0].max(c, axis, keepdim)?.sin(c),
+                &[(S23, v.clone())],
+            );
+            check_layouts(
+                &ctx,
+                &what("min"),
+                move |c, t| t[0].min(c, axis, keepdim)?.sin(c),
+                &[(S23, v.clone())],
+            );
+            check_layouts(
+                &ctx,
+                &what("logsumexp"),
+                move |c, t| t[0].logsumexp(c, axis, keepdim),
+                &[(S23, v.clone())],
+            );
+            for unbiased in [false, true] {
+                check_layouts(
+                    &ctx,
+                    &format!("{} unbiased {unbiased}", what("variance")),
+                    move |c, t| t[0].variance(c, axis, keepdim, unbiased),
+                    &[(S23, v.clone())],
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_family_and_norms() {
+    let ctx = ExecContext::new();
+    let v = values(6, 61, -2.0, 2.0);
+    for axis in [0, 1] {
+        check_layouts(
+            &ctx,
+            "softmax",
+            move |c, t| t[0].softmax(c, axis)?.mul(c, &t[0]),
+            &[(S23, v.clone())],
+        );
+        check_layouts(
+            &ctx,
+            "log_softmax",
+            move |c, t| t[0].log_softmax(c, axis),
+            &[(S23, v.clone())],
+        );
+    }
+    let gamma = values(3, 62, 0.5, 1.5);
+    let beta = values(3, 63, -0.5, 0.5);
+    check_layouts(
+        &ctx,
+        "layer_norm",
+        |c, t| t[0].layer_norm(c, &t[1], &t[2], 1e-5),
+        &[(S23, v.clone()), (S3, gamma.clone()), (S3, beta)],
+    );
+    check_layouts(
+        &ctx,
+        "rms_norm",
+        |c, t| t[0].rms_norm(c, &t[1], 1e-5),
+        &[(S23, v.clone()), (S3, gamma)],
+    );
+    check_layouts(
+        &ctx,
+        "l2_normalize",
+        |c, t| t[0].l2_normalize(c, 1, 1e-6),
+        &[(S23, v.clone())],
+    );
+    let w = values(6, 64, -2.0, 2.0);
+    check_layouts(
+        &ctx,
+        "cosine_similarity",
+        |c, t| t[0].cosine_similarity(c, &t[1], 1, 1e-6),
+        &[(S23, v), (S23, w)],
+    );
+}
+
+#[test]
+fn losses() {
+    let ctx = ExecContext::new();
+    let labels = ctx.from_slice_typed::<i64>(&[2], &[2, 0]).unwrap();
+    let logits = values(6, 65, -2.0, 2.0);
+    let l2 = labels.clone();
+    check_layouts(
+        &ctx,
+        "cross_entropy",
+        move |c, t| t[0].cross_entropy(c, &l2),
+        &[(S23, logits.clone())],
+    );
+    check_layouts(
+        &ctx,
+        "nll_loss",
+        move |c, t| t[0].log_softmax(c, 1)?.nll_loss(c, &labels),
+        &[(S23, logits.clone())],
+    );
+    let target = values(6, 66, -2.0, 2.0);
+    check_layouts(
+        &ctx,
+        "mse_loss",
+        |c, t| t[0].mse_loss(c, &t[1]),
+        &[(S23, logits), (S23, target)],
     );
 }
 

@@ -205,7 +205,12 @@ fn typed_results_stay_caller_owned() -> R {
     // Only the f32 values arm is adopted.
     assert_eq!(ctx.exec_scope_len(), 1);
     assert!(values.is_scope_owned());
+    let am = x.argmax(&ctx, 1, false)?;
+    let am_min = x.argmin(&ctx, 1, false)?;
+    assert_eq!(ctx.exec_scope_len(), 1);
     ctx.close_exec_scope(scope);
+    assert_eq!(am.to_vec(), [1, 2]);
+    assert_eq!(am_min.to_vec(), [0, 1]);
     assert_eq!(indices.to_vec(), [1, 2]);
     assert_eq!(values.to_vec(), [5., 6.]);
     Ok(())

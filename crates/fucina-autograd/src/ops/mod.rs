@@ -3,6 +3,7 @@
 
 pub(crate) mod elementwise;
 pub(crate) mod index;
+pub(crate) mod nn;
 pub(crate) mod reduce;
 pub(crate) mod view;
 
@@ -25,18 +26,5 @@ pub(crate) fn sum_to(ctx: &ExecContext, g: &RawTensor, shape: &[usize]) -> Resul
     if g.shape() == shape {
         return Ok(g.clone());
     }
-    let mut out = ctx.zeros(shape)?;
-    // The output viewed at the gradient's shape: broadcast axes have stride 0, so
-    // walking it in logical order gives, for each gradient element, the output
-    // element it sums into.
-    let target = *out.broadcast_to(g.shape())?.layout();
-    let gv = contiguous(ctx, g)?;
-    let gv = gv.data()?;
-    let o = out.data_mut()?;
-    let mut k = 0;
-    target.for_each_index(|i| {
-        o[i] += gv[k];
-        k += 1;
-    });
-    Ok(out)
+    Ok(ctx.sum_to(g, shape)?)
 }
