@@ -5,6 +5,9 @@
 //! - `cargo xtask doctest`: compiles and runs every ```` ```rust ```` block of
 //!   `docs/*.md` against the workspace crates.
 //! - `cargo xtask loom`: the loom model checks (also part of `ci`).
+//! - `cargo xtask miri`: the small soundness tests under Miri when
+//!   `cargo +nightly miri` is installed (also part of `ci`, which skips it,
+//!   saying so, when Miri is missing).
 //! - `cargo xtask bench [ARGS]`: every crate's criterion benchmarks with the
 //!   settings `docs/BENCHMARKS.md` was measured with (extra ARGS, e.g. a
 //!   filter, go to criterion).
@@ -21,9 +24,11 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci        fmt check, clippy, rustdoc, tests, loom models, doc examples, cargo-deny (if installed)
+  ci        fmt check, clippy, rustdoc, tests, fucina-rng no_std, loom models, Miri
+            (if installed), doc examples, cargo-deny (if installed)
   doctest   compile and run every ```rust block of docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
+  miri      run the Miri soundness tests (needs `cargo +nightly miri`; skipped without it)
   bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
             (extra arguments, e.g. a name filter, are passed to criterion)
 ";
@@ -34,6 +39,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("doctest") => doctest::run(&workspace_root()),
         Some("loom") => loom(),
+        Some("miri") => miri(),
         Some("bench") => bench(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
@@ -162,7 +168,15 @@ fn ci() -> Result<(), String> {
             cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]),
         )?;
     }
+    // fucina-rng without its default `std` feature is `no_std`: it must build
+    // and reproduce the goldens there too (scalar paths unless the build
+    // enables AVX2/AVX-512).
+    step(
+        "fucina-rng without std",
+        cargo().args(["test", "-p", "fucina-rng", "--no-default-features"]),
+    )?;
     loom()?;
+    miri()?;
     eprintln!("\n==> [doctest] compile and run the examples of docs/*.md");
     doctest::run(&workspace_root()).map_err(|e| format!("step `doctest` FAILED: {e}"))?;
     if has_cargo_subcommand("deny") {
@@ -225,6 +239,75 @@ fn loom() -> Result<(), String> {
             cmd.args(["--test", test]);
         }
         step(&format!("loom {krate}"), &mut cmd)?;
+    }
+    Ok(())
+}
+
+/// The tests run under Miri, `(crate, integration test)`: small on purpose
+/// (Miri interprets every operation, ~1000x slower), each a few seconds.
+///
+/// - `fucina-storage/soundness`: the pool's and buffers' unsafe paths (a
+///   release racing the last handle, the unique-drop shortcut on another
+///   thread, zero-copy writes, recycled `bool` memory, mixed arena slices).
+/// - `fucina-rng/scalar_small`: every fill on its portable path (Miri
+///   detects no vector extension), at sizes that cross one exact-Gaussian
+///   block.
+const MIRI_TESTS: &[(&str, &str)] = &[
+    ("fucina-storage", "soundness"),
+    ("fucina-rng", "scalar_small"),
+];
+
+/// The toolchain Miri runs on: `nightly`, or `XTASK_MIRI_TOOLCHAIN`.
+fn miri_toolchain() -> String {
+    std::env::var("XTASK_MIRI_TOOLCHAIN").unwrap_or_else(|_| "nightly".to_string())
+}
+
+/// `cargo +<toolchain>` through the rustup proxy on the PATH (the `cargo`
+/// that runs us belongs to one fixed toolchain).
+fn cargo_on(toolchain: &str) -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(workspace_root())
+        .arg(format!("+{toolchain}"));
+    cmd
+}
+
+/// [`MIRI_TESTS`] under `cargo +nightly miri test`, one test thread, in
+/// `target/miri`; skipped, with a message saying how to enable it, when that
+/// toolchain or its Miri component is missing.
+fn miri() -> Result<(), String> {
+    let toolchain = miri_toolchain();
+    let available = cargo_on(&toolchain)
+        .args(["miri", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !available {
+        eprintln!(
+            "\n==> [miri] SKIPPED: `cargo +{toolchain} miri` is not available \
+             (install it with `rustup +{toolchain} component add miri`)"
+        );
+        return Ok(());
+    }
+    for (krate, test) in MIRI_TESTS {
+        step(
+            &format!("miri {krate}/{test}"),
+            cargo_on(&toolchain)
+                .env(
+                    "CARGO_TARGET_DIR",
+                    workspace_root().join("target").join("miri"),
+                )
+                .args([
+                    "miri",
+                    "test",
+                    "-p",
+                    krate,
+                    "--test",
+                    test,
+                    "--",
+                    "--test-threads=1",
+                ]),
+        )?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! | FPCR 24 FZ | flush-to-zero for single and double precision |
 //! | FPCR 0 FIZ | flush denormal *inputs* to zero (FEAT_AFP; RES0 without it) |
 //! | FPCR 19 FZ16 | flush-to-zero for half precision (FEAT_FP16) |
+//! | FPCR 8 IOE, 9 DZE, 10 OFE, 11 UFE, 12 IXE, 15 IDE | trap enables: 1 = trap (RAZ/WI where the CPU cannot trap) |
 //! | FPSR 0 IOC | invalid operation |
 //! | FPSR 1 DZC | divide by zero |
 //! | FPSR 2 OFC | overflow |
@@ -19,6 +20,13 @@
 //! (where the CPU has FEAT_FP16) FZ16, gradual clears FZ, FZ16 and FIZ
 //! (writing 0 to FIZ is harmless where it is RES0). Note the middle two rounding encodings are
 //! swapped relative to x86_64's MXCSR.
+//!
+//! The trap-enable bits are the analogue of x86_64's exception masks with the
+//! opposite polarity: the default environment has all six clear. Most cores
+//! do not implement trapping (the bits then read as zero and ignore writes);
+//! where one does, a set bit makes the next instruction that raises that
+//! exception trap (SIGFPE). [`Backend::read_traps`] reports the set ones, and
+//! only `reset_to_default` (all clear) and a guard's restore write them.
 //!
 //! This file is compiled only for aarch64 targets; see `docs/FPENV.md` for
 //! how it was (and was not) verified.
@@ -36,6 +44,17 @@ const FZ16: u64 = 1 << 19;
 const FIZ: u64 = 1 << 0;
 /// The FPCR bits that decide rounding and underflow.
 const CONTROL_BITS: u64 = RMODE_MASK | FZ | FZ16 | FIZ;
+
+const IOE: u64 = 1 << 8;
+const DZE: u64 = 1 << 9;
+const OFE: u64 = 1 << 10;
+const UFE: u64 = 1 << 11;
+const IXE: u64 = 1 << 12;
+const IDE: u64 = 1 << 15;
+/// The six trap-enable bits in FPCR (set = trap).
+const TRAP_BITS: u64 = IOE | DZE | OFE | UFE | IXE | IDE;
+/// Each trap-enable bit, in the field order of [`Exceptions`].
+const TRAP_MAP: [u64; 6] = [IOE, DZE, OFE, UFE, IXE, IDE];
 
 const IOC: u64 = 1 << 0;
 const DZC: u64 = 1 << 1;
@@ -180,6 +199,28 @@ impl Backend for Imp {
             write_fpsr(value);
         }
     }
+
+    fn read_traps() -> Option<Exceptions> {
+        Some(Exceptions::from_register(
+            read_fpcr() & TRAP_BITS,
+            &TRAP_MAP,
+        ))
+    }
+
+    unsafe fn write_traps(traps: Exceptions) {
+        let enabled = traps.to_register(&TRAP_MAP);
+        let current = read_fpcr();
+        let value = (current & !TRAP_BITS) | enabled;
+        if value != current {
+            // SAFETY: only the six trap-enable bits change, and they are
+            // RAZ/WI where the CPU does not implement trapping, so any value
+            // is accepted; every other bit is the register's own. Setting an
+            // enable bit while its FPSR flag is set raises nothing by itself.
+            // The float-semantics contract for enabling traps is forwarded
+            // to our caller.
+            unsafe { write_fpcr(value) }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +235,18 @@ mod tests {
         // Owned, so `set`/`reset_to_default` clear it and a guard restores it.
         assert_eq!(FIZ & CONTROL_BITS, FIZ);
         assert!(Imp::decode(0).is_default());
+    }
+
+    #[test]
+    fn trap_enable_bits_are_disjoint_from_control_bits() {
+        assert_eq!(TRAP_BITS & CONTROL_BITS, 0);
+        assert_eq!(
+            Exceptions::from_register(DZE, &TRAP_MAP),
+            Exceptions {
+                division_by_zero: true,
+                ..Exceptions::NONE
+            }
+        );
+        assert_eq!(Exceptions::ALL.to_register(&TRAP_MAP), TRAP_BITS);
     }
 }

@@ -62,6 +62,27 @@ pub(crate) trait Backend {
     /// Replaces the six sticky exception flags with exactly `flags`, leaving
     /// every control bit as it is. A no-op where unsupported.
     fn write_exceptions(flags: Exceptions);
+
+    /// The exceptions whose trap is enabled (x86_64: mask bit clear;
+    /// aarch64: trap-enable bit set); `None` where unsupported. The default
+    /// environment has none.
+    fn read_traps() -> Option<Exceptions>;
+
+    /// Enables the traps of exactly `traps` and masks every other exception,
+    /// leaving every other bit of the register as it is. A no-op where
+    /// unsupported.
+    ///
+    /// # Safety
+    ///
+    /// The compiler assumes every exception is masked: it may evaluate a
+    /// floating-point operation the source does not (speculated, hoisted or
+    /// duplicated), and with a trap enabled that delivers a signal the
+    /// program never asked for. If `traps` is not [`Exceptions::NONE`], the
+    /// caller upholds the contract of [`crate::set`] (no compiler-generated
+    /// floating-point code runs on this thread until every exception is
+    /// masked again), unless it only re-installs a state this thread already
+    /// had (a guard's snapshot).
+    unsafe fn write_traps(traps: Exceptions);
 }
 
 cfg_if::cfg_if! {

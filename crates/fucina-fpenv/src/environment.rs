@@ -65,8 +65,10 @@ impl fmt::Display for UnderflowMode {
 
 /// The control half of a thread's floating-point environment.
 ///
-/// Exception masks (trapping) are not part of it: this crate never changes
-/// them, and Rust assumes every exception is masked.
+/// The exception masks (which exceptions trap) are reported separately, by
+/// [`enabled_traps`](crate::enabled_traps): the default environment masks
+/// every exception, as Rust assumes, and
+/// [`assert_default`](crate::assert_default) checks both halves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Environment {
     /// The rounding mode.

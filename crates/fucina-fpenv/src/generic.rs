@@ -40,4 +40,10 @@ impl Backend for Imp {
     }
 
     fn write_exceptions(_flags: Exceptions) {}
+
+    fn read_traps() -> Option<Exceptions> {
+        None
+    }
+
+    unsafe fn write_traps(_traps: Exceptions) {}
 }

@@ -3,11 +3,11 @@
 use core::fmt;
 use core::marker::PhantomData;
 
-use crate::Environment;
 use crate::backend::{Backend, Imp};
+use crate::{Environment, Exceptions};
 
-/// Snapshots the calling thread's rounding and underflow control and puts it
-/// back when restored or dropped: Fortran's rule that a procedure changing
+/// Snapshots the calling thread's rounding and underflow control and its
+/// exception masks, and puts them back when restored or dropped: Fortran's rule that a procedure changing
 /// the environment restores it before returning, made explicit.
 ///
 /// * [`Guard::begin`] takes the snapshot (nothing on unsupported targets).
@@ -15,9 +15,9 @@ use crate::backend::{Backend, Imp};
 ///   number of times. Dropping the guard restores once more, so on every exit
 ///   from the guard's scope, including a panic unwinding through it, the
 ///   control state equals the snapshot.
-/// * Only rounding and underflow are restored, bit for bit as they were read
-///   (on x86_64 FTZ and DAZ separately); exception flags and masks are never
-///   touched.
+/// * Rounding and underflow are restored bit for bit as they were read (on
+///   x86_64 FTZ and DAZ separately), and so are the exception masks (which
+///   traps are enabled); the sticky exception flags are never touched.
 /// * Nested guards are independent snapshots; restore them in reverse order
 ///   (which scopes do by themselves).
 ///
@@ -56,14 +56,17 @@ use crate::backend::{Backend, Imp};
               (`let _guard = ...`, not `let _ = ...`)"]
 pub struct Guard {
     saved: Option<<Imp as Backend>::Control>,
+    saved_traps: Option<Exceptions>,
     _per_thread: PhantomData<*const ()>,
 }
 
 impl Guard {
-    /// Snapshots the calling thread's rounding and underflow control.
+    /// Snapshots the calling thread's rounding and underflow control and
+    /// its exception masks.
     pub fn begin() -> Guard {
         Guard {
             saved: Imp::read_control(),
+            saved_traps: Imp::read_traps(),
             _per_thread: PhantomData,
         }
     }
@@ -73,8 +76,15 @@ impl Guard {
         self.saved.map(Imp::decode)
     }
 
-    /// Re-installs the snapshot (rounding and underflow only). Idempotent; a
-    /// no-op on unsupported targets.
+    /// The exceptions whose trap this guard re-enables on restore (none in
+    /// the default environment); `None` on unsupported targets.
+    pub fn saved_traps(&self) -> Option<Exceptions> {
+        self.saved_traps
+    }
+
+    /// Re-installs the snapshot (rounding, underflow and the exception
+    /// masks; not the sticky flags). Idempotent; a no-op on unsupported
+    /// targets.
     pub fn restore(&mut self) {
         if let Some(control) = self.saved {
             // SAFETY: `control` was read from this thread's register by
@@ -82,6 +92,12 @@ impl Guard {
             // only returns the thread to a state it was already in; it adds
             // no change of its own for compiler-generated code to run under.
             unsafe { Imp::write_control(control) }
+        }
+        if let Some(traps) = self.saved_traps {
+            // SAFETY: as above: these masks were read from this thread's
+            // register by `begin`; restoring them re-creates a state the
+            // thread already had.
+            unsafe { Imp::write_traps(traps) }
         }
     }
 }
@@ -96,6 +112,7 @@ impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
             .field("saved", &self.saved())
+            .field("saved_traps", &self.saved_traps)
             .finish()
     }
 }

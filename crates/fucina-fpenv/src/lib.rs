@@ -11,8 +11,12 @@
 //! later operation on that thread, silently: they stay plausible and stop
 //! matching the references.
 //!
+//! The same register holds the exception masks: foreign code that unmasks an
+//! exception (enables its trap) makes the next operation that raises it kill
+//! the process with SIGFPE.
+//!
 //! This crate makes that state **observable** ([`get`], [`rounding_mode`],
-//! [`underflow_mode`], [`assert_default`]), **scoped** ([`Guard`]),
+//! [`underflow_mode`], [`enabled_traps`], [`assert_default`]), **scoped** ([`Guard`]),
 //! **repairable** ([`reset_to_default`]) and lets you **measure** which IEEE
 //! exceptions a region raised ([`Probe`], [`test_exceptions`]). It is
 //! inquiry-first, in the sense of Fortran's `ieee_arithmetic`: [`SUPPORTED`]
@@ -87,7 +91,7 @@
 //!   guard's restore and drop; so a guard never creates a non-default state
 //!   that no unsafe code answers for.
 //! * Everything that only reads ([`get`], [`rounding_mode`],
-//!   [`underflow_mode`], [`assert_default`]) or only touches the sticky
+//!   [`underflow_mode`], [`enabled_traps`], [`assert_default`]) or only touches the sticky
 //!   exception flags ([`test_exceptions`], [`clear_exceptions`],
 //!   [`raise_exceptions`], [`Probe`]) is safe: the compiler does not model the
 //!   flags at all.
@@ -116,19 +120,20 @@
 //!
 //! ## Targets
 //!
-//! | target | control | flags | [`SUPPORTED`] |
-//! |---|---|---|---|
-//! | x86_64 | MXCSR RC (bits 13-14), FTZ (15) + DAZ (6) | MXCSR IE DE ZE OE UE PE (bits 0-5) | `true` |
-//! | aarch64 (LE and BE) | FPCR RMode (bits 22-23), FZ (24) + FZ16 (19), FIZ (0, FEAT_AFP) | FPSR IOC DZC OFC UFC IXC IDC | `true` |
-//! | anything else (incl. 32-bit x86) | - | - | `false`: getters `None`, flags all false, writes no-ops |
+//! | target | control | traps | flags | [`SUPPORTED`] |
+//! |---|---|---|---|---|
+//! | x86_64 | MXCSR RC (bits 13-14), FTZ (15) + DAZ (6) | MXCSR masks IM DM ZM OM UM PM (bits 7-12, clear = trap) | MXCSR IE DE ZE OE UE PE (bits 0-5) | `true` |
+//! | aarch64 (LE and BE) | FPCR RMode (bits 22-23), FZ (24) + FZ16 (19), FIZ (0, FEAT_AFP) | FPCR IOE DZE OFE UFE IXE IDE (bits 8-12, 15, set = trap) | FPSR IOC DZC OFC UFC IXC IDC | `true` |
+//! | anything else (incl. 32-bit x86) | - | - | - | `false`: getters `None`, flags all false, writes no-ops |
 //!
 //! On x86_64, flush-to-zero means FTZ and DAZ together: reading reports
 //! [`UnderflowMode::FlushToZero`] when either is set, setting it sets both,
 //! setting [`UnderflowMode::Gradual`] clears both. On aarch64 reading reports
 //! it when FZ or FEAT_AFP's FIZ is set, setting it sets FZ (and FZ16 with
-//! FEAT_FP16), gradual clears all three. The x87 control word and
-//! the exception masks are never touched; every write is a
-//! read-modify-write of the bits it owns.
+//! FEAT_FP16), gradual clears all three. [`set`] never touches the
+//! exception masks; [`reset_to_default`] masks every exception and a
+//! [`Guard`] restores the masks it saw. The x87 control word is never
+//! touched; every write is a read-modify-write of the bits it owns.
 //!
 //! See `docs/FPENV.md` in the repository for a guide.
 
@@ -191,17 +196,20 @@ pub unsafe fn set(env: Environment) {
     unsafe { Imp::set(env) }
 }
 
-/// Installs [`DEFAULT_ENVIRONMENT`] on the calling thread (rounding and
-/// underflow only; flags and masks are left as they are). A no-op on
-/// unsupported targets.
+/// Installs [`DEFAULT_ENVIRONMENT`] on the calling thread and masks every
+/// exception (disables every trap); the sticky flags are left as they are.
+/// A no-op on unsupported targets.
 ///
 /// Safe, unlike [`set`]: it only moves the thread to the state the compiler
 /// assumes. This is the repair for an environment foreign code left behind.
 pub fn reset_to_default() {
-    // SAFETY: installing the default environment is exactly the state
-    // compiler-generated floating-point code assumes, so no obligation
-    // remains for the caller.
-    unsafe { Imp::set(DEFAULT_ENVIRONMENT) }
+    // SAFETY: the default rounding and underflow mode with every exception
+    // masked is exactly the state compiler-generated floating-point code
+    // assumes, so no obligation remains for the caller.
+    unsafe {
+        Imp::set(DEFAULT_ENVIRONMENT);
+        Imp::write_traps(Exceptions::NONE);
+    }
 }
 
 /// The calling thread's rounding mode; `None` where unsupported.
@@ -214,24 +222,47 @@ pub fn underflow_mode() -> Option<UnderflowMode> {
     get().map(|env| env.underflow)
 }
 
-/// Checks that the calling thread runs under [`DEFAULT_ENVIRONMENT`].
+/// Checks that the calling thread runs under [`DEFAULT_ENVIRONMENT`] with
+/// every exception masked (no trap enabled).
 ///
 /// Succeeds on unsupported targets (nothing can be observed there).
 ///
 /// # Errors
 ///
-/// [`FpEnvError::NonDefaultFloatEnvironment`], carrying the environment that
-/// was found, if the rounding or the underflow mode is not the default.
+/// * [`FpEnvError::ExceptionTrapsEnabled`], carrying the enabled traps and
+///   the rounding and underflow mode, if any exception is unmasked (checked
+///   first: the next operation that raises it kills the process).
+/// * [`FpEnvError::NonDefaultFloatEnvironment`], carrying the environment
+///   that was found, if the rounding or the underflow mode is not the
+///   default.
 ///
 /// ```
 /// fucina_fpenv::assert_default()?;
 /// # Ok::<(), fucina_fpenv::FpEnvError>(())
 /// ```
 pub fn assert_default() -> Result<(), FpEnvError> {
-    match get() {
-        Some(found) if !found.is_default() => Err(FpEnvError::NonDefaultFloatEnvironment { found }),
+    let Some(found) = get() else {
+        return Ok(());
+    };
+    match enabled_traps() {
+        Some(traps) if traps != Exceptions::NONE => {
+            Err(FpEnvError::ExceptionTrapsEnabled { traps, found })
+        }
+        _ if !found.is_default() => Err(FpEnvError::NonDefaultFloatEnvironment { found }),
         _ => Ok(()),
     }
+}
+
+/// The exceptions whose trap is enabled on the calling thread (x86_64: the
+/// MXCSR mask bit is clear; aarch64: the FPCR trap-enable bit is set);
+/// `Some(Exceptions::NONE)` in the default environment, `None` where the
+/// target cannot observe it.
+///
+/// This crate never enables a trap; foreign code can. With one enabled, the
+/// next floating-point operation that raises that exception delivers
+/// SIGFPE. [`reset_to_default`] masks every exception again.
+pub fn enabled_traps() -> Option<Exceptions> {
+    Imp::read_traps()
 }
 
 /// The calling thread's accrued (sticky) exception flags; all false where

@@ -15,12 +15,17 @@
 //! | 4 UE | underflow flag |
 //! | 5 PE | precision (inexact) flag |
 //! | 6 DAZ | denormals are zero (inputs) |
-//! | 7-12 | exception masks (never changed here) |
+//! | 7 IM, 8 DM, 9 ZM, 10 OM, 11 UM, 12 PM | exception masks: 1 = masked (no trap) |
 //! | 13-14 RC | 00 nearest-even, 01 down, 10 up, 11 toward zero |
 //! | 15 FTZ | flush to zero (outputs) |
 //!
 //! Reading reports flush-to-zero when FTZ **or** DAZ is set (either one
 //! changes results); setting flush-to-zero sets both, gradual clears both.
+//!
+//! The default environment has all six masks set (MXCSR 0x1F80 at reset).
+//! A cleared mask makes the next SSE instruction that raises that exception
+//! deliver SIGFPE; [`Backend::read_traps`] reports the cleared ones, and
+//! only `reset_to_default` (all masked) and a guard's restore write them.
 
 use core::arch::asm;
 
@@ -37,12 +42,24 @@ const DAZ: u32 = 1 << 6;
 const RC_SHIFT: u32 = 13;
 const RC_MASK: u32 = 0b11 << RC_SHIFT;
 const FTZ: u32 = 1 << 15;
+const IM: u32 = 1 << 7;
+const DM: u32 = 1 << 8;
+const ZM: u32 = 1 << 9;
+const OM: u32 = 1 << 10;
+const UM: u32 = 1 << 11;
+const PM: u32 = 1 << 12;
 
 /// The six sticky flag bits.
 const FLAG_BITS: u32 = IE | DE | ZE | OE | UE | PE;
 /// Each flag's bit, in the field order of [`Exceptions`].
 const FLAG_MAP: [u64; 6] = [
     IE as u64, ZE as u64, OE as u64, UE as u64, PE as u64, DE as u64,
+];
+/// The six exception-mask bits (set = masked).
+const MASK_BITS: u32 = IM | DM | ZM | OM | UM | PM;
+/// Each mask bit, in the field order of [`Exceptions`].
+const MASK_MAP: [u64; 6] = [
+    IM as u64, ZM as u64, OM as u64, UM as u64, PM as u64, DM as u64,
 ];
 /// The bits that decide rounding and underflow.
 const CONTROL_BITS: u32 = RC_MASK | FTZ | DAZ;
@@ -200,6 +217,30 @@ impl Backend for Imp {
             // a flag does not itself raise a SIMD floating-point exception
             // (SSE has no x87-style pending exceptions), even where foreign
             // code unmasked one; the masks are left as they are.
+            unsafe { write_mxcsr(value) }
+        }
+    }
+
+    fn read_traps() -> Option<Exceptions> {
+        // A trap is enabled where its mask bit is clear.
+        Some(Exceptions::from_register(
+            (!read_mxcsr() & MASK_BITS).into(),
+            &MASK_MAP,
+        ))
+    }
+
+    unsafe fn write_traps(traps: Exceptions) {
+        // Only bits of MASK_MAP, all below bit 13: the cast is lossless.
+        let unmasked = traps.to_register(&MASK_MAP) as u32;
+        let current = read_mxcsr();
+        let value = (current & !MASK_BITS) | (MASK_BITS & !unmasked);
+        if value != current {
+            // SAFETY: only the six mask bits change (they exist on every
+            // x86_64 CPU); every other bit is the register's own. Clearing a
+            // mask while its flag is already set raises nothing by itself
+            // (SSE has no pending exceptions: only a later instruction that
+            // raises the exception traps). The float-semantics contract for
+            // enabling traps is forwarded to our caller.
             unsafe { write_mxcsr(value) }
         }
     }

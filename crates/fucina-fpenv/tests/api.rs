@@ -161,6 +161,40 @@ fn environment_display_and_error_message() {
 }
 
 #[test]
+fn trap_error_message_names_the_traps_and_the_environment() {
+    let err = FpEnvError::ExceptionTrapsEnabled {
+        traps: Exceptions {
+            invalid: true,
+            division_by_zero: true,
+            ..Exceptions::NONE
+        },
+        found: DEFAULT_ENVIRONMENT,
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("exception traps enabled on this thread: invalid|division_by_zero"),
+        "{msg}"
+    );
+    assert!(msg.contains("expected every exception masked"), "{msg}");
+    assert!(
+        msg.contains("found: rounding nearest_even, underflow gradual"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn traps_start_masked_and_guard_snapshots_them() {
+    let guard = Guard::begin();
+    if fucina_fpenv::SUPPORTED {
+        assert_eq!(fucina_fpenv::enabled_traps(), Some(Exceptions::NONE));
+        assert_eq!(guard.saved_traps(), Some(Exceptions::NONE));
+    } else {
+        assert_eq!(fucina_fpenv::enabled_traps(), None);
+        assert_eq!(guard.saved_traps(), None);
+    }
+}
+
+#[test]
 fn getters_agree_and_start_default() {
     let _env = Guard::begin();
     assert_eq!(fucina_fpenv::get().is_some(), fucina_fpenv::SUPPORTED);

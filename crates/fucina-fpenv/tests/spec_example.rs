@@ -1,5 +1,5 @@
-//! The example of spec §6.10 ("float environment: assert the default, scope a
-//! change, probe exceptions"), translated to Rust. The spec's last step (an
+//! The reference runtime's float-environment example (assert the default,
+//! scope a change, probe exceptions), translated to Rust. Its last step (an
 //! `ExecContext` checking its own environment) belongs to `fucina-exec`.
 
 use std::hint::black_box;

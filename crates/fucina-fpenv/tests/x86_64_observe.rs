@@ -1,6 +1,6 @@
 //! Observations on x86_64 hardware: every rounding mode and flush-to-zero
 //! seen on a real SSE operation, every exception flag raised by a real
-//! operation, and the MXCSR bit layout of spec reference §4.3.
+//! operation, and the documented MXCSR bit layout.
 //!
 //! Rust code never computes under a changed mode here (that is undefined
 //! behaviour, see the crate docs). Each observation:
@@ -18,13 +18,18 @@
 use std::arch::asm;
 
 use fucina_fpenv::{
-    DEFAULT_ENVIRONMENT, Environment, Exceptions, Guard, Probe, RoundingMode, UnderflowMode,
+    DEFAULT_ENVIRONMENT, Environment, Exceptions, FpEnvError, Guard, Probe, RoundingMode,
+    UnderflowMode,
 };
 
 const DAZ: u32 = 1 << 6;
 const FTZ: u32 = 1 << 15;
 const RC: u32 = 0b11 << 13;
 const MASKS: u32 = 0b11_1111 << 7;
+/// The divide-by-zero mask (ZM): clear = division by zero traps.
+const ZM: u32 = 1 << 9;
+/// The invalid-operation mask (IM).
+const IM: u32 = 1 << 7;
 
 fn mxcsr() -> u32 {
     let mut value = 0u32;
@@ -392,4 +397,104 @@ fn every_exception_flag_is_raised_by_a_real_operation() {
     std::hint::black_box(op!("mulss {a}, {b}", sub, 1.0));
     assert_eq!(probe.end(), Exceptions::ALL);
     fucina_fpenv::clear_exceptions();
+}
+
+#[test]
+fn unmasked_exception_fails_assert_default_and_reset_masks_it_again() {
+    let _env = Guard::begin();
+    let base = mxcsr();
+    assert_eq!(
+        base & MASKS,
+        MASKS,
+        "a test thread starts with every exception masked"
+    );
+    assert_eq!(fucina_fpenv::enabled_traps(), Some(Exceptions::NONE));
+    fucina_fpenv::assert_default().unwrap();
+
+    let mut guard = Guard::begin();
+    // Foreign code unmasks divide-by-zero and invalid. SAFETY: until
+    // `reset_to_default` below only register reads and integer/bool work
+    // run on this thread (no floating-point operation that could trap).
+    unsafe { load_mxcsr(base & !(ZM | IM)) };
+    let traps = fucina_fpenv::enabled_traps();
+    let checked = fucina_fpenv::assert_default();
+    fucina_fpenv::reset_to_default();
+    let after_reset = mxcsr();
+    let checked_after_reset = fucina_fpenv::assert_default();
+
+    // A guard begun while traps are enabled restores them (the masks are
+    // part of its snapshot), even after a reset inside its scope.
+    // SAFETY: as above, until `guard.restore()`.
+    unsafe { load_mxcsr(base & !ZM) };
+    let mut inner = Guard::begin();
+    fucina_fpenv::reset_to_default();
+    inner.restore();
+    let restored_by_inner = mxcsr();
+    let inner_saw = inner.saved_traps();
+    drop(inner);
+    guard.restore();
+    let restored_by_outer = mxcsr();
+
+    let enabled = Exceptions {
+        invalid: true,
+        division_by_zero: true,
+        ..Exceptions::NONE
+    };
+    assert_eq!(traps, Some(enabled));
+    assert_eq!(
+        checked,
+        Err(FpEnvError::ExceptionTrapsEnabled {
+            traps: enabled,
+            found: DEFAULT_ENVIRONMENT,
+        })
+    );
+    assert_eq!(
+        after_reset & MASKS,
+        MASKS,
+        "reset_to_default masks every exception"
+    );
+    assert_eq!(after_reset, base, "and changes nothing else");
+    assert_eq!(checked_after_reset, Ok(()));
+    assert_eq!(restored_by_inner, base & !ZM);
+    assert_eq!(
+        inner_saw,
+        Some(Exceptions {
+            division_by_zero: true,
+            ..Exceptions::NONE
+        })
+    );
+    assert_eq!(restored_by_outer, base);
+    fucina_fpenv::assert_default().unwrap();
+}
+
+#[test]
+fn traps_are_reported_before_a_non_default_mode_and_set_leaves_masks_alone() {
+    let _env = Guard::begin();
+    let base = mxcsr();
+    let mut guard = Guard::begin();
+    let tz = Environment {
+        rounding: RoundingMode::TowardZero,
+        underflow: UnderflowMode::FlushToZero,
+    };
+    // SAFETY: only register reads and integer/bool work run before
+    // `guard.restore()`.
+    unsafe {
+        load_mxcsr(base & !ZM);
+        fucina_fpenv::set(tz);
+    }
+    let masks_after_set = mxcsr() & MASKS;
+    let checked = fucina_fpenv::assert_default();
+    guard.restore();
+    assert_eq!(masks_after_set, MASKS & !ZM, "set never touches the masks");
+    assert_eq!(
+        checked,
+        Err(FpEnvError::ExceptionTrapsEnabled {
+            traps: Exceptions {
+                division_by_zero: true,
+                ..Exceptions::NONE
+            },
+            found: tz,
+        })
+    );
+    assert_eq!(mxcsr(), base);
 }

@@ -7,11 +7,12 @@
 //! the vector body and the scalar head/tail give identical bits. The unit tests
 //! check every path available on the running CPU against the scalar path.
 
-// The constants below are the contract's decimal literals verbatim (as the
-// spec writes them); each denotes the f32 nearest to it.
+// The constants below are the contract's decimal literals verbatim; each
+// denotes the f32 nearest to it.
 #![allow(clippy::excessive_precision)]
 
 use crate::dispatch::Path;
+use crate::float;
 use crate::gaussian::{TWO_POW_M53, fill_pairs, split_odd_head};
 use crate::stream::at;
 #[cfg(target_arch = "x86_64")]
@@ -86,7 +87,9 @@ fn logf(x: f32) -> f32 {
 #[inline(always)]
 fn sin_cos_turns(ub: f32) -> (f32, f32) {
     let t4 = ub * 4.0;
-    let jf = (t4 + 0.5).floor();
+    // floor of a value in [0.5, 4.5]: truncation is exact and needs no
+    // `roundss` (SSE4.1) or libm call.
+    let jf = ((t4 + 0.5) as u32) as f32;
     let y = t4 - jf;
     let arg = y * PIO2F;
     let z = arg * arg;
@@ -114,7 +117,7 @@ fn sin_cos_turns(ub: f32) -> (f32, f32) {
 fn pair(seed: u64, p: u64, scale: f32) -> (f32, f32) {
     let i = p.wrapping_mul(2);
     let (ua, ub) = uniforms(at(seed, i), at(seed, i.wrapping_add(1)));
-    let radius = (-2.0 * logf(ua)).sqrt();
+    let radius = float::sqrtf(-2.0 * logf(ua));
     let (s, c) = sin_cos_turns(ub);
     (radius * c * scale, radius * s * scale)
 }

@@ -5,8 +5,9 @@
 //! integers, permutations). Every `(seed -> values)` mapping here is a
 //! **checkpoint contract**: store a seed instead of the values, regenerate the
 //! values later, and get the same bits, on any run, thread count, chunking and
-//! CPU. The mappings are bit-compatible with the reference implementation the
-//! spec describes (its outputs for seed 42 are the crate's golden tests).
+//! CPU. The mappings are bit-compatible with the reference implementation, the
+//! Zig library of the same name (its outputs for seed 42 are the crate's
+//! golden tests).
 //!
 //! The crate has no dependencies (optional `rand_core` adapters aside) and
 //! allocates nothing.
@@ -70,6 +71,15 @@
 //!
 //! ## Vectorization
 //!
+//! The exact [`gaussian_fill`] and [`gaussian_fill_at`] compute 16 pairs at a
+//! time through a branch-free form of the f64 Box–Muller (the quadrant of the
+//! angle is applied with masks instead of branches), which the compiler turns
+//! into SSE2 (2 lanes), AVX2 (4) or AVX-512 (8) code, chosen at run time. The
+//! few angles the branch-free form does not cover exactly (within a few
+//! ulps of a multiple of pi/2, or tiny) are flagged and their block redone
+//! with the general functions, so every path gives the bits of the scalar
+//! definition.
+//!
 //! [`gaussian_fill_at_fast`] and [`uniform_fill`] choose at run time between an
 //! AVX-512 (F/DQ/VL) body, an AVX2 body and portable scalar code (other
 //! targets use the scalar code). Each vector lane runs the scalar op sequence
@@ -92,16 +102,24 @@
 //! [`kaiming_uniform_fill`] with `fan_in == 0`. Nothing else panics or
 //! allocates.
 //!
-//! ## Optional features
+//! ## Features
 //!
+//! * `std` (default): run-time CPU feature detection for the vector paths.
+//!   Without it the crate is `no_std` (it needs neither `std` nor `alloc`)
+//!   and picks a vector path only when the build enables its target features
+//!   (e.g. `-C target-cpu=native`); every mapping gives the same bits either
+//!   way.
 //! * `rand_core`: `rand_core` 0.10 `TryRng` (hence `Rng`) and `SeedableRng` for [`SplitMix64`].
 //! * `rand_core_09`: `rand_core` 0.9 `RngCore` and `SeedableRng` for [`SplitMix64`].
 //!
 //! In both, `seed_from_u64(seed)` uses the seed as the state as-is, so the
 //! `next_u64` sequence equals `at(seed, 0), at(seed, 1), ...`.
 
+#![cfg_attr(not(any(feature = "std", test)), no_std)]
+
 mod dispatch;
 mod fast;
+mod float;
 mod gaussian;
 mod int;
 mod math;

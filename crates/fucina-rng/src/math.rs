@@ -193,7 +193,9 @@ fn rem_pio2(x: f64) -> (i32, f64, f64) {
 }
 
 /// `(sin x, cos x)` for finite `0 <= x < 2^20 * pi/2`, bit-identical to musl's
-/// separate `sin(x)` and `cos(x)`.
+/// separate `sin(x)` and `cos(x)`. Only the rare inputs of the Box–Muller
+/// path come here (see [`sin_cos_box_muller`]), hence `cold`.
+#[cold]
 pub(crate) fn sin_cos(x: f64) -> (f64, f64) {
     let ix = ((x.to_bits() >> 32) as u32) & 0x7fff_ffff;
     if ix <= 0x3fe9_21fb {
@@ -215,6 +217,116 @@ pub(crate) fn sin_cos(x: f64) -> (f64, f64) {
         2 => (-s, -c),
         _ => (-c, s),
     }
+}
+
+/// `(sin x, cos x, rare)` for the Box–Muller angles `0 <= x < 2 pi`, without
+/// a single data-dependent branch (so that it runs lane by lane in vector
+/// registers): bit-identical to [`sin_cos`] whenever `rare` is false.
+///
+/// The angle is uniformly random, so branching on its quadrant (the octant
+/// tests of `rem_pio2` and the final `match`) mispredicts most of the time.
+/// For every angle outside the rare cases below, `sin_cos` reduces by one
+/// round with `n` chosen from the high word by fixed thresholds (`n = 0`,
+/// no reduction, up to pi/4); that `n` is computed here as a sum of
+/// comparisons, the reduction runs unconditionally (for `n = 0` it yields
+/// `y0 = x`, `y1 = +0` exactly), both sine kernels are evaluated and the
+/// right one selected, and the quadrant is applied with sign-bit and swap
+/// masks (IEEE negation is exactly a sign-bit flip).
+///
+/// `rare` flags what `sin_cos` treats differently, for the caller to redo
+/// with it: tiny angles (`|x| < 2^-26`), the three high words next to a
+/// multiple of pi/2 where `rem_pio2` needs more than one round, and anything
+/// from 9pi/4 on.
+#[inline(always)]
+pub(crate) fn sin_cos_lane(x: f64) -> (f64, f64, bool) {
+    const PIO2_1: f64 = f64::from_bits(0x3ff9_21fb_5440_0000);
+    const PIO2_1T: f64 = f64::from_bits(0x3dd0_b461_1a62_6331);
+    const S1: f64 = f64::from_bits(0xbfc5_5555_5555_5549);
+    const S2: f64 = f64::from_bits(0x3f81_1111_1110_f8a6);
+    const S3: f64 = f64::from_bits(0xbf2a_01a0_19c1_61d5);
+    const S4: f64 = f64::from_bits(0x3ec7_1de3_57b1_fe7d);
+    const S5: f64 = f64::from_bits(0xbe5a_e5e6_8a2b_9ceb);
+    const S6: f64 = f64::from_bits(0x3de5_d93a_5acf_d57c);
+
+    // The high word as i32 (non-negative after masking the sign), so the
+    // comparisons are the signed ones every vector instruction set has.
+    let ix = (((x.to_bits() >> 32) as u32) & 0x7fff_ffff) as i32;
+    let reduced = ix > 0x3fe9_21fb;
+    let rare = (ix < 0x3e50_0000)
+        | (reduced & (ix <= 0x400f_6a7a) & ((ix & 0xfffff) == 0x921fb))
+        | (ix == 0x4012_d97c)
+        | (ix == 0x4019_21fb)
+        | (ix > 0x401c_463b);
+    let n = i32::from(reduced)
+        + i32::from(ix > 0x4002_d97c)
+        + i32::from(ix > 0x400f_6a7a)
+        + i32::from(ix > 0x4015_fdbc);
+    let nf = f64::from(n);
+    let z = x - nf * PIO2_1;
+    let y0 = z - nf * PIO2_1T;
+    let y1 = (z - y0) - nf * PIO2_1T;
+
+    // k_sin, both forms (with and without the tail), sharing the polynomial.
+    let z = y0 * y0;
+    let w = z * z;
+    let r = S2 + z * (S3 + z * S4) + z * w * (S5 + z * S6);
+    let v = z * y0;
+    let sin_tail = y0 - ((z * (0.5 * y1 - v * r) - y1) - v * S1);
+    let sin_plain = y0 + v * (S1 + z * r);
+    let reduced_mask = 0u64.wrapping_sub(u64::from(reduced));
+    let s = (sin_tail.to_bits() & reduced_mask) | (sin_plain.to_bits() & !reduced_mask);
+    let c = k_cos(y0, y1).to_bits();
+
+    // Quadrant: swap on odd n, negate sin when n & 2, cos when (n + 1) & 2.
+    let n = n as u64;
+    let swap = (s ^ c) & 0u64.wrapping_sub(n & 1);
+    let (s, c) = (s ^ swap, c ^ swap);
+    let s = s ^ (((n >> 1) & 1) << 63);
+    let c = c ^ ((((n + 1) >> 1) & 1) << 63);
+    (f64::from_bits(s), f64::from_bits(c), rare)
+}
+
+/// [`sin_cos`] for the Box–Muller angles `0 <= x < 2 pi`, bit for bit:
+/// [`sin_cos_lane`], with its rare cases sent to `sin_cos` behind a branch
+/// that is almost never taken.
+#[inline(always)]
+pub(crate) fn sin_cos_box_muller(x: f64) -> (f64, f64) {
+    let (s, c, rare) = sin_cos_lane(x);
+    if rare { sin_cos(x) } else { (s, c) }
+}
+
+/// [`ln`] for `x` in `[2^-53, 1]` (the Box–Muller `ua`), bit for bit, without
+/// its special-case branches: none of them applies there (`x` is positive,
+/// normal and finite; at `x = 1` the general formula gives `+0` exactly, as
+/// the special case does).
+#[inline(always)]
+pub(crate) fn ln_unit(x: f64) -> f64 {
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+    const LG1: f64 = f64::from_bits(0x3fe5_5555_5555_5593);
+    const LG2: f64 = f64::from_bits(0x3fd9_9999_9997_fa04);
+    const LG3: f64 = f64::from_bits(0x3fd2_4924_9422_9359);
+    const LG4: f64 = f64::from_bits(0x3fcc_71c5_1d8e_78af);
+    const LG5: f64 = f64::from_bits(0x3fc7_4664_96cb_03de);
+    const LG6: f64 = f64::from_bits(0x3fc3_9a09_d078_c69f);
+    const LG7: f64 = f64::from_bits(0x3fc2_f112_df3e_5244);
+
+    let u = x.to_bits();
+    let hx = ((u >> 32) as u32).wrapping_add(0x3ff0_0000 - 0x3fe6_a09e);
+    let k = (hx >> 20) as i32 - 0x3ff;
+    let hx = (hx & 0x000f_ffff) + 0x3fe6_a09e;
+    let x = f64::from_bits((u64::from(hx) << 32) | (u & 0xffff_ffff));
+
+    let f = x - 1.0;
+    let hfsq = 0.5 * f * f;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (LG2 + w * (LG4 + w * LG6));
+    let t2 = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7)));
+    let r = t2 + t1;
+    let dk = f64::from(k);
+    s * (hfsq + r) + dk * LN2_LO - hfsq + f + dk * LN2_HI
 }
 
 #[cfg(test)]
@@ -288,5 +400,81 @@ mod tests {
             check(e);
         }
         assert_eq!(sin_cos(0.0), (0.0, 1.0));
+    }
+
+    #[test]
+    fn branch_free_ln_is_bit_identical_on_box_muller_uniforms() {
+        let two_m53 = f64::from_bits(0x3ca0_0000_0000_0000);
+        let same = |x: f64| assert_eq!(ln_unit(x).to_bits(), ln(x).to_bits(), "ln({x:e})");
+        let mut rng = SplitMix64::new(6);
+        for _ in 0..1_000_000 {
+            same(((rng.next_u64() >> 11) as f64 + 1.0) * two_m53);
+        }
+        // The ends of the domain and every power of two in it, with neighbours.
+        for e in 0..=53 {
+            let p = f64::from_bits((1023 - e) << 52);
+            for d in 0..4u64 {
+                same(f64::from_bits(p.to_bits() - d).max(two_m53));
+                same(f64::from_bits(p.to_bits() + d).min(1.0));
+            }
+        }
+        assert_eq!(ln_unit(1.0).to_bits(), 0.0f64.to_bits());
+    }
+
+    #[test]
+    fn branch_free_sin_cos_is_bit_identical_on_box_muller_angles() {
+        let same = |x: f64| {
+            let (s, c) = sin_cos_box_muller(x);
+            let (es, ec) = sin_cos(x);
+            assert_eq!(
+                (s.to_bits(), c.to_bits()),
+                (es.to_bits(), ec.to_bits()),
+                "sin_cos({x:e} = {:#x})",
+                x.to_bits()
+            );
+        };
+        let two_pi = 2.0 * core::f64::consts::PI;
+        let mut rng = SplitMix64::new(5);
+        for _ in 0..1_000_000 {
+            same(two_pi * ((rng.next_u64() >> 11) as f64 * f64::from_bits(0x3ca0_0000_0000_0000)));
+        }
+        // Every high-word threshold of the octant choice and of the rare
+        // cases, with low words at both ends and random ones, and the
+        // multiples of pi/2 with their neighbours.
+        for hi in [
+            0x3e46_a09e_u32,
+            0x3e50_0000,
+            0x3fe9_21fb,
+            0x4002_d97c,
+            0x400f_6a7a,
+            0x4012_d97c,
+            0x4015_fdbc,
+            0x4019_21fb,
+            0x401c_463b,
+            0x3ff9_21fb,
+            0x4009_21fb,
+        ] {
+            for h in hi - 2..=hi + 2 {
+                for lo in [0, 1, 0x8000_0000, 0xffff_fffe, 0xffff_ffff] {
+                    same(f64::from_bits((u64::from(h) << 32) | lo));
+                }
+                for _ in 0..200 {
+                    same(f64::from_bits(
+                        (u64::from(h) << 32) | (rng.next_u64() >> 32),
+                    ));
+                }
+            }
+        }
+        for k in 0..=4 {
+            let m = f64::from(k) * core::f64::consts::FRAC_PI_2;
+            for d in 0..64u64 {
+                same(f64::from_bits(m.to_bits() + d));
+                if m > 0.0 {
+                    same(f64::from_bits(m.to_bits() - d));
+                }
+            }
+        }
+        same(0.0);
+        same(two_pi);
     }
 }

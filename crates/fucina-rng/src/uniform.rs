@@ -2,10 +2,10 @@
 
 use crate::dispatch::Path;
 use crate::gaussian::TWO_POW_M53;
-use crate::math;
 use crate::stream::splitmix64;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
+use crate::{float, math};
 
 /// The value `uniform_fill` clamps a round-up to `hi` onto: the f32 next to
 /// `hi` in the direction of `lo` (the largest f32 below `hi` when `lo < hi`).
@@ -105,7 +105,7 @@ pub fn kaiming_uniform_fill(seed: u64, out: &mut [f32], fan_in: usize) {
         fan_in != 0,
         "kaiming_uniform_fill: fan_in must be at least 1 (got 0)"
     );
-    let bound = (1.0 / fan_in as f64).sqrt() as f32;
+    let bound = float::sqrt(1.0 / fan_in as f64) as f32;
     uniform_fill(seed, out, -bound, bound);
 }
 

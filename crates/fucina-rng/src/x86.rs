@@ -16,19 +16,40 @@ use crate::stream::GAMMA;
 const MIX1: u64 = 0xBF58_476D_1CE4_E5B9;
 const MIX2: u64 = 0x94D0_49BB_1331_11EB;
 
-/// AVX-512 F, DQ and VL (and AVX2) are available.
+/// AVX-512 F, DQ and VL (and AVX2) are available: detected at run time with
+/// the `std` feature, otherwise only when the build enables them
+/// (`-C target-feature` / `-C target-cpu`).
 #[inline]
 pub(crate) fn has_avx512() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512dq")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx2")
+    #[cfg(feature = "std")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        cfg!(all(
+            target_feature = "avx512f",
+            target_feature = "avx512dq",
+            target_feature = "avx512vl",
+            target_feature = "avx2"
+        ))
+    }
 }
 
-/// AVX2 is available.
+/// AVX2 is available (at run time with `std`, at compile time without).
 #[inline]
 pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
+    #[cfg(feature = "std")]
+    {
+        is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        cfg!(target_feature = "avx2")
+    }
 }
 
 /// `[base, base + d, base + 2d, ...]` in wrapping arithmetic.

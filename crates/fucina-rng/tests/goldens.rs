@@ -1,5 +1,5 @@
 //! Bit-for-bit reproduction of the reference implementation's outputs
-//! (`tests/data/rng-goldens-seed42.json`, a copy of `shared/data/`).
+//! (`tests/data/rng-goldens-seed42.json`, as published with the reference).
 
 use fucina_rng::*;
 use serde_json::Value;

@@ -1,0 +1,97 @@
+//! After one warm-up pass, a no-grad forward of a fixed-shape 3-layer MLP performs
+//! zero heap allocations and zero pool misses. Its own test binary: the counting
+//! global allocator sees every allocation of the process.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use fucina_exec::{ExecContext, ExecError, RawTensor};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's arguments.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's arguments.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+struct Mlp {
+    w: [RawTensor; 3],
+    b: [RawTensor; 3],
+    gamma: RawTensor,
+    beta: RawTensor,
+}
+
+fn forward(ctx: &ExecContext, m: &Mlp, x: &RawTensor) -> Result<RawTensor, ExecError> {
+    let h = ctx.linear(x, &m.w[0], Some(&m.b[0]))?;
+    let h = ctx.gelu(&h)?;
+    let h = ctx.layer_norm(&h, &m.gamma, &m.beta, 1e-5)?;
+    let h = ctx.linear(&h, &m.w[1], Some(&m.b[1]))?;
+    let h = ctx.gelu(&h)?;
+    let h = ctx.linear(&h, &m.w[2], Some(&m.b[2]))?;
+    ctx.softmax(&h, 1)
+}
+
+fn params(ctx: &ExecContext) -> Mlp {
+    let t = |shape: &[usize], s: f32| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * s).collect();
+        ctx.from_slice(shape, &v).unwrap()
+    };
+    Mlp {
+        w: [t(&[256, 784], 0.1), t(&[256, 256], 0.1), t(&[10, 256], 0.1)],
+        b: [t(&[256], 0.01), t(&[256], 0.01), t(&[10], 0.01)],
+        gamma: ctx.ones(&[256]).unwrap(),
+        beta: ctx.zeros(&[256]).unwrap(),
+    }
+}
+
+fn check(threads: usize) {
+    let ctx = ExecContext::with_threads(threads);
+    let m = params(&ctx);
+    let x = ctx.full(&[64, 784], 0.25).unwrap();
+    // warm-up: fills the pool, starts the team, sizes every cache
+    let y0 = forward(&ctx, &m, &x).unwrap().to_vec();
+    let y1 = forward(&ctx, &m, &x).unwrap();
+    drop(y1);
+    let misses = fucina_exec::storage::allocation_stats().allocations;
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..5 {
+        let y = forward(&ctx, &m, &x).unwrap();
+        assert_eq!(y.shape(), [64, 10]);
+        drop(y);
+    }
+    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    assert_eq!(after - before, 0, "heap allocations in 5 steady-state forwards ({threads} threads)");
+    assert_eq!(fucina_exec::storage::allocation_stats().allocations, misses, "pool misses at steady state");
+    let y = forward(&ctx, &m, &x).unwrap();
+    assert_eq!(y.to_vec(), y0);
+}
+
+#[test]
+fn a_steady_state_forward_allocates_nothing() {
+    check(1);
+    check(2);
+}
