@@ -420,3 +420,60 @@ fn joins_and_indexing() {
         &[(S23, v.to_vec())],
     );
 }
+
+#[test]
+fn matmul_and_linear() {
+    let ctx = ExecContext::new();
+    let a = values(6, 90, -1.0, 1.0);
+    let b = values(12, 91, -1.0, 1.0);
+    check_layouts(
+        &ctx,
+        "matmul 2d",
+        |c, t| t[0].matmul(c, &t[1]),
+        &[(S23, a.clone()), (&[3, 4], b.clone())],
+    );
+    let a3 = values(12, 92, -1.0, 1.0);
+    check_layouts(
+        &ctx,
+        "matmul batched, broadcast rhs",
+        |c, t| t[0].matmul(c, &t[1]),
+        &[(&[2, 2, 3], a3.clone()), (&[3, 4], b.clone())],
+    );
+    let b3 = values(24, 93, -1.0, 1.0);
+    check_layouts(
+        &ctx,
+        "matmul batched",
+        |c, t| t[0].matmul(c, &t[1])?.tanh(c),
+        &[(&[2, 2, 3], a3.clone()), (&[2, 3, 4], b3)],
+    );
+    let w = values(12, 94, -1.0, 1.0); // [4, 3]: out 4, in 3
+    let bias = values(4, 95, -1.0, 1.0);
+    check_layouts(
+        &ctx,
+        "linear",
+        |c, t| t[0].linear(c, &t[1], Some(&t[2]))?.tanh(c),
+        &[(S23, a.clone()), (&[4, 3], w.clone()), (&[4], bias.clone())],
+    );
+    check_layouts(
+        &ctx,
+        "linear without bias, batched input",
+        |c, t| t[0].linear(c, &t[1], None)?.sin(c),
+        &[(&[2, 2, 3], a3), (&[4, 3], w.clone())],
+    );
+    // A constant input (the first layer over data): only the weight and bias
+    // gradients are computed.
+    let x = Tensor::constant(ctx.from_slice(S23, &a).unwrap());
+    let x2 = x.clone();
+    check_layouts(
+        &ctx,
+        "linear over a constant input",
+        move |c, t| x2.linear(c, &t[0], Some(&t[1]))?.tanh(c),
+        &[(&[4, 3], w.clone()), (&[4], bias)],
+    );
+    check_layouts(
+        &ctx,
+        "linear over a constant input, no bias",
+        move |c, t| x.linear(c, &t[0], None)?.tanh(c),
+        &[(&[4, 3], w)],
+    );
+}

@@ -3,6 +3,7 @@
 
 pub(crate) mod elementwise;
 pub(crate) mod index;
+pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod reduce;
 pub(crate) mod view;
