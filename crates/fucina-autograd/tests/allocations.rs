@@ -39,6 +39,21 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counters are process-wide: the tests of this binary take turns (`cargo
+/// test` runs them on parallel threads).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Heap allocations and pool misses (fresh pooled blocks) of `f`.
+fn count(f: impl FnOnce()) -> (usize, usize) {
+    let misses = fucina_autograd::exec::storage::allocation_stats().allocations;
+    let before = ALLOCS.load(Ordering::Relaxed);
+    f();
+    (
+        ALLOCS.load(Ordering::Relaxed) - before,
+        fucina_autograd::exec::storage::allocation_stats().allocations - misses,
+    )
+}
+
 /// One step of a tiny regression model built from elementwise ops:
 /// `loss = mean((tanh(x * w + b) - t)^2)`, backward, SGD, zero_grad.
 fn step(ctx: &ExecContext, w: &mut Tensor, b: &mut Tensor, x: &Tensor, t: &Tensor) {
@@ -68,12 +83,12 @@ fn allocations_per_training_step_after_warm_up() {
     let t = Tensor::randn(&ctx, &[8, 16], 1.0, 2).unwrap();
     let mut w = Tensor::randn(&ctx, &[16], 0.1, 3).unwrap().into_variable();
     let mut b = Tensor::zeros(&ctx, &[16]).unwrap().into_variable();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..3 {
         step(&ctx, &mut w, &mut b, &x, &t);
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
-    step(&ctx, &mut w, &mut b, &x, &t);
-    let per_step = ALLOCS.load(Ordering::Relaxed) - before;
+    let (per_step, misses) = count(|| step(&ctx, &mut w, &mut b, &x, &t));
+    assert_eq!(misses, 0, "pool misses after warm-up");
     // Six recorded ops, one allocation each: the graph node, which holds the VJP
     // and its saved tensors and (up to three) input links inline. Backward's
     // bookkeeping and the graph's release reuse per-thread buffers, tensors come
@@ -81,4 +96,56 @@ fn allocations_per_training_step_after_warm_up() {
     // releases the nodes it adopted itself, so they cannot be recycled here.)
     println!("heap allocations per step: {per_step}");
     assert!(per_step <= 6, "{per_step} heap allocations per step");
+}
+
+/// One step of a small MLP (linear, ReLU, linear, cross-entropy, SGD) under a
+/// scope, as the step benchmark runs it.
+fn mlp_step(
+    ctx: &ExecContext,
+    p: &mut [Tensor; 4],
+    x: &Tensor,
+    labels: &fucina_autograd::exec::RawTensor<i64>,
+) {
+    let scope = ctx.open_exec_scope();
+    let h = x
+        .linear(ctx, &p[0], Some(&p[1]))
+        .unwrap()
+        .relu(ctx)
+        .unwrap();
+    let logits = h.linear(ctx, &p[2], Some(&p[3])).unwrap();
+    let loss = logits.cross_entropy(ctx, labels).unwrap();
+    loss.backward(ctx).unwrap();
+    drop((h, logits, loss));
+    ctx.close_exec_scope(scope);
+    for t in p.iter_mut() {
+        t.sgd_step_(0.01).unwrap();
+        t.zero_grad();
+    }
+}
+
+#[test]
+fn allocations_per_mlp_step_after_warm_up() {
+    let ctx = ExecContext::with_threads(1);
+    let x = Tensor::randn(&ctx, &[16, 48], 1.0, 1).unwrap();
+    let l: Vec<i64> = (0..16).map(|i| i % 5).collect();
+    let labels = ctx.from_slice_typed::<i64>(&[16], &l).unwrap();
+    let mut p = [
+        Tensor::kaiming_uniform(&ctx, &[32, 48], 2)
+            .unwrap()
+            .into_variable(),
+        Tensor::zeros(&ctx, &[32]).unwrap().into_variable(),
+        Tensor::kaiming_uniform(&ctx, &[5, 32], 3)
+            .unwrap()
+            .into_variable(),
+        Tensor::zeros(&ctx, &[5]).unwrap().into_variable(),
+    ];
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..3 {
+        mlp_step(&ctx, &mut p, &x, &labels);
+    }
+    let (per_step, misses) = count(|| mlp_step(&ctx, &mut p, &x, &labels));
+    assert_eq!(misses, 0, "pool misses after warm-up");
+    println!("heap allocations per MLP step: {per_step}");
+    // Four recorded ops (linear, relu, linear, cross_entropy): one node each.
+    assert!(per_step <= 4, "{per_step} heap allocations per MLP step");
 }
