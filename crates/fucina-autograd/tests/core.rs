@@ -316,8 +316,8 @@ fn random_constructors_are_bitwise_equal_to_the_serial_fills() -> R {
 
 #[test]
 fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
-    // Dropping the outer node drops its VJP closure, which drops a deep graph while
-    // the outer release is in progress.
+    // Releasing a graph drops a VJP closure that owns another deep graph, while the
+    // outer release is in progress.
     let ctx = ExecContext::new();
     let w = Tensor::variable_from_slice(&ctx, &[1], &[1.0])?;
     let mut deep = w.clone();
@@ -340,6 +340,12 @@ fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
         },
     )?;
     drop(outer);
-    drop(y);
+    // Ops on top: the custom node is released from inside the iterative release of
+    // `top`, and its closure releases the deep graph there (a nested release).
+    let mut top = y;
+    for _ in 0..10 {
+        top = top.neg(&ctx)?;
+    }
+    drop(top);
     Ok(())
 }
