@@ -57,7 +57,9 @@ fn forward(ctx: &ExecContext, m: &Mlp, x: &RawTensor) -> Result<RawTensor, ExecE
 fn params(ctx: &ExecContext) -> Mlp {
     let t = |shape: &[usize], s: f32| {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * s).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * s)
+            .collect();
         ctx.from_slice(shape, &v).unwrap()
     };
     Mlp {
@@ -84,8 +86,16 @@ fn check(threads: usize) {
         drop(y);
     }
     let after = ALLOCATIONS.load(Ordering::Relaxed);
-    assert_eq!(after - before, 0, "heap allocations in 5 steady-state forwards ({threads} threads)");
-    assert_eq!(fucina_exec::storage::allocation_stats().allocations, misses, "pool misses at steady state");
+    assert_eq!(
+        after - before,
+        0,
+        "heap allocations in 5 steady-state forwards ({threads} threads)"
+    );
+    assert_eq!(
+        fucina_exec::storage::allocation_stats().allocations,
+        misses,
+        "pool misses at steady state"
+    );
     let y = forward(&ctx, &m, &x).unwrap();
     assert_eq!(y.to_vec(), y0);
 }
