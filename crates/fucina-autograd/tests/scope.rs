@@ -215,3 +215,24 @@ fn typed_results_stay_caller_owned() -> R {
     assert_eq!(values.to_vec(), [5., 6.]);
     Ok(())
 }
+
+#[test]
+fn backward_after_the_scope_closed_still_works() -> R {
+    // The handles keep their own references: closing the scope releases what only
+    // the scope held, and the loss still reaches its whole graph.
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    let base = ctx.outstanding_buffers();
+    let scope = ctx.open_exec_scope();
+    let loss = w.exp(&ctx)?.mul(&ctx, &w)?.sum_all(&ctx)?;
+    ctx.close_exec_scope(scope);
+    loss.backward(&ctx)?;
+    let g = w.grad(&ctx)?.unwrap().to_vec();
+    for (gi, x) in g.iter().zip([1f32, 2., 3.]) {
+        assert!((gi - (x + 1.0) * x.exp()).abs() < 1e-4);
+    }
+    drop((loss, g));
+    w.zero_grad();
+    assert_eq!(ctx.outstanding_buffers(), base);
+    Ok(())
+}
