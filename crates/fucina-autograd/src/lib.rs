@@ -1,14 +1,62 @@
-//! # fucina-autograd (placeholder)
+//! # fucina-autograd
 //!
-//! **This crate is a placeholder: nothing is implemented yet.** It will hold the
-//! autograd layer of fucina (see `ARCHITECTURE.md`): the differentiable `Tensor`
-//! (a `RawTensor` plus optional gradient state), refcounted graph nodes numbered
-//! in creation order, an iterative `backward` (no recursion), exec-scope
-//! adoption of op results, `no_grad`, custom ops and a finite-difference
-//! `gradcheck`.
+//! Reverse-mode automatic differentiation over `fucina-exec`: the differentiable
+//! [`Tensor`] (a [`RawTensor`](fucina_exec::RawTensor) plus optional gradient
+//! state), refcounted graph nodes numbered in creation order, an iterative
+//! [`backward`](Tensor::backward) (no recursion, any depth), exec-scope adoption of
+//! op results, [`no_grad`], [`custom_vjp`] and a finite-difference [`gradcheck`].
+//!
+//! ```
+//! use fucina_autograd::Tensor;
+//! use fucina_autograd::exec::ExecContext;
+//!
+//! let ctx = ExecContext::new();
+//! let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+//! for _ in 0..2 {
+//!     let scope = ctx.open_exec_scope();
+//!     let y = w.mul(&ctx, &w)?; // adopted by the scope
+//!     let loss = y.sum_all(&ctx)?;
+//!     loss.backward(&ctx)?;
+//!     let gw = w.grad(&ctx)?.expect("w is a variable"); // caller-owned
+//!     assert_eq!(gw.to_vec(), [2., 4., 6.]);
+//!     w.zero_grad();
+//!     ctx.close_exec_scope(scope);
+//! }
+//! # Ok::<(), fucina_autograd::AutogradError>(())
+//! ```
 //!
 //! It is a layer over `fucina-exec` and depends on nothing else of the workspace.
+//! See `docs/AUTOGRAD.md` in the repository for the gradient model, scopes versus
+//! drop-as-you-go, custom VJPs and gradcheck.
 #![forbid(unsafe_code)]
+// `AutogradError` wraps `ExecError`, which carries inline shapes (no heap on the
+// error path): boxing would allocate on every error and not shrink the `Ok` arm.
+#![allow(clippy::result_large_err)]
 
-#[doc(hidden)]
+mod custom;
+mod error;
+mod fill;
+mod grad_mode;
+mod gradcheck;
+mod node;
+mod ops;
+mod tensor;
+
+pub use custom::{CustomVjpArgs, custom_vjp};
+pub use error::{AutogradError, Result};
+pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
+pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
+pub use node::{BackwardOptions, Grads};
+pub use tensor::Tensor;
+
+/// The exec layer this crate is built on.
 pub use fucina_exec as exec;
+
+#[cfg(test)]
+mod static_checks {
+    use super::*;
+    static_assertions::assert_impl_all!(Tensor: Send, Sync, Clone);
+    static_assertions::assert_not_impl_any!(NoGradGuard: Send, Sync);
+    static_assertions::assert_impl_all!(AutogradError: Send, Sync, std::error::Error);
+    static_assertions::assert_not_impl_any!(exec::ExecContext: Sync);
+}

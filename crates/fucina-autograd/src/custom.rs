@@ -1,0 +1,87 @@
+//! `custom_vjp`: a user-defined differentiable op.
+
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::Result;
+use crate::node::{GradList, Grads};
+use crate::tensor::Tensor;
+
+/// What the backward of a [`custom_vjp`] op receives.
+#[derive(Debug)]
+pub struct CustomVjpArgs<'a> {
+    /// The inputs as the forward saw them.
+    pub inputs: &'a [RawTensor],
+    /// The forward's output.
+    pub output: &'a RawTensor,
+    /// The gradient of the output (the output's shape; any layout).
+    pub grad: &'a RawTensor,
+    /// Which inputs need a gradient (`false` for constants: return `None` there).
+    pub needs: &'a [bool],
+}
+
+/// A differentiable op from a forward over raw tensors and a backward closure.
+///
+/// `forward` computes the output from the inputs' raw tensors. When gradients
+/// are enabled and an input requires one, a graph node is recorded whose VJP is
+/// `backward`: it returns one gradient per input (`None` for no gradient), each of
+/// that input's shape. The result follows the rules of every op: adopted by the
+/// innermost exec scope if one is open, caller-owned otherwise.
+///
+/// `backward` must not capture [`Tensor`]s that require a gradient (the graph
+/// would keep itself alive); it may capture raw tensors and plain values.
+///
+/// ```
+/// use fucina_autograd::{Tensor, custom_vjp};
+/// use fucina_autograd::exec::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let x = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+/// // y = x^3 with a hand-written derivative 3 x^2.
+/// let y = custom_vjp(
+///     &ctx,
+///     "cube",
+///     &[&x],
+///     |ctx, xs| Ok(ctx.mul(&ctx.mul(&xs[0], &xs[0])?, &xs[0])?),
+///     |ctx, a| {
+///         let d = ctx.scale(&ctx.mul(&a.inputs[0], &a.inputs[0])?, 3.0)?;
+///         Ok(vec![Some(ctx.mul(&d, a.grad)?)])
+///     },
+/// )?;
+/// y.sum_all(&ctx)?.backward(&ctx)?;
+/// assert_eq!(x.grad(&ctx)?.unwrap().to_vec(), [3., 12., 27.]);
+/// # Ok::<(), fucina_autograd::AutogradError>(())
+/// ```
+///
+/// # Errors
+/// The errors of `forward`. In backward: the errors of `backward`,
+/// [`AutogradError::GradientCountMismatch`](crate::AutogradError::GradientCountMismatch)
+/// if it returns another number of gradients than inputs, and
+/// [`AutogradError::GradientShapeMismatch`](crate::AutogradError::GradientShapeMismatch)
+/// if a gradient has the wrong shape.
+pub fn custom_vjp<Fwd, Bwd>(
+    ctx: &ExecContext,
+    name: &'static str,
+    inputs: &[&Tensor],
+    forward: Fwd,
+    backward: Bwd,
+) -> Result<Tensor>
+where
+    Fwd: FnOnce(&ExecContext, &[RawTensor]) -> Result<RawTensor>,
+    Bwd: Fn(&ExecContext, &CustomVjpArgs<'_>) -> Result<Grads> + Send + Sync + 'static,
+{
+    let raws: Vec<RawTensor> = inputs.iter().map(|t| t.raw.clone()).collect();
+    let out = forward(ctx, &raws)?;
+    let saved_out = out.clone();
+    Tensor::finish(ctx, name, out, inputs, move |ctx, g, needs| {
+        let grads = backward(
+            ctx,
+            &CustomVjpArgs {
+                inputs: &raws,
+                output: &saved_out,
+                grad: g,
+                needs,
+            },
+        )?;
+        Ok(GradList::from(grads))
+    })
+}

@@ -1,0 +1,74 @@
+//! The crate's one error type.
+
+use fucina_exec::{Dims, ExecError};
+
+/// Everything an autograd operation can refuse.
+///
+/// Errors of the exec layer (a wrong shape, axis, index, out of memory, a
+/// scope-owned operand given to a storage-consuming op) arrive wrapped in
+/// [`AutogradError::Exec`]; the other variants are the autograd layer's own.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AutogradError {
+    /// An error of the exec layer (the op and the offending value are named in it).
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// `backward` was called on a tensor that records no graph (a constant, a
+    /// detached tensor, or a result computed under `no_grad`).
+    #[error(
+        "{op}: the tensor has no gradient graph (it is a constant, detached, or was computed under no_grad)"
+    )]
+    NoGradientGraph {
+        /// The operation.
+        op: &'static str,
+    },
+    /// `backward` without an output gradient on a tensor with more than one
+    /// element: pass the seed with `backward_with_grad`.
+    #[error(
+        "backward: the output has shape {shape}, not one element; pass its gradient with backward_with_grad"
+    )]
+    NonScalarLoss {
+        /// The shape of the output.
+        shape: Dims,
+    },
+    /// A gradient (a seed, or one returned by a custom backward) does not have the
+    /// shape of the tensor it belongs to.
+    #[error("{op}: gradient of shape {got} for a tensor of shape {expected}")]
+    GradientShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The shape of the tensor.
+        expected: Dims,
+        /// The shape of the gradient that was given.
+        got: Dims,
+    },
+    /// A custom backward returned a number of gradients different from the number
+    /// of inputs.
+    #[error("{op}: the backward returned {got} gradients for {expected} inputs")]
+    GradientCountMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The number of inputs.
+        expected: usize,
+        /// The number of gradients returned.
+        got: usize,
+    },
+    /// The graph was already consumed by an earlier `backward` (its saved
+    /// tensors are released). Use `BackwardOptions { retain_graph: true }` on the
+    /// earlier call to run backward more than once.
+    #[error(
+        "backward: the graph was already consumed by an earlier backward (retain it with BackwardOptions::retain_graph)"
+    )]
+    BackwardAlreadyRun,
+    /// A custom op's forward failed with a message of its own.
+    #[error("{op}: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = AutogradError> = std::result::Result<T, E>;

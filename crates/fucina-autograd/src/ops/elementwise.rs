@@ -1,0 +1,313 @@
+//! Elementwise ops: binary with broadcasting (gradients reduced back to each
+//! operand's shape), scalar forms, unary math, selection and dropout.
+
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::Result;
+use crate::node::{GradList, grads};
+use crate::ops::sum_to;
+use crate::tensor::Tensor;
+
+macro_rules! unary {
+    ($($(#[$doc:meta])* $name:ident => $bwd:ident;)*) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            ///
+            /// # Errors
+            /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
+            pub fn $name(&self, ctx: &ExecContext) -> Result<Tensor> {
+                let out = ctx.$name(&self.raw)?;
+                let x = self.raw.clone();
+                Tensor::finish(ctx, stringify!($name), out, &[self], move |ctx, g, _| {
+                    Ok(grads![Some(ctx.$bwd(&x, g)?)])
+                })
+            }
+        )*}
+    };
+}
+
+unary! {
+    /// `-x`.
+    neg => neg_backward;
+    /// `|x|` (gradient 0 at 0).
+    abs => abs_backward;
+    /// `e^x`.
+    exp => exp_backward;
+    /// Natural logarithm.
+    log => log_backward;
+    /// Square root.
+    sqrt => sqrt_backward;
+    /// `1 / sqrt(x)`.
+    rsqrt => rsqrt_backward;
+    /// The logistic function.
+    sigmoid => sigmoid_backward;
+    /// Hyperbolic tangent.
+    tanh => tanh_backward;
+    /// `max(x, 0)` (gradient 0 at 0).
+    relu => relu_backward;
+    /// GELU, tanh approximation.
+    gelu => gelu_backward;
+    /// Exact GELU.
+    gelu_erf => gelu_erf_backward;
+    /// SiLU `x * sigmoid(x)`.
+    silu => silu_backward;
+    /// Softplus `ln(1 + e^x)`.
+    softplus => softplus_backward;
+    /// Sine.
+    sin => sin_backward;
+    /// Cosine.
+    cos => cos_backward;
+}
+
+/// The two broadcast-shaped gradients of a binary op, reduced to the operands'
+/// shapes, computed only where needed.
+fn reduce_pair(
+    ctx: &ExecContext,
+    needs: &[bool],
+    a_shape: &[usize],
+    b_shape: &[usize],
+    ga: impl FnOnce() -> Result<RawTensor>,
+    gb: impl FnOnce() -> Result<RawTensor>,
+) -> Result<GradList> {
+    let ga = if needs[0] {
+        Some(sum_to(ctx, &ga()?, a_shape)?)
+    } else {
+        None
+    };
+    let gb = if needs[1] {
+        Some(sum_to(ctx, &gb()?, b_shape)?)
+    } else {
+        None
+    };
+    Ok(grads![ga, gb])
+}
+
+impl Tensor {
+    /// `self + y` (numpy broadcasting).
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if the
+    /// shapes do not broadcast; out of memory.
+    pub fn add(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.add(&self.raw, &y.raw)?;
+        let (sa, sb) = (self.raw.dims(), y.raw.dims());
+        Tensor::finish(ctx, "add", out, &[self, y], move |ctx, g, needs| {
+            reduce_pair(
+                ctx,
+                needs,
+                sa.as_slice(),
+                sb.as_slice(),
+                || Ok(g.clone()),
+                || Ok(g.clone()),
+            )
+        })
+    }
+
+    /// `self - y` (numpy broadcasting).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn sub(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.sub(&self.raw, &y.raw)?;
+        let (sa, sb) = (self.raw.dims(), y.raw.dims());
+        Tensor::finish(ctx, "sub", out, &[self, y], move |ctx, g, needs| {
+            reduce_pair(
+                ctx,
+                needs,
+                sa.as_slice(),
+                sb.as_slice(),
+                || Ok(g.clone()),
+                || Ok(ctx.neg(g)?),
+            )
+        })
+    }
+
+    /// `self * y` (numpy broadcasting).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn mul(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.mul(&self.raw, &y.raw)?;
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        Tensor::finish(ctx, "mul", out, &[self, y], move |ctx, g, needs| {
+            reduce_pair(
+                ctx,
+                needs,
+                a.shape(),
+                b.shape(),
+                || Ok(ctx.mul(g, &b)?),
+                || Ok(ctx.mul(g, &a)?),
+            )
+        })
+    }
+
+    /// `self / y` (numpy broadcasting).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn div(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.div(&self.raw, &y.raw)?;
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        Tensor::finish(ctx, "div", out, &[self, y], move |ctx, g, needs| {
+            reduce_pair(
+                ctx,
+                needs,
+                a.shape(),
+                b.shape(),
+                || Ok(ctx.div(g, &b)?),
+                || {
+                    // d(a/b)/db = -a / b^2
+                    let t = ctx.div(&ctx.div(&a, &b)?, &b)?;
+                    Ok(ctx.neg(&ctx.mul(g, &t)?)?)
+                },
+            )
+        })
+    }
+
+    /// `self ^ y` elementwise (numpy broadcasting).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn pow(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.pow(&self.raw, &y.raw)?;
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        Tensor::finish(ctx, "pow", out, &[self, y], move |ctx, g, needs| {
+            let (ga, gb) = ctx.pow_backward(&a, &b, g)?;
+            reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
+        })
+    }
+
+    /// The elementwise larger of `self` and `y` (ties split the gradient evenly).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn maximum(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        self.extremum(ctx, y, true)
+    }
+
+    /// The elementwise smaller of `self` and `y` (ties split the gradient evenly).
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn minimum(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+        self.extremum(ctx, y, false)
+    }
+
+    fn extremum(&self, ctx: &ExecContext, y: &Tensor, max: bool) -> Result<Tensor> {
+        let (out, name) = if max {
+            (ctx.maximum(&self.raw, &y.raw)?, "maximum")
+        } else {
+            (ctx.minimum(&self.raw, &y.raw)?, "minimum")
+        };
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        Tensor::finish(ctx, name, out, &[self, y], move |ctx, g, needs| {
+            let (ga, gb) = ctx.extremum_backward(&a, &b, g, max)?;
+            reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
+        })
+    }
+
+    /// `self * s`.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
+        let out = ctx.scale(&self.raw, s)?;
+        Tensor::finish(ctx, "scale", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.scale(g, s)?)])
+        })
+    }
+
+    /// `self + s`.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
+        let out = ctx.add_scalar(&self.raw, s)?;
+        Tensor::finish(ctx, "add_scalar", out, &[self], |_, g, _| {
+            Ok(grads![Some(g.clone())])
+        })
+    }
+
+    /// `self ^ p`.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn pow_scalar(&self, ctx: &ExecContext, p: f32) -> Result<Tensor> {
+        let out = ctx.pow_scalar(&self.raw, p)?;
+        let x = self.raw.clone();
+        Tensor::finish(ctx, "pow_scalar", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.pow_scalar_backward(&x, p, g)?)])
+        })
+    }
+
+    /// `self` clamped to `[min, max]` (gradient 0 outside).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument) for
+    /// unordered or NaN bounds; out of memory.
+    pub fn clamp(&self, ctx: &ExecContext, min: f32, max: f32) -> Result<Tensor> {
+        let out = ctx.clamp(&self.raw, min, max)?;
+        let x = self.raw.clone();
+        Tensor::finish(ctx, "clamp", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.clamp_backward(&x, min, max, g)?)])
+        })
+    }
+
+    /// `cond ? a : b` elementwise, the three broadcast together; the gradient
+    /// goes to the selected operand.
+    ///
+    /// # Errors
+    /// As [`add`](Tensor::add).
+    pub fn where_(
+        ctx: &ExecContext,
+        cond: &RawTensor<bool>,
+        a: &Tensor,
+        b: &Tensor,
+    ) -> Result<Tensor> {
+        let out = ctx.where_(cond, &a.raw, &b.raw)?;
+        let c = cond.clone();
+        let (sa, sb) = (a.raw.dims(), b.raw.dims());
+        Tensor::finish(ctx, "where", out, &[a, b], move |ctx, g, needs| {
+            let zero = ctx.scalar(0.0)?;
+            reduce_pair(
+                ctx,
+                needs,
+                sa.as_slice(),
+                sb.as_slice(),
+                || Ok(ctx.where_(&c, g, &zero)?),
+                || Ok(ctx.where_(&c, &zero, g)?),
+            )
+        })
+    }
+
+    /// `self` with `value` where `mask` is true (the gradient is 0 there).
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if the
+    /// mask does not broadcast to `self`'s shape; out of memory.
+    pub fn masked_fill(
+        &self,
+        ctx: &ExecContext,
+        mask: &RawTensor<bool>,
+        value: f32,
+    ) -> Result<Tensor> {
+        let out = ctx.masked_fill(&self.raw, mask, value)?;
+        let m = mask.clone();
+        Tensor::finish(ctx, "masked_fill", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.masked_fill(g, &m, 0.0)?)])
+        })
+    }
+
+    /// Inverted dropout with probability `p` and a counter-based mask from `seed`
+    /// (regenerated in backward, never stored).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// unless `0 <= p < 1`; out of memory.
+    pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
+        let out = ctx.dropout(&self.raw, p, seed)?;
+        Tensor::finish(ctx, "dropout", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.dropout_backward(g, p, seed)?)])
+        })
+    }
+}

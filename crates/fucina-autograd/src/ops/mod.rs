@@ -1,0 +1,31 @@
+//! The differentiable op surface: each op runs the exec layer's forward kernel,
+//! then records a VJP built from the exec layer's backward kernels.
+
+pub(crate) mod elementwise;
+pub(crate) mod index;
+pub(crate) mod matmul;
+pub(crate) mod nn;
+pub(crate) mod reduce;
+pub(crate) mod view;
+
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::Result;
+
+/// `x` itself when contiguous, else a contiguous copy.
+pub(crate) fn contiguous(ctx: &ExecContext, x: &RawTensor) -> Result<RawTensor> {
+    if x.is_contiguous() {
+        Ok(x.clone())
+    } else {
+        Ok(ctx.materialize(x)?)
+    }
+}
+
+/// Reduces a gradient of a broadcast shape back to an operand's `shape` (summing
+/// over the broadcast axes), or returns it as is when the shapes are equal.
+pub(crate) fn sum_to(ctx: &ExecContext, g: &RawTensor, shape: &[usize]) -> Result<RawTensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    Ok(ctx.sum_to(g, shape)?)
+}

@@ -1,0 +1,171 @@
+//! Softmax, normalizations and losses, and the ops composed from them.
+
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::Result;
+use crate::node::grads;
+use crate::tensor::Tensor;
+
+/// The value of a one-element loss gradient.
+fn scalar_grad(g: &RawTensor) -> Result<f32> {
+    Ok(g.item()?)
+}
+
+impl Tensor {
+    /// Softmax along `axis`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+        let out = ctx.softmax(&self.raw, axis)?;
+        let y = out.clone();
+        Tensor::finish(ctx, "softmax", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.softmax_backward(&y, g, axis)?)])
+        })
+    }
+
+    /// Log-softmax along `axis`.
+    ///
+    /// # Errors
+    /// As [`softmax`](Tensor::softmax).
+    pub fn log_softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+        let out = ctx.log_softmax(&self.raw, axis)?;
+        let y = out.clone();
+        Tensor::finish(ctx, "log_softmax", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.log_softmax_backward(&y, g, axis)?)])
+        })
+    }
+
+    /// Layer normalization over the last axis with scale `gamma` and shift `beta`
+    /// (both of the last axis' size).
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) for
+    /// mismatched parameters; out of memory.
+    pub fn layer_norm(
+        &self,
+        ctx: &ExecContext,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f32,
+    ) -> Result<Tensor> {
+        let out = ctx.layer_norm(&self.raw, &gamma.raw, &beta.raw, eps)?;
+        let (x, gm) = (self.raw.clone(), gamma.raw.clone());
+        Tensor::finish(
+            ctx,
+            "layer_norm",
+            out,
+            &[self, gamma, beta],
+            move |ctx, g, needs| {
+                let (gx, gg, gb) = ctx.layer_norm_backward(&x, &gm, g, eps)?;
+                Ok(grads![
+                    needs[0].then_some(gx),
+                    needs[1].then_some(gg),
+                    needs[2].then_some(gb),
+                ])
+            },
+        )
+    }
+
+    /// RMS normalization over the last axis with scale `gamma`.
+    ///
+    /// # Errors
+    /// As [`layer_norm`](Tensor::layer_norm).
+    pub fn rms_norm(&self, ctx: &ExecContext, gamma: &Tensor, eps: f32) -> Result<Tensor> {
+        let out = ctx.rms_norm(&self.raw, &gamma.raw, eps)?;
+        let (x, gm) = (self.raw.clone(), gamma.raw.clone());
+        Tensor::finish(
+            ctx,
+            "rms_norm",
+            out,
+            &[self, gamma],
+            move |ctx, g, needs| {
+                let (gx, gg) = ctx.rms_norm_backward(&x, &gm, g, eps)?;
+                Ok(grads![needs[0].then_some(gx), needs[1].then_some(gg)])
+            },
+        )
+    }
+
+    /// Mean cross-entropy of `self` (logits `[N, C]`) against integer `labels`
+    /// `[N]`, shape `[1]`.
+    ///
+    /// # Errors
+    /// [`ExecError::IndexOutOfBounds`](fucina_exec::ExecError::IndexOutOfBounds) for
+    /// a label outside `0..C`; shape errors; out of memory.
+    pub fn cross_entropy(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
+        let out = ctx.cross_entropy(&self.raw, labels)?;
+        let (x, l) = (self.raw.clone(), labels.clone());
+        Tensor::finish(ctx, "cross_entropy", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.cross_entropy_backward(
+                &x,
+                &l,
+                scalar_grad(g)?
+            )?)])
+        })
+    }
+
+    /// Mean negative log-likelihood of `self` (log-probabilities `[N, C]`) at
+    /// `labels` `[N]`, shape `[1]`.
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](Tensor::cross_entropy).
+    pub fn nll_loss(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
+        let out = ctx.nll_loss(&self.raw, labels)?;
+        let (x, l) = (self.raw.clone(), labels.clone());
+        Tensor::finish(ctx, "nll_loss", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.nll_loss_backward(
+                &x,
+                &l,
+                scalar_grad(g)?
+            )?)])
+        })
+    }
+
+    /// Mean squared error between `self` and `target` (equal shapes), shape `[1]`.
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if the
+    /// shapes differ; out of memory.
+    pub fn mse_loss(&self, ctx: &ExecContext, target: &Tensor) -> Result<Tensor> {
+        let out = ctx.mse_loss(&self.raw, &target.raw)?;
+        let (a, b) = (self.raw.clone(), target.raw.clone());
+        Tensor::finish(
+            ctx,
+            "mse_loss",
+            out,
+            &[self, target],
+            move |ctx, g, needs| {
+                let (ga, gb) = ctx.mse_loss_backward(&a, &b, scalar_grad(g)?)?;
+                Ok(grads![needs[0].then_some(ga), needs[1].then_some(gb)])
+            },
+        )
+    }
+
+    /// `self / max(||self||_2, eps)` along `axis` (composed from differentiable
+    /// ops; the intermediates live in the graph, or in the open scope).
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn l2_normalize(&self, ctx: &ExecContext, axis: usize, eps: f32) -> Result<Tensor> {
+        let norm = self.mul(ctx, self)?.sum(ctx, axis, true)?.sqrt(ctx)?;
+        let floor = Tensor::scalar(ctx, eps)?;
+        self.div(ctx, &norm.maximum(ctx, &floor)?)
+    }
+
+    /// Cosine similarity of `self` and `other` along `axis`:
+    /// `sum(a * b) / (max(||a||, eps) * max(||b||, eps))` (composed).
+    ///
+    /// # Errors
+    /// As [`mul`](Tensor::mul) and [`sum`](Tensor::sum).
+    pub fn cosine_similarity(
+        &self,
+        ctx: &ExecContext,
+        other: &Tensor,
+        axis: usize,
+        eps: f32,
+    ) -> Result<Tensor> {
+        let a = self.l2_normalize(ctx, axis, eps)?;
+        let b = other.l2_normalize(ctx, axis, eps)?;
+        a.mul(ctx, &b)?.sum(ctx, axis, false)
+    }
+}

@@ -1,0 +1,160 @@
+//! Reductions: along one axis (`sum`, `mean`, `max`, `min`, `variance`,
+//! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
+//! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
+
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::Result;
+use crate::node::grads;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// The sum along `axis` (kept as size 1 when `keepdim`).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        let out = ctx.sum(&self.raw, axis, keepdim)?;
+        let shape = self.raw.dims();
+        Tensor::finish(ctx, "sum", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.sum_backward(
+                g,
+                axis,
+                keepdim,
+                shape.as_slice()
+            )?)])
+        })
+    }
+
+    /// The mean along `axis`.
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        let out = ctx.mean(&self.raw, axis, keepdim)?;
+        let shape = self.raw.dims();
+        Tensor::finish(ctx, "mean", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.mean_backward(
+                g,
+                axis,
+                keepdim,
+                shape.as_slice()
+            )?)])
+        })
+    }
+
+    /// The maximum along `axis` (the gradient goes to the maximal elements as the
+    /// exec layer's `max_backward` distributes it).
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        let out = ctx.max(&self.raw, axis, keepdim)?;
+        let x = self.raw.clone();
+        Tensor::finish(ctx, "max", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.max_backward(&x, g, axis, keepdim)?)])
+        })
+    }
+
+    /// The minimum along `axis`.
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        let out = ctx.min(&self.raw, axis, keepdim)?;
+        let x = self.raw.clone();
+        Tensor::finish(ctx, "min", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(ctx.min_backward(&x, g, axis, keepdim)?)])
+        })
+    }
+
+    /// The variance along `axis` (`unbiased`: divide by `n - 1`).
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn variance(
+        &self,
+        ctx: &ExecContext,
+        axis: usize,
+        keepdim: bool,
+        unbiased: bool,
+    ) -> Result<Tensor> {
+        let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
+        let x = self.raw.clone();
+        Tensor::finish(ctx, "variance", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(
+                ctx.variance_backward(&x, g, axis, keepdim, unbiased)?
+            )])
+        })
+    }
+
+    /// `log(sum(exp(x)))` along `axis`, computed stably.
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn logsumexp(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
+        let (x, y) = (self.raw.clone(), out.clone());
+        Tensor::finish(ctx, "logsumexp", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(
+                ctx.logsumexp_backward(&x, &y, g, axis, keepdim)?
+            )])
+        })
+    }
+
+    /// The sum of all elements, shape `[1]`.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn sum_all(&self, ctx: &ExecContext) -> Result<Tensor> {
+        let out = ctx.sum_all(&self.raw)?;
+        let shape = self.raw.dims();
+        Tensor::finish(ctx, "sum_all", out, &[self], move |ctx, g, _| {
+            Ok(grads![Some(
+                ctx.broadcast_to(&flat1(g)?, shape.as_slice())?
+            )])
+        })
+    }
+
+    /// The mean of all elements, shape `[1]`.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn mean_all(&self, ctx: &ExecContext) -> Result<Tensor> {
+        let out = ctx.mean_all(&self.raw)?;
+        let shape = self.raw.dims();
+        let inv = 1.0 / self.numel() as f32;
+        Tensor::finish(ctx, "mean_all", out, &[self], move |ctx, g, _| {
+            let g = ctx.scale(g, inv)?;
+            Ok(grads![Some(
+                ctx.broadcast_to(&flat1(&g)?, shape.as_slice())?
+            )])
+        })
+    }
+
+    /// The index of the maximum along `axis` (a typed, caller-owned result: never
+    /// scope-adopted, no gradient).
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn argmax(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<RawTensor<i64>> {
+        Ok(ctx.argmax(&self.raw, axis, keepdim)?)
+    }
+
+    /// The index of the minimum along `axis` (typed, caller-owned).
+    ///
+    /// # Errors
+    /// As [`sum`](Tensor::sum).
+    pub fn argmin(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<RawTensor<i64>> {
+        Ok(ctx.argmin(&self.raw, axis, keepdim)?)
+    }
+}
+
+/// A one-element gradient as shape `[1]` (any layout).
+fn flat1(g: &RawTensor) -> Result<RawTensor> {
+    if g.shape() == [1] {
+        Ok(g.clone())
+    } else {
+        Ok(g.broadcast_to(&[1]).or_else(|_| g.reshape(&[1]))?)
+    }
+}

@@ -1,0 +1,351 @@
+//! The gradient model: accumulation, errors, ordering, depth, no_grad, in-place
+//! updates.
+#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
+
+use fucina_autograd::exec::{ExecContext, ExecError};
+use fucina_autograd::{AutogradError, BackwardOptions, Tensor, is_grad_enabled, no_grad};
+
+type R = Result<(), AutogradError>;
+
+fn grad_of(ctx: &ExecContext, t: &Tensor) -> Vec<f32> {
+    t.grad(ctx).unwrap().expect("a gradient").to_vec()
+}
+
+#[test]
+fn square_sum_gradient_and_accumulation() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    assert!(w.grad(&ctx)?.is_none());
+    let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?;
+    assert_eq!(loss.item()?, 14.0);
+    loss.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &w), [2., 4., 6.]);
+    // A second graph accumulates into the same gradient (never overwrites).
+    w.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &w), [4., 8., 12.]);
+    w.zero_grad();
+    assert!(w.grad(&ctx)?.is_none());
+    Ok(())
+}
+
+#[test]
+fn grad_is_a_caller_owned_copy_and_grad_view_is_stable() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    w.scale(&ctx, 3.0)?.sum_all(&ctx)?.backward(&ctx)?;
+    let copy = w.grad(&ctx)?.unwrap();
+    let view = w.grad_view().unwrap();
+    assert!(!copy.raw().same_storage(view.raw()));
+    assert!(!copy.requires_grad() && !copy.is_scope_owned());
+    w.scale(&ctx, 3.0)?.sum_all(&ctx)?.backward(&ctx)?;
+    // The accumulation copied instead of writing through the shared view.
+    assert_eq!(view.to_vec(), [3., 3.]);
+    assert_eq!(copy.to_vec(), [3., 3.]);
+    assert_eq!(grad_of(&ctx, &w), [6., 6.]);
+    Ok(())
+}
+
+#[test]
+fn diamond_graph_sums_both_paths() -> R {
+    // y = x * x; z = y * x + y  => dz/dx = 3x^2 + 2x
+    let ctx = ExecContext::new();
+    let x = Tensor::variable_from_slice(&ctx, &[3], &[1., -2., 0.5])?;
+    let y = x.mul(&ctx, &x)?;
+    let z = y.mul(&ctx, &x)?.add(&ctx, &y)?;
+    z.sum_all(&ctx)?.backward(&ctx)?;
+    let g = grad_of(&ctx, &x);
+    for (gi, xi) in g.iter().zip([1f32, -2., 0.5]) {
+        assert!(
+            (gi - (3. * xi * xi + 2. * xi)).abs() < 1e-5,
+            "{gi} vs x={xi}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn node_numbers_follow_creation_order() -> R {
+    let ctx = ExecContext::new();
+    let x = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let a = x.exp(&ctx)?;
+    let b = a.add(&ctx, &x)?;
+    let (ix, ia, ib) = (
+        x.node_id().unwrap(),
+        a.node_id().unwrap(),
+        b.node_id().unwrap(),
+    );
+    assert!(ix < ia && ia < ib);
+    assert_eq!(b.op_name(), Some("add"));
+    assert_eq!(x.op_name(), Some("leaf"));
+    Ok(())
+}
+
+#[test]
+fn broadcast_gradients_reduce_to_operand_shapes() -> R {
+    let ctx = ExecContext::new();
+    let a = Tensor::variable_from_slice(&ctx, &[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+    let b = Tensor::variable_from_slice(&ctx, &[3], &[10., 20., 30.])?;
+    let c = Tensor::variable_from_slice(&ctx, &[2, 1], &[2., 3.])?;
+    a.mul(&ctx, &b)?
+        .add(&ctx, &c)?
+        .sum_all(&ctx)?
+        .backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &a), [10., 20., 30., 10., 20., 30.]);
+    assert_eq!(grad_of(&ctx, &b), [5., 7., 9.]);
+    assert_eq!(grad_of(&ctx, &c), [3., 3.]);
+    Ok(())
+}
+
+#[test]
+fn backward_errors() -> R {
+    let ctx = ExecContext::new();
+    let c = Tensor::from_slice(&ctx, &[1], &[1.])?;
+    assert!(matches!(
+        c.backward(&ctx),
+        Err(AutogradError::NoGradientGraph { .. })
+    ));
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let y = w.exp(&ctx)?;
+    assert!(matches!(
+        y.backward(&ctx),
+        Err(AutogradError::NonScalarLoss { .. })
+    ));
+    let bad_seed = ctx.ones(&[3])?;
+    assert!(matches!(
+        y.backward_with_grad(&ctx, &bad_seed),
+        Err(AutogradError::GradientShapeMismatch { .. })
+    ));
+    let seed = ctx.from_slice(&[2], &[1., 0.5])?;
+    y.backward_with_grad(&ctx, &seed)?;
+    let e = [1f32.exp(), 0.5 * 2f32.exp()];
+    let g = grad_of(&ctx, &w);
+    assert!((g[0] - e[0]).abs() < 1e-5 && (g[1] - e[1]).abs() < 1e-5);
+    // The graph is consumed.
+    assert_eq!(
+        y.backward_with_grad(&ctx, &seed),
+        Err(AutogradError::BackwardAlreadyRun)
+    );
+    // A graph that shares a consumed node is refused too.
+    let z = y.sum_all(&ctx)?;
+    assert_eq!(z.backward(&ctx), Err(AutogradError::BackwardAlreadyRun));
+    Ok(())
+}
+
+#[test]
+fn retained_graph_runs_twice() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?;
+    let keep = BackwardOptions { retain_graph: true };
+    loss.backward_with(&ctx, None, keep)?;
+    loss.backward_with(&ctx, None, keep)?;
+    assert_eq!(grad_of(&ctx, &w), [4., 8.]);
+    loss.backward(&ctx)?; // the last one consumes it
+    assert_eq!(loss.backward(&ctx), Err(AutogradError::BackwardAlreadyRun));
+    assert_eq!(grad_of(&ctx, &w), [6., 12.]);
+    Ok(())
+}
+
+#[test]
+fn hundred_thousand_op_chain_backward_and_drop() -> R {
+    // Runs on a test thread with the default (2 MiB) stack: any recursion over
+    // the chain, in backward or in dropping the graph, would overflow it.
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[1], &[0.5])?;
+    let mut x = w.clone();
+    for _ in 0..100_000 {
+        x = x.add_scalar(&ctx, 1.0)?;
+    }
+    let y = x.scale(&ctx, 2.0)?;
+    assert_eq!(y.item()?, 2.0 * 100_000.5);
+    y.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &w), [2.0]);
+    drop((x, y));
+    // An unconsumed chain drops iteratively as well.
+    let mut x = w.clone();
+    for _ in 0..100_000 {
+        x = x.neg(&ctx)?;
+    }
+    drop(x);
+    Ok(())
+}
+
+#[test]
+fn no_grad_records_nothing() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    assert!(is_grad_enabled());
+    let y = {
+        let _g = no_grad();
+        let _nested = no_grad();
+        assert!(!is_grad_enabled());
+        w.mul(&ctx, &w)?.exp(&ctx)?
+    };
+    assert!(is_grad_enabled());
+    assert!(!y.requires_grad() && y.node_id().is_none());
+    assert!(matches!(
+        y.sum_all(&ctx)?.backward(&ctx),
+        Err(AutogradError::NoGradientGraph { .. })
+    ));
+    let g = no_grad();
+    g.close();
+    assert!(w.mul(&ctx, &w)?.requires_grad());
+    // Constants never record, with or without no_grad.
+    let c = Tensor::from_slice(&ctx, &[2], &[1., 2.])?;
+    assert!(!c.mul(&ctx, &c)?.requires_grad());
+    Ok(())
+}
+
+#[test]
+fn no_grad_is_per_thread() -> R {
+    let _g = no_grad();
+    let other = std::thread::spawn(is_grad_enabled).join().unwrap();
+    assert!(other);
+    assert!(!is_grad_enabled());
+    Ok(())
+}
+
+#[test]
+fn detach_cuts_the_graph() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let d = w.mul(&ctx, &w)?.detach();
+    assert!(!d.requires_grad());
+    // d * w: only the direct path to w carries gradient.
+    d.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &w), [1., 4.]);
+    Ok(())
+}
+
+#[test]
+fn update_after_forward_keeps_saved_activations() -> R {
+    let ctx = ExecContext::new();
+    let mut w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    let x = Tensor::from_slice(&ctx, &[3], &[1., 1., 1.])?;
+    // mul saves w for the gradient of x... and x for the gradient of w.
+    let xv = x.clone().into_variable();
+    let loss = w.mul(&ctx, &xv)?.sum_all(&ctx)?;
+    // Update w between forward and backward.
+    w.update_(|d| d.iter_mut().for_each(|v| *v = 100.0))?;
+    assert_eq!(w.to_vec(), [100., 100., 100.]);
+    loss.backward(&ctx)?;
+    // d(loss)/dx = w at forward time, not the updated values.
+    assert_eq!(grad_of(&ctx, &xv), [1., 2., 3.]);
+    assert_eq!(grad_of(&ctx, &w), [1., 1., 1.]);
+    // The variable keeps its gradient state through the update.
+    assert!(w.is_variable());
+    Ok(())
+}
+
+#[test]
+fn sgd_step_after_backward() -> R {
+    let ctx = ExecContext::new();
+    let mut w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    assert!(!w.sgd_step_(0.1)?);
+    let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?;
+    loss.backward(&ctx)?;
+    let view = w.detach();
+    assert!(w.sgd_step_(0.5)?);
+    assert_eq!(w.to_vec(), [0., 0., 0.]);
+    // A handle taken before the step keeps the old values (copy-on-write).
+    assert_eq!(view.to_vec(), [1., 2., 3.]);
+    Ok(())
+}
+
+#[test]
+fn in_place_update_without_sharing_reuses_storage() -> R {
+    let ctx = ExecContext::new();
+    let mut w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    let before = w.data()?.as_ptr();
+    w.update_(|d| d[0] = 5.0)?;
+    assert_eq!(w.data()?.as_ptr(), before);
+    assert_eq!(w.to_vec(), [5., 2., 3.]);
+    Ok(())
+}
+
+#[test]
+fn errors_of_ops_are_exec_errors() {
+    let ctx = ExecContext::new();
+    let a = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.]).unwrap();
+    let b = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.]).unwrap();
+    assert!(matches!(
+        a.add(&ctx, &b),
+        Err(AutogradError::Exec(ExecError::ShapeMismatch {
+            op: "add",
+            ..
+        }))
+    ));
+    assert!(matches!(
+        Tensor::variable_from_slice(&ctx, &[2], &[1.]),
+        Err(AutogradError::Exec(ExecError::InvalidDataLength { .. }))
+    ));
+}
+
+#[test]
+fn random_constructors_are_bitwise_equal_to_the_serial_fills() -> R {
+    const N: usize = 3 * 65_536 + 77; // large enough to split across a team
+    type Make = fn(&ExecContext) -> Result<Tensor, AutogradError>;
+    let serial = ExecContext::with_threads(1);
+    let team = ExecContext::with_threads(4);
+    let cases: [(&str, Make); 3] = [
+        ("randn", |c| Tensor::randn(c, &[N], 0.5, 42)),
+        ("uniform", |c| Tensor::uniform(c, &[N], -0.5, 2.0, 43)),
+        ("kaiming", |c| Tensor::kaiming_uniform(c, &[4, N / 4], 44)),
+    ];
+    for (what, make) in cases {
+        let a = make(&serial)?.to_vec();
+        let b = make(&team)?.to_vec();
+        let mut reference = vec![0f32; a.len()];
+        match what {
+            "randn" => fucina_autograd::exec::rng::gaussian_fill(42, &mut reference, 0.5),
+            "uniform" => fucina_autograd::exec::rng::uniform_fill(43, &mut reference, -0.5, 2.0),
+            _ => fucina_autograd::exec::rng::kaiming_uniform_fill(44, &mut reference, N / 4),
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&a) == bits(&reference),
+            "{what}: serial differs from fucina_rng"
+        );
+        assert!(
+            bits(&b) == bits(&reference),
+            "{what}: parallel differs from fucina_rng"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
+    // Releasing a graph drops a VJP closure that owns another deep graph, while the
+    // outer release is in progress.
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[1], &[1.0])?;
+    let mut deep = w.clone();
+    for _ in 0..100_000 {
+        deep = deep.neg(&ctx)?;
+    }
+    let mut outer = w.clone();
+    for _ in 0..1000 {
+        outer = outer.exp(&ctx)?.log(&ctx)?;
+    }
+    let captured = deep;
+    let y = fucina_autograd::custom_vjp(
+        &ctx,
+        "holds_a_graph",
+        &[&outer],
+        |_, x| Ok(x[0].clone()),
+        move |_, a| {
+            let _ = &captured;
+            Ok(vec![Some(a.grad.clone())])
+        },
+    )?;
+    drop(outer);
+    // Ops on top: the custom node is released from inside the iterative release of
+    // `top`, and its closure releases the deep graph there (a nested release).
+    let mut top = y;
+    for _ in 0..10 {
+        top = top.neg(&ctx)?;
+    }
+    drop(top);
+    Ok(())
+}
