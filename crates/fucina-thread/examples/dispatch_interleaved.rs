@@ -3,9 +3,12 @@
 //! `cargo run --release -p fucina-thread --example dispatch_interleaved [BATCHES]`
 //!
 //! Each round times one batch of a two-thread ping-pong on one atomic (one
-//! cache-line round trip: the floor), then one batch of `parallel_chunks` of
-//! 2 tasks with a zero-size closure, then one with a closure that captures a
-//! slice and reads its task's element, on a 2-participant team. Interleaving
+//! cache-line round trip: the floor), then batches of 2-task dispatches on a
+//! 2-participant team: `parallel_chunks` with a zero-size closure, with a
+//! closure that captures a slice and reads its task's element, and with a
+//! 48-byte closure (three slices moved in: too large for the generation line,
+//! it takes the descriptor's second line), and `parallel_for_slices` with a
+//! closure capturing two references (each chunk writes its own line). Interleaving
 //! puts the three under the same conditions, and the low percentiles of the
 //! per-batch means stay meaningful on a machine shared with other work, where
 //! a criterion median is dominated by preemptions. Complements the criterion
@@ -67,6 +70,21 @@ fn main() {
             black_box(data[t as usize]);
         })
     };
+    // 2 chunks of 32 f32: each participant writes its own cache lines.
+    let out = std::cell::RefCell::new(vec![0f32; 64]);
+    let x = vec![1f32; 64];
+    let (xr, wr) = (&x, &x);
+    let slices16 = || {
+        team.parallel_for_slices(black_box(&mut out.borrow_mut()[..]), 32, |r, o| {
+            o[0] = xr[r.start] + wr[r.start];
+        })
+    };
+    let chunks48 = || {
+        let (d, e, f) = (black_box(data), black_box(data), black_box(data));
+        team.parallel_chunks(black_box(&tasks), move |&t| {
+            black_box(d[t as usize] + e[t as usize] + f[t as usize]);
+        })
+    };
     let batch_ns = |op: &dyn Fn()| {
         let t0 = Instant::now();
         for _ in 0..BATCH {
@@ -75,6 +93,7 @@ fn main() {
         t0.elapsed().as_nanos() as f64 / BATCH as f64
     };
     let (mut pp, mut zs, mut cap) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ss, mut sb) = (Vec::new(), Vec::new());
     let mut v = 0u32;
     let mut round_trips = |n: usize| {
         for _ in 0..n {
@@ -100,6 +119,8 @@ fn main() {
         }
         zs.push(batch_ns(&zero_size));
         cap.push(batch_ns(&capturing));
+        ss.push(batch_ns(&slices16));
+        sb.push(batch_ns(&chunks48));
     }
     stop.store(true, Ordering::Relaxed);
     ponger.join().expect("ponger");
@@ -110,7 +131,7 @@ fn main() {
     };
     println!("ns per operation over {rounds} interleaved batches of {BATCH}:");
     println!(
-        "{:<28} {:>8} {:>8} {:>8} {:>8}",
+        "{:<29} {:>8} {:>8} {:>8} {:>8}",
         "", "p10", "p50", "p10/pp", "p50/pp"
     );
     let (pp10, pp50) = (pct(&mut pp, 0.1), pct(&mut pp, 0.5));
@@ -118,10 +139,12 @@ fn main() {
         ("ping-pong round trip", &mut pp),
         ("parallel_chunks zero-size", &mut zs),
         ("parallel_chunks capturing", &mut cap),
+        ("parallel_chunks 48 B closure", &mut sb),
+        ("for_slices 16 B closure", &mut ss),
     ] {
         let (p10, p50) = (pct(x, 0.1), pct(x, 0.5));
         println!(
-            "{name:<28} {p10:>8.1} {p50:>8.1} {:>7.2}x {:>7.2}x",
+            "{name:<29} {p10:>8.1} {p50:>8.1} {:>7.2}x {:>7.2}x",
             p10 / pp10,
             p50 / pp50
         );

@@ -30,16 +30,22 @@ use std::time::{Duration, Instant};
 pub(crate) const JOIN_WAIT_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// One participant's share of a job: called once per participant per dispatch
-/// with the job payload and the participant's [`Share`].
+/// with the job payload and the participant's [`Share`]; returns how far the
+/// job advances the claim counter `next` in total, over all participants (a
+/// function of the job alone, the same on every participant: see
+/// [`claims_advance`]; 0 for a job that never claims).
 ///
 /// # Safety
 /// `payload` must have been made (by [`Payload::new`]) from the value the
 /// function was monomorphized for, and what it points to must be live.
-pub(crate) type RunFn = unsafe fn(payload: &Payload, share: Share<'_>);
+pub(crate) type RunFn = unsafe fn(payload: &Payload, share: Share<'_>) -> usize;
 
-/// The inline bytes of a job payload (4 words: with the header it fills the
-/// generation line).
-pub(crate) const PAYLOAD_BYTES: usize = 32;
+/// The inline bytes of a job payload: the first 40 share the generation line
+/// with the header (a job of up to 5 words, such as `parallel_chunks` with a
+/// closure of up to 4 captured words, or `parallel_for_slices` with up to 2,
+/// travels on that one line); the rest fill the adjacent line of the 128-byte
+/// block, before the profile start (a larger job costs that line too).
+pub(crate) const PAYLOAD_BYTES: usize = 88;
 
 /// A job's data (raw pointers into the caller's stack, a few integers, and the
 /// closure itself when it fits), type-erased. Moved into the job descriptor
@@ -54,8 +60,7 @@ impl Payload {
         size_of::<C>() <= PAYLOAD_BYTES && align_of::<C>() <= 8
     }
 
-    /// Moves `c` in. The payload owns it: exactly one copy of the bytes must
-    /// be taken back ([`Payload::take`]) to drop it, or it is leaked.
+    /// Moves `c` in (a `Copy` value, or one that the caller leaks).
     ///
     /// # Panics
     /// When `C` does not fit ([`Payload::fits`]; a compile-time constant, so
@@ -72,12 +77,12 @@ impl Payload {
     /// The value, in place.
     ///
     /// # Safety
-    /// `self` must hold a live `C` moved in by `Payload::new::<C>` (or a
-    /// bitwise copy of such a payload whose value was not taken back).
+    /// `self` must hold a live `C`, written by `Payload::new::<C>` or by
+    /// `Engine::dispatch::<C>` (which checks size and alignment the same way).
     #[inline(always)]
     pub(crate) unsafe fn get_ref<C>(&self) -> &C {
         // SAFETY: the caller guarantees a live `C` here (size and alignment
-        // were checked by `new`).
+        // were checked by whoever wrote it).
         unsafe { &*self.0.as_ptr().cast::<C>() }
     }
 
@@ -89,17 +94,6 @@ impl Payload {
     pub(crate) unsafe fn get<C: Copy>(&self) -> C {
         // SAFETY: as for `get_ref`.
         unsafe { *self.get_ref::<C>() }
-    }
-
-    /// Moves the value out (to drop it).
-    ///
-    /// # Safety
-    /// As [`Payload::get_ref`], and no other copy of these bytes is used as a
-    /// `C` afterwards.
-    #[inline(always)]
-    pub(crate) unsafe fn take<C>(self) -> C {
-        // SAFETY: the caller guarantees a live `C` that nobody else uses.
-        unsafe { self.0.as_ptr().cast::<C>().read() }
     }
 }
 
@@ -115,7 +109,8 @@ pub(crate) struct Share<'a> {
     /// The monotonic claim counter (never reset; see `base`).
     pub(crate) next: &'a AtomicUsize,
     /// The value of `next` when the job was published: a claim that returns
-    /// `v` got dynamic claim number `v - base` (wrapping).
+    /// `v` got dynamic claim number `v - base` (wrapping). Each participant
+    /// keeps its own record of it (team/README.md, "Monotonic counters").
     pub(crate) base: usize,
     /// Tasks in the job.
     pub(crate) count: usize,
@@ -125,15 +120,14 @@ pub(crate) struct Share<'a> {
     pub(crate) tracer: Option<Tracer<'a>>,
 }
 
-/// The type-erased job descriptor published with a generation (56 bytes:
-/// with the generation word and `done` it fills one 64-byte line).
+/// The type-erased job descriptor published with a generation: a 16-byte
+/// header and the payload, whose first 40 bytes complete the generation
+/// line (with the generation word and `done`).
 #[repr(C)]
 pub(crate) struct JobRef {
     /// The job's share function; `None` tells the workers to exit (shutdown).
     run: Option<RunFn>,
     count: usize,
-    /// The claim counter's value at publish time (the dynamic claims' origin).
-    base: usize,
     /// The job's data, used in place by every participant.
     payload: Payload,
 }
@@ -152,17 +146,22 @@ pub(crate) struct GenerationLine {
     done: WaitWord,
     /// The current job; written by the dispatcher only while no worker reads it.
     job: UnsafeCell<JobRef>,
-    /// The profile start of the current job (next line; read only when
-    /// profiling), under the same protocol as `job`.
+    /// The profile start of the current job (end of the next line; read only
+    /// when profiling), under the same protocol as `job`.
     start: UnsafeCell<Option<Instant>>,
 }
 
-// The generation word, `done` and the job descriptor share the first 64-byte
-// line (`CachePadded` aligns the struct to 128 bytes on x86_64 and aarch64).
+// The generation word, `done`, the job header and the first 40 payload bytes
+// share the first 64-byte line; the rest of the payload and the profile start
+// fill the second (`CachePadded` aligns the struct to 128 bytes on x86_64 and
+// aarch64, so the two lines form one aligned pair).
 #[cfg(not(loom))]
 const _: () = {
     assert!(std::mem::offset_of!(GenerationLine, done) == 4);
-    assert!(std::mem::offset_of!(GenerationLine, start) == 64);
+    assert!(std::mem::offset_of!(GenerationLine, job) == 8);
+    assert!(std::mem::offset_of!(JobRef, payload) == 16);
+    assert!(std::mem::offset_of!(GenerationLine, start) == 112);
+    assert!(size_of::<GenerationLine>() <= 128);
     assert!(align_of::<CachePadded<GenerationLine>>() >= 64);
 };
 
@@ -217,7 +216,8 @@ pub(crate) struct Engine {
     dispatches: u32,
     /// The value of `done` once every worker left the last dispatch.
     done_target: u32,
-    /// The value of `next` once every participant left the last dispatch.
+    /// The value of `next` once every participant left the last dispatch
+    /// (participant 0's record; each worker keeps its own).
     next_base: usize,
 }
 
@@ -285,7 +285,6 @@ impl Core {
                 job: UnsafeCell::new(JobRef {
                     run: None,
                     count: 0,
-                    base: 0,
                     payload: Payload::new(()),
                 }),
                 start: UnsafeCell::new(None),
@@ -359,36 +358,36 @@ impl Engine {
     }
 
     /// Publishes a job, runs participant 0's share on the calling thread, and
-    /// returns once every worker has left the job, with a copy of the job's
-    /// payload as the participants left it (the caller takes back and drops
-    /// what it moved in).
-    ///
-    /// `claims` is how far the job advances the claim counter `next`: it must
-    /// be exactly the sum of every participant's claim increments (chunks mode:
-    /// [`claims_advance`]; 0 for a job that never claims).
+    /// returns once every worker has left the job, with the job's data moved
+    /// back out of the descriptor as the participants left it (the caller
+    /// drops it). Only `size_of::<C>()` payload bytes are written and read
+    /// back: a small job never touches the descriptor's second line.
     ///
     /// # Safety
     /// `run(&payload, _)` must be safe to call concurrently from every
-    /// participant, with the payload in place in the job descriptor, until this
-    /// function returns, and must not unwind (job functions catch task panics).
-    /// What `payload` points to must stay valid until this function returns.
+    /// participant, with a payload holding `job` in place in the job
+    /// descriptor, until this function returns, and must not unwind (job
+    /// functions catch task panics). What `job` points to must stay valid
+    /// until this function returns.
     #[inline(always)]
-    pub(crate) unsafe fn dispatch(
+    pub(crate) unsafe fn dispatch<C>(
         &mut self,
-        payload: Payload,
+        job: C,
         run: RunFn,
         mode: Mode,
         count: usize,
         chunk: usize,
-        claims: usize,
-    ) -> Payload {
+    ) -> C {
+        // A compile-time constant per `C` (not a `const` block: the callers
+        // instantiate this for the variant of a job that does not fit too, in
+        // a branch that never runs).
+        assert!(Payload::fits::<C>(), "a job must fit the payload");
         let sh = &*self.shared;
-        // State PUBLISH: the job fields (with the claim base), then the release
-        // bump. Nothing is reset: `done` and `next` are monotonic, and the
-        // dispatcher tracks both targets itself (no read of a line the workers
-        // wrote last).
+        // State PUBLISH: the job fields, then the release bump. Nothing is
+        // reset: `done` and `next` are monotonic, and every participant keeps
+        // its own record of their values (no read of a line the workers wrote
+        // last).
         let base = self.next_base;
-        self.next_base = base.wrapping_add(claims);
         self.done_target = self.done_target.wrapping_add(sh.workers);
         let start = if sh.trace.is_some() {
             trace_start(sh)
@@ -400,12 +399,9 @@ impl Engine {
         // next read happens only after acquiring the bump below. The previous
         // payload was taken back by its dispatcher (or is `Copy`).
         sh.generation.job.with_mut(|j| unsafe {
-            j.write(JobRef {
-                run: Some(run),
-                count,
-                base,
-                payload,
-            })
+            (*j).run = Some(run);
+            (*j).count = count;
+            (&raw mut (*j).payload).cast::<C>().write(job);
         });
         if start.is_some() {
             // SAFETY: as for `job`.
@@ -434,7 +430,7 @@ impl Engine {
         };
         // SAFETY: the caller guarantees `run` may be called with the payload in
         // place; we only read the descriptor, as the workers do.
-        sh.generation.job.with(|j| unsafe {
+        let claims = sh.generation.job.with(|j| unsafe {
             run(
                 &(*j).payload,
                 Share {
@@ -449,6 +445,7 @@ impl Engine {
             )
         });
         drop(region);
+        self.next_base = base.wrapping_add(claims);
         // State JOIN.
         join(sh, self.done_target);
         // Every participant's claims happened before its `done` increment (or
@@ -458,8 +455,13 @@ impl Engine {
             self.next_base,
             "the claim counter advanced by the computed amount"
         );
-        // SAFETY: every worker left the job (join), so nobody reads it now.
-        let back = sh.generation.job.with(|j| unsafe { (*j).payload });
+        // SAFETY: every worker left the job (join), so nobody reads it now;
+        // it holds the `C` written above, moved out once (the next dispatch
+        // overwrites the bytes).
+        let back = sh
+            .generation
+            .job
+            .with(|j| unsafe { (&raw const (*j).payload).cast::<C>().read() });
         if let Some(start) = start {
             self.print_trace(mode, count, chunk, start);
         }
@@ -491,7 +493,8 @@ impl Engine {
 }
 
 /// How far a chunks job of `count` tasks on `participants` participants with
-/// claim size `chunk` advances the claim counter: with `count > participants`
+/// claim size `chunk` advances the claim counter (what its share function
+/// returns on every participant): with `count > participants`
 /// every participant claims until its first failing claim, so the claims are
 /// the `ceil((count - participants) / chunk)` successful ones plus one failing
 /// claim per participant, `chunk` each; with `count <= participants` nobody
@@ -586,6 +589,9 @@ fn worker_main(sh: &Shared, index: usize) {
     crate::fp::enter_default_environment();
     let participants = sh.workers as usize + 1;
     let trace_slot = sh.trace.as_ref().map(|t| &*t[index]);
+    // This worker's record of `next` at the start of each job: nobody claims
+    // before the first dispatch, which follows our `ready` increment.
+    let mut base = sh.next.load(Ordering::Relaxed);
     // State LATCH.
     let mut seen = sh.generation.word.word().load(Ordering::Acquire);
     sh.ready.fetch_add(1, Ordering::Release);
@@ -615,11 +621,9 @@ fn worker_main(sh: &Shared, index: usize) {
         // not write it again before our `done` increment below. The dispatcher
         // keeps what the payload points to alive until it has acquired that
         // increment, and `run` is the function made for that payload.
-        let ran = sh.generation.job.with(|j| unsafe {
+        let claims = sh.generation.job.with(|j| unsafe {
             let job = &*j;
-            let Some(run) = job.run else {
-                return false;
-            };
+            let run = job.run?;
             let tracer = match trace_slot {
                 Some(slot) => sh
                     .generation
@@ -628,24 +632,24 @@ fn worker_main(sh: &Shared, index: usize) {
                     .map(|start| Tracer { slot, start }),
                 None => None,
             };
-            run(
+            Some(run(
                 &job.payload,
                 Share {
                     index,
                     participants,
                     next: &sh.next,
-                    base: job.base,
+                    base,
                     count: job.count,
                     panic: &sh.panic,
                     tracer,
                 },
-            );
-            true
+            ))
         });
-        if !ran {
+        let Some(claims) = claims else {
             // The exit job (shutdown): leave without touching `done`.
             return;
-        }
+        };
+        base = base.wrapping_add(claims);
         // State LEAVE: after this we never touch the job again.
         sh.generation.done.word().fetch_add(1, Ordering::Release);
     }

@@ -521,9 +521,12 @@ where
 /// `p` (its static task, no atomic), then claims `chunk` indices at a time
 /// from the dynamic part `participants..count` (team/README.md, "Job shares").
 ///
+/// Returns how far the job advances the claim counter
+/// ([`dispatch::claims_advance`]).
+///
 /// # Safety
 /// `payload` must hold a `C` whose pointers are live, for `share.count` tasks.
-unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
+unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usize {
     // SAFETY: the caller passes the payload this function was made for, in
     // place in the job descriptor.
     let job = unsafe { payload.get_ref::<C>() };
@@ -545,8 +548,8 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
         panic.catch(|| unsafe { job.call(index) });
         ran += 1;
     }
+    let chunk = claim_chunk(count, participants);
     if count > participants {
-        let chunk = claim_chunk(count, participants);
         // `count <= MAX_CHUNKS_COUNT` (run_job), so neither the claim number
         // nor `start + chunk` can overflow (README, "Monotonic counters").
         loop {
@@ -566,6 +569,7 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
     if let Some(t) = tracer {
         t.completed(ran);
     }
+    dispatch::claims_advance(count, participants, chunk)
 }
 
 /// The largest task count a team dispatch takes; larger counts (only possible
@@ -725,25 +729,16 @@ impl Team {
         // task panic and is safe to run concurrently (jobs only share `Sync`
         // data, and hand out each `&mut` once: P3). The caller keeps what `job`
         // points to live until we return, which is after `dispatch` returned,
-        // which is after every worker has left the job. Each participant
-        // claims until its first failing claim, so `next` advances by exactly
-        // `claims_advance`.
+        // which is after every worker has left the job.
         let back = unsafe {
-            core.engine.dispatch(
-                Payload::new(job),
-                run_chunks::<C>,
-                Mode::Chunks,
-                count,
-                chunk,
-                dispatch::claims_advance(count, participants, chunk),
-            )
+            core.engine
+                .dispatch(job, run_chunks::<C>, Mode::Chunks, count, chunk)
         };
         let panic = core.engine.take_panic();
         drop(token);
-        // SAFETY: `back` holds the `C` moved in above, as the participants left
-        // it; nobody uses the descriptor's copy any more (the next dispatch
-        // overwrites it).
-        drop(unsafe { back.take::<C>() });
+        // The job as the participants left it: drop it (the closure, if it
+        // was moved in) outside the `active` section.
+        drop(back);
         if let Some(p) = panic {
             resume_unwind(p);
         }
@@ -1030,12 +1025,11 @@ impl Team {
         // holds) lives until `dispatch` returns, after every worker has left.
         unsafe {
             engine.dispatch(
-                Payload::new(&raw const job),
+                &raw const job,
                 chained::run_chained::<T, F>,
                 Mode::Chained,
                 n,
                 1,
-                0,
             );
         }
         // A resumed panic releases `active` while unwinding (the token's Drop).
