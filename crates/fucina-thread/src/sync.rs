@@ -113,6 +113,8 @@ pub(crate) use loom::cell::UnsafeCell;
 /// The loom model of a futex word: `wait(expected)` sleeps only while the word
 /// still equals `expected`, re-checked under the lock that `wake_all` takes,
 /// which is exactly the atomicity the kernel's futex hash-bucket lock gives.
+/// The compare is a relaxed load: the team's proofs (team/README.md, P1) do
+/// not rely on the barriers the kernel puts around it.
 #[cfg(loom)]
 #[derive(Debug)]
 pub(crate) struct WaitWord {
@@ -135,7 +137,7 @@ impl WaitWord {
     }
     pub(crate) fn wait(&self, expected: u32) {
         let guard = self.lock.lock().unwrap();
-        if self.word.load(Ordering::SeqCst) == expected {
+        if self.word.load(Ordering::Relaxed) == expected {
             drop(self.cv.wait(guard).unwrap());
         }
     }

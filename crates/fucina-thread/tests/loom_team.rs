@@ -4,7 +4,9 @@
 //!
 //! One worker (spin budget capped to one hint under loom, so it parks almost at
 //! once), two dispatches and the shutdown; a model with a dynamic claim on top
-//! of the static tasks; a panicking task; two dispatching threads. loom reports a lost wake-up as a
+//! of the static tasks; a closure moved into the job descriptor (the
+//! generation line, which also holds `done`) and dropped after the join; a
+//! panicking task; two dispatching threads. loom reports a lost wake-up as a
 //! deadlock, and a join that returned before a participant left its task as a
 //! data race on the task's result cell (or a wrong count).
 #![cfg(loom)]
@@ -97,5 +99,35 @@ fn two_dispatchers_share_one_team() {
         team.parallel_chunks(&[0usize, 1], |&i| results[i].set(1));
         assert_eq!(results[0].get() + results[1].get(), 2);
         other.join().unwrap();
+    });
+}
+
+/// Owns the task results; its `Drop` (run by the dispatcher once the job is
+/// taken back after the join) reads every cell.
+struct CheckedResults(Box<[Cell; 2]>);
+
+impl Drop for CheckedResults {
+    fn drop(&mut self) {
+        // loom fails the model if a participant's write is not ordered before
+        // this read (a drop before the join).
+        for c in self.0.iter() {
+            assert_eq!(c.get(), 1);
+        }
+    }
+}
+
+#[test]
+fn a_closure_moved_into_the_job_is_dropped_after_the_join() {
+    loom::model(|| {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        for _ in 0..2 {
+            // The closure owns its state (one pointer: it fits the payload,
+            // so it is moved into the descriptor and run there in place).
+            let results = CheckedResults(Box::new([Cell::new(0), Cell::new(0)]));
+            team.parallel_chunks(&[0usize, 1], move |&i| {
+                let r = &results;
+                r.0[i].set(r.0[i].get() + 1);
+            });
+        }
     });
 }

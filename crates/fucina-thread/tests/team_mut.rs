@@ -218,3 +218,85 @@ fn a_busy_team_fallback_reports_no_participant() {
         });
     });
 }
+
+/// A closure's state seen by its `Drop`: how many tasks ran through it, and
+/// how many times it was dropped (statics: this is the only test using them).
+static TALLY_HITS_AT_DROP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TALLY_DROPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Closure state with interior mutability, `PAD` bytes of ballast (0: the
+/// closure fits the job descriptor and is moved into it; 64: it does not and
+/// is borrowed).
+struct Tally<const PAD: usize> {
+    hits: std::sync::atomic::AtomicUsize,
+    _pad: [u8; PAD],
+}
+
+impl<const PAD: usize> Tally<PAD> {
+    fn new() -> Self {
+        Tally {
+            hits: std::sync::atomic::AtomicUsize::new(0),
+            _pad: [0; PAD],
+        }
+    }
+    fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<const PAD: usize> Drop for Tally<PAD> {
+    fn drop(&mut self) {
+        TALLY_HITS_AT_DROP.store(self.hits.load(Ordering::Relaxed), Ordering::Relaxed);
+        TALLY_DROPS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn check_tally(what: &str, expected_hits: usize, call: impl FnOnce()) {
+    TALLY_DROPS.store(0, Ordering::Relaxed);
+    TALLY_HITS_AT_DROP.store(usize::MAX, Ordering::Relaxed);
+    call();
+    assert_eq!(
+        TALLY_DROPS.load(Ordering::Relaxed),
+        1,
+        "{what}: dropped once"
+    );
+    assert_eq!(
+        TALLY_HITS_AT_DROP.load(Ordering::Relaxed),
+        expected_hits,
+        "{what}: every task used the one closure (state is not copied)"
+    );
+}
+
+fn closures_are_used_in_place_and_dropped_once<const PAD: usize>() {
+    for workers in [0, 1, 3] {
+        let team = team(workers);
+        for n in [1usize, 2, 5, 64] {
+            let what = |f: &str| format!("{f}, {n} tasks, {workers} workers, pad {PAD}");
+            let tasks: Vec<usize> = (0..n).collect();
+            let tally = Tally::<PAD>::new();
+            check_tally(&what("parallel_chunks"), n, || {
+                team.parallel_chunks(&tasks, move |_| tally.hit())
+            });
+            let tally = Tally::<PAD>::new();
+            let mut items = tasks.clone();
+            check_tally(&what("parallel_chunks_mut"), n, || {
+                team.parallel_chunks_mut(&mut items, move |_| tally.hit())
+            });
+            let chunks = chunk_ranges(0, n, 1, team.participants()).len();
+            let tally = Tally::<PAD>::new();
+            check_tally(&what("parallel_for"), chunks, || {
+                team.parallel_for(0, n, 1, move |_| tally.hit())
+            });
+            let tally = Tally::<PAD>::new();
+            check_tally(&what("parallel_for_slices"), chunks, || {
+                team.parallel_for_slices(&mut items, 1, move |_, _| tally.hit())
+            });
+        }
+    }
+}
+
+#[test]
+fn small_and_large_closures_are_used_in_place_and_dropped_once() {
+    closures_are_used_in_place_and_dropped_once::<0>();
+    closures_are_used_in_place_and_dropped_once::<64>();
+}

@@ -41,6 +41,7 @@ thread_local! {
 /// Whether the calling thread is inside a parallel region (running a task of a
 /// team dispatch, on a worker or as the dispatching caller). Parallel calls made
 /// from inside a region run inline on the calling thread.
+#[inline]
 pub fn in_parallel_region() -> bool {
     REGION.with(|f| f.get()) != OUTSIDE
 }
@@ -89,6 +90,7 @@ pub fn in_parallel_region() -> bool {
 /// assert_eq!(current_participant(), None);
 /// # Ok::<(), fucina_thread::ThreadError>(())
 /// ```
+#[inline]
 pub fn current_participant() -> Option<usize> {
     match REGION.with(|f| f.get()) {
         OUTSIDE | SERIAL => None,
@@ -102,13 +104,13 @@ pub(crate) fn mark_worker_thread(index: usize) {
 }
 
 /// Marks the caller as participant 0 of its dispatch; restores on drop.
-struct RegionGuard {
+pub(crate) struct RegionGuard {
     prev: usize,
 }
 
 impl RegionGuard {
     #[inline]
-    fn enter() -> Self {
+    pub(crate) fn enter() -> Self {
         RegionGuard {
             prev: REGION.with(|f| f.replace(1)),
         }
@@ -189,10 +191,17 @@ impl PanicSlot {
     }
 
     /// Takes the recorded panic and clears the slot (exclusive use: after a join).
+    #[inline]
     pub(crate) fn take(&self) -> Option<Box<dyn Any + Send>> {
         if !self.panicked() {
             return None;
         }
+        self.take_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_slow(&self) -> Option<Box<dyn Any + Send>> {
         self.panicked.store(false, Ordering::Relaxed);
         self.payload
             .lock()
@@ -240,6 +249,19 @@ fn run_serially(count: usize, mut task: impl FnMut(usize)) {
     if let Some(p) = first {
         resume_unwind(p);
     }
+}
+
+/// Runs tasks `0..count` of `job` serially on the calling thread ([`run_serially`]).
+///
+/// # Safety
+/// As [`Team::run_job`].
+#[inline(never)]
+unsafe fn run_job_serially<C: IndexedJob>(count: usize, job: &C) {
+    run_serially(count, |i| {
+        // SAFETY: `i < count`, each `i` once, and the caller keeps the job's
+        // data live.
+        unsafe { job.call(i) }
+    })
 }
 
 /// Options of [`Team::new`].
@@ -318,6 +340,7 @@ impl std::fmt::Debug for Team {
 struct ActiveToken<'t>(&'t Team);
 
 impl Drop for ActiveToken<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.0.active.store(false, Ordering::Release);
     }
@@ -334,81 +357,107 @@ pub(crate) fn claim_chunk(count: usize, p: usize) -> usize {
     }
 }
 
-/// A chunks-mode job: the `Copy` data that runs task `i`, copied into the job
-/// descriptor (raw pointers into the caller's stack, so a worker's first access
-/// after the generation line is the task's own data).
-trait IndexedJob: Copy {
+/// A chunks-mode job: what runs task `i`, moved into the job descriptor on
+/// the generation line (raw pointers into the caller's stack, and the closure
+/// itself when it fits, so a worker's first access after the generation line
+/// is the task's own data).
+trait IndexedJob {
     /// Runs task `i`.
     ///
     /// # Safety
-    /// `i` is below the job's task count and the pointers inside are live.
+    /// `i` is below the job's task count, each `i` is run at most once per
+    /// dispatch, and the pointers inside are live.
     unsafe fn call(&self, i: usize);
 }
 
-/// `parallel_chunks`: task `i` is `run(&tasks[i])`.
-struct SliceJob<T, F> {
-    tasks: *const T,
-    run: *const F,
+/// How a job holds its closure: [`Inline`] (moved into the job, when it fits
+/// the payload) or [`ByRef`] (a pointer to the caller's).
+trait Holder {
+    /// The closure type.
+    type F;
+
+    /// The closure.
+    ///
+    /// # Safety
+    /// For [`ByRef`], the closure it points to must be live.
+    unsafe fn get(&self) -> &Self::F;
 }
 
-impl<T, F> Clone for SliceJob<T, F> {
-    fn clone(&self) -> Self {
-        *self
+/// The closure, moved into the job.
+struct Inline<F>(F);
+
+impl<F> Holder for Inline<F> {
+    type F = F;
+    #[inline(always)]
+    unsafe fn get(&self) -> &F {
+        &self.0
     }
 }
-impl<T, F> Copy for SliceJob<T, F> {}
 
-impl<T: Sync, F: Fn(&T) + Sync> IndexedJob for SliceJob<T, F> {
+/// A pointer to the caller's closure (it did not fit the payload).
+struct ByRef<F>(*const F);
+
+impl<F> Holder for ByRef<F> {
+    type F = F;
+    #[inline(always)]
+    unsafe fn get(&self) -> &F {
+        // SAFETY: the caller guarantees the closure is live.
+        unsafe { &*self.0 }
+    }
+}
+
+/// `parallel_chunks`: task `i` is `run(&tasks[i])`.
+struct SliceJob<T, H> {
+    tasks: *const T,
+    run: H,
+}
+
+impl<T: Sync, H: Holder> IndexedJob for SliceJob<T, H>
+where
+    H::F: Fn(&T) + Sync,
+{
     #[inline(always)]
     unsafe fn call(&self, i: usize) {
         // SAFETY: the caller guarantees `i < tasks.len()` and that the slice and
         // the closure are live; both are `Sync`, so shared use from any thread is fine.
-        unsafe { (*self.run)(&*self.tasks.add(i)) }
+        unsafe { (self.run.get())(&*self.tasks.add(i)) }
     }
 }
 
 /// `parallel_chunks_mut`: task `i` is `run(&mut items[i])`.
-struct MutSliceJob<T, F> {
+struct MutSliceJob<T, H> {
     items: *mut T,
-    run: *const F,
+    run: H,
 }
 
-impl<T, F> Clone for MutSliceJob<T, F> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T, F> Copy for MutSliceJob<T, F> {}
-
-impl<T: Send, F: Fn(&mut T) + Sync> IndexedJob for MutSliceJob<T, F> {
+impl<T: Send, H: Holder> IndexedJob for MutSliceJob<T, H>
+where
+    H::F: Fn(&mut T) + Sync,
+{
     #[inline(always)]
     unsafe fn call(&self, i: usize) {
         // SAFETY: the caller guarantees `i < items.len()`, that the slice and
         // the closure are live, and that each `i` is called once per dispatch
         // (P3 of team/README.md), so this `&mut` is the only reference to
         // element `i`; `T: Send` lets it be used on another thread.
-        unsafe { (*self.run)(&mut *self.items.add(i)) }
+        unsafe { (self.run.get())(&mut *self.items.add(i)) }
     }
 }
 
 /// `parallel_for_slices`: task `i` is `f(chunk i, &mut out[chunk i])`, the
 /// chunks being those of `chunk_ranges(0, len, ..)`: chunk `i` is
 /// `[i * size, min((i + 1) * size, len))`.
-struct SlicesJob<T, F> {
+struct SlicesJob<T, H> {
     out: *mut T,
     size: usize,
     len: usize,
-    f: *const F,
+    f: H,
 }
 
-impl<T, F> Clone for SlicesJob<T, F> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T, F> Copy for SlicesJob<T, F> {}
-
-impl<T: Send, F: Fn(Range<usize>, &mut [T]) + Sync> IndexedJob for SlicesJob<T, F> {
+impl<T: Send, H: Holder> IndexedJob for SlicesJob<T, H>
+where
+    H::F: Fn(Range<usize>, &mut [T]) + Sync,
+{
     #[inline(always)]
     unsafe fn call(&self, i: usize) {
         // No overflow: chunk `i` exists, so `i * size < len`.
@@ -419,7 +468,7 @@ impl<T: Send, F: Fn(Range<usize>, &mut [T]) + Sync> IndexedJob for SlicesJob<T, 
         // called once per dispatch: the chunks are disjoint, so this `&mut`
         // slice is the only reference to its elements; `T: Send`.
         unsafe {
-            (*self.f)(
+            (self.f.get())(
                 lo..hi,
                 std::slice::from_raw_parts_mut(self.out.add(lo), hi - lo),
             )
@@ -429,23 +478,16 @@ impl<T: Send, F: Fn(Range<usize>, &mut [T]) + Sync> IndexedJob for SlicesJob<T, 
 
 /// `parallel_for`: task `i` is `f(chunk i)`, chunk `i` being
 /// `[begin + i * size, min(begin + (i + 1) * size, end))` ([`ChunkRanges::get`]).
-struct RangeJob<F> {
+struct RangeJob<H> {
     begin: usize,
     size: usize,
     end: usize,
-    f: *const F,
+    f: H,
 }
 
-impl<F> Clone for RangeJob<F> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<F> Copy for RangeJob<F> {}
-
-impl<F> RangeJob<F> {
+impl<H> RangeJob<H> {
     /// The job for the chunks of `chunks` (at least one).
-    fn new(chunks: &ChunkRanges, f: &F) -> Self {
+    fn new(chunks: &ChunkRanges, f: H) -> Self {
         let first = chunks.get(0).unwrap_or(0..0);
         RangeJob {
             begin: first.start,
@@ -464,11 +506,14 @@ impl<F> RangeJob<F> {
     }
 }
 
-impl<F: Fn(Range<usize>) + Sync> IndexedJob for RangeJob<F> {
+impl<H: Holder> IndexedJob for RangeJob<H>
+where
+    H::F: Fn(Range<usize>) + Sync,
+{
     #[inline(always)]
     unsafe fn call(&self, i: usize) {
         // SAFETY: the caller guarantees the closure is live; it is `Sync`.
-        unsafe { (*self.f)(self.range(i)) }
+        unsafe { (self.f.get())(self.range(i)) }
     }
 }
 
@@ -476,11 +521,15 @@ impl<F: Fn(Range<usize>) + Sync> IndexedJob for RangeJob<F> {
 /// `p` (its static task, no atomic), then claims `chunk` indices at a time
 /// from the dynamic part `participants..count` (team/README.md, "Job shares").
 ///
+/// Returns how far the job advances the claim counter
+/// ([`dispatch::claims_advance`]).
+///
 /// # Safety
 /// `payload` must hold a `C` whose pointers are live, for `share.count` tasks.
-unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
-    // SAFETY: the caller passes the payload this function was made for.
-    let job = unsafe { payload.get::<C>() };
+unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usize {
+    // SAFETY: the caller passes the payload this function was made for, in
+    // place in the job descriptor.
+    let job = unsafe { payload.get_ref::<C>() };
     let Share {
         index,
         participants,
@@ -499,8 +548,8 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
         panic.catch(|| unsafe { job.call(index) });
         ran += 1;
     }
+    let chunk = claim_chunk(count, participants);
     if count > participants {
-        let chunk = claim_chunk(count, participants);
         // `count <= MAX_CHUNKS_COUNT` (run_job), so neither the claim number
         // nor `start + chunk` can overflow (README, "Monotonic counters").
         loop {
@@ -520,6 +569,7 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
     if let Some(t) = tracer {
         t.completed(ran);
     }
+    dispatch::claims_advance(count, participants, chunk)
 }
 
 /// The largest task count a team dispatch takes; larger counts (only possible
@@ -624,6 +674,7 @@ impl Team {
     /// The started core, starting it on first use; `Ok(None)` when the team
     /// has no workers.
     #[allow(clippy::mut_from_ref)] // exclusivity comes from the token
+    #[inline]
     fn start_core<'t>(
         &'t self,
         _token: &'t mut ActiveToken<'_>,
@@ -633,61 +684,61 @@ impl Team {
         // the token mutably borrowed, so it cannot be dropped while in use.
         let core = unsafe { &mut *self.core.get() };
         if core.is_none() {
-            let workers = self.planned_workers();
-            if workers == 0 {
-                return Ok(None);
-            }
-            *core = Some(Core::start(workers)?);
-            self.worker_count.store(workers, Ordering::Release);
+            self.start_workers(core)?;
         }
         Ok(core.as_mut())
     }
 
+    /// Starts the workers into the empty `core` (first dispatch); leaves it
+    /// empty when the team has no workers.
+    #[cold]
+    #[inline(never)]
+    fn start_workers(&self, core: &mut Option<Core>) -> Result<(), ThreadError> {
+        let workers = self.planned_workers();
+        if workers > 0 {
+            *core = Some(Core::start(workers)?);
+            self.worker_count.store(workers, Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Runs tasks `0..count` of `job` across the team (the shared engine of
-    /// `parallel_chunks` and `parallel_for`).
+    /// `parallel_chunks`, `parallel_chunks_mut`, `parallel_for` and
+    /// `parallel_for_slices`), then drops `job`.
     ///
     /// # Safety
-    /// `job.call(i)` must be safe for every `i < count` until this returns.
+    /// `job.call(i)` must be safe for every `i < count`, each called once,
+    /// until this returns.
+    #[inline]
     unsafe fn run_job<C: IndexedJob>(&self, count: usize, job: C) {
-        let serial = || {
-            run_serially(count, |i| {
-                // SAFETY: `i < count`, and the caller keeps the job's data live.
-                unsafe { job.call(i) }
-            })
-        };
-        match count {
-            0 => return,
-            1 => return serial(),
-            _ => {}
-        }
-        if in_parallel_region() || count > MAX_CHUNKS_COUNT {
-            return serial();
+        if count <= 1 || count > MAX_CHUNKS_COUNT || in_parallel_region() {
+            // SAFETY: as ours.
+            return unsafe { run_job_serially(count, &job) };
         }
         let Some(mut token) = self.acquire() else {
-            return serial();
+            // SAFETY: as ours.
+            return unsafe { run_job_serially(count, &job) };
         };
         let Ok(Some(core)) = self.start_core(&mut token) else {
-            return serial();
+            // SAFETY: as ours.
+            return unsafe { run_job_serially(count, &job) };
         };
-        let chunk = claim_chunk(count, core.engine.workers() + 1);
-        let region = RegionGuard::enter();
+        let participants = core.engine.workers() + 1;
+        let chunk = claim_chunk(count, participants);
         // SAFETY: `run_chunks::<C>` is made for a `C` payload; it catches every
-        // task panic and is safe to run concurrently (`IndexedJob`s only hold
-        // pointers to `Sync` data). The caller keeps what `job` points to live
-        // until we return, which is after `dispatch` returned, which is after
-        // every worker has left the job.
-        unsafe {
-            core.engine.dispatch(
-                Payload::new(job),
-                run_chunks::<C>,
-                Mode::Chunks,
-                count,
-                chunk,
-            );
-        }
+        // task panic and is safe to run concurrently (jobs only share `Sync`
+        // data, and hand out each `&mut` once: P3). The caller keeps what `job`
+        // points to live until we return, which is after `dispatch` returned,
+        // which is after every worker has left the job.
+        let back = unsafe {
+            core.engine
+                .dispatch(job, run_chunks::<C>, Mode::Chunks, count, chunk)
+        };
         let panic = core.engine.take_panic();
-        drop(region);
         drop(token);
+        // The job as the participants left it: drop it (the closure, if it
+        // was moved in) outside the `active` section.
+        drop(back);
         if let Some(p) = panic {
             resume_unwind(p);
         }
@@ -730,13 +781,28 @@ impl Team {
         T: Sync,
         F: Fn(&T) + Sync,
     {
-        let job = SliceJob {
-            tasks: tasks.as_ptr(),
-            run: &run,
-        };
-        // SAFETY: task `i < tasks.len()` is `run(&tasks[i])`; `tasks` and `run`
-        // outlive the call.
-        unsafe { self.run_job(tasks.len(), job) };
+        let (n, tasks) = (tasks.len(), tasks.as_ptr());
+        // SAFETY: task `i < n` is `run(&tasks[i])`; `tasks` outlives the call,
+        // and so does `run` (moved into the job, or borrowed).
+        unsafe {
+            if Payload::fits::<SliceJob<T, Inline<F>>>() {
+                self.run_job(
+                    n,
+                    SliceJob {
+                        tasks,
+                        run: Inline(run),
+                    },
+                )
+            } else {
+                self.run_job(
+                    n,
+                    SliceJob {
+                        tasks,
+                        run: ByRef(&run),
+                    },
+                )
+            }
+        }
     }
 
     /// Runs `f` over the deterministic chunks of `[begin, end)`
@@ -764,9 +830,14 @@ impl Team {
             0 => {}
             1 => run_serially(1, |_| f(begin..end)),
             n => {
-                let job = RangeJob::new(&chunks, &f);
                 // SAFETY: `f` outlives the call; `job.range(i)` is chunk `i < n`.
-                unsafe { self.run_job(n, job) }
+                unsafe {
+                    if Payload::fits::<RangeJob<Inline<F>>>() {
+                        self.run_job(n, RangeJob::new(&chunks, Inline(f)))
+                    } else {
+                        self.run_job(n, RangeJob::new(&chunks, ByRef(&f)))
+                    }
+                }
             }
         }
     }
@@ -798,13 +869,28 @@ impl Team {
         T: Send,
         F: Fn(&mut T) + Sync,
     {
-        let job = MutSliceJob {
-            items: items.as_mut_ptr(),
-            run: &run,
-        };
-        // SAFETY: task `i < items.len()` is `run(&mut items[i])`; `items` (borrowed
-        // mutably for the call) and `run` outlive it.
-        unsafe { self.run_job(items.len(), job) };
+        let (n, items) = (items.len(), items.as_mut_ptr());
+        // SAFETY: task `i < n` is `run(&mut items[i])`; `items` (borrowed
+        // mutably for the call) outlives it, and so does `run`.
+        unsafe {
+            if Payload::fits::<MutSliceJob<T, Inline<F>>>() {
+                self.run_job(
+                    n,
+                    MutSliceJob {
+                        items,
+                        run: Inline(run),
+                    },
+                )
+            } else {
+                self.run_job(
+                    n,
+                    MutSliceJob {
+                        items,
+                        run: ByRef(&run),
+                    },
+                )
+            }
+        }
     }
 
     /// Runs `f(range, &mut out[range])` over the deterministic chunks of
@@ -849,16 +935,19 @@ impl Team {
             0 => {}
             1 => run_serially(1, |_| f(0..len, &mut *out)),
             n => {
-                let job = SlicesJob {
-                    out: out.as_mut_ptr(),
-                    size: chunks.chunk_size(),
-                    len,
-                    f: &f,
-                };
+                let (out, size) = (out.as_mut_ptr(), chunks.chunk_size());
                 // SAFETY: chunk `i < n` is `[i * size, min((i + 1) * size, len))`
                 // (`ChunkRanges` with `begin = 0`), inside `out`, which is borrowed
                 // mutably for the call; `f` outlives it.
-                unsafe { self.run_job(n, job) }
+                unsafe {
+                    if Payload::fits::<SlicesJob<T, Inline<F>>>() {
+                        let f = Inline(f);
+                        self.run_job(n, SlicesJob { out, size, len, f })
+                    } else {
+                        let f = ByRef(&f);
+                        self.run_job(n, SlicesJob { out, size, len, f })
+                    }
+                }
             }
         }
     }
@@ -930,21 +1019,19 @@ impl Team {
             chain: arrays,
         } = core;
         let job = ChainedJob::new(tasks, initial_count, &run, arrays);
-        let region = RegionGuard::enter();
         // SAFETY: `run_chained::<T, F>` is made for `ChainedJob<T, F>`; it
         // catches every panic; tasks are handed out at most once each (claimed
         // flags), `T: Send`, `F: Sync`. `job` (and the `&mut tasks` borrow it
         // holds) lives until `dispatch` returns, after every worker has left.
         unsafe {
             engine.dispatch(
-                Payload::new(&raw const job),
+                &raw const job,
                 chained::run_chained::<T, F>,
                 Mode::Chained,
                 n,
                 1,
             );
         }
-        drop(region);
         // A resumed panic releases `active` while unwinding (the token's Drop).
         job.panic.resume();
         #[cfg(debug_assertions)]
@@ -994,7 +1081,7 @@ mod tests {
             (usize::MAX - 100, usize::MAX, 1, 8),
         ] {
             let chunks = chunk_ranges(begin, end, grain, threads);
-            let job = RangeJob::new(&chunks, &f);
+            let job = RangeJob::new(&chunks, ByRef(&f));
             for (i, r) in chunks.clone().enumerate() {
                 assert_eq!(
                     job.range(i),
