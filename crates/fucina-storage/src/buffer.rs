@@ -124,7 +124,7 @@ pub(crate) fn release_header(hdr: Box<Header>) {
 /// |---|---|---|
 /// | [`crate::BufferPool`] acquires | pooled block (64-aligned) | back to its pool (header and data) |
 /// | [`Buffer::zeroed`], [`Buffer::from_slice`] | owned block (64-aligned) | block and header freed |
-/// | [`Buffer::from_vec`], [`Buffer::from_arc`], [`Buffer::from_raw_parts_with_owner`] | borrowed (zero-copy) | header freed, owner dropped |
+/// | [`Buffer::from_vec`], [`Buffer::from_arc`], [`Buffer::from_owner`], [`Buffer::from_raw_parts_with_owner`], the `From` impls | borrowed (zero-copy) | header freed, owner dropped |
 /// | [`Buffer::from_static`] | borrowed `'static` | header freed |
 ///
 /// [`Buffer::len`] is the **capacity** in elements, which for pooled buffers may exceed
@@ -133,7 +133,8 @@ pub(crate) fn release_header(hdr: Box<Header>) {
 /// Reading is always safe ([`Deref`] to `[T]`): every buffer's memory is initialized
 /// (fresh blocks are zeroed, recycled ones hold earlier values, `bool` memory is zeroed
 /// on reuse). Writing needs proof that nobody else can read: [`Buffer::get_mut`]
-/// succeeds only for a unique handle over writable memory. Kernels that fill a fresh
+/// succeeds only for a unique handle over writable memory, and [`Buffer::make_mut`]
+/// copies first when it would not (copy-on-write). Kernels that fill a fresh
 /// output from several threads use [`Buffer::as_mut_ptr`] under its documented contract.
 ///
 /// ```
@@ -167,25 +168,6 @@ impl<T: Scalar> Buffer<T> {
         debug_assert!(hdr.data.as_ptr().cast::<T>().is_aligned());
         Self {
             hdr: NonNull::from(Box::leak(hdr)),
-            _marker: PhantomData,
-        }
-    }
-
-    /// Gives up this handle's reference to the caller as a raw header pointer.
-    pub(crate) fn into_header_ptr(self) -> NonNull<Header> {
-        let hdr = self.hdr;
-        std::mem::forget(self);
-        hdr
-    }
-
-    /// Re-wraps a header pointer from [`Buffer::into_header_ptr`].
-    ///
-    /// # Safety
-    /// `hdr` must come from `into_header_ptr` of a `Buffer<U>` with the same element
-    /// layout as `T` (in practice: `U` and `T` are the same type), and is consumed.
-    pub(crate) unsafe fn from_header_ptr(hdr: NonNull<Header>) -> Self {
-        Self {
-            hdr,
             _marker: PhantomData,
         }
     }
@@ -275,6 +257,30 @@ impl<T: Scalar> Buffer<T> {
         )
     }
 
+    /// Zero-copy, read-only, over the elements `owner` holds: a safe wrap for any owner
+    /// that exposes its data as `[T]` (a `Vec`, a `Box<[T]>`, a memory-mapped file type,
+    /// a `bytes::Bytes`-like handle...). The owner is moved to the heap first and
+    /// `owner.as_ref()` is called once, there, so an owner that stores its elements
+    /// inline (an array) works too; it is dropped with the last handle. The buffer is
+    /// never writable ([`Buffer::get_mut`] returns `None`; [`Buffer::make_mut`] copies).
+    ///
+    /// ```
+    /// use fucina_storage::Buffer;
+    ///
+    /// let b = Buffer::from_owner([1u16, 2, 3]); // the array moves into the buffer
+    /// assert_eq!(&b[..], &[1, 2, 3]);
+    /// assert!(!b.is_writable());
+    /// ```
+    pub fn from_owner<O: AsRef<[T]> + Send + Sync + 'static>(owner: O) -> Self {
+        let owner = Box::new(owner);
+        // The box's contents never move again (moving the box moves the pointer), and
+        // nothing else gets access to the owner until it drops with the header, so the
+        // slice stays valid and unchanged while the buffer lives.
+        let values: &[T] = (*owner).as_ref();
+        let (data, len) = (NonNull::from(values).cast::<T>(), values.len());
+        Self::wrap(data, len, false, Storage::Owner(owner))
+    }
+
     /// Zero-copy over memory kept alive by `owner` (an mmap, a foreign allocation...).
     /// The owner is dropped, on whichever thread releases the last handle, after which
     /// the memory is no longer used.
@@ -351,6 +357,58 @@ impl<T: Scalar> Buffer<T> {
         } else {
             None
         }
+    }
+
+    /// Copy-on-write mutable access (an associated function, as for `Arc::make_mut`, so
+    /// it does not shadow a slice method): when `this` is the only handle of writable
+    /// memory its data is returned in place; otherwise the data is first copied into a
+    /// fresh buffer that replaces `this` (the other handles keep the old storage).
+    ///
+    /// Where the copy comes from:
+    /// - a **pooled** buffer is copied into a buffer acquired from the same pool (the
+    ///   same arm; a hit when that size class is cached). Its capacity is at least the
+    ///   old one (first fit may hand back a larger cached buffer); elements past the old
+    ///   capacity hold whatever the recycled memory held (zeroed for `bool`);
+    /// - any other buffer (plain, zero-copy, `'static`) does not know a pool, so the copy
+    ///   is a plain buffer over a fresh 64-aligned block ([`Buffer::from_slice`]) of the
+    ///   same length.
+    ///
+    /// ```
+    /// use fucina_storage::Buffer;
+    ///
+    /// static TABLE: [f32; 3] = [1.0, 2.0, 3.0];
+    /// let mut b = Buffer::from_static(&TABLE); // read-only
+    /// Buffer::make_mut(&mut b)?[0] = 10.0; // copied into a fresh block first
+    /// assert_eq!((&b[..], TABLE[0]), (&[10.0, 2.0, 3.0][..], 1.0));
+    ///
+    /// let alias = b.clone();
+    /// Buffer::make_mut(&mut b)?[1] = 20.0; // shared: copied again
+    /// assert_eq!((alias[1], b[1]), (2.0, 20.0));
+    /// let addr = b.as_ptr();
+    /// Buffer::make_mut(&mut b)?[2] = 30.0; // unique and writable: in place
+    /// assert_eq!(b.as_ptr(), addr);
+    /// # Ok::<(), fucina_storage::StorageError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The allocation errors of the copy ([`Buffer::from_slice`], or a pool miss);
+    /// `this` is unchanged then.
+    pub fn make_mut(this: &mut Self) -> Result<&mut [T], StorageError> {
+        if !(this.is_unique() && this.header().writable) {
+            let copy = match &this.header().home {
+                Some(home) => {
+                    let mut fresh = PoolShared::acquire_typed::<T>(&home.shared, this.len())?;
+                    let dst = fresh.get_mut().expect("a fresh pooled buffer is unique");
+                    dst[..this.len()].copy_from_slice(this);
+                    fresh
+                }
+                None => Self::from_slice(this)?,
+            };
+            *this = copy;
+        }
+        Ok(this
+            .get_mut()
+            .expect("unique and writable after the copy-on-write check"))
     }
 
     /// The whole capacity as a mutable slice, without the uniqueness check.
@@ -443,6 +501,27 @@ impl<T: Scalar> Deref for Buffer<T> {
 
     fn deref(&self) -> &[T] {
         self.as_slice()
+    }
+}
+
+/// Zero-copy, as [`Buffer::from_vec`].
+impl<T: Scalar> From<Vec<T>> for Buffer<T> {
+    fn from(values: Vec<T>) -> Self {
+        Self::from_vec(values)
+    }
+}
+
+/// Zero-copy, as [`Buffer::from_arc`].
+impl<T: Scalar> From<std::sync::Arc<[T]>> for Buffer<T> {
+    fn from(values: std::sync::Arc<[T]>) -> Self {
+        Self::from_arc(values)
+    }
+}
+
+/// Zero-copy and read-only, as [`Buffer::from_static`].
+impl<T: Scalar> From<&'static [T]> for Buffer<T> {
+    fn from(values: &'static [T]) -> Self {
+        Self::from_static(values)
     }
 }
 

@@ -90,6 +90,6 @@ pub use dtype::{DType, Scalar};
 pub use error::StorageError;
 pub use lease::ScratchLease;
 pub use pool::{
-    BufferPool, DEFAULT_MAX_CACHED_BYTES, F32_ROUNDING_THRESHOLD, SLAB_QUANTUM, round_f32_len,
-    round_slab_bytes,
+    BufferPool, DEFAULT_MAX_CACHED_BYTES, F32_ROUNDING_THRESHOLD, PoolStats, SLAB_QUANTUM,
+    round_f32_len, round_slab_bytes,
 };

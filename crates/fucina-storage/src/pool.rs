@@ -73,6 +73,26 @@ pub fn round_slab_bytes(bytes: usize) -> Result<usize, StorageError> {
         })
 }
 
+/// Counters of one [`BufferPool`] since it was created, from [`BufferPool::stats`].
+///
+/// Each counts events of both arms (f32 buffers, typed buffers and scratch leases).
+/// They are updated under the pool's lock, so a snapshot is consistent, and they never
+/// reset (compare snapshots as deltas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Acquires served from the cache (no allocation).
+    pub hits: u64,
+    /// Acquires that found no fitting cached entry and allocated a fresh block
+    /// (including those whose allocation then failed).
+    pub misses: u64,
+    /// Releases that put their buffer or slab back into the cache.
+    pub returned: u64,
+    /// Releases that freed their buffer or slab instead: it would have pushed the
+    /// cached bytes over the cap, or the pool was closed (its last handle dropped).
+    pub discarded: u64,
+}
+
 /// A cached object: its capacity in bytes (the sort key, kept inline so a lookup does
 /// not chase header pointers) and the header, which owns the block.
 struct Entry {
@@ -90,6 +110,8 @@ struct PoolState {
     /// Set (with the free lists emptied) when the last [`BufferPool`] handle drops;
     /// later releases destroy instead of caching.
     closed: bool,
+    /// The counters of [`BufferPool::stats`], written under the lock.
+    stats: PoolStats,
 }
 
 impl PoolState {
@@ -129,11 +151,67 @@ impl PoolShared {
         let list = state.list(arm);
         let pos = list.partition_point(|e| e.bytes < bytes);
         if pos == list.len() {
+            state.stats.misses += 1;
             return None;
         }
         let entry = list.remove(pos);
         state.cached_bytes -= entry.bytes;
+        state.stats.hits += 1;
         Some(entry.hdr)
+    }
+
+    /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
+    /// (one reference, +1 outstanding). A fresh header gets its home (this pool's state)
+    /// here and keeps it for life, so a hit needs no `Arc` clone. Returns whether it was
+    /// a hit.
+    pub(crate) fn checkout(
+        this: &Arc<PoolShared>,
+        arm: Arm,
+        bytes: usize,
+    ) -> Result<(Box<Header>, bool), StorageError> {
+        let (hdr, hit) = match this.take(arm, bytes) {
+            Some(hdr) => {
+                debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));
+                (hdr, true)
+            }
+            // Unlocked: the fresh allocation touches no shared pool state.
+            None => match AlignedBlock::new_zeroed(bytes) {
+                Ok(block) => {
+                    let mut hdr = Header::with_block(block);
+                    hdr.home = Some(Home {
+                        shared: Arc::clone(this),
+                        arm,
+                    });
+                    (hdr, false)
+                }
+                Err(e) => {
+                    this.cancel_checkout();
+                    return Err(e);
+                }
+            },
+        };
+        // We own the header exclusively (it came out of the locked list or is fresh).
+        hdr.refs.store(1, Ordering::Relaxed);
+        Ok((hdr, hit))
+    }
+
+    /// A typed buffer of at least `len` elements from `this` pool: `f32` from the f32
+    /// arm, every other type from the slab arm (recycled `bool` memory zeroed).
+    pub(crate) fn acquire_typed<T: Scalar>(
+        this: &Arc<PoolShared>,
+        len: usize,
+    ) -> Result<Buffer<T>, StorageError> {
+        let (arm, bytes) = if T::DTYPE == DType::F32 {
+            (Arm::F32, round_f32_len(len)? * size_of::<f32>())
+        } else {
+            (Arm::Slab, slab_request::<T>(len)?)
+        };
+        let (hdr, hit) = Self::checkout(this, arm, bytes)?;
+        if hit && !T::ANY_BIT_PATTERN {
+            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
+            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
+        }
+        Ok(Buffer::from_header(hdr))
     }
 
     /// Undoes the outstanding count of a checkout whose fresh allocation failed.
@@ -188,9 +266,11 @@ impl PoolShared {
                 let pos = list.partition_point(|e| e.bytes < bytes);
                 list.insert(pos, Entry { bytes, hdr });
                 state.cached_bytes += bytes;
+                state.stats.returned += 1;
                 return;
             }
         }
+        state.stats.discarded += 1;
         drop(state);
         // Destroyed outside the lock. This may drop the last `Arc` to the state (a
         // closed pool), which is why `shared` is not used past this point.
@@ -302,6 +382,7 @@ impl BufferPool {
                         cached_bytes: 0,
                         max_cached_bytes: bytes,
                         closed: false,
+                        stats: PoolStats::default(),
                     }),
                     outstanding: AtomicUsize::new(0),
                 }),
@@ -313,36 +394,6 @@ impl BufferPool {
         &self.handle.shared
     }
 
-    /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
-    /// (one reference, +1 outstanding). A fresh header gets its home (this pool's state)
-    /// here and keeps it for life, so a hit needs no `Arc` clone.
-    fn checkout(&self, arm: Arm, bytes: usize) -> Result<(Box<Header>, bool), StorageError> {
-        let (hdr, hit) = match self.shared().take(arm, bytes) {
-            Some(hdr) => {
-                debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));
-                (hdr, true)
-            }
-            // Unlocked: the fresh allocation touches no shared pool state.
-            None => match AlignedBlock::new_zeroed(bytes) {
-                Ok(block) => {
-                    let mut hdr = Header::with_block(block);
-                    hdr.home = Some(Home {
-                        shared: Arc::clone(&self.handle.shared),
-                        arm,
-                    });
-                    (hdr, false)
-                }
-                Err(e) => {
-                    self.shared().cancel_checkout();
-                    return Err(e);
-                }
-            },
-        };
-        // We own the header exclusively (it came out of the locked list or is fresh).
-        hdr.refs.store(1, Ordering::Relaxed);
-        Ok((hdr, hit))
-    }
-
     /// An f32 buffer of at least `len` elements from the f32 arm. Its [`Buffer::len`]
     /// is the rounded size class or more; its contents are zero (fresh) or whatever
     /// the previous user left (recycled).
@@ -351,9 +402,7 @@ impl BufferPool {
     /// [`StorageError::ZeroLength`] for `len == 0`, [`StorageError::SizeOverflow`] when
     /// the rounded byte size overflows, and the allocation errors of a miss.
     pub fn acquire(&self, len: usize) -> Result<Buffer<f32>, StorageError> {
-        let bytes = round_f32_len(len)? * size_of::<f32>();
-        let (hdr, _) = self.checkout(Arm::F32, bytes)?;
-        Ok(Buffer::from_header(hdr))
+        PoolShared::acquire_typed(&self.handle.shared, len)
     }
 
     /// A typed buffer of at least `len` elements: `f32` goes to the f32 arm, every other
@@ -365,18 +414,7 @@ impl BufferPool {
     /// As [`BufferPool::acquire`]; [`StorageError::SizeOverflow`] also when
     /// `len * size_of::<T>()` overflows.
     pub fn acquire_typed<T: Scalar>(&self, len: usize) -> Result<Buffer<T>, StorageError> {
-        if T::DTYPE == DType::F32 {
-            let buffer = self.acquire(len)?;
-            // SAFETY: `T::DTYPE == F32` and `Scalar` is sealed, so `T` is `f32`.
-            return Ok(unsafe { Buffer::from_header_ptr(buffer.into_header_ptr()) });
-        }
-        let bytes = slab_request::<T>(len)?;
-        let (hdr, hit) = self.checkout(Arm::Slab, bytes)?;
-        if hit && !T::ANY_BIT_PATTERN {
-            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
-            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
-        }
-        Ok(Buffer::from_header(hdr))
+        PoolShared::acquire_typed(&self.handle.shared, len)
     }
 
     /// A scratch lease of exactly `len` items of any plain-old-data type over a pooled
@@ -401,7 +439,7 @@ impl BufferPool {
             );
         }
         let bytes = slab_request::<T>(len)?;
-        let (hdr, _) = self.checkout(Arm::Slab, bytes)?;
+        let (hdr, _) = PoolShared::checkout(&self.handle.shared, Arm::Slab, bytes)?;
         Ok(ScratchLease::new(hdr, len))
     }
 
@@ -413,6 +451,22 @@ impl BufferPool {
     /// Number of slabs in the slab free list.
     pub fn cached_slabs(&self) -> usize {
         self.shared().state.lock().slab_free.len()
+    }
+
+    /// The pool's hit, miss and release counters (see [`PoolStats`]).
+    ///
+    /// ```
+    /// use fucina_storage::BufferPool;
+    ///
+    /// let pool = BufferPool::new();
+    /// drop(pool.acquire(100)?); // a miss, then a release into the cache
+    /// drop(pool.acquire(100)?); // a hit, then a release
+    /// let s = pool.stats();
+    /// assert_eq!((s.hits, s.misses, s.returned, s.discarded), (1, 1, 2, 0));
+    /// # Ok::<(), fucina_storage::StorageError>(())
+    /// ```
+    pub fn stats(&self) -> PoolStats {
+        self.shared().state.lock().stats
     }
 
     /// Bytes sitting in both free lists (capacities, not requests).
