@@ -59,8 +59,8 @@
 //!   hold earlier values; recycled `bool` memory is zeroed again.
 //! - **Zero allocation on a pool hit**, in both arms: the f32 arm recycles whole buffer
 //!   objects, the slab arm recycles slabs together with their headers, and the free
-//!   lists keep their capacity. Only a miss (or a free list growing past its previous
-//!   length) allocates.
+//!   lists keep their capacity (also across [`BufferPool::trim`]). Only a miss (or a
+//!   free list growing past its previous length) allocates.
 //! - **Pool lifetime.** Every pooled buffer and lease keeps its pool alive, so handles
 //!   can outlive the `BufferPool` they came from. Dropping the last `BufferPool` handle
 //!   frees the cache at once; objects still out are freed (not cached) when they drop.

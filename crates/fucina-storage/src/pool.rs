@@ -491,11 +491,30 @@ impl BufferPool {
     }
 
     /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
-    /// the number of bytes freed.
+    /// the number of bytes freed. The free lists keep their capacity, so later releases
+    /// still cache without allocating.
     pub fn trim(&self) -> usize {
-        let (lists, bytes) = self.shared().state.lock().take_cache();
-        // Freed outside the lock (the guard was a temporary of the statement above).
-        drop(lists);
+        let (entries, bytes) = {
+            let mut state = self.shared().state.lock();
+            // Moved out into a fresh vector (allocating here, in the trim, is fine) so
+            // that the lists keep their storage.
+            let mut entries = Vec::new();
+            if entries
+                .try_reserve_exact(state.f32_free.len() + state.slab_free.len())
+                .is_err()
+            {
+                // Out of memory: give the lists' storage up rather than abort.
+                let (lists, bytes) = state.take_cache();
+                drop(state);
+                drop(lists);
+                return bytes;
+            }
+            entries.append(&mut state.f32_free);
+            entries.append(&mut state.slab_free);
+            (entries, std::mem::take(&mut state.cached_bytes))
+        };
+        // Freed outside the lock.
+        drop(entries);
         bytes
     }
 

@@ -95,3 +95,34 @@ fn pool_hits_allocate_nothing() {
     assert_eq!((pool.cached_buffers(), pool.cached_slabs()), cached);
     assert_eq!(pool.outstanding_buffers(), 0);
 }
+
+/// `trim()` frees the cached buffers, not the free lists' own storage: a release after a
+/// trim caches its buffer without allocating.
+#[test]
+fn release_after_trim_allocates_nothing() {
+    let pool = BufferPool::new();
+    let sizes = [10usize, 2000, 70_000];
+    // Warm both arms with several entries per list.
+    let held: Vec<_> = sizes.iter().map(|&n| pool.acquire(n).unwrap()).collect();
+    let slabs: Vec<_> = sizes
+        .iter()
+        .map(|&n| pool.acquire_typed::<u16>(n).unwrap())
+        .collect();
+    drop((held, slabs));
+    assert_eq!((pool.cached_buffers(), pool.cached_slabs()), (3, 3));
+    assert!(pool.trim() > 0);
+
+    for _ in 0..2 {
+        // Misses after the trim: they allocate; the releases must not.
+        let held: Vec<_> = sizes.iter().map(|&n| pool.acquire(n).unwrap()).collect();
+        let slabs: Vec<_> = sizes
+            .iter()
+            .map(|&n| pool.acquire_typed::<u16>(n).unwrap())
+            .collect();
+        let before = allocs();
+        drop((held, slabs));
+        assert_eq!(allocs() - before, 0, "a release after trim() allocated");
+        assert_eq!((pool.cached_buffers(), pool.cached_slabs()), (3, 3));
+        pool.trim();
+    }
+}
