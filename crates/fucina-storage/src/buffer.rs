@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use crate::aligned::AlignedBlock;
 use crate::dtype::Scalar;
 use crate::pool::PoolShared;
-use crate::sync::{Arc, AtomicUsize, Ordering, fence};
+use crate::sync::{Arc, AtomicUsize, DataCell, Ordering, fence};
 use crate::{DType, StorageError};
 
 /// Which free list of a pool a header returns to.
@@ -66,6 +66,16 @@ pub(crate) struct Header {
     /// `Some` for every header a pool made (handed out or cached): the release hook
     /// returns the header there.
     pub(crate) home: Option<Home>,
+    /// Touched on every access to the data (a loom-tracked cell under `--cfg loom`).
+    pub(crate) cell: DataCell,
+}
+
+/// Freeing the storage is a write as far as the loom models are concerned.
+#[cfg(loom)]
+impl Drop for Header {
+    fn drop(&mut self) {
+        self.cell.write();
+    }
 }
 
 // SAFETY: the header owns (or keeps alive through a `Send + Sync` owner) the memory
@@ -86,6 +96,7 @@ impl Header {
             writable: true,
             storage: Storage::Block(block),
             home: None,
+            cell: DataCell::new(),
         })
     }
 }
@@ -221,6 +232,7 @@ impl<T: Scalar> Buffer<T> {
             writable,
             storage,
             home: None,
+            cell: DataCell::new(),
         }))
     }
 
@@ -334,11 +346,13 @@ impl<T: Scalar> Buffer<T> {
     ///   between threads;
     /// - only valid values of `T` are written within `len()` elements (for `bool`: 0 or 1).
     pub fn as_mut_ptr(&self) -> *mut T {
+        self.header().cell.write();
         self.header().data.as_ptr().cast::<T>()
     }
 
     /// The whole capacity as a slice.
     pub fn as_slice(&self) -> &[T] {
+        self.header().cell.read();
         // SAFETY: `data` is aligned for `T` and points to `len` initialized values that
         // stay alive while this handle does; writes happen only through `get_mut`
         // (which needs `&mut self` of the unique handle) or the documented

@@ -208,6 +208,7 @@ impl PoolShared {
         };
         let (hdr, hit) = Self::checkout(this, arm, bytes)?;
         if hit && !T::ANY_BIT_PATTERN {
+            hdr.cell.write();
             // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
             unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
         }
@@ -247,34 +248,39 @@ impl PoolShared {
     /// `this` is the state `hdr.home` holds an `Arc` to.
     pub(crate) unsafe fn reclaim(this: NonNull<PoolShared>, arm: Arm, hdr: Box<Header>) {
         let bytes = hdr.bytes;
-        // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own `hdr`;
-        // once `hdr` is cached, the free list keeps it alive until the lock is released
-        // (draining needs the lock), and neither `shared` nor `state` is used after that.
-        let shared = unsafe { this.as_ref() };
-        let mut state = shared.state.lock();
-        shared.sub_outstanding(&state);
-        let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
-        // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
-        // reaching the cap exactly is allowed. The closed check is made under the same
-        // lock as the drain in `close`: a release either lands in the list before the
-        // drain (and is freed by it) or sees `closed` (and frees itself).
-        if bytes <= room && !state.closed {
-            let list = state.list(arm);
-            // Once warmed the list has retained capacity, so this does not allocate; a
-            // failed growth destroys the buffer instead of aborting.
-            if list.try_reserve(1).is_ok() {
+        // `shared` and the guard live in this block only: once `hdr` is cached and the
+        // lock released, a concurrent close may drain the list and free the state, so
+        // nothing past the block may refer to it. A rejected header comes out of the
+        // block and is destroyed after it.
+        let rejected = {
+            // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own
+            // `hdr`; once `hdr` is cached, the free list keeps it alive until the lock is
+            // released (draining needs the lock), which is the end of this block.
+            let shared = unsafe { this.as_ref() };
+            let mut state = shared.state.lock();
+            shared.sub_outstanding(&state);
+            let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
+            // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
+            // reaching the cap exactly is allowed. The closed check is made under the
+            // same lock as the drain in `close`: a release either lands in the list
+            // before the drain (and is freed by it) or sees `closed` (and frees itself).
+            // Once warmed the list has retained capacity, so the insert does not
+            // allocate; a failed growth destroys the buffer instead of aborting.
+            if bytes <= room && !state.closed && state.list(arm).try_reserve(1).is_ok() {
+                let list = state.list(arm);
                 let pos = list.partition_point(|e| e.bytes < bytes);
                 list.insert(pos, Entry { bytes, hdr });
                 state.cached_bytes += bytes;
                 state.stats.returned += 1;
-                return;
+                None
+            } else {
+                state.stats.discarded += 1;
+                Some(hdr)
             }
-        }
-        state.stats.discarded += 1;
-        drop(state);
+        };
         // Destroyed outside the lock. This may drop the last `Arc` to the state (a
-        // closed pool), which is why `shared` is not used past this point.
-        drop(hdr);
+        // closed pool).
+        drop(rejected);
     }
 
     /// Empties both free lists and makes later releases destroy their objects. Called

@@ -50,3 +50,48 @@ impl<T> Mutex<T> {
         self.0.lock().expect("loom mutex poisoned")
     }
 }
+
+/// A marker for the data behind one buffer header, touched on every access to that
+/// data: a read on every shared view (`&[T]`), a write on every mutable view, on
+/// in-pool zeroing and when the storage is freed.
+///
+/// Normally a zero-sized no-op. Under `--cfg loom` it is a `loom::cell::UnsafeCell`,
+/// so the models see the data accesses and report any read and write (or free) of a
+/// buffer that the refcount and pool protocol leaves unordered: a weakened release
+/// ordering fails a model instead of passing unnoticed.
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub(crate) struct DataCell;
+
+#[cfg(not(loom))]
+impl DataCell {
+    pub(crate) fn new() -> Self {
+        Self
+    }
+
+    #[inline(always)]
+    pub(crate) fn read(&self) {}
+
+    #[inline(always)]
+    pub(crate) fn write(&self) {}
+}
+
+/// See the non-loom `DataCell`.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct DataCell(loom::cell::UnsafeCell<()>);
+
+#[cfg(loom)]
+impl DataCell {
+    pub(crate) fn new() -> Self {
+        Self(loom::cell::UnsafeCell::new(()))
+    }
+
+    pub(crate) fn read(&self) {
+        self.0.with(|_| ());
+    }
+
+    pub(crate) fn write(&self) {
+        self.0.with_mut(|_| ());
+    }
+}
