@@ -9,6 +9,11 @@
 //! - `aligned_block_zeroed`: `AlignedBlock::new_zeroed` + drop (what a pool miss costs);
 //! - `vec_with_capacity`: `Vec::<f32>::with_capacity` + drop (the std baseline).
 //!
+//! `hit_vs_cached_classes`: a 4 KiB f32 hit (acquire + drop) while 0, 256 or 2048
+//! other, larger size classes sit in the same arm (one cached buffer each; their pages
+//! are never touched, so this costs address space, not memory). A cost that grows with
+//! the number of classes is a free-list structure that is not O(1).
+//!
 //! `first_touch_4MiB`: writing every byte of a fresh 4 MiB block, zeroed (what a pool
 //! miss gives) or not (allocation and free included), or of freshly mapped pages, vs of
 //! a recycled pooled buffer.
@@ -57,6 +62,28 @@ fn alloc_cycle(c: &mut Criterion) {
             &elems,
             |b, &n| {
                 b.iter(|| drop(black_box(Vec::<f32>::with_capacity(black_box(n)))));
+            },
+        );
+    }
+    g.finish();
+}
+
+fn hit_vs_cached_classes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hit_vs_cached_classes");
+    for classes in [0usize, 256, 2048] {
+        let pool = BufferPool::with_max_cached_bytes(usize::MAX);
+        // f32 classes (k + 2) * 1024 elements: all larger than the hot 1024 class.
+        let others: Vec<_> = (0..classes)
+            .map(|k| pool.acquire((k + 2) * 1024).unwrap())
+            .collect();
+        drop(others);
+        drop(pool.acquire(1024).unwrap());
+        assert_eq!(pool.cached_buffers(), classes + 1);
+        g.bench_with_input(
+            BenchmarkId::new("pool_hit_4KiB", classes),
+            &classes,
+            |b, _| {
+                b.iter(|| drop(black_box(pool.acquire(black_box(1024)).unwrap())));
             },
         );
     }
@@ -120,5 +147,5 @@ fn first_touch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, alloc_cycle, first_touch);
+criterion_group!(benches, alloc_cycle, hit_vs_cached_classes, first_touch);
 criterion_main!(benches);

@@ -66,6 +66,8 @@ pub(crate) struct Header {
     /// `Some` for every header a pool made (handed out or cached): the release hook
     /// returns the header there.
     pub(crate) home: Option<Home>,
+    /// The next header in a free list (pool-internal link, `None` while handed out).
+    pub(crate) next: Option<NonNull<Header>>,
     /// Touched on every access to the data (a loom-tracked cell under `--cfg loom`).
     pub(crate) cell: DataCell,
 }
@@ -96,6 +98,7 @@ impl Header {
             writable: true,
             storage: Storage::Block(block),
             home: None,
+            next: None,
             cell: DataCell::new(),
         })
     }
@@ -232,6 +235,7 @@ impl<T: Scalar> Buffer<T> {
             writable,
             storage,
             home: None,
+            next: None,
             cell: DataCell::new(),
         }))
     }

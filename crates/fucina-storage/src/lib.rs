@@ -59,8 +59,13 @@
 //!   hold earlier values; recycled `bool` memory is zeroed again.
 //! - **Zero allocation on a pool hit**, in both arms: the f32 arm recycles whole buffer
 //!   objects, the slab arm recycles slabs together with their headers, and the free
-//!   lists keep their capacity (also across [`BufferPool::trim`]). Only a miss (or a
-//!   free list growing past its previous length) allocates.
+//!   lists are linked through the cached headers themselves, so caching a release
+//!   allocates nothing either (also after [`BufferPool::trim`]). Only a miss allocates,
+//!   plus one small index chunk the first time a release lands in a group of 64 size
+//!   classes never seen before.
+//! - **O(1) free lists.** A hit and a release cost the same however many size classes
+//!   are cached: per-class LIFO stacks and a bitmap of the non-empty classes (buffers of
+//!   1 GiB and more excepted: they sit in one sorted list).
 //! - **Pool lifetime.** Every pooled buffer and lease keeps its pool alive, so handles
 //!   can outlive the `BufferPool` they came from. Dropping the last `BufferPool` handle
 //!   frees the cache at once; objects still out are freed (not cached) when they drop.
@@ -74,6 +79,7 @@ mod arena;
 mod buffer;
 mod dtype;
 mod error;
+mod freelist;
 mod lease;
 mod pool;
 mod sync;

@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use crate::aligned::AlignedBlock;
 use crate::buffer::{Arm, Buffer, Header, Home};
 use crate::dtype::Scalar;
+use crate::freelist::{Chain, FreeIndex};
 use crate::lease::ScratchLease;
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use crate::{DType, StorageError};
@@ -93,71 +94,110 @@ pub struct PoolStats {
     pub discarded: u64,
 }
 
-/// A cached object: its capacity in bytes (the sort key, kept inline so a lookup does
-/// not chase header pointers) and the header, which owns the block.
-struct Entry {
-    bytes: usize,
-    hdr: Box<Header>,
-}
-
-struct PoolState {
-    /// Whole f32 buffer objects, ascending by capacity, LIFO among equals.
-    f32_free: Vec<Entry>,
-    /// Untyped slabs (each with a recycled header), ascending, LIFO among equals.
-    slab_free: Vec<Entry>,
-    cached_bytes: usize,
-    max_cached_bytes: usize,
-    /// Set (with the free lists emptied) when the last [`BufferPool`] handle drops;
+/// The lock-protected part of one arm.
+struct ArmState {
+    /// The cached headers of this arm (whole f32 buffer objects, or untyped slabs each
+    /// with a recycled header), by size class.
+    free: FreeIndex,
+    /// Set (with the free list emptied) when the last [`BufferPool`] handle drops;
     /// later releases destroy instead of caching.
     closed: bool,
-    /// The counters of [`BufferPool::stats`], written under the lock.
+    /// This arm's share of the counters of [`BufferPool::stats`].
     stats: PoolStats,
 }
 
-impl PoolState {
-    fn list(&mut self, arm: Arm) -> &mut Vec<Entry> {
-        match arm {
-            Arm::F32 => &mut self.f32_free,
-            Arm::Slab => &mut self.slab_free,
-        }
-    }
-
-    /// Empties both free lists, returning them (for the caller to drop outside the
-    /// lock) and the bytes they held.
-    fn take_cache(&mut self) -> ([Vec<Entry>; 2], usize) {
-        let lists = [
-            std::mem::take(&mut self.f32_free),
-            std::mem::take(&mut self.slab_free),
-        ];
-        (lists, std::mem::take(&mut self.cached_bytes))
-    }
-}
-
-/// The state every clone of a [`BufferPool`] and every pooled object shares.
-pub(crate) struct PoolShared {
-    state: Mutex<PoolState>,
-    /// Live pooled objects of both arms (buffers and leases). Atomic so observers read
-    /// it without the lock; written only under the lock (see `add_outstanding`).
+/// One arm: its lock and its outstanding count.
+struct ArmShared {
+    state: Mutex<ArmState>,
+    /// Checkouts minus releases through this arm's lock (wrapping: a buffer checked out
+    /// by one tier may come back through another, so only the sum over the arms and the
+    /// local tiers is meaningful). Written only under the lock, read without it.
     outstanding: AtomicUsize,
 }
 
+impl ArmShared {
+    fn new(arm: Arm) -> Self {
+        Self {
+            state: Mutex::new(ArmState {
+                free: FreeIndex::new(arm),
+                closed: false,
+                stats: PoolStats::default(),
+            }),
+            outstanding: AtomicUsize::new(0),
+        }
+    }
+
+    /// `outstanding += delta` (wrapping). The `_locked` borrow of the guarded state
+    /// proves the caller holds the lock: every writer does, so a plain load and store is
+    /// exact and avoids a locked read-modify-write on the hot path.
+    fn add_outstanding(&self, _locked: &ArmState, delta: usize) {
+        let v = self.outstanding.load(Ordering::Relaxed);
+        self.outstanding
+            .store(v.wrapping_add(delta), Ordering::Release);
+    }
+}
+
+/// The state every clone of a [`BufferPool`] and every pooled object shares: the
+/// shared tier.
+pub(crate) struct PoolShared {
+    /// Indexed by `Arm as usize`: one lock per arm.
+    arms: [ArmShared; 2],
+    /// Bytes in both arms' free lists. Reserved (compare-and-swap against the cap)
+    /// before a release takes its arm's lock, so the cap shared by the arms is exact.
+    cached_bytes: AtomicUsize,
+    max_cached_bytes: AtomicUsize,
+}
+
 impl PoolShared {
+    fn arm(&self, arm: Arm) -> &ArmShared {
+        &self.arms[arm as usize]
+    }
+
+    /// Adds `bytes` to the cached total unless that would exceed the cap (equality is
+    /// allowed); `false` when it would.
+    fn reserve(&self, bytes: usize) -> bool {
+        let cap = self.max_cached_bytes.load(Ordering::Relaxed);
+        let mut cur = self.cached_bytes.load(Ordering::Relaxed);
+        loop {
+            // `bytes <= cap - cur` is `cur + bytes <= cap` without overflow.
+            if bytes > cap.saturating_sub(cur) {
+                return false;
+            }
+            match self.cached_bytes.compare_exchange_weak(
+                cur,
+                cur + bytes,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// First fit: removes and returns the smallest cached entry of `arm` holding at least
     /// `bytes`, or `None` (a miss). Either way it counts one more outstanding object
     /// (a miss that then fails to allocate calls [`PoolShared::cancel_checkout`]).
     fn take(&self, arm: Arm, bytes: usize) -> Option<Box<Header>> {
-        let mut state = self.state.lock();
-        self.add_outstanding(&state);
-        let list = state.list(arm);
-        let pos = list.partition_point(|e| e.bytes < bytes);
-        if pos == list.len() {
-            state.stats.misses += 1;
-            return None;
+        let a = self.arm(arm);
+        let mut state = a.state.lock();
+        a.add_outstanding(&state, 1);
+        let hdr = state.free.pop_fit(bytes);
+        match &hdr {
+            Some(h) => {
+                state.stats.hits += 1;
+                self.cached_bytes.fetch_sub(h.bytes, Ordering::Relaxed);
+            }
+            None => state.stats.misses += 1,
         }
-        let entry = list.remove(pos);
-        state.cached_bytes -= entry.bytes;
-        state.stats.hits += 1;
-        Some(entry.hdr)
+        hdr
+    }
+
+    /// Undoes the outstanding count of a checkout whose fresh allocation failed.
+    fn cancel_checkout(&self, arm: Arm) {
+        let a = self.arm(arm);
+        let state = a.state.lock();
+        a.add_outstanding(&state, usize::MAX);
     }
 
     /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
@@ -185,7 +225,7 @@ impl PoolShared {
                     (hdr, false)
                 }
                 Err(e) => {
-                    this.cancel_checkout();
+                    this.cancel_checkout(arm);
                     return Err(e);
                 }
             },
@@ -215,28 +255,7 @@ impl PoolShared {
         Ok(Buffer::from_header(hdr))
     }
 
-    /// Undoes the outstanding count of a checkout whose fresh allocation failed.
-    fn cancel_checkout(&self) {
-        let state = self.state.lock();
-        self.sub_outstanding(&state);
-    }
-
-    /// `outstanding += 1`. The `_locked` borrow of the guarded state proves the caller
-    /// holds the lock: every writer does, so a plain load and store is exact and avoids
-    /// a locked read-modify-write on the hot path; readers load it without the lock.
-    fn add_outstanding(&self, _locked: &PoolState) {
-        let v = self.outstanding.load(Ordering::Relaxed);
-        self.outstanding.store(v + 1, Ordering::Release);
-    }
-
-    /// `outstanding -= 1`; the caller holds the lock (see `add_outstanding`).
-    fn sub_outstanding(&self, _locked: &PoolState) {
-        let v = self.outstanding.load(Ordering::Relaxed);
-        debug_assert!(v > 0, "BufferPool outstanding counter underflow");
-        self.outstanding.store(v.wrapping_sub(1), Ordering::Release);
-    }
-
-    /// The release hook: caches `hdr` (before equal capacities: LIFO) unless that would
+    /// The release hook: caches `hdr` (on top of its size class: LIFO) unless that would
     /// push the cached bytes over the cap or the pool is closed, in which case it is
     /// destroyed.
     ///
@@ -257,25 +276,33 @@ impl PoolShared {
             // `hdr`; once `hdr` is cached, the free list keeps it alive until the lock is
             // released (draining needs the lock), which is the end of this block.
             let shared = unsafe { this.as_ref() };
-            let mut state = shared.state.lock();
-            shared.sub_outstanding(&state);
-            let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
-            // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
-            // reaching the cap exactly is allowed. The closed check is made under the
-            // same lock as the drain in `close`: a release either lands in the list
-            // before the drain (and is freed by it) or sees `closed` (and frees itself).
-            // Once warmed the list has retained capacity, so the insert does not
-            // allocate; a failed growth destroys the buffer instead of aborting.
-            if bytes <= room && !state.closed && state.list(arm).try_reserve(1).is_ok() {
-                let list = state.list(arm);
-                let pos = list.partition_point(|e| e.bytes < bytes);
-                list.insert(pos, Entry { bytes, hdr });
-                state.cached_bytes += bytes;
-                state.stats.returned += 1;
-                None
+            let a = shared.arm(arm);
+            // Room is reserved against the cap first (reaching it exactly is allowed).
+            let reserved = shared.reserve(bytes);
+            let mut state = a.state.lock();
+            a.add_outstanding(&state, usize::MAX);
+            // The closed check is made under the same lock as the drain in `close`: a
+            // release either lands in the list before the drain (and is freed by it) or
+            // sees `closed` (and frees itself).
+            let kept = if reserved && !state.closed {
+                // Allocates only for a group of 64 classes never seen before; a failed
+                // allocation destroys the buffer instead of aborting.
+                state.free.push(hdr)
             } else {
-                state.stats.discarded += 1;
-                Some(hdr)
+                Err(hdr)
+            };
+            match kept {
+                Ok(()) => {
+                    state.stats.returned += 1;
+                    None
+                }
+                Err(hdr) => {
+                    if reserved {
+                        shared.cached_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                    }
+                    state.stats.discarded += 1;
+                    Some(hdr)
+                }
             }
         };
         // Destroyed outside the lock. This may drop the last `Arc` to the state (a
@@ -283,16 +310,32 @@ impl PoolShared {
         drop(rejected);
     }
 
+    /// Empties both free lists, returning their headers (to be freed outside the locks)
+    /// and the bytes they held. With `close`, later releases destroy their objects.
+    fn drain(&self, close: bool) -> ([Chain; 2], usize) {
+        let mut bytes = 0;
+        let chains = [Arm::F32, Arm::Slab].map(|arm| {
+            let mut state = self.arm(arm).state.lock();
+            state.closed |= close;
+            bytes += state.free.bytes();
+            state.free.drain()
+        });
+        self.cached_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        (chains, bytes)
+    }
+
     /// Empties both free lists and makes later releases destroy their objects. Called
     /// once, by the last [`BufferPool`] handle.
     fn close(&self) {
-        let cache = {
-            let mut state = self.state.lock();
-            state.closed = true;
-            state.take_cache()
-        };
-        // Freed outside the lock; the caller still holds an `Arc` to `self`.
-        drop(cache);
+        // Freed outside the locks; the caller still holds an `Arc` to `self`.
+        drop(self.drain(true));
+    }
+
+    /// Checked-out minus returned objects over the arms (wrapping).
+    fn outstanding(&self) -> usize {
+        self.arms.iter().fold(0usize, |n, a| {
+            n.wrapping_add(a.outstanding.load(Ordering::Acquire))
+        })
     }
 }
 
@@ -300,12 +343,12 @@ impl Drop for PoolShared {
     fn drop(&mut self) {
         // Every pooled object holds an `Arc` to this state, so none can be alive here,
         // and the last handle emptied the free lists before dropping its own `Arc`.
-        debug_assert_eq!(self.outstanding.load(Ordering::Acquire), 0);
+        debug_assert_eq!(self.outstanding(), 0);
         #[cfg(not(loom))]
-        debug_assert!({
-            let state = self.state.get_mut();
-            state.closed && state.f32_free.is_empty() && state.slab_free.is_empty()
-        });
+        debug_assert!(self.arms.iter_mut().all(|a| {
+            let state = a.state.get_mut();
+            state.closed && state.free.len() == 0
+        }));
     }
 }
 
@@ -333,9 +376,12 @@ impl Drop for PoolHandle {
 ///   ([`BufferPool::acquire_scratch`]); a slab released by one dtype serves any other.
 ///
 /// Sizes are rounded ([`round_f32_len`], [`round_slab_bytes`]), a request takes the
-/// smallest cached entry that fits (first fit over an ascending list), and a release is
-/// inserted before equal capacities, so same-size acquire/release cycles return the
-/// same address (LIFO). A release that would push the cached bytes over
+/// smallest cached entry that fits (first fit, smallest size class first), and a
+/// release goes on top of its size class, so same-size acquire/release cycles return
+/// the same address (LIFO). Both are O(1) in the number of cached classes: each arm
+/// keeps a LIFO stack per size class, linked through the cached headers, and a
+/// three-level bitmap of the non-empty classes (buffers of 1 GiB and more share one
+/// sorted list). Each arm has its own lock; the cap is one atomic total. A release that would push the cached bytes over
 /// [`BufferPool::max_cached_bytes`] (default 1 GiB) destroys the buffer instead; the
 /// cap never limits live memory. Misses allocate [`AlignedBlock`]s (zeroed, so they show
 /// in [`crate::allocation_stats`]); **hits allocate nothing at all**, in either arm.
@@ -382,15 +428,9 @@ impl BufferPool {
         Self {
             handle: Arc::new(PoolHandle {
                 shared: Arc::new(PoolShared {
-                    state: Mutex::new(PoolState {
-                        f32_free: Vec::new(),
-                        slab_free: Vec::new(),
-                        cached_bytes: 0,
-                        max_cached_bytes: bytes,
-                        closed: false,
-                        stats: PoolStats::default(),
-                    }),
-                    outstanding: AtomicUsize::new(0),
+                    arms: [ArmShared::new(Arm::F32), ArmShared::new(Arm::Slab)],
+                    cached_bytes: AtomicUsize::new(0),
+                    max_cached_bytes: AtomicUsize::new(bytes),
                 }),
             }),
         }
@@ -451,12 +491,12 @@ impl BufferPool {
 
     /// Number of f32 buffers in the f32 free list.
     pub fn cached_buffers(&self) -> usize {
-        self.shared().state.lock().f32_free.len()
+        self.shared().arm(Arm::F32).state.lock().free.len()
     }
 
     /// Number of slabs in the slab free list.
     pub fn cached_slabs(&self) -> usize {
-        self.shared().state.lock().slab_free.len()
+        self.shared().arm(Arm::Slab).state.lock().free.len()
     }
 
     /// The pool's hit, miss and release counters (see [`PoolStats`]).
@@ -472,55 +512,45 @@ impl BufferPool {
     /// # Ok::<(), fucina_storage::StorageError>(())
     /// ```
     pub fn stats(&self) -> PoolStats {
-        self.shared().state.lock().stats
+        let [f, s] = [Arm::F32, Arm::Slab].map(|arm| self.shared().arm(arm).state.lock().stats);
+        PoolStats {
+            hits: f.hits + s.hits,
+            misses: f.misses + s.misses,
+            returned: f.returned + s.returned,
+            discarded: f.discarded + s.discarded,
+        }
     }
 
     /// Bytes sitting in both free lists (capacities, not requests).
     pub fn cached_bytes(&self) -> usize {
-        self.shared().state.lock().cached_bytes
+        self.shared().cached_bytes.load(Ordering::Relaxed)
     }
 
     /// Pooled objects of both arms currently handed out (buffers and leases).
     pub fn outstanding_buffers(&self) -> usize {
-        self.shared().outstanding.load(Ordering::Acquire)
+        self.shared().outstanding()
     }
 
     /// The cap on cached bytes.
     pub fn max_cached_bytes(&self) -> usize {
-        self.shared().state.lock().max_cached_bytes
+        self.shared().max_cached_bytes.load(Ordering::Relaxed)
     }
 
     /// Changes the cap. It applies to later releases; what is cached stays (use
     /// [`BufferPool::trim`] to drop it).
     pub fn set_max_cached_bytes(&self, bytes: usize) {
-        self.shared().state.lock().max_cached_bytes = bytes;
+        self.shared()
+            .max_cached_bytes
+            .store(bytes, Ordering::Relaxed);
     }
 
     /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
-    /// the number of bytes freed. The free lists keep their capacity, so later releases
-    /// still cache without allocating.
+    /// the number of bytes freed. The free lists keep their index storage, so later
+    /// releases still cache without allocating.
     pub fn trim(&self) -> usize {
-        let (entries, bytes) = {
-            let mut state = self.shared().state.lock();
-            // Moved out into a fresh vector (allocating here, in the trim, is fine) so
-            // that the lists keep their storage.
-            let mut entries = Vec::new();
-            if entries
-                .try_reserve_exact(state.f32_free.len() + state.slab_free.len())
-                .is_err()
-            {
-                // Out of memory: give the lists' storage up rather than abort.
-                let (lists, bytes) = state.take_cache();
-                drop(state);
-                drop(lists);
-                return bytes;
-            }
-            entries.append(&mut state.f32_free);
-            entries.append(&mut state.slab_free);
-            (entries, std::mem::take(&mut state.cached_bytes))
-        };
-        // Freed outside the lock.
-        drop(entries);
+        let (chains, bytes) = self.shared().drain(false);
+        // Freed outside the locks.
+        drop(chains);
         bytes
     }
 
@@ -529,28 +559,29 @@ impl BufferPool {
         Arc::ptr_eq(&a.handle, &b.handle)
     }
 
-    /// Test support: checks that both free lists are ascending and that their keys match
-    /// the headers, and returns the sum of the cached capacities (which must equal
-    /// [`BufferPool::cached_bytes`]).
+    /// Test support: checks that both free lists are ascending, LIFO-linked by size
+    /// class and consistent with their bitmaps, and returns the sum of the cached
+    /// capacities (which must equal [`BufferPool::cached_bytes`] when no release is in
+    /// flight).
     #[doc(hidden)]
     pub fn debug_sum_cached_capacities(&self) -> usize {
-        let state = self.shared().state.lock();
         let mut sum = 0;
-        for (arm, list) in [(Arm::F32, &state.f32_free), (Arm::Slab, &state.slab_free)] {
-            assert!(
-                list.windows(2).all(|w| w[0].bytes <= w[1].bytes),
-                "free list not sorted"
-            );
-            for e in list {
-                assert_eq!(e.bytes, e.hdr.bytes);
-                assert_eq!(e.hdr.refs.load(Ordering::Relaxed), 0);
-                let home = e.hdr.home.as_ref().expect("a cached header has a home");
+        for arm in [Arm::F32, Arm::Slab] {
+            let state = self.shared().arm(arm).state.lock();
+            let mut arm_sum = 0;
+            state.free.for_each_checked(|h| {
+                assert_eq!(h.refs.load(Ordering::Relaxed), 0);
+                let home = h.home.as_ref().expect("a cached header has a home");
                 assert_eq!(home.arm, arm);
                 assert!(std::ptr::eq(&*home.shared, self.shared()));
-                sum += e.bytes;
-            }
+                if arm == Arm::Slab {
+                    assert_eq!(h.bytes % SLAB_QUANTUM, 0);
+                }
+                arm_sum += h.bytes;
+            });
+            assert_eq!(arm_sum, state.free.bytes());
+            sum += arm_sum;
         }
-        assert!(state.slab_free.iter().all(|e| e.bytes % SLAB_QUANTUM == 0));
         sum
     }
 }
@@ -570,16 +601,12 @@ fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
 
 impl fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared().state.lock();
         f.debug_struct("BufferPool")
-            .field("cached_buffers", &state.f32_free.len())
-            .field("cached_slabs", &state.slab_free.len())
-            .field("cached_bytes", &state.cached_bytes)
-            .field("max_cached_bytes", &state.max_cached_bytes)
-            .field(
-                "outstanding",
-                &self.shared().outstanding.load(Ordering::Acquire),
-            )
+            .field("cached_buffers", &self.cached_buffers())
+            .field("cached_slabs", &self.cached_slabs())
+            .field("cached_bytes", &self.cached_bytes())
+            .field("max_cached_bytes", &self.max_cached_bytes())
+            .field("outstanding", &self.outstanding_buffers())
             .finish()
     }
 }

@@ -126,3 +126,29 @@ fn release_after_trim_allocates_nothing() {
         pool.trim();
     }
 }
+
+/// The free lists are linked through the cached headers, so caching never grows a
+/// vector: releasing more buffers of a class than were ever cached before allocates
+/// nothing (only a group of 64 size classes never seen before costs one small chunk).
+#[test]
+fn releases_past_the_previous_list_length_allocate_nothing() {
+    let pool = BufferPool::new();
+    drop(pool.acquire(512).unwrap()); // the f32 class group is known now
+    drop(pool.acquire_typed::<u8>(1).unwrap()); // and the first slab group
+    for n in [4usize, 64, 300] {
+        let held: Vec<_> = (0..n).map(|_| pool.acquire(500).unwrap()).collect();
+        let slabs: Vec<_> = (0..n)
+            .map(|_| pool.acquire_typed::<u8>(3).unwrap())
+            .collect();
+        let before = allocs();
+        drop(held);
+        drop(slabs);
+        // The two `Vec`s of handles above are freed, not allocated.
+        assert_eq!(
+            allocs() - before,
+            0,
+            "caching {n} buffers per class allocated"
+        );
+        assert_eq!((pool.cached_buffers(), pool.cached_slabs()), (n, n));
+    }
+}
