@@ -5,14 +5,17 @@
 //! Same run, sizes 4 KiB, 256 KiB and 4 MiB:
 //! - `pool_hit`: `BufferPool::acquire` + drop of a warmed size class (f32 arm);
 //! - `pool_hit_f16`: `acquire_typed::<f16>` + drop (slab arm);
+//! - `local_hit`: `LocalPool::acquire` + drop on the owning thread (the local tier: no
+//!   lock, no atomic read-modify-write);
 //! - `aligned_block`: `AlignedBlock::new` + drop (uninitialized, the baseline);
 //! - `aligned_block_zeroed`: `AlignedBlock::new_zeroed` + drop (what a pool miss costs);
 //! - `vec_with_capacity`: `Vec::<f32>::with_capacity` + drop (the std baseline).
 //!
 //! `hit_vs_cached_classes`: a 4 KiB f32 hit (acquire + drop) while 0, 256 or 2048
-//! other, larger size classes sit in the same arm (one cached buffer each; their pages
-//! are never touched, so this costs address space, not memory). A cost that grows with
-//! the number of classes is a free-list structure that is not O(1).
+//! other, larger size classes sit in the same arm, one cached buffer each (their pages
+//! are never touched, so this costs address space, not memory); `pool_hit_4KiB` in the
+//! shared tier, `local_hit_4KiB` in a local tier. A cost that grows with the number of
+//! classes is a free-list structure that is not O(1).
 //!
 //! `first_touch_4MiB`: writing every byte of a fresh 4 MiB block, zeroed (what a pool
 //! miss gives) or not (allocation and free included), or of freshly mapped pages, vs of
@@ -47,6 +50,12 @@ fn alloc_cycle(c: &mut Criterion) {
                 });
             },
         );
+        let local = pool.local();
+        drop(local.acquire(elems).unwrap());
+        g.bench_with_input(BenchmarkId::new("local_hit", name), &elems, |b, &n| {
+            b.iter(|| drop(black_box(local.acquire(black_box(n)).unwrap())));
+        });
+        drop(local);
         g.bench_with_input(BenchmarkId::new("aligned_block", name), &bytes, |b, &n| {
             b.iter(|| drop(black_box(AlignedBlock::new(black_box(n)).unwrap())));
         });
@@ -73,17 +82,35 @@ fn hit_vs_cached_classes(c: &mut Criterion) {
     for classes in [0usize, 256, 2048] {
         let pool = BufferPool::with_max_cached_bytes(usize::MAX);
         // f32 classes (k + 2) * 1024 elements: all larger than the hot 1024 class.
+        let hot = pool.acquire(1024).unwrap();
         let others: Vec<_> = (0..classes)
             .map(|k| pool.acquire((k + 2) * 1024).unwrap())
             .collect();
         drop(others);
-        drop(pool.acquire(1024).unwrap());
+        drop(hot);
         assert_eq!(pool.cached_buffers(), classes + 1);
         g.bench_with_input(
             BenchmarkId::new("pool_hit_4KiB", classes),
             &classes,
             |b, _| {
                 b.iter(|| drop(black_box(pool.acquire(black_box(1024)).unwrap())));
+            },
+        );
+        // The same classes in a local tier (released on this thread: they stay there).
+        let local = pool.local();
+        local.set_max_cached_bytes(usize::MAX);
+        let hot = local.acquire(1024).unwrap();
+        let others: Vec<_> = (0..classes)
+            .map(|k| local.acquire((k + 2) * 1024).unwrap())
+            .collect();
+        drop(others);
+        drop(hot);
+        assert_eq!(local.cached_buffers(), classes + 1);
+        g.bench_with_input(
+            BenchmarkId::new("local_hit_4KiB", classes),
+            &classes,
+            |b, _| {
+                b.iter(|| drop(black_box(local.acquire(black_box(1024)).unwrap())));
             },
         );
     }

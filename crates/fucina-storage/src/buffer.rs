@@ -114,15 +114,19 @@ impl fmt::Debug for Header {
 }
 
 /// Runs the release rule of a header whose last reference just went away: pooled
-/// headers go back to their pool, everything else is freed (the block, or the owner of
+/// headers go back to their pool (this thread's local tier of it, else the shared
+/// tier), everything else is freed (the block, or the owner of
 /// borrowed memory, drops with the header).
 pub(crate) fn release_header(hdr: Box<Header>) {
     match &hdr.home {
         Some(home) => {
             let (shared, arm) = (NonNull::from(&*home.shared), home.arm);
-            // SAFETY: `shared` is the pool state `hdr.home` holds an `Arc` to, and `hdr`
-            // (with that `Arc`) is moved into `reclaim`.
-            unsafe { PoolShared::reclaim(shared, arm, hdr) }
+            // This thread's local tier of the same pool first (no lock), if any.
+            if let Some(hdr) = crate::local::try_release(shared, arm, hdr) {
+                // SAFETY: `shared` is the pool state `hdr.home` holds an `Arc` to, and
+                // `hdr` (with that `Arc`) is moved into `reclaim`.
+                unsafe { PoolShared::reclaim(shared, arm, hdr) }
+            }
         }
         None => drop(hdr),
     }

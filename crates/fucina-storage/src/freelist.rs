@@ -181,6 +181,18 @@ impl FreeIndex {
         }
     }
 
+    /// Removes the top header of class `exact` if that class is non-empty (no first
+    /// fit: for batched refills of one class).
+    pub(crate) fn pop_exact(&mut self, bytes: usize) -> Option<Box<Header>> {
+        let idx = class_index(self.arm, bytes);
+        if idx >= FLAT {
+            return None;
+        }
+        let nonempty =
+            matches!(self.chunks.get(idx >> 6), Some(Some(c)) if c.bits & (1 << (idx & 63)) != 0);
+        nonempty.then(|| self.pop_class(idx))
+    }
+
     fn pop_class(&mut self, class: usize) -> Box<Header> {
         let (c, b) = (class >> 6, class & 63);
         let chunk = self.chunks[c]

@@ -81,6 +81,7 @@ mod dtype;
 mod error;
 mod freelist;
 mod lease;
+mod local;
 mod pool;
 mod sync;
 
@@ -95,6 +96,7 @@ pub use buffer::Buffer;
 pub use dtype::{DType, Scalar};
 pub use error::StorageError;
 pub use lease::ScratchLease;
+pub use local::{DEFAULT_LOCAL_MAX_CACHED_BYTES, LocalPool};
 pub use pool::{
     BufferPool, DEFAULT_MAX_CACHED_BYTES, F32_ROUNDING_THRESHOLD, PoolStats, SLAB_QUANTUM,
     round_f32_len, round_slab_bytes,

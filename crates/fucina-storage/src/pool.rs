@@ -8,6 +8,7 @@ use crate::buffer::{Arm, Buffer, Header, Home};
 use crate::dtype::Scalar;
 use crate::freelist::{Chain, FreeIndex};
 use crate::lease::ScratchLease;
+use crate::local::{LocalCounters, LocalPool};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use crate::{DType, StorageError};
 
@@ -146,6 +147,15 @@ pub(crate) struct PoolShared {
     /// before a release takes its arm's lock, so the cap shared by the arms is exact.
     cached_bytes: AtomicUsize,
     max_cached_bytes: AtomicUsize,
+    /// The local tiers' counters, for an exact outstanding total.
+    locals: Mutex<LocalRegistry>,
+}
+
+/// The outstanding counters of a pool's live local tiers, and what the gone ones left.
+struct LocalRegistry {
+    live: Vec<Arc<LocalCounters>>,
+    /// Sum (wrapping) of the counts of local tiers already unregistered.
+    retired: usize,
 }
 
 impl PoolShared {
@@ -331,11 +341,101 @@ impl PoolShared {
         drop(self.drain(true));
     }
 
-    /// Checked-out minus returned objects over the arms (wrapping).
+    /// Checked-out minus returned objects over the arms and the local tiers (each
+    /// count wrapping; the sum is exact once no acquire or release is in flight).
     fn outstanding(&self) -> usize {
-        self.arms.iter().fold(0usize, |n, a| {
+        let locals = {
+            let reg = self.locals.lock();
+            reg.live
+                .iter()
+                .fold(reg.retired, |n, c| n.wrapping_add(c.outstanding()))
+        };
+        self.arms.iter().fold(locals, |n, a| {
             n.wrapping_add(a.outstanding.load(Ordering::Acquire))
         })
+    }
+
+    /// Registers a new local tier's counters.
+    pub(crate) fn register_local(&self, counters: &Arc<LocalCounters>) {
+        self.locals.lock().live.push(Arc::clone(counters));
+    }
+
+    /// Folds a local tier's final count into `retired` and forgets it (its owner is done
+    /// writing it: this runs in the tier's drop).
+    pub(crate) fn unregister_local(&self, counters: &Arc<LocalCounters>) {
+        let mut reg = self.locals.lock();
+        if let Some(i) = reg.live.iter().position(|c| Arc::ptr_eq(c, counters)) {
+            reg.live.swap_remove(i);
+            reg.retired = reg.retired.wrapping_add(counters.outstanding());
+        }
+    }
+
+    /// A local tier's refill: the first fit for `bytes` in `arm` and, when that is of
+    /// the requested class exactly, up to `extra` more of that class, under one lock.
+    /// Counts one hit or miss; the outstanding count is the local tier's to change.
+    pub(crate) fn take_for_local(
+        &self,
+        arm: Arm,
+        bytes: usize,
+        extra: usize,
+    ) -> (Option<Box<Header>>, Chain) {
+        let mut more = Chain::new();
+        let mut taken = 0;
+        let first = {
+            let mut state = self.arm(arm).state.lock();
+            let first = state.free.pop_fit(bytes);
+            match &first {
+                Some(h) => {
+                    state.stats.hits += 1;
+                    taken += h.bytes;
+                    if h.bytes == bytes {
+                        for _ in 0..extra {
+                            let Some(h) = state.free.pop_exact(bytes) else {
+                                break;
+                            };
+                            taken += h.bytes;
+                            more.push(h);
+                        }
+                    }
+                }
+                None => state.stats.misses += 1,
+            }
+            first
+        };
+        self.cached_bytes.fetch_sub(taken, Ordering::Relaxed);
+        (first, more)
+    }
+
+    /// Caches a chain of headers that were already counted as returned (a local tier's
+    /// flush), under one lock; those over the cap, or all when the pool is closed, are
+    /// freed. Returns the bytes of the chain.
+    pub(crate) fn reclaim_chain(&self, arm: Arm, mut chain: Chain) -> usize {
+        let mut bytes = 0;
+        let mut rejected = Chain::new();
+        {
+            let mut state = self.arm(arm).state.lock();
+            while let Some(hdr) = chain.pop() {
+                let b = hdr.bytes;
+                bytes += b;
+                let kept = if !state.closed && self.reserve(b) {
+                    state.free.push(hdr).inspect_err(|_| {
+                        self.cached_bytes.fetch_sub(b, Ordering::Relaxed);
+                    })
+                } else {
+                    Err(hdr)
+                };
+                match kept {
+                    Ok(()) => state.stats.returned += 1,
+                    Err(hdr) => {
+                        state.stats.discarded += 1;
+                        rejected.push(hdr);
+                    }
+                }
+            }
+        }
+        // Freed outside the lock.
+        drop(rejected);
+        bytes
     }
 }
 
@@ -431,6 +531,10 @@ impl BufferPool {
                     arms: [ArmShared::new(Arm::F32), ArmShared::new(Arm::Slab)],
                     cached_bytes: AtomicUsize::new(0),
                     max_cached_bytes: AtomicUsize::new(bytes),
+                    locals: Mutex::new(LocalRegistry {
+                        live: Vec::new(),
+                        retired: 0,
+                    }),
                 }),
             }),
         }
@@ -438,6 +542,16 @@ impl BufferPool {
 
     fn shared(&self) -> &PoolShared {
         &self.handle.shared
+    }
+
+    pub(crate) fn shared_arc(&self) -> &Arc<PoolShared> {
+        &self.handle.shared
+    }
+
+    /// A non-shared tier in front of this pool for the thread that uses it: see
+    /// [`LocalPool`]. It holds a handle, so the pool stays open while it lives.
+    pub fn local(&self) -> LocalPool {
+        LocalPool::new(self.clone())
     }
 
     /// An f32 buffer of at least `len` elements from the f32 arm. Its [`Buffer::len`]
@@ -587,7 +701,7 @@ impl BufferPool {
 }
 
 /// The rounded slab size for `len` items of `T`.
-fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
+pub(crate) fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
     if len == 0 {
         return Err(StorageError::ZeroLength);
     }

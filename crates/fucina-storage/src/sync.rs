@@ -13,12 +13,12 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicUsize, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 
 /// Atomics for the process-wide counters (always `std`, see the module docs).
 pub(crate) mod counter {
@@ -93,5 +93,36 @@ impl DataCell {
 
     pub(crate) fn write(&self) {
         self.0.with_mut(|_| ());
+    }
+}
+
+/// An `UnsafeCell` for state that one thread owns (a local pool tier), tracked by loom
+/// under `--cfg loom`.
+#[derive(Debug)]
+pub(crate) struct LocalCell<T>(
+    #[cfg(not(loom))] std::cell::UnsafeCell<T>,
+    #[cfg(loom)] loom::cell::UnsafeCell<T>,
+);
+
+impl<T> LocalCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return Self(std::cell::UnsafeCell::new(value));
+        #[cfg(loom)]
+        return Self(loom::cell::UnsafeCell::new(value));
+    }
+
+    /// Runs `f` on the value.
+    ///
+    /// # Safety
+    /// No other access to the value happens meanwhile (no other thread, and `f` does not
+    /// reach this cell again).
+    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        // SAFETY: exclusive access, forwarded to the caller.
+        return f(unsafe { &mut *self.0.get() });
+        #[cfg(loom)]
+        // SAFETY: exclusive access, forwarded to the caller (and checked by loom).
+        return self.0.with_mut(|p| f(unsafe { &mut *p }));
     }
 }

@@ -60,6 +60,46 @@ fn counter_sees_allocations() {
     assert!(allocs() >= before + 2);
 }
 
+/// The same rounds through a `LocalPool`: local hits, and releases into the local
+/// tier, allocate nothing either.
+#[test]
+fn local_tier_hits_allocate_nothing() {
+    let pool = BufferPool::new();
+    let local = pool.local();
+    let sizes = [1usize, 100, 1024, 5000, 65536, 1 << 20];
+    let round = |round: usize| {
+        let n = sizes[round % sizes.len()];
+        let mut a = local.acquire(n).unwrap();
+        a.get_mut().unwrap()[0] = round as f32;
+        let view = a.clone();
+        drop(a);
+        assert_eq!(view[0], round as f32);
+        drop(view);
+        drop(local.acquire_typed::<f32>(n).unwrap());
+        let h = local.acquire_typed::<half::f16>(n).unwrap();
+        let i = local.acquire_typed::<i64>(n.div_ceil(4)).unwrap();
+        drop((h, i));
+        drop(local.acquire_typed::<bool>(n).unwrap());
+        let mut lease = local.acquire_scratch::<[u8; 2]>(n).unwrap();
+        lease[0] = [1, 2];
+        lease.release();
+    };
+    (0..sizes.len()).for_each(round);
+    let cached = (local.cached_buffers(), local.cached_slabs());
+    let shared_misses = pool.stats().misses;
+    let before = allocs();
+    (0..1000).for_each(round);
+    assert_eq!(allocs() - before, 0, "local hits allocated on the heap");
+    assert_eq!((local.cached_buffers(), local.cached_slabs()), cached);
+    assert_eq!(
+        pool.stats().misses,
+        shared_misses,
+        "every round hit locally"
+    );
+    assert_eq!(local.stats().misses, pool.stats().misses);
+    assert_eq!(pool.outstanding_buffers(), 0);
+}
+
 #[test]
 fn pool_hits_allocate_nothing() {
     let pool = BufferPool::new();
