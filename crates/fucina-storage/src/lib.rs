@@ -1,16 +1,19 @@
 //! # fucina-storage
 //!
 //! Tensor memory for the fucina runtime, usable on its own: 64-byte-aligned blocks with
-//! process-wide counters, refcounted typed buffers with copy-on-write-friendly access,
-//! a two-arm [`BufferPool`] that recycles buffers so that steady-state workloads
-//! allocate nothing, a bump [`Arena`], and the storage [`DType`]s.
+//! process-wide counters, refcounted typed buffers with copy-on-write
+//! ([`Buffer::make_mut`]), a two-arm [`BufferPool`] that recycles buffers so that
+//! steady-state workloads allocate nothing, with a lock-free per-thread tier in front
+//! of it ([`LocalPool`]), a bump [`Arena`], and the storage [`DType`]s.
 //!
 //! | item | what it is |
 //! |---|---|
 //! | [`AlignedBlock`] | an owned 64-byte-aligned block; huge requests are `Err`, never an abort |
 //! | [`allocation_stats`], [`reset_peak_allocation`] | allocations, frees, live and peak bytes of every block |
-//! | [`Buffer<T>`] | a refcounted handle to `[T]`: clone = one atomic increment, last drop runs the release rule once |
-//! | [`BufferPool`] | f32 arm (whole buffer objects) + slab arm (typed buffers, [`ScratchLease`]s), one cap |
+//! | [`Buffer<T>`] | a refcounted handle to `[T]`: clone = one atomic increment, last drop runs the release rule once; zero-copy `From<Vec<T>>`, `From<Arc<[T]>>`, `From<&'static [T]>`, [`Buffer::from_owner`] |
+//! | [`BufferPool`] | the shared tier: f32 arm (whole buffer objects) + slab arm (typed buffers, [`ScratchLease`]s), one cap, O(1) first fit |
+//! | [`LocalPool`] | the local tier: a per-thread cache in front of a pool, no lock on a hit or an owner-thread release |
+//! | [`PoolStats`] | hits, misses and releases of a pool or a local tier |
 //! | [`Arena`] | bump allocation from one block, reset all at once |
 //! | [`DType`], [`Scalar`] | storage dtypes in the reference order, and the Rust types behind them |
 //!
