@@ -321,19 +321,23 @@ impl LocalPool {
     /// inner); crate code never holds it across one.
     fn inner(&self) -> &LocalInner {
         // SAFETY: `LocalPool` is `!Sync`, so only this thread reaches `self.inner`, and
-        // no reference into the cell from an earlier call is alive (see above), so
-        // this exclusive borrow aliases nothing.
-        let cell = unsafe { &mut *self.inner.get() };
-        if !cell.is_mine() {
-            // The owner thread (not this one) drops its slot's reference at its next
-            // release into it; the last reference gives the cache back.
-            cell.detached.store(true, Ordering::Relaxed);
-            let max = self
-                .pool
-                .max_cached_bytes()
-                .min(DEFAULT_LOCAL_MAX_CACHED_BYTES);
-            *cell = Self::bind_new(&self.pool, max, PoolStats::default());
+        // the cell is only written below, when no reference from an earlier call is
+        // alive (see above).
+        let current = unsafe { &*self.inner.get() };
+        if current.is_mine() {
+            return current;
         }
+        // SAFETY: as above; the shared borrow `current` is not used past this point,
+        // so this exclusive one aliases nothing.
+        let cell = unsafe { &mut *self.inner.get() };
+        // The owner thread (not this one) drops its slot's reference at its next
+        // release into it; the last reference gives the cache back.
+        cell.detached.store(true, Ordering::Relaxed);
+        let max = self
+            .pool
+            .max_cached_bytes()
+            .min(DEFAULT_LOCAL_MAX_CACHED_BYTES);
+        *cell = Self::bind_new(&self.pool, max, PoolStats::default());
         cell
     }
 

@@ -75,11 +75,13 @@ pub fn round_slab_bytes(bytes: usize) -> Result<usize, StorageError> {
         })
 }
 
-/// Counters of one [`BufferPool`] since it was created, from [`BufferPool::stats`].
+/// Counters of one pool tier since it was created: the shared tier's from
+/// [`BufferPool::stats`], a local tier's from [`LocalPool::stats`] (which documents what
+/// its fields count there).
 ///
 /// Each counts events of both arms (f32 buffers, typed buffers and scratch leases).
-/// They are updated under the pool's lock, so a snapshot is consistent, and they never
-/// reset (compare snapshots as deltas).
+/// The shared tier updates them under the arm locks (a snapshot is consistent per
+/// arm); they never reset (compare snapshots as deltas).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct PoolStats {
@@ -603,17 +605,19 @@ impl BufferPool {
         Ok(ScratchLease::new(hdr, len))
     }
 
-    /// Number of f32 buffers in the f32 free list.
+    /// Number of f32 buffers in the shared tier's f32 free list (a local tier's are
+    /// counted by [`LocalPool::cached_buffers`]).
     pub fn cached_buffers(&self) -> usize {
         self.shared().arm(Arm::F32).state.lock().free.len()
     }
 
-    /// Number of slabs in the slab free list.
+    /// Number of slabs in the shared tier's slab free list.
     pub fn cached_slabs(&self) -> usize {
         self.shared().arm(Arm::Slab).state.lock().free.len()
     }
 
-    /// The pool's hit, miss and release counters (see [`PoolStats`]).
+    /// The shared tier's hit, miss and release counters (see [`PoolStats`]; a local
+    /// tier's refill counts as one hit or miss here).
     ///
     /// ```
     /// use fucina_storage::BufferPool;
@@ -635,12 +639,15 @@ impl BufferPool {
         }
     }
 
-    /// Bytes sitting in both free lists (capacities, not requests).
+    /// Bytes sitting in the shared tier's two free lists (capacities, not requests);
+    /// the cap bounds this total.
     pub fn cached_bytes(&self) -> usize {
         self.shared().cached_bytes.load(Ordering::Relaxed)
     }
 
-    /// Pooled objects of both arms currently handed out (buffers and leases).
+    /// Pooled objects of both arms currently handed out (buffers and leases) by any
+    /// tier: the shared one and every [`LocalPool`]. Exact whenever no acquire or
+    /// release is in flight, whichever tier an object leaves and returns through.
     pub fn outstanding_buffers(&self) -> usize {
         self.shared().outstanding()
     }
@@ -658,9 +665,11 @@ impl BufferPool {
             .store(bytes, Ordering::Relaxed);
     }
 
-    /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
-    /// the number of bytes freed. The free lists keep their index storage, so later
-    /// releases still cache without allocating.
+    /// Frees every cached buffer and slab of the shared tier (outstanding ones are
+    /// unaffected) and returns the number of bytes freed. The free lists keep their
+    /// index storage, so later releases still cache without allocating. A local tier's
+    /// cache is another thread's to give back: [`LocalPool::trim`] and
+    /// [`LocalPool::flush`], or its drop.
     pub fn trim(&self) -> usize {
         let (chains, bytes) = self.shared().drain(false);
         // Freed outside the locks.
