@@ -45,8 +45,36 @@ pub(crate) enum Storage {
     /// Zero-copy: memory owned by something else (a `Vec`, an `Arc<[T]>`, an mmap),
     /// dropped with the header.
     Owner(Box<dyn Any + Send + Sync>),
+    /// Zero-copy over memory inside the owner itself ([`Buffer::from_owner`]).
+    Pinned(PinnedOwner),
     /// Zero-copy over `'static` memory: nothing to free.
     Static,
+}
+
+/// An owner moved to the heap and held by raw pointer until it drops. Unlike a `Box`,
+/// which asserts unique access to its contents whenever it moves, this keeps
+/// references into the owner (the buffer's data, for an owner that stores its elements
+/// inline) valid while the header moves around.
+pub(crate) struct PinnedOwner(NonNull<dyn Any + Send + Sync>);
+
+impl PinnedOwner {
+    /// Moves `owner` to the heap; the pointer stays valid until this drops.
+    fn new<O: Any + Send + Sync>(owner: O) -> (Self, NonNull<O>) {
+        let raw = NonNull::from(Box::leak(Box::new(owner)));
+        (Self(raw), raw)
+    }
+}
+
+// SAFETY: it owns an `O: Send + Sync` (like the `Box` it came from).
+unsafe impl Send for PinnedOwner {}
+// SAFETY: as above; nothing is reachable through `&PinnedOwner`.
+unsafe impl Sync for PinnedOwner {}
+
+impl Drop for PinnedOwner {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `Box::leak` in `new` and is freed only here.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 /// The shared part of a buffer: refcount, data and release rule.
@@ -292,13 +320,15 @@ impl<T: Scalar> Buffer<T> {
     /// assert!(!b.is_writable());
     /// ```
     pub fn from_owner<O: AsRef<[T]> + Send + Sync + 'static>(owner: O) -> Self {
-        let owner = Box::new(owner);
-        // The box's contents never move again (moving the box moves the pointer), and
-        // nothing else gets access to the owner until it drops with the header, so the
-        // slice stays valid and unchanged while the buffer lives.
-        let values: &[T] = (*owner).as_ref();
+        let (pinned, raw) = PinnedOwner::new(owner);
+        // SAFETY: `raw` points at the owner just moved to the heap, alive until
+        // `pinned` drops with the header.
+        let values: &[T] = unsafe { raw.as_ref() }.as_ref();
+        // The owner never moves again, and nothing else gets access to it until it
+        // drops with the header, so the slice stays valid and unchanged while the buffer
+        // lives.
         let (data, len) = (NonNull::from(values).cast::<T>(), values.len());
-        Self::wrap(data, len, false, Storage::Owner(owner))
+        Self::wrap(data, len, false, Storage::Pinned(pinned))
     }
 
     /// Zero-copy over memory kept alive by `owner` (an mmap, a foreign allocation...).

@@ -394,6 +394,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reserves several GiB of (untouched) blocks")]
     fn first_fit_lifo_and_bitmap_levels() {
         let mut ix = FreeIndex::new(Arm::Slab);
         // Classes spread over several chunks and `mid` words.
