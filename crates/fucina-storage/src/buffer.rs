@@ -26,6 +26,16 @@ pub(crate) enum Arm {
     Slab,
 }
 
+impl Arm {
+    /// The other arm.
+    pub(crate) fn other(self) -> Arm {
+        match self {
+            Arm::F32 => Arm::Slab,
+            Arm::Slab => Arm::F32,
+        }
+    }
+}
+
 /// Where a pooled header goes when its last reference drops. Set when a pool creates the
 /// header and kept for the header's whole life, also while it sits in a free list, so a
 /// hit and a release never touch the pool's `Arc` count. The resulting cycle (the free

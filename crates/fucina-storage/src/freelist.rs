@@ -1,5 +1,7 @@
 //! The free-list index of one pool arm: per-size-class LIFO stacks linked through the
-//! cached headers, and a three-level bitmap of the non-empty classes for first fit.
+//! cached headers, a three-level bitmap of the non-empty classes for first fit, and a
+//! front slot holding the most recently cached header (so that a same-size
+//! acquire/release cycle touches neither the stacks nor the bitmaps).
 //!
 //! Every operation is O(1) in the number of cached size classes (and of cached
 //! entries), except for buffers of 1 GiB and more (class index `FLAT` and up), which
@@ -92,6 +94,11 @@ unsafe impl Send for Chain {}
 /// The free lists of one arm (see the module docs).
 pub(crate) struct FreeIndex {
     arm: Arm,
+    /// The most recently cached header, kept out of the stacks: the newest of its class,
+    /// so an acquire of exactly its class takes it (first fit, LIFO) without touching
+    /// the stacks or the bitmaps, and the next release pushes it down. This makes a
+    /// same-size acquire/release cycle a pointer swap.
+    front: Option<NonNull<Header>>,
     /// Bit `i`: `mid[i] != 0`.
     top: u64,
     /// Bit `j` of `mid[i]`: chunk `64 * i + j` has a non-empty class.
@@ -114,6 +121,7 @@ impl FreeIndex {
     pub(crate) fn new(arm: Arm) -> Self {
         Self {
             arm,
+            front: None,
             top: 0,
             mid: [0; 64],
             chunks: Vec::new(),
@@ -171,9 +179,50 @@ impl FreeIndex {
         Some(next_chunk << 6 | chunk.bits.trailing_zeros() as usize)
     }
 
-    /// First fit: removes and returns the most recently pushed header of the smallest
+    fn front_bytes(&self) -> Option<usize> {
+        // SAFETY: the index owns the front header; `&self` keeps it in place.
+        self.front.map(|f| unsafe { f.as_ref() }.bytes)
+    }
+
+    fn take_front(&mut self) -> Box<Header> {
+        let ptr = self.front.take().expect("a front header");
+        // SAFETY: the index owned the front header (from `Box::leak`) and gives it up
+        // here exactly once.
+        let hdr = unsafe { Box::from_raw(ptr.as_ptr()) };
+        self.len -= 1;
+        self.bytes -= hdr.bytes;
+        hdr
+    }
+
+    /// First fit: removes and returns the most recently cached header of the smallest
     /// non-empty class whose capacity is at least `bytes` (a class capacity).
     pub(crate) fn pop_fit(&mut self, bytes: usize) -> Option<Box<Header>> {
+        if let Some(fb) = self.front_bytes() {
+            if fb == bytes {
+                return Some(self.take_front());
+            }
+            if fb > bytes {
+                let fclass = class_index(self.arm, fb);
+                if fclass < FLAT {
+                    // The front fits; a smaller fitting class in the stacks wins (the
+                    // huge list holds only larger ones), else the front does (it is
+                    // the newest of its class).
+                    return match self.next_class(class_index(self.arm, bytes)) {
+                        Some(c) if c < fclass => Some(self.pop_class(c)),
+                        _ => Some(self.take_front()),
+                    };
+                }
+                // A huge front: compare within the sorted huge list.
+                let front = self.take_front();
+                if let Err(front) = self.push_stacked(front) {
+                    return Some(front);
+                }
+            }
+        }
+        self.pop_fit_stacked(bytes)
+    }
+
+    fn pop_fit_stacked(&mut self, bytes: usize) -> Option<Box<Header>> {
         let idx = class_index(self.arm, bytes);
         match self.next_class(idx) {
             Some(class) => Some(self.pop_class(class)),
@@ -184,6 +233,9 @@ impl FreeIndex {
     /// Removes the top header of class `exact` if that class is non-empty (no first
     /// fit: for batched refills of one class).
     pub(crate) fn pop_exact(&mut self, bytes: usize) -> Option<Box<Header>> {
+        if self.front_bytes() == Some(bytes) {
+            return Some(self.take_front());
+        }
         let idx = class_index(self.arm, bytes);
         if idx >= FLAT {
             return None;
@@ -238,37 +290,44 @@ impl FreeIndex {
         None
     }
 
-    /// Caches `hdr` on top of its class (LIFO). `Err(hdr)` only when a new chunk of
-    /// classes could not be allocated (the caller frees the header instead).
-    pub(crate) fn push(&mut self, mut hdr: Box<Header>) -> Result<(), Box<Header>> {
+    /// Caches `hdr` as the newest of its class (LIFO). `Err(hdr)` only when a new chunk
+    /// of classes could not be allocated (the caller frees the header instead).
+    pub(crate) fn push(&mut self, hdr: Box<Header>) -> Result<(), Box<Header>> {
+        let class = class_index(self.arm, hdr.bytes);
+        if class < FLAT && !self.ensure_chunk(class) {
+            return Err(hdr);
+        }
+        if self.front.is_some() {
+            let old = self.take_front();
+            if let Err(old) = self.push_stacked(old) {
+                // Keep the old front; the new header is the one given back.
+                self.set_front(old);
+                return Err(hdr);
+            }
+        }
+        self.set_front(hdr);
+        Ok(())
+    }
+
+    fn set_front(&mut self, hdr: Box<Header>) {
+        debug_assert!(self.front.is_none());
+        self.len += 1;
+        self.bytes += hdr.bytes;
+        self.front = Some(NonNull::from(Box::leak(hdr)));
+    }
+
+    /// Pushes `hdr` on its class stack (or into the huge list).
+    fn push_stacked(&mut self, mut hdr: Box<Header>) -> Result<(), Box<Header>> {
         let bytes = hdr.bytes;
         let class = class_index(self.arm, bytes);
         if class >= FLAT {
             self.push_huge(hdr);
         } else {
+            if !self.ensure_chunk(class) {
+                return Err(hdr);
+            }
             let (c, b) = (class >> 6, class & 63);
-            if self.chunks.len() <= c {
-                if self.chunks.try_reserve(c + 1 - self.chunks.len()).is_err() {
-                    return Err(hdr);
-                }
-                self.chunks.resize_with(c + 1, || None);
-            }
-            if self.chunks[c].is_none() {
-                let mut one = Vec::new();
-                if one.try_reserve_exact(1).is_err() {
-                    return Err(hdr);
-                }
-                one.push(Chunk {
-                    bits: 0,
-                    heads: [None; 64],
-                });
-                let boxed: Box<[Chunk]> = one.into_boxed_slice();
-                // SAFETY: a boxed slice of exactly one `Chunk` has the layout of a
-                // `Box<Chunk>` (same allocation, same alignment), so it can be re-typed.
-                self.chunks[c] =
-                    Some(unsafe { Box::from_raw(Box::into_raw(boxed).cast::<Chunk>()) });
-            }
-            let chunk = self.chunks[c].as_mut().expect("allocated just above");
+            let chunk = self.chunks[c].as_mut().expect("ensured above");
             hdr.next = chunk.heads[b];
             chunk.heads[b] = Some(NonNull::from(Box::leak(hdr)));
             if chunk.bits == 0 {
@@ -281,6 +340,34 @@ impl FreeIndex {
         self.len += 1;
         self.bytes += bytes;
         Ok(())
+    }
+
+    /// Allocates the chunk of `class` (below `FLAT`) if it is new; `false` if that
+    /// allocation failed. Done when a header of the class is first cached, even into
+    /// the front slot, so that pushing it down later never allocates.
+    fn ensure_chunk(&mut self, class: usize) -> bool {
+        let c = class >> 6;
+        if self.chunks.len() <= c {
+            if self.chunks.try_reserve(c + 1 - self.chunks.len()).is_err() {
+                return false;
+            }
+            self.chunks.resize_with(c + 1, || None);
+        }
+        if self.chunks[c].is_none() {
+            let mut one = Vec::new();
+            if one.try_reserve_exact(1).is_err() {
+                return false;
+            }
+            one.push(Chunk {
+                bits: 0,
+                heads: [None; 64],
+            });
+            let boxed: Box<[Chunk]> = one.into_boxed_slice();
+            // SAFETY: a boxed slice of exactly one `Chunk` has the layout of a
+            // `Box<Chunk>` (same allocation, same alignment), so it can be re-typed.
+            self.chunks[c] = Some(unsafe { Box::from_raw(Box::into_raw(boxed).cast::<Chunk>()) });
+        }
+        true
     }
 
     fn push_huge(&mut self, mut hdr: Box<Header>) {
@@ -304,6 +391,9 @@ impl FreeIndex {
     /// any lock); the index keeps its chunks.
     pub(crate) fn drain(&mut self) -> Chain {
         let mut out = Chain::new();
+        if self.front.is_some() {
+            out.push(self.take_front());
+        }
         while self.top != 0 {
             let i = self.top.trailing_zeros() as usize;
             let c = i << 6 | self.mid[i].trailing_zeros() as usize;
@@ -317,10 +407,16 @@ impl FreeIndex {
         out
     }
 
-    /// Calls `f` on every cached header in ascending order of capacity, LIFO order
-    /// within a class, and checks the bitmaps against the stacks (test support).
+    /// Calls `f` on every cached header (the front first, then the stacks in ascending
+    /// order of capacity, LIFO within a class) and checks the bitmaps against the
+    /// stacks (test support).
     pub(crate) fn for_each_checked(&self, mut f: impl FnMut(&Header)) {
         let mut count = 0;
+        if let Some(ptr) = self.front {
+            // SAFETY: the index owns the header; `&self` keeps it in place.
+            f(unsafe { ptr.as_ref() });
+            count += 1;
+        }
         let mut last = 0;
         for (c, chunk) in self.chunks.iter().enumerate() {
             let Some(chunk) = chunk else { continue };

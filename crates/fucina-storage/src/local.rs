@@ -58,16 +58,45 @@ fn thread_id() -> u64 {
 /// (giving the cache back when it is the last reference) at thread exit.
 struct Slot(std::cell::Cell<Option<Arc<LocalInner>>>);
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Before the `Arc` goes (with this slot's fields): no dangling fast-path copy.
+        let _ = BOUND_PTR.try_with(|p| p.set(std::ptr::null()));
+    }
+}
+
 #[cfg(not(loom))]
 std::thread_local! {
     static THREAD_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static BOUND: Slot = const { Slot(std::cell::Cell::new(None)) };
+    /// A copy of `BOUND`'s pointer for the release fast path, in a slot without a
+    /// destructor (the cheapest thread-local access). Non-null exactly while `BOUND`
+    /// holds that `Arc`.
+    static BOUND_PTR: std::cell::Cell<*const LocalInner> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
     static THREAD_ID: std::cell::Cell<u64> = std::cell::Cell::new(0);
     static BOUND: Slot = Slot(std::cell::Cell::new(None));
+    static BOUND_PTR: std::cell::Cell<*const LocalInner> = std::cell::Cell::new(std::ptr::null());
+}
+
+/// Takes this thread's bound tier out of its slot (and clears the fast-path copy).
+fn take_bound() -> Option<Arc<LocalInner>> {
+    let _ = BOUND_PTR.try_with(|p| p.set(std::ptr::null()));
+    BOUND.try_with(|slot| slot.0.take()).ok().flatten()
+}
+
+/// Binds `inner` to this thread (the slot must be empty). `false` while the thread
+/// exits (its slots are gone).
+fn put_bound(inner: Arc<LocalInner>) -> bool {
+    let ptr = Arc::as_ptr(&inner);
+    let put = BOUND.try_with(|slot| {
+        debug_assert!(slot.0.take().is_none(), "a bound slot is replaced");
+        slot.0.set(Some(inner));
+    });
+    put.is_ok() && BOUND_PTR.try_with(|p| p.set(ptr)).is_ok()
 }
 
 /// The owner-only state of a local tier.
@@ -171,30 +200,29 @@ pub(crate) fn try_release(
     arm: Arm,
     hdr: Box<Header>,
 ) -> Option<Box<Header>> {
-    let mut hdr = Some(hdr);
-    // `try_with`: the slot may be gone while the thread exits; then the shared path.
-    let _ = BOUND.try_with(|slot| {
-        // The `Arc` is taken out of the slot and put back, so no reference into the
-        // slot is held while the local tier runs.
-        let Some(inner) = slot.0.take() else { return };
-        if !std::ptr::eq(&*inner.shared, shared.as_ptr()) {
-            slot.0.set(Some(inner));
-            return;
-        }
-        if inner.detached.load(Ordering::Relaxed) {
-            // The `LocalPool` moved away: drop our reference (the last one gives the
-            // cache back) and take the shared path.
-            drop(inner);
-            return;
-        }
-        let h = hdr.take().expect("taken once");
-        // SAFETY: the slot only holds inners owned by this thread (bound by their
-        // owner), and this thread is not inside another access to it (releases of
-        // pooled buffers never happen inside one).
-        hdr = unsafe { inner.with_state(|st| st.release(arm, h, &inner.counters)) };
-        slot.0.set(Some(inner));
-    });
-    hdr
+    let ptr = BOUND_PTR
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(std::ptr::null());
+    if ptr.is_null() {
+        return Some(hdr);
+    }
+    // SAFETY: a non-null `BOUND_PTR` is the pointer of the `Arc` that `BOUND` holds
+    // (both are set and cleared together, on this thread), so the inner is alive; the
+    // slot is not touched while `inner` is in use below.
+    let inner = unsafe { &*ptr };
+    if !std::ptr::eq(&*inner.shared, shared.as_ptr()) {
+        return Some(hdr);
+    }
+    if inner.detached.load(Ordering::Relaxed) {
+        // The `LocalPool` moved away: drop this thread's reference (the last one gives
+        // the cache back) and take the shared path. `inner` is not used after this.
+        drop(take_bound());
+        return Some(hdr);
+    }
+    // SAFETY: the slot only holds inners owned by this thread (bound by their owner),
+    // and this thread is not inside another access to it (releases of pooled buffers
+    // never happen inside one).
+    unsafe { inner.with_state(|st| st.release(arm, hdr, &inner.counters)) }
 }
 
 impl LocalState {
@@ -298,19 +326,18 @@ impl LocalPool {
                 stats,
             }),
         });
-        let _ = BOUND.try_with(|slot| {
-            let old = slot.0.take();
-            let keep_old = old
-                .as_ref()
-                .is_some_and(|o| !o.detached.load(Ordering::Relaxed));
-            if keep_old {
-                slot.0.set(old);
-            } else {
-                slot.0.set(Some(Arc::clone(&inner)));
+        let old = take_bound();
+        match old {
+            Some(o) if !o.detached.load(Ordering::Relaxed) => {
+                // Another live local tier is bound here: it keeps the slot.
+                put_bound(o);
+            }
+            old => {
+                put_bound(Arc::clone(&inner));
                 // A detached previous inner: our reference may be its last one.
                 drop(old);
             }
-        });
+        }
         inner
     }
 
@@ -521,13 +548,13 @@ impl Drop for LocalPool {
         if inner.is_mine() {
             // Unbind from this thread's slot, so that our reference (dropped next) is
             // the last one and gives the cache back now.
-            let _ = BOUND.try_with(|slot| {
-                let bound = slot.0.take();
-                match bound {
-                    Some(b) if Arc::ptr_eq(&b, inner) => drop(b),
-                    other => slot.0.set(other),
+            match take_bound() {
+                Some(b) if Arc::ptr_eq(&b, inner) => drop(b),
+                Some(other) => {
+                    put_bound(other);
                 }
-            });
+                None => {}
+            }
         } else {
             // The owner thread drops its slot reference on its next release into it (or
             // at exit); the last reference gives the cache back.

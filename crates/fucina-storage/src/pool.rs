@@ -116,6 +116,9 @@ struct ArmShared {
     /// by one tier may come back through another, so only the sum over the arms and the
     /// local tiers is meaningful). Written only under the lock, read without it.
     outstanding: AtomicUsize,
+    /// Bytes in this arm's free list: a copy of `free.bytes()`, stored under the lock
+    /// after every change, for the other arm's cap check and for observers.
+    cached: AtomicUsize,
 }
 
 impl ArmShared {
@@ -127,7 +130,13 @@ impl ArmShared {
                 stats: PoolStats::default(),
             }),
             outstanding: AtomicUsize::new(0),
+            cached: AtomicUsize::new(0),
         }
+    }
+
+    /// Publishes the free list's byte total after a change (the caller holds the lock).
+    fn sync_cached(&self, locked: &ArmState) {
+        self.cached.store(locked.free.bytes(), Ordering::Relaxed);
     }
 
     /// `outstanding += delta` (wrapping). The `_locked` borrow of the guarded state
@@ -143,11 +152,9 @@ impl ArmShared {
 /// The state every clone of a [`BufferPool`] and every pooled object shares: the
 /// shared tier.
 pub(crate) struct PoolShared {
-    /// Indexed by `Arm as usize`: one lock per arm.
+    /// Indexed by `Arm as usize`: one lock per arm. The cap on both arms' cached bytes
+    /// is kept exactly without a shared counter: see [`PoolShared::cache`].
     arms: [ArmShared; 2],
-    /// Bytes in both arms' free lists. Reserved (compare-and-swap against the cap)
-    /// before a release takes its arm's lock, so the cap shared by the arms is exact.
-    cached_bytes: AtomicUsize,
     max_cached_bytes: AtomicUsize,
     /// The local tiers' counters, for an exact outstanding total.
     locals: Mutex<LocalRegistry>,
@@ -165,26 +172,76 @@ impl PoolShared {
         &self.arms[arm as usize]
     }
 
-    /// Adds `bytes` to the cached total unless that would exceed the cap (equality is
-    /// allowed); `false` when it would.
-    fn reserve(&self, bytes: usize) -> bool {
+    /// Bytes in both arms' free lists.
+    fn cached_bytes(&self) -> usize {
+        self.arms
+            .iter()
+            .map(|a| a.cached.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The cap check and insert of a release into `arm`, whose lock the caller holds
+    /// (`state`): `Ok` when cached, `Err(hdr)` when only both locks can decide
+    /// ([`PoolShared::cache_slow`]: near the cap, or the pool is closed).
+    ///
+    /// The cap is exact without a counter shared by the arms: with only its own lock,
+    /// a release is cached when its arm stays within half the cap and the other arm is
+    /// within half the cap too. The other arm can only pass half the cap under both
+    /// locks (the slow path), so it cannot do so meanwhile, and the total stays within
+    /// the cap. Near the cap the slow path takes both locks (F32 then slab, the only
+    /// order in which two are ever held) and checks the exact total, so a release is
+    /// kept exactly when `cached + bytes <= cap`.
+    fn cache_fast(
+        &self,
+        arm: Arm,
+        state: &mut ArmState,
+        hdr: Box<Header>,
+    ) -> Result<(), Box<Header>> {
+        let half = self.max_cached_bytes.load(Ordering::Relaxed) / 2;
+        let other = self.arm(arm.other()).cached.load(Ordering::Relaxed);
+        if state.closed || hdr.bytes > half.saturating_sub(state.free.bytes()) || other > half {
+            return Err(hdr);
+        }
+        let a = self.arm(arm);
+        let kept = state.free.push(hdr);
+        if kept.is_ok() {
+            state.stats.returned += 1;
+            a.sync_cached(state);
+        }
+        kept
+    }
+
+    /// The exact cap check under both locks, for releases the fast path could not
+    /// decide. Returns the headers to free (over the cap, or the pool is closed).
+    fn cache_slow(&self, arm: Arm, mut chain: Chain) -> Chain {
+        let mut rejected = Chain::new();
+        let mut f32_state = self.arm(Arm::F32).state.lock();
+        let mut slab_state = self.arm(Arm::Slab).state.lock();
         let cap = self.max_cached_bytes.load(Ordering::Relaxed);
-        let mut cur = self.cached_bytes.load(Ordering::Relaxed);
-        loop {
-            // `bytes <= cap - cur` is `cur + bytes <= cap` without overflow.
-            if bytes > cap.saturating_sub(cur) {
-                return false;
-            }
-            match self.cached_bytes.compare_exchange_weak(
-                cur,
-                cur + bytes,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
+        while let Some(hdr) = chain.pop() {
+            let total = f32_state.free.bytes() + slab_state.free.bytes();
+            let state = match arm {
+                Arm::F32 => &mut *f32_state,
+                Arm::Slab => &mut *slab_state,
+            };
+            // `bytes <= cap - total` is `total + bytes <= cap` without overflow:
+            // reaching the cap exactly is allowed.
+            let kept = if !state.closed && hdr.bytes <= cap.saturating_sub(total) {
+                state.free.push(hdr)
+            } else {
+                Err(hdr)
+            };
+            match kept {
+                Ok(()) => state.stats.returned += 1,
+                Err(hdr) => {
+                    state.stats.discarded += 1;
+                    rejected.push(hdr);
+                }
             }
         }
+        self.arm(Arm::F32).sync_cached(&f32_state);
+        self.arm(Arm::Slab).sync_cached(&slab_state);
+        rejected
     }
 
     /// First fit: removes and returns the smallest cached entry of `arm` holding at least
@@ -196,9 +253,9 @@ impl PoolShared {
         a.add_outstanding(&state, 1);
         let hdr = state.free.pop_fit(bytes);
         match &hdr {
-            Some(h) => {
+            Some(_) => {
                 state.stats.hits += 1;
-                self.cached_bytes.fetch_sub(h.bytes, Ordering::Relaxed);
+                a.sync_cached(&state);
             }
             None => state.stats.misses += 1,
         }
@@ -278,7 +335,6 @@ impl PoolShared {
     /// # Safety
     /// `this` is the state `hdr.home` holds an `Arc` to.
     pub(crate) unsafe fn reclaim(this: NonNull<PoolShared>, arm: Arm, hdr: Box<Header>) {
-        let bytes = hdr.bytes;
         // `shared` and the guard live in this block only: once `hdr` is cached and the
         // lock released, a concurrent close may drain the list and free the state, so
         // nothing past the block may refer to it. A rejected header comes out of the
@@ -286,36 +342,22 @@ impl PoolShared {
         let rejected = {
             // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own
             // `hdr`; once `hdr` is cached, the free list keeps it alive until the lock is
-            // released (draining needs the lock), which is the end of this block.
+            // released (draining needs the lock), which is within this block.
             let shared = unsafe { this.as_ref() };
             let a = shared.arm(arm);
-            // Room is reserved against the cap first (reaching it exactly is allowed).
-            let reserved = shared.reserve(bytes);
-            let mut state = a.state.lock();
-            a.add_outstanding(&state, usize::MAX);
-            // The closed check is made under the same lock as the drain in `close`: a
-            // release either lands in the list before the drain (and is freed by it) or
-            // sees `closed` (and frees itself).
-            let kept = if reserved && !state.closed {
-                // Allocates only for a group of 64 classes never seen before; a failed
-                // allocation destroys the buffer instead of aborting.
-                state.free.push(hdr)
-            } else {
-                Err(hdr)
+            let slow = {
+                let mut state = a.state.lock();
+                a.add_outstanding(&state, usize::MAX);
+                // The closed check is made under the same lock as the drain in `close`:
+                // a release either lands in the list before the drain (and is freed by
+                // it) or sees `closed` (and frees itself).
+                shared.cache_fast(arm, &mut state, hdr).err()
             };
-            match kept {
-                Ok(()) => {
-                    state.stats.returned += 1;
-                    None
-                }
-                Err(hdr) => {
-                    if reserved {
-                        shared.cached_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                    }
-                    state.stats.discarded += 1;
-                    Some(hdr)
-                }
-            }
+            slow.map(|hdr| {
+                let mut one = Chain::new();
+                one.push(hdr);
+                shared.cache_slow(arm, one)
+            })
         };
         // Destroyed outside the lock. This may drop the last `Arc` to the state (a
         // closed pool).
@@ -330,9 +372,10 @@ impl PoolShared {
             let mut state = self.arm(arm).state.lock();
             state.closed |= close;
             bytes += state.free.bytes();
-            state.free.drain()
+            let chain = state.free.drain();
+            self.arm(arm).sync_cached(&state);
+            chain
         });
-        self.cached_bytes.fetch_sub(bytes, Ordering::Relaxed);
         (chains, bytes)
     }
 
@@ -382,29 +425,24 @@ impl PoolShared {
         extra: usize,
     ) -> (Option<Box<Header>>, Chain) {
         let mut more = Chain::new();
-        let mut taken = 0;
-        let first = {
-            let mut state = self.arm(arm).state.lock();
-            let first = state.free.pop_fit(bytes);
-            match &first {
-                Some(h) => {
-                    state.stats.hits += 1;
-                    taken += h.bytes;
-                    if h.bytes == bytes {
-                        for _ in 0..extra {
-                            let Some(h) = state.free.pop_exact(bytes) else {
-                                break;
-                            };
-                            taken += h.bytes;
-                            more.push(h);
-                        }
+        let a = self.arm(arm);
+        let mut state = a.state.lock();
+        let first = state.free.pop_fit(bytes);
+        match &first {
+            Some(h) => {
+                state.stats.hits += 1;
+                if h.bytes == bytes {
+                    for _ in 0..extra {
+                        let Some(h) = state.free.pop_exact(bytes) else {
+                            break;
+                        };
+                        more.push(h);
                     }
                 }
-                None => state.stats.misses += 1,
+                a.sync_cached(&state);
             }
-            first
-        };
-        self.cached_bytes.fetch_sub(taken, Ordering::Relaxed);
+            None => state.stats.misses += 1,
+        }
         (first, more)
     }
 
@@ -413,30 +451,19 @@ impl PoolShared {
     /// freed. Returns the bytes of the chain.
     pub(crate) fn reclaim_chain(&self, arm: Arm, mut chain: Chain) -> usize {
         let mut bytes = 0;
-        let mut rejected = Chain::new();
+        let mut slow = Chain::new();
         {
             let mut state = self.arm(arm).state.lock();
             while let Some(hdr) = chain.pop() {
-                let b = hdr.bytes;
-                bytes += b;
-                let kept = if !state.closed && self.reserve(b) {
-                    state.free.push(hdr).inspect_err(|_| {
-                        self.cached_bytes.fetch_sub(b, Ordering::Relaxed);
-                    })
-                } else {
-                    Err(hdr)
-                };
-                match kept {
-                    Ok(()) => state.stats.returned += 1,
-                    Err(hdr) => {
-                        state.stats.discarded += 1;
-                        rejected.push(hdr);
-                    }
+                bytes += hdr.bytes;
+                if let Err(hdr) = self.cache_fast(arm, &mut state, hdr) {
+                    slow.push(hdr);
                 }
             }
         }
-        // Freed outside the lock.
-        drop(rejected);
+        // Those the fast path could not decide, under both locks; the rejected ones are
+        // freed outside the locks.
+        drop(self.cache_slow(arm, slow));
         bytes
     }
 }
@@ -531,7 +558,6 @@ impl BufferPool {
             handle: Arc::new(PoolHandle {
                 shared: Arc::new(PoolShared {
                     arms: [ArmShared::new(Arm::F32), ArmShared::new(Arm::Slab)],
-                    cached_bytes: AtomicUsize::new(0),
                     max_cached_bytes: AtomicUsize::new(bytes),
                     locals: Mutex::new(LocalRegistry {
                         live: Vec::new(),
@@ -642,7 +668,7 @@ impl BufferPool {
     /// Bytes sitting in the shared tier's two free lists (capacities, not requests);
     /// the cap bounds this total.
     pub fn cached_bytes(&self) -> usize {
-        self.shared().cached_bytes.load(Ordering::Relaxed)
+        self.shared().cached_bytes()
     }
 
     /// Pooled objects of both arms currently handed out (buffers and leases) by any

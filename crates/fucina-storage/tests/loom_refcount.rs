@@ -150,6 +150,29 @@ fn plain_buffer_freed_after_remote_read() {
     });
 }
 
+/// Releases into both arms race near the cap: each release takes its own arm's lock,
+/// and both locks when the cap is close. Exactly two 4096-byte objects fit under the
+/// 8192-byte cap whichever order the three releases land in, and the two-lock path
+/// cannot deadlock.
+#[test]
+fn releases_into_both_arms_keep_the_cap_exact() {
+    loom::model(|| {
+        let pool = BufferPool::with_max_cached_bytes(8192);
+        let a = pool.acquire(1024).unwrap(); // 4096 bytes, f32 arm
+        let s1 = pool.acquire_scratch::<u8>(1).unwrap(); // 4096 bytes, slab arm
+        let s2 = pool.acquire_typed::<u8>(1).unwrap();
+        let t = thread::spawn(move || {
+            s1.release();
+            drop(s2);
+        });
+        drop(a);
+        t.join().unwrap();
+        assert_eq!(pool.cached_bytes(), 8192);
+        assert_eq!(pool.debug_sum_cached_capacities(), 8192);
+        assert_eq!(pool.outstanding_buffers(), 0);
+    });
+}
+
 struct Owner(Arc<AtomicUsize>);
 impl Drop for Owner {
     fn drop(&mut self) {
