@@ -510,7 +510,8 @@ impl Drop for PoolHandle {
 /// the same address (LIFO). Both are O(1) in the number of cached classes: each arm
 /// keeps a LIFO stack per size class, linked through the cached headers, and a
 /// three-level bitmap of the non-empty classes (buffers of 1 GiB and more share one
-/// sorted list). Each arm has its own lock; the cap is one atomic total. A release that would push the cached bytes over
+/// sorted list). Each arm has its own lock; the cap on both arms' cached bytes stays
+/// exact (a release takes both locks only when its arm is past half the cap). A release that would push the cached bytes over
 /// [`BufferPool::max_cached_bytes`] (default 1 GiB) destroys the buffer instead; the
 /// cap never limits live memory. Misses allocate [`AlignedBlock`]s (zeroed, so they show
 /// in [`crate::allocation_stats`]); **hits allocate nothing at all**, in either arm.
