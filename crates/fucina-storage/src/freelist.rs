@@ -26,6 +26,7 @@ pub(crate) const FLAT: usize = 1 << 18;
 /// with the capacity. f32 classes are powers of two up to 1024 elements (indexes
 /// 0..=10), then multiples of 1024 (2048 elements is 11); slab classes are multiples of
 /// 4096 bytes (4096 is 0).
+#[inline]
 pub(crate) fn class_index(arm: Arm, bytes: usize) -> usize {
     match arm {
         Arm::F32 => {
@@ -179,11 +180,13 @@ impl FreeIndex {
         Some(next_chunk << 6 | chunk.bits.trailing_zeros() as usize)
     }
 
+    #[inline]
     fn front_bytes(&self) -> Option<usize> {
         // SAFETY: the index owns the front header; `&self` keeps it in place.
         self.front.map(|f| unsafe { f.as_ref() }.bytes)
     }
 
+    #[inline]
     fn take_front(&mut self) -> Box<Header> {
         let ptr = self.front.take().expect("a front header");
         // SAFETY: the index owned the front header (from `Box::leak`) and gives it up
@@ -196,6 +199,7 @@ impl FreeIndex {
 
     /// First fit: removes and returns the most recently cached header of the smallest
     /// non-empty class whose capacity is at least `bytes` (a class capacity).
+    #[inline]
     pub(crate) fn pop_fit(&mut self, bytes: usize) -> Option<Box<Header>> {
         if let Some(fb) = self.front_bytes() {
             if fb == bytes {
@@ -292,6 +296,7 @@ impl FreeIndex {
 
     /// Caches `hdr` as the newest of its class (LIFO). `Err(hdr)` only when a new chunk
     /// of classes could not be allocated (the caller frees the header instead).
+    #[inline]
     pub(crate) fn push(&mut self, hdr: Box<Header>) -> Result<(), Box<Header>> {
         let class = class_index(self.arm, hdr.bytes);
         if class < FLAT && !self.ensure_chunk(class) {
@@ -309,6 +314,7 @@ impl FreeIndex {
         Ok(())
     }
 
+    #[inline]
     fn set_front(&mut self, hdr: Box<Header>) {
         debug_assert!(self.front.is_none());
         self.len += 1;
@@ -345,6 +351,7 @@ impl FreeIndex {
     /// Allocates the chunk of `class` (below `FLAT`) if it is new; `false` if that
     /// allocation failed. Done when a header of the class is first cached, even into
     /// the front slot, so that pushing it down later never allocates.
+    #[inline]
     fn ensure_chunk(&mut self, class: usize) -> bool {
         let c = class >> 6;
         if self.chunks.len() <= c {

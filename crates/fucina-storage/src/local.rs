@@ -41,6 +41,7 @@ pub const DEFAULT_LOCAL_MAX_CACHED_BYTES: usize = 256 << 20;
 const REFILL_BATCH: usize = 4;
 
 /// A thread id that is never reused (0: not assigned yet).
+#[inline]
 fn thread_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     THREAD_ID.with(|id| {
@@ -154,6 +155,7 @@ unsafe impl Send for LocalInner {}
 unsafe impl Sync for LocalInner {}
 
 impl LocalInner {
+    #[inline]
     fn is_mine(&self) -> bool {
         self.owner == thread_id() && !self.detached.load(Ordering::Relaxed)
     }
@@ -195,6 +197,7 @@ impl Drop for LocalInner {
 /// The release hook's local path: caches `hdr` in this thread's bound local tier if it
 /// belongs to the same pool and has room; otherwise hands it back (`Some`) for the
 /// shared path.
+#[inline]
 pub(crate) fn try_release(
     shared: NonNull<PoolShared>,
     arm: Arm,
@@ -228,6 +231,7 @@ pub(crate) fn try_release(
 impl LocalState {
     /// Caches a header released on the owner thread, or hands it back when this tier is
     /// full (the shared path then counts the release).
+    #[inline]
     fn release(
         &mut self,
         arm: Arm,
@@ -346,6 +350,7 @@ impl LocalPool {
     ///
     /// The returned reference is valid until the next call (which may replace the
     /// inner); crate code never holds it across one.
+    #[inline]
     fn inner(&self) -> &LocalInner {
         // SAFETY: `LocalPool` is `!Sync`, so only this thread reaches `self.inner`, and
         // the cell is only written below, when no reference from an earlier call is
@@ -369,6 +374,7 @@ impl LocalPool {
     }
 
     /// Runs `f` on this thread's local state.
+    #[inline]
     fn with_state<R>(&self, f: impl FnOnce(&mut LocalState, &LocalInner) -> R) -> R {
         let inner = self.inner();
         // SAFETY: `inner()` returned an inner this thread owns, and `f` (crate code
@@ -379,6 +385,7 @@ impl LocalPool {
     /// Takes a header of at least `bytes` (class capacity) from the local tier, else
     /// from the shared tier (with a batched refill), else fresh, counted as handed out
     /// by this tier.
+    #[inline]
     fn checkout(&self, arm: Arm, bytes: usize) -> Result<(Box<Header>, bool), StorageError> {
         let local = self.with_state(|st, inner| {
             let hdr = st.free[arm as usize].pop_fit(bytes);
