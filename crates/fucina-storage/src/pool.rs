@@ -1,4 +1,4 @@
-//! The two-arm buffer pool (spec §6.5, reference-behaviors §1).
+//! The two-arm buffer pool: the shared tier (see `docs/MEMORY.md`).
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -495,7 +495,7 @@ impl Drop for PoolHandle {
     }
 }
 
-/// A pool that recycles tensor buffers across ops (spec §6.5).
+/// A pool that recycles tensor buffers across ops.
 ///
 /// Cheap to clone: clones share one pool (`Arc`). Two arms share one byte budget:
 /// - the **f32 arm** caches whole [`Buffer<f32>`] objects (header and data), serving

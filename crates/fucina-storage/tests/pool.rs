@@ -1,5 +1,5 @@
 //! BufferPool behaviour: rounding, first fit, LIFO, the cap, cross-dtype slabs, leases,
-//! the outstanding counter and pool lifetime (reference-behaviors §1).
+//! the outstanding counter and pool lifetime, as the memory model in `docs/MEMORY.md` states them.
 
 use fucina_storage::{
     BufferPool, DEFAULT_MAX_CACHED_BYTES, StorageError, round_f32_len, round_slab_bytes,
