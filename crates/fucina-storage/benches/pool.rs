@@ -17,6 +17,11 @@
 //! shared tier, `local_hit_4KiB` in a local tier. A cost that grows with the number of
 //! classes is a free-list structure that is not O(1).
 //!
+//! `contended_2_threads`: two threads each run the same number of 4 KiB f32
+//! acquire + drop cycles on one pool at once, through the shared tier (`shared`: both
+//! take the f32 arm's lock) or each through its own `LocalPool` (`local`); the time
+//! is the wall time of both divided by the cycles of one thread.
+//!
 //! `first_touch_4MiB`: writing every byte of a fresh 4 MiB block, zeroed (what a pool
 //! miss gives) or not (allocation and free included), or of freshly mapped pages, vs of
 //! a recycled pooled buffer.
@@ -117,6 +122,39 @@ fn hit_vs_cached_classes(c: &mut Criterion) {
     g.finish();
 }
 
+fn contended(c: &mut Criterion) {
+    let mut g = c.benchmark_group("contended_2_threads");
+    for local in [false, true] {
+        let pool = BufferPool::new();
+        let name = if local { "local" } else { "shared" };
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = std::sync::Barrier::new(2);
+                std::thread::scope(|s| {
+                    let run = || {
+                        let tier = local.then(|| pool.local());
+                        drop(pool.acquire(1024).unwrap());
+                        start.wait();
+                        let t = std::time::Instant::now();
+                        for _ in 0..iters {
+                            let buf = match &tier {
+                                Some(l) => l.acquire(black_box(1024)).unwrap(),
+                                None => pool.acquire(black_box(1024)).unwrap(),
+                            };
+                            drop(black_box(buf));
+                        }
+                        t.elapsed()
+                    };
+                    let other = s.spawn(run);
+                    let mine = run();
+                    mine.max(other.join().unwrap())
+                })
+            });
+        });
+    }
+    g.finish();
+}
+
 fn first_touch(c: &mut Criterion) {
     let mut g = c.benchmark_group("first_touch_4MiB");
     let bytes = 4 << 20;
@@ -174,5 +212,11 @@ fn first_touch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, alloc_cycle, hit_vs_cached_classes, first_touch);
+criterion_group!(
+    benches,
+    alloc_cycle,
+    hit_vs_cached_classes,
+    contended,
+    first_touch
+);
 criterion_main!(benches);
