@@ -2,9 +2,9 @@
 //!
 //! Every block comes from the global allocator with a [`Layout`] of the request plus
 //! [`OVERHEAD`] bytes at the allocator's natural 16-byte alignment, and the returned
-//! pointer is rounded up to [`ALIGNMENT`] inside it (the spec's `AlignedAlloc`: over-
-//! allocate and round up; Rust keeps the original pointer in the block struct instead
-//! of a header word in front of the data). Asking for the natural alignment rather
+//! pointer is rounded up to [`ALIGNMENT`] inside it (over-allocate and round up; the
+//! original pointer is kept in the block struct rather than in a header word in front
+//! of the data). Asking for the natural alignment rather
 //! than 64 lets [`AlignedBlock::new_zeroed`] go through `calloc` (with the system
 //! allocator), which skips the `memset` whenever it hands out freshly mapped pages (the
 //! OS zeroes them lazily, on first touch); `std`'s `alloc_zeroed` with a 64-byte

@@ -12,7 +12,7 @@ use crate::aligned::AlignedBlock;
 ///
 /// Slices are handed out through `&self` (so several can be alive together) and
 /// `reset` needs `&mut self`, so the borrow checker rejects a reset while any slice
-/// lives — the rule the spec only documents.
+/// lives: a rule that is checked at compile time, not just documented.
 ///
 /// Contents: the block is zeroed once at creation, so a fresh slice reads zeros and a
 /// slice handed out after a reset reads whatever the previous round wrote.

@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use crate::aligned::AlignedBlock;
 use crate::dtype::Scalar;
 use crate::pool::PoolShared;
-use crate::sync::{Arc, AtomicUsize, Ordering, fence};
+use crate::sync::{Arc, AtomicUsize, DataCell, Ordering, fence};
 use crate::{DType, StorageError};
 
 /// Which free list of a pool a header returns to.
@@ -24,6 +24,16 @@ pub(crate) enum Arm {
     F32,
     /// Untyped 4096-byte-rounded slabs (typed buffers and scratch leases).
     Slab,
+}
+
+impl Arm {
+    /// The other arm.
+    pub(crate) fn other(self) -> Arm {
+        match self {
+            Arm::F32 => Arm::Slab,
+            Arm::Slab => Arm::F32,
+        }
+    }
 }
 
 /// Where a pooled header goes when its last reference drops. Set when a pool creates the
@@ -45,8 +55,36 @@ pub(crate) enum Storage {
     /// Zero-copy: memory owned by something else (a `Vec`, an `Arc<[T]>`, an mmap),
     /// dropped with the header.
     Owner(Box<dyn Any + Send + Sync>),
+    /// Zero-copy over memory inside the owner itself ([`Buffer::from_owner`]).
+    Pinned(PinnedOwner),
     /// Zero-copy over `'static` memory: nothing to free.
     Static,
+}
+
+/// An owner moved to the heap and held by raw pointer until it drops. Unlike a `Box`,
+/// which asserts unique access to its contents whenever it moves, this keeps
+/// references into the owner (the buffer's data, for an owner that stores its elements
+/// inline) valid while the header moves around.
+pub(crate) struct PinnedOwner(NonNull<dyn Any + Send + Sync>);
+
+impl PinnedOwner {
+    /// Moves `owner` to the heap; the pointer stays valid until this drops.
+    fn new<O: Any + Send + Sync>(owner: O) -> (Self, NonNull<O>) {
+        let raw = NonNull::from(Box::leak(Box::new(owner)));
+        (Self(raw), raw)
+    }
+}
+
+// SAFETY: it owns an `O: Send + Sync` (like the `Box` it came from).
+unsafe impl Send for PinnedOwner {}
+// SAFETY: as above; nothing is reachable through `&PinnedOwner`.
+unsafe impl Sync for PinnedOwner {}
+
+impl Drop for PinnedOwner {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `Box::leak` in `new` and is freed only here.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 /// The shared part of a buffer: refcount, data and release rule.
@@ -66,6 +104,18 @@ pub(crate) struct Header {
     /// `Some` for every header a pool made (handed out or cached): the release hook
     /// returns the header there.
     pub(crate) home: Option<Home>,
+    /// The next header in a free list (pool-internal link, `None` while handed out).
+    pub(crate) next: Option<NonNull<Header>>,
+    /// Touched on every access to the data (a loom-tracked cell under `--cfg loom`).
+    pub(crate) cell: DataCell,
+}
+
+/// Freeing the storage is a write as far as the loom models are concerned.
+#[cfg(loom)]
+impl Drop for Header {
+    fn drop(&mut self) {
+        self.cell.write();
+    }
 }
 
 // SAFETY: the header owns (or keeps alive through a `Send + Sync` owner) the memory
@@ -86,6 +136,8 @@ impl Header {
             writable: true,
             storage: Storage::Block(block),
             home: None,
+            next: None,
+            cell: DataCell::new(),
         })
     }
 }
@@ -100,15 +152,19 @@ impl fmt::Debug for Header {
 }
 
 /// Runs the release rule of a header whose last reference just went away: pooled
-/// headers go back to their pool, everything else is freed (the block, or the owner of
+/// headers go back to their pool (this thread's local tier of it, else the shared
+/// tier), everything else is freed (the block, or the owner of
 /// borrowed memory, drops with the header).
 pub(crate) fn release_header(hdr: Box<Header>) {
     match &hdr.home {
         Some(home) => {
             let (shared, arm) = (NonNull::from(&*home.shared), home.arm);
-            // SAFETY: `shared` is the pool state `hdr.home` holds an `Arc` to, and `hdr`
-            // (with that `Arc`) is moved into `reclaim`.
-            unsafe { PoolShared::reclaim(shared, arm, hdr) }
+            // This thread's local tier of the same pool first (no lock), if any.
+            if let Some(hdr) = crate::local::try_release(shared, arm, hdr) {
+                // SAFETY: `shared` is the pool state `hdr.home` holds an `Arc` to, and
+                // `hdr` (with that `Arc`) is moved into `reclaim`.
+                unsafe { PoolShared::reclaim(shared, arm, hdr) }
+            }
         }
         None => drop(hdr),
     }
@@ -124,7 +180,7 @@ pub(crate) fn release_header(hdr: Box<Header>) {
 /// |---|---|---|
 /// | [`crate::BufferPool`] acquires | pooled block (64-aligned) | back to its pool (header and data) |
 /// | [`Buffer::zeroed`], [`Buffer::from_slice`] | owned block (64-aligned) | block and header freed |
-/// | [`Buffer::from_vec`], [`Buffer::from_arc`], [`Buffer::from_raw_parts_with_owner`] | borrowed (zero-copy) | header freed, owner dropped |
+/// | [`Buffer::from_vec`], [`Buffer::from_arc`], [`Buffer::from_owner`], [`Buffer::from_raw_parts_with_owner`], the `From` impls | borrowed (zero-copy) | header freed, owner dropped |
 /// | [`Buffer::from_static`] | borrowed `'static` | header freed |
 ///
 /// [`Buffer::len`] is the **capacity** in elements, which for pooled buffers may exceed
@@ -133,7 +189,8 @@ pub(crate) fn release_header(hdr: Box<Header>) {
 /// Reading is always safe ([`Deref`] to `[T]`): every buffer's memory is initialized
 /// (fresh blocks are zeroed, recycled ones hold earlier values, `bool` memory is zeroed
 /// on reuse). Writing needs proof that nobody else can read: [`Buffer::get_mut`]
-/// succeeds only for a unique handle over writable memory. Kernels that fill a fresh
+/// succeeds only for a unique handle over writable memory, and [`Buffer::make_mut`]
+/// copies first when it would not (copy-on-write). Kernels that fill a fresh
 /// output from several threads use [`Buffer::as_mut_ptr`] under its documented contract.
 ///
 /// ```
@@ -167,25 +224,6 @@ impl<T: Scalar> Buffer<T> {
         debug_assert!(hdr.data.as_ptr().cast::<T>().is_aligned());
         Self {
             hdr: NonNull::from(Box::leak(hdr)),
-            _marker: PhantomData,
-        }
-    }
-
-    /// Gives up this handle's reference to the caller as a raw header pointer.
-    pub(crate) fn into_header_ptr(self) -> NonNull<Header> {
-        let hdr = self.hdr;
-        std::mem::forget(self);
-        hdr
-    }
-
-    /// Re-wraps a header pointer from [`Buffer::into_header_ptr`].
-    ///
-    /// # Safety
-    /// `hdr` must come from `into_header_ptr` of a `Buffer<U>` with the same element
-    /// layout as `T` (in practice: `U` and `T` are the same type), and is consumed.
-    pub(crate) unsafe fn from_header_ptr(hdr: NonNull<Header>) -> Self {
-        Self {
-            hdr,
             _marker: PhantomData,
         }
     }
@@ -239,6 +277,8 @@ impl<T: Scalar> Buffer<T> {
             writable,
             storage,
             home: None,
+            next: None,
+            cell: DataCell::new(),
         }))
     }
 
@@ -273,6 +313,32 @@ impl<T: Scalar> Buffer<T> {
             false,
             Storage::Static,
         )
+    }
+
+    /// Zero-copy, read-only, over the elements `owner` holds: a safe wrap for any owner
+    /// that exposes its data as `[T]` (a `Vec`, a `Box<[T]>`, a memory-mapped file type,
+    /// a `bytes::Bytes`-like handle...). The owner is moved to the heap first and
+    /// `owner.as_ref()` is called once, there, so an owner that stores its elements
+    /// inline (an array) works too; it is dropped with the last handle. The buffer is
+    /// never writable ([`Buffer::get_mut`] returns `None`; [`Buffer::make_mut`] copies).
+    ///
+    /// ```
+    /// use fucina_storage::Buffer;
+    ///
+    /// let b = Buffer::from_owner([1u16, 2, 3]); // the array moves into the buffer
+    /// assert_eq!(&b[..], &[1, 2, 3]);
+    /// assert!(!b.is_writable());
+    /// ```
+    pub fn from_owner<O: AsRef<[T]> + Send + Sync + 'static>(owner: O) -> Self {
+        let (pinned, raw) = PinnedOwner::new(owner);
+        // SAFETY: `raw` points at the owner just moved to the heap, alive until
+        // `pinned` drops with the header.
+        let values: &[T] = unsafe { raw.as_ref() }.as_ref();
+        // The owner never moves again, and nothing else gets access to it until it
+        // drops with the header, so the slice stays valid and unchanged while the buffer
+        // lives.
+        let (data, len) = (NonNull::from(values).cast::<T>(), values.len());
+        Self::wrap(data, len, false, Storage::Pinned(pinned))
     }
 
     /// Zero-copy over memory kept alive by `owner` (an mmap, a foreign allocation...).
@@ -328,11 +394,13 @@ impl<T: Scalar> Buffer<T> {
     ///   between threads;
     /// - only valid values of `T` are written within `len()` elements (for `bool`: 0 or 1).
     pub fn as_mut_ptr(&self) -> *mut T {
+        self.header().cell.write();
         self.header().data.as_ptr().cast::<T>()
     }
 
     /// The whole capacity as a slice.
     pub fn as_slice(&self) -> &[T] {
+        self.header().cell.read();
         // SAFETY: `data` is aligned for `T` and points to `len` initialized values that
         // stay alive while this handle does; writes happen only through `get_mut`
         // (which needs `&mut self` of the unique handle) or the documented
@@ -351,6 +419,58 @@ impl<T: Scalar> Buffer<T> {
         } else {
             None
         }
+    }
+
+    /// Copy-on-write mutable access (an associated function, as for `Arc::make_mut`, so
+    /// it does not shadow a slice method): when `this` is the only handle of writable
+    /// memory its data is returned in place; otherwise the data is first copied into a
+    /// fresh buffer that replaces `this` (the other handles keep the old storage).
+    ///
+    /// Where the copy comes from:
+    /// - a **pooled** buffer is copied into a buffer acquired from the same pool (the
+    ///   same arm; a hit when that size class is cached). Its capacity is at least the
+    ///   old one (first fit may hand back a larger cached buffer); elements past the old
+    ///   capacity hold whatever the recycled memory held (zeroed for `bool`);
+    /// - any other buffer (plain, zero-copy, `'static`) does not know a pool, so the copy
+    ///   is a plain buffer over a fresh 64-aligned block ([`Buffer::from_slice`]) of the
+    ///   same length.
+    ///
+    /// ```
+    /// use fucina_storage::Buffer;
+    ///
+    /// static TABLE: [f32; 3] = [1.0, 2.0, 3.0];
+    /// let mut b = Buffer::from_static(&TABLE); // read-only
+    /// Buffer::make_mut(&mut b)?[0] = 10.0; // copied into a fresh block first
+    /// assert_eq!((&b[..], TABLE[0]), (&[10.0, 2.0, 3.0][..], 1.0));
+    ///
+    /// let alias = b.clone();
+    /// Buffer::make_mut(&mut b)?[1] = 20.0; // shared: copied again
+    /// assert_eq!((alias[1], b[1]), (2.0, 20.0));
+    /// let addr = b.as_ptr();
+    /// Buffer::make_mut(&mut b)?[2] = 30.0; // unique and writable: in place
+    /// assert_eq!(b.as_ptr(), addr);
+    /// # Ok::<(), fucina_storage::StorageError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The allocation errors of the copy ([`Buffer::from_slice`], or a pool miss);
+    /// `this` is unchanged then.
+    pub fn make_mut(this: &mut Self) -> Result<&mut [T], StorageError> {
+        if !(this.is_unique() && this.header().writable) {
+            let copy = match &this.header().home {
+                Some(home) => {
+                    let mut fresh = PoolShared::acquire_typed::<T>(&home.shared, this.len())?;
+                    let dst = fresh.get_mut().expect("a fresh pooled buffer is unique");
+                    dst[..this.len()].copy_from_slice(this);
+                    fresh
+                }
+                None => Self::from_slice(this)?,
+            };
+            *this = copy;
+        }
+        Ok(this
+            .get_mut()
+            .expect("unique and writable after the copy-on-write check"))
     }
 
     /// The whole capacity as a mutable slice, without the uniqueness check.
@@ -443,6 +563,27 @@ impl<T: Scalar> Deref for Buffer<T> {
 
     fn deref(&self) -> &[T] {
         self.as_slice()
+    }
+}
+
+/// Zero-copy, as [`Buffer::from_vec`].
+impl<T: Scalar> From<Vec<T>> for Buffer<T> {
+    fn from(values: Vec<T>) -> Self {
+        Self::from_vec(values)
+    }
+}
+
+/// Zero-copy, as [`Buffer::from_arc`].
+impl<T: Scalar> From<std::sync::Arc<[T]>> for Buffer<T> {
+    fn from(values: std::sync::Arc<[T]>) -> Self {
+        Self::from_arc(values)
+    }
+}
+
+/// Zero-copy and read-only, as [`Buffer::from_static`].
+impl<T: Scalar> From<&'static [T]> for Buffer<T> {
+    fn from(values: &'static [T]) -> Self {
+        Self::from_static(values)
     }
 }
 

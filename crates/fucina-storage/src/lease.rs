@@ -75,6 +75,7 @@ impl<T: bytemuck::Pod> ScratchLease<T> {
 
     /// The items.
     pub fn as_slice(&self) -> &[T] {
+        self.header().cell.read();
         // SAFETY: the slab is 64-aligned (T's alignment is <= 64), holds at least `len`
         // items' worth of initialized bytes (zeroed when fresh, written with Pod values
         // since), any bit pattern is a valid `T` (Pod), and the lease owns it.
@@ -83,6 +84,7 @@ impl<T: bytemuck::Pod> ScratchLease<T> {
 
     /// The items, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.header().cell.write();
         // SAFETY: as `as_slice`, and `&mut self` gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.header().data.as_ptr().cast::<T>(), self.len) }
     }

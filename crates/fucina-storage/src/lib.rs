@@ -1,16 +1,19 @@
 //! # fucina-storage
 //!
 //! Tensor memory for the fucina runtime, usable on its own: 64-byte-aligned blocks with
-//! process-wide counters, refcounted typed buffers with copy-on-write-friendly access,
-//! a two-arm [`BufferPool`] that recycles buffers so that steady-state workloads
-//! allocate nothing, a bump [`Arena`], and the storage [`DType`]s.
+//! process-wide counters, refcounted typed buffers with copy-on-write
+//! ([`Buffer::make_mut`]), a two-arm [`BufferPool`] that recycles buffers so that
+//! steady-state workloads allocate nothing, with a lock-free per-thread tier in front
+//! of it ([`LocalPool`]), a bump [`Arena`], and the storage [`DType`]s.
 //!
 //! | item | what it is |
 //! |---|---|
 //! | [`AlignedBlock`] | an owned 64-byte-aligned block; huge requests are `Err`, never an abort |
 //! | [`allocation_stats`], [`reset_peak_allocation`] | allocations, frees, live and peak bytes of every block |
-//! | [`Buffer<T>`] | a refcounted handle to `[T]`: clone = one atomic increment, last drop runs the release rule once |
-//! | [`BufferPool`] | f32 arm (whole buffer objects) + slab arm (typed buffers, [`ScratchLease`]s), one cap |
+//! | [`Buffer<T>`] | a refcounted handle to `[T]`: clone = one atomic increment, last drop runs the release rule once; zero-copy `From<Vec<T>>`, `From<Arc<[T]>>`, `From<&'static [T]>`, [`Buffer::from_owner`] |
+//! | [`BufferPool`] | the shared tier: f32 arm (whole buffer objects) + slab arm (typed buffers, [`ScratchLease`]s), one cap, O(1) first fit |
+//! | [`LocalPool`] | the local tier: a per-thread cache in front of a pool, no lock on a hit or an owner-thread release |
+//! | [`PoolStats`] | hits, misses and releases of a pool or a local tier |
 //! | [`Arena`] | bump allocation from one block, reset all at once |
 //! | [`DType`], [`Scalar`] | storage dtypes in the reference order, and the Rust types behind them |
 //!
@@ -59,8 +62,13 @@
 //!   hold earlier values; recycled `bool` memory is zeroed again.
 //! - **Zero allocation on a pool hit**, in both arms: the f32 arm recycles whole buffer
 //!   objects, the slab arm recycles slabs together with their headers, and the free
-//!   lists keep their capacity. Only a miss (or a free list growing past its previous
-//!   length) allocates.
+//!   lists are linked through the cached headers themselves, so caching a release
+//!   allocates nothing either (also after [`BufferPool::trim`]). Only a miss allocates,
+//!   plus one small index chunk the first time a release lands in a group of 64 size
+//!   classes never seen before.
+//! - **O(1) free lists.** A hit and a release cost the same however many size classes
+//!   are cached: per-class LIFO stacks and a bitmap of the non-empty classes (buffers of
+//!   1 GiB and more excepted: they sit in one sorted list).
 //! - **Pool lifetime.** Every pooled buffer and lease keeps its pool alive, so handles
 //!   can outlive the `BufferPool` they came from. Dropping the last `BufferPool` handle
 //!   frees the cache at once; objects still out are freed (not cached) when they drop.
@@ -74,7 +82,9 @@ mod arena;
 mod buffer;
 mod dtype;
 mod error;
+mod freelist;
 mod lease;
+mod local;
 mod pool;
 mod sync;
 
@@ -89,7 +99,8 @@ pub use buffer::Buffer;
 pub use dtype::{DType, Scalar};
 pub use error::StorageError;
 pub use lease::ScratchLease;
+pub use local::{DEFAULT_LOCAL_MAX_CACHED_BYTES, LocalPool};
 pub use pool::{
-    BufferPool, DEFAULT_MAX_CACHED_BYTES, F32_ROUNDING_THRESHOLD, SLAB_QUANTUM, round_f32_len,
-    round_slab_bytes,
+    BufferPool, DEFAULT_MAX_CACHED_BYTES, F32_ROUNDING_THRESHOLD, PoolStats, SLAB_QUANTUM,
+    round_f32_len, round_slab_bytes,
 };

@@ -1,4 +1,4 @@
-//! The two-arm buffer pool (spec §6.5, reference-behaviors §1).
+//! The two-arm buffer pool: the shared tier (see `docs/MEMORY.md`).
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -6,7 +6,9 @@ use std::ptr::NonNull;
 use crate::aligned::AlignedBlock;
 use crate::buffer::{Arm, Buffer, Header, Home};
 use crate::dtype::Scalar;
+use crate::freelist::{Chain, FreeIndex};
 use crate::lease::ScratchLease;
+use crate::local::{LocalCounters, LocalPool};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use crate::{DType, StorageError};
 
@@ -73,91 +75,256 @@ pub fn round_slab_bytes(bytes: usize) -> Result<usize, StorageError> {
         })
 }
 
-/// A cached object: its capacity in bytes (the sort key, kept inline so a lookup does
-/// not chase header pointers) and the header, which owns the block.
-struct Entry {
-    bytes: usize,
-    hdr: Box<Header>,
+/// Counters of one pool tier since it was created: the shared tier's from
+/// [`BufferPool::stats`], a local tier's from [`LocalPool::stats`] (which documents what
+/// its fields count there).
+///
+/// Each counts events of both arms (f32 buffers, typed buffers and scratch leases).
+/// The shared tier updates them under the arm locks (a snapshot is consistent per
+/// arm); they never reset (compare snapshots as deltas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Acquires served from the cache (no allocation).
+    pub hits: u64,
+    /// Acquires that found no fitting cached entry and allocated a fresh block
+    /// (including those whose allocation then failed).
+    pub misses: u64,
+    /// Releases that put their buffer or slab back into the cache.
+    pub returned: u64,
+    /// Releases that freed their buffer or slab instead: it would have pushed the
+    /// cached bytes over the cap, or the pool was closed (its last handle dropped).
+    pub discarded: u64,
 }
 
-struct PoolState {
-    /// Whole f32 buffer objects, ascending by capacity, LIFO among equals.
-    f32_free: Vec<Entry>,
-    /// Untyped slabs (each with a recycled header), ascending, LIFO among equals.
-    slab_free: Vec<Entry>,
-    cached_bytes: usize,
-    max_cached_bytes: usize,
-    /// Set (with the free lists emptied) when the last [`BufferPool`] handle drops;
+/// The lock-protected part of one arm.
+struct ArmState {
+    /// The cached headers of this arm (whole f32 buffer objects, or untyped slabs each
+    /// with a recycled header), by size class.
+    free: FreeIndex,
+    /// Set (with the free list emptied) when the last [`BufferPool`] handle drops;
     /// later releases destroy instead of caching.
     closed: bool,
+    /// This arm's share of the counters of [`BufferPool::stats`].
+    stats: PoolStats,
 }
 
-impl PoolState {
-    fn list(&mut self, arm: Arm) -> &mut Vec<Entry> {
-        match arm {
-            Arm::F32 => &mut self.f32_free,
-            Arm::Slab => &mut self.slab_free,
+/// One arm: its lock and its outstanding count.
+struct ArmShared {
+    state: Mutex<ArmState>,
+    /// Checkouts minus releases through this arm's lock (wrapping: a buffer checked out
+    /// by one tier may come back through another, so only the sum over the arms and the
+    /// local tiers is meaningful). Written only under the lock, read without it.
+    outstanding: AtomicUsize,
+    /// Bytes in this arm's free list: a copy of `free.bytes()`, stored under the lock
+    /// after every change, for the other arm's cap check and for observers.
+    cached: AtomicUsize,
+}
+
+impl ArmShared {
+    fn new(arm: Arm) -> Self {
+        Self {
+            state: Mutex::new(ArmState {
+                free: FreeIndex::new(arm),
+                closed: false,
+                stats: PoolStats::default(),
+            }),
+            outstanding: AtomicUsize::new(0),
+            cached: AtomicUsize::new(0),
         }
     }
 
-    /// Empties both free lists, returning them (for the caller to drop outside the
-    /// lock) and the bytes they held.
-    fn take_cache(&mut self) -> ([Vec<Entry>; 2], usize) {
-        let lists = [
-            std::mem::take(&mut self.f32_free),
-            std::mem::take(&mut self.slab_free),
-        ];
-        (lists, std::mem::take(&mut self.cached_bytes))
+    /// Publishes the free list's byte total after a change (the caller holds the lock).
+    fn sync_cached(&self, locked: &ArmState) {
+        self.cached.store(locked.free.bytes(), Ordering::Relaxed);
+    }
+
+    /// `outstanding += delta` (wrapping). The `_locked` borrow of the guarded state
+    /// proves the caller holds the lock: every writer does, so a plain load and store is
+    /// exact and avoids a locked read-modify-write on the hot path.
+    fn add_outstanding(&self, _locked: &ArmState, delta: usize) {
+        let v = self.outstanding.load(Ordering::Relaxed);
+        self.outstanding
+            .store(v.wrapping_add(delta), Ordering::Release);
     }
 }
 
-/// The state every clone of a [`BufferPool`] and every pooled object shares.
+/// The state every clone of a [`BufferPool`] and every pooled object shares: the
+/// shared tier.
 pub(crate) struct PoolShared {
-    state: Mutex<PoolState>,
-    /// Live pooled objects of both arms (buffers and leases). Atomic so observers read
-    /// it without the lock; written only under the lock (see `add_outstanding`).
-    outstanding: AtomicUsize,
+    /// Indexed by `Arm as usize`: one lock per arm. The cap on both arms' cached bytes
+    /// is kept exactly without a shared counter: see [`PoolShared::cache`].
+    arms: [ArmShared; 2],
+    max_cached_bytes: AtomicUsize,
+    /// The local tiers' counters, for an exact outstanding total.
+    locals: Mutex<LocalRegistry>,
+}
+
+/// The outstanding counters of a pool's live local tiers, and what the gone ones left.
+struct LocalRegistry {
+    live: Vec<Arc<LocalCounters>>,
+    /// Sum (wrapping) of the counts of local tiers already unregistered.
+    retired: usize,
 }
 
 impl PoolShared {
+    fn arm(&self, arm: Arm) -> &ArmShared {
+        &self.arms[arm as usize]
+    }
+
+    /// Bytes in both arms' free lists.
+    fn cached_bytes(&self) -> usize {
+        self.arms
+            .iter()
+            .map(|a| a.cached.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The cap check and insert of a release into `arm`, whose lock the caller holds
+    /// (`state`): `Ok` when cached, `Err(hdr)` when only both locks can decide
+    /// ([`PoolShared::cache_slow`]: near the cap, or the pool is closed).
+    ///
+    /// The cap is exact without a counter shared by the arms: with only its own lock,
+    /// a release is cached when its arm stays within half the cap and the other arm is
+    /// within half the cap too. The other arm can only pass half the cap under both
+    /// locks (the slow path), so it cannot do so meanwhile, and the total stays within
+    /// the cap. Near the cap the slow path takes both locks (F32 then slab, the only
+    /// order in which two are ever held) and checks the exact total, so a release is
+    /// kept exactly when `cached + bytes <= cap`.
+    fn cache_fast(
+        &self,
+        arm: Arm,
+        state: &mut ArmState,
+        hdr: Box<Header>,
+    ) -> Result<(), Box<Header>> {
+        let half = self.max_cached_bytes.load(Ordering::Relaxed) / 2;
+        let other = self.arm(arm.other()).cached.load(Ordering::Relaxed);
+        if state.closed || hdr.bytes > half.saturating_sub(state.free.bytes()) || other > half {
+            return Err(hdr);
+        }
+        let a = self.arm(arm);
+        let kept = state.free.push(hdr);
+        if kept.is_ok() {
+            state.stats.returned += 1;
+            a.sync_cached(state);
+        }
+        kept
+    }
+
+    /// The exact cap check under both locks, for releases the fast path could not
+    /// decide. Returns the headers to free (over the cap, or the pool is closed).
+    fn cache_slow(&self, arm: Arm, mut chain: Chain) -> Chain {
+        let mut rejected = Chain::new();
+        let mut f32_state = self.arm(Arm::F32).state.lock();
+        let mut slab_state = self.arm(Arm::Slab).state.lock();
+        let cap = self.max_cached_bytes.load(Ordering::Relaxed);
+        while let Some(hdr) = chain.pop() {
+            let total = f32_state.free.bytes() + slab_state.free.bytes();
+            let state = match arm {
+                Arm::F32 => &mut *f32_state,
+                Arm::Slab => &mut *slab_state,
+            };
+            // `bytes <= cap - total` is `total + bytes <= cap` without overflow:
+            // reaching the cap exactly is allowed.
+            let kept = if !state.closed && hdr.bytes <= cap.saturating_sub(total) {
+                state.free.push(hdr)
+            } else {
+                Err(hdr)
+            };
+            match kept {
+                Ok(()) => state.stats.returned += 1,
+                Err(hdr) => {
+                    state.stats.discarded += 1;
+                    rejected.push(hdr);
+                }
+            }
+        }
+        self.arm(Arm::F32).sync_cached(&f32_state);
+        self.arm(Arm::Slab).sync_cached(&slab_state);
+        rejected
+    }
+
     /// First fit: removes and returns the smallest cached entry of `arm` holding at least
     /// `bytes`, or `None` (a miss). Either way it counts one more outstanding object
     /// (a miss that then fails to allocate calls [`PoolShared::cancel_checkout`]).
     fn take(&self, arm: Arm, bytes: usize) -> Option<Box<Header>> {
-        let mut state = self.state.lock();
-        self.add_outstanding(&state);
-        let list = state.list(arm);
-        let pos = list.partition_point(|e| e.bytes < bytes);
-        if pos == list.len() {
-            return None;
+        let a = self.arm(arm);
+        let mut state = a.state.lock();
+        a.add_outstanding(&state, 1);
+        let hdr = state.free.pop_fit(bytes);
+        match &hdr {
+            Some(_) => {
+                state.stats.hits += 1;
+                a.sync_cached(&state);
+            }
+            None => state.stats.misses += 1,
         }
-        let entry = list.remove(pos);
-        state.cached_bytes -= entry.bytes;
-        Some(entry.hdr)
+        hdr
     }
 
     /// Undoes the outstanding count of a checkout whose fresh allocation failed.
-    fn cancel_checkout(&self) {
-        let state = self.state.lock();
-        self.sub_outstanding(&state);
+    fn cancel_checkout(&self, arm: Arm) {
+        let a = self.arm(arm);
+        let state = a.state.lock();
+        a.add_outstanding(&state, usize::MAX);
     }
 
-    /// `outstanding += 1`. The `_locked` borrow of the guarded state proves the caller
-    /// holds the lock: every writer does, so a plain load and store is exact and avoids
-    /// a locked read-modify-write on the hot path; readers load it without the lock.
-    fn add_outstanding(&self, _locked: &PoolState) {
-        let v = self.outstanding.load(Ordering::Relaxed);
-        self.outstanding.store(v + 1, Ordering::Release);
+    /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
+    /// (one reference, +1 outstanding). A fresh header gets its home (this pool's state)
+    /// here and keeps it for life, so a hit needs no `Arc` clone. Returns whether it was
+    /// a hit.
+    pub(crate) fn checkout(
+        this: &Arc<PoolShared>,
+        arm: Arm,
+        bytes: usize,
+    ) -> Result<(Box<Header>, bool), StorageError> {
+        let (hdr, hit) = match this.take(arm, bytes) {
+            Some(hdr) => {
+                debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));
+                (hdr, true)
+            }
+            // Unlocked: the fresh allocation touches no shared pool state.
+            None => match AlignedBlock::new_zeroed(bytes) {
+                Ok(block) => {
+                    let mut hdr = Header::with_block(block);
+                    hdr.home = Some(Home {
+                        shared: Arc::clone(this),
+                        arm,
+                    });
+                    (hdr, false)
+                }
+                Err(e) => {
+                    this.cancel_checkout(arm);
+                    return Err(e);
+                }
+            },
+        };
+        // We own the header exclusively (it came out of the locked list or is fresh).
+        hdr.refs.store(1, Ordering::Relaxed);
+        Ok((hdr, hit))
     }
 
-    /// `outstanding -= 1`; the caller holds the lock (see `add_outstanding`).
-    fn sub_outstanding(&self, _locked: &PoolState) {
-        let v = self.outstanding.load(Ordering::Relaxed);
-        debug_assert!(v > 0, "BufferPool outstanding counter underflow");
-        self.outstanding.store(v.wrapping_sub(1), Ordering::Release);
+    /// A typed buffer of at least `len` elements from `this` pool: `f32` from the f32
+    /// arm, every other type from the slab arm (recycled `bool` memory zeroed).
+    pub(crate) fn acquire_typed<T: Scalar>(
+        this: &Arc<PoolShared>,
+        len: usize,
+    ) -> Result<Buffer<T>, StorageError> {
+        let (arm, bytes) = if T::DTYPE == DType::F32 {
+            (Arm::F32, round_f32_len(len)? * size_of::<f32>())
+        } else {
+            (Arm::Slab, slab_request::<T>(len)?)
+        };
+        let (hdr, hit) = Self::checkout(this, arm, bytes)?;
+        if hit && !T::ANY_BIT_PATTERN {
+            hdr.cell.write();
+            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
+            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
+        }
+        Ok(Buffer::from_header(hdr))
     }
 
-    /// The release hook: caches `hdr` (before equal capacities: LIFO) unless that would
+    /// The release hook: caches `hdr` (on top of its size class: LIFO) unless that would
     /// push the cached bytes over the cap or the pool is closed, in which case it is
     /// destroyed.
     ///
@@ -168,45 +335,136 @@ impl PoolShared {
     /// # Safety
     /// `this` is the state `hdr.home` holds an `Arc` to.
     pub(crate) unsafe fn reclaim(this: NonNull<PoolShared>, arm: Arm, hdr: Box<Header>) {
-        let bytes = hdr.bytes;
-        // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own `hdr`;
-        // once `hdr` is cached, the free list keeps it alive until the lock is released
-        // (draining needs the lock), and neither `shared` nor `state` is used after that.
-        let shared = unsafe { this.as_ref() };
-        let mut state = shared.state.lock();
-        shared.sub_outstanding(&state);
-        let room = state.max_cached_bytes.saturating_sub(state.cached_bytes);
-        // `bytes <= room` is `bytes <= cap && cached + bytes <= cap` without overflow:
-        // reaching the cap exactly is allowed. The closed check is made under the same
-        // lock as the drain in `close`: a release either lands in the list before the
-        // drain (and is freed by it) or sees `closed` (and frees itself).
-        if bytes <= room && !state.closed {
-            let list = state.list(arm);
-            // Once warmed the list has retained capacity, so this does not allocate; a
-            // failed growth destroys the buffer instead of aborting.
-            if list.try_reserve(1).is_ok() {
-                let pos = list.partition_point(|e| e.bytes < bytes);
-                list.insert(pos, Entry { bytes, hdr });
-                state.cached_bytes += bytes;
-                return;
-            }
-        }
-        drop(state);
+        // `shared` and the guard live in this block only: once `hdr` is cached and the
+        // lock released, a concurrent close may drain the list and free the state, so
+        // nothing past the block may refer to it. A rejected header comes out of the
+        // block and is destroyed after it.
+        let rejected = {
+            // SAFETY: `hdr` holds an `Arc` to the state, so it is alive while we own
+            // `hdr`; once `hdr` is cached, the free list keeps it alive until the lock is
+            // released (draining needs the lock), which is within this block.
+            let shared = unsafe { this.as_ref() };
+            let a = shared.arm(arm);
+            let slow = {
+                let mut state = a.state.lock();
+                a.add_outstanding(&state, usize::MAX);
+                // The closed check is made under the same lock as the drain in `close`:
+                // a release either lands in the list before the drain (and is freed by
+                // it) or sees `closed` (and frees itself).
+                shared.cache_fast(arm, &mut state, hdr).err()
+            };
+            slow.map(|hdr| {
+                let mut one = Chain::new();
+                one.push(hdr);
+                shared.cache_slow(arm, one)
+            })
+        };
         // Destroyed outside the lock. This may drop the last `Arc` to the state (a
-        // closed pool), which is why `shared` is not used past this point.
-        drop(hdr);
+        // closed pool).
+        drop(rejected);
+    }
+
+    /// Empties both free lists, returning their headers (to be freed outside the locks)
+    /// and the bytes they held. With `close`, later releases destroy their objects.
+    fn drain(&self, close: bool) -> ([Chain; 2], usize) {
+        let mut bytes = 0;
+        let chains = [Arm::F32, Arm::Slab].map(|arm| {
+            let mut state = self.arm(arm).state.lock();
+            state.closed |= close;
+            bytes += state.free.bytes();
+            let chain = state.free.drain();
+            self.arm(arm).sync_cached(&state);
+            chain
+        });
+        (chains, bytes)
     }
 
     /// Empties both free lists and makes later releases destroy their objects. Called
     /// once, by the last [`BufferPool`] handle.
     fn close(&self) {
-        let cache = {
-            let mut state = self.state.lock();
-            state.closed = true;
-            state.take_cache()
+        // Freed outside the locks; the caller still holds an `Arc` to `self`.
+        drop(self.drain(true));
+    }
+
+    /// Checked-out minus returned objects over the arms and the local tiers (each
+    /// count wrapping; the sum is exact once no acquire or release is in flight).
+    fn outstanding(&self) -> usize {
+        let locals = {
+            let reg = self.locals.lock();
+            reg.live
+                .iter()
+                .fold(reg.retired, |n, c| n.wrapping_add(c.outstanding()))
         };
-        // Freed outside the lock; the caller still holds an `Arc` to `self`.
-        drop(cache);
+        self.arms.iter().fold(locals, |n, a| {
+            n.wrapping_add(a.outstanding.load(Ordering::Acquire))
+        })
+    }
+
+    /// Registers a new local tier's counters.
+    pub(crate) fn register_local(&self, counters: &Arc<LocalCounters>) {
+        self.locals.lock().live.push(Arc::clone(counters));
+    }
+
+    /// Folds a local tier's final count into `retired` and forgets it (its owner is done
+    /// writing it: this runs in the tier's drop).
+    pub(crate) fn unregister_local(&self, counters: &Arc<LocalCounters>) {
+        let mut reg = self.locals.lock();
+        if let Some(i) = reg.live.iter().position(|c| Arc::ptr_eq(c, counters)) {
+            reg.live.swap_remove(i);
+            reg.retired = reg.retired.wrapping_add(counters.outstanding());
+        }
+    }
+
+    /// A local tier's refill: the first fit for `bytes` in `arm` and, when that is of
+    /// the requested class exactly, up to `extra` more of that class, under one lock.
+    /// Counts one hit or miss; the outstanding count is the local tier's to change.
+    pub(crate) fn take_for_local(
+        &self,
+        arm: Arm,
+        bytes: usize,
+        extra: usize,
+    ) -> (Option<Box<Header>>, Chain) {
+        let mut more = Chain::new();
+        let a = self.arm(arm);
+        let mut state = a.state.lock();
+        let first = state.free.pop_fit(bytes);
+        match &first {
+            Some(h) => {
+                state.stats.hits += 1;
+                if h.bytes == bytes {
+                    for _ in 0..extra {
+                        let Some(h) = state.free.pop_exact(bytes) else {
+                            break;
+                        };
+                        more.push(h);
+                    }
+                }
+                a.sync_cached(&state);
+            }
+            None => state.stats.misses += 1,
+        }
+        (first, more)
+    }
+
+    /// Caches a chain of headers that were already counted as returned (a local tier's
+    /// flush), under one lock; those over the cap, or all when the pool is closed, are
+    /// freed. Returns the bytes of the chain.
+    pub(crate) fn reclaim_chain(&self, arm: Arm, mut chain: Chain) -> usize {
+        let mut bytes = 0;
+        let mut slow = Chain::new();
+        {
+            let mut state = self.arm(arm).state.lock();
+            while let Some(hdr) = chain.pop() {
+                bytes += hdr.bytes;
+                if let Err(hdr) = self.cache_fast(arm, &mut state, hdr) {
+                    slow.push(hdr);
+                }
+            }
+        }
+        // Those the fast path could not decide, under both locks; the rejected ones are
+        // freed outside the locks.
+        drop(self.cache_slow(arm, slow));
+        bytes
     }
 }
 
@@ -214,12 +472,12 @@ impl Drop for PoolShared {
     fn drop(&mut self) {
         // Every pooled object holds an `Arc` to this state, so none can be alive here,
         // and the last handle emptied the free lists before dropping its own `Arc`.
-        debug_assert_eq!(self.outstanding.load(Ordering::Acquire), 0);
+        debug_assert_eq!(self.outstanding(), 0);
         #[cfg(not(loom))]
-        debug_assert!({
-            let state = self.state.get_mut();
-            state.closed && state.f32_free.is_empty() && state.slab_free.is_empty()
-        });
+        debug_assert!(self.arms.iter_mut().all(|a| {
+            let state = a.state.get_mut();
+            state.closed && state.free.len() == 0
+        }));
     }
 }
 
@@ -237,7 +495,7 @@ impl Drop for PoolHandle {
     }
 }
 
-/// A pool that recycles tensor buffers across ops (spec §6.5).
+/// A pool that recycles tensor buffers across ops.
 ///
 /// Cheap to clone: clones share one pool (`Arc`). Two arms share one byte budget:
 /// - the **f32 arm** caches whole [`Buffer<f32>`] objects (header and data), serving
@@ -247,9 +505,13 @@ impl Drop for PoolHandle {
 ///   ([`BufferPool::acquire_scratch`]); a slab released by one dtype serves any other.
 ///
 /// Sizes are rounded ([`round_f32_len`], [`round_slab_bytes`]), a request takes the
-/// smallest cached entry that fits (first fit over an ascending list), and a release is
-/// inserted before equal capacities, so same-size acquire/release cycles return the
-/// same address (LIFO). A release that would push the cached bytes over
+/// smallest cached entry that fits (first fit, smallest size class first), and a
+/// release goes on top of its size class, so same-size acquire/release cycles return
+/// the same address (LIFO). Both are O(1) in the number of cached classes: each arm
+/// keeps a LIFO stack per size class, linked through the cached headers, and a
+/// three-level bitmap of the non-empty classes (buffers of 1 GiB and more share one
+/// sorted list). Each arm has its own lock; the cap on both arms' cached bytes stays
+/// exact (a release takes both locks only when its arm is past half the cap). A release that would push the cached bytes over
 /// [`BufferPool::max_cached_bytes`] (default 1 GiB) destroys the buffer instead; the
 /// cap never limits live memory. Misses allocate [`AlignedBlock`]s (zeroed, so they show
 /// in [`crate::allocation_stats`]); **hits allocate nothing at all**, in either arm.
@@ -296,14 +558,12 @@ impl BufferPool {
         Self {
             handle: Arc::new(PoolHandle {
                 shared: Arc::new(PoolShared {
-                    state: Mutex::new(PoolState {
-                        f32_free: Vec::new(),
-                        slab_free: Vec::new(),
-                        cached_bytes: 0,
-                        max_cached_bytes: bytes,
-                        closed: false,
+                    arms: [ArmShared::new(Arm::F32), ArmShared::new(Arm::Slab)],
+                    max_cached_bytes: AtomicUsize::new(bytes),
+                    locals: Mutex::new(LocalRegistry {
+                        live: Vec::new(),
+                        retired: 0,
                     }),
-                    outstanding: AtomicUsize::new(0),
                 }),
             }),
         }
@@ -313,34 +573,14 @@ impl BufferPool {
         &self.handle.shared
     }
 
-    /// Takes a cached entry or allocates a fresh zeroed one, and marks it as handed out
-    /// (one reference, +1 outstanding). A fresh header gets its home (this pool's state)
-    /// here and keeps it for life, so a hit needs no `Arc` clone.
-    fn checkout(&self, arm: Arm, bytes: usize) -> Result<(Box<Header>, bool), StorageError> {
-        let (hdr, hit) = match self.shared().take(arm, bytes) {
-            Some(hdr) => {
-                debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));
-                (hdr, true)
-            }
-            // Unlocked: the fresh allocation touches no shared pool state.
-            None => match AlignedBlock::new_zeroed(bytes) {
-                Ok(block) => {
-                    let mut hdr = Header::with_block(block);
-                    hdr.home = Some(Home {
-                        shared: Arc::clone(&self.handle.shared),
-                        arm,
-                    });
-                    (hdr, false)
-                }
-                Err(e) => {
-                    self.shared().cancel_checkout();
-                    return Err(e);
-                }
-            },
-        };
-        // We own the header exclusively (it came out of the locked list or is fresh).
-        hdr.refs.store(1, Ordering::Relaxed);
-        Ok((hdr, hit))
+    pub(crate) fn shared_arc(&self) -> &Arc<PoolShared> {
+        &self.handle.shared
+    }
+
+    /// A non-shared tier in front of this pool for the thread that uses it: see
+    /// [`LocalPool`]. It holds a handle, so the pool stays open while it lives.
+    pub fn local(&self) -> LocalPool {
+        LocalPool::new(self.clone())
     }
 
     /// An f32 buffer of at least `len` elements from the f32 arm. Its [`Buffer::len`]
@@ -351,9 +591,7 @@ impl BufferPool {
     /// [`StorageError::ZeroLength`] for `len == 0`, [`StorageError::SizeOverflow`] when
     /// the rounded byte size overflows, and the allocation errors of a miss.
     pub fn acquire(&self, len: usize) -> Result<Buffer<f32>, StorageError> {
-        let bytes = round_f32_len(len)? * size_of::<f32>();
-        let (hdr, _) = self.checkout(Arm::F32, bytes)?;
-        Ok(Buffer::from_header(hdr))
+        PoolShared::acquire_typed(&self.handle.shared, len)
     }
 
     /// A typed buffer of at least `len` elements: `f32` goes to the f32 arm, every other
@@ -365,18 +603,7 @@ impl BufferPool {
     /// As [`BufferPool::acquire`]; [`StorageError::SizeOverflow`] also when
     /// `len * size_of::<T>()` overflows.
     pub fn acquire_typed<T: Scalar>(&self, len: usize) -> Result<Buffer<T>, StorageError> {
-        if T::DTYPE == DType::F32 {
-            let buffer = self.acquire(len)?;
-            // SAFETY: `T::DTYPE == F32` and `Scalar` is sealed, so `T` is `f32`.
-            return Ok(unsafe { Buffer::from_header_ptr(buffer.into_header_ptr()) });
-        }
-        let bytes = slab_request::<T>(len)?;
-        let (hdr, hit) = self.checkout(Arm::Slab, bytes)?;
-        if hit && !T::ANY_BIT_PATTERN {
-            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
-            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
-        }
-        Ok(Buffer::from_header(hdr))
+        PoolShared::acquire_typed(&self.handle.shared, len)
     }
 
     /// A scratch lease of exactly `len` items of any plain-old-data type over a pooled
@@ -401,47 +628,79 @@ impl BufferPool {
             );
         }
         let bytes = slab_request::<T>(len)?;
-        let (hdr, _) = self.checkout(Arm::Slab, bytes)?;
+        let (hdr, _) = PoolShared::checkout(&self.handle.shared, Arm::Slab, bytes)?;
         Ok(ScratchLease::new(hdr, len))
     }
 
-    /// Number of f32 buffers in the f32 free list.
+    /// Number of f32 buffers in the shared tier's f32 free list (a local tier's are
+    /// counted by [`LocalPool::cached_buffers`]).
     pub fn cached_buffers(&self) -> usize {
-        self.shared().state.lock().f32_free.len()
+        self.shared().arm(Arm::F32).state.lock().free.len()
     }
 
-    /// Number of slabs in the slab free list.
+    /// Number of slabs in the shared tier's slab free list.
     pub fn cached_slabs(&self) -> usize {
-        self.shared().state.lock().slab_free.len()
+        self.shared().arm(Arm::Slab).state.lock().free.len()
     }
 
-    /// Bytes sitting in both free lists (capacities, not requests).
+    /// The shared tier's hit, miss and release counters (see [`PoolStats`]; a local
+    /// tier's refill counts as one hit or miss here).
+    ///
+    /// ```
+    /// use fucina_storage::BufferPool;
+    ///
+    /// let pool = BufferPool::new();
+    /// drop(pool.acquire(100)?); // a miss, then a release into the cache
+    /// drop(pool.acquire(100)?); // a hit, then a release
+    /// let s = pool.stats();
+    /// assert_eq!((s.hits, s.misses, s.returned, s.discarded), (1, 1, 2, 0));
+    /// # Ok::<(), fucina_storage::StorageError>(())
+    /// ```
+    pub fn stats(&self) -> PoolStats {
+        let [f, s] = [Arm::F32, Arm::Slab].map(|arm| self.shared().arm(arm).state.lock().stats);
+        PoolStats {
+            hits: f.hits + s.hits,
+            misses: f.misses + s.misses,
+            returned: f.returned + s.returned,
+            discarded: f.discarded + s.discarded,
+        }
+    }
+
+    /// Bytes sitting in the shared tier's two free lists (capacities, not requests);
+    /// the cap bounds this total.
     pub fn cached_bytes(&self) -> usize {
-        self.shared().state.lock().cached_bytes
+        self.shared().cached_bytes()
     }
 
-    /// Pooled objects of both arms currently handed out (buffers and leases).
+    /// Pooled objects of both arms currently handed out (buffers and leases) by any
+    /// tier: the shared one and every [`LocalPool`]. Exact whenever no acquire or
+    /// release is in flight, whichever tier an object leaves and returns through.
     pub fn outstanding_buffers(&self) -> usize {
-        self.shared().outstanding.load(Ordering::Acquire)
+        self.shared().outstanding()
     }
 
     /// The cap on cached bytes.
     pub fn max_cached_bytes(&self) -> usize {
-        self.shared().state.lock().max_cached_bytes
+        self.shared().max_cached_bytes.load(Ordering::Relaxed)
     }
 
     /// Changes the cap. It applies to later releases; what is cached stays (use
     /// [`BufferPool::trim`] to drop it).
     pub fn set_max_cached_bytes(&self, bytes: usize) {
-        self.shared().state.lock().max_cached_bytes = bytes;
+        self.shared()
+            .max_cached_bytes
+            .store(bytes, Ordering::Relaxed);
     }
 
-    /// Frees every cached buffer and slab (outstanding ones are unaffected) and returns
-    /// the number of bytes freed.
+    /// Frees every cached buffer and slab of the shared tier (outstanding ones are
+    /// unaffected) and returns the number of bytes freed. The free lists keep their
+    /// index storage, so later releases still cache without allocating. A local tier's
+    /// cache is another thread's to give back: [`LocalPool::trim`] and
+    /// [`LocalPool::flush`], or its drop.
     pub fn trim(&self) -> usize {
-        let (lists, bytes) = self.shared().state.lock().take_cache();
-        // Freed outside the lock (the guard was a temporary of the statement above).
-        drop(lists);
+        let (chains, bytes) = self.shared().drain(false);
+        // Freed outside the locks.
+        drop(chains);
         bytes
     }
 
@@ -450,34 +709,35 @@ impl BufferPool {
         Arc::ptr_eq(&a.handle, &b.handle)
     }
 
-    /// Test support: checks that both free lists are ascending and that their keys match
-    /// the headers, and returns the sum of the cached capacities (which must equal
-    /// [`BufferPool::cached_bytes`]).
+    /// Test support: checks that both free lists are ascending, LIFO-linked by size
+    /// class and consistent with their bitmaps, and returns the sum of the cached
+    /// capacities (which must equal [`BufferPool::cached_bytes`] when no release is in
+    /// flight).
     #[doc(hidden)]
     pub fn debug_sum_cached_capacities(&self) -> usize {
-        let state = self.shared().state.lock();
         let mut sum = 0;
-        for (arm, list) in [(Arm::F32, &state.f32_free), (Arm::Slab, &state.slab_free)] {
-            assert!(
-                list.windows(2).all(|w| w[0].bytes <= w[1].bytes),
-                "free list not sorted"
-            );
-            for e in list {
-                assert_eq!(e.bytes, e.hdr.bytes);
-                assert_eq!(e.hdr.refs.load(Ordering::Relaxed), 0);
-                let home = e.hdr.home.as_ref().expect("a cached header has a home");
+        for arm in [Arm::F32, Arm::Slab] {
+            let state = self.shared().arm(arm).state.lock();
+            let mut arm_sum = 0;
+            state.free.for_each_checked(|h| {
+                assert_eq!(h.refs.load(Ordering::Relaxed), 0);
+                let home = h.home.as_ref().expect("a cached header has a home");
                 assert_eq!(home.arm, arm);
                 assert!(std::ptr::eq(&*home.shared, self.shared()));
-                sum += e.bytes;
-            }
+                if arm == Arm::Slab {
+                    assert_eq!(h.bytes % SLAB_QUANTUM, 0);
+                }
+                arm_sum += h.bytes;
+            });
+            assert_eq!(arm_sum, state.free.bytes());
+            sum += arm_sum;
         }
-        assert!(state.slab_free.iter().all(|e| e.bytes % SLAB_QUANTUM == 0));
         sum
     }
 }
 
 /// The rounded slab size for `len` items of `T`.
-fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
+pub(crate) fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
     if len == 0 {
         return Err(StorageError::ZeroLength);
     }
@@ -491,16 +751,12 @@ fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
 
 impl fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared().state.lock();
         f.debug_struct("BufferPool")
-            .field("cached_buffers", &state.f32_free.len())
-            .field("cached_slabs", &state.slab_free.len())
-            .field("cached_bytes", &state.cached_bytes)
-            .field("max_cached_bytes", &state.max_cached_bytes)
-            .field(
-                "outstanding",
-                &self.shared().outstanding.load(Ordering::Acquire),
-            )
+            .field("cached_buffers", &self.cached_buffers())
+            .field("cached_slabs", &self.cached_slabs())
+            .field("cached_bytes", &self.cached_bytes())
+            .field("max_cached_bytes", &self.max_cached_bytes())
+            .field("outstanding", &self.outstanding_buffers())
             .finish()
     }
 }

@@ -1,5 +1,12 @@
 //! loom models of the refcount release protocol.
 //!
+//! Under `--cfg loom` every access to a buffer's data (a shared view, a mutable view,
+//! in-pool zeroing, the final free) touches a loom-tracked cell in the buffer's header,
+//! so these models check the data handoff itself, not just the counts: with the last
+//! drop's `Acquire` load weakened to `Relaxed` and its fence removed,
+//! `data_handoff_through_release` reports a causality violation (a read concurrent with
+//! the next user's write) and `borrowed_owner_dropped_once` fails.
+//!
 //! Run with:
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p fucina-storage --release --test loom_refcount`
 #![cfg(loom)]
@@ -83,6 +90,86 @@ fn clone_outlives_the_other_handle() {
         let b = t.join().unwrap();
         assert_eq!(b.len(), 4);
         drop(b);
+    });
+}
+
+/// A reader on another thread drops its handle; whichever handle drops last returns the
+/// buffer, which is then reacquired and written. The buffer's data is a loom-tracked
+/// cell, so the read must happen-before the write: through the `Release` decrement and
+/// the last dropper's `Acquire` (the fence, or the load of the unique-drop shortcut),
+/// or through the pool's lock. Weakening either makes this model fail.
+#[test]
+fn data_handoff_through_release() {
+    loom::model(|| {
+        let pool = BufferPool::new();
+        let mut a = pool.acquire(4).unwrap();
+        a.get_mut().unwrap()[0] = 1.0;
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            assert_eq!(b[0], 1.0);
+            drop(b);
+        });
+        drop(a);
+        let mut c = pool.acquire(4).unwrap();
+        c.get_mut().unwrap()[0] = 2.0;
+        t.join().unwrap();
+        drop(c);
+        assert_eq!(pool.outstanding_buffers(), 0);
+    });
+}
+
+/// As `data_handoff_through_release` for a scratch lease's slab handed to a typed
+/// buffer of another dtype (slab arm): the lease's writes on another thread happen
+/// before the next user's writes.
+#[test]
+fn slab_handoff_through_release() {
+    loom::model(|| {
+        let pool = BufferPool::new();
+        let mut lease = pool.acquire_scratch::<u8>(4).unwrap();
+        let t = thread::spawn(move || {
+            lease[0] = 7;
+            lease.release();
+        });
+        let mut c = pool.acquire_typed::<u16>(2).unwrap();
+        c.get_mut().unwrap()[0] = 3;
+        t.join().unwrap();
+        drop(c);
+    });
+}
+
+/// A plain (unpooled) buffer read on another thread and freed by whichever handle
+/// drops last: the free (a write, for loom) must happen after the read.
+#[test]
+fn plain_buffer_freed_after_remote_read() {
+    loom::model(|| {
+        let a = Buffer::<i32>::from_slice(&[5, 6]).unwrap();
+        let b = a.clone();
+        let t = thread::spawn(move || assert_eq!(b[1], 6));
+        drop(a);
+        t.join().unwrap();
+    });
+}
+
+/// Releases into both arms race near the cap: each release takes its own arm's lock,
+/// and both locks when the cap is close. Exactly two 4096-byte objects fit under the
+/// 8192-byte cap whichever order the three releases land in, and the two-lock path
+/// cannot deadlock.
+#[test]
+fn releases_into_both_arms_keep_the_cap_exact() {
+    loom::model(|| {
+        let pool = BufferPool::with_max_cached_bytes(8192);
+        let a = pool.acquire(1024).unwrap(); // 4096 bytes, f32 arm
+        let s1 = pool.acquire_scratch::<u8>(1).unwrap(); // 4096 bytes, slab arm
+        let s2 = pool.acquire_typed::<u8>(1).unwrap();
+        let t = thread::spawn(move || {
+            s1.release();
+            drop(s2);
+        });
+        drop(a);
+        t.join().unwrap();
+        assert_eq!(pool.cached_bytes(), 8192);
+        assert_eq!(pool.debug_sum_cached_capacities(), 8192);
+        assert_eq!(pool.outstanding_buffers(), 0);
     });
 }
 

@@ -1,5 +1,5 @@
 //! BufferPool behaviour: rounding, first fit, LIFO, the cap, cross-dtype slabs, leases,
-//! the outstanding counter and pool lifetime (reference-behaviors §1).
+//! the outstanding counter and pool lifetime, as the memory model in `docs/MEMORY.md` states them.
 
 use fucina_storage::{
     BufferPool, DEFAULT_MAX_CACHED_BYTES, StorageError, round_f32_len, round_slab_bytes,
@@ -383,4 +383,28 @@ fn debug_output_names_the_state() {
         s.contains("F32") && s.contains("len: 4") && s.contains("pooled: true"),
         "{s}"
     );
+}
+
+/// The cap is exact across the two arms whichever lock path a release takes: within
+/// half the cap per arm a release takes only its arm's lock; past that, both.
+#[test]
+fn the_cap_is_exact_across_arms() {
+    let pool = BufferPool::with_max_cached_bytes(16384);
+    let f: Vec<_> = (0..3).map(|_| pool.acquire(1024).unwrap()).collect(); // 3 x 4096
+    let s: Vec<_> = (0..3)
+        .map(|_| pool.acquire_typed::<u8>(1).unwrap())
+        .collect(); // 3 x 4096
+    drop(f); // 12288 in the f32 arm: the last one past half the cap
+    assert_eq!((pool.cached_buffers(), pool.cached_bytes()), (3, 12288));
+    drop(s); // one slab fits (16384, exactly the cap), two do not
+    assert_eq!((pool.cached_slabs(), pool.cached_bytes()), (1, 16384));
+    assert_eq!(pool.stats().discarded, 2);
+    assert_eq!(pool.debug_sum_cached_capacities(), 16384);
+    // Taking one out makes room for exactly one again, in either arm.
+    let a = pool.acquire(1024).unwrap();
+    let b = pool.acquire_typed::<u8>(1).unwrap();
+    let c = pool.acquire_typed::<u8>(1).unwrap(); // a miss
+    drop((a, b, c));
+    assert_eq!(pool.cached_bytes(), 16384);
+    assert_eq!((pool.cached_buffers(), pool.cached_slabs()), (3, 1));
 }

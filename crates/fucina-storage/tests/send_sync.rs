@@ -1,6 +1,9 @@
 //! `Send`/`Sync` exactly where sound.
 
-use fucina_storage::{AlignedBlock, Arena, Buffer, BufferPool, DType, ScratchLease, StorageError};
+use fucina_storage::{
+    AlignedBlock, Arena, Buffer, BufferPool, DType, LocalPool, PoolStats, ScratchLease,
+    StorageError,
+};
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 
 // Shared ownership of immutable-unless-unique data: like `Arc<[T]>`.
@@ -13,6 +16,10 @@ assert_impl_all!(Buffer<i64>: Send, Sync);
 assert_impl_all!(Buffer<f64>: Send, Sync);
 // Cheap clones sharing one mutex-guarded pool.
 assert_impl_all!(BufferPool: Send, Sync, Clone, Default);
+// A per-thread cache: it may move to another thread, never be shared by two.
+assert_impl_all!(LocalPool: Send);
+assert_not_impl_any!(LocalPool: Sync, Clone);
+assert_impl_all!(PoolStats: Send, Sync, Copy, Eq, Default);
 // Owned raw memory.
 assert_impl_all!(AlignedBlock: Send, Sync);
 assert_not_impl_any!(AlignedBlock: Clone, Copy);

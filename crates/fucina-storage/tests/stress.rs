@@ -6,7 +6,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use fucina_storage::{Buffer, BufferPool, ScratchLease};
+use fucina_storage::{Buffer, BufferPool, LocalPool, ScratchLease, StorageError};
 
 const THREADS: usize = 4;
 
@@ -60,11 +60,40 @@ impl Held {
     }
 }
 
-fn make(pool: &BufferPool, rng: &mut Rng, tag: u64) -> Held {
+/// The shared pool or a thread's local tier.
+trait Source {
+    fn f32(&self, n: usize) -> Result<Buffer<f32>, StorageError>;
+    fn i16(&self, n: usize) -> Result<Buffer<i16>, StorageError>;
+    fn flags(&self, n: usize) -> Result<Buffer<bool>, StorageError>;
+    fn scratch(&self, n: usize) -> Result<ScratchLease<u64>, StorageError>;
+}
+
+macro_rules! source {
+    ($t:ty) => {
+        impl Source for $t {
+            fn f32(&self, n: usize) -> Result<Buffer<f32>, StorageError> {
+                self.acquire(n)
+            }
+            fn i16(&self, n: usize) -> Result<Buffer<i16>, StorageError> {
+                self.acquire_typed(n)
+            }
+            fn flags(&self, n: usize) -> Result<Buffer<bool>, StorageError> {
+                self.acquire_typed(n)
+            }
+            fn scratch(&self, n: usize) -> Result<ScratchLease<u64>, StorageError> {
+                self.acquire_scratch(n)
+            }
+        }
+    };
+}
+source!(BufferPool);
+source!(LocalPool);
+
+fn make(pool: &dyn Source, rng: &mut Rng, tag: u64) -> Held {
     let n = rng.len();
     match rng.below(5) {
         0 | 1 => {
-            let mut b = pool.acquire(n).unwrap();
+            let mut b = pool.f32(n).unwrap();
             assert!(b.len() >= n);
             let t = tag as f32;
             let m = b.len().min(16);
@@ -72,21 +101,21 @@ fn make(pool: &BufferPool, rng: &mut Rng, tag: u64) -> Held {
             Held::F32(b, t)
         }
         2 => {
-            let mut b = pool.acquire_typed::<i16>(n).unwrap();
+            let mut b = pool.i16(n).unwrap();
             let t = tag as i16;
             let m = b.len().min(16);
             b.get_mut().unwrap()[..m].fill(t);
             Held::I16(b, t)
         }
         3 => {
-            let mut b = pool.acquire_typed::<bool>(n).unwrap();
+            let mut b = pool.flags(n).unwrap();
             assert!(b.iter().all(|&x| !x), "recycled bool memory must be zeroed");
             let m = b.len().min(16);
             b.get_mut().unwrap()[..m].fill(true);
             Held::Flags(b)
         }
         _ => {
-            let mut l = pool.acquire_scratch::<u64>(n).unwrap();
+            let mut l = pool.scratch(n).unwrap();
             assert_eq!(l.len(), n);
             let m = n.min(16);
             l[..m].fill(tag);
@@ -97,6 +126,18 @@ fn make(pool: &BufferPool, rng: &mut Rng, tag: u64) -> Held {
 
 #[test]
 fn concurrent_acquire_release_keeps_the_books() {
+    run(false);
+}
+
+/// As above with a local tier per thread (one thread in four stays on the shared
+/// tier): owner-thread releases go to the local tiers, the others through the shared
+/// tier, and local misses refill in batches; the books still balance exactly.
+#[test]
+fn local_tiers_keep_the_books() {
+    run(true);
+}
+
+fn run(locals: bool) {
     let cap = 8 << 20;
     let pool = BufferPool::with_max_cached_bytes(cap);
     let deadline = Instant::now() + run_time();
@@ -113,6 +154,15 @@ fn concurrent_acquire_release_keeps_the_books() {
             let next = senders[(t + 1) % THREADS].clone();
             let inbox = receivers[t].take().unwrap();
             joins.push(s.spawn(move || {
+                let local = (locals && t % 4 != 3).then(|| {
+                    let l = pool.local();
+                    l.set_max_cached_bytes(2 << 20);
+                    l
+                });
+                let source: &dyn Source = match &local {
+                    Some(l) => l,
+                    None => &pool,
+                };
                 let mut rng = Rng(0x5eed ^ t as u64);
                 let mut held: Vec<Held> = Vec::new();
                 let mut tag = (t as u64) << 40;
@@ -120,7 +170,7 @@ fn concurrent_acquire_release_keeps_the_books() {
                 while Instant::now() < deadline {
                     tag += 1;
                     n += 1;
-                    held.push(make(&pool, &mut rng, tag % 30_000));
+                    held.push(make(source, &mut rng, tag % 30_000));
                     // Aliases: a second handle keeps a buffer out after the first drops,
                     // and whichever drops last (maybe on another thread) releases it.
                     if rng.below(4) == 0
@@ -143,6 +193,12 @@ fn concurrent_acquire_release_keeps_the_books() {
                 drop(next);
                 for h in held {
                     h.check();
+                }
+                if let Some(l) = &local {
+                    assert!(l.cached_bytes() <= 2 << 20);
+                    if locals {
+                        assert!(l.stats().hits > 0, "the local tier served nothing");
+                    }
                 }
                 n
             }));
