@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use fucina_fpenv::Environment;
-use fucina_storage::BufferPool;
+use fucina_storage::{BufferPool, LocalPool};
 use fucina_thread::{OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges};
 
 use crate::error::ExecError;
@@ -26,7 +26,7 @@ pub const PARALLEL_THRESHOLD: usize = 1 << 15;
 /// The execution context: every op, every tensor allocation and every exec scope
 /// goes through one.
 ///
-/// It owns its [`BufferPool`] (every tensor it creates is pooled storage that
+/// It owns its buffer pool (a [`LocalPool`] over a [`BufferPool`]; every tensor it creates is pooled storage that
 /// returns to it when the last handle drops), a worker [`Team`] created lazily on
 /// the first op large enough to go parallel, a lazily created [`OneShotWorker`],
 /// the exec-scope stack, and the float environment recorded at creation.
@@ -57,7 +57,7 @@ pub const PARALLEL_THRESHOLD: usize = 1 << 15;
 /// (unless the thread is already panicking; release builds print one line to
 /// stderr).
 pub struct ExecContext {
-    pool: BufferPool,
+    pool: LocalPool,
     threads: usize,
     team: OnceCell<Team>,
     one_shot: OnceCell<OneShotWorker>,
@@ -106,7 +106,7 @@ impl ExecContext {
     /// results: every op is bitwise identical for every team size.
     pub fn with_threads(threads: usize) -> Self {
         ExecContext {
-            pool: BufferPool::new(),
+            pool: BufferPool::new().local(),
             threads: threads.clamp(1, MAX_THREADS),
             team: OnceCell::new(),
             one_shot: OnceCell::new(),
@@ -123,8 +123,12 @@ impl ExecContext {
         self.threads
     }
 
-    /// The context's buffer pool (every tensor it creates comes from here).
-    pub fn pool(&self) -> &BufferPool {
+    /// The context's pool: a [`LocalPool`] (the non-shared tier, hits and releases
+    /// on the driving thread take no lock and no atomic) in front of the context's
+    /// own [`BufferPool`] ([`LocalPool::pool`]). Every tensor the context creates
+    /// comes from here, and its storage returns here when the last handle drops
+    /// (through the shared tier when that happens on another thread).
+    pub fn pool(&self) -> &LocalPool {
         &self.pool
     }
 

@@ -80,7 +80,7 @@ fn check(threads: usize) {
     let y0 = forward(&ctx, &m, &x).unwrap().to_vec();
     let y1 = forward(&ctx, &m, &x).unwrap();
     drop(y1);
-    let misses = fucina_exec::storage::allocation_stats().allocations;
+    let misses = ctx.pool().stats().misses;
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..5 {
         let y = forward(&ctx, &m, &x).unwrap();
@@ -94,7 +94,7 @@ fn check(threads: usize) {
         "heap allocations in 5 steady-state forwards ({threads} threads)"
     );
     assert_eq!(
-        fucina_exec::storage::allocation_stats().allocations,
+        ctx.pool().stats().misses,
         misses,
         "pool misses at steady state"
     );

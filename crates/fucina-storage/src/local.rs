@@ -194,6 +194,42 @@ impl Drop for LocalInner {
     }
 }
 
+/// The acquire path's local hit: on a thread whose bound local tier belongs to the
+/// pool `shared`, takes the first fit for `bytes` from that tier (counted there, as a
+/// [`LocalPool`] hit), so that `BufferPool::acquire*` on the owner thread sees the
+/// buffers its releases cached locally. `None` otherwise (the shared path follows).
+#[inline]
+pub(crate) fn try_acquire(
+    shared: *const PoolShared,
+    arm: Arm,
+    bytes: usize,
+) -> Option<Box<Header>> {
+    let ptr = BOUND_PTR
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(std::ptr::null());
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: as in `try_release`: a non-null `BOUND_PTR` is the pointer of the `Arc`
+    // that `BOUND` holds on this thread, so the inner is alive.
+    let inner = unsafe { &*ptr };
+    if !std::ptr::eq(&*inner.shared, shared) || inner.detached.load(Ordering::Relaxed) {
+        return None;
+    }
+    // SAFETY: the slot only holds inners owned by this thread, and this thread is not
+    // inside another access to its state (acquires never happen inside one).
+    unsafe {
+        inner.with_state(|st| {
+            let hdr = st.free[arm as usize].pop_fit(bytes);
+            if hdr.is_some() {
+                st.stats.hits += 1;
+                inner.counters.add(1);
+            }
+            hdr
+        })
+    }
+}
+
 /// The release hook's local path: caches `hdr` in this thread's bound local tier if it
 /// belongs to the same pool and has room; otherwise hands it back (`Some`) for the
 /// shared path.
@@ -264,7 +300,9 @@ impl LocalState {
 /// buffer's last handle drops on the thread using this `LocalPool`, the buffer comes
 /// back here the same way. A local miss refills from the shared tier (the first fit,
 /// plus up to three more cached entries of the same size class, under one lock);
-/// buffers released on other threads go back through the shared tier. The local tier
+/// buffers released on other threads go back through the shared tier. On the thread
+/// that uses it, the pool's own `acquire*` methods take from the local tier first too
+/// (so scratch taken through a shared `&BufferPool` is recycled). The local tier
 /// holds at most [`LocalPool::max_cached_bytes`]; a release past that goes to the
 /// shared tier (under the pool's cap).
 ///

@@ -278,6 +278,12 @@ impl PoolShared {
         arm: Arm,
         bytes: usize,
     ) -> Result<(Box<Header>, bool), StorageError> {
+        // On the thread of a local tier of this pool, its cache first: releases on that
+        // thread go there, so shared acquires made there must see them.
+        if let Some(hdr) = crate::local::try_acquire(Arc::as_ptr(this), arm, bytes) {
+            hdr.refs.store(1, Ordering::Relaxed);
+            return Ok((hdr, true));
+        }
         let (hdr, hit) = match this.take(arm, bytes) {
             Some(hdr) => {
                 debug_assert!(hdr.home.as_ref().is_some_and(|h| h.arm == arm));

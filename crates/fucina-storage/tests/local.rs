@@ -2,7 +2,7 @@
 //! from others, the local cap, flush/trim/drop, moving a `LocalPool` between threads,
 //! and exact outstanding accounting across tiers.
 
-use fucina_storage::{Buffer, BufferPool, LocalPool};
+use fucina_storage::{Buffer, BufferPool, LocalPool, allocation_stats};
 
 #[test]
 fn owner_thread_releases_come_back_to_the_local_tier() {
@@ -252,4 +252,40 @@ fn debug_output_names_the_local_state() {
     );
     let _: &BufferPool = local.pool();
     let _: LocalPool = pool.local();
+}
+
+/// A shared-pool acquire on the owner thread sees what that thread's releases cached
+/// in the local tier (otherwise code that mixes `pool.acquire` with local releases,
+/// e.g. scratch taken through the shared handle, misses on every call).
+#[test]
+fn shared_acquires_on_the_owner_thread_hit_the_local_tier() {
+    let pool = BufferPool::new();
+    let local = pool.local();
+    let a = local.acquire(4096).unwrap();
+    let addr = a.as_ptr();
+    drop(a); // into the local tier
+    assert_eq!((local.cached_buffers(), pool.cached_buffers()), (1, 0));
+    let before = allocation_stats().allocations;
+    let b = pool.acquire(4096).unwrap(); // the shared handle, same thread
+    assert_eq!(b.as_ptr(), addr);
+    assert_eq!(allocation_stats().allocations, before);
+    assert_eq!(local.cached_buffers(), 0);
+    assert_eq!(pool.outstanding_buffers(), 1);
+    drop(b);
+    let s = pool.acquire_scratch::<u8>(100).unwrap();
+    drop(s); // a slab into the local tier
+    let before = allocation_stats().allocations;
+    for _ in 0..10 {
+        drop(pool.acquire_scratch::<u8>(100).unwrap());
+    }
+    assert_eq!(allocation_stats().allocations, before);
+    // another thread still takes the shared path
+    let addr = addr as usize;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let c = pool.acquire(4096).unwrap();
+            assert_ne!(c.as_ptr() as usize, addr);
+        });
+    });
+    assert_eq!(pool.outstanding_buffers(), 0);
 }

@@ -673,7 +673,7 @@ impl ExecContext {
         let a_data: &[f32] = a.buffer();
         let one = plan.packed_one();
         let failed: Mutex<Option<StorageError>> = Mutex::new(None);
-        let pool = self.pool();
+        let pool = self.pool().pool(); // the shared tier: used from worker threads
         let work_per_row = (k.saturating_mul(n) / WORK_DIV).max(1);
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
             if out.len() == n {
@@ -746,7 +746,7 @@ impl ExecContext {
     ) {
         let (k, n) = (plan.k, plan.n);
         let isa = Isa::detect();
-        let pool = self.pool();
+        let pool = self.pool().pool(); // the shared tier: used from worker threads
         let lhs = LhsRows {
             data: a_data,
             row_off: |_| plan.a_row_off(0),
