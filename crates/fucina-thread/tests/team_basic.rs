@@ -7,6 +7,8 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[path = "support/busy.rs"]
+mod busy;
 #[path = "support/panicky.rs"]
 mod panicky;
 use panicky::{PanickyPayload, within};
@@ -206,59 +208,34 @@ fn a_panicking_task_is_resumed_on_the_caller_and_the_team_keeps_working() {
 #[test]
 fn a_second_thread_runs_serially_while_the_team_is_busy() {
     let team = team(1);
-    team.warm_up().unwrap();
-    let a_inside = AtomicBool::new(false);
-    let b_done = AtomicBool::new(false);
-    let wait_for = |flag: &AtomicBool| {
-        let t0 = Instant::now();
-        while !flag.load(Ordering::Acquire) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "test handshake timed out"
-            );
-            thread::yield_now();
-        }
-    };
-    thread::scope(|s| {
-        s.spawn(|| {
-            team.parallel_chunks(&[0, 1], |&i| {
-                if i == 0 {
-                    a_inside.store(true, Ordering::Release);
-                    wait_for(&b_done);
-                }
-            });
-        });
-        s.spawn(|| {
-            wait_for(&a_inside);
-            let me = thread::current().id();
-            let tasks: Vec<usize> = (0..32).collect();
-            let order = Mutex::new(Vec::new());
-            team.parallel_chunks(&tasks, |&i| {
-                assert_eq!(
-                    thread::current().id(),
-                    me,
-                    "busy team: tasks run on the caller"
-                );
-                order.lock().unwrap().push(i);
-            });
+    busy::while_team_busy(&team, || {
+        let me = thread::current().id();
+        let tasks: Vec<usize> = (0..32).collect();
+        let order = Mutex::new(Vec::new());
+        team.parallel_chunks(&tasks, |&i| {
             assert_eq!(
-                *order.lock().unwrap(),
-                tasks,
-                "serial fallback runs in index order"
+                thread::current().id(),
+                me,
+                "busy team: tasks run on the caller"
             );
-            // parallel_for: same chunk boundaries as on an idle team, run in order.
-            let chunks = Mutex::new(Vec::new());
-            team.parallel_for(0, 1000, 10, |r| {
-                assert_eq!(thread::current().id(), me);
-                chunks.lock().unwrap().push(r);
-            });
-            let expected: Vec<_> =
-                fucina_thread::chunk_ranges(0, 1000, 10, team.participants()).collect();
-            assert_eq!(*chunks.lock().unwrap(), expected);
-            // parallel_chained reports "busy" instead of running.
-            assert!(!team.parallel_chained(&mut [0u8, 1], 1, |_, _| {}));
-            b_done.store(true, Ordering::Release);
+            order.lock().unwrap().push(i);
         });
+        assert_eq!(
+            *order.lock().unwrap(),
+            tasks,
+            "serial fallback runs in index order"
+        );
+        // parallel_for: same chunk boundaries as on an idle team, run in order.
+        let chunks = Mutex::new(Vec::new());
+        team.parallel_for(0, 1000, 10, |r| {
+            assert_eq!(thread::current().id(), me);
+            chunks.lock().unwrap().push(r);
+        });
+        let expected: Vec<_> =
+            fucina_thread::chunk_ranges(0, 1000, 10, team.participants()).collect();
+        assert_eq!(*chunks.lock().unwrap(), expected);
+        // parallel_chained reports "busy" instead of running.
+        assert!(!team.parallel_chained(&mut [0u8, 1], 1, |_, _| {}));
     });
 }
 

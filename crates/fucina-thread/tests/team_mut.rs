@@ -2,13 +2,15 @@
 //! item / chunk handed to exactly one task, the deterministic chunks, and the
 //! participant index in every mode.
 
+#[path = "support/busy.rs"]
+mod busy;
+
 use fucina_thread::{Team, TeamOptions, chunk_ranges, current_participant, in_parallel_region};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::{Duration, Instant};
 
 fn team(workers: usize) -> Team {
     Team::new(TeamOptions {
@@ -181,41 +183,15 @@ fn serial_runs_report_no_participant() {
 #[test]
 fn a_busy_team_fallback_reports_no_participant() {
     let team = team(1);
-    team.warm_up().unwrap();
-    let a_inside = AtomicBool::new(false);
-    let b_done = AtomicBool::new(false);
-    let wait_for = |flag: &AtomicBool| {
-        let t0 = Instant::now();
-        while !flag.load(Ordering::Acquire) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "handshake timed out"
-            );
-            thread::yield_now();
-        }
-    };
-    thread::scope(|s| {
-        s.spawn(|| {
-            team.parallel_chunks(&[0, 1], |&i| {
-                if i == 0 {
-                    assert_eq!(current_participant(), Some(0));
-                    a_inside.store(true, Ordering::Release);
-                    wait_for(&b_done);
-                }
+    busy::while_team_busy(&team, || {
+        let me = thread::current().id();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            team.parallel_chunks_mut(&mut [0u8, 1, 2], |_| {
+                assert_eq!(thread::current().id(), me, "busy: serial on the caller");
+                assert_eq!(current_participant(), None);
             });
-        });
-        s.spawn(|| {
-            wait_for(&a_inside);
-            let me = thread::current().id();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                team.parallel_chunks_mut(&mut [0u8, 1, 2], |_| {
-                    assert_eq!(thread::current().id(), me, "busy: serial on the caller");
-                    assert_eq!(current_participant(), None);
-                });
-            }));
-            b_done.store(true, Ordering::Release);
-            r.unwrap();
-        });
+        }));
+        r.unwrap();
     });
 }
 

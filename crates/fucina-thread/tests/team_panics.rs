@@ -3,11 +3,13 @@
 //! inline, and a real parallel dispatch. Every task runs, then the first panic
 //! is resumed on the caller.
 
+#[path = "support/busy.rs"]
+mod busy;
+
 use fucina_thread::{Team, TeamOptions};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
 
 fn team(workers: usize) -> Team {
     Team::new(TeamOptions {
@@ -126,46 +128,11 @@ fn nested_every_task_runs_then_the_panic_is_resumed() {
 #[test]
 fn busy_team_every_task_runs_then_the_panic_is_resumed() {
     let team = team(1);
-    team.warm_up().unwrap();
-    let a_inside = AtomicBool::new(false);
-    let b_done = AtomicBool::new(false);
-    let wait_for = |flag: &AtomicBool| {
-        let t0 = Instant::now();
-        while !flag.load(Ordering::Acquire) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "test handshake timed out"
-            );
-            thread::yield_now();
-        }
-    };
-    thread::scope(|s| {
-        s.spawn(|| {
-            team.parallel_chunks(&[0, 1], |&i| {
-                if i == 0 {
-                    a_inside.store(true, Ordering::Release);
-                    wait_for(&b_done);
-                }
-            });
-        });
-        s.spawn(|| {
-            // Release thread A even if a check below fails.
-            let _release = SetOnDrop(&b_done);
-            wait_for(&a_inside);
-            assert!(!fucina_thread::in_parallel_region());
-            let me = thread::current().id();
-            // Prove the calls below take the busy fallback: on the caller.
-            team.parallel_chunks(&[0, 1, 2], |_| assert_eq!(thread::current().id(), me));
-            every_entry_point(&team, "busy team", 8);
-        });
+    busy::while_team_busy(&team, || {
+        assert!(!fucina_thread::in_parallel_region());
+        let me = thread::current().id();
+        // Prove the calls below take the busy fallback: on the caller.
+        team.parallel_chunks(&[0, 1, 2], |_| assert_eq!(thread::current().id(), me));
+        every_entry_point(&team, "busy team", 8);
     });
-}
-
-/// Sets its flag (release) when dropped.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
 }
