@@ -152,53 +152,18 @@ impl ExecContext {
         eps: f32,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "layer_norm_backward";
-        check_params(OP, x, &[gamma], eps)?;
-        check_same(OP, x, grad_y)?;
+        let (grad_x, grad_gamma, gyc) = self.norm_backward(
+            OP,
+            x,
+            gamma,
+            grad_y,
+            eps,
+            rowwise::layer_norm_backward,
+            rowwise::layer_norm_stats,
+        )?;
         let c = x.shape()[x.rank() - 1];
         let rows = x.numel() / c;
-        let (xc, gc, gyc) = (
-            self.contiguous(x)?,
-            self.contiguous(gamma)?,
-            self.contiguous(grad_y)?,
-        );
-        let (xs, gs, gys) = (
-            xc.contiguous_slice(),
-            gc.contiguous_slice(),
-            gyc.contiguous_slice(),
-        );
-        let grad_x = self.new_tensor(OP, x.shape(), |out| {
-            self.par_rows(out, c, c * NORM_WORK, |r, o| {
-                for (r, orow) in r.zip(o.chunks_exact_mut(c)) {
-                    let xr = &xs[r * c..][..c];
-                    rowwise::layer_norm_backward(xr, gs, &gys[r * c..][..c], eps, orow);
-                }
-            });
-        })?;
-        let stats = self.new_tensor(OP, &[rows, 2], |st| {
-            self.par_rows(st, 2, c * 2, |r, o| {
-                for (r, s) in r.zip(o.chunks_exact_mut(2)) {
-                    let (m, rstd) = rowwise::layer_norm_stats(&xs[r * c..][..c], eps);
-                    s[0] = m;
-                    s[1] = rstd;
-                }
-            });
-        })?;
-        let st = stats.contiguous_slice();
-        let grad_gamma = self.new_tensor(OP, &[c], |out| {
-            self.par_rows(out, 1, rows * 2, |range, o| {
-                for_each_col_tile(range, c, o, |_, i0, tile| {
-                    let w = tile.len();
-                    col_sum_with(rows, tile, |k, acc| {
-                        let (m, rstd) = (st[2 * k], st[2 * k + 1]);
-                        let gr = &gys[k * c + i0..][..w];
-                        let xr = &xs[k * c + i0..][..w];
-                        for ((a, &g), &v) in acc.iter_mut().zip(gr).zip(xr) {
-                            *a += g * ((v - m) * rstd);
-                        }
-                    });
-                });
-            });
-        })?;
+        let gys = gyc.contiguous_slice();
         let grad_beta = self.new_tensor(OP, &[c], |out| {
             self.par_rows(out, 1, rows, |range, o| {
                 for_each_col_tile(range, c, o, |_, i0, tile| col_sum(gys, c, i0, tile));
@@ -224,9 +189,41 @@ impl ExecContext {
         grad_y: &RawTensor,
         eps: f32,
     ) -> Result<(RawTensor, RawTensor), ExecError> {
-        const OP: &str = "rms_norm_backward";
-        check_params(OP, x, &[gamma], eps)?;
-        check_same(OP, x, grad_y)?;
+        let (grad_x, grad_gamma, _) = self.norm_backward(
+            "rms_norm_backward",
+            x,
+            gamma,
+            grad_y,
+            eps,
+            rowwise::rms_norm_backward,
+            // xhat = (x - 0) * rstd: subtracting 0 changes no bit.
+            |row, eps| (0.0, rowwise::rms_norm_rstd(row, eps)),
+        )?;
+        Ok((grad_x, grad_gamma))
+    }
+}
+
+/// A row kernel of a norm's backward: `(x_row, gamma, grad_y_row, eps, grad_x_row)`.
+type NormRowBackward = fn(&[f32], &[f32], &[f32], f32, &mut [f32]);
+
+impl ExecContext {
+    /// The part the norm backward kernels share: validation, contiguous operands,
+    /// `grad_x` from the row kernel, and `grad_gamma`, the fixed-order column sum of
+    /// `grad_y * xhat` with `xhat = (x - shift) * rstd` and the per-row
+    /// `(shift, rstd)` of `row_stats`. Also returns the contiguous `grad_y`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_backward(
+        &self,
+        op: &'static str,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        grad_y: &RawTensor,
+        eps: f32,
+        row_backward: NormRowBackward,
+        row_stats: fn(&[f32], f32) -> (f32, f32),
+    ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
+        check_params(op, x, &[gamma], eps)?;
+        check_same(op, x, grad_y)?;
         let c = x.shape()[x.rank() - 1];
         let rows = x.numel() / c;
         let (xc, gc, gyc) = (
@@ -239,37 +236,38 @@ impl ExecContext {
             gc.contiguous_slice(),
             gyc.contiguous_slice(),
         );
-        let grad_x = self.new_tensor(OP, x.shape(), |out| {
+        let grad_x = self.new_tensor(op, x.shape(), |out| {
             self.par_rows(out, c, c * NORM_WORK, |r, o| {
                 for (r, orow) in r.zip(o.chunks_exact_mut(c)) {
-                    let xr = &xs[r * c..][..c];
-                    rowwise::rms_norm_backward(xr, gs, &gys[r * c..][..c], eps, orow);
+                    row_backward(&xs[r * c..][..c], gs, &gys[r * c..][..c], eps, orow);
                 }
             });
         })?;
-        let stats = self.new_tensor(OP, &[rows], |st| {
-            self.par_rows(st, 1, c, |r, o| {
-                for (r, s) in r.zip(o.iter_mut()) {
-                    *s = rowwise::rms_norm_rstd(&xs[r * c..][..c], eps);
+        let stats = self.new_tensor(op, &[rows, 2], |st| {
+            self.par_rows(st, 2, c * 2, |r, o| {
+                for (r, s) in r.zip(o.chunks_exact_mut(2)) {
+                    let (shift, rstd) = row_stats(&xs[r * c..][..c], eps);
+                    s[0] = shift;
+                    s[1] = rstd;
                 }
             });
         })?;
         let st = stats.contiguous_slice();
-        let grad_gamma = self.new_tensor(OP, &[c], |out| {
+        let grad_gamma = self.new_tensor(op, &[c], |out| {
             self.par_rows(out, 1, rows * 2, |range, o| {
                 for_each_col_tile(range, c, o, |_, i0, tile| {
                     let w = tile.len();
                     col_sum_with(rows, tile, |k, acc| {
-                        let rstd = st[k];
+                        let (shift, rstd) = (st[2 * k], st[2 * k + 1]);
                         let gr = &gys[k * c + i0..][..w];
                         let xr = &xs[k * c + i0..][..w];
                         for ((a, &g), &v) in acc.iter_mut().zip(gr).zip(xr) {
-                            *a += g * (v * rstd);
+                            *a += g * ((v - shift) * rstd);
                         }
                     });
                 });
             });
         })?;
-        Ok((grad_x, grad_gamma))
+        Ok((grad_x, grad_gamma, gyc))
     }
 }
