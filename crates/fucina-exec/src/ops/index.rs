@@ -11,6 +11,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
 use crate::kernels::select::transpose_rows;
+use crate::kernels::strided::{Geom, seg1};
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
 
@@ -60,42 +61,17 @@ fn copy_logical<T: Element>(x: &RawTensor<T>, start: usize, dst: &mut [T]) {
         dst.copy_from_slice(&src[o..o + dst.len()]);
         return;
     }
-    let (shape, strides) = (x.shape(), x.strides());
-    let rank = shape.len();
-    let (inner, inner_stride) = (shape[rank - 1], strides[rank - 1]);
-    // The multi-index of `start` over the outer axes, and the storage base of its row.
-    let mut idx = [0usize; MAX_RANK];
-    let mut rem = start / inner;
-    let mut col = start % inner;
-    let mut base = x.offset();
-    for ax in (0..rank - 1).rev() {
-        idx[ax] = rem % shape[ax];
-        rem /= shape[ax];
-        base += idx[ax] * strides[ax];
-    }
-    let mut written = 0;
-    while written < dst.len() {
-        let take = (inner - col).min(dst.len() - written);
-        let mut p = base + col * inner_stride;
-        for d in &mut dst[written..written + take] {
-            *d = src[p];
-            p += inner_stride;
-        }
-        written += take;
-        col = 0;
-        // Next row: advance the outer odometer.
-        let mut ax = rank - 1;
-        while ax > 0 {
-            ax -= 1;
-            idx[ax] += 1;
-            base += strides[ax];
-            if idx[ax] < shape[ax] {
-                break;
-            }
-            base -= strides[ax] * shape[ax];
-            idx[ax] = 0;
-        }
-    }
+    let geom = Geom::new(x.shape(), [x.layout()]);
+    let [stride] = geom.inner_strides();
+    geom.for_segments(start..start + dst.len(), |pos, len, [base]| {
+        seg1(
+            &mut dst[pos - start..pos - start + len],
+            src,
+            base,
+            stride,
+            &|v| v,
+        );
+    });
 }
 
 /// One operand of a join: its block length per output row, and its elements when
