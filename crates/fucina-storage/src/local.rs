@@ -28,9 +28,11 @@ use std::ptr::NonNull;
 use crate::buffer::{Arm, Buffer, Header, Home};
 use crate::freelist::{Chain, FreeIndex};
 use crate::lease::ScratchLease;
-use crate::pool::{BufferPool, PoolShared, PoolStats, round_f32_len, slab_request};
+use crate::pool::{
+    BufferPool, PoolShared, PoolStats, scratch_request, typed_buffer, typed_request,
+};
 use crate::sync::{Arc, AtomicBool, AtomicUsize, LocalCell, Ordering};
-use crate::{AlignedBlock, DType, Scalar, StorageError};
+use crate::{AlignedBlock, Scalar, StorageError};
 
 /// Default cap on the bytes one local tier caches: 256 MiB (or the pool's cap, if
 /// smaller, when the `LocalPool` is made).
@@ -491,18 +493,9 @@ impl LocalPool {
     /// # Errors
     /// As [`BufferPool::acquire_typed`].
     pub fn acquire_typed<T: Scalar>(&self, len: usize) -> Result<Buffer<T>, StorageError> {
-        let (arm, bytes) = if T::DTYPE == DType::F32 {
-            (Arm::F32, round_f32_len(len)? * size_of::<f32>())
-        } else {
-            (Arm::Slab, slab_request::<T>(len)?)
-        };
+        let (arm, bytes) = typed_request::<T>(len)?;
         let (hdr, hit) = self.checkout(arm, bytes)?;
-        if hit && !T::ANY_BIT_PATTERN {
-            hdr.cell.write();
-            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
-            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
-        }
-        Ok(Buffer::from_header(hdr))
+        Ok(typed_buffer(hdr, hit))
     }
 
     /// As [`BufferPool::acquire_scratch`], from this thread's local tier first.
@@ -513,14 +506,7 @@ impl LocalPool {
         &self,
         len: usize,
     ) -> Result<ScratchLease<T>, StorageError> {
-        const {
-            assert!(size_of::<T>() > 0, "scratch items must not be zero-sized");
-            assert!(
-                align_of::<T>() <= crate::ALIGNMENT,
-                "scratch items need align <= 64"
-            );
-        }
-        let bytes = slab_request::<T>(len)?;
+        let bytes = scratch_request::<T>(len)?;
         let (hdr, _) = self.checkout(Arm::Slab, bytes)?;
         Ok(ScratchLease::new(hdr, len))
     }

@@ -316,18 +316,9 @@ impl PoolShared {
         this: &Arc<PoolShared>,
         len: usize,
     ) -> Result<Buffer<T>, StorageError> {
-        let (arm, bytes) = if T::DTYPE == DType::F32 {
-            (Arm::F32, round_f32_len(len)? * size_of::<f32>())
-        } else {
-            (Arm::Slab, slab_request::<T>(len)?)
-        };
+        let (arm, bytes) = typed_request::<T>(len)?;
         let (hdr, hit) = Self::checkout(this, arm, bytes)?;
-        if hit && !T::ANY_BIT_PATTERN {
-            hdr.cell.write();
-            // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
-            unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
-        }
-        Ok(Buffer::from_header(hdr))
+        Ok(typed_buffer(hdr, hit))
     }
 
     /// The release hook: caches `hdr` (on top of its size class: LIFO) unless that would
@@ -626,14 +617,7 @@ impl BufferPool {
         &self,
         len: usize,
     ) -> Result<ScratchLease<T>, StorageError> {
-        const {
-            assert!(size_of::<T>() > 0, "scratch items must not be zero-sized");
-            assert!(
-                align_of::<T>() <= crate::ALIGNMENT,
-                "scratch items need align <= 64"
-            );
-        }
-        let bytes = slab_request::<T>(len)?;
+        let bytes = scratch_request::<T>(len)?;
         let (hdr, _) = PoolShared::checkout(&self.handle.shared, Arm::Slab, bytes)?;
         Ok(ScratchLease::new(hdr, len))
     }
@@ -753,6 +737,40 @@ pub(crate) fn slab_request<T>(len: usize) -> Result<usize, StorageError> {
             len,
             element_size: size_of::<T>(),
         })
+}
+
+/// The arm and byte request of a typed acquire of `len` elements: `f32` from the
+/// f32 arm (its rounding), every other type from the slab arm.
+pub(crate) fn typed_request<T: Scalar>(len: usize) -> Result<(Arm, usize), StorageError> {
+    if T::DTYPE == DType::F32 {
+        Ok((Arm::F32, round_f32_len(len)? * size_of::<f32>()))
+    } else {
+        Ok((Arm::Slab, slab_request::<T>(len)?))
+    }
+}
+
+/// Finishes a typed acquire of a checked-out header (`hit`: it was recycled):
+/// recycled memory of a type with invalid bit patterns (`bool`) is zeroed first.
+pub(crate) fn typed_buffer<T: Scalar>(hdr: Box<Header>, hit: bool) -> Buffer<T> {
+    if hit && !T::ANY_BIT_PATTERN {
+        hdr.cell.write();
+        // SAFETY: we own the header exclusively; `data` is valid for `bytes` writes.
+        unsafe { hdr.data.as_ptr().write_bytes(0, hdr.bytes) };
+    }
+    Buffer::from_header(hdr)
+}
+
+/// The slab byte request of a scratch lease of `len` items; `T` must have a
+/// non-zero size and an alignment of at most 64 (checked at compile time).
+pub(crate) fn scratch_request<T: bytemuck::Pod>(len: usize) -> Result<usize, StorageError> {
+    const {
+        assert!(size_of::<T>() > 0, "scratch items must not be zero-sized");
+        assert!(
+            align_of::<T>() <= crate::ALIGNMENT,
+            "scratch items need align <= 64"
+        );
+    }
+    slab_request::<T>(len)
 }
 
 impl fmt::Debug for BufferPool {
