@@ -6,17 +6,15 @@
 use fucina_exec::{ExecContext, ExecError, RawTensor};
 use proptest::prelude::*;
 
-// ---------------------------------------------------------------- helpers
+mod support;
+use support::{assert_close, bits, fd_grad, numel, strided, uniform};
 
+/// Inputs in [-2, 2).
 fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut v = vec![0.0; n];
-    fucina_exec::rng::uniform_fill(seed, &mut v, -2.0, 2.0);
-    v
+    uniform(seed, n, -2.0, 2.0)
 }
 
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
+// ---------------------------------------------------------------- helpers
 
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (
@@ -54,33 +52,6 @@ fn reduced(shape: &[usize], axis: usize, keepdim: bool) -> Vec<usize> {
     s
 }
 
-/// A non-contiguous view holding `data` with `shape`: every other element of a
-/// storage twice as long (strides doubled, offset 1).
-fn strided(ctx: &ExecContext, shape: &[usize], data: &[f32]) -> RawTensor {
-    let mut storage = vec![f32::NAN; 2 * data.len() + 1];
-    for (i, &v) in data.iter().enumerate() {
-        storage[2 * i + 1] = v;
-    }
-    let t = ctx.from_slice(&[storage.len()], &storage).unwrap();
-    let mut strides = vec![2; shape.len()];
-    for i in (0..shape.len() - 1).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
-    }
-    let v = t.view_with_strides(shape, &strides, 1).unwrap();
-    assert!(!v.is_contiguous() || v.numel() == 1);
-    assert_eq!(v.to_vec(), data);
-    v
-}
-
-fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let g = f64::from(g);
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
-        assert!(ok, "{what}[{i}]: got {g}, want {w}");
-    }
-}
-
 fn f64_sum(c: &[f64]) -> f64 {
     c.iter().sum()
 }
@@ -103,10 +74,6 @@ fn first_arg(c: &[f64], better: impl Fn(f64, f64) -> bool) -> i64 {
         }
     }
     at as i64
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 // ---------------------------------------------------------------- forward vs f64
@@ -286,7 +253,7 @@ fn long_reductions_match_f64() {
     }
     // Full reductions, above and below a super-chunk, and over a transposed view.
     for n in [1usize, 7, 1_000, 200_001] {
-        let data = rand_vec(n as u64, n);
+        let data = uniform(n as u64, n, -2.0, 2.0);
         let x = ctx.from_slice(&[n], &data).unwrap();
         let want = f64_sum(&data.iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
         let s = ctx.sum_all(&x).unwrap();
@@ -305,7 +272,7 @@ fn long_reductions_match_f64() {
         );
     }
     let t = ctx
-        .from_slice(&[40, 50], &rand_vec(9, 2000))
+        .from_slice(&[40, 50], &uniform(9, 2000, -2.0, 2.0))
         .unwrap()
         .transpose(0, 1)
         .unwrap();
@@ -486,21 +453,6 @@ fn invalid_axes_and_shapes_are_errors() {
 
 // ---------------------------------------------------------------- backward
 
-/// Central differences in f64 of `f` at `x`, dotted with the output weights `w`.
-fn fd_grad(x: &[f64], w: &[f64], f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
-    let h = 1e-6;
-    (0..x.len())
-        .map(|i| {
-            let mut p = x.to_vec();
-            p[i] += h;
-            let up: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
-            p[i] -= 2.0 * h;
-            let down: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
-            (up - down) / (2.0 * h)
-        })
-        .collect()
-}
-
 fn naive_axis64(shape: &[usize], x: &[f64], axis: usize, f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
     let (outer, n, inner) = split(shape, axis);
     let mut out = Vec::new();
@@ -601,7 +553,7 @@ fn max_backward_routes_to_the_first_maximum() {
 fn bitwise_identical_for_every_team_size() {
     let shape = [300, 257];
     let data = rand_vec(42, numel(&shape));
-    let gdata = rand_vec(43, 300);
+    let gdata = uniform(43, 300, -2.0, 2.0);
     let run = |threads: usize| -> Vec<Vec<u32>> {
         let ctx = ExecContext::with_threads(threads);
         let x = ctx.from_slice(&shape, &data).unwrap();
@@ -642,7 +594,7 @@ fn bitwise_identical_for_every_team_size() {
                 .to_vec(),
         ));
         // A full reduction long enough for parallel super-chunks.
-        let big: Vec<f32> = rand_vec(44, 5 * 65_536 + 17);
+        let big: Vec<f32> = uniform(44, 5 * 65_536 + 17, -2.0, 2.0);
         let b = ctx.from_slice(&[big.len()], &big).unwrap();
         outs.push(bits(&ctx.sum_all(&b).unwrap().to_vec()));
         drop((x, xt, g, y, b));
@@ -658,7 +610,7 @@ fn bitwise_identical_for_every_team_size() {
 fn last_axis_reductions_are_batch_invariant() {
     let ctx = ExecContext::with_threads(4);
     let c = 1001;
-    let data = rand_vec(5, 64 * c);
+    let data = uniform(5, 64 * c, -2.0, 2.0);
     let x = ctx.from_slice(&[64, c], &data).unwrap();
     type Op = fn(&ExecContext, &RawTensor) -> RawTensor;
     let ops: [(&str, Op); 5] = [

@@ -5,50 +5,13 @@
 use fucina_exec::{ExecContext, ExecError, RawTensor};
 use proptest::prelude::*;
 
+mod support;
+use support::{assert_close, bits, fd_grad, numel, strided, uniform};
+
 // ---------------------------------------------------------------- helpers
-
-fn rand_vec(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut v = vec![0.0; n];
-    fucina_exec::rng::uniform_fill(seed, &mut v, lo, hi);
-    v
-}
-
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
 
 fn to64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// A non-contiguous view holding `data` with `shape` (every other element of a
-/// longer storage).
-fn strided(ctx: &ExecContext, shape: &[usize], data: &[f32]) -> RawTensor {
-    let mut storage = vec![f32::NAN; 2 * data.len() + 1];
-    for (i, &v) in data.iter().enumerate() {
-        storage[2 * i + 1] = v;
-    }
-    let t = ctx.from_slice(&[storage.len()], &storage).unwrap();
-    let mut strides = vec![2; shape.len()];
-    for i in (0..shape.len() - 1).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
-    }
-    let v = t.view_with_strides(shape, &strides, 1).unwrap();
-    assert_eq!(v.to_vec(), data);
-    v
-}
-
-fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let g = f64::from(g);
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
-        assert!(ok, "{what}[{i}]: got {g}, want {w}");
-    }
 }
 
 /// Applies `f` to every line along `axis` of `x` (shape `shape`), in place.
@@ -104,21 +67,6 @@ fn rows64(c: usize, x: &[f64], f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
     x.chunks(c).flat_map(f).collect()
 }
 
-/// Central differences in f64 of `f` at `x`, dotted with the output weights `w`.
-fn fd_grad(x: &[f64], w: &[f64], f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
-    let h = 1e-6;
-    (0..x.len())
-        .map(|i| {
-            let mut p = x.to_vec();
-            p[i] += h;
-            let up: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
-            p[i] -= 2.0 * h;
-            let down: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
-            (up - down) / (2.0 * h)
-        })
-        .collect()
-}
-
 fn ce64(c: usize, x: &[f64], labels: &[i64]) -> f64 {
     let n = labels.len() as f64;
     x.chunks(c)
@@ -141,7 +89,7 @@ proptest! {
     fn softmax_family_matches_f64(shape in shape_strategy(), axis_pick in 0usize..8, seed in any::<u64>()) {
         let axis = axis_pick % shape.len();
         let ctx = ExecContext::with_threads(2);
-        let data = rand_vec(seed, numel(&shape), -4.0, 4.0);
+        let data = uniform(seed, numel(&shape), -4.0, 4.0);
         let x64 = to64(&data);
         let want_sm = along_axis(&shape, &x64, axis, softmax64);
         let want_lsm = along_axis(&shape, &x64, axis, log_softmax64);
@@ -159,9 +107,9 @@ proptest! {
     fn norms_match_f64(rows in 1usize..6, lead in 1usize..3, c in 1usize..40, seed in any::<u64>()) {
         let ctx = ExecContext::with_threads(2);
         let shape = [lead, rows, c];
-        let data = rand_vec(seed, numel(&shape), -3.0, 3.0);
-        let g = rand_vec(seed ^ 1, c, 0.5, 1.5);
-        let b = rand_vec(seed ^ 2, c, -1.0, 1.0);
+        let data = uniform(seed, numel(&shape), -3.0, 3.0);
+        let g = uniform(seed ^ 1, c, 0.5, 1.5);
+        let b = uniform(seed ^ 2, c, -1.0, 1.0);
         let eps = 1e-5;
         let want_ln = rows64(c, &to64(&data), |r| layer_norm64(r, &to64(&g), &to64(&b), eps));
         let want_rms = rows64(c, &to64(&data), |r| rms_norm64(r, &to64(&g), eps));
@@ -182,7 +130,7 @@ proptest! {
     #[test]
     fn losses_match_f64(n in 1usize..9, c in 1usize..30, seed in any::<u64>()) {
         let ctx = ExecContext::with_threads(2);
-        let data = rand_vec(seed, n * c, -5.0, 5.0);
+        let data = uniform(seed, n * c, -5.0, 5.0);
         let mut labels = vec![0i64; n];
         fucina_exec::rng::randint_fill(seed, &mut labels, 0, c as i64);
         let x64 = to64(&data);
@@ -207,7 +155,7 @@ proptest! {
             let nll_s = ctx.nll_loss(&strided(&ctx, &[n, c], &lsm.to_vec()), &lab).unwrap();
             prop_assert_eq!(nll_s.to_vec(), nll.to_vec());
         }
-        let other = rand_vec(seed ^ 7, n * c, -5.0, 5.0);
+        let other = uniform(seed ^ 7, n * c, -5.0, 5.0);
         let want_mse = data
             .iter()
             .zip(&other)
@@ -253,8 +201,8 @@ fn softmax_backward_matches_finite_differences() {
         (vec![2, 3, 4], 1),
         (vec![7], 0),
     ] {
-        let data = rand_vec(3, numel(&shape), -2.0, 2.0);
-        let gdata = rand_vec(4, numel(&shape), -1.0, 1.0);
+        let data = uniform(3, numel(&shape), -2.0, 2.0);
+        let gdata = uniform(4, numel(&shape), -1.0, 1.0);
         let (x64, g64) = (to64(&data), to64(&gdata));
         let x = ctx.from_slice(&shape, &data).unwrap();
         let g = strided(&ctx, &shape, &gdata);
@@ -280,10 +228,10 @@ fn norm_backward_matches_finite_differences() {
         (vec![3, 1], 4),
     ] {
         let c = shape[shape.len() - 1];
-        let data = rand_vec(seed, numel(&shape), -2.0, 2.0);
-        let gam = rand_vec(seed + 10, c, 0.5, 1.5);
-        let bet = rand_vec(seed + 20, c, -1.0, 1.0);
-        let gy = rand_vec(seed + 30, numel(&shape), -1.0, 1.0);
+        let data = uniform(seed, numel(&shape), -2.0, 2.0);
+        let gam = uniform(seed + 10, c, 0.5, 1.5);
+        let bet = uniform(seed + 20, c, -1.0, 1.0);
+        let gy = uniform(seed + 30, numel(&shape), -1.0, 1.0);
         let (x64, g64, b64, w64) = (to64(&data), to64(&gam), to64(&bet), to64(&gy));
         let e = f64::from(eps);
         let x = ctx.from_slice(&shape, &data).unwrap();
@@ -320,9 +268,9 @@ fn norm_parameter_grads_over_many_rows() {
     // More rows than a column block: grad_gamma / grad_beta against f64 sums.
     let ctx = ExecContext::with_threads(3);
     let (r, c) = (700, 70);
-    let data = rand_vec(11, r * c, -2.0, 2.0);
-    let gy = rand_vec(12, r * c, -1.0, 1.0);
-    let gam = rand_vec(13, c, 0.5, 1.5);
+    let data = uniform(11, r * c, -2.0, 2.0);
+    let gy = uniform(12, r * c, -1.0, 1.0);
+    let gam = uniform(13, c, 0.5, 1.5);
     let x = ctx.from_slice(&[r, c], &data).unwrap();
     let gamma = ctx.from_slice(&[c], &gam).unwrap();
     let grad_y = ctx.from_slice(&[r, c], &gy).unwrap();
@@ -345,7 +293,7 @@ fn norm_parameter_grads_over_many_rows() {
 fn loss_backward_matches_finite_differences_and_formulas() {
     let ctx = ExecContext::with_threads(2);
     let (n, c) = (5, 4);
-    let data = rand_vec(21, n * c, -3.0, 3.0);
+    let data = uniform(21, n * c, -3.0, 3.0);
     let labels = [3i64, 0, 1, 1, 2];
     let x64 = to64(&data);
     let x = ctx.from_slice(&[n, c], &data).unwrap();
@@ -369,7 +317,7 @@ fn loss_backward_matches_finite_differences_and_formulas() {
         }
     }
 
-    let other = rand_vec(22, n * c, -3.0, 3.0);
+    let other = uniform(22, n * c, -3.0, 3.0);
     let o64 = to64(&other);
     let b = ctx.from_slice(&[n, c], &other).unwrap();
     let mse = |a: &[f64], b: &[f64]| {
@@ -556,10 +504,10 @@ fn errors_are_reported_before_any_work() {
 #[test]
 fn bitwise_identical_for_every_team_size() {
     let (r, c) = (300, 257);
-    let data = rand_vec(42, r * c, -3.0, 3.0);
-    let gy = rand_vec(43, r * c, -1.0, 1.0);
-    let gam = rand_vec(44, c, 0.5, 1.5);
-    let bet = rand_vec(45, c, -1.0, 1.0);
+    let data = uniform(42, r * c, -3.0, 3.0);
+    let gy = uniform(43, r * c, -1.0, 1.0);
+    let gam = uniform(44, c, 0.5, 1.5);
+    let bet = uniform(45, c, -1.0, 1.0);
     let mut labels = vec![0i64; r];
     fucina_exec::rng::randint_fill(46, &mut labels, 0, c as i64);
     let run = |threads: usize| -> Vec<Vec<u32>> {
@@ -611,9 +559,9 @@ fn bitwise_identical_for_every_team_size() {
 fn rowwise_ops_are_batch_invariant() {
     let ctx = ExecContext::with_threads(4);
     let c = 1001;
-    let data = rand_vec(5, 64 * c, -3.0, 3.0);
-    let gam = rand_vec(6, c, 0.5, 1.5);
-    let bet = rand_vec(7, c, -1.0, 1.0);
+    let data = uniform(5, 64 * c, -3.0, 3.0);
+    let gam = uniform(6, c, 0.5, 1.5);
+    let bet = uniform(7, c, -1.0, 1.0);
     let mut labels = vec![0i64; 64];
     fucina_exec::rng::randint_fill(8, &mut labels, 0, c as i64);
     let gamma = ctx.from_slice(&[c], &gam).unwrap();

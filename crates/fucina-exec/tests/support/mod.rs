@@ -100,3 +100,58 @@ pub fn naive_binary(
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// `n` values of `fucina_rng::uniform_fill(seed, _, lo, hi)`.
+pub fn uniform(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    fucina_exec::rng::uniform_fill(seed, &mut v, lo, hi);
+    v
+}
+
+/// The element count of `shape`.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// A non-contiguous view holding `data` with `shape`: every other element of a
+/// storage twice as long (strides doubled, offset 1).
+pub fn strided(ctx: &ExecContext, shape: &[usize], data: &[f32]) -> RawTensor {
+    let mut storage = vec![f32::NAN; 2 * data.len() + 1];
+    for (i, &v) in data.iter().enumerate() {
+        storage[2 * i + 1] = v;
+    }
+    let t = ctx.from_slice(&[storage.len()], &storage).unwrap();
+    let mut strides = vec![2; shape.len()];
+    for i in (0..shape.len() - 1).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let v = t.view_with_strides(shape, &strides, 1).unwrap();
+    assert!(!v.is_contiguous() || v.numel() == 1);
+    assert_eq!(v.to_vec(), data);
+    v
+}
+
+/// Asserts `got` equals `want` within a relative tolerance (NaN matches NaN).
+pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let g = f64::from(g);
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
+        assert!(ok, "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+/// Central differences in f64 of `f` at `x`, dotted with the output weights `w`.
+pub fn fd_grad(x: &[f64], w: &[f64], f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
+    let h = 1e-6;
+    (0..x.len())
+        .map(|i| {
+            let mut p = x.to_vec();
+            p[i] += h;
+            let up: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
+            p[i] -= 2.0 * h;
+            let down: f64 = f(&p).iter().zip(w).map(|(a, b)| a * b).sum();
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
