@@ -253,39 +253,6 @@ impl ExecContext {
         }
         team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
-
-    /// Runs `f(i)` for every `i in 0..n` tasks in parallel when `n * work_per_task`
-    /// reaches [`PARALLEL_THRESHOLD`] (each task writes only its own outputs).
-    #[allow(dead_code)] // used by the op families being written
-    pub(crate) fn par_tasks<F>(&self, n: usize, work_per_task: usize, f: F)
-    where
-        F: Fn(Range<usize>) + Sync,
-    {
-        let work = n.saturating_mul(work_per_task.max(1));
-        let team = if self.threads > 1
-            && n > 1
-            && work >= PARALLEL_THRESHOLD
-            && !fucina_thread::in_parallel_region()
-        {
-            self.work_pool()
-        } else {
-            None
-        };
-        match team {
-            None => f(0..n),
-            Some(team) => {
-                let grain = (PARALLEL_THRESHOLD / work_per_task.max(1)).max(1);
-                let chunks = chunk_ranges(0, n, grain, self.threads);
-                let mut ranges: [Range<usize>; MAX_CHUNKS] = [const { 0..0 }; MAX_CHUNKS];
-                let mut k = 0;
-                for r in chunks {
-                    ranges[k] = r;
-                    k += 1;
-                }
-                team.parallel_chunks(&ranges[..k], |r| f(r.clone()));
-            }
-        }
-    }
 }
 
 impl Drop for ExecContext {
