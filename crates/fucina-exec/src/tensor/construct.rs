@@ -169,7 +169,8 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`].
     pub fn materialize<T: Element>(&self, x: &RawTensor<T>) -> Result<RawTensor<T>, ExecError> {
-        self.new_tensor("materialize", x.shape(), |out| x.copy_into(out))
+        // The elementwise walk: coalesced axes, parallel above the threshold.
+        self.map1("materialize", x, 1, |v: T| v)
     }
 
     /// `x` itself when it is contiguous, else a materialized copy.
@@ -215,13 +216,7 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`].
     pub fn cast_to_f32<T: Element>(&self, x: &RawTensor<T>) -> Result<RawTensor, ExecError> {
-        let src = self.contiguous(x)?;
-        let s = src.contiguous_slice();
-        self.new_tensor("cast_to_f32", x.shape(), |out| {
-            for (o, &v) in out.iter_mut().zip(s) {
-                *o = v.to_f32();
-            }
-        })
+        self.map1("cast_to_f32", x, 1, T::to_f32)
     }
 
     /// Converts f32 to another element type (see [`Element`] for the rules).
@@ -229,13 +224,7 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`].
     pub fn cast_from_f32<T: Element>(&self, x: &RawTensor) -> Result<RawTensor<T>, ExecError> {
-        let src = self.contiguous(x)?;
-        let s = src.contiguous_slice();
-        self.new_tensor("cast_from_f32", x.shape(), |out| {
-            for (o, &v) in out.iter_mut().zip(s) {
-                *o = T::from_f32(v);
-            }
-        })
+        self.map1("cast_from_f32", x, 1, T::from_f32)
     }
 }
 

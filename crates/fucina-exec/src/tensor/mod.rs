@@ -152,12 +152,8 @@ impl<T: Element> RawTensor<T> {
 
     /// The elements in logical row-major order, copied into a `Vec`.
     pub fn to_vec(&self) -> Vec<T> {
-        if self.is_contiguous() {
-            return self.contiguous_slice().to_vec();
-        }
-        let mut out = Vec::with_capacity(self.numel());
-        let src: &[T] = &self.buf;
-        self.layout.for_each_index(|i| out.push(src[i]));
+        let mut out = vec![T::ZERO; self.numel()];
+        self.copy_into(&mut out);
         out
     }
 
