@@ -1,4 +1,5 @@
-//! `cargo xtask doctest`: compile and run the Rust examples of `docs/*.md`.
+//! `cargo xtask doctest`: compile and run the Rust examples of `README.md` and
+//! `docs/*.md`.
 //!
 //! Every fenced block whose info string starts with `rust` becomes one test in
 //! a generated crate (`target/xtask-doctest/`, never committed) that depends on
@@ -192,6 +193,11 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         .filter(|p| p.extension().is_some_and(|x| x == "md"))
         .collect();
     files.sort();
+    // The README's examples are held to the same standard as the guides'.
+    let readme = root.join("README.md");
+    if readme.is_file() {
+        files.insert(0, readme);
+    }
 
     let gen_dir = root.join("target").join("xtask-doctest");
     let tests_dir = gen_dir.join("tests");
@@ -231,7 +237,7 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
             .map_err(|e| format!("writing {}: {e}", out.display()))?;
     }
     eprintln!(
-        "xtask doctest: {total} rust blocks in {} files under docs/ ({ignored} marked ignore)",
+        "xtask doctest: {total} rust blocks in {} files (README.md and docs/) ({ignored} marked ignore)",
         files.len()
     );
     if total == ignored {
