@@ -10,16 +10,20 @@ use fucina_thread::ThreadError;
 /// wrapped (`?` converts them), and the facade's own (layers, optimizers, data).
 ///
 /// The wrapped variants are transparent: their message is the lower layer's, which
-/// names the operation and the offending value.
+/// names the operation and the offending value. The autograd and exec errors are
+/// boxed (they carry inline shapes and are large): this keeps `fucina::Result<T>`
+/// small, so a function returning it stays cheap on the success path and free
+/// of clippy's `result_large_err`. Match them with `Error::Exec(e)` and `*e` or
+/// [`Error::as_exec`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An error of the autograd layer (it wraps the exec layer's errors of ops).
     #[error(transparent)]
-    Autograd(#[from] AutogradError),
+    Autograd(Box<AutogradError>),
     /// An error of the exec layer.
     #[error(transparent)]
-    Exec(#[from] ExecError),
+    Exec(Box<ExecError>),
     /// An error of the storage layer (an allocation that failed).
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -72,7 +76,32 @@ pub enum Error {
     },
 }
 
+impl From<AutogradError> for Error {
+    fn from(e: AutogradError) -> Error {
+        Error::Autograd(Box::new(e))
+    }
+}
+
+impl From<ExecError> for Error {
+    fn from(e: ExecError) -> Error {
+        Error::Exec(Box::new(e))
+    }
+}
+
 impl Error {
+    /// The exec-layer error inside, if this is one (directly, or wrapped by the
+    /// autograd layer).
+    pub fn as_exec(&self) -> Option<&ExecError> {
+        match self {
+            Error::Exec(e) => Some(e),
+            Error::Autograd(e) => match &**e {
+                AutogradError::Exec(e) => Some(e),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// An [`Error::InvalidArgument`].
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Error {
         Error::InvalidArgument {

@@ -153,7 +153,7 @@ impl Core {
                 Some(v) => v,
                 slot => slot.insert(zeros_like(ctx, p)?),
             };
-            m.update_(|m| {
+            m.update_(|m| -> Result<()> {
                 v.update_(|v| {
                     p.update_(|w| {
                         for (((w, m), v), &g) in
@@ -173,8 +173,9 @@ impl Core {
                             *w += step_size * *m / denom;
                         }
                     })
-                })
-            })???;
+                })??;
+                Ok(())
+            })??;
         }
         Ok(())
     }
