@@ -249,3 +249,19 @@ fn attention_is_causal_and_differentiable() {
     loss.backward(&ctx).unwrap();
     assert!(block.parameters().iter().all(|p| p.grad_view().is_some()));
 }
+
+#[test]
+fn cross_entropy_labels_out_of_range_are_errors() {
+    let ctx = ExecContext::new();
+    let l = Linear::new(&ctx, 4, 3, 0).unwrap();
+    let logits = l.forward(&ctx, &ramp(&ctx, &[2, 4])).unwrap();
+    for bad in [[0i64, 3], [-1, 0]] {
+        let labels = ctx.from_slice_typed::<i64>(&[2], &bad).unwrap();
+        let e: Error = logits.cross_entropy(&ctx, &labels).unwrap_err().into();
+        assert!(e.as_exec().is_some(), "{e:?}");
+        assert!(e.to_string().contains("cross_entropy"), "{e}");
+    }
+    // A label count that does not match the rows.
+    let labels = ctx.from_slice_typed::<i64>(&[3], &[0, 1, 2]).unwrap();
+    assert!(logits.cross_entropy(&ctx, &labels).is_err());
+}

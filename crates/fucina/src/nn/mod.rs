@@ -9,8 +9,7 @@
 //! with stable dotted names (`"fc1.weight"`, `"0.bias"`, `"blocks.1.attn.qkv.weight"`).
 //!
 //! Layers check the shape of their input and return
-//! [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) naming the layer when it
-//! does not fit; nothing panics on bad input.
+//! [`crate::Error::ShapeMismatch`] naming the layer when it does not fit; nothing panics on bad input.
 //!
 //! ```
 //! use fucina::nn::{Forward, Linear, Module, Relu, Sequential};
