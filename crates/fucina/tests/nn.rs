@@ -265,3 +265,47 @@ fn cross_entropy_labels_out_of_range_are_errors() {
     let labels = ctx.from_slice_typed::<i64>(&[3], &[0, 1, 2]).unwrap();
     assert!(logits.cross_entropy(&ctx, &labels).is_err());
 }
+
+#[test]
+fn load_parameters_checks_everything_first() {
+    let ctx = ExecContext::new();
+    let a = Sequential::new()
+        .push_named("fc1", Linear::new(&ctx, 3, 4, 1).unwrap())
+        .push(Relu)
+        .push_named("fc2", Linear::new(&ctx, 4, 2, 2).unwrap());
+    let b = Sequential::new()
+        .push_named("fc1", Linear::new(&ctx, 3, 4, 7).unwrap())
+        .push(Relu)
+        .push_named("fc2", Linear::new(&ctx, 4, 2, 8).unwrap());
+    let snap = |m: &Sequential| -> Vec<(String, Tensor)> {
+        m.named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.tensor().detach()))
+            .collect()
+    };
+    let values = |m: &Sequential| -> Vec<Vec<f32>> {
+        m.parameters().iter().map(Parameter::to_vec).collect()
+    };
+    let before = values(&b);
+    let good = snap(&a);
+    let mut missing = good.clone();
+    missing.pop();
+    let mut unknown = good.clone();
+    unknown[0].0 = "fc3.weight".into();
+    let mut misshapen = good.clone();
+    misshapen[1].1 = Tensor::zeros(&ctx, &[5]).unwrap();
+    let mut duplicate = good.clone();
+    duplicate.push(good[0].clone());
+    for (bad, needle) in [
+        (missing, "missing parameter \"fc2.bias\""),
+        (unknown, "unknown parameter \"fc3.weight\""),
+        (misshapen, "\"fc1.bias\" has shape [5]"),
+        (duplicate, "duplicate parameter \"fc1.weight\""),
+    ] {
+        let e = b.load_parameters(&bad).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+        assert_eq!(values(&b), before, "a rejected list changed the model");
+    }
+    b.load_parameters(&good).unwrap();
+    assert_eq!(values(&b), values(&a));
+}

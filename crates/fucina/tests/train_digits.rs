@@ -169,3 +169,59 @@ fn flags() {
     assert!(parse(&["--threads", "0"]).unwrap().validate().is_err());
     assert!(parse(&["--epochs", "0"]).unwrap().validate().is_err());
 }
+
+#[test]
+fn a_resumed_run_continues_bit_identically() {
+    let cfg = TrainConfig {
+        epochs: 4,
+        ..TrainConfig::default()
+    };
+    let data = digits();
+    let (train, test) = job::split(&data, cfg.seed);
+    let ctx = ExecContext::with_threads(1);
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let (whole, end) = job::train_from(&ctx, &train, &test, &cfg, None, None, &mut |_| {}).unwrap();
+    let (first, snap) =
+        job::train_from(&ctx, &train, &test, &cfg, None, Some(2), &mut |_| {}).unwrap();
+    assert_eq!(snap.epoch, 2);
+    // Resume from copies (what a checkpoint file would give back).
+    let copy = |v: &[(String, fucina::Tensor)]| -> Vec<(String, fucina::Tensor)> {
+        v.iter()
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    fucina::Tensor::from_slice(&ctx, t.shape(), &t.to_vec()).unwrap(),
+                )
+            })
+            .collect()
+    };
+    let restored = job::Snapshot {
+        epoch: 2,
+        params: copy(&snap.params),
+        optimizer: copy(&snap.optimizer),
+    };
+    let (second, end2) = job::train_from(
+        &ctx,
+        &train,
+        &test,
+        &cfg,
+        Some(&restored),
+        None,
+        &mut |_| {},
+    )
+    .unwrap();
+    let joined: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+    assert_eq!(bits(&joined), bits(&whole.losses));
+    assert_eq!(second.test_accuracy, whole.test_accuracy);
+    for ((n, a), (m, b)) in end.params.iter().zip(&end2.params) {
+        assert_eq!(n, m);
+        assert_eq!(bits(&a.to_vec()), bits(&b.to_vec()), "{n}");
+    }
+    // A snapshot that does not fit is an error.
+    let mut bad = restored.clone();
+    bad.params.pop();
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&bad), None, &mut |_| {}).is_err());
+    let mut late = restored;
+    late.epoch = 9;
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&late), None, &mut |_| {}).is_err());
+}

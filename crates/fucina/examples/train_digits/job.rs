@@ -298,6 +298,19 @@ pub(crate) fn model(ctx: &ExecContext, hidden: usize, seed: u64) -> Result<Seque
         .push_named("fc2", Linear::new(ctx, hidden, CLASSES, sub_seed(seed, 2))?))
 }
 
+/// Where a run stands after a whole number of epochs: everything a checkpoint
+/// must hold to resume it bit-identically (the data order and the schedule
+/// regenerate from the seed and the step).
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// Epochs completed.
+    pub(crate) epoch: usize,
+    /// The model's parameters by name (`"fc1.weight"`, ...).
+    pub(crate) params: Vec<(String, Tensor)>,
+    /// The optimizer state (`"step"`, `"exp_avg.0"`, ...).
+    pub(crate) optimizer: Vec<(String, Tensor)>,
+}
+
 /// Trains on `train` with AdamW, mini-batches in a seeded order per epoch, and
 /// evaluates on `test`. `on_step` runs after every step (outside the step).
 pub(crate) fn train(
@@ -307,6 +320,22 @@ pub(crate) fn train(
     cfg: &TrainConfig,
     on_step: &mut dyn FnMut(&Progress),
 ) -> Result<TrainReport> {
+    Ok(train_from(ctx, train, test, cfg, None, None, on_step)?.0)
+}
+
+/// [`train`], optionally resumed from `resume` and stopped after epoch
+/// `stop_after` (both within `cfg.epochs`, which fixes the schedule); returns the
+/// report of the epochs run and the snapshot at the end. A snapshot that does not
+/// fit the model or optimizer is an error.
+pub(crate) fn train_from(
+    ctx: &ExecContext,
+    train: &Digits,
+    test: &Digits,
+    cfg: &TrainConfig,
+    resume: Option<&Snapshot>,
+    stop_after: Option<usize>,
+    on_step: &mut dyn FnMut(&Progress),
+) -> Result<(TrainReport, Snapshot)> {
     let net = model(ctx, cfg.hidden, cfg.seed)?;
     let mut opt = AdamW::new(
         net.parameters(),
@@ -320,13 +349,32 @@ pub(crate) fn train(
     let per_epoch = n.div_ceil(cfg.batch);
     let steps = per_epoch * cfg.epochs;
     let schedule = WarmupCosine::new(cfg.lr, cfg.lr * 0.05, per_epoch as u64, steps as u64)?;
+    let first = match resume {
+        None => 0,
+        Some(snap) => {
+            if snap.epoch > cfg.epochs {
+                return Err(Error::InvalidArgument {
+                    what: "resume",
+                    reason: format!(
+                        "the snapshot is at epoch {}, past the run's {} epochs",
+                        snap.epoch, cfg.epochs
+                    ),
+                });
+            }
+            net.load_parameters(&snap.params)?;
+            opt.load_state_dict(ctx, &snap.optimizer)?;
+            snap.epoch
+        }
+    };
+    let last = stop_after.unwrap_or(cfg.epochs).clamp(first, cfg.epochs);
+    let mut step = first * per_epoch;
     let mut losses = Vec::with_capacity(steps);
     let mut order = vec![0i64; n];
     let mut xb = Vec::with_capacity(cfg.batch * PIXELS);
     let mut yb = Vec::with_capacity(cfg.batch);
     let start = Instant::now();
     let mut examples = 0;
-    for epoch in 0..cfg.epochs {
+    for epoch in first..last {
         fucina::rng::randperm_fill(sub_seed(cfg.seed, 100 + epoch as u64), &mut order);
         for chunk in order.chunks(cfg.batch) {
             xb.clear();
@@ -344,14 +392,15 @@ pub(crate) fn train(
                 loss.backward(ctx)?;
                 Ok(loss.item()?)
             })?;
-            opt.set_lr(schedule.lr(losses.len() as u64));
+            opt.set_lr(schedule.lr(step as u64));
             opt.step(ctx)?;
             opt.zero_grad();
             drop((x, y));
             losses.push(loss);
             examples += b;
+            step += 1;
             on_step(&Progress {
-                step: losses.len(),
+                step,
                 steps,
                 epoch,
                 loss,
@@ -364,7 +413,16 @@ pub(crate) fn train(
     let (pool, shared_pool) = (ctx.pool().stats(), ctx.pool().pool().stats());
     let outstanding = ctx.outstanding_buffers();
     let test_accuracy = accuracy(ctx, &net, test)?;
-    Ok(TrainReport {
+    let snapshot = Snapshot {
+        epoch: last,
+        params: net
+            .named_parameters()
+            .into_iter()
+            .map(|(name, p)| (name, p.tensor().detach()))
+            .collect(),
+        optimizer: opt.state_dict(),
+    };
+    let report = TrainReport {
         losses,
         test_accuracy,
         examples,
@@ -372,7 +430,8 @@ pub(crate) fn train(
         pool,
         shared_pool,
         outstanding,
-    })
+    };
+    Ok((report, snapshot))
 }
 
 /// The fraction of `d` that `net` classifies correctly (under `no_grad`).

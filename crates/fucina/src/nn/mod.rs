@@ -81,6 +81,55 @@ pub trait Module {
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Parameter::numel).sum()
     }
+
+    /// Copies values into the parameters by name (the names of
+    /// [`named_parameters`](Module::named_parameters)). Every entry is checked
+    /// first (each parameter present exactly once, with its shape; no unknown
+    /// name): a list that does not fit is an error and changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming the missing, unknown, duplicate or
+    /// misshapen entry; out of memory.
+    fn load_parameters(&self, named: &[(String, Tensor)]) -> Result<()> {
+        let mine = self.named_parameters();
+        for (i, (name, t)) in named.iter().enumerate() {
+            let Some((_, p)) = mine.iter().find(|(n, _)| n == name) else {
+                return Err(Error::StateDict {
+                    reason: format!("unknown parameter \"{name}\""),
+                });
+            };
+            if named[..i].iter().any(|(n, _)| n == name) {
+                return Err(Error::StateDict {
+                    reason: format!("duplicate parameter \"{name}\""),
+                });
+            }
+            if t.shape() != p.shape().as_slice() {
+                return Err(Error::StateDict {
+                    reason: format!(
+                        "parameter \"{name}\" has shape {:?} in the list, {:?} in the model",
+                        t.shape(),
+                        p.shape().as_slice()
+                    ),
+                });
+            }
+        }
+        if let Some((name, _)) = mine
+            .iter()
+            .find(|(n, _)| !named.iter().any(|(m, _)| m == n))
+        {
+            return Err(Error::StateDict {
+                reason: format!("missing parameter \"{name}\""),
+            });
+        }
+        for (name, p) in &mine {
+            let (_, t) = named
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("checked above");
+            p.copy_from_slice(&t.to_vec())?;
+        }
+        Ok(())
+    }
 }
 
 /// A module that maps one tensor to one tensor (what [`Sequential`] chains).
