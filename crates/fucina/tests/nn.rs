@@ -309,3 +309,29 @@ fn load_parameters_checks_everything_first() {
     b.load_parameters(&good).unwrap();
     assert_eq!(values(&b), values(&a));
 }
+
+#[test]
+fn lower_layer_errors_convert_into_fucina_error() {
+    fn io() -> fucina::Result<()> {
+        std::fs::read("/nonexistent/fucina")?;
+        Ok(())
+    }
+    assert!(matches!(io(), Err(Error::Io(_))));
+    let storage: Error = fucina::storage::Buffer::<f32>::zeroed(usize::MAX / 2)
+        .unwrap_err()
+        .into();
+    assert!(matches!(storage, Error::Storage(_)), "{storage:?}");
+    let ctx = ExecContext::new();
+    let exec: Error = ctx.zeros(&[0]).unwrap_err().into();
+    assert!(matches!(exec, Error::Exec(_)) && exec.as_exec().is_some());
+    let autograd: Error = Tensor::zeros(&ctx, &[2])
+        .unwrap()
+        .backward(&ctx)
+        .unwrap_err()
+        .into();
+    assert!(matches!(autograd, Error::Autograd(_)) && autograd.as_exec().is_none());
+    assert!(
+        autograd.to_string().contains("no gradient graph"),
+        "{autograd}"
+    );
+}
