@@ -1,0 +1,513 @@
+//! The `train_digits` job as functions (the example's `main` and the tests call
+//! them): the command line, the data set loader, the seeded split, the training
+//! loop and the SVG loss curve.
+
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use fucina::nn::{Forward, Linear, Module, Relu, Sequential, sub_seed};
+use fucina::optim::{AdamW, AdamWConfig, WarmupCosine};
+use fucina::storage::PoolStats;
+use fucina::{Error, ExecContext, Result, Tensor, no_grad};
+
+/// Pixels per image (8x8) and classes.
+pub(crate) const PIXELS: usize = 64;
+pub(crate) const CLASSES: usize = 10;
+/// Images held out for the test set (the rest, 1,437 of 1,797, train).
+pub(crate) const TEST_IMAGES: usize = 360;
+
+/// Trains a 64-128-10 MLP on the 8x8 handwritten digits shipped with fucina and
+/// reports the test accuracy.
+#[derive(Debug, Parser)]
+#[command(name = "train_digits", version, about)]
+pub(crate) struct Args {
+    /// Worker threads of the execution context (results are bitwise identical for
+    /// every count).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) epochs: usize,
+    /// Learning rate of AdamW (peak of the warmup + cosine schedule).
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    pub(crate) lr: f32,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = TrainConfig::default().batch)]
+    pub(crate) batch: usize,
+    /// Width of the hidden layer.
+    #[arg(long, default_value_t = TrainConfig::default().hidden)]
+    pub(crate) hidden: usize,
+    /// Seed of the weights, the split and the batch order.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// The data set (gzip-compressed CSV: 64 pixels 0..=16, then the label).
+    #[arg(long, default_value = default_data_path())]
+    pub(crate) data: PathBuf,
+    /// Where to write the loss curve (SVG).
+    #[arg(long, default_value = default_svg_path())]
+    pub(crate) svg: PathBuf,
+    /// Save a checkpoint (parameters and optimizer state) at the end.
+    #[arg(long)]
+    pub(crate) save: Option<PathBuf>,
+    /// Resume from a checkpoint written by --save.
+    #[arg(long)]
+    pub(crate) resume: Option<PathBuf>,
+}
+
+/// The data set shipped in the repository.
+pub(crate) fn default_data_path() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits/digits.csv.gz")
+}
+
+/// `target/train_digits_loss.svg` of the workspace.
+pub(crate) fn default_svg_path() -> &'static str {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../target/train_digits_loss.svg"
+    )
+}
+
+impl Args {
+    /// Checks what the flags cannot express in their types.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.save.is_some() || self.resume.is_some() {
+            return Err(Error::InvalidArgument {
+                what: "--save/--resume",
+                reason: "checkpoints are not wired into this example yet".into(),
+            });
+        }
+        if self.threads == 0 || self.threads > fucina::exec::MAX_THREADS {
+            return Err(Error::InvalidArgument {
+                what: "--threads",
+                reason: format!(
+                    "must be in 1..={} (got {})",
+                    fucina::exec::MAX_THREADS,
+                    self.threads
+                ),
+            });
+        }
+        for (what, v) in [
+            ("--epochs", self.epochs),
+            ("--batch", self.batch),
+            ("--hidden", self.hidden),
+        ] {
+            if v == 0 {
+                return Err(Error::InvalidArgument {
+                    what,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The training configuration of these flags.
+    pub(crate) fn config(&self) -> TrainConfig {
+        TrainConfig {
+            epochs: self.epochs,
+            seed: self.seed,
+            lr: self.lr,
+            batch: self.batch,
+            hidden: self.hidden,
+            ..TrainConfig::default()
+        }
+    }
+}
+
+/// The digits: `x` holds `n * 64` pixels scaled to `[0, 1]`, `y` the labels.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Digits {
+    pub(crate) x: Vec<f32>,
+    pub(crate) y: Vec<i64>,
+}
+
+impl Digits {
+    pub(crate) fn len(&self) -> usize {
+        self.y.len()
+    }
+}
+
+fn data_err(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Data {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads a gzip-compressed digits CSV. A missing, unreadable, non-gzip or
+/// malformed file is an [`Error::Data`] naming the file (and the line).
+pub(crate) fn load_digits(path: &Path) -> Result<Digits> {
+    let file =
+        std::fs::File::open(path).map_err(|e| data_err(path, format!("cannot open: {e}")))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .map_err(|e| {
+            data_err(
+                path,
+                format!("not a readable gzip-compressed text file: {e}"),
+            )
+        })?;
+    let mut d = Digits {
+        x: Vec::new(),
+        y: Vec::new(),
+    };
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let fields: Vec<&str> = line.split(',').collect();
+        if fields.len() != PIXELS + 1 {
+            return Err(data_err(
+                path,
+                format!(
+                    "line {}: {} fields, expected {}",
+                    i + 1,
+                    fields.len(),
+                    PIXELS + 1
+                ),
+            ));
+        }
+        for (j, f) in fields.iter().enumerate() {
+            let v: f32 = f.trim().parse().map_err(|_| {
+                data_err(
+                    path,
+                    format!("line {}, field {}: {f:?} is not a number", i + 1, j + 1),
+                )
+            })?;
+            let (max, what) = if j < PIXELS {
+                (16.0, "pixel")
+            } else {
+                (9.0, "label")
+            };
+            if !(0.0..=max).contains(&v) || v.fract() != 0.0 {
+                return Err(data_err(
+                    path,
+                    format!(
+                        "line {}, field {}: {what} {v} is not an integer in 0..={max}",
+                        i + 1,
+                        j + 1
+                    ),
+                ));
+            }
+            if j < PIXELS {
+                d.x.push(v / 16.0);
+            } else {
+                d.y.push(v as i64);
+            }
+        }
+    }
+    if d.len() <= TEST_IMAGES {
+        return Err(data_err(
+            path,
+            format!("{} images; need more than {TEST_IMAGES}", d.len()),
+        ));
+    }
+    Ok(d)
+}
+
+/// The rows of `d` at `idx`.
+pub(crate) fn subset(d: &Digits, idx: &[i64]) -> Digits {
+    let mut s = Digits {
+        x: Vec::with_capacity(idx.len() * PIXELS),
+        y: Vec::with_capacity(idx.len()),
+    };
+    for &i in idx {
+        let i = i as usize;
+        s.x.extend_from_slice(&d.x[i * PIXELS..(i + 1) * PIXELS]);
+        s.y.push(d.y[i]);
+    }
+    s
+}
+
+/// The seeded split: a permutation from `seed`; its first 360 images test, the
+/// rest train.
+pub(crate) fn split(d: &Digits, seed: u64) -> (Digits, Digits) {
+    let mut perm = vec![0i64; d.len()];
+    fucina::rng::randperm_fill(sub_seed(seed, 0), &mut perm);
+    (
+        subset(d, &perm[TEST_IMAGES..]),
+        subset(d, &perm[..TEST_IMAGES]),
+    )
+}
+
+/// The training hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TrainConfig {
+    pub(crate) epochs: usize,
+    pub(crate) batch: usize,
+    pub(crate) hidden: usize,
+    pub(crate) lr: f32,
+    pub(crate) weight_decay: f32,
+    pub(crate) seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> TrainConfig {
+        TrainConfig {
+            epochs: 20,
+            batch: 32,
+            hidden: 128,
+            lr: 1e-2,
+            weight_decay: 1e-4,
+            seed: 0,
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub(crate) struct TrainReport {
+    /// The loss of every step.
+    pub(crate) losses: Vec<f32>,
+    /// The fraction of test images classified correctly.
+    pub(crate) test_accuracy: f32,
+    /// Training examples processed (epochs x training images).
+    pub(crate) examples: usize,
+    /// Wall time of the training steps (the evaluation excluded).
+    pub(crate) train_time: Duration,
+    /// The context's local pool counters at the end of training.
+    pub(crate) pool: PoolStats,
+    /// The shared pool's counters (its misses are fresh allocations).
+    pub(crate) shared_pool: PoolStats,
+    /// Pooled buffers still handed out after training (the parameters, the
+    /// optimizer state, the data).
+    pub(crate) outstanding: usize,
+}
+
+/// One step's progress, for a progress bar.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Progress {
+    pub(crate) step: usize,
+    pub(crate) steps: usize,
+    pub(crate) epoch: usize,
+    pub(crate) loss: f32,
+    pub(crate) examples: usize,
+    pub(crate) elapsed: Duration,
+}
+
+/// The model: 64 -> hidden -> ReLU -> 10.
+pub(crate) fn model(ctx: &ExecContext, hidden: usize, seed: u64) -> Result<Sequential> {
+    Ok(Sequential::new()
+        .push_named("fc1", Linear::new(ctx, PIXELS, hidden, sub_seed(seed, 1))?)
+        .push(Relu)
+        .push_named("fc2", Linear::new(ctx, hidden, CLASSES, sub_seed(seed, 2))?))
+}
+
+/// Where a run stands after a whole number of epochs: everything a checkpoint
+/// must hold to resume it bit-identically (the data order and the schedule
+/// regenerate from the seed and the step).
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// Epochs completed.
+    pub(crate) epoch: usize,
+    /// The model's parameters by name (`"fc1.weight"`, ...).
+    pub(crate) params: Vec<(String, Tensor)>,
+    /// The optimizer state (`"step"`, `"exp_avg.0"`, ...).
+    pub(crate) optimizer: Vec<(String, Tensor)>,
+}
+
+/// Trains on `train` with AdamW, mini-batches in a seeded order per epoch, and
+/// evaluates on `test`. `on_step` runs after every step (outside the step).
+pub(crate) fn train(
+    ctx: &ExecContext,
+    train: &Digits,
+    test: &Digits,
+    cfg: &TrainConfig,
+    on_step: &mut dyn FnMut(&Progress),
+) -> Result<TrainReport> {
+    Ok(train_from(ctx, train, test, cfg, None, None, on_step)?.0)
+}
+
+/// [`train`], optionally resumed from `resume` and stopped after epoch
+/// `stop_after` (both within `cfg.epochs`, which fixes the schedule); returns the
+/// report of the epochs run and the snapshot at the end. A snapshot that does not
+/// fit the model or optimizer is an error.
+pub(crate) fn train_from(
+    ctx: &ExecContext,
+    train: &Digits,
+    test: &Digits,
+    cfg: &TrainConfig,
+    resume: Option<&Snapshot>,
+    stop_after: Option<usize>,
+    on_step: &mut dyn FnMut(&Progress),
+) -> Result<(TrainReport, Snapshot)> {
+    let net = model(ctx, cfg.hidden, cfg.seed)?;
+    let mut opt = AdamW::new(
+        net.parameters(),
+        AdamWConfig {
+            lr: cfg.lr,
+            weight_decay: cfg.weight_decay,
+            ..AdamWConfig::default()
+        },
+    )?;
+    let n = train.len();
+    let per_epoch = n.div_ceil(cfg.batch);
+    let steps = per_epoch * cfg.epochs;
+    let schedule = WarmupCosine::new(cfg.lr, cfg.lr * 0.05, per_epoch as u64, steps as u64)?;
+    let first = match resume {
+        None => 0,
+        Some(snap) => {
+            if snap.epoch > cfg.epochs {
+                return Err(Error::InvalidArgument {
+                    what: "resume",
+                    reason: format!(
+                        "the snapshot is at epoch {}, past the run's {} epochs",
+                        snap.epoch, cfg.epochs
+                    ),
+                });
+            }
+            net.load_parameters(&snap.params)?;
+            opt.load_state_dict(ctx, &snap.optimizer)?;
+            snap.epoch
+        }
+    };
+    let last = stop_after.unwrap_or(cfg.epochs).clamp(first, cfg.epochs);
+    let mut step = first * per_epoch;
+    let mut losses = Vec::with_capacity(steps);
+    let mut order = vec![0i64; n];
+    let mut xb = Vec::with_capacity(cfg.batch * PIXELS);
+    let mut yb = Vec::with_capacity(cfg.batch);
+    let start = Instant::now();
+    let mut examples = 0;
+    for epoch in first..last {
+        fucina::rng::randperm_fill(sub_seed(cfg.seed, 100 + epoch as u64), &mut order);
+        for chunk in order.chunks(cfg.batch) {
+            xb.clear();
+            yb.clear();
+            for &i in chunk {
+                let i = i as usize;
+                xb.extend_from_slice(&train.x[i * PIXELS..(i + 1) * PIXELS]);
+                yb.push(train.y[i]);
+            }
+            let b = chunk.len();
+            let x = Tensor::from_slice(ctx, &[b, PIXELS], &xb)?;
+            let y = ctx.from_slice_typed::<i64>(&[b], &yb)?;
+            let loss = ctx.exec_scope(|ctx| -> Result<f32> {
+                let loss = net.forward(ctx, &x)?.cross_entropy(ctx, &y)?;
+                loss.backward(ctx)?;
+                Ok(loss.item()?)
+            })?;
+            opt.set_lr(schedule.lr(step as u64));
+            opt.step(ctx)?;
+            opt.zero_grad();
+            drop((x, y));
+            losses.push(loss);
+            examples += b;
+            step += 1;
+            on_step(&Progress {
+                step,
+                steps,
+                epoch,
+                loss,
+                examples,
+                elapsed: start.elapsed(),
+            });
+        }
+    }
+    let train_time = start.elapsed();
+    let (pool, shared_pool) = (ctx.pool().stats(), ctx.pool().pool().stats());
+    let outstanding = ctx.outstanding_buffers();
+    let test_accuracy = accuracy(ctx, &net, test)?;
+    let snapshot = Snapshot {
+        epoch: last,
+        params: net
+            .named_parameters()
+            .into_iter()
+            .map(|(name, p)| (name, p.tensor().detach()))
+            .collect(),
+        optimizer: opt.state_dict(),
+    };
+    let report = TrainReport {
+        losses,
+        test_accuracy,
+        examples,
+        train_time,
+        pool,
+        shared_pool,
+        outstanding,
+    };
+    Ok((report, snapshot))
+}
+
+/// The fraction of `d` that `net` classifies correctly (under `no_grad`).
+pub(crate) fn accuracy(ctx: &ExecContext, net: &Sequential, d: &Digits) -> Result<f32> {
+    let _guard = no_grad();
+    let x = Tensor::from_slice(ctx, &[d.len(), PIXELS], &d.x)?;
+    let pred = net.forward(ctx, &x)?.argmax(ctx, 1, false)?;
+    let correct = pred
+        .to_vec()
+        .iter()
+        .zip(&d.y)
+        .filter(|(p, y)| p == y)
+        .count();
+    Ok(correct as f32 / d.len() as f32)
+}
+
+/// A line chart of `losses` (one point per step) as a standalone SVG.
+pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
+    let (w, h, pad) = (720.0f32, 360.0f32, 48.0f32);
+    let max = losses.iter().copied().fold(f32::MIN, f32::max).max(1e-6);
+    let n = losses.len().max(2) as f32 - 1.0;
+    let px = |i: usize| pad + (w - 2.0 * pad) * i as f32 / n;
+    let py = |v: f32| h - pad - (h - 2.0 * pad) * (v / max).clamp(0.0, 1.0);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">train_digits: training loss per step</text>\n\
+         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
+        w / 2.0,
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad
+    );
+    for k in 0..=4 {
+        let v = max * k as f32 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.2}</text>",
+            pad - 4.0,
+            py(v) + 4.0
+        );
+    }
+    if let Some(epochs) = losses.len().checked_div(steps_per_epoch) {
+        let every = epochs.div_ceil(10).max(1);
+        for e in (0..=epochs).step_by(every) {
+            let x = px(e * steps_per_epoch);
+            let _ = writeln!(
+                s,
+                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{e}</text>",
+                h - pad + 16.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch</text>",
+            w / 2.0,
+            h - 8.0
+        );
+    }
+    s.push_str("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"");
+    for (i, &l) in losses.iter().enumerate() {
+        let _ = write!(s, "{:.1},{:.1} ", px(i), py(l));
+    }
+    s.push_str("\"/>\n</svg>\n");
+    s
+}
+
+/// Writes the SVG, creating the directory if needed.
+pub(crate) fn write_svg(path: &Path, losses: &[f32], steps_per_epoch: usize) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, loss_svg(losses, steps_per_epoch))?;
+    Ok(())
+}

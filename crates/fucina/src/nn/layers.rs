@@ -1,0 +1,371 @@
+//! The basic layers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fucina_autograd::Tensor;
+use fucina_exec::{ExecContext, RawTensor};
+
+use super::{Forward, Module, Parameter, check_last_dim, check_size, sub_seed};
+use crate::error::{Error, Result};
+
+/// A fully connected layer `y = x · Wᵀ + b`, PyTorch's `nn.Linear`: weight
+/// `[out, in]`, bias `[out]`, both initialized U(-b, b) with `b = 1/sqrt(in)`
+/// (what PyTorch's default Kaiming-uniform with `a = sqrt(5)` gives for both),
+/// drawn from `seed` (the weight) and `sub_seed(seed, 1)` (the bias).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// The weight, `[out, in]`.
+    pub weight: Parameter,
+    /// The bias, `[out]` (absent for [`Linear::no_bias`]).
+    pub bias: Option<Parameter>,
+    in_features: usize,
+    out_features: usize,
+}
+
+impl Linear {
+    /// A layer from `in_features` to `out_features` with a bias.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size; out of memory.
+    pub fn new(
+        ctx: &ExecContext,
+        in_features: usize,
+        out_features: usize,
+        seed: u64,
+    ) -> Result<Linear> {
+        let mut l = Linear::no_bias(ctx, in_features, out_features, seed)?;
+        let bound = (1.0 / in_features as f64).sqrt() as f32;
+        let b = Tensor::uniform(ctx, &[out_features], -bound, bound, sub_seed(seed, 1))?;
+        l.bias = Some(Parameter::new(b));
+        Ok(l)
+    }
+
+    /// A layer without a bias.
+    ///
+    /// # Errors
+    /// As [`new`](Linear::new).
+    pub fn no_bias(
+        ctx: &ExecContext,
+        in_features: usize,
+        out_features: usize,
+        seed: u64,
+    ) -> Result<Linear> {
+        check_size("Linear::new", "in_features", in_features)?;
+        check_size("Linear::new", "out_features", out_features)?;
+        let w = Tensor::kaiming_uniform(ctx, &[out_features, in_features], seed)?;
+        Ok(Linear {
+            weight: Parameter::new(w),
+            bias: None,
+            in_features,
+            out_features,
+        })
+    }
+
+    /// The input width.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// The output width.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Applies the layer to `x` (`[..., in]` -> `[..., out]`).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if the last dimension of `x` is not `in`.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        check_last_dim(|| self.describe(), x, self.in_features)?;
+        let w = self.weight.tensor();
+        let b = self.bias.as_ref().map(Parameter::tensor);
+        Ok(x.linear(ctx, &w, b.as_ref())?)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "Linear(in = {}, out = {})",
+            self.in_features, self.out_features
+        )
+    }
+}
+
+impl Module for Linear {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+impl Forward for Linear {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Linear::forward(self, ctx, x)
+    }
+}
+
+/// A lookup table of `vocab` rows of `dim` values, initialized N(0, 1) from the
+/// seed (PyTorch's `nn.Embedding` default).
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// The table, `[vocab, dim]`.
+    pub weight: Parameter,
+}
+
+impl Embedding {
+    /// A table of `vocab` rows of width `dim`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size; out of memory.
+    pub fn new(ctx: &ExecContext, vocab: usize, dim: usize, seed: u64) -> Result<Embedding> {
+        check_size("Embedding::new", "vocab", vocab)?;
+        check_size("Embedding::new", "dim", dim)?;
+        Ok(Embedding {
+            weight: Parameter::new(Tensor::randn(ctx, &[vocab, dim], 1.0, seed)?),
+        })
+    }
+
+    /// The rows at `ids` (`ids.shape() + [dim]`).
+    ///
+    /// # Errors
+    /// An index error naming the id if one is outside `0..vocab`.
+    pub fn forward(&self, ctx: &ExecContext, ids: &RawTensor<i64>) -> Result<Tensor> {
+        Ok(self.weight.tensor().embedding(ctx, ids)?)
+    }
+}
+
+impl Module for Embedding {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
+
+/// Layer normalization over the last axis with a learned scale (ones) and shift
+/// (zeros), PyTorch's `nn.LayerNorm(dim)`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    /// The scale, `[dim]`.
+    pub weight: Parameter,
+    /// The shift, `[dim]`.
+    pub bias: Parameter,
+    eps: f32,
+}
+
+impl LayerNorm {
+    /// Normalization over a last axis of `dim` with `eps` (PyTorch: 1e-5).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero `dim` or a negative or NaN `eps`.
+    pub fn new(ctx: &ExecContext, dim: usize, eps: f32) -> Result<LayerNorm> {
+        check_size("LayerNorm::new", "dim", dim)?;
+        check_eps("LayerNorm::new", eps)?;
+        Ok(LayerNorm {
+            weight: Parameter::new(Tensor::ones(ctx, &[dim])?),
+            bias: Parameter::new(Tensor::zeros(ctx, &[dim])?),
+            eps,
+        })
+    }
+
+    /// Normalizes `x` over its last axis.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if the last dimension is not `dim`.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        let dim = self.weight.numel();
+        check_last_dim(|| format!("LayerNorm(dim = {dim})"), x, dim)?;
+        Ok(x.layer_norm(ctx, &self.weight.tensor(), &self.bias.tensor(), self.eps)?)
+    }
+}
+
+impl Module for LayerNorm {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        vec![
+            ("weight".to_string(), self.weight.clone()),
+            ("bias".to_string(), self.bias.clone()),
+        ]
+    }
+}
+
+impl Forward for LayerNorm {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        LayerNorm::forward(self, ctx, x)
+    }
+}
+
+/// RMS normalization over the last axis with a learned scale (ones).
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// The scale, `[dim]`.
+    pub weight: Parameter,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Normalization over a last axis of `dim` with `eps`.
+    ///
+    /// # Errors
+    /// As [`LayerNorm::new`].
+    pub fn new(ctx: &ExecContext, dim: usize, eps: f32) -> Result<RmsNorm> {
+        check_size("RmsNorm::new", "dim", dim)?;
+        check_eps("RmsNorm::new", eps)?;
+        Ok(RmsNorm {
+            weight: Parameter::new(Tensor::ones(ctx, &[dim])?),
+            eps,
+        })
+    }
+
+    /// Normalizes `x` over its last axis.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if the last dimension is not `dim`.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        let dim = self.weight.numel();
+        check_last_dim(|| format!("RmsNorm(dim = {dim})"), x, dim)?;
+        Ok(x.rms_norm(ctx, &self.weight.tensor(), self.eps)?)
+    }
+}
+
+impl Module for RmsNorm {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
+
+impl Forward for RmsNorm {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        RmsNorm::forward(self, ctx, x)
+    }
+}
+
+fn check_eps(what: &'static str, eps: f32) -> Result<()> {
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(
+            what,
+            format!("eps must be >= 0 (got {eps})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Inverted dropout with probability `p` in training mode, the identity in
+/// evaluation mode.
+///
+/// The mask of each call is a pure function of `(seed, step)`, where `step`
+/// counts the layer's training-mode calls: the `k`-th call uses the mask seed
+/// `fucina_rng::at(seed, k)`. Store [`step`](Dropout::step) with a checkpoint and
+/// restore it with [`set_step`](Dropout::set_step), and a resumed run draws the
+/// same masks, bit for bit, as an uninterrupted one.
+#[derive(Debug)]
+pub struct Dropout {
+    p: f32,
+    seed: u64,
+    step: AtomicU64,
+    training: bool,
+}
+
+impl Clone for Dropout {
+    fn clone(&self) -> Dropout {
+        Dropout {
+            p: self.p,
+            seed: self.seed,
+            step: AtomicU64::new(self.step()),
+            training: self.training,
+        }
+    }
+}
+
+impl Dropout {
+    /// Dropout with probability `p` and mask seed `seed`, in training mode.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `0 <= p < 1`.
+    pub fn new(p: f32, seed: u64) -> Result<Dropout> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid(
+                "Dropout::new",
+                format!("p must be in [0, 1) (got {p})"),
+            ));
+        }
+        Ok(Dropout {
+            p,
+            seed,
+            step: AtomicU64::new(0),
+            training: true,
+        })
+    }
+
+    /// The number of training-mode calls so far (the next call's mask index).
+    pub fn step(&self) -> u64 {
+        self.step.load(Ordering::Relaxed)
+    }
+
+    /// Sets the mask index of the next call (to resume a run).
+    pub fn set_step(&self, step: u64) {
+        self.step.store(step, Ordering::Relaxed);
+    }
+
+    /// Whether the layer is in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// Applies dropout (training mode) or passes `x` through (evaluation mode, or
+    /// `p == 0`).
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        if !self.training || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let k = self.step.fetch_add(1, Ordering::Relaxed);
+        Ok(x.dropout(ctx, self.p, fucina_rng::at(self.seed, k))?)
+    }
+}
+
+impl Module for Dropout {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        Vec::new()
+    }
+
+    fn train(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+impl Forward for Dropout {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Dropout::forward(self, ctx, x)
+    }
+}
+
+macro_rules! activation {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $name;
+
+        impl Module for $name {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                Vec::new()
+            }
+        }
+
+        impl Forward for $name {
+            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+                Ok(x.$op(ctx)?)
+            }
+        }
+    )*};
+}
+
+activation! {
+    /// `max(x, 0)` as a layer.
+    Relu => relu;
+    /// GELU (tanh approximation) as a layer.
+    Gelu => gelu;
+    /// `tanh(x)` as a layer.
+    Tanh => tanh;
+}

@@ -1,0 +1,185 @@
+//! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`],
+//! activations, [`Sequential`] composition, and a small transformer
+//! ([`CausalSelfAttention`], [`Block`]).
+//!
+//! Every layer holds its weights as [`Parameter`]s: shared handles to a leaf
+//! variable. Cloning a `Parameter` gives another handle to the *same* parameter,
+//! so the handles an optimizer holds and the ones the layer reads in `forward`
+//! see the same values after every step. [`Module::named_parameters`] lists them
+//! with stable dotted names (`"fc1.weight"`, `"0.bias"`, `"blocks.1.attn.qkv.weight"`).
+//!
+//! Layers check the shape of their input and return
+//! [`crate::Error::ShapeMismatch`] naming the layer when it does not fit; nothing panics on bad input.
+//!
+//! ```
+//! use fucina::nn::{Forward, Linear, Module, Relu, Sequential};
+//! use fucina::{ExecContext, Tensor};
+//!
+//! let ctx = ExecContext::new();
+//! let mlp = Sequential::new()
+//!     .push(Linear::new(&ctx, 4, 8, 1)?)
+//!     .push(Relu)
+//!     .push(Linear::new(&ctx, 8, 2, 2)?);
+//! let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
+//! assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias"]);
+//! let x = Tensor::from_slice(&ctx, &[3, 4], &[0.5; 12])?;
+//! assert_eq!(mlp.forward(&ctx, &x)?.shape(), [3, 2]);
+//! assert!(mlp.forward(&ctx, &Tensor::zeros(&ctx, &[3, 5])?).is_err()); // 5 features, not 4
+//! # Ok::<(), fucina::Error>(())
+//! ```
+
+mod attention;
+mod layers;
+mod parameter;
+mod sequential;
+
+pub use attention::{Block, CausalSelfAttention, Mlp};
+pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use parameter::Parameter;
+pub use sequential::Sequential;
+
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+use crate::error::{Error, Result};
+
+/// Something with parameters: lists them with stable names and switches
+/// between training and evaluation behaviour.
+pub trait Module {
+    /// The parameters with stable dotted names, in a fixed order (the order of
+    /// [`parameters`](Module::parameters)).
+    fn named_parameters(&self) -> Vec<(String, Parameter)>;
+
+    /// The parameters (handles sharing each parameter: updating one is seen by
+    /// the layer).
+    fn parameters(&self) -> Vec<Parameter> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    /// Switches training mode (`true`, the default) or evaluation mode
+    /// (`false`: dropout passes its input through). Containers pass it on.
+    fn train(&mut self, training: bool) {
+        let _ = training;
+    }
+
+    /// Evaluation mode: `train(false)`.
+    fn eval(&mut self) {
+        self.train(false);
+    }
+
+    /// Releases every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+
+    /// The total number of parameter elements.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(Parameter::numel).sum()
+    }
+
+    /// Copies values into the parameters by name (the names of
+    /// [`named_parameters`](Module::named_parameters)). Every entry is checked
+    /// first (each parameter present exactly once, with its shape; no unknown
+    /// name): a list that does not fit is an error and changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming the missing, unknown, duplicate or
+    /// misshapen entry; out of memory.
+    fn load_parameters(&self, named: &[(String, Tensor)]) -> Result<()> {
+        let mine = self.named_parameters();
+        for (i, (name, t)) in named.iter().enumerate() {
+            let Some((_, p)) = mine.iter().find(|(n, _)| n == name) else {
+                return Err(Error::StateDict {
+                    reason: format!("unknown parameter \"{name}\""),
+                });
+            };
+            if named[..i].iter().any(|(n, _)| n == name) {
+                return Err(Error::StateDict {
+                    reason: format!("duplicate parameter \"{name}\""),
+                });
+            }
+            if t.shape() != p.shape().as_slice() {
+                return Err(Error::StateDict {
+                    reason: format!(
+                        "parameter \"{name}\" has shape {:?} in the list, {:?} in the model",
+                        t.shape(),
+                        p.shape().as_slice()
+                    ),
+                });
+            }
+        }
+        if let Some((name, _)) = mine
+            .iter()
+            .find(|(n, _)| !named.iter().any(|(m, _)| m == n))
+        {
+            return Err(Error::StateDict {
+                reason: format!("missing parameter \"{name}\""),
+            });
+        }
+        for (name, p) in &mine {
+            let (_, t) = named
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("checked above");
+            p.copy_from_slice(&t.to_vec())?;
+        }
+        Ok(())
+    }
+}
+
+/// A module that maps one tensor to one tensor (what [`Sequential`] chains).
+pub trait Forward: Module {
+    /// Applies the module.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `x` does not fit the module; the errors of
+    /// the ops it runs.
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor>;
+}
+
+/// A seed for the `k`-th sub-stream of `seed` (layers derive the seeds of their
+/// parts with it: a pure function, so the same seed builds the same model).
+pub fn sub_seed(seed: u64, k: u64) -> u64 {
+    fucina_rng::at(seed ^ 0x006E_6E5E_ED0F_F5E7, k)
+}
+
+/// Prefixes every name with `prefix.`.
+pub(crate) fn prefixed(prefix: &str, named: Vec<(String, Parameter)>) -> Vec<(String, Parameter)> {
+    named
+        .into_iter()
+        .map(|(n, p)| (format!("{prefix}.{n}"), p))
+        .collect()
+}
+
+/// Checks that `x`'s last dimension is `want`.
+pub(crate) fn check_last_dim(
+    layer: impl FnOnce() -> String,
+    x: &Tensor,
+    want: usize,
+) -> Result<()> {
+    let shape = x.shape();
+    match shape.last() {
+        Some(&d) if d == want => Ok(()),
+        _ => Err(Error::ShapeMismatch {
+            layer: layer(),
+            got: shape.to_vec(),
+            reason: format!("the last dimension must be {want}"),
+        }),
+    }
+}
+
+/// Checks a size argument of a constructor.
+pub(crate) fn check_size(what: &'static str, name: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(Error::invalid(
+            what,
+            format!("{name} must be at least 1 (got 0)"),
+        ));
+    }
+    Ok(())
+}

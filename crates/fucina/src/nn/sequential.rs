@@ -1,0 +1,81 @@
+//! [`Sequential`]: a chain of layers.
+
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+use super::{Forward, Module, Parameter, prefixed};
+use crate::error::Result;
+
+/// Layers applied in order. A layer's parameters are named after its position
+/// (`"0.weight"`, `"2.bias"`, as PyTorch's `nn.Sequential` names them) or after
+/// the name given to [`push_named`](Sequential::push_named).
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<(String, Box<dyn Forward + Send + Sync>)>,
+}
+
+impl std::fmt::Debug for Sequential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.layers.iter().map(|(n, _)| n))
+            .finish()
+    }
+}
+
+impl Sequential {
+    /// An empty chain (the identity).
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    /// Appends `layer`, named by its position.
+    pub fn push(self, layer: impl Forward + Send + Sync + 'static) -> Sequential {
+        let name = self.layers.len().to_string();
+        self.push_named(name, layer)
+    }
+
+    /// Appends `layer` under `name`.
+    pub fn push_named(
+        mut self,
+        name: impl Into<String>,
+        layer: impl Forward + Send + Sync + 'static,
+    ) -> Sequential {
+        self.layers.push((name.into(), Box::new(layer)));
+        self
+    }
+
+    /// The number of layers.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether the chain is empty.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+impl Module for Sequential {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        self.layers
+            .iter()
+            .flat_map(|(n, l)| prefixed(n, l.named_parameters()))
+            .collect()
+    }
+
+    fn train(&mut self, training: bool) {
+        for (_, l) in &mut self.layers {
+            l.train(training);
+        }
+    }
+}
+
+impl Forward for Sequential {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (_, l) in &self.layers {
+            h = l.forward(ctx, &h)?;
+        }
+        Ok(h)
+    }
+}

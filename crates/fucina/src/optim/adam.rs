@@ -1,0 +1,324 @@
+//! Adam (L2 weight decay) and AdamW (decoupled weight decay), PyTorch's
+//! `torch.optim.Adam` and `torch.optim.AdamW` without `amsgrad`.
+
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+use super::state::{State, grad_of, zeros_like};
+use super::{check_lr, delegate_optimizer};
+use crate::error::{Error, Result};
+use crate::nn::Parameter;
+
+/// The hyperparameters of [`Adam`] (PyTorch's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamConfig {
+    /// The learning rate.
+    pub lr: f32,
+    /// The decay rates of the first and second moments.
+    pub betas: (f32, f32),
+    /// Added to the denominator.
+    pub eps: f32,
+    /// L2 penalty: `weight_decay * w` is added to the gradient.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamConfig {
+    fn default() -> AdamConfig {
+        AdamConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// The hyperparameters of [`AdamW`] (PyTorch's defaults: `weight_decay = 0.01`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    /// The learning rate.
+    pub lr: f32,
+    /// The decay rates of the first and second moments.
+    pub betas: (f32, f32),
+    /// Added to the denominator.
+    pub eps: f32,
+    /// Decoupled decay: `w *= 1 - lr * weight_decay` before the Adam update.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> AdamWConfig {
+        AdamWConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
+    }
+}
+
+fn check(what: &'static str, lr: f32, betas: (f32, f32), eps: f32, wd: f32) -> Result<()> {
+    check_lr(what, lr)?;
+    for b in [betas.0, betas.1] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(Error::invalid(
+                what,
+                format!("betas must be in [0, 1) (got {b})"),
+            ));
+        }
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::invalid(
+            what,
+            format!("eps must be finite and >= 0 (got {eps})"),
+        ));
+    }
+    if !(wd.is_finite() && wd >= 0.0) {
+        return Err(Error::invalid(
+            what,
+            format!("weight_decay must be finite and >= 0 (got {wd})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The shared Adam core.
+#[derive(Debug)]
+struct Core {
+    params: Vec<Parameter>,
+    lr: f32,
+    betas: (f32, f32),
+    eps: f32,
+    wd: f32,
+    decoupled: bool,
+    state: State,
+}
+
+impl Core {
+    fn new(
+        params: Vec<Parameter>,
+        lr: f32,
+        betas: (f32, f32),
+        eps: f32,
+        wd: f32,
+        decoupled: bool,
+    ) -> Core {
+        let n = params.len();
+        Core {
+            params,
+            lr,
+            betas,
+            eps,
+            wd,
+            decoupled,
+            state: State::new(&["exp_avg", "exp_avg_sq"], n),
+        }
+    }
+
+    /// PyTorch's single-tensor Adam(W), per element in f32 with the scalar
+    /// factors computed in f64 (as Python floats) and rounded once:
+    ///
+    /// ```text
+    /// w = w * (1 - lr * wd)                       (AdamW)
+    /// g = g + wd * w                              (Adam with wd != 0)
+    /// m = m + (1 - b1) * (g - m)                  (lerp)
+    /// v = v * b2 + (1 - b2) * g * g
+    /// denom = sqrt(v) / sqrt(1 - b2^t) + eps
+    /// w = w + (-lr / (1 - b1^t)) * m / denom
+    /// ```
+    fn step(&mut self, ctx: &ExecContext) -> Result<()> {
+        let t = self.state.advance(ctx)?;
+        let (b1, b2) = self.betas;
+        let exp = i32::try_from(t).unwrap_or(i32::MAX);
+        let bc1 = 1.0 - f64::from(b1).powi(exp);
+        let bc2 = 1.0 - f64::from(b2).powi(exp);
+        let step_size = -(f64::from(self.lr) / bc1) as f32;
+        let bc2_sqrt = bc2.sqrt() as f32;
+        let decay = (1.0 - f64::from(self.lr) * f64::from(self.wd)) as f32;
+        let (one_m_b1, one_m_b2) = ((1.0 - f64::from(b1)) as f32, (1.0 - f64::from(b2)) as f32);
+        let (eps, wd, decoupled) = (self.eps, self.wd, self.decoupled);
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = grad_of(ctx, p)? else {
+                continue;
+            };
+            let g = g.data()?;
+            let [ms, vs] = &mut self.state.bufs[..] else {
+                unreachable!("two buffer kinds")
+            };
+            let m = match &mut ms[i] {
+                Some(m) => m,
+                slot => slot.insert(zeros_like(ctx, p)?),
+            };
+            let v = match &mut vs[i] {
+                Some(v) => v,
+                slot => slot.insert(zeros_like(ctx, p)?),
+            };
+            let k = Kernel {
+                decay,
+                wd,
+                one_m_b1,
+                b2,
+                one_m_b2,
+                bc2_sqrt,
+                eps,
+                step_size,
+            };
+            m.update_(|m| -> Result<()> {
+                v.update_(|v| {
+                    p.update_(|w| match (decoupled, wd != 0.0) {
+                        (true, _) => k.run::<true, false>(w, m, v, g),
+                        (false, true) => k.run::<false, true>(w, m, v, g),
+                        (false, false) => k.run::<false, false>(w, m, v, g),
+                    })
+                })??;
+                Ok(())
+            })??;
+        }
+        Ok(())
+    }
+}
+
+/// The scalar factors of one Adam(W) step.
+#[derive(Clone, Copy)]
+struct Kernel {
+    decay: f32,
+    wd: f32,
+    one_m_b1: f32,
+    b2: f32,
+    one_m_b2: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+    step_size: f32,
+}
+
+impl Kernel {
+    /// The element update, monomorphized per mode so that the loop has no
+    /// branches and vectorizes (`DECOUPLED`: AdamW's decay; `L2`: Adam's).
+    #[inline]
+    fn run<const DECOUPLED: bool, const L2: bool>(
+        self,
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+    ) {
+        let n = w.len();
+        let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
+        for i in 0..n {
+            let mut gi = g[i];
+            if DECOUPLED {
+                w[i] *= self.decay;
+            }
+            if L2 {
+                gi += self.wd * w[i];
+            }
+            m[i] += self.one_m_b1 * (gi - m[i]);
+            v[i] = v[i] * self.b2 + self.one_m_b2 * gi * gi;
+            let denom = v[i].sqrt() / self.bc2_sqrt + self.eps;
+            w[i] += self.step_size * m[i] / denom;
+        }
+    }
+}
+
+macro_rules! adam_like {
+    ($(#[$doc:meta])* $name:ident, $cfg:ident, $decoupled:expr, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            core: Core,
+        }
+
+        impl $name {
+            /// An optimizer over `params` with `cfg`.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] for a negative or non-finite rate,
+            /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`.
+            pub fn new(params: Vec<Parameter>, cfg: $cfg) -> Result<$name> {
+                check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
+                Ok($name {
+                    core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled),
+                })
+            }
+
+            /// The hyperparameters (with the current learning rate).
+            pub fn config(&self) -> $cfg {
+                $cfg {
+                    lr: self.core.lr,
+                    betas: self.core.betas,
+                    eps: self.core.eps,
+                    weight_decay: self.core.wd,
+                }
+            }
+
+            /// One update of every parameter that has a gradient.
+            ///
+            /// # Errors
+            /// Out of memory (the first step allocates the moments).
+            pub fn step(&mut self, ctx: &ExecContext) -> Result<()> {
+                self.core.step(ctx)
+            }
+
+            /// Releases every parameter's gradient.
+            pub fn zero_grad(&self) {
+                for p in &self.core.params {
+                    p.zero_grad();
+                }
+            }
+
+            /// The learning rate.
+            pub fn lr(&self) -> f32 {
+                self.core.lr
+            }
+
+            /// Sets the learning rate.
+            pub fn set_lr(&mut self, lr: f32) {
+                self.core.lr = lr;
+            }
+
+            /// The parameters.
+            pub fn parameters(&self) -> &[Parameter] {
+                &self.core.params
+            }
+
+            /// The state: `"step"`, `"exp_avg.{i}"`, `"exp_avg_sq.{i}"` (after the
+            /// first step).
+            pub fn state_dict(&self) -> Vec<(String, Tensor)> {
+                self.core.state.state_dict()
+            }
+
+            /// Replaces the state (see
+            /// [`Optimizer::load_state_dict`](super::Optimizer::load_state_dict)).
+            ///
+            /// # Errors
+            /// [`Error::StateDict`] naming the entry that does not fit; nothing
+            /// changes.
+            pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
+                self.core.state.load(ctx, &self.core.params, state, true, true)
+            }
+        }
+
+        delegate_optimizer!($name);
+    };
+}
+
+adam_like!(
+    /// Adam with L2 weight decay (added to the gradient), PyTorch's update
+    /// formulas (see the crate-level description of [`AdamW`] for the element
+    /// update).
+    Adam, AdamConfig, false, "AdamConfig"
+);
+adam_like!(
+    /// AdamW: Adam with decoupled weight decay, PyTorch's update formulas, per
+    /// element in f32 with the scalar factors computed in f64 and rounded once:
+    ///
+    /// ```text
+    /// w = w * (1 - lr * wd)                       (AdamW only)
+    /// g = g + wd * w                              (Adam only, wd != 0)
+    /// m = m + (1 - b1) * (g - m)
+    /// v = v * b2 + (1 - b2) * g * g
+    /// denom = sqrt(v) / sqrt(1 - b2^t) + eps
+    /// w = w + (-lr / (1 - b1^t)) * m / denom
+    /// ```
+    AdamW, AdamWConfig, true, "AdamWConfig"
+);

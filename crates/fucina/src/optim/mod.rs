@@ -1,0 +1,132 @@
+//! Optimizers with PyTorch's update formulas ([`Sgd`], [`Adam`], [`AdamW`]),
+//! gradient clipping ([`clip_grad_norm`]) and a warmup + cosine learning-rate
+//! schedule ([`WarmupCosine`]).
+//!
+//! An optimizer holds [`Parameter`] handles (the same parameters the model
+//! reads) and updates them in place with [`step`](Optimizer::step); parameters
+//! without a gradient are skipped. Updates are copy-on-write: a graph that still
+//! holds a parameter's old values keeps them. After warm-up a step allocates
+//! nothing (the state buffers are created on the first step and then updated in
+//! place).
+//!
+//! The optimizer state is a list of named tensors ([`state_dict`](Optimizer::state_dict)):
+//! `"step"` (shape `[1]`, the number of steps taken; exact up to 2^24) and one
+//! entry per parameter and buffer, `"momentum_buffer.{i}"` for [`Sgd`],
+//! `"exp_avg.{i}"` and `"exp_avg_sq.{i}"` for [`Adam`] and [`AdamW`], where `i`
+//! is the parameter's index in the list the optimizer was built with.
+//! [`load_state_dict`](Optimizer::load_state_dict) validates every entry before
+//! it changes anything.
+//!
+//! ```
+//! use fucina::nn::{Linear, Module};
+//! use fucina::optim::{AdamW, AdamWConfig, Optimizer};
+//! use fucina::{ExecContext, Tensor};
+//!
+//! let ctx = ExecContext::new();
+//! let fc = Linear::new(&ctx, 3, 1, 7)?;
+//! let mut opt = AdamW::new(fc.parameters(), AdamWConfig { lr: 0.1, ..AdamWConfig::default() })?;
+//! let x = Tensor::from_slice(&ctx, &[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+//! let y = Tensor::from_slice(&ctx, &[2, 1], &[1., -1.])?;
+//! let mut losses = Vec::new();
+//! for _ in 0..20 {
+//!     let loss = fc.forward(&ctx, &x)?.mse_loss(&ctx, &y)?;
+//!     losses.push(loss.item()?);
+//!     loss.backward(&ctx)?;
+//!     opt.step(&ctx)?;
+//!     opt.zero_grad();
+//! }
+//! assert!(losses[19] < losses[0] * 0.1);
+//! assert_eq!(opt.state_dict()[0].0, "step");
+//! # Ok::<(), fucina::Error>(())
+//! ```
+
+mod adam;
+mod clip;
+mod schedule;
+mod sgd;
+mod state;
+
+pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
+pub use clip::clip_grad_norm;
+pub use schedule::WarmupCosine;
+pub use sgd::{Sgd, SgdConfig};
+
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+use crate::error::Result;
+use crate::nn::Parameter;
+
+/// What every optimizer offers (the same methods exist inherently on each
+/// optimizer, so this trait is only needed for generic code).
+pub trait Optimizer {
+    /// One update of every parameter that has a gradient.
+    ///
+    /// # Errors
+    /// Out of memory (the first step allocates the state).
+    fn step(&mut self, ctx: &ExecContext) -> Result<()>;
+    /// Releases every parameter's gradient.
+    fn zero_grad(&self);
+    /// The learning rate.
+    fn lr(&self) -> f32;
+    /// Sets the learning rate (what a schedule calls before each step).
+    fn set_lr(&mut self, lr: f32);
+    /// The parameters, in the order of the state's indices.
+    fn parameters(&self) -> &[Parameter];
+    /// The state as named tensors (handles: the next step copies rather than
+    /// changes what they hold).
+    fn state_dict(&self) -> Vec<(String, Tensor)>;
+    /// Replaces the state with `state` (copied), after checking every entry: an
+    /// unknown, missing or duplicate name, a wrong shape or an invalid step
+    /// count is an error and leaves the optimizer unchanged. An empty list
+    /// resets the state.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`](crate::Error::StateDict) naming the entry.
+    fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()>;
+}
+
+/// Implements [`Optimizer`] by delegating to the inherent methods.
+macro_rules! delegate_optimizer {
+    ($t:ty) => {
+        impl $crate::optim::Optimizer for $t {
+            fn step(&mut self, ctx: &fucina_exec::ExecContext) -> $crate::Result<()> {
+                <$t>::step(self, ctx)
+            }
+            fn zero_grad(&self) {
+                <$t>::zero_grad(self)
+            }
+            fn lr(&self) -> f32 {
+                <$t>::lr(self)
+            }
+            fn set_lr(&mut self, lr: f32) {
+                <$t>::set_lr(self, lr)
+            }
+            fn parameters(&self) -> &[$crate::nn::Parameter] {
+                <$t>::parameters(self)
+            }
+            fn state_dict(&self) -> Vec<(String, fucina_autograd::Tensor)> {
+                <$t>::state_dict(self)
+            }
+            fn load_state_dict(
+                &mut self,
+                ctx: &fucina_exec::ExecContext,
+                state: &[(String, fucina_autograd::Tensor)],
+            ) -> $crate::Result<()> {
+                <$t>::load_state_dict(self, ctx, state)
+            }
+        }
+    };
+}
+pub(crate) use delegate_optimizer;
+
+/// Checks a learning rate.
+pub(crate) fn check_lr(what: &'static str, lr: f32) -> Result<()> {
+    if !(lr.is_finite() && lr >= 0.0) {
+        return Err(crate::Error::invalid(
+            what,
+            format!("lr must be finite and >= 0 (got {lr})"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! Stochastic gradient descent with momentum, dampening, Nesterov and L2 weight
+//! decay (PyTorch's `torch.optim.SGD`).
+
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+use super::state::{State, grad_of};
+use super::{check_lr, delegate_optimizer};
+use crate::error::{Error, Result};
+use crate::nn::Parameter;
+
+/// The hyperparameters of [`Sgd`] (PyTorch's names and defaults: all zero but
+/// the learning rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    /// The learning rate.
+    pub lr: f32,
+    /// The momentum factor (0: plain SGD, no buffer).
+    pub momentum: f32,
+    /// The dampening of the momentum (the new gradient enters with `1 - dampening`).
+    pub dampening: f32,
+    /// Nesterov momentum (needs `momentum > 0` and `dampening == 0`).
+    pub nesterov: bool,
+    /// L2 penalty: `weight_decay * w` is added to the gradient.
+    pub weight_decay: f32,
+}
+
+impl Default for SgdConfig {
+    fn default() -> SgdConfig {
+        SgdConfig {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// SGD with PyTorch's update, per element in f32:
+///
+/// ```text
+/// d = g + weight_decay * w
+/// if momentum != 0:
+///     buf = d                                         (first step)
+///     buf = momentum * buf + (1 - dampening) * d      (later steps)
+///     d = d + momentum * buf   if nesterov   else   buf
+/// w = w + (-lr) * d
+/// ```
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Parameter>,
+    cfg: SgdConfig,
+    state: State,
+}
+
+impl Sgd {
+    /// Plain SGD with learning rate `lr`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`.
+    pub fn new(params: Vec<Parameter>, lr: f32) -> Result<Sgd> {
+        Sgd::with_config(
+            params,
+            SgdConfig {
+                lr,
+                ..SgdConfig::default()
+            },
+        )
+    }
+
+    /// SGD with the given hyperparameters.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a negative or non-finite value, or Nesterov
+    /// without momentum or with dampening.
+    pub fn with_config(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
+        check_lr("SgdConfig::lr", cfg.lr)?;
+        for (what, v) in [
+            ("SgdConfig::momentum", cfg.momentum),
+            ("SgdConfig::dampening", cfg.dampening),
+            ("SgdConfig::weight_decay", cfg.weight_decay),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::invalid(
+                    what,
+                    format!("must be finite and >= 0 (got {v})"),
+                ));
+            }
+        }
+        if cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0) {
+            return Err(Error::invalid(
+                "SgdConfig::nesterov",
+                "Nesterov momentum requires momentum > 0 and dampening = 0",
+            ));
+        }
+        let n = params.len();
+        Ok(Sgd {
+            params,
+            cfg,
+            state: State::new(&["momentum_buffer"], n),
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> SgdConfig {
+        self.cfg
+    }
+
+    /// One update of every parameter that has a gradient.
+    ///
+    /// # Errors
+    /// Out of memory (the first step allocates the momentum buffers).
+    pub fn step(&mut self, ctx: &ExecContext) -> Result<()> {
+        let SgdConfig {
+            lr,
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay: wd,
+        } = self.cfg;
+        self.state.advance(ctx)?;
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = grad_of(ctx, p)? else {
+                continue;
+            };
+            let g = g.data()?;
+            if momentum == 0.0 {
+                p.update_(|w| {
+                    for (w, &g) in w.iter_mut().zip(g) {
+                        let d = if wd != 0.0 { g + wd * *w } else { g };
+                        *w += -lr * d;
+                    }
+                })?;
+                continue;
+            }
+            let slot = &mut self.state.bufs[0][i];
+            let first = slot.is_none();
+            let buf = match slot {
+                Some(b) => b,
+                None => slot.insert(Tensor::zeros(ctx, p.shape().as_slice())?),
+            };
+            buf.update_(|b| {
+                p.update_(|w| {
+                    for ((w, b), &g) in w.iter_mut().zip(b.iter_mut()).zip(g) {
+                        let d = if wd != 0.0 { g + wd * *w } else { g };
+                        *b = if first {
+                            d
+                        } else {
+                            momentum * *b + (1.0 - dampening) * d
+                        };
+                        let d = if nesterov { d + momentum * *b } else { *b };
+                        *w += -lr * d;
+                    }
+                })
+            })??;
+        }
+        Ok(())
+    }
+
+    /// Releases every parameter's gradient.
+    pub fn zero_grad(&self) {
+        for p in &self.params {
+            p.zero_grad();
+        }
+    }
+
+    /// The learning rate.
+    pub fn lr(&self) -> f32 {
+        self.cfg.lr
+    }
+
+    /// Sets the learning rate.
+    pub fn set_lr(&mut self, lr: f32) {
+        self.cfg.lr = lr;
+    }
+
+    /// The parameters.
+    pub fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+
+    /// The state: `"step"` and `"momentum_buffer.{i}"` (after the first step).
+    pub fn state_dict(&self) -> Vec<(String, Tensor)> {
+        self.state.state_dict()
+    }
+
+    /// Replaces the state (see [`Optimizer::load_state_dict`](super::Optimizer::load_state_dict)).
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming the entry that does not fit; nothing changes.
+    pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
+        let allow = self.cfg.momentum != 0.0;
+        self.state.load(ctx, &self.params, state, false, allow)
+    }
+}
+
+delegate_optimizer!(Sgd);

@@ -1,0 +1,171 @@
+//! The per-parameter buffers and the step count shared by the optimizers.
+
+use fucina_autograd::Tensor;
+use fucina_exec::{ExecContext, RawTensor};
+
+use crate::error::{Error, Result};
+use crate::nn::Parameter;
+
+/// Named per-parameter buffers (`kinds[k]` -> `bufs[k][i]`) and a step count.
+#[derive(Debug)]
+pub(crate) struct State {
+    kinds: &'static [&'static str],
+    pub(crate) bufs: Vec<Vec<Option<Tensor>>>,
+    /// The step count as a `[1]` tensor (created at the first step).
+    step_t: Option<Tensor>,
+    pub(crate) step: u64,
+}
+
+impl State {
+    pub(crate) fn new(kinds: &'static [&'static str], n: usize) -> State {
+        State {
+            kinds,
+            bufs: kinds.iter().map(|_| vec![None; n]).collect(),
+            step_t: None,
+            step: 0,
+        }
+    }
+
+    /// Advances the step count (allocating its tensor at the first step).
+    pub(crate) fn advance(&mut self, ctx: &ExecContext) -> Result<u64> {
+        self.step += 1;
+        let s = self.step as f32;
+        match &mut self.step_t {
+            Some(t) => t.update_(|v| v[0] = s)?,
+            None => self.step_t = Some(Tensor::scalar(ctx, s)?),
+        }
+        Ok(self.step)
+    }
+
+    pub(crate) fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.step_t {
+            out.push(("step".to_string(), t.clone()));
+        }
+        for (kind, bufs) in self.kinds.iter().zip(&self.bufs) {
+            for (i, b) in bufs.iter().enumerate() {
+                if let Some(b) = b {
+                    out.push((format!("{kind}.{i}"), b.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Validates `state` against `params` and, only if all of it fits, replaces
+    /// this state with copies. `joint`: all kinds of a parameter must be present
+    /// together (Adam's two moments); `allow_bufs`: whether buffers may be given
+    /// at all.
+    pub(crate) fn load(
+        &mut self,
+        ctx: &ExecContext,
+        params: &[Parameter],
+        state: &[(String, Tensor)],
+        joint: bool,
+        allow_bufs: bool,
+    ) -> Result<()> {
+        let n = params.len();
+        let mut step: Option<u64> = None;
+        let mut slots: Vec<Vec<Option<&RawTensor>>> =
+            self.kinds.iter().map(|_| vec![None; n]).collect();
+        for (name, t) in state {
+            if name == "step" {
+                if step.is_some() {
+                    return Err(Error::state("duplicate entry \"step\""));
+                }
+                if t.numel() != 1 {
+                    return Err(Error::state(format!(
+                        "\"step\" has shape {:?}, not [1]",
+                        t.shape()
+                    )));
+                }
+                let v = t.item()?;
+                if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0) {
+                    return Err(Error::state(format!("\"step\" = {v} is not a step count")));
+                }
+                step = Some(v as u64);
+                continue;
+            }
+            let parsed = name.rsplit_once('.').and_then(|(kind, idx)| {
+                let k = self.kinds.iter().position(|&x| x == kind)?;
+                let i: usize = idx.parse().ok().filter(|&i| i < n)?;
+                (idx == i.to_string()).then_some((k, i))
+            });
+            let Some((k, i)) = parsed else {
+                return Err(Error::state(format!(
+                    "unknown entry \"{name}\" (expected \"step\" or {}.<index below {n}>)",
+                    self.kinds.join("/")
+                )));
+            };
+            if !allow_bufs {
+                return Err(Error::state(format!(
+                    "unexpected entry \"{name}\" (this configuration keeps no buffers)"
+                )));
+            }
+            if slots[k][i].is_some() {
+                return Err(Error::state(format!("duplicate entry \"{name}\"")));
+            }
+            let want = params[i].shape();
+            if t.shape() != want.as_slice() {
+                return Err(Error::state(format!(
+                    "\"{name}\" has shape {:?}, but parameter {i} has shape {:?}",
+                    t.shape(),
+                    want.as_slice()
+                )));
+            }
+            slots[k][i] = Some(t.raw());
+        }
+        let any_buf = slots.iter().flatten().any(Option::is_some);
+        if any_buf && step.is_none() {
+            return Err(Error::state("missing entry \"step\""));
+        }
+        if joint {
+            for i in 0..n {
+                let present: Vec<bool> = slots.iter().map(|s| s[i].is_some()).collect();
+                if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
+                    let missing =
+                        self.kinds[present.iter().position(|&p| !p).expect("one is missing")];
+                    return Err(Error::state(format!("missing entry \"{missing}.{i}\"")));
+                }
+            }
+        }
+        // Everything fits: copy (the optimizer owns its buffers).
+        let mut bufs: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(self.kinds.len());
+        for kind_slots in &slots {
+            let mut v = Vec::with_capacity(n);
+            for s in kind_slots {
+                v.push(match s {
+                    Some(raw) => Some(Tensor::constant(ctx.clone(raw)?)),
+                    None => None,
+                });
+            }
+            bufs.push(v);
+        }
+        let step_t = match step {
+            Some(s) => Some(Tensor::scalar(ctx, s as f32)?),
+            None => None,
+        };
+        self.bufs = bufs;
+        self.step = step.unwrap_or(0);
+        self.step_t = step_t;
+        Ok(())
+    }
+}
+
+/// The gradient of `p` as a contiguous raw tensor (`None` without one).
+pub(crate) fn grad_of(ctx: &ExecContext, p: &Parameter) -> Result<Option<RawTensor>> {
+    let Some(g) = p.grad_view() else {
+        return Ok(None);
+    };
+    let raw = g.raw();
+    Ok(Some(if raw.is_contiguous() {
+        raw.clone()
+    } else {
+        ctx.materialize(raw)?
+    }))
+}
+
+/// A zero buffer of `p`'s shape.
+pub(crate) fn zeros_like(ctx: &ExecContext, p: &Parameter) -> Result<Tensor> {
+    Ok(Tensor::zeros(ctx, p.shape().as_slice())?)
+}

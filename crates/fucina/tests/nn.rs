@@ -1,0 +1,337 @@
+//! Layers: initialization, parameter names and sharing, shape errors, dropout
+//! determinism, causal attention.
+
+use fucina::nn::{
+    Block, CausalSelfAttention, Dropout, Embedding, Forward, LayerNorm, Linear, Module, Parameter,
+    Relu, RmsNorm, Sequential, sub_seed,
+};
+use fucina::{Error, ExecContext, Tensor};
+
+fn ramp(ctx: &ExecContext, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+    Tensor::from_slice(ctx, shape, &v).unwrap()
+}
+
+#[test]
+fn linear_init_is_pytorch_default_from_the_seed() {
+    let ctx = ExecContext::new();
+    let l = Linear::new(&ctx, 5, 3, 42).unwrap();
+    assert_eq!(l.weight.shape().as_slice(), [3, 5]);
+    let bias = l.bias.as_ref().unwrap();
+    assert_eq!(bias.shape().as_slice(), [3]);
+    let bound = (1.0f64 / 5.0).sqrt() as f32;
+    let mut w = [0.0f32; 15];
+    fucina::rng::uniform_fill(42, &mut w, -bound, bound);
+    assert_eq!(l.weight.to_vec(), w);
+    let mut b = [0.0f32; 3];
+    fucina::rng::uniform_fill(sub_seed(42, 1), &mut b, -bound, bound);
+    assert_eq!(bias.to_vec(), b);
+    // Same seed, same layer; another seed, another layer.
+    assert_eq!(Linear::new(&ctx, 5, 3, 42).unwrap().weight.to_vec(), w);
+    assert_ne!(Linear::new(&ctx, 5, 3, 43).unwrap().weight.to_vec(), w);
+    assert!(w.iter().all(|x| x.abs() < bound));
+}
+
+#[test]
+fn linear_forward_matches_x_wt_plus_b() {
+    let ctx = ExecContext::new();
+    let l = Linear::new(&ctx, 3, 2, 1).unwrap();
+    let x = ramp(&ctx, &[4, 3]);
+    let y = l.forward(&ctx, &x).unwrap().to_vec();
+    let (w, b, xv) = (
+        l.weight.to_vec(),
+        l.bias.as_ref().unwrap().to_vec(),
+        x.to_vec(),
+    );
+    for r in 0..4 {
+        for o in 0..2 {
+            let want: f32 = (0..3).map(|i| xv[r * 3 + i] * w[o * 3 + i]).sum::<f32>() + b[o];
+            assert!((y[r * 2 + o] - want).abs() < 1e-5);
+        }
+    }
+}
+
+fn assert_shape_err(r: fucina::Result<Tensor>, layer: &str) {
+    match r {
+        Err(Error::ShapeMismatch { layer: l, .. }) => assert!(l.starts_with(layer), "{l}"),
+        other => panic!("expected a shape error from {layer}, got {other:?}"),
+    }
+}
+
+#[test]
+fn shape_mismatches_are_errors_naming_the_layer() {
+    let ctx = ExecContext::new();
+    let x = ramp(&ctx, &[2, 5]);
+    assert_shape_err(
+        Linear::new(&ctx, 4, 3, 0).unwrap().forward(&ctx, &x),
+        "Linear",
+    );
+    assert_shape_err(
+        LayerNorm::new(&ctx, 4, 1e-5).unwrap().forward(&ctx, &x),
+        "LayerNorm",
+    );
+    assert_shape_err(
+        RmsNorm::new(&ctx, 4, 1e-5).unwrap().forward(&ctx, &x),
+        "RmsNorm",
+    );
+    let attn = CausalSelfAttention::new(&ctx, 4, 2, 0).unwrap();
+    assert_shape_err(
+        attn.forward(&ctx, &ramp(&ctx, &[2, 4])),
+        "CausalSelfAttention",
+    ); // rank 2
+    assert_shape_err(
+        attn.forward(&ctx, &ramp(&ctx, &[1, 3, 5])),
+        "CausalSelfAttention",
+    );
+    let block = Block::new(&ctx, 4, 2, 0.0, 0).unwrap();
+    assert_shape_err(block.forward(&ctx, &ramp(&ctx, &[1, 3, 5])), "LayerNorm");
+    // A chain whose second layer does not fit the first.
+    let seq = Sequential::new()
+        .push(Linear::new(&ctx, 5, 8, 0).unwrap())
+        .push(Relu)
+        .push(Linear::new(&ctx, 7, 2, 0).unwrap());
+    assert_shape_err(seq.forward(&ctx, &x), "Linear(in = 7");
+    // Embedding: an id out of range is an error, not a panic.
+    let emb = Embedding::new(&ctx, 10, 4, 0).unwrap();
+    let ids = ctx.from_slice_typed::<i64>(&[3], &[1, 10, 2]).unwrap();
+    assert!(emb.forward(&ctx, &ids).is_err());
+    let ids = ctx
+        .from_slice_typed::<i64>(&[2, 3], &[1, 9, 2, 0, 0, 3])
+        .unwrap();
+    assert_eq!(emb.forward(&ctx, &ids).unwrap().shape(), [2, 3, 4]);
+}
+
+#[test]
+fn bad_constructor_arguments_are_errors() {
+    let ctx = ExecContext::new();
+    let invalid = |r: fucina::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
+    assert!(invalid(Linear::new(&ctx, 0, 3, 0).map(drop)));
+    assert!(invalid(Linear::new(&ctx, 3, 0, 0).map(drop)));
+    assert!(invalid(Embedding::new(&ctx, 0, 3, 0).map(drop)));
+    assert!(invalid(LayerNorm::new(&ctx, 3, -1.0).map(drop)));
+    assert!(invalid(RmsNorm::new(&ctx, 0, 1e-5).map(drop)));
+    assert!(invalid(Dropout::new(1.0, 0).map(drop)));
+    assert!(invalid(Dropout::new(-0.1, 0).map(drop)));
+    assert!(invalid(CausalSelfAttention::new(&ctx, 6, 4, 0).map(drop)));
+    let e = Linear::new(&ctx, 0, 3, 0).unwrap_err().to_string();
+    assert!(e.contains("in_features"), "{e}");
+}
+
+#[test]
+fn parameter_clones_are_the_same_parameter() {
+    let ctx = ExecContext::new();
+    let l = Linear::new(&ctx, 2, 2, 3).unwrap();
+    let params = l.parameters();
+    assert!(params[0].ptr_eq(&l.weight));
+    params[0].update_(|w| w.fill(1.0)).unwrap();
+    assert_eq!(l.weight.to_vec(), [1.0; 4]);
+    // Gradients recorded through the layer are visible through the handle.
+    let x = Tensor::from_slice(&ctx, &[1, 2], &[2.0, 3.0]).unwrap();
+    l.forward(&ctx, &x)
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    assert_eq!(
+        params[0].grad(&ctx).unwrap().unwrap().to_vec(),
+        [2., 3., 2., 3.]
+    );
+    assert_eq!(params[1].grad(&ctx).unwrap().unwrap().to_vec(), [1., 1.]);
+    l.zero_grad();
+    assert!(params[0].grad_view().is_none());
+    // copy_from_slice checks the length.
+    assert!(params[1].copy_from_slice(&[1.0, 2.0, 3.0]).is_err());
+    params[1].copy_from_slice(&[5.0, 6.0]).unwrap();
+    assert_eq!(l.bias.as_ref().unwrap().to_vec(), [5.0, 6.0]);
+}
+
+#[test]
+fn an_update_after_forward_keeps_the_graphs_saved_values() {
+    let ctx = ExecContext::new();
+    let p = Parameter::from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
+    let x = Tensor::variable_from_slice(&ctx, &[2], &[3.0, 4.0]).unwrap();
+    let loss = x.mul(&ctx, &p.tensor()).unwrap().sum_all(&ctx).unwrap();
+    p.update_(|w| w.fill(100.0)).unwrap(); // copy-on-write: the graph saved [1, 2]
+    loss.backward(&ctx).unwrap();
+    assert_eq!(x.grad(&ctx).unwrap().unwrap().to_vec(), [1.0, 2.0]);
+    assert_eq!(p.to_vec(), [100.0, 100.0]);
+}
+
+#[test]
+fn named_parameters_are_stable_dotted_names() {
+    let ctx = ExecContext::new();
+    let block = Block::new(&ctx, 8, 2, 0.1, 5).unwrap();
+    let names: Vec<String> = block
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ln1.weight",
+            "ln1.bias",
+            "attn.qkv.weight",
+            "attn.qkv.bias",
+            "attn.proj.weight",
+            "attn.proj.bias",
+            "ln2.weight",
+            "ln2.bias",
+            "mlp.fc.weight",
+            "mlp.fc.bias",
+            "mlp.proj.weight",
+            "mlp.proj.bias",
+        ]
+    );
+    assert_eq!(
+        block.num_parameters(),
+        2 * 16 + 8 * 24 + 24 + 64 + 8 + 8 * 32 + 32 + 32 * 8 + 8
+    );
+    let seq = Sequential::new()
+        .push_named("fc1", Linear::new(&ctx, 2, 3, 0).unwrap())
+        .push(Relu)
+        .push_named("fc2", Linear::new(&ctx, 3, 1, 0).unwrap());
+    let names: Vec<String> = seq.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+}
+
+#[test]
+fn dropout_masks_regenerate_from_seed_and_step() {
+    let ctx = ExecContext::new();
+    let x = Tensor::ones(&ctx, &[256]).unwrap();
+    let d = Dropout::new(0.5, 9).unwrap();
+    let a = d.forward(&ctx, &x).unwrap().to_vec();
+    let b = d.forward(&ctx, &x).unwrap().to_vec();
+    assert_ne!(a, b, "each call draws a new mask");
+    assert!(a.iter().all(|&v| v == 0.0 || v == 2.0));
+    assert!(a.iter().filter(|&&v| v == 0.0).count() > 64);
+    assert_eq!(d.step(), 2);
+    // A fresh layer resumed at step 1 draws the second mask again.
+    let resumed = Dropout::new(0.5, 9).unwrap();
+    resumed.set_step(1);
+    assert_eq!(resumed.forward(&ctx, &x).unwrap().to_vec(), b);
+    // Evaluation mode passes through and does not advance.
+    let mut m = resumed.clone();
+    m.eval();
+    assert_eq!(m.forward(&ctx, &x).unwrap().to_vec(), [1.0; 256]);
+    assert_eq!(m.step(), 2);
+}
+
+#[test]
+fn attention_is_causal_and_differentiable() {
+    let ctx = ExecContext::new();
+    let attn = CausalSelfAttention::new(&ctx, 8, 2, 11).unwrap();
+    let x1 = ramp(&ctx, &[2, 5, 8]);
+    // Change only the last position.
+    let mut v = x1.to_vec();
+    for b in 0..2 {
+        for k in 0..8 {
+            v[b * 40 + 4 * 8 + k] += 1.0;
+        }
+    }
+    let x2 = Tensor::from_slice(&ctx, &[2, 5, 8], &v).unwrap();
+    let (y1, y2) = (
+        attn.forward(&ctx, &x1).unwrap(),
+        attn.forward(&ctx, &x2).unwrap(),
+    );
+    assert_eq!(y1.shape(), [2, 5, 8]);
+    let (y1, y2) = (y1.to_vec(), y2.to_vec());
+    for b in 0..2 {
+        let (s, e) = (b * 40, b * 40 + 32);
+        assert_eq!(y1[s..e], y2[s..e], "positions 0..4 do not see position 4");
+        assert_ne!(y1[e..e + 8], y2[e..e + 8]);
+    }
+    // The block trains end to end.
+    let block = Block::new(&ctx, 8, 2, 0.0, 3).unwrap();
+    let loss = block.forward(&ctx, &x1).unwrap().mean_all(&ctx).unwrap();
+    loss.backward(&ctx).unwrap();
+    assert!(block.parameters().iter().all(|p| p.grad_view().is_some()));
+}
+
+#[test]
+fn cross_entropy_labels_out_of_range_are_errors() {
+    let ctx = ExecContext::new();
+    let l = Linear::new(&ctx, 4, 3, 0).unwrap();
+    let logits = l.forward(&ctx, &ramp(&ctx, &[2, 4])).unwrap();
+    for bad in [[0i64, 3], [-1, 0]] {
+        let labels = ctx.from_slice_typed::<i64>(&[2], &bad).unwrap();
+        let e: Error = logits.cross_entropy(&ctx, &labels).unwrap_err().into();
+        assert!(e.as_exec().is_some(), "{e:?}");
+        assert!(e.to_string().contains("cross_entropy"), "{e}");
+    }
+    // A label count that does not match the rows.
+    let labels = ctx.from_slice_typed::<i64>(&[3], &[0, 1, 2]).unwrap();
+    assert!(logits.cross_entropy(&ctx, &labels).is_err());
+}
+
+#[test]
+fn load_parameters_checks_everything_first() {
+    let ctx = ExecContext::new();
+    let a = Sequential::new()
+        .push_named("fc1", Linear::new(&ctx, 3, 4, 1).unwrap())
+        .push(Relu)
+        .push_named("fc2", Linear::new(&ctx, 4, 2, 2).unwrap());
+    let b = Sequential::new()
+        .push_named("fc1", Linear::new(&ctx, 3, 4, 7).unwrap())
+        .push(Relu)
+        .push_named("fc2", Linear::new(&ctx, 4, 2, 8).unwrap());
+    let snap = |m: &Sequential| -> Vec<(String, Tensor)> {
+        m.named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.tensor().detach()))
+            .collect()
+    };
+    let values = |m: &Sequential| -> Vec<Vec<f32>> {
+        m.parameters().iter().map(Parameter::to_vec).collect()
+    };
+    let before = values(&b);
+    let good = snap(&a);
+    let mut missing = good.clone();
+    missing.pop();
+    let mut unknown = good.clone();
+    unknown[0].0 = "fc3.weight".into();
+    let mut misshapen = good.clone();
+    misshapen[1].1 = Tensor::zeros(&ctx, &[5]).unwrap();
+    let mut duplicate = good.clone();
+    duplicate.push(good[0].clone());
+    for (bad, needle) in [
+        (missing, "missing parameter \"fc2.bias\""),
+        (unknown, "unknown parameter \"fc3.weight\""),
+        (misshapen, "\"fc1.bias\" has shape [5]"),
+        (duplicate, "duplicate parameter \"fc1.weight\""),
+    ] {
+        let e = b.load_parameters(&bad).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+        assert_eq!(values(&b), before, "a rejected list changed the model");
+    }
+    b.load_parameters(&good).unwrap();
+    assert_eq!(values(&b), values(&a));
+}
+
+#[test]
+fn lower_layer_errors_convert_into_fucina_error() {
+    fn io() -> fucina::Result<()> {
+        std::fs::read("/nonexistent/fucina")?;
+        Ok(())
+    }
+    assert!(matches!(io(), Err(Error::Io(_))));
+    let storage: Error = fucina::storage::Buffer::<f32>::zeroed(usize::MAX / 2)
+        .unwrap_err()
+        .into();
+    assert!(matches!(storage, Error::Storage(_)), "{storage:?}");
+    let ctx = ExecContext::new();
+    let exec: Error = ctx.zeros(&[0]).unwrap_err().into();
+    assert!(matches!(exec, Error::Exec(_)) && exec.as_exec().is_some());
+    let autograd: Error = Tensor::zeros(&ctx, &[2])
+        .unwrap()
+        .backward(&ctx)
+        .unwrap_err()
+        .into();
+    assert!(matches!(autograd, Error::Autograd(_)) && autograd.as_exec().is_none());
+    assert!(
+        autograd.to_string().contains("no gradient graph"),
+        "{autograd}"
+    );
+}

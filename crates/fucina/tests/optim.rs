@@ -1,0 +1,488 @@
+//! Optimizers against hand-written f64 references of PyTorch's formulas; state
+//! dict round trips and validation; clipping; the schedule.
+
+use fucina::nn::Parameter;
+use fucina::optim::{
+    Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig, WarmupCosine, clip_grad_norm,
+};
+use fucina::{Error, ExecContext, Tensor};
+
+const W0: [f32; 5] = [0.5, -1.25, 2.0, 0.0, -0.3];
+const C: [f32; 5] = [1.0, 0.5, -2.0, 3.0, 0.25];
+
+/// Backward of `sum(c * w * w)`: the gradient is `2 c w`.
+fn backward(ctx: &ExecContext, p: &Parameter) {
+    let c = Tensor::from_slice(ctx, &[5], &C).unwrap();
+    let w = p.tensor();
+    w.mul(ctx, &w)
+        .unwrap()
+        .mul(ctx, &c)
+        .unwrap()
+        .sum_all(ctx)
+        .unwrap()
+        .backward(ctx)
+        .unwrap();
+}
+
+fn grad64(w: &[f64]) -> Vec<f64> {
+    w.iter()
+        .zip(C)
+        .map(|(w, c)| 2.0 * f64::from(c) * w)
+        .collect()
+}
+
+fn run(ctx: &ExecContext, opt: &mut dyn Optimizer, steps: usize) -> Vec<Vec<f32>> {
+    let p = opt.parameters()[0].clone();
+    (0..steps)
+        .map(|_| {
+            backward(ctx, &p);
+            opt.step(ctx).unwrap();
+            opt.zero_grad();
+            p.to_vec()
+        })
+        .collect()
+}
+
+fn assert_close(got: &[Vec<f32>], want: &[Vec<f64>]) {
+    for (s, (g, w)) in got.iter().zip(want).enumerate() {
+        for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+            let tol = 1e-5 * (1.0 + w.abs());
+            assert!(
+                (f64::from(g) - w).abs() <= tol,
+                "step {s} elem {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// PyTorch's SGD in f64.
+fn sgd_ref(cfg: SgdConfig, steps: usize) -> Vec<Vec<f64>> {
+    let (lr, mom, damp, wd) = (
+        f64::from(cfg.lr),
+        f64::from(cfg.momentum),
+        f64::from(cfg.dampening),
+        f64::from(cfg.weight_decay),
+    );
+    let mut w: Vec<f64> = W0.iter().map(|&x| f64::from(x)).collect();
+    let mut buf: Option<Vec<f64>> = None;
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let g = grad64(&w);
+        let mut d: Vec<f64> = g.iter().zip(&w).map(|(g, w)| g + wd * w).collect();
+        if mom != 0.0 {
+            let b = match buf.take() {
+                None => d.clone(),
+                Some(b) => b
+                    .iter()
+                    .zip(&d)
+                    .map(|(b, d)| mom * b + (1.0 - damp) * d)
+                    .collect(),
+            };
+            d = if cfg.nesterov {
+                d.iter().zip(&b).map(|(d, b)| d + mom * b).collect()
+            } else {
+                b.clone()
+            };
+            buf = Some(b);
+        }
+        for (w, d) in w.iter_mut().zip(&d) {
+            *w -= lr * d;
+        }
+        out.push(w.clone());
+    }
+    out
+}
+
+/// PyTorch's Adam / AdamW in f64.
+fn adam_ref(
+    lr: f32,
+    betas: (f32, f32),
+    eps: f32,
+    wd: f32,
+    decoupled: bool,
+    steps: usize,
+) -> Vec<Vec<f64>> {
+    let (lr, b1, b2, eps, wd) = (
+        f64::from(lr),
+        f64::from(betas.0),
+        f64::from(betas.1),
+        f64::from(eps),
+        f64::from(wd),
+    );
+    let mut w: Vec<f64> = W0.iter().map(|&x| f64::from(x)).collect();
+    let (mut m, mut v) = (vec![0.0; 5], vec![0.0; 5]);
+    let mut out = Vec::new();
+    for t in 1..=steps {
+        let mut g = grad64(&w);
+        if decoupled {
+            w.iter_mut().for_each(|w| *w *= 1.0 - lr * wd);
+        } else {
+            g.iter_mut().zip(&w).for_each(|(g, w)| *g += wd * w);
+        }
+        let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
+        for i in 0..5 {
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            let denom = (v[i] / bc2).sqrt() + eps;
+            w[i] -= lr / bc1 * m[i] / denom;
+        }
+        out.push(w.clone());
+    }
+    out
+}
+
+fn param(ctx: &ExecContext) -> Parameter {
+    Parameter::from_slice(ctx, &[5], &W0).unwrap()
+}
+
+#[test]
+fn sgd_matches_the_reference() {
+    let ctx = ExecContext::new();
+    for cfg in [
+        SgdConfig {
+            lr: 0.1,
+            ..SgdConfig::default()
+        },
+        SgdConfig {
+            lr: 0.05,
+            weight_decay: 0.1,
+            ..SgdConfig::default()
+        },
+        SgdConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            dampening: 0.1,
+            weight_decay: 0.01,
+            ..SgdConfig::default()
+        },
+        SgdConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 0.01,
+            ..SgdConfig::default()
+        },
+    ] {
+        let mut opt = Sgd::with_config(vec![param(&ctx)], cfg).unwrap();
+        assert_close(&run(&ctx, &mut opt, 4), &sgd_ref(cfg, 4));
+    }
+}
+
+#[test]
+fn adam_and_adamw_match_the_reference() {
+    let ctx = ExecContext::new();
+    for wd in [0.0, 0.1] {
+        let cfg = AdamConfig {
+            lr: 0.01,
+            betas: (0.9, 0.99),
+            eps: 1e-8,
+            weight_decay: wd,
+        };
+        let mut opt = Adam::new(vec![param(&ctx)], cfg).unwrap();
+        assert_close(
+            &run(&ctx, &mut opt, 5),
+            &adam_ref(0.01, (0.9, 0.99), 1e-8, wd, false, 5),
+        );
+        let cfg = AdamWConfig {
+            lr: 0.01,
+            betas: (0.8, 0.999),
+            eps: 1e-6,
+            weight_decay: wd,
+        };
+        let mut opt = AdamW::new(vec![param(&ctx)], cfg).unwrap();
+        assert_close(
+            &run(&ctx, &mut opt, 5),
+            &adam_ref(0.01, (0.8, 0.999), 1e-6, wd, true, 5),
+        );
+    }
+    // Adam's L2 and AdamW's decoupled decay differ.
+    let a = run(
+        &ctx,
+        &mut Adam::new(
+            vec![param(&ctx)],
+            AdamConfig {
+                weight_decay: 0.5,
+                lr: 0.1,
+                ..AdamConfig::default()
+            },
+        )
+        .unwrap(),
+        3,
+    );
+    let b = run(
+        &ctx,
+        &mut AdamW::new(
+            vec![param(&ctx)],
+            AdamWConfig {
+                weight_decay: 0.5,
+                lr: 0.1,
+                ..AdamWConfig::default()
+            },
+        )
+        .unwrap(),
+        3,
+    );
+    assert_ne!(a, b);
+}
+
+#[test]
+fn parameters_without_gradients_are_skipped() {
+    let ctx = ExecContext::new();
+    let (p, q) = (param(&ctx), param(&ctx));
+    let mut opt = AdamW::new(vec![p.clone(), q.clone()], AdamWConfig::default()).unwrap();
+    backward(&ctx, &p);
+    opt.step(&ctx).unwrap();
+    assert_ne!(p.to_vec(), W0);
+    assert_eq!(q.to_vec(), W0);
+    let names: Vec<String> = opt.state_dict().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["step", "exp_avg.0", "exp_avg_sq.0"]);
+}
+
+/// Runs `a` steps, saves, runs `b` more; then restores into a fresh optimizer and
+/// runs the same `b`: the trajectories are bit-identical.
+fn round_trip<O: Optimizer>(make: impl Fn(Vec<Parameter>) -> O) {
+    let ctx = ExecContext::new();
+    let p = param(&ctx);
+    let mut opt = make(vec![p.clone()]);
+    run(&ctx, &mut opt, 3);
+    let saved_w = p.to_vec();
+    let saved: Vec<(String, Tensor)> = opt
+        .state_dict()
+        .into_iter()
+        .map(|(n, t)| (n, Tensor::constant(ctx.clone(t.raw()).unwrap())))
+        .collect();
+    let cont = run(&ctx, &mut opt, 3);
+    // The state dict handles did not change under the later steps.
+    assert_eq!(saved[0].1.to_vec(), [3.0]);
+    let p2 = Parameter::from_slice(&ctx, &[5], &saved_w).unwrap();
+    let mut opt2 = make(vec![p2]);
+    opt2.load_state_dict(&ctx, &saved).unwrap();
+    assert_eq!(run(&ctx, &mut opt2, 3), cont);
+    // Without the state the continuation differs.
+    let mut opt3 = make(vec![Parameter::from_slice(&ctx, &[5], &saved_w).unwrap()]);
+    assert_ne!(run(&ctx, &mut opt3, 3), cont);
+}
+
+#[test]
+fn state_dict_round_trips_bit_identically() {
+    round_trip(|p| {
+        AdamW::new(
+            p,
+            AdamWConfig {
+                lr: 0.05,
+                ..AdamWConfig::default()
+            },
+        )
+        .unwrap()
+    });
+    round_trip(|p| {
+        Adam::new(
+            p,
+            AdamConfig {
+                lr: 0.05,
+                ..AdamConfig::default()
+            },
+        )
+        .unwrap()
+    });
+    round_trip(|p| {
+        Sgd::with_config(
+            p,
+            SgdConfig {
+                lr: 0.05,
+                momentum: 0.9,
+                ..SgdConfig::default()
+            },
+        )
+        .unwrap()
+    });
+}
+
+#[test]
+fn load_state_dict_validates_before_changing_anything() {
+    let ctx = ExecContext::new();
+    let p = param(&ctx);
+    let mut opt = AdamW::new(vec![p], AdamWConfig::default()).unwrap();
+    run(&ctx, &mut opt, 2);
+    let good = opt.state_dict();
+    let before: Vec<(String, Vec<f32>)> =
+        good.iter().map(|(n, t)| (n.clone(), t.to_vec())).collect();
+    let t5 = Tensor::zeros(&ctx, &[5]).unwrap();
+    let t4 = Tensor::zeros(&ctx, &[4]).unwrap();
+    let step = |v: f32| Tensor::from_slice(&ctx, &[1], &[v]).unwrap();
+    let cases: Vec<(Vec<(String, Tensor)>, &str)> = vec![
+        (
+            vec![("step".into(), step(1.0)), ("exp_avg.0".into(), t5.clone())],
+            "exp_avg_sq.0",
+        ),
+        (
+            vec![
+                ("step".into(), step(1.0)),
+                ("exp_avg.0".into(), t4.clone()),
+                ("exp_avg_sq.0".into(), t5.clone()),
+            ],
+            "shape",
+        ),
+        (
+            vec![
+                ("exp_avg.0".into(), t5.clone()),
+                ("exp_avg_sq.0".into(), t5.clone()),
+            ],
+            "missing entry \"step\"",
+        ),
+        (vec![("step".into(), step(1.5))], "not a step count"),
+        (vec![("step".into(), step(-1.0))], "not a step count"),
+        (vec![("step".into(), t5.clone())], "not [1]"),
+        (
+            vec![("step".into(), step(1.0)), ("exp_avg.1".into(), t5.clone())],
+            "unknown entry \"exp_avg.1\"",
+        ),
+        (
+            vec![
+                ("step".into(), step(1.0)),
+                ("momentum_buffer.0".into(), t5.clone()),
+            ],
+            "unknown entry",
+        ),
+        (
+            vec![("step".into(), step(1.0)), ("step".into(), step(1.0))],
+            "duplicate",
+        ),
+    ];
+    for (state, needle) in cases {
+        let e = opt.load_state_dict(&ctx, &state).unwrap_err();
+        assert!(matches!(e, Error::StateDict { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains(needle),
+            "{e} should mention {needle}"
+        );
+        let now: Vec<(String, Vec<f32>)> = opt
+            .state_dict()
+            .iter()
+            .map(|(n, t)| (n.clone(), t.to_vec()))
+            .collect();
+        assert_eq!(now, before, "a rejected state changed the optimizer");
+    }
+    // SGD without momentum keeps no buffers.
+    let mut sgd = Sgd::new(vec![param(&ctx)], 0.1).unwrap();
+    let e = sgd
+        .load_state_dict(
+            &ctx,
+            &[("step".into(), step(1.0)), ("momentum_buffer.0".into(), t5)],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("unexpected"), "{e}");
+    // An empty state resets.
+    opt.load_state_dict(&ctx, &[]).unwrap();
+    assert!(opt.state_dict().is_empty());
+}
+
+#[test]
+fn bad_hyperparameters_are_errors() {
+    let ctx = ExecContext::new();
+    let bad = |r: fucina::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
+    assert!(bad(Sgd::new(vec![param(&ctx)], -0.1).map(drop)));
+    assert!(bad(Sgd::new(vec![param(&ctx)], f32::NAN).map(drop)));
+    assert!(bad(Sgd::with_config(
+        vec![],
+        SgdConfig {
+            nesterov: true,
+            ..SgdConfig::default()
+        }
+    )
+    .map(drop)));
+    assert!(bad(Sgd::with_config(
+        vec![],
+        SgdConfig {
+            momentum: -1.0,
+            ..SgdConfig::default()
+        }
+    )
+    .map(drop)));
+    assert!(bad(AdamW::new(
+        vec![],
+        AdamWConfig {
+            betas: (1.0, 0.9),
+            ..AdamWConfig::default()
+        }
+    )
+    .map(drop)));
+    assert!(bad(Adam::new(
+        vec![],
+        AdamConfig {
+            eps: -1.0,
+            ..AdamConfig::default()
+        }
+    )
+    .map(drop)));
+    assert!(bad(AdamW::new(
+        vec![],
+        AdamWConfig {
+            weight_decay: f32::INFINITY,
+            ..AdamWConfig::default()
+        }
+    )
+    .map(drop)));
+    assert!(bad(clip_grad_norm(&ctx, &[], 0.0).map(drop)));
+    assert!(bad(WarmupCosine::new(1.0, 2.0, 0, 10).map(drop)));
+    assert!(bad(WarmupCosine::new(1.0, 0.0, 11, 10).map(drop)));
+}
+
+#[test]
+fn clip_grad_norm_scales_to_the_max_norm() {
+    let ctx = ExecContext::new();
+    let a = Parameter::from_slice(&ctx, &[1], &[1.0]).unwrap();
+    let b = Parameter::from_slice(&ctx, &[1], &[1.0]).unwrap();
+    let unused = Parameter::from_slice(&ctx, &[1], &[1.0]).unwrap();
+    let ca = Tensor::from_slice(&ctx, &[1], &[3.0]).unwrap();
+    let cb = Tensor::from_slice(&ctx, &[1], &[4.0]).unwrap();
+    let loss = a
+        .tensor()
+        .mul(&ctx, &ca)
+        .unwrap()
+        .add(&ctx, &b.tensor().mul(&ctx, &cb).unwrap())
+        .unwrap();
+    loss.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
+    let params = [a.clone(), b.clone(), unused.clone()];
+    // Under the limit: unchanged.
+    assert_eq!(clip_grad_norm(&ctx, &params, 10.0).unwrap(), 5.0);
+    assert_eq!(a.grad(&ctx).unwrap().unwrap().to_vec(), [3.0]);
+    // Over it: scaled to norm 1.
+    assert_eq!(clip_grad_norm(&ctx, &params, 1.0).unwrap(), 5.0);
+    let (ga, gb) = (
+        a.grad(&ctx).unwrap().unwrap().item().unwrap(),
+        b.grad(&ctx).unwrap().unwrap().item().unwrap(),
+    );
+    assert!(
+        (ga - 0.6).abs() < 1e-6 && (gb - 0.8).abs() < 1e-6,
+        "{ga} {gb}"
+    );
+    assert!(unused.grad_view().is_none());
+    // The next backward accumulates onto the clipped gradient.
+    a.tensor()
+        .mul(&ctx, &ca)
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    assert!((a.grad(&ctx).unwrap().unwrap().item().unwrap() - 3.6).abs() < 1e-6);
+}
+
+#[test]
+fn warmup_cosine_schedule() {
+    let s = WarmupCosine::new(0.1, 0.01, 5, 25).unwrap();
+    assert!((s.lr(0) - 0.02).abs() < 1e-7);
+    assert!((s.lr(4) - 0.1).abs() < 1e-7);
+    assert!((s.lr(5) - 0.1).abs() < 1e-7);
+    assert!((s.lr(15) - 0.055).abs() < 1e-7);
+    assert!((s.lr(25) - 0.01).abs() < 1e-7);
+    assert!((s.lr(1000) - 0.01).abs() < 1e-7);
+    let lrs: Vec<f32> = (5..26).map(|i| s.lr(i)).collect();
+    assert!(lrs.windows(2).all(|w| w[1] <= w[0]));
+    // With the optimizer.
+    let ctx = ExecContext::new();
+    let mut opt = Sgd::new(vec![param(&ctx)], 1.0).unwrap();
+    opt.set_lr(s.lr(0));
+    assert_eq!(opt.lr(), s.lr(0));
+}
