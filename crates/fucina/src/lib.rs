@@ -17,6 +17,8 @@
 //! | [`autograd`] | `fucina-autograd` | differentiable tensors (placeholder) |
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
+
 pub use fucina_autograd as autograd;
 pub use fucina_exec as exec;
 pub use fucina_fpenv as fpenv;
