@@ -36,8 +36,10 @@ pub enum Error {
     /// An I/O error (reading a data set, writing a report).
     #[error(transparent)]
     Io(#[from] std::io::Error),
-    // The checkpoint module adds its variant here:
-    // `Checkpoint(#[from] crate::checkpoint::CheckpointError)`.
+    /// A checkpoint could not be saved or loaded (I/O, a corrupt file, or a
+    /// file that does not match the model); nothing was changed.
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
     /// A layer received an input whose shape does not fit it (for example a
     /// `Linear(in = 64)` given rows of 32 features).
     #[error("{layer}: input of shape {got:?} does not fit: {reason}")]
@@ -85,6 +87,12 @@ impl From<AutogradError> for Error {
 impl From<ExecError> for Error {
     fn from(e: ExecError) -> Error {
         Error::Exec(Box::new(e))
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for Error {
+    fn from(e: crate::checkpoint::CheckpointError) -> Error {
+        Error::Checkpoint(Box::new(e))
     }
 }
 

@@ -50,6 +50,7 @@
 //! their public APIs.
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 mod error;
 pub mod nn;
 pub mod optim;

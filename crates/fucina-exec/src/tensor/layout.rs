@@ -272,6 +272,11 @@ impl Layout {
     }
 
     /// Calls `f(storage_index)` for every element in logical row-major order.
+    ///
+    /// The running index steps one stride past the end of each axis before it is
+    /// rewound; a size-1 axis may carry any stride (even near `usize::MAX`), so
+    /// those steps wrap. Every index passed to `f` is exact: it is in range and
+    /// equal to its value modulo 2^64.
     pub fn for_each_index(&self, mut f: impl FnMut(usize)) {
         let rank = self.rank();
         let shape = self.shape();
@@ -285,18 +290,18 @@ impl Layout {
             let mut p = base;
             for _ in 0..inner {
                 f(p);
-                p += inner_stride;
+                p = p.wrapping_add(inner_stride);
             }
             // Advance the multi-index over the outer axes (odometer).
             let mut ax = rank - 1;
             while ax > 0 {
                 ax -= 1;
                 idx[ax] += 1;
-                base += strides[ax];
+                base = base.wrapping_add(strides[ax]);
                 if idx[ax] < shape[ax] {
                     break;
                 }
-                base -= strides[ax] * shape[ax];
+                base = base.wrapping_sub(strides[ax].wrapping_mul(shape[ax]));
                 idx[ax] = 0;
             }
         }

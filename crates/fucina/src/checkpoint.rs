@@ -1,0 +1,685 @@
+//! Checkpoints: named `f32` tensors plus string metadata, in the
+//! [safetensors](https://github.com/huggingface/safetensors) format.
+//!
+//! - **Names** are the caller's stable strings (a model's parameter names, an
+//!   optimizer's state names); a checkpoint never depends on the order in which
+//!   tensors are listed.
+//! - **Deterministic bytes**: equal names, shapes, values and metadata give
+//!   byte-identical files, whatever the order they were listed in.
+//! - **Data** is stored as `F32`, little-endian, row-major, whatever the
+//!   layout of the tensor saved (a transposed or narrowed view is written in its
+//!   logical order). Loading is bit-exact, NaN payloads included.
+//! - **Metadata** is a string-to-string map (the safetensors `__metadata__`
+//!   entry): step counters, learning-rate schedule positions, format versions.
+//! - **Atomic save**: [`save`] writes a temporary file in the destination's
+//!   directory, syncs it and renames it over `path`, so a crash leaves either the
+//!   old checkpoint or the new one, never a truncated file.
+//! - **All-or-nothing load**: [`load_into`] checks every name, dtype and shape
+//!   and decodes every byte before it writes any target; on an error no target
+//!   has changed.
+//!
+//! ```
+//! use fucina_autograd::Tensor;
+//! use fucina::checkpoint;
+//! use fucina_exec::ExecContext;
+//!
+//! let ctx = ExecContext::new();
+//! let w = Tensor::variable_from_slice(&ctx, &[2, 2], &[1., 2., 3., 4.])?;
+//! let b = Tensor::variable_from_slice(&ctx, &[2], &[0.5, -0.5])?;
+//! let bytes = checkpoint::save_to_bytes(&[("fc.weight", &w), ("fc.bias", &b)], &[("step", "10")])?;
+//!
+//! let mut w2 = Tensor::variable_from_slice(&ctx, &[2, 2], &[0.; 4])?;
+//! let mut b2 = Tensor::variable_from_slice(&ctx, &[2], &[0.; 2])?;
+//! let meta = checkpoint::load_into_from_bytes(
+//!     &bytes,
+//!     &mut [("fc.weight", &mut w2), ("fc.bias", &mut b2)],
+//! )?;
+//! assert_eq!(w2.to_vec(), [1., 2., 3., 4.]);
+//! assert!(w2.is_variable()); // loaded in place: still the same variable
+//! assert_eq!(meta.get("step"), Some("10"));
+//!
+//! // A wrong shape is refused, and nothing is written.
+//! let mut small = Tensor::variable_from_slice(&ctx, &[3], &[7.; 3])?;
+//! let err = checkpoint::load_into_from_bytes(&bytes, &mut [("fc.bias", &mut small)]);
+//! assert!(matches!(err, Err(checkpoint::CheckpointError::ShapeMismatch { .. })));
+//! assert_eq!(small.to_vec(), [7.; 3]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fucina_autograd::{AutogradError, Tensor};
+use fucina_exec::{ExecContext, MAX_RANK};
+use safetensors::tensor::{Dtype, Metadata as Header, SafeTensors, TensorInfo};
+
+/// Bytes of the little-endian header-length prefix of a safetensors file.
+const LEN_PREFIX: usize = 8;
+/// The largest header the safetensors reader accepts.
+const MAX_HEADER_BYTES: usize = 100_000_000;
+/// The reserved header key that holds the metadata map.
+const METADATA_KEY: &str = "__metadata__";
+
+/// The string metadata stored with a checkpoint (sorted by key).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metadata(pub BTreeMap<String, String>);
+
+impl Metadata {
+    /// The value stored under `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// The entries, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The underlying map.
+    pub fn into_inner(self) -> BTreeMap<String, String> {
+        self.0
+    }
+}
+
+/// Everything saving or loading a checkpoint can refuse.
+///
+/// Every variant names what was wrong (the path, the tensor name, the shapes or
+/// dtypes). A load that returns an error has changed no target.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading or writing the file failed.
+    #[error("checkpoint {}: {source}", path.display())]
+    Io {
+        /// The checkpoint path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid safetensors file (truncated or corrupt header or
+    /// data, not a safetensors file at all).
+    #[error("not a valid safetensors checkpoint: {reason}")]
+    Format {
+        /// What is wrong with the bytes.
+        reason: String,
+    },
+    /// A target asked for a tensor the checkpoint does not hold.
+    #[error("the checkpoint has no tensor named `{name}`")]
+    MissingTensor {
+        /// The name asked for.
+        name: String,
+    },
+    /// A strict load ([`LoadOptions::strict`]) found a tensor that no target asked for.
+    #[error("the checkpoint holds tensor `{name}`, which no target asked for (strict load)")]
+    UnexpectedTensor {
+        /// The tensor's name in the checkpoint.
+        name: String,
+    },
+    /// A stored tensor's shape differs from its target's.
+    #[error(
+        "tensor `{name}`: the checkpoint has shape {found:?}, the target has shape {expected:?}"
+    )]
+    ShapeMismatch {
+        /// The tensor's name.
+        name: String,
+        /// The target's shape.
+        expected: Vec<usize>,
+        /// The shape in the checkpoint.
+        found: Vec<usize>,
+    },
+    /// A stored tensor's element type is not the one expected (`F32`).
+    #[error("tensor `{name}`: the checkpoint stores {found}, expected {expected}")]
+    DTypeMismatch {
+        /// The tensor's name.
+        name: String,
+        /// The element type expected (`F32`).
+        expected: String,
+        /// The element type in the checkpoint.
+        found: String,
+    },
+    /// A tensor name appears twice (in the tensors to save, in the targets to
+    /// load, or in the checkpoint's header).
+    #[error("the tensor name `{name}` appears more than once")]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A metadata key appears twice in the metadata to save.
+    #[error("the metadata key `{key}` appears more than once")]
+    DuplicateMetadataKey {
+        /// The repeated key.
+        key: String,
+    },
+    /// A tensor name cannot be stored.
+    #[error("invalid tensor name `{name}`: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// A stored tensor has a shape no fucina tensor can have (rank 0 or above 8,
+    /// or a zero dimension).
+    #[error(
+        "tensor `{name}` has shape {shape:?}, which a fucina tensor cannot hold (rank 1 to 8, no zero dimension)"
+    )]
+    UnsupportedShape {
+        /// The tensor's name.
+        name: String,
+        /// The shape in the checkpoint.
+        shape: Vec<usize>,
+    },
+    /// Making or writing a tensor failed (out of memory). Boxed: it is rare, and
+    /// an inline exec error would make every checkpoint `Result` large.
+    #[error(transparent)]
+    Tensor(#[from] Box<AutogradError>),
+}
+
+impl From<AutogradError> for CheckpointError {
+    fn from(e: AutogradError) -> Self {
+        CheckpointError::Tensor(Box::new(e))
+    }
+}
+
+/// Options of [`load_into_with_options`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Refuse a checkpoint that holds tensors no target asks for
+    /// ([`CheckpointError::UnexpectedTensor`]). Off by default, so that the
+    /// parameters can be loaded alone from a file that also holds optimizer state.
+    pub strict: bool,
+}
+
+fn format_error(e: impl fmt::Display) -> CheckpointError {
+    CheckpointError::Format {
+        reason: e.to_string(),
+    }
+}
+
+/// Serializes `tensors` (as `F32`) and `metadata` into the bytes of a
+/// safetensors file.
+///
+/// The bytes depend only on the names, shapes, values and metadata, not on the
+/// order of the lists: the header's keys are sorted, and the data follows the
+/// sorted tensor names (the data section starts 8-byte aligned).
+///
+/// # Errors
+/// [`CheckpointError::DuplicateName`] if a name is given twice;
+/// [`CheckpointError::DuplicateMetadataKey`] if a metadata key is given twice;
+/// [`CheckpointError::InvalidName`] for an empty name or the reserved
+/// `__metadata__`.
+pub fn save_to_bytes(
+    tensors: &[(&str, &Tensor)],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, CheckpointError> {
+    let mut names = HashSet::with_capacity(tensors.len());
+    for &(name, _) in tensors {
+        if name.is_empty() {
+            return Err(CheckpointError::InvalidName {
+                name: name.to_string(),
+                reason: "a tensor name must not be empty",
+            });
+        }
+        if name == METADATA_KEY {
+            return Err(CheckpointError::InvalidName {
+                name: name.to_string(),
+                reason: "the name is reserved for the metadata map",
+            });
+        }
+        if !names.insert(name) {
+            return Err(CheckpointError::DuplicateName {
+                name: name.to_string(),
+            });
+        }
+    }
+    let mut keys = HashSet::with_capacity(metadata.len());
+    for &(key, _) in metadata {
+        if !keys.insert(key) {
+            return Err(CheckpointError::DuplicateMetadataKey {
+                key: key.to_string(),
+            });
+        }
+    }
+    // The header is written here rather than by `safetensors::serialize`, whose
+    // metadata map is a `HashMap`: its iteration order would make the bytes of
+    // two saves of the same state differ. Keys are sorted, so equal states give
+    // equal files.
+    let mut sorted: Vec<(&str, &Tensor)> = tensors.to_vec();
+    sorted.sort_unstable_by_key(|&(name, _)| name);
+    let mut meta: Vec<(&str, &str)> = metadata.to_vec();
+    meta.sort_unstable();
+    let json = |s: &str| serde_json::to_string(s).map_err(format_error);
+    let mut header = String::from("{");
+    if !meta.is_empty() {
+        header.push_str(&json(METADATA_KEY)?);
+        header.push_str(":{");
+        for (i, (k, v)) in meta.iter().enumerate() {
+            if i > 0 {
+                header.push(',');
+            }
+            header.push_str(&json(k)?);
+            header.push(':');
+            header.push_str(&json(v)?);
+        }
+        header.push('}');
+    }
+    let mut offset = 0usize;
+    for (i, (name, t)) in sorted.iter().enumerate() {
+        if i > 0 || !meta.is_empty() {
+            header.push(',');
+        }
+        let len = t.numel() * std::mem::size_of::<f32>();
+        let shape = t.shape().iter().map(usize::to_string).collect::<Vec<_>>();
+        header.push_str(&json(name)?);
+        header.push_str(&format!(
+            r#":{{"dtype":"F32","shape":[{}],"data_offsets":[{offset},{}]}}"#,
+            shape.join(","),
+            offset + len
+        ));
+        offset += len;
+    }
+    header.push('}');
+    // Pad the header with spaces so that the data starts 8-byte aligned.
+    while header.len() % LEN_PREFIX != 0 {
+        header.push(' ');
+    }
+    if header.len() > MAX_HEADER_BYTES {
+        return Err(CheckpointError::Format {
+            reason: format!(
+                "the header would take {} bytes, above the format's limit of {MAX_HEADER_BYTES}",
+                header.len()
+            ),
+        });
+    }
+    let mut out = Vec::with_capacity(LEN_PREFIX + header.len() + offset);
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for (_, t) in &sorted {
+        match t.data() {
+            Ok(values) => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+            // A non-contiguous view: its elements in logical order.
+            Err(_) => out.extend(t.to_vec().iter().flat_map(|v| v.to_le_bytes())),
+        }
+    }
+    debug_assert!(SafeTensors::read_metadata(&out).is_ok());
+    Ok(out)
+}
+
+/// Saves `tensors` and `metadata` to `path` atomically: the bytes go to a
+/// temporary file in the same directory, which is synced and then renamed over
+/// `path` (an existing checkpoint is replaced only by a complete one).
+///
+/// # Errors
+/// The errors of [`save_to_bytes`]; [`CheckpointError::Io`] if the file cannot be
+/// written or renamed (the temporary file is removed).
+pub fn save(
+    path: impl AsRef<Path>,
+    tensors: &[(&str, &Tensor)],
+    metadata: &[(&str, &str)],
+) -> Result<(), CheckpointError> {
+    let bytes = save_to_bytes(tensors, metadata)?;
+    write_atomically(path.as_ref(), &bytes)
+}
+
+/// Distinguishes the temporary files of concurrent saves within one process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let Some(file_name) = path.file_name() else {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the path does not name a file",
+        )));
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let (tmp, mut file) = loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(
+            ".{}.{}.{n}.tmp",
+            file_name.to_string_lossy(),
+            std::process::id()
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(e)),
+        }
+    };
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            drop(file);
+            std::fs::rename(&tmp, path)
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    // Persist the rename itself (best effort: not every platform can open a
+    // directory for syncing).
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// A checked safetensors file: its header and data section.
+struct Parsed<'a> {
+    header: Header,
+    data: &'a [u8],
+}
+
+impl Parsed<'_> {
+    /// The tensor names, sorted.
+    fn names(&self) -> Vec<String> {
+        let mut names = self.header.offset_keys();
+        names.sort_unstable();
+        names
+    }
+
+    fn metadata(&self) -> Metadata {
+        Metadata(
+            self.header
+                .metadata()
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    }
+
+    /// The `F32` elements of tensor `name` (whose header entry is `info`).
+    fn decode(&self, name: &str, info: &TensorInfo) -> Result<Vec<f32>, CheckpointError> {
+        if info.dtype != Dtype::F32 {
+            return Err(CheckpointError::DTypeMismatch {
+                name: name.to_string(),
+                expected: format!("{:?}", Dtype::F32),
+                found: format!("{:?}", info.dtype),
+            });
+        }
+        let (start, end) = info.data_offsets;
+        let numel = info
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let bytes = self
+            .data
+            .get(start..end)
+            .filter(|b| numel.and_then(|n| n.checked_mul(4)) == Some(b.len()));
+        let Some(bytes) = bytes else {
+            return Err(CheckpointError::Format {
+                reason: format!("tensor `{name}`: its data offsets do not match its shape"),
+            });
+        };
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}
+
+/// Checks the framing and header of a safetensors file (the header's JSON, every
+/// tensor's dtype, shape and offsets, and that the data section ends exactly at
+/// the end of `bytes`).
+fn parse(bytes: &[u8]) -> Result<Parsed<'_>, CheckpointError> {
+    // The header is a JSON object; a repeated key there would silently shadow the
+    // first entry, so it is refused before anything else.
+    if let Some(name) = duplicate_header_key(bytes) {
+        return Err(CheckpointError::DuplicateName { name });
+    }
+    let (n, header) = SafeTensors::read_metadata(bytes).map_err(format_error)?;
+    // `read_metadata` checked that `LEN_PREFIX + n <= bytes.len()`.
+    let data = bytes
+        .get(LEN_PREFIX + n..)
+        .ok_or_else(|| CheckpointError::Format {
+            reason: "the header runs past the end of the file".to_string(),
+        })?;
+    Ok(Parsed { header, data })
+}
+
+/// The first key repeated in the header's JSON object (or in its metadata map),
+/// when the header can be read as one; `None` otherwise (the full parse reports
+/// what is wrong).
+fn duplicate_header_key(bytes: &[u8]) -> Option<String> {
+    let prefix: [u8; LEN_PREFIX] = bytes.get(..LEN_PREFIX)?.try_into().ok()?;
+    let n = usize::try_from(u64::from_le_bytes(prefix)).ok()?;
+    let json = bytes.get(LEN_PREFIX..LEN_PREFIX.checked_add(n)?)?;
+    serde_json::from_slice::<KeyCheck>(json).ok()?.0
+}
+
+/// A JSON object read only for its keys: the first repeated key, if any (the
+/// `__metadata__` map is checked the same way).
+struct KeyCheck(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for KeyCheck {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = KeyCheck;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<KeyCheck, A::Error> {
+                let mut seen = HashSet::new();
+                let mut repeated = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == METADATA_KEY {
+                        let inner: KeyCheck = map.next_value()?;
+                        repeated = repeated.or(inner.0);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                    if repeated.is_none() && seen.contains(&key) {
+                        repeated = Some(key);
+                    } else {
+                        seen.insert(key);
+                    }
+                }
+                Ok(KeyCheck(repeated))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
+
+/// Loads the tensors named by `targets` from the checkpoint at `path` into the
+/// targets, in place, and returns the checkpoint's metadata.
+///
+/// All or nothing: every name, dtype and shape is checked and every byte decoded
+/// before any target is written; on an error no target has changed. The writes
+/// are copy-on-write ([`Tensor::update_`]): a variable stays the same variable
+/// (its gradient state is kept), and other handles that shared the target's
+/// storage (a graph's saved activations, clones taken before the load) keep the
+/// old values. Tensors of the checkpoint that no target names are ignored (see
+/// [`load_into_with_options`] for a strict load).
+///
+/// # Errors
+/// [`CheckpointError::Io`] if the file cannot be read; the errors of
+/// [`load_into_from_bytes`].
+pub fn load_into(
+    path: impl AsRef<Path>,
+    targets: &mut [(&str, &mut Tensor)],
+) -> Result<Metadata, CheckpointError> {
+    load_into_with_options(path, targets, LoadOptions::default())
+}
+
+/// [`load_into`] with [`LoadOptions`].
+///
+/// # Errors
+/// As [`load_into`]; [`CheckpointError::UnexpectedTensor`] for a strict load of a
+/// checkpoint holding a tensor no target names.
+pub fn load_into_with_options(
+    path: impl AsRef<Path>,
+    targets: &mut [(&str, &mut Tensor)],
+    options: LoadOptions,
+) -> Result<Metadata, CheckpointError> {
+    let bytes = read_file(path.as_ref())?;
+    load_into_from_bytes_with_options(&bytes, targets, options)
+}
+
+/// [`load_into`] from the bytes of a safetensors file.
+///
+/// # Errors
+/// [`CheckpointError::DuplicateName`] if two targets share a name or the header
+/// repeats a name; [`CheckpointError::Format`] if the bytes are not a complete,
+/// valid safetensors file; [`CheckpointError::MissingTensor`],
+/// [`CheckpointError::DTypeMismatch`], [`CheckpointError::ShapeMismatch`] for a
+/// target the checkpoint does not match; [`CheckpointError::Tensor`] if a
+/// target's storage cannot be allocated. No target changes on any of them.
+pub fn load_into_from_bytes(
+    bytes: &[u8],
+    targets: &mut [(&str, &mut Tensor)],
+) -> Result<Metadata, CheckpointError> {
+    load_into_from_bytes_with_options(bytes, targets, LoadOptions::default())
+}
+
+/// [`load_into_from_bytes`] with [`LoadOptions`].
+///
+/// # Errors
+/// As [`load_into_from_bytes`]; [`CheckpointError::UnexpectedTensor`] for a
+/// strict load of a checkpoint holding a tensor no target names.
+pub fn load_into_from_bytes_with_options(
+    bytes: &[u8],
+    targets: &mut [(&str, &mut Tensor)],
+    options: LoadOptions,
+) -> Result<Metadata, CheckpointError> {
+    let mut wanted = HashSet::with_capacity(targets.len());
+    for (name, _) in targets.iter() {
+        if !wanted.insert(*name) {
+            return Err(CheckpointError::DuplicateName {
+                name: name.to_string(),
+            });
+        }
+    }
+    let parsed = parse(bytes)?;
+    if options.strict
+        && let Some(name) = parsed
+            .names()
+            .into_iter()
+            .find(|n| !wanted.contains(n.as_str()))
+    {
+        return Err(CheckpointError::UnexpectedTensor { name });
+    }
+    // 1. Check and decode everything; nothing is written yet.
+    let mut values = Vec::with_capacity(targets.len());
+    for (name, target) in targets.iter() {
+        let Some(info) = parsed.header.info(name) else {
+            return Err(CheckpointError::MissingTensor {
+                name: name.to_string(),
+            });
+        };
+        if info.dtype != Dtype::F32 {
+            return Err(CheckpointError::DTypeMismatch {
+                name: name.to_string(),
+                expected: format!("{:?}", Dtype::F32),
+                found: format!("{:?}", info.dtype),
+            });
+        }
+        if info.shape.as_slice() != target.shape() {
+            return Err(CheckpointError::ShapeMismatch {
+                name: name.to_string(),
+                expected: target.shape().to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        values.push(parsed.decode(name, info)?);
+    }
+    // 2. Give every target contiguous storage of its own, with its current
+    //    values: the only step that can fail (out of memory), and it changes no
+    //    value.
+    for (_, target) in targets.iter_mut() {
+        target.update_(|_| ())?;
+    }
+    // 3. Write in place (no allocation left to fail).
+    for ((_, target), v) in targets.iter_mut().zip(values) {
+        target.update_(|dst| dst.copy_from_slice(&v))?;
+    }
+    Ok(parsed.metadata())
+}
+
+/// Reads every tensor of the checkpoint at `path` as a new constant tensor
+/// (sorted by name), with the metadata.
+///
+/// # Errors
+/// [`CheckpointError::Io`] if the file cannot be read; the errors of
+/// [`read_from_bytes`].
+pub fn read(
+    ctx: &ExecContext,
+    path: impl AsRef<Path>,
+) -> Result<(Vec<(String, Tensor)>, Metadata), CheckpointError> {
+    let bytes = read_file(path.as_ref())?;
+    read_from_bytes(ctx, &bytes)
+}
+
+/// [`read`] from the bytes of a safetensors file.
+///
+/// # Errors
+/// [`CheckpointError::Format`] if the bytes are not a complete, valid safetensors
+/// file; [`CheckpointError::DuplicateName`] if the header repeats a name;
+/// [`CheckpointError::DTypeMismatch`] for a tensor that is not `F32`;
+/// [`CheckpointError::UnsupportedShape`] for a shape of rank 0 or above 8 or with
+/// a zero dimension; [`CheckpointError::Tensor`] if a tensor cannot be allocated.
+pub fn read_from_bytes(
+    ctx: &ExecContext,
+    bytes: &[u8],
+) -> Result<(Vec<(String, Tensor)>, Metadata), CheckpointError> {
+    let parsed = parse(bytes)?;
+    let mut out = Vec::new();
+    for name in parsed.names() {
+        let Some(info) = parsed.header.info(&name) else {
+            return Err(CheckpointError::Format {
+                reason: format!("the header lists `{name}` without an entry"),
+            });
+        };
+        let shape_ok =
+            (1..=MAX_RANK).contains(&info.shape.len()) && info.shape.iter().all(|&d| d > 0);
+        let values = parsed.decode(&name, info)?;
+        if !shape_ok {
+            return Err(CheckpointError::UnsupportedShape {
+                name,
+                shape: info.shape.clone(),
+            });
+        }
+        let tensor = Tensor::from_slice(ctx, &info.shape, &values)?;
+        out.push((name, tensor));
+    }
+    Ok((out, parsed.metadata()))
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, CheckpointError> {
+    std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

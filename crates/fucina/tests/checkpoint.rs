@@ -1,0 +1,501 @@
+//! Checkpoints: bit-exact round trips, and every refused file leaves every
+//! target unchanged.
+
+use std::path::PathBuf;
+
+use fucina::checkpoint::{self, CheckpointError, LoadOptions};
+use fucina_autograd::Tensor;
+use fucina_exec::ExecContext;
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+/// The bit patterns of a tensor's elements in logical order.
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Values that a lossy round trip would change: signed zeros, a subnormal,
+/// infinities, NaNs with payloads, and ordinary numbers.
+fn awkward_values(n: usize, salt: u32) -> Vec<f32> {
+    let special = [
+        0.0,
+        -0.0,
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(0x7fc0_1234),
+        f32::from_bits(0xffa0_0001),
+        f32::MAX,
+        -1.5e-7,
+    ];
+    (0..n)
+        .map(|i| {
+            let i = i as u32;
+            if i.is_multiple_of(3) {
+                special[(i as usize / 3 + salt as usize) % special.len()]
+            } else {
+                (i ^ salt).wrapping_mul(2_654_435_761) as f32 / 3.7e6 - 200.0
+            }
+        })
+        .collect()
+}
+
+/// A small model-like set: two variables and a constant state tensor.
+struct Set {
+    w: Tensor,
+    b: Tensor,
+    m: Tensor,
+}
+
+fn make_set(ctx: &ExecContext, salt: u32) -> Set {
+    Set {
+        w: Tensor::variable_from_slice(ctx, &[3, 4], &awkward_values(12, salt)).unwrap(),
+        b: Tensor::variable_from_slice(ctx, &[4], &awkward_values(4, salt ^ 0x55)).unwrap(),
+        m: Tensor::from_slice(ctx, &[2, 2, 3], &awkward_values(12, salt ^ 0xaa)).unwrap(),
+    }
+}
+
+fn save_set(s: &Set) -> Vec<u8> {
+    checkpoint::save_to_bytes(
+        &[
+            ("fc.weight", &s.w),
+            ("fc.bias", &s.b),
+            ("adam.m.fc.weight", &s.m),
+        ],
+        &[("step", "42"), ("format", "test")],
+    )
+    .unwrap()
+}
+
+fn set_bits(s: &Set) -> [Vec<u32>; 3] {
+    [bits(&s.w), bits(&s.b), bits(&s.m)]
+}
+
+fn load_set(bytes: &[u8], s: &mut Set) -> Result<checkpoint::Metadata, CheckpointError> {
+    checkpoint::load_into_from_bytes(
+        bytes,
+        &mut [
+            ("fc.weight", &mut s.w),
+            ("fc.bias", &mut s.b),
+            ("adam.m.fc.weight", &mut s.m),
+        ],
+    )
+}
+
+/// A safetensors file from a JSON header and a data section.
+fn st_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn tmp_dir(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("checkpoint-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn round_trip_is_bit_exact_and_keeps_variables() -> Res {
+    let ctx = ExecContext::new();
+    let src = make_set(&ctx, 1);
+    let bytes = save_set(&src);
+    let mut dst = make_set(&ctx, 2);
+    assert_ne!(set_bits(&src), set_bits(&dst));
+    let meta = load_set(&bytes, &mut dst)?;
+    assert_eq!(set_bits(&src), set_bits(&dst));
+    assert_eq!(meta.get("step"), Some("42"));
+    assert_eq!(meta.get("format"), Some("test"));
+    assert_eq!(meta.len(), 2);
+    assert!(dst.w.is_variable() && dst.b.is_variable());
+    assert!(!dst.m.is_variable());
+    Ok(())
+}
+
+#[test]
+fn save_is_independent_of_the_listing_order() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 3);
+    let a = checkpoint::save_to_bytes(&[("a", &s.w), ("b", &s.b)], &[("x", "1"), ("y", "2")]);
+    let b = checkpoint::save_to_bytes(&[("b", &s.b), ("a", &s.w)], &[("y", "2"), ("x", "1")]);
+    assert_eq!(a.unwrap(), b.unwrap());
+}
+
+#[test]
+fn file_round_trip_and_read() -> Res {
+    let ctx = ExecContext::new();
+    let dir = tmp_dir("file_round_trip");
+    let path = dir.join("model.safetensors");
+    let src = make_set(&ctx, 4);
+    checkpoint::save(
+        &path,
+        &[
+            ("fc.weight", &src.w),
+            ("fc.bias", &src.b),
+            ("adam.m.fc.weight", &src.m),
+        ],
+        &[("step", "7")],
+    )?;
+    // Only the checkpoint is left in the directory (no temporary file).
+    let entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+
+    let mut dst = make_set(&ctx, 5);
+    let meta = checkpoint::load_into(
+        &path,
+        &mut [
+            ("fc.weight", &mut dst.w),
+            ("fc.bias", &mut dst.b),
+            ("adam.m.fc.weight", &mut dst.m),
+        ],
+    )?;
+    assert_eq!(set_bits(&src), set_bits(&dst));
+    assert_eq!(meta.get("step"), Some("7"));
+
+    let (tensors, meta) = checkpoint::read(&ctx, &path)?;
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["adam.m.fc.weight", "fc.bias", "fc.weight"]);
+    assert_eq!(tensors[0].1.shape(), [2, 2, 3]);
+    assert_eq!(bits(&tensors[0].1), bits(&src.m));
+    assert_eq!(bits(&tensors[1].1), bits(&src.b));
+    assert_eq!(bits(&tensors[2].1), bits(&src.w));
+    assert!(tensors.iter().all(|(_, t)| !t.is_variable()));
+    assert_eq!(meta.get("step"), Some("7"));
+
+    // Saving again replaces the file atomically (still one entry).
+    checkpoint::save(&path, &[("fc.bias", &src.b)], &[])?;
+    assert_eq!(std::fs::read_dir(&dir)?.count(), 1);
+    let (tensors, meta) = checkpoint::read(&ctx, &path)?;
+    assert_eq!(tensors.len(), 1);
+    assert!(meta.is_empty());
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+#[test]
+fn non_contiguous_tensors_save_in_logical_order() -> Res {
+    let ctx = ExecContext::new();
+    let base = ctx.from_slice(&[3, 4], &awkward_values(12, 9))?;
+    let transposed = Tensor::constant(base.transpose(0, 1)?);
+    let narrowed = Tensor::constant(base.narrow(1, 1, 2)?);
+    let broadcast = Tensor::constant(
+        ctx.from_slice(&[1, 3], &[1., 2., 3.])?
+            .broadcast_to(&[2, 3])?,
+    );
+    assert!(transposed.data().is_err() && narrowed.data().is_err() && broadcast.data().is_err());
+    let bytes = checkpoint::save_to_bytes(
+        &[("t", &transposed), ("n", &narrowed), ("b", &broadcast)],
+        &[],
+    )?;
+    let (tensors, _) = checkpoint::read_from_bytes(&ctx, &bytes)?;
+    let get = |n: &str| &tensors.iter().find(|(name, _)| name == n).unwrap().1;
+    assert_eq!(get("t").shape(), [4, 3]);
+    assert_eq!(bits(get("t")), bits(&transposed));
+    assert_eq!(get("n").shape(), [3, 2]);
+    assert_eq!(bits(get("n")), bits(&narrowed));
+    assert_eq!(get("b").to_vec(), [1., 2., 3., 1., 2., 3.]);
+
+    // A non-contiguous target is loaded in its logical order too.
+    let mut target = Tensor::constant(ctx.zeros(&[3, 4])?.transpose(0, 1)?);
+    checkpoint::load_into_from_bytes(&bytes, &mut [("t", &mut target)])?;
+    assert_eq!(bits(&target), bits(&transposed));
+    Ok(())
+}
+
+#[test]
+fn load_is_copy_on_write_and_keeps_the_gradient() -> Res {
+    let ctx = ExecContext::new();
+    let src = Tensor::from_slice(&ctx, &[3], &[7., 8., 9.])?;
+    let bytes = checkpoint::save_to_bytes(&[("w", &src)], &[])?;
+    let mut w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+    let before = w.clone();
+    let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?;
+    loss.backward(&ctx)?;
+    checkpoint::load_into_from_bytes(&bytes, &mut [("w", &mut w)])?;
+    assert_eq!(w.to_vec(), [7., 8., 9.]);
+    assert_eq!(
+        before.to_vec(),
+        [1., 2., 3.],
+        "another handle keeps the old values"
+    );
+    assert!(w.is_variable());
+    assert_eq!(w.grad(&ctx)?.expect("kept").to_vec(), [2., 4., 6.]);
+    Ok(())
+}
+
+/// Runs `load` on fresh targets and checks that it fails with an error that
+/// `check` accepts and that no target changed.
+fn refused(bytes: &[u8], check: impl Fn(&CheckpointError) -> bool) {
+    let ctx = ExecContext::new();
+    let mut dst = make_set(&ctx, 77);
+    let before = set_bits(&dst);
+    match load_set(bytes, &mut dst) {
+        Ok(_) => panic!("a refused checkpoint was loaded"),
+        Err(e) => assert!(check(&e), "unexpected error: {e:?}"),
+    }
+    assert_eq!(set_bits(&dst), before, "a target changed on error");
+}
+
+#[test]
+fn missing_tensor_changes_nothing() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 10);
+    // "fc.weight" and "fc.bias" are there (and listed first), the third is not.
+    let bytes = checkpoint::save_to_bytes(&[("fc.weight", &s.w), ("fc.bias", &s.b)], &[]).unwrap();
+    refused(
+        &bytes,
+        |e| matches!(e, CheckpointError::MissingTensor { name } if name == "adam.m.fc.weight"),
+    );
+}
+
+#[test]
+fn wrong_shape_changes_nothing() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 11);
+    let m = Tensor::from_slice(&ctx, &[3, 2, 2], &[0.5; 12]).unwrap();
+    let bytes = checkpoint::save_to_bytes(
+        &[
+            ("fc.weight", &s.w),
+            ("fc.bias", &s.b),
+            ("adam.m.fc.weight", &m),
+        ],
+        &[],
+    )
+    .unwrap();
+    refused(&bytes, |e| {
+        matches!(e, CheckpointError::ShapeMismatch { name, expected, found }
+            if name == "adam.m.fc.weight" && expected == &[2, 2, 3] && found == &[3, 2, 2])
+    });
+}
+
+#[test]
+fn wrong_dtype_changes_nothing() {
+    // fc.weight F32 [3, 4], fc.bias F32 [4], adam.m.fc.weight I32 [2, 2, 3] (same byte size).
+    let header = r#"{"fc.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[48,64]},"adam.m.fc.weight":{"dtype":"I32","shape":[2,2,3],"data_offsets":[64,112]}}"#;
+    let bytes = st_file(header, &[0x3f; 112]);
+    refused(&bytes, |e| {
+        matches!(e, CheckpointError::DTypeMismatch { name, expected, found }
+            if name == "adam.m.fc.weight" && expected == "F32" && found == "I32")
+    });
+    let ctx = ExecContext::new();
+    let err = checkpoint::read_from_bytes(&ctx, &bytes).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::DTypeMismatch { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn truncated_files_change_nothing() {
+    let ctx = ExecContext::new();
+    let bytes = save_set(&make_set(&ctx, 12));
+    for cut in 0..bytes.len() {
+        refused(&bytes[..cut], |e| {
+            matches!(e, CheckpointError::Format { .. })
+        });
+        assert!(checkpoint::read_from_bytes(&ctx, &bytes[..cut]).is_err());
+    }
+    // One byte too many is refused as well.
+    let mut longer = bytes.clone();
+    longer.push(0);
+    refused(&longer, |e| matches!(e, CheckpointError::Format { .. }));
+}
+
+#[test]
+fn flipped_header_bytes_change_nothing() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 13);
+    // No metadata here: a flipped metadata value would still be a valid file.
+    let bytes = checkpoint::save_to_bytes(
+        &[
+            ("fc.weight", &s.w),
+            ("fc.bias", &s.b),
+            ("adam.m.fc.weight", &s.m),
+        ],
+        &[],
+    )
+    .unwrap();
+    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut checked = 0;
+    for i in 0..header_end {
+        for mask in [0x01u8, 0x04, 0x80, 0xff] {
+            let mut bad = bytes.clone();
+            bad[i] ^= mask;
+            refused(&bad, |_| true);
+            checked += 1;
+        }
+    }
+    assert!(checked > 400, "{checked}");
+}
+
+#[test]
+fn not_a_safetensors_file() {
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x02\0\0\0";
+    let inputs: [&[u8]; 6] = [
+        b"",
+        b"hello",
+        b"Lorem ipsum dolor sit amet, consectetur adipiscing elit.",
+        png,
+        &[0xff; 64],
+        &st_file("[1, 2, 3]", b""),
+    ];
+    let ctx = ExecContext::new();
+    for input in inputs {
+        refused(input, |e| matches!(e, CheckpointError::Format { .. }));
+        let err = checkpoint::read_from_bytes(&ctx, input).unwrap_err();
+        assert!(matches!(err, CheckpointError::Format { .. }), "{err:?}");
+    }
+}
+
+#[test]
+fn duplicate_names_are_refused() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 14);
+    // In the tensors to save.
+    let err = checkpoint::save_to_bytes(&[("w", &s.w), ("w", &s.w)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::DuplicateName { ref name } if name == "w"),
+        "{err:?}"
+    );
+    // In the metadata to save.
+    let err = checkpoint::save_to_bytes(&[("w", &s.w)], &[("k", "1"), ("k", "2")]).unwrap_err();
+    assert!(matches!(err, CheckpointError::DuplicateMetadataKey { ref key } if key == "k"));
+    // In the targets.
+    let bytes = save_set(&s);
+    let mut a = Tensor::zeros(&ctx, &[4]).unwrap();
+    let mut b = Tensor::zeros(&ctx, &[4]).unwrap();
+    let err =
+        checkpoint::load_into_from_bytes(&bytes, &mut [("fc.bias", &mut a), ("fc.bias", &mut b)])
+            .unwrap_err();
+    assert!(matches!(err, CheckpointError::DuplicateName { ref name } if name == "fc.bias"));
+    assert_eq!(a.to_vec(), [0.; 4]);
+    // In the file's header (the JSON object repeats a key; the second entry would
+    // silently shadow the first).
+    let header = r#"{"fc.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[48,64]},"adam.m.fc.weight":{"dtype":"F32","shape":[2,2,3],"data_offsets":[64,112]},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[48,64]}}"#;
+    let file = st_file(header, &[0x3f; 112]);
+    refused(
+        &file,
+        |e| matches!(e, CheckpointError::DuplicateName { name } if name == "fc.bias"),
+    );
+    // Without the repeat, the same file loads.
+    let header = r#"{"fc.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[48,64]},"adam.m.fc.weight":{"dtype":"F32","shape":[2,2,3],"data_offsets":[64,112]}}"#;
+    let mut dst = make_set(&ctx, 15);
+    load_set(&st_file(header, &[0x3f; 112]), &mut dst).unwrap();
+    assert_eq!(bits(&dst.b), [0x3f3f_3f3f; 4]);
+    // A repeated metadata key in the file.
+    let header = r#"{"__metadata__":{"step":"1","step":"2"},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    let err = checkpoint::read_from_bytes(&ctx, &st_file(header, &[0; 16])).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::DuplicateName { ref name } if name == "step"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn invalid_names_are_refused() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 16);
+    for name in ["", "__metadata__"] {
+        let err = checkpoint::save_to_bytes(&[(name, &s.b)], &[]).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::InvalidName { .. }),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn strict_load_refuses_extra_tensors() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 17);
+    let bytes = save_set(&s);
+    let mut b = Tensor::zeros(&ctx, &[4]).unwrap();
+    let err = checkpoint::load_into_from_bytes_with_options(
+        &bytes,
+        &mut [("fc.bias", &mut b)],
+        LoadOptions { strict: true },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::UnexpectedTensor { ref name } if name == "adam.m.fc.weight"),
+        "{err:?}"
+    );
+    assert_eq!(b.to_vec(), [0.; 4]);
+    // The default load ignores them.
+    checkpoint::load_into_from_bytes(&bytes, &mut [("fc.bias", &mut b)]).unwrap();
+    assert_eq!(bits(&b), bits(&s.b));
+}
+
+#[test]
+fn read_refuses_shapes_a_tensor_cannot_have() {
+    let ctx = ExecContext::new();
+    for (shape, bytes) in [("[]", 4), ("[2,0]", 0), ("[1,1,1,1,1,1,1,1,1]", 4)] {
+        let header =
+            format!(r#"{{"x":{{"dtype":"F32","shape":{shape},"data_offsets":[0,{bytes}]}}}}"#);
+        let err =
+            checkpoint::read_from_bytes(&ctx, &st_file(&header, &vec![0; bytes])).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::UnsupportedShape { .. }),
+            "{shape}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn io_errors_name_the_path() {
+    let ctx = ExecContext::new();
+    let dir = tmp_dir("io_errors");
+    let missing = dir.join("missing.safetensors");
+    let mut b = Tensor::zeros(&ctx, &[4]).unwrap();
+    let err = checkpoint::load_into(&missing, &mut [("fc.bias", &mut b)]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::Io { ref path, .. } if path == &missing),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("missing.safetensors"), "{err}");
+    let err = checkpoint::read(&ctx, &missing).unwrap_err();
+    assert!(matches!(err, CheckpointError::Io { .. }));
+
+    // Saving into a directory that does not exist fails and creates nothing.
+    let nowhere = dir.join("no-such-dir").join("model.safetensors");
+    let err = checkpoint::save(&nowhere, &[("fc.bias", &b)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::Io { ref path, .. } if path == &nowhere),
+        "{err:?}"
+    );
+    // A refused save leaves the existing checkpoint untouched.
+    let path = dir.join("model.safetensors");
+    checkpoint::save(&path, &[("fc.bias", &b)], &[("v", "1")]).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let err = checkpoint::save(&path, &[("a", &b), ("a", &b)], &[]).unwrap_err();
+    assert!(matches!(err, CheckpointError::DuplicateName { .. }));
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn files_are_readable_by_the_safetensors_crate() {
+    let ctx = ExecContext::new();
+    let s = make_set(&ctx, 18);
+    let bytes = save_set(&s);
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort_unstable();
+    assert_eq!(names, ["adam.m.fc.weight", "fc.bias", "fc.weight"]);
+    let w = st.tensor("fc.weight").unwrap();
+    assert_eq!(w.dtype(), safetensors::Dtype::F32);
+    assert_eq!(w.shape(), [3, 4]);
+    let le: Vec<u8> = s.w.to_vec().iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(w.data(), le.as_slice());
+    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert!(
+        n.is_multiple_of(8),
+        "the data section starts 8-byte aligned"
+    );
+    let meta = header.metadata().as_ref().unwrap();
+    assert_eq!(meta.get("step").map(String::as_str), Some("42"));
+}
