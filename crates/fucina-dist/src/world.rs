@@ -104,7 +104,10 @@ impl World {
         let mut len = bytes.len() as u64;
         root.broadcast_into(&mut len);
         bytes.resize(usize::try_from(len).expect("length fits in memory"), 0);
-        root.broadcast_into(&mut bytes[..]);
+        // Open MPI refuses the dangling pointer of an empty slice (MPI_ERR_ARG).
+        if !bytes.is_empty() {
+            root.broadcast_into(&mut bytes[..]);
+        }
     }
 
     /// Every rank's `value`, in rank order.
