@@ -259,11 +259,14 @@ impl<'w> DataParallel<'w> {
         }
         if !self.opts.overlap {
             for m in self.mine.clone() {
+                let t = Instant::now();
                 self.set.zero_grads();
                 let value = match f(ctx, &self.set.params, m) {
                     Ok(v) => v,
                     Err(e) => return self.fail(m, e.into()),
                 };
+                // (record_microbatch adds the copy's time itself)
+                self.recorded_s += t.elapsed().as_secs_f64();
                 self.record_microbatch(m, value)?;
             }
             return self.all_reduce_gradients(ctx);
@@ -376,7 +379,9 @@ impl<'w> DataParallel<'w> {
                     let send = sends.next().expect("one send chunk per round");
                     let own = i < mine.len();
                     if let (true, Some(f)) = (own, compute.as_deref_mut()) {
+                        let t = Instant::now();
                         progress(&mut pending);
+                        exchange_s += t.elapsed().as_secs_f64();
                         let t = Instant::now();
                         let m = mine.start + i;
                         set.zero_grads();
