@@ -26,13 +26,16 @@ median() {
 
 report() { # label, output
     local out=$2
-    printf '%-44s steps/s %8s  step_ms %7s  compute_ms %7s  exchange_ms %7s  exchange %6s%%  bytes/step %s\n' \
+    printf '| %s | %s | %s | %s | %s | %s | %s%% | %s |\n' \
         "$1" "$(median steps/s <<<"$out")" "$(median step_ms <<<"$out")" \
         "$(median compute_ms <<<"$out")" "$(median exchange_ms <<<"$out")" \
+        "$(median reduce_ms <<<"$out")" \
         "$(median exchange_share <<<"$out" | tr -d %)" "$(median bytes_received_per_step <<<"$out")"
 }
 
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $cores cores; args: --epochs $epochs $*"
+echo "| run | steps/s | step ms | compute ms | exchange ms | reduce ms | exchange share | bytes received / step |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 report "one process, threads $cores (baseline)" "$("$exe" --local --bench --epochs "$epochs" --threads "$cores" "$@")"
 report "one process, threads 1" "$("$exe" --local --bench --epochs "$epochs" --threads 1 "$@")"
 for np in 1 2 4; do
