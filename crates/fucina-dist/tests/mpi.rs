@@ -60,14 +60,26 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
 }
 
 fn mpirun(np: usize, exe: &PathBuf, args: &[&str]) -> Output {
+    // A session directory of its own: Open MPI 4.1 fails at start-up ("mkdir
+    // ... File exists") when two jobs create the shared one at the same time.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run_id = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!(
+        "fucina-dist-mpirun-{}-{run_id}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&tmp).expect("a temporary directory");
     let mut cmd = Command::new("mpirun");
+    cmd.env("TMPDIR", &tmp);
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np"])
         .arg(np.to_string())
         .arg(exe)
         .args(args)
         // Several ranks per core: yield while waiting instead of spinning.
         .env("OMPI_MCA_mpi_yield_when_idle", "1");
-    run(cmd, Duration::from_secs(60))
+    let out = run(cmd, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&tmp);
+    out
 }
 
 /// The `epoch ...` and `params ...` lines of a training run (it must succeed).
