@@ -127,7 +127,20 @@ impl<'w> DataParallel<'w> {
                 "bucket_bytes must hold at least one f32 (4 bytes)".into(),
             ))
         } else {
-            ParamSet::new(params)
+            ParamSet::new(params).and_then(|set| {
+                // MPI counts and displacements are `int`: one bucket from every
+                // rank must fit.
+                let bucket = (opts.bucket_bytes / 4).min(set.width());
+                if bucket.saturating_mul(world.size()) > i32::MAX as usize {
+                    Err(DistError::Config(format!(
+                        "bucket_bytes {} × {} ranks exceeds MPI's int counts: use smaller buckets",
+                        opts.bucket_bytes,
+                        world.size()
+                    )))
+                } else {
+                    Ok(set)
+                }
+            })
         };
         let bad: Vec<usize> = world
             .all_gather_u64(u64::from(local.is_err()))
