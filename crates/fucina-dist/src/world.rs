@@ -77,10 +77,16 @@ impl World {
     /// says which rank aborted. Use it for an error of this rank alone, which
     /// would otherwise leave the other ranks waiting in a collective forever.
     pub fn abort(&self, message: &str) -> ! {
-        eprintln!(
-            "fucina-dist: rank {} of {}: {message}; aborting the job",
+        // One write, so that mpirun's forwarding does not interleave the line
+        // with its own notice.
+        let line = format!(
+            "fucina-dist: rank {} of {}: {message}; aborting the job\n",
             self.rank, self.size
         );
+        let mut err = std::io::stderr().lock();
+        let _ = std::io::Write::write_all(&mut err, line.as_bytes());
+        let _ = std::io::Write::flush(&mut err);
+        drop(err);
         self.comm.abort(1)
     }
 
