@@ -34,6 +34,7 @@ usage: train_digits_dist [--epochs E] [--seed S] [--hidden H] [--batch B]
                          [--microbatches M] [--lr LR] [--steps K] [--threads T]
                          [--bucket-bytes N] [--no-overlap] [--local] [--bench]
                          [--save PATH] [--data digits.csv.gz]
+  defaults: --epochs 3 --seed 0 --hidden 64 --batch 128 --microbatches 8 --lr 0.5
   --local      one process, no MPI (the reference the MPI runs match bit for bit)
   --steps K    at most K steps per epoch
   --threads T  team size of each rank's ExecContext (default: cores / ranks)
@@ -63,7 +64,7 @@ fn parse() -> Result<Args, String> {
         hidden: 64,
         batch: 128,
         microbatches: 8,
-        lr: 0.1,
+        lr: 0.5,
         steps: None,
         threads: None,
         bucket_bytes: DataParallelOptions::default().bucket_bytes,
