@@ -250,7 +250,12 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
          [package]\nname = \"fucina-doctests\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [lib]\npath = \"lib.rs\"\n\n[dependencies]\n",
     );
+    // fucina-dist builds only where MPI is installed (see `missing_mpi_packages`).
+    let mpi = crate::missing_mpi_packages().is_empty();
     for (name, path) in workspace_crates(root)? {
+        if name == "fucina-dist" && !mpi {
+            continue;
+        }
         let _ = writeln!(
             manifest,
             "{name} = {{ path = {:?} }}",

@@ -123,49 +123,47 @@ fn has_cargo_subcommand(sub: &str) -> bool {
 
 fn ci() -> Result<(), String> {
     let start = Instant::now();
+    let exclude = mpi_exclusion();
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
     step(
         "clippy",
-        cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
-        ]),
+        cargo()
+            .args(["clippy", "--workspace"])
+            .args(&exclude)
+            .args(["--all-targets", "--all-features", "--", "-D", "warnings"]),
     )?;
     step(
         "rustdoc",
-        cargo().env("RUSTDOCFLAGS", "-D warnings").args([
-            "doc",
-            "--workspace",
-            "--no-deps",
-            "--all-features",
-        ]),
+        cargo()
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .args(["doc", "--workspace"])
+            .args(&exclude)
+            .args(["--no-deps", "--all-features"]),
     )?;
     if has_cargo_subcommand("nextest") {
         step(
             "test",
-            cargo().args([
-                "nextest",
-                "run",
-                "--workspace",
-                "--all-features",
-                "--no-fail-fast",
-            ]),
+            cargo()
+                .args(["nextest", "run", "--workspace"])
+                .args(&exclude)
+                .args(["--all-features", "--no-fail-fast"]),
         )?;
         // nextest does not run rustdoc examples; run them separately.
         step(
             "rustdoc examples",
-            cargo().args(["test", "--workspace", "--all-features", "--doc"]),
+            cargo()
+                .args(["test", "--workspace"])
+                .args(&exclude)
+                .args(["--all-features", "--doc"]),
         )?;
     } else {
         eprintln!("xtask: cargo-nextest is not installed; running the tests with `cargo test`");
         step(
             "test",
-            cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]),
+            cargo()
+                .args(["test", "--workspace"])
+                .args(&exclude)
+                .args(["--all-features", "--no-fail-fast"]),
         )?;
     }
     // fucina-rng without its default `std` feature is `no_std`: it must build
@@ -192,6 +190,65 @@ fn ci() -> Result<(), String> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The Debian packages that building and running `fucina-dist` (MPI) needs
+/// and this machine lacks: `openmpi-bin` (`mpirun`), `libopenmpi-dev`
+/// (`mpicc`, headers), `libclang-dev` (the `mpi` crate's bindgen). Empty when
+/// MPI is usable. `.ci/run` installs them where it can.
+pub(crate) fn missing_mpi_packages() -> Vec<&'static str> {
+    let runs = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let libclang = std::env::var_os("LIBCLANG_PATH").is_some()
+        || Command::new("ldconfig")
+            .arg("-p")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libclang"))
+        || std::fs::read_dir("/usr/lib").is_ok_and(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                e.file_name().to_string_lossy().starts_with("llvm-")
+                    && e.path().join("lib").join("libclang.so").exists()
+            })
+        });
+    let mut missing = Vec::new();
+    if !runs("mpirun", &["--version"]) {
+        missing.push("openmpi-bin");
+    }
+    if !(runs("mpicc", &["--showme:version"]) || runs("mpicc", &["-show"])) {
+        missing.push("libopenmpi-dev");
+    }
+    if !libclang {
+        missing.push("libclang-dev");
+    }
+    missing
+}
+
+/// The `--exclude fucina-dist` arguments of the workspace steps when MPI is
+/// missing (saying so), none when it is there (then the test step runs
+/// fucina-dist's multi-rank tests under `mpirun` with 1, 2 and 4 ranks).
+fn mpi_exclusion() -> Vec<&'static str> {
+    let missing = missing_mpi_packages();
+    if missing.is_empty() {
+        eprintln!(
+            "\n==> [mpi] MPI found: the test step runs fucina-dist's multi-rank tests \
+             (mpirun -np 1, 2, 4)"
+        );
+        Vec::new()
+    } else {
+        eprintln!(
+            "\n==> [mpi] SKIPPED: fucina-dist (clippy, rustdoc, tests, doc examples) needs \
+             the Debian packages {} (`apt-get install -y {}`; `.ci/run` installs them as root)",
+            missing.join(", "),
+            missing.join(" ")
+        );
+        vec!["--exclude", "fucina-dist"]
+    }
 }
 
 /// `(crate, file stem)` of every `crates/<crate>/<dir>/*.rs` whose stem starts

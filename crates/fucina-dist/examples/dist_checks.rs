@@ -1,0 +1,204 @@
+//! Multi-rank checks of `fucina-dist` that need `mpirun` (run by the crate's
+//! `tests/mpi.rs`; each mode prints `ok <what>` lines on rank 0):
+//!
+//! ```text
+//! mpirun -np 2 target/debug/examples/dist_checks api       # record/all_reduce = step = local; dumps
+//! mpirun -np 2 target/debug/examples/dist_checks mismatch  # rank 1's model differs: Err on every rank
+//! mpirun -np 2 target/debug/examples/dist_checks fail      # rank 1 fails a microbatch: the job aborts
+//! ```
+// The autograd error carries inline shapes (no heap on the error path).
+#![allow(clippy::result_large_err)]
+
+use std::process::ExitCode;
+
+use fucina::autograd::Tensor;
+use fucina::exec::ExecContext;
+use fucina_dist::{
+    DataParallel, DataParallelOptions, DistError, LocalDataParallel, World, params_hash,
+};
+
+/// A small model whose gradients depend on the microbatch index: parameters
+/// `[w (5x7), b (5)]`, microbatch `m`'s loss `mean((x_m · wᵀ + b)²)` with `x_m`
+/// drawn from `m`.
+fn params(ctx: &ExecContext, seed: u64) -> Vec<Tensor> {
+    vec![
+        Tensor::randn(ctx, &[5, 7], 1.0, seed)
+            .unwrap()
+            .into_variable(),
+        Tensor::randn(ctx, &[5], 1.0, seed + 1)
+            .unwrap()
+            .into_variable(),
+    ]
+}
+
+fn microbatch(ctx: &ExecContext, p: &[Tensor], m: usize) -> fucina::autograd::Result<f32> {
+    let x = Tensor::randn(ctx, &[3, 7], 1.0, 1000 + m as u64)?;
+    let y = x.linear(ctx, &p[0], Some(&p[1]))?;
+    let loss = y.mul(ctx, &y)?.mean_all(ctx)?;
+    loss.backward(ctx)?;
+    loss.item()
+}
+
+fn grads(ctx: &ExecContext, p: &[Tensor]) -> Vec<Tensor> {
+    p.iter()
+        .map(|t| t.grad(ctx).unwrap().expect("a gradient"))
+        .collect()
+}
+
+fn ensure(world: &World, what: &str, ok: bool) {
+    if !ok {
+        world.abort(&format!("check failed: {what}"));
+    }
+    if world.is_root() {
+        println!("ok {what}");
+    }
+}
+
+fn api(world: &World) {
+    let ctx = ExecContext::with_threads(1);
+    let m = 7; // uneven over 2 and 4 ranks
+    // The single-process reference.
+    let mut local = LocalDataParallel::new(params(&ctx, 5), m).unwrap();
+    let lout = local.step(&ctx, microbatch).unwrap();
+    let want = params_hash(&grads(&ctx, local.params()));
+
+    for (overlap, bucket_bytes) in [(true, 1 << 20), (false, 1 << 20), (true, 12), (false, 4)] {
+        let opts = DataParallelOptions {
+            microbatches: m,
+            bucket_bytes,
+            overlap,
+        };
+        let mut dp = DataParallel::new(world, params(&ctx, 5), opts).unwrap();
+        let out = world.abort_on_error(dp.step(&ctx, microbatch));
+        ensure(
+            world,
+            &format!("step (overlap {overlap}, {} buckets) = local", dp.buckets()),
+            params_hash(&grads(&ctx, dp.params())) == want && out.value == lout.value,
+        );
+    }
+
+    // record_microbatch + all_reduce_gradients.
+    let mut dp = DataParallel::new(
+        world,
+        params(&ctx, 5),
+        DataParallelOptions {
+            microbatches: m,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mine = dp.my_microbatches();
+    if let Some(last) = mine.clone().last() {
+        let e = dp.record_microbatch(last + 1, 0.0).unwrap_err();
+        ensure(
+            world,
+            "out-of-order record is an error",
+            matches!(e, DistError::MicrobatchOrder { .. }),
+        );
+    } else {
+        ensure(world, "out-of-order record is an error", true);
+    }
+    if !mine.is_empty() {
+        let e = dp.all_reduce_gradients(&ctx).unwrap_err();
+        ensure(
+            world,
+            "missing microbatches are an error",
+            matches!(e, DistError::MissingMicrobatches { .. }),
+        );
+    } else {
+        ensure(world, "missing microbatches are an error", true);
+    }
+    for mb in mine {
+        for p in dp.params() {
+            p.zero_grad();
+        }
+        let v = world.abort_on_error(microbatch(&ctx, dp.params(), mb));
+        world.abort_on_error(dp.record_microbatch(mb, v));
+    }
+    let out = world.abort_on_error(dp.all_reduce_gradients(&ctx));
+    ensure(
+        world,
+        "record_microbatch + all_reduce_gradients = local",
+        params_hash(&grads(&ctx, dp.params())) == want && out.value == lout.value,
+    );
+
+    // Rank-0 dump behind a barrier: every rank can read it when the call returns.
+    let path = std::env::temp_dir().join(format!("fucina-dist-checks-{}.bin", world.size()));
+    world.abort_on_error(fucina_dist::save_params_rank0(world, dp.params(), &path));
+    let back = world.abort_on_error(fucina_dist::read_params(&path));
+    let same = back.len() == 2
+        && back
+            .iter()
+            .zip(dp.params())
+            .all(|((s, v), p)| s == p.shape() && *v == p.to_vec());
+    ensure(
+        world,
+        "rank-0 dump readable by every rank after the call",
+        same,
+    );
+    world.barrier();
+    if world.is_root() {
+        let _ = std::fs::remove_file(&path);
+    }
+    let bad = std::path::Path::new("/nonexistent-dir/params.bin");
+    let e = fucina_dist::save_params_rank0(world, dp.params(), bad);
+    ensure(
+        world,
+        "failed rank-0 dump is an error on every rank",
+        matches!(e, Err(DistError::Checkpoint { .. })),
+    );
+}
+
+fn mismatch(world: &World) -> ExitCode {
+    let ctx = ExecContext::with_threads(1);
+    let cols = if world.rank() == 1 { 6 } else { 7 };
+    let p = vec![
+        Tensor::randn(&ctx, &[5, cols], 1.0, 1)
+            .unwrap()
+            .into_variable(),
+    ];
+    match DataParallel::new(world, p, DataParallelOptions::default()) {
+        Ok(_) => {
+            println!("rank {}: no error", world.rank());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("rank {}: error: {e}", world.rank());
+            // Every rank got the error: leave together, so that mpirun does not
+            // kill a rank for another's non-zero exit before it printed.
+            world.barrier();
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn fail(world: &World) {
+    let ctx = ExecContext::with_threads(1);
+    let mut dp = DataParallel::new(world, params(&ctx, 5), DataParallelOptions::default()).unwrap();
+    let rank = world.rank();
+    let _ = dp.step(&ctx, |ctx, p, mb| {
+        if rank == 1 {
+            // A bad label: cross-entropy's index check fails on this rank only.
+            let labels = ctx.from_slice_typed::<i64>(&[1], &[99])?;
+            let logits = Tensor::zeros(ctx, &[1, 10])?;
+            return logits.cross_entropy(ctx, &labels)?.item();
+        }
+        microbatch(ctx, p, mb)
+    });
+    println!("rank {rank}: step returned");
+}
+
+fn main() -> ExitCode {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let world = World::init().expect("MPI initializes once");
+    match mode.as_str() {
+        "api" => api(&world),
+        "mismatch" => return mismatch(&world),
+        "fail" => fail(&world),
+        other => {
+            eprintln!("dist_checks: unknown mode `{other}` (api, mismatch, fail)");
+            return ExitCode::from(2);
+        }
+    }
+    ExitCode::SUCCESS
+}

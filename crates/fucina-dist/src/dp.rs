@@ -1,0 +1,534 @@
+//! [`DataParallel`]: a model's parameters replicated over the ranks, with a
+//! gradient exchange whose result does not depend on the number of ranks.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use fucina::autograd::Tensor;
+use fucina::exec::ExecContext;
+use mpi::datatype::PartitionMut;
+use mpi::request::{Request, Scope};
+use mpi::traits::*;
+
+use crate::error::{DistError, Result};
+use crate::reduce::{ParamSet, StepOutput, bucket_ranges, mean_in_order, owner, shard_range};
+use crate::world::World;
+
+/// How a [`DataParallel`] splits and exchanges a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataParallelOptions {
+    /// Microbatches per global batch: a fixed count, independent of the number
+    /// of ranks (rank `r` of `n` computes [`shard_range`]`(microbatches, r, n)`).
+    /// The result of a step is bitwise the same for every rank count that
+    /// splits the same microbatches. Default 8.
+    pub microbatches: usize,
+    /// The largest exchange message, in bytes of one microbatch's partial
+    /// gradient (the flat gradient is cut into buckets of at most this many
+    /// bytes, exchanged last bucket first). Default 1 MiB.
+    pub bucket_bytes: usize,
+    /// In [`step`](DataParallel::step), start exchanging a microbatch's partial
+    /// as soon as its backward is done, while the next microbatch computes
+    /// (`false`: exchange everything after the last microbatch). Default `true`.
+    pub overlap: bool,
+}
+
+impl Default for DataParallelOptions {
+    fn default() -> Self {
+        DataParallelOptions {
+            microbatches: 8,
+            bucket_bytes: 1 << 20,
+            overlap: true,
+        }
+    }
+}
+
+/// A model's parameters (variables), the same on every rank, and the
+/// deterministic exchange of their gradients.
+///
+/// Every global batch is cut into [`microbatches`](DataParallelOptions::microbatches)
+/// fixed microbatches; each rank computes the gradient of its own contiguous
+/// slice of them, one microbatch at a time (a *partial*: the gradient of that
+/// microbatch's mean loss, plus a scalar such as the loss). The partials are
+/// allgathered into a buffer ordered by microbatch index, and every rank sums
+/// them in that order and divides by the count. The sum sees the same values in
+/// the same order whatever the rank count, so the gradients (and so the whole
+/// training run) have the same bits for 1, 2, 4, ... ranks and for
+/// [`LocalDataParallel`](crate::LocalDataParallel) in one process.
+///
+/// Two ways to drive a step:
+/// - [`step`](DataParallel::step) with a closure that runs microbatch `m`'s
+///   forward and backward (the exchange of a microbatch overlaps the next
+///   microbatch's computation when [`overlap`](DataParallelOptions::overlap) is
+///   on);
+/// - [`record_microbatch`](DataParallel::record_microbatch) after each local
+///   backward, then [`all_reduce_gradients`](DataParallel::all_reduce_gradients).
+///
+/// Either way, the parameters' gradients are then the global mean, for any
+/// optimizer step.
+pub struct DataParallel<'w> {
+    world: &'w World,
+    set: ParamSet,
+    opts: DataParallelOptions,
+    /// This rank's microbatches.
+    mine: Range<usize>,
+    /// `max` over ranks of their microbatch count: the exchange rounds.
+    rounds: usize,
+    buckets: Vec<Range<usize>>,
+    /// Per `(round, bucket)`, per rank: element counts and displacements.
+    counts: Vec<Vec<i32>>,
+    displs: Vec<Vec<i32>>,
+    /// Per microbatch `m`: `(owner rank, round)`.
+    placement: Vec<(usize, usize)>,
+    /// `rounds × width`: this rank's partials.
+    send: Vec<f32>,
+    /// `rounds × size × width`: every rank's partials, round-major, then by
+    /// bucket, then by rank.
+    recv: Vec<f32>,
+    mean: Vec<f32>,
+    recorded: usize,
+    recorded_s: f64,
+}
+
+impl std::fmt::Debug for DataParallel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataParallel")
+            .field("world", self.world)
+            .field("opts", &self.opts)
+            .field("mine", &self.mine)
+            .field("buckets", &self.buckets.len())
+            .finish()
+    }
+}
+
+impl<'w> DataParallel<'w> {
+    /// Wraps `params` (variables) on every rank: checks that all ranks pass the
+    /// same parameter count and shapes and the same options, then overwrites
+    /// every rank's parameter values with rank 0's.
+    ///
+    /// Collective: every rank calls it, and every rank gets the same `Ok` or the
+    /// same kind of `Err` (nobody is left waiting).
+    ///
+    /// # Errors
+    /// [`DistError::Config`] for zero microbatches or bucket bytes, or a
+    /// parameter that is not a variable (on any rank: every rank reports it);
+    /// [`DistError::ShapeMismatch`] naming the ranks, parameters and shapes that
+    /// differ from rank 0's.
+    pub fn new(
+        world: &'w World,
+        params: Vec<Tensor>,
+        opts: DataParallelOptions,
+    ) -> Result<DataParallel<'w>> {
+        // Local problems first, but agreed on collectively so that no rank is
+        // left in the shape check's broadcast.
+        let local = if opts.microbatches == 0 {
+            Err(DistError::Config("microbatches must be at least 1".into()))
+        } else if opts.bucket_bytes < 4 {
+            Err(DistError::Config(
+                "bucket_bytes must hold at least one f32 (4 bytes)".into(),
+            ))
+        } else {
+            ParamSet::new(params).and_then(|set| {
+                // MPI counts and displacements are `int`: one bucket from every
+                // rank must fit.
+                let bucket = (opts.bucket_bytes / 4).min(set.width());
+                if bucket.saturating_mul(world.size()) > i32::MAX as usize {
+                    Err(DistError::Config(format!(
+                        "bucket_bytes {} × {} ranks exceeds MPI's int counts: use smaller buckets",
+                        opts.bucket_bytes,
+                        world.size()
+                    )))
+                } else {
+                    Ok(set)
+                }
+            })
+        };
+        let bad: Vec<usize> = world
+            .all_gather_u64(u64::from(local.is_err()))
+            .iter()
+            .enumerate()
+            .filter_map(|(r, &b)| (b != 0).then_some(r))
+            .collect();
+        let set = match local {
+            Err(e) => return Err(e),
+            Ok(_) if !bad.is_empty() => {
+                return Err(DistError::Config(format!(
+                    "rank(s) {bad:?} refused their parameters or options (see their error)"
+                )));
+            }
+            Ok(set) => set,
+        };
+        check_same_model(world, &set, &opts)?;
+        let mut set = set;
+        broadcast_params(world, &mut set)?;
+        Ok(Self::layout(world, set, opts))
+    }
+
+    fn layout(world: &'w World, set: ParamSet, opts: DataParallelOptions) -> DataParallel<'w> {
+        let (n, m, w) = (world.size(), opts.microbatches, set.width());
+        let shards: Vec<Range<usize>> = (0..n).map(|r| shard_range(m, r, n)).collect();
+        let rounds = shards.iter().map(|s| s.len()).max().unwrap_or(0);
+        let buckets = bucket_ranges(w, opts.bucket_bytes / 4);
+        let mut counts = Vec::new();
+        let mut displs = Vec::new();
+        for i in 0..rounds {
+            for b in &buckets {
+                let len = b.len();
+                counts.push(
+                    shards
+                        .iter()
+                        .map(|s| if i < s.len() { to_i32(len) } else { 0 })
+                        .collect(),
+                );
+                displs.push((0..n).map(|r| to_i32(r * len)).collect());
+            }
+        }
+        let placement = (0..m)
+            .map(|mb| {
+                let r = owner(m, n, mb);
+                (r, mb - shards[r].start)
+            })
+            .collect();
+        DataParallel {
+            world,
+            mine: shards[world.rank()].clone(),
+            set,
+            opts,
+            rounds,
+            buckets,
+            counts,
+            displs,
+            placement,
+            send: vec![0.0; rounds * w],
+            recv: vec![0.0; rounds * n * w],
+            mean: vec![0.0; w],
+            recorded: 0,
+            recorded_s: 0.0,
+        }
+    }
+
+    /// This rank's microbatches of every step (see [`shard_range`]).
+    pub fn my_microbatches(&self) -> Range<usize> {
+        self.mine.clone()
+    }
+
+    /// The options.
+    pub fn options(&self) -> DataParallelOptions {
+        self.opts
+    }
+
+    /// The world.
+    pub fn world(&self) -> &'w World {
+        self.world
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &[Tensor] {
+        &self.set.params
+    }
+
+    /// The parameters, for an optimizer step.
+    pub fn params_mut(&mut self) -> &mut [Tensor] {
+        &mut self.set.params
+    }
+
+    /// The parameters back.
+    pub fn into_params(self) -> Vec<Tensor> {
+        self.set.params
+    }
+
+    /// The number of exchange buckets per microbatch partial.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Bytes of other ranks' partials this rank receives per step:
+    /// `(microbatches − own) × (parameters + 1) × 4`.
+    pub fn bytes_received_per_step(&self) -> u64 {
+        ((self.opts.microbatches - self.mine.len()) * self.set.width() * 4) as u64
+    }
+
+    /// One step: `f(ctx, params, m)` runs the forward and backward of each of this
+    /// rank's microbatches `m` (in increasing order; the gradients are released
+    /// before each call) and returns a scalar (its loss); afterwards every parameter's gradient on every rank is the mean
+    /// of all microbatches' gradients, summed in microbatch order, and the
+    /// output's `value` is the in-order mean of the scalars.
+    ///
+    /// Collective: every rank calls it once per step.
+    ///
+    /// # Errors
+    /// With one rank, the first error of `f` or of setting the gradients. With
+    /// more, an error of `f` is one rank's alone: it [aborts](World::abort) the
+    /// job with the error on stderr rather than leave the others waiting.
+    pub fn step<F>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
+    where
+        F: FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32>,
+    {
+        if self.recorded != 0 {
+            return Err(DistError::MicrobatchOrder {
+                got: self.mine.start,
+                expected: self.mine.clone().nth(self.recorded),
+                owned: self.mine.clone(),
+            });
+        }
+        if !self.opts.overlap {
+            for m in self.mine.clone() {
+                let t = Instant::now();
+                self.set.zero_grads();
+                let value = match f(ctx, &self.set.params, m) {
+                    Ok(v) => v,
+                    Err(e) => return self.fail(m, e.into()),
+                };
+                // (record_microbatch adds the copy's time itself)
+                self.recorded_s += t.elapsed().as_secs_f64();
+                self.record_microbatch(m, value)?;
+            }
+            return self.all_reduce_gradients(ctx);
+        }
+        let mut ff = |ctx: &ExecContext, p: &[Tensor], m: usize| f(ctx, p, m);
+        self.exchange(ctx, Some(&mut ff))
+    }
+
+    /// Takes the gradients the parameters hold now as microbatch `m`'s partial,
+    /// with `value` (its loss) as its scalar, and releases them. Call it after
+    /// the backward of each of this rank's microbatches, in increasing order,
+    /// then [`all_reduce_gradients`](DataParallel::all_reduce_gradients).
+    /// Release the gradients (`zero_grad`) before the first microbatch's
+    /// backward: after a step they hold the mean until released.
+    ///
+    /// # Errors
+    /// [`DistError::MicrobatchOrder`] if `m` is not the next microbatch of this
+    /// rank.
+    pub fn record_microbatch(&mut self, m: usize, value: f32) -> Result<()> {
+        let expected = self.mine.clone().nth(self.recorded);
+        if expected != Some(m) {
+            return Err(DistError::MicrobatchOrder {
+                got: m,
+                expected,
+                owned: self.mine.clone(),
+            });
+        }
+        let t = Instant::now();
+        let w = self.set.width();
+        let i = self.recorded;
+        self.set
+            .take_grads(value, &mut self.send[i * w..(i + 1) * w])?;
+        self.recorded += 1;
+        self.recorded_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Exchanges the recorded partials of every rank (last bucket first) and
+    /// sets every parameter's gradient to the in-order mean over all
+    /// microbatches. Collective.
+    ///
+    /// # Errors
+    /// [`DistError::MissingMicrobatches`] if some of this rank's microbatches
+    /// were not recorded (a programming error of this rank alone: with more than
+    /// one rank, [`abort_on_error`](World::abort_on_error) it).
+    pub fn all_reduce_gradients(&mut self, ctx: &ExecContext) -> Result<StepOutput> {
+        if self.recorded != self.mine.len() {
+            return Err(DistError::MissingMicrobatches {
+                recorded: self.recorded,
+                owned: self.mine.len(),
+            });
+        }
+        type NoCompute<'a> =
+            &'a mut dyn FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32>;
+        let out = self.exchange(ctx, None::<NoCompute<'_>>);
+        self.recorded = 0;
+        out.map(|mut o| {
+            o.compute_s += std::mem::take(&mut self.recorded_s);
+            o
+        })
+    }
+
+    /// An error of this rank alone during a step: returned with one rank,
+    /// otherwise the job is aborted.
+    fn fail<T>(&mut self, m: usize, e: DistError) -> Result<T> {
+        self.recorded = 0;
+        if self.world.size() > 1 {
+            self.world.abort(&format!("microbatch {m} failed: {e}"));
+        }
+        Err(e)
+    }
+
+    /// The exchange rounds: round `i` carries every rank's `i`-th microbatch.
+    /// With `compute`, this rank's `i`-th microbatch is computed just before its
+    /// round is posted (so the exchange of round `i` runs while round `i + 1`
+    /// computes); without, the partials were recorded already.
+    fn exchange<F>(&mut self, ctx: &ExecContext, mut compute: Option<&mut F>) -> Result<StepOutput>
+    where
+        F: FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32> + ?Sized,
+    {
+        let (n, w, nb) = (self.world.size(), self.set.width(), self.buckets.len());
+        let comm = self.world.comm();
+        let mine = self.mine.clone();
+        let set = &self.set;
+        let mut compute_s = 0.0;
+        let mut exchange_s = 0.0;
+        let mut failed: Option<(usize, DistError)> = None;
+        {
+            let mut sends = self.send.chunks_mut(w);
+            // One receive partition per (round, bucket), posted last bucket first.
+            let mut parts = Vec::with_capacity(self.rounds * nb);
+            for (i, block) in self.recv.chunks_mut(n * w).enumerate() {
+                let mut rest = block;
+                let first = parts.len();
+                for (b, range) in self.buckets.iter().enumerate() {
+                    let (head, tail) = rest.split_at_mut(n * range.len());
+                    rest = tail;
+                    parts.push(PartitionMut::new(
+                        head,
+                        &self.counts[i * nb + b][..],
+                        &self.displs[i * nb + b][..],
+                    ));
+                }
+                parts[first..].reverse();
+            }
+            let mut parts = parts.iter_mut();
+            mpi::request::scope(|scope| {
+                let mut pending: Vec<Request<'_, _, _>> = Vec::new();
+                for i in 0..self.rounds {
+                    let send = sends.next().expect("one send chunk per round");
+                    let own = i < mine.len();
+                    if let (true, Some(f)) = (own, compute.as_deref_mut()) {
+                        let t = Instant::now();
+                        progress(&mut pending);
+                        exchange_s += t.elapsed().as_secs_f64();
+                        let t = Instant::now();
+                        let m = mine.start + i;
+                        set.zero_grads();
+                        let r = f(ctx, &set.params, m)
+                            .map_err(DistError::from)
+                            .and_then(|v| set.take_grads(v, send));
+                        compute_s += t.elapsed().as_secs_f64();
+                        if let Err(e) = r {
+                            failed = Some((m, e));
+                            break;
+                        }
+                    }
+                    let t = Instant::now();
+                    let send: &[f32] = send;
+                    for range in self.buckets.iter().rev() {
+                        let part = parts.next().expect("one partition per bucket");
+                        let chunk = if own {
+                            &send[range.clone()]
+                        } else {
+                            &send[..0]
+                        };
+                        pending.push(post(comm, scope, chunk, part));
+                    }
+                    exchange_s += t.elapsed().as_secs_f64();
+                }
+                let t = Instant::now();
+                for r in pending {
+                    r.wait();
+                }
+                exchange_s += t.elapsed().as_secs_f64();
+            });
+        }
+        if let Some((m, e)) = failed {
+            return self.fail(m, e);
+        }
+        let t = Instant::now();
+        let m = self.opts.microbatches;
+        for range in &self.buckets {
+            let len = range.len();
+            let recv = &self.recv;
+            let parts = self.placement.iter().map(|&(r, i)| {
+                let at = i * n * w + n * range.start + r * len;
+                &recv[at..at + len]
+            });
+            mean_in_order(&mut self.mean[range.clone()], parts);
+        }
+        debug_assert_eq!(self.placement.len(), m);
+        self.set.set_grads(ctx, &self.mean[..w - 1])?;
+        let bytes_received = self.bytes_received_per_step();
+        Ok(StepOutput {
+            value: self.mean[w - 1],
+            compute_s,
+            exchange_s,
+            reduce_s: t.elapsed().as_secs_f64(),
+            bytes_received,
+        })
+    }
+}
+
+/// One bucket's receive buffer with its per-rank counts and displacements.
+type Part<'a> = PartitionMut<'a, [f32], &'a [i32], &'a [i32]>;
+
+/// Posts one bucket's allgather.
+fn post<'a, Sc: Scope<'a>>(
+    comm: &mpi::topology::SimpleCommunicator,
+    scope: Sc,
+    send: &'a [f32],
+    part: &'a mut PartitionMut<'_, [f32], &[i32], &[i32]>,
+) -> Request<'a, Part<'a>, Sc> {
+    comm.immediate_all_gather_varcount_into(scope, send, part)
+}
+
+/// Lets MPI progress the pending exchanges (Open MPI moves non-blocking
+/// collectives forward only inside MPI calls): tests each once.
+fn progress<'a, D: ?Sized, Sc: Scope<'a>>(pending: &mut Vec<Request<'a, D, Sc>>) {
+    let mut still = Vec::with_capacity(pending.len());
+    for r in pending.drain(..) {
+        if let Err(r) = r.test() {
+            still.push(r);
+        }
+    }
+    *pending = still;
+}
+
+fn to_i32(v: usize) -> i32 {
+    i32::try_from(v).expect("an MPI count fits in i32 (bucket_bytes bounds it)")
+}
+
+/// Checks that every rank has rank 0's microbatch count and parameter shapes.
+fn check_same_model(world: &World, set: &ParamSet, opts: &DataParallelOptions) -> Result<()> {
+    let describe = |set: &ParamSet| -> Vec<u8> {
+        let mut d = format!("microbatches {}", opts.microbatches);
+        for p in &set.params {
+            d.push_str(&format!(";{:?}", p.shape()));
+        }
+        d.into_bytes()
+    };
+    let mine = describe(set);
+    let mut root = mine.clone();
+    world.broadcast_bytes(&mut root);
+    let ok = root == mine;
+    let bad: Vec<usize> = world
+        .all_gather_u64(u64::from(!ok))
+        .iter()
+        .enumerate()
+        .filter_map(|(r, &b)| (b != 0).then_some(r))
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let show = |d: &[u8]| String::from_utf8_lossy(d).replace(';', ", parameters ");
+    let mut msg = format!(
+        "rank(s) {bad:?} differ from rank 0, which has {}",
+        show(&root)
+    );
+    if !ok {
+        msg.push_str(&format!(
+            "; this rank ({}) has {}",
+            world.rank(),
+            show(&mine)
+        ));
+    }
+    Err(DistError::ShapeMismatch(msg))
+}
+
+/// Overwrites every rank's parameter values with rank 0's.
+fn broadcast_params(world: &World, set: &mut ParamSet) -> Result<()> {
+    let root = world.comm().process_at_rank(0);
+    for p in &mut set.params {
+        let mut values = p.to_vec();
+        root.broadcast_into(&mut values[..]);
+        // Copy-on-write: a handle the caller kept keeps its old values; the
+        // parameters are the ones `DataParallel` holds.
+        p.update_(|d| d.copy_from_slice(&values))?;
+    }
+    Ok(())
+}

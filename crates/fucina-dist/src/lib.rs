@@ -1,0 +1,94 @@
+//! # fucina-dist
+//!
+//! Data-parallel training over MPI (Open MPI through the `mpi` crate) whose
+//! results are **bitwise the same for any number of ranks**, and the same as a
+//! single-process run of the same microbatch split.
+//!
+//! - [`World`]: MPI's world communicator (`init`, `rank`, `size`, `barrier`,
+//!   `abort`, `abort_on_error`).
+//! - [`DataParallel`]: a model's parameters replicated over the ranks (rank 0's
+//!   values broadcast, shapes checked on every rank), and a gradient exchange in
+//!   size-bounded buckets that sums every microbatch's partial gradient in
+//!   microbatch order.
+//! - [`LocalDataParallel`]: the same microbatch split in one process, without
+//!   MPI: the reference the multi-rank runs match bit for bit.
+//! - [`ShardedSampler`]: which samples each microbatch holds (a seed-derived
+//!   permutation per epoch) and which microbatches are this rank's.
+//! - [`save_params_rank0`]: rank-0-only parameter dumps behind a barrier.
+//!
+//! A training step with microbatch closures (runs under `mpirun -np N`; a
+//! process started without `mpirun` is a world of one rank):
+//!
+//! ```no_run
+//! use fucina::autograd::Tensor;
+//! use fucina::exec::ExecContext;
+//! use fucina_dist::{DataParallel, DataParallelOptions, World};
+//!
+//! let world = World::init()?;
+//! let ctx = ExecContext::new();
+//! let w = Tensor::kaiming_uniform(&ctx, &[1, 4], 7)?.into_variable();
+//! let opts = DataParallelOptions { microbatches: 4, ..Default::default() };
+//! let mut dp = DataParallel::new(&world, vec![w], opts)?;
+//! let x = Tensor::from_slice(&ctx, &[4, 4], &[0.5; 16])?;
+//! let out = dp.step(&ctx, |ctx, params, m| {
+//!     // microbatch m's forward and backward; returns its loss
+//!     let y = x.linear(ctx, &params[0], None)?.scale(ctx, (m + 1) as f32)?;
+//!     let loss = y.mean_all(ctx)?;
+//!     loss.backward(ctx)?;
+//!     loss.item()
+//! })?;
+//! for p in dp.params_mut() {
+//!     p.sgd_step_(0.1)?; // the same update on every rank
+//! }
+//! if world.is_root() {
+//!     println!("loss {}", out.value);
+//! }
+//! # Ok::<(), fucina_dist::DistError>(())
+//! ```
+//!
+//! See `docs/DISTRIBUTED.md` in the repository for the model, the determinism
+//! argument and its cost, and how to run on several machines.
+#![forbid(unsafe_code)]
+// `DistError` wraps `AutogradError` (inline shapes, no heap on the error path).
+#![allow(clippy::result_large_err)]
+
+mod checkpoint;
+mod dp;
+mod error;
+mod reduce;
+mod sampler;
+mod world;
+
+pub use checkpoint::{read_params, save_params_rank0, write_params};
+pub use dp::{DataParallel, DataParallelOptions};
+pub use error::{DistError, Result};
+pub use reduce::{LocalDataParallel, StepOutput, shard_range};
+pub use sampler::ShardedSampler;
+pub use world::World;
+
+/// FNV-1a (64-bit) over the little-endian bits of every element of `params`,
+/// in order: a fingerprint of a model's exact values.
+///
+/// ```
+/// use fucina::autograd::Tensor;
+/// use fucina::exec::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let a = Tensor::from_slice(&ctx, &[2], &[1.0, 2.0])?;
+/// let b = Tensor::from_slice(&ctx, &[2], &[1.0, 2.0000002])?;
+/// assert_ne!(fucina_dist::params_hash(&[a.clone()]), fucina_dist::params_hash(&[b]));
+/// assert_eq!(fucina_dist::params_hash(&[a.clone()]), fucina_dist::params_hash(&[a]));
+/// # Ok::<(), fucina::autograd::AutogradError>(())
+/// ```
+pub fn params_hash(params: &[fucina::autograd::Tensor]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in params {
+        for v in p.to_vec() {
+            for byte in v.to_bits().to_le_bytes() {
+                h ^= u64::from(byte);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+    h
+}
