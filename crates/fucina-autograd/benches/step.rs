@@ -163,7 +163,10 @@ fn linear_backward_overlap(c: &mut Criterion) {
         let gy = Tensor::randn(&ctx1, &[BATCH, out], 1.0, 3).unwrap();
         let (x, w, gy) = (x.raw().clone(), w.raw().clone(), gy.raw().clone());
         let gyt = gy.transpose(0, 1).unwrap();
-        for (name, ctx) in [("sequential_1_thread", &ctx1), ("sequential_2_threads", &ctx2)] {
+        for (name, ctx) in [
+            ("sequential_1_thread", &ctx1),
+            ("sequential_2_threads", &ctx2),
+        ] {
             g.bench_function(format!("{name}_{inn}x{out}"), |bn| {
                 bn.iter(|| {
                     let gx = ctx.matmul(&gy, &w).unwrap();
