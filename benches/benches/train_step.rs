@@ -7,6 +7,11 @@
 //!
 //! candle runs its matrix products on its own thread pool (all cores unless
 //! `RAYON_NUM_THREADS` says otherwise); fucina's thread count is the context's.
+//!
+//! With `TRAIN_STEP_CPU_TIME=<steps>` set, it first prints the process CPU time
+//! per step of each variant (all threads, from `/proc/self/task/*/schedstat`),
+//! a figure that time-slicing by other processes inflates much less than wall
+//! time; `benches/jax/train_step.py --cpu-time` prints the same for JAX.
 
 use std::hint::black_box;
 
@@ -106,7 +111,56 @@ impl CandleMlp {
     }
 }
 
+/// CPU time of this process so far (all threads, nanoseconds; `None` where
+/// `/proc` is unavailable).
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Prints the mean process CPU time per call of `f` over `steps` calls.
+fn cpu_time(name: &str, steps: usize, mut f: impl FnMut() -> f32) {
+    for _ in 0..steps / 10 + 1 {
+        black_box(f());
+    }
+    let (Some(t0), w0) = (process_cpu_ns(), std::time::Instant::now()) else {
+        return;
+    };
+    for _ in 0..steps {
+        black_box(f());
+    }
+    let wall = w0.elapsed().as_secs_f64() * 1e6 / steps as f64;
+    let cpu = (process_cpu_ns().unwrap_or(t0) - t0) as f64 / 1e3 / steps as f64;
+    println!("cpu time per step, {name}: {cpu:.1} us (wall {wall:.1} us; {steps} steps)");
+}
+
+fn cpu_times(steps: usize) {
+    let ctx = ExecContext::with_threads(1);
+    let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
+    let mut m = CandleMlp::new(&ctx, &x);
+    cpu_time("candle", steps, || m.step());
+    for threads in [1, 2] {
+        let ctx = ExecContext::with_threads(threads);
+        let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
+        let l = ctx.from_slice_typed::<i64>(&[BATCH], &labels()).unwrap();
+        let mut p = fucina_params(&ctx);
+        cpu_time(&format!("fucina {threads} thread(s)"), steps, || {
+            fucina_step(&ctx, &mut p, &x, &l)
+        });
+    }
+}
+
 fn train_step(c: &mut Criterion) {
+    if let Some(steps) = std::env::var("TRAIN_STEP_CPU_TIME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cpu_times(steps);
+    }
     let mut g = c.benchmark_group("train_step_mlp_784_256_10_b64");
     let first_loss;
     {
