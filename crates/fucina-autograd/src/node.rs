@@ -248,10 +248,11 @@ struct State {
     consumed: bool,
 }
 
-/// The most released nodes a context keeps for reuse; beyond this, released
-/// nodes are deallocated (a graph of a million ops does not pin a million
-/// nodes' memory for good).
-pub(crate) const MAX_FREE_NODES: usize = 1 << 16;
+/// The most released nodes a context keeps for reuse (a node is about 1.3 KiB:
+/// at most about 21 MiB); beyond this, released nodes are deallocated, so a
+/// graph of a million ops does not pin a million nodes' memory for good, and a
+/// step that records more ops than this allocates the excess.
+pub(crate) const MAX_FREE_NODES: usize = 1 << 14;
 
 /// A context's free list of emptied nodes (kept in the context's extension
 /// slot; nodes that outlive their context keep it alive and return to it, and it

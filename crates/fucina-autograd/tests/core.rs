@@ -389,3 +389,16 @@ fn nodes_outliving_their_context_are_released_safely() {
     drop(loss);
     drop(w);
 }
+
+#[test]
+fn the_free_list_keeps_at_most_16384_nodes() {
+    let ctx = ExecContext::with_threads(1);
+    let w = Tensor::variable_from_slice(&ctx, &[1], &[1.]).unwrap();
+    let mut x = w.add_scalar(&ctx, 1.0).unwrap();
+    for _ in 1..20_000 {
+        x = x.add_scalar(&ctx, 1.0).unwrap();
+    }
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 0);
+    drop(x);
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 16_384);
+}
