@@ -147,5 +147,55 @@ fn mlp(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, elementwise, mlp);
+/// The two independent products of a `linear` backward, `gx = g · w` and
+/// `gw = gᵀ · x`, computed one after the other on one context (1 or 2 threads)
+/// against a prototype of the overlap: `gw` on the context's one-shot worker
+/// (through a second 1-thread context moved into the job, since a context is not
+/// `Sync`) while the caller computes `gx`. Shapes: batch 64, a hidden layer
+/// `in` -> `out`.
+fn linear_backward_overlap(c: &mut Criterion) {
+    let mut g = c.benchmark_group("linear_backward_products_b64");
+    for (inn, out) in [(256, 256), (784, 256), (1024, 1024)] {
+        let ctx1 = ExecContext::with_threads(1);
+        let ctx2 = ExecContext::with_threads(2);
+        let x = Tensor::randn(&ctx1, &[BATCH, inn], 1.0, 1).unwrap();
+        let w = Tensor::randn(&ctx1, &[out, inn], 0.05, 2).unwrap();
+        let gy = Tensor::randn(&ctx1, &[BATCH, out], 1.0, 3).unwrap();
+        let (x, w, gy) = (x.raw().clone(), w.raw().clone(), gy.raw().clone());
+        let gyt = gy.transpose(0, 1).unwrap();
+        for (name, ctx) in [
+            ("sequential_1_thread", &ctx1),
+            ("sequential_2_threads", &ctx2),
+        ] {
+            g.bench_function(format!("{name}_{inn}x{out}"), |bn| {
+                bn.iter(|| {
+                    let gx = ctx.matmul(&gy, &w).unwrap();
+                    let gw = ctx.matmul(&gyt, &x).unwrap();
+                    black_box((gx, gw))
+                })
+            });
+        }
+        let mut helper = Some(ExecContext::with_threads(1));
+        let worker = ctx1.one_shot_worker();
+        g.bench_function(format!("overlapped_worker_{inn}x{out}"), |bn| {
+            bn.iter(|| {
+                let h = helper.take().unwrap();
+                let ((h, gw), gx) = worker
+                    .join(
+                        || {
+                            let gw = h.matmul(&gyt, &x).unwrap();
+                            (h, gw)
+                        },
+                        || ctx1.matmul(&gy, &w).unwrap(),
+                    )
+                    .unwrap();
+                helper = Some(h);
+                black_box((gx, gw))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, elementwise, mlp, linear_backward_overlap);
 criterion_main!(benches);

@@ -72,7 +72,7 @@ where
     let raws: Vec<RawTensor> = inputs.iter().map(|t| t.raw.clone()).collect();
     let out = forward(ctx, &raws)?;
     let saved_out = out.clone();
-    Tensor::finish(ctx, name, out, inputs, move |ctx, g, needs| {
+    Tensor::finish_boxed(ctx, name, out, inputs, move |ctx, g, needs| {
         let grads = backward(
             ctx,
             &CustomVjpArgs {

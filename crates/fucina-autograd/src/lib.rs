@@ -46,7 +46,7 @@ pub use custom::{CustomVjpArgs, custom_vjp};
 pub use error::{AutogradError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
 pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
-pub use node::{BackwardOptions, Grads};
+pub use node::{BackwardOptions, Grads, free_graph_nodes};
 pub use tensor::Tensor;
 
 /// The exec layer this crate is built on.

@@ -1,27 +1,32 @@
-//! Graph nodes and the backward engine.
+//! Graph nodes, their per-context free list, and the backward engine.
 //!
-//! A node is shared (`Arc`) by the tensor that owns it, by the nodes of the ops
-//! that consumed that tensor, and by the exec scope that adopted it. An op's node
-//! and its VJP closure live in one allocation (`Arc<OpNode<F>>`, used as
-//! `Arc<dyn GraphNode>`); the input links of ops with up to three inputs are
-//! stored inline. Nodes are numbered from one process-wide counter in creation
-//! order; an op's inputs always exist before it, so sorting the reachable nodes by
-//! decreasing number gives a valid reverse topological order without recursion.
+//! A node is shared (`Arc<Node>`) by the tensor that owns it, by the nodes of the
+//! ops that consumed that tensor, and by the exec scope that adopted it. Every op
+//! node has the same type: its VJP is a plain function pointer plus a fixed
+//! [`Saved`] record (the tensors, shapes and scalars the op keeps for backward),
+//! stored inline, as are the input links of ops with up to three inputs. So a node
+//! is one fixed-size allocation, and a released node is not deallocated: it goes
+//! back, emptied, to the free list of the context that made it ([`NodePool`], kept
+//! in the context's extension slot), and the next op on that context reuses it.
+//! After a warm-up step, recording a graph allocates nothing.
+//!
+//! Nodes are numbered from one process-wide counter in creation order; an op's
+//! inputs always exist before it, so sorting the reachable nodes by decreasing
+//! number gives a valid reverse topological order without recursion.
 
+use std::any::Any;
 use std::cell::RefCell;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{Dims, ExecContext, RawTensor};
+use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode};
 
 use crate::error::{AutogradError, Result};
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
 pub type Grads = Vec<Option<RawTensor>>;
-
-/// A shared graph node.
-pub(crate) type NodeRef = Arc<dyn GraphNode>;
 
 const INLINE: usize = 3;
 
@@ -117,8 +122,105 @@ pub(crate) use grads;
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 
-/// What every node has: its number, shape, input links and gradient state.
-pub(crate) struct Header {
+/// What a built-in op keeps for its backward: up to three float tensors, one
+/// index tensor, one mask, two shapes and a few scalars, all inline (a fixed-size
+/// record, so that every op node has the same type and can be recycled).
+#[derive(Default)]
+pub(crate) struct Saved {
+    pub(crate) t: [Option<RawTensor>; 3],
+    pub(crate) idx: Option<RawTensor<i64>>,
+    pub(crate) mask: Option<RawTensor<bool>>,
+    pub(crate) dims: [Dims; 2],
+    pub(crate) f: [f32; 2],
+    pub(crate) u: [usize; 2],
+    pub(crate) b: [bool; 2],
+    pub(crate) seed: u64,
+}
+
+impl Saved {
+    /// Saved float tensor `i`.
+    ///
+    /// # Panics
+    /// If the forward did not save it (a bug of the op).
+    pub(crate) fn t(&self, i: usize) -> &RawTensor {
+        self.t[i]
+            .as_ref()
+            .expect("the op's forward saved this tensor")
+    }
+
+    /// The saved index tensor.
+    pub(crate) fn idx(&self) -> &RawTensor<i64> {
+        self.idx
+            .as_ref()
+            .expect("the op's forward saved its indices")
+    }
+
+    /// The saved mask.
+    pub(crate) fn mask(&self) -> &RawTensor<bool> {
+        self.mask.as_ref().expect("the op's forward saved its mask")
+    }
+
+    /// Saved shape `i`.
+    pub(crate) fn shape(&self, i: usize) -> &[usize] {
+        self.dims[i].as_slice()
+    }
+
+    /// `Saved` holding the float tensors `ts`.
+    pub(crate) fn tensors<const N: usize>(ts: [RawTensor; N]) -> Saved {
+        let mut s = Saved::default();
+        for (slot, t) in s.t.iter_mut().zip(ts) {
+            *slot = Some(t);
+        }
+        s
+    }
+
+    /// Adds shapes.
+    pub(crate) fn with_dims<const N: usize>(mut self, d: [Dims; N]) -> Saved {
+        self.dims[..N].copy_from_slice(&d);
+        self
+    }
+
+    /// Adds scalars.
+    pub(crate) fn with_f<const N: usize>(mut self, f: [f32; N]) -> Saved {
+        self.f[..N].copy_from_slice(&f);
+        self
+    }
+
+    /// Adds integers (axes, sizes).
+    pub(crate) fn with_u<const N: usize>(mut self, u: [usize; N]) -> Saved {
+        self.u[..N].copy_from_slice(&u);
+        self
+    }
+
+    /// Adds flags.
+    pub(crate) fn with_b<const N: usize>(mut self, b: [bool; N]) -> Saved {
+        self.b[..N].copy_from_slice(&b);
+        self
+    }
+}
+
+/// A built-in VJP: a plain function over the op's [`Saved`] record, the output's
+/// gradient and which inputs need one.
+pub(crate) type VjpFn = fn(&ExecContext, &Saved, &RawTensor, &[bool]) -> Result<GradList>;
+
+/// A VJP closure (custom ops, and ops whose saved state is not a [`Saved`]): one
+/// heap allocation unless the closure captures nothing.
+pub(crate) type BoxedVjp =
+    Box<dyn Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync>;
+
+/// An op's backward, until backward releases it.
+// `Saved` is large (about 1 KiB) on purpose: it lives inline in a node that is
+// allocated once and recycled; boxing it would allocate on every recorded op.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Vjp {
+    /// Released (by a backward without `retain_graph`), or a leaf.
+    None,
+    Fn(VjpFn, Saved),
+    Boxed(BoxedVjp),
+}
+
+/// A graph node: a leaf variable or an op with its VJP.
+pub(crate) struct Node {
     /// Creation number (strictly increasing).
     id: u64,
     /// The shape of the tensor this node belongs to.
@@ -131,6 +233,10 @@ pub(crate) struct Header {
     /// The backward pass that last visited this node.
     visited: AtomicU64,
     state: Mutex<State>,
+    vjp: Mutex<Vjp>,
+    /// The free list this node returns to when its last handle drops (`None` for
+    /// leaves, and while the node sits in the free list).
+    home: Option<Arc<NodePool>>,
 }
 
 #[derive(Default)]
@@ -142,9 +248,53 @@ struct State {
     consumed: bool,
 }
 
-impl Header {
-    fn new(name: &'static str, dims: Dims, links: Small<NodeRef>, leaf: bool) -> Header {
-        Header {
+/// The most released nodes a context keeps for reuse (a node is about 1.3 KiB:
+/// at most about 21 MiB); beyond this, released nodes are deallocated, so a
+/// graph of a million ops does not pin a million nodes' memory for good, and a
+/// step that records more ops than this allocates the excess.
+pub(crate) const MAX_FREE_NODES: usize = 1 << 14;
+
+/// A context's free list of emptied nodes (kept in the context's extension
+/// slot; nodes that outlive their context keep it alive and return to it, and it
+/// is freed with the last of them).
+#[derive(Default)]
+pub(crate) struct NodePool {
+    free: Mutex<Vec<Arc<Node>>>,
+}
+
+impl NodePool {
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<Node>>> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of `ctx` (created on first use).
+    pub(crate) fn of(ctx: &ExecContext) -> &Arc<NodePool> {
+        ctx.extension(|| Arc::new(NodePool::default()))
+    }
+
+    /// Released nodes waiting for reuse.
+    pub(crate) fn free_len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn put(&self, n: Arc<Node>) {
+        let mut free = self.lock();
+        if free.len() < MAX_FREE_NODES {
+            free.push(n);
+        } else {
+            drop(free);
+            drop(n);
+        }
+    }
+
+    fn take(&self) -> Option<Arc<Node>> {
+        self.lock().pop()
+    }
+}
+
+impl Node {
+    fn new(name: &'static str, dims: Dims, links: Small<NodeRef>, leaf: bool, vjp: Vjp) -> Node {
+        Node {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             dims,
             links,
@@ -152,67 +302,41 @@ impl Header {
             name,
             visited: AtomicU64::new(0),
             state: Mutex::new(State::default()),
+            vjp: Mutex::new(vjp),
+            home: None,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-/// A graph node: a leaf, or an op with its VJP.
-pub(crate) trait GraphNode: Send + Sync + 'static {
-    fn header(&self) -> &Header;
-    fn header_mut(&mut self) -> &mut Header;
+    pub(crate) fn is_leaf(&self) -> bool {
+        self.leaf
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The accumulated gradient of a leaf (a shared handle, no copy).
+    pub(crate) fn grad(&self) -> Option<RawTensor> {
+        if !self.leaf {
+            return None;
+        }
+        self.lock().grad.clone()
+    }
+
+    pub(crate) fn zero_grad(&self) {
+        let old = self.lock().grad.take();
+        drop(old);
+    }
+
     /// Runs the VJP (`None` if it was released); releases it unless `retain`.
-    fn run_vjp(
-        &self,
-        ctx: &ExecContext,
-        g: &RawTensor,
-        needs: &[bool],
-        retain: bool,
-    ) -> Option<Result<GradList>>;
-}
-
-struct LeafNode {
-    header: Header,
-}
-
-impl GraphNode for LeafNode {
-    fn header(&self) -> &Header {
-        &self.header
-    }
-    fn header_mut(&mut self) -> &mut Header {
-        &mut self.header
-    }
-    fn run_vjp(
-        &self,
-        _: &ExecContext,
-        _: &RawTensor,
-        _: &[bool],
-        _: bool,
-    ) -> Option<Result<GradList>> {
-        None
-    }
-}
-
-/// An op node; the VJP closure (and the tensors it saved) sits in the same
-/// allocation.
-pub(crate) struct OpNode<F> {
-    header: Header,
-    vjp: Mutex<Option<F>>,
-}
-
-impl<F> GraphNode for OpNode<F>
-where
-    F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
-{
-    fn header(&self) -> &Header {
-        &self.header
-    }
-    fn header_mut(&mut self) -> &mut Header {
-        &mut self.header
-    }
     fn run_vjp(
         &self,
         ctx: &ExecContext,
@@ -222,75 +346,35 @@ where
     ) -> Option<Result<GradList>> {
         let mut slot = self.vjp.lock().unwrap_or_else(|e| e.into_inner());
         if retain {
-            let f = slot.as_ref()?;
-            Some(f(ctx, g, needs))
+            match &*slot {
+                Vjp::None => None,
+                Vjp::Fn(f, s) => Some(f(ctx, s, g, needs)),
+                Vjp::Boxed(f) => Some(f(ctx, g, needs)),
+            }
         } else {
-            let f = slot.take()?;
+            let v = std::mem::replace(&mut *slot, Vjp::None);
             drop(slot);
-            let r = f(ctx, g, needs);
+            let r = match &v {
+                Vjp::None => return None,
+                Vjp::Fn(f, s) => f(ctx, s, g, needs),
+                Vjp::Boxed(f) => f(ctx, g, needs),
+            };
             // Releases the tensors the op saved for backward.
-            drop(f);
+            drop(v);
             Some(r)
         }
-    }
-}
-
-/// A new leaf node.
-pub(crate) fn leaf(dims: Dims) -> NodeRef {
-    Arc::new(LeafNode {
-        header: Header::new("leaf", dims, Small::Inline([None, None, None], 0), true),
-    })
-}
-
-/// A new op node.
-pub(crate) fn op<F>(name: &'static str, dims: Dims, links: Small<NodeRef>, vjp: F) -> Arc<OpNode<F>>
-where
-    F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
-{
-    Arc::new(OpNode {
-        header: Header::new(name, dims, links, false),
-        vjp: Mutex::new(Some(vjp)),
-    })
-}
-
-impl dyn GraphNode {
-    pub(crate) fn is_leaf(&self) -> bool {
-        self.header().leaf
-    }
-
-    pub(crate) fn id(&self) -> u64 {
-        self.header().id
-    }
-
-    pub(crate) fn name(&self) -> &'static str {
-        self.header().name
-    }
-
-    /// The accumulated gradient of a leaf (a shared handle, no copy).
-    pub(crate) fn grad(&self) -> Option<RawTensor> {
-        let h = self.header();
-        if !h.leaf {
-            return None;
-        }
-        h.lock().grad.clone()
-    }
-
-    pub(crate) fn zero_grad(&self) {
-        let old = self.header().lock().grad.take();
-        drop(old);
     }
 
     /// Adds `g` to the node's gradient (never overwrites).
     fn accumulate(&self, ctx: &ExecContext, g: RawTensor, op: &'static str) -> Result<()> {
-        let h = self.header();
-        if g.shape() != h.dims.as_slice() {
+        if g.shape() != self.dims.as_slice() {
             return Err(AutogradError::GradientShapeMismatch {
                 op,
-                expected: h.dims,
+                expected: self.dims,
                 got: g.dims(),
             });
         }
-        let mut st = h.lock();
+        let mut st = self.lock();
         let new = match st.grad.take() {
             None => g,
             // In place when this node holds the only handle (otherwise, e.g. while a
@@ -309,6 +393,133 @@ impl dyn GraphNode {
     }
 }
 
+/// A handle on a graph node. Dropping the last handle returns the node, emptied,
+/// to its context's free list (see the module docs).
+pub(crate) struct NodeRef(Option<Arc<Node>>);
+
+impl Clone for NodeRef {
+    fn clone(&self) -> Self {
+        NodeRef(self.0.clone())
+    }
+}
+
+impl Deref for NodeRef {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        self.0.as_deref().expect("a live node handle")
+    }
+}
+
+impl Drop for NodeRef {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            release_node(n);
+        }
+    }
+}
+
+impl NodeRef {
+    /// The node as an exec-scope payload whose release recycles it too.
+    pub(crate) fn scope_node(&self) -> ScopeNode {
+        let arc = Arc::clone(self.0.as_ref().expect("a live node handle"));
+        ScopeNode::with_release(arc, release_scope_node)
+    }
+}
+
+/// The release hook of a node adopted by an exec scope.
+fn release_scope_node(n: Arc<dyn Any + Send + Sync>) {
+    if let Ok(n) = n.downcast::<Node>() {
+        release_node(n);
+    }
+}
+
+/// Drops one handle on `n`; when it is the last one, empties the node and
+/// returns it to its free list. (Two threads dropping the last two handles at the
+/// same instant may both see a shared node: the node is then deallocated
+/// normally, a missed reuse, never a double use.)
+fn release_node(mut n: Arc<Node>) {
+    let Some(node) = Arc::get_mut(&mut n) else {
+        return; // shared: only the count drops
+    };
+    let Some(home) = node.home.take() else {
+        return; // a leaf, or a node made without a pool: deallocated normally
+    };
+    let links = node.links.take();
+    let vjp = std::mem::replace(
+        node.vjp.get_mut().unwrap_or_else(|e| e.into_inner()),
+        Vjp::None,
+    );
+    let grad = node
+        .state
+        .get_mut()
+        .unwrap_or_else(|e| e.into_inner())
+        .grad
+        .take();
+    drop((vjp, grad));
+    release_links(links);
+    home.put(n);
+}
+
+/// The number of released graph nodes waiting for reuse in `ctx`'s free list.
+///
+/// Every op that records a graph node takes one from this list when it is not
+/// empty; a node returns to it, emptied (its saved tensors released), when its
+/// last handle drops, be it a tensor, a consuming op's node or the exec scope
+/// that adopted it. After a warm-up training step the list holds the step's
+/// nodes, and the next step allocates none.
+///
+/// ```
+/// use fucina_autograd::{Tensor, free_graph_nodes};
+/// use fucina_autograd::exec::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+/// let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?; // two op nodes
+/// assert_eq!(free_graph_nodes(&ctx), 0);
+/// drop(loss); // releases both
+/// assert_eq!(free_graph_nodes(&ctx), 2);
+/// let again = w.mul(&ctx, &w)?; // reuses one
+/// assert_eq!(free_graph_nodes(&ctx), 1);
+/// # drop(again);
+/// # Ok::<(), fucina_autograd::AutogradError>(())
+/// ```
+pub fn free_graph_nodes(ctx: &ExecContext) -> usize {
+    NodePool::of(ctx).free_len()
+}
+
+/// A new leaf node (a plain allocation: leaves are made once per parameter).
+pub(crate) fn leaf(dims: Dims) -> NodeRef {
+    NodeRef(Some(Arc::new(Node::new(
+        "leaf",
+        dims,
+        Small::Inline([None, None, None], 0),
+        true,
+        Vjp::None,
+    ))))
+}
+
+/// A new op node, reusing a released node of `ctx`'s free list when there is one.
+pub(crate) fn op(
+    ctx: &ExecContext,
+    name: &'static str,
+    dims: Dims,
+    links: Small<NodeRef>,
+    vjp: Vjp,
+) -> NodeRef {
+    let pool = NodePool::of(ctx);
+    let mut node = Node::new(name, dims, links, false, vjp);
+    node.home = Some(Arc::clone(pool));
+    match pool.take() {
+        Some(mut free) => {
+            // Overwrites an emptied node (links, VJP and gradient were released
+            // when it was put back).
+            *Arc::get_mut(&mut free).expect("a free node has no other handle") = node;
+            NodeRef(Some(free))
+        }
+        None => NodeRef(Some(Arc::new(node))),
+    }
+}
+
 thread_local! {
     /// Reused by every drop of a graph on this thread (no allocation once grown).
     static DROP_STACK: RefCell<Vec<Small<NodeRef>>> = const { RefCell::new(Vec::new()) };
@@ -316,41 +527,49 @@ thread_local! {
     static SCRATCH: RefCell<Vec<NodeRef>> = const { RefCell::new(Vec::new()) };
 }
 
-impl Drop for Header {
+impl Drop for Node {
     /// Releases a chain of nodes iteratively: a graph of any depth drops without
     /// recursion.
     fn drop(&mut self) {
-        if self.links.len() == 0 {
-            return;
+        release_links(self.links.take());
+    }
+}
+
+/// Releases `first` and every node only it kept alive, iteratively.
+fn release_links(first: Small<NodeRef>) {
+    if first.len() == 0 {
+        return;
+    }
+    let mut first = Some(first);
+    let _ = DROP_STACK.try_with(|s| {
+        if let Ok(mut stack) = s.try_borrow_mut() {
+            release(&mut stack, first.take().expect("taken once"));
         }
-        let mut first = Some(self.links.take());
-        let _ = DROP_STACK.try_with(|s| {
-            if let Ok(mut stack) = s.try_borrow_mut() {
-                release(&mut stack, first.take().expect("taken once"));
-            }
-        });
-        // A node dropped while this thread's stack is in use (by a VJP closure that
-        // held a tensor), or during thread teardown, gets a stack of its own.
-        if let Some(first) = first {
-            release(&mut Vec::new(), first);
-        }
+    });
+    // A node dropped while this thread's stack is in use (by a VJP closure that
+    // held a tensor), or during thread teardown, gets a stack of its own.
+    if let Some(first) = first {
+        release(&mut Vec::new(), first);
     }
 }
 
 /// Drops `first` and every node only it kept alive, depth-first over `stack`.
+/// Each unshared child's own links are taken out before the child is dropped (or
+/// recycled), so no drop recurses more than one level.
 fn release(stack: &mut Vec<Small<NodeRef>>, first: Small<NodeRef>) {
     let base = stack.len();
     stack.push(first);
     while stack.len() > base {
         let mut list = stack.pop().expect("len > base");
         list.drain_into(|mut child| {
-            if let Some(c) = Arc::get_mut(&mut child) {
-                let grand = c.header_mut().links.take();
+            if let Some(c) = child.0.as_mut().and_then(Arc::get_mut) {
+                let grand = c.links.take();
                 if grand.len() > 0 {
                     stack.push(grand);
                 }
             }
-            // `child` drops here with no links (or stays alive, shared).
+            // `child` drops (or is recycled) here with no links, or stays alive,
+            // shared.
         });
     }
 }
@@ -372,7 +591,7 @@ pub(crate) fn run_backward(
     seed: RawTensor,
     opts: BackwardOptions,
 ) -> Result<()> {
-    if !root.is_leaf() && root.header().lock().consumed {
+    if !root.is_leaf() && root.lock().consumed {
         return Err(AutogradError::BackwardAlreadyRun);
     }
     let reused = SCRATCH.try_with(|s| {
@@ -398,15 +617,15 @@ fn backward_into(
     // Collect the reachable nodes iteratively: `order` doubles as the work list
     // (every node is pushed once, when first seen).
     let epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
-    root.header().visited.store(epoch, Ordering::Relaxed);
-    order.push(Arc::clone(root));
+    root.visited.store(epoch, Ordering::Relaxed);
+    order.push(root.clone());
     let mut next = 0;
     while next < order.len() {
-        let n = Arc::clone(&order[next]);
+        let n = order[next].clone();
         next += 1;
-        for i in n.header().links.as_slice().iter().flatten() {
-            if i.header().visited.swap(epoch, Ordering::Relaxed) != epoch {
-                order.push(Arc::clone(i));
+        for i in n.links.as_slice().iter().flatten() {
+            if i.visited.swap(epoch, Ordering::Relaxed) != epoch {
+                order.push(i.clone());
             }
         }
     }
@@ -420,7 +639,7 @@ fn backward_into(
         // Drop the pending gradients of op nodes so that a failed backward leaves
         // no partial state behind (leaves keep what they accumulated).
         for n in order.iter().filter(|n| !n.is_leaf()) {
-            n.header().lock().grad = None;
+            n.lock().grad = None;
         }
     }
     order.clear();
@@ -429,7 +648,7 @@ fn backward_into(
 
 fn propagate(ctx: &ExecContext, order: &[NodeRef], opts: BackwardOptions) -> Result<()> {
     for n in order.iter().filter(|n| !n.is_leaf()) {
-        let h = n.header();
+        let h: &Node = n;
         let g = {
             let mut st = h.lock();
             let Some(g) = st.grad.take() else { continue };

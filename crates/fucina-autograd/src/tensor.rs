@@ -1,14 +1,15 @@
 //! [`Tensor`]: a [`RawTensor`] plus optional gradient state.
 
 use std::fmt;
-use std::sync::Arc;
 
-use fucina_exec::{ExecContext, ExecError, RawTensor, ScopeNode};
+use fucina_exec::{ExecContext, ExecError, RawTensor};
 
 use crate::error::{AutogradError, Result};
 use crate::fill::{par_fill, seed_at};
 use crate::grad_mode::is_grad_enabled;
-use crate::node::{self, BackwardOptions, GradList, NodeRef, Small, run_backward};
+use crate::node::{
+    self, BackwardOptions, GradList, NodeRef, Saved, Small, Vjp, VjpFn, run_backward,
+};
 
 /// A differentiable tensor: a [`RawTensor`] (shared, immutable storage plus a
 /// layout) and, when it takes part in a graph, a shared graph node.
@@ -421,11 +422,26 @@ impl Tensor {
 
     // ---- op plumbing ----
 
-    /// Wraps an op result: records a node when gradients are enabled and an input
-    /// requires one, and adopts the result (with its node) into the innermost open
-    /// exec scope, reserving the slot before the node is built so that adoption
-    /// cannot fail.
-    pub(crate) fn finish<F>(
+    /// Wraps an op result: records a node (VJP `vjp` over `saved`) when gradients
+    /// are enabled and an input requires one, and adopts the result (with its
+    /// node) into the innermost open exec scope, reserving the slot before the
+    /// node is built so that adoption cannot fail. The node comes from the
+    /// context's free list (no allocation after warm-up).
+    pub(crate) fn finish(
+        ctx: &ExecContext,
+        name: &'static str,
+        raw: RawTensor,
+        inputs: &[&Tensor],
+        saved: Saved,
+        vjp: VjpFn,
+    ) -> Result<Tensor> {
+        Tensor::finish_vjp(ctx, name, raw, inputs, || Vjp::Fn(vjp, saved))
+    }
+
+    /// [`finish`](Tensor::finish) with a VJP closure (one heap allocation per
+    /// recorded op unless the closure captures nothing): for custom VJPs and ops
+    /// whose saved state does not fit a [`Saved`].
+    pub(crate) fn finish_boxed<F>(
         ctx: &ExecContext,
         name: &'static str,
         raw: RawTensor,
@@ -435,6 +451,16 @@ impl Tensor {
     where
         F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
     {
+        Tensor::finish_vjp(ctx, name, raw, inputs, || Vjp::Boxed(Box::new(vjp)))
+    }
+
+    fn finish_vjp(
+        ctx: &ExecContext,
+        name: &'static str,
+        raw: RawTensor,
+        inputs: &[&Tensor],
+        vjp: impl FnOnce() -> Vjp,
+    ) -> Result<Tensor> {
         let scoped = ctx.exec_scope_active();
         if scoped {
             ctx.reserve_scope_slot()?;
@@ -442,12 +468,9 @@ impl Tensor {
         let node: Option<NodeRef> = if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
         {
             let links: Small<NodeRef> = inputs.iter().map(|t| t.node.clone()).collect();
-            let n = node::op(name, raw.dims(), links, vjp);
+            let n = node::op(ctx, name, raw.dims(), links, vjp());
             if scoped {
-                ctx.adopt_scope_value_assume_capacity(
-                    raw.clone(),
-                    Some(ScopeNode::new(Arc::clone(&n))),
-                );
+                ctx.adopt_scope_value_assume_capacity(raw.clone(), Some(n.scope_node()));
             }
             Some(n)
         } else {

@@ -5,8 +5,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use fucina_autograd::Tensor;
-use fucina_autograd::exec::ExecContext;
+use fucina_autograd::exec::{ExecContext, RawTensor};
+use fucina_autograd::{Tensor, free_graph_nodes};
 
 struct Counting;
 
@@ -77,75 +77,110 @@ fn step(ctx: &ExecContext, w: &mut Tensor, b: &mut Tensor, x: &Tensor, t: &Tenso
 }
 
 #[test]
-fn allocations_per_training_step_after_warm_up() {
+fn zero_allocations_per_elementwise_step_after_warm_up() {
     let ctx = ExecContext::with_threads(1);
     let x = Tensor::randn(&ctx, &[8, 16], 1.0, 1).unwrap();
     let t = Tensor::randn(&ctx, &[8, 16], 1.0, 2).unwrap();
     let mut w = Tensor::randn(&ctx, &[16], 0.1, 3).unwrap().into_variable();
     let mut b = Tensor::zeros(&ctx, &[16]).unwrap().into_variable();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..3 {
-        step(&ctx, &mut w, &mut b, &x, &t);
-    }
+    step(&ctx, &mut w, &mut b, &x, &t);
     let (per_step, misses) = count(|| step(&ctx, &mut w, &mut b, &x, &t));
     assert_eq!(misses, 0, "pool misses after warm-up");
-    // Six recorded ops, one allocation each: the graph node, which holds the VJP
-    // and its saved tensors and (up to three) input links inline. Backward's
-    // bookkeeping and the graph's release reuse per-thread buffers, tensors come
-    // from the pool. (The node itself is the allocation left: an exec scope
-    // releases the nodes it adopted itself, so they cannot be recycled here.)
-    println!("heap allocations per step: {per_step}");
-    assert!(per_step <= 6, "{per_step} heap allocations per step");
+    assert_eq!(per_step, 0, "{per_step} heap allocations per step");
+    // Six recorded ops: their nodes went back to the context's free list.
+    assert_eq!(free_graph_nodes(&ctx), 6);
 }
 
-/// One step of a small MLP (linear, ReLU, linear, cross-entropy, SGD) under a
-/// scope, as the step benchmark runs it.
+const BATCH: usize = 64;
+const IN: usize = 784;
+const HIDDEN: usize = 256;
+const OUT: usize = 10;
+
+/// The parameters of a 784-256-10 MLP (`nn.Linear` layout and initialization).
+fn mlp_params(ctx: &ExecContext) -> [Tensor; 4] {
+    [
+        Tensor::kaiming_uniform(ctx, &[HIDDEN, IN], 2).unwrap(),
+        Tensor::zeros(ctx, &[HIDDEN]).unwrap(),
+        Tensor::kaiming_uniform(ctx, &[OUT, HIDDEN], 3).unwrap(),
+        Tensor::zeros(ctx, &[OUT]).unwrap(),
+    ]
+    .map(Tensor::into_variable)
+}
+
+/// One training step of the MLP: linear, ReLU, linear, cross-entropy, backward,
+/// plain SGD, zero_grad. `scoped`: the forward runs under an exec scope closed
+/// after backward; otherwise every intermediate drops as it goes (the graph is
+/// released when the loss drops).
 fn mlp_step(
     ctx: &ExecContext,
     p: &mut [Tensor; 4],
     x: &Tensor,
-    labels: &fucina_autograd::exec::RawTensor<i64>,
-) {
-    let scope = ctx.open_exec_scope();
+    labels: &RawTensor<i64>,
+    scoped: bool,
+) -> f32 {
+    let scope = scoped.then(|| ctx.open_exec_scope());
     let h = x
         .linear(ctx, &p[0], Some(&p[1]))
         .unwrap()
         .relu(ctx)
         .unwrap();
     let logits = h.linear(ctx, &p[2], Some(&p[3])).unwrap();
+    drop(h);
     let loss = logits.cross_entropy(ctx, labels).unwrap();
+    drop(logits);
     loss.backward(ctx).unwrap();
-    drop((h, logits, loss));
-    ctx.close_exec_scope(scope);
+    let v = loss.item().unwrap();
+    drop(loss);
+    if let Some(scope) = scope {
+        ctx.close_exec_scope(scope);
+    }
     for t in p.iter_mut() {
-        t.sgd_step_(0.01).unwrap();
+        assert!(t.sgd_step_(0.01).unwrap());
         t.zero_grad();
     }
+    v
+}
+
+fn mlp_allocations(threads: usize, scoped: bool) {
+    let ctx = ExecContext::with_threads(threads);
+    let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
+    let l: Vec<i64> = (0..BATCH as i64).map(|i| (i * 7) % OUT as i64).collect();
+    let labels = ctx.from_slice_typed::<i64>(&[BATCH], &l).unwrap();
+    let mut p = mlp_params(&ctx);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let first = mlp_step(&ctx, &mut p, &x, &labels, scoped); // warm-up
+    let mut last = first;
+    let (allocs, misses) = count(|| {
+        for _ in 0..3 {
+            last = mlp_step(&ctx, &mut p, &x, &labels, scoped);
+        }
+    });
+    assert!(last < first, "the loss decreases ({first} -> {last})");
+    assert_eq!(
+        misses, 0,
+        "pool misses in 3 steps after warm-up ({threads} threads, scoped {scoped})"
+    );
+    assert_eq!(
+        allocs, 0,
+        "heap allocations in 3 steps after warm-up ({threads} threads, scoped {scoped})"
+    );
+    // Four recorded ops (linear, relu, linear, cross_entropy), all released.
+    assert_eq!(free_graph_nodes(&ctx), 4);
 }
 
 #[test]
-fn allocations_per_mlp_step_after_warm_up() {
-    let ctx = ExecContext::with_threads(1);
-    let x = Tensor::randn(&ctx, &[16, 48], 1.0, 1).unwrap();
-    let l: Vec<i64> = (0..16).map(|i| i % 5).collect();
-    let labels = ctx.from_slice_typed::<i64>(&[16], &l).unwrap();
-    let mut p = [
-        Tensor::kaiming_uniform(&ctx, &[32, 48], 2)
-            .unwrap()
-            .into_variable(),
-        Tensor::zeros(&ctx, &[32]).unwrap().into_variable(),
-        Tensor::kaiming_uniform(&ctx, &[5, 32], 3)
-            .unwrap()
-            .into_variable(),
-        Tensor::zeros(&ctx, &[5]).unwrap().into_variable(),
-    ];
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..3 {
-        mlp_step(&ctx, &mut p, &x, &labels);
-    }
-    let (per_step, misses) = count(|| mlp_step(&ctx, &mut p, &x, &labels));
-    assert_eq!(misses, 0, "pool misses after warm-up");
-    println!("heap allocations per MLP step: {per_step}");
-    // Four recorded ops (linear, relu, linear, cross_entropy): one node each.
-    assert!(per_step <= 4, "{per_step} heap allocations per MLP step");
+fn zero_allocations_per_mlp_step_scoped() {
+    mlp_allocations(1, true);
+}
+
+#[test]
+fn zero_allocations_per_mlp_step_unscoped() {
+    mlp_allocations(1, false);
+}
+
+#[test]
+fn zero_allocations_per_mlp_step_two_threads() {
+    mlp_allocations(2, true);
+    mlp_allocations(2, false);
 }

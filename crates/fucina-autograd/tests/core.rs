@@ -349,3 +349,56 @@ fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
     drop(top);
     Ok(())
 }
+
+#[test]
+fn recycled_nodes_start_clean() {
+    let ctx = ExecContext::with_threads(1);
+    let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.]).unwrap();
+    // A consumed graph, and a retained one, both released.
+    w.mul(&ctx, &w)
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    let loss = w.mul(&ctx, &w).unwrap().sum_all(&ctx).unwrap();
+    loss.backward_with(&ctx, None, BackwardOptions { retain_graph: true })
+        .unwrap();
+    drop(loss);
+    // The second graph reused the first one's two nodes.
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 2);
+    w.zero_grad();
+    // The next graph reuses them: not consumed, no stale gradient or VJP.
+    let y = w.scale(&ctx, 3.0).unwrap();
+    let loss = y.sum_all(&ctx).unwrap();
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 0);
+    assert_eq!(y.op_name(), Some("scale"));
+    loss.backward(&ctx).unwrap();
+    assert_eq!(w.grad(&ctx).unwrap().unwrap().to_vec(), [3., 3., 3.]);
+    assert_eq!(loss.backward(&ctx), Err(AutogradError::BackwardAlreadyRun));
+}
+
+#[test]
+fn nodes_outliving_their_context_are_released_safely() {
+    let ctx = ExecContext::with_threads(1);
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.]).unwrap();
+    let loss = w.mul(&ctx, &w).unwrap().sum_all(&ctx).unwrap();
+    drop(w.mul(&ctx, &w).unwrap()); // one node in the free list
+    assert!(matches!(ctx.close(), Err(ExecError::LeakedBuffers { .. })));
+    // The free list outlives the context while nodes can still return to it.
+    drop(loss);
+    drop(w);
+}
+
+#[test]
+fn the_free_list_keeps_at_most_16384_nodes() {
+    let ctx = ExecContext::with_threads(1);
+    let w = Tensor::variable_from_slice(&ctx, &[1], &[1.]).unwrap();
+    let mut x = w.add_scalar(&ctx, 1.0).unwrap();
+    for _ in 1..20_000 {
+        x = x.add_scalar(&ctx, 1.0).unwrap();
+    }
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 0);
+    drop(x);
+    assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 16_384);
+}

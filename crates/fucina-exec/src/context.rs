@@ -1,6 +1,7 @@
 //! [`ExecContext`]: the pool, the lazily created team and one-shot worker, the
 //! float-environment record and the exec-scope stack of one runtime instance.
 
+use std::any::Any;
 use std::cell::{Cell, OnceCell, RefCell};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -64,6 +65,7 @@ pub struct ExecContext {
     pub(crate) scopes: RefCell<ScopeStack>,
     fp_env: Option<Environment>,
     pub(crate) rhs_cache: RefCell<crate::ops::matmul::RhsCache>,
+    extension: OnceCell<Box<dyn Any + Send>>,
     closed: Cell<bool>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -113,6 +115,7 @@ impl ExecContext {
             scopes: RefCell::new(ScopeStack::default()),
             fp_env: fucina_fpenv::get(),
             rhs_cache: RefCell::new(Default::default()),
+            extension: OnceCell::new(),
             closed: Cell::new(false),
             _not_sync: PhantomData,
         }
@@ -156,6 +159,21 @@ impl ExecContext {
     /// matmuls), created on the first call; its thread starts on first use.
     pub fn one_shot_worker(&self) -> &OneShotWorker {
         self.one_shot.get_or_init(OneShotWorker::new)
+    }
+
+    /// Per-context state of the layer built on this one (the autograd layer keeps
+    /// its graph-node free list here), created by `init` on the first call and
+    /// dropped at teardown after the open exec scopes are released. One layer,
+    /// one type: the first call fixes `T`.
+    ///
+    /// # Panics
+    /// If an earlier call stored another type (two layers sharing one context
+    /// slot is a programming error).
+    pub fn extension<T: Any + Send>(&self, init: impl FnOnce() -> T) -> &T {
+        self.extension
+            .get_or_init(|| Box::new(init()))
+            .downcast_ref::<T>()
+            .expect("ExecContext::extension: the slot holds another layer's type")
     }
 
     /// The calling thread's float environment when the context was created
@@ -207,6 +225,8 @@ impl ExecContext {
             self.scopes.get_mut().force_close_innermost();
         }
         self.rhs_cache.get_mut().clear();
+        // After the scopes: their nodes may return to a free list kept here.
+        drop(self.extension.take());
         self.pool.outstanding_buffers()
     }
 

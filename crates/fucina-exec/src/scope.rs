@@ -14,18 +14,48 @@ use crate::tensor::RawTensor;
 
 /// A type-erased payload an exec scope keeps alive until it closes (the autograd
 /// layer's graph node). Made from an `Arc` without allocating.
+///
+/// When the scope releases it, the payload's release hook runs with the `Arc`
+/// (plain `drop` for [`ScopeNode::new`]; the layer's own function for
+/// [`ScopeNode::with_release`], e.g. to return a node whose last handle this was
+/// to a free list instead of deallocating it).
 #[derive(Clone)]
-pub struct ScopeNode(Arc<dyn Any + Send + Sync>);
+pub struct ScopeNode {
+    node: Option<Arc<dyn Any + Send + Sync>>,
+    release: fn(Arc<dyn Any + Send + Sync>),
+}
 
 impl ScopeNode {
-    /// Wraps a shared node (an unsizing coercion of the `Arc`: no allocation).
+    /// Wraps a shared node (an unsizing coercion of the `Arc`: no allocation);
+    /// releasing it drops the `Arc`.
     pub fn new<N: Any + Send + Sync>(node: Arc<N>) -> ScopeNode {
-        ScopeNode(node)
+        ScopeNode::with_release(node, drop)
+    }
+
+    /// Wraps a shared node whose release calls `release` with the `Arc` (which
+    /// may be the last handle; `Arc::downcast` recovers the node's type without
+    /// allocating).
+    pub fn with_release<N: Any + Send + Sync>(
+        node: Arc<N>,
+        release: fn(Arc<dyn Any + Send + Sync>),
+    ) -> ScopeNode {
+        ScopeNode {
+            node: Some(node),
+            release,
+        }
     }
 
     /// The node, if it is an `N`.
     pub fn downcast_ref<N: Any>(&self) -> Option<&N> {
-        self.0.downcast_ref()
+        self.node.as_ref()?.downcast_ref()
+    }
+}
+
+impl Drop for ScopeNode {
+    fn drop(&mut self) {
+        if let Some(n) = self.node.take() {
+            (self.release)(n);
+        }
     }
 }
 
@@ -218,5 +248,43 @@ impl ExecContext {
             "adopt_scope_*_assume_capacity: no reserved slot (call reserve_scope_slot first)"
         );
         s.entries.push(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    fn count_release(n: Arc<dyn Any + Send + Sync>) {
+        assert!(n.downcast_ref::<u32>().is_some());
+        RELEASED.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_scope_node_runs_its_release_hook_at_close() {
+        let ctx = ExecContext::with_threads(1);
+        let scope = ctx.open_exec_scope();
+        ctx.reserve_scope_slot().unwrap();
+        let node = ScopeNode::with_release(Arc::new(7u32), count_release);
+        assert_eq!(node.downcast_ref::<u32>(), Some(&7));
+        ctx.adopt_scope_node_assume_capacity(node);
+        assert_eq!(RELEASED.load(Ordering::Relaxed), 0);
+        ctx.close_exec_scope(scope);
+        assert_eq!(RELEASED.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_extension_slot_is_created_once_and_dropped_with_the_context() {
+        let ctx = ExecContext::with_threads(1);
+        let a = Arc::new(5u64);
+        assert_eq!(**ctx.extension(|| Arc::clone(&a)), 5);
+        assert_eq!(**ctx.extension(|| Arc::new(6u64)), 5, "init runs once");
+        assert_eq!(Arc::strong_count(&a), 2);
+        drop(ctx);
+        assert_eq!(Arc::strong_count(&a), 1);
     }
 }

@@ -4,7 +4,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads};
+use crate::node::{GradList, Saved, grads};
 use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
@@ -17,9 +17,9 @@ macro_rules! unary {
             /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
             pub fn $name(&self, ctx: &ExecContext) -> Result<Tensor> {
                 let out = ctx.$name(&self.raw)?;
-                let x = self.raw.clone();
-                Tensor::finish(ctx, stringify!($name), out, &[self], move |ctx, g, _| {
-                    Ok(grads![Some(ctx.$bwd(&x, g)?)])
+                let saved = Saved::tensors([self.raw.clone()]);
+                Tensor::finish(ctx, stringify!($name), out, &[self], saved, |ctx, s, g, _| {
+                    Ok(grads![Some(ctx.$bwd(s.t(0), g)?)])
                 })
             }
         )*}
@@ -90,13 +90,13 @@ impl Tensor {
     /// shapes do not broadcast; out of memory.
     pub fn add(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.add(&self.raw, &y.raw)?;
-        let (sa, sb) = (self.raw.dims(), y.raw.dims());
-        Tensor::finish(ctx, "add", out, &[self, y], move |ctx, g, needs| {
+        let saved = Saved::default().with_dims([self.raw.dims(), y.raw.dims()]);
+        Tensor::finish(ctx, "add", out, &[self, y], saved, |ctx, s, g, needs| {
             reduce_pair(
                 ctx,
                 needs,
-                sa.as_slice(),
-                sb.as_slice(),
+                s.shape(0),
+                s.shape(1),
                 || Ok(g.clone()),
                 || Ok(g.clone()),
             )
@@ -109,13 +109,13 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn sub(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.sub(&self.raw, &y.raw)?;
-        let (sa, sb) = (self.raw.dims(), y.raw.dims());
-        Tensor::finish(ctx, "sub", out, &[self, y], move |ctx, g, needs| {
+        let saved = Saved::default().with_dims([self.raw.dims(), y.raw.dims()]);
+        Tensor::finish(ctx, "sub", out, &[self, y], saved, |ctx, s, g, needs| {
             reduce_pair(
                 ctx,
                 needs,
-                sa.as_slice(),
-                sb.as_slice(),
+                s.shape(0),
+                s.shape(1),
                 || Ok(g.clone()),
                 || Ok(ctx.neg(g)?),
             )
@@ -128,15 +128,16 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn mul(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.mul(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        Tensor::finish(ctx, "mul", out, &[self, y], move |ctx, g, needs| {
+        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
+        Tensor::finish(ctx, "mul", out, &[self, y], saved, |ctx, s, g, needs| {
+            let (a, b) = (s.t(0), s.t(1));
             reduce_pair(
                 ctx,
                 needs,
                 a.shape(),
                 b.shape(),
-                || Ok(ctx.mul(g, &b)?),
-                || Ok(ctx.mul(g, &a)?),
+                || Ok(ctx.mul(g, b)?),
+                || Ok(ctx.mul(g, a)?),
             )
         })
     }
@@ -147,17 +148,18 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn div(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.div(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        Tensor::finish(ctx, "div", out, &[self, y], move |ctx, g, needs| {
+        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
+        Tensor::finish(ctx, "div", out, &[self, y], saved, |ctx, s, g, needs| {
+            let (a, b) = (s.t(0), s.t(1));
             reduce_pair(
                 ctx,
                 needs,
                 a.shape(),
                 b.shape(),
-                || Ok(ctx.div(g, &b)?),
+                || Ok(ctx.div(g, b)?),
                 || {
                     // d(a/b)/db = -a / b^2
-                    let t = ctx.div(&ctx.div(&a, &b)?, &b)?;
+                    let t = ctx.div(&ctx.div(a, b)?, b)?;
                     Ok(ctx.neg(&ctx.mul(g, &t)?)?)
                 },
             )
@@ -170,9 +172,10 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn pow(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.pow(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        Tensor::finish(ctx, "pow", out, &[self, y], move |ctx, g, needs| {
-            let (ga, gb) = ctx.pow_backward(&a, &b, g)?;
+        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
+        Tensor::finish(ctx, "pow", out, &[self, y], saved, |ctx, s, g, needs| {
+            let (a, b) = (s.t(0), s.t(1));
+            let (ga, gb) = ctx.pow_backward(a, b, g)?;
             reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
         })
     }
@@ -199,9 +202,10 @@ impl Tensor {
         } else {
             (ctx.minimum(&self.raw, &y.raw)?, "minimum")
         };
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        Tensor::finish(ctx, name, out, &[self, y], move |ctx, g, needs| {
-            let (ga, gb) = ctx.extremum_backward(&a, &b, g, max)?;
+        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]).with_b([max]);
+        Tensor::finish(ctx, name, out, &[self, y], saved, |ctx, s, g, needs| {
+            let (a, b) = (s.t(0), s.t(1));
+            let (ga, gb) = ctx.extremum_backward(a, b, g, s.b[0])?;
             reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
         })
     }
@@ -212,8 +216,9 @@ impl Tensor {
     /// Out of memory.
     pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.scale(&self.raw, s)?;
-        Tensor::finish(ctx, "scale", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.scale(g, s)?)])
+        let saved = Saved::default().with_f([s]);
+        Tensor::finish(ctx, "scale", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.scale(g, s.f[0])?)])
         })
     }
 
@@ -223,9 +228,14 @@ impl Tensor {
     /// Out of memory.
     pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.add_scalar(&self.raw, s)?;
-        Tensor::finish(ctx, "add_scalar", out, &[self], |_, g, _| {
-            Ok(grads![Some(g.clone())])
-        })
+        Tensor::finish(
+            ctx,
+            "add_scalar",
+            out,
+            &[self],
+            Saved::default(),
+            |_, _, g, _| Ok(grads![Some(g.clone())]),
+        )
     }
 
     /// `self ^ p`.
@@ -234,9 +244,9 @@ impl Tensor {
     /// Out of memory.
     pub fn pow_scalar(&self, ctx: &ExecContext, p: f32) -> Result<Tensor> {
         let out = ctx.pow_scalar(&self.raw, p)?;
-        let x = self.raw.clone();
-        Tensor::finish(ctx, "pow_scalar", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.pow_scalar_backward(&x, p, g)?)])
+        let saved = Saved::tensors([self.raw.clone()]).with_f([p]);
+        Tensor::finish(ctx, "pow_scalar", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.pow_scalar_backward(s.t(0), s.f[0], g)?)])
         })
     }
 
@@ -247,9 +257,14 @@ impl Tensor {
     /// unordered or NaN bounds; out of memory.
     pub fn clamp(&self, ctx: &ExecContext, min: f32, max: f32) -> Result<Tensor> {
         let out = ctx.clamp(&self.raw, min, max)?;
-        let x = self.raw.clone();
-        Tensor::finish(ctx, "clamp", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.clamp_backward(&x, min, max, g)?)])
+        let saved = Saved::tensors([self.raw.clone()]).with_f([min, max]);
+        Tensor::finish(ctx, "clamp", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.clamp_backward(
+                s.t(0),
+                s.f[0],
+                s.f[1],
+                g
+            )?)])
         })
     }
 
@@ -265,17 +280,18 @@ impl Tensor {
         b: &Tensor,
     ) -> Result<Tensor> {
         let out = ctx.where_(cond, &a.raw, &b.raw)?;
-        let c = cond.clone();
-        let (sa, sb) = (a.raw.dims(), b.raw.dims());
-        Tensor::finish(ctx, "where", out, &[a, b], move |ctx, g, needs| {
+        let mut saved = Saved::default().with_dims([a.raw.dims(), b.raw.dims()]);
+        saved.mask = Some(cond.clone());
+        Tensor::finish(ctx, "where", out, &[a, b], saved, |ctx, s, g, needs| {
             let zero = ctx.scalar(0.0)?;
+            let c = s.mask();
             reduce_pair(
                 ctx,
                 needs,
-                sa.as_slice(),
-                sb.as_slice(),
-                || Ok(ctx.where_(&c, g, &zero)?),
-                || Ok(ctx.where_(&c, &zero, g)?),
+                s.shape(0),
+                s.shape(1),
+                || Ok(ctx.where_(c, g, &zero)?),
+                || Ok(ctx.where_(c, &zero, g)?),
             )
         })
     }
@@ -292,9 +308,12 @@ impl Tensor {
         value: f32,
     ) -> Result<Tensor> {
         let out = ctx.masked_fill(&self.raw, mask, value)?;
-        let m = mask.clone();
-        Tensor::finish(ctx, "masked_fill", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.masked_fill(g, &m, 0.0)?)])
+        let saved = Saved {
+            mask: Some(mask.clone()),
+            ..Saved::default()
+        };
+        Tensor::finish(ctx, "masked_fill", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.masked_fill(g, s.mask(), 0.0)?)])
         })
     }
 
@@ -306,8 +325,10 @@ impl Tensor {
     /// unless `0 <= p < 1`; out of memory.
     pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
         let out = ctx.dropout(&self.raw, p, seed)?;
-        Tensor::finish(ctx, "dropout", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.dropout_backward(g, p, seed)?)])
+        let mut saved = Saved::default().with_f([p]);
+        saved.seed = seed;
+        Tensor::finish(ctx, "dropout", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.dropout_backward(g, s.f[0], s.seed)?)])
         })
     }
 }

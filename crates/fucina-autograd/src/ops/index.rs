@@ -1,9 +1,9 @@
 //! Joining and indexing: concat, stack, index_select, embedding, gather.
 
-use fucina_exec::{Dims, ExecContext, RawTensor};
+use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads};
+use crate::node::{GradList, Saved, grads};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -16,7 +16,7 @@ impl Tensor {
         let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
         let out = ctx.concat(&raws, axis)?;
         let sizes: Vec<usize> = parts.iter().map(|t| t.shape()[axis]).collect();
-        Tensor::finish(ctx, "concat", out, parts, move |_, g, needs| {
+        Tensor::finish_boxed(ctx, "concat", out, parts, move |_, g, needs| {
             let mut start = 0;
             sizes
                 .iter()
@@ -41,7 +41,9 @@ impl Tensor {
     pub fn stack(ctx: &ExecContext, parts: &[&Tensor], axis: usize) -> Result<Tensor> {
         let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
         let out = ctx.stack(&raws, axis)?;
-        Tensor::finish(ctx, "stack", out, parts, move |_, g, needs| {
+        let saved = Saved::default().with_u([axis]);
+        Tensor::finish(ctx, "stack", out, parts, saved, |_, s, g, needs| {
+            let axis = s.u[0];
             needs
                 .iter()
                 .enumerate()
@@ -68,13 +70,14 @@ impl Tensor {
         indices: &RawTensor<i64>,
     ) -> Result<Tensor> {
         let out = ctx.index_select(&self.raw, axis, indices)?;
-        let (idx, shape): (RawTensor<i64>, Dims) = (indices.clone(), self.raw.dims());
-        Tensor::finish(ctx, "index_select", out, &[self], move |ctx, g, _| {
+        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
+        saved.idx = Some(indices.clone());
+        Tensor::finish(ctx, "index_select", out, &[self], saved, |ctx, s, g, _| {
             Ok(grads![Some(ctx.index_select_backward(
                 g,
-                axis,
-                &idx,
-                shape.as_slice()
+                s.u[0],
+                s.idx(),
+                s.shape(0)
             )?)])
         })
     }
@@ -85,10 +88,10 @@ impl Tensor {
     /// As [`index_select`](Tensor::index_select).
     pub fn embedding(&self, ctx: &ExecContext, ids: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.embedding(&self.raw, ids)?;
-        let ids = ids.clone();
-        let vocab = self.shape()[0];
-        Tensor::finish(ctx, "embedding", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.embedding_backward(g, &ids, vocab)?)])
+        let mut saved = Saved::default().with_u([self.shape()[0]]);
+        saved.idx = Some(ids.clone());
+        Tensor::finish(ctx, "embedding", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.embedding_backward(g, s.idx(), s.u[0])?)])
         })
     }
 
@@ -98,15 +101,9 @@ impl Tensor {
     /// As [`index_select`](Tensor::index_select).
     pub fn gather(&self, ctx: &ExecContext, axis: usize, index: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.gather(&self.raw, axis, index)?;
-        let (idx, shape) = (index.clone(), self.raw.dims());
-        Tensor::finish(ctx, "gather", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.gather_backward(
-                g,
-                axis,
-                &idx,
-                shape.as_slice()
-            )?)])
-        })
+        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
+        saved.idx = Some(index.clone());
+        Tensor::finish(ctx, "gather", out, &[self], saved, gather_vjp)
     }
 }
 
@@ -127,15 +124,20 @@ impl Tensor {
         largest: bool,
     ) -> Result<(Tensor, RawTensor<i64>)> {
         let (values, idx) = ctx.topk(&self.raw, k, axis, largest)?;
-        let (saved, shape) = (idx.clone(), self.raw.dims());
-        let values = Tensor::finish(ctx, "topk", values, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.gather_backward(
-                g,
-                axis,
-                &saved,
-                shape.as_slice()
-            )?)])
-        })?;
+        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
+        saved.idx = Some(idx.clone());
+        let values = Tensor::finish(ctx, "topk", values, &[self], saved, gather_vjp)?;
         Ok((values, idx))
     }
+}
+
+/// The VJP of `gather` and `topk`: the gradient scattered back to the saved
+/// indices along the saved axis.
+fn gather_vjp(ctx: &ExecContext, s: &Saved, g: &RawTensor, _: &[bool]) -> Result<GradList> {
+    Ok(grads![Some(ctx.gather_backward(
+        g,
+        s.u[0],
+        s.idx(),
+        s.shape(0)
+    )?)])
 }

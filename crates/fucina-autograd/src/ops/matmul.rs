@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads};
+use crate::node::{GradList, Saved, grads};
 use crate::ops::{contiguous, sum_to};
 use crate::tensor::Tensor;
 
@@ -14,9 +14,10 @@ impl Tensor {
     /// Shape errors of the exec layer's `matmul`; out of memory.
     pub fn matmul(&self, ctx: &ExecContext, w: &Tensor) -> Result<Tensor> {
         let out = ctx.matmul(&self.raw, &w.raw)?;
-        let (a, b) = (self.raw.clone(), w.raw.clone());
-        Tensor::finish(ctx, "matmul", out, &[self, w], move |ctx, g, needs| {
-            let (ga, gb) = ctx.matmul_backward(&a, &b, g)?;
+        let saved = Saved::tensors([self.raw.clone(), w.raw.clone()]);
+        Tensor::finish(ctx, "matmul", out, &[self, w], saved, |ctx, s, g, needs| {
+            let (a, b) = (s.t(0), s.t(1));
+            let (ga, gb) = ctx.matmul_backward(a, b, g)?;
             Ok(grads![
                 if needs[0] {
                     Some(sum_to(ctx, &ga, a.shape())?)
@@ -38,32 +39,35 @@ impl Tensor {
     /// Shape errors of the exec layer's `linear`; out of memory.
     pub fn linear(&self, ctx: &ExecContext, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let out = ctx.linear(&self.raw, &w.raw, bias.map(|b| &b.raw))?;
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
-        let vjp = move |ctx: &ExecContext, g: &RawTensor, needs: &[bool]| -> Result<GradList> {
-            let with_bias = needs.len() == 3;
-            if !needs[0] {
-                // The input needs no gradient (a first layer over data): skip
-                // `grad · w`, the largest product of the three.
-                let (gw, gb) = weight_grads(ctx, &x, g, needs[1], with_bias && needs[2])?;
-                return Ok(if with_bias {
-                    grads![None, gw, gb]
-                } else {
-                    grads![None, gw]
-                });
-            }
-            let (gx, gw, gb) = ctx.linear_backward(&x, &wr, g)?;
-            let gb = (with_bias && needs[2]).then_some(gb);
-            Ok(if needs.len() == 3 {
-                grads![needs[0].then_some(gx), needs[1].then_some(gw), gb]
-            } else {
-                grads![needs[0].then_some(gx), needs[1].then_some(gw)]
-            })
-        };
+        let saved = Saved::tensors([self.raw.clone(), w.raw.clone()]);
         match bias {
-            Some(b) => Tensor::finish(ctx, "linear", out, &[self, w, b], vjp),
-            None => Tensor::finish(ctx, "linear", out, &[self, w], vjp),
+            Some(b) => Tensor::finish(ctx, "linear", out, &[self, w, b], saved, linear_vjp),
+            None => Tensor::finish(ctx, "linear", out, &[self, w], saved, linear_vjp),
         }
     }
+}
+
+/// The VJP of `linear` (inputs `x`, `w` and optionally `bias`; saved `x`, `w`).
+fn linear_vjp(ctx: &ExecContext, s: &Saved, g: &RawTensor, needs: &[bool]) -> Result<GradList> {
+    let (x, wr) = (s.t(0), s.t(1));
+    let with_bias = needs.len() == 3;
+    if !needs[0] {
+        // The input needs no gradient (a first layer over data): skip
+        // `grad · w`, the largest product of the three.
+        let (gw, gb) = weight_grads(ctx, x, g, needs[1], with_bias && needs[2])?;
+        return Ok(if with_bias {
+            grads![None, gw, gb]
+        } else {
+            grads![None, gw]
+        });
+    }
+    let (gx, gw, gb) = ctx.linear_backward(x, wr, g)?;
+    let gb = (with_bias && needs[2]).then_some(gb);
+    Ok(if needs.len() == 3 {
+        grads![needs[0].then_some(gx), needs[1].then_some(gw), gb]
+    } else {
+        grads![needs[0].then_some(gx), needs[1].then_some(gw)]
+    })
 }
 
 /// `gradᵀ · x` over all leading rows, and `grad` summed over the rows (each only

@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::grads;
+use crate::node::{Saved, grads};
 use crate::tensor::Tensor;
 
 /// The value of a one-element loss gradient.
@@ -18,9 +18,9 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = ctx.softmax(&self.raw, axis)?;
-        let y = out.clone();
-        Tensor::finish(ctx, "softmax", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.softmax_backward(&y, g, axis)?)])
+        let saved = Saved::tensors([out.clone()]).with_u([axis]);
+        Tensor::finish(ctx, "softmax", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.softmax_backward(s.t(0), g, s.u[0])?)])
         })
     }
 
@@ -30,9 +30,9 @@ impl Tensor {
     /// As [`softmax`](Tensor::softmax).
     pub fn log_softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = ctx.log_softmax(&self.raw, axis)?;
-        let y = out.clone();
-        Tensor::finish(ctx, "log_softmax", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.log_softmax_backward(&y, g, axis)?)])
+        let saved = Saved::tensors([out.clone()]).with_u([axis]);
+        Tensor::finish(ctx, "log_softmax", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.log_softmax_backward(s.t(0), g, s.u[0])?)])
         })
     }
 
@@ -50,14 +50,15 @@ impl Tensor {
         eps: f32,
     ) -> Result<Tensor> {
         let out = ctx.layer_norm(&self.raw, &gamma.raw, &beta.raw, eps)?;
-        let (x, gm) = (self.raw.clone(), gamma.raw.clone());
+        let saved = Saved::tensors([self.raw.clone(), gamma.raw.clone()]).with_f([eps]);
         Tensor::finish(
             ctx,
             "layer_norm",
             out,
             &[self, gamma, beta],
-            move |ctx, g, needs| {
-                let (gx, gg, gb) = ctx.layer_norm_backward(&x, &gm, g, eps)?;
+            saved,
+            |ctx, s, g, needs| {
+                let (gx, gg, gb) = ctx.layer_norm_backward(s.t(0), s.t(1), g, s.f[0])?;
                 Ok(grads![
                     needs[0].then_some(gx),
                     needs[1].then_some(gg),
@@ -73,14 +74,15 @@ impl Tensor {
     /// As [`layer_norm`](Tensor::layer_norm).
     pub fn rms_norm(&self, ctx: &ExecContext, gamma: &Tensor, eps: f32) -> Result<Tensor> {
         let out = ctx.rms_norm(&self.raw, &gamma.raw, eps)?;
-        let (x, gm) = (self.raw.clone(), gamma.raw.clone());
+        let saved = Saved::tensors([self.raw.clone(), gamma.raw.clone()]).with_f([eps]);
         Tensor::finish(
             ctx,
             "rms_norm",
             out,
             &[self, gamma],
-            move |ctx, g, needs| {
-                let (gx, gg) = ctx.rms_norm_backward(&x, &gm, g, eps)?;
+            saved,
+            |ctx, s, g, needs| {
+                let (gx, gg) = ctx.rms_norm_backward(s.t(0), s.t(1), g, s.f[0])?;
                 Ok(grads![needs[0].then_some(gx), needs[1].then_some(gg)])
             },
         )
@@ -94,11 +96,12 @@ impl Tensor {
     /// a label outside `0..C`; shape errors; out of memory.
     pub fn cross_entropy(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.cross_entropy(&self.raw, labels)?;
-        let (x, l) = (self.raw.clone(), labels.clone());
-        Tensor::finish(ctx, "cross_entropy", out, &[self], move |ctx, g, _| {
+        let mut saved = Saved::tensors([self.raw.clone()]);
+        saved.idx = Some(labels.clone());
+        Tensor::finish(ctx, "cross_entropy", out, &[self], saved, |ctx, s, g, _| {
             Ok(grads![Some(ctx.cross_entropy_backward(
-                &x,
-                &l,
+                s.t(0),
+                s.idx(),
                 scalar_grad(g)?
             )?)])
         })
@@ -111,11 +114,12 @@ impl Tensor {
     /// As [`cross_entropy`](Tensor::cross_entropy).
     pub fn nll_loss(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.nll_loss(&self.raw, labels)?;
-        let (x, l) = (self.raw.clone(), labels.clone());
-        Tensor::finish(ctx, "nll_loss", out, &[self], move |ctx, g, _| {
+        let mut saved = Saved::tensors([self.raw.clone()]);
+        saved.idx = Some(labels.clone());
+        Tensor::finish(ctx, "nll_loss", out, &[self], saved, |ctx, s, g, _| {
             Ok(grads![Some(ctx.nll_loss_backward(
-                &x,
-                &l,
+                s.t(0),
+                s.idx(),
                 scalar_grad(g)?
             )?)])
         })
@@ -128,14 +132,15 @@ impl Tensor {
     /// shapes differ; out of memory.
     pub fn mse_loss(&self, ctx: &ExecContext, target: &Tensor) -> Result<Tensor> {
         let out = ctx.mse_loss(&self.raw, &target.raw)?;
-        let (a, b) = (self.raw.clone(), target.raw.clone());
+        let saved = Saved::tensors([self.raw.clone(), target.raw.clone()]);
         Tensor::finish(
             ctx,
             "mse_loss",
             out,
             &[self, target],
-            move |ctx, g, needs| {
-                let (ga, gb) = ctx.mse_loss_backward(&a, &b, scalar_grad(g)?)?;
+            saved,
+            |ctx, s, g, needs| {
+                let (ga, gb) = ctx.mse_loss_backward(s.t(0), s.t(1), scalar_grad(g)?)?;
                 Ok(grads![needs[0].then_some(ga), needs[1].then_some(gb)])
             },
         )

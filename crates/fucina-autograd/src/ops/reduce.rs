@@ -5,7 +5,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::grads;
+use crate::node::{Saved, grads};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -15,13 +15,16 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.sum(&self.raw, axis, keepdim)?;
-        let shape = self.raw.dims();
-        Tensor::finish(ctx, "sum", out, &[self], move |ctx, g, _| {
+        let saved = Saved::default()
+            .with_dims([self.raw.dims()])
+            .with_u([axis])
+            .with_b([keepdim]);
+        Tensor::finish(ctx, "sum", out, &[self], saved, |ctx, s, g, _| {
             Ok(grads![Some(ctx.sum_backward(
                 g,
-                axis,
-                keepdim,
-                shape.as_slice()
+                s.u[0],
+                s.b[0],
+                s.shape(0)
             )?)])
         })
     }
@@ -32,13 +35,16 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.mean(&self.raw, axis, keepdim)?;
-        let shape = self.raw.dims();
-        Tensor::finish(ctx, "mean", out, &[self], move |ctx, g, _| {
+        let saved = Saved::default()
+            .with_dims([self.raw.dims()])
+            .with_u([axis])
+            .with_b([keepdim]);
+        Tensor::finish(ctx, "mean", out, &[self], saved, |ctx, s, g, _| {
             Ok(grads![Some(ctx.mean_backward(
                 g,
-                axis,
-                keepdim,
-                shape.as_slice()
+                s.u[0],
+                s.b[0],
+                s.shape(0)
             )?)])
         })
     }
@@ -50,9 +56,11 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.max(&self.raw, axis, keepdim)?;
-        let x = self.raw.clone();
-        Tensor::finish(ctx, "max", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.max_backward(&x, g, axis, keepdim)?)])
+        let saved = Saved::tensors([self.raw.clone()])
+            .with_u([axis])
+            .with_b([keepdim]);
+        Tensor::finish(ctx, "max", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.max_backward(s.t(0), g, s.u[0], s.b[0])?)])
         })
     }
 
@@ -62,9 +70,11 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.min(&self.raw, axis, keepdim)?;
-        let x = self.raw.clone();
-        Tensor::finish(ctx, "min", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(ctx.min_backward(&x, g, axis, keepdim)?)])
+        let saved = Saved::tensors([self.raw.clone()])
+            .with_u([axis])
+            .with_b([keepdim]);
+        Tensor::finish(ctx, "min", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.min_backward(s.t(0), g, s.u[0], s.b[0])?)])
         })
     }
 
@@ -80,11 +90,17 @@ impl Tensor {
         unbiased: bool,
     ) -> Result<Tensor> {
         let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
-        let x = self.raw.clone();
-        Tensor::finish(ctx, "variance", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(
-                ctx.variance_backward(&x, g, axis, keepdim, unbiased)?
-            )])
+        let saved = Saved::tensors([self.raw.clone()])
+            .with_u([axis])
+            .with_b([keepdim, unbiased]);
+        Tensor::finish(ctx, "variance", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.variance_backward(
+                s.t(0),
+                g,
+                s.u[0],
+                s.b[0],
+                s.b[1]
+            )?)])
         })
     }
 
@@ -94,11 +110,17 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn logsumexp(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
-        let (x, y) = (self.raw.clone(), out.clone());
-        Tensor::finish(ctx, "logsumexp", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(
-                ctx.logsumexp_backward(&x, &y, g, axis, keepdim)?
-            )])
+        let saved = Saved::tensors([self.raw.clone(), out.clone()])
+            .with_u([axis])
+            .with_b([keepdim]);
+        Tensor::finish(ctx, "logsumexp", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.logsumexp_backward(
+                s.t(0),
+                s.t(1),
+                g,
+                s.u[0],
+                s.b[0]
+            )?)])
         })
     }
 
@@ -108,11 +130,9 @@ impl Tensor {
     /// Out of memory.
     pub fn sum_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.sum_all(&self.raw)?;
-        let shape = self.raw.dims();
-        Tensor::finish(ctx, "sum_all", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(
-                ctx.broadcast_to(&flat1(g)?, shape.as_slice())?
-            )])
+        let saved = Saved::default().with_dims([self.raw.dims()]);
+        Tensor::finish(ctx, "sum_all", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(ctx.broadcast_to(&flat1(g)?, s.shape(0))?)])
         })
     }
 
@@ -122,13 +142,12 @@ impl Tensor {
     /// Out of memory.
     pub fn mean_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.mean_all(&self.raw)?;
-        let shape = self.raw.dims();
-        let inv = 1.0 / self.numel() as f32;
-        Tensor::finish(ctx, "mean_all", out, &[self], move |ctx, g, _| {
-            let g = ctx.scale(g, inv)?;
-            Ok(grads![Some(
-                ctx.broadcast_to(&flat1(&g)?, shape.as_slice())?
-            )])
+        let saved = Saved::default()
+            .with_dims([self.raw.dims()])
+            .with_f([1.0 / self.numel() as f32]);
+        Tensor::finish(ctx, "mean_all", out, &[self], saved, |ctx, s, g, _| {
+            let g = ctx.scale(g, s.f[0])?;
+            Ok(grads![Some(ctx.broadcast_to(&flat1(&g)?, s.shape(0))?)])
         })
     }
 

@@ -4,7 +4,7 @@
 use fucina_exec::{Dims, ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::grads;
+use crate::node::{Saved, grads};
 use crate::ops::{contiguous, sum_to};
 use crate::tensor::Tensor;
 
@@ -39,11 +39,9 @@ impl Tensor {
     /// element counts differ or the shape is invalid.
     pub fn reshape(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
         let out = contiguous(ctx, &self.raw)?.reshape(shape)?;
-        let in_shape = self.raw.dims();
-        Tensor::finish(ctx, "reshape", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(
-                contiguous(ctx, g)?.reshape(in_shape.as_slice())?,
-            )])
+        let saved = Saved::default().with_dims([self.raw.dims()]);
+        Tensor::finish(ctx, "reshape", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(contiguous(ctx, g)?.reshape(s.shape(0))?)])
         })
     }
 
@@ -58,8 +56,9 @@ impl Tensor {
         for (i, &o) in order.iter().enumerate() {
             inverse.as_mut_slice()[o] = i;
         }
-        Tensor::finish(ctx, "permute", out, &[self], move |_, g, _| {
-            Ok(grads![Some(g.permute(inverse.as_slice())?)])
+        let saved = Saved::default().with_dims([inverse]);
+        Tensor::finish(ctx, "permute", out, &[self], saved, |_, s, g, _| {
+            Ok(grads![Some(g.permute(s.shape(0))?)])
         })
     }
 
@@ -69,8 +68,9 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis).
     pub fn transpose(&self, ctx: &ExecContext, a: usize, b: usize) -> Result<Tensor> {
         let out = self.raw.transpose(a, b)?;
-        Tensor::finish(ctx, "transpose", out, &[self], move |_, g, _| {
-            Ok(grads![Some(g.transpose(a, b)?)])
+        let saved = Saved::default().with_u([a, b]);
+        Tensor::finish(ctx, "transpose", out, &[self], saved, |_, s, g, _| {
+            Ok(grads![Some(g.transpose(s.u[0], s.u[1])?)])
         })
     }
 
@@ -87,15 +87,11 @@ impl Tensor {
         len: usize,
     ) -> Result<Tensor> {
         let out = self.raw.narrow(axis, start, len)?;
-        let in_shape = self.raw.dims();
-        Tensor::finish(ctx, "narrow", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(unnarrow(
-                ctx,
-                g,
-                in_shape.as_slice(),
-                axis,
-                start,
-            )?)])
+        let saved = Saved::default()
+            .with_dims([self.raw.dims()])
+            .with_u([axis, start]);
+        Tensor::finish(ctx, "narrow", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(unnarrow(ctx, g, s.shape(0), s.u[0], s.u[1])?)])
         })
     }
 
@@ -105,8 +101,9 @@ impl Tensor {
     /// As [`RawTensor::squeeze`].
     pub fn squeeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.squeeze(axis)?;
-        Tensor::finish(ctx, "squeeze", out, &[self], move |_, g, _| {
-            Ok(grads![Some(g.unsqueeze(axis)?)])
+        let saved = Saved::default().with_u([axis]);
+        Tensor::finish(ctx, "squeeze", out, &[self], saved, |_, s, g, _| {
+            Ok(grads![Some(g.unsqueeze(s.u[0])?)])
         })
     }
 
@@ -116,8 +113,9 @@ impl Tensor {
     /// As [`RawTensor::unsqueeze`].
     pub fn unsqueeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.unsqueeze(axis)?;
-        Tensor::finish(ctx, "unsqueeze", out, &[self], move |_, g, _| {
-            Ok(grads![Some(g.squeeze(axis)?)])
+        let saved = Saved::default().with_u([axis]);
+        Tensor::finish(ctx, "unsqueeze", out, &[self], saved, |_, s, g, _| {
+            Ok(grads![Some(g.squeeze(s.u[0])?)])
         })
     }
 
@@ -128,9 +126,9 @@ impl Tensor {
     /// As [`RawTensor::broadcast_to`].
     pub fn broadcast_to(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
         let out = self.raw.broadcast_to(shape)?;
-        let in_shape = self.raw.dims();
-        Tensor::finish(ctx, "broadcast_to", out, &[self], move |ctx, g, _| {
-            Ok(grads![Some(sum_to(ctx, g, in_shape.as_slice())?)])
+        let saved = Saved::default().with_dims([self.raw.dims()]);
+        Tensor::finish(ctx, "broadcast_to", out, &[self], saved, |ctx, s, g, _| {
+            Ok(grads![Some(sum_to(ctx, g, s.shape(0))?)])
         })
     }
 
@@ -140,8 +138,13 @@ impl Tensor {
     /// Out of memory.
     pub fn materialize(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.materialize(&self.raw)?;
-        Tensor::finish(ctx, "materialize", out, &[self], |_, g, _| {
-            Ok(grads![Some(g.clone())])
-        })
+        Tensor::finish(
+            ctx,
+            "materialize",
+            out,
+            &[self],
+            Saved::default(),
+            |_, _, g, _| Ok(grads![Some(g.clone())]),
+        )
     }
 }
