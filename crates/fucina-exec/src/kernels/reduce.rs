@@ -76,36 +76,102 @@ fn block_sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
     s
 }
 
-/// Where a pairwise sum of `len` elements splits: at a multiple of `unit`, with
-/// `ceil(len / unit) / 2` units on the left.
-#[inline]
-fn split_point(len: usize, unit: usize) -> usize {
-    len.div_ceil(unit) / 2 * unit
+/// The fixed-order sum of `len` elements where `block(range)` sums one block
+/// (at most [`BLOCK`] elements, see the module docs). Up to [`SUPER`] elements the
+/// block sums go to a stack array and are combined by [`pairwise`] (the same tree
+/// as splitting at `ceil(len / BLOCK) / 2` blocks, recursively); above, super-chunks
+/// are summed that way and combined pairwise. Inlined into its caller, so the block
+/// loops are compiled at the caller's vector level.
+#[inline(always)]
+fn fixed_sum(len: usize, mut block: impl FnMut(std::ops::Range<usize>) -> f32) -> f32 {
+    if len <= BLOCK {
+        return block(0..len);
+    }
+    if len <= SUPER {
+        return blocks_sum(0, len, &mut block);
+    }
+    super_sum(0, len, &mut block)
+}
+
+/// The sum of the blocks of `start..start + len` (`len <= SUPER`), combined
+/// pairwise.
+#[inline(always)]
+fn blocks_sum(
+    start: usize,
+    len: usize,
+    block: &mut impl FnMut(std::ops::Range<usize>) -> f32,
+) -> f32 {
+    let mut partials = [0.0f32; SUPER / BLOCK];
+    let nb = len.div_ceil(BLOCK);
+    for (i, p) in partials[..nb].iter_mut().enumerate() {
+        let b = start + i * BLOCK;
+        *p = block(b..(b + BLOCK).min(start + len));
+    }
+    pairwise(&partials[..nb])
+}
+
+/// [`fixed_sum`] above [`SUPER`] elements: super-chunks combined pairwise. Not
+/// inlined (it recurses), so each super-chunk goes through the level dispatch.
+fn super_sum(
+    start: usize,
+    len: usize,
+    block: &mut impl FnMut(std::ops::Range<usize>) -> f32,
+) -> f32 {
+    if len <= SUPER {
+        return super::simd::vectorized!(blocks_sum(start, len, &mut *block));
+    }
+    let h = len.div_ceil(SUPER) / 2 * SUPER;
+    super_sum(start, h, block) + super_sum(start + h, len - h, block)
 }
 
 /// `sum(f(x[i]))` in the fixed order of the module docs.
+#[inline(always)]
 pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
-    if x.len() <= BLOCK {
-        return block_sum_map(x, f);
-    }
-    let unit = if x.len() > SUPER { SUPER } else { BLOCK };
-    let h = split_point(x.len(), unit);
-    sum_map(&x[..h], f) + sum_map(&x[h..], f)
+    fixed_sum(x.len(), |r| block_sum_map(&x[r], f))
 }
 
 /// `sum(f(a[i], b[i]))` over two equally long slices, in the order of
 /// [`sum_map`].
+#[inline(always)]
 pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    if a.len() <= BLOCK {
-        return block_sum_map2(a, b, f);
+    let b = &b[..a.len()];
+    fixed_sum(a.len(), |r| block_sum_map2(&a[r.clone()], &b[r], f))
+}
+
+/// Writes `out[i] = f(x[i])` and returns `sum(out)` (bitwise [`sum`] of the
+/// written `out`), in one pass.
+#[inline(always)]
+pub(crate) fn map_store_sum(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    debug_assert_eq!(x.len(), out.len());
+    let x = &x[..out.len()];
+    fixed_sum(x.len(), |r| block_store_sum(&x[r.clone()], &mut out[r], f))
+}
+
+#[inline(always)]
+fn block_store_sum(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let cx = x.chunks_exact(LANES);
+    let rx = cx.remainder();
+    let mut co = out.chunks_exact_mut(LANES);
+    for (c, o) in cx.zip(&mut co) {
+        for ((a, d), &v) in acc.iter_mut().zip(o.iter_mut()).zip(c) {
+            let y = f(v);
+            *d = y;
+            *a += y;
+        }
     }
-    let unit = if a.len() > SUPER { SUPER } else { BLOCK };
-    let h = split_point(a.len(), unit);
-    sum_map2(&a[..h], &b[..h], f) + sum_map2(&a[h..], &b[h..], f)
+    let mut s = combine_lanes(&acc);
+    for (d, &v) in co.into_remainder().iter_mut().zip(rx) {
+        let y = f(v);
+        *d = y;
+        s += y;
+    }
+    s
 }
 
 /// The sum of `x` (see the module docs for the order).
+#[inline(always)]
 pub(crate) fn sum(x: &[f32]) -> f32 {
     sum_map(x, |v| v)
 }
@@ -152,11 +218,13 @@ fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 /// The largest element; NaN if any element is NaN; `-inf` for an empty slice.
+#[inline(always)]
 pub(crate) fn max(x: &[f32]) -> f32 {
     extremum(x, f32::NEG_INFINITY, |a, v| if v > a { v } else { a })
 }
 
 /// The smallest element; NaN if any element is NaN; `+inf` for an empty slice.
+#[inline(always)]
 pub(crate) fn min(x: &[f32]) -> f32 {
     extremum(x, f32::INFINITY, |a, v| if v < a { v } else { a })
 }
@@ -197,6 +265,7 @@ fn arg_by(x: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
 /// Order: inside each block of [`BLOCK`] rows, each column accumulates
 /// sequentially from zero; block partials are added to the running total in row
 /// order. The order depends only on `n`.
+#[inline(always)]
 pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(usize, &mut [f32])) {
     let w = out.len();
     assert!(w <= TILE, "col_sum_with: a tile has at most {TILE} columns");
@@ -223,6 +292,7 @@ pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(us
 }
 
 /// Column sums of the `[n, inner]` slab `x`, columns `i0..i0 + out.len()`.
+#[inline(always)]
 pub(crate) fn col_sum(x: &[f32], inner: usize, i0: usize, out: &mut [f32]) {
     let w = out.len();
     let n = x.len() / inner;
@@ -236,6 +306,7 @@ pub(crate) fn col_sum(x: &[f32], inner: usize, i0: usize, out: &mut [f32]) {
 /// Calls `f(row, col0, out_tile)` over `out`, the flat elements `range` of an
 /// `[outer, inner]` output, split into tiles of at most [`TILE`] columns that never
 /// cross a row.
+#[inline(always)]
 pub(crate) fn for_each_col_tile(
     range: std::ops::Range<usize>,
     inner: usize,
@@ -268,6 +339,47 @@ mod tests {
         assert!((f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()));
         let partials: Vec<f32> = x.chunks(SUPER).map(sum).collect();
         assert_eq!(pairwise(&partials).to_bits(), s.to_bits());
+    }
+
+    /// The pairwise definition of the module docs, written as the recursion.
+    fn recursive_sum(x: &[f32]) -> f32 {
+        if x.len() <= BLOCK {
+            return block_sum_map(x, |v| v);
+        }
+        let unit = if x.len() > SUPER { SUPER } else { BLOCK };
+        let h = x.len().div_ceil(unit) / 2 * unit;
+        recursive_sum(&x[..h]) + recursive_sum(&x[h..])
+    }
+
+    #[test]
+    fn fixed_sum_is_the_recursive_pairwise_sum() {
+        let x: Vec<f32> = (0..3 * SUPER + 777)
+            .map(|i| ((i * 7919) % 1001) as f32 * 0.013 - 6.5)
+            .collect();
+        for len in [
+            1,
+            15,
+            17,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            5 * BLOCK + 3,
+            SUPER - 1,
+            SUPER,
+            SUPER + 1,
+            2 * SUPER + BLOCK + 9,
+            x.len(),
+        ] {
+            let x = &x[..len];
+            let s = sum(x);
+            assert_eq!(s.to_bits(), recursive_sum(x).to_bits(), "len {len}");
+            let mut out = vec![0.0; len];
+            let t = map_store_sum(x, &mut out, |v| v * 0.5 + 1.0);
+            let mapped: Vec<f32> = x.iter().map(|&v| v * 0.5 + 1.0).collect();
+            assert_eq!(out, mapped, "len {len}");
+            assert_eq!(t.to_bits(), sum(&mapped).to_bits(), "len {len}");
+            assert_eq!(t.to_bits(), sum_map(x, |v| v * 0.5 + 1.0).to_bits());
+        }
     }
 
     #[test]
