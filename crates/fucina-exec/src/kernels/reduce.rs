@@ -13,14 +13,17 @@
 //!   super-chunks in parallel and get the serial bits, see [`pairwise`]).
 //!
 //! Column sums (a reduction along an axis that is not the last one) accumulate
-//! each column sequentially inside blocks of [`BLOCK`] rows and add the block
+//! each column sequentially inside blocks of [`ROW_BLOCK`] rows and add the block
 //! partials in row order ([`col_sum_with`]).
 
-/// Interleaved accumulators of a block sum: four SSE or two AVX registers, enough
-/// independent add chains to hide the add latency.
-pub(crate) const LANES: usize = 16;
+/// Interleaved accumulators of a block sum: four AVX-512, eight AVX2 or sixteen
+/// SSE/NEON registers, enough independent add chains to hide the add latency at
+/// every vector level (the layout, and so the result, is the same at all of them).
+pub(crate) const LANES: usize = 64;
 /// Elements per block: the unit of the pairwise combination.
-pub(crate) const BLOCK: usize = 256;
+pub(crate) const BLOCK: usize = 1024;
+/// Rows per block of the column sums.
+pub(crate) const ROW_BLOCK: usize = 256;
 /// Elements per super-chunk: the unit a full reduction parallelizes over.
 pub(crate) const SUPER: usize = 1 << 16;
 /// Columns per tile of the column kernels (stack accumulators).
@@ -76,58 +79,39 @@ fn block_sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
     s
 }
 
-/// The fixed-order sum of `len` elements where `block(range)` sums one block
-/// (at most [`BLOCK`] elements, see the module docs). Up to [`SUPER`] elements the
-/// block sums go to a stack array and are combined by [`pairwise`] (the same tree
-/// as splitting at `ceil(len / BLOCK) / 2` blocks, recursively); above, super-chunks
-/// are summed that way and combined pairwise. Inlined into its caller, so the block
-/// loops are compiled at the caller's vector level.
-#[inline(always)]
-fn fixed_sum(len: usize, mut block: impl FnMut(std::ops::Range<usize>) -> f32) -> f32 {
-    if len <= BLOCK {
-        return block(0..len);
-    }
-    if len <= SUPER {
-        return blocks_sum(0, len, &mut block);
-    }
-    super_sum(0, len, &mut block)
-}
+// The block loops below are written out once per sum kind (not through a shared
+// closure): each block kernel then has a single call site and is inlined, so it
+// compiles at the vector level of the caller's `vectorized!` arm.
 
-/// The sum of the blocks of `start..start + len` (`len <= SUPER`), combined
-/// pairwise.
-#[inline(always)]
-fn blocks_sum(
-    start: usize,
-    len: usize,
-    block: &mut impl FnMut(std::ops::Range<usize>) -> f32,
-) -> f32 {
-    let mut partials = [0.0f32; SUPER / BLOCK];
-    let nb = len.div_ceil(BLOCK);
-    for (i, p) in partials[..nb].iter_mut().enumerate() {
-        let b = start + i * BLOCK;
-        *p = block(b..(b + BLOCK).min(start + len));
-    }
-    pairwise(&partials[..nb])
-}
+/// Stack room for the block partials of up to [`SUPER`] elements.
+const MAX_BLOCKS: usize = SUPER / BLOCK;
 
-/// [`fixed_sum`] above [`SUPER`] elements: super-chunks combined pairwise. Not
-/// inlined (it recurses), so each super-chunk goes through the level dispatch.
-fn super_sum(
-    start: usize,
-    len: usize,
-    block: &mut impl FnMut(std::ops::Range<usize>) -> f32,
-) -> f32 {
-    if len <= SUPER {
-        return super::simd::vectorized!(blocks_sum(start, len, &mut *block));
-    }
-    let h = len.div_ceil(SUPER) / 2 * SUPER;
-    super_sum(start, h, block) + super_sum(start + h, len - h, block)
-}
-
-/// `sum(f(x[i]))` in the fixed order of the module docs.
+/// `sum(f(x[i]))` in the fixed order of the module docs: up to [`SUPER`]
+/// elements, the block sums go to a stack array and are combined by [`pairwise`]
+/// (the same tree as splitting at `ceil(len / BLOCK) / 2` blocks, recursively);
+/// above, super-chunks are summed that way and combined pairwise.
 #[inline(always)]
 pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
-    fixed_sum(x.len(), |r| block_sum_map(&x[r], f))
+    if x.len() > SUPER {
+        return sum_map_super(x, f);
+    }
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for c in x.chunks(BLOCK) {
+        partials[n] = block_sum_map(c, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
+}
+
+/// [`sum_map`] above [`SUPER`] elements (recursive, so not inlined: each
+/// super-chunk goes through the level dispatch).
+fn sum_map_super(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= SUPER {
+        return super::simd::vectorized!(sum_map(x, f));
+    }
+    let h = x.len().div_ceil(SUPER) / 2 * SUPER;
+    sum_map_super(&x[..h], f) + sum_map_super(&x[h..], f)
 }
 
 /// `sum(f(a[i], b[i]))` over two equally long slices, in the order of
@@ -136,7 +120,24 @@ pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
 pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let b = &b[..a.len()];
-    fixed_sum(a.len(), |r| block_sum_map2(&a[r.clone()], &b[r], f))
+    if a.len() > SUPER {
+        return sum_map2_super(a, b, f);
+    }
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for (ca, cb) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
+        partials[n] = block_sum_map2(ca, cb, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
+}
+
+fn sum_map2_super(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
+    if a.len() <= SUPER {
+        return super::simd::vectorized!(sum_map2(a, b, f));
+    }
+    let h = a.len().div_ceil(SUPER) / 2 * SUPER;
+    sum_map2_super(&a[..h], &b[..h], f) + sum_map2_super(&a[h..], &b[h..], f)
 }
 
 /// Writes `out[i] = f(x[i])` and returns `sum(out)` (bitwise [`sum`] of the
@@ -145,7 +146,25 @@ pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy)
 pub(crate) fn map_store_sum(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
     debug_assert_eq!(x.len(), out.len());
     let x = &x[..out.len()];
-    fixed_sum(x.len(), |r| block_store_sum(&x[r.clone()], &mut out[r], f))
+    if x.len() > SUPER {
+        return map_store_sum_super(x, out, f);
+    }
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for (c, o) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        partials[n] = block_store_sum(c, o, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
+}
+
+fn map_store_sum_super(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= SUPER {
+        return super::simd::vectorized!(map_store_sum(x, out, f));
+    }
+    let h = x.len().div_ceil(SUPER) / 2 * SUPER;
+    let (lo, hi) = out.split_at_mut(h);
+    map_store_sum_super(&x[..h], lo, f) + map_store_sum_super(&x[h..], hi, f)
 }
 
 #[inline(always)]
@@ -196,17 +215,18 @@ pub(crate) fn pairwise(partials: &[f32]) -> f32 {
 #[inline(always)]
 fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     let mut acc = [init; LANES];
-    let mut nan = [false; LANES];
+    // NaN flags as u32 lanes (the width of the f32 lanes, so both vectorize alike).
+    let mut nan = [0u32; LANES];
     let chunks = x.chunks_exact(LANES);
     let rem = chunks.remainder();
     for c in chunks {
         for ((a, n), &v) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
             *a = pick(*a, v);
-            *n |= v.is_nan();
+            *n |= u32::from(v.is_nan());
         }
     }
     let mut m = init;
-    let mut any_nan = nan.iter().any(|&n| n);
+    let mut any_nan = nan.iter().fold(0, |a, &n| a | n) != 0;
     for &a in &acc {
         m = pick(m, a);
     }
@@ -262,7 +282,7 @@ fn arg_by(x: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
 /// Column sums: `out[j] = sum over k in 0..n of row_k[j]`, where `add_row(k, acc)`
 /// adds row `k`'s contribution to `acc` (`acc.len() == out.len() <= TILE`).
 ///
-/// Order: inside each block of [`BLOCK`] rows, each column accumulates
+/// Order: inside each block of [`ROW_BLOCK`] rows, each column accumulates
 /// sequentially from zero; block partials are added to the running total in row
 /// order. The order depends only on `n`.
 #[inline(always)]
@@ -273,7 +293,7 @@ pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(us
     let mut acc = [0.0f32; TILE];
     let mut start = 0;
     while start < n {
-        let end = (start + BLOCK).min(n);
+        let end = (start + ROW_BLOCK).min(n);
         let a = &mut acc[..w];
         a.fill(0.0);
         for k in start..end {

@@ -166,7 +166,7 @@ pub(crate) unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
 
 /// Evaluates `$body` (an expression whose loops are `#[inline(always)]` kernels)
 /// compiled for the current [`SimdLevel`]: the body is instantiated once per level,
-/// each in its own closure with a single call site so that it is inlined into the
+/// each in its own `#[inline(always)]` closure, which is inlined into the
 /// target-feature wrapper and vectorized there.
 macro_rules! vectorized {
     ($body:expr) => {{
@@ -175,12 +175,22 @@ macro_rules! vectorized {
             $crate::kernels::simd::SimdLevel::Avx512 => {
                 // SAFETY: `level` returns Avx512 only when the CPU has every
                 // feature `with_avx512` enables.
-                unsafe { $crate::kernels::simd::with_avx512(|| $body) }
+                unsafe {
+                    $crate::kernels::simd::with_avx512(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
             }
             #[cfg(target_arch = "x86_64")]
             $crate::kernels::simd::SimdLevel::Avx2 => {
                 // SAFETY: `level` returns Avx2 only when the CPU has AVX2 and FMA.
-                unsafe { $crate::kernels::simd::with_avx2(|| $body) }
+                unsafe {
+                    $crate::kernels::simd::with_avx2(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
             }
             _ => $body,
         }

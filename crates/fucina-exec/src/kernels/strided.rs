@@ -185,9 +185,10 @@ pub(crate) fn tiled_rows<A: Copy, O: Copy>(
     while j0 < row_len {
         let w = TILE.min(row_len - j0);
         for (orow, &b) in out.chunks_exact_mut(row_len).zip(bases) {
-            let b = b + j0 * sa;
-            for (jj, o) in orow[j0..j0 + w].iter_mut().enumerate() {
-                *o = f(a[b + jj * sa]);
+            // One range check per row of the tile, none per element.
+            let src = a[b + j0 * sa..=b + (j0 + w - 1) * sa].iter().step_by(sa);
+            for (o, &v) in orow[j0..j0 + w].iter_mut().zip(src) {
+                *o = f(v);
             }
         }
         j0 += w;

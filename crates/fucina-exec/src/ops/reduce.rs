@@ -190,7 +190,7 @@ impl ExecContext {
 
     /// The sum along `axis` (removed, or kept as size 1 with `keepdim`).
     ///
-    /// Along the last axis each row is summed in blocks of 256 elements (8
+    /// Along the last axis each row is summed in blocks of 1024 elements (64
     /// interleaved accumulators each) combined pairwise; along another axis each
     /// column is summed sequentially within blocks of 256 rows and the blocks are
     /// added in order. Both orders depend only on the reduced length.
