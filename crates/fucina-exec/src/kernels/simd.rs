@@ -123,6 +123,18 @@ pub(crate) fn force(level: SimdLevel) -> bool {
 /// once per process), lowered by the `FUCINA_SIMD` environment variable
 /// (`portable`, `avx2` or `avx512`, read on the first kernel call) or by
 /// [`force_simd_level`]. Results are bitwise the same at every level.
+///
+/// ```
+/// use fucina_exec::{ExecContext, SimdLevel, detected_simd_level, simd_level};
+///
+/// assert!(simd_level() <= detected_simd_level());
+/// assert!(SimdLevel::ALL.contains(&simd_level()));
+/// let ctx = ExecContext::new();
+/// let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+/// let y = ctx.softmax(&x, 1)?; // AVX-512 loops here when the CPU has them
+/// assert_eq!(y.shape(), [2, 3]);
+/// # Ok::<(), fucina_exec::ExecError>(())
+/// ```
 pub fn simd_level() -> SimdLevel {
     level()
 }
