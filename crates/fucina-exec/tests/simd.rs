@@ -104,6 +104,10 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     let (ga, gb) = ctx.mse_loss_backward(&a, &b, 2.0)?;
     push("mse_loss_backward_a", ga);
     push("mse_loss_backward_b", gb);
+    // A scatter-add of rows (ids repeat): grad [r, c] into a vocabulary of 5 rows.
+    let ids: Vec<i64> = (0..r as i64).map(|i| (i * 3) % 5).collect();
+    let ids = ctx.from_slice_typed::<i64>(&[r], &ids)?;
+    push("embedding_backward", ctx.embedding_backward(&a, &ids, 5)?);
     let (v, _) = ctx.topk(&a, 5, 1, true)?;
     push("topk", v);
     Ok(out)
