@@ -7,6 +7,9 @@
 //! - `softmax` / `log_softmax` along the last axis;
 //! - `layer_norm` / `rms_norm` over the last axis;
 //! - `sum_rows`: `sum` along the last axis (reads the input, writes 512 values);
+//! - `copy_transposed`: `materialize` of the [1024, 512] transposed view (the
+//!   tiled copy); `softmax_axis0`: softmax along the first axis (gather, rows,
+//!   scatter back);
 //!
 //! each on a one-thread context (`t1`) and on a context with the default team
 //! (`team`).
@@ -33,6 +36,14 @@ fn rowwise(c: &mut Criterion) {
         g.bench_function(format!("copy/{name}"), |b| {
             b.iter(|| drop(black_box(ctx.materialize(black_box(&x)).unwrap())))
         });
+        let xt = x.transpose(0, 1).unwrap();
+        g.bench_function(format!("copy_transposed/{name}"), |b| {
+            b.iter(|| drop(black_box(ctx.materialize(black_box(&xt)).unwrap())))
+        });
+        g.bench_function(format!("softmax_axis0/{name}"), |b| {
+            b.iter(|| drop(black_box(ctx.softmax(black_box(&x), 0).unwrap())))
+        });
+        drop(xt);
         g.bench_function(format!("softmax/{name}"), |b| {
             b.iter(|| drop(black_box(ctx.softmax(black_box(&x), 1).unwrap())))
         });

@@ -2,9 +2,9 @@
 
 mod support;
 
-use fucina_exec::{ExecContext, ExecError, RawTensor};
+use fucina_exec::{ExecContext, ExecError, PARALLEL_THRESHOLD, RawTensor};
 use proptest::prelude::*;
-use support::{bits, layouts, naive_binary, values};
+use support::{bits, layouts, naive_binary, unravel, values};
 
 type Binary = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor, ExecError>;
 type BinaryRow = (&'static str, Binary, fn(f32, f32) -> f32);
@@ -347,5 +347,117 @@ fn results_are_bitwise_identical_for_every_team_size() {
     let one = run(1);
     for threads in 2..=4 {
         assert_eq!(run(threads), one, "threads = {threads}");
+    }
+}
+
+/// `x` (contiguous, of `shape`) permuted by `perm`, computed index by index.
+fn naive_permute(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let mut strides = vec![1; shape.len()];
+    for ax in (0..shape.len() - 1).rev() {
+        strides[ax] = strides[ax + 1] * shape[ax + 1];
+    }
+    (0..x.len())
+        .map(|i| {
+            let idx = unravel(i, &out_shape);
+            x[idx
+                .iter()
+                .zip(perm)
+                .map(|(&j, &p)| j * strides[p])
+                .sum::<usize>()]
+        })
+        .collect()
+}
+
+#[test]
+fn materialize_of_permuted_views_matches_naive() {
+    let perms3 = [
+        [0, 1, 2],
+        [0, 2, 1],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+    ];
+    for threads in [1, 2, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        // Odd, non-square, size-1 axes; [33, 17, 65] is above the parallel threshold.
+        for shape in [
+            [3, 5, 7],
+            [33, 17, 65],
+            [1, 40, 3],
+            [64, 1, 70],
+            [2, 31, 33],
+        ] {
+            let n = shape.iter().product();
+            let vals = values(n, 11);
+            let x = ctx.from_slice(&shape, &vals).unwrap();
+            for perm in perms3 {
+                let m = ctx.materialize(&x.permute(&perm).unwrap()).unwrap();
+                let want = naive_permute(&vals, &shape, &perm);
+                assert_eq!(bits(&m.to_vec()), bits(&want), "{shape:?} {perm:?}");
+                // A unary op over the same view takes the same tiled walk.
+                let y = ctx.neg(&x.permute(&perm).unwrap()).unwrap().to_vec();
+                let want: Vec<f32> = want.iter().map(|v| -v).collect();
+                assert_eq!(bits(&y), bits(&want), "neg {shape:?} {perm:?}");
+            }
+        }
+        // 2-D transposes, including a stepped (every other column) source.
+        for (r, c) in [(1, 33), (33, 1), (31, 33), (64, 100), (257, 3), (300, 129)] {
+            let vals = values(r * c, 12);
+            let x = ctx.from_slice(&[r, c], &vals).unwrap();
+            let t = ctx.materialize(&x.transpose(0, 1).unwrap()).unwrap();
+            assert_eq!(
+                bits(&t.to_vec()),
+                bits(&naive_permute(&vals, &[r, c], &[1, 0])),
+                "{r}x{c}"
+            );
+            if c >= 2 {
+                let w = ctx.from_slice(&[r, 2 * c], &values(2 * r * c, 13)).unwrap();
+                let stepped = w.reshape(&[r, c, 2]).unwrap().narrow(2, 1, 1).unwrap();
+                let m = ctx.materialize(&stepped.transpose(0, 1).unwrap()).unwrap();
+                let wv = w.to_vec();
+                let want: Vec<f32> = (0..r * c)
+                    .map(|i| {
+                        let (j, k) = (i / r, i % r);
+                        wv[k * 2 * c + 2 * j + 1]
+                    })
+                    .collect();
+                assert_eq!(bits(&m.to_vec()), bits(&want), "stepped {r}x{c}");
+                drop((w, stepped, m));
+            }
+            drop((x, t));
+        }
+        ctx.close().unwrap();
+    }
+}
+
+/// Below `PARALLEL_THRESHOLD` elements of work an op stays on the caller (the team
+/// never starts); each parallel chunk holds at least a threshold's worth of work,
+/// so a cheap op splits from twice the threshold on. Same bits either way.
+#[test]
+fn ops_go_parallel_at_the_threshold() {
+    let serial = ExecContext::with_threads(1);
+    let t = PARALLEL_THRESHOLD;
+    for (n, parallel) in [(t - 1, false), (t, false), (2 * t, true)] {
+        let ctx = ExecContext::with_threads(2);
+        let (a, b) = (values(n, 1), values(n, 2));
+        let (x, y) = (
+            ctx.from_slice(&[n], &a).unwrap(),
+            ctx.from_slice(&[n], &b).unwrap(),
+        );
+        let z = ctx.add(&x, &y).unwrap();
+        let started = ctx.work_pool().unwrap().is_started();
+        assert_eq!(started, parallel, "add of {n} elements");
+        let (xs, ys) = (
+            serial.from_slice(&[n], &a).unwrap(),
+            serial.from_slice(&[n], &b).unwrap(),
+        );
+        assert_eq!(
+            bits(&z.to_vec()),
+            bits(&serial.add(&xs, &ys).unwrap().to_vec())
+        );
+        drop((x, y, z, xs, ys));
+        ctx.close().unwrap();
     }
 }

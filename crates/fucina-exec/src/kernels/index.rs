@@ -17,7 +17,8 @@ pub(crate) fn gather_rows<T: Copy>(dst: &mut [T], src: &[T], row_len: usize, idx
 /// `dst = sum over j in rows (in the given order) of src row j` (rows of
 /// `dst.len()` elements), starting from zero. The fixed order makes the bits of
 /// every destination row independent of how the destination rows are split.
-#[inline]
+/// Inlined so that the ops can run it at the dispatched vector level.
+#[inline(always)]
 pub(crate) fn sum_rows_into(dst: &mut [f32], src: &[f32], rows: &[usize]) {
     let row_len = dst.len();
     dst.fill(0.0);

@@ -1,5 +1,6 @@
 //! Kernels: plain functions over slices, free of shapes and pools. Ops in
-//! [`crate::ops`] validate, allocate and split the work; kernels compute.
+//! [`crate::ops`] validate, allocate and split the work; kernels compute. The hot
+//! loops run at the vector level chosen at run time ([`simd`]).
 
 pub(crate) mod gemm;
 pub(crate) mod index;
@@ -7,5 +8,6 @@ pub(crate) mod math;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;
 pub(crate) mod select;
+pub(crate) mod simd;
 pub(crate) mod strided;
 pub(crate) mod unary;

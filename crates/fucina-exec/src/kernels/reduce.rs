@@ -13,14 +13,17 @@
 //!   super-chunks in parallel and get the serial bits, see [`pairwise`]).
 //!
 //! Column sums (a reduction along an axis that is not the last one) accumulate
-//! each column sequentially inside blocks of [`BLOCK`] rows and add the block
+//! each column sequentially inside blocks of [`ROW_BLOCK`] rows and add the block
 //! partials in row order ([`col_sum_with`]).
 
-/// Interleaved accumulators of a block sum: four SSE or two AVX registers, enough
-/// independent add chains to hide the add latency.
-pub(crate) const LANES: usize = 16;
+/// Interleaved accumulators of a block sum: four AVX-512, eight AVX2 or sixteen
+/// SSE/NEON registers, enough independent add chains to hide the add latency at
+/// every vector level (the layout, and so the result, is the same at all of them).
+pub(crate) const LANES: usize = 64;
 /// Elements per block: the unit of the pairwise combination.
-pub(crate) const BLOCK: usize = 256;
+pub(crate) const BLOCK: usize = 1024;
+/// Rows per block of the column sums.
+pub(crate) const ROW_BLOCK: usize = 256;
 /// Elements per super-chunk: the unit a full reduction parallelizes over.
 pub(crate) const SUPER: usize = 1 << 16;
 /// Columns per tile of the column kernels (stack accumulators).
@@ -76,36 +79,118 @@ fn block_sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
     s
 }
 
-/// Where a pairwise sum of `len` elements splits: at a multiple of `unit`, with
-/// `ceil(len / unit) / 2` units on the left.
-#[inline]
-fn split_point(len: usize, unit: usize) -> usize {
-    len.div_ceil(unit) / 2 * unit
+// The block loops below are written out once per sum kind (not through a shared
+// closure): each block kernel then has a single call site and is inlined, so it
+// compiles at the vector level of the caller's `vectorized!` arm.
+
+/// Stack room for the block partials of up to [`SUPER`] elements.
+const MAX_BLOCKS: usize = SUPER / BLOCK;
+
+/// `sum(f(x[i]))` in the fixed order of the module docs: up to [`SUPER`]
+/// elements, the block sums go to a stack array and are combined by [`pairwise`]
+/// (the same tree as splitting at `ceil(len / BLOCK) / 2` blocks, recursively);
+/// above, super-chunks are summed that way and combined pairwise.
+#[inline(always)]
+pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() > SUPER {
+        return sum_map_super(x, f);
+    }
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for c in x.chunks(BLOCK) {
+        partials[n] = block_sum_map(c, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
 }
 
-/// `sum(f(x[i]))` in the fixed order of the module docs.
-pub(crate) fn sum_map(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
-    if x.len() <= BLOCK {
-        return block_sum_map(x, f);
+/// [`sum_map`] above [`SUPER`] elements (recursive, so not inlined: each
+/// super-chunk goes through the level dispatch).
+fn sum_map_super(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= SUPER {
+        return super::simd::vectorized!(sum_map(x, f));
     }
-    let unit = if x.len() > SUPER { SUPER } else { BLOCK };
-    let h = split_point(x.len(), unit);
-    sum_map(&x[..h], f) + sum_map(&x[h..], f)
+    let h = x.len().div_ceil(SUPER) / 2 * SUPER;
+    sum_map_super(&x[..h], f) + sum_map_super(&x[h..], f)
 }
 
 /// `sum(f(a[i], b[i]))` over two equally long slices, in the order of
 /// [`sum_map`].
+#[inline(always)]
 pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    if a.len() <= BLOCK {
-        return block_sum_map2(a, b, f);
+    let b = &b[..a.len()];
+    if a.len() > SUPER {
+        return sum_map2_super(a, b, f);
     }
-    let unit = if a.len() > SUPER { SUPER } else { BLOCK };
-    let h = split_point(a.len(), unit);
-    sum_map2(&a[..h], &b[..h], f) + sum_map2(&a[h..], &b[h..], f)
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for (ca, cb) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
+        partials[n] = block_sum_map2(ca, cb, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
+}
+
+fn sum_map2_super(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
+    if a.len() <= SUPER {
+        return super::simd::vectorized!(sum_map2(a, b, f));
+    }
+    let h = a.len().div_ceil(SUPER) / 2 * SUPER;
+    sum_map2_super(&a[..h], &b[..h], f) + sum_map2_super(&a[h..], &b[h..], f)
+}
+
+/// Writes `out[i] = f(x[i])` and returns `sum(out)` (bitwise [`sum`] of the
+/// written `out`), in one pass.
+#[inline(always)]
+pub(crate) fn map_store_sum(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    debug_assert_eq!(x.len(), out.len());
+    let x = &x[..out.len()];
+    if x.len() > SUPER {
+        return map_store_sum_super(x, out, f);
+    }
+    let mut partials = [0.0f32; MAX_BLOCKS];
+    let mut n = 0;
+    for (c, o) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        partials[n] = block_store_sum(c, o, f);
+        n += 1;
+    }
+    pairwise(&partials[..n])
+}
+
+fn map_store_sum_super(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= SUPER {
+        return super::simd::vectorized!(map_store_sum(x, out, f));
+    }
+    let h = x.len().div_ceil(SUPER) / 2 * SUPER;
+    let (lo, hi) = out.split_at_mut(h);
+    map_store_sum_super(&x[..h], lo, f) + map_store_sum_super(&x[h..], hi, f)
+}
+
+#[inline(always)]
+fn block_store_sum(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let cx = x.chunks_exact(LANES);
+    let rx = cx.remainder();
+    let mut co = out.chunks_exact_mut(LANES);
+    for (c, o) in cx.zip(&mut co) {
+        for ((a, d), &v) in acc.iter_mut().zip(o.iter_mut()).zip(c) {
+            let y = f(v);
+            *d = y;
+            *a += y;
+        }
+    }
+    let mut s = combine_lanes(&acc);
+    for (d, &v) in co.into_remainder().iter_mut().zip(rx) {
+        let y = f(v);
+        *d = y;
+        s += y;
+    }
+    s
 }
 
 /// The sum of `x` (see the module docs for the order).
+#[inline(always)]
 pub(crate) fn sum(x: &[f32]) -> f32 {
     sum_map(x, |v| v)
 }
@@ -130,17 +215,18 @@ pub(crate) fn pairwise(partials: &[f32]) -> f32 {
 #[inline(always)]
 fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     let mut acc = [init; LANES];
-    let mut nan = [false; LANES];
+    // NaN flags as u32 lanes (the width of the f32 lanes, so both vectorize alike).
+    let mut nan = [0u32; LANES];
     let chunks = x.chunks_exact(LANES);
     let rem = chunks.remainder();
     for c in chunks {
         for ((a, n), &v) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
             *a = pick(*a, v);
-            *n |= v.is_nan();
+            *n |= u32::from(v.is_nan());
         }
     }
     let mut m = init;
-    let mut any_nan = nan.iter().any(|&n| n);
+    let mut any_nan = nan.iter().fold(0, |a, &n| a | n) != 0;
     for &a in &acc {
         m = pick(m, a);
     }
@@ -152,11 +238,13 @@ fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 /// The largest element; NaN if any element is NaN; `-inf` for an empty slice.
+#[inline(always)]
 pub(crate) fn max(x: &[f32]) -> f32 {
     extremum(x, f32::NEG_INFINITY, |a, v| if v > a { v } else { a })
 }
 
 /// The smallest element; NaN if any element is NaN; `+inf` for an empty slice.
+#[inline(always)]
 pub(crate) fn min(x: &[f32]) -> f32 {
     extremum(x, f32::INFINITY, |a, v| if v < a { v } else { a })
 }
@@ -194,9 +282,10 @@ fn arg_by(x: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
 /// Column sums: `out[j] = sum over k in 0..n of row_k[j]`, where `add_row(k, acc)`
 /// adds row `k`'s contribution to `acc` (`acc.len() == out.len() <= TILE`).
 ///
-/// Order: inside each block of [`BLOCK`] rows, each column accumulates
+/// Order: inside each block of [`ROW_BLOCK`] rows, each column accumulates
 /// sequentially from zero; block partials are added to the running total in row
 /// order. The order depends only on `n`.
+#[inline(always)]
 pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(usize, &mut [f32])) {
     let w = out.len();
     assert!(w <= TILE, "col_sum_with: a tile has at most {TILE} columns");
@@ -204,7 +293,7 @@ pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(us
     let mut acc = [0.0f32; TILE];
     let mut start = 0;
     while start < n {
-        let end = (start + BLOCK).min(n);
+        let end = (start + ROW_BLOCK).min(n);
         let a = &mut acc[..w];
         a.fill(0.0);
         for k in start..end {
@@ -223,6 +312,7 @@ pub(crate) fn col_sum_with(n: usize, out: &mut [f32], mut add_row: impl FnMut(us
 }
 
 /// Column sums of the `[n, inner]` slab `x`, columns `i0..i0 + out.len()`.
+#[inline(always)]
 pub(crate) fn col_sum(x: &[f32], inner: usize, i0: usize, out: &mut [f32]) {
     let w = out.len();
     let n = x.len() / inner;
@@ -236,6 +326,7 @@ pub(crate) fn col_sum(x: &[f32], inner: usize, i0: usize, out: &mut [f32]) {
 /// Calls `f(row, col0, out_tile)` over `out`, the flat elements `range` of an
 /// `[outer, inner]` output, split into tiles of at most [`TILE`] columns that never
 /// cross a row.
+#[inline(always)]
 pub(crate) fn for_each_col_tile(
     range: std::ops::Range<usize>,
     inner: usize,
@@ -268,6 +359,47 @@ mod tests {
         assert!((f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()));
         let partials: Vec<f32> = x.chunks(SUPER).map(sum).collect();
         assert_eq!(pairwise(&partials).to_bits(), s.to_bits());
+    }
+
+    /// The pairwise definition of the module docs, written as the recursion.
+    fn recursive_sum(x: &[f32]) -> f32 {
+        if x.len() <= BLOCK {
+            return block_sum_map(x, |v| v);
+        }
+        let unit = if x.len() > SUPER { SUPER } else { BLOCK };
+        let h = x.len().div_ceil(unit) / 2 * unit;
+        recursive_sum(&x[..h]) + recursive_sum(&x[h..])
+    }
+
+    #[test]
+    fn fixed_sum_is_the_recursive_pairwise_sum() {
+        let x: Vec<f32> = (0..3 * SUPER + 777)
+            .map(|i| ((i * 7919) % 1001) as f32 * 0.013 - 6.5)
+            .collect();
+        for len in [
+            1,
+            15,
+            17,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            5 * BLOCK + 3,
+            SUPER - 1,
+            SUPER,
+            SUPER + 1,
+            2 * SUPER + BLOCK + 9,
+            x.len(),
+        ] {
+            let x = &x[..len];
+            let s = sum(x);
+            assert_eq!(s.to_bits(), recursive_sum(x).to_bits(), "len {len}");
+            let mut out = vec![0.0; len];
+            let t = map_store_sum(x, &mut out, |v| v * 0.5 + 1.0);
+            let mapped: Vec<f32> = x.iter().map(|&v| v * 0.5 + 1.0).collect();
+            assert_eq!(out, mapped, "len {len}");
+            assert_eq!(t.to_bits(), sum(&mapped).to_bits(), "len {len}");
+            assert_eq!(t.to_bits(), sum_map(x, |v| v * 0.5 + 1.0).to_bits());
+        }
     }
 
     #[test]

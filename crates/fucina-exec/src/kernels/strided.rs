@@ -70,7 +70,6 @@ impl<const N: usize> Geom<N> {
     }
 
     /// Length of the innermost (coalesced) axis.
-    #[cfg(test)]
     pub(crate) fn inner(&self) -> usize {
         self.inner
     }
@@ -161,6 +160,38 @@ pub(crate) fn seg1<A: Copy, O: Copy>(
                 *o = f(a[ba + j * sa]);
             }
         }
+    }
+}
+
+/// Rows and columns of the tiles of [`tiled_rows`].
+pub(crate) const TILE: usize = 32;
+
+/// `out[r * row_len + j] = f(a[bases[r] + j * sa])` for the `bases.len()` rows of
+/// `out` (at most [`TILE`] of them), walked in tiles of [`TILE`] columns: for an
+/// operand read across its rows with unit stride (a transposed or permuted view),
+/// one tile reads `TILE` runs of consecutive elements and writes `TILE` short rows,
+/// all of which stay in L1, instead of touching a new cache line per element.
+#[inline(always)]
+pub(crate) fn tiled_rows<A: Copy, O: Copy>(
+    out: &mut [O],
+    row_len: usize,
+    a: &[A],
+    bases: &[usize],
+    sa: usize,
+    f: &impl Fn(A) -> O,
+) {
+    debug_assert_eq!(out.len(), bases.len() * row_len);
+    let mut j0 = 0;
+    while j0 < row_len {
+        let w = TILE.min(row_len - j0);
+        for (orow, &b) in out.chunks_exact_mut(row_len).zip(bases) {
+            // One range check per row of the tile, none per element.
+            let src = a[b + j0 * sa..=b + (j0 + w - 1) * sa].iter().step_by(sa);
+            for (o, &v) in orow[j0..j0 + w].iter_mut().zip(src) {
+                *o = f(v);
+            }
+        }
+        j0 += w;
     }
 }
 

@@ -9,7 +9,10 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::strided::{Geom, seg1, seg2};
+use crate::kernels::simd::vectorized;
+use std::ops::Range;
+
+use crate::kernels::strided::{Geom, TILE, seg1, seg2, tiled_rows};
 use crate::kernels::unary as k;
 use crate::tensor::layout::{broadcast_layout, broadcast_shapes};
 use crate::tensor::{Element, RawTensor};
@@ -31,11 +34,20 @@ impl ExecContext {
         let geom = Geom::new(x.shape(), [x.layout()]);
         let [sx] = geom.inner_strides();
         let xs: &[A] = x.buffer();
+        let inner = geom.inner();
+        if sx > 1 && inner > 1 && x.numel() > inner {
+            return self.new_tensor(op, x.shape(), |out| {
+                self.par_rows(out, inner, inner * cost, |rows, o| {
+                    map1_tiled(&geom, rows, o, xs, &f)
+                })
+            });
+        }
         self.new_tensor(op, x.shape(), |out| {
             self.par_rows(out, 1, cost, |r, o| {
                 let start = r.start;
                 geom.for_segments(r, |pos, len, [bx]| {
-                    seg1(&mut o[pos - start..pos - start + len], xs, bx, sx, &f);
+                    let o = &mut o[pos - start..pos - start + len];
+                    vectorized!(seg1(o, xs, bx, sx, &f));
                 });
             });
         })
@@ -60,16 +72,8 @@ impl ExecContext {
             self.par_rows(out, 1, cost, |r, o| {
                 let start = r.start;
                 geom.for_segments(r, |pos, len, [ba, bb]| {
-                    seg2(
-                        &mut o[pos - start..pos - start + len],
-                        av,
-                        ba,
-                        sa,
-                        bv,
-                        bb,
-                        sb,
-                        &f,
-                    );
+                    let o = &mut o[pos - start..pos - start + len];
+                    vectorized!(seg2(o, av, ba, sa, bv, bb, sb, &f));
                 });
             });
         })
@@ -96,9 +100,8 @@ impl ExecContext {
             self.par_rows(out, 1, CHEAP, |r, o| {
                 let start = r.start;
                 geom.for_segments(r, |pos, len, [bc, ba, bb]| {
-                    for (j, o) in o[pos - start..pos - start + len].iter_mut().enumerate() {
-                        *o = f(cv[bc + j * sc], av[ba + j * sa], bv[bb + j * sb]);
-                    }
+                    let o = &mut o[pos - start..pos - start + len];
+                    vectorized!(seg3(o, (cv, bc, sc), (av, ba, sa), (bv, bb, sb), &f));
                 });
             });
         })
@@ -445,9 +448,9 @@ impl ExecContext {
         }
         let data = x.data_mut()?;
         self.par_rows(data, 1, CHEAP, |_, o| {
-            for v in o.iter_mut() {
+            vectorized!(for v in o.iter_mut() {
                 *v *= s;
-            }
+            })
         });
         Ok(x)
     }
@@ -475,9 +478,7 @@ impl ExecContext {
             geom.for_segments(r, |pos, len, [bx, by]| {
                 debug_assert_eq!(bx, off + pos);
                 let seg = &mut o[pos - start..pos - start + len];
-                for (j, v) in seg.iter_mut().enumerate() {
-                    *v = f(*v, yv[by + j * sy]);
-                }
+                vectorized!(seg_inplace(seg, yv, by, sy, &f));
             });
         });
         Ok(x)
@@ -535,6 +536,91 @@ impl ExecContext {
                 }
             });
         })
+    }
+}
+
+/// The rows `rows` (of the geometry's inner length) of a one-operand map whose
+/// operand is read with a non-unit inner stride: groups of [`TILE`] consecutive
+/// rows are written tile by tile ([`tiled_rows`]). Each output element is still
+/// `f` of its own input, so the grouping changes no result.
+fn map1_tiled<A: Copy, O: Copy>(
+    geom: &Geom<1>,
+    rows: Range<usize>,
+    o: &mut [O],
+    xs: &[A],
+    f: &impl Fn(A) -> O,
+) {
+    let inner = geom.inner();
+    let [sx] = geom.inner_strides();
+    let mut bases = [0usize; TILE];
+    let mut n = 0;
+    let mut done = 0;
+    geom.for_segments(rows.start * inner..rows.end * inner, |_, len, [bx]| {
+        debug_assert_eq!(len, inner);
+        bases[n] = bx;
+        n += 1;
+        if n == TILE {
+            tiled_rows(&mut o[done..done + n * inner], inner, xs, &bases, sx, f);
+            done += n * inner;
+            n = 0;
+        }
+    });
+    if n > 0 {
+        tiled_rows(
+            &mut o[done..done + n * inner],
+            inner,
+            xs,
+            &bases[..n],
+            sx,
+            f,
+        );
+    }
+}
+
+/// `out[j] = f(c[bc + j*sc], a[.., ..], b[.., ..])` for a segment (stride 1 and 0
+/// specialised for the two value operands).
+#[inline(always)]
+fn seg3<C: Copy, A: Copy, B: Copy, O>(
+    out: &mut [O],
+    (c, bc, sc): (&[C], usize, usize),
+    (a, ba, sa): (&[A], usize, usize),
+    (b, bb, sb): (&[B], usize, usize),
+    f: &impl Fn(C, A, B) -> O,
+) {
+    let n = out.len();
+    if (sc, sa, sb) == (1, 1, 1) {
+        let (c, a, b) = (&c[bc..bc + n], &a[ba..ba + n], &b[bb..bb + n]);
+        for (((o, &z), &x), &y) in out.iter_mut().zip(c).zip(a).zip(b) {
+            *o = f(z, x, y);
+        }
+    } else {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = f(c[bc + j * sc], a[ba + j * sa], b[bb + j * sb]);
+        }
+    }
+}
+
+/// `seg[j] = f(seg[j], y[by + j*sy])` (stride 1 and 0 specialised).
+#[inline(always)]
+fn seg_inplace(seg: &mut [f32], y: &[f32], by: usize, sy: usize, f: &impl Fn(f32, f32) -> f32) {
+    let n = seg.len();
+    match sy {
+        1 => {
+            for (v, &w) in seg.iter_mut().zip(&y[by..by + n]) {
+                *v = f(*v, w);
+            }
+        }
+        0 => {
+            let w = y[by];
+            for v in seg.iter_mut() {
+                *v = f(*v, w);
+            }
+        }
+        _ => {
+            for (j, v) in seg.iter_mut().enumerate() {
+                *v = f(*v, y[by + j * sy]);
+            }
+        }
     }
 }
 

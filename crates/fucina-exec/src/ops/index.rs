@@ -11,6 +11,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
 use crate::kernels::select::transpose_rows;
+use crate::kernels::simd::vectorized;
 use crate::kernels::strided::{Geom, seg1};
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
@@ -786,7 +787,8 @@ impl ExecContext {
                 for (r, drow) in rows.zip(dst.chunks_exact_mut(inner)) {
                     let (o, t) = (r / d, r % d);
                     let src = &g[o * m * inner..(o + 1) * m * inner];
-                    sum_rows_into(drow, src, positions_of(offs, order, t));
+                    let at = positions_of(offs, order, t);
+                    vectorized!(sum_rows_into(drow, src, at));
                 }
             });
         })

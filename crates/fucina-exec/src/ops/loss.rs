@@ -9,6 +9,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce::{sum, sum_map2};
 use crate::kernels::rowwise;
+use crate::kernels::simd::vectorized;
 use crate::tensor::RawTensor;
 
 /// Checks `[N, C]` scores against `[N]` labels with values in `0..C`; returns
@@ -75,10 +76,10 @@ impl ExecContext {
         let (xs, ls) = (xc.contiguous_slice(), lab.contiguous_slice());
         self.new_tensor(OP, &[n], |out| {
             self.par_rows(out, 1, c * 8, |rows, o| {
-                for (r, v) in rows.zip(o.iter_mut()) {
+                vectorized!(for (r, v) in rows.zip(o.iter_mut()) {
                     let row = &xs[r * c..][..c];
                     *v = rowwise::logsumexp(row) - row[ls[r] as usize];
-                }
+                })
             });
         })
     }
@@ -116,7 +117,7 @@ impl ExecContext {
     /// `[1]` holding the fixed-order mean of the contiguous `terms`.
     fn mean_of_terms(&self, op: &'static str, terms: &RawTensor) -> Result<RawTensor, ExecError> {
         let ts = terms.contiguous_slice();
-        let s = self.full_sum(op, ts.len(), |r| sum(&ts[r]))?;
+        let s = self.full_sum(op, ts.len(), |r| vectorized!(sum(&ts[r])))?;
         let m = s / ts.len() as f32;
         self.new_tensor(op, &[1], |o| o[0] = m)
     }
@@ -140,13 +141,13 @@ impl ExecContext {
         let s = grad / n as f32;
         self.new_tensor(OP, &[n, c], |out| {
             self.par_rows(out, c, c * 8, |rows, o| {
-                for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
                     rowwise::softmax(&xs[r * c..][..c], orow);
                     orow[ls[r] as usize] -= 1.0;
                     for v in orow.iter_mut() {
                         *v *= s;
                     }
-                }
+                })
             });
         })
     }
@@ -213,10 +214,10 @@ impl ExecContext {
         let (ac, bc) = (self.contiguous(a)?, self.contiguous(b)?);
         let (xs, ys) = (ac.contiguous_slice(), bc.contiguous_slice());
         let s = self.full_sum(OP, xs.len(), |r| {
-            sum_map2(&xs[r.clone()], &ys[r], |u, v| {
+            vectorized!(sum_map2(&xs[r.clone()], &ys[r.clone()], |u, v| {
                 let d = u - v;
                 d * d
-            })
+            }))
         })?;
         let m = s / xs.len() as f32;
         self.new_tensor(OP, &[1], |o| o[0] = m)
@@ -240,17 +241,19 @@ impl ExecContext {
         let s = 2.0 * grad / xs.len() as f32;
         let ga = self.new_tensor(OP, a.shape(), |out| {
             self.par_rows(out, 1, 1, |r, o| {
-                for ((v, &u), &w) in o.iter_mut().zip(&xs[r.clone()]).zip(&ys[r]) {
+                vectorized!(for ((v, &u), &w) in
+                    o.iter_mut().zip(&xs[r.clone()]).zip(&ys[r.clone()])
+                {
                     *v = (u - w) * s;
-                }
+                })
             });
         })?;
         let gas = ga.contiguous_slice();
         let gb = self.new_tensor(OP, a.shape(), |out| {
             self.par_rows(out, 1, 1, |r, o| {
-                for (v, &g) in o.iter_mut().zip(&gas[r]) {
+                vectorized!(for (v, &g) in o.iter_mut().zip(&gas[r.clone()]) {
                     *v = -g;
-                }
+                })
             });
         })?;
         Ok((ga, gb))

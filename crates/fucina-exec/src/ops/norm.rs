@@ -10,6 +10,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce::{col_sum, col_sum_with, for_each_col_tile};
 use crate::kernels::rowwise;
+use crate::kernels::simd::vectorized;
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a norm row (two statistics passes and the output).
@@ -97,9 +98,9 @@ impl ExecContext {
         );
         self.new_tensor(OP, x.shape(), |out| {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
-                for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
                     rowwise::layer_norm(&xs[r * c..][..c], gs, bs, eps, orow);
-                }
+                })
             });
         })
     }
@@ -124,9 +125,9 @@ impl ExecContext {
         let (xs, gs) = (xc.contiguous_slice(), gc.contiguous_slice());
         self.new_tensor(OP, x.shape(), |out| {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
-                for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
                     rowwise::rms_norm(&xs[r * c..][..c], gs, eps, orow);
-                }
+                })
             });
         })
     }
@@ -158,15 +159,19 @@ impl ExecContext {
             gamma,
             grad_y,
             eps,
-            rowwise::layer_norm_backward,
-            rowwise::layer_norm_stats,
+            |x, gamma, gy, eps, gx| {
+                vectorized!(rowwise::layer_norm_backward(x, gamma, gy, eps, gx))
+            },
+            |row, eps| vectorized!(rowwise::layer_norm_stats(row, eps)),
         )?;
         let c = x.shape()[x.rank() - 1];
         let rows = x.numel() / c;
         let gys = gyc.contiguous_slice();
         let grad_beta = self.new_tensor(OP, &[c], |out| {
             self.par_rows(out, 1, rows, |range, o| {
-                for_each_col_tile(range, c, o, |_, i0, tile| col_sum(gys, c, i0, tile));
+                vectorized!(for_each_col_tile(range, c, o, |_, i0, tile| {
+                    col_sum(gys, c, i0, tile)
+                }))
             });
         })?;
         Ok((grad_x, grad_gamma, grad_beta))
@@ -195,9 +200,9 @@ impl ExecContext {
             gamma,
             grad_y,
             eps,
-            rowwise::rms_norm_backward,
+            |x, gamma, gy, eps, gx| vectorized!(rowwise::rms_norm_backward(x, gamma, gy, eps, gx)),
             // xhat = (x - 0) * rstd: subtracting 0 changes no bit.
-            |row, eps| (0.0, rowwise::rms_norm_rstd(row, eps)),
+            |row, eps| (0.0, vectorized!(rowwise::rms_norm_rstd(row, eps))),
         )?;
         Ok((grad_x, grad_gamma))
     }
@@ -255,7 +260,7 @@ impl ExecContext {
         let st = stats.contiguous_slice();
         let grad_gamma = self.new_tensor(op, &[c], |out| {
             self.par_rows(out, 1, rows * 2, |range, o| {
-                for_each_col_tile(range, c, o, |_, i0, tile| {
+                vectorized!(for_each_col_tile(range, c, o, |_, i0, tile| {
                     let w = tile.len();
                     col_sum_with(rows, tile, |k, acc| {
                         let (shift, rstd) = (st[2 * k], st[2 * k + 1]);
@@ -265,7 +270,7 @@ impl ExecContext {
                             *a += g * ((v - shift) * rstd);
                         }
                     });
-                });
+                }))
             });
         })?;
         Ok((grad_x, grad_gamma, gyc))

@@ -20,6 +20,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce as k;
 use crate::kernels::rowwise;
+use crate::kernels::simd::vectorized;
 use crate::tensor::RawTensor;
 use crate::tensor::element::Element;
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
@@ -133,15 +134,15 @@ impl ExecContext {
         self.par_rows(out, 1, n, |range, o| {
             if inner == 1 {
                 for (r, v) in range.zip(o.iter_mut()) {
-                    *v = finish(k::sum(&xs[r * n..][..n]));
+                    *v = finish(vectorized!(k::sum(&xs[r * n..][..n])));
                 }
             } else {
-                k::for_each_col_tile(range, inner, o, |row, i0, tile| {
+                vectorized!(k::for_each_col_tile(range, inner, o, |row, i0, tile| {
                     k::col_sum(&xs[row * n * inner..][..n * inner], inner, i0, tile);
                     for v in tile.iter_mut() {
                         *v = finish(*v);
                     }
-                });
+                }))
             }
         });
     }
@@ -189,7 +190,7 @@ impl ExecContext {
 
     /// The sum along `axis` (removed, or kept as size 1 with `keepdim`).
     ///
-    /// Along the last axis each row is summed in blocks of 256 elements (8
+    /// Along the last axis each row is summed in blocks of 1024 elements (64
     /// interleaved accumulators each) combined pairwise; along another axis each
     /// column is summed sequentially within blocks of 256 rows and the blocks are
     /// added in order. Both orders depend only on the reduced length.
@@ -227,7 +228,7 @@ impl ExecContext {
     /// # Errors
     /// As [`sum`](ExecContext::sum).
     pub fn max(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
-        self.row_reduce("max", x, axis, keepdim, 1, k::max)
+        self.row_reduce("max", x, axis, keepdim, 1, |r| vectorized!(k::max(r)))
     }
 
     /// The smallest element along `axis`; NaN where the reduced elements hold a NaN.
@@ -235,7 +236,7 @@ impl ExecContext {
     /// # Errors
     /// As [`sum`](ExecContext::sum).
     pub fn min(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
-        self.row_reduce("min", x, axis, keepdim, 1, k::min)
+        self.row_reduce("min", x, axis, keepdim, 1, |r| vectorized!(k::min(r)))
     }
 
     /// The index along `axis` of the largest element: the first one on ties, and
@@ -292,7 +293,9 @@ impl ExecContext {
         unbiased: bool,
     ) -> Result<RawTensor, ExecError> {
         let c = usize::from(unbiased);
-        self.row_reduce("variance", x, axis, keepdim, 3, |r| rowwise::variance(r, c))
+        self.row_reduce("variance", x, axis, keepdim, 3, |r| {
+            vectorized!(rowwise::variance(r, c))
+        })
     }
 
     /// `log(sum(exp(x)))` along `axis`, stable: the max along the axis is subtracted
@@ -307,7 +310,9 @@ impl ExecContext {
         axis: usize,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("logsumexp", x, axis, keepdim, 8, rowwise::logsumexp)
+        self.row_reduce("logsumexp", x, axis, keepdim, 8, |r| {
+            vectorized!(rowwise::logsumexp(r))
+        })
     }
 
     /// The sum of every element, shape `[1]`. Super-chunks of 65536 elements are
@@ -334,7 +339,7 @@ impl ExecContext {
     fn sum_all_value(&self, op: &'static str, x: &RawTensor) -> Result<f32, ExecError> {
         let src = self.contiguous(x)?;
         let xs = src.contiguous_slice();
-        self.full_sum(op, xs.len(), |r| k::sum(&xs[r]))
+        self.full_sum(op, xs.len(), |r| vectorized!(k::sum(&xs[r.clone()])))
     }
 
     /// Sums `x` down to `shape`, the shape of an operand that was broadcast to
@@ -469,7 +474,7 @@ impl ExecContext {
         let gs = g.contiguous_slice();
         self.new_tensor(op, input_shape, |out| {
             self.par_rows(out, n * inner, n * inner, |rows, o| {
-                for (r, slab) in rows.zip(o.chunks_exact_mut(n * inner)) {
+                vectorized!(for (r, slab) in rows.zip(o.chunks_exact_mut(n * inner)) {
                     let gr = &gs[r * inner..][..inner];
                     for row in slab.chunks_exact_mut(inner) {
                         match divide_by {
@@ -481,7 +486,7 @@ impl ExecContext {
                             }
                         }
                     }
-                }
+                })
             });
         })
     }
@@ -624,7 +629,7 @@ impl ExecContext {
         let slab = n * inner;
         self.new_tensor(op, x.shape(), |out| {
             self.par_rows(out, slab, slab * 2, |rows, o| {
-                for (r, os) in rows.zip(o.chunks_exact_mut(slab)) {
+                vectorized!(for (r, os) in rows.zip(o.chunks_exact_mut(slab)) {
                     let xr = &xs[r * slab..][..slab];
                     let ar = &as_[r * inner..][..inner];
                     let br = &bs[r * inner..][..inner];
@@ -633,7 +638,7 @@ impl ExecContext {
                             *v = f(xv, av, bv);
                         }
                     }
-                }
+                })
             });
         })
     }

@@ -9,6 +9,7 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::rowwise;
+use crate::kernels::simd::vectorized;
 use crate::ops::reduce::axis_last_order;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
@@ -87,7 +88,7 @@ impl ExecContext {
     /// [`ExecError::InvalidAxis`] if `axis >= rank`; [`ExecError::OutOfMemory`].
     pub fn softmax(&self, x: &RawTensor, axis: usize) -> Result<RawTensor, ExecError> {
         self.rowwise_along("softmax", [x], axis, EXP_WORK, |[r], o| {
-            rowwise::softmax(r, o)
+            vectorized!(rowwise::softmax(r, o))
         })
     }
 
@@ -97,7 +98,7 @@ impl ExecContext {
     /// As [`softmax`](ExecContext::softmax).
     pub fn log_softmax(&self, x: &RawTensor, axis: usize) -> Result<RawTensor, ExecError> {
         self.rowwise_along("log_softmax", [x], axis, EXP_WORK, |[r], o| {
-            rowwise::log_softmax(r, o)
+            vectorized!(rowwise::log_softmax(r, o))
         })
     }
 
@@ -115,7 +116,7 @@ impl ExecContext {
         axis: usize,
     ) -> Result<RawTensor, ExecError> {
         self.rowwise_along("softmax_backward", [y, grad_y], axis, 2, |[y, g], o| {
-            rowwise::softmax_backward(y, g, o)
+            vectorized!(rowwise::softmax_backward(y, g, o))
         })
     }
 
@@ -136,7 +137,7 @@ impl ExecContext {
             [y, grad_y],
             axis,
             EXP_WORK,
-            |[y, g], o| rowwise::log_softmax_backward(y, g, o),
+            |[y, g], o| vectorized!(rowwise::log_softmax_backward(y, g, o)),
         )
     }
 }

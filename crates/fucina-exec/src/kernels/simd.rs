@@ -1,0 +1,225 @@
+//! Run-time selection of the vector instruction set the kernels are compiled for.
+//!
+//! The crate is built for the baseline target (SSE2 on x86_64), so a plain loop
+//! uses 4-wide vectors. Each hot loop is instead written once, as an
+//! `#[inline(always)]` generic body, and the [`vectorized!`] macro instantiates it
+//! three times: inside a function compiled with AVX-512 (F, BW, DQ, VL), inside one
+//! compiled with AVX2 + FMA, and as the plain baseline body. The level is detected
+//! once per process (`is_x86_feature_detected!`, cached in a static) and each call
+//! takes the matching arm. On aarch64 NEON is part of the baseline, so the portable
+//! arm is already a NEON loop.
+//!
+//! # Same bits at every level
+//! The bodies use only IEEE operations that round the same way at every vector
+//! width (add, sub, mul, div, sqrt, compares, selects, integer bit tricks), never a
+//! fused multiply-add (Rust never contracts `a * b + c` on its own), and every sum
+//! keeps the fixed lane layout of [`super::reduce`] (16 accumulators whatever the
+//! register width). A result is therefore bitwise the same at every level, which
+//! `tests/simd.rs` checks op by op with [`force_simd_level`].
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A vector instruction-set level the kernels can run at (see
+/// [`simd_level`](crate::simd_level)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// The baseline target of the build (SSE2 on x86_64, NEON on aarch64).
+    Portable,
+    /// x86_64 AVX2 and FMA (256-bit vectors).
+    Avx2,
+    /// x86_64 AVX-512 F, BW, DQ and VL (512-bit vectors).
+    Avx512,
+}
+
+impl SimdLevel {
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// The level's name as the `FUCINA_SIMD` environment variable spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Portable => "portable",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    fn from_u8(v: u8) -> SimdLevel {
+        match v {
+            2 => SimdLevel::Avx512,
+            1 => SimdLevel::Avx2,
+            _ => SimdLevel::Portable,
+        }
+    }
+}
+
+/// Not yet detected.
+const UNSET: u8 = u8::MAX;
+
+/// The level every kernel call uses (`UNSET` until the first call).
+static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
+
+/// The best level this CPU supports.
+pub(crate) fn detected() -> SimdLevel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            return SimdLevel::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return SimdLevel::Avx2;
+        }
+    }
+    SimdLevel::Portable
+}
+
+/// The detected level, lowered by `FUCINA_SIMD` (`portable`, `avx2`, `avx512`) when
+/// that names a level at or below it.
+#[cold]
+fn init() -> SimdLevel {
+    let best = detected();
+    let wanted = std::env::var("FUCINA_SIMD").ok().and_then(|v| {
+        SimdLevel::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(v.trim()))
+    });
+    let level = match wanted {
+        Some(l) if l <= best => l,
+        _ => best,
+    };
+    // A race with another first call or with `force` stores a supported level
+    // either way.
+    let _ = LEVEL.compare_exchange(UNSET, level as u8, Ordering::Relaxed, Ordering::Relaxed);
+    SimdLevel::from_u8(LEVEL.load(Ordering::Relaxed))
+}
+
+/// The level kernel calls use now.
+#[inline(always)]
+pub(crate) fn level() -> SimdLevel {
+    match LEVEL.load(Ordering::Relaxed) {
+        UNSET => init(),
+        v => SimdLevel::from_u8(v),
+    }
+}
+
+/// Makes every later kernel call use `level`, if the CPU supports it; returns
+/// whether it did (an unsupported level changes nothing).
+pub(crate) fn force(level: SimdLevel) -> bool {
+    if level > detected() {
+        return false;
+    }
+    LEVEL.store(level as u8, Ordering::Relaxed);
+    true
+}
+
+/// The vector level the kernels run at now: the best one the CPU supports (detected
+/// once per process), lowered by the `FUCINA_SIMD` environment variable
+/// (`portable`, `avx2` or `avx512`, read on the first kernel call) or by
+/// [`force_simd_level`]. Results are bitwise the same at every level.
+///
+/// ```
+/// use fucina_exec::{ExecContext, SimdLevel, detected_simd_level, simd_level};
+///
+/// assert!(simd_level() <= detected_simd_level());
+/// assert!(SimdLevel::ALL.contains(&simd_level()));
+/// let ctx = ExecContext::new();
+/// let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+/// let y = ctx.softmax(&x, 1)?; // AVX-512 loops here when the CPU has them
+/// assert_eq!(y.shape(), [2, 3]);
+/// # Ok::<(), fucina_exec::ExecError>(())
+/// ```
+pub fn simd_level() -> SimdLevel {
+    level()
+}
+
+/// The best vector level this CPU supports.
+pub fn detected_simd_level() -> SimdLevel {
+    detected()
+}
+
+/// Test hook: makes every later kernel call of the process use `level`, when the
+/// CPU supports it (returns `false` and changes nothing otherwise). Meant for tests
+/// that compare the levels' results; a level change while ops run on other threads
+/// is safe but those ops may mix levels.
+#[doc(hidden)]
+pub fn force_simd_level(level: SimdLevel) -> bool {
+    force(level)
+}
+
+/// Runs `f` inside a function compiled for AVX-512; `f`'s body (a closure made by
+/// [`vectorized!`], called only here) is inlined and vectorized for that target.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/DQ/VL, AVX2 and FMA ([`level`] returned
+/// [`SimdLevel::Avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+pub(crate) unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Runs `f` inside a function compiled for AVX2 + FMA (see [`with_avx512`]).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`level`] returned [`SimdLevel::Avx2`] or
+/// higher).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Evaluates `$body` (an expression whose loops are `#[inline(always)]` kernels)
+/// compiled for the current [`SimdLevel`]: the body is instantiated once per level,
+/// each in its own `#[inline(always)]` closure, which is inlined into the
+/// target-feature wrapper and vectorized there.
+macro_rules! vectorized {
+    ($body:expr) => {{
+        match $crate::kernels::simd::level() {
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::simd::SimdLevel::Avx512 => {
+                // SAFETY: `level` returns Avx512 only when the CPU has every
+                // feature `with_avx512` enables.
+                unsafe {
+                    $crate::kernels::simd::with_avx512(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::simd::SimdLevel::Avx2 => {
+                // SAFETY: `level` returns Avx2 only when the CPU has AVX2 and FMA.
+                unsafe {
+                    $crate::kernels::simd::with_avx2(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
+            }
+            _ => $body,
+        }
+    }};
+}
+pub(crate) use vectorized;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_are_ordered_and_named() {
+        assert!(SimdLevel::Portable < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512);
+        for l in SimdLevel::ALL {
+            assert_eq!(SimdLevel::from_u8(l as u8), l);
+        }
+        assert_eq!(SimdLevel::Avx512.name(), "avx512");
+    }
+}

@@ -1,0 +1,151 @@
+//! Every vectorized op gives the same bits at every vector level the CPU supports
+//! (portable, AVX2, AVX-512): the kernels keep one lane layout and one operation
+//! sequence whatever the register width. One test function, because the level is a
+//! process-wide setting.
+
+#![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
+
+mod support;
+
+use fucina_exec::{
+    ExecContext, ExecError, RawTensor, SimdLevel, detected_simd_level, force_simd_level, simd_level,
+};
+use support::values;
+
+/// The bits of every op output, in a fixed order.
+fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
+    let mut out = Vec::new();
+    let mut push = |name: &str, t: RawTensor| out.push((name.to_string(), bits(&t)));
+    // Odd sizes: vector bodies plus scalar tails; 1029 > 4 blocks of 256.
+    let (r, c) = (13, 1029);
+    let a = ctx.from_slice(&[r, c], &values(r * c, 1))?;
+    let b = ctx.from_slice(&[r, c], &values(r * c, 2))?;
+    let pos = ctx.add_scalar(&ctx.abs(&a)?, 0.25)?;
+    let row = ctx.from_slice(&[c], &values(c, 3))?;
+    let at = ctx
+        .from_slice(&[c, r], &values(r * c, 4))?
+        .transpose(0, 1)?;
+    let gamma = ctx.from_slice(&[c], &values(c, 5))?;
+    let beta = ctx.from_slice(&[c], &values(c, 6))?;
+    let big = ctx.from_slice(&[3 * 65536 + 77], &values(3 * 65536 + 77, 7))?;
+
+    push("add", ctx.add(&a, &b)?);
+    push("add_row", ctx.add(&a, &row)?);
+    push("add_transposed", ctx.add(&a, &at)?);
+    push("sub", ctx.sub(&a, &b)?);
+    push("mul", ctx.mul(&a, &b)?);
+    push("div", ctx.div(&a, &pos)?);
+    push("maximum", ctx.maximum(&a, &b)?);
+    push("minimum", ctx.minimum(&a, &row)?);
+    push("scale", ctx.scale(&a, 1.7)?);
+    push("add_scalar", ctx.add_scalar(&a, -0.3)?);
+    push("clamp", ctx.clamp(&a, -0.5, 0.7)?);
+    push("neg", ctx.neg(&a)?);
+    push("relu", ctx.relu(&a)?);
+    push("relu_backward", ctx.relu_backward(&a, &b)?);
+    push("sqrt", ctx.sqrt(&pos)?);
+    push("rsqrt", ctx.rsqrt(&pos)?);
+    push("exp", ctx.exp(&a)?);
+    push("log", ctx.log(&pos)?);
+    push("sigmoid", ctx.sigmoid(&a)?);
+    push("tanh", ctx.tanh(&a)?);
+    push("gelu", ctx.gelu(&a)?);
+    push("gelu_backward", ctx.gelu_backward(&a, &b)?);
+    push("gelu_erf", ctx.gelu_erf(&a)?);
+    push("silu", ctx.silu(&a)?);
+    push("softplus", ctx.softplus(&a)?);
+    let mask = ctx.greater(&a, &b)?;
+    push("where", ctx.where_(&mask, &a, &b)?);
+    push("masked_fill", ctx.masked_fill(&a, &mask, 3.0)?);
+    push("materialize_t", ctx.materialize(&at)?);
+    push(
+        "materialize_3d",
+        ctx.materialize(&a.reshape(&[13, 3, 343])?.permute(&[2, 0, 1])?)?,
+    );
+
+    for axis in [0, 1] {
+        push("sum", ctx.sum(&a, axis, false)?);
+        push("mean", ctx.mean(&at, axis, true)?);
+        push("max", ctx.max(&a, axis, false)?);
+        push("min", ctx.min(&a, axis, false)?);
+        push("variance", ctx.variance(&a, axis, false, true)?);
+        push("logsumexp", ctx.logsumexp(&a, axis, false)?);
+        push("softmax", ctx.softmax(&a, axis)?);
+        push("log_softmax", ctx.log_softmax(&a, axis)?);
+        let y = ctx.softmax(&a, axis)?;
+        push("softmax_backward", ctx.softmax_backward(&y, &b, axis)?);
+        let y = ctx.log_softmax(&a, axis)?;
+        push(
+            "log_softmax_backward",
+            ctx.log_softmax_backward(&y, &b, axis)?,
+        );
+    }
+    push("argmax", ctx.cast_to_f32(&ctx.argmax(&a, 1, false)?)?);
+    push("sum_all", ctx.sum_all(&big)?);
+    push("mean_all", ctx.mean_all(&a)?);
+    push("sum_to", ctx.sum_to(&a, &[1, c])?);
+    push("layer_norm", ctx.layer_norm(&a, &gamma, &beta, 1e-5)?);
+    push("rms_norm", ctx.rms_norm(&a, &gamma, 1e-5)?);
+    let (gx, gg, gb) = ctx.layer_norm_backward(&a, &gamma, &b, 1e-5)?;
+    push("layer_norm_backward_x", gx);
+    push("layer_norm_backward_gamma", gg);
+    push("layer_norm_backward_beta", gb);
+    let (gx, gg) = ctx.rms_norm_backward(&a, &gamma, &b, 1e-5)?;
+    push("rms_norm_backward_x", gx);
+    push("rms_norm_backward_gamma", gg);
+    let labels: Vec<i64> = (0..r as i64).map(|i| (i * 97) % c as i64).collect();
+    let labels = ctx.from_slice_typed::<i64>(&[r], &labels)?;
+    push("cross_entropy", ctx.cross_entropy(&a, &labels)?);
+    push(
+        "cross_entropy_backward",
+        ctx.cross_entropy_backward(&a, &labels, 0.5)?,
+    );
+    push("mse_loss", ctx.mse_loss(&a, &b)?);
+    let (ga, gb) = ctx.mse_loss_backward(&a, &b, 2.0)?;
+    push("mse_loss_backward_a", ga);
+    push("mse_loss_backward_b", gb);
+    // A scatter-add of rows (ids repeat): grad [r, c] into a vocabulary of 5 rows.
+    let ids: Vec<i64> = (0..r as i64).map(|i| (i * 3) % 5).collect();
+    let ids = ctx.from_slice_typed::<i64>(&[r], &ids)?;
+    push("embedding_backward", ctx.embedding_backward(&a, &ids, 5)?);
+    let (v, _) = ctx.topk(&a, 5, 1, true)?;
+    push("topk", v);
+    Ok(out)
+}
+
+fn bits(t: &RawTensor) -> Vec<u32> {
+    t.to_vec().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn every_vector_level_gives_the_same_bits() {
+    let best = detected_simd_level();
+    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l <= best).collect();
+    eprintln!("levels compared: {levels:?}");
+    let mut reference: Option<Vec<(String, Vec<u32>)>> = None;
+    for &level in &levels {
+        assert!(force_simd_level(level));
+        assert_eq!(simd_level(), level);
+        for threads in [2] {
+            let ctx = ExecContext::with_threads(threads);
+            let got = run_all(&ctx).unwrap();
+            ctx.close().unwrap();
+            match &reference {
+                None => reference = Some(got),
+                Some(want) => {
+                    assert_eq!(got.len(), want.len());
+                    for ((name, g), (_, w)) in got.iter().zip(want) {
+                        let diff = g.iter().zip(w).filter(|(x, y)| x != y).count();
+                        assert_eq!(diff, 0, "{name}: {diff} elements differ at {level:?}");
+                    }
+                }
+            }
+        }
+    }
+    // A level above the CPU's is refused and changes nothing.
+    if best < SimdLevel::Avx512 {
+        assert!(!force_simd_level(SimdLevel::Avx512));
+        assert_eq!(simd_level(), *levels.last().unwrap());
+    }
+    assert!(force_simd_level(best));
+}
