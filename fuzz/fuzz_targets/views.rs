@@ -69,6 +69,9 @@ enum Op {
 #[derive(Arbitrary, Debug)]
 struct Input {
     shape: Vec<Size>,
+    /// A strided view taken first (most crashes need one, so it is not left to
+    /// the op list to find).
+    strided: Option<([(Size, Size); 3], u8, Size)>,
     ops: Vec<Op>,
 }
 
@@ -134,6 +137,15 @@ fuzz_target!(|input: Input| {
             }
         };
         check(ctx, &t);
+        if let Some((axes, rank, offset)) = &input.strided {
+            let rank = usize::from(rank % 3) + 1;
+            let shape: Vec<usize> = axes[..rank].iter().map(|(d, _)| d.get()).collect();
+            let strides: Vec<usize> = axes[..rank].iter().map(|(_, s)| s.get()).collect();
+            if let Ok(v) = t.view_with_strides(&shape, &strides, offset.get()) {
+                check(ctx, &v);
+                t = v;
+            }
+        }
         for op in input.ops.iter().take(16) {
             let next = match op {
                 Op::Reshape(s) => t.reshape(&sizes(s)),
