@@ -49,4 +49,3 @@ fn fuzz_views_overflow_size1_huge_stride() {
     assert_eq!(v.to_vec(), [1.0]);
     assert_eq!(ctx.materialize(&v).unwrap().to_vec(), [1.0]);
 }
-
