@@ -11,10 +11,14 @@
 //! - `cargo xtask bench [ARGS]`: every crate's criterion benchmarks with the
 //!   settings `docs/BENCHMARKS.md` was measured with (extra ARGS, e.g. a
 //!   filter, go to criterion).
+//! - `cargo xtask fuzz [TARGET] [SECONDS]`: the cargo-fuzz targets of `fuzz/`
+//!   with AddressSanitizer on the stable toolchain, installing cargo-fuzz when
+//!   it is missing (`ci` runs each target briefly, only when it is installed).
 //!
 //! Deliberately dependency-free so that it builds in seconds on a fresh clone.
 
 mod doctest;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -25,12 +29,16 @@ usage: cargo xtask <command>
 
 commands:
   ci        fmt check, clippy, rustdoc, tests, fucina-rng no_std, loom models, Miri
-            (if installed), doc examples, cargo-deny (if installed)
+            (if installed), doc examples, fuzz targets for 20 s each (if cargo-fuzz
+            is installed), cargo-deny (if installed)
   doctest   compile and run every ```rust block of docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
   miri      run the Miri soundness tests (needs `cargo +nightly miri`; skipped without it)
   bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
             (extra arguments, e.g. a name filter, are passed to criterion)
+  fuzz [TARGET] [SECONDS]
+            run a fuzz target (default: each in turn) for SECONDS (default 180)
+            with AddressSanitizer; installs cargo-fuzz when it is missing
 ";
 
 fn main() -> ExitCode {
@@ -41,6 +49,7 @@ fn main() -> ExitCode {
         Some("loom") => loom(),
         Some("miri") => miri(),
         Some("bench") => bench(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
@@ -112,7 +121,7 @@ fn show(cmd: &Command) -> String {
 }
 
 /// Whether `cargo <sub>` is installed (e.g. `nextest`, `deny`).
-fn has_cargo_subcommand(sub: &str) -> bool {
+pub(crate) fn has_cargo_subcommand(sub: &str) -> bool {
     cargo()
         .args([sub, "--version"])
         .stdout(std::process::Stdio::null())
@@ -177,6 +186,15 @@ fn ci() -> Result<(), String> {
     miri()?;
     eprintln!("\n==> [doctest] compile and run the examples of docs/*.md");
     doctest::run(&workspace_root()).map_err(|e| format!("step `doctest` FAILED: {e}"))?;
+    // Fuzzing is never installed by CI: it runs only where cargo-fuzz already is.
+    if has_cargo_subcommand("fuzz") {
+        fuzz::run_targets(&fuzz::targets()?, fuzz::CI_SECONDS)?;
+    } else {
+        eprintln!(
+            "\n==> [fuzz] SKIPPED: cargo-fuzz is not installed \
+             (install it with `cargo install cargo-fuzz --locked`, or run `cargo xtask fuzz`)"
+        );
+    }
     if has_cargo_subcommand("deny") {
         step("deny", cargo().args(["deny", "check"]))?;
     } else {

@@ -36,3 +36,16 @@ fn size_one_axes_with_huge_strides_read_back() {
         assert_eq!(v.to_vec(), want, "the view keeps its values");
     }
 }
+
+/// The input the `views` fuzz target found for the same bug (kept as
+/// `fuzz/seeds/views/overflow-size1-huge-stride`): an 8-element tensor, then a
+/// one-element view at offset 1 whose only axis has stride `usize::MAX`.
+#[test]
+fn fuzz_views_overflow_size1_huge_stride() {
+    let ctx = ExecContext::new();
+    let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let x = ctx.from_slice(&[8], &values).unwrap();
+    let v = x.view_with_strides(&[1], &[usize::MAX], 1).unwrap();
+    assert_eq!(v.to_vec(), [1.0]);
+    assert_eq!(ctx.materialize(&v).unwrap().to_vec(), [1.0]);
+}
