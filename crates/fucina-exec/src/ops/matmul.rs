@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use fucina_storage::{Buffer, StorageError};
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, PARALLEL_THRESHOLD};
 use crate::error::ExecError;
 use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR};
 use crate::tensor::RawTensor;
@@ -301,6 +301,29 @@ fn matrix_view(x: &RawTensor, left: bool) -> (Dims, Dims) {
 /// Gate of the parallel split: with `work_per_row = k * n / WORK_DIV`, a product
 /// goes parallel once `m * k * n` reaches `WORK_DIV * PARALLEL_THRESHOLD` (2^20).
 const WORK_DIV: usize = 32;
+
+/// Preferred least number of output rows per parallel chunk (two 12-row
+/// micro-tiles): every chunk streams the whole packed right-hand side through
+/// its cache, so chunks of a few rows (the plain `k * n` weight gave 8-row
+/// chunks for `[64, 784] x [784, 256]` at two threads) re-read it many times and
+/// leave the micro-tile part empty.
+const ROW_GRAIN: usize = 24;
+
+/// The `work_per_row` the row split passes to `par_rows` for `rows` output rows
+/// (over all batches) of depth `k` and width `n`: below the gate
+/// (`rows * k * n < WORK_DIV * PARALLEL_THRESHOLD`) the plain weight, which keeps
+/// the product serial; above it, the weight that makes `par_rows` cut chunks of
+/// about `min(ROW_GRAIN, rows / threads)` rows (at least one chunk per
+/// participant where there are rows enough). Only the chunking depends on it,
+/// never a value.
+fn row_split_work(rows: usize, k: usize, n: usize, threads: usize) -> usize {
+    let plain = (k.saturating_mul(n) / WORK_DIV).max(1);
+    if rows.saturating_mul(plain) < PARALLEL_THRESHOLD {
+        return plain;
+    }
+    let grain = ROW_GRAIN.min(rows / threads.max(1)).max(1);
+    (PARALLEL_THRESHOLD / grain).max(1)
+}
 
 impl ExecContext {
     /// The matrix product of `a` and `b` with numpy semantics.
@@ -679,7 +702,12 @@ impl ExecContext {
         let one = plan.packed_one();
         let failed: Mutex<Option<StorageError>> = Mutex::new(None);
         let pool = self.pool().pool(); // the shared tier: used from worker threads
-        let work_per_row = (k.saturating_mul(n) / WORK_DIV).max(1);
+        let work_per_row = row_split_work(
+            plan.out.checked_product().unwrap_or(0) / n.max(1),
+            k,
+            n,
+            self.threads(),
+        );
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
             if out.len() == n {
                 // A single output row (batch-1 inference): split its columns instead,
