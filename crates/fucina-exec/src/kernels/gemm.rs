@@ -37,13 +37,18 @@ pub(crate) const NR: usize = 32;
 /// never changes the result (the chain continues through `C`).
 pub(crate) const KC: usize = 192;
 /// Rows of a packed left-hand-side block (a multiple of every [`Isa::mr`]:
-/// 168 = 12 x 14 = 8 x 21 = 3 x 56 = 4 x 42). The packed block,
-/// `MC x KC x 4 B = 126 KiB`, stays in L2 while every panel of a column block
-/// streams past it.
-pub(crate) const MC: usize = 168;
+/// 48 = 12 x 4 = 8 x 6 = 3 x 16 = 4 x 12). The packed block
+/// (`MC x KC x 4 B = 36 KiB`) and the `MC x NC` block of `C` it updates
+/// (192 KiB) stay small next to the right-hand-side block, so the three fit in
+/// L2 with room to spare (also in a 1 MiB L2). Each right-hand-side panel is
+/// used by 4 tiles per trip from L2 to L1: 24 KiB for 4 x 12 x 32 x 192 FMAs,
+/// well within L2 bandwidth. (168 rows measured slightly worse in thread CPU
+/// time on a shared 2-vCPU machine; see `docs/BENCHMARKS.md`.)
+pub(crate) const MC: usize = 48;
 /// Columns of one column block (a multiple of [`NR`]): the right-hand-side block
-/// one left-hand-side block meets, `KC x NC x 4 B = 768 KiB`, plus the `MC x NC`
-/// block of `C` it updates (672 KiB) and the packed left-hand side fit a 2 MiB L2.
+/// the row blocks sweep, `KC x NC x 4 B = 768 KiB`, plus the `MC x NC` block of
+/// `C` (192 KiB) and the packed left-hand side (36 KiB) take about half of a
+/// 2 MiB L2.
 pub(crate) const NC: usize = 1024;
 
 /// The depth blocks of a product with depth `k`: `ceil(k / KC)` consecutive ranges
