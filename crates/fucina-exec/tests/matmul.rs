@@ -808,3 +808,39 @@ fn single_row_column_split_is_deterministic_and_batch_invariant() {
         );
     }
 }
+
+#[test]
+fn training_shape_is_thread_count_deterministic_and_batch_invariant() {
+    // The MLP training shape: [64, 784] x [784, 256] (k = 784 is cut into
+    // equal depth blocks), t1 == t2 == t3 bitwise, and row 0 of the 64-row
+    // product equals the 1-row product.
+    let (m, k, n) = (64, 784, 256);
+    let av = rand_vec(93, m * k);
+    let bv = rand_vec(94, k * n);
+    let mut first: Option<Vec<u32>> = None;
+    for threads in 1..=3 {
+        let ctx = ExecContext::with_threads(threads);
+        let a = ctx.from_slice(&[m, k], &av).unwrap();
+        let b = ctx.from_slice(&[k, n], &bv).unwrap();
+        let c = bits(&ctx.matmul(&a, &b).unwrap().to_vec());
+        let a0 = a.narrow(0, 0, 1).unwrap();
+        let c0 = bits(&ctx.matmul(&a0, &b).unwrap().to_vec());
+        assert_eq!(c0, c[..n], "threads {threads}: row 0 alone");
+        let a5 = a.narrow(0, 37, 5).unwrap();
+        let c5 = bits(&ctx.matmul(&a5, &b).unwrap().to_vec());
+        assert_eq!(c5, c[37 * n..42 * n], "threads {threads}: rows 37..42");
+        match &first {
+            None => first = Some(c),
+            Some(f) => assert_eq!(f, &c, "threads {threads}"),
+        }
+    }
+    // Against the plain f32 fma chain.
+    let f = first.unwrap();
+    for (i, j) in [(0, 0), (13, 200), (63, 255)] {
+        let mut acc = 0.0f32;
+        for kk in 0..k {
+            acc = av[i * k + kk].mul_add(bv[kk * n + j], acc);
+        }
+        assert_eq!(f[i * n + j], acc.to_bits(), "({i}, {j})");
+    }
+}

@@ -26,14 +26,47 @@
 
 /// Columns of a packed right-hand-side panel (and of a micro-tile).
 pub(crate) const NR: usize = 32;
-/// Depth of a packed block (the `k` extent of one micro-kernel call).
-pub(crate) const KC: usize = 256;
-/// Rows of a packed left-hand-side block (a multiple of every [`Isa::mr`]).
-pub(crate) const MC: usize = 120;
-/// Columns of one column block (a multiple of [`NR`]).
+/// Largest depth of a packed block (the `k` extent of one micro-kernel call).
+///
+/// The packed right-hand-side micro-panel the micro-kernel re-reads for every tile
+/// of a left-hand-side block is `KC x NR` floats: 192 x 32 x 4 B = 24 KiB, half of
+/// a 48 KiB L1 (the other half holds the streamed left-hand-side micro-panel,
+/// `12 x 192 x 4 B = 9 KiB`, and the `C` tile). A depth `k` is cut into
+/// `ceil(k / KC)` blocks of (almost) equal depth ([`depth_blocks`]) so no short
+/// tail block pays the tile's load and store of `C` for a few steps. Blocking
+/// never changes the result (the chain continues through `C`).
+pub(crate) const KC: usize = 192;
+/// Rows of a packed left-hand-side block (a multiple of every [`Isa::mr`]:
+/// 48 = 12 x 4 = 8 x 6 = 3 x 16 = 4 x 12). The packed block
+/// (`MC x KC x 4 B = 36 KiB`) and the `MC x NC` block of `C` it updates
+/// (192 KiB) stay small next to the right-hand-side block, so the three fit in
+/// L2 with room to spare (also in a 1 MiB L2). Each right-hand-side panel is
+/// used by 4 tiles per trip from L2 to L1: 24 KiB for 4 x 12 x 32 x 192 FMAs,
+/// well within L2 bandwidth. (168 rows measured slightly worse in thread CPU
+/// time on a shared 2-vCPU machine; see `docs/BENCHMARKS.md`.)
+pub(crate) const MC: usize = 48;
+/// Columns of one column block (a multiple of [`NR`]): the right-hand-side block
+/// the row blocks sweep, `KC x NC x 4 B = 768 KiB`, plus the `MC x NC` block of
+/// `C` (192 KiB) and the packed left-hand side (36 KiB) take about half of a
+/// 2 MiB L2.
 pub(crate) const NC: usize = 1024;
-/// The largest micro-tile height over all paths.
+
+/// The depth blocks of a product with depth `k`: `ceil(k / KC)` consecutive ranges
+/// of equal depth (the first `k % blocks` one longer). Depends on `k` only.
+pub(crate) fn depth_blocks(k: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let blocks = k.div_ceil(KC).max(1);
+    let (base, extra) = (k / blocks, k % blocks);
+    (0..blocks).map(move |b| {
+        let start = b * base + b.min(extra);
+        start..start + base + usize::from(b < extra)
+    })
+}
+/// The largest micro-tile height of the paths that go through a stack tile
+/// (the portable and AVX2 paths; the AVX-512 path reads and writes `C` directly).
 const MR_MAX: usize = 8;
+/// Micro-tile height of the AVX-512 path.
+#[cfg(target_arch = "x86_64")]
+const MR_AVX512: usize = 12;
 
 /// The micro-kernel code path, chosen once per process from the CPU's features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +76,8 @@ pub(crate) enum Isa {
     /// x86-64 AVX2 + FMA (tile 3 x 32).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// x86-64 AVX-512F (+ FMA) (tile 8 x 32).
+    /// x86-64 AVX-512F (+ FMA) (tile 12 x 32, accumulated in registers straight
+    /// from and into `C`).
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
@@ -97,7 +131,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => 3,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => 8,
+            Isa::Avx512 => MR_AVX512,
         }
     }
 }
@@ -262,40 +296,107 @@ fn micro_rows(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX])
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{MR_MAX, NR};
+    use super::{MR_AVX512, MR_MAX, NR};
 
-    /// The `R x 32` tile with two 16-lane accumulators per row.
+    /// The AVX-512 `R x 32` micro-kernel, reading and writing `C` in place: 2R
+    /// accumulators (`R <= 14` keeps them, two `B` vectors and a broadcast in the 32
+    /// registers), started from zero (`first`) or from `C`, then for `kk` in
+    /// increasing order `acc[i][j] = fma(a[kk * R + i], b[kk * 32 + j], acc[i][j])`,
+    /// stored back to the first `ncols` columns of each of the `R` rows.
+    ///
+    /// # Safety
+    /// avx512f is available; `a` is valid for `kc * R` reads, `b` for `kc * 32`
+    /// reads, and `c + i * ldc + j` for reads and writes for `i < R`, `j < ncols`,
+    /// `1 <= ncols <= 32`.
     #[target_feature(enable = "avx512f")]
-    fn tile_avx512<const R: usize>(a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
+    unsafe fn kernel_avx512<const R: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        ncols: usize,
+        first: bool,
+    ) {
+        let full: u32 = if ncols >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << ncols) - 1
+        };
+        let (m0, m1) = (full as u16, (full >> 16) as u16);
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        for (acc, t) in acc.iter_mut().zip(tile.iter()) {
-            // SAFETY: `t` holds NR = 32 floats: the loads read t[0..16] and t[16..32].
-            unsafe {
-                acc[0] = _mm512_loadu_ps(t.as_ptr());
-                acc[1] = _mm512_loadu_ps(t.as_ptr().add(16));
+        if !first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row i < R of the tile; the masks enable only columns
+                // j < ncols, which the caller guarantees readable (masked-off lanes
+                // are not accessed).
+                unsafe {
+                    let row = c.add(i * ldc);
+                    acc[0] = _mm512_maskz_loadu_ps(m0, row);
+                    acc[1] = _mm512_maskz_loadu_ps(m1, row.add(16));
+                }
             }
         }
-        for (av, bv) in a.chunks_exact(R).zip(b.chunks_exact(NR)) {
-            // SAFETY: `bv` holds NR = 32 floats: the loads read bv[0..16], bv[16..32].
-            let (b0, b1) = unsafe {
-                (
-                    _mm512_loadu_ps(bv.as_ptr()),
-                    _mm512_loadu_ps(bv.as_ptr().add(16)),
-                )
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..kc {
+            // SAFETY: fewer than kc steps were taken, so `bp` points at 32 readable
+            // floats and `ap` at R readable floats (the caller's bounds).
+            unsafe {
+                let b0 = _mm512_loadu_ps(bp);
+                let b1 = _mm512_loadu_ps(bp.add(16));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(*ap.add(i));
+                    acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+                }
+                ap = ap.add(R);
+                bp = bp.add(32);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: as for the loads above: only columns j < ncols of row i < R.
+            unsafe {
+                let row = c.add(i * ldc);
+                _mm512_mask_storeu_ps(row, m0, acc[0]);
+                _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
+            }
+        }
+    }
+
+    /// Runs [`kernel_avx512`] for a tile of `rows` (1..=[`MR_AVX512`]) rows:
+    /// `a` holds `kc * rows` packed floats, `b` `kc * 32`, and `c` starts at the
+    /// tile's top-left element of a row-major `C` with row stride `ldc`.
+    ///
+    /// # Safety
+    /// avx512f is available.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_direct_avx512(
+        rows: usize,
+        kc: usize,
+        a: &[f32],
+        b: &[f32],
+        c: &mut [f32],
+        ldc: usize,
+        ncols: usize,
+        first: bool,
+    ) {
+        assert!((1..=MR_AVX512).contains(&rows) && (1..=NR).contains(&ncols));
+        assert!(a.len() >= kc * rows && b.len() >= kc * NR);
+        assert!(c.len() >= (rows - 1) * ldc + ncols);
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        macro_rules! go {
+            ($($r:literal)*) => {
+                match rows {
+                    // SAFETY: avx512f is available (the caller's contract); the
+                    // asserts above give exactly the bounds `kernel_avx512` needs
+                    // for R = rows.
+                    $($r => unsafe { kernel_avx512::<$r>(kc, ap, bp, cp, ldc, ncols, first) },)*
+                    _ => unreachable!("AVX-512 micro-tile height {rows}"),
+                }
             };
-            for (acc, &ai) in acc.iter_mut().zip(av) {
-                let ai = _mm512_set1_ps(ai);
-                acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
-            }
         }
-        for (acc, t) in acc.iter().zip(tile.iter_mut()) {
-            // SAFETY: `t` holds NR = 32 floats: the stores write t[0..16], t[16..32].
-            unsafe {
-                _mm512_storeu_ps(t.as_mut_ptr(), acc[0]);
-                _mm512_storeu_ps(t.as_mut_ptr().add(16), acc[1]);
-            }
-        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12);
     }
 
     /// The `R x 32` tile with four 8-lane accumulators per row.
@@ -362,21 +463,6 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn micro_avx512(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
-        match rows {
-            1 => tile_avx512::<1>(a, b, tile),
-            2 => tile_avx512::<2>(a, b, tile),
-            3 => tile_avx512::<3>(a, b, tile),
-            4 => tile_avx512::<4>(a, b, tile),
-            5 => tile_avx512::<5>(a, b, tile),
-            6 => tile_avx512::<6>(a, b, tile),
-            7 => tile_avx512::<7>(a, b, tile),
-            8 => tile_avx512::<8>(a, b, tile),
-            _ => unreachable!("micro-tile height {rows} is not in 1..=8"),
-        }
-    }
-
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn micro_avx2(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
         match rows {
@@ -399,9 +485,7 @@ fn micro(isa: Isa, rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_
     match isa {
         Isa::Generic => micro_generic(rows, a, b, tile),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only produced (by `detect`/`available`) after
-        // `is_x86_feature_detected!` confirmed avx512f (and fma).
-        Isa::Avx512 => unsafe { x86::micro_avx512(rows, a, b, tile) },
+        Isa::Avx512 => unreachable!("the AVX-512 path does not use a stack tile"),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced after `is_x86_feature_detected!`
         // confirmed avx2 and fma.
@@ -446,8 +530,8 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     let mut tile = [[0.0f32; NR]; MR_MAX];
     for jc in (0..n_panels).step_by(NC / NR) {
         let jp_end = (jc + NC / NR).min(n_panels);
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
+        for depth in depth_blocks(k) {
+            let (p0, kc) = (depth.start, depth.len());
             let first = p0 == 0 && !accumulate;
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
@@ -462,6 +546,15 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
                     for q0 in (0..mc).step_by(mr) {
                         let rows = mr.min(mc - q0);
                         let a = &a_scratch[q0 * kc..][..rows * kc];
+                        #[cfg(target_arch = "x86_64")]
+                        if isa == Isa::Avx512 {
+                            let c0 = (i0 + q0) * n + j0;
+                            let ct = &mut c[c0..c0 + (rows - 1) * n + ncols];
+                            // SAFETY: `Isa::Avx512` is only produced after
+                            // `is_x86_feature_detected!` confirmed avx512f.
+                            unsafe { x86::tile_direct_avx512(rows, kc, a, b, ct, n, ncols, first) };
+                            continue;
+                        }
                         for (r, t) in tile[..rows].iter_mut().enumerate() {
                             if first {
                                 *t = [0.0; NR];

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use fucina_storage::{Buffer, StorageError};
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, PARALLEL_THRESHOLD};
 use crate::error::ExecError;
 use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR};
 use crate::tensor::RawTensor;
@@ -301,6 +301,29 @@ fn matrix_view(x: &RawTensor, left: bool) -> (Dims, Dims) {
 /// Gate of the parallel split: with `work_per_row = k * n / WORK_DIV`, a product
 /// goes parallel once `m * k * n` reaches `WORK_DIV * PARALLEL_THRESHOLD` (2^20).
 const WORK_DIV: usize = 32;
+
+/// Preferred least number of output rows per parallel chunk (two 12-row
+/// micro-tiles): every chunk streams the whole packed right-hand side through
+/// its cache, so chunks of a few rows (the plain `k * n` weight gave 8-row
+/// chunks for `[64, 784] x [784, 256]` at two threads) re-read it many times and
+/// leave the micro-tile part empty.
+const ROW_GRAIN: usize = 24;
+
+/// The `work_per_row` the row split passes to `par_rows` for `rows` output rows
+/// (over all batches) of depth `k` and width `n`: below the gate
+/// (`rows * k * n < WORK_DIV * PARALLEL_THRESHOLD`) the plain weight, which keeps
+/// the product serial; above it, the weight that makes `par_rows` cut chunks of
+/// about `min(ROW_GRAIN, rows / threads)` rows (at least one chunk per
+/// participant where there are rows enough). Only the chunking depends on it,
+/// never a value.
+fn row_split_work(rows: usize, k: usize, n: usize, threads: usize) -> usize {
+    let plain = (k.saturating_mul(n) / WORK_DIV).max(1);
+    if rows.saturating_mul(plain) < PARALLEL_THRESHOLD {
+        return plain;
+    }
+    let grain = ROW_GRAIN.min(rows / threads.max(1)).max(1);
+    (PARALLEL_THRESHOLD / grain).max(1)
+}
 
 impl ExecContext {
     /// The matrix product of `a` and `b` with numpy semantics.
@@ -642,21 +665,26 @@ impl ExecContext {
         }
     }
 
-    /// Packs every distinct right-hand matrix of `plan` into `dst`, on the calling
-    /// thread: packing reads `k * n` floats once per matrix, small next to the
-    /// `m * k * n` product, and a separate parallel dispatch for it costs more
-    /// than it saves when the team's threads compete for cores.
+    /// Packs every distinct right-hand matrix of `plan` into `dst`, split by panels
+    /// over the team once the floats moved reach the parallel gate (packing is
+    /// pure data movement: the split cannot change a value). Packing a `k x n`
+    /// matrix is `1/m` of the product's work, but on the calling thread alone it
+    /// was a fifth of a 2-thread `1024³` product and half of the `[64, 784] x
+    /// [784, 256]` training shape.
     fn mm_pack_rhs(&self, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
         let (k, n) = (plan.k, plan.n);
         let np = n.div_ceil(NR);
         let src: &[f32] = b.buffer();
-        for (r, d) in dst.chunks_exact_mut(k * NR).enumerate() {
-            let (t, p) = (r / np, r % np);
-            let off = plan.b_off
-                + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
-                + p * NR * plan.b_cs;
-            gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
-        }
+        let panel = (k * NR).max(1);
+        self.par_rows(dst, panel, panel, |panels, d| {
+            for (r, d) in panels.zip(d.chunks_exact_mut(panel)) {
+                let (t, p) = (r / np, r % np);
+                let off = plan.b_off
+                    + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
+                    + p * NR * plan.b_cs;
+                gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
+            }
+        });
     }
 
     /// Allocates the output and computes it from the packed right-hand side.
@@ -674,7 +702,12 @@ impl ExecContext {
         let one = plan.packed_one();
         let failed: Mutex<Option<StorageError>> = Mutex::new(None);
         let pool = self.pool().pool(); // the shared tier: used from worker threads
-        let work_per_row = (k.saturating_mul(n) / WORK_DIV).max(1);
+        let work_per_row = row_split_work(
+            plan.out.checked_product().unwrap_or(0) / n.max(1),
+            k,
+            n,
+            self.threads(),
+        );
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
             if out.len() == n {
                 // A single output row (batch-1 inference): split its columns instead,
