@@ -219,7 +219,7 @@ fn a_resumed_run_continues_bit_identically() {
         &train,
         &test,
         &cfg,
-        Some(&restored),
+        Some(restored.clone()),
         None,
         &mut |_| {},
     )
@@ -234,10 +234,10 @@ fn a_resumed_run_continues_bit_identically() {
     // A snapshot that does not fit is an error.
     let mut bad = restored.clone();
     bad.params.pop();
-    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&bad), None, &mut |_| {}).is_err());
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(bad), None, &mut |_| {}).is_err());
     let mut late = restored;
     late.epoch = 9;
-    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&late), None, &mut |_| {}).is_err());
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(late), None, &mut |_| {}).is_err());
 }
 
 /// A fresh directory under the system's temporary directory (removed on drop).
@@ -280,7 +280,7 @@ fn run_flags<S: AsRef<str>>(data: &Digits, flags: &[S]) -> fucina::Result<(Train
     let (train, test) = job::split(data, a.seed);
     let ctx = ExecContext::with_threads(a.threads);
     let resume = job::resume_point(&ctx, &a, train.len())?;
-    let (report, end) = job::run_job(&ctx, &a, &train, &test, resume.as_ref(), &mut |_| {})?;
+    let (report, end) = job::run_job(&ctx, &a, &train, &test, resume, &mut |_| {})?;
     Ok((report, param_bits(&end)))
 }
 

@@ -349,7 +349,7 @@ pub(crate) fn train_from(
     train: &Digits,
     test: &Digits,
     cfg: &TrainConfig,
-    resume: Option<&Snapshot>,
+    resume: Option<Snapshot>,
     stop_after: Option<usize>,
     on_step: &mut dyn FnMut(&Progress),
 ) -> Result<(TrainReport, Snapshot)> {
@@ -372,6 +372,8 @@ pub(crate) fn train_from(
             }
             net.load_parameters(&snap.params)?;
             opt.load_state_dict(ctx, &snap.optimizer)?;
+            // The snapshot's tensors are released here, before training (the
+            // model and optimizer hold copies).
             snap.epoch
         }
     };
@@ -615,7 +617,7 @@ pub(crate) fn run_job(
     args: &Args,
     train_set: &Digits,
     test: &Digits,
-    resume: Option<&Snapshot>,
+    resume: Option<Snapshot>,
     on_step: &mut dyn FnMut(&Progress),
 ) -> Result<(TrainReport, Snapshot)> {
     let cfg = args.config();

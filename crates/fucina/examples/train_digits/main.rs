@@ -90,7 +90,11 @@ fn run(args: &Args) -> fucina::Result<()> {
         args.seed
     );
     let ctx = ExecContext::with_threads(args.threads);
-    let resume = job::resume_point(&ctx, args, train.len())?;
+    let resume = job::resume_point(&ctx, args, train.len()).inspect_err(|_| {
+        if let Some(path) = &args.resume {
+            eprintln!("cannot resume from {}", path.display());
+        }
+    })?;
     if let (Some(snap), Some(path)) = (&resume, &args.resume) {
         println!(
             "resuming from {} at epoch {} of {}",
@@ -126,8 +130,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         }
         mark = allocations();
     };
-    let (report, snapshot) =
-        job::run_job(&ctx, args, &train, &test, resume.as_ref(), &mut on_step)?;
+    let (report, snapshot) = job::run_job(&ctx, args, &train, &test, resume, &mut on_step)?;
     bar.finish();
     let steps = report.losses.len();
     let secs = report.train_time.as_secs_f64();
