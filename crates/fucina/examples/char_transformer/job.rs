@@ -22,10 +22,11 @@ pub(crate) struct Args {
     /// Seed of the weights, the batches and the sampler.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Worker threads of the execution context (default: one per CPU; results are
-    /// bitwise identical for every count).
-    #[arg(long)]
-    pub(crate) threads: Option<usize>,
+    /// Worker threads of the execution context (results are bitwise identical for
+    /// every count). The ops of this small model are short, so one thread is the
+    /// default.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
     /// The training text (gzip-compressed).
     #[arg(long, default_value = default_data_path())]
     pub(crate) data: PathBuf,
@@ -58,12 +59,14 @@ pub(crate) fn default_data_path() -> &'static str {
 impl Args {
     /// Checks what the flags cannot express in their types.
     pub(crate) fn validate(&self) -> Result<()> {
-        if let Some(t) = self.threads
-            && (t == 0 || t > fucina::exec::MAX_THREADS)
-        {
+        if self.threads == 0 || self.threads > fucina::exec::MAX_THREADS {
             return Err(Error::InvalidArgument {
                 what: "--threads",
-                reason: format!("must be in 1..={} (got {t})", fucina::exec::MAX_THREADS),
+                reason: format!(
+                    "must be in 1..={} (got {})",
+                    fucina::exec::MAX_THREADS,
+                    self.threads
+                ),
             });
         }
         for (what, v) in [("--steps", self.steps), ("--log-every", self.log_every)] {
@@ -219,9 +222,9 @@ impl Default for TrainConfig {
             layers: 2,
             context: 64,
             batch: 16,
-            steps: 300,
+            steps: 600,
             lr: 1e-2,
-            warmup: 30,
+            warmup: 50,
             weight_decay: 0.01,
             clip: 1.0,
             seed: 0,

@@ -36,10 +36,7 @@ fn run(args: &Args) -> fucina::Result<()> {
     let cfg = args.config();
     let corpus = Corpus::new(&job::load_text(&args.data, 1)?);
     let prompt = corpus.encode(&args.prompt)?;
-    let ctx = match args.threads {
-        Some(n) => ExecContext::with_threads(n),
-        None => ExecContext::new(),
-    };
+    let ctx = ExecContext::with_threads(args.threads);
     println!(
         "text: {} characters, vocabulary {}; model: {} layers, d_model {}, {} heads, context {}; batch {}, {} steps, AdamW lr {} (warmup {}, cosine), clip {}, {} thread(s), seed {}",
         corpus.ids.len(),
@@ -51,7 +48,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         cfg.batch,
         cfg.steps,
         cfg.lr,
-        cfg.warmup,
+        cfg.warmup.min(cfg.steps),
         cfg.clip,
         ctx.threads(),
         cfg.seed
