@@ -64,9 +64,17 @@ fn the_default_run_reaches_95_percent() {
     assert!(first > 2.0 && last < 0.2, "loss {first} -> {last}");
     // The pool serves the steady state: misses stay a handful.
     assert!(report.pool.misses < 100, "{:?}", report.pool);
-    let svg = job::loss_svg(&report.losses, 45);
+    let svg = job::loss_svg(&report.losses, 45, 0);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<polyline").count(), 1);
+    assert!(svg.contains(">0</text>") && svg.contains(">20</text>"));
+    // A resumed run's curve is labelled from its first epoch.
+    let resumed = job::loss_svg(&report.losses[10 * 45..], 45, 10);
+    assert!(
+        resumed.contains(">10</text>") && resumed.contains(">20</text>"),
+        "{resumed}"
+    );
+    assert!(!resumed.contains(">0</text>"));
 }
 
 #[test]

@@ -643,7 +643,8 @@ pub(crate) fn accuracy(ctx: &ExecContext, net: &Sequential, d: &Digits) -> Resul
 }
 
 /// A line chart of `losses` (one point per step) as a standalone SVG.
-pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
+/// The epoch axis is labelled from `first_epoch` (a resumed run's first epoch).
+pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize, first_epoch: usize) -> String {
     let (w, h, pad) = (720.0f32, 360.0f32, 48.0f32);
     let max = losses.iter().copied().fold(f32::MIN, f32::max).max(1e-6);
     let n = losses.len().max(2) as f32 - 1.0;
@@ -678,8 +679,9 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
             let x = px(e * steps_per_epoch);
             let _ = writeln!(
                 s,
-                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{e}</text>",
-                h - pad + 16.0
+                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                h - pad + 16.0,
+                first_epoch + e
             );
         }
         let _ = writeln!(
@@ -698,10 +700,15 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
 }
 
 /// Writes the SVG, creating the directory if needed.
-pub(crate) fn write_svg(path: &Path, losses: &[f32], steps_per_epoch: usize) -> Result<()> {
+pub(crate) fn write_svg(
+    path: &Path,
+    losses: &[f32],
+    steps_per_epoch: usize,
+    first_epoch: usize,
+) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, loss_svg(losses, steps_per_epoch))?;
+    std::fs::write(path, loss_svg(losses, steps_per_epoch, first_epoch))?;
     Ok(())
 }

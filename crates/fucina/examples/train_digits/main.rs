@@ -167,7 +167,8 @@ fn run(args: &Args) -> fucina::Result<()> {
     if let Some(path) = &args.save {
         println!("checkpoint (epoch {}): {}", snapshot.epoch, path.display());
     }
-    job::write_svg(&args.svg, &report.losses, steps_per_epoch)?;
+    let first_epoch = snapshot.epoch - report.losses.len() / steps_per_epoch;
+    job::write_svg(&args.svg, &report.losses, steps_per_epoch, first_epoch)?;
     let shown = args.svg.canonicalize().unwrap_or_else(|_| args.svg.clone());
     println!("loss curve: {}", shown.display());
     Ok(())
