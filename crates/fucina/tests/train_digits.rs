@@ -1,6 +1,8 @@
 //! The `train_digits` job: the default run reaches 95% test accuracy, runs are
-//! bit-identical for a seed and for every thread count, and bad input (a missing
-//! or corrupt data file, an unknown flag, checkpoint flags) is an error.
+//! bit-identical for a seed and for every thread count, a run saved to a
+//! checkpoint file and resumed continues bit-identically, and bad input (a
+//! missing or corrupt data file, an unknown flag, a checkpoint that does not
+//! belong to the run) is an error.
 
 #[allow(dead_code)]
 #[path = "../examples/train_digits/job.rs"]
@@ -21,7 +23,9 @@ fn run(threads: usize, cfg: &TrainConfig) -> TrainReport {
     let data = digits();
     let (train, test) = job::split(&data, cfg.seed);
     let ctx = ExecContext::with_threads(threads);
-    job::train(&ctx, &train, &test, cfg, &mut |_| {}).unwrap()
+    job::train_from(&ctx, &train, &test, cfg, None, None, &mut |_| {})
+        .unwrap()
+        .0
 }
 
 #[test]
@@ -60,9 +64,17 @@ fn the_default_run_reaches_95_percent() {
     assert!(first > 2.0 && last < 0.2, "loss {first} -> {last}");
     // The pool serves the steady state: misses stay a handful.
     assert!(report.pool.misses < 100, "{:?}", report.pool);
-    let svg = job::loss_svg(&report.losses, 45);
+    let svg = job::loss_svg(&report.losses, 45, 0);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<polyline").count(), 1);
+    assert!(svg.contains(">0</text>") && svg.contains(">20</text>"));
+    // A resumed run's curve is labelled from its first epoch.
+    let resumed = job::loss_svg(&report.losses[10 * 45..], 45, 10);
+    assert!(
+        resumed.contains(">10</text>") && resumed.contains(">20</text>"),
+        "{resumed}"
+    );
+    assert!(!resumed.contains(">0</text>"));
 }
 
 #[test]
@@ -155,17 +167,27 @@ fn flags() {
             ..TrainConfig::default()
         }
     );
-    let e = parse(&["--save", "ck.safetensors"])
-        .unwrap()
-        .validate()
-        .unwrap_err();
-    assert!(e.to_string().contains("checkpoints"), "{e}");
-    assert!(
-        parse(&["--resume", "ck.safetensors"])
-            .unwrap()
-            .validate()
-            .is_err()
-    );
+    let a = parse(&[
+        "--save",
+        "a.safetensors",
+        "--resume",
+        "b.safetensors",
+        "--stop-after",
+        "3",
+    ])
+    .unwrap();
+    a.validate().unwrap();
+    assert_eq!(a.save.as_deref(), Some(Path::new("a.safetensors")));
+    assert_eq!(a.resume.as_deref(), Some(Path::new("b.safetensors")));
+    assert_eq!(a.stop_after, Some(3));
+    assert!(parse(&["--save"]).is_err(), "--save needs a path");
+    for bad in [
+        &["--stop-after", "0"][..],
+        &["--epochs", "3", "--stop-after", "4"],
+    ] {
+        let e = parse(bad).unwrap().validate().unwrap_err();
+        assert!(e.to_string().contains("--stop-after"), "{e}");
+    }
     assert!(parse(&["--threads", "0"]).unwrap().validate().is_err());
     assert!(parse(&["--epochs", "0"]).unwrap().validate().is_err());
 }
@@ -205,7 +227,7 @@ fn a_resumed_run_continues_bit_identically() {
         &train,
         &test,
         &cfg,
-        Some(&restored),
+        Some(restored.clone()),
         None,
         &mut |_| {},
     )
@@ -220,8 +242,321 @@ fn a_resumed_run_continues_bit_identically() {
     // A snapshot that does not fit is an error.
     let mut bad = restored.clone();
     bad.params.pop();
-    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&bad), None, &mut |_| {}).is_err());
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(bad), None, &mut |_| {}).is_err());
     let mut late = restored;
     late.epoch = 9;
-    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(&late), None, &mut |_| {}).is_err());
+    assert!(job::train_from(&ctx, &train, &test, &cfg, Some(late), None, &mut |_| {}).is_err());
+}
+
+/// A fresh directory under the system's temporary directory (removed on drop).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("fucina-ckpt-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The flags of a run (`train_digits` followed by `flags`).
+fn args<S: AsRef<str>>(flags: &[S]) -> Args {
+    let a = Args::try_parse_from(
+        std::iter::once("train_digits").chain(flags.iter().map(AsRef::as_ref)),
+    )
+    .unwrap();
+    a.validate().unwrap();
+    a
+}
+
+/// What `main` does with the flags: load the resume point, train, save. Returns
+/// the report and the bits of the final parameters and optimizer state (the
+/// tensors themselves die with the run's context).
+fn run_flags<S: AsRef<str>>(data: &Digits, flags: &[S]) -> fucina::Result<(TrainReport, Bits)> {
+    let a = args(flags);
+    let (train, test) = job::split(data, a.seed);
+    let ctx = ExecContext::with_threads(a.threads);
+    let resume = job::resume_point(&ctx, &a, train.len())?;
+    let (report, end) = job::run_job(&ctx, &a, &train, &test, resume, &mut |_| {})?;
+    Ok((report, param_bits(&end)))
+}
+
+/// The bits of every tensor of a snapshot, by name.
+type Bits = Vec<(String, Vec<u32>)>;
+
+fn loss_bits(r: &TrainReport) -> Vec<u32> {
+    r.losses.iter().map(|l| l.to_bits()).collect()
+}
+
+fn param_bits(s: &job::Snapshot) -> Bits {
+    s.params
+        .iter()
+        .chain(&s.optimizer)
+        .map(|(n, t)| (n.clone(), t.to_vec().iter().map(|v| v.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn a_run_saved_to_a_file_and_resumed_is_bit_identical() {
+    let data = digits();
+    let dir = TempDir::new("resume");
+    let (mid, end_a, end_b) = (
+        dir.path("mid.safetensors"),
+        dir.path("a.st"),
+        dir.path("b.st"),
+    );
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let common = ["--epochs", "4", "--hidden", "32", "--seed", "3"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        common.iter().chain(extra).map(|f| f.to_string()).collect()
+    };
+
+    // The uninterrupted run, saved at the end.
+    let whole_flags = with(&["--save", &s(&end_a)]);
+    let (whole, whole_end) = run_flags(&data, &whole_flags).unwrap();
+    // Stopped after epoch 2 and saved; then resumed from the file (two threads:
+    // the thread count is not part of the run's identity).
+    let first_flags = with(&["--stop-after", "2", "--save", &s(&mid)]);
+    let (first, _) = run_flags(&data, &first_flags).unwrap();
+    let second_flags = with(&["--resume", &s(&mid), "--save", &s(&end_b), "--threads", "2"]);
+    let (second, resumed_end) = run_flags(&data, &second_flags).unwrap();
+
+    assert_eq!(first.losses.len(), 2 * 45);
+    assert_eq!(second.losses.len(), 2 * 45);
+    let mut joined = loss_bits(&first);
+    joined.extend(loss_bits(&second));
+    assert_eq!(joined, loss_bits(&whole), "losses of the resumed run");
+    assert_eq!(resumed_end, whole_end, "final parameters");
+    assert_eq!(second.test_accuracy, whole.test_accuracy);
+    // Equal states give byte-identical checkpoint files.
+    assert_eq!(
+        std::fs::read(&end_a).unwrap(),
+        std::fs::read(&end_b).unwrap()
+    );
+
+    // The checkpoint holds what the job promises, under stable names.
+    let ctx = ExecContext::new();
+    let (tensors, meta) = fucina::checkpoint::read(&ctx, &mid).unwrap();
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(
+        names.contains(&"model.fc1.weight") && names.contains(&"optim.exp_avg_sq.3"),
+        "{names:?}"
+    );
+    assert_eq!(names.len(), 4 + 9);
+    assert_eq!(meta.get("epoch"), Some("2"));
+    assert_eq!(meta.get("hidden"), Some("32"));
+    assert_eq!(meta.get("format"), Some(job::CHECKPOINT_FORMAT));
+
+    // A finished run resumed trains nothing more and ends where it was.
+    let (none, same) = run_flags(&data, &with(&["--resume", &s(&end_a)])).unwrap();
+    assert!(none.losses.is_empty());
+    assert_eq!(same, whole_end);
+    // --stop-after must lie after the checkpoint.
+    let e = run_flags(&data, &with(&["--resume", &s(&mid), "--stop-after", "2"])).unwrap_err();
+    assert!(e.to_string().contains("--stop-after 2 is not later"), "{e}");
+}
+
+/// The `--resume` error for `flags`, as a string.
+fn resume_error(data: &Digits, flags: &[&str]) -> Error {
+    match run_flags(data, flags) {
+        Ok(_) => panic!("resuming with {flags:?} should fail"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_configuration_is_refused() {
+    let data = digits();
+    let dir = TempDir::new("config");
+    let ck = dir.path("w32.safetensors");
+    let ck_s = ck.to_str().unwrap();
+    run_flags(
+        &data,
+        &[
+            "--epochs",
+            "2",
+            "--stop-after",
+            "1",
+            "--hidden",
+            "32",
+            "--save",
+            ck_s,
+        ],
+    )
+    .unwrap();
+    // A wrong model width, and every other configuration flag.
+    for (flags, want) in [
+        (
+            &["--epochs", "2", "--hidden", "64"][..],
+            "--hidden 32, this run has --hidden 64",
+        ),
+        (
+            &["--epochs", "3", "--hidden", "32"],
+            "--epochs 2, this run has --epochs 3",
+        ),
+        (
+            &["--epochs", "2", "--hidden", "32", "--seed", "1"],
+            "--seed 0, this run has --seed 1",
+        ),
+        (
+            &["--epochs", "2", "--hidden", "32", "--lr", "0.02"],
+            "--lr 0.01, this run has --lr 0.02",
+        ),
+        (
+            &["--epochs", "2", "--hidden", "32", "--batch", "16"],
+            "--batch 32, this run has --batch 16",
+        ),
+    ] {
+        let mut f = flags.to_vec();
+        f.extend(["--resume", ck_s]);
+        let e = resume_error(&data, &f);
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    what: "--resume",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(msg.contains(want) && msg.contains(ck_s), "{msg}");
+    }
+    let ctx = ExecContext::new();
+    let (tensors, meta) = fucina::checkpoint::read(&ctx, &ck).unwrap();
+    let meta: Vec<(&str, &str)> = meta.iter().collect();
+    let resave = |name: &str, tensors: &[(String, fucina::Tensor)], meta: &[(&str, &str)]| {
+        let path = dir.path(name);
+        let refs: Vec<(&str, &fucina::Tensor)> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        fucina::checkpoint::save(&path, &refs, meta).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let resume = |path: &str| {
+        resume_error(
+            &data,
+            &["--epochs", "2", "--hidden", "32", "--resume", path],
+        )
+        .to_string()
+    };
+    // The metadata says width 32 but a tensor has another shape.
+    let mut wrong = tensors.clone();
+    let i = wrong
+        .iter()
+        .position(|(n, _)| n == "model.fc1.bias")
+        .unwrap();
+    wrong[i].1 = fucina::Tensor::zeros(&ctx, &[31]).unwrap();
+    let e = resume(&resave("shape.st", &wrong, &meta));
+    assert!(
+        e.contains("does not match the model 64-32-10") && e.contains("fc1.bias"),
+        "{e}"
+    );
+    // A missing parameter, a missing optimizer entry, an unexpected tensor.
+    let without = |name: &str| -> Vec<(String, fucina::Tensor)> {
+        tensors.iter().filter(|(n, _)| n != name).cloned().collect()
+    };
+    let e = resume(&resave("noparam.st", &without("model.fc2.weight"), &meta));
+    assert!(e.contains("missing parameter \"fc2.weight\""), "{e}");
+    let e = resume(&resave("nomoment.st", &without("optim.exp_avg.1"), &meta));
+    assert!(
+        e.contains("optimizer state") && e.contains("exp_avg.1"),
+        "{e}"
+    );
+    let e = resume(&resave("nostate.st", &without("optim.step"), &meta));
+    assert!(e.contains("step"), "{e}");
+    let mut extra = tensors.clone();
+    extra.push((
+        "stray".to_string(),
+        fucina::Tensor::zeros(&ctx, &[1]).unwrap(),
+    ));
+    let e = resume(&resave("extra.st", &extra, &meta));
+    assert!(e.contains("unexpected tensor `stray`"), "{e}");
+    // An optimizer state without its moments: no step count to match the epoch.
+    let params_only: Vec<_> = tensors
+        .iter()
+        .filter(|(n, _)| n.starts_with("model."))
+        .cloned()
+        .collect();
+    let e = resume(&resave("paramsonly.st", &params_only, &meta));
+    assert!(
+        e.contains("taken 0 steps, but epoch 1 ends at step 45"),
+        "{e}"
+    );
+    // Metadata: another format, an epoch past the run.
+    let other: Vec<(&str, &str)> = meta
+        .iter()
+        .map(|&(k, v)| if k == "format" { (k, "other") } else { (k, v) })
+        .collect();
+    let e = resume(&resave("format.st", &tensors, &other));
+    assert!(e.contains("not a train_digits checkpoint"), "{e}");
+    let late: Vec<(&str, &str)> = meta
+        .iter()
+        .map(|&(k, v)| if k == "epoch" { (k, "7") } else { (k, v) })
+        .collect();
+    let e = resume(&resave("late.st", &tensors, &late));
+    assert!(e.contains("`epoch` metadata"), "{e}");
+}
+
+#[test]
+fn a_corrupt_or_missing_checkpoint_file_is_an_error() {
+    let data = digits();
+    let dir = TempDir::new("corrupt");
+    let ck = dir.path("ck.safetensors");
+    let ck_s = ck.to_str().unwrap();
+    let flags = ["--epochs", "2", "--hidden", "16"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        flags.iter().chain(extra).map(|f| f.to_string()).collect()
+    };
+    let run = |v: Vec<String>| run_flags(&data, &v);
+    run(with(&["--stop-after", "1", "--save", ck_s])).unwrap();
+    let good = std::fs::read(&ck).unwrap();
+    let checkpoint_error = |bytes: &[u8], name: &str| -> String {
+        let p = dir.path(name);
+        std::fs::write(&p, bytes).unwrap();
+        match run(with(&["--resume", p.to_str().unwrap()])) {
+            Err(e @ Error::Checkpoint(_)) => e.to_string(),
+            other => panic!(
+                "{name}: expected a checkpoint error, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    };
+    // Truncated in the data, in the header, in the length prefix; garbage.
+    let e = checkpoint_error(&good[..good.len() - 3], "cut-data.st");
+    assert!(e.contains("not a valid safetensors checkpoint"), "{e}");
+    checkpoint_error(&good[..40], "cut-header.st");
+    checkpoint_error(&good[..5], "cut-prefix.st");
+    checkpoint_error(b"definitely not a checkpoint", "garbage.st");
+    // A flipped byte in the header's JSON.
+    let mut flipped = good.clone();
+    flipped[9] = b'#';
+    checkpoint_error(&flipped, "flipped.st");
+    // A missing file names the path.
+    let missing = dir.path("nope.safetensors");
+    let e = match run(with(&["--resume", missing.to_str().unwrap()])) {
+        Err(e @ Error::Checkpoint(_)) => e.to_string(),
+        other => panic!("expected a checkpoint error, got {:?}", other.map(|_| ())),
+    };
+    assert!(e.contains("nope.safetensors"), "{e}");
+    // The intact file still resumes.
+    let (report, _) = run(with(&["--resume", ck_s])).unwrap();
+    assert_eq!(report.losses.len(), 45);
+    // Saving into a directory that does not exist is an error too.
+    let bad_dir = dir.path("no/such/dir/ck.st");
+    let e = run(with(&["--save", bad_dir.to_str().unwrap()]))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::Checkpoint(_)), "{e:?}");
 }

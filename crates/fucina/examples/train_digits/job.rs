@@ -1,6 +1,6 @@
 //! The `train_digits` job as functions (the example's `main` and the tests call
 //! them): the command line, the data set loader, the seeded split, the training
-//! loop and the SVG loss curve.
+//! loop, the checkpoints and the SVG loss curve.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -49,12 +49,20 @@ pub(crate) struct Args {
     /// Where to write the loss curve (SVG).
     #[arg(long, default_value = default_svg_path())]
     pub(crate) svg: PathBuf,
-    /// Save a checkpoint (parameters and optimizer state) at the end.
-    #[arg(long)]
+    /// Save a checkpoint (parameters, optimizer state, epoch and configuration,
+    /// in the safetensors format) when training stops.
+    #[arg(long, value_name = "PATH")]
     pub(crate) save: Option<PathBuf>,
-    /// Resume from a checkpoint written by --save.
-    #[arg(long)]
+    /// Resume from a checkpoint written by --save. The run continues bit for bit
+    /// as if it had never stopped; the configuration flags (--epochs, --lr,
+    /// --batch, --hidden, --seed) must be those the checkpoint was written with.
+    #[arg(long, value_name = "PATH")]
     pub(crate) resume: Option<PathBuf>,
+    /// Stop after this epoch (counted from the start of the whole run, at most
+    /// --epochs), e.g. to --save a checkpoint mid-training. The learning-rate
+    /// schedule still spans all --epochs.
+    #[arg(long, value_name = "EPOCH")]
+    pub(crate) stop_after: Option<usize>,
 }
 
 /// The data set shipped in the repository.
@@ -73,12 +81,6 @@ pub(crate) fn default_svg_path() -> &'static str {
 impl Args {
     /// Checks what the flags cannot express in their types.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.save.is_some() || self.resume.is_some() {
-            return Err(Error::InvalidArgument {
-                what: "--save/--resume",
-                reason: "checkpoints are not wired into this example yet".into(),
-            });
-        }
         if self.threads == 0 || self.threads > fucina::exec::MAX_THREADS {
             return Err(Error::InvalidArgument {
                 what: "--threads",
@@ -100,6 +102,14 @@ impl Args {
                     reason: "must be at least 1".into(),
                 });
             }
+        }
+        if let Some(e) = self.stop_after
+            && !(1..=self.epochs).contains(&e)
+        {
+            return Err(Error::InvalidArgument {
+                what: "--stop-after",
+                reason: format!("must be in 1..={} (--epochs), got {e}", self.epochs),
+            });
         }
         Ok(())
     }
@@ -298,6 +308,23 @@ pub(crate) fn model(ctx: &ExecContext, hidden: usize, seed: u64) -> Result<Seque
         .push_named("fc2", Linear::new(ctx, hidden, CLASSES, sub_seed(seed, 2))?))
 }
 
+/// The model of `cfg` and its AdamW optimizer (no state yet).
+pub(crate) fn model_and_optimizer(
+    ctx: &ExecContext,
+    cfg: &TrainConfig,
+) -> Result<(Sequential, AdamW)> {
+    let net = model(ctx, cfg.hidden, cfg.seed)?;
+    let opt = AdamW::new(
+        net.parameters(),
+        AdamWConfig {
+            lr: cfg.lr,
+            weight_decay: cfg.weight_decay,
+            ..AdamWConfig::default()
+        },
+    )?;
+    Ok((net, opt))
+}
+
 /// Where a run stands after a whole number of epochs: everything a checkpoint
 /// must hold to resume it bit-identically (the data order and the schedule
 /// regenerate from the seed and the step).
@@ -312,39 +339,21 @@ pub(crate) struct Snapshot {
 }
 
 /// Trains on `train` with AdamW, mini-batches in a seeded order per epoch, and
-/// evaluates on `test`. `on_step` runs after every step (outside the step).
-pub(crate) fn train(
-    ctx: &ExecContext,
-    train: &Digits,
-    test: &Digits,
-    cfg: &TrainConfig,
-    on_step: &mut dyn FnMut(&Progress),
-) -> Result<TrainReport> {
-    Ok(train_from(ctx, train, test, cfg, None, None, on_step)?.0)
-}
-
-/// [`train`], optionally resumed from `resume` and stopped after epoch
+/// evaluates on `test`; optionally resumed from `resume` and stopped after epoch
 /// `stop_after` (both within `cfg.epochs`, which fixes the schedule); returns the
 /// report of the epochs run and the snapshot at the end. A snapshot that does not
-/// fit the model or optimizer is an error.
+/// fit the model or optimizer is an error. `on_step` runs after every step
+/// (outside the step).
 pub(crate) fn train_from(
     ctx: &ExecContext,
     train: &Digits,
     test: &Digits,
     cfg: &TrainConfig,
-    resume: Option<&Snapshot>,
+    resume: Option<Snapshot>,
     stop_after: Option<usize>,
     on_step: &mut dyn FnMut(&Progress),
 ) -> Result<(TrainReport, Snapshot)> {
-    let net = model(ctx, cfg.hidden, cfg.seed)?;
-    let mut opt = AdamW::new(
-        net.parameters(),
-        AdamWConfig {
-            lr: cfg.lr,
-            weight_decay: cfg.weight_decay,
-            ..AdamWConfig::default()
-        },
-    )?;
+    let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
     let n = train.len();
     let per_epoch = n.div_ceil(cfg.batch);
     let steps = per_epoch * cfg.epochs;
@@ -363,6 +372,8 @@ pub(crate) fn train_from(
             }
             net.load_parameters(&snap.params)?;
             opt.load_state_dict(ctx, &snap.optimizer)?;
+            // The snapshot's tensors are released here, before training (the
+            // model and optimizer hold copies).
             snap.epoch
         }
     };
@@ -434,6 +445,189 @@ pub(crate) fn train_from(
     Ok((report, snapshot))
 }
 
+/// The `format` metadata entry of a `train_digits` checkpoint.
+pub(crate) const CHECKPOINT_FORMAT: &str = "fucina.train_digits.v1";
+/// The prefix of the model's parameters in a checkpoint (`"model.fc1.weight"`).
+pub(crate) const MODEL_PREFIX: &str = "model.";
+/// The prefix of the optimizer's state in a checkpoint (`"optim.exp_avg.0"`).
+pub(crate) const OPTIM_PREFIX: &str = "optim.";
+
+/// The configuration entries of a checkpoint's metadata: `(key, flag, value)`.
+/// Values are written with `Display`, which round-trips `f32` exactly.
+fn config_entries(cfg: &TrainConfig) -> [(&'static str, &'static str, String); 6] {
+    [
+        ("seed", "--seed", cfg.seed.to_string()),
+        ("epochs", "--epochs", cfg.epochs.to_string()),
+        ("lr", "--lr", cfg.lr.to_string()),
+        ("batch", "--batch", cfg.batch.to_string()),
+        ("hidden", "--hidden", cfg.hidden.to_string()),
+        ("weight_decay", "weight decay", cfg.weight_decay.to_string()),
+    ]
+}
+
+/// Saves `snap` and the configuration `cfg` to `path` (safetensors, written
+/// atomically): the parameters under `model.<name>`, the optimizer state under
+/// `optim.<name>`, and `format`, `epoch` and the configuration as metadata.
+pub(crate) fn save_checkpoint(path: &Path, cfg: &TrainConfig, snap: &Snapshot) -> Result<()> {
+    let names: Vec<String> = (snap
+        .params
+        .iter()
+        .map(|(n, _)| format!("{MODEL_PREFIX}{n}")))
+    .chain(
+        snap.optimizer
+            .iter()
+            .map(|(n, _)| format!("{OPTIM_PREFIX}{n}")),
+    )
+    .collect();
+    let tensors: Vec<(&str, &Tensor)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(snap.params.iter().chain(&snap.optimizer).map(|(_, t)| t))
+        .collect();
+    let epoch = snap.epoch.to_string();
+    let entries = config_entries(cfg);
+    let mut meta = vec![("format", CHECKPOINT_FORMAT), ("epoch", epoch.as_str())];
+    meta.extend(entries.iter().map(|(k, _, v)| (*k, v.as_str())));
+    fucina::checkpoint::save(path, &tensors, &meta)?;
+    Ok(())
+}
+
+/// Reads the checkpoint at `path` for a run of `cfg` with `steps_per_epoch`
+/// steps per epoch, and checks it completely before anything trains: its format,
+/// that it was written with the same configuration (an error names the flag and
+/// both values), and that its tensors fit the model and optimizer of `cfg`
+/// (names, shapes, the optimizer's step count).
+///
+/// # Errors
+/// [`Error::Checkpoint`] if the file cannot be read or is not a valid
+/// safetensors file; [`Error::InvalidArgument`] (`--resume`, naming the file)
+/// for a checkpoint that does not belong to this run.
+pub(crate) fn load_checkpoint(
+    ctx: &ExecContext,
+    path: &Path,
+    cfg: &TrainConfig,
+    steps_per_epoch: usize,
+) -> Result<Snapshot> {
+    let (tensors, meta) = fucina::checkpoint::read(ctx, path)?;
+    let bad = |reason: String| Error::InvalidArgument {
+        what: "--resume",
+        reason: format!("{}: {reason}", path.display()),
+    };
+    if meta.get("format") != Some(CHECKPOINT_FORMAT) {
+        return Err(bad(format!(
+            "not a train_digits checkpoint (its `format` metadata is {:?}, expected {CHECKPOINT_FORMAT:?})",
+            meta.get("format")
+        )));
+    }
+    for (key, flag, want) in config_entries(cfg) {
+        match meta.get(key) {
+            Some(v) if v == want => {}
+            Some(v) => {
+                return Err(bad(format!(
+                    "the checkpoint was written with {flag} {v}, this run has {flag} {want} \
+                     (resume with the checkpoint's configuration)"
+                )));
+            }
+            None => return Err(bad(format!("the checkpoint has no `{key}` metadata"))),
+        }
+    }
+    let epoch = meta
+        .get("epoch")
+        .and_then(|e| e.parse::<usize>().ok())
+        .filter(|&e| e <= cfg.epochs)
+        .ok_or_else(|| {
+            bad(format!(
+                "its `epoch` metadata {:?} is not an epoch in 0..={}",
+                meta.get("epoch"),
+                cfg.epochs
+            ))
+        })?;
+    let mut snap = Snapshot {
+        epoch,
+        params: Vec::new(),
+        optimizer: Vec::new(),
+    };
+    for (name, t) in tensors {
+        if let Some(n) = name.strip_prefix(MODEL_PREFIX) {
+            snap.params.push((n.to_string(), t));
+        } else if let Some(n) = name.strip_prefix(OPTIM_PREFIX) {
+            snap.optimizer.push((n.to_string(), t));
+        } else {
+            return Err(bad(format!(
+                "unexpected tensor `{name}` (names start with {MODEL_PREFIX:?} or {OPTIM_PREFIX:?})"
+            )));
+        }
+    }
+    // Load into a model and optimizer of this configuration: the same checks the
+    // resumed run makes, done before anything trains.
+    let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
+    net.load_parameters(&snap.params).map_err(|e| {
+        bad(format!(
+            "does not match the model 64-{}-10: {e}",
+            cfg.hidden
+        ))
+    })?;
+    opt.load_state_dict(ctx, &snap.optimizer)
+        .map_err(|e| bad(format!("its optimizer state does not match the model: {e}")))?;
+    let step = match opt.state_dict().iter().find(|(n, _)| n == "step") {
+        Some((_, t)) => t.item()?,
+        None => 0.0,
+    };
+    let want = epoch * steps_per_epoch;
+    if step != want as f32 {
+        return Err(bad(format!(
+            "its optimizer has taken {step} steps, but epoch {epoch} ends at step {want}"
+        )));
+    }
+    Ok(snap)
+}
+
+/// The snapshot to resume from (`--resume`), checked with [`load_checkpoint`]
+/// for a training set of `train_len` images, and that `--stop-after` lies after it.
+pub(crate) fn resume_point(
+    ctx: &ExecContext,
+    args: &Args,
+    train_len: usize,
+) -> Result<Option<Snapshot>> {
+    let Some(path) = &args.resume else {
+        return Ok(None);
+    };
+    let cfg = args.config();
+    let snap = load_checkpoint(ctx, path, &cfg, train_len.div_ceil(cfg.batch))?;
+    if let Some(stop) = args.stop_after
+        && stop <= snap.epoch
+    {
+        return Err(Error::InvalidArgument {
+            what: "--stop-after",
+            reason: format!(
+                "the checkpoint {} is at epoch {}; --stop-after {stop} is not later",
+                path.display(),
+                snap.epoch
+            ),
+        });
+    }
+    Ok(Some(snap))
+}
+
+/// The run the flags ask for: trains from `resume` (or from the start) up to
+/// `--stop-after` (or `--epochs`), then saves the checkpoint to `--save` if
+/// given. Returns the report of the epochs run and the snapshot at the end.
+pub(crate) fn run_job(
+    ctx: &ExecContext,
+    args: &Args,
+    train_set: &Digits,
+    test: &Digits,
+    resume: Option<Snapshot>,
+    on_step: &mut dyn FnMut(&Progress),
+) -> Result<(TrainReport, Snapshot)> {
+    let cfg = args.config();
+    let (report, snap) = train_from(ctx, train_set, test, &cfg, resume, args.stop_after, on_step)?;
+    if let Some(path) = &args.save {
+        save_checkpoint(path, &cfg, &snap)?;
+    }
+    Ok((report, snap))
+}
+
 /// The fraction of `d` that `net` classifies correctly (under `no_grad`).
 pub(crate) fn accuracy(ctx: &ExecContext, net: &Sequential, d: &Digits) -> Result<f32> {
     let _guard = no_grad();
@@ -449,7 +643,8 @@ pub(crate) fn accuracy(ctx: &ExecContext, net: &Sequential, d: &Digits) -> Resul
 }
 
 /// A line chart of `losses` (one point per step) as a standalone SVG.
-pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
+/// The epoch axis is labelled from `first_epoch` (a resumed run's first epoch).
+pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize, first_epoch: usize) -> String {
     let (w, h, pad) = (720.0f32, 360.0f32, 48.0f32);
     let max = losses.iter().copied().fold(f32::MIN, f32::max).max(1e-6);
     let n = losses.len().max(2) as f32 - 1.0;
@@ -484,8 +679,9 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
             let x = px(e * steps_per_epoch);
             let _ = writeln!(
                 s,
-                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{e}</text>",
-                h - pad + 16.0
+                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                h - pad + 16.0,
+                first_epoch + e
             );
         }
         let _ = writeln!(
@@ -504,10 +700,15 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize) -> String {
 }
 
 /// Writes the SVG, creating the directory if needed.
-pub(crate) fn write_svg(path: &Path, losses: &[f32], steps_per_epoch: usize) -> Result<()> {
+pub(crate) fn write_svg(
+    path: &Path,
+    losses: &[f32],
+    steps_per_epoch: usize,
+    first_epoch: usize,
+) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, loss_svg(losses, steps_per_epoch))?;
+    std::fs::write(path, loss_svg(losses, steps_per_epoch, first_epoch))?;
     Ok(())
 }

@@ -7,6 +7,11 @@
 //! Prints a progress bar (loss, examples/s), the test accuracy, the buffer-pool
 //! and heap-allocation statistics of the run, and writes the loss curve to
 //! `target/train_digits_loss.svg`. `--help` lists the flags.
+//!
+//! Checkpoints: `--stop-after 10 --save ck.safetensors` stops after epoch 10 and
+//! saves the parameters, the optimizer state and the configuration;
+//! `--resume ck.safetensors` continues from there, with the same losses, bit for
+//! bit, as a run that never stopped.
 
 mod job;
 
@@ -85,8 +90,22 @@ fn run(args: &Args) -> fucina::Result<()> {
         args.seed
     );
     let ctx = ExecContext::with_threads(args.threads);
+    let resume = job::resume_point(&ctx, args, train.len()).inspect_err(|_| {
+        if let Some(path) = &args.resume {
+            eprintln!("cannot resume from {}", path.display());
+        }
+    })?;
+    if let (Some(snap), Some(path)) = (&resume, &args.resume) {
+        println!(
+            "resuming from {} at epoch {} of {}",
+            path.display(),
+            snap.epoch,
+            cfg.epochs
+        );
+    }
     let steps_per_epoch = train.len().div_ceil(cfg.batch);
-    let bar = ProgressBar::new((steps_per_epoch * cfg.epochs) as u64);
+    let last = args.stop_after.unwrap_or(cfg.epochs);
+    let bar = ProgressBar::new((steps_per_epoch * last) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:40.cyan/blue} {pos}/{len} steps  epoch {prefix}  {msg}")
             .expect("a valid template"),
@@ -95,10 +114,12 @@ fn run(args: &Args) -> fucina::Result<()> {
     // excluded): counted from the end of one callback to the start of the next.
     const WARMUP: usize = 5;
     let (mut in_steps, mut mark, mut after_warmup) = (0u64, allocations(), 0u64);
+    let mut run_steps = 0;
     let mut on_step = |p: &Progress| {
         let now = allocations();
         in_steps += now - mark;
-        if p.step == WARMUP {
+        run_steps += 1;
+        if run_steps == WARMUP {
             after_warmup = in_steps;
         }
         if p.step.is_multiple_of(5) || p.step == p.steps {
@@ -109,15 +130,18 @@ fn run(args: &Args) -> fucina::Result<()> {
         }
         mark = allocations();
     };
-    let report = job::train(&ctx, &train, &test, &cfg, &mut on_step)?;
+    let (report, snapshot) = job::run_job(&ctx, args, &train, &test, resume, &mut on_step)?;
     bar.finish();
     let steps = report.losses.len();
     let secs = report.train_time.as_secs_f64();
     println!(
         "trained {steps} steps in {secs:.2} s: {:.0} examples/s, final loss {:.4}",
-        report.examples as f64 / secs,
+        report.examples as f64 / secs.max(1e-9),
         report.losses.last().copied().unwrap_or(f32::NAN)
     );
+    if snapshot.epoch < cfg.epochs {
+        println!("stopped after epoch {} of {}", snapshot.epoch, cfg.epochs);
+    }
     println!(
         "test accuracy: {:.2}% ({} images)",
         100.0 * report.test_accuracy,
@@ -140,7 +164,11 @@ fn run(args: &Args) -> fucina::Result<()> {
         "heap allocations in training steps: {in_steps} in total, {:.1} per step after {WARMUP} warm-up steps",
         (in_steps - after_warmup) as f64 / measured as f64
     );
-    job::write_svg(&args.svg, &report.losses, steps_per_epoch)?;
+    if let Some(path) = &args.save {
+        println!("checkpoint (epoch {}): {}", snapshot.epoch, path.display());
+    }
+    let first_epoch = snapshot.epoch - report.losses.len() / steps_per_epoch;
+    job::write_svg(&args.svg, &report.losses, steps_per_epoch, first_epoch)?;
     let shown = args.svg.canonicalize().unwrap_or_else(|_| args.svg.clone());
     println!("loss curve: {}", shown.display());
     Ok(())
