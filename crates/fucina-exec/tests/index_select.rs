@@ -954,7 +954,8 @@ fn same_for_all_team_sizes<R: PartialEq + std::fmt::Debug>(f: impl Fn(&ExecConte
 
 #[test]
 fn every_op_is_bitwise_identical_for_team_sizes_1_to_4() {
-    let big = 4 * PARALLEL_THRESHOLD;
+    // At least 2^17 elements: the shapes below ([256, 512], ...) take that many.
+    let big = (4 * PARALLEL_THRESHOLD).max(1 << 17);
     let mut rng = Rng(7);
     let x = rng.vec(big);
     let y = rng.vec(big / 2);

@@ -1,7 +1,13 @@
 //! Steady-state optimizer steps allocate nothing on the heap (a counting global
 //! allocator around `step`).
+//!
+//! Only the allocations of the thread that runs the step are counted (the
+//! contexts here have one thread): the test harness's own threads may allocate
+//! at any moment, for example to report a test that runs slowly on a loaded
+//! machine, and must not make the count flaky.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fucina::nn::{Linear, Module};
@@ -12,11 +18,23 @@ struct Counting;
 
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Whether this thread's allocations are counted (const-initialized: reading
+    /// it never allocates).
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.with(Cell::get) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: every method forwards to the system allocator with the caller's
 // arguments unchanged; the counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
@@ -25,12 +43,12 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -65,7 +83,9 @@ fn allocations_of_steps(
             clip_grad_norm(ctx, opt.parameters(), 1e9).unwrap();
         }
         let before = ALLOCS.load(Ordering::Relaxed);
+        COUNTED.with(|c| c.set(true));
         opt.step(ctx).unwrap();
+        COUNTED.with(|c| c.set(false));
         let after = ALLOCS.load(Ordering::Relaxed);
         opt.zero_grad();
         if step >= 2 {

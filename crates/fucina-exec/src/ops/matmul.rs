@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use fucina_storage::{Buffer, StorageError};
 
-use crate::context::{ExecContext, PARALLEL_THRESHOLD};
+use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR};
 use crate::tensor::RawTensor;
@@ -299,8 +299,13 @@ fn matrix_view(x: &RawTensor, left: bool) -> (Dims, Dims) {
 }
 
 /// Gate of the parallel split: with `work_per_row = k * n / WORK_DIV`, a product
-/// goes parallel once `m * k * n` reaches `WORK_DIV * PARALLEL_THRESHOLD` (2^20).
+/// goes parallel once `m * k * n` reaches `WORK_DIV * MATMUL_GATE` (2^20). The
+/// GEMM keeps its own gate (it was tuned with the matmul benches), separate from
+/// the elementwise [`crate::PARALLEL_THRESHOLD`].
 const WORK_DIV: usize = 32;
+
+/// The work unit of the matmul gate (see [`WORK_DIV`]).
+const MATMUL_GATE: usize = 1 << 15;
 
 /// Preferred least number of output rows per parallel chunk (two 12-row
 /// micro-tiles): every chunk streams the whole packed right-hand side through
@@ -311,18 +316,20 @@ const ROW_GRAIN: usize = 24;
 
 /// The `work_per_row` the row split passes to `par_rows` for `rows` output rows
 /// (over all batches) of depth `k` and width `n`: below the gate
-/// (`rows * k * n < WORK_DIV * PARALLEL_THRESHOLD`) the plain weight, which keeps
+/// (`rows * k * n < WORK_DIV * MATMUL_GATE`) the plain weight, which keeps
 /// the product serial; above it, the weight that makes `par_rows` cut chunks of
 /// about `min(ROW_GRAIN, rows / threads)` rows (at least one chunk per
 /// participant where there are rows enough). Only the chunking depends on it,
 /// never a value.
 fn row_split_work(rows: usize, k: usize, n: usize, threads: usize) -> usize {
     let plain = (k.saturating_mul(n) / WORK_DIV).max(1);
-    if rows.saturating_mul(plain) < PARALLEL_THRESHOLD {
-        return plain;
+    if rows.saturating_mul(plain) < MATMUL_GATE {
+        // Scaled to `par_rows`' own threshold, so the product stays serial.
+        return plain / (MATMUL_GATE / crate::PARALLEL_THRESHOLD);
     }
     let grain = ROW_GRAIN.min(rows / threads.max(1)).max(1);
-    (PARALLEL_THRESHOLD / grain).max(1)
+    // `par_rows` cuts chunks of `PARALLEL_THRESHOLD / work_per_row` rows.
+    (crate::PARALLEL_THRESHOLD / grain).max(1)
 }
 
 impl ExecContext {
