@@ -31,7 +31,7 @@ commands:
   ci        fmt check, clippy, rustdoc, tests, fucina-rng no_std, loom models, Miri
             (if installed), doc examples, fuzz targets for 20 s each (if cargo-fuzz
             is installed), cargo-deny (if installed)
-  doctest   compile and run every ```rust block of docs/*.md
+  doctest   compile and run every ```rust block of README.md and docs/*.md
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
   miri      run the Miri soundness tests (needs `cargo +nightly miri`; skipped without it)
   bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
@@ -184,7 +184,7 @@ fn ci() -> Result<(), String> {
     )?;
     loom()?;
     miri()?;
-    eprintln!("\n==> [doctest] compile and run the examples of docs/*.md");
+    eprintln!("\n==> [doctest] compile and run the examples of README.md and docs/*.md");
     doctest::run(&workspace_root()).map_err(|e| format!("step `doctest` FAILED: {e}"))?;
     // Fuzzing is never installed by CI: it runs only where cargo-fuzz already is.
     if has_cargo_subcommand("fuzz") {
