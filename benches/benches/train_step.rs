@@ -1,6 +1,7 @@
 //! One training step of a 784-256-10 MLP (batch 64, ReLU, cross-entropy,
-//! backward, plain SGD) in fucina (1 and 2 threads) and in candle (CPU), same
-//! run, same shapes and the same initial values (candle's parameters are copied
+//! backward, plain SGD), and of the `train_digits` example's 64-128-10 MLP (batch
+//! 32; the example uses AdamW, both libraries use plain SGD here), in fucina (1
+//! and 2 threads) and in candle (CPU), same run, same shapes and the same initial values (candle's parameters are copied
 //! from fucina's `kaiming_uniform` ones; the first losses are checked equal).
 //!
 //! `cargo bench -p fucina-benches --bench train_step -- --warm-up-time 1 --measurement-time 3`
@@ -21,24 +22,47 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use fucina::autograd::Tensor;
 use fucina::exec::{ExecContext, RawTensor};
 
-const BATCH: usize = 64;
-const IN: usize = 784;
-const HIDDEN: usize = 256;
-const OUT: usize = 10;
 const LR: f32 = 0.01;
 
-fn labels() -> Vec<i64> {
-    (0..BATCH as i64).map(|i| (i * 7) % OUT as i64).collect()
+/// The MLP: `batch` rows of `inp` features, one hidden layer, `out` classes.
+#[derive(Clone, Copy)]
+struct Mlp {
+    batch: usize,
+    inp: usize,
+    hidden: usize,
+    out: usize,
+}
+
+/// The step of the autograd issue's benchmark.
+const MNIST_SHAPED: Mlp = Mlp {
+    batch: 64,
+    inp: 784,
+    hidden: 256,
+    out: 10,
+};
+/// The model and batch of the `train_digits` example (8x8 digits, 64-128-10,
+/// batch 32), trained here with plain SGD in both libraries.
+const DIGITS: Mlp = Mlp {
+    batch: 32,
+    inp: 64,
+    hidden: 128,
+    out: 10,
+};
+
+fn labels(s: Mlp) -> Vec<i64> {
+    (0..s.batch as i64)
+        .map(|i| (i * 7) % s.out as i64)
+        .collect()
 }
 
 /// `nn.Linear`-style parameters: weights `[out, in]` U(-1/sqrt(in), 1/sqrt(in)),
 /// zero biases.
-fn fucina_params(ctx: &ExecContext) -> [Tensor; 4] {
+fn fucina_params(ctx: &ExecContext, s: Mlp) -> [Tensor; 4] {
     [
-        Tensor::kaiming_uniform(ctx, &[HIDDEN, IN], 2).unwrap(),
-        Tensor::zeros(ctx, &[HIDDEN]).unwrap(),
-        Tensor::kaiming_uniform(ctx, &[OUT, HIDDEN], 3).unwrap(),
-        Tensor::zeros(ctx, &[OUT]).unwrap(),
+        Tensor::kaiming_uniform(ctx, &[s.hidden, s.inp], 2).unwrap(),
+        Tensor::zeros(ctx, &[s.hidden]).unwrap(),
+        Tensor::kaiming_uniform(ctx, &[s.out, s.hidden], 3).unwrap(),
+        Tensor::zeros(ctx, &[s.out]).unwrap(),
     ]
     .map(Tensor::into_variable)
 }
@@ -72,20 +96,20 @@ struct CandleMlp {
 }
 
 impl CandleMlp {
-    fn new(ctx: &ExecContext, x: &Tensor) -> CandleMlp {
+    fn new(ctx: &ExecContext, x: &Tensor, s: Mlp) -> CandleMlp {
         let dev = Device::Cpu;
-        let p = fucina_params(ctx);
+        let p = fucina_params(ctx, s);
         let var = |t: &Tensor| {
             let v = candle_core::Tensor::from_vec(t.to_vec(), t.shape(), &dev).unwrap();
             Var::from_tensor(&v).unwrap()
         };
         let vars = [var(&p[0]), var(&p[1]), var(&p[2]), var(&p[3])];
-        let l: Vec<u32> = labels().iter().map(|&v| v as u32).collect();
+        let l: Vec<u32> = labels(s).iter().map(|&v| v as u32).collect();
         CandleMlp {
             sgd: SGD::new(vars.to_vec(), f64::from(LR)).unwrap(),
             vars,
-            x: candle_core::Tensor::from_vec(x.to_vec(), &[BATCH, IN], &dev).unwrap(),
-            labels: candle_core::Tensor::from_vec(l, &[BATCH], &dev).unwrap(),
+            x: candle_core::Tensor::from_vec(x.to_vec(), &[s.batch, s.inp], &dev).unwrap(),
+            labels: candle_core::Tensor::from_vec(l, &[s.batch], &dev).unwrap(),
         }
     }
 
@@ -138,37 +162,41 @@ fn cpu_time(name: &str, steps: usize, mut f: impl FnMut() -> f32) {
     println!("cpu time per step, {name}: {cpu:.1} us (wall {wall:.1} us; {steps} steps)");
 }
 
-fn cpu_times(steps: usize) {
+fn cpu_times(steps: usize, s: Mlp) {
     let ctx = ExecContext::with_threads(1);
-    let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-    let mut m = CandleMlp::new(&ctx, &x);
+    let x = Tensor::randn(&ctx, &[s.batch, s.inp], 1.0, 1).unwrap();
+    let mut m = CandleMlp::new(&ctx, &x, s);
     cpu_time("candle", steps, || m.step());
     for threads in [1, 2] {
         let ctx = ExecContext::with_threads(threads);
-        let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-        let l = ctx.from_slice_typed::<i64>(&[BATCH], &labels()).unwrap();
-        let mut p = fucina_params(&ctx);
+        let x = Tensor::randn(&ctx, &[s.batch, s.inp], 1.0, 1).unwrap();
+        let l = ctx.from_slice_typed::<i64>(&[s.batch], &labels(s)).unwrap();
+        let mut p = fucina_params(&ctx, s);
         cpu_time(&format!("fucina {threads} thread(s)"), steps, || {
             fucina_step(&ctx, &mut p, &x, &l)
         });
     }
 }
 
-fn train_step(c: &mut Criterion) {
+/// One criterion group: candle, then fucina on 1 and 2 threads, same model,
+/// same initial values (the first losses are checked equal).
+fn group(c: &mut Criterion, name: &str, s: Mlp) {
     if let Some(steps) = std::env::var("TRAIN_STEP_CPU_TIME")
         .ok()
         .and_then(|v| v.parse().ok())
     {
-        cpu_times(steps);
+        println!("{name}:");
+        cpu_times(steps, s);
     }
-    let mut g = c.benchmark_group("train_step_mlp_784_256_10_b64");
+    let mut g = c.benchmark_group(name);
+    g.throughput(criterion::Throughput::Elements(s.batch as u64));
     let first_loss;
     {
         let ctx = ExecContext::with_threads(1);
-        let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-        let mut m = CandleMlp::new(&ctx, &x);
-        let l = ctx.from_slice_typed::<i64>(&[BATCH], &labels()).unwrap();
-        let mut p = fucina_params(&ctx);
+        let x = Tensor::randn(&ctx, &[s.batch, s.inp], 1.0, 1).unwrap();
+        let mut m = CandleMlp::new(&ctx, &x, s);
+        let l = ctx.from_slice_typed::<i64>(&[s.batch], &labels(s)).unwrap();
+        let mut p = fucina_params(&ctx, s);
         first_loss = fucina_step(&ctx, &mut p, &x, &l);
         let candle_first = m.step();
         assert!(
@@ -180,15 +208,20 @@ fn train_step(c: &mut Criterion) {
     }
     for threads in [1, 2] {
         let ctx = ExecContext::with_threads(threads);
-        let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-        let l = ctx.from_slice_typed::<i64>(&[BATCH], &labels()).unwrap();
-        let mut p = fucina_params(&ctx);
+        let x = Tensor::randn(&ctx, &[s.batch, s.inp], 1.0, 1).unwrap();
+        let l = ctx.from_slice_typed::<i64>(&[s.batch], &labels(s)).unwrap();
+        let mut p = fucina_params(&ctx, s);
         assert_eq!(fucina_step(&ctx, &mut p, &x, &l), first_loss);
         g.bench_function(format!("fucina_{threads}_threads"), |b| {
             b.iter(|| black_box(fucina_step(&ctx, &mut p, &x, &l)))
         });
     }
     g.finish();
+}
+
+fn train_step(c: &mut Criterion) {
+    group(c, "train_step_mlp_784_256_10_b64", MNIST_SHAPED);
+    group(c, "train_step_digits_mlp_64_128_10_b32", DIGITS);
 }
 
 criterion_group!(benches, train_step);
