@@ -38,17 +38,7 @@ const SHAPES: [(usize, usize, usize, &str); 4] = [
     (64, 784, 256, "64x784x256"),
 ];
 
-fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use fucina_benches::rand_vec;
 
 fn naive(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     c.fill(0.0);
