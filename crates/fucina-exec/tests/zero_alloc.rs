@@ -1,6 +1,8 @@
 //! After one warm-up pass, a no-grad forward of a fixed-shape 3-layer MLP performs
-//! zero heap allocations and zero pool misses. Its own test binary: the counting
-//! global allocator sees every allocation of the process.
+//! zero heap allocations and zero pool misses, and `topk`/`argsort` allocate
+//! nothing (their per-chunk key buffers are pooled scratch). Its own test binary:
+//! the counting global allocator sees every allocation of the process (nextest
+//! runs each test in its own process).
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
 
@@ -38,6 +40,14 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+/// The tests of this binary take turns: under plain `cargo test` they would run on
+/// parallel threads of one process and count each other's allocations.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 struct Mlp {
     w: [RawTensor; 3],
@@ -104,6 +114,35 @@ fn check(threads: usize) {
 
 #[test]
 fn a_steady_state_forward_allocates_nothing() {
+    let _turn = serial();
     check(1);
     check(2);
+}
+
+#[test]
+fn topk_and_argsort_allocate_nothing_at_steady_state() {
+    let _turn = serial();
+    for threads in [1, 2] {
+        let ctx = ExecContext::with_threads(threads);
+        let n = 64 * 2048;
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1009) as f32).collect();
+        // Lines along the last axis and along the first (the transposed path),
+        // enough work to be split into parallel chunks.
+        let x = ctx.from_slice(&[64, 2048], &v).unwrap();
+        let run = || {
+            drop(ctx.topk(&x, 7, 1, true).unwrap());
+            drop(ctx.argsort(&x, 1, false).unwrap());
+            drop(ctx.topk(&x, 3, 0, false).unwrap());
+        };
+        run();
+        run();
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        for _ in 0..3 {
+            run();
+        }
+        let after = ALLOCATIONS.load(Ordering::Relaxed);
+        assert_eq!(after - before, 0, "heap allocations at {threads} thread(s)");
+        drop(x);
+        ctx.close().unwrap();
+    }
 }
