@@ -252,16 +252,10 @@ pub fn report_fraction_of_peak(
     (gflops, frac)
 }
 
-/// `n` benchmark inputs uniform in `[-1, 1)` from a xorshift stream seeded by
-/// `seed` (the same values in every run; shared by the peer benchmarks).
+/// `n` benchmark inputs uniform in `[-1, 1)` from the seed (the workspace's own
+/// counter-based generator; shared by the peer benchmarks).
 pub fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    let mut v = vec![0.0; n];
+    fucina::rng::uniform_fill(seed, &mut v, -1.0, 1.0);
+    v
 }

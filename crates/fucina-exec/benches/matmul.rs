@@ -17,16 +17,11 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fucina_exec::{ExecContext, MatmulOptions, RhsLifetime};
 
+/// `n` benchmark inputs uniform in `[-1, 1)` from the seed.
 fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    let mut v = vec![0.0; n];
+    fucina_exec::rng::uniform_fill(seed, &mut v, -1.0, 1.0);
+    v
 }
 
 fn naive(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {

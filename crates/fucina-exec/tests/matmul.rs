@@ -1,30 +1,22 @@
 //! matmul, linear, their backward kernels and the right-hand-side cache, against
 //! naive references.
 
+mod support;
+
 use std::sync::Arc;
 
 use fucina_exec::storage::Buffer;
 use fucina_exec::{ExecContext, ExecError, MatmulOptions, RawTensor, RhsLifetime};
 use proptest::prelude::*;
+use support::numel;
 
 const STABLE: MatmulOptions = MatmulOptions {
     rhs_lifetime: RhsLifetime::StableProcess,
 };
 
+/// `n` values uniform in `[-1, 1)` from the seed.
 fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    support::uniform(seed, n, -1.0, 1.0)
 }
 
 /// A tensor with logical row-major values `vals` of `shape`, laid out as asked:
