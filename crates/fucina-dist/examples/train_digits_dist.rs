@@ -14,16 +14,16 @@
 //! `--bench` adds per-step timings on stderr-free `timing` lines.
 //!
 //! The MLP is written with plain autograd `Tensor` ops and the SGD step with
-//! `Tensor::sgd_step_`; it moves to the facade's `nn` and `optim` layers once
-//! those exist.
+//! `Tensor::sgd_step_` (the `DataParallel` API takes plain variables); the data
+//! set comes from `fucina::data`.
 // The autograd error carries inline shapes (no heap on the error path).
 #![allow(clippy::result_large_err)]
 
-use std::io::Read;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use fucina::autograd::Tensor;
+use fucina::data::{DIGITS_PIXELS, Digits};
 use fucina::exec::ExecContext;
 use fucina_dist::{
     DataParallel, DataParallelOptions, LocalDataParallel, ShardedSampler, StepOutput, World,
@@ -72,11 +72,7 @@ fn parse() -> Result<Args, String> {
         local: false,
         bench: false,
         save: None,
-        data: concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fucina/data/digits/digits.csv.gz"
-        )
-        .into(),
+        data: fucina::data::digits_path().into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -110,30 +106,6 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// The digits: pixels scaled to [0, 1] (`[n, 64]` row-major) and labels.
-type Digits = (Vec<f32>, Vec<i64>);
-
-fn load_digits(path: &std::path::Path) -> Result<Digits, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let (mut x, mut y) = (Vec::new(), Vec::new());
-    for (n, line) in text.lines().enumerate() {
-        let fields: Vec<&str> = line.split(',').collect();
-        let bad = || format!("{} line {}: expected 65 integers", path.display(), n + 1);
-        if fields.len() != 65 {
-            return Err(bad());
-        }
-        for f in &fields[..64] {
-            x.push(f.trim().parse::<f32>().map_err(|_| bad())? / 16.0);
-        }
-        y.push(fields[64].trim().parse::<i64>().map_err(|_| bad())?);
-    }
-    Ok((x, y))
-}
-
 /// The MLP's parameters `[w1, b1, w2, b2]` from `seed`.
 fn init_params(
     ctx: &ExecContext,
@@ -141,7 +113,8 @@ fn init_params(
     seed: u64,
 ) -> fucina::autograd::Result<Vec<Tensor>> {
     Ok(vec![
-        Tensor::kaiming_uniform(ctx, &[hidden, 64], fucina::rng::at(seed, 0))?.into_variable(),
+        Tensor::kaiming_uniform(ctx, &[hidden, DIGITS_PIXELS], fucina::rng::at(seed, 0))?
+            .into_variable(),
         Tensor::variable_from_slice(ctx, &[hidden], &vec![0.0; hidden])?,
         Tensor::kaiming_uniform(ctx, &[10, hidden], fucina::rng::at(seed, 1))?.into_variable(),
         Tensor::variable_from_slice(ctx, &[10], &[0.0; 10])?,
@@ -155,13 +128,13 @@ fn microbatch(
     data: &Digits,
     idx: &[usize],
 ) -> fucina::autograd::Result<f32> {
-    let mut xb = Vec::with_capacity(idx.len() * 64);
+    let mut xb = Vec::with_capacity(idx.len() * DIGITS_PIXELS);
     let mut yb = Vec::with_capacity(idx.len());
     for &i in idx {
-        xb.extend_from_slice(&data.0[i * 64..(i + 1) * 64]);
-        yb.push(data.1[i]);
+        xb.extend_from_slice(&data.x[i * DIGITS_PIXELS..(i + 1) * DIGITS_PIXELS]);
+        yb.push(data.y[i]);
     }
-    let x = Tensor::from_slice(ctx, &[idx.len(), 64], &xb)?;
+    let x = Tensor::from_slice(ctx, &[idx.len(), DIGITS_PIXELS], &xb)?;
     let y = ctx.from_slice_typed::<i64>(&[idx.len()], &yb)?;
     let h = x.linear(ctx, &p[0], Some(&p[1]))?.relu(ctx)?;
     let loss = h.linear(ctx, &p[2], Some(&p[3]))?.cross_entropy(ctx, &y)?;
@@ -252,9 +225,9 @@ fn main() -> ExitCode {
 }
 
 fn setup(args: &Args, rank: usize, size: usize) -> Result<(Digits, ShardedSampler), String> {
-    let data = load_digits(&args.data)?;
+    let data = fucina::data::load_digits(&args.data).map_err(|e| e.to_string())?;
     let sampler = ShardedSampler::new(
-        data.1.len(),
+        data.len(),
         args.batch,
         args.microbatches,
         args.seed,

@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod data;
 mod error;
 pub mod nn;
 pub mod optim;

@@ -2,7 +2,6 @@
 //! call them): the command line, the text loader and vocabulary, the model, the
 //! seeded batches, the training loop and the seeded sampler.
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -162,27 +161,16 @@ impl Corpus {
     }
 }
 
-fn data_err(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Data {
-        path: path.display().to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Reads a gzip-compressed text. A missing, unreadable or non-gzip file, or a
-/// text shorter than `min_len` bytes, is an [`Error::Data`] naming the file.
+/// Reads a gzip-compressed text ([`fucina::data::read_gzip`]). A missing,
+/// unreadable or non-gzip file, or a text shorter than `min_len` bytes, is an
+/// [`Error::Data`] naming the file.
 pub(crate) fn load_text(path: &Path, min_len: usize) -> Result<Vec<u8>> {
-    let file =
-        std::fs::File::open(path).map_err(|e| data_err(path, format!("cannot open: {e}")))?;
-    let mut text = Vec::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_end(&mut text)
-        .map_err(|e| data_err(path, format!("not a readable gzip-compressed file: {e}")))?;
+    let text = fucina::data::read_gzip(path)?;
     if text.len() < min_len {
-        return Err(data_err(
-            path,
-            format!("{} bytes of text; need at least {min_len}", text.len()),
-        ));
+        return Err(Error::Data {
+            path: path.display().to_string(),
+            reason: format!("{} bytes of text; need at least {min_len}", text.len()),
+        });
     }
     Ok(text)
 }

@@ -3,7 +3,6 @@
 //! loop, the checkpoints and the SVG loss curve.
 
 use std::fmt::Write as _;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use fucina::storage::PoolStats;
 use fucina::{Error, ExecContext, Result, Tensor, no_grad};
 
 /// Pixels per image (8x8) and classes.
-pub(crate) const PIXELS: usize = 64;
+pub(crate) const PIXELS: usize = fucina::data::DIGITS_PIXELS;
 pub(crate) const CLASSES: usize = 10;
 /// Images held out for the test set (the rest, 1,437 of 1,797, train).
 pub(crate) const TEST_IMAGES: usize = 360;
@@ -67,7 +66,7 @@ pub(crate) struct Args {
 
 /// The data set shipped in the repository.
 pub(crate) fn default_data_path() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits/digits.csv.gz")
+    fucina::data::digits_path()
 }
 
 /// `target/train_digits_loss.svg` of the workspace.
@@ -127,95 +126,17 @@ impl Args {
     }
 }
 
-/// The digits: `x` holds `n * 64` pixels scaled to `[0, 1]`, `y` the labels.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Digits {
-    pub(crate) x: Vec<f32>,
-    pub(crate) y: Vec<i64>,
-}
+pub(crate) use fucina::data::Digits;
 
-impl Digits {
-    pub(crate) fn len(&self) -> usize {
-        self.y.len()
-    }
-}
-
-fn data_err(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Data {
-        path: path.display().to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Reads a gzip-compressed digits CSV. A missing, unreadable, non-gzip or
-/// malformed file is an [`Error::Data`] naming the file (and the line).
+/// Reads the digits file ([`fucina::data::load_digits`]) and checks it holds more
+/// images than the test split takes.
 pub(crate) fn load_digits(path: &Path) -> Result<Digits> {
-    let file =
-        std::fs::File::open(path).map_err(|e| data_err(path, format!("cannot open: {e}")))?;
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut text)
-        .map_err(|e| {
-            data_err(
-                path,
-                format!("not a readable gzip-compressed text file: {e}"),
-            )
-        })?;
-    let mut d = Digits {
-        x: Vec::new(),
-        y: Vec::new(),
-    };
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let fields: Vec<&str> = line.split(',').collect();
-        if fields.len() != PIXELS + 1 {
-            return Err(data_err(
-                path,
-                format!(
-                    "line {}: {} fields, expected {}",
-                    i + 1,
-                    fields.len(),
-                    PIXELS + 1
-                ),
-            ));
-        }
-        for (j, f) in fields.iter().enumerate() {
-            let v: f32 = f.trim().parse().map_err(|_| {
-                data_err(
-                    path,
-                    format!("line {}, field {}: {f:?} is not a number", i + 1, j + 1),
-                )
-            })?;
-            let (max, what) = if j < PIXELS {
-                (16.0, "pixel")
-            } else {
-                (9.0, "label")
-            };
-            if !(0.0..=max).contains(&v) || v.fract() != 0.0 {
-                return Err(data_err(
-                    path,
-                    format!(
-                        "line {}, field {}: {what} {v} is not an integer in 0..={max}",
-                        i + 1,
-                        j + 1
-                    ),
-                ));
-            }
-            if j < PIXELS {
-                d.x.push(v / 16.0);
-            } else {
-                d.y.push(v as i64);
-            }
-        }
-    }
+    let d = fucina::data::load_digits(path)?;
     if d.len() <= TEST_IMAGES {
-        return Err(data_err(
-            path,
-            format!("{} images; need more than {TEST_IMAGES}", d.len()),
-        ));
+        return Err(Error::Data {
+            path: path.display().to_string(),
+            reason: format!("{} images; need more than {TEST_IMAGES}", d.len()),
+        });
     }
     Ok(d)
 }

@@ -1,0 +1,136 @@
+//! The data sets shipped with fucina and the reader of their files: the 1,797
+//! 8x8 handwritten digits (`data/digits/`, BSD-3) used by the `train_digits`
+//! examples, and gzip-compressed files in general.
+//!
+//! ```
+//! let d = fucina::data::load_digits(fucina::data::digits_path())?;
+//! assert_eq!(d.len(), 1797);
+//! assert_eq!(d.x.len(), 1797 * fucina::data::DIGITS_PIXELS);
+//! # Ok::<(), fucina::Error>(())
+//! ```
+
+use std::io::Read as _;
+use std::path::Path;
+
+use crate::{Error, Result};
+
+/// Pixels per digit image (8x8, row-major).
+pub const DIGITS_PIXELS: usize = 64;
+
+/// The digits data set in memory: `x` holds `len() * DIGITS_PIXELS` pixels
+/// scaled to `[0, 1]`, `y` the labels (0..=9).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Digits {
+    /// The pixels, `DIGITS_PIXELS` per image, scaled from 0..=16 to `[0, 1]`.
+    pub x: Vec<f32>,
+    /// The labels, one per image.
+    pub y: Vec<i64>,
+}
+
+impl Digits {
+    /// The number of images.
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    /// Whether there are no images.
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+}
+
+/// The path of the digits file shipped in the `fucina` crate
+/// (`data/digits/digits.csv.gz`).
+pub fn digits_path() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits/digits.csv.gz")
+}
+
+/// An [`Error::Data`] naming `path`.
+pub(crate) fn data_err(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Data {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The decompressed bytes of a gzip-compressed file.
+///
+/// # Errors
+/// [`Error::Data`] naming the file if it cannot be opened or is not a readable
+/// gzip stream (truncated, corrupt, or not gzip at all).
+pub fn read_gzip(path: impl AsRef<Path>) -> Result<Vec<u8>> {
+    let path = path.as_ref();
+    let file =
+        std::fs::File::open(path).map_err(|e| data_err(path, format!("cannot open: {e}")))?;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut bytes)
+        .map_err(|e| data_err(path, format!("not a readable gzip-compressed file: {e}")))?;
+    Ok(bytes)
+}
+
+/// Reads a gzip-compressed digits CSV: one image per line, 64 pixel values
+/// (integers 0..=16) then the label (0..=9); blank lines are skipped.
+///
+/// # Errors
+/// [`Error::Data`] naming the file (and the line and field) if it cannot be read
+/// (see [`read_gzip`]), is not text, or holds a line with the wrong number of
+/// fields, a field that is not a number, or a pixel or label out of range.
+pub fn load_digits(path: impl AsRef<Path>) -> Result<Digits> {
+    let path = path.as_ref();
+    let bytes = read_gzip(path)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        data_err(
+            path,
+            format!("not a readable gzip-compressed text file: {e}"),
+        )
+    })?;
+    let mut d = Digits::default();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let fields: Vec<&str> = line.split(',').collect();
+        if fields.len() != DIGITS_PIXELS + 1 {
+            return Err(data_err(
+                path,
+                format!(
+                    "line {}: {} fields, expected {}",
+                    i + 1,
+                    fields.len(),
+                    DIGITS_PIXELS + 1
+                ),
+            ));
+        }
+        for (j, f) in fields.iter().enumerate() {
+            let v: f32 = f.trim().parse().map_err(|_| {
+                data_err(
+                    path,
+                    format!("line {}, field {}: {f:?} is not a number", i + 1, j + 1),
+                )
+            })?;
+            let (max, what) = if j < DIGITS_PIXELS {
+                (16.0, "pixel")
+            } else {
+                (9.0, "label")
+            };
+            if !(0.0..=max).contains(&v) || v.fract() != 0.0 {
+                return Err(data_err(
+                    path,
+                    format!(
+                        "line {}, field {}: {what} {v} is not an integer in 0..={max}",
+                        i + 1,
+                        j + 1
+                    ),
+                ));
+            }
+            if j < DIGITS_PIXELS {
+                d.x.push(v / 16.0);
+            } else {
+                d.y.push(v as i64);
+            }
+        }
+    }
+    Ok(d)
+}
