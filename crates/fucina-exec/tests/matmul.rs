@@ -284,9 +284,16 @@ fn edge_shapes_one_dimensional_and_large_k() {
         (vec![3, 1200], vec![1200, 33]),
         (vec![2, 1, 9, 4], vec![3, 4, 6]),
         (vec![17, 1031], vec![1031, 65]),
+        // Whole 32-column panels: the AVX-512 path reads a row-major right-hand
+        // side in place (also narrowed: row stride above n; and batched).
+        (vec![40, 300], vec![300, 64]),
+        (vec![13, 700], vec![700, 96]),
+        (vec![3, 50, 64], vec![3, 64, 96]),
+        (vec![2, 1, 30, 20], vec![3, 20, 32]),
     ] {
         check_matmul(&ash, &bsh, ff, 11);
         check_matmul(&ash, &bsh, [(true, true), (true, false)], 12);
+        check_matmul(&ash, &bsh, [(false, false), (false, true)], 13);
     }
     // Mixed large shape with a transposed right-hand side.
     check_matmul(&[130, 257], &[257, 70], [(false, true), (true, false)], 3);

@@ -5,11 +5,21 @@
 //!   context's right-hand-side cache) into column panels of [`NR`] columns: panel
 //!   `p` holds `B[0..k, p*NR..p*NR+NR]` k-major (`NR` consecutive floats per k),
 //!   zero-padded past `n`. [`pack_b_panel`] reads `B` through arbitrary strides, so a
-//!   transposed view packs without being materialized.
-//! - The left-hand side is packed per `MC x KC` block into row panels of `mr` rows
-//!   ([`pack_a`]), again through arbitrary strides (one offset per row).
-//! - [`gemm_rows`] loops `NC` column blocks, `KC` depth blocks and `MC` row blocks
-//!   and calls a register-blocked micro-kernel on `mr x NR` tiles.
+//!   transposed view packs without being materialized; [`pack_b_rows`] packs a
+//!   row-major run of panels reading each source row front to back. On the
+//!   AVX-512 path a row-major right-hand side of whole panels is instead read in
+//!   place ([`Rhs::Rows`], [`direct_rhs_ok`]): the loop below streams it from L2
+//!   either way, so the copy buys nothing but conflict-free cache sets (kept for
+//!   row strides that are multiples of 4 KiB).
+//! - The left-hand side is packed per `MC x KC` block into row panels, one per
+//!   row tile of balanced height ([`row_tiles`]), again through arbitrary strides
+//!   (one offset per row); the next block's rows are prefetched while the current
+//!   one computes.
+//! - [`gemm_rows`] loops `NC` column blocks, `KC` depth blocks and `MC` row blocks;
+//!   inside a block, row-tile-major: each packed left-hand micro-panel
+//!   (`12 x KC`, 24 KiB) stays in L1 while the block's right-hand-side panels
+//!   stream past it, one register-blocked `12 x 32` micro-kernel call per tile
+//!   (the next tile's `C` rows prefetched during the call).
 //!
 //! # Numerics and determinism
 //! Every output element is one fused multiply-add chain over `k` in increasing
@@ -28,39 +38,45 @@
 pub(crate) const NR: usize = 32;
 /// Largest depth of a packed block (the `k` extent of one micro-kernel call).
 ///
-/// The packed right-hand-side micro-panel the micro-kernel re-reads for every tile
-/// of a left-hand-side block is `KC x NR` floats: 192 x 32 x 4 B = 24 KiB, half of
-/// a 48 KiB L1 (the other half holds the streamed left-hand-side micro-panel,
-/// `12 x 192 x 4 B = 9 KiB`, and the `C` tile). A depth `k` is cut into
-/// `ceil(k / KC)` blocks of (almost) equal depth ([`depth_blocks`]) so no short
+/// The left-hand micro-panel a tile keeps in L1 while the right-hand-side panels
+/// stream past it is `12 x KC` floats: 12 x 512 x 4 B = 24 KiB, half of a 48 KiB
+/// L1 (the rest holds the streaming right-hand-side lines and the `C` tile). A
+/// long depth means few passes over `C` (each depth block after the first reads
+/// and writes every `C` tile once more). A depth `k` is cut into
+/// `ceil(k / KC)` blocks of (almost) equal depth ([`depth_block`]) so no short
 /// tail block pays the tile's load and store of `C` for a few steps. Blocking
 /// never changes the result (the chain continues through `C`).
-pub(crate) const KC: usize = 192;
-/// Rows of a packed left-hand-side block (a multiple of every [`Isa::mr`]:
-/// 48 = 12 x 4 = 8 x 6 = 3 x 16 = 4 x 12). The packed block
-/// (`MC x KC x 4 B = 36 KiB`) and the `MC x NC` block of `C` it updates
-/// (192 KiB) stay small next to the right-hand-side block, so the three fit in
-/// L2 with room to spare (also in a 1 MiB L2). Each right-hand-side panel is
-/// used by 4 tiles per trip from L2 to L1: 24 KiB for 4 x 12 x 32 x 192 FMAs,
-/// well within L2 bandwidth. (168 rows measured slightly worse in thread CPU
-/// time on a shared 2-vCPU machine; see `docs/BENCHMARKS.md`.)
+///
+/// Measured on a 2-vCPU AVX-512 Xeon (48 KiB L1, 2 MiB L2): `KC = 512,
+/// NC = 512` ran the 1024³ product about 5% faster than `192 x 1024`, and the
+/// row-tile-major order (this one) about 10% faster than the panel-major one
+/// (each right-hand-side panel kept in L1 for a block's row tiles); see
+/// `docs/BENCHMARKS.md`.
+pub(crate) const KC: usize = 512;
+/// Rows of a packed left-hand-side block: the rows packed (and prefetched) at a
+/// time; 4 row tiles of 12 on the AVX-512 path. The packed block is
+/// `MC x KC x 4 B = 96 KiB`.
 pub(crate) const MC: usize = 48;
 /// Columns of one column block (a multiple of [`NR`]): the right-hand-side block
-/// the row blocks sweep, `KC x NC x 4 B = 768 KiB`, plus the `MC x NC` block of
-/// `C` (192 KiB) and the packed left-hand side (36 KiB) take about half of a
-/// 2 MiB L2.
-pub(crate) const NC: usize = 1024;
+/// the row tiles sweep, `KC x NC x 4 B = 1 MiB`, stays in a 2 MiB L2 while every
+/// row tile of the product streams it.
+pub(crate) const NC: usize = 512;
 
-/// The depth blocks of a product with depth `k`: `ceil(k / KC)` consecutive ranges
-/// of equal depth (the first `k % blocks` one longer). Depends on `k` only.
-pub(crate) fn depth_blocks(k: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    let blocks = k.div_ceil(KC).max(1);
-    let (base, extra) = (k / blocks, k % blocks);
-    (0..blocks).map(move |b| {
-        let start = b * base + b.min(extra);
-        start..start + base + usize::from(b < extra)
-    })
+/// Number of depth blocks of depth `k`: `ceil(k / KC)` consecutive ranges of
+/// (almost) equal depth (see [`depth_block`]). Depends on `k` only.
+fn depth_block_count(k: usize) -> usize {
+    k.div_ceil(KC).max(1)
 }
+
+/// Depth block `b` (< [`depth_block_count`]) of depth `k` (the first `k % blocks`
+/// blocks one deeper).
+fn depth_block(k: usize, b: usize) -> std::ops::Range<usize> {
+    let blocks = depth_block_count(k);
+    let (base, extra) = (k / blocks, k % blocks);
+    let start = b * base + b.min(extra);
+    start..start + base + usize::from(b < extra)
+}
+
 /// The largest micro-tile height of the paths that go through a stack tile
 /// (the portable and AVX2 paths; the AVX-512 path reads and writes `C` directly).
 const MR_MAX: usize = 8;
@@ -159,7 +175,14 @@ pub(crate) fn pack_b_panel(
 ) {
     debug_assert_eq!(dst.len(), k * NR);
     debug_assert!((1..=NR).contains(&ncols));
-    if cs == 1 {
+    if cs == 1 && ncols == NR {
+        // Row-major rows, a full panel: fixed-size copies of NR floats (inlined
+        // vector moves, not a `memcpy` call per row).
+        for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
+            let d: &mut [f32; NR] = d.try_into().expect("chunks of NR");
+            d.copy_from_slice(&src[off + kk * rs..][..NR]);
+        }
+    } else if cs == 1 {
         // Row-major rows: copy runs of `ncols` floats.
         for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
             let s = &src[off + kk * rs..][..ncols];
@@ -202,6 +225,45 @@ pub(crate) fn pack_b_panel(
     }
 }
 
+/// Packs the consecutive panels of a row-major run of `ncols` columns (column
+/// stride 1): `dst` holds `ncols.div_ceil(NR)` panels of `k * NR` floats, and
+/// panel `q` is what [`pack_b_panel`] makes of columns `q * NR..` of
+/// `src[off + kk * rs + j]`. Walks `k` in blocks of 16 rows and, per block, every
+/// panel: each source row is read front to back (whole cache lines, in order),
+/// instead of one 128-byte piece per row per panel, `rs` apart, which the hardware
+/// prefetchers do not follow.
+pub(crate) fn pack_b_rows(
+    dst: &mut [f32],
+    src: &[f32],
+    off: usize,
+    rs: usize,
+    k: usize,
+    ncols: usize,
+) {
+    const KB: usize = 16;
+    let np = ncols.div_ceil(NR);
+    debug_assert_eq!(dst.len(), np * k * NR);
+    for k0 in (0..k).step_by(KB) {
+        let kb = KB.min(k - k0);
+        for (p, panel) in dst.chunks_exact_mut(k * NR).enumerate() {
+            let w = NR.min(ncols - p * NR);
+            let rows = panel[k0 * NR..][..kb * NR].chunks_exact_mut(NR);
+            for (kk, d) in (k0..).zip(rows) {
+                let s = &src[off + kk * rs + p * NR..][..w];
+                if let (Ok(d), Ok(s)) = (
+                    <&mut [f32; NR]>::try_from(&mut *d),
+                    <&[f32; NR]>::try_from(s),
+                ) {
+                    *d = *s;
+                } else {
+                    d[..w].copy_from_slice(s);
+                    d[w..].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
 /// Whether [`pack_b_panel`] may use the AVX-512 gather packer for a full
 /// column-major panel at `off` with column stride `cs` and depth `k`.
 fn gather_ok(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
@@ -219,9 +281,10 @@ fn gather_ok(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
     }
 }
 
-/// Packs an `mc x kc` left-hand-side block into row panels of `mr` rows (the last
-/// one may be shorter: `mc % mr` rows): panel `q` starts at `q * mr * kc` and holds
-/// `dst[.. + kk * rows + i] = src[row_offs[q * mr + i] + (p0 + kk) * cs]`.
+/// Packs an `mc x kc` left-hand-side block into row panels, one per row tile of
+/// [`row_tiles`]: the panel of the tile starting at row `q0` with `rows` rows
+/// starts at `q0 * kc` and holds `dst[q0 * kc + kk * rows + i] =
+/// src[row_offs[q0 + i] + (p0 + kk) * cs]`.
 fn pack_a(
     dst: &mut [f32],
     src: &[f32],
@@ -231,16 +294,19 @@ fn pack_a(
     kc: usize,
     mr: usize,
 ) {
-    for (q, rows) in row_offs.chunks(mr).enumerate() {
-        let pm = rows.len();
-        let panel = &mut dst[q * mr * kc..][..pm * kc];
+    for (q0, pm) in row_tiles(row_offs.len(), mr) {
+        let rows = &row_offs[q0..q0 + pm];
+        let panel = &mut dst[q0 * kc..][..pm * kc];
         if cs == 1 {
-            for (i, &ro) in rows.iter().enumerate() {
-                let s = &src[ro + p0..][..kc];
-                for (d, &v) in panel.chunks_exact_mut(pm).zip(s) {
-                    d[i] = v;
-                }
+            macro_rules! rows {
+                ($($r:literal)*) => {
+                    match pm {
+                        $($r => pack_a_rows::<$r>(panel, src, rows, p0, kc),)*
+                        _ => unreachable!("row tile of {pm} rows"),
+                    }
+                };
             }
+            rows!(1 2 3 4 5 6 7 8 9 10 11 12);
         } else {
             for (kk, d) in panel.chunks_exact_mut(pm).enumerate() {
                 let col = (p0 + kk) * cs;
@@ -251,6 +317,55 @@ fn pack_a(
         }
     }
 }
+
+/// The row tiles of a block of `mc` rows for tile height `mr`: `mc.div_ceil(mr)`
+/// tiles `(first row, rows)` of balanced heights (the first `mc % tiles` one row
+/// taller), e.g. 16 rows are two tiles of 8 rather than 12 + 4: a short tile
+/// does the loads of a full one for a fraction of its multiply-adds. Depends on
+/// `mc` and `mr` only, and a row's arithmetic never depends on its tile.
+fn row_tiles(mc: usize, mr: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = mc.div_ceil(mr.max(1));
+    let (base, extra) = (mc / tiles.max(1), mc % tiles.max(1));
+    (0..tiles).map(move |t| (t * base + t.min(extra), base + usize::from(t < extra)))
+}
+
+/// One full panel of `R` row-major rows (`cs == 1`): `panel[kk * R + i] =
+/// src[rows[i] + p0 + kk]`, written in order, reading the `R` rows in blocks of
+/// [`A_BLOCK`] columns (the `R` rows' blocks are copied to a stack block first, so
+/// the inner loops have constant bounds and no bounds checks).
+#[inline(always)]
+fn pack_a_rows<const R: usize>(
+    panel: &mut [f32],
+    src: &[f32],
+    rows: &[usize],
+    p0: usize,
+    kc: usize,
+) {
+    let r: [&[f32]; R] = std::array::from_fn(|i| &src[rows[i] + p0..][..kc]);
+    let full = kc / A_BLOCK * A_BLOCK;
+    let (head, tail) = panel.split_at_mut(full * R);
+    for (b, d) in head.chunks_exact_mut(A_BLOCK * R).enumerate() {
+        let blk: [[f32; A_BLOCK]; R] = std::array::from_fn(|i| {
+            r[i][b * A_BLOCK..][..A_BLOCK]
+                .try_into()
+                .expect("A_BLOCK floats")
+        });
+        for (t, d) in d.chunks_exact_mut(R).enumerate() {
+            let d: &mut [f32; R] = d.try_into().expect("chunks of R");
+            for (x, row) in d.iter_mut().zip(&blk) {
+                *x = row[t];
+            }
+        }
+    }
+    for (t, d) in tail.chunks_exact_mut(R).enumerate() {
+        for (x, row) in d.iter_mut().zip(&r) {
+            *x = row[full + t];
+        }
+    }
+}
+
+/// Columns of a left-hand-side row read at once by [`pack_a_rows`].
+const A_BLOCK: usize = 16;
 
 /// The portable `R x NR` micro-kernel body:
 /// `tile[i][j] = fma(a[kk*R+i], b[kk*NR+j], tile[i][j])` for `kk` in increasing order.
@@ -304,15 +419,21 @@ mod x86 {
     /// increasing order `acc[i][j] = fma(a[kk * R + i], b[kk * 32 + j], acc[i][j])`,
     /// stored back to the first `ncols` columns of each of the `R` rows.
     ///
+    /// The left-hand side is a packed panel (`a[kk * R + i]`); the right-hand
+    /// side's row `kk` is the 32 floats at `b + kk * ldb` (a packed panel has
+    /// `ldb == 32`; a row-major matrix read in place, its row stride).
+    ///
     /// # Safety
-    /// avx512f is available; `a` is valid for `kc * R` reads, `b` for `kc * 32`
-    /// reads, and `c + i * ldc + j` for reads and writes for `i < R`, `j < ncols`,
-    /// `1 <= ncols <= 32`.
+    /// avx512f is available; `a` is valid for `kc * R` reads, `b + kk * ldb` for
+    /// 32 reads for every `kk < kc`, and `c + i * ldc + j` for reads and writes for
+    /// `i < R`, `j < ncols`, `1 <= ncols <= 32`.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn kernel_avx512<const R: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         ncols: usize,
@@ -340,8 +461,13 @@ mod x86 {
         let (mut ap, mut bp) = (a, b);
         for _ in 0..kc {
             // SAFETY: fewer than kc steps were taken, so `bp` points at 32 readable
-            // floats and `ap` at R readable floats (the caller's bounds).
+            // floats and `ap` at R readable floats (the caller's bounds); the
+            // prefetches only hint the cache (no access, computed with
+            // `wrapping_add`).
             unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ldb * PF_B).cast());
+                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ldb * PF_B + 16).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ap.wrapping_add(R * PF_A).cast());
                 let b0 = _mm512_loadu_ps(bp);
                 let b1 = _mm512_loadu_ps(bp.add(16));
                 for (i, acc) in acc.iter_mut().enumerate() {
@@ -350,7 +476,7 @@ mod x86 {
                     acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
                 }
                 ap = ap.add(R);
-                bp = bp.add(32);
+                bp = bp.wrapping_add(ldb);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
@@ -363,9 +489,16 @@ mod x86 {
         }
     }
 
+    /// Software prefetch distances of the AVX-512 kernel, in `k` steps: the packed
+    /// right-hand-side panel (two cache lines per step) and the packed left-hand
+    /// panel are requested this far ahead of their loads.
+    const PF_B: usize = 16;
+    const PF_A: usize = 32;
+
     /// Runs [`kernel_avx512`] for a tile of `rows` (1..=[`MR_AVX512`]) rows:
-    /// `a` holds `kc * rows` packed floats, `b` `kc * 32`, and `c` starts at the
-    /// tile's top-left element of a row-major `C` with row stride `ldc`.
+    /// `a` holds `kc * rows` packed floats; right-hand-side row `kk` is
+    /// `b[kk * ldb..][..32]`; `c` starts at the tile's top-left element of a
+    /// row-major `C` with row stride `ldc`.
     ///
     /// # Safety
     /// avx512f is available.
@@ -376,13 +509,15 @@ mod x86 {
         kc: usize,
         a: &[f32],
         b: &[f32],
+        ldb: usize,
         c: &mut [f32],
         ldc: usize,
         ncols: usize,
         first: bool,
     ) {
         assert!((1..=MR_AVX512).contains(&rows) && (1..=NR).contains(&ncols));
-        assert!(a.len() >= kc * rows && b.len() >= kc * NR);
+        assert!(a.len() >= kc * rows && ldb >= NR);
+        assert!(kc == 0 || b.len() >= (kc - 1) * ldb + NR);
         assert!(c.len() >= (rows - 1) * ldc + ncols);
         let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         macro_rules! go {
@@ -391,12 +526,28 @@ mod x86 {
                     // SAFETY: avx512f is available (the caller's contract); the
                     // asserts above give exactly the bounds `kernel_avx512` needs
                     // for R = rows.
-                    $($r => unsafe { kernel_avx512::<$r>(kc, ap, bp, cp, ldc, ncols, first) },)*
+                    $($r => unsafe { kernel_avx512::<$r>(kc, ap, bp, ldb, cp, ldc, ncols, first) },)*
                     _ => unreachable!("AVX-512 micro-tile height {rows}"),
                 }
             };
         }
         go!(1 2 3 4 5 6 7 8 9 10 11 12);
+    }
+
+    /// Prefetches (into L1) the first 32 floats (two cache lines) of each of the
+    /// `rows` rows of `c` spaced `ldc` apart, as far as `c` reaches. A hint: it
+    /// changes no value.
+    pub(super) fn prefetch_rows(c: &[f32], ldc: usize, rows: usize) {
+        for i in 0..rows {
+            let Some(row) = c.get(i * ldc..) else { return };
+            let p = row.as_ptr();
+            // SAFETY: `_mm_prefetch` only hints the cache and never faults; `p` and
+            // `p + 16` are computed with `wrapping_add` (no in-bounds requirement).
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16).cast());
+            }
+        }
     }
 
     /// The `R x 32` tile with four 8-lane accumulators per row.
@@ -504,11 +655,75 @@ pub(crate) struct LhsRows<'a, F: Fn(usize) -> usize> {
     pub(crate) cs: usize,
 }
 
+/// The right-hand side `B` (`k x n`) of [`gemm_rows`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rhs<'a> {
+    /// Packed panels (from [`pack_b_panel`] / [`pack_b_rows`]): `n.div_ceil(NR)`
+    /// panels of `k * NR` floats.
+    Packed(&'a [f32]),
+    /// A row-major matrix read in place (AVX-512 path only, `n` a multiple of
+    /// [`NR`]): element `(kk, j)` at `data[off + kk * rs + j]`, `rs >= n`. The
+    /// row-tile-major loop streams the right-hand side from L2 either way, so
+    /// reading it where it lies saves the packing copy (see [`direct_rhs_ok`]).
+    Rows {
+        /// The storage.
+        data: &'a [f32],
+        /// Offset of `(0, 0)`.
+        off: usize,
+        /// Row stride.
+        rs: usize,
+    },
+}
+
+impl<'a> Rhs<'a> {
+    /// The columns from `j0` (a multiple of [`NR`]) on, of depth `k`.
+    pub(crate) fn cols_from(self, j0: usize, k: usize) -> Rhs<'a> {
+        debug_assert_eq!(j0 % NR, 0);
+        match self {
+            Rhs::Packed(p) => Rhs::Packed(&p[j0 / NR * k * NR..]),
+            Rhs::Rows { data, off, rs } => Rhs::Rows {
+                data,
+                off: off + j0,
+                rs,
+            },
+        }
+    }
+
+    /// Depth rows `p0..p0 + kc` of panel `p`: the slice and its row stride.
+    fn panel(self, p: usize, k: usize, p0: usize, kc: usize) -> (&'a [f32], usize) {
+        match self {
+            Rhs::Packed(b) => (&b[p * k * NR + p0 * NR..][..kc * NR], NR),
+            Rhs::Rows { .. } if kc == 0 => (&[], NR),
+            Rhs::Rows { data, off, rs } => {
+                (&data[off + p0 * rs + p * NR..][..(kc - 1) * rs + NR], rs)
+            }
+        }
+    }
+}
+
+/// Whether [`gemm_rows`] may read a row-major right-hand side with row stride
+/// `rs` and `n` columns in place ([`Rhs::Rows`]) on path `isa`: the AVX-512
+/// path, whole panels (`n % NR == 0`), and a row stride that is not a multiple
+/// of 1024 floats (4 KiB), for which every row of a panel would fall into the
+/// same few cache sets (the packed copy is conflict-free).
+pub(crate) fn direct_rhs_ok(isa: Isa, n: usize, rs: usize) -> bool {
+    direct_rhs_supported(isa, n) && rs >= n && !rs.is_multiple_of(1024)
+}
+
+/// Whether path `isa` can read an `n`-column right-hand side in place at all.
+fn direct_rhs_supported(isa: Isa, n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        return n.is_multiple_of(NR) && n > 0;
+    }
+    let _ = (isa, n);
+    false
+}
+
 /// `C = A · B` (or `C += A · B` when `accumulate`) for `m` rows of `A` (`m x k`,
-/// read through `lhs`) and a packed right-hand side (`packed_b`, from
-/// [`pack_b_panel`], `n.div_ceil(NR)` panels of `k * NR` floats). `c` is `m x n`
-/// row-major (exactly `m * n` floats). `a_scratch` holds at least
-/// [`A_SCRATCH_LEN`] floats.
+/// read through `lhs`) and a right-hand side `rhs` (packed panels, or a row-major
+/// matrix in place on the AVX-512 path). `c` is `m x n` row-major (exactly
+/// `m * n` floats). `a_scratch` holds at least [`A_SCRATCH_LEN`] floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     isa: Isa,
@@ -516,7 +731,7 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     m: usize,
     k: usize,
     n: usize,
-    packed_b: &[f32],
+    rhs: Rhs<'_>,
     c: &mut [f32],
     accumulate: bool,
     a_scratch: &mut [f32],
@@ -525,53 +740,139 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     debug_assert!(a_scratch.len() >= A_SCRATCH_LEN);
     let mr = isa.mr();
     let n_panels = n.div_ceil(NR);
-    debug_assert!(packed_b.len() >= n_panels * k * NR);
+    if let Rhs::Rows { rs, .. } = rhs {
+        assert!(
+            direct_rhs_supported(isa, n) && rs >= n,
+            "gemm_rows: an in-place right-hand side needs the AVX-512 path and whole panels"
+        );
+    }
     let mut row_offs = [0usize; MC];
+    let mut next_offs = [0usize; MC];
     let mut tile = [[0.0f32; NR]; MR_MAX];
     for jc in (0..n_panels).step_by(NC / NR) {
         let jp_end = (jc + NC / NR).min(n_panels);
-        for depth in depth_blocks(k) {
+        let n_depth = depth_block_count(k);
+        for d in 0..n_depth {
+            let depth = depth_block(k, d);
             let (p0, kc) = (depth.start, depth.len());
             let first = p0 == 0 && !accumulate;
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
+                // The left-hand block packed after this one (next rows, or the
+                // first rows of the next depth block), prefetched tile by tile
+                // while this block computes (row-major rows only: each row's run
+                // is a few cache lines, too short for the hardware prefetcher).
+                let next_block = if i0 + MC < m {
+                    Some((i0 + MC, depth.clone()))
+                } else if d + 1 < n_depth {
+                    Some((0, depth_block(k, d + 1)))
+                } else if jc + NC / NR < n_panels {
+                    Some((0, depth_block(k, 0)))
+                } else {
+                    None
+                }
+                .filter(|_| lhs.cs == 1 && isa != Isa::Generic);
                 for (i, o) in row_offs[..mc].iter_mut().enumerate() {
                     *o = (lhs.row_off)(i0 + i);
                 }
                 pack_a(a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc, mr);
-                for p in jc..jp_end {
-                    let b = &packed_b[p * k * NR + p0 * NR..][..kc * NR];
-                    let j0 = p * NR;
-                    let ncols = NR.min(n - j0);
-                    for q0 in (0..mc).step_by(mr) {
-                        let rows = mr.min(mc - q0);
-                        let a = &a_scratch[q0 * kc..][..rows * kc];
-                        #[cfg(target_arch = "x86_64")]
-                        if isa == Isa::Avx512 {
-                            let c0 = (i0 + q0) * n + j0;
-                            let ct = &mut c[c0..c0 + (rows - 1) * n + ncols];
-                            // SAFETY: `Isa::Avx512` is only produced after
-                            // `is_x86_feature_detected!` confirmed avx512f.
-                            unsafe { x86::tile_direct_avx512(rows, kc, a, b, ct, n, ncols, first) };
-                            continue;
-                        }
-                        for (r, t) in tile[..rows].iter_mut().enumerate() {
-                            if first {
-                                *t = [0.0; NR];
-                            } else {
-                                let src = &c[(i0 + q0 + r) * n + j0..][..ncols];
-                                t[..ncols].copy_from_slice(src);
+                // Tiles of this block, row-tile-major: each left-hand micro-panel
+                // (`rows x kc`) stays in L1 while the block's right-hand-side
+                // panels stream past it from L2.
+                let mut tiles = [(0usize, 0usize); MC];
+                let mut nq = 0;
+                for (slot, tile) in tiles.iter_mut().zip(row_tiles(mc, mr)) {
+                    *slot = tile;
+                    nq += 1;
+                }
+                let npn = jp_end - jc;
+                let tile_at = |t: usize| (tiles[t / npn], jc + t % npn);
+                let n_tiles = nq * npn;
+                // Cache lines of the next block to prefetch per tile, walked by a
+                // (row, line) cursor over the next block's row offsets.
+                let mut pf = next_block.as_ref().map(|(ni0, nd)| {
+                    let rows = MC.min(m - ni0);
+                    for (i, o) in next_offs[..rows].iter_mut().enumerate() {
+                        *o = (lhs.row_off)(ni0 + i) + nd.start;
+                    }
+                    let per_row = nd.len().div_ceil(16) + 1;
+                    (
+                        rows,
+                        per_row,
+                        (rows * per_row).div_ceil(n_tiles),
+                        0usize,
+                        0usize,
+                    )
+                });
+                for t in 0..n_tiles {
+                    if let Some((rows, per_row, per_tile, r, line)) = pf.as_mut() {
+                        for _ in 0..*per_tile {
+                            if *r == *rows {
+                                break;
+                            }
+                            prefetch_l2(lhs.data, next_offs[*r] + *line * 16);
+                            *line += 1;
+                            if *line == *per_row {
+                                (*r, *line) = (*r + 1, 0);
                             }
                         }
-                        micro(isa, rows, a, b, &mut tile);
-                        for (r, t) in tile[..rows].iter().enumerate() {
-                            c[(i0 + q0 + r) * n + j0..][..ncols].copy_from_slice(&t[..ncols]);
+                    }
+                    let ((q0, rows), p) = tile_at(t);
+                    let (b, ldb) = rhs.panel(p, k, p0, kc);
+                    let j0 = p * NR;
+                    let ncols = NR.min(n - j0);
+                    let a = &a_scratch[q0 * kc..][..rows * kc];
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Avx512 {
+                        // Start fetching the next tile's C rows now, so its loads
+                        // do not wait on L3 / memory.
+                        if t + 1 < n_tiles {
+                            let ((nq0, nrows), np) = tile_at(t + 1);
+                            x86::prefetch_rows(&c[(i0 + nq0) * n + np * NR..], n, nrows);
                         }
+                        let c0 = (i0 + q0) * n + j0;
+                        let ct = &mut c[c0..c0 + (rows - 1) * n + ncols];
+                        // SAFETY: `Isa::Avx512` is only produced after
+                        // `is_x86_feature_detected!` confirmed avx512f.
+                        unsafe {
+                            x86::tile_direct_avx512(rows, kc, a, b, ldb, ct, n, ncols, first)
+                        };
+                        continue;
+                    }
+                    for (r, t) in tile[..rows].iter_mut().enumerate() {
+                        if first {
+                            *t = [0.0; NR];
+                        } else {
+                            let src = &c[(i0 + q0 + r) * n + j0..][..ncols];
+                            t[..ncols].copy_from_slice(src);
+                        }
+                    }
+                    micro(isa, rows, a, b, &mut tile);
+                    for (r, t) in tile[..rows].iter().enumerate() {
+                        c[(i0 + q0 + r) * n + j0..][..ncols].copy_from_slice(&t[..ncols]);
                     }
                 }
             }
         }
     }
+}
+
+/// Hints the cache hierarchy (to L2) that `data[at]` will be read soon; nothing
+/// when `at` is past the end or off x86-64. Changes no value.
+#[inline(always)]
+fn prefetch_l2(data: &[f32], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at < data.len() {
+        // SAFETY: `_mm_prefetch` only hints the cache and never faults; the
+        // pointer is in bounds (checked above).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                data.as_ptr().add(at).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at);
 }
 
 #[cfg(test)]
@@ -616,9 +917,34 @@ mod tests {
                 row_off: |i| i * k,
                 cs: 1,
             };
-            gemm_rows(isa, &lhs, m, k, n, &packed, &mut c, false, &mut scratch);
+            gemm_rows(
+                isa,
+                &lhs,
+                m,
+                k,
+                n,
+                Rhs::Packed(&packed),
+                &mut c,
+                false,
+                &mut scratch,
+            );
             let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{isa:?} m={m} k={k} n={n} differs from the fma chain");
+            // The right-hand side read in place (row-major, whole panels only).
+            if !b_transposed && direct_rhs_supported(isa, n) {
+                let mut c = vec![f32::NAN; m * n];
+                let rhs = Rhs::Rows {
+                    data: &b,
+                    off: 0,
+                    rs: n,
+                };
+                gemm_rows(isa, &lhs, m, k, n, rhs, &mut c, false, &mut scratch);
+                let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{isa:?} in place m={m} k={k} n={n} differs from the fma chain"
+                );
+            }
         }
     }
 
@@ -631,6 +957,9 @@ mod tests {
             (17, 257, 65),
             (130, 520, 40),
             (8, 1, 1030),
+            (50, 700, 64),
+            (13, 1100, 96),
+            (64, 3, 32),
         ] {
             check(m, k, n, false);
             check(m, k, n, true);

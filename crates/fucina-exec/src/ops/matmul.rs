@@ -1,9 +1,10 @@
 //! `matmul`, `linear`, their backward kernels, and the right-hand-side lifetime
 //! promise with its cache of packed right-hand sides.
 //!
-//! Every product here runs the packed GEMM of `kernels::gemm`: operands are read
+//! Every product here runs the blocked GEMM of `kernels::gemm`: operands are read
 //! through their strides while packing (a transposed, narrowed or broadcast view is
-//! never materialized), the output is split by rows only, and each output element
+//! never materialized; on the AVX-512 path a row-major right-hand side of whole
+//! 32-column panels is read in place, without packing), the output is split by rows only, and each output element
 //! is one fused multiply-add chain over `k` in increasing order. The result is
 //! therefore bitwise identical for every team size, every batch size (a row's
 //! value never depends on the other rows) and every instruction-set path.
@@ -20,7 +21,7 @@ use fucina_storage::{Buffer, StorageError};
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR};
+use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR, Rhs};
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, broadcast_shapes};
 
@@ -643,7 +644,11 @@ impl ExecContext {
         let bias = bias.map(|t| self.contiguous(t)).transpose()?;
         let bias = bias.as_ref().map(|t| t.contiguous_slice());
         let len = plan.packed_len();
-        let out = if stable {
+        let isa = Isa::detect();
+        let out = if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, plan.n, plan.b_rs) {
+            // Row-major, whole panels: the kernel reads `b` where it lies.
+            self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias)?
+        } else if stable {
             let cached = self.rhs_cache.borrow_mut().get(b, len);
             let packed = match cached {
                 Some(p) => p,
@@ -656,14 +661,14 @@ impl ExecContext {
                     fresh
                 }
             };
-            self.mm_gemm_out(op, plan, a, &packed[..len], bias)?
+            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&packed[..len]), bias)?
         } else {
             let mut lease = self
                 .pool()
                 .acquire_scratch::<f32>(len)
                 .map_err(|e| ExecError::storage(op, e))?;
             self.mm_pack_rhs(plan, b, &mut lease);
-            self.mm_gemm_out(op, plan, a, &lease, bias)?
+            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&lease), bias)?
         };
         if plan.result == plan.out {
             Ok(out)
@@ -684,6 +689,22 @@ impl ExecContext {
         let src: &[f32] = b.buffer();
         let panel = (k * NR).max(1);
         self.par_rows(dst, panel, panel, |panels, d| {
+            if plan.b_cs == 1 {
+                // Row-major: each run of panels of one matrix is packed row by row.
+                let mut r = panels.start;
+                let mut rest = d;
+                while r < panels.end {
+                    let (t, p) = (r / np, r % np);
+                    let run = (np - p).min(panels.end - r);
+                    let (head, tail) = rest.split_at_mut(run * panel);
+                    let off =
+                        plan.b_off + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides) + p * NR;
+                    let ncols = (n - p * NR).min(run * NR);
+                    gemm::pack_b_rows(head, src, off, plan.b_rs, k, ncols);
+                    (r, rest) = (r + run, tail);
+                }
+                return;
+            }
             for (r, d) in panels.zip(d.chunks_exact_mut(panel)) {
                 let (t, p) = (r / np, r % np);
                 let off = plan.b_off
@@ -694,19 +715,18 @@ impl ExecContext {
         });
     }
 
-    /// Allocates the output and computes it from the packed right-hand side.
+    /// Allocates the output and computes it from the right-hand side.
     fn mm_gemm_out(
         &self,
         op: &'static str,
         plan: &Plan,
         a: &RawTensor,
-        packed: &[f32],
+        rhs: RhsSource<'_>,
         bias: Option<&[f32]>,
     ) -> Result<RawTensor, ExecError> {
         let (m, k, n) = (plan.m, plan.k, plan.n);
         let isa = Isa::detect();
         let a_data: &[f32] = a.buffer();
-        let one = plan.packed_one();
         let failed: Mutex<Option<StorageError>> = Mutex::new(None);
         let pool = self.pool().pool(); // the shared tier: used from worker threads
         let work_per_row = row_split_work(
@@ -719,7 +739,7 @@ impl ExecContext {
             if out.len() == n {
                 // A single output row (batch-1 inference): split its columns instead,
                 // in whole packed panels.
-                self.mm_gemm_one_row(plan, a_data, packed, bias, out, &failed);
+                self.mm_gemm_one_row(plan, a_data, rhs.matrix(plan, 0), bias, out, &failed);
                 return;
             }
             self.par_rows(out, n, work_per_row, |rows, c| {
@@ -756,7 +776,7 @@ impl ExecContext {
                         end - g,
                         k,
                         n,
-                        &packed[t * one..][..one],
+                        rhs.matrix(plan, t),
                         c_seg,
                         bias.is_some(),
                         &mut scratch,
@@ -779,7 +799,7 @@ impl ExecContext {
         &self,
         plan: &Plan,
         a_data: &[f32],
-        packed: &[f32],
+        rhs: Rhs<'_>,
         bias: Option<&[f32]>,
         c: &mut [f32],
         failed: &Mutex<Option<StorageError>>,
@@ -803,7 +823,6 @@ impl ExecContext {
             if let Some(bias) = bias {
                 c.copy_from_slice(&bias[j0..j0 + c.len()]);
             }
-            let panels = &packed[j0 / NR * k * NR..][..c.len().div_ceil(NR) * k * NR];
             let cols = c.len();
             gemm::gemm_rows(
                 isa,
@@ -811,7 +830,7 @@ impl ExecContext {
                 1,
                 k,
                 cols,
-                panels,
+                rhs.cols_from(j0, k),
                 c,
                 bias.is_some(),
                 &mut scratch,
@@ -826,6 +845,33 @@ impl ExecContext {
         }
         if full < n {
             run(full, &mut c[full..]);
+        }
+    }
+}
+
+/// Where the GEMM reads the right-hand matrices of a plan.
+#[derive(Clone, Copy)]
+enum RhsSource<'a> {
+    /// Packed panels of every distinct right-hand matrix, one after the other
+    /// ([`Plan::packed_one`] floats each).
+    Packed(&'a [f32]),
+    /// The right operand's storage, row-major (column stride 1), read in place.
+    InPlace(&'a [f32]),
+}
+
+impl<'a> RhsSource<'a> {
+    /// Right-hand matrix `t` (an index into the plan's distinct matrices).
+    fn matrix(self, plan: &Plan, t: usize) -> Rhs<'a> {
+        match self {
+            RhsSource::Packed(p) => {
+                let one = plan.packed_one();
+                Rhs::Packed(&p[t * one..][..one])
+            }
+            RhsSource::InPlace(data) => Rhs::Rows {
+                data,
+                off: plan.b_off + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides),
+                rs: plan.b_rs,
+            },
         }
     }
 }
