@@ -20,6 +20,28 @@ fn add(c: &mut Criterion) {
             black_box(&mut out);
         })
     });
+    // The physical limit of two threads: the same plain loop, the slices halved
+    // between the caller and one scoped thread (spawned per call: a few µs of the
+    // figure are the spawn). The add is memory-bound (12 MB per call), so this,
+    // not a quarter-width of one thread, is what two threads can reach.
+    g.bench_function("plain_loop_2_threads_scoped", |bn| {
+        bn.iter(|| {
+            let (o1, o2) = out.split_at_mut(n / 2);
+            let (a1, a2) = a.split_at(n / 2);
+            let (b1, b2) = b.split_at(n / 2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for ((o, x), y) in o2.iter_mut().zip(a2).zip(b2) {
+                        *o = x + y;
+                    }
+                });
+                for ((o, x), y) in o1.iter_mut().zip(a1).zip(b1) {
+                    *o = x + y;
+                }
+            });
+            black_box(&mut out);
+        })
+    });
     for threads in [1, 2] {
         let ctx = ExecContext::with_threads(threads);
         let x = ctx.from_slice(&[n], &a).unwrap();
