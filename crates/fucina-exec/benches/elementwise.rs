@@ -99,7 +99,11 @@ fn chain(c: &mut Criterion) {
                 *o = a + b;
             }
             for i in 0..19 {
-                let (src, dst) = if i % 2 == 0 { (&t, &mut u) } else { (&u, &mut t) };
+                let (src, dst) = if i % 2 == 0 {
+                    (&t, &mut u)
+                } else {
+                    (&u, &mut t)
+                };
                 for ((o, a), b) in dst.iter_mut().zip(src.iter()).zip(&ys) {
                     *o = a * b;
                 }

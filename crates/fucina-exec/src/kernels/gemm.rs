@@ -701,14 +701,27 @@ impl<'a> Rhs<'a> {
     }
 }
 
-/// Whether [`gemm_rows`] may read a row-major right-hand side with row stride
-/// `rs` and `n` columns in place ([`Rhs::Rows`]) on path `isa`: the AVX-512
-/// path, whole panels (`n % NR == 0`), and a row stride that is not a multiple
+/// Whether [`gemm_rows`] should read a row-major right-hand side with row stride
+/// `rs` and `n` columns in place ([`Rhs::Rows`]) for a product of `rows` output
+/// rows (over all batches) on path `isa`: the AVX-512 path, whole panels
+/// (`n % NR == 0`), few rows (at most [`DIRECT_RHS_MAX_ROWS`], where the packing
+/// copy is a large share of the work), and a row stride that is not a multiple
 /// of 1024 floats (4 KiB), for which every row of a panel would fall into the
-/// same few cache sets (the packed copy is conflict-free).
-pub(crate) fn direct_rhs_ok(isa: Isa, n: usize, rs: usize) -> bool {
-    direct_rhs_supported(isa, n) && rs >= n && !rs.is_multiple_of(1024)
+/// same few cache sets.
+pub(crate) fn direct_rhs_ok(isa: Isa, rows: usize, n: usize, rs: usize) -> bool {
+    direct_rhs_supported(isa, n)
+        && rows <= DIRECT_RHS_MAX_ROWS
+        && rs >= n
+        && !rs.is_multiple_of(1024)
 }
+
+/// Most output rows for which the right-hand side is read in place. Measured on
+/// the 2-vCPU AVX-512 machine (`benches/examples/gemm_probe.rs`, 1 thread): in
+/// place against packed, `[64, 784] x [784, 256]` ran 20% faster (the packing
+/// copy is 1/64 of the work there) and 256³ about 4% faster, while 1008³ and
+/// 1040³ ran about 10% slower (the packed panels stream from L2 more cleanly
+/// than rows `rs` apart).
+pub(crate) const DIRECT_RHS_MAX_ROWS: usize = 256;
 
 /// Whether path `isa` can read an `n`-column right-hand side in place at all.
 fn direct_rhs_supported(isa: Isa, n: usize) -> bool {

@@ -645,7 +645,9 @@ impl ExecContext {
         let bias = bias.as_ref().map(|t| t.contiguous_slice());
         let len = plan.packed_len();
         let isa = Isa::detect();
-        let out = if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, plan.n, plan.b_rs) {
+        let rows = plan.out.checked_product().unwrap_or(0) / plan.n.max(1);
+        let out = if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, rows, plan.n, plan.b_rs)
+        {
             // Row-major, whole panels: the kernel reads `b` where it lies.
             self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias)?
         } else if stable {
