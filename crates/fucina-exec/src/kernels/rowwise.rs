@@ -4,7 +4,7 @@
 //! `#[inline(always)]`: the ops call them inside [`super::simd::vectorized!`], so
 //! they compile at the dispatched vector level.
 
-use super::math::exp;
+use super::math::{exp, log};
 use super::reduce::{map_store_sum, max_skip_nan, sum, sum_map, sum_map2};
 
 /// Asks the cache to fetch `x` (the next row) into L1 while the current row is
@@ -34,7 +34,7 @@ pub(crate) fn prefetch(x: &[f32]) {
 pub(crate) fn logsumexp(x: &[f32]) -> f32 {
     let m = max_skip_nan(x);
     let shift = if m.is_finite() { m } else { 0.0 };
-    shift + sum_map(x, |v| exp(v - shift)).ln()
+    shift + log(sum_map(x, |v| exp(v - shift)))
 }
 
 /// The variance of the row: `sum((x - mean)^2) / (n - correction)` (two passes).
@@ -63,7 +63,7 @@ pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
 #[inline(always)]
 pub(crate) fn log_softmax(x: &[f32], out: &mut [f32]) {
     let m = max_skip_nan(x);
-    let lse = sum_map(x, |v| exp(v - m)).ln();
+    let lse = log(sum_map(x, |v| exp(v - m)));
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (v - m) - lse;
     }

@@ -1,25 +1,32 @@
 //! Scalar math of the unary ops and their derivatives (PyTorch definitions).
+//!
+//! Built on the libm-free functions of [`super::math`] (`exp`, `log1p`, `tanh`,
+//! `sigmoid`), so the loops over them vectorize and give the same bits at every
+//! vector level. The exact GELU's `erf` still evaluates one f64 `exp` per element.
+
+use super::math;
 
 /// `sqrt(2 / pi)`, the constant of the tanh approximation of GELU.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// The cubic coefficient of the tanh approximation of GELU.
 const GELU_C: f32 = 0.044_715;
 
+/// The logistic function `1 / (1 + e^-x)` (see [`math::sigmoid`]).
 #[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    math::sigmoid(x)
 }
 
 /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 #[inline(always)]
 pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh())
+    0.5 * x * (1.0 + math::tanh(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)))
 }
 
 #[inline(always)]
 pub(crate) fn gelu_grad(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-    let t = u.tanh();
+    let t = math::tanh(u);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
 }
@@ -54,7 +61,7 @@ pub(crate) fn gelu_erf(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) fn gelu_erf_grad(x: f32) -> f32 {
     let cdf = 0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp()
+    let pdf = math::exp(-0.5 * x * x)
         * (0.5 * std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2);
     cdf + x * pdf
 }
@@ -71,10 +78,12 @@ pub(crate) fn silu_grad(x: f32) -> f32 {
     s * (1.0 + x * (1.0 - s))
 }
 
-/// `ln(1 + e^x)`, PyTorch's threshold: linear above 20.
+/// `ln(1 + e^x)`, PyTorch's threshold: linear above 20 (both sides computed, one
+/// selected, so the loop stays branch-free).
 #[inline(always)]
 pub(crate) fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    let l = math::log1p_nonneg(math::exp(x));
+    if x > 20.0 { x } else { l }
 }
 
 #[inline(always)]
