@@ -7,6 +7,8 @@
 //! - `softmax` / `log_softmax` along the last axis;
 //! - `layer_norm` / `rms_norm` over the last axis;
 //! - `sum_rows`: `sum` along the last axis (reads the input, writes 512 values);
+//! - `cross_entropy` (against 512 labels: per-row log-sum-exp, then the mean) and
+//!   `cross_entropy_backward` (`(softmax - onehot) * grad / N`);
 //! - `copy_transposed`: `materialize` of the [1024, 512] transposed view (the
 //!   tiled copy); `softmax_axis0`: softmax along the first axis (gather, rows,
 //!   scatter back);
@@ -56,6 +58,24 @@ fn rowwise(c: &mut Criterion) {
         g.bench_function(format!("log_softmax/{name}"), |b| {
             b.iter(|| drop(black_box(ctx.log_softmax(black_box(&x), 1).unwrap())))
         });
+        let labels: Vec<i64> = (0..ROWS as i64).map(|i| (i * 97) % COLS as i64).collect();
+        let labels = ctx.from_slice_typed::<i64>(&[ROWS], &labels).unwrap();
+        g.bench_function(format!("cross_entropy/{name}"), |b| {
+            b.iter(|| {
+                drop(black_box(
+                    ctx.cross_entropy(black_box(&x), &labels).unwrap(),
+                ))
+            })
+        });
+        g.bench_function(format!("cross_entropy_backward/{name}"), |b| {
+            b.iter(|| {
+                drop(black_box(
+                    ctx.cross_entropy_backward(black_box(&x), &labels, 1.0)
+                        .unwrap(),
+                ))
+            })
+        });
+        drop(labels);
         g.bench_function(format!("layer_norm/{name}"), |b| {
             b.iter(|| {
                 drop(black_box(

@@ -52,8 +52,15 @@ pub(crate) fn variance(x: &[f32], correction: usize) -> f32 {
 /// `out = exp(x - max(x)) / sum(exp(x - max(x)))`.
 #[inline(always)]
 pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
+    softmax_scaled(x, out, 1.0);
+}
+
+/// `out = softmax(x) * scale`, the scale folded into the normalization pass
+/// (`exp(x - max) * (scale / sum)`; with `scale = 1` exactly [`softmax`]).
+#[inline(always)]
+pub(crate) fn softmax_scaled(x: &[f32], out: &mut [f32], scale: f32) {
     let m = max_skip_nan(x);
-    let inv = 1.0 / map_store_sum(x, out, |v| exp(v - m));
+    let inv = scale / map_store_sum(x, out, |v| exp(v - m));
     for o in out.iter_mut() {
         *o *= inv;
     }
