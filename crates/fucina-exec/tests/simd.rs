@@ -54,6 +54,50 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     push("gelu_erf", ctx.gelu_erf(&a)?);
     push("silu", ctx.silu(&a)?);
     push("softplus", ctx.softplus(&a)?);
+    // The libm-free transcendentals (`kernels::math`) on a wide range, with
+    // special values: large magnitudes, zeros of both signs, infinities, NaN,
+    // subnormals.
+    let mut wide = values(r * c, 8);
+    for (i, v) in wide.iter_mut().enumerate() {
+        *v *= [1.0, 10.0, 60.0, 1e-3, 1e-39][i % 5];
+    }
+    let specials = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-45,
+        -1e-40,
+        100.0,
+        -100.0,
+        3e38,
+    ];
+    wide[..specials.len()].copy_from_slice(&specials);
+    let w = ctx.from_slice(&[r, c], &wide)?;
+    let wpos = ctx.abs(&w)?;
+    for (name, t) in [
+        ("exp_wide", ctx.exp(&w)?),
+        ("log_wide", ctx.log(&w)?),
+        ("log_pos_wide", ctx.log(&wpos)?),
+        ("tanh_wide", ctx.tanh(&w)?),
+        ("sigmoid_wide", ctx.sigmoid(&w)?),
+        ("gelu_wide", ctx.gelu(&w)?),
+        ("silu_wide", ctx.silu(&w)?),
+        ("softplus_wide", ctx.softplus(&w)?),
+        ("exp_backward", ctx.exp_backward(&a, &b)?),
+        ("log_backward", ctx.log_backward(&pos, &b)?),
+        ("tanh_backward", ctx.tanh_backward(&w, &b)?),
+        ("sigmoid_backward", ctx.sigmoid_backward(&w, &b)?),
+        ("silu_backward", ctx.silu_backward(&w, &b)?),
+        ("softplus_backward", ctx.softplus_backward(&w, &b)?),
+        ("gelu_erf_backward", ctx.gelu_erf_backward(&a, &b)?),
+        ("softmax_wide", ctx.softmax(&w, 1)?),
+        ("log_softmax_wide", ctx.log_softmax(&w, 1)?),
+        ("logsumexp_wide", ctx.logsumexp(&w, 1, false)?),
+    ] {
+        push(name, t);
+    }
     let mask = ctx.greater(&a, &b)?;
     push("where", ctx.where_(&mask, &a, &b)?);
     push("masked_fill", ctx.masked_fill(&a, &mask, 3.0)?);

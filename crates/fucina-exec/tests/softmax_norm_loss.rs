@@ -184,6 +184,30 @@ fn softmax_is_stable_and_follows_pytorch_on_infinities() {
     let l = ctx.log_softmax(&x, 1).unwrap().to_vec();
     assert_eq!(l[4], -inf);
     assert!((l[0] + std::f32::consts::LN_2).abs() < 1e-6);
+    // A NaN anywhere in a row (in the vector body or the tail, next to +inf)
+    // makes the whole row NaN in the softmax family, other rows untouched.
+    let c = 67;
+    for at in [0, 5, 64, 66] {
+        let mut d: Vec<f32> = (0..2 * c).map(|i| (i % 7) as f32 - 3.0).collect();
+        d[at] = f32::NAN;
+        d[(at + 1) % c] = inf;
+        let x = ctx.from_slice(&[2, c], &d).unwrap();
+        for (name, y) in [
+            ("softmax", ctx.softmax(&x, 1).unwrap().to_vec()),
+            ("log_softmax", ctx.log_softmax(&x, 1).unwrap().to_vec()),
+            ("logsumexp", ctx.logsumexp(&x, 1, false).unwrap().to_vec()),
+        ] {
+            let per_row = y.len() / 2;
+            assert!(
+                y[..per_row].iter().all(|v| v.is_nan()),
+                "{name}, NaN at {at}"
+            );
+            assert!(
+                y[per_row..].iter().all(|v| v.is_finite()),
+                "{name}, NaN at {at}"
+            );
+        }
+    }
     // Huge logits in cross entropy stay finite.
     let z = ctx.from_slice(&[1, 3], &[1e4, 0., -1e4]).unwrap();
     let lab = ctx.from_slice_typed::<i64>(&[1], &[1]).unwrap();

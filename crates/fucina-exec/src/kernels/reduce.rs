@@ -237,6 +237,51 @@ fn extremum(x: &[f32], init: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     if any_nan { f32::NAN } else { m }
 }
 
+/// The largest element, NaN elements skipped (`-inf` for an empty or all-NaN
+/// slice): the max of the softmax family, whose sums turn a NaN row into NaN
+/// anyway (`exp(NaN - m)` is NaN), so they need no NaN tracking here.
+///
+/// Same lane layout as [`sum`] ([`LANES`] lanes, kept as four groups of 16 so the
+/// inner loop unrolls fully and the accumulators stay in registers), lanes combined
+/// in a fixed halving tree, the tail folded in order: the result (including the
+/// sign of a zero max) depends only on `x`.
+#[inline(always)]
+pub(crate) fn max_skip_nan(x: &[f32]) -> f32 {
+    const G: usize = LANES / 4;
+    #[inline(always)]
+    fn pick(a: f32, v: f32) -> f32 {
+        if v > a { v } else { a }
+    }
+    let mut acc = [[f32::NEG_INFINITY; G]; 4];
+    let chunks = x.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for (g, cg) in acc.iter_mut().zip(c.chunks_exact(G)) {
+            let mut t = *g;
+            for (a, &v) in t.iter_mut().zip(cg) {
+                *a = pick(*a, v);
+            }
+            *g = t;
+        }
+    }
+    let mut v = [0.0f32; LANES];
+    for (d, g) in v.chunks_exact_mut(G).zip(&acc) {
+        d.copy_from_slice(g);
+    }
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            v[j] = pick(v[j], v[j + w]);
+        }
+    }
+    let mut m = v[0];
+    for &e in rem {
+        m = pick(m, e);
+    }
+    m
+}
+
 /// The largest element; NaN if any element is NaN; `-inf` for an empty slice.
 #[inline(always)]
 pub(crate) fn max(x: &[f32]) -> f32 {
@@ -400,6 +445,27 @@ mod tests {
             assert_eq!(t.to_bits(), sum(&mapped).to_bits(), "len {len}");
             assert_eq!(t.to_bits(), sum_map(x, |v| v * 0.5 + 1.0).to_bits());
         }
+    }
+
+    #[test]
+    fn max_skip_nan_is_the_max_of_the_non_nan_elements() {
+        for len in [0, 1, 15, 63, 64, 65, 130, 1029] {
+            let mut x: Vec<f32> = (0..len)
+                .map(|i| ((i * 7919) % 1001) as f32 * 0.013 - 6.5)
+                .collect();
+            let naive = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max_skip_nan(&x), naive, "len {len}");
+            if len > 0 {
+                // The max in the tail, then NaNs in the body and the tail.
+                x[len - 1] = 100.0;
+                assert_eq!(max_skip_nan(&x), 100.0, "len {len}");
+                x[0] = f32::NAN;
+                x[len / 2] = f32::NAN;
+                let want = if len > 1 { 100.0 } else { f32::NEG_INFINITY };
+                assert_eq!(max_skip_nan(&x), want, "len {len}");
+            }
+        }
+        assert_eq!(max_skip_nan(&[f32::NAN; 70]), f32::NEG_INFINITY);
     }
 
     #[test]

@@ -4,17 +4,37 @@
 //! `#[inline(always)]`: the ops call them inside [`super::simd::vectorized!`], so
 //! they compile at the dispatched vector level.
 
-use super::math::exp;
-use super::reduce::{map_store_sum, max, sum, sum_map, sum_map2};
+use super::math::{exp, log};
+use super::reduce::{map_store_sum, max_skip_nan, sum, sum_map, sum_map2};
+
+/// Asks the cache to fetch `x` (the next row) into L1 while the current row is
+/// computed: the row kernels are compute-bound once their row is in L1, and their
+/// first pass (the max, or the sum) otherwise waits on the loads. A hint only: no
+/// effect on results, and a no-op off x86_64.
+#[inline(always)]
+pub(crate) fn prefetch(x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // One hint per 64-byte line (16 floats).
+        for c in x.chunks(16) {
+            // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults
+            // and reads nothing (the address is inside `x` anyway).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
 
 /// `log(sum(exp(x)))`, shifted by the row max (`0` when the max is infinite, which
 /// gives `+inf` for a row holding `+inf` and `-inf` for an all `-inf` row); NaN if
 /// the row holds a NaN.
 #[inline(always)]
 pub(crate) fn logsumexp(x: &[f32]) -> f32 {
-    let m = max(x);
+    let m = max_skip_nan(x);
     let shift = if m.is_finite() { m } else { 0.0 };
-    shift + sum_map(x, |v| exp(v - shift)).ln()
+    shift + log(sum_map(x, |v| exp(v - shift)))
 }
 
 /// The variance of the row: `sum((x - mean)^2) / (n - correction)` (two passes).
@@ -32,8 +52,15 @@ pub(crate) fn variance(x: &[f32], correction: usize) -> f32 {
 /// `out = exp(x - max(x)) / sum(exp(x - max(x)))`.
 #[inline(always)]
 pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
-    let m = max(x);
-    let inv = 1.0 / map_store_sum(x, out, |v| exp(v - m));
+    softmax_scaled(x, out, 1.0);
+}
+
+/// `out = softmax(x) * scale`, the scale folded into the normalization pass
+/// (`exp(x - max) * (scale / sum)`; with `scale = 1` exactly [`softmax`]).
+#[inline(always)]
+pub(crate) fn softmax_scaled(x: &[f32], out: &mut [f32], scale: f32) {
+    let m = max_skip_nan(x);
+    let inv = scale / map_store_sum(x, out, |v| exp(v - m));
     for o in out.iter_mut() {
         *o *= inv;
     }
@@ -42,8 +69,8 @@ pub(crate) fn softmax(x: &[f32], out: &mut [f32]) {
 /// `out = x - max(x) - log(sum(exp(x - max(x))))`.
 #[inline(always)]
 pub(crate) fn log_softmax(x: &[f32], out: &mut [f32]) {
-    let m = max(x);
-    let lse = sum_map(x, |v| exp(v - m)).ln();
+    let m = max_skip_nan(x);
+    let lse = log(sum_map(x, |v| exp(v - m)));
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (v - m) - lse;
     }

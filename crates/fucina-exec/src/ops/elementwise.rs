@@ -12,6 +12,7 @@ use crate::error::ExecError;
 use crate::kernels::simd::vectorized;
 use std::ops::Range;
 
+use crate::kernels::math as m;
 use crate::kernels::strided::{Geom, TILE, seg1, seg2, tiled_rows};
 use crate::kernels::unary as k;
 use crate::tensor::layout::{broadcast_layout, broadcast_shapes};
@@ -203,18 +204,22 @@ unary_ops! {
     neg, neg_backward, CHEAP => |x| -x, |_x| -1.0;
     /// `|x|` (its derivative at 0 is taken as 0, as PyTorch's `sign`).
     abs, abs_backward, CHEAP => |x| x.abs(), |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
-    /// `e^x`.
-    exp, exp_backward, TRANSCENDENTAL => |x| x.exp(), |x| x.exp();
-    /// Natural logarithm (`-inf` at 0, NaN below).
-    log, log_backward, TRANSCENDENTAL => |x| x.ln(), |x| 1.0 / x;
+    /// `e^x`, computed without libm so the loop vectorizes (relative error within
+    /// `2 * 2^-23`; results in the subnormal range round gradually).
+    exp, exp_backward, TRANSCENDENTAL => |x| m::exp(x), |x| m::exp(x);
+    /// Natural logarithm (`-inf` at 0, NaN below), computed without libm (relative
+    /// error within `2^-23`).
+    log, log_backward, TRANSCENDENTAL => |x| m::log(x), |x| 1.0 / x;
     /// Square root.
     sqrt, sqrt_backward, TRANSCENDENTAL => |x| x.sqrt(), |x| 0.5 / x.sqrt();
     /// `1 / sqrt(x)`.
     rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
-    /// The logistic function `1 / (1 + e^-x)`.
+    /// The logistic function `1 / (1 + e^-x)`, computed without libm (relative
+    /// error within `2 * 2^-23` where the result is normal).
     sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| k::sigmoid(x), |x| { let s = k::sigmoid(x); s * (1.0 - s) };
-    /// Hyperbolic tangent.
-    tanh, tanh_backward, TRANSCENDENTAL => |x| x.tanh(), |x| { let t = x.tanh(); 1.0 - t * t };
+    /// Hyperbolic tangent, computed without libm (relative error within
+    /// `2 * 2^-23`).
+    tanh, tanh_backward, TRANSCENDENTAL => |x| m::tanh(x), |x| { let t = m::tanh(x); 1.0 - t * t };
     /// `max(x, 0)` (derivative 0 at 0).
     relu, relu_backward, CHEAP => |x| if x > 0.0 { x } else { 0.0 }, |x| if x > 0.0 { 1.0 } else { 0.0 };
     /// GELU, tanh approximation (PyTorch's `approximate="tanh"`).

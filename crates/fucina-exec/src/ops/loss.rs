@@ -76,7 +76,11 @@ impl ExecContext {
         let (xs, ls) = (xc.contiguous_slice(), lab.contiguous_slice());
         self.new_tensor(OP, &[n], |out| {
             self.par_rows(out, 1, c * 8, |rows, o| {
+                let end = rows.end;
                 vectorized!(for (r, v) in rows.zip(o.iter_mut()) {
+                    if r + 1 < end {
+                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
+                    }
                     let row = &xs[r * c..][..c];
                     *v = rowwise::logsumexp(row) - row[ls[r] as usize];
                 })
@@ -141,12 +145,15 @@ impl ExecContext {
         let s = grad / n as f32;
         self.new_tensor(OP, &[n, c], |out| {
             self.par_rows(out, c, c * 8, |rows, o| {
+                let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
-                    rowwise::softmax(&xs[r * c..][..c], orow);
-                    orow[ls[r] as usize] -= 1.0;
-                    for v in orow.iter_mut() {
-                        *v *= s;
+                    if r + 1 < end {
+                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
                     }
+                    // (softmax - onehot) * s, with s folded into the softmax's
+                    // normalization pass (one pass over the row fewer).
+                    rowwise::softmax_scaled(&xs[r * c..][..c], orow, s);
+                    orow[ls[r] as usize] -= s;
                 })
             });
         })

@@ -98,7 +98,11 @@ impl ExecContext {
         );
         self.new_tensor(OP, x.shape(), |out| {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
+                let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                    if r + 1 < end {
+                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
+                    }
                     rowwise::layer_norm(&xs[r * c..][..c], gs, bs, eps, orow);
                 })
             });
@@ -125,7 +129,11 @@ impl ExecContext {
         let (xs, gs) = (xc.contiguous_slice(), gc.contiguous_slice());
         self.new_tensor(OP, x.shape(), |out| {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
+                let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
+                    if r + 1 < end {
+                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
+                    }
                     rowwise::rms_norm(&xs[r * c..][..c], gs, eps, orow);
                 })
             });

@@ -57,7 +57,13 @@ impl ExecContext {
         let out_shape = if last { shape } else { moved };
         let out = self.new_tensor(op, &out_shape, |out| {
             self.par_rows(out, n, n * work, |rows, o| {
+                let end = rows.end;
                 for (r, orow) in rows.zip(o.chunks_exact_mut(n)) {
+                    if r + 1 < end {
+                        for s in &slices {
+                            rowwise::prefetch(&s[(r + 1) * n..][..n]);
+                        }
+                    }
                     let ins: [&[f32]; N] = std::array::from_fn(|i| &slices[i][r * n..][..n]);
                     f(ins, orow);
                 }
