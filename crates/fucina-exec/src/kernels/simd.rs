@@ -15,7 +15,10 @@
 //! fused multiply-add (Rust never contracts `a * b + c` on its own), and every sum
 //! keeps the fixed lane layout of [`super::reduce`] (16 accumulators whatever the
 //! register width). A result is therefore bitwise the same at every level, which
-//! `tests/simd.rs` checks op by op with [`force_simd_level`].
+//! `tests/simd.rs` checks op by op with [`force_simd_level`]. One exception: a NaN
+//! result is a NaN at every level, but its sign and payload may differ (when both
+//! operands of an instruction are NaN, x86 passes on one of them, and which one
+//! depends on the operand order the compiler chose for that vector width).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
