@@ -164,7 +164,13 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
 fn bits(t: &RawTensor) -> Vec<u32> {
     t.to_vec()
         .iter()
-        .map(|v| if v.is_nan() { f32::NAN.to_bits() } else { v.to_bits() })
+        .map(|v| {
+            if v.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                v.to_bits()
+            }
+        })
         .collect()
 }
 
