@@ -308,12 +308,15 @@ const WORK_DIV: usize = 32;
 /// The work unit of the matmul gate (see [`WORK_DIV`]).
 const MATMUL_GATE: usize = 1 << 15;
 
-/// Preferred least number of output rows per parallel chunk (two 12-row
-/// micro-tiles): every chunk streams the whole packed right-hand side through
-/// its cache, so chunks of a few rows (the plain `k * n` weight gave 8-row
-/// chunks for `[64, 784] x [784, 256]` at two threads) re-read it many times and
-/// leave the micro-tile part empty.
-const ROW_GRAIN: usize = 24;
+/// Preferred least number of output rows per parallel chunk (capped at
+/// `rows / threads`): every chunk streams the whole right-hand side through its
+/// cache, so small chunks re-read it many times (the plain `k * n` weight gave
+/// 8-row chunks for `[64, 784] x [784, 256]` at two threads). Measured on the
+/// 2-vCPU AVX-512 machine (`benches/examples/gemm_probe.rs`, 2 threads, two
+/// alternating runs): 1024³ ran at 277–297 GFLOP/s with 256-row chunks (4
+/// chunks) against 250–256 with 24-row ones (8 chunks of 128 rows); 512³ at
+/// 271–294 against 260–298.
+const ROW_GRAIN: usize = 256;
 
 /// The `work_per_row` the row split passes to `par_rows` for `rows` output rows
 /// (over all batches) of depth `k` and width `n`: below the gate
