@@ -15,6 +15,10 @@ use std::time::Instant;
 use fucina_benches::{peak, rand_vec};
 use fucina_exec::ExecContext;
 
+#[path = "../peer/gemm.rs"]
+mod gemm_peer;
+use gemm_peer::gemm_crate;
+
 fn parse(s: &str) -> (usize, usize, usize) {
     let v: Vec<usize> = s
         .split('x')
@@ -68,31 +72,7 @@ fn main() {
                 if skip_peer {
                     return;
                 }
-                // SAFETY: row-major m x k, k x n and m x n buffers of exactly those
-                // sizes; `c` is not read and aliases nothing.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        cv.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        av.as_ptr(),
-                        1,
-                        k as isize,
-                        bv.as_ptr(),
-                        1,
-                        n as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        par,
-                    )
-                }
+                gemm_crate(m, k, n, &av, &bv, &mut cv, par);
             };
             let ours = || drop(black_box(ctx.matmul(&a, &b).unwrap()));
             ours();
