@@ -34,6 +34,8 @@
 //! (Identical for finite values under the default float environment; NaN payloads
 //! and flush-to-zero modes are not part of the promise.)
 
+use super::prefetch;
+
 /// Columns of a packed right-hand-side panel (and of a micro-tile).
 pub(crate) const NR: usize = 32;
 /// Largest depth of a packed block (the `k` extent of one micro-kernel call).
@@ -534,22 +536,6 @@ mod x86 {
         go!(1 2 3 4 5 6 7 8 9 10 11 12);
     }
 
-    /// Prefetches (into L1) the first 32 floats (two cache lines) of each of the
-    /// `rows` rows of `c` spaced `ldc` apart, as far as `c` reaches. A hint: it
-    /// changes no value.
-    pub(super) fn prefetch_rows(c: &[f32], ldc: usize, rows: usize) {
-        for i in 0..rows {
-            let Some(row) = c.get(i * ldc..) else { return };
-            let p = row.as_ptr();
-            // SAFETY: `_mm_prefetch` only hints the cache and never faults; `p` and
-            // `p + 16` are computed with `wrapping_add` (no in-bounds requirement).
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16).cast());
-            }
-        }
-    }
-
     /// The `R x 32` tile with four 8-lane accumulators per row.
     #[target_feature(enable = "avx2,fma")]
     fn tile_avx2<const R: usize>(a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
@@ -823,7 +809,7 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
                             if *r == *rows {
                                 break;
                             }
-                            prefetch_l2(lhs.data, next_offs[*r] + *line * 16);
+                            prefetch::l2(lhs.data, next_offs[*r] + *line * 16);
                             *line += 1;
                             if *line == *per_row {
                                 (*r, *line) = (*r + 1, 0);
@@ -841,7 +827,10 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
                         // do not wait on L3 / memory.
                         if t + 1 < n_tiles {
                             let ((nq0, nrows), np) = tile_at(t + 1);
-                            x86::prefetch_rows(&c[(i0 + nq0) * n + np * NR..], n, nrows);
+                            let next = &c[(i0 + nq0) * n + np * NR..];
+                            for row in next.chunks(n).take(nrows) {
+                                prefetch::l1(&row[..NR.min(row.len())]);
+                            }
                         }
                         let c0 = (i0 + q0) * n + j0;
                         let ct = &mut c[c0..c0 + (rows - 1) * n + ncols];
@@ -868,24 +857,6 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
             }
         }
     }
-}
-
-/// Hints the cache hierarchy (to L2) that `data[at]` will be read soon; nothing
-/// when `at` is past the end or off x86-64. Changes no value.
-#[inline(always)]
-fn prefetch_l2(data: &[f32], at: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if at < data.len() {
-        // SAFETY: `_mm_prefetch` only hints the cache and never faults; the
-        // pointer is in bounds (checked above).
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                data.as_ptr().add(at).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at);
 }
 
 #[cfg(test)]

@@ -7,26 +7,6 @@
 use super::math::{exp, log};
 use super::reduce::{map_store_sum, max_skip_nan, sum, sum_map, sum_map2};
 
-/// Asks the cache to fetch `x` (the next row) into L1 while the current row is
-/// computed: the row kernels are compute-bound once their row is in L1, and their
-/// first pass (the max, or the sum) otherwise waits on the loads. A hint only: no
-/// effect on results, and a no-op off x86_64.
-#[inline(always)]
-pub(crate) fn prefetch(x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // One hint per 64-byte line (16 floats).
-        for c in x.chunks(16) {
-            // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults
-            // and reads nothing (the address is inside `x` anyway).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().cast()) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
-}
-
 /// `log(sum(exp(x)))`, shifted by the row max (`0` when the max is infinite, which
 /// gives `+inf` for a row holding `+inf` and `-inf` for an all `-inf` row); NaN if
 /// the row holds a NaN.

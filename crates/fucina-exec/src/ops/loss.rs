@@ -8,8 +8,8 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce::{sum, sum_map2};
-use crate::kernels::rowwise;
 use crate::kernels::simd::vectorized;
+use crate::kernels::{prefetch, rowwise};
 use crate::tensor::RawTensor;
 
 /// Checks `[N, C]` scores against `[N]` labels with values in `0..C`; returns
@@ -78,9 +78,7 @@ impl ExecContext {
             self.par_rows(out, 1, c * 8, |rows, o| {
                 let end = rows.end;
                 vectorized!(for (r, v) in rows.zip(o.iter_mut()) {
-                    if r + 1 < end {
-                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
-                    }
+                    prefetch::next_row(xs, r + 1, end, c);
                     let row = &xs[r * c..][..c];
                     *v = rowwise::logsumexp(row) - row[ls[r] as usize];
                 })
@@ -147,9 +145,7 @@ impl ExecContext {
             self.par_rows(out, c, c * 8, |rows, o| {
                 let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
-                    if r + 1 < end {
-                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
-                    }
+                    prefetch::next_row(xs, r + 1, end, c);
                     // (softmax - onehot) * s, with s folded into the softmax's
                     // normalization pass (one pass over the row fewer).
                     rowwise::softmax_scaled(&xs[r * c..][..c], orow, s);

@@ -9,8 +9,8 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce::{col_sum, col_sum_with, for_each_col_tile};
-use crate::kernels::rowwise;
 use crate::kernels::simd::vectorized;
+use crate::kernels::{prefetch, rowwise};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a norm row (two statistics passes and the output).
@@ -100,9 +100,7 @@ impl ExecContext {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
                 let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
-                    if r + 1 < end {
-                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
-                    }
+                    prefetch::next_row(xs, r + 1, end, c);
                     rowwise::layer_norm(&xs[r * c..][..c], gs, bs, eps, orow);
                 })
             });
@@ -131,9 +129,7 @@ impl ExecContext {
             self.par_rows(out, c, c * NORM_WORK, |rows, o| {
                 let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {
-                    if r + 1 < end {
-                        rowwise::prefetch(&xs[(r + 1) * c..][..c]);
-                    }
+                    prefetch::next_row(xs, r + 1, end, c);
                     rowwise::rms_norm(&xs[r * c..][..c], gs, eps, orow);
                 })
             });

@@ -8,8 +8,8 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::rowwise;
 use crate::kernels::simd::vectorized;
+use crate::kernels::{prefetch, rowwise};
 use crate::ops::reduce::axis_last_order;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
@@ -59,10 +59,8 @@ impl ExecContext {
             self.par_rows(out, n, n * work, |rows, o| {
                 let end = rows.end;
                 for (r, orow) in rows.zip(o.chunks_exact_mut(n)) {
-                    if r + 1 < end {
-                        for s in &slices {
-                            rowwise::prefetch(&s[(r + 1) * n..][..n]);
-                        }
+                    for s in &slices {
+                        prefetch::next_row(s, r + 1, end, n);
                     }
                     let ins: [&[f32]; N] = std::array::from_fn(|i| &slices[i][r * n..][..n]);
                     f(ins, orow);
