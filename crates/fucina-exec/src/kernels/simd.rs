@@ -13,8 +13,8 @@
 //! The bodies use only IEEE operations that round the same way at every vector
 //! width (add, sub, mul, div, sqrt, compares, selects, integer bit tricks), never a
 //! fused multiply-add (Rust never contracts `a * b + c` on its own), and every sum
-//! keeps the fixed lane layout of [`super::reduce`] (16 accumulators whatever the
-//! register width). A result is therefore bitwise the same at every level, which
+//! keeps the fixed lane layout of [`super::reduce`] ([`super::reduce::LANES`]
+//! accumulators whatever the register width). A result is therefore bitwise the same at every level, which
 //! `tests/simd.rs` checks op by op with [`force_simd_level`]. One exception: a NaN
 //! result is a NaN at every level, but its sign and payload may differ (when both
 //! operands of an instruction are NaN, x86 passes on one of them, and which one

@@ -11,12 +11,6 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// The cubic coefficient of the tanh approximation of GELU.
 const GELU_C: f32 = 0.044_715;
 
-/// The logistic function `1 / (1 + e^-x)` (see [`math::sigmoid`]).
-#[inline(always)]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    math::sigmoid(x)
-}
-
 /// GELU, tanh approximation: `0.5 x (1 + tanh(u))`, `u = sqrt(2/pi) (x +
 /// 0.044715 x^3)`, evaluated as the identical `x * sigmoid(2u)` (since
 /// `(1 + tanh(u)) / 2 = sigmoid(2u)`): one `exp` and one division, and no
@@ -76,12 +70,12 @@ pub(crate) fn gelu_erf_grad(x: f32) -> f32 {
 /// `x * sigmoid(x)`.
 #[inline(always)]
 pub(crate) fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
+    x * math::sigmoid(x)
 }
 
 #[inline(always)]
 pub(crate) fn silu_grad(x: f32) -> f32 {
-    let s = sigmoid(x);
+    let s = math::sigmoid(x);
     s * (1.0 + x * (1.0 - s))
 }
 
@@ -95,7 +89,7 @@ pub(crate) fn softplus(x: f32) -> f32 {
 
 #[inline(always)]
 pub(crate) fn softplus_grad(x: f32) -> f32 {
-    if x > 20.0 { 1.0 } else { sigmoid(x) }
+    if x > 20.0 { 1.0 } else { math::sigmoid(x) }
 }
 
 #[cfg(test)]

@@ -216,7 +216,7 @@ unary_ops! {
     rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
     /// The logistic function `1 / (1 + e^-x)`, computed without libm (relative
     /// error within `2 * 2^-23` where the result is normal).
-    sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| k::sigmoid(x), |x| { let s = k::sigmoid(x); s * (1.0 - s) };
+    sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| m::sigmoid(x), |x| { let s = m::sigmoid(x); s * (1.0 - s) };
     /// Hyperbolic tangent, computed without libm (relative error within
     /// `2 * 2^-23`).
     tanh, tanh_backward, TRANSCENDENTAL => |x| m::tanh(x), |x| { let t = m::tanh(x); 1.0 - t * t };
