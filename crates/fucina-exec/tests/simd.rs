@@ -29,6 +29,12 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     let beta = ctx.from_slice(&[c], &values(c, 6))?;
     let big = ctx.from_slice(&[3 * 65536 + 77], &values(3 * 65536 + 77, 7))?;
 
+    // The GEMM follows the level too: each micro-kernel (portable, AVX2,
+    // AVX-512) with a packed right-hand side (a transposed view) and, on
+    // AVX-512, one read in place (row-major, whole 32-column panels).
+    let w = ctx.from_slice(&[c, 64], &values(c * 64, 9))?;
+    push("matmul_packed", ctx.matmul(&a, &b.transpose(0, 1)?)?);
+    push("matmul_in_place", ctx.matmul(&a, &w)?);
     push("add", ctx.add(&a, &b)?);
     push("add_row", ctx.add(&a, &row)?);
     push("add_transposed", ctx.add(&a, &at)?);

@@ -35,6 +35,7 @@
 //! and flush-to-zero modes are not part of the promise.)
 
 use super::prefetch;
+use super::simd::{self, SimdLevel};
 
 /// Columns of a packed right-hand-side panel (and of a micro-tile).
 pub(crate) const NR: usize = 32;
@@ -101,45 +102,34 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best path this CPU supports (detected once, then cached).
+    /// The path of the process-wide vector level ([`simd::level`]): the level's
+    /// CPU detection, `FUCINA_SIMD` and `force_simd_level` choose the GEMM's
+    /// micro-kernel as they choose every other kernel's loops (every path gives
+    /// the same bits).
     pub(crate) fn detect() -> Isa {
-        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(|| {
+        Isa::of(simd::level())
+    }
+
+    /// The micro-kernel of a vector level.
+    fn of(level: SimdLevel) -> Isa {
+        match level {
             #[cfg(target_arch = "x86_64")]
-            {
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    return Isa::Avx512;
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    return Isa::Avx2;
-                }
-            }
-            Isa::Generic
-        })
+            SimdLevel::Avx512 => Isa::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => Isa::Avx2,
+            _ => Isa::Generic,
+        }
     }
 
     /// Every path this CPU can run (for tests that compare them).
     #[cfg(test)]
     pub(crate) fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Generic];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                v.push(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
+        let best = simd::detected();
+        SimdLevel::ALL
+            .into_iter()
+            .filter(|&l| l <= best)
+            .map(Isa::of)
+            .collect()
     }
 
     /// Micro-tile height (rows of a packed left-hand-side panel).
@@ -177,20 +167,9 @@ pub(crate) fn pack_b_panel(
 ) {
     debug_assert_eq!(dst.len(), k * NR);
     debug_assert!((1..=NR).contains(&ncols));
-    if cs == 1 && ncols == NR {
-        // Row-major rows, a full panel: fixed-size copies of NR floats (inlined
-        // vector moves, not a `memcpy` call per row).
-        for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
-            let d: &mut [f32; NR] = d.try_into().expect("chunks of NR");
-            d.copy_from_slice(&src[off + kk * rs..][..NR]);
-        }
-    } else if cs == 1 {
-        // Row-major rows: copy runs of `ncols` floats.
-        for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
-            let s = &src[off + kk * rs..][..ncols];
-            d[..ncols].copy_from_slice(s);
-            d[ncols..].fill(0.0);
-        }
+    if cs == 1 {
+        // Row-major rows: one panel of the row-by-row packer.
+        pack_b_rows(dst, src, off, rs, k, ncols);
     } else if rs == 1 && ncols == NR && gather_ok(src.len(), off, cs, k) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `gather_ok` returned true only after `Isa::detect()` found
@@ -624,8 +603,9 @@ fn micro(isa: Isa, rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unreachable!("the AVX-512 path does not use a stack tile"),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after `is_x86_feature_detected!`
-        // confirmed avx2 and fma.
+        // SAFETY: `Isa::Avx2` comes from a vector level at or below the detected
+        // one (`Isa::of`, `simd::force`), and the AVX2 level is detected only
+        // with avx2 and fma.
         Isa::Avx2 => unsafe { x86::micro_avx2(rows, a, b, tile) },
     }
 }
@@ -834,8 +814,9 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
                         }
                         let c0 = (i0 + q0) * n + j0;
                         let ct = &mut c[c0..c0 + (rows - 1) * n + ncols];
-                        // SAFETY: `Isa::Avx512` is only produced after
-                        // `is_x86_feature_detected!` confirmed avx512f.
+                        // SAFETY: `Isa::Avx512` comes from a vector level at or
+                        // below the detected one, and the AVX-512 level is
+                        // detected only with avx512f.
                         unsafe {
                             x86::tile_direct_avx512(rows, kc, a, b, ldb, ct, n, ncols, first)
                         };

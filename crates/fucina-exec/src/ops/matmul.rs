@@ -652,7 +652,7 @@ impl ExecContext {
         let out = if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, rows, plan.n, plan.b_rs)
         {
             // Row-major, whole panels: the kernel reads `b` where it lies.
-            self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias)?
+            self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias, isa)?
         } else if stable {
             let cached = self.rhs_cache.borrow_mut().get(b, len);
             let packed = match cached {
@@ -666,14 +666,14 @@ impl ExecContext {
                     fresh
                 }
             };
-            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&packed[..len]), bias)?
+            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&packed[..len]), bias, isa)?
         } else {
             let mut lease = self
                 .pool()
                 .acquire_scratch::<f32>(len)
                 .map_err(|e| ExecError::storage(op, e))?;
             self.mm_pack_rhs(plan, b, &mut lease);
-            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&lease), bias)?
+            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&lease), bias, isa)?
         };
         if plan.result == plan.out {
             Ok(out)
@@ -728,9 +728,9 @@ impl ExecContext {
         a: &RawTensor,
         rhs: RhsSource<'_>,
         bias: Option<&[f32]>,
+        isa: Isa,
     ) -> Result<RawTensor, ExecError> {
         let (m, k, n) = (plan.m, plan.k, plan.n);
-        let isa = Isa::detect();
         let a_data: &[f32] = a.buffer();
         let failed: Mutex<Option<StorageError>> = Mutex::new(None);
         let pool = self.pool().pool(); // the shared tier: used from worker threads
@@ -744,7 +744,7 @@ impl ExecContext {
             if out.len() == n {
                 // A single output row (batch-1 inference): split its columns instead,
                 // in whole packed panels.
-                self.mm_gemm_one_row(plan, a_data, rhs.matrix(plan, 0), bias, out, &failed);
+                self.mm_gemm_one_row(plan, a_data, rhs.matrix(plan, 0), bias, out, &failed, isa);
                 return;
             }
             self.par_rows(out, n, work_per_row, |rows, c| {
@@ -800,6 +800,7 @@ impl ExecContext {
     /// `NR` columns (one packed panel each) are split across the team, the
     /// remaining `n % NR` columns run on the caller. Every element is the same
     /// fused multiply-add chain as on the row-split path.
+    #[allow(clippy::too_many_arguments)]
     fn mm_gemm_one_row(
         &self,
         plan: &Plan,
@@ -808,9 +809,9 @@ impl ExecContext {
         bias: Option<&[f32]>,
         c: &mut [f32],
         failed: &Mutex<Option<StorageError>>,
+        isa: Isa,
     ) {
         let (k, n) = (plan.k, plan.n);
-        let isa = Isa::detect();
         let pool = self.pool().pool(); // the shared tier: used from worker threads
         let lhs = LhsRows {
             data: a_data,
