@@ -5,6 +5,7 @@ use std::any::Any;
 use std::cell::{Cell, OnceCell, RefCell};
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::Mutex;
 
 use fucina_fpenv::Environment;
 use fucina_storage::{BufferPool, LocalPool};
@@ -278,6 +279,47 @@ impl ExecContext {
             n += 1;
         }
         team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
+    }
+
+    /// [`par_rows`](Self::par_rows) with a scratch lease of `scratch_len` items of
+    /// `S` per chunk, from the pool's shared tier (usable from worker threads) and
+    /// reused for all of the chunk's rows: `f(rows, out_rows, scratch)`.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] (through [`ExecError::storage`], naming `op`)
+    /// if a chunk's lease cannot be had; that chunk's rows are left unwritten, so
+    /// the caller discards `out`.
+    pub(crate) fn par_rows_with_scratch<T, S, F>(
+        &self,
+        op: &'static str,
+        out: &mut [T],
+        row_len: usize,
+        work_per_row: usize,
+        scratch_len: usize,
+        f: F,
+    ) -> Result<(), ExecError>
+    where
+        T: Send,
+        S: bytemuck::Pod,
+        F: Fn(Range<usize>, &mut [T], &mut [S]) + Sync,
+    {
+        let pool = self.pool().pool();
+        let failed = Mutex::new(None);
+        self.par_rows(out, row_len, work_per_row, |rows, o| {
+            match pool.acquire_scratch::<S>(scratch_len) {
+                Ok(mut scratch) => f(rows, o, &mut scratch),
+                Err(e) => {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            }
+        });
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(ExecError::storage(op, e)),
+            None => Ok(()),
+        }
     }
 }
 

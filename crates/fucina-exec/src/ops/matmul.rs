@@ -15,9 +15,7 @@
 //! than that (a matrix-vector product has `n = 1`) wastes the unused lanes, so
 //! such products run well below the kernel's peak.
 
-use std::sync::Mutex;
-
-use fucina_storage::{Buffer, StorageError};
+use fucina_storage::Buffer;
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
@@ -732,29 +730,21 @@ impl ExecContext {
     ) -> Result<RawTensor, ExecError> {
         let (m, k, n) = (plan.m, plan.k, plan.n);
         let a_data: &[f32] = a.buffer();
-        let failed: Mutex<Option<StorageError>> = Mutex::new(None);
-        let pool = self.pool().pool(); // the shared tier: used from worker threads
         let work_per_row = row_split_work(
             plan.out.checked_product().unwrap_or(0) / n.max(1),
             k,
             n,
             self.threads(),
         );
+        let mut done = Ok(());
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
             if out.len() == n {
                 // A single output row (batch-1 inference): split its columns instead,
                 // in whole packed panels.
-                self.mm_gemm_one_row(plan, a_data, rhs.matrix(plan, 0), bias, out, &failed, isa);
+                done = self.mm_gemm_one_row(op, plan, a_data, rhs.matrix(plan, 0), bias, out, isa);
                 return;
             }
-            self.par_rows(out, n, work_per_row, |rows, c| {
-                let mut scratch = match pool.acquire_scratch::<f32>(A_SCRATCH_LEN) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        return;
-                    }
-                };
+            let run = |rows: std::ops::Range<usize>, c: &mut [f32], scratch: &mut [f32]| {
                 let mut g = rows.start;
                 while g < rows.end {
                     // A run of rows that share one right-hand matrix.
@@ -784,16 +774,14 @@ impl ExecContext {
                         rhs.matrix(plan, t),
                         c_seg,
                         bias.is_some(),
-                        &mut scratch,
+                        scratch,
                     );
                     g = end;
                 }
-            });
+            };
+            done = self.par_rows_with_scratch(op, out, n, work_per_row, A_SCRATCH_LEN, run);
         })?;
-        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(ExecError::storage(op, e)),
-            None => Ok(out),
-        }
+        done.map(|()| out)
     }
 
     /// The product for a single output row `c` (`n` floats, one batch): groups of
@@ -803,29 +791,21 @@ impl ExecContext {
     #[allow(clippy::too_many_arguments)]
     fn mm_gemm_one_row(
         &self,
+        op: &'static str,
         plan: &Plan,
         a_data: &[f32],
         rhs: Rhs<'_>,
         bias: Option<&[f32]>,
         c: &mut [f32],
-        failed: &Mutex<Option<StorageError>>,
         isa: Isa,
-    ) {
+    ) -> Result<(), ExecError> {
         let (k, n) = (plan.k, plan.n);
-        let pool = self.pool().pool(); // the shared tier: used from worker threads
         let lhs = LhsRows {
             data: a_data,
             row_off: |_| plan.a_row_off(0),
             cs: plan.a_cs,
         };
-        let run = |j0: usize, c: &mut [f32]| {
-            let mut scratch = match pool.acquire_scratch::<f32>(A_SCRATCH_LEN) {
-                Ok(s) => s,
-                Err(e) => {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    return;
-                }
-            };
+        let run = |j0: usize, c: &mut [f32], scratch: &mut [f32]| {
             if let Some(bias) = bias {
                 c.copy_from_slice(&bias[j0..j0 + c.len()]);
             }
@@ -839,19 +819,25 @@ impl ExecContext {
                 rhs.cols_from(j0, k),
                 c,
                 bias.is_some(),
-                &mut scratch,
+                scratch,
             );
         };
         let full = n / NR * NR;
         let work_per_group = (k * NR / WORK_DIV).max(1);
+        let (head, tail) = c.split_at_mut(full);
         if full > 0 {
-            self.par_rows(&mut c[..full], NR, work_per_group, |groups, cg| {
-                run(groups.start * NR, cg);
-            });
+            self.par_rows_with_scratch(op, head, NR, work_per_group, A_SCRATCH_LEN, |g, cg, s| {
+                run(g.start * NR, cg, s)
+            })?;
         }
-        if full < n {
-            run(full, &mut c[full..]);
+        if !tail.is_empty() {
+            // The last `n % NR` columns, one serial chunk on the caller.
+            let len = tail.len();
+            self.par_rows_with_scratch(op, tail, len, 1, A_SCRATCH_LEN, |_, ct, s| {
+                run(full, ct, s)
+            })?;
         }
+        Ok(())
     }
 }
 

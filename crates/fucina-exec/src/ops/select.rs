@@ -139,33 +139,24 @@ impl ExecContext {
         // A selection plus a sort of k: about n + k log k steps per line.
         let work_per_line = n + k * (k.ilog2() as usize + 1);
         // Lines as rows [outer * inner, k]: each line is ordered by exactly one task.
-        let by_line = self.new_tensor(op, &[outer * inner, k], |out: &mut [i64]| {
-            let pool = self.pool().pool();
-            self.par_rows(out, k, work_per_line, |rows, dst| {
-                // One key buffer per chunk, reused for its lines: a pooled scratch
-                // lease (no heap allocation once the pool holds a slab of this
-                // size), or a plain vector if the pool cannot provide one.
-                let mut lease = pool.acquire_scratch::<u64>(n).ok();
-                let mut fallback = Vec::new();
-                let keys: &mut [u64] = match lease.as_mut() {
-                    Some(l) => l.as_mut_slice(),
-                    None => {
-                        fallback.resize(n, 0u64);
-                        &mut fallback
-                    }
-                };
-                for (line, drow) in rows.zip(dst.chunks_exact_mut(k)) {
-                    let (o, i) = (line / inner, line % inner);
-                    let block = &xs[o * n * inner..(o + 1) * n * inner];
-                    let values = block[i..].iter().step_by(inner).copied();
-                    line_keys(keys, values, descending);
-                    smallest_k(keys, k);
-                    for (d, &key) in drow.iter_mut().zip(&keys[..k]) {
-                        *d = key_position(key);
-                    }
+        // One key buffer per chunk (a pooled scratch lease), reused for its lines.
+        let order = |rows: std::ops::Range<usize>, dst: &mut [i64], keys: &mut [u64]| {
+            for (line, drow) in rows.zip(dst.chunks_exact_mut(k)) {
+                let (o, i) = (line / inner, line % inner);
+                let block = &xs[o * n * inner..(o + 1) * n * inner];
+                let values = block[i..].iter().step_by(inner).copied();
+                line_keys(keys, values, descending);
+                smallest_k(keys, k);
+                for (d, &key) in drow.iter_mut().zip(&keys[..k]) {
+                    *d = key_position(key);
                 }
-            });
+            }
+        };
+        let mut done = Ok(());
+        let by_line = self.new_tensor(op, &[outer * inner, k], |out: &mut [i64]| {
+            done = self.par_rows_with_scratch(op, out, k, work_per_line, n, order);
         })?;
+        done?;
         if inner == 1 {
             return by_line.reshape(&out_shape);
         }
