@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use fucina::nn::{Block, Embedding, LayerNorm, Linear, Module, Parameter, sub_seed};
+use fucina::nn::{Block, Embedding, LayerNorm, Linear, Module, Parameter, prefixed, sub_seed};
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
 use fucina::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
 
@@ -285,12 +285,7 @@ impl CharModel {
 
 impl Module for CharModel {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let named = |prefix: &str, m: &dyn Module| -> Vec<(String, Parameter)> {
-            m.named_parameters()
-                .into_iter()
-                .map(|(n, p)| (format!("{prefix}.{n}"), p))
-                .collect()
-        };
+        let named = |prefix: &str, m: &dyn Module| prefixed(prefix, m.named_parameters());
         let mut v = named("tok_emb", &self.tok_emb);
         v.extend(named("pos_emb", &self.pos_emb));
         for (i, b) in self.blocks.iter().enumerate() {
