@@ -294,7 +294,7 @@ macro_rules! adam_like {
             /// [`Error::StateDict`] naming the entry that does not fit; nothing
             /// changes.
             pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
-                self.core.state.load(ctx, &self.core.params, state, true, true)
+                self.core.state.load(ctx, &self.core.params, state, true)
             }
         }
 

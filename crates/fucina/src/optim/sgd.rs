@@ -191,7 +191,7 @@ impl Sgd {
     /// [`Error::StateDict`] naming the entry that does not fit; nothing changes.
     pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
         let allow = self.cfg.momentum != 0.0;
-        self.state.load(ctx, &self.params, state, false, allow)
+        self.state.load(ctx, &self.params, state, allow)
     }
 }
 
