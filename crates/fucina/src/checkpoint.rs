@@ -389,6 +389,18 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     Ok(())
 }
 
+/// Refuses a tensor not stored as `F32` (the only element type fucina reads).
+fn check_f32(name: &str, info: &TensorInfo) -> Result<(), CheckpointError> {
+    if info.dtype != Dtype::F32 {
+        return Err(CheckpointError::DTypeMismatch {
+            name: name.to_string(),
+            expected: format!("{:?}", Dtype::F32),
+            found: format!("{:?}", info.dtype),
+        });
+    }
+    Ok(())
+}
+
 /// A checked safetensors file: its header and data section.
 struct Parsed<'a> {
     header: Header,
@@ -416,13 +428,7 @@ impl Parsed<'_> {
 
     /// The `F32` elements of tensor `name` (whose header entry is `info`).
     fn decode(&self, name: &str, info: &TensorInfo) -> Result<Vec<f32>, CheckpointError> {
-        if info.dtype != Dtype::F32 {
-            return Err(CheckpointError::DTypeMismatch {
-                name: name.to_string(),
-                expected: format!("{:?}", Dtype::F32),
-                found: format!("{:?}", info.dtype),
-            });
-        }
+        check_f32(name, info)?;
         let (start, end) = info.data_offsets;
         let numel = info
             .shape
@@ -599,13 +605,7 @@ pub fn load_into_from_bytes_with_options(
                 name: name.to_string(),
             });
         };
-        if info.dtype != Dtype::F32 {
-            return Err(CheckpointError::DTypeMismatch {
-                name: name.to_string(),
-                expected: format!("{:?}", Dtype::F32),
-                found: format!("{:?}", info.dtype),
-            });
-        }
+        check_f32(name, info)?;
         if info.shape.as_slice() != target.shape() {
             return Err(CheckpointError::ShapeMismatch {
                 name: name.to_string(),

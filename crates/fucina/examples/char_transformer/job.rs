@@ -5,8 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use clap::Parser;
-use fucina::nn::{Block, Embedding, LayerNorm, Linear, Module, Parameter, sub_seed};
+use fucina::nn::{Block, Embedding, LayerNorm, Linear, Module, Parameter, prefixed, sub_seed};
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
 use fucina::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
 
@@ -58,24 +61,8 @@ pub(crate) fn default_data_path() -> &'static str {
 impl Args {
     /// Checks what the flags cannot express in their types.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.threads == 0 || self.threads > fucina::exec::MAX_THREADS {
-            return Err(Error::InvalidArgument {
-                what: "--threads",
-                reason: format!(
-                    "must be in 1..={} (got {})",
-                    fucina::exec::MAX_THREADS,
-                    self.threads
-                ),
-            });
-        }
-        for (what, v) in [("--steps", self.steps), ("--log-every", self.log_every)] {
-            if v == 0 {
-                return Err(Error::InvalidArgument {
-                    what,
-                    reason: "must be at least 1".into(),
-                });
-            }
-        }
+        common::check_threads(self.threads)?;
+        common::check_at_least_one(&[("--steps", self.steps), ("--log-every", self.log_every)])?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(Error::InvalidArgument {
                 what: "--lr",
@@ -285,12 +272,7 @@ impl CharModel {
 
 impl Module for CharModel {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let named = |prefix: &str, m: &dyn Module| -> Vec<(String, Parameter)> {
-            m.named_parameters()
-                .into_iter()
-                .map(|(n, p)| (format!("{prefix}.{n}"), p))
-                .collect()
-        };
+        let named = |prefix: &str, m: &dyn Module| prefixed(prefix, m.named_parameters());
         let mut v = named("tok_emb", &self.tok_emb);
         v.extend(named("pos_emb", &self.pos_emb));
         for (i, b) in self.blocks.iter().enumerate() {

@@ -6,6 +6,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use clap::Parser;
 use fucina::nn::{Forward, Linear, Module, Relu, Sequential, sub_seed};
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine};
@@ -80,28 +83,12 @@ pub(crate) fn default_svg_path() -> &'static str {
 impl Args {
     /// Checks what the flags cannot express in their types.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.threads == 0 || self.threads > fucina::exec::MAX_THREADS {
-            return Err(Error::InvalidArgument {
-                what: "--threads",
-                reason: format!(
-                    "must be in 1..={} (got {})",
-                    fucina::exec::MAX_THREADS,
-                    self.threads
-                ),
-            });
-        }
-        for (what, v) in [
+        common::check_threads(self.threads)?;
+        common::check_at_least_one(&[
             ("--epochs", self.epochs),
             ("--batch", self.batch),
             ("--hidden", self.hidden),
-        ] {
-            if v == 0 {
-                return Err(Error::InvalidArgument {
-                    what,
-                    reason: "must be at least 1".into(),
-                });
-            }
-        }
+        ])?;
         if let Some(e) = self.stop_after
             && !(1..=self.epochs).contains(&e)
         {

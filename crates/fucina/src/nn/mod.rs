@@ -148,8 +148,9 @@ pub fn sub_seed(seed: u64, k: u64) -> u64 {
     fucina_rng::at(seed ^ 0x006E_6E5E_ED0F_F5E7, k)
 }
 
-/// Prefixes every name with `prefix.`.
-pub(crate) fn prefixed(prefix: &str, named: Vec<(String, Parameter)>) -> Vec<(String, Parameter)> {
+/// Prefixes every name with `prefix.`: the names of a part of a module, as
+/// [`Module::named_parameters`] of a composite reports them.
+pub fn prefixed(prefix: &str, named: Vec<(String, Parameter)>) -> Vec<(String, Parameter)> {
     named
         .into_iter()
         .map(|(n, p)| (format!("{prefix}.{n}"), p))

@@ -132,11 +132,17 @@ impl Core {
         let exp = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(b1).powi(exp);
         let bc2 = 1.0 - f64::from(b2).powi(exp);
-        let step_size = -(f64::from(self.lr) / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let decay = (1.0 - f64::from(self.lr) * f64::from(self.wd)) as f32;
-        let (one_m_b1, one_m_b2) = ((1.0 - f64::from(b1)) as f32, (1.0 - f64::from(b2)) as f32);
-        let (eps, wd, decoupled) = (self.eps, self.wd, self.decoupled);
+        let k = Kernel {
+            decay: (1.0 - f64::from(self.lr) * f64::from(self.wd)) as f32,
+            wd: self.wd,
+            one_m_b1: (1.0 - f64::from(b1)) as f32,
+            b2,
+            one_m_b2: (1.0 - f64::from(b2)) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            eps: self.eps,
+            step_size: -(f64::from(self.lr) / bc1) as f32,
+        };
+        let (wd, decoupled) = (self.wd, self.decoupled);
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = grad_of(ctx, p)? else {
                 continue;
@@ -152,16 +158,6 @@ impl Core {
             let v = match &mut vs[i] {
                 Some(v) => v,
                 slot => slot.insert(zeros_like(ctx, p)?),
-            };
-            let k = Kernel {
-                decay,
-                wd,
-                one_m_b1,
-                b2,
-                one_m_b2,
-                bc2_sqrt,
-                eps,
-                step_size,
             };
             m.update_(|m| -> Result<()> {
                 v.update_(|v| {
@@ -294,7 +290,7 @@ macro_rules! adam_like {
             /// [`Error::StateDict`] naming the entry that does not fit; nothing
             /// changes.
             pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
-                self.core.state.load(ctx, &self.core.params, state, true, true)
+                self.core.state.load(ctx, &self.core.params, state, true)
             }
         }
 

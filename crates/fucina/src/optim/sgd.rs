@@ -4,7 +4,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::state::{State, grad_of};
+use super::state::{State, grad_of, zeros_like};
 use super::{check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
@@ -138,7 +138,7 @@ impl Sgd {
             let first = slot.is_none();
             let buf = match slot {
                 Some(b) => b,
-                None => slot.insert(Tensor::zeros(ctx, p.shape().as_slice())?),
+                None => slot.insert(zeros_like(ctx, p)?),
             };
             buf.update_(|b| {
                 p.update_(|w| {
@@ -191,7 +191,7 @@ impl Sgd {
     /// [`Error::StateDict`] naming the entry that does not fit; nothing changes.
     pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
         let allow = self.cfg.momentum != 0.0;
-        self.state.load(ctx, &self.params, state, false, allow)
+        self.state.load(ctx, &self.params, state, allow)
     }
 }
 

@@ -53,15 +53,13 @@ impl State {
     }
 
     /// Validates `state` against `params` and, only if all of it fits, replaces
-    /// this state with copies. `joint`: all kinds of a parameter must be present
-    /// together (Adam's two moments); `allow_bufs`: whether buffers may be given
-    /// at all.
+    /// this state with copies. All kinds of a parameter must be present together
+    /// (Adam's two moments); `allow_bufs`: whether buffers may be given at all.
     pub(crate) fn load(
         &mut self,
         ctx: &ExecContext,
         params: &[Parameter],
         state: &[(String, Tensor)],
-        joint: bool,
         allow_bufs: bool,
     ) -> Result<()> {
         let n = params.len();
@@ -119,14 +117,11 @@ impl State {
         if any_buf && step.is_none() {
             return Err(Error::state("missing entry \"step\""));
         }
-        if joint {
-            for i in 0..n {
-                let present: Vec<bool> = slots.iter().map(|s| s[i].is_some()).collect();
-                if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
-                    let missing =
-                        self.kinds[present.iter().position(|&p| !p).expect("one is missing")];
-                    return Err(Error::state(format!("missing entry \"{missing}.{i}\"")));
-                }
+        for i in 0..n {
+            let present: Vec<bool> = slots.iter().map(|s| s[i].is_some()).collect();
+            if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
+                let missing = self.kinds[present.iter().position(|&p| !p).expect("one is missing")];
+                return Err(Error::state(format!("missing entry \"{missing}.{i}\"")));
             }
         }
         // Everything fits: copy (the optimizer owns its buffers).
