@@ -10,6 +10,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use fucina_autograd::Tensor;
 use fucina_autograd::exec::{ExecContext, RawTensor};
 
+#[path = "../tests/support/mlp.rs"]
+mod mlp;
+use mlp::{BATCH, mlp_batch, mlp_params, mlp_step};
+
 const LR: f32 = 0.01;
 
 fn sgd(ctx: &ExecContext, w: &mut RawTensor, g: &RawTensor) {
@@ -77,20 +81,6 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-const BATCH: usize = 64;
-const IN: usize = 784;
-const HIDDEN: usize = 256;
-const OUT: usize = 10;
-
-fn mlp_params(ctx: &ExecContext) -> [Tensor; 4] {
-    [
-        Tensor::kaiming_uniform(ctx, &[HIDDEN, IN], 2).unwrap(),
-        Tensor::zeros(ctx, &[HIDDEN]).unwrap(),
-        Tensor::kaiming_uniform(ctx, &[OUT, HIDDEN], 3).unwrap(),
-        Tensor::zeros(ctx, &[OUT]).unwrap(),
-    ]
-}
-
 /// One training step of a 784-256-10 MLP: batch 64, ReLU, cross-entropy,
 /// backward, plain SGD. The by-hand baseline computes exactly the gradients the
 /// step needs (no input gradient for the first layer), as autograd does.
@@ -98,30 +88,10 @@ fn mlp(c: &mut Criterion) {
     let mut g = c.benchmark_group("mlp_784_256_10_step");
     for threads in [1, 2] {
         let ctx = ExecContext::with_threads(threads);
-        let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-        let l: Vec<i64> = (0..BATCH as i64).map(|i| (i * 7) % OUT as i64).collect();
-        let labels = ctx.from_slice_typed::<i64>(&[BATCH], &l).unwrap();
-        let mut p = mlp_params(&ctx).map(Tensor::into_variable);
+        let (x, labels) = mlp_batch(&ctx);
+        let mut p = mlp_params(&ctx);
         g.bench_function(format!("autograd_scoped_{threads}_threads"), |bn| {
-            bn.iter(|| {
-                let scope = ctx.open_exec_scope();
-                let h = x
-                    .linear(&ctx, &p[0], Some(&p[1]))
-                    .unwrap()
-                    .relu(&ctx)
-                    .unwrap();
-                let logits = h.linear(&ctx, &p[2], Some(&p[3])).unwrap();
-                let loss = logits.cross_entropy(&ctx, &labels).unwrap();
-                loss.backward(&ctx).unwrap();
-                let v = loss.item().unwrap();
-                drop((h, logits, loss));
-                ctx.close_exec_scope(scope);
-                for t in p.iter_mut() {
-                    t.sgd_step_(LR).unwrap();
-                    t.zero_grad();
-                }
-                black_box(v)
-            })
+            bn.iter(|| black_box(mlp_step(&ctx, &mut p, &x, &labels, true)))
         });
         let mut r: [RawTensor; 4] = mlp_params(&ctx).map(|t| t.raw().clone());
         let xr = x.raw().clone();

@@ -5,8 +5,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use fucina_autograd::exec::{ExecContext, RawTensor};
+use fucina_autograd::exec::ExecContext;
 use fucina_autograd::{Tensor, free_graph_nodes};
+
+#[path = "support/mlp.rs"]
+mod mlp;
+use mlp::{mlp_batch, mlp_params, mlp_step};
 
 struct Counting;
 
@@ -92,61 +96,9 @@ fn zero_allocations_per_elementwise_step_after_warm_up() {
     assert_eq!(free_graph_nodes(&ctx), 6);
 }
 
-const BATCH: usize = 64;
-const IN: usize = 784;
-const HIDDEN: usize = 256;
-const OUT: usize = 10;
-
-/// The parameters of a 784-256-10 MLP (`nn.Linear` layout and initialization).
-fn mlp_params(ctx: &ExecContext) -> [Tensor; 4] {
-    [
-        Tensor::kaiming_uniform(ctx, &[HIDDEN, IN], 2).unwrap(),
-        Tensor::zeros(ctx, &[HIDDEN]).unwrap(),
-        Tensor::kaiming_uniform(ctx, &[OUT, HIDDEN], 3).unwrap(),
-        Tensor::zeros(ctx, &[OUT]).unwrap(),
-    ]
-    .map(Tensor::into_variable)
-}
-
-/// One training step of the MLP: linear, ReLU, linear, cross-entropy, backward,
-/// plain SGD, zero_grad. `scoped`: the forward runs under an exec scope closed
-/// after backward; otherwise every intermediate drops as it goes (the graph is
-/// released when the loss drops).
-fn mlp_step(
-    ctx: &ExecContext,
-    p: &mut [Tensor; 4],
-    x: &Tensor,
-    labels: &RawTensor<i64>,
-    scoped: bool,
-) -> f32 {
-    let scope = scoped.then(|| ctx.open_exec_scope());
-    let h = x
-        .linear(ctx, &p[0], Some(&p[1]))
-        .unwrap()
-        .relu(ctx)
-        .unwrap();
-    let logits = h.linear(ctx, &p[2], Some(&p[3])).unwrap();
-    drop(h);
-    let loss = logits.cross_entropy(ctx, labels).unwrap();
-    drop(logits);
-    loss.backward(ctx).unwrap();
-    let v = loss.item().unwrap();
-    drop(loss);
-    if let Some(scope) = scope {
-        ctx.close_exec_scope(scope);
-    }
-    for t in p.iter_mut() {
-        assert!(t.sgd_step_(0.01).unwrap());
-        t.zero_grad();
-    }
-    v
-}
-
 fn mlp_allocations(threads: usize, scoped: bool) {
     let ctx = ExecContext::with_threads(threads);
-    let x = Tensor::randn(&ctx, &[BATCH, IN], 1.0, 1).unwrap();
-    let l: Vec<i64> = (0..BATCH as i64).map(|i| (i * 7) % OUT as i64).collect();
-    let labels = ctx.from_slice_typed::<i64>(&[BATCH], &l).unwrap();
+    let (x, labels) = mlp_batch(&ctx);
     let mut p = mlp_params(&ctx);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let first = mlp_step(&ctx, &mut p, &x, &labels, scoped); // warm-up
