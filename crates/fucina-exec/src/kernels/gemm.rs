@@ -12,14 +12,14 @@
 //!   either way, so the copy buys nothing but conflict-free cache sets (kept for
 //!   row strides that are multiples of 4 KiB).
 //! - The left-hand side is packed per `MC x KC` block into row panels, one per
-//!   row tile of balanced height ([`row_tiles`]), again through arbitrary strides
-//!   (one offset per row); the next block's rows are prefetched while the current
-//!   one computes.
-//! - [`gemm_rows`] loops `NC` column blocks, `KC` depth blocks and `MC` row blocks;
-//!   inside a block, row-tile-major: each packed left-hand micro-panel
-//!   (`12 x KC`, 24 KiB) stays in L1 while the block's right-hand-side panels
-//!   stream past it, one register-blocked `12 x 32` micro-kernel call per tile
-//!   (the next tile's `C` rows prefetched during the call).
+//!   row tile ([`row_tiles`]), again through arbitrary strides (one offset per
+//!   row).
+//! - [`gemm_rows`] loops `MC` row blocks, `KC` depth blocks (packing the row
+//!   block at that depth once) and `NC` column blocks; inside a column block,
+//!   row-tile-major: each packed left-hand micro-panel (`12 x KC`, 24 KiB) is
+//!   reused while the block's right-hand-side panels stream past it from L2,
+//!   one register-blocked `12 x 32` micro-kernel call per tile (the next tile's
+//!   `C` rows prefetched during the call).
 //!
 //! # Numerics and determinism
 //! Every output element is one fused multiply-add chain over `k` in increasing
@@ -56,10 +56,12 @@ pub(crate) const NR: usize = 32;
 /// (each right-hand-side panel kept in L1 for a block's row tiles); see
 /// `docs/BENCHMARKS.md`.
 pub(crate) const KC: usize = 512;
-/// Rows of a packed left-hand-side block: the rows packed (and prefetched) at a
-/// time; 4 row tiles of 12 on the AVX-512 path. The packed block is
-/// `MC x KC x 4 B = 96 KiB`.
-pub(crate) const MC: usize = 48;
+/// Rows of a packed left-hand-side block: the rows packed at a time, once per
+/// depth block, and reused by every column block of [`NC`] columns (so a wide
+/// product packs each left-hand element once, not once per column block). The
+/// packed block is `MC x KC x 4 B = 512 KiB`, in L2 beside the right-hand-side
+/// block; its `12 x KC` micro-panels go to L1 one at a time.
+pub(crate) const MC: usize = 256;
 /// Columns of one column block (a multiple of [`NR`]): the right-hand-side block
 /// the row tiles sweep, `KC x NC x 4 B = 1 MiB`, stays in a 2 MiB L2 while every
 /// row tile of the product streams it.
@@ -300,14 +302,31 @@ fn pack_a(
 }
 
 /// The row tiles of a block of `mc` rows for tile height `mr`: `mc.div_ceil(mr)`
-/// tiles `(first row, rows)` of balanced heights (the first `mc % tiles` one row
-/// taller), e.g. 16 rows are two tiles of 8 rather than 12 + 4: a short tile
-/// does the loads of a full one for a fraction of its multiply-adds. Depends on
-/// `mc` and `mr` only, and a row's arithmetic never depends on its tile.
+/// tiles `(first row, rows)`, all `mr` rows high except the last two, which
+/// share the remainder evenly, e.g. 16 rows are two tiles of 8 rather than
+/// 12 + 4 (a short tile does the loads of a full one for a fraction of its
+/// multiply-adds). Depends on `mc` and `mr` only, and a row's arithmetic never
+/// depends on its tile.
 fn row_tiles(mc: usize, mr: usize) -> impl Iterator<Item = (usize, usize)> {
-    let tiles = mc.div_ceil(mr.max(1));
-    let (base, extra) = (mc / tiles.max(1), mc % tiles.max(1));
-    (0..tiles).map(move |t| (t * base + t.min(extra), base + usize::from(t < extra)))
+    let mr = mr.max(1);
+    let tiles = mc.div_ceil(mr);
+    let full = if mc.is_multiple_of(mr) {
+        tiles
+    } else {
+        tiles.saturating_sub(2)
+    };
+    // Rows of the (one or two) tiles after the full ones.
+    let rest = mc - full * mr;
+    let hi = if tiles - full == 2 {
+        rest.div_ceil(2)
+    } else {
+        rest
+    };
+    (0..tiles).map(move |t| match t.cmp(&full) {
+        std::cmp::Ordering::Less => (t * mr, mr),
+        std::cmp::Ordering::Equal => (full * mr, hi),
+        std::cmp::Ordering::Greater => (full * mr + hi, rest - hi),
+    })
 }
 
 /// One full panel of `R` row-major rows (`cs == 1`): `panel[kk * R + i] =
@@ -726,76 +745,37 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
         );
     }
     let mut row_offs = [0usize; MC];
-    let mut next_offs = [0usize; MC];
+    let mut tiles = [(0usize, 0usize); MC];
     let mut tile = [[0.0f32; NR]; MR_MAX];
-    for jc in (0..n_panels).step_by(NC / NR) {
-        let jp_end = (jc + NC / NR).min(n_panels);
-        let n_depth = depth_block_count(k);
+    let n_depth = depth_block_count(k);
+    for i0 in (0..m).step_by(MC) {
+        let mc = MC.min(m - i0);
+        for (i, o) in row_offs[..mc].iter_mut().enumerate() {
+            *o = (lhs.row_off)(i0 + i);
+        }
+        let mut nq = 0;
+        for (slot, t) in tiles.iter_mut().zip(row_tiles(mc, mr)) {
+            *slot = t;
+            nq += 1;
+        }
+        let tiles = &tiles[..nq];
         for d in 0..n_depth {
             let depth = depth_block(k, d);
             let (p0, kc) = (depth.start, depth.len());
             let first = p0 == 0 && !accumulate;
-            for i0 in (0..m).step_by(MC) {
-                let mc = MC.min(m - i0);
-                // The left-hand block packed after this one (next rows, or the
-                // first rows of the next depth block), prefetched tile by tile
-                // while this block computes (row-major rows only: each row's run
-                // is a few cache lines, too short for the hardware prefetcher).
-                let next_block = if i0 + MC < m {
-                    Some((i0 + MC, depth.clone()))
-                } else if d + 1 < n_depth {
-                    Some((0, depth_block(k, d + 1)))
-                } else if jc + NC / NR < n_panels {
-                    Some((0, depth_block(k, 0)))
-                } else {
-                    None
-                }
-                .filter(|_| lhs.cs == 1 && isa != Isa::Generic);
-                for (i, o) in row_offs[..mc].iter_mut().enumerate() {
-                    *o = (lhs.row_off)(i0 + i);
-                }
-                pack_a(a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc, mr);
-                // Tiles of this block, row-tile-major: each left-hand micro-panel
-                // (`rows x kc`) stays in L1 while the block's right-hand-side
-                // panels stream past it from L2.
-                let mut tiles = [(0usize, 0usize); MC];
-                let mut nq = 0;
-                for (slot, tile) in tiles.iter_mut().zip(row_tiles(mc, mr)) {
-                    *slot = tile;
-                    nq += 1;
-                }
+            // The block's rows at this depth are packed once and reused by every
+            // column block (each element still takes the depth blocks in
+            // increasing order: `d` is the outer loop).
+            pack_a(a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc, mr);
+            for jc in (0..n_panels).step_by(NC / NR) {
+                let jp_end = (jc + NC / NR).min(n_panels);
+                // Tiles of this column block, row-tile-major: each left-hand
+                // micro-panel (`rows x kc`) stays in L1 while the block's
+                // right-hand-side panels stream past it from L2.
                 let npn = jp_end - jc;
                 let tile_at = |t: usize| (tiles[t / npn], jc + t % npn);
                 let n_tiles = nq * npn;
-                // Cache lines of the next block to prefetch per tile, walked by a
-                // (row, line) cursor over the next block's row offsets.
-                let mut pf = next_block.as_ref().map(|(ni0, nd)| {
-                    let rows = MC.min(m - ni0);
-                    for (i, o) in next_offs[..rows].iter_mut().enumerate() {
-                        *o = (lhs.row_off)(ni0 + i) + nd.start;
-                    }
-                    let per_row = nd.len().div_ceil(16) + 1;
-                    (
-                        rows,
-                        per_row,
-                        (rows * per_row).div_ceil(n_tiles),
-                        0usize,
-                        0usize,
-                    )
-                });
                 for t in 0..n_tiles {
-                    if let Some((rows, per_row, per_tile, r, line)) = pf.as_mut() {
-                        for _ in 0..*per_tile {
-                            if *r == *rows {
-                                break;
-                            }
-                            prefetch::l2(lhs.data, next_offs[*r] + *line * 16);
-                            *line += 1;
-                            if *line == *per_row {
-                                (*r, *line) = (*r + 1, 0);
-                            }
-                        }
-                    }
                     let ((q0, rows), p) = tile_at(t);
                     let (b, ldb) = rhs.panel(p, k, p0, kc);
                     let j0 = p * NR;
@@ -925,6 +905,7 @@ mod tests {
             (50, 700, 64),
             (13, 1100, 96),
             (64, 3, 32),
+            (270, 600, 544),
         ] {
             check(m, k, n, false);
             check(m, k, n, true);

@@ -18,23 +18,6 @@ pub(crate) fn l1(x: &[f32]) {
     let _ = x;
 }
 
-/// Asks for the line holding `data[at]` to be brought into L2 (nothing when `at`
-/// is past the end).
-#[inline(always)]
-pub(crate) fn l2(data: &[f32], at: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(v) = data.get(at) {
-        // SAFETY: as in `l1`: a hint on an address inside `data`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                (v as *const f32).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at);
-}
-
 /// [`l1`] on row `row` (of `len` floats) of `rows`, if `row < end`: the row a
 /// row-by-row loop that stops before `end` computes next.
 #[inline(always)]
