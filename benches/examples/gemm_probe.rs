@@ -6,7 +6,8 @@
 //!
 //! `PROBE_THREADS=1` (or `2`) limits it to one thread count; `PROBE_PEER=0`
 //! skips the `gemm` crate (for profiling fucina alone); `PROBE_MIN=1` reports the
-//! fastest call instead of the median.
+//! fastest call instead of the median; `PROBE_CACHED=1` makes fucina's right-hand
+//! side a `RhsLifetime::StableProcess` weight (packed once, then cached).
 //!
 //! `cargo run --release -p fucina-benches --example gemm_probe -- 512 1024 64x784x256`
 
@@ -14,7 +15,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use fucina_benches::{peak, rand_vec};
-use fucina_exec::ExecContext;
+use fucina_exec::storage::Buffer;
+use fucina_exec::{ExecContext, MatmulOptions, RawTensor, RhsLifetime};
 
 #[path = "../peer/gemm.rs"]
 mod gemm_peer;
@@ -81,7 +83,26 @@ fn main() {
                 }
                 gemm_crate(m, k, n, &av, &bv, &mut cv, par);
             };
-            let ours = || drop(black_box(ctx.matmul(&a, &b).unwrap()));
+            // `PROBE_CACHED=1`: the right-hand side is a `StableProcess` weight, so
+            // its packed panels are cached after the first call (the GEMM without
+            // the packing of B).
+            let cached = std::env::var("PROBE_CACHED").is_ok_and(|v| v == "1");
+            let b_stable = RawTensor::from_buffer(
+                Buffer::from_arc(std::sync::Arc::from(bv.as_slice())),
+                &[k, n],
+            )
+            .unwrap();
+            let stable = MatmulOptions {
+                rhs_lifetime: RhsLifetime::StableProcess,
+            };
+            let ours = || {
+                let c = if cached {
+                    ctx.matmul_with(&a, &b_stable, stable)
+                } else {
+                    ctx.matmul(&a, &b)
+                };
+                drop(black_box(c.unwrap()))
+            };
             ours();
             peer();
             let (mut t_ours, mut t_peer) = (Vec::new(), Vec::new());
