@@ -269,17 +269,37 @@ fn gather_ok(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
 /// starts at `q0 * kc` and holds `dst[q0 * kc + kk * rows + i] =
 /// src[row_offs[q0 + i] + (p0 + kk) * cs]`.
 fn pack_a(
+    isa: Isa,
     dst: &mut [f32],
     src: &[f32],
     row_offs: &[usize],
     p0: usize,
     cs: usize,
     kc: usize,
-    mr: usize,
 ) {
-    for (q0, pm) in row_tiles(row_offs.len(), mr) {
+    for (q0, pm) in row_tiles(row_offs.len(), isa.mr()) {
         let rows = &row_offs[q0..q0 + pm];
         let panel = &mut dst[q0 * kc..][..pm * kc];
+        #[cfg(target_arch = "x86_64")]
+        if cs == 1 && isa == Isa::Avx512 && pm.is_multiple_of(4) {
+            macro_rules! avx512 {
+                ($($r:literal)*) => {
+                    match pm {
+                        $($r => {
+                            let r: [&[f32]; $r] =
+                                std::array::from_fn(|i| &src[rows[i] + p0..][..kc]);
+                            // SAFETY: `Isa::Avx512` comes from a vector level at or
+                            // below the detected one, and the AVX-512 level is
+                            // detected only with avx512f.
+                            unsafe { x86::pack_a_avx512::<$r>(panel, &r, kc) };
+                        })*
+                        _ => unreachable!("row tile of {pm} rows"),
+                    }
+                };
+            }
+            avx512!(4 8 12);
+            continue;
+        }
         if cs == 1 {
             macro_rules! rows {
                 ($($r:literal)*) => {
@@ -598,6 +618,62 @@ mod x86 {
         }
     }
 
+    /// [`super::pack_a_rows`] for an AVX-512 tile of `R` row-major rows, `R` a
+    /// multiple of 4: `panel[kk * R + i] = r[i][kk]` for `kk < kc`. Each block of 16 columns
+    /// is transposed in registers: the rows in groups of 4 go through a 4 x 4
+    /// transpose inside every 128-bit lane (`unpack` of singles, then of
+    /// doubles), and lane `l` of result `t` is the 4 floats of group `g` at
+    /// column `4l + t` of the block, stored where that column's `R` floats go.
+    ///
+    /// Panics unless `R % 4 == 0`, `panel` holds `kc * R` floats and every row `kc` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn pack_a_avx512<const R: usize>(panel: &mut [f32], r: &[&[f32]; R], kc: usize) {
+        assert!(R.is_multiple_of(4));
+        assert_eq!(panel.len(), kc * R);
+        assert!(r.iter().all(|row| row.len() >= kc));
+        let full = kc / 16 * 16;
+        let out = panel.as_mut_ptr();
+        for c0 in (0..full).step_by(16) {
+            for g in 0..R / 4 {
+                // SAFETY: c0 + 16 <= full <= kc <= r[i].len() (asserted), so each
+                // load reads 16 floats inside row 4g + i. Every store writes 4
+                // floats at `(c0 + 4l + t) * R + 4g`, whose last index is below
+                // `(c0 + 15) * R + R <= kc * R = panel.len()` (asserted).
+                unsafe {
+                    let x0 = _mm512_loadu_ps(r[4 * g].as_ptr().add(c0));
+                    let x1 = _mm512_loadu_ps(r[4 * g + 1].as_ptr().add(c0));
+                    let x2 = _mm512_loadu_ps(r[4 * g + 2].as_ptr().add(c0));
+                    let x3 = _mm512_loadu_ps(r[4 * g + 3].as_ptr().add(c0));
+                    // Per lane: t0 = a0 b0 a1 b1, t1 = a2 b2 a3 b3, t2 = c0 d0 c1 d1,
+                    // t3 = c2 d2 c3 d3.
+                    let t0 = _mm512_castps_pd(_mm512_unpacklo_ps(x0, x1));
+                    let t1 = _mm512_castps_pd(_mm512_unpackhi_ps(x0, x1));
+                    let t2 = _mm512_castps_pd(_mm512_unpacklo_ps(x2, x3));
+                    let t3 = _mm512_castps_pd(_mm512_unpackhi_ps(x2, x3));
+                    // o[t] per lane = a_t b_t c_t d_t.
+                    let o = [
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2)),
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2)),
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3)),
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3)),
+                    ];
+                    for (t, &v) in o.iter().enumerate() {
+                        let at = |l: usize| out.add((c0 + 4 * l + t) * R + 4 * g);
+                        _mm_storeu_ps(at(0), _mm512_castps512_ps128(v));
+                        _mm_storeu_ps(at(1), _mm512_extractf32x4_ps::<1>(v));
+                        _mm_storeu_ps(at(2), _mm512_extractf32x4_ps::<2>(v));
+                        _mm_storeu_ps(at(3), _mm512_extractf32x4_ps::<3>(v));
+                    }
+                }
+            }
+        }
+        for (kk, d) in (full..kc).zip(panel[full * R..].chunks_exact_mut(R)) {
+            for (x, row) in d.iter_mut().zip(r) {
+                *x = row[kk];
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn micro_avx2(rows: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR_MAX]) {
         match rows {
@@ -766,7 +842,7 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
             // The block's rows at this depth are packed once and reused by every
             // column block (each element still takes the depth blocks in
             // increasing order: `d` is the outer loop).
-            pack_a(a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc, mr);
+            pack_a(isa, a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
             for jc in (0..n_panels).step_by(NC / NR) {
                 let jp_end = (jc + NC / NR).min(n_panels);
                 // Tiles of this column block, row-tile-major: each left-hand
@@ -906,6 +982,7 @@ mod tests {
             (13, 1100, 96),
             (64, 3, 32),
             (270, 600, 544),
+            (4, 40, 64),
         ] {
             check(m, k, n, false);
             check(m, k, n, true);
