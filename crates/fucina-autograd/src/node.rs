@@ -165,8 +165,10 @@ impl Saved {
         self.dims[i].as_slice()
     }
 
-    /// `Saved` holding the float tensors `ts`.
+    /// `Saved` holding the float tensors `ts` (at most 3: a larger `N` does not
+    /// compile).
     pub(crate) fn tensors<const N: usize>(ts: [RawTensor; N]) -> Saved {
+        const { assert!(N <= 3, "Saved holds at most 3 float tensors") };
         let mut s = Saved::default();
         for (slot, t) in s.t.iter_mut().zip(ts) {
             *slot = Some(t);
@@ -176,24 +178,28 @@ impl Saved {
 
     /// Adds shapes.
     pub(crate) fn with_dims<const N: usize>(mut self, d: [Dims; N]) -> Saved {
+        const { assert!(N <= 2, "Saved holds at most 2 shapes") };
         self.dims[..N].copy_from_slice(&d);
         self
     }
 
     /// Adds scalars.
     pub(crate) fn with_f<const N: usize>(mut self, f: [f32; N]) -> Saved {
+        const { assert!(N <= 2, "Saved holds at most 2 scalars") };
         self.f[..N].copy_from_slice(&f);
         self
     }
 
     /// Adds integers (axes, sizes).
     pub(crate) fn with_u<const N: usize>(mut self, u: [usize; N]) -> Saved {
+        const { assert!(N <= 2, "Saved holds at most 2 integers") };
         self.u[..N].copy_from_slice(&u);
         self
     }
 
     /// Adds flags.
     pub(crate) fn with_b<const N: usize>(mut self, b: [bool; N]) -> Saved {
+        const { assert!(N <= 2, "Saved holds at most 2 flags") };
         self.b[..N].copy_from_slice(&b);
         self
     }
