@@ -38,6 +38,8 @@ pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tan
 pub use parameter::Parameter;
 pub use sequential::Sequential;
 
+use std::collections::HashMap;
+
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
@@ -92,17 +94,26 @@ pub trait Module {
     /// misshapen entry; out of memory.
     fn load_parameters(&self, named: &[(String, Tensor)]) -> Result<()> {
         let mine = self.named_parameters();
+        // Name -> position in `named`: one pass, so loading is linear in the
+        // number of parameters (a large model has thousands).
+        let mut given: HashMap<&str, usize> = HashMap::with_capacity(named.len());
+        let index: HashMap<&str, usize> = mine
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.as_str(), i))
+            .collect();
         for (i, (name, t)) in named.iter().enumerate() {
-            let Some((_, p)) = mine.iter().find(|(n, _)| n == name) else {
+            let Some(&at) = index.get(name.as_str()) else {
                 return Err(Error::StateDict {
                     reason: format!("unknown parameter \"{name}\""),
                 });
             };
-            if named[..i].iter().any(|(n, _)| n == name) {
+            if given.insert(name.as_str(), i).is_some() {
                 return Err(Error::StateDict {
                     reason: format!("duplicate parameter \"{name}\""),
                 });
             }
+            let p = &mine[at].1;
             if t.shape() != p.shape().as_slice() {
                 return Err(Error::StateDict {
                     reason: format!(
@@ -113,19 +124,13 @@ pub trait Module {
                 });
             }
         }
-        if let Some((name, _)) = mine
-            .iter()
-            .find(|(n, _)| !named.iter().any(|(m, _)| m == n))
-        {
+        if let Some((name, _)) = mine.iter().find(|(n, _)| !given.contains_key(n.as_str())) {
             return Err(Error::StateDict {
                 reason: format!("missing parameter \"{name}\""),
             });
         }
         for (name, p) in &mine {
-            let (_, t) = named
-                .iter()
-                .find(|(n, _)| n == name)
-                .expect("checked above");
+            let t = &named[given[name.as_str()]].1;
             p.copy_from_slice(&t.to_vec())?;
         }
         Ok(())
