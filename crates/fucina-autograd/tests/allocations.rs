@@ -2,8 +2,7 @@
 //! allocator of this test binary (its own binary: the counter is process-wide).
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use fucina_autograd::exec::ExecContext;
 use fucina_autograd::{Tensor, free_graph_nodes};
@@ -12,67 +11,9 @@ use fucina_autograd::{Tensor, free_graph_nodes};
 mod mlp;
 use mlp::{mlp_batch, mlp_params, mlp_step};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-use std::cell::Cell;
-
-thread_local! {
-    /// Whether this thread's allocations count: 0 not known yet, 1 no (the
-    /// process's first thread, libtest's main thread, which never runs a test
-    /// but under load may reach its first blocking channel receive, which
-    /// allocates, only after a test has started measuring), 2 yes.
-    static KIND: Cell<u8> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread's allocations are counted (never allocates).
-fn counted() -> bool {
-    KIND.try_with(|k| {
-        if k.get() == 0 {
-            #[cfg(target_os = "linux")]
-            // SAFETY: `gettid` and `getpid` are plain system calls without
-            // preconditions; the first thread's id is the process id.
-            let first = unsafe { libc::gettid() == libc::getpid() };
-            #[cfg(not(target_os = "linux"))]
-            let first = false;
-            k.set(if first { 1 } else { 2 });
-        }
-        k.get() == 2
-    })
-    // A thread being torn down: count it.
-    .unwrap_or(true)
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments, so the
-// `GlobalAlloc` contract is `System`'s; the counter has no effect on memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded unchanged (see the impl).
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded unchanged (see the impl).
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded unchanged (see the impl).
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged (see the impl).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "../../fucina-exec/tests/support/counting.rs"]
+mod counting;
+use counting::{ALLOCATIONS as ALLOCS, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -171,19 +112,9 @@ fn zero_allocations_per_mlp_step_two_threads() {
     mlp_allocations(2, false);
 }
 
-/// The counter is not vacuous: it sees an allocation on the test's thread and
-/// on any other thread but the harness's first one (workers are such threads).
+/// The counter is not vacuous: it sees the test's thread and other threads.
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let before = ALLOCS.load(Ordering::SeqCst);
-    drop(std::hint::black_box(vec![0u8; 64]));
-    assert!(ALLOCS.load(Ordering::SeqCst) > before);
-    std::thread::spawn(|| {
-        let before = ALLOCS.load(Ordering::SeqCst);
-        drop(std::hint::black_box(vec![0u8; 64]));
-        assert!(ALLOCS.load(Ordering::SeqCst) > before);
-    })
-    .join()
-    .unwrap();
+    counting::check_the_counter();
 }

@@ -6,71 +6,13 @@
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use fucina_exec::{ExecContext, ExecError, RawTensor};
 
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-use std::cell::Cell;
-
-thread_local! {
-    /// Whether this thread's allocations count: 0 not known yet, 1 no (the
-    /// process's first thread, libtest's main thread, which never runs a test
-    /// but under load may reach its first blocking channel receive, which
-    /// allocates, only after a test has started measuring), 2 yes.
-    static KIND: Cell<u8> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread's allocations are counted (never allocates).
-fn counted() -> bool {
-    KIND.try_with(|k| {
-        if k.get() == 0 {
-            #[cfg(target_os = "linux")]
-            // SAFETY: `gettid` and `getpid` are plain system calls without
-            // preconditions; the first thread's id is the process id.
-            let first = unsafe { libc::gettid() == libc::getpid() };
-            #[cfg(not(target_os = "linux"))]
-            let first = false;
-            k.set(if first { 1 } else { 2 });
-        }
-        k.get() == 2
-    })
-    // A thread being torn down: count it.
-    .unwrap_or(true)
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if counted() {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
+use counting::{ALLOCATIONS, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -183,19 +125,9 @@ fn topk_and_argsort_allocate_nothing_at_steady_state() {
     }
 }
 
-/// The counter is not vacuous: it sees an allocation on the test's thread and
-/// on any other thread but the harness's first one (workers are such threads).
+/// The counter is not vacuous: it sees the test's thread and other threads.
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {
     let _turn = serial();
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
-    drop(std::hint::black_box(vec![0u8; 64]));
-    assert!(ALLOCATIONS.load(Ordering::SeqCst) > before);
-    std::thread::spawn(|| {
-        let before = ALLOCATIONS.load(Ordering::SeqCst);
-        drop(std::hint::black_box(vec![0u8; 64]));
-        assert!(ALLOCATIONS.load(Ordering::SeqCst) > before);
-    })
-    .join()
-    .unwrap();
+    counting::check_the_counter();
 }
