@@ -1,5 +1,6 @@
 //! Heap allocations of a training step after warm-up, counted by a global
-//! allocator of this test binary (its own binary: the counter is process-wide).
+//! allocator of this test binary (its own binary: the counter sees every thread
+//! but the test harness's first one).
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use fucina_autograd::{Tensor, free_graph_nodes};
 mod mlp;
 use mlp::{mlp_batch, mlp_params, mlp_step};
 
-#[path = "../../fucina-exec/tests/support/counting.rs"]
+#[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
 use counting::{ALLOCATIONS as ALLOCS, Counting};
 

@@ -1,8 +1,8 @@
 //! After one warm-up pass, a no-grad forward of a fixed-shape 3-layer MLP performs
 //! zero heap allocations and zero pool misses, and `topk`/`argsort` allocate
 //! nothing (their per-chunk key buffers are pooled scratch). Its own test binary:
-//! the counting global allocator sees every allocation of the process (nextest
-//! runs each test in its own process).
+//! the counting global allocator sees every thread of the process but the test
+//! harness's first one (nextest runs each test in its own process).
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
 
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use fucina_exec::{ExecContext, ExecError, RawTensor};
 
-#[path = "support/counting.rs"]
+#[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
 use counting::{ALLOCATIONS, Counting};
 

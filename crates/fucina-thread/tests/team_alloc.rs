@@ -4,10 +4,11 @@
 use fucina_thread::{Chain, Team, TeamOptions};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-mod support;
+#[path = "support/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: support::Counting = support::Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 #[test]
 fn steady_state_dispatch_allocates_nothing() {
@@ -46,20 +47,16 @@ fn steady_state_dispatch_allocates_nothing() {
     for (i, x) in chained.iter_mut().enumerate() {
         *x = i as u32;
     }
-    // Count the allocations of every participant: participant `i` runs task
-    // `i` first (its static task), so two tasks mark the caller and the worker.
-    team.parallel_chunks(&[0, 1], |_| support::count_this_thread());
-    assert_eq!(support::marked_threads(), 2, "both participants marked");
     // Warm-up: starts the workers, grows the chained arrays, initializes
     // thread-locals.
     for _ in 0..10 {
         work(&team, &mut chained);
     }
-    let before = support::allocations();
+    let before = counting::allocations();
     for _ in 0..2000 {
         work(&team, &mut chained);
     }
-    let after = support::allocations();
+    let after = counting::allocations();
     assert_eq!(
         after - before,
         0,
@@ -68,27 +65,5 @@ fn steady_state_dispatch_allocates_nothing() {
     );
     assert!(team.is_started() || team.participants() == 1);
     assert!(sum.load(Ordering::Relaxed) > 0);
-    // The counter works: an allocation is seen on the caller, and on the worker
-    // (participant 1 runs task 1).
-    let v = std::hint::black_box(vec![0u8; 64]);
-    assert!(support::allocations() > after);
-    drop(v);
-    let caller = std::thread::current().id();
-    let mid = support::allocations();
-    let on_worker = AtomicUsize::new(0);
-    team.parallel_chunks(&[0, 1], |&i| {
-        if i == 1 && std::thread::current().id() != caller {
-            drop(std::hint::black_box(vec![0u8; 64]));
-            on_worker.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    assert_eq!(
-        on_worker.load(Ordering::Relaxed),
-        1,
-        "task 1 ran on the worker"
-    );
-    assert!(
-        support::allocations() > mid,
-        "the worker's allocations count"
-    );
+    counting::check_the_counter();
 }

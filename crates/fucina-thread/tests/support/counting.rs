@@ -1,12 +1,12 @@
-//! A counting global allocator for the zero-allocation tests of fucina-exec and
-//! fucina-autograd (included with `#[path]`; each test binary installs it with
-//! `#[global_allocator]` and is its own process).
+//! A counting global allocator for the zero-allocation tests of fucina-thread,
+//! fucina-exec and fucina-autograd (included with `#[path]`; each test binary
+//! installs it with `#[global_allocator]` and is its own process).
 //!
 //! It counts the allocations of every thread except the process's first one.
 //! That thread is libtest's main thread, which never runs a test but, under
 //! load, may reach its first blocking channel receive (which allocates a waker
-//! entry) only after a test has started measuring. Workers of a context are
-//! other threads, so they are counted.
+//! entry) only after a test has started measuring. Team workers and helper
+//! threads are other threads, so they are counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
