@@ -323,6 +323,29 @@ impl ExecContext {
     }
 }
 
+/// Walks the rows `rows` of a [`par_rows`](ExecContext::par_rows) chunk, whose
+/// items `out` holds (`row_len` per row), in runs of consecutive rows with the
+/// same `row / period` (e.g. the rows of one batch or one outer position):
+/// `f(row / period, run, run_items)` for each run, in order. A `period` of
+/// `usize::MAX` makes the whole chunk one run.
+pub(crate) fn for_each_run<T>(
+    rows: Range<usize>,
+    period: usize,
+    row_len: usize,
+    out: &mut [T],
+    mut f: impl FnMut(usize, Range<usize>, &mut [T]),
+) {
+    let period = period.max(1);
+    let (mut r, mut rest) = (rows.start, out);
+    while r < rows.end {
+        let outer = r / period;
+        let end = (outer + 1).saturating_mul(period).min(rows.end);
+        let (head, tail) = rest.split_at_mut((end - r) * row_len);
+        f(outer, r..end, head);
+        (r, rest) = (end, tail);
+    }
+}
+
 impl Drop for ExecContext {
     fn drop(&mut self) {
         if self.closed.get() {
@@ -342,5 +365,35 @@ impl Drop for ExecContext {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_each_run;
+
+    /// The runs `(outer, rows)` `for_each_run` hands out for `rows` and
+    /// `period` (two items per row), checking each run's items.
+    fn runs(rows: std::ops::Range<usize>, period: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+        let mut out: Vec<usize> = (rows.start * 2..rows.end * 2).collect();
+        let mut seen = Vec::new();
+        for_each_run(rows, period, 2, &mut out, |o, run, items| {
+            let want: Vec<usize> = (run.start * 2..run.end * 2).collect();
+            assert_eq!(items, &want[..], "items of run {run:?}");
+            seen.push((o, run));
+        });
+        seen
+    }
+
+    #[test]
+    fn runs_split_at_multiples_of_the_period() {
+        assert_eq!(
+            runs(5..17, 4),
+            [(1, 5..8), (2, 8..12), (3, 12..16), (4, 16..17)]
+        );
+        assert_eq!(runs(8..12, 4), [(2, 8..12)]);
+        assert_eq!(runs(3..3, 4), []);
+        assert_eq!(runs(3..9, usize::MAX), [(0, 3..9)]);
+        assert_eq!(runs(2..5, 1), [(2, 2..3), (3, 3..4), (4, 4..5)]);
     }
 }

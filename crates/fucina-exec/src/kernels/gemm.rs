@@ -151,8 +151,12 @@ pub(crate) fn packed_b_len(k: usize, n: usize) -> Option<usize> {
     n.div_ceil(NR).checked_mul(k)?.checked_mul(NR)
 }
 
-/// Floats of the left-hand-side packing scratch [`gemm_rows`] needs.
-pub(crate) const A_SCRATCH_LEN: usize = MC * KC;
+/// Floats of the left-hand-side packing scratch [`gemm_rows`] needs for products
+/// of at most `rows` rows: one packed block of `min(rows, MC)` rows (a
+/// batch-1 product needs `KC` floats, not the `MC x KC` of a large one).
+pub(crate) fn a_scratch_len(rows: usize) -> usize {
+    rows.clamp(1, MC) * KC
+}
 
 /// Packs one right-hand-side panel: `dst[kk * NR + j] = src[off + kk * rs + j * cs]`
 /// for `kk < k`, `j < ncols`, and `0.0` for `ncols <= j < NR`.
@@ -797,7 +801,7 @@ fn direct_rhs_supported(isa: Isa, n: usize) -> bool {
 /// `C = A · B` (or `C += A · B` when `accumulate`) for `m` rows of `A` (`m x k`,
 /// read through `lhs`) and a right-hand side `rhs` (packed panels, or a row-major
 /// matrix in place on the AVX-512 path). `c` is `m x n` row-major (exactly
-/// `m * n` floats). `a_scratch` holds at least [`A_SCRATCH_LEN`] floats.
+/// `m * n` floats). `a_scratch` holds at least [`a_scratch_len`]`(m)` floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     isa: Isa,
@@ -811,7 +815,7 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     a_scratch: &mut [f32],
 ) {
     debug_assert_eq!(c.len(), m * n);
-    debug_assert!(a_scratch.len() >= A_SCRATCH_LEN);
+    debug_assert!(a_scratch.len() >= a_scratch_len(m));
     let mr = isa.mr();
     let n_panels = n.div_ceil(NR);
     if let Rhs::Rows { rs, .. } = rhs {
@@ -930,7 +934,7 @@ mod tests {
             pack_b_panel(d, &b, p * NR * cs, rs, cs, k, NR.min(n - p * NR));
         }
         assert_eq!(packed.len(), np * k * NR);
-        let mut scratch = vec![0.0f32; A_SCRATCH_LEN];
+        let mut scratch = vec![0.0f32; a_scratch_len(m)];
         for isa in Isa::available() {
             let mut c = vec![f32::NAN; m * n];
             let lhs = LhsRows {

@@ -7,7 +7,7 @@
 //! destination line) is written by exactly one task, which adds its contributions
 //! in increasing index position, so the bits never depend on the team size.
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, for_each_run};
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
 use crate::kernels::select::transpose_rows;
@@ -620,16 +620,11 @@ impl ExecContext {
             // Rows of `out` are (o, j): index outer position o, position j on `axis`;
             // a chunk handles them in runs of equal `o`.
             self.par_rows(out, iin, iin, |rows, dst| {
-                let mut r = rows.start;
-                let mut rest = dst;
-                while r < rows.end {
-                    let (oi, j0) = (r / m, r % m);
-                    let run = (m - j0).min(rows.end - r);
-                    let (head, tail) = rest.split_at_mut(run * iin);
+                for_each_run(rows, m, iin, dst, |oi, run, head| {
                     let xo = remap_position(oi, &ishape[..axis], &xshape[..axis])
                         .expect("index sizes never exceed the source's");
                     let xblock = &xs[xo * dx * xin..(xo + 1) * dx * xin];
-                    let iblock = &ix[r * iin..(r + run) * iin];
+                    let iblock = &ix[run.start * iin..run.end * iin];
                     let pairs = head.chunks_exact_mut(iin).zip(iblock.chunks_exact(iin));
                     if iin == 1 && xin == 1 {
                         // Gathering along the last axis: one element per row.
@@ -649,9 +644,7 @@ impl ExecContext {
                             });
                         }
                     }
-                    rest = tail;
-                    r += run;
-                }
+                });
             });
         })
     }

@@ -17,9 +17,9 @@
 
 use fucina_storage::Buffer;
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, for_each_run};
 use crate::error::ExecError;
-use crate::kernels::gemm::{self, A_SCRATCH_LEN, Isa, LhsRows, NR, Rhs};
+use crate::kernels::gemm::{self, Isa, LhsRows, NR, Rhs, a_scratch_len};
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, broadcast_shapes};
 
@@ -270,6 +270,11 @@ impl Plan {
     /// Index of the right-hand matrix used by output batch `bi`.
     fn b_index(&self, bi: usize) -> usize {
         unravel_dot(bi, &self.batch, &self.b_index_strides)
+    }
+
+    /// Output rows over all batches.
+    fn rows(&self) -> usize {
+        self.out.checked_product().unwrap_or(0) / self.n.max(1)
     }
 
     /// Floats of the packed form of one right-hand matrix.
@@ -646,8 +651,9 @@ impl ExecContext {
         let bias = bias.as_ref().map(|t| t.contiguous_slice());
         let len = plan.packed_len();
         let isa = Isa::detect();
-        let rows = plan.out.checked_product().unwrap_or(0) / plan.n.max(1);
-        let out = if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, rows, plan.n, plan.b_rs)
+        let out = if !stable
+            && plan.b_cs == 1
+            && gemm::direct_rhs_ok(isa, plan.rows(), plan.n, plan.b_rs)
         {
             // Row-major, whole panels: the kernel reads `b` where it lies.
             self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias, isa)?
@@ -694,18 +700,13 @@ impl ExecContext {
         self.par_rows(dst, panel, panel, |panels, d| {
             if plan.b_cs == 1 {
                 // Row-major: each run of panels of one matrix is packed row by row.
-                let mut r = panels.start;
-                let mut rest = d;
-                while r < panels.end {
-                    let (t, p) = (r / np, r % np);
-                    let run = (np - p).min(panels.end - r);
-                    let (head, tail) = rest.split_at_mut(run * panel);
+                for_each_run(panels, np, panel, d, |t, run, head| {
+                    let p = run.start - t * np;
                     let off =
                         plan.b_off + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides) + p * NR;
-                    let ncols = (n - p * NR).min(run * NR);
+                    let ncols = (n - p * NR).min(run.len() * NR);
                     gemm::pack_b_rows(head, src, off, plan.b_rs, k, ncols);
-                    (r, rest) = (r + run, tail);
-                }
+                });
                 return;
             }
             for (r, d) in panels.zip(d.chunks_exact_mut(panel)) {
@@ -730,12 +731,7 @@ impl ExecContext {
     ) -> Result<RawTensor, ExecError> {
         let (m, k, n) = (plan.m, plan.k, plan.n);
         let a_data: &[f32] = a.buffer();
-        let work_per_row = row_split_work(
-            plan.out.checked_product().unwrap_or(0) / n.max(1),
-            k,
-            n,
-            self.threads(),
-        );
+        let work_per_row = row_split_work(plan.rows(), k, n, self.threads());
         let mut done = Ok(());
         let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
             if out.len() == n {
@@ -744,17 +740,11 @@ impl ExecContext {
                 done = self.mm_gemm_one_row(op, plan, a_data, rhs.matrix(plan, 0), bias, out, isa);
                 return;
             }
+            // Runs of rows that share one right-hand matrix (one batch each, or the
+            // whole chunk when every batch shares it).
+            let period = if plan.nb == 1 { usize::MAX } else { m };
             let run = |rows: std::ops::Range<usize>, c: &mut [f32], scratch: &mut [f32]| {
-                let mut g = rows.start;
-                while g < rows.end {
-                    // A run of rows that share one right-hand matrix.
-                    let (end, t) = if plan.nb == 1 {
-                        (rows.end, 0)
-                    } else {
-                        let bi = g / m;
-                        (((bi + 1) * m).min(rows.end), plan.b_index(bi))
-                    };
-                    let c_seg = &mut c[(g - rows.start) * n..(end - rows.start) * n];
+                for_each_run(rows, period, n, c, |bi, run, c_seg| {
                     if let Some(bias) = bias {
                         for row in c_seg.chunks_exact_mut(n) {
                             row.copy_from_slice(bias);
@@ -762,13 +752,14 @@ impl ExecContext {
                     }
                     let lhs = LhsRows {
                         data: a_data,
-                        row_off: |i| plan.a_row_off(g + i),
+                        row_off: |i| plan.a_row_off(run.start + i),
                         cs: plan.a_cs,
                     };
+                    let t = if plan.nb == 1 { 0 } else { plan.b_index(bi) };
                     gemm::gemm_rows(
                         isa,
                         &lhs,
-                        end - g,
+                        run.len(),
                         k,
                         n,
                         rhs.matrix(plan, t),
@@ -776,10 +767,10 @@ impl ExecContext {
                         bias.is_some(),
                         scratch,
                     );
-                    g = end;
-                }
+                });
             };
-            done = self.par_rows_with_scratch(op, out, n, work_per_row, A_SCRATCH_LEN, run);
+            let scratch = a_scratch_len(plan.rows());
+            done = self.par_rows_with_scratch(op, out, n, work_per_row, scratch, run);
         })?;
         done.map(|()| out)
     }
@@ -825,17 +816,19 @@ impl ExecContext {
         let full = n / NR * NR;
         let work_per_group = (k * NR / WORK_DIV).max(1);
         let (head, tail) = c.split_at_mut(full);
+        let scratch = a_scratch_len(1);
         if full > 0 {
-            self.par_rows_with_scratch(op, head, NR, work_per_group, A_SCRATCH_LEN, |g, cg, s| {
+            self.par_rows_with_scratch(op, head, NR, work_per_group, scratch, |g, cg, s| {
                 run(g.start * NR, cg, s)
             })?;
         }
         if !tail.is_empty() {
-            // The last `n % NR` columns, one serial chunk on the caller.
-            let len = tail.len();
-            self.par_rows_with_scratch(op, tail, len, 1, A_SCRATCH_LEN, |_, ct, s| {
-                run(full, ct, s)
-            })?;
+            // The last `n % NR` columns, on the caller.
+            let mut s = self
+                .pool()
+                .acquire_scratch::<f32>(scratch)
+                .map_err(|e| ExecError::storage(op, e))?;
+            run(full, tail, &mut s);
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! key buffer of the line's length, a scratch lease from the context's pool (no
 //! heap allocation at steady state).
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, for_each_run};
 use crate::error::ExecError;
 use crate::kernels::select::{key_position, line_keys, smallest_k, transpose_rows};
 use crate::tensor::RawTensor;
@@ -165,16 +165,10 @@ impl ExecContext {
         let by = by_line.contiguous_slice();
         self.new_tensor(op, &out_shape, |out: &mut [i64]| {
             self.par_rows(out, inner, inner, |rows, dst| {
-                let mut r = rows.start;
-                let mut rest = dst;
-                while r < rows.end {
-                    let (o, j0) = (r / k, r % k);
-                    let run = (k - j0).min(rows.end - r);
-                    let (head, tail) = rest.split_at_mut(run * inner);
-                    transpose_rows(head, &by[o * inner * k..(o + 1) * inner * k], inner, k, j0);
-                    rest = tail;
-                    r += run;
-                }
+                for_each_run(rows, k, inner, dst, |o, run, head| {
+                    let lines = &by[o * inner * k..(o + 1) * inner * k];
+                    transpose_rows(head, lines, inner, k, run.start - o * k);
+                });
             });
         })
     }
