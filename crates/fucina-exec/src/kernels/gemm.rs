@@ -46,7 +46,7 @@ pub(crate) const NR: usize = 32;
 /// L1 (the rest holds the streaming right-hand-side lines and the `C` tile). A
 /// long depth means few passes over `C` (each depth block after the first reads
 /// and writes every `C` tile once more). A depth `k` is cut into
-/// `ceil(k / KC)` blocks of (almost) equal depth ([`depth_block`]) so no short
+/// `ceil(k / KC)` blocks of (almost) equal depth ([`depth_blocks`]) so no short
 /// tail block pays the tile's load and store of `C` for a few steps. Blocking
 /// never changes the result (the chain continues through `C`).
 ///
@@ -67,19 +67,15 @@ pub(crate) const MC: usize = 256;
 /// row tile of the product streams it.
 pub(crate) const NC: usize = 512;
 
-/// Number of depth blocks of depth `k`: `ceil(k / KC)` consecutive ranges of
-/// (almost) equal depth (see [`depth_block`]). Depends on `k` only.
-fn depth_block_count(k: usize) -> usize {
-    k.div_ceil(KC).max(1)
-}
-
-/// Depth block `b` (< [`depth_block_count`]) of depth `k` (the first `k % blocks`
-/// blocks one deeper).
-fn depth_block(k: usize, b: usize) -> std::ops::Range<usize> {
-    let blocks = depth_block_count(k);
+/// The depth blocks of a product with depth `k`: `ceil(k / KC)` consecutive ranges
+/// of equal depth (the first `k % blocks` one longer). Depends on `k` only.
+fn depth_blocks(k: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let blocks = k.div_ceil(KC).max(1);
     let (base, extra) = (k / blocks, k % blocks);
-    let start = b * base + b.min(extra);
-    start..start + base + usize::from(b < extra)
+    (0..blocks).map(move |b| {
+        let start = b * base + b.min(extra);
+        start..start + base + usize::from(b < extra)
+    })
 }
 
 /// The largest micro-tile height of the paths that go through a stack tile
@@ -827,7 +823,6 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
     let mut row_offs = [0usize; MC];
     let mut tiles = [(0usize, 0usize); MC];
     let mut tile = [[0.0f32; NR]; MR_MAX];
-    let n_depth = depth_block_count(k);
     for i0 in (0..m).step_by(MC) {
         let mc = MC.min(m - i0);
         for (i, o) in row_offs[..mc].iter_mut().enumerate() {
@@ -839,13 +834,12 @@ pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
             nq += 1;
         }
         let tiles = &tiles[..nq];
-        for d in 0..n_depth {
-            let depth = depth_block(k, d);
+        for depth in depth_blocks(k) {
             let (p0, kc) = (depth.start, depth.len());
             let first = p0 == 0 && !accumulate;
             // The block's rows at this depth are packed once and reused by every
             // column block (each element still takes the depth blocks in
-            // increasing order: `d` is the outer loop).
+            // increasing order: the depth loop is outside the column loop).
             pack_a(isa, a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
             for jc in (0..n_panels).step_by(NC / NR) {
                 let jp_end = (jc + NC / NR).min(n_panels);
