@@ -118,10 +118,13 @@ impl State {
             return Err(Error::state("missing entry \"step\""));
         }
         for i in 0..n {
-            let present: Vec<bool> = slots.iter().map(|s| s[i].is_some()).collect();
-            if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
-                let missing = self.kinds[present.iter().position(|&p| !p).expect("one is missing")];
-                return Err(Error::state(format!("missing entry \"{missing}.{i}\"")));
+            // A parameter with some kinds given must have all of them.
+            let missing = slots.iter().position(|s| s[i].is_none());
+            if let Some(j) = missing
+                && slots.iter().any(|s| s[i].is_some())
+            {
+                let kind = self.kinds[j];
+                return Err(Error::state(format!("missing entry \"{kind}.{i}\"")));
             }
         }
         // Everything fits: copy (the optimizer owns its buffers).
