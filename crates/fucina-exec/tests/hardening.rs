@@ -3,6 +3,7 @@
 //! exec scopes, foreign and stale scope tokens, views past a tensor's extent, and
 //! the texts of two errors. Cases that used to abort the process run in a child
 //! process with a timeout.
+#![allow(clippy::result_large_err)] // `ExecError` carries inline shapes
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::{Command, Stdio};
@@ -93,14 +94,15 @@ fn check_huge_view_is_refused(ctx: &ExecContext, b: &RawTensor) {
     assert_out_of_memory(ctx.add(b, b), "add");
     let mut w = b.clone();
     assert_out_of_memory(w.data_mut().map(|_| ()), "data_mut");
-    assert_eq!(w.shape(), b.shape(), "a failed data_mut leaves the view as it was");
+    assert_eq!(
+        w.shape(),
+        b.shape(),
+        "a failed data_mut leaves the view as it was"
+    );
     assert_eq!(w.strides(), b.strides());
     // The infallible form panics with a message (no abort), naming the way out.
     let msg = catch_unwind(AssertUnwindSafe(|| b.to_vec())).expect_err("to_vec must panic");
-    let msg = msg
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("try_to_vec"), "panic message: {msg}");
     // The context is unharmed and nothing was left behind.
     assert_eq!(ctx.outstanding_buffers(), before);
@@ -328,9 +330,7 @@ fn dropping_a_context_before_its_tensors_is_silent() {
 fn a_strided_view_cannot_reach_past_the_tensor_into_stale_pool_data() {
     let ctx = ExecContext::with_threads(1);
     drop(ctx.full(&[8], 42.0).unwrap());
-    let t = ctx
-        .from_slice(&[6], &[0., 1., 2., 3., 4., 5.])
-        .unwrap();
+    let t = ctx.from_slice(&[6], &[0., 1., 2., 3., 4., 5.]).unwrap();
     assert!(t.buffer().len() > 6, "the pooled block is rounded up");
     assert_eq!(t.storage_extent(), 6);
     assert!(matches!(
@@ -343,11 +343,17 @@ fn a_strided_view_cannot_reach_past_the_tensor_into_stale_pool_data() {
         })
     ));
     assert!(t.view_with_strides(&[1], &[1], 6).is_err());
-    assert_eq!(t.view_with_strides(&[2], &[1], 4).unwrap().to_vec(), [4., 5.]);
+    assert_eq!(
+        t.view_with_strides(&[2], &[1], 4).unwrap().to_vec(),
+        [4., 5.]
+    );
     // Views of views share the extent of the storage's tensor.
     let n = t.narrow(0, 1, 2).unwrap();
     assert_eq!(n.storage_extent(), 6);
-    assert_eq!(n.view_with_strides(&[3], &[2], 1).unwrap().to_vec(), [1., 3., 5.]);
+    assert_eq!(
+        n.view_with_strides(&[3], &[2], 1).unwrap().to_vec(),
+        [1., 3., 5.]
+    );
     assert!(n.view_with_strides(&[4], &[2], 1).is_err());
     // A copy-on-write write gives the view its own extent.
     let mut w = t.view_with_strides(&[3], &[2], 0).unwrap();
@@ -395,5 +401,8 @@ fn a_rank_9_shape_prints_its_rank() {
     assert!(e.to_string().contains("(rank 255 or more)"), "{e}");
     // Shapes of rank 8 and below print as before.
     let d = fucina_exec::Dims::new(&[2, 3]);
-    assert_eq!((d.to_string(), d.len(), d.given_len()), ("[2, 3]".into(), 2, 2));
+    assert_eq!(
+        (d.to_string(), d.len(), d.given_len()),
+        ("[2, 3]".into(), 2, 2)
+    );
 }

@@ -529,15 +529,26 @@ fn batch_invariance_across_depth_blocks() {
             assert_eq!(bits(&mm), row(&full_mm_tv), "k={k}: matmul x w^T row {i}");
             let xti = x_t.narrow(0, i, 1).unwrap();
             let mm = ctx.matmul(&xti, &wt).unwrap().to_vec();
-            assert_eq!(bits(&mm), row(&full_mm_tl), "k={k}: matmul x^T-view row {i}");
+            assert_eq!(
+                bits(&mm),
+                row(&full_mm_tl),
+                "k={k}: matmul x^T-view row {i}"
+            );
         }
         // A batch of matrices against each alone.
         let a3v = rand_vec(14, 4 * 5 * k);
         let a3 = ctx.from_slice(&[4, 5, k], &a3v).unwrap();
         let c3 = ctx.matmul(&a3, &wt).unwrap().to_vec();
         for bi in [0, 3] {
-            let ci = ctx.matmul(&a3.narrow(0, bi, 1).unwrap(), &wt).unwrap().to_vec();
-            assert_eq!(bits(&ci), bits(&c3[bi * 5 * outf..][..5 * outf]), "k={k}: batch {bi}");
+            let ci = ctx
+                .matmul(&a3.narrow(0, bi, 1).unwrap(), &wt)
+                .unwrap()
+                .to_vec();
+            assert_eq!(
+                bits(&ci),
+                bits(&c3[bi * 5 * outf..][..5 * outf]),
+                "k={k}: batch {bi}"
+            );
         }
         // Input gradients: depth = the output width, here `k`.
         let inf = 40;

@@ -51,13 +51,24 @@ fn a_trainer_with_a_model_an_optimizer_and_a_live_graph_drops_cleanly() {
     };
     let x = ramp(&t.ctx, &[16, 8]);
     for _ in 0..3 {
-        let loss = t.model.forward(&t.ctx, &x).unwrap().mean_all(&t.ctx).unwrap();
+        let loss = t
+            .model
+            .forward(&t.ctx, &x)
+            .unwrap()
+            .mean_all(&t.ctx)
+            .unwrap();
         loss.backward(&t.ctx).unwrap();
         t.opt.step(&t.ctx).unwrap();
         t.opt.zero_grad();
     }
     // A forward whose backward never runs: its graph outlives the context.
-    t.last_loss = Some(t.model.forward(&t.ctx, &x).unwrap().sum_all(&t.ctx).unwrap());
+    t.last_loss = Some(
+        t.model
+            .forward(&t.ctx, &x)
+            .unwrap()
+            .sum_all(&t.ctx)
+            .unwrap(),
+    );
     let w = t.model.weight.clone();
     drop(t);
     assert_eq!(w.numel(), 32);

@@ -181,10 +181,7 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`] if the copy cannot be had (a broadcast view may
     /// be far larger than its storage).
-    pub fn contiguous<T: Element>(
-        &self,
-        x: &RawTensor<T>,
-    ) -> Result<RawTensor<T>, ExecError> {
+    pub fn contiguous<T: Element>(&self, x: &RawTensor<T>) -> Result<RawTensor<T>, ExecError> {
         if x.is_contiguous() {
             Ok(x.clone())
         } else {
