@@ -94,6 +94,9 @@ fn check(ctx: &ExecContext, t: &RawTensor) {
                 i.checked_mul(s).and_then(|x| acc.checked_add(x))
             })
             .expect("an accepted view's indices do not overflow");
+        // A view reaches only the elements of the tensor its storage was made
+        // for, never the rest of a pooled block (values of earlier tensors).
+        assert!(at < t.storage_extent(), "{t:?} reaches element {at}");
         expected.push(storage[at].to_bits());
         for ax in (0..idx.len()).rev() {
             idx[ax] += 1;

@@ -244,8 +244,22 @@ impl Tensor {
     }
 
     /// The elements in logical row-major order, copied.
+    ///
+    /// # Panics
+    /// If the memory for all [`numel`](Tensor::numel) elements cannot be had (a
+    /// broadcast view may be far larger than its storage): use
+    /// [`try_to_vec`](Tensor::try_to_vec) where that can happen.
     pub fn to_vec(&self) -> Vec<f32> {
         self.raw.to_vec()
+    }
+
+    /// [`to_vec`](Tensor::to_vec), taking its memory fallibly.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory) if the
+    /// `Vec` cannot be allocated.
+    pub fn try_to_vec(&self) -> Result<Vec<f32>> {
+        Ok(self.raw.try_to_vec()?)
     }
 
     /// The value of a one-element tensor.

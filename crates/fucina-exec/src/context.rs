@@ -58,12 +58,17 @@ pub const PARALLEL_THRESHOLD: usize = 1 << 13;
 /// # Teardown
 /// Dropping (or [`close`](ExecContext::close)-ing) a context stops and joins the
 /// one-shot worker, then the team, releases the values of exec scopes still open
-/// (newest first), then checks that no pooled buffer of its pool is still alive.
-/// A buffer that outlives its context stays valid (it keeps the pool alive) but is
-/// a leak of the context's working set: `close` returns
-/// [`ExecError::LeakedBuffers`], and a debug-build drop panics with the count
-/// (unless the thread is already panicking; release builds print one line to
-/// stderr).
+/// (newest first) and the right-hand-side cache, then drops the layer extension.
+///
+/// Tensors may outlive their context, in any order of declaration (a struct
+/// holding a context and tensors made on it drops fine): every pooled buffer
+/// keeps its pool alive, stays valid, and is freed when its last handle drops.
+/// Dropping a context is silent in every build. The leak check is explicit:
+/// [`close`](ExecContext::close) returns [`ExecError::LeakedBuffers`] with the
+/// number of pooled buffers still alive (a diagnostic of the working set a
+/// program keeps; nothing unsafe happens to them), and
+/// [`outstanding_buffers`](ExecContext::outstanding_buffers) gives the count at
+/// any time.
 pub struct ExecContext {
     pool: LocalPool,
     threads: usize,
@@ -209,10 +214,14 @@ impl ExecContext {
         self.pool.outstanding_buffers()
     }
 
-    /// Tears the context down (see the type docs) and reports leaks.
+    /// Tears the context down (see the type docs) and reports leaks: the
+    /// explicit form of the drop, for programs that want to check that they
+    /// released everything.
     ///
     /// # Errors
-    /// [`ExecError::LeakedBuffers`] if pooled buffers of this context are still alive.
+    /// [`ExecError::LeakedBuffers`] with the count if pooled buffers of this
+    /// context are still alive. They stay valid (they keep the pool alive) and
+    /// are freed when their last handle drops; the context is torn down either way.
     pub fn close(self) -> Result<(), ExecError> {
         let mut this = self;
         let leaked = this.teardown();
@@ -347,23 +356,12 @@ pub(crate) fn for_each_run<T>(
 }
 
 impl Drop for ExecContext {
+    /// Silent in every build: buffers still alive keep what they need (their
+    /// pool) and are freed when they go. Use [`ExecContext::close`] to learn
+    /// about them.
     fn drop(&mut self) {
-        if self.closed.get() {
-            return;
-        }
-        let leaked = self.teardown();
-        if leaked > 0 {
-            if cfg!(debug_assertions) && !std::thread::panicking() {
-                panic!(
-                    "ExecContext dropped while {leaked} of its pooled buffer(s) are still alive \
-                     (drop every tensor before its context, or call ExecContext::close to get \
-                     ExecError::LeakedBuffers instead)"
-                );
-            } else if !std::thread::panicking() {
-                eprintln!(
-                    "fucina-exec: ExecContext dropped with {leaked} pooled buffer(s) still alive"
-                );
-            }
+        if !self.closed.get() {
+            self.teardown();
         }
     }
 }

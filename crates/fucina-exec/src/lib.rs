@@ -30,6 +30,11 @@
 //!   nothing.
 //! - **Threads.** A context is `Send + !Sync` (one driving thread at a time);
 //!   tensors are `Send + Sync`.
+//! - **Failure.** Memory is taken fallibly (a huge broadcast view's copy is
+//!   `OutOfMemory`, never an abort; see [`RawTensor::try_to_vec`]); an exec scope's
+//!   token closes its scope when dropped, so `?` or a panic never leaves one open;
+//!   dropping a context before its tensors is safe and silent
+//!   ([`ExecContext::close`] reports what is still alive).
 //!
 //! See `docs/RUNTIME.md` in the repository for the lifecycle, ownership and scope
 //! rules with examples.

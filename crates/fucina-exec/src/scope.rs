@@ -1,4 +1,5 @@
-//! The exec-scope stack (reference §5.3): type-erased entries, two-phase adoption.
+//! The exec-scope stack: type-erased entries, two-phase adoption, tokens tied to
+//! their context.
 //!
 //! The exec layer knows nothing about autograd: an entry is a [`RawTensor`] and/or
 //! an opaque [`ScopeNode`] (the autograd layer stores its graph node there). While
@@ -68,22 +69,54 @@ impl std::fmt::Debug for ScopeNode {
 /// The mark of an open exec scope, returned by
 /// [`ExecContext::open_exec_scope`] and consumed by
 /// [`ExecContext::close_exec_scope`].
-#[must_use = "an exec scope stays open (holding its values) until it is closed"]
-#[derive(Debug)]
-pub struct ExecScope {
+///
+/// The token borrows the context that opened it, so it cannot outlive it, and it
+/// is tied to that one scope: it records the context and a serial number unique
+/// within it. Dropping a token that was not closed closes its scope (and every
+/// scope opened inside it, innermost first) — so an early return with `?`, or a
+/// panic, between `open_exec_scope` and `close_exec_scope` never leaves a scope
+/// open. Dropping never panics.
+#[must_use = "an exec scope stays open (holding its values) until it is closed or dropped"]
+pub struct ExecScope<'ctx> {
+    ctx: &'ctx ExecContext,
+    serial: u64,
     mark: usize,
     depth: usize,
 }
 
-impl ExecScope {
+impl ExecScope<'_> {
     /// The number of entries that existed when the scope opened.
     pub fn mark(&self) -> usize {
         self.mark
     }
 
-    /// The nesting depth of this scope (1 for the outermost).
+    /// The nesting depth of this scope when it opened (1 for the outermost).
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// Whether the scope is still open (an enclosing scope's close, or the
+    /// context's teardown, may have closed it already).
+    pub fn is_open(&self) -> bool {
+        self.ctx.scopes.borrow().position(self.serial).is_some()
+    }
+}
+
+impl std::fmt::Debug for ExecScope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecScope")
+            .field("mark", &self.mark)
+            .field("depth", &self.depth)
+            .field("serial", &self.serial)
+            .finish()
+    }
+}
+
+impl Drop for ExecScope<'_> {
+    fn drop(&mut self) {
+        // Never panics (this runs during unwinding too): a scope already closed
+        // is left alone.
+        self.ctx.close_scope_serial(self.serial);
     }
 }
 
@@ -92,11 +125,20 @@ struct Entry {
     node: Option<ScopeNode>,
 }
 
+/// One open scope: where its entries start, and the serial its token carries.
+#[derive(Clone, Copy)]
+struct Mark {
+    start: usize,
+    serial: u64,
+}
+
 /// The context's stack of adopted entries and open-scope marks.
 #[derive(Default)]
 pub(crate) struct ScopeStack {
     entries: Vec<Entry>,
-    marks: Vec<usize>,
+    marks: Vec<Mark>,
+    /// The serial of the next scope opened (never reused within a context).
+    next_serial: u64,
 }
 
 impl ScopeStack {
@@ -104,13 +146,19 @@ impl ScopeStack {
         self.marks.len()
     }
 
-    /// Pops the innermost scope's entries into `out` order (newest first) and drops
-    /// them one at a time.
+    /// The index in `marks` of the open scope with `serial`.
+    fn position(&self, serial: u64) -> Option<usize> {
+        // Scopes are few and a token is usually the innermost: search from the top.
+        self.marks.iter().rposition(|m| m.serial == serial)
+    }
+
+    /// Pops the innermost scope's entries (newest first) and drops them one at a
+    /// time.
     pub(crate) fn force_close_innermost(&mut self) {
         if let Some(mark) = self.marks.pop() {
-            while self.entries.len() > mark {
+            while self.entries.len() > mark.start {
                 let e = self.entries.pop().expect("len > mark");
-                // Value first, then node (reference §5.3).
+                // Each value before its node.
                 drop(e.value);
                 drop(e.node);
             }
@@ -120,13 +168,18 @@ impl ScopeStack {
 
 impl ExecContext {
     /// Opens an exec scope nested in any open one. Values adopted from now on
-    /// belong to it until [`close_exec_scope`](ExecContext::close_exec_scope).
-    pub fn open_exec_scope(&self) -> ExecScope {
+    /// belong to it until it is closed ([`close_exec_scope`](ExecContext::close_exec_scope),
+    /// the token's drop, the close of an enclosing scope, or the context's teardown).
+    pub fn open_exec_scope(&self) -> ExecScope<'_> {
         let mut s = self.scopes.borrow_mut();
-        let mark = s.entries.len();
-        s.marks.push(mark);
+        let start = s.entries.len();
+        let serial = s.next_serial;
+        s.next_serial += 1;
+        s.marks.push(Mark { start, serial });
         ExecScope {
-            mark,
+            ctx: self,
+            serial,
+            mark: start,
             depth: s.marks.len(),
         }
     }
@@ -134,38 +187,57 @@ impl ExecContext {
     /// Closes `scope`, releasing every value and node adopted since it opened,
     /// newest first (each value before its node).
     ///
+    /// Scopes nest: if scopes opened inside `scope` are still open, they are
+    /// closed first, innermost first (their tokens become inert). A token whose
+    /// scope an enclosing close already ended closes nothing.
+    ///
     /// # Panics
-    /// If `scope` is not the innermost open scope: scopes are strictly nested and
-    /// must be closed in reverse order of opening.
-    pub fn close_exec_scope(&self, scope: ExecScope) {
-        {
-            let s = self.scopes.borrow();
-            assert!(
-                s.marks.len() == scope.depth && s.marks.last() == Some(&scope.mark),
-                "close_exec_scope: scope at depth {} is not the innermost open scope \
-                 (depth {}); exec scopes must be closed in reverse order of opening",
-                scope.depth,
-                s.marks.len()
-            );
-        }
-        // Release one entry at a time, outside the borrow, so a node's destructor
-        // may use the context.
+    /// If `scope` was opened on another context (the contract: a scope is closed
+    /// on the context that opened it). Nothing of this context changes, and the
+    /// token, dropped while the panic unwinds, closes its scope on its own context.
+    pub fn close_exec_scope(&self, scope: ExecScope<'_>) {
+        assert!(
+            std::ptr::eq(scope.ctx, self),
+            "close_exec_scope: the scope was opened on another ExecContext; \
+             a scope must be closed on the context that opened it"
+        );
+        // The token's drop does the closing.
+        drop(scope);
+    }
+
+    /// Closes the open scope with `serial` and every scope opened inside it,
+    /// innermost first; does nothing if it is not open. Never panics (entries are
+    /// released outside the borrow, so a node's destructor may use the context).
+    fn close_scope_serial(&self, serial: u64) {
+        let Ok(s) = self.scopes.try_borrow() else {
+            // Only reachable from a destructor run inside a borrow of the stack,
+            // which this module never lets happen; the teardown closes it then.
+            return;
+        };
+        let Some(pos) = s.position(serial) else {
+            return;
+        };
+        drop(s);
         loop {
             let e = {
-                let mut s = self.scopes.borrow_mut();
-                if s.entries.len() > scope.mark {
+                let Ok(mut s) = self.scopes.try_borrow_mut() else {
+                    return;
+                };
+                if s.marks.len() <= pos {
+                    // Closed (a destructor may have closed it already).
+                    return;
+                }
+                let start = s.marks.last().expect("len > pos").start;
+                if s.entries.len() > start {
                     s.entries.pop()
                 } else {
                     s.marks.pop();
                     None
                 }
             };
-            match e {
-                Some(e) => {
-                    drop(e.value);
-                    drop(e.node);
-                }
-                None => break,
+            if let Some(e) = e {
+                drop(e.value);
+                drop(e.node);
             }
         }
     }
@@ -180,19 +252,14 @@ impl ExecContext {
         self.scopes.borrow().entries.len()
     }
 
-    /// Runs `f` inside a fresh exec scope and closes it afterwards (also when `f`
-    /// panics). Values adopted inside are released when it returns.
+    /// Runs `f` inside a fresh exec scope and closes it afterwards, also when `f`
+    /// returns early or panics. Values adopted inside are released when it
+    /// returns; scopes `f` opened and left open (a token dropped late, or
+    /// forgotten) are closed with it, innermost first. Closing never panics, so
+    /// a panic in `f` unwinds through here normally.
     pub fn exec_scope<R>(&self, f: impl FnOnce(&ExecContext) -> R) -> R {
-        struct Close<'a>(&'a ExecContext, Option<ExecScope>);
-        impl Drop for Close<'_> {
-            fn drop(&mut self) {
-                if let Some(s) = self.1.take() {
-                    self.0.close_exec_scope(s);
-                }
-            }
-        }
-        let guard = Close(self, Some(self.open_exec_scope()));
-        f(guard.0)
+        let _scope = self.open_exec_scope();
+        f(self)
     }
 
     /// The fallible first phase of adoption: makes room for one more entry, so the

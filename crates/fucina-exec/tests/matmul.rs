@@ -478,6 +478,106 @@ fn batch_invariance() {
     }
 }
 
+/// The batch invariance of [`batch_invariance`] with depths (the summed axis)
+/// above the GEMM's depth block of 512 and not a multiple of it, so that a
+/// batch-1 path that walked the depth blocks in another order (or fused them
+/// differently) would change the bits. Covers `linear`, `matmul` with a
+/// contiguous, a transposed-view right-hand side and a transposed-view
+/// left-hand side, a batch of matrices, and the input gradients of
+/// `linear_backward` and `matmul_backward` (whose depth is the output width).
+#[test]
+fn batch_invariance_across_depth_blocks() {
+    let ctx = ExecContext::with_threads(4);
+    let (rows, outf) = (24, 40);
+    for k in [513, 1100] {
+        let xv = rand_vec(11 + k as u64, rows * k);
+        let wv = rand_vec(12 + k as u64, outf * k);
+        let bv = rand_vec(13, outf);
+        let x = ctx.from_slice(&[rows, k], &xv).unwrap();
+        let w = ctx.from_slice(&[outf, k], &wv).unwrap();
+        let b = ctx.from_slice(&[outf], &bv).unwrap();
+        let wt = ctx.from_slice(&[k, outf], &wv).unwrap();
+        let w_t = w.transpose(0, 1).unwrap(); // [k, outf], a view
+        // `x` again, stored transposed and viewed back as [rows, k].
+        let mut xtv = vec![0.0; rows * k];
+        for r in 0..rows {
+            for j in 0..k {
+                xtv[j * rows + r] = xv[r * k + j];
+            }
+        }
+        let x_t = ctx
+            .from_slice(&[k, rows], &xtv)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        let full_lin = ctx.linear(&x, &w, Some(&b)).unwrap().to_vec();
+        let full_mm = ctx.matmul(&x, &wt).unwrap().to_vec();
+        let full_mm_tv = ctx.matmul(&x, &w_t).unwrap().to_vec();
+        let full_mm_tl = ctx.matmul(&x_t, &wt).unwrap().to_vec();
+        assert_eq!(bits(&full_mm_tl), bits(&full_mm), "k={k}: a transposed lhs");
+        for i in [0, 1, 17, rows - 1] {
+            let row = |v: &[f32]| bits(&v[i * outf..][..outf]);
+            let xi = x.narrow(0, i, 1).unwrap();
+            let lin = ctx.linear(&xi, &w, Some(&b)).unwrap().to_vec();
+            assert_eq!(bits(&lin), row(&full_lin), "k={k}: linear row {i}");
+            let x1 = ctx.from_slice(&[k], &xv[i * k..][..k]).unwrap();
+            let lin1 = ctx.linear(&x1, &w, Some(&b)).unwrap().to_vec();
+            assert_eq!(bits(&lin1), row(&full_lin), "k={k}: 1-D linear row {i}");
+            let mm = ctx.matmul(&xi, &wt).unwrap().to_vec();
+            assert_eq!(bits(&mm), row(&full_mm), "k={k}: matmul row {i}");
+            let mm = ctx.matmul(&xi, &w_t).unwrap().to_vec();
+            assert_eq!(bits(&mm), row(&full_mm_tv), "k={k}: matmul x w^T row {i}");
+            let xti = x_t.narrow(0, i, 1).unwrap();
+            let mm = ctx.matmul(&xti, &wt).unwrap().to_vec();
+            assert_eq!(
+                bits(&mm),
+                row(&full_mm_tl),
+                "k={k}: matmul x^T-view row {i}"
+            );
+        }
+        // A batch of matrices against each alone.
+        let a3v = rand_vec(14, 4 * 5 * k);
+        let a3 = ctx.from_slice(&[4, 5, k], &a3v).unwrap();
+        let c3 = ctx.matmul(&a3, &wt).unwrap().to_vec();
+        for bi in [0, 3] {
+            let ci = ctx
+                .matmul(&a3.narrow(0, bi, 1).unwrap(), &wt)
+                .unwrap()
+                .to_vec();
+            assert_eq!(
+                bits(&ci),
+                bits(&c3[bi * 5 * outf..][..5 * outf]),
+                "k={k}: batch {bi}"
+            );
+        }
+        // Input gradients: depth = the output width, here `k`.
+        let inf = 40;
+        let wk = ctx.from_slice(&[k, inf], &wv[..k * inf]).unwrap();
+        let xk = ctx.from_slice(&[rows, inf], &xv[..rows * inf]).unwrap();
+        let g = ctx.from_slice(&[rows, k], &rand_vec(15, rows * k)).unwrap();
+        let (gx, _, _) = ctx.linear_backward(&xk, &wk, &g).unwrap();
+        let gx = gx.to_vec();
+        let bk = ctx.from_slice(&[inf, k], &wv[..k * inf]).unwrap();
+        let (ga, _) = ctx.matmul_backward(&xk, &bk, &g).unwrap();
+        let ga = ga.to_vec();
+        for i in [0, 1, 17, rows - 1] {
+            let (xi, gi) = (xk.narrow(0, i, 1).unwrap(), g.narrow(0, i, 1).unwrap());
+            let (gxi, _, _) = ctx.linear_backward(&xi, &wk, &gi).unwrap();
+            assert_eq!(
+                bits(&gxi.to_vec()),
+                bits(&gx[i * inf..][..inf]),
+                "k={k}: linear_backward grad_x row {i}"
+            );
+            let (gai, _) = ctx.matmul_backward(&xi, &bk, &gi).unwrap();
+            assert_eq!(
+                bits(&gai.to_vec()),
+                bits(&ga[i * inf..][..inf]),
+                "k={k}: matmul_backward grad_a row {i}"
+            );
+        }
+    }
+}
+
 /// Naive gradients of `L = sum(grad * matmul(a, b))`: `L` is linear in `a` (and in
 /// `b`), so `dL/da[i]` is `L` evaluated with `a` = the unit vector `e_i`.
 fn naive_backward(

@@ -167,17 +167,21 @@ impl ExecContext {
     /// strided, transposed, broadcast).
     ///
     /// # Errors
-    /// [`ExecError::OutOfMemory`].
+    /// [`ExecError::OutOfMemory`] if the pool cannot provide the memory (a
+    /// broadcast view may be far larger than its storage): nothing is allocated
+    /// then.
     pub fn materialize<T: Element>(&self, x: &RawTensor<T>) -> Result<RawTensor<T>, ExecError> {
         // The elementwise walk: coalesced axes, parallel above the threshold.
         self.map1("materialize", x, 1, |v: T| v)
     }
 
-    /// `x` itself when it is contiguous, else a materialized copy.
-    pub(crate) fn contiguous<T: Element>(
-        &self,
-        x: &RawTensor<T>,
-    ) -> Result<RawTensor<T>, ExecError> {
+    /// `x` itself (a new handle, no copy) when it is contiguous, else a
+    /// materialized copy (see [`materialize`](ExecContext::materialize)).
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] if the copy cannot be had (a broadcast view may
+    /// be far larger than its storage).
+    pub fn contiguous<T: Element>(&self, x: &RawTensor<T>) -> Result<RawTensor<T>, ExecError> {
         if x.is_contiguous() {
             Ok(x.clone())
         } else {

@@ -19,17 +19,28 @@ pub const MAX_RANK: usize = 8;
 pub struct Dims {
     vals: [usize; MAX_RANK],
     len: u8,
+    /// The length of the input `new` was given (saturating at 255): above `len`
+    /// when it was truncated, so that error messages show the real rank.
+    given: u8,
 }
 
 impl Dims {
-    /// Copies `dims`, keeping at most [`MAX_RANK`] values (longer inputs are
-    /// truncated; the length check of the shape rules reports them before this).
+    /// Copies `dims`, keeping at most [`MAX_RANK`] values. A longer input (a
+    /// shape the rank check refuses) keeps its first [`MAX_RANK`] values and
+    /// remembers its length: it prints as `[v0, ..., v7, … (rank 9)]`.
     pub fn new(dims: &[usize]) -> Dims {
         let mut d = Dims::default();
         let n = dims.len().min(MAX_RANK);
         d.vals[..n].copy_from_slice(&dims[..n]);
         d.len = n as u8;
+        d.given = u8::try_from(dims.len()).unwrap_or(u8::MAX);
         d
+    }
+
+    /// The length of the input this was made from, which is above
+    /// [`len`](Dims::len) when values past [`MAX_RANK`] were dropped.
+    pub fn given_len(&self) -> usize {
+        usize::from(self.given.max(self.len))
     }
 
     /// The values as a slice.
@@ -64,6 +75,7 @@ impl Dims {
         );
         self.vals[self.len()] = v;
         self.len += 1;
+        self.given = self.len;
     }
 
     /// Product of the values (`None` on overflow). The empty product is 1.
@@ -83,13 +95,25 @@ impl std::ops::Deref for Dims {
 
 impl fmt::Debug for Dims {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_slice(), f)
+        if self.given_len() == self.len() {
+            return fmt::Debug::fmt(self.as_slice(), f);
+        }
+        // A truncated input: the values kept, then the real rank.
+        f.write_str("[")?;
+        for v in self.as_slice() {
+            write!(f, "{v}, ")?;
+        }
+        if self.given == u8::MAX {
+            write!(f, "… (rank 255 or more)]")
+        } else {
+            write!(f, "… (rank {})]", self.given)
+        }
     }
 }
 
 impl fmt::Display for Dims {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_slice(), f)
+        fmt::Debug::fmt(self, f)
     }
 }
 

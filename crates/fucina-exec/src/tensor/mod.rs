@@ -44,18 +44,41 @@ use layout::{Dims, Layout, LayoutClass};
 pub struct RawTensor<T: Element = f32> {
     buf: Buffer<T>,
     layout: Layout,
+    /// The storage elements `0..extent` that hold this tensor family's values:
+    /// the element count of the tensor the storage was made for, shared by its
+    /// views. A pooled buffer may be longer (a size class); the rest holds
+    /// values of earlier tensors and no view may reach it.
+    extent: usize,
 }
 
 impl<T: Element> RawTensor<T> {
-    /// A tensor over `buf` with `layout`; the caller has checked that the layout fits.
+    /// A tensor over fresh storage `buf` with `layout`, whose values are the
+    /// storage elements the layout reaches; the caller has checked that the
+    /// layout fits.
     pub(crate) fn from_parts(buf: Buffer<T>, layout: Layout) -> Self {
         debug_assert!(layout.end_index() <= buf.len());
-        RawTensor { buf, layout }
+        let extent = layout.end_index();
+        RawTensor {
+            buf,
+            layout,
+            extent,
+        }
+    }
+
+    /// A view: `layout` over this tensor's storage (checked to fit its extent
+    /// by the caller).
+    pub(crate) fn with_layout(&self, layout: Layout) -> Self {
+        debug_assert!(layout.end_index() <= self.extent);
+        RawTensor {
+            buf: self.buf.clone(),
+            layout,
+            extent: self.extent,
+        }
     }
 
     /// Wraps a whole buffer (zero-copy) as a contiguous tensor of `shape`. The buffer
-    /// may be larger than needed (a pooled size class, reference §2.3); the tensor
-    /// uses its first `numel` elements.
+    /// may be larger than needed (a pooled size class); the tensor uses its first
+    /// `numel` elements, and no view of it reaches past them.
     ///
     /// # Errors
     /// The shape errors of the constructors; [`ExecError::InvalidDataLength`] if the
@@ -71,7 +94,11 @@ impl<T: Element> RawTensor<T> {
                 got: buf.len(),
             });
         }
-        Ok(RawTensor { buf, layout })
+        Ok(RawTensor {
+            buf,
+            layout,
+            extent: need,
+        })
     }
 
     /// The shape.
@@ -114,12 +141,13 @@ impl<T: Element> RawTensor<T> {
         &self.buf
     }
 
-    /// Strict row-major contiguity (reference §2.3).
+    /// Strict row-major contiguity (every axis of size above 1 has the row-major
+    /// stride).
     pub fn is_contiguous(&self) -> bool {
         self.layout.is_contiguous()
     }
 
-    /// The [`LayoutClass`] of this tensor (reference §5.5).
+    /// The [`LayoutClass`] of this tensor.
     pub fn classify(&self) -> LayoutClass {
         self.layout.classify()
     }
@@ -150,19 +178,77 @@ impl<T: Element> RawTensor<T> {
         &self.buf[o..o + self.numel()]
     }
 
-    /// The elements in logical row-major order, copied into a `Vec`.
-    pub fn to_vec(&self) -> Vec<T> {
-        let mut out = vec![T::ZERO; self.numel()];
-        self.copy_into(&mut out);
-        out
+    /// The number of storage elements this tensor and its views may reach (the
+    /// element count of the tensor the storage was made for; a pooled buffer may
+    /// be longer).
+    pub fn storage_extent(&self) -> usize {
+        self.extent
     }
 
-    /// Copies the elements in logical row-major order into `dst`.
-    pub(crate) fn copy_into(&self, dst: &mut [T]) {
-        debug_assert_eq!(dst.len(), self.numel());
+    /// The elements in logical row-major order, copied into a `Vec`.
+    ///
+    /// # Panics
+    /// If the memory for [`numel`](RawTensor::numel) elements cannot be had. A
+    /// zero-copy view (a broadcast) may have far more elements than its storage:
+    /// use [`try_to_vec`](RawTensor::try_to_vec) where that can happen.
+    pub fn to_vec(&self) -> Vec<T> {
+        match self.try_to_vec() {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "RawTensor::to_vec needs memory for all {} elements of the tensor ({e}); \
+                 use try_to_vec to get this as an Err",
+                self.numel()
+            ),
+        }
+    }
+
+    /// [`to_vec`](RawTensor::to_vec), taking its memory fallibly.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] (op `to_vec`) if the `Vec` cannot be allocated.
+    pub fn try_to_vec(&self) -> Result<Vec<T>, ExecError> {
+        let n = self.numel();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            let size = std::mem::size_of::<T>();
+            let source = match n.checked_mul(size) {
+                Some(bytes) if isize::try_from(bytes).is_ok() => {
+                    fucina_storage::StorageError::AllocationFailed { bytes }
+                }
+                Some(bytes) => fucina_storage::StorageError::TooLarge { bytes },
+                None => fucina_storage::StorageError::SizeOverflow {
+                    len: n,
+                    element_size: size,
+                },
+            };
+            ExecError::OutOfMemory {
+                op: "to_vec",
+                source,
+            }
+        })?;
+        out.resize(n, T::ZERO);
+        self.copy_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the elements in logical row-major order into `dst` (any layout:
+    /// strided, transposed, broadcast). Allocates nothing.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDataLength`] if `dst.len()` is not the element count
+    /// (`dst` is left untouched).
+    pub fn copy_into(&self, dst: &mut [T]) -> Result<(), ExecError> {
+        if dst.len() != self.numel() {
+            return Err(ExecError::InvalidDataLength {
+                op: "copy_into",
+                shape: self.dims(),
+                expected: self.numel(),
+                got: dst.len(),
+            });
+        }
         if self.is_contiguous() {
             dst.copy_from_slice(self.contiguous_slice());
-            return;
+            return Ok(());
         }
         let src: &[T] = &self.buf;
         let mut k = 0;
@@ -170,6 +256,7 @@ impl<T: Element> RawTensor<T> {
             dst[k] = src[i];
             k += 1;
         });
+        Ok(())
     }
 
     /// The value of a one-element tensor.
@@ -207,9 +294,10 @@ impl<T: Element> RawTensor<T> {
             let n = self.numel();
             let mut fresh =
                 Buffer::<T>::zeroed(n).map_err(|e| ExecError::storage("data_mut", e))?;
-            self.copy_into(&mut fresh.get_mut().expect("a fresh buffer is unique")[..n]);
+            self.copy_into(&mut fresh.get_mut().expect("a fresh buffer is unique")[..n])?;
             self.layout = Layout::contiguous_unchecked(self.shape());
             self.buf = fresh;
+            self.extent = n;
         }
         let o = self.layout.offset();
         let n = self.numel();

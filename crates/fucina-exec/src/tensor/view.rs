@@ -7,7 +7,7 @@ use crate::tensor::{Element, RawTensor};
 
 impl<T: Element> RawTensor<T> {
     fn view(&self, layout: Layout) -> RawTensor<T> {
-        RawTensor::from_parts(self.buf.clone(), layout)
+        self.with_layout(layout)
     }
 
     /// The same elements under a new shape (equal element count). Keeps the offset.
@@ -92,10 +92,17 @@ impl<T: Element> RawTensor<T> {
         match start.checked_add(len) {
             Some(end) if end <= size => {}
             _ => {
+                // The first index of the window past the axis: `start` itself, or
+                // the window's last index.
+                let past = if start >= size {
+                    start
+                } else {
+                    start.saturating_add(len - 1)
+                };
                 return Err(ExecError::IndexOutOfBounds {
                     op: "narrow",
-                    index: i64::try_from(start.saturating_add(len)).unwrap_or(i64::MAX),
-                    bound: size + 1,
+                    index: i64::try_from(past).unwrap_or(i64::MAX),
+                    bound: size,
                 });
             }
         }
@@ -177,9 +184,14 @@ impl<T: Element> RawTensor<T> {
     /// An arbitrary strided view of this tensor's storage: element `idx` of the
     /// result is storage element `offset + sum(idx[i] * strides[i])`.
     ///
+    /// The view may reach the storage elements `0..storage_extent()` (the elements
+    /// of the tensor the storage was made for), never the rest of a pooled
+    /// buffer's size class, which holds values of earlier tensors.
+    ///
     /// # Errors
     /// The shape errors; [`ExecError::InvalidShape`] if `strides.len() != shape.len()`;
-    /// [`ExecError::InvalidDataLength`] if the view reaches past the storage.
+    /// [`ExecError::InvalidDataLength`] if the view reaches past the storage extent
+    /// (`expected` is the extent the view needs, `got` the one there is).
     pub fn view_with_strides(
         &self,
         shape: &[usize],
@@ -197,7 +209,7 @@ impl<T: Element> RawTensor<T> {
         let end = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
             (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
         });
-        let cap = self.buf.len();
+        let cap = self.extent;
         match end {
             Some(last) if last < cap => {}
             _ => {
