@@ -5,7 +5,7 @@ use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
 use super::state::{State, grad_of, zeros_like};
-use super::{check_lr, delegate_optimizer};
+use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
@@ -229,9 +229,11 @@ macro_rules! adam_like {
             ///
             /// # Errors
             /// [`Error::InvalidArgument`] for a negative or non-finite rate,
-            /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`.
+            /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`, or a
+            /// parameter listed twice.
             pub fn new(params: Vec<Parameter>, cfg: $cfg) -> Result<$name> {
                 check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
+                check_distinct($what, &params)?;
                 Ok($name {
                     core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled),
                 })
@@ -268,8 +270,19 @@ macro_rules! adam_like {
             }
 
             /// Sets the learning rate.
-            pub fn set_lr(&mut self, lr: f32) {
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] unless `lr` is finite and `>= 0` (the
+            /// rate is then unchanged).
+            pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+                check_lr(concat!($what, "::lr"), lr)?;
                 self.core.lr = lr;
+                Ok(())
+            }
+
+            /// The number of steps taken.
+            pub fn step_count(&self) -> u64 {
+                self.core.state.step
             }
 
             /// The parameters.

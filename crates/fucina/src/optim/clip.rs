@@ -2,6 +2,7 @@
 
 use fucina_exec::ExecContext;
 
+use super::check_distinct;
 use super::state::grad_of;
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
@@ -16,8 +17,10 @@ use crate::nn::Parameter;
 /// (the next backward adds to the clipped value).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] unless `max_norm` is finite and positive; out of
-/// memory.
+/// [`Error::InvalidArgument`] unless `max_norm` is finite and positive, or if a
+/// parameter is listed twice (its gradient would count twice); out of memory.
+/// Nothing changes on an error but an out-of-memory one, which can leave the
+/// gradients before the failing parameter scaled.
 pub fn clip_grad_norm(ctx: &ExecContext, params: &[Parameter], max_norm: f32) -> Result<f32> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(Error::invalid(
@@ -25,6 +28,7 @@ pub fn clip_grad_norm(ctx: &ExecContext, params: &[Parameter], max_norm: f32) ->
             format!("max_norm must be finite and > 0 (got {max_norm})"),
         ));
     }
+    check_distinct("clip_grad_norm", params)?;
     let mut sum = 0.0f64;
     for p in params {
         if let Some(g) = grad_of(ctx, p)? {

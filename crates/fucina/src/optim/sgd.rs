@@ -5,7 +5,7 @@ use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
 use super::state::{State, grad_of, zeros_like};
-use super::{check_lr, delegate_optimizer};
+use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
@@ -58,7 +58,8 @@ impl Sgd {
     /// Plain SGD with learning rate `lr`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`.
+    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`, or a
+    /// parameter listed twice.
     pub fn new(params: Vec<Parameter>, lr: f32) -> Result<Sgd> {
         Sgd::with_config(
             params,
@@ -72,10 +73,11 @@ impl Sgd {
     /// SGD with the given hyperparameters.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, or Nesterov
-    /// without momentum or with dampening.
+    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
+    /// without momentum or with dampening, or a parameter listed twice.
     pub fn with_config(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
         check_lr("SgdConfig::lr", cfg.lr)?;
+        check_distinct("Sgd", &params)?;
         for (what, v) in [
             ("SgdConfig::momentum", cfg.momentum),
             ("SgdConfig::dampening", cfg.dampening),
@@ -171,8 +173,19 @@ impl Sgd {
     }
 
     /// Sets the learning rate.
-    pub fn set_lr(&mut self, lr: f32) {
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `lr` is finite and `>= 0` (the rate is
+    /// then unchanged).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check_lr("SgdConfig::lr", lr)?;
         self.cfg.lr = lr;
+        Ok(())
+    }
+
+    /// The number of steps taken.
+    pub fn step_count(&self) -> u64 {
+        self.state.step
     }
 
     /// The parameters.

@@ -6,12 +6,51 @@ use fucina_exec::{ExecContext, RawTensor};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
+/// The base of the digits of the `"step"` entry: every integer below it is
+/// exact in `f32`.
+const STEP_BASE: u64 = 1 << 24;
+/// The number of base-2^24 digits of a `u64` (72 bits >= 64).
+const STEP_DIGITS: usize = 3;
+
+/// The step count as the `"step"` entry stores it: three `f32` digits, least
+/// significant first, each an integer below 2^24 (exact in `f32`, so the count
+/// survives a checkpoint bit for bit up to `u64::MAX`).
+fn step_digits(step: u64) -> [f32; STEP_DIGITS] {
+    [0, 1, 2].map(|k| ((step >> (24 * k)) % STEP_BASE) as f32)
+}
+
+/// Reads a `"step"` entry: three digits (see [`step_digits`]) or, as written by
+/// earlier versions, one `f32` holding the count (exact up to 2^24).
+fn parse_step(t: &Tensor) -> Result<u64> {
+    if !matches!(t.shape(), [1] | [STEP_DIGITS]) {
+        return Err(Error::state(format!(
+            "\"step\" has shape {:?}, not [3] (or [1], the format of earlier versions)",
+            t.shape()
+        )));
+    }
+    let values = t.to_vec();
+    let is_digit = |v: f32| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && (v as u64) < STEP_BASE;
+    match values.as_slice() {
+        &[v] if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0 => Ok(v as u64),
+        &[v] => Err(Error::state(format!("\"step\" = {v} is not a step count"))),
+        &[lo, mid, hi]
+            if is_digit(lo) && is_digit(mid) && is_digit(hi) && (hi as u64) < 1 << 16 =>
+        {
+            Ok(lo as u64 | (mid as u64) << 24 | (hi as u64) << 48)
+        }
+        &[_, _, _] => Err(Error::state(format!(
+            "\"step\" = {values:?} is not a step count (three integer digits below 2^24, least significant first, the last below 2^16)"
+        ))),
+        _ => unreachable!("the shape was checked"),
+    }
+}
+
 /// Named per-parameter buffers (`kinds[k]` -> `bufs[k][i]`) and a step count.
 #[derive(Debug)]
 pub(crate) struct State {
     kinds: &'static [&'static str],
     pub(crate) bufs: Vec<Vec<Option<Tensor>>>,
-    /// The step count as a `[1]` tensor (created at the first step).
+    /// The step count as a `[3]` tensor of digits (created at the first step).
     step_t: Option<Tensor>,
     pub(crate) step: u64,
 }
@@ -28,13 +67,16 @@ impl State {
 
     /// Advances the step count (allocating its tensor at the first step).
     pub(crate) fn advance(&mut self, ctx: &ExecContext) -> Result<u64> {
-        self.step += 1;
-        let s = self.step as f32;
+        let Some(step) = self.step.checked_add(1) else {
+            return Err(Error::invalid("step", "the step count would pass u64::MAX"));
+        };
+        let digits = step_digits(step);
         match &mut self.step_t {
-            Some(t) => t.update_(|v| v[0] = s)?,
-            None => self.step_t = Some(Tensor::scalar(ctx, s)?),
+            Some(t) => t.update_(|v| v.copy_from_slice(&digits))?,
+            None => self.step_t = Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &digits)?),
         }
-        Ok(self.step)
+        self.step = step;
+        Ok(step)
     }
 
     pub(crate) fn state_dict(&self) -> Vec<(String, Tensor)> {
@@ -71,17 +113,7 @@ impl State {
                 if step.is_some() {
                     return Err(Error::state("duplicate entry \"step\""));
                 }
-                if t.numel() != 1 {
-                    return Err(Error::state(format!(
-                        "\"step\" has shape {:?}, not [1]",
-                        t.shape()
-                    )));
-                }
-                let v = t.item()?;
-                if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0) {
-                    return Err(Error::state(format!("\"step\" = {v} is not a step count")));
-                }
-                step = Some(v as u64);
+                step = Some(parse_step(t)?);
                 continue;
             }
             let parsed = name.rsplit_once('.').and_then(|(kind, idx)| {
@@ -111,6 +143,7 @@ impl State {
                     want.as_slice()
                 )));
             }
+            check_values(name, self.kinds[k], t)?;
             slots[k][i] = Some(t.raw());
         }
         let any_buf = slots.iter().flatten().any(Option::is_some);
@@ -140,7 +173,7 @@ impl State {
             bufs.push(v);
         }
         let step_t = match step {
-            Some(s) => Some(Tensor::scalar(ctx, s as f32)?),
+            Some(s) => Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &step_digits(s))?),
             None => None,
         };
         self.bufs = bufs;
@@ -148,6 +181,29 @@ impl State {
         self.step_t = step_t;
         Ok(())
     }
+}
+
+/// Refuses a buffer holding a value no step could have produced: a NaN or an
+/// infinity, or a negative second moment (`exp_avg_sq`, a running mean of
+/// squares).
+fn check_values(name: &str, kind: &str, t: &Tensor) -> Result<()> {
+    let nonneg = kind == "exp_avg_sq";
+    let values = t.to_vec();
+    let bad = values
+        .iter()
+        .position(|&v| !v.is_finite() || (nonneg && v < 0.0));
+    if let Some(j) = bad {
+        let need = if nonneg {
+            "finite and >= 0 (a mean of squares)"
+        } else {
+            "finite"
+        };
+        return Err(Error::state(format!(
+            "\"{name}\" holds {} at element {j}; its values must be {need}",
+            values[j]
+        )));
+    }
+    Ok(())
 }
 
 /// The gradient of `p` as a contiguous raw tensor (`None` without one).
