@@ -146,8 +146,15 @@ impl Tensor {
     /// run in parallel chunks, bitwise equal to the serial fill.
     ///
     /// # Errors
-    /// The shape errors of [`ExecContext::empty`].
+    /// [`AutogradError::InvalidArgument`] unless `std` is finite and `>= 0`; the
+    /// shape errors of [`ExecContext::empty`].
     pub fn randn(ctx: &ExecContext, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {
+        if !(std.is_finite() && std >= 0.0) {
+            return Err(AutogradError::InvalidArgument {
+                op: "Tensor::randn",
+                reason: "the standard deviation must be finite and >= 0",
+            });
+        }
         let mut raw = ctx.empty(shape)?;
         par_fill(ctx, raw.data_mut()?, |first, out| {
             fucina_exec::rng::gaussian_fill_at(seed, first, out, std);
@@ -159,7 +166,9 @@ impl Tensor {
     /// `fucina_rng::uniform_fill(seed, ..)` (large fills run in parallel chunks).
     ///
     /// # Errors
-    /// The shape errors of [`ExecContext::empty`].
+    /// [`AutogradError::InvalidArgument`] unless the bounds are finite with
+    /// `lo <= hi` and a finite width `hi - lo` (`lo == hi` gives all `hi`); the
+    /// shape errors of [`ExecContext::empty`].
     pub fn uniform(
         ctx: &ExecContext,
         shape: &[usize],
@@ -167,6 +176,12 @@ impl Tensor {
         hi: f32,
         seed: u64,
     ) -> Result<Tensor> {
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi && (hi - lo).is_finite()) {
+            return Err(AutogradError::InvalidArgument {
+                op: "Tensor::uniform",
+                reason: "the bounds must be finite, with lo <= hi and a finite width hi - lo",
+            });
+        }
         let mut raw = ctx.empty(shape)?;
         par_fill(ctx, raw.data_mut()?, |first, out| {
             fucina_exec::rng::uniform_fill(seed_at(seed, first), out, lo, hi);
