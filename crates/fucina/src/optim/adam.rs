@@ -4,7 +4,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::state::{State, grad_of, zeros_like};
+use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
@@ -127,7 +127,8 @@ impl Core {
     /// w = w + (-lr / (1 - b1^t)) * m / denom
     /// ```
     fn step(&mut self, ctx: &ExecContext) -> Result<()> {
-        let t = self.state.advance(ctx)?;
+        // Phase one: everything that can fail; nothing changes on an error.
+        let t = self.state.prepare(ctx, &self.params, true)?;
         let (b1, b2) = self.betas;
         let exp = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(b1).powi(exp);
@@ -143,21 +144,18 @@ impl Core {
             step_size: -(f64::from(self.lr) / bc1) as f32,
         };
         let (wd, decoupled) = (self.wd, self.decoupled);
+        // Phase two: in place (every write was prepared; nothing allocates).
+        let State { bufs, prepared, .. } = &mut self.state;
+        let [ms, vs] = &mut bufs[..] else {
+            unreachable!("two buffer kinds")
+        };
         for (i, p) in self.params.iter().enumerate() {
-            let Some(g) = grad_of(ctx, p)? else {
+            let Some(g) = &prepared[i].grad else {
                 continue;
             };
             let g = g.data()?;
-            let [ms, vs] = &mut self.state.bufs[..] else {
-                unreachable!("two buffer kinds")
-            };
-            let m = match &mut ms[i] {
-                Some(m) => m,
-                slot => slot.insert(zeros_like(ctx, p)?),
-            };
-            let v = match &mut vs[i] {
-                Some(v) => v,
-                slot => slot.insert(zeros_like(ctx, p)?),
+            let (Some(m), Some(v)) = (&mut ms[i], &mut vs[i]) else {
+                unreachable!("prepare created the moments of a parameter with a gradient")
             };
             m.update_(|m| -> Result<()> {
                 v.update_(|v| {
@@ -170,7 +168,7 @@ impl Core {
                 Ok(())
             })??;
         }
-        Ok(())
+        self.state.finish(t)
     }
 }
 

@@ -4,7 +4,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::state::{State, grad_of, zeros_like};
+use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
@@ -121,9 +121,12 @@ impl Sgd {
             nesterov,
             weight_decay: wd,
         } = self.cfg;
-        self.state.advance(ctx)?;
+        // Phase one: everything that can fail; nothing changes on an error.
+        let next = self.state.prepare(ctx, &self.params, momentum != 0.0)?;
+        // Phase two: in place (every write was prepared; nothing allocates).
+        let State { bufs, prepared, .. } = &mut self.state;
         for (i, p) in self.params.iter().enumerate() {
-            let Some(g) = grad_of(ctx, p)? else {
+            let Some(g) = &prepared[i].grad else {
                 continue;
             };
             let g = g.data()?;
@@ -136,11 +139,9 @@ impl Sgd {
                 })?;
                 continue;
             }
-            let slot = &mut self.state.bufs[0][i];
-            let first = slot.is_none();
-            let buf = match slot {
-                Some(b) => b,
-                None => slot.insert(zeros_like(ctx, p)?),
+            let first = prepared[i].fresh;
+            let Some(buf) = &mut bufs[0][i] else {
+                unreachable!("prepare created the buffer of a parameter with a gradient")
             };
             buf.update_(|b| {
                 p.update_(|w| {
@@ -157,7 +158,7 @@ impl Sgd {
                 })
             })??;
         }
-        Ok(())
+        self.state.finish(next)
     }
 
     /// Releases every parameter's gradient.

@@ -53,6 +53,20 @@ pub(crate) struct State {
     /// The step count as a `[3]` tensor of digits (created at the first step).
     step_t: Option<Tensor>,
     pub(crate) step: u64,
+    /// What [`prepare`](State::prepare) made ready for the step in progress,
+    /// one entry per parameter (the capacity is kept: no allocation per step).
+    pub(crate) prepared: Vec<Prepared>,
+    /// Whether `step_t` was created by the step in progress.
+    step_t_fresh: bool,
+}
+
+/// What phase one of a step made ready for one parameter.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The parameter's gradient, contiguous (`None`: the parameter is skipped).
+    pub(crate) grad: Option<RawTensor>,
+    /// Whether its buffers were created by this step (its first update).
+    pub(crate) fresh: bool,
 }
 
 impl State {
@@ -62,21 +76,102 @@ impl State {
             bufs: kinds.iter().map(|_| vec![None; n]).collect(),
             step_t: None,
             step: 0,
+            prepared: Vec::with_capacity(n),
+            step_t_fresh: false,
         }
     }
 
-    /// Advances the step count (allocating its tensor at the first step).
-    pub(crate) fn advance(&mut self, ctx: &ExecContext) -> Result<u64> {
-        let Some(step) = self.step.checked_add(1) else {
+    /// Phase one of a step: everything that can fail, before any value changes.
+    /// Gets every parameter's gradient (contiguous), creates the missing buffers
+    /// (with `with_bufs`) and the step tensor, and gives every buffer, the step
+    /// tensor and every parameter to be updated storage of its own (the
+    /// copy-on-write copies a later in-place write would make), so that phase
+    /// two writes in place and allocates nothing. Returns the new step number.
+    /// On an error, undoes what it created: the state is as it was.
+    pub(crate) fn prepare(
+        &mut self,
+        ctx: &ExecContext,
+        params: &[Parameter],
+        with_bufs: bool,
+    ) -> Result<u64> {
+        let Some(next) = self.step.checked_add(1) else {
             return Err(Error::invalid("step", "the step count would pass u64::MAX"));
         };
-        let digits = step_digits(step);
-        match &mut self.step_t {
-            Some(t) => t.update_(|v| v.copy_from_slice(&digits))?,
-            None => self.step_t = Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &digits)?),
+        self.prepared.clear();
+        self.step_t_fresh = false;
+        let r = self.prepare_all(ctx, params, with_bufs);
+        if r.is_err() {
+            for (i, p) in self.prepared.iter().enumerate() {
+                if p.fresh {
+                    for kind in &mut self.bufs {
+                        kind[i] = None;
+                    }
+                }
+            }
+            if self.step_t_fresh {
+                self.step_t = None;
+            }
+            self.prepared.clear();
         }
-        self.step = step;
-        Ok(step)
+        r.map(|()| next)
+    }
+
+    fn prepare_all(
+        &mut self,
+        ctx: &ExecContext,
+        params: &[Parameter],
+        with_bufs: bool,
+    ) -> Result<()> {
+        fault::point()?;
+        match &mut self.step_t {
+            Some(t) => t.update_(|_| ())?,
+            None => {
+                let digits = step_digits(self.step);
+                self.step_t = Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &digits)?);
+                self.step_t_fresh = true;
+            }
+        }
+        for (i, p) in params.iter().enumerate() {
+            fault::point()?;
+            let Some(grad) = grad_of(ctx, p)? else {
+                self.prepared.push(Prepared {
+                    grad: None,
+                    fresh: false,
+                });
+                continue;
+            };
+            // Buffers of one parameter exist together (`load` checks it).
+            let fresh = with_bufs && self.bufs[0][i].is_none();
+            // Recorded first, so that an error below undoes what it created.
+            self.prepared.push(Prepared { grad: None, fresh });
+            if with_bufs {
+                for kind in &mut self.bufs {
+                    fault::point()?;
+                    match &mut kind[i] {
+                        Some(b) => b.update_(|_| ())?,
+                        slot => *slot = Some(zeros_like(ctx, p)?),
+                    }
+                }
+            }
+            fault::point()?;
+            p.update_(|_| ())?;
+            if let Some(last) = self.prepared.last_mut() {
+                last.grad = Some(grad);
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase two's bookkeeping: records step `next` (prepared: in place) and
+    /// drops the prepared gradient handles.
+    pub(crate) fn finish(&mut self, next: u64) -> Result<()> {
+        let digits = step_digits(next);
+        if let Some(t) = &mut self.step_t {
+            t.update_(|v| v.copy_from_slice(&digits))?;
+        }
+        self.step = next;
+        self.prepared.clear();
+        Ok(())
     }
 
     pub(crate) fn state_dict(&self) -> Vec<(String, Tensor)> {
@@ -179,6 +274,7 @@ impl State {
         self.bufs = bufs;
         self.step = step.unwrap_or(0);
         self.step_t = step_t;
+        self.prepared.clear();
         Ok(())
     }
 }
@@ -222,4 +318,124 @@ pub(crate) fn grad_of(ctx: &ExecContext, p: &Parameter) -> Result<Option<RawTens
 /// A zero buffer of `p`'s shape.
 pub(crate) fn zeros_like(ctx: &ExecContext, p: &Parameter) -> Result<Tensor> {
     Ok(Tensor::zeros(ctx, p.shape().as_slice())?)
+}
+
+/// Failure injection for the unit tests of the two-phase step: in test builds,
+/// [`point`](fault::point) fails once the number of points passed on this
+/// thread reaches a set count; elsewhere it compiles to nothing.
+mod fault {
+    use crate::error::Result;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Points left before the failure (`usize::MAX`: never).
+        pub(crate) static LEFT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    }
+
+    #[inline(always)]
+    pub(super) fn point() -> Result<()> {
+        #[cfg(test)]
+        {
+            let left = LEFT.with(|l| l.get());
+            if left == 0 {
+                return Err(crate::Error::invalid("fault", "an injected failure"));
+            }
+            LEFT.with(|l| l.set(left.saturating_sub(if left == usize::MAX { 0 } else { 1 })));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fault::LEFT;
+    use crate::nn::Parameter;
+    use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use fucina_exec::ExecContext;
+
+    /// Everything a step can change: parameters, state entries, step count.
+    fn snapshot(opt: &dyn Optimizer) -> (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>, u64) {
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        (
+            opt.parameters().iter().map(|p| bits(p.to_vec())).collect(),
+            opt.state_dict()
+                .into_iter()
+                .map(|(n, t)| (n, bits(t.to_vec())))
+                .collect(),
+            opt.step_count(),
+        )
+    }
+
+    fn backward(ctx: &ExecContext, params: &[Parameter]) {
+        for p in params {
+            p.zero_grad();
+            let t = p.tensor();
+            t.mul(ctx, &t)
+                .unwrap()
+                .sum_all(ctx)
+                .unwrap()
+                .backward(ctx)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_step_that_fails_in_phase_one_changes_nothing() {
+        let ctx = ExecContext::with_threads(1);
+        let make = |ctx: &ExecContext| -> Vec<Parameter> {
+            (0..3)
+                .map(|i| Parameter::from_slice(ctx, &[4], &[i as f32 + 0.5; 4]).unwrap())
+                .collect()
+        };
+        let sgd_cfg = SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.5,
+            ..SgdConfig::default()
+        };
+        let opts: Vec<Box<dyn Fn(Vec<Parameter>) -> Box<dyn Optimizer>>> = vec![
+            Box::new(|p| Box::new(AdamW::new(p, AdamWConfig::default()).unwrap())),
+            Box::new(move |p| Box::new(Sgd::with_config(p, sgd_cfg).unwrap())),
+        ];
+        for make_opt in &opts {
+            // Fresh (the first step creates the state) and after one step.
+            for warm in [false, true] {
+                let params = make(&ctx);
+                let mut opt = make_opt(params.clone());
+                // A reference run without failures.
+                let ref_params = make(&ctx);
+                let mut reference = make_opt(ref_params.clone());
+                for _ in 0..usize::from(warm) + 1 {
+                    backward(&ctx, &ref_params);
+                    reference.step(&ctx).unwrap();
+                }
+                if warm {
+                    backward(&ctx, &params);
+                    opt.step(&ctx).unwrap();
+                }
+                backward(&ctx, &params);
+                // Hold handles on the state, so that phase one must copy.
+                let held = opt.state_dict();
+                let before = snapshot(&*opt);
+                let mut failures = 0;
+                for at in 0.. {
+                    LEFT.with(|l| l.set(at));
+                    let r = opt.step(&ctx);
+                    LEFT.with(|l| l.set(usize::MAX));
+                    match r {
+                        Err(e) => {
+                            assert!(e.to_string().contains("injected"), "{e}");
+                            assert_eq!(snapshot(&*opt), before, "failure at point {at}");
+                            failures += 1;
+                        }
+                        Ok(()) => break,
+                    }
+                }
+                assert!(failures >= 8, "{failures} failure points");
+                // After the failures, the step is the one the reference took.
+                assert_eq!(snapshot(&*opt), snapshot(&*reference));
+                drop(held);
+            }
+        }
+    }
 }
