@@ -338,6 +338,40 @@ impl Node {
         self.lock().grad.clone()
     }
 
+    /// Gives a leaf's gradient storage of its own (contiguous, no other handle),
+    /// copying it if needed; the values do not change.
+    pub(crate) fn own_grad(&self, ctx: &ExecContext) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(g) = &st.grad
+            && !(g.is_contiguous() && g.is_unique())
+        {
+            let own = ctx.clone(g)?;
+            st.grad = Some(own);
+        }
+        Ok(())
+    }
+
+    /// Multiplies a leaf's gradient by `s`, in place when its storage is its
+    /// own. Returns whether there was a gradient.
+    pub(crate) fn scale_grad(&self, ctx: &ExecContext, s: f32) -> Result<bool> {
+        let mut st = self.lock();
+        let Some(g) = st.grad.take() else {
+            return Ok(false);
+        };
+        if g.is_contiguous() && g.is_unique() {
+            st.grad = Some(ctx.take_scale_no_grad(g, s)?);
+        } else {
+            match ctx.scale(&g, s) {
+                Ok(scaled) => st.grad = Some(scaled),
+                Err(e) => {
+                    st.grad = Some(g);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(true)
+    }
+
     pub(crate) fn zero_grad(&self) {
         let old = self.lock().grad.take();
         drop(old);

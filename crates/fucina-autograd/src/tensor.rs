@@ -296,6 +296,37 @@ impl Tensor {
             .map(Tensor::constant)
     }
 
+    /// Multiplies this variable's accumulated gradient by `s` (gradient
+    /// clipping). In place when the gradient's storage is its own (see
+    /// [`own_grad`](Tensor::own_grad)); a grad view taken earlier keeps the old
+    /// values. Returns whether there was a gradient.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] if the gradient is shared and its scaled copy
+    /// cannot be allocated (the gradient is then unchanged).
+    pub fn scale_grad_(&self, ctx: &ExecContext, s: f32) -> Result<bool> {
+        match &self.node {
+            Some(n) if n.is_leaf() => n.scale_grad(ctx, s),
+            _ => Ok(false),
+        }
+    }
+
+    /// Gives this variable's accumulated gradient storage of its own
+    /// (contiguous, shared with no view or other gradient), copying it if
+    /// needed; the values do not change. After it, [`scale_grad_`](Tensor::scale_grad_)
+    /// cannot fail: a caller that scales several gradients calls this on all of
+    /// them first, so that an out-of-memory error leaves every gradient as it was.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] if the copy cannot be allocated (nothing
+    /// changes).
+    pub fn own_grad(&self, ctx: &ExecContext) -> Result<()> {
+        match &self.node {
+            Some(n) if n.is_leaf() => n.own_grad(ctx),
+            _ => Ok(()),
+        }
+    }
+
     /// Releases this variable's gradient (the next backward starts from zero).
     pub fn zero_grad(&self) {
         if let Some(n) = &self.node {

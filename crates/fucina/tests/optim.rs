@@ -647,3 +647,25 @@ fn a_parameter_listed_twice_is_refused() {
         AdamW::new(vec![p.clone(), q.clone()], AdamWConfig::default()).unwrap();
     }
 }
+
+#[test]
+fn clipping_scales_in_place_and_keeps_views_and_shared_gradients_apart() {
+    let ctx = ExecContext::new();
+    let (a, b) = (param(&ctx), param(&ctx));
+    // `a + b`: both gradients are the same buffer of ones.
+    a.tensor()
+        .add(&ctx, &b.tensor())
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    let view = a.grad_view().unwrap();
+    let total = clip_grad_norm(&ctx, &[a.clone(), b.clone()], 1.0).unwrap();
+    assert!((total - 10f32.sqrt()).abs() < 1e-6);
+    let coef = 1.0 / (total + 1e-6);
+    // Each scaled once (not twice through the shared buffer).
+    assert_eq!(a.grad(&ctx).unwrap().unwrap().to_vec(), [coef; 5]);
+    assert_eq!(b.grad(&ctx).unwrap().unwrap().to_vec(), [coef; 5]);
+    assert_eq!(view.to_vec(), [1.0; 5]); // a view keeps the unclipped values
+}
