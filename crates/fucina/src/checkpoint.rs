@@ -17,6 +17,11 @@
 //! - **All-or-nothing load**: [`load_into`] checks every name, dtype and shape
 //!   and decodes every byte before it writes any target; on an error no target
 //!   has changed.
+//! - **No aborts, stable errors**: sizes are computed in checked arithmetic and
+//!   the bytes of a save are reserved fallibly ([`CheckpointError::OutOfMemory`]
+//!   names the tensor, even for a view showing more elements than memory holds);
+//!   files are checked in a fixed order, so an error names the same tensor on
+//!   every run.
 //!
 //! ```
 //! use fucina_autograd::Tensor;
@@ -165,7 +170,8 @@ pub enum CheckpointError {
         /// The repeated key.
         key: String,
     },
-    /// A tensor name cannot be stored.
+    /// A tensor name cannot be stored (to save), or a file holds one that
+    /// could not have been (to load or read).
     #[error("invalid tensor name `{name}`: {reason}")]
     InvalidName {
         /// The name.
@@ -735,8 +741,10 @@ pub fn load_into_with_options(
 ///
 /// # Errors
 /// [`CheckpointError::DuplicateName`] if two targets share a name or the header
-/// repeats a name; [`CheckpointError::Format`] if the bytes are not a complete,
-/// valid safetensors file; [`CheckpointError::MissingTensor`],
+/// repeats a name; [`CheckpointError::DuplicateMetadataKey`] if the header's
+/// metadata repeats a key; [`CheckpointError::InvalidName`] if the file holds a
+/// tensor with an empty name; [`CheckpointError::Format`] if the bytes are not a
+/// complete, valid safetensors file; [`CheckpointError::MissingTensor`],
 /// [`CheckpointError::DTypeMismatch`], [`CheckpointError::ShapeMismatch`] for a
 /// target the checkpoint does not match; [`CheckpointError::Tensor`] if a
 /// target's storage cannot be allocated. No target changes on any of them.
@@ -824,6 +832,8 @@ pub fn read(
 /// # Errors
 /// [`CheckpointError::Format`] if the bytes are not a complete, valid safetensors
 /// file; [`CheckpointError::DuplicateName`] if the header repeats a name;
+/// [`CheckpointError::DuplicateMetadataKey`] if its metadata repeats a key;
+/// [`CheckpointError::InvalidName`] for a tensor with an empty name;
 /// [`CheckpointError::DTypeMismatch`] for a tensor that is not `F32`;
 /// [`CheckpointError::UnsupportedShape`] for a shape of rank 0 or above 8 or with
 /// a zero dimension; [`CheckpointError::Tensor`] if a tensor cannot be allocated.
