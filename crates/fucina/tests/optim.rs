@@ -584,6 +584,14 @@ fn an_old_format_step_is_still_read() {
     run(&ctx, &mut opt, 2);
     let mut state = opt.state_dict();
     state[0].1 = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
+    // Through a checkpoint file of the old format.
+    let named: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let bytes = fucina::checkpoint::save_to_bytes(&named, &[]).unwrap();
+    let (state, _) = fucina::checkpoint::read_from_bytes(&ctx, &bytes).unwrap();
+    assert_eq!(
+        state.iter().find(|(n, _)| n == "step").unwrap().1.shape(),
+        [1]
+    );
     opt.load_state_dict(&ctx, &state).unwrap();
     assert_eq!(opt.step_count(), 16_777_216);
     backward(&ctx, &p);
