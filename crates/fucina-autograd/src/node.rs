@@ -406,12 +406,7 @@ impl Node {
             // In place in the old gradient when this node holds its only handle,
             // else (a grad view is alive) in place in `g`, so that the view never
             // changes; the sum is `old + g` either way (addition commutes).
-            Some(old) if old.is_contiguous() && old.is_unique() => {
-                match ctx.take_add_no_grad(old, &g) {
-                    Ok(s) => s,
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            Some(old) if old.is_contiguous() && old.is_unique() => ctx.take_add_no_grad(old, &g)?,
             Some(old) => match ctx.take_add_no_grad(g, &old) {
                 Ok(s) => s,
                 Err(e) => {
@@ -432,7 +427,8 @@ impl Node {
         match &st.grad {
             None => false,
             Some(old) => {
-                !(old.is_contiguous() && old.is_unique()) && !(g.is_contiguous() && g.is_unique())
+                let own = |t: &RawTensor| t.is_contiguous() && t.is_unique();
+                !own(old) && !own(g)
             }
         }
     }

@@ -211,11 +211,11 @@ impl Parameter {
         }
         let mut t = self.inner.tensor.write();
         self.inner.updater.store(me, Ordering::Release);
-        let r = catch_unwind(AssertUnwindSafe(|| t.update_(f)));
+        let r = catch_unwind(AssertUnwindSafe(|| t.update_(f).map_err(Error::from)));
         self.inner.updater.store(0, Ordering::Release);
         drop(t);
         match r {
-            Ok(r) => Ok(r?),
+            Ok(r) => r,
             Err(payload) if payload.is::<Reentered>() => Err(reentered()),
             Err(payload) => resume_unwind(payload),
         }

@@ -30,15 +30,13 @@ fn parse_step(t: &Tensor) -> Result<u64> {
     }
     let values = t.to_vec();
     let is_digit = |v: f32| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && (v as u64) < STEP_BASE;
-    match values.as_slice() {
-        &[v] if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0 => Ok(v as u64),
-        &[v] => Err(Error::state(format!("\"step\" = {v} is not a step count"))),
-        &[lo, mid, hi]
-            if is_digit(lo) && is_digit(mid) && is_digit(hi) && (hi as u64) < 1 << 16 =>
-        {
+    match *values.as_slice() {
+        [v] if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0 => Ok(v as u64),
+        [v] => Err(Error::state(format!("\"step\" = {v} is not a step count"))),
+        [lo, mid, hi] if is_digit(lo) && is_digit(mid) && is_digit(hi) && (hi as u64) < 1 << 16 => {
             Ok(lo as u64 | (mid as u64) << 24 | (hi as u64) << 48)
         }
-        &[_, _, _] => Err(Error::state(format!(
+        [_, _, _] => Err(Error::state(format!(
             "\"step\" = {values:?} is not a step count (three integer digits below 2^24, least significant first, the last below 2^16)"
         ))),
         _ => unreachable!("the shape was checked"),
@@ -354,7 +352,10 @@ mod tests {
     use fucina_exec::ExecContext;
 
     /// Everything a step can change: parameters, state entries, step count.
-    fn snapshot(opt: &dyn Optimizer) -> (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>, u64) {
+    type Snapshot = (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>, u64);
+    type MakeOpt = Box<dyn Fn(Vec<Parameter>) -> Box<dyn Optimizer>>;
+
+    fn snapshot(opt: &dyn Optimizer) -> Snapshot {
         let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         (
             opt.parameters().iter().map(|p| bits(p.to_vec())).collect(),
@@ -393,7 +394,7 @@ mod tests {
             dampening: 0.5,
             ..SgdConfig::default()
         };
-        let opts: Vec<Box<dyn Fn(Vec<Parameter>) -> Box<dyn Optimizer>>> = vec![
+        let opts: Vec<MakeOpt> = vec![
             Box::new(|p| Box::new(AdamW::new(p, AdamWConfig::default()).unwrap())),
             Box::new(move |p| Box::new(Sgd::with_config(p, sgd_cfg).unwrap())),
         ];
