@@ -190,9 +190,11 @@ impl Parameter {
     /// is kept.
     ///
     /// `f` must not use this same parameter (through any of its handles: the
-    /// update holds its lock). Such a call is detected: it does not return into
-    /// `f`, the update stops there, and `update_` returns an error (the values
-    /// `f` wrote before that call stay written). Other parameters may be used.
+    /// update holds its lock). Such a call on the updating thread is detected:
+    /// it does not return into `f`, the update stops there, and `update_`
+    /// returns an error (the values `f` wrote before that call stay written).
+    /// Another thread using the parameter waits until the update ends (so `f`
+    /// must not wait for such a thread). Other parameters may be used.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `f` used this parameter, or if this is

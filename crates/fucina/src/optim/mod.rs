@@ -133,7 +133,10 @@ macro_rules! delegate_optimizer {
 pub(crate) use delegate_optimizer;
 
 /// Refuses a parameter list that names a parameter twice (it would be updated
-/// twice per step, or counted twice by [`clip_grad_norm`]). Allocation-free.
+/// twice per step, or counted twice by [`clip_grad_norm`]). Allocation-free and
+/// linear: each parameter is stamped with a fresh pass number. (Two threads
+/// checking lists that share a parameter at the same instant can overwrite
+/// each other's stamps and miss a repeat; they never report a false one.)
 pub(crate) fn check_distinct(what: &'static str, params: &[Parameter]) -> Result<()> {
     let pass = Parameter::new_pass();
     for (i, p) in params.iter().enumerate() {
