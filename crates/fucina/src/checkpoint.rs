@@ -697,8 +697,13 @@ impl<'de> serde::Deserialize<'de> for MetadataKeys {
                 }
                 Ok(MetadataKeys(repeated))
             }
+
+            // `"__metadata__": null` is a valid header (no metadata).
+            fn visit_unit<E: serde::de::Error>(self) -> Result<MetadataKeys, E> {
+                Ok(MetadataKeys(None))
+            }
         }
-        d.deserialize_map(Keys)
+        d.deserialize_any(Keys)
     }
 }
 

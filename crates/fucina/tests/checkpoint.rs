@@ -412,6 +412,15 @@ fn invalid_names_are_refused() {
 }
 
 #[test]
+fn a_null_metadata_map_is_read_as_no_metadata() {
+    let ctx = ExecContext::new();
+    let header = r#"{"__metadata__":null,"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    let (tensors, meta) = checkpoint::read_from_bytes(&ctx, &st_file(header, &[0; 4])).unwrap();
+    assert_eq!(tensors.len(), 1);
+    assert!(meta.is_empty());
+}
+
+#[test]
 fn a_file_holding_an_empty_name_is_refused() {
     // What `save` refuses, `read` and `load_into` refuse too.
     let ctx = ExecContext::new();
@@ -435,6 +444,8 @@ fn errors_name_the_same_tensor_on_every_run() {
         r#"{"c":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"d":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
         // Several tensors whose offsets do not match their shapes.
         r#"{"x":{"dtype":"F32","shape":[4],"data_offsets":[0,12]},"y":{"dtype":"F32","shape":[4],"data_offsets":[0,12]},"z":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#,
+        // The same with a null metadata map (valid: no metadata).
+        r#"{"__metadata__":null,"c":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
     ];
     for header in headers {
         let file = st_file(header, &[0; 64]);
