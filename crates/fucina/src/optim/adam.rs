@@ -250,7 +250,10 @@ macro_rules! adam_like {
             /// One update of every parameter that has a gradient.
             ///
             /// # Errors
-            /// Out of memory (the first step allocates the moments).
+            /// Out of memory (the first step allocates the moments; a copy-on-write
+            /// copy of a parameter a graph still holds); [`Error::InvalidArgument`]
+            /// past `u64::MAX` steps. Nothing changes on an error: everything that
+            /// can fail is done before the first value is written.
             pub fn step(&mut self, ctx: &ExecContext) -> Result<()> {
                 self.core.step(ctx)
             }

@@ -7,7 +7,10 @@
 //! without a gradient are skipped. Updates are copy-on-write: a graph that still
 //! holds a parameter's old values keeps them. After warm-up a step allocates
 //! nothing (the state buffers are created on the first step and then updated in
-//! place).
+//! place). A step is all or nothing: it first does everything that can fail
+//! (fetching gradients, creating buffers, the copy-on-write copies), then
+//! writes; an error leaves the parameters, the state and the step count as they
+//! were. Constructors and [`clip_grad_norm`] refuse a parameter listed twice.
 //!
 //! The optimizer state is a list of named tensors ([`state_dict`](Optimizer::state_dict)):
 //! `"step"` (shape `[3]`: the number of steps taken, exactly, as three base-2^24
@@ -65,7 +68,9 @@ pub trait Optimizer {
     /// One update of every parameter that has a gradient.
     ///
     /// # Errors
-    /// Out of memory (the first step allocates the state).
+    /// Out of memory (the first step allocates the state); the step count
+    /// passing `u64::MAX`. Nothing changes on an error (parameters, state,
+    /// step count): everything that can fail is done before the first write.
     fn step(&mut self, ctx: &ExecContext) -> Result<()>;
     /// Releases every parameter's gradient.
     fn zero_grad(&self);
