@@ -247,10 +247,11 @@ pub(crate) struct Node {
 
 #[derive(Default)]
 struct State {
-    /// The accumulated gradient of a leaf, or the pending gradient of an op
-    /// output while backward runs.
+    /// The accumulated gradient of a leaf (op nodes hold none: a backward pass
+    /// keeps their pending gradients in its own scratch lists).
     grad: Option<RawTensor>,
-    /// Set when a backward without `retain_graph` released the VJP.
+    /// Set when a backward without `retain_graph` ran the VJP (it releases the
+    /// VJP once the whole pass has succeeded, and clears the flag if it fails).
     consumed: bool,
 }
 
@@ -337,56 +338,76 @@ impl Node {
         self.lock().grad.clone()
     }
 
+    /// Gives a leaf's gradient storage of its own (contiguous, no other handle),
+    /// copying it if needed; the values do not change.
+    pub(crate) fn own_grad(&self, ctx: &ExecContext) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(g) = &st.grad
+            && !(g.is_contiguous() && g.is_unique())
+        {
+            let own = ctx.clone(g)?;
+            st.grad = Some(own);
+        }
+        Ok(())
+    }
+
+    /// Multiplies a leaf's gradient by `s`, in place when its storage is its
+    /// own. Returns whether there was a gradient.
+    pub(crate) fn scale_grad(&self, ctx: &ExecContext, s: f32) -> Result<bool> {
+        let mut st = self.lock();
+        let Some(g) = st.grad.take() else {
+            return Ok(false);
+        };
+        if g.is_contiguous() && g.is_unique() {
+            st.grad = Some(ctx.take_scale_no_grad(g, s)?);
+        } else {
+            match ctx.scale(&g, s) {
+                Ok(scaled) => st.grad = Some(scaled),
+                Err(e) => {
+                    st.grad = Some(g);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(true)
+    }
+
     pub(crate) fn zero_grad(&self) {
         let old = self.lock().grad.take();
         drop(old);
     }
 
-    /// Runs the VJP (`None` if it was released); releases it unless `retain`.
+    /// Runs the VJP (`None` if it was released). The VJP is kept: a pass
+    /// releases the VJPs it ran only once it has succeeded.
     fn run_vjp(
         &self,
         ctx: &ExecContext,
         g: &RawTensor,
         needs: &[bool],
-        retain: bool,
     ) -> Option<Result<GradList>> {
-        let mut slot = self.vjp.lock().unwrap_or_else(|e| e.into_inner());
-        if retain {
-            match &*slot {
-                Vjp::None => None,
-                Vjp::Fn(f, s) => Some(f(ctx, s, g, needs)),
-                Vjp::Boxed(f) => Some(f(ctx, g, needs)),
-            }
-        } else {
-            let v = std::mem::replace(&mut *slot, Vjp::None);
-            drop(slot);
-            let r = match &v {
-                Vjp::None => return None,
-                Vjp::Fn(f, s) => f(ctx, s, g, needs),
-                Vjp::Boxed(f) => f(ctx, g, needs),
-            };
-            // Releases the tensors the op saved for backward.
-            drop(v);
-            Some(r)
+        let slot = self.vjp.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            Vjp::None => None,
+            Vjp::Fn(f, s) => Some(f(ctx, s, g, needs)),
+            Vjp::Boxed(f) => Some(f(ctx, g, needs)),
         }
     }
 
-    /// Adds `g` to the node's gradient (never overwrites).
-    fn accumulate(&self, ctx: &ExecContext, g: RawTensor, op: &'static str) -> Result<()> {
-        if g.shape() != self.dims.as_slice() {
-            return Err(AutogradError::GradientShapeMismatch {
-                op,
-                expected: self.dims,
-                got: g.dims(),
-            });
-        }
+    /// Commits the gradient `g` that one backward pass summed for this leaf:
+    /// adds it to the accumulated gradient (never overwrites). `g` has the
+    /// leaf's shape, and when the leaf already holds a gradient that is not
+    /// unique and contiguous, `g` itself is unique and contiguous (the caller,
+    /// [`backward_into`], copied it beforehand), so both paths add in place and
+    /// allocate nothing.
+    fn commit(&self, ctx: &ExecContext, g: RawTensor) -> Result<()> {
         let mut st = self.lock();
         let new = match st.grad.take() {
             None => g,
-            // In place when this node holds the only handle (otherwise, e.g. while a
-            // grad view is alive, a fresh sum).
+            // In place in the old gradient when this node holds its only handle,
+            // else (a grad view is alive) in place in `g`, so that the view never
+            // changes; the sum is `old + g` either way (addition commutes).
             Some(old) if old.is_contiguous() && old.is_unique() => ctx.take_add_no_grad(old, &g)?,
-            Some(old) => match ctx.add(&old, &g) {
+            Some(old) => match ctx.take_add_no_grad(g, &old) {
                 Ok(s) => s,
                 Err(e) => {
                     st.grad = Some(old);
@@ -396,6 +417,20 @@ impl Node {
         };
         st.grad = Some(new);
         Ok(())
+    }
+
+    /// Whether [`commit`](Node::commit)ting `g` could need fresh storage: the
+    /// leaf holds a gradient that is shared or strided, and `g` is shared or
+    /// strided too.
+    fn commit_needs_copy(&self, g: &RawTensor) -> bool {
+        let st = self.lock();
+        match &st.grad {
+            None => false,
+            Some(old) => {
+                let own = |t: &RawTensor| t.is_contiguous() && t.is_unique();
+                !own(old) && !own(g)
+            }
+        }
     }
 }
 
@@ -530,7 +565,44 @@ thread_local! {
     /// Reused by every drop of a graph on this thread (no allocation once grown).
     static DROP_STACK: RefCell<Vec<Small<NodeRef>>> = const { RefCell::new(Vec::new()) };
     /// Reused by every backward on this thread.
-    static SCRATCH: RefCell<Vec<NodeRef>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { order: Vec::new(), slots: Vec::new() })
+    };
+}
+
+/// The work lists of one backward pass: the reachable nodes in reverse
+/// creation order, and beside each the gradient it has received so far.
+struct Scratch {
+    order: Vec<NodeRef>,
+    slots: Vec<Slot>,
+}
+
+/// What one backward pass holds for one reachable node. Gradients live here,
+/// not in the nodes, until the pass commits: a pass that fails leaves no node
+/// changed, and two passes over graphs that share nodes do not mix.
+enum Slot {
+    /// No gradient reached the node.
+    Empty,
+    /// The sum of the gradients that reached the node so far.
+    Pending(RawTensor),
+    /// An op node whose VJP ran in this pass.
+    Ran,
+}
+
+impl Slot {
+    /// Adds `g` to the pending gradient.
+    fn add(&mut self, ctx: &ExecContext, g: RawTensor) -> Result<()> {
+        let sum = match std::mem::replace(self, Slot::Empty) {
+            // In place when the pass holds the only handle.
+            Slot::Pending(old) if old.is_contiguous() && old.is_unique() => {
+                ctx.take_add_no_grad(old, &g)?
+            }
+            Slot::Pending(old) => ctx.add(&old, &g)?,
+            Slot::Empty | Slot::Ran => g,
+        };
+        *self = Slot::Pending(sum);
+        Ok(())
+    }
 }
 
 impl Drop for Node {
@@ -591,6 +663,13 @@ pub struct BackwardOptions {
 
 /// Runs backward from `root` seeded with `seed` (already checked to have the
 /// root's shape).
+///
+/// All or nothing: the pass sums every gradient in its own scratch lists and
+/// changes the graph only once every VJP has succeeded. It then adds each
+/// leaf's sum to the leaf's gradient (the only step that could need memory is
+/// done first, for every leaf, before any leaf changes) and, without
+/// `retain_graph`, releases the VJPs that ran. On an error no leaf's gradient
+/// has changed and the graph is as it was: the same backward can run again.
 pub(crate) fn run_backward(
     ctx: &ExecContext,
     root: &NodeRef,
@@ -602,13 +681,22 @@ pub(crate) fn run_backward(
     }
     let reused = SCRATCH.try_with(|s| {
         s.try_borrow_mut()
-            .map(|mut order| backward_into(ctx, root, seed.clone(), opts, &mut order))
+            .map(|mut s| backward_into(ctx, root, seed.clone(), opts, &mut s))
             .ok()
     });
     match reused {
         Ok(Some(r)) => r,
         // A backward from inside a VJP, or during thread teardown.
-        _ => backward_into(ctx, root, seed, opts, &mut Vec::new()),
+        _ => backward_into(
+            ctx,
+            root,
+            seed,
+            opts,
+            &mut Scratch {
+                order: Vec::new(),
+                slots: Vec::new(),
+            },
+        ),
     }
 }
 
@@ -617,9 +705,11 @@ fn backward_into(
     root: &NodeRef,
     seed: RawTensor,
     opts: BackwardOptions,
-    order: &mut Vec<NodeRef>,
+    scratch: &mut Scratch,
 ) -> Result<()> {
+    let Scratch { order, slots } = scratch;
     order.clear();
+    slots.clear();
     // Collect the reachable nodes iteratively: `order` doubles as the work list
     // (every node is pushed once, when first seen).
     let epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
@@ -635,37 +725,86 @@ fn backward_into(
             }
         }
     }
-    // Reverse creation order is a reverse topological order.
+    // Reverse creation order is a reverse topological order; the root, newer
+    // than everything it depends on, comes first.
     order.sort_unstable_by_key(|n| std::cmp::Reverse(n.id()));
+    slots.resize_with(order.len(), || Slot::Empty);
+    slots[0] = Slot::Pending(seed);
 
-    let result = root
-        .accumulate(ctx, seed, "backward")
-        .and_then(|()| propagate(ctx, order, opts));
-    if result.is_err() {
-        // Drop the pending gradients of op nodes so that a failed backward leaves
-        // no partial state behind (leaves keep what they accumulated).
-        for n in order.iter().filter(|n| !n.is_leaf()) {
-            n.lock().grad = None;
+    let result = propagate(ctx, order, slots, opts).and_then(|()| commit(ctx, order, slots));
+    match &result {
+        Ok(()) => {
+            // Release what ran (the VJPs and the tensors they saved), unless
+            // the graph is retained.
+            if !opts.retain_graph {
+                for (n, s) in order.iter().zip(slots.iter()) {
+                    if matches!(s, Slot::Ran) {
+                        let vjp = std::mem::replace(
+                            &mut *n.vjp.lock().unwrap_or_else(|e| e.into_inner()),
+                            Vjp::None,
+                        );
+                        drop(vjp);
+                    }
+                }
+            }
+        }
+        Err(_) => {
+            // Undo the claims: the nodes that ran are runnable again.
+            if !opts.retain_graph {
+                for (n, s) in order.iter().zip(slots.iter()) {
+                    if matches!(s, Slot::Ran) {
+                        n.lock().consumed = false;
+                    }
+                }
+            }
         }
     }
+    // Drops the pending gradients (of a failed pass) and the node handles.
+    slots.clear();
     order.clear();
     result
 }
 
-fn propagate(ctx: &ExecContext, order: &[NodeRef], opts: BackwardOptions) -> Result<()> {
-    for n in order.iter().filter(|n| !n.is_leaf()) {
-        let h: &Node = n;
-        let g = {
-            let mut st = h.lock();
-            let Some(g) = st.grad.take() else { continue };
+/// The position of `n` in `order` (sorted by decreasing creation number).
+fn position(order: &[NodeRef], n: &Node) -> usize {
+    order
+        .binary_search_by(|p| n.id().cmp(&p.id()))
+        .expect("every input of a reachable node is reachable")
+}
+
+/// Runs the VJP of every op node that received a gradient, in `order`, summing
+/// the gradients of its inputs into their slots. Changes no node but the
+/// `consumed` flags of the nodes it ran (without `retain_graph`), which
+/// [`backward_into`] resets on an error.
+fn propagate(
+    ctx: &ExecContext,
+    order: &[NodeRef],
+    slots: &mut [Slot],
+    opts: BackwardOptions,
+) -> Result<()> {
+    for (k, n) in order.iter().enumerate() {
+        if n.is_leaf() {
+            continue;
+        }
+        let g = match std::mem::replace(&mut slots[k], Slot::Empty) {
+            Slot::Pending(g) => g,
+            other => {
+                slots[k] = other;
+                continue;
+            }
+        };
+        {
+            let mut st = n.lock();
             if st.consumed {
                 return Err(AutogradError::BackwardAlreadyRun);
             }
             if !opts.retain_graph {
+                // Claimed: a concurrent pass over this node is refused.
                 st.consumed = true;
             }
-            g
-        };
+        }
+        slots[k] = Slot::Ran;
+        let h: &Node = n;
         let links = h.links.as_slice();
         let mut inline = [false; INLINE];
         let mut heap = Vec::new();
@@ -678,7 +817,7 @@ fn propagate(ctx: &ExecContext, order: &[NodeRef], opts: BackwardOptions) -> Res
             heap.extend(links.iter().map(Option::is_some));
             &heap
         };
-        let mut grads = match n.run_vjp(ctx, &g, needs, opts.retain_graph) {
+        let mut grads = match n.run_vjp(ctx, &g, needs) {
             None => return Err(AutogradError::BackwardAlreadyRun),
             Some(r) => r?,
         };
@@ -693,8 +832,37 @@ fn propagate(ctx: &ExecContext, order: &[NodeRef], opts: BackwardOptions) -> Res
         }
         for (input, gi) in links.iter().zip(grads) {
             if let (Some(input), Some(gi)) = (input, gi.take()) {
-                input.accumulate(ctx, gi, h.name)?;
+                if gi.shape() != input.dims.as_slice() {
+                    return Err(AutogradError::GradientShapeMismatch {
+                        op: h.name,
+                        expected: input.dims,
+                        got: gi.dims(),
+                    });
+                }
+                slots[position(order, input)].add(ctx, gi)?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Adds every leaf's pending gradient to the leaf. First, the one step that can
+/// fail: a pending gradient that could not be added in place gets storage of
+/// its own (no leaf has changed yet). Then the in-place adds.
+fn commit(ctx: &ExecContext, order: &[NodeRef], slots: &mut [Slot]) -> Result<()> {
+    for (n, s) in order.iter().zip(slots.iter_mut()) {
+        if let Slot::Pending(g) = s
+            && n.is_leaf()
+            && n.commit_needs_copy(g)
+        {
+            *g = ctx.clone(g)?;
+        }
+    }
+    for (n, s) in order.iter().zip(slots.iter_mut()) {
+        if n.is_leaf()
+            && let Slot::Pending(g) = std::mem::replace(s, Slot::Empty)
+        {
+            n.commit(ctx, g)?;
         }
     }
     Ok(())

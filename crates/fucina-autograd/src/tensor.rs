@@ -146,8 +146,15 @@ impl Tensor {
     /// run in parallel chunks, bitwise equal to the serial fill.
     ///
     /// # Errors
-    /// The shape errors of [`ExecContext::empty`].
+    /// [`AutogradError::InvalidArgument`] unless `std` is finite and `>= 0`; the
+    /// shape errors of [`ExecContext::empty`].
     pub fn randn(ctx: &ExecContext, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {
+        if !(std.is_finite() && std >= 0.0) {
+            return Err(AutogradError::InvalidArgument {
+                op: "Tensor::randn",
+                reason: "the standard deviation must be finite and >= 0",
+            });
+        }
         let mut raw = ctx.empty(shape)?;
         par_fill(ctx, raw.data_mut()?, |first, out| {
             fucina_exec::rng::gaussian_fill_at(seed, first, out, std);
@@ -159,7 +166,9 @@ impl Tensor {
     /// `fucina_rng::uniform_fill(seed, ..)` (large fills run in parallel chunks).
     ///
     /// # Errors
-    /// The shape errors of [`ExecContext::empty`].
+    /// [`AutogradError::InvalidArgument`] unless the bounds are finite with
+    /// `lo <= hi` and a finite width `hi - lo` (`lo == hi` gives all `hi`); the
+    /// shape errors of [`ExecContext::empty`].
     pub fn uniform(
         ctx: &ExecContext,
         shape: &[usize],
@@ -167,6 +176,12 @@ impl Tensor {
         hi: f32,
         seed: u64,
     ) -> Result<Tensor> {
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi && (hi - lo).is_finite()) {
+            return Err(AutogradError::InvalidArgument {
+                op: "Tensor::uniform",
+                reason: "the bounds must be finite, with lo <= hi and a finite width hi - lo",
+            });
+        }
         let mut raw = ctx.empty(shape)?;
         par_fill(ctx, raw.data_mut()?, |first, out| {
             fucina_exec::rng::uniform_fill(seed_at(seed, first), out, lo, hi);
@@ -293,6 +308,37 @@ impl Tensor {
             .as_ref()
             .and_then(|n| n.grad())
             .map(Tensor::constant)
+    }
+
+    /// Multiplies this variable's accumulated gradient by `s` (gradient
+    /// clipping). In place when the gradient's storage is its own (see
+    /// [`own_grad`](Tensor::own_grad)); a grad view taken earlier keeps the old
+    /// values. Returns whether there was a gradient.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] if the gradient is shared and its scaled copy
+    /// cannot be allocated (the gradient is then unchanged).
+    pub fn scale_grad_(&self, ctx: &ExecContext, s: f32) -> Result<bool> {
+        match &self.node {
+            Some(n) if n.is_leaf() => n.scale_grad(ctx, s),
+            _ => Ok(false),
+        }
+    }
+
+    /// Gives this variable's accumulated gradient storage of its own
+    /// (contiguous, shared with no view or other gradient), copying it if
+    /// needed; the values do not change. After it, [`scale_grad_`](Tensor::scale_grad_)
+    /// cannot fail: a caller that scales several gradients calls this on all of
+    /// them first, so that an out-of-memory error leaves every gradient as it was.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] if the copy cannot be allocated (nothing
+    /// changes).
+    pub fn own_grad(&self, ctx: &ExecContext) -> Result<()> {
+        match &self.node {
+            Some(n) if n.is_leaf() => n.own_grad(ctx),
+            _ => Ok(()),
+        }
     }
 
     /// Releases this variable's gradient (the next backward starts from zero).

@@ -315,6 +315,49 @@ fn random_constructors_are_bitwise_equal_to_the_serial_fills() -> R {
 }
 
 #[test]
+fn random_constructors_refuse_bounds_and_deviations_out_of_range() -> R {
+    let ctx = ExecContext::new();
+    let nan = f32::NAN;
+    for (lo, hi) in [
+        (1.0, 0.0),
+        (nan, 1.0),
+        (0.0, nan),
+        (f32::NEG_INFINITY, 0.0),
+        (0.0, f32::INFINITY),
+        (-f32::MAX, f32::MAX), // the width overflows
+    ] {
+        let e = Tensor::uniform(&ctx, &[4], lo, hi, 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AutogradError::InvalidArgument {
+                    op: "Tensor::uniform",
+                    ..
+                }
+            ),
+            "[{lo}, {hi}): {e}"
+        );
+    }
+    for std in [nan, -1.0, f32::INFINITY] {
+        let e = Tensor::randn(&ctx, &[4], std, 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AutogradError::InvalidArgument {
+                    op: "Tensor::randn",
+                    ..
+                }
+            ),
+            "std {std}: {e}"
+        );
+    }
+    // The edges that are fine.
+    assert_eq!(Tensor::uniform(&ctx, &[3], 2.0, 2.0, 1)?.to_vec(), [2.0; 3]);
+    assert_eq!(Tensor::randn(&ctx, &[3], 0.0, 1)?.to_vec(), [0.0; 3]);
+    Ok(())
+}
+
+#[test]
 fn a_graph_captured_by_a_custom_backward_drops_iteratively() -> R {
     // Releasing a graph drops a VJP closure that owns another deep graph, while the
     // outer release is in progress.

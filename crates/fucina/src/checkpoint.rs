@@ -17,6 +17,11 @@
 //! - **All-or-nothing load**: [`load_into`] checks every name, dtype and shape
 //!   and decodes every byte before it writes any target; on an error no target
 //!   has changed.
+//! - **No aborts, stable errors**: sizes are computed in checked arithmetic and
+//!   the bytes of a save are reserved fallibly ([`CheckpointError::OutOfMemory`]
+//!   names the tensor, even for a view showing more elements than memory holds);
+//!   files are checked in a fixed order, so an error names the same tensor on
+//!   every run.
 //!
 //! ```
 //! use fucina_autograd::Tensor;
@@ -158,13 +163,15 @@ pub enum CheckpointError {
         /// The repeated name.
         name: String,
     },
-    /// A metadata key appears twice in the metadata to save.
+    /// A metadata key appears twice (in the metadata to save, or in the
+    /// checkpoint's metadata map).
     #[error("the metadata key `{key}` appears more than once")]
     DuplicateMetadataKey {
         /// The repeated key.
         key: String,
     },
-    /// A tensor name cannot be stored.
+    /// A tensor name cannot be stored (to save), or a file holds one that
+    /// could not have been (to load or read).
     #[error("invalid tensor name `{name}`: {reason}")]
     InvalidName {
         /// The name.
@@ -182,6 +189,19 @@ pub enum CheckpointError {
         name: String,
         /// The shape in the checkpoint.
         shape: Vec<usize>,
+    },
+    /// The bytes of a checkpoint cannot be held in memory: a tensor's size in
+    /// bytes overflows `usize`, or the memory for the file's bytes cannot be
+    /// allocated (a huge broadcast view saves as every element it shows).
+    #[error("tensor `{name}` of shape {shape:?}: {reason}")]
+    OutOfMemory {
+        /// The tensor whose size overflows, or the largest tensor of a
+        /// checkpoint whose bytes could not be allocated.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What failed, with the sizes in bytes.
+        reason: String,
     },
     /// Making or writing a tensor failed (out of memory). Boxed: it is rare, and
     /// an inline exec error would make every checkpoint `Result` large.
@@ -221,7 +241,10 @@ fn format_error(e: impl fmt::Display) -> CheckpointError {
 /// [`CheckpointError::DuplicateName`] if a name is given twice;
 /// [`CheckpointError::DuplicateMetadataKey`] if a metadata key is given twice;
 /// [`CheckpointError::InvalidName`] for an empty name or the reserved
-/// `__metadata__`.
+/// `__metadata__`; [`CheckpointError::OutOfMemory`] if the file's bytes cannot
+/// be allocated (or counted in a `usize`). Errors are found in a fixed order
+/// (the lists in the order given, then the tensors sorted by name), so the same
+/// input always gives the same error.
 pub fn save_to_bytes(
     tensors: &[(&str, &Tensor)],
     metadata: &[(&str, &str)],
@@ -262,6 +285,30 @@ pub fn save_to_bytes(
     sorted.sort_unstable_by_key(|&(name, _)| name);
     let mut meta: Vec<(&str, &str)> = metadata.to_vec();
     meta.sort_unstable();
+    // The size of every tensor's data, in checked arithmetic: a view can show
+    // more elements than memory holds (a broadcast), or more bytes than `usize`
+    // counts.
+    let mut offset = 0usize;
+    let mut ranges = Vec::with_capacity(sorted.len());
+    for &(name, t) in &sorted {
+        let len = t
+            .shape()
+            .iter()
+            .try_fold(std::mem::size_of::<f32>(), |acc, &d| acc.checked_mul(d));
+        let end = len.and_then(|len| offset.checked_add(len));
+        let Some(end) = end else {
+            return Err(CheckpointError::OutOfMemory {
+                name: name.to_string(),
+                shape: t.shape().to_vec(),
+                reason: format!(
+                    "its data, with the tensors sorted before it, takes more bytes than usize counts ({})",
+                    usize::MAX
+                ),
+            });
+        };
+        ranges.push((offset, end));
+        offset = end;
+    }
     let json = |s: &str| serde_json::to_string(s).map_err(format_error);
     let mut header = String::from("{");
     if !meta.is_empty() {
@@ -277,20 +324,16 @@ pub fn save_to_bytes(
         }
         header.push('}');
     }
-    let mut offset = 0usize;
-    for (i, (name, t)) in sorted.iter().enumerate() {
+    for (i, ((name, t), (start, end))) in sorted.iter().zip(&ranges).enumerate() {
         if i > 0 || !meta.is_empty() {
             header.push(',');
         }
-        let len = t.numel() * std::mem::size_of::<f32>();
         let shape = t.shape().iter().map(usize::to_string).collect::<Vec<_>>();
         header.push_str(&json(name)?);
         header.push_str(&format!(
-            r#":{{"dtype":"F32","shape":[{}],"data_offsets":[{offset},{}]}}"#,
+            r#":{{"dtype":"F32","shape":[{}],"data_offsets":[{start},{end}]}}"#,
             shape.join(","),
-            offset + len
         ));
-        offset += len;
     }
     header.push('}');
     // Pad the header with spaces so that the data starts 8-byte aligned.
@@ -305,14 +348,55 @@ pub fn save_to_bytes(
             ),
         });
     }
-    let mut out = Vec::with_capacity(LEN_PREFIX + header.len() + offset);
+    // The whole file, reserved fallibly: a failure is an error naming the
+    // largest tensor, never an abort.
+    let largest = || {
+        let (name, t) = sorted
+            .iter()
+            .zip(&ranges)
+            .max_by_key(|&(&(name, _), &(s, e))| (e - s, std::cmp::Reverse(name)))
+            .map(|(nt, _)| *nt)
+            .expect("a failed reservation has data, so at least one tensor");
+        (name.to_string(), t.shape().to_vec())
+    };
+    let total = (LEN_PREFIX + header.len()).checked_add(offset);
+    let mut out: Vec<u8> = Vec::new();
+    let reserved = match total {
+        Some(total) => out
+            .try_reserve_exact(total)
+            .map_err(|e| (total.to_string(), e.to_string())),
+        None => Err((
+            "more than usize::MAX".to_string(),
+            "capacity overflow".to_string(),
+        )),
+    };
+    if let Err((bytes, why)) = reserved {
+        let (name, shape) = largest();
+        return Err(CheckpointError::OutOfMemory {
+            name,
+            shape,
+            reason: format!(
+                "out of memory: the checkpoint takes {bytes} bytes, which cannot be allocated ({why}); this is its largest tensor"
+            ),
+        });
+    }
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     for (_, t) in &sorted {
-        match t.data() {
-            Ok(values) => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
-            // A non-contiguous view: its elements in logical order.
-            Err(_) => out.extend(t.to_vec().iter().flat_map(|v| v.to_le_bytes())),
+        let raw = t.raw();
+        match raw.data() {
+            Ok(values) => {
+                for v in values {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            // A non-contiguous view: its elements in logical order, read in place
+            // (no copy of the view is made).
+            Err(_) => {
+                let src: &[f32] = raw.buffer();
+                raw.layout()
+                    .for_each_index(|i| out.extend_from_slice(&src[i].to_le_bytes()));
+            }
         }
     }
     debug_assert!(SafeTensors::read_metadata(&out).is_ok());
@@ -451,13 +535,15 @@ impl Parsed<'_> {
 }
 
 /// Checks the framing and header of a safetensors file (the header's JSON, every
-/// tensor's dtype, shape and offsets, and that the data section ends exactly at
-/// the end of `bytes`).
+/// tensor's name, dtype, shape and offsets, and that the data section ends
+/// exactly at the end of `bytes`).
+///
+/// The header is first checked here, in a fixed order (entries sorted by their
+/// data offsets, then by name), so that a file with several faults always
+/// reports the same one: the `safetensors` reader's own checks walk a hash map.
 fn parse(bytes: &[u8]) -> Result<Parsed<'_>, CheckpointError> {
-    // The header is a JSON object; a repeated key there would silently shadow the
-    // first entry, so it is refused before anything else.
-    if let Some(name) = duplicate_header_key(bytes) {
-        return Err(CheckpointError::DuplicateName { name });
+    if let Some(entries) = header_entries(bytes) {
+        check_entries(entries?, bytes.len())?;
     }
     let (n, header) = SafeTensors::read_metadata(bytes).map_err(format_error)?;
     // `read_metadata` checked that `LEN_PREFIX + n <= bytes.len()`.
@@ -469,25 +555,80 @@ fn parse(bytes: &[u8]) -> Result<Parsed<'_>, CheckpointError> {
     Ok(Parsed { header, data })
 }
 
-/// The first key repeated in the header's JSON object (or in its metadata map),
-/// when the header can be read as one; `None` otherwise (the full parse reports
-/// what is wrong).
-fn duplicate_header_key(bytes: &[u8]) -> Option<String> {
+/// The tensor entries of the header (name and entry, in file order) and the
+/// header's length, when the header can be read as a JSON object of the
+/// expected form; `None` otherwise (the full parse reports what is wrong).
+/// A repeated key is an error here: JSON readers keep the last of them.
+type Entries = (Vec<(String, TensorInfo)>, usize);
+
+fn header_entries(bytes: &[u8]) -> Option<Result<Entries, CheckpointError>> {
     let prefix: [u8; LEN_PREFIX] = bytes.get(..LEN_PREFIX)?.try_into().ok()?;
     let n = usize::try_from(u64::from_le_bytes(prefix)).ok()?;
+    if n > MAX_HEADER_BYTES {
+        return None;
+    }
     let json = bytes.get(LEN_PREFIX..LEN_PREFIX.checked_add(n)?)?;
-    serde_json::from_slice::<KeyCheck>(json).ok()?.0
+    let HeaderCheck(r) = serde_json::from_slice::<HeaderCheck>(json).ok()?;
+    Some(r.map(|entries| (entries, n)))
 }
 
-/// A JSON object read only for its keys: the first repeated key, if any (the
-/// `__metadata__` map is checked the same way).
-struct KeyCheck(Option<String>);
+/// Checks the tensor entries in a fixed order: names, then the offsets, which
+/// must tile the data section (`file_len` bytes after the header) exactly.
+fn check_entries((mut entries, n): Entries, file_len: usize) -> Result<(), CheckpointError> {
+    if entries.iter().any(|(name, _)| name.is_empty()) {
+        return Err(CheckpointError::InvalidName {
+            name: String::new(),
+            reason: "a tensor name must not be empty",
+        });
+    }
+    entries.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+    let mut start = 0usize;
+    for (name, info) in &entries {
+        let (s, e) = info.data_offsets;
+        if s != start || e < s {
+            return Err(CheckpointError::Format {
+                reason: format!(
+                    "tensor `{name}`: data offsets [{s}, {e}], but its data should start at {start}"
+                ),
+            });
+        }
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(info.dtype.bitsize(), |acc, &d| acc.checked_mul(d));
+        if bits.is_none_or(|b| b % 8 != 0 || b / 8 != e - s) {
+            return Err(CheckpointError::Format {
+                reason: format!(
+                    "tensor `{name}`: its data offsets [{s}, {e}] do not match its shape {:?} and dtype {:?}",
+                    info.shape, info.dtype
+                ),
+            });
+        }
+        start = e;
+    }
+    let data_len = file_len - LEN_PREFIX - n;
+    if start != data_len {
+        return Err(CheckpointError::Format {
+            reason: format!(
+                "the header's tensors take {start} bytes of data, the file holds {data_len}"
+            ),
+        });
+    }
+    Ok(())
+}
 
-impl<'de> serde::Deserialize<'de> for KeyCheck {
+/// The header's JSON object read entry by entry: the tensor entries in file
+/// order, or the first repeated tensor name or metadata key.
+struct HeaderCheck(Result<Vec<(String, TensorInfo)>, CheckpointError>);
+
+/// The `__metadata__` map read for its keys: the first repeated key, if any.
+struct MetadataKeys(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for HeaderCheck {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Keys;
-        impl<'de> serde::de::Visitor<'de> for Keys {
-            type Value = KeyCheck;
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = HeaderCheck;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
@@ -496,26 +637,73 @@ impl<'de> serde::Deserialize<'de> for KeyCheck {
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<KeyCheck, A::Error> {
+            ) -> Result<HeaderCheck, A::Error> {
+                let mut seen = HashSet::new();
+                let mut entries = Vec::new();
+                let mut metadata_seen = false;
+                let mut err = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == METADATA_KEY {
+                        let MetadataKeys(repeated) = map.next_value()?;
+                        if err.is_none() {
+                            if metadata_seen {
+                                err = Some(CheckpointError::Format {
+                                    reason: format!("the header holds `{METADATA_KEY}` twice"),
+                                });
+                            } else if let Some(key) = repeated {
+                                err = Some(CheckpointError::DuplicateMetadataKey { key });
+                            }
+                        }
+                        metadata_seen = true;
+                        continue;
+                    }
+                    let info: TensorInfo = map.next_value()?;
+                    if err.is_none() && !seen.insert(key.clone()) {
+                        err = Some(CheckpointError::DuplicateName { name: key.clone() });
+                    }
+                    entries.push((key, info));
+                }
+                Ok(HeaderCheck(match err {
+                    Some(e) => Err(e),
+                    None => Ok(entries),
+                }))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MetadataKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = MetadataKeys;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of strings")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MetadataKeys, A::Error> {
                 let mut seen = HashSet::new();
                 let mut repeated = None;
                 while let Some(key) = map.next_key::<String>()? {
-                    if key == METADATA_KEY {
-                        let inner: KeyCheck = map.next_value()?;
-                        repeated = repeated.or(inner.0);
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                    }
-                    if repeated.is_none() && seen.contains(&key) {
+                    map.next_value::<String>()?;
+                    if repeated.is_none() && !seen.insert(key.clone()) {
                         repeated = Some(key);
-                    } else {
-                        seen.insert(key);
                     }
                 }
-                Ok(KeyCheck(repeated))
+                Ok(MetadataKeys(repeated))
+            }
+
+            // `"__metadata__": null` is a valid header (no metadata).
+            fn visit_unit<E: serde::de::Error>(self) -> Result<MetadataKeys, E> {
+                Ok(MetadataKeys(None))
             }
         }
-        d.deserialize_map(Keys)
+        d.deserialize_any(Keys)
     }
 }
 
@@ -558,8 +746,10 @@ pub fn load_into_with_options(
 ///
 /// # Errors
 /// [`CheckpointError::DuplicateName`] if two targets share a name or the header
-/// repeats a name; [`CheckpointError::Format`] if the bytes are not a complete,
-/// valid safetensors file; [`CheckpointError::MissingTensor`],
+/// repeats a name; [`CheckpointError::DuplicateMetadataKey`] if the header's
+/// metadata repeats a key; [`CheckpointError::InvalidName`] if the file holds a
+/// tensor with an empty name; [`CheckpointError::Format`] if the bytes are not a
+/// complete, valid safetensors file; [`CheckpointError::MissingTensor`],
 /// [`CheckpointError::DTypeMismatch`], [`CheckpointError::ShapeMismatch`] for a
 /// target the checkpoint does not match; [`CheckpointError::Tensor`] if a
 /// target's storage cannot be allocated. No target changes on any of them.
@@ -647,6 +837,8 @@ pub fn read(
 /// # Errors
 /// [`CheckpointError::Format`] if the bytes are not a complete, valid safetensors
 /// file; [`CheckpointError::DuplicateName`] if the header repeats a name;
+/// [`CheckpointError::DuplicateMetadataKey`] if its metadata repeats a key;
+/// [`CheckpointError::InvalidName`] for a tensor with an empty name;
 /// [`CheckpointError::DTypeMismatch`] for a tensor that is not `F32`;
 /// [`CheckpointError::UnsupportedShape`] for a shape of rank 0 or above 8 or with
 /// a zero dimension; [`CheckpointError::Tensor`] if a tensor cannot be allocated.

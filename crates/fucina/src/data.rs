@@ -74,8 +74,9 @@ pub fn read_gzip(path: impl AsRef<Path>) -> Result<Vec<u8>> {
 ///
 /// # Errors
 /// [`Error::Data`] naming the file (and the line and field) if it cannot be read
-/// (see [`read_gzip`]), is not text, or holds a line with the wrong number of
-/// fields, a field that is not a number, or a pixel or label out of range.
+/// (see [`read_gzip`]), is not text, holds a line with the wrong number of
+/// fields, a field that is not a number, or a pixel or label out of range, or
+/// holds no image at all (an empty or blank file).
 pub fn load_digits(path: impl AsRef<Path>) -> Result<Digits> {
     let path = path.as_ref();
     let bytes = read_gzip(path)?;
@@ -131,6 +132,12 @@ pub fn load_digits(path: impl AsRef<Path>) -> Result<Digits> {
                 d.y.push(v as i64);
             }
         }
+    }
+    if d.is_empty() {
+        return Err(data_err(
+            path,
+            "holds no images (the file is empty or blank)",
+        ));
     }
     Ok(d)
 }

@@ -389,8 +389,12 @@ fn duplicate_names_are_refused() {
     let header = r#"{"__metadata__":{"step":"1","step":"2"},"fc.bias":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
     let err = checkpoint::read_from_bytes(&ctx, &st_file(header, &[0; 16])).unwrap_err();
     assert!(
-        matches!(err, CheckpointError::DuplicateName { ref name } if name == "step"),
+        matches!(err, CheckpointError::DuplicateMetadataKey { ref key } if key == "step"),
         "{err:?}"
+    );
+    refused(
+        &st_file(header, &[0; 16]),
+        |e| matches!(e, CheckpointError::DuplicateMetadataKey { key } if key == "step"),
     );
 }
 
@@ -405,6 +409,146 @@ fn invalid_names_are_refused() {
             "{err:?}"
         );
     }
+}
+
+#[test]
+fn a_null_metadata_map_is_read_as_no_metadata() {
+    let ctx = ExecContext::new();
+    let header = r#"{"__metadata__":null,"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    let (tensors, meta) = checkpoint::read_from_bytes(&ctx, &st_file(header, &[0; 4])).unwrap();
+    assert_eq!(tensors.len(), 1);
+    assert!(meta.is_empty());
+}
+
+#[test]
+fn a_file_holding_an_empty_name_is_refused() {
+    // What `save` refuses, `read` and `load_into` refuse too.
+    let ctx = ExecContext::new();
+    let header = r#"{"":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    let file = st_file(header, &[0; 16]);
+    let err = checkpoint::read_from_bytes(&ctx, &file).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::InvalidName { ref name, .. } if name.is_empty()),
+        "{err:?}"
+    );
+    refused(&file, |e| matches!(e, CheckpointError::InvalidName { .. }));
+}
+
+#[test]
+fn errors_name_the_same_tensor_on_every_run() {
+    // Several faults in one header: the reported one does not depend on hash
+    // order (each parse builds fresh hash maps with fresh random keys).
+    let ctx = ExecContext::new();
+    let headers = [
+        // Three tensors claiming the same bytes.
+        r#"{"c":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"d":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+        // Several tensors whose offsets do not match their shapes.
+        r#"{"x":{"dtype":"F32","shape":[4],"data_offsets":[0,12]},"y":{"dtype":"F32","shape":[4],"data_offsets":[0,12]},"z":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#,
+        // The same with a null metadata map (valid: no metadata).
+        r#"{"__metadata__":null,"c":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+    ];
+    for header in headers {
+        let file = st_file(header, &[0; 64]);
+        let first = checkpoint::read_from_bytes(&ctx, &file)
+            .unwrap_err()
+            .to_string();
+        for _ in 0..64 {
+            let again = checkpoint::read_from_bytes(&ctx, &file)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(again, first);
+            let mut t = Tensor::zeros(&ctx, &[4]).unwrap();
+            let load = checkpoint::load_into_from_bytes(&file, &mut [("a", &mut t)]);
+            assert_eq!(load.unwrap_err().to_string(), first);
+        }
+    }
+}
+
+/// Runs the test `name` of this binary in a child process (with `FUCINA_CHILD`
+/// set), killed after `secs` seconds; returns whether it passed.
+fn child_passes(name: &str, secs: u64) -> bool {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1"])
+        .env("FUCINA_CHILD", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.success();
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Saving a huge zero-copy view (a broadcast of one element to 2^40 elements,
+/// 4 TiB of file) is an error naming the tensor, not an abort. Run in a child
+/// process: before the fix, the process died on the failed allocation.
+#[test]
+fn saving_a_huge_view_is_an_error_not_an_abort() {
+    assert!(
+        child_passes("huge_view_body", 120),
+        "the child process aborted, failed or hung"
+    );
+}
+
+#[test]
+fn huge_view_body() {
+    if std::env::var_os("FUCINA_CHILD").is_none() {
+        return; // run only as the child of the test above
+    }
+    let ctx = ExecContext::new();
+    let small = Tensor::ones(&ctx, &[4]).unwrap();
+    let b = Tensor::ones(&ctx, &[1])
+        .unwrap()
+        .broadcast_to(&ctx, &[1 << 40])
+        .unwrap();
+    let err = checkpoint::save_to_bytes(&[("a", &small), ("b", &b)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OutOfMemory { ref name, ref shape, .. } if name == "b" && shape == &[1 << 40]),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    let dir = tmp_dir("huge_view");
+    let path = dir.join("huge.safetensors");
+    let err = checkpoint::save(&path, &[("b", &b)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OutOfMemory { .. }),
+        "{err:?}"
+    );
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_view_whose_byte_size_overflows_is_an_error() {
+    // 2^63 elements: the element count fits a usize, the byte count does not.
+    let ctx = ExecContext::new();
+    let v = Tensor::ones(&ctx, &[1])
+        .unwrap()
+        .broadcast_to(&ctx, &[1 << 31, 1 << 31, 2])
+        .unwrap();
+    let err = checkpoint::save_to_bytes(&[("v", &v)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OutOfMemory { ref name, .. } if name == "v"),
+        "{err:?}"
+    );
+    // Two tensors whose offsets together overflow: the second is named.
+    let h = Tensor::ones(&ctx, &[1])
+        .unwrap()
+        .broadcast_to(&ctx, &[1 << 31, 1 << 29, 2])
+        .unwrap();
+    let err = checkpoint::save_to_bytes(&[("h2", &h), ("h1", &h)], &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OutOfMemory { ref name, .. } if name == "h2"),
+        "{err:?}"
+    );
 }
 
 #[test]

@@ -335,3 +335,81 @@ fn lower_layer_errors_convert_into_fucina_error() {
         "{autograd}"
     );
 }
+
+/// Runs `f` on a thread of its own and waits at most 20 s for it: a deadlock
+/// fails the test instead of hanging it.
+fn within_timeout<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the call did not return within 20 s (deadlock)")
+}
+
+#[test]
+fn using_a_parameter_inside_its_own_update_is_an_error_not_a_deadlock() {
+    let (read, nested, copy, tensor) = within_timeout(|| {
+        let ctx = ExecContext::with_threads(1);
+        let p = Parameter::from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
+        let q = p.clone();
+        let read = p.update_(|w| w[0] = q.to_vec()[1]);
+        let nested = p.update_(|_| q.update_(|w| w[0] = 9.0));
+        let copy = p.update_(|_| q.copy_from_slice(&[7.0, 7.0]));
+        let tensor = p.update_(|_| q.tensor().numel());
+        // The parameter is usable afterwards (no lock left held).
+        p.update_(|w| w[1] = 5.0).unwrap();
+        assert_eq!(q.to_vec(), [1.0, 5.0]);
+        (read, nested, copy, tensor)
+    });
+    for r in [read.map(|_| ()), copy.map(|_| ()), tensor.map(|_| ())] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("Parameter::update_"), "{e}");
+    }
+    // The inner update is refused; the outer one completes.
+    assert!(matches!(nested, Ok(Err(Error::InvalidArgument { .. }))));
+}
+
+#[test]
+fn other_threads_and_other_parameters_are_unaffected_by_an_update() {
+    within_timeout(|| {
+        let ctx = ExecContext::with_threads(1);
+        let p = Parameter::from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
+        let o = Parameter::from_slice(&ctx, &[2], &[3.0, 4.0]).unwrap();
+        let p2 = p.clone();
+        // Another parameter inside the update: fine.
+        p.update_(|w| w[0] = o.to_vec()[1]).unwrap();
+        assert_eq!(p.to_vec(), [4.0, 2.0]);
+        // Another thread reading during an update waits for it, then sees the
+        // new values.
+        p.update_(|w| {
+            let reader = std::thread::spawn(move || p2.to_vec());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            w[1] = 8.0;
+            reader
+        })
+        .unwrap()
+        .join()
+        .map(|v| assert_eq!(v, [4.0, 8.0]))
+        .unwrap();
+        // A user panic inside an update propagates and leaves no lock held.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.update_(|_| panic!("user panic")).unwrap();
+        }));
+        assert!(r.is_err());
+        assert_eq!(p.to_vec(), [4.0, 8.0]);
+    });
+}
+
+#[test]
+fn a_tensor_read_inside_its_own_update_sees_the_old_values() {
+    within_timeout(|| {
+        let ctx = ExecContext::with_threads(1);
+        let mut t = Tensor::variable_from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
+        let q = t.clone();
+        t.update_(|w| w[0] = q.to_vec()[1] * 10.0).unwrap();
+        assert_eq!(t.to_vec(), [20.0, 2.0]);
+        assert_eq!(q.to_vec(), [1.0, 2.0]); // copy-on-write: q keeps the old values
+    });
+}

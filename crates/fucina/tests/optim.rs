@@ -253,7 +253,7 @@ fn round_trip<O: Optimizer>(make: impl Fn(Vec<Parameter>) -> O) {
         .collect();
     let cont = run(&ctx, &mut opt, 3);
     // The state dict handles did not change under the later steps.
-    assert_eq!(saved[0].1.to_vec(), [3.0]);
+    assert_eq!(saved[0].1.to_vec(), [3.0, 0.0, 0.0]);
     let p2 = Parameter::from_slice(&ctx, &[5], &saved_w).unwrap();
     let mut opt2 = make(vec![p2]);
     opt2.load_state_dict(&ctx, &saved).unwrap();
@@ -310,6 +310,12 @@ fn load_state_dict_validates_before_changing_anything() {
     let t5 = Tensor::zeros(&ctx, &[5]).unwrap();
     let t4 = Tensor::zeros(&ctx, &[4]).unwrap();
     let step = |v: f32| Tensor::from_slice(&ctx, &[1], &[v]).unwrap();
+    let digits = |v: [f32; 3]| Tensor::from_slice(&ctx, &[3], &v).unwrap();
+    let with = |i: usize, v: f32| {
+        let mut x = [0.5f32; 5];
+        x[i] = v;
+        Tensor::from_slice(&ctx, &[5], &x).unwrap()
+    };
     let cases: Vec<(Vec<(String, Tensor)>, &str)> = vec![
         (
             vec![("step".into(), step(1.0)), ("exp_avg.0".into(), t5.clone())],
@@ -332,7 +338,47 @@ fn load_state_dict_validates_before_changing_anything() {
         ),
         (vec![("step".into(), step(1.5))], "not a step count"),
         (vec![("step".into(), step(-1.0))], "not a step count"),
-        (vec![("step".into(), t5.clone())], "not [1]"),
+        (vec![("step".into(), t5.clone())], "not [3]"),
+        (
+            vec![("step".into(), digits([1.0, 16_777_216.0, 0.0]))],
+            "not a step count",
+        ),
+        (
+            vec![("step".into(), digits([1.0, 0.0, 65_536.0]))],
+            "not a step count",
+        ),
+        (
+            vec![("step".into(), digits([1.0, f32::NAN, 0.0]))],
+            "not a step count",
+        ),
+        (
+            vec![("step".into(), step(16_777_218.0))],
+            "not a step count",
+        ),
+        (
+            vec![
+                ("step".into(), step(1.0)),
+                ("exp_avg.0".into(), t5.clone()),
+                ("exp_avg_sq.0".into(), with(3, -1e-30)),
+            ],
+            "\"exp_avg_sq.0\" holds -0.00000",
+        ),
+        (
+            vec![
+                ("step".into(), step(1.0)),
+                ("exp_avg.0".into(), t5.clone()),
+                ("exp_avg_sq.0".into(), with(1, f32::NAN)),
+            ],
+            "element 1",
+        ),
+        (
+            vec![
+                ("step".into(), step(1.0)),
+                ("exp_avg.0".into(), with(4, f32::INFINITY)),
+                ("exp_avg_sq.0".into(), t5.clone()),
+            ],
+            "\"exp_avg.0\" holds inf at element 4",
+        ),
         (
             vec![("step".into(), step(1.0)), ("exp_avg.1".into(), t5.clone())],
             "unknown entry \"exp_avg.1\"",
@@ -483,6 +529,151 @@ fn warmup_cosine_schedule() {
     // With the optimizer.
     let ctx = ExecContext::new();
     let mut opt = Sgd::new(vec![param(&ctx)], 1.0).unwrap();
-    opt.set_lr(s.lr(0));
+    opt.set_lr(s.lr(0)).unwrap();
     assert_eq!(opt.lr(), s.lr(0));
+}
+
+#[test]
+fn the_step_count_is_exact_past_two_to_the_24() {
+    let ctx = ExecContext::new();
+    for start in [16_777_215u64, (1 << 40) + 12_345, u64::MAX - 2] {
+        let p = param(&ctx);
+        let mut opt = AdamW::new(vec![p.clone()], AdamWConfig::default()).unwrap();
+        run(&ctx, &mut opt, 1);
+        // The state of an optimizer `start` steps in: the digits of `start`.
+        let mut state = opt.state_dict();
+        let d = [0, 1, 2].map(|k| ((start >> (24 * k)) % (1 << 24)) as f32);
+        state[0].1 = Tensor::from_slice(&ctx, &[3], &d).unwrap();
+        opt.load_state_dict(&ctx, &state).unwrap();
+        assert_eq!(opt.step_count(), start);
+        for k in 1..=2 {
+            backward(&ctx, &p);
+            opt.step(&ctx).unwrap();
+            opt.zero_grad();
+            assert_eq!(opt.step_count(), start + k);
+            // It survives its own state dict, through a checkpoint, exactly.
+            let saved = opt.state_dict();
+            let named: Vec<(&str, &Tensor)> = saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            let bytes = fucina::checkpoint::save_to_bytes(&named, &[]).unwrap();
+            let (back, _) = fucina::checkpoint::read_from_bytes(&ctx, &bytes).unwrap();
+            let mut opt2 = AdamW::new(vec![param(&ctx)], AdamWConfig::default()).unwrap();
+            opt2.load_state_dict(&ctx, &back).unwrap();
+            assert_eq!(opt2.step_count(), start + k);
+        }
+    }
+    // Past u64::MAX: an error, not a wrap.
+    let p = param(&ctx);
+    let mut opt = Sgd::new(vec![p.clone()], 0.1).unwrap();
+    let max = [0, 1, 2].map(|k| ((u64::MAX >> (24 * k)) % (1 << 24)) as f32);
+    opt.load_state_dict(
+        &ctx,
+        &[("step".into(), Tensor::from_slice(&ctx, &[3], &max).unwrap())],
+    )
+    .unwrap();
+    backward(&ctx, &p);
+    assert!(matches!(opt.step(&ctx), Err(Error::InvalidArgument { .. })));
+    assert_eq!(opt.step_count(), u64::MAX);
+}
+
+#[test]
+fn an_old_format_step_is_still_read() {
+    // Earlier versions stored "step" as one f32.
+    let ctx = ExecContext::new();
+    let p = param(&ctx);
+    let mut opt = AdamW::new(vec![p.clone()], AdamWConfig::default()).unwrap();
+    run(&ctx, &mut opt, 2);
+    let mut state = opt.state_dict();
+    state[0].1 = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
+    // Through a checkpoint file of the old format.
+    let named: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let bytes = fucina::checkpoint::save_to_bytes(&named, &[]).unwrap();
+    let (state, _) = fucina::checkpoint::read_from_bytes(&ctx, &bytes).unwrap();
+    assert_eq!(
+        state.iter().find(|(n, _)| n == "step").unwrap().1.shape(),
+        [1]
+    );
+    opt.load_state_dict(&ctx, &state).unwrap();
+    assert_eq!(opt.step_count(), 16_777_216);
+    backward(&ctx, &p);
+    opt.step(&ctx).unwrap();
+    assert_eq!(opt.step_count(), 16_777_217);
+    assert_eq!(opt.state_dict()[0].1.to_vec(), [1.0, 1.0, 0.0]);
+}
+
+#[test]
+fn set_lr_refuses_what_the_constructors_refuse() {
+    let ctx = ExecContext::new();
+    let mut opts: Vec<Box<dyn Optimizer>> = vec![
+        Box::new(Sgd::new(vec![param(&ctx)], 0.1).unwrap()),
+        Box::new(Adam::new(vec![param(&ctx)], AdamConfig::default()).unwrap()),
+        Box::new(AdamW::new(vec![param(&ctx)], AdamWConfig::default()).unwrap()),
+    ];
+    for opt in &mut opts {
+        let lr = opt.lr();
+        for bad in [f32::NAN, -1.0, f32::INFINITY, -0.0001] {
+            let e = opt.set_lr(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            assert!(e.to_string().contains("lr"), "{e}");
+            assert_eq!(opt.lr(), lr);
+        }
+        opt.set_lr(0.0).unwrap();
+        assert_eq!(opt.lr(), 0.0);
+    }
+}
+
+#[test]
+fn a_parameter_listed_twice_is_refused() {
+    let ctx = ExecContext::new();
+    let (p, q) = (param(&ctx), param(&ctx));
+    let twice = || vec![p.clone(), q.clone(), p.clone()];
+    let errs = [
+        Sgd::new(twice(), 0.1).map(|_| ()).unwrap_err(),
+        Adam::new(twice(), AdamConfig::default())
+            .map(|_| ())
+            .unwrap_err(),
+        AdamW::new(twice(), AdamWConfig::default())
+            .map(|_| ())
+            .unwrap_err(),
+        clip_grad_norm(&ctx, &twice(), 1.0).map(|_| ()).unwrap_err(),
+    ];
+    for e in errs {
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("parameter 2 is the same parameter as parameter 0"),
+            "{e}"
+        );
+    }
+    // The gradient was not scaled by the refused clip.
+    backward(&ctx, &p);
+    let g = p.grad(&ctx).unwrap().unwrap().to_vec();
+    assert!(clip_grad_norm(&ctx, &twice(), 1e-3).is_err());
+    assert_eq!(p.grad(&ctx).unwrap().unwrap().to_vec(), g);
+    // Listed once each, the same lists are fine, again and again.
+    for _ in 0..3 {
+        clip_grad_norm(&ctx, &[p.clone(), q.clone()], 1e9).unwrap();
+        AdamW::new(vec![p.clone(), q.clone()], AdamWConfig::default()).unwrap();
+    }
+}
+
+#[test]
+fn clipping_scales_in_place_and_keeps_views_and_shared_gradients_apart() {
+    let ctx = ExecContext::new();
+    let (a, b) = (param(&ctx), param(&ctx));
+    // `a + b`: both gradients are the same buffer of ones.
+    a.tensor()
+        .add(&ctx, &b.tensor())
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    let view = a.grad_view().unwrap();
+    let total = clip_grad_norm(&ctx, &[a.clone(), b.clone()], 1.0).unwrap();
+    assert!((total - 10f32.sqrt()).abs() < 1e-6);
+    let coef = 1.0 / (total + 1e-6);
+    // Each scaled once (not twice through the shared buffer).
+    assert_eq!(a.grad(&ctx).unwrap().unwrap().to_vec(), [coef; 5]);
+    assert_eq!(b.grad(&ctx).unwrap().unwrap().to_vec(), [coef; 5]);
+    assert_eq!(view.to_vec(), [1.0; 5]); // a view keeps the unclipped values
 }

@@ -145,6 +145,14 @@ fn missing_or_corrupt_data_files_are_errors() {
     assert!(data_error(&p).contains("pixel 17"));
     let p = write_gz("short", &row("1").repeat(10));
     assert!(data_error(&p).contains("10 images"));
+    // No images at all: an error of the library's reader itself.
+    for (name, text) in [("empty", ""), ("blank", "\n  \n\n")] {
+        let p = write_gz(name, text);
+        let e = fucina::data::load_digits(&p).unwrap_err();
+        assert!(matches!(e, Error::Data { .. }), "{e}");
+        assert!(e.to_string().contains("holds no images"), "{e}");
+        let _ = std::fs::remove_file(p);
+    }
     for f in [raw, cut] {
         let _ = std::fs::remove_file(f);
     }

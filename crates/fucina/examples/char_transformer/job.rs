@@ -406,7 +406,7 @@ pub(crate) fn train(
         })?;
         clip_grad_norm(ctx, &params, cfg.clip)?;
         let lr = schedule.lr(step as u64);
-        opt.set_lr(lr);
+        opt.set_lr(lr)?;
         opt.step(ctx)?;
         opt.zero_grad();
         losses.push(loss);

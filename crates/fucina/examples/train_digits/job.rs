@@ -311,7 +311,7 @@ pub(crate) fn train_from(
                 loss.backward(ctx)?;
                 Ok(loss.item()?)
             })?;
-            opt.set_lr(schedule.lr(step as u64));
+            opt.set_lr(schedule.lr(step as u64))?;
             opt.step(ctx)?;
             opt.zero_grad();
             drop((x, y));
@@ -477,12 +477,9 @@ pub(crate) fn load_checkpoint(
     })?;
     opt.load_state_dict(ctx, &snap.optimizer)
         .map_err(|e| bad(format!("its optimizer state does not match the model: {e}")))?;
-    let step = match opt.state_dict().iter().find(|(n, _)| n == "step") {
-        Some((_, t)) => t.item()?,
-        None => 0.0,
-    };
+    let step = opt.step_count();
     let want = epoch * steps_per_epoch;
-    if step != want as f32 {
+    if step != want as u64 {
         return Err(bad(format!(
             "its optimizer has taken {step} steps, but epoch {epoch} ends at step {want}"
         )));

@@ -4,8 +4,8 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::state::{State, grad_of, zeros_like};
-use super::{check_lr, delegate_optimizer};
+use super::state::State;
+use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
@@ -127,7 +127,8 @@ impl Core {
     /// w = w + (-lr / (1 - b1^t)) * m / denom
     /// ```
     fn step(&mut self, ctx: &ExecContext) -> Result<()> {
-        let t = self.state.advance(ctx)?;
+        // Phase one: everything that can fail; nothing changes on an error.
+        let t = self.state.prepare(ctx, &self.params, true)?;
         let (b1, b2) = self.betas;
         let exp = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(b1).powi(exp);
@@ -143,21 +144,18 @@ impl Core {
             step_size: -(f64::from(self.lr) / bc1) as f32,
         };
         let (wd, decoupled) = (self.wd, self.decoupled);
+        // Phase two: in place (every write was prepared; nothing allocates).
+        let State { bufs, prepared, .. } = &mut self.state;
+        let [ms, vs] = &mut bufs[..] else {
+            unreachable!("two buffer kinds")
+        };
         for (i, p) in self.params.iter().enumerate() {
-            let Some(g) = grad_of(ctx, p)? else {
+            let Some(g) = &prepared[i].grad else {
                 continue;
             };
             let g = g.data()?;
-            let [ms, vs] = &mut self.state.bufs[..] else {
-                unreachable!("two buffer kinds")
-            };
-            let m = match &mut ms[i] {
-                Some(m) => m,
-                slot => slot.insert(zeros_like(ctx, p)?),
-            };
-            let v = match &mut vs[i] {
-                Some(v) => v,
-                slot => slot.insert(zeros_like(ctx, p)?),
+            let (Some(m), Some(v)) = (&mut ms[i], &mut vs[i]) else {
+                unreachable!("prepare created the moments of a parameter with a gradient")
             };
             m.update_(|m| -> Result<()> {
                 v.update_(|v| {
@@ -170,7 +168,7 @@ impl Core {
                 Ok(())
             })??;
         }
-        Ok(())
+        self.state.finish(t)
     }
 }
 
@@ -229,9 +227,11 @@ macro_rules! adam_like {
             ///
             /// # Errors
             /// [`Error::InvalidArgument`] for a negative or non-finite rate,
-            /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`.
+            /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`, or a
+            /// parameter listed twice.
             pub fn new(params: Vec<Parameter>, cfg: $cfg) -> Result<$name> {
                 check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
+                check_distinct($what, &params)?;
                 Ok($name {
                     core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled),
                 })
@@ -250,7 +250,10 @@ macro_rules! adam_like {
             /// One update of every parameter that has a gradient.
             ///
             /// # Errors
-            /// Out of memory (the first step allocates the moments).
+            /// Out of memory (the first step allocates the moments; a copy-on-write
+            /// copy of a parameter a graph still holds); [`Error::InvalidArgument`]
+            /// past `u64::MAX` steps. Nothing changes on an error: everything that
+            /// can fail is done before the first value is written.
             pub fn step(&mut self, ctx: &ExecContext) -> Result<()> {
                 self.core.step(ctx)
             }
@@ -268,8 +271,19 @@ macro_rules! adam_like {
             }
 
             /// Sets the learning rate.
-            pub fn set_lr(&mut self, lr: f32) {
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] unless `lr` is finite and `>= 0` (the
+            /// rate is then unchanged).
+            pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+                check_lr(concat!($what, "::lr"), lr)?;
                 self.core.lr = lr;
+                Ok(())
+            }
+
+            /// The number of steps taken.
+            pub fn step_count(&self) -> u64 {
+                self.core.state.step
             }
 
             /// The parameters.

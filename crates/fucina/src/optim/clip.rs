@@ -2,6 +2,7 @@
 
 use fucina_exec::ExecContext;
 
+use super::check_distinct;
 use super::state::grad_of;
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
@@ -12,12 +13,14 @@ use crate::nn::Parameter;
 /// clipping. Parameters without a gradient are ignored.
 ///
 /// The norm is accumulated in f64 over the parameters in order (the same bits on
-/// every run and team size). A clipped gradient replaces the accumulated one
-/// (the next backward adds to the clipped value).
+/// every run and team size). The gradients are scaled in place (the next
+/// backward adds to the clipped value; a grad view taken earlier keeps the
+/// unclipped values).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] unless `max_norm` is finite and positive; out of
-/// memory.
+/// [`Error::InvalidArgument`] unless `max_norm` is finite and positive, or if a
+/// parameter is listed twice (its gradient would count twice); out of memory.
+/// Nothing changes on an error.
 pub fn clip_grad_norm(ctx: &ExecContext, params: &[Parameter], max_norm: f32) -> Result<f32> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(Error::invalid(
@@ -25,6 +28,7 @@ pub fn clip_grad_norm(ctx: &ExecContext, params: &[Parameter], max_norm: f32) ->
             format!("max_norm must be finite and > 0 (got {max_norm})"),
         ));
     }
+    check_distinct("clip_grad_norm", params)?;
     let mut sum = 0.0f64;
     for p in params {
         if let Some(g) = grad_of(ctx, p)? {
@@ -38,16 +42,14 @@ pub fn clip_grad_norm(ctx: &ExecContext, params: &[Parameter], max_norm: f32) ->
     let total = sum.sqrt() as f32;
     let coef = max_norm / (total + 1e-6);
     if coef < 1.0 {
+        // First what can fail (a gradient shared with a view or another
+        // gradient gets storage of its own; values unchanged), then the scaling,
+        // in place: an error leaves every gradient as it was.
         for p in params {
-            let Some(g) = grad_of(ctx, p)? else {
-                continue;
-            };
-            let scaled = ctx.scale(&g, coef)?;
-            drop(g);
-            // Replace the accumulated gradient: release it, then backpropagate the
-            // scaled one from the leaf itself (a leaf's backward stores its seed).
-            p.zero_grad();
-            p.tensor().backward_with_grad(ctx, &scaled)?;
+            p.tensor().own_grad(ctx)?;
+        }
+        for p in params {
+            p.tensor().scale_grad_(ctx, coef)?;
         }
     }
     Ok(total)

@@ -7,10 +7,15 @@
 //! without a gradient are skipped. Updates are copy-on-write: a graph that still
 //! holds a parameter's old values keeps them. After warm-up a step allocates
 //! nothing (the state buffers are created on the first step and then updated in
-//! place).
+//! place). A step is all or nothing: it first does everything that can fail
+//! (fetching gradients, creating buffers, the copy-on-write copies), then
+//! writes; an error leaves the parameters, the state and the step count as they
+//! were. Constructors and [`clip_grad_norm`] refuse a parameter listed twice.
 //!
 //! The optimizer state is a list of named tensors ([`state_dict`](Optimizer::state_dict)):
-//! `"step"` (shape `[1]`, the number of steps taken; exact up to 2^24) and one
+//! `"step"` (shape `[3]`: the number of steps taken, exactly, as three base-2^24
+//! digits, least significant first; the `[1]` form of earlier versions, exact up
+//! to 2^24, is still read) and one
 //! entry per parameter and buffer, `"momentum_buffer.{i}"` for [`Sgd`],
 //! `"exp_avg.{i}"` and `"exp_avg_sq.{i}"` for [`Adam`] and [`AdamW`], where `i`
 //! is the parameter's index in the list the optimizer was built with.
@@ -63,14 +68,23 @@ pub trait Optimizer {
     /// One update of every parameter that has a gradient.
     ///
     /// # Errors
-    /// Out of memory (the first step allocates the state).
+    /// Out of memory (the first step allocates the state); the step count
+    /// passing `u64::MAX`. Nothing changes on an error (parameters, state,
+    /// step count): everything that can fail is done before the first write.
     fn step(&mut self, ctx: &ExecContext) -> Result<()>;
     /// Releases every parameter's gradient.
     fn zero_grad(&self);
     /// The learning rate.
     fn lr(&self) -> f32;
     /// Sets the learning rate (what a schedule calls before each step).
-    fn set_lr(&mut self, lr: f32);
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) unless `lr` is
+    /// finite and `>= 0` (the rate is then unchanged).
+    fn set_lr(&mut self, lr: f32) -> Result<()>;
+    /// The number of steps taken (restored by
+    /// [`load_state_dict`](Optimizer::load_state_dict)).
+    fn step_count(&self) -> u64;
     /// The parameters, in the order of the state's indices.
     fn parameters(&self) -> &[Parameter];
     /// The state as named tensors (handles: the next step copies rather than
@@ -99,8 +113,11 @@ macro_rules! delegate_optimizer {
             fn lr(&self) -> f32 {
                 <$t>::lr(self)
             }
-            fn set_lr(&mut self, lr: f32) {
+            fn set_lr(&mut self, lr: f32) -> $crate::Result<()> {
                 <$t>::set_lr(self, lr)
+            }
+            fn step_count(&self) -> u64 {
+                <$t>::step_count(self)
             }
             fn parameters(&self) -> &[$crate::nn::Parameter] {
                 <$t>::parameters(self)
@@ -119,6 +136,27 @@ macro_rules! delegate_optimizer {
     };
 }
 pub(crate) use delegate_optimizer;
+
+/// Refuses a parameter list that names a parameter twice (it would be updated
+/// twice per step, or counted twice by [`clip_grad_norm`]). Allocation-free and
+/// linear: each parameter is stamped with a fresh pass number. (Two threads
+/// checking lists that share a parameter at the same instant can overwrite
+/// each other's stamps and miss a repeat; they never report a false one.)
+pub(crate) fn check_distinct(what: &'static str, params: &[Parameter]) -> Result<()> {
+    let pass = Parameter::new_pass();
+    for (i, p) in params.iter().enumerate() {
+        if !p.mark(pass) {
+            let first = params[..i].iter().position(|q| q.ptr_eq(p)).unwrap_or(i);
+            return Err(crate::Error::invalid(
+                what,
+                format!(
+                    "parameter {i} is the same parameter as parameter {first} (list each parameter once)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Checks a learning rate.
 pub(crate) fn check_lr(what: &'static str, lr: f32) -> Result<()> {

@@ -4,8 +4,8 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::state::{State, grad_of, zeros_like};
-use super::{check_lr, delegate_optimizer};
+use super::state::State;
+use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
@@ -58,7 +58,8 @@ impl Sgd {
     /// Plain SGD with learning rate `lr`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`.
+    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`, or a
+    /// parameter listed twice.
     pub fn new(params: Vec<Parameter>, lr: f32) -> Result<Sgd> {
         Sgd::with_config(
             params,
@@ -72,10 +73,11 @@ impl Sgd {
     /// SGD with the given hyperparameters.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, or Nesterov
-    /// without momentum or with dampening.
+    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
+    /// without momentum or with dampening, or a parameter listed twice.
     pub fn with_config(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
         check_lr("SgdConfig::lr", cfg.lr)?;
+        check_distinct("Sgd", &params)?;
         for (what, v) in [
             ("SgdConfig::momentum", cfg.momentum),
             ("SgdConfig::dampening", cfg.dampening),
@@ -110,7 +112,10 @@ impl Sgd {
     /// One update of every parameter that has a gradient.
     ///
     /// # Errors
-    /// Out of memory (the first step allocates the momentum buffers).
+    /// Out of memory (the first step allocates the momentum buffers; a
+    /// copy-on-write copy of a parameter a graph still holds);
+    /// [`Error::InvalidArgument`] past `u64::MAX` steps. Nothing changes on an
+    /// error: everything that can fail is done before the first value is written.
     pub fn step(&mut self, ctx: &ExecContext) -> Result<()> {
         let SgdConfig {
             lr,
@@ -119,9 +124,12 @@ impl Sgd {
             nesterov,
             weight_decay: wd,
         } = self.cfg;
-        self.state.advance(ctx)?;
+        // Phase one: everything that can fail; nothing changes on an error.
+        let next = self.state.prepare(ctx, &self.params, momentum != 0.0)?;
+        // Phase two: in place (every write was prepared; nothing allocates).
+        let State { bufs, prepared, .. } = &mut self.state;
         for (i, p) in self.params.iter().enumerate() {
-            let Some(g) = grad_of(ctx, p)? else {
+            let Some(g) = &prepared[i].grad else {
                 continue;
             };
             let g = g.data()?;
@@ -134,11 +142,9 @@ impl Sgd {
                 })?;
                 continue;
             }
-            let slot = &mut self.state.bufs[0][i];
-            let first = slot.is_none();
-            let buf = match slot {
-                Some(b) => b,
-                None => slot.insert(zeros_like(ctx, p)?),
+            let first = prepared[i].fresh;
+            let Some(buf) = &mut bufs[0][i] else {
+                unreachable!("prepare created the buffer of a parameter with a gradient")
             };
             buf.update_(|b| {
                 p.update_(|w| {
@@ -155,7 +161,7 @@ impl Sgd {
                 })
             })??;
         }
-        Ok(())
+        self.state.finish(next)
     }
 
     /// Releases every parameter's gradient.
@@ -171,8 +177,19 @@ impl Sgd {
     }
 
     /// Sets the learning rate.
-    pub fn set_lr(&mut self, lr: f32) {
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `lr` is finite and `>= 0` (the rate is
+    /// then unchanged).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check_lr("SgdConfig::lr", lr)?;
         self.cfg.lr = lr;
+        Ok(())
+    }
+
+    /// The number of steps taken.
+    pub fn step_count(&self) -> u64 {
+        self.state.step
     }
 
     /// The parameters.

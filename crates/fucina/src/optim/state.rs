@@ -6,14 +6,65 @@ use fucina_exec::{ExecContext, RawTensor};
 use crate::error::{Error, Result};
 use crate::nn::Parameter;
 
+/// The base of the digits of the `"step"` entry: every integer below it is
+/// exact in `f32`.
+const STEP_BASE: u64 = 1 << 24;
+/// The number of base-2^24 digits of a `u64` (72 bits >= 64).
+const STEP_DIGITS: usize = 3;
+
+/// The step count as the `"step"` entry stores it: three `f32` digits, least
+/// significant first, each an integer below 2^24 (exact in `f32`, so the count
+/// survives a checkpoint bit for bit up to `u64::MAX`).
+fn step_digits(step: u64) -> [f32; STEP_DIGITS] {
+    [0, 1, 2].map(|k| ((step >> (24 * k)) % STEP_BASE) as f32)
+}
+
+/// Reads a `"step"` entry: three digits (see [`step_digits`]) or, as written by
+/// earlier versions, one `f32` holding the count (exact up to 2^24).
+fn parse_step(t: &Tensor) -> Result<u64> {
+    if !matches!(t.shape(), [1] | [STEP_DIGITS]) {
+        return Err(Error::state(format!(
+            "\"step\" has shape {:?}, not [3] (or [1], the format of earlier versions)",
+            t.shape()
+        )));
+    }
+    let values = t.to_vec();
+    let is_digit = |v: f32| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && (v as u64) < STEP_BASE;
+    match *values.as_slice() {
+        [v] if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0 => Ok(v as u64),
+        [v] => Err(Error::state(format!("\"step\" = {v} is not a step count"))),
+        [lo, mid, hi] if is_digit(lo) && is_digit(mid) && is_digit(hi) && (hi as u64) < 1 << 16 => {
+            Ok(lo as u64 | (mid as u64) << 24 | (hi as u64) << 48)
+        }
+        [_, _, _] => Err(Error::state(format!(
+            "\"step\" = {values:?} is not a step count (three integer digits below 2^24, least significant first, the last below 2^16)"
+        ))),
+        _ => unreachable!("the shape was checked"),
+    }
+}
+
 /// Named per-parameter buffers (`kinds[k]` -> `bufs[k][i]`) and a step count.
 #[derive(Debug)]
 pub(crate) struct State {
     kinds: &'static [&'static str],
     pub(crate) bufs: Vec<Vec<Option<Tensor>>>,
-    /// The step count as a `[1]` tensor (created at the first step).
+    /// The step count as a `[3]` tensor of digits (created at the first step).
     step_t: Option<Tensor>,
     pub(crate) step: u64,
+    /// What [`prepare`](State::prepare) made ready for the step in progress,
+    /// one entry per parameter (the capacity is kept: no allocation per step).
+    pub(crate) prepared: Vec<Prepared>,
+    /// Whether `step_t` was created by the step in progress.
+    step_t_fresh: bool,
+}
+
+/// What phase one of a step made ready for one parameter.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The parameter's gradient, contiguous (`None`: the parameter is skipped).
+    pub(crate) grad: Option<RawTensor>,
+    /// Whether its buffers were created by this step (its first update).
+    pub(crate) fresh: bool,
 }
 
 impl State {
@@ -23,18 +74,102 @@ impl State {
             bufs: kinds.iter().map(|_| vec![None; n]).collect(),
             step_t: None,
             step: 0,
+            prepared: Vec::with_capacity(n),
+            step_t_fresh: false,
         }
     }
 
-    /// Advances the step count (allocating its tensor at the first step).
-    pub(crate) fn advance(&mut self, ctx: &ExecContext) -> Result<u64> {
-        self.step += 1;
-        let s = self.step as f32;
-        match &mut self.step_t {
-            Some(t) => t.update_(|v| v[0] = s)?,
-            None => self.step_t = Some(Tensor::scalar(ctx, s)?),
+    /// Phase one of a step: everything that can fail, before any value changes.
+    /// Gets every parameter's gradient (contiguous), creates the missing buffers
+    /// (with `with_bufs`) and the step tensor, and gives every buffer, the step
+    /// tensor and every parameter to be updated storage of its own (the
+    /// copy-on-write copies a later in-place write would make), so that phase
+    /// two writes in place and allocates nothing. Returns the new step number.
+    /// On an error, undoes what it created: the state is as it was.
+    pub(crate) fn prepare(
+        &mut self,
+        ctx: &ExecContext,
+        params: &[Parameter],
+        with_bufs: bool,
+    ) -> Result<u64> {
+        let Some(next) = self.step.checked_add(1) else {
+            return Err(Error::invalid("step", "the step count would pass u64::MAX"));
+        };
+        self.prepared.clear();
+        self.step_t_fresh = false;
+        let r = self.prepare_all(ctx, params, with_bufs);
+        if r.is_err() {
+            for (i, p) in self.prepared.iter().enumerate() {
+                if p.fresh {
+                    for kind in &mut self.bufs {
+                        kind[i] = None;
+                    }
+                }
+            }
+            if self.step_t_fresh {
+                self.step_t = None;
+            }
+            self.prepared.clear();
         }
-        Ok(self.step)
+        r.map(|()| next)
+    }
+
+    fn prepare_all(
+        &mut self,
+        ctx: &ExecContext,
+        params: &[Parameter],
+        with_bufs: bool,
+    ) -> Result<()> {
+        fault::point()?;
+        match &mut self.step_t {
+            Some(t) => t.update_(|_| ())?,
+            None => {
+                let digits = step_digits(self.step);
+                self.step_t = Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &digits)?);
+                self.step_t_fresh = true;
+            }
+        }
+        for (i, p) in params.iter().enumerate() {
+            fault::point()?;
+            let Some(grad) = grad_of(ctx, p)? else {
+                self.prepared.push(Prepared {
+                    grad: None,
+                    fresh: false,
+                });
+                continue;
+            };
+            // Buffers of one parameter exist together (`load` checks it).
+            let fresh = with_bufs && self.bufs[0][i].is_none();
+            // Recorded first, so that an error below undoes what it created.
+            self.prepared.push(Prepared { grad: None, fresh });
+            if with_bufs {
+                for kind in &mut self.bufs {
+                    fault::point()?;
+                    match &mut kind[i] {
+                        Some(b) => b.update_(|_| ())?,
+                        slot => *slot = Some(zeros_like(ctx, p)?),
+                    }
+                }
+            }
+            fault::point()?;
+            p.update_(|_| ())?;
+            if let Some(last) = self.prepared.last_mut() {
+                last.grad = Some(grad);
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase two's bookkeeping: records step `next` (prepared: in place) and
+    /// drops the prepared gradient handles.
+    pub(crate) fn finish(&mut self, next: u64) -> Result<()> {
+        let digits = step_digits(next);
+        if let Some(t) = &mut self.step_t {
+            t.update_(|v| v.copy_from_slice(&digits))?;
+        }
+        self.step = next;
+        self.prepared.clear();
+        Ok(())
     }
 
     pub(crate) fn state_dict(&self) -> Vec<(String, Tensor)> {
@@ -71,17 +206,7 @@ impl State {
                 if step.is_some() {
                     return Err(Error::state("duplicate entry \"step\""));
                 }
-                if t.numel() != 1 {
-                    return Err(Error::state(format!(
-                        "\"step\" has shape {:?}, not [1]",
-                        t.shape()
-                    )));
-                }
-                let v = t.item()?;
-                if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 16_777_216.0) {
-                    return Err(Error::state(format!("\"step\" = {v} is not a step count")));
-                }
-                step = Some(v as u64);
+                step = Some(parse_step(t)?);
                 continue;
             }
             let parsed = name.rsplit_once('.').and_then(|(kind, idx)| {
@@ -111,6 +236,7 @@ impl State {
                     want.as_slice()
                 )));
             }
+            check_values(name, self.kinds[k], t)?;
             slots[k][i] = Some(t.raw());
         }
         let any_buf = slots.iter().flatten().any(Option::is_some);
@@ -140,14 +266,38 @@ impl State {
             bufs.push(v);
         }
         let step_t = match step {
-            Some(s) => Some(Tensor::scalar(ctx, s as f32)?),
+            Some(s) => Some(Tensor::from_slice(ctx, &[STEP_DIGITS], &step_digits(s))?),
             None => None,
         };
         self.bufs = bufs;
         self.step = step.unwrap_or(0);
         self.step_t = step_t;
+        self.prepared.clear();
         Ok(())
     }
+}
+
+/// Refuses a buffer holding a value no step could have produced: a NaN or an
+/// infinity, or a negative second moment (`exp_avg_sq`, a running mean of
+/// squares).
+fn check_values(name: &str, kind: &str, t: &Tensor) -> Result<()> {
+    let nonneg = kind == "exp_avg_sq";
+    let values = t.to_vec();
+    let bad = values
+        .iter()
+        .position(|&v| !v.is_finite() || (nonneg && v < 0.0));
+    if let Some(j) = bad {
+        let need = if nonneg {
+            "finite and >= 0 (a mean of squares)"
+        } else {
+            "finite"
+        };
+        return Err(Error::state(format!(
+            "\"{name}\" holds {} at element {j}; its values must be {need}",
+            values[j]
+        )));
+    }
+    Ok(())
 }
 
 /// The gradient of `p` as a contiguous raw tensor (`None` without one).
@@ -166,4 +316,127 @@ pub(crate) fn grad_of(ctx: &ExecContext, p: &Parameter) -> Result<Option<RawTens
 /// A zero buffer of `p`'s shape.
 pub(crate) fn zeros_like(ctx: &ExecContext, p: &Parameter) -> Result<Tensor> {
     Ok(Tensor::zeros(ctx, p.shape().as_slice())?)
+}
+
+/// Failure injection for the unit tests of the two-phase step: in test builds,
+/// [`point`](fault::point) fails once the number of points passed on this
+/// thread reaches a set count; elsewhere it compiles to nothing.
+mod fault {
+    use crate::error::Result;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Points left before the failure (`usize::MAX`: never).
+        pub(crate) static LEFT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    }
+
+    #[inline(always)]
+    pub(super) fn point() -> Result<()> {
+        #[cfg(test)]
+        {
+            let left = LEFT.with(|l| l.get());
+            if left == 0 {
+                return Err(crate::Error::invalid("fault", "an injected failure"));
+            }
+            LEFT.with(|l| l.set(left.saturating_sub(if left == usize::MAX { 0 } else { 1 })));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fault::LEFT;
+    use crate::nn::Parameter;
+    use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use fucina_exec::ExecContext;
+
+    /// Everything a step can change: parameters, state entries, step count.
+    type Snapshot = (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>, u64);
+    type MakeOpt = Box<dyn Fn(Vec<Parameter>) -> Box<dyn Optimizer>>;
+
+    fn snapshot(opt: &dyn Optimizer) -> Snapshot {
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        (
+            opt.parameters().iter().map(|p| bits(p.to_vec())).collect(),
+            opt.state_dict()
+                .into_iter()
+                .map(|(n, t)| (n, bits(t.to_vec())))
+                .collect(),
+            opt.step_count(),
+        )
+    }
+
+    fn backward(ctx: &ExecContext, params: &[Parameter]) {
+        for p in params {
+            p.zero_grad();
+            let t = p.tensor();
+            t.mul(ctx, &t)
+                .unwrap()
+                .sum_all(ctx)
+                .unwrap()
+                .backward(ctx)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_step_that_fails_in_phase_one_changes_nothing() {
+        let ctx = ExecContext::with_threads(1);
+        let make = |ctx: &ExecContext| -> Vec<Parameter> {
+            (0..3)
+                .map(|i| Parameter::from_slice(ctx, &[4], &[i as f32 + 0.5; 4]).unwrap())
+                .collect()
+        };
+        let sgd_cfg = SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.5,
+            ..SgdConfig::default()
+        };
+        let opts: Vec<MakeOpt> = vec![
+            Box::new(|p| Box::new(AdamW::new(p, AdamWConfig::default()).unwrap())),
+            Box::new(move |p| Box::new(Sgd::with_config(p, sgd_cfg).unwrap())),
+        ];
+        for make_opt in &opts {
+            // Fresh (the first step creates the state) and after one step.
+            for warm in [false, true] {
+                let params = make(&ctx);
+                let mut opt = make_opt(params.clone());
+                // A reference run without failures.
+                let ref_params = make(&ctx);
+                let mut reference = make_opt(ref_params.clone());
+                for _ in 0..usize::from(warm) + 1 {
+                    backward(&ctx, &ref_params);
+                    reference.step(&ctx).unwrap();
+                }
+                if warm {
+                    backward(&ctx, &params);
+                    opt.step(&ctx).unwrap();
+                }
+                backward(&ctx, &params);
+                // Hold handles on the state, so that phase one must copy.
+                let held = opt.state_dict();
+                let before = snapshot(&*opt);
+                let mut failures = 0;
+                for at in 0.. {
+                    LEFT.with(|l| l.set(at));
+                    let r = opt.step(&ctx);
+                    LEFT.with(|l| l.set(usize::MAX));
+                    match r {
+                        Err(e) => {
+                            assert!(e.to_string().contains("injected"), "{e}");
+                            assert_eq!(snapshot(&*opt), before, "failure at point {at}");
+                            failures += 1;
+                        }
+                        Ok(()) => break,
+                    }
+                }
+                assert!(failures >= 8, "{failures} failure points");
+                // After the failures, the step is the one the reference took.
+                assert_eq!(snapshot(&*opt), snapshot(&*reference));
+                drop(held);
+            }
+        }
+    }
 }
