@@ -9,9 +9,7 @@ use std::sync::Mutex;
 
 use fucina_fpenv::Environment;
 use fucina_storage::{BufferPool, LocalPool, ScratchLease};
-use fucina_thread::{
-    ChunkRanges, OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges,
-};
+use fucina_thread::{ChunkRanges, OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges};
 
 use crate::error::ExecError;
 use crate::scope::ScopeStack;
@@ -375,8 +373,7 @@ fn split_rows<T>(
     row_len: usize,
     chunks: ChunkRanges,
 ) -> ([RowPiece<'_, T>; MAX_CHUNKS], usize) {
-    let mut pieces: [RowPiece<'_, T>; MAX_CHUNKS] =
-        std::array::from_fn(|_| (0, 0..0, &mut [][..]));
+    let mut pieces: [RowPiece<'_, T>; MAX_CHUNKS] = std::array::from_fn(|_| (0, 0..0, &mut [][..]));
     let mut rest = out;
     let mut n = 0;
     for r in chunks {

@@ -131,7 +131,11 @@ fn forced_schedules(busy_first: bool) {
             drop(forward(&ctx, &m, &x).unwrap());
             let allocs = ALLOCATIONS.load(Ordering::SeqCst) - before;
             let local = ctx.pool().stats().misses - local.misses;
-            (allocs, local, ctx.pool().pool().stats().misses - shared.misses)
+            (
+                allocs,
+                local,
+                ctx.pool().pool().stats().misses - shared.misses,
+            )
         };
         if busy {
             with_team_busy(team, measured)
