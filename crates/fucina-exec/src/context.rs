@@ -255,7 +255,7 @@ impl ExecContext {
             return;
         };
         let (mut pieces, n) = split_rows(out, row_len, chunks);
-        team.parallel_chunks_mut(&mut pieces[..n], |(_, r, rows_out)| f(r.clone(), rows_out));
+        team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
 
     /// The team and the chunks a [`par_rows`](Self::par_rows) call over `rows`
@@ -321,6 +321,8 @@ impl ExecContext {
         };
         let participants = team.participants().min(MAX_THREADS);
         let by_participant = chunks.len() > participants;
+        // Chunk `i` starts at row `i * chunk_size` (only the last one is short).
+        let chunk_size = chunks.chunk_size().max(1);
         let mut leases: [Mutex<Option<ScratchLease<S>>>; MAX_THREADS] =
             std::array::from_fn(|_| Mutex::new(None));
         for slot in &mut leases[..chunks.len().min(participants)] {
@@ -332,11 +334,11 @@ impl ExecContext {
         // an allocation, never a wrong result.
         let shared = self.pool().pool();
         let failed = Mutex::new(None);
-        team.parallel_chunks_mut(&mut pieces[..n], |(i, r, rows_out)| {
+        team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| {
             // A serial fallback (busy team) runs every chunk on the caller.
             let slot = match by_participant {
                 true => fucina_thread::current_participant().unwrap_or(0),
-                false => *i,
+                false => r.start / chunk_size,
             };
             if let Some(mut guard) = leases.get(slot).and_then(|m| m.try_lock().ok())
                 && let Some(scratch) = guard.as_mut()
@@ -353,8 +355,13 @@ impl ExecContext {
                 }
             }
         });
-        // The leases go back here, on the calling thread (its local tier).
-        drop(leases);
+        // The leases go back here, on the calling thread (its local tier), last
+        // slot first: the pool's lists are last-in first-out, so the next call
+        // hands every slot the slab it had, still in the cache of the core that
+        // used it.
+        for slot in leases.iter_mut().rev() {
+            drop(slot.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+        }
         match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(ExecError::storage(op, e)),
             None => Ok(()),
@@ -362,9 +369,9 @@ impl ExecContext {
     }
 }
 
-/// One chunk of a parallel [`ExecContext::par_rows`] call: its index, its rows and
-/// the matching items of the output.
-type RowPiece<'a, T> = (usize, Range<usize>, &'a mut [T]);
+/// One chunk of a parallel [`ExecContext::par_rows`] call: its rows and the
+/// matching items of the output.
+type RowPiece<'a, T> = (Range<usize>, &'a mut [T]);
 
 /// Splits `out` (rows of `row_len` items) into the disjoint pieces of `chunks`, on
 /// the stack (at most [`MAX_CHUNKS`]: no allocation); returns them and their count.
@@ -373,12 +380,12 @@ fn split_rows<T>(
     row_len: usize,
     chunks: ChunkRanges,
 ) -> ([RowPiece<'_, T>; MAX_CHUNKS], usize) {
-    let mut pieces: [RowPiece<'_, T>; MAX_CHUNKS] = std::array::from_fn(|_| (0, 0..0, &mut [][..]));
+    let mut pieces: [RowPiece<'_, T>; MAX_CHUNKS] = std::array::from_fn(|_| (0..0, &mut [][..]));
     let mut rest = out;
     let mut n = 0;
     for r in chunks {
         let (head, tail) = rest.split_at_mut((r.end - r.start) * row_len);
-        pieces[n] = (n, r, head);
+        pieces[n] = (r, head);
         rest = tail;
         n += 1;
     }
