@@ -250,8 +250,9 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
          [package]\nname = \"fucina-doctests\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [lib]\npath = \"lib.rs\"\n\n[dependencies]\n",
     );
-    // fucina-dist builds only where MPI is installed (see `missing_mpi_packages`).
-    let mpi = crate::missing_mpi_packages().is_empty();
+    // fucina-dist builds only where MPI is installed (see `missing_mpi_packages`;
+    // an error when FUCINA_REQUIRE_MPI demands it and it is missing).
+    let mpi = crate::mpi_exclusion()?.is_empty();
     for (name, path) in workspace_crates(root)? {
         if name == "fucina-dist" && !mpi {
             continue;

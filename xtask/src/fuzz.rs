@@ -164,5 +164,6 @@ mod tests {
         let t = targets().unwrap();
         assert!(t.contains(&"checkpoint_load".to_string()), "{t:?}");
         assert!(t.contains(&"views".to_string()), "{t:?}");
+        assert!(t.contains(&"autograd_graphs".to_string()), "{t:?}");
     }
 }

@@ -132,7 +132,7 @@ pub(crate) fn has_cargo_subcommand(sub: &str) -> bool {
 
 fn ci() -> Result<(), String> {
     let start = Instant::now();
-    let exclude = mpi_exclusion();
+    let exclude = mpi_exclusion()?;
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
     step(
         "clippy",
@@ -258,17 +258,42 @@ pub(crate) fn missing_mpi_packages() -> Vec<&'static str> {
     missing
 }
 
+/// The variable that makes MPI mandatory: `.ci/run` sets it where it has Open
+/// MPI (installed or found), and then a missing MPI fails `cargo xtask ci`
+/// (and fucina-dist's multi-rank tests) instead of skipping fucina-dist.
+pub(crate) const REQUIRE_MPI_VAR: &str = "FUCINA_REQUIRE_MPI";
+
+/// Whether [`REQUIRE_MPI_VAR`] is set to anything but empty or `0`.
+fn mpi_required() -> bool {
+    std::env::var_os(REQUIRE_MPI_VAR).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The `--exclude fucina-dist` arguments of the workspace steps when MPI is
 /// missing (saying so), none when it is there (then the test step runs
 /// fucina-dist's multi-rank tests under `mpirun` with 1, 2 and 4 ranks).
-fn mpi_exclusion() -> Vec<&'static str> {
-    let missing = missing_mpi_packages();
+///
+/// # Errors
+/// When MPI is missing and [`REQUIRE_MPI_VAR`] is set.
+pub(crate) fn mpi_exclusion() -> Result<Vec<&'static str>, String> {
+    mpi_decision(&missing_mpi_packages(), mpi_required())
+}
+
+/// [`mpi_exclusion`] for the `missing` packages, `required` or not.
+fn mpi_decision(missing: &[&str], required: bool) -> Result<Vec<&'static str>, String> {
     if missing.is_empty() {
         eprintln!(
             "\n==> [mpi] MPI found: the test step runs fucina-dist's multi-rank tests \
              (mpirun -np 1, 2, 4)"
         );
-        Vec::new()
+        Ok(Vec::new())
+    } else if required {
+        Err(format!(
+            "{REQUIRE_MPI_VAR} is set but MPI is not usable here: the Debian packages {} are \
+             missing (`apt-get install -y {}`), so fucina-dist's tests cannot run; install them \
+             or unset {REQUIRE_MPI_VAR}",
+            missing.join(", "),
+            missing.join(" ")
+        ))
     } else {
         eprintln!(
             "\n==> [mpi] SKIPPED: fucina-dist (clippy, rustdoc, tests, doc examples) needs \
@@ -276,7 +301,7 @@ fn mpi_exclusion() -> Vec<&'static str> {
             missing.join(", "),
             missing.join(" ")
         );
-        vec!["--exclude", "fucina-dist"]
+        Ok(vec!["--exclude", "fucina-dist"])
     }
 }
 
@@ -415,4 +440,22 @@ fn bench(extra: &[String]) -> Result<(), String> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_mpi_is_a_skip_unless_required() {
+        assert_eq!(mpi_decision(&[], false), Ok(Vec::new()));
+        assert_eq!(mpi_decision(&[], true), Ok(Vec::new()));
+        assert_eq!(
+            mpi_decision(&["openmpi-bin"], false),
+            Ok(vec!["--exclude", "fucina-dist"])
+        );
+        let err = mpi_decision(&["openmpi-bin", "libclang-dev"], true).unwrap_err();
+        assert!(err.contains("FUCINA_REQUIRE_MPI is set"), "{err}");
+        assert!(err.contains("openmpi-bin, libclang-dev"), "{err}");
+    }
 }

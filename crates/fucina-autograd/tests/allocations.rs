@@ -1,6 +1,8 @@
 //! Heap allocations of a training step after warm-up, counted by a global
-//! allocator of this test binary (its own binary: the counter sees every thread
-//! but the test harness's first one).
+//! allocator of this test binary. The counter sees every thread but the test
+//! harness's first one, and the pool-miss counter is process-wide too, so each
+//! test runs alone in a process of its own (`counting::in_own_process`) under
+//! plain `cargo test` as under nextest.
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use std::sync::atomic::Ordering;
@@ -14,14 +16,10 @@ use mlp::{mlp_batch, mlp_params, mlp_step};
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
-use counting::{ALLOCATIONS as ALLOCS, Counting};
+use counting::{ALLOCATIONS as ALLOCS, Counting, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The counters are process-wide: the tests of this binary take turns (`cargo
-/// test` runs them on parallel threads).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Heap allocations and pool misses (fresh pooled blocks) of `f`.
 fn count(f: impl FnOnce()) -> (usize, usize) {
@@ -58,12 +56,18 @@ fn step(ctx: &ExecContext, w: &mut Tensor, b: &mut Tensor, x: &Tensor, t: &Tenso
 
 #[test]
 fn zero_allocations_per_elementwise_step_after_warm_up() {
+    in_own_process(
+        "zero_allocations_per_elementwise_step_after_warm_up",
+        elementwise_step,
+    );
+}
+
+fn elementwise_step() {
     let ctx = ExecContext::with_threads(1);
     let x = Tensor::randn(&ctx, &[8, 16], 1.0, 1).unwrap();
     let t = Tensor::randn(&ctx, &[8, 16], 1.0, 2).unwrap();
     let mut w = Tensor::randn(&ctx, &[16], 0.1, 3).unwrap().into_variable();
     let mut b = Tensor::zeros(&ctx, &[16]).unwrap().into_variable();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     step(&ctx, &mut w, &mut b, &x, &t);
     let (per_step, misses) = count(|| step(&ctx, &mut w, &mut b, &x, &t));
     assert_eq!(misses, 0, "pool misses after warm-up");
@@ -76,7 +80,6 @@ fn mlp_allocations(threads: usize, scoped: bool) {
     let ctx = ExecContext::with_threads(threads);
     let (x, labels) = mlp_batch(&ctx);
     let mut p = mlp_params(&ctx);
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let first = mlp_step(&ctx, &mut p, &x, &labels, scoped); // warm-up
     let mut last = first;
     let (allocs, misses) = count(|| {
@@ -99,23 +102,31 @@ fn mlp_allocations(threads: usize, scoped: bool) {
 
 #[test]
 fn zero_allocations_per_mlp_step_scoped() {
-    mlp_allocations(1, true);
+    in_own_process("zero_allocations_per_mlp_step_scoped", || {
+        mlp_allocations(1, true)
+    });
 }
 
 #[test]
 fn zero_allocations_per_mlp_step_unscoped() {
-    mlp_allocations(1, false);
+    in_own_process("zero_allocations_per_mlp_step_unscoped", || {
+        mlp_allocations(1, false)
+    });
 }
 
 #[test]
 fn zero_allocations_per_mlp_step_two_threads() {
-    mlp_allocations(2, true);
-    mlp_allocations(2, false);
+    in_own_process("zero_allocations_per_mlp_step_two_threads", || {
+        mlp_allocations(2, true);
+        mlp_allocations(2, false);
+    });
 }
 
 /// The counter is not vacuous: it sees the test's thread and other threads.
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    counting::check_the_counter();
+    in_own_process(
+        "the_counter_sees_the_test_thread_and_other_threads",
+        counting::check_the_counter,
+    );
 }

@@ -1,13 +1,20 @@
 //! Multi-rank tests: the crate's examples run under `mpirun` with 1, 2 and 4
 //! ranks (oversubscribed on small machines). Skipped, saying so, when `mpirun`
-//! is not on the PATH (`cargo xtask ci` installs Open MPI where it can and runs
-//! them).
+//! is not on the PATH, unless `FUCINA_REQUIRE_MPI` is set (to anything but
+//! `0`): then a missing `mpirun` fails them. `.ci/run` sets it where it has
+//! Open MPI (installed or found), so CI cannot pass by silently skipping them.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The variable that turns a missing `mpirun` from a skip into a failure.
+const REQUIRE_VAR: &str = "FUCINA_REQUIRE_MPI";
+
 /// Whether `mpirun` runs; prints why the test is skipped when it does not.
+///
+/// # Panics
+/// When it does not and [`REQUIRE_VAR`] is set (to anything but `0`).
 fn have_mpirun() -> bool {
     let ok = Command::new("mpirun")
         .arg("--version")
@@ -15,10 +22,77 @@ fn have_mpirun() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    let required = std::env::var_os(REQUIRE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    if !ok && required {
+        panic!(
+            "{REQUIRE_VAR} is set but mpirun does not run (not on the PATH?): the multi-rank \
+             tests must run here (install openmpi-bin and libopenmpi-dev, or unset {REQUIRE_VAR})"
+        );
+    }
     if !ok {
         eprintln!("SKIPPED: mpirun is not on the PATH (install openmpi-bin and libopenmpi-dev)");
     }
     ok
+}
+
+/// The variable under which [`a_missing_mpirun_fails_when_mpi_is_required`]
+/// re-runs this binary (its child runs one MPI test, without `mpirun`).
+const CHILD_VAR: &str = "FUCINA_MPI_TEST_CHILD";
+
+/// One MPI test of this binary, run in a child process whose `PATH` holds no
+/// `mpirun`, with [`REQUIRE_VAR`] set to `require` (or unset): its output.
+fn run_without_mpirun(require: Option<&str>) -> Output {
+    let empty = std::env::temp_dir().join(format!("fucina-no-mpirun-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).expect("an empty directory");
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args([
+        "api_paths_agree_with_the_local_reference",
+        "--exact",
+        "--nocapture",
+    ])
+    .env("PATH", &empty)
+    .env(CHILD_VAR, "1")
+    .env_remove(REQUIRE_VAR);
+    if let Some(v) = require {
+        cmd.env(REQUIRE_VAR, v);
+    }
+    let out = run(cmd, Duration::from_secs(60));
+    let _ = std::fs::remove_dir(&empty);
+    out
+}
+
+#[test]
+fn a_missing_mpirun_fails_when_mpi_is_required() {
+    if std::env::var_os(CHILD_VAR).is_some() {
+        return;
+    }
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    for require in ["1", "yes"] {
+        let out = run_without_mpirun(Some(require));
+        assert!(
+            !out.status.success(),
+            "{REQUIRE_VAR}={require}, no mpirun: the MPI test passed\n{}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains("FUCINA_REQUIRE_MPI is set but mpirun does not run"),
+            "{}",
+            text(&out)
+        );
+    }
+    // Not required: a skip, said out loud, and a pass.
+    for require in [None, Some("0"), Some("")] {
+        let out = run_without_mpirun(require);
+        assert!(out.status.success(), "{require:?}: {}", text(&out));
+        assert!(text(&out).contains("SKIPPED: mpirun"), "{}", text(&out));
+        assert!(text(&out).contains("1 passed"), "{}", text(&out));
+    }
 }
 
 /// An example of this crate, built by `cargo test` beside the test binaries

@@ -8,8 +8,8 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use fucina_fpenv::Environment;
-use fucina_storage::{BufferPool, LocalPool};
-use fucina_thread::{OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges};
+use fucina_storage::{BufferPool, LocalPool, ScratchLease};
+use fucina_thread::{ChunkRanges, OneShotWorker, Team, TeamOptions, ThreadError, chunk_ranges};
 
 use crate::error::ExecError;
 use crate::scope::ScopeStack;
@@ -259,45 +259,50 @@ impl ExecContext {
     {
         let row_len = row_len.max(1);
         let rows = out.len() / row_len;
-        let work = rows.saturating_mul(work_per_row.max(1));
-        let team = if self.threads > 1
-            && rows > 1
-            && work >= PARALLEL_THRESHOLD
-            && !fucina_thread::in_parallel_region()
-        {
-            self.work_pool()
-        } else {
-            None
-        };
-        let Some(team) = team else {
+        let Some((team, chunks)) = self.row_chunks(rows, work_per_row) else {
             f(0..rows, out);
             return;
         };
-        let grain = (PARALLEL_THRESHOLD / work_per_row.max(1)).max(1);
-        let chunks = chunk_ranges(0, rows, grain, self.threads);
-        // Split `out` into disjoint per-chunk pieces (at most MAX_CHUNKS of them,
-        // on the stack: no allocation); each is handed to exactly one task.
-        let mut pieces: [(Range<usize>, &mut [T]); MAX_CHUNKS] =
-            std::array::from_fn(|_| (0..0, &mut [][..]));
-        let mut rest = out;
-        let mut n = 0;
-        for r in chunks {
-            let (head, tail) = rest.split_at_mut((r.end - r.start) * row_len);
-            pieces[n] = (r, head);
-            rest = tail;
-            n += 1;
-        }
+        let (mut pieces, n) = split_rows(out, row_len, chunks);
         team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
 
+    /// The team and the chunks a [`par_rows`](Self::par_rows) call over `rows`
+    /// rows of `work_per_row` each runs on, or `None` when it runs serially on the
+    /// caller (one participant, one row, too little work, or a call from inside a
+    /// parallel region).
+    fn row_chunks(&self, rows: usize, work_per_row: usize) -> Option<(&Team, ChunkRanges)> {
+        let work = rows.saturating_mul(work_per_row.max(1));
+        if self.threads <= 1
+            || rows <= 1
+            || work < PARALLEL_THRESHOLD
+            || fucina_thread::in_parallel_region()
+        {
+            return None;
+        }
+        let team = self.work_pool()?;
+        let grain = (PARALLEL_THRESHOLD / work_per_row.max(1)).max(1);
+        Some((team, chunk_ranges(0, rows, grain, self.threads)))
+    }
+
     /// [`par_rows`](Self::par_rows) with a scratch lease of `scratch_len` items of
-    /// `S` per chunk, from the pool's shared tier (usable from worker threads) and
-    /// reused for all of the chunk's rows: `f(rows, out_rows, scratch)`.
+    /// `S` for every chunk, reused for all of the chunk's rows:
+    /// `f(rows, out_rows, scratch)`.
+    ///
+    /// Every lease of a call is taken from the context's pool on the calling
+    /// thread before the team runs and goes back there after it: one per
+    /// participant that can run a chunk (`min(participants, chunks)`), handed to
+    /// the chunks by participant index (or by chunk index when there are no more
+    /// chunks than participants), so no two concurrent chunks share one. The pool
+    /// therefore sees the same acquires and releases, on the same thread, however
+    /// the chunks are scheduled (all on the caller, some on each worker, or the
+    /// serial fallback of a busy team): once a warm-up has sized it, a call never
+    /// misses, whichever participant ran which chunk during the warm-up.
     ///
     /// # Errors
     /// [`ExecError::OutOfMemory`] (through [`ExecError::storage`], naming `op`)
-    /// if a chunk's lease cannot be had; that chunk's rows are left unwritten, so
-    /// the caller discards `out`.
+    /// if a lease cannot be had; then `out` may be partly unwritten, so the
+    /// caller discards it.
     pub(crate) fn par_rows_with_scratch<T, S, F>(
         &self,
         op: &'static str,
@@ -309,14 +314,48 @@ impl ExecContext {
     ) -> Result<(), ExecError>
     where
         T: Send,
-        S: bytemuck::Pod,
+        S: bytemuck::Pod + Send,
         F: Fn(Range<usize>, &mut [T], &mut [S]) + Sync,
     {
-        let pool = self.pool().pool();
+        let lease = || {
+            self.pool()
+                .acquire_scratch::<S>(scratch_len)
+                .map_err(|e| ExecError::storage(op, e))
+        };
+        let row_len = row_len.max(1);
+        let rows = out.len() / row_len;
+        let Some((team, chunks)) = self.row_chunks(rows, work_per_row) else {
+            f(0..rows, out, &mut lease()?);
+            return Ok(());
+        };
+        let participants = team.participants().min(MAX_THREADS);
+        let by_participant = chunks.len() > participants;
+        // Chunk `i` starts at row `i * chunk_size` (only the last one is short).
+        let chunk_size = chunks.chunk_size().max(1);
+        let mut leases: [Mutex<Option<ScratchLease<S>>>; MAX_THREADS] =
+            std::array::from_fn(|_| Mutex::new(None));
+        for slot in &mut leases[..chunks.len().min(participants)] {
+            *slot.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(lease()?);
+        }
+        let (mut pieces, n) = split_rows(out, row_len, chunks);
+        // A lease taken on a worker: only if a slot were missing or in use, which
+        // the assignment above rules out; kept so that a broken assumption costs
+        // an allocation, never a wrong result.
+        let shared = self.pool().pool();
         let failed = Mutex::new(None);
-        self.par_rows(out, row_len, work_per_row, |rows, o| {
-            match pool.acquire_scratch::<S>(scratch_len) {
-                Ok(mut scratch) => f(rows, o, &mut scratch),
+        team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| {
+            // A serial fallback (busy team) runs every chunk on the caller.
+            let slot = match by_participant {
+                true => fucina_thread::current_participant().unwrap_or(0),
+                false => r.start / chunk_size,
+            };
+            if let Some(mut guard) = leases.get(slot).and_then(|m| m.try_lock().ok())
+                && let Some(scratch) = guard.as_mut()
+            {
+                return f(r.clone(), rows_out, scratch);
+            }
+            match shared.acquire_scratch::<S>(scratch_len) {
+                Ok(mut scratch) => f(r.clone(), rows_out, &mut scratch),
                 Err(e) => {
                     failed
                         .lock()
@@ -325,11 +364,41 @@ impl ExecContext {
                 }
             }
         });
+        // The leases go back here, on the calling thread (its local tier), last
+        // slot first: the pool's lists are last-in first-out, so the next call
+        // hands every slot the slab it had, still in the cache of the core that
+        // used it.
+        for slot in leases.iter_mut().rev() {
+            drop(slot.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+        }
         match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(ExecError::storage(op, e)),
             None => Ok(()),
         }
     }
+}
+
+/// One chunk of a parallel [`ExecContext::par_rows`] call: its rows and the
+/// matching items of the output.
+type RowPiece<'a, T> = (Range<usize>, &'a mut [T]);
+
+/// Splits `out` (rows of `row_len` items) into the disjoint pieces of `chunks`, on
+/// the stack (at most [`MAX_CHUNKS`]: no allocation); returns them and their count.
+fn split_rows<T>(
+    out: &mut [T],
+    row_len: usize,
+    chunks: ChunkRanges,
+) -> ([RowPiece<'_, T>; MAX_CHUNKS], usize) {
+    let mut pieces: [RowPiece<'_, T>; MAX_CHUNKS] = std::array::from_fn(|_| (0..0, &mut [][..]));
+    let mut rest = out;
+    let mut n = 0;
+    for r in chunks {
+        let (head, tail) = rest.split_at_mut((r.end - r.start) * row_len);
+        pieces[n] = (r, head);
+        rest = tail;
+        n += 1;
+    }
+    (pieces, n)
 }
 
 /// Walks the rows `rows` of a [`par_rows`](ExecContext::par_rows) chunk, whose

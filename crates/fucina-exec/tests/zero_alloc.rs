@@ -1,31 +1,24 @@
 //! After one warm-up pass, a no-grad forward of a fixed-shape 3-layer MLP performs
-//! zero heap allocations and zero pool misses, and `topk`/`argsort` allocate
-//! nothing (their per-chunk key buffers are pooled scratch). Its own test binary:
-//! the counting global allocator sees every thread of the process but the test
-//! harness's first one (nextest runs each test in its own process).
+//! zero heap allocations and zero pool misses, whichever participant of the team
+//! ran which chunk during the warm-up, and `topk`/`argsort` allocate nothing
+//! (their per-chunk key buffers are pooled scratch). The counting global
+//! allocator sees every thread of the process but the test harness's first one,
+//! so each test runs alone in a process of its own (`counting::in_own_process`).
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use fucina_exec::{ExecContext, ExecError, RawTensor};
+use fucina_thread::Team;
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
-use counting::{ALLOCATIONS, Counting};
+use counting::{ALLOCATIONS, Counting, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The tests of this binary take turns: under plain `cargo test` they would run on
-/// parallel threads of one process and count each other's allocations.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 struct Mlp {
     w: [RawTensor; 3],
@@ -92,14 +85,100 @@ fn check(threads: usize) {
 
 #[test]
 fn a_steady_state_forward_allocates_nothing() {
-    let _turn = serial();
-    check(1);
-    check(2);
+    in_own_process("a_steady_state_forward_allocates_nothing", || {
+        check(1);
+        check(2);
+    });
+}
+
+/// Runs `f` while `team` is held by a dispatch from another thread whose tasks
+/// wait: every dispatch `f` makes on the team finds it busy and runs all of its
+/// chunks on the calling thread. The helper thread is started (and allocates)
+/// before `f` runs and is released after it returns.
+fn with_team_busy<R>(team: &Team, f: impl FnOnce() -> R) -> R {
+    let (entered, release) = (AtomicUsize::new(0), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            team.parallel_chunks(&[0usize, 1], |_| {
+                entered.fetch_add(1, Ordering::AcqRel);
+                while !release.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            })
+        });
+        while entered.load(Ordering::Acquire) == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let r = f();
+        release.store(true, Ordering::Release);
+        r
+    })
+}
+
+/// Two warm-up forwards on a 2-thread context with the team busy (`busy_first`:
+/// every chunk on the caller) or free (the worker runs its chunks), then ten
+/// forwards with the other schedule: no heap allocation, no pool miss.
+fn forced_schedules(busy_first: bool) {
+    let ctx = ExecContext::with_threads(2);
+    let team = ctx.work_pool().expect("a team");
+    let m = params(&ctx);
+    let x = ctx.full(&[64, 784], 0.25).unwrap();
+    // Heap allocations, local and shared-tier pool misses of one forward.
+    let pass = |busy: bool| {
+        let measured = || {
+            let (local, shared) = (ctx.pool().stats(), ctx.pool().pool().stats());
+            let before = ALLOCATIONS.load(Ordering::SeqCst);
+            drop(forward(&ctx, &m, &x).unwrap());
+            let allocs = ALLOCATIONS.load(Ordering::SeqCst) - before;
+            let local = ctx.pool().stats().misses - local.misses;
+            (
+                allocs,
+                local,
+                ctx.pool().pool().stats().misses - shared.misses,
+            )
+        };
+        if busy {
+            with_team_busy(team, measured)
+        } else {
+            measured()
+        }
+    };
+    pass(busy_first);
+    pass(busy_first);
+    let mut total = (0, 0, 0);
+    for _ in 0..10 {
+        let (a, l, s) = pass(!busy_first);
+        total = (total.0 + a, total.1 + l, total.2 + s);
+    }
+    assert!(team.is_started(), "the team ran the forwards");
+    assert_eq!(
+        total,
+        (0, 0, 0),
+        "(heap allocations, local misses, shared misses) in 10 forwards after a warm-up \
+         with the team {}",
+        if busy_first { "busy" } else { "free" }
+    );
+}
+
+#[test]
+fn steady_state_does_not_depend_on_the_warm_up_schedule() {
+    in_own_process(
+        "steady_state_does_not_depend_on_the_warm_up_schedule",
+        || {
+            forced_schedules(true);
+            forced_schedules(false);
+        },
+    );
 }
 
 #[test]
 fn topk_and_argsort_allocate_nothing_at_steady_state() {
-    let _turn = serial();
+    in_own_process("topk_and_argsort_allocate_nothing_at_steady_state", || {
+        topk_and_argsort()
+    });
+}
+
+fn topk_and_argsort() {
     for threads in [1, 2] {
         let ctx = ExecContext::with_threads(threads);
         let n = 64 * 2048;
@@ -128,6 +207,8 @@ fn topk_and_argsort_allocate_nothing_at_steady_state() {
 /// The counter is not vacuous: it sees the test's thread and other threads.
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {
-    let _turn = serial();
-    counting::check_the_counter();
+    in_own_process(
+        "the_counter_sees_the_test_thread_and_other_threads",
+        counting::check_the_counter,
+    );
 }

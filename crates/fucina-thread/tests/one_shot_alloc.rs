@@ -12,6 +12,10 @@ static GLOBAL: counting::Counting = counting::Counting;
 
 #[test]
 fn steady_state_join_does_not_allocate() {
+    counting::in_own_process("steady_state_join_does_not_allocate", body);
+}
+
+fn body() {
     let worker = OneShotWorker::new();
     let data = [1u64; 256];
     let mut acc = 0u64;

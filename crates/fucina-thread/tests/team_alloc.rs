@@ -12,6 +12,10 @@ static GLOBAL: counting::Counting = counting::Counting;
 
 #[test]
 fn steady_state_dispatch_allocates_nothing() {
+    counting::in_own_process("steady_state_dispatch_allocates_nothing", body);
+}
+
+fn body() {
     let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
     let tasks: Vec<usize> = (0..64).collect();
     let mut chained = vec![0u32; 64];
