@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+mod convert;
 pub mod data;
 mod error;
 pub mod nn;
@@ -65,8 +66,14 @@ pub use fucina_rng as rng;
 pub use fucina_storage as storage;
 pub use fucina_thread as thread;
 
-pub use fucina_autograd::{NoGradGuard, Tensor, is_grad_enabled, no_grad};
-pub use fucina_exec::{ExecContext, RawTensor};
+#[doc(inline)]
+pub use fucina_autograd::{
+    AutogradError, BackwardOptions, CustomVjpArgs, GradcheckMismatch, GradcheckOptions,
+    GradcheckResult, Grads, NoGradGuard, Tensor, custom_vjp, free_graph_nodes, gradcheck,
+    is_grad_enabled, no_grad,
+};
+#[doc(inline)]
+pub use fucina_exec::{ExecContext, ExecError, ExecScope, RawTensor};
 
 /// The names a training program uses, for `use fucina::prelude::*`.
 pub mod prelude {
