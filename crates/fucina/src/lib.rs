@@ -48,15 +48,19 @@
 //!
 //! Every crate is usable alone; this one only re-exports them and builds on
 //! their public APIs.
-#![forbid(unsafe_code)]
+// `unsafe` only in `diag` (the counting global allocator), with its SAFETY
+// comments; everywhere else it is an error.
+#![deny(unsafe_code)]
 
 pub mod checkpoint;
 mod convert;
 pub mod data;
+pub mod diag;
 mod error;
 pub mod nn;
 pub mod optim;
 
+pub use diag::{MemoryStats, MemoryStatsExt, memory_stats};
 pub use error::{Error, Result};
 
 pub use fucina_autograd as autograd;
