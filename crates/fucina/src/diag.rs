@@ -162,10 +162,15 @@ impl Sub for MemoryStats {
     }
 }
 
-fn write_counters(f: &mut fmt::Formatter<'_>, tier: &str, s: &PoolStats) -> fmt::Result {
+fn write_counters(
+    f: &mut fmt::Formatter<'_>,
+    tier: &str,
+    sign: &str,
+    s: &PoolStats,
+) -> fmt::Result {
     write!(
         f,
-        "{tier} hits {} misses {} returned {} discarded {}",
+        "{tier}: hits {sign}{} misses {sign}{} returned {sign}{} discarded {sign}{}",
         s.hits, s.misses, s.returned, s.discarded
     )
 }
@@ -173,9 +178,9 @@ fn write_counters(f: &mut fmt::Formatter<'_>, tier: &str, s: &PoolStats) -> fmt:
 impl fmt::Display for MemoryStats {
     /// One line: both tiers' counters and cached bytes, live buffers, free graph nodes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_counters(f, "local:", &self.local)?;
+        write_counters(f, "local", "", &self.local)?;
         write!(f, " cached {} B; ", self.local_cached_bytes)?;
-        write_counters(f, "shared:", &self.shared)?;
+        write_counters(f, "shared", "", &self.shared)?;
         write!(
             f,
             " cached {} B; live buffers {}; free graph nodes {}",
@@ -187,9 +192,9 @@ impl fmt::Display for MemoryStats {
 impl fmt::Display for MemoryDelta {
     /// One line, as [`MemoryStats`]'s, with signed changes for the gauges.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_counters(f, "local: +", &self.local)?;
+        write_counters(f, "local", "+", &self.local)?;
         write!(f, " cached {:+} B; ", self.local_cached_bytes)?;
-        write_counters(f, "shared: +", &self.shared)?;
+        write_counters(f, "shared", "+", &self.shared)?;
         write!(
             f,
             " cached {:+} B; live buffers {:+}; free graph nodes {:+}",

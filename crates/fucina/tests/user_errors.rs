@@ -96,7 +96,12 @@ fn custom_vjp_closures_can_call_layers() -> fucina::Result<()> {
         &ctx,
         "linear_via_layer",
         &[&bad],
-        |ctx, xs| Ok(lin.forward(ctx, &Tensor::constant(xs[0].clone()))?.raw().clone()),
+        |ctx, xs| {
+            Ok(lin
+                .forward(ctx, &Tensor::constant(xs[0].clone()))?
+                .raw()
+                .clone())
+        },
         |_, _| Ok(vec![None]),
     )
     .unwrap_err();
