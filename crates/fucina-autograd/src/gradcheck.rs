@@ -113,7 +113,9 @@ where
             0.5 + u
         })
         .collect();
-    let seed = ctx.from_slice(y.shape(), &weights).map_err(AutogradError::from)?;
+    let seed = ctx
+        .from_slice(y.shape(), &weights)
+        .map_err(AutogradError::from)?;
     y.backward_with_grad(ctx, &seed)?;
     drop((y, seed));
     let analytic: Vec<Vec<f32>> = vars

@@ -34,7 +34,10 @@ fn draws_follow_the_weights() {
         // 4 degrees of freedom (5 positive categories): the 99.9% quantile is
         // 18.47. A biased sampler (say one category off by 1%) exceeds it.
         let x2 = chi_square(&counts, &probs, n);
-        assert!(x2 < 18.47, "seed {seed}: chi-square {x2}, counts {counts:?}");
+        assert!(
+            x2 < 18.47,
+            "seed {seed}: chi-square {x2}, counts {counts:?}"
+        );
     }
 }
 
@@ -102,20 +105,32 @@ fn a_single_positive_weight_is_always_drawn() {
 #[test]
 fn weights_that_are_not_a_distribution_are_errors() {
     assert_eq!(categorical(1, 0, &[]), Err(CategoricalError::Empty));
-    assert_eq!(categorical(1, 0, &[0.0, 0.0, 0.0]), Err(CategoricalError::ZeroTotal));
+    assert_eq!(
+        categorical(1, 0, &[0.0, 0.0, 0.0]),
+        Err(CategoricalError::ZeroTotal)
+    );
     assert_eq!(
         categorical(1, 0, &[0.5, -0.1]),
-        Err(CategoricalError::InvalidWeight { index: 1, value: -0.1 })
+        Err(CategoricalError::InvalidWeight {
+            index: 1,
+            value: -0.1
+        })
     );
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let err = categorical(1, 0, &[0.5, 0.2, bad]).unwrap_err();
-        assert!(matches!(err, CategoricalError::InvalidWeight { index: 2, .. }), "{err}");
+        assert!(
+            matches!(err, CategoricalError::InvalidWeight { index: 2, .. }),
+            "{err}"
+        );
         assert!(err.to_string().contains("weight 2"), "{err}");
     }
     // Nothing is written when the weights are refused.
     let mut out = [99usize; 8];
     assert!(categorical_fill(1, 0, &[1.0, f32::NAN], &mut out).is_err());
     assert_eq!(out, [99; 8]);
-    assert_eq!(categorical_fill(1, 0, &[0.0], &mut out), Err(CategoricalError::ZeroTotal));
+    assert_eq!(
+        categorical_fill(1, 0, &[0.0], &mut out),
+        Err(CategoricalError::ZeroTotal)
+    );
     assert_eq!(out, [99; 8]);
 }

@@ -30,7 +30,14 @@ fn teams() -> Vec<Team> {
 }
 
 fn sum(team: &Team, xs: &[f32], block: usize) -> f32 {
-    team.parallel_reduce(0, xs.len(), block, 0.0f32, |r| xs[r].iter().sum(), |a, b| a + b)
+    team.parallel_reduce(
+        0,
+        xs.len(),
+        block,
+        0.0f32,
+        |r| xs[r].iter().sum(),
+        |a, b| a + b,
+    )
 }
 
 #[test]
@@ -129,5 +136,8 @@ fn a_panicking_block_reaches_the_caller_and_the_team_stays_usable() {
         )
     }));
     assert!(r.is_err());
-    assert_eq!(team.parallel_reduce(0, 100, 10, 0usize, |r| r.len(), |a, b| a + b), 100);
+    assert_eq!(
+        team.parallel_reduce(0, 100, 10, 0usize, |r| r.len(), |a, b| a + b),
+        100
+    );
 }
