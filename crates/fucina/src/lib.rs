@@ -39,8 +39,8 @@
 //! | --- | --- | --- |
 //! | [`nn`] | `fucina` | layers, [`nn::Parameter`], [`nn::Module`] |
 //! | [`optim`] | `fucina` | SGD, Adam, AdamW, clipping, schedules |
-//! | [`checkpoint`] | `fucina` | safetensors checkpoints of parameters and optimizer state |
-//! | [`data`] | `fucina` | the shipped data sets and batching |
+//! | [`checkpoint`] | `fucina` | safetensors checkpoints: named tensors and metadata |
+//! | [`data`] | `fucina` | the data sets shipped with fucina and their reader |
 //! | [`diag`] | `fucina` | [`memory_stats`], [`diag::CountingAllocator`] |
 //! | [`autograd`] | `fucina-autograd` | the differentiable [`Tensor`], [`no_grad`], [`custom_vjp`], [`gradcheck`] |
 //! | [`exec`] | `fucina-exec` | [`ExecContext`], [`RawTensor`], the raw ops, exec scopes |
