@@ -4,6 +4,10 @@
 //!   failing step and naming it.
 //! - `cargo xtask doctest`: compiles and runs every ```` ```rust ```` block of
 //!   `docs/*.md` against the workspace crates.
+//! - `cargo xtask docs`: the facade's documentation as a user builds it
+//!   (`cargo doc -p fucina --no-deps`) with every warning and broken
+//!   intra-doc link an error, then every relative link of the generated pages
+//!   checked (also part of `ci`).
 //! - `cargo xtask loom`: the loom model checks (also part of `ci`).
 //! - `cargo xtask miri`: the small soundness tests under Miri when
 //!   `cargo +nightly miri` is installed (also part of `ci`, which skips it,
@@ -32,6 +36,8 @@ commands:
             (if installed), doc examples, fuzz targets for 20 s each (if cargo-fuzz
             is installed), cargo-deny's bans, licenses and sources (if installed; .ci/run installs it)
   doctest   compile and run every ```rust block of README.md and docs/*.md
+  docs      build the facade's docs alone (cargo doc -p fucina --no-deps) with warnings
+            and broken intra-doc links as errors, and check every link of the pages
   loom      run the loom model checks (RUSTFLAGS=--cfg loom)
   miri      run the Miri soundness tests (needs `cargo +nightly miri`; skipped without it)
   bench     run every crate's criterion benchmarks as docs/BENCHMARKS.md did
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("doctest") => doctest::run(&workspace_root()),
+        Some("docs") => facade_docs(),
         Some("loom") => loom(),
         Some("miri") => miri(),
         Some("bench") => bench(&args[1..]),
@@ -149,6 +156,7 @@ fn ci() -> Result<(), String> {
             .args(&exclude)
             .args(["--no-deps", "--all-features"]),
     )?;
+    facade_docs()?;
     if has_cargo_subcommand("nextest") {
         step(
             "test",
@@ -442,9 +450,162 @@ fn bench(extra: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The facade's documentation, built alone as a user builds it: every item a
+/// user meets must have its page under `target/doc/fucina` (the layers'
+/// items are inlined there), so a warning, a broken intra-doc link, a relative
+/// link to a missing page or one into another crate's pages (absent from a
+/// `--no-deps` build) fails the step.
+fn facade_docs() -> Result<(), String> {
+    step(
+        "facade docs",
+        cargo()
+            .env(
+                "RUSTDOCFLAGS",
+                "-D warnings -D rustdoc::broken_intra_doc_links",
+            )
+            .args(["doc", "-p", "fucina", "--no-deps"]),
+    )?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        workspace_root().join(target)
+    };
+    let broken = broken_doc_links(&target.join("doc"), "fucina")?;
+    if broken.is_empty() {
+        eprintln!("==> [facade docs] every link of target/doc/fucina resolves");
+        Ok(())
+    } else {
+        Err(format!(
+            "step `facade docs` FAILED: {} broken link(s) in target/doc/fucina:\n  {}",
+            broken.len(),
+            broken.join("\n  ")
+        ))
+    }
+}
+
+/// The relative links of the pages under `doc/krate` that point to a missing
+/// file, or into the pages of another crate of the workspace (`doc/fucina_*`),
+/// as `page: link` lines. Links to the shared rustdoc files (`static.files`,
+/// `src`, `trait.impl`, `type.impl`, ...) only have to exist.
+fn broken_doc_links(doc: &Path, krate: &str) -> Result<Vec<String>, String> {
+    let mut pages = Vec::new();
+    let mut dirs = vec![doc.join(krate)];
+    while let Some(dir) = dirs.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        for entry in entries {
+            let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "html") {
+                pages.push(path);
+            }
+        }
+    }
+    pages.sort();
+    let mut broken = Vec::new();
+    for page in &pages {
+        let html = std::fs::read_to_string(page)
+            .map_err(|e| format!("reading {}: {e}", page.display()))?;
+        let shown = page.strip_prefix(doc).unwrap_or(page).display().to_string();
+        let mut rest = html.as_str();
+        while let Some(at) = rest.find("href=\"") {
+            rest = &rest[at + 6..];
+            let Some(end) = rest.find('"') else { break };
+            let link = &rest[..end];
+            rest = &rest[end..];
+            let path = link.split(['#', '?']).next().unwrap_or_default();
+            if path.is_empty()
+                || path.contains("://")
+                || path.contains("${")
+                || path.starts_with("javascript:")
+                || path.starts_with("mailto:")
+            {
+                continue;
+            }
+            let Some(resolved) = resolve_link(doc, page, path) else {
+                broken.push(format!("{shown}: {link} (leaves the doc directory)"));
+                continue;
+            };
+            let top = resolved
+                .strip_prefix(doc)
+                .ok()
+                .and_then(|r| r.components().next())
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if top != krate && top.starts_with("fucina") {
+                broken.push(format!("{shown}: {link} (another crate's pages)"));
+            } else if !resolved.exists() {
+                broken.push(format!("{shown}: {link} (missing)"));
+            }
+        }
+    }
+    Ok(broken)
+}
+
+/// `link` relative to `page`'s directory, normalized without touching the file
+/// system; `None` if it climbs above `doc`.
+fn resolve_link(doc: &Path, page: &Path, link: &str) -> Option<PathBuf> {
+    let base = page.parent()?.strip_prefix(doc).ok()?;
+    let mut parts: Vec<String> = base
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    for seg in link.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s.to_string()),
+        }
+    }
+    Some(parts.iter().fold(doc.to_path_buf(), |p, s| p.join(s)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doc_links_are_checked_for_missing_pages_and_other_crates() {
+        let doc = std::env::temp_dir().join(format!("xtask-doclinks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&doc);
+        for dir in ["fucina/rng", "fucina_rng", "static.files"] {
+            std::fs::create_dir_all(doc.join(dir)).unwrap();
+        }
+        std::fs::write(doc.join("static.files/main.js"), "").unwrap();
+        std::fs::write(doc.join("fucina_rng/fn.at.html"), "").unwrap();
+        std::fs::write(doc.join("fucina/rng/fn.at.html"), "").unwrap();
+        std::fs::write(
+            doc.join("fucina/index.html"),
+            concat!(
+                r#"<a href="rng/fn.at.html#x">ok</a> <a href="../static.files/main.js">ok</a> "#,
+                r##"<a href="https://docs.rs/x">ok</a> <a href="#here">ok</a> "##,
+                r#"<a href="rng/fn.gone.html">missing</a> <a href="../fucina_rng/fn.at.html">other</a> "#,
+                r#"<a href="../../up.html">up</a>"#,
+            ),
+        )
+        .unwrap();
+        let broken = broken_doc_links(&doc, "fucina").unwrap();
+        let _ = std::fs::remove_dir_all(&doc);
+        assert_eq!(broken.len(), 3, "{broken:#?}");
+        assert!(
+            broken[0].contains("rng/fn.gone.html (missing)"),
+            "{broken:#?}"
+        );
+        assert!(
+            broken[1].contains("fucina_rng/fn.at.html (another crate's pages)"),
+            "{broken:#?}"
+        );
+        assert!(
+            broken[2].contains("up.html (leaves the doc directory)"),
+            "{broken:#?}"
+        );
+    }
 
     #[test]
     fn missing_mpi_is_a_skip_unless_required() {

@@ -1,5 +1,7 @@
 //! The crate's one error type.
 
+use std::sync::Arc;
+
 use fucina_exec::{Dims, ExecError};
 
 /// Everything an autograd operation can refuse.
@@ -68,6 +70,48 @@ pub enum AutogradError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// An error of another type returned by user code that runs inside the
+    /// autograd layer (a custom VJP's closures, for example an error of the
+    /// `fucina` facade), kept whole: its message and source chain are shown
+    /// as they are.
+    #[error(transparent)]
+    External(ExternalError),
+}
+
+/// An error of another type carried by [`AutogradError::External`]: shared,
+/// so the autograd error stays `Clone`. Its message and source are those of the
+/// error inside; two of them are equal when they share that error.
+#[derive(Debug, Clone)]
+pub struct ExternalError(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl ExternalError {
+    /// Wraps `e`.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> ExternalError {
+        ExternalError(Arc::new(e))
+    }
+
+    /// The error inside (downcast it with `downcast_ref` to recover its type).
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Display for ExternalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for ExternalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for ExternalError {
+    fn eq(&self, other: &ExternalError) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// The result type of this crate.

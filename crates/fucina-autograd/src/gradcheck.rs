@@ -3,7 +3,7 @@
 
 use fucina_exec::{ExecContext, RawTensor};
 
-use crate::error::Result;
+use crate::error::{AutogradError, Result};
 use crate::grad_mode::no_grad;
 use crate::tensor::Tensor;
 
@@ -83,16 +83,23 @@ pub struct GradcheckResult {
 /// # Ok::<(), fucina_autograd::AutogradError>(())
 /// ```
 ///
+/// `f` may return any error type that an [`AutogradError`] converts into (the
+/// errors of gradcheck itself are converted to it): a closure over a layer of
+/// the `fucina` facade returns `fucina::Error`, and so does the check. When `f`
+/// ends with `Ok(..)` rather than a call, name the error type, for example
+/// `gradcheck::<_, AutogradError>(..)`.
+///
 /// # Errors
 /// Any error of `f` or of backward.
-pub fn gradcheck<F>(
+pub fn gradcheck<F, E>(
     ctx: &ExecContext,
     f: F,
     inputs: &[RawTensor],
     opts: &GradcheckOptions,
-) -> Result<GradcheckResult>
+) -> Result<GradcheckResult, E>
 where
-    F: Fn(&ExecContext, &[Tensor]) -> Result<Tensor>,
+    F: Fn(&ExecContext, &[Tensor]) -> Result<Tensor, E>,
+    E: From<AutogradError>,
 {
     // Analytic pass.
     let vars: Vec<Tensor> = inputs
@@ -106,7 +113,9 @@ where
             0.5 + u
         })
         .collect();
-    let seed = ctx.from_slice(y.shape(), &weights)?;
+    let seed = ctx
+        .from_slice(y.shape(), &weights)
+        .map_err(AutogradError::from)?;
     y.backward_with_grad(ctx, &seed)?;
     drop((y, seed));
     let analytic: Vec<Vec<f32>> = vars
@@ -122,7 +131,7 @@ where
 
     // Numeric pass, without recording.
     let _guard = no_grad();
-    let objective = |xs: &[Tensor]| -> Result<f64> {
+    let objective = |xs: &[Tensor]| -> Result<f64, E> {
         let y = f(ctx, xs)?;
         Ok(y.to_vec()
             .iter()
@@ -143,13 +152,18 @@ where
         let mut values = base.clone();
         for j in 0..base.len() {
             values[j] = base[j] + opts.eps;
-            let plus_x = ctx.from_slice(input.shape(), &values)?;
+            let plus_x = ctx
+                .from_slice(input.shape(), &values)
+                .map_err(AutogradError::from)?;
             let h_plus = f64::from(values[j]) - f64::from(base[j]);
             consts[i] = Tensor::constant(plus_x);
             let plus = objective(&consts)?;
             values[j] = base[j] - opts.eps;
             let h_minus = f64::from(base[j]) - f64::from(values[j]);
-            consts[i] = Tensor::constant(ctx.from_slice(input.shape(), &values)?);
+            let minus_x = ctx
+                .from_slice(input.shape(), &values)
+                .map_err(AutogradError::from)?;
+            consts[i] = Tensor::constant(minus_x);
             let minus = objective(&consts)?;
             values[j] = base[j];
             // The perturbations actually applied (after f32 rounding).

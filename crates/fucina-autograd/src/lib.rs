@@ -43,7 +43,7 @@ mod ops;
 mod tensor;
 
 pub use custom::{CustomVjpArgs, custom_vjp};
-pub use error::{AutogradError, Result};
+pub use error::{AutogradError, ExternalError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
 pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
 pub use node::{BackwardOptions, Grads, free_graph_nodes};

@@ -2,7 +2,7 @@
 //!
 //! The deterministic random numbers of fucina: splitmix64 with an O(1) counter
 //! form, and the fills built on it (Gaussian, uniform, Kaiming, normal, Gumbel,
-//! integers, permutations). Every `(seed -> values)` mapping here is a
+//! integers, permutations, categorical draws). Every `(seed -> values)` mapping here is a
 //! **checkpoint contract**: store a seed instead of the values, regenerate the
 //! values later, and get the same bits, on any run, thread count, chunking and
 //! CPU. The mappings are bit-compatible with the reference implementation, the
@@ -53,6 +53,7 @@
 //! | [`gumbel_fill`] | Gumbel(0, 1) | `-ln(-ln u)` over an open uniform, f64 |
 //! | [`randint_fill`] | integers in [low, high) | multiply-shift `low + (x * span) >> 64` |
 //! | [`randperm_fill`] | permutation of 0..n | Fisher–Yates over the counter stream |
+//! | [`categorical`], [`categorical_fill`] | index drawn with probability ∝ `weights[k]` | inverse CDF in f64 at `u = (at(seed, i) >> 11) * 2^-53` |
 //!
 //! The exact bit-level definition of each mapping is in its function's docs
 //! and in `docs/DETERMINISM.md` of the repository.
@@ -100,7 +101,9 @@
 //!
 //! Only contract violations panic: [`randint_fill`] with `low >= high` and
 //! [`kaiming_uniform_fill`] with `fan_in == 0`. Nothing else panics or
-//! allocates.
+//! allocates. The categorical sampler takes user data (a probability vector),
+//! so it returns a [`CategoricalError`] instead for weights that are not a
+//! distribution (none, negative, NaN, infinite, all zero).
 //!
 //! ## Features
 //!
@@ -117,6 +120,7 @@
 
 #![cfg_attr(not(any(feature = "std", test)), no_std)]
 
+mod categorical;
 mod dispatch;
 mod fast;
 mod float;
@@ -129,6 +133,7 @@ mod uniform;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use categorical::{CategoricalError, categorical, categorical_fill};
 pub use fast::gaussian_fill_at_fast;
 pub use gaussian::{gaussian_fill, gaussian_fill_at, normal_fill};
 pub use int::{randint_fill, randperm_fill};

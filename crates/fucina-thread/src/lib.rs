@@ -21,6 +21,8 @@
 //!   is needed to write outputs in parallel.
 //! - [`current_participant`] tells a task its participant index (for
 //!   per-participant scratch buffers); `None` in a serial run.
+//! - [`Team::parallel_reduce`] reduces a range over fixed-size blocks
+//!   combined in block order: its bits do not depend on the team size.
 //! - [`Team::parallel_chained`] runs a dependency graph: running tasks make
 //!   others runnable through [`Chain::enqueue`].
 //! - The calls are scoped like `std::thread::scope`: tasks and closures may
@@ -47,19 +49,13 @@
 //! });
 //! assert_eq!(v[1234], 2468.0);
 //!
-//! // A deterministic reduction: one partial per chunk, combined in order.
+//! // A deterministic reduction: fixed blocks of 512, partials combined in
+//! // block order, so the bits do not depend on the team size.
 //! let data = &v;
-//! let mut partials: Vec<(std::ops::Range<usize>, f32)> =
-//!     fucina_thread::chunk_ranges(0, data.len(), 512, team.participants())
-//!         .map(|r| (r, 0.0))
-//!         .collect();
-//! team.parallel_chunks_mut(&mut partials, |(r, sum)| {
-//!     *sum = data[r.clone()].iter().sum();
-//! });
-//! let total: f32 = partials.iter().map(|(_, s)| s).sum();
-//! // Bitwise equal to the same chunks summed serially, however they ran.
-//! let serial: f32 = partials.iter().map(|(r, _)| data[r.clone()].iter().sum::<f32>()).sum();
-//! assert_eq!(total.to_bits(), serial.to_bits());
+//! let total = team.parallel_reduce(0, data.len(), 512, 0.0f32, |r| data[r].iter().sum(), |a, b| a + b);
+//! let one = Team::new(TeamOptions { max_workers: 0 })?;
+//! let alone = one.parallel_reduce(0, data.len(), 512, 0.0f32, |r| data[r].iter().sum(), |a, b| a + b);
+//! assert_eq!(total.to_bits(), alone.to_bits());
 //! # Ok::<(), fucina_thread::ThreadError>(())
 //! ```
 //!
@@ -99,6 +95,7 @@
 //! - `team/`: the persistent fork-join [`Team`] and its dispatch protocol
 //!   (`team/README.md`), chained dispatch, futex parking;
 //! - `chunking`: the deterministic range chunking;
+//! - `reduce`: [`Team::parallel_reduce`];
 //! - `knobs/`: thread-count knobs, environment parsing, CPU detection, spin budgets;
 //! - `one_shot`: [`OneShotWorker`];
 //! - `tasks`: general async tasks over `rayon-core`;
@@ -111,6 +108,7 @@ mod fp;
 pub mod knobs;
 mod one_shot;
 mod profile;
+mod reduce;
 mod sync;
 mod tasks;
 mod team;

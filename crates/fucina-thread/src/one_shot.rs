@@ -1,5 +1,5 @@
 //! [`OneShotWorker`]: one lazily started helper thread that runs one job at a
-//! time, so a caller can overlap two branches (reference §3.9).
+//! time, so a caller can overlap two branches (`join(a, b)`).
 //!
 //! # Protocol
 //!

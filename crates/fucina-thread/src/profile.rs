@@ -1,4 +1,5 @@
-//! The `FUCINA_POOL_PROFILE=1` trace line (reference §3.13).
+//! The `FUCINA_POOL_PROFILE=1` trace line: one line per dispatch, for
+//! seeing how work is split and how long each participant waits.
 //!
 //! When the flag is set at team creation (and the team has workers), every
 //! barrier dispatch (chunks or chained; not serial fallbacks, not single-task

@@ -1,5 +1,5 @@
 //! `FUCINA_POOL_PROFILE=1`: one trace line per barrier dispatch, in the exact
-//! format of reference §3.13. A process-level test: the parent re-runs this
+//! format the `profile` module documents. A process-level test: the parent re-runs this
 //! binary as a child with the variable set and parses the child's stderr.
 
 use fucina_thread::{Team, TeamOptions};

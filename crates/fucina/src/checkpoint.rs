@@ -24,9 +24,8 @@
 //!   every run.
 //!
 //! ```
-//! use fucina_autograd::Tensor;
 //! use fucina::checkpoint;
-//! use fucina_exec::ExecContext;
+//! use fucina::{ExecContext, Tensor};
 //!
 //! let ctx = ExecContext::new();
 //! let w = Tensor::variable_from_slice(&ctx, &[2, 2], &[1., 2., 3., 4.])?;

@@ -1,4 +1,5 @@
-//! The spin-budget policy (reference §3.4): a pure function of the
+//! The spin-budget policy (how long a waiting thread spins before it parks):
+//! a pure function of the
 //! `FUCINA_SPIN_BUDGET` override, the team size and the schedulable cores.
 
 /// Default worker spin budget (spin-hint iterations before parking).
@@ -8,7 +9,7 @@ pub const DEFAULT_JOIN_SPIN: u32 = 1 << 20;
 /// Join spin bound on an oversubscribed team, and after the first timed wait.
 pub const OVERSUBSCRIBED_JOIN_SPIN: u32 = 4096;
 
-/// The spin budgets of one team, fixed at team creation (reference §3.4).
+/// The spin budgets of one team, fixed at team creation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpinBudgets {
     /// Spin-hint iterations a worker spends before parking.
@@ -17,7 +18,7 @@ pub struct SpinBudgets {
     pub join_spin: u32,
 }
 
-/// The spin-budget policy of reference §3.4, a pure function.
+/// The spin-budget policy, a pure function of its inputs.
 ///
 /// - The team is *oversubscribed* when `schedulable_cores` is known and
 ///   `team_size` (workers + the caller) exceeds it; equal is not

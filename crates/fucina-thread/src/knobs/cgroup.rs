@@ -1,4 +1,5 @@
-//! cgroup CPU-bandwidth budget (reference §3.12), Linux only.
+//! cgroup CPU-bandwidth budget, Linux only: a CPU quota lowers the default
+//! team size.
 //!
 //! A bandwidth limit (`docker --cpus=2`, a Kubernetes CPU limit) is invisible
 //! to the affinity mask: the process still sees every CPU, and a team sized to

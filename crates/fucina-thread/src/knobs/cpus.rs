@@ -1,4 +1,5 @@
-//! Physical- and performance-core detection (reference §3.12).
+//! Physical- and performance-core detection: the inputs that keep the default
+//! team off SMT siblings and, on Apple Silicon, off the efficiency cores.
 //!
 //! The pure parts (the sysfs cpu-list grammar and the sibling count over an
 //! affinity mask) are separated from the I/O so they are tested on strings on

@@ -1,4 +1,4 @@
-//! Environment-variable parsing (reference §3.11).
+//! Environment-variable parsing for the `FUCINA_*` knobs.
 //!
 //! The string parsers are pure and public so their exact grammar can be
 //! tested (and reused) without touching the process environment; the `env_*`

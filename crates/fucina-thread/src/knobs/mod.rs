@@ -1,5 +1,4 @@
-//! Thread-count knobs, environment parsing, CPU detection and spin budgets
-//! (reference §3.4, §3.10–3.12).
+//! Thread-count knobs, environment parsing, CPU detection and spin budgets.
 //!
 //! # The thread count and its precedence
 //!
@@ -149,7 +148,10 @@ pub fn cpu_thread_count(max_threads: usize) -> usize {
     count.min(max_threads).max(1)
 }
 
-/// The uncached detection of reference §3.10 (steps 1–5).
+/// The uncached detection: the CPUs the process may use
+/// (`available_parallelism`, step 1), lowered by the physical-core,
+/// performance-core and cgroup counts when known (steps 2-4) and by
+/// `FUCINA_MAX_THREADS` (step 5); at least 1.
 fn detect_cpu_count() -> usize {
     let mut count = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Steps 2-4: physical, performance and cgroup counts, when known.

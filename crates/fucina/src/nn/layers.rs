@@ -254,7 +254,7 @@ fn check_eps(what: &'static str, eps: f32) -> Result<()> {
 ///
 /// The mask of each call is a pure function of `(seed, step)`, where `step`
 /// counts the layer's training-mode calls: the `k`-th call uses the mask seed
-/// `fucina_rng::at(seed, k)`. Store [`step`](Dropout::step) with a checkpoint and
+/// [`fucina::rng::at(seed, k)`](crate::rng::at). Store [`step`](Dropout::step) with a checkpoint and
 /// restore it with [`set_step`](Dropout::set_step), and a resumed run draws the
 /// same masks, bit for bit, as an uninterrupted one.
 #[derive(Debug)]
