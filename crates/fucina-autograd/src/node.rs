@@ -867,3 +867,15 @@ fn commit(ctx: &ExecContext, order: &[NodeRef], slots: &mut [Slot]) -> Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod size {
+    /// The size of one graph node (all of its state is inline, so this is what
+    /// a recorded op costs in memory, recycled or not); docs/AUTOGRAD.md quotes it.
+    #[test]
+    fn node_size() {
+        let node = std::mem::size_of::<super::Node>();
+        let vjp = std::mem::size_of::<super::Vjp>();
+        println!("size_of::<Node>() = {node} bytes, size_of::<Vjp>() = {vjp} bytes");
+    }
+}

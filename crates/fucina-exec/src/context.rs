@@ -14,8 +14,10 @@ use fucina_thread::{ChunkRanges, OneShotWorker, Team, TeamOptions, ThreadError, 
 use crate::error::ExecError;
 use crate::scope::ScopeStack;
 
-/// The most participants a context's team may have (the caller plus 63 workers).
-pub const MAX_THREADS: usize = 64;
+/// The most participants a context's team may have (the caller plus 63 workers):
+/// `fucina-thread`'s ceiling, re-exported so that both crates size their
+/// per-participant arrays from one constant.
+pub use fucina_thread::MAX_THREADS;
 
 /// `chunk_ranges` yields at most four chunks per participant.
 const MAX_CHUNKS: usize = 4 * MAX_THREADS;
@@ -152,7 +154,7 @@ impl ExecContext {
     ///
     /// # Errors
     /// The team's creation error; the next call tries again.
-    pub fn try_work_pool(&self) -> Result<&Team, ThreadError> {
+    pub fn try_team(&self) -> Result<&Team, ThreadError> {
         if let Some(t) = self.team.get() {
             return Ok(t);
         }
@@ -162,9 +164,24 @@ impl ExecContext {
         Ok(self.team.get_or_init(|| team))
     }
 
-    /// [`try_work_pool`](ExecContext::try_work_pool), with `None` on error.
+    /// [`try_team`](ExecContext::try_team), with `None` on error.
+    pub fn team(&self) -> Option<&Team> {
+        self.try_team().ok()
+    }
+
+    /// The former name of [`try_team`](ExecContext::try_team).
+    ///
+    /// # Errors
+    /// As [`try_team`](ExecContext::try_team).
+    #[deprecated(note = "renamed to `try_team` (`pool()` is the buffer pool)")]
+    pub fn try_work_pool(&self) -> Result<&Team, ThreadError> {
+        self.try_team()
+    }
+
+    /// The former name of [`team`](ExecContext::team).
+    #[deprecated(note = "renamed to `team` (`pool()` is the buffer pool)")]
     pub fn work_pool(&self) -> Option<&Team> {
-        self.try_work_pool().ok()
+        self.team()
     }
 
     /// The one-shot worker (for overlapping two branches, e.g. independent backward
@@ -280,7 +297,7 @@ impl ExecContext {
         {
             return None;
         }
-        let team = self.work_pool()?;
+        let team = self.team()?;
         let grain = (PARALLEL_THRESHOLD / work_per_row.max(1)).max(1);
         Some((team, chunk_ranges(0, rows, grain, self.threads)))
     }

@@ -475,7 +475,7 @@ fn ops_go_parallel_at_the_threshold() {
             ctx.from_slice(&[n], &b).unwrap(),
         );
         let z = ctx.add(&x, &y).unwrap();
-        let started = ctx.work_pool().unwrap().is_started();
+        let started = ctx.team().unwrap().is_started();
         assert_eq!(started, parallel, "add of {n} elements");
         let (xs, ys) = (
             serial.from_slice(&[n], &a).unwrap(),

@@ -4,7 +4,7 @@ use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{GradList, Saved, grads};
-use crate::ops::{contiguous, sum_to};
+use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -82,9 +82,9 @@ fn weight_grads(
     let out = *g.shape().last().expect("rank >= 1");
     let inn = *x.shape().last().expect("rank >= 1");
     let rows = g.numel() / out;
-    let g2 = contiguous(ctx, g)?.reshape(&[rows, out])?;
+    let g2 = ctx.contiguous(g)?.reshape(&[rows, out])?;
     let gw = if want_w {
-        let x2 = contiguous(ctx, x)?.reshape(&[rows, inn])?;
+        let x2 = ctx.contiguous(x)?.reshape(&[rows, inn])?;
         Some(ctx.matmul(&g2.transpose(0, 1)?, &x2)?)
     } else {
         None

@@ -5,7 +5,7 @@ use fucina_exec::{Dims, ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{Saved, grads};
-use crate::ops::{contiguous, sum_to};
+use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
 /// A contiguous gradient of `shape` holding `g` in the narrowed window
@@ -19,7 +19,7 @@ fn unnarrow(
 ) -> Result<RawTensor> {
     let mut out = ctx.zeros(shape)?;
     let window = *out.narrow(axis, start, g.shape()[axis])?.layout();
-    let gv = contiguous(ctx, g)?;
+    let gv = ctx.contiguous(g)?;
     let gv = gv.data()?;
     let o = out.data_mut()?;
     let mut k = 0;
@@ -38,10 +38,10 @@ impl Tensor {
     /// [`ExecError::InvalidShape`](fucina_exec::ExecError::InvalidShape) if the
     /// element counts differ or the shape is invalid.
     pub fn reshape(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
-        let out = contiguous(ctx, &self.raw)?.reshape(shape)?;
+        let out = ctx.contiguous(&self.raw)?.reshape(shape)?;
         let saved = Saved::default().with_dims([self.raw.dims()]);
         Tensor::finish(ctx, "reshape", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(contiguous(ctx, g)?.reshape(s.shape(0))?)])
+            Ok(grads![Some(ctx.contiguous(g)?.reshape(s.shape(0))?)])
         })
     }
 
