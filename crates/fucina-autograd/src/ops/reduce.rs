@@ -5,7 +5,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{Saved, grads};
+use crate::node::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -15,18 +15,26 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.sum(&self.raw, axis, keepdim)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "sum", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.sum_backward(
-                g,
-                s.u[0],
-                s.b[0],
-                s.shape(0)
-            )?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "sum",
+            out,
+            &[self],
+            AxisReduce {
+                shape,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(ctx.sum_backward(
+                    g,
+                    *axis,
+                    *keepdim,
+                    shape.as_slice()
+                )?)])
+            }
+        )
     }
 
     /// The mean along `axis`.
@@ -35,18 +43,26 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.mean(&self.raw, axis, keepdim)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "mean", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.mean_backward(
-                g,
-                s.u[0],
-                s.b[0],
-                s.shape(0)
-            )?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "mean",
+            out,
+            &[self],
+            AxisReduce {
+                shape,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(ctx.mean_backward(
+                    g,
+                    *axis,
+                    *keepdim,
+                    shape.as_slice()
+                )?)])
+            }
+        )
     }
 
     /// The maximum along `axis` (the gradient goes to the maximal elements as the
@@ -56,12 +72,15 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.max(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "max", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.max_backward(s.t(0), g, s.u[0], s.b[0])?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "max",
+            out,
+            &[self],
+            AxisSelect { x, axis, keepdim },
+            |ctx, g, _| Ok(grads![Some(ctx.max_backward(x, g, *axis, *keepdim)?)])
+        )
     }
 
     /// The minimum along `axis`.
@@ -70,12 +89,15 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.min(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "min", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.min_backward(s.t(0), g, s.u[0], s.b[0])?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "min",
+            out,
+            &[self],
+            AxisSelect { x, axis, keepdim },
+            |ctx, g, _| Ok(grads![Some(ctx.min_backward(x, g, *axis, *keepdim)?)])
+        )
     }
 
     /// The variance along `axis` (`unbiased`: divide by `n - 1`).
@@ -90,18 +112,24 @@ impl Tensor {
         unbiased: bool,
     ) -> Result<Tensor> {
         let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim, unbiased]);
-        Tensor::finish(ctx, "variance", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.variance_backward(
-                s.t(0),
-                g,
-                s.u[0],
-                s.b[0],
-                s.b[1]
-            )?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "variance",
+            out,
+            &[self],
+            Variance {
+                x,
+                axis,
+                keepdim,
+                unbiased
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.variance_backward(x, g, *axis, *keepdim, *unbiased)?
+                )])
+            }
+        )
     }
 
     /// `log(sum(exp(x)))` along `axis`, computed stably.
@@ -110,18 +138,24 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn logsumexp(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone(), out.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "logsumexp", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.logsumexp_backward(
-                s.t(0),
-                s.t(1),
-                g,
-                s.u[0],
-                s.b[0]
-            )?)])
-        })
+        let (x, y) = (self.raw.clone(), out.clone());
+        record!(
+            ctx,
+            "logsumexp",
+            out,
+            &[self],
+            LogSumExp {
+                x,
+                y,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.logsumexp_backward(x, y, g, *axis, *keepdim)?
+                )])
+            }
+        )
     }
 
     /// The sum of all elements, shape `[1]`.
@@ -130,10 +164,19 @@ impl Tensor {
     /// Out of memory.
     pub fn sum_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.sum_all(&self.raw)?;
-        let saved = Saved::default().with_dims([self.raw.dims()]);
-        Tensor::finish(ctx, "sum_all", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.broadcast_to(&flat1(g)?, s.shape(0))?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "sum_all",
+            out,
+            &[self],
+            Shape { shape },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.broadcast_to(&flat1(g)?, shape.as_slice())?
+                )])
+            }
+        )
     }
 
     /// The mean of all elements, shape `[1]`.
@@ -142,13 +185,20 @@ impl Tensor {
     /// Out of memory.
     pub fn mean_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.mean_all(&self.raw)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_f([1.0 / self.numel() as f32]);
-        Tensor::finish(ctx, "mean_all", out, &[self], saved, |ctx, s, g, _| {
-            let g = ctx.scale(g, s.f[0])?;
-            Ok(grads![Some(ctx.broadcast_to(&flat1(&g)?, s.shape(0))?)])
-        })
+        let (shape, inv_n) = (self.raw.dims(), 1.0 / self.numel() as f32);
+        record!(
+            ctx,
+            "mean_all",
+            out,
+            &[self],
+            MeanAll { shape, inv_n },
+            |ctx, g, _| {
+                let g = ctx.scale(g, *inv_n)?;
+                Ok(grads![Some(
+                    ctx.broadcast_to(&flat1(&g)?, shape.as_slice())?
+                )])
+            }
+        )
     }
 
     /// The index of the maximum along `axis` (a typed, caller-owned result: never

@@ -160,7 +160,7 @@ impl Run<'_> {
         match b.below(4) {
             0 => b.shape(),
             1 => vec![n],
-            2 if n > 0 && n % 2 == 0 => vec![2, n / 2],
+            2 if n > 0 && n.is_multiple_of(2) => vec![2, n / 2],
             _ => vec![1, n, 1],
         }
     }
