@@ -48,7 +48,10 @@ mod context;
 mod error;
 mod kernels;
 mod ops;
+mod parallel;
+mod rhs_cache;
 mod scope;
+mod scope_stack;
 mod tensor;
 
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
