@@ -20,7 +20,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode};
+use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
 
 use crate::error::{AutogradError, Result};
 
@@ -133,8 +133,8 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 pub(crate) enum Saved {
     /// Nothing (`add_scalar`, `materialize`).
     Nothing {},
-    /// The input (the unary math ops).
-    Input { x: RawTensor },
+    /// The descriptor and the input of a unary elementwise op.
+    Unary { op: UnaryOp, x: RawTensor },
     /// The output and the axis it was normalized along (`softmax`, `log_softmax`).
     OutputAlong { y: RawTensor, axis: usize },
     /// The factor of `scale`.

@@ -445,3 +445,26 @@ fn the_free_list_keeps_at_most_16384_nodes() {
     drop(x);
     assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 16_384);
 }
+
+/// Every unary op records its descriptor: the gradient of `sum(w * op(x))` is
+/// the op's backward kernel applied to `w`, bit for bit, and the node is named
+/// after the op.
+#[test]
+fn unary_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::UnaryOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    for &op in UnaryOp::ALL {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = x.unary(&ctx, op)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let want = ctx.unary_backward(op, x.raw(), w.raw())?.to_vec();
+        let got = grad_of(&ctx, &x);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{op:?}");
+    }
+    Ok(())
+}

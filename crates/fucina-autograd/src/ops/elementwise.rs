@@ -1,24 +1,55 @@
 //! Elementwise ops: binary with broadcasting (gradients reduced back to each
 //! operand's shape), scalar forms, unary math, selection and dropout.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, RawTensor, UnaryOp};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
 use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
+impl Tensor {
+    /// Applies the unary elementwise op `op` (the descriptor names its forward
+    /// kernel, run now, and its backward kernel, run by backward). The named
+    /// methods (`relu`, `exp`, ...) are this with their variant.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, UnaryOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2], &[-1., 2.])?;
+    /// let y = x.unary(&ctx, UnaryOp::Relu)?;
+    /// assert_eq!(y.to_vec(), x.relu(&ctx)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
+    pub fn unary(&self, ctx: &ExecContext, op: UnaryOp) -> Result<Tensor> {
+        let out = ctx.unary(op, &self.raw)?;
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            Unary { op, x },
+            |ctx, g, _| Ok(grads![Some(ctx.unary_backward(*op, x, g)?)])
+        )
+    }
+}
+
+/// The named unary methods, each [`Tensor::unary`] with its descriptor.
 macro_rules! unary {
-    ($($(#[$doc:meta])* $name:ident => $bwd:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident => $variant:ident;)*) => {
         impl Tensor {$(
             $(#[$doc])*
             ///
             /// # Errors
             /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
             pub fn $name(&self, ctx: &ExecContext) -> Result<Tensor> {
-                let out = ctx.$name(&self.raw)?;
-                record!(ctx, stringify!($name), out, &[self], Input { x: self.raw.clone() },
-                    |ctx, g, _| Ok(grads![Some(ctx.$bwd(x, g)?)]))
+                self.unary(ctx, UnaryOp::$variant)
             }
         )*}
     };
@@ -26,35 +57,35 @@ macro_rules! unary {
 
 unary! {
     /// `-x`.
-    neg => neg_backward;
+    neg => Neg;
     /// `|x|` (gradient 0 at 0).
-    abs => abs_backward;
+    abs => Abs;
     /// `e^x`.
-    exp => exp_backward;
+    exp => Exp;
     /// Natural logarithm.
-    log => log_backward;
+    log => Log;
     /// Square root.
-    sqrt => sqrt_backward;
+    sqrt => Sqrt;
     /// `1 / sqrt(x)`.
-    rsqrt => rsqrt_backward;
+    rsqrt => Rsqrt;
     /// The logistic function.
-    sigmoid => sigmoid_backward;
+    sigmoid => Sigmoid;
     /// Hyperbolic tangent.
-    tanh => tanh_backward;
+    tanh => Tanh;
     /// `max(x, 0)` (gradient 0 at 0).
-    relu => relu_backward;
+    relu => Relu;
     /// GELU, tanh approximation.
-    gelu => gelu_backward;
+    gelu => Gelu;
     /// Exact GELU.
-    gelu_erf => gelu_erf_backward;
+    gelu_erf => GeluErf;
     /// SiLU `x * sigmoid(x)`.
-    silu => silu_backward;
+    silu => Silu;
     /// Softplus `ln(1 + e^x)`.
-    softplus => softplus_backward;
+    softplus => Softplus;
     /// Sine.
-    sin => sin_backward;
+    sin => Sin;
     /// Cosine.
-    cos => cos_backward;
+    cos => Cos;
 }
 
 /// The two broadcast-shaped gradients of a binary op, reduced to the operands'
