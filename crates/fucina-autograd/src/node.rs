@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
 
 use crate::error::{AutogradError, Result};
+use crate::ops::reduce::{SelectReduction, ShapeReduction};
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -163,14 +164,18 @@ pub(crate) enum Saved {
     MaskedFill { mask: RawTensor<bool> },
     /// The probability and the mask seed of `dropout` (the mask is regenerated).
     Dropout { p: f32, seed: u64 },
-    /// The input shape of a reduction along `axis` (`sum`, `mean`).
+    /// The descriptor and the input shape of a reduction along `axis` (`sum`,
+    /// `mean`).
     AxisReduce {
+        op: ShapeReduction,
         shape: Dims,
         axis: usize,
         keepdim: bool,
     },
-    /// The input of a selecting reduction along `axis` (`max`, `min`).
+    /// The descriptor and the input of a selecting reduction along `axis`
+    /// (`max`, `min`).
     AxisSelect {
+        op: SelectReduction,
         x: RawTensor,
         axis: usize,
         keepdim: bool,

@@ -468,3 +468,34 @@ fn unary_ops_record_their_descriptor() -> R {
     }
     Ok(())
 }
+
+/// The axis reductions record their descriptor: node name and backward kernel
+/// (checked bit for bit against the exec layer's kernel of that name).
+#[test]
+fn axis_reductions_record_their_descriptor() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    type Fwd = fn(&Tensor, &ExecContext, usize, bool) -> Result<Tensor, AutogradError>;
+    let ops: [(&str, Fwd); 4] = [
+        ("sum", Tensor::sum),
+        ("mean", Tensor::mean),
+        ("max", Tensor::max),
+        ("min", Tensor::min),
+    ];
+    for (name, f) in ops {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let y = f(&x, &ctx, 1, false)?;
+        assert_eq!(y.op_name(), Some(name));
+        let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5])?;
+        y.backward_with_grad(&ctx, &g)?;
+        let want = match name {
+            "sum" => ctx.sum_backward(&g, 1, false, &[3, 4])?,
+            "mean" => ctx.mean_backward(&g, 1, false, &[3, 4])?,
+            "max" => ctx.max_backward(x.raw(), &g, 1, false)?,
+            _ => ctx.min_backward(x.raw(), &g, 1, false)?,
+        };
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(grad_of(&ctx, &x)), bits(want.to_vec()), "{name}");
+    }
+    Ok(())
+}

@@ -2,39 +2,119 @@
 //! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
 //! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, ExecError, RawTensor};
 
 use crate::error::Result;
 use crate::node::{grads, record};
 use crate::tensor::Tensor;
 
+/// An exec kernel's result.
+type ExecResult<T> = std::result::Result<T, ExecError>;
+
+/// The signature of a forward kernel along one axis: `(x, axis, keepdim)`.
+type AxisForward = fn(&ExecContext, &RawTensor, usize, bool) -> ExecResult<RawTensor>;
+
+/// The descriptor of a reduction along one axis whose backward needs only the
+/// input's shape (`sum`, `mean`): its name and its two kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct ShapeReduction {
+    name: &'static str,
+    forward: AxisForward,
+    /// `(grad_y, axis, keepdim, input_shape)`.
+    backward: fn(&ExecContext, &RawTensor, usize, bool, &[usize]) -> ExecResult<RawTensor>,
+}
+
+/// The descriptor of a reduction along one axis that selects elements of its
+/// input (`max`, `min`), whose backward reads the input again.
+#[derive(Clone, Copy)]
+pub(crate) struct SelectReduction {
+    name: &'static str,
+    forward: AxisForward,
+    /// `(x, grad_y, axis, keepdim)`.
+    backward: fn(&ExecContext, &RawTensor, &RawTensor, usize, bool) -> ExecResult<RawTensor>,
+}
+
+const SUM: ShapeReduction = ShapeReduction {
+    name: "sum",
+    forward: ExecContext::sum,
+    backward: ExecContext::sum_backward,
+};
+const MEAN: ShapeReduction = ShapeReduction {
+    name: "mean",
+    forward: ExecContext::mean,
+    backward: ExecContext::mean_backward,
+};
+const MAX: SelectReduction = SelectReduction {
+    name: "max",
+    forward: ExecContext::max,
+    backward: ExecContext::max_backward,
+};
+const MIN: SelectReduction = SelectReduction {
+    name: "min",
+    forward: ExecContext::min,
+    backward: ExecContext::min_backward,
+};
+
 impl Tensor {
-    /// The sum along `axis` (kept as size 1 when `keepdim`).
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
-    pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.sum(&self.raw, axis, keepdim)?;
+    /// Applies a shape-only reduction along `axis`.
+    fn reduce_along(
+        &self,
+        ctx: &ExecContext,
+        op: ShapeReduction,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
         let shape = self.raw.dims();
         record!(
             ctx,
-            "sum",
+            op.name,
             out,
             &[self],
             AxisReduce {
+                op,
                 shape,
                 axis,
                 keepdim
             },
             |ctx, g, _| {
-                Ok(grads![Some(ctx.sum_backward(
-                    g,
-                    *axis,
-                    *keepdim,
-                    shape.as_slice()
-                )?)])
+                let gx = (op.backward)(ctx, g, *axis, *keepdim, shape.as_slice())?;
+                Ok(grads![Some(gx)])
             }
         )
+    }
+
+    /// Applies a selecting reduction along `axis`.
+    fn select_along(
+        &self,
+        ctx: &ExecContext,
+        op: SelectReduction,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            op.name,
+            out,
+            &[self],
+            AxisSelect {
+                op,
+                x,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| Ok(grads![Some((op.backward)(ctx, x, g, *axis, *keepdim)?)])
+        )
+    }
+
+    /// The sum along `axis` (kept as size 1 when `keepdim`).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_along(ctx, SUM, axis, keepdim)
     }
 
     /// The mean along `axis`.
@@ -42,27 +122,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.mean(&self.raw, axis, keepdim)?;
-        let shape = self.raw.dims();
-        record!(
-            ctx,
-            "mean",
-            out,
-            &[self],
-            AxisReduce {
-                shape,
-                axis,
-                keepdim
-            },
-            |ctx, g, _| {
-                Ok(grads![Some(ctx.mean_backward(
-                    g,
-                    *axis,
-                    *keepdim,
-                    shape.as_slice()
-                )?)])
-            }
-        )
+        self.reduce_along(ctx, MEAN, axis, keepdim)
     }
 
     /// The maximum along `axis` (the gradient goes to the maximal elements as the
@@ -71,16 +131,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.max(&self.raw, axis, keepdim)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "max",
-            out,
-            &[self],
-            AxisSelect { x, axis, keepdim },
-            |ctx, g, _| Ok(grads![Some(ctx.max_backward(x, g, *axis, *keepdim)?)])
-        )
+        self.select_along(ctx, MAX, axis, keepdim)
     }
 
     /// The minimum along `axis`.
@@ -88,16 +139,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.min(&self.raw, axis, keepdim)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "min",
-            out,
-            &[self],
-            AxisSelect { x, axis, keepdim },
-            |ctx, g, _| Ok(grads![Some(ctx.min_backward(x, g, *axis, *keepdim)?)])
-        )
+        self.select_along(ctx, MIN, axis, keepdim)
     }
 
     /// The variance along `axis` (`unbiased`: divide by `n - 1`).
