@@ -235,6 +235,9 @@ pub(crate) enum Saved {
 /// Records an op node whose backward reads a typed [`Saved`] variant:
 /// `record!(ctx, name, out, inputs, Variant { field: value, .. }, |ctx, g, needs| body)`.
 /// The fields are written once here and bound by name (as references) in `body`.
+/// Write a one-expression body without braces (`|ctx, g, _| Ok(grads![..])`):
+/// braces around a single expression trip the `unused_braces` lint in the
+/// expansion.
 macro_rules! record {
     ($ctx:expr, $name:expr, $out:expr, $inputs:expr,
      $variant:ident { $($field:ident $(: $val:expr)?),* $(,)? },

@@ -1,6 +1,6 @@
 //! Joining and indexing: concat, stack, index_select, embedding, gather.
 
-use fucina_exec::{Dims, ExecContext, RawTensor};
+use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -110,14 +110,30 @@ impl Tensor {
     /// As [`index_select`](Tensor::index_select).
     pub fn gather(&self, ctx: &ExecContext, axis: usize, index: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.gather(&self.raw, axis, index)?;
-        let (shape, index) = (self.raw.dims(), index.clone());
+        self.record_gathered(ctx, "gather", out, axis, index.clone())
+    }
+
+    /// Records `out`, elements of `self` picked at `index` along `axis`: its
+    /// backward is the deterministic scatter-add of `gather_backward`.
+    fn record_gathered(
+        &self,
+        ctx: &ExecContext,
+        name: &'static str,
+        out: RawTensor,
+        axis: usize,
+        index: RawTensor<i64>,
+    ) -> Result<Tensor> {
+        let shape = self.raw.dims();
         record!(
             ctx,
-            "gather",
+            name,
             out,
             &[self],
             Indexed { shape, axis, index },
-            |ctx, g, _| gather_vjp(ctx, g, *axis, index, shape)
+            |ctx, g, _| {
+                let gx = ctx.gather_backward(g, *axis, index, shape.as_slice())?;
+                Ok(grads![Some(gx)])
+            }
         )
     }
 }
@@ -139,34 +155,7 @@ impl Tensor {
         largest: bool,
     ) -> Result<(Tensor, RawTensor<i64>)> {
         let (values, idx) = ctx.topk(&self.raw, k, axis, largest)?;
-        let (shape, index) = (self.raw.dims(), idx.clone());
-        let values = record!(
-            ctx,
-            "topk",
-            values,
-            &[self],
-            Indexed { shape, axis, index },
-            |ctx, g, _| gather_vjp(ctx, g, *axis, index, shape)
-        )?;
+        let values = self.record_gathered(ctx, "topk", values, axis, idx.clone())?;
         Ok((values, idx))
     }
-}
-
-/// The VJP of `gather` and `topk`: the gradient scattered back to the saved
-/// indices along the saved axis.
-/// The backward of the ops that pick `index` along `axis` of an input of
-/// `shape` (`gather`, `topk`): a deterministic scatter-add.
-fn gather_vjp(
-    ctx: &ExecContext,
-    g: &RawTensor,
-    axis: usize,
-    index: &RawTensor<i64>,
-    shape: &Dims,
-) -> Result<GradList> {
-    Ok(grads![Some(ctx.gather_backward(
-        g,
-        axis,
-        index,
-        shape.as_slice()
-    )?)])
 }
