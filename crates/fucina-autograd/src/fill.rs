@@ -20,7 +20,7 @@ pub(crate) fn seed_at(seed: u64, first: u64) -> u64 {
 pub(crate) fn par_fill(ctx: &ExecContext, out: &mut [f32], fill: impl Fn(u64, &mut [f32]) + Sync) {
     let n = out.len();
     let team = if ctx.threads() > 1 && n >= PARALLEL_THRESHOLD && !in_parallel_region() {
-        ctx.work_pool()
+        ctx.team()
     } else {
         None
     };

@@ -2,9 +2,9 @@
 //!
 //! A node is shared (`Arc<Node>`) by the tensor that owns it, by the nodes of the
 //! ops that consumed that tensor, and by the exec scope that adopted it. Every op
-//! node has the same type: its VJP is a plain function pointer plus a fixed
-//! [`Saved`] record (the tensors, shapes and scalars the op keeps for backward),
-//! stored inline, as are the input links of ops with up to three inputs. So a node
+//! node has the same type: its VJP is a plain function pointer plus the op's
+//! [`Saved`] variant (the tensors, shapes and scalars the op keeps for backward,
+//! by name), stored inline, as are the input links of ops with up to three inputs. So a node
 //! is one fixed-size allocation, and a released node is not deallocated: it goes
 //! back, emptied, to the free list of the context that made it ([`NodePool`], kept
 //! in the context's extension slot), and the next op on that context reuses it.
@@ -20,9 +20,10 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode};
+use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
 
 use crate::error::{AutogradError, Result};
+use crate::ops::reduce::{SelectReduction, ShapeReduction};
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -122,88 +123,141 @@ pub(crate) use grads;
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 
-/// What a built-in op keeps for its backward: up to three float tensors, one
-/// index tensor, one mask, two shapes and a few scalars, all inline (a fixed-size
-/// record, so that every op node has the same type and can be recycled).
-#[derive(Default)]
-pub(crate) struct Saved {
-    pub(crate) t: [Option<RawTensor>; 3],
-    pub(crate) idx: Option<RawTensor<i64>>,
-    pub(crate) mask: Option<RawTensor<bool>>,
-    pub(crate) dims: [Dims; 2],
-    pub(crate) f: [f32; 2],
-    pub(crate) u: [usize; 2],
-    pub(crate) b: [bool; 2],
-    pub(crate) seed: u64,
+/// What a built-in op keeps for its backward: one variant per op (or per group
+/// of ops that keep the same things), with named fields, stored inline in the
+/// node (so every op node has the same type and can be recycled; the node is as
+/// large as the largest variant, not as all of them together).
+///
+/// An op writes its variant once, through [`record!`], which also binds the same
+/// fields by name in the op's backward: the forward and the backward of an op
+/// cannot disagree on what a slot means.
+pub(crate) enum Saved {
+    /// Nothing (`add_scalar`, `materialize`).
+    Nothing {},
+    /// The descriptor and the input of a unary elementwise op.
+    Unary { op: UnaryOp, x: RawTensor },
+    /// The output and the axis it was normalized along (`softmax`, `log_softmax`).
+    OutputAlong { y: RawTensor, axis: usize },
+    /// The factor of `scale`.
+    Scale { s: f32 },
+    /// The shapes of both operands (`add`, `sub`).
+    Shapes { a: Dims, b: Dims },
+    /// Both operands (`mul`, `div`, `pow`, `matmul`, `linear`, `mse_loss`).
+    Operands { a: RawTensor, b: RawTensor },
+    /// Both operands and which extremum (`maximum`, `minimum`).
+    Extremum {
+        a: RawTensor,
+        b: RawTensor,
+        max: bool,
+    },
+    /// The base and the exponent of `pow_scalar`.
+    PowScalar { x: RawTensor, p: f32 },
+    /// The input and the bounds of `clamp`.
+    Clamp { x: RawTensor, min: f32, max: f32 },
+    /// The condition and both operands' shapes of `where_`.
+    Where {
+        cond: RawTensor<bool>,
+        a: Dims,
+        b: Dims,
+    },
+    /// The mask of `masked_fill`.
+    MaskedFill { mask: RawTensor<bool> },
+    /// The probability and the mask seed of `dropout` (the mask is regenerated).
+    Dropout { p: f32, seed: u64 },
+    /// The descriptor and the input shape of a reduction along `axis` (`sum`,
+    /// `mean`).
+    AxisReduce {
+        op: ShapeReduction,
+        shape: Dims,
+        axis: usize,
+        keepdim: bool,
+    },
+    /// The descriptor and the input of a selecting reduction along `axis`
+    /// (`max`, `min`).
+    AxisSelect {
+        op: SelectReduction,
+        x: RawTensor,
+        axis: usize,
+        keepdim: bool,
+    },
+    /// The input of `variance` and its options.
+    Variance {
+        x: RawTensor,
+        axis: usize,
+        keepdim: bool,
+        unbiased: bool,
+    },
+    /// The input and the output of `logsumexp`.
+    LogSumExp {
+        x: RawTensor,
+        y: RawTensor,
+        axis: usize,
+        keepdim: bool,
+    },
+    /// The input shape (`sum_all`, `reshape`, `broadcast_to`).
+    Shape { shape: Dims },
+    /// The input shape and `1 / numel` (`mean_all`).
+    MeanAll { shape: Dims, inv_n: f32 },
+    /// The input, the scale and epsilon of a normalization (`layer_norm`, `rms_norm`).
+    Norm {
+        x: RawTensor,
+        gamma: RawTensor,
+        eps: f32,
+    },
+    /// The logits and the labels of a classification loss.
+    Labels {
+        logits: RawTensor,
+        labels: RawTensor<i64>,
+    },
+    /// An axis (`stack`, `squeeze`, `unsqueeze`).
+    Axis { axis: usize },
+    /// The inverse permutation of `permute`.
+    Permute { inverse: Dims },
+    /// The two axes of `transpose`.
+    Transpose { a: usize, b: usize },
+    /// The input shape and the window of `narrow`.
+    Narrow {
+        shape: Dims,
+        axis: usize,
+        start: usize,
+    },
+    /// The input shape, the axis and the indices of a gathering op
+    /// (`index_select`, `gather`, `topk`).
+    Indexed {
+        shape: Dims,
+        axis: usize,
+        index: RawTensor<i64>,
+    },
+    /// The table's row count and the ids of `embedding`.
+    Embedding { rows: usize, ids: RawTensor<i64> },
 }
 
-impl Saved {
-    /// Saved float tensor `i`.
-    ///
-    /// # Panics
-    /// If the forward did not save it (a bug of the op).
-    pub(crate) fn t(&self, i: usize) -> &RawTensor {
-        self.t[i]
-            .as_ref()
-            .expect("the op's forward saved this tensor")
-    }
-
-    /// The saved index tensor.
-    pub(crate) fn idx(&self) -> &RawTensor<i64> {
-        self.idx
-            .as_ref()
-            .expect("the op's forward saved its indices")
-    }
-
-    /// The saved mask.
-    pub(crate) fn mask(&self) -> &RawTensor<bool> {
-        self.mask.as_ref().expect("the op's forward saved its mask")
-    }
-
-    /// Saved shape `i`.
-    pub(crate) fn shape(&self, i: usize) -> &[usize] {
-        self.dims[i].as_slice()
-    }
-
-    /// `Saved` holding the float tensors `ts` (at most 3: a larger `N` does not
-    /// compile).
-    pub(crate) fn tensors<const N: usize>(ts: [RawTensor; N]) -> Saved {
-        const { assert!(N <= 3, "Saved holds at most 3 float tensors") };
-        let mut s = Saved::default();
-        for (slot, t) in s.t.iter_mut().zip(ts) {
-            *slot = Some(t);
-        }
-        s
-    }
-
-    /// Adds shapes.
-    pub(crate) fn with_dims<const N: usize>(mut self, d: [Dims; N]) -> Saved {
-        const { assert!(N <= 2, "Saved holds at most 2 shapes") };
-        self.dims[..N].copy_from_slice(&d);
-        self
-    }
-
-    /// Adds scalars.
-    pub(crate) fn with_f<const N: usize>(mut self, f: [f32; N]) -> Saved {
-        const { assert!(N <= 2, "Saved holds at most 2 scalars") };
-        self.f[..N].copy_from_slice(&f);
-        self
-    }
-
-    /// Adds integers (axes, sizes).
-    pub(crate) fn with_u<const N: usize>(mut self, u: [usize; N]) -> Saved {
-        const { assert!(N <= 2, "Saved holds at most 2 integers") };
-        self.u[..N].copy_from_slice(&u);
-        self
-    }
-
-    /// Adds flags.
-    pub(crate) fn with_b<const N: usize>(mut self, b: [bool; N]) -> Saved {
-        const { assert!(N <= 2, "Saved holds at most 2 flags") };
-        self.b[..N].copy_from_slice(&b);
-        self
-    }
+/// Records an op node whose backward reads a typed [`Saved`] variant:
+/// `record!(ctx, name, out, inputs, Variant { field: value, .. }, |ctx, g, needs| body)`.
+/// The fields are written once here and bound by name (as references) in `body`.
+/// Write a one-expression body without braces (`|ctx, g, _| Ok(grads![..])`):
+/// braces around a single expression trip the `unused_braces` lint in the
+/// expansion.
+macro_rules! record {
+    ($ctx:expr, $name:expr, $out:expr, $inputs:expr,
+     $variant:ident { $($field:ident $(: $val:expr)?),* $(,)? },
+     |$c:pat_param, $g:pat_param, $needs:pat_param| $body:expr $(,)?) => {
+        $crate::tensor::Tensor::finish(
+            $ctx,
+            $name,
+            $out,
+            $inputs,
+            $crate::node::Saved::$variant { $($field $(: $val)?),* },
+            |$c, saved, $g, $needs| {
+                let $crate::node::Saved::$variant { $($field),* } = saved else {
+                    unreachable!("an op node holds the saved variant its op recorded")
+                };
+                $body
+            },
+        )
+    };
 }
+pub(crate) use record;
 
 /// A built-in VJP: a plain function over the op's [`Saved`] record, the output's
 /// gradient and which inputs need one.
@@ -215,8 +269,8 @@ pub(crate) type BoxedVjp =
     Box<dyn Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync>;
 
 /// An op's backward, until backward releases it.
-// `Saved` is large (about 1 KiB) on purpose: it lives inline in a node that is
-// allocated once and recycled; boxing it would allocate on every recorded op.
+// `Saved` lives inline on purpose: the node is allocated once and recycled;
+// boxing it would allocate on every recorded op.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Vjp {
     /// Released (by a backward without `retain_graph`), or a leaf.
@@ -255,8 +309,8 @@ struct State {
     consumed: bool,
 }
 
-/// The most released nodes a context keeps for reuse (a node is about 1.3 KiB:
-/// at most about 21 MiB); beyond this, released nodes are deallocated, so a
+/// The most released nodes a context keeps for reuse (a node is under 1 KiB,
+/// see the `node_size` test: at most about 12 MiB); beyond this, released nodes are deallocated, so a
 /// graph of a million ops does not pin a million nodes' memory for good, and a
 /// step that records more ops than this allocates the excess.
 pub(crate) const MAX_FREE_NODES: usize = 1 << 14;
@@ -866,4 +920,22 @@ fn commit(ctx: &ExecContext, order: &[NodeRef], slots: &mut [Slot]) -> Result<()
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod size {
+    /// The size of one graph node (all of its state is inline, so this is what
+    /// a recorded op costs in memory, recycled or not); docs/AUTOGRAD.md quotes it.
+    #[test]
+    fn node_size() {
+        let node = std::mem::size_of::<super::Node>();
+        let vjp = std::mem::size_of::<super::Vjp>();
+        println!("size_of::<Node>() = {node} bytes, size_of::<Vjp>() = {vjp} bytes");
+        // 1,400 bytes with the positional record every op filled in part; the
+        // per-op enum is as large as its largest variant (728 on x86_64).
+        assert!(
+            node <= 768,
+            "a graph node grew to {node} bytes: a `Saved` variant got too large"
+        );
+    }
 }

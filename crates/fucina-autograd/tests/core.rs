@@ -445,3 +445,57 @@ fn the_free_list_keeps_at_most_16384_nodes() {
     drop(x);
     assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 16_384);
 }
+
+/// Every unary op records its descriptor: the gradient of `sum(w * op(x))` is
+/// the op's backward kernel applied to `w`, bit for bit, and the node is named
+/// after the op.
+#[test]
+fn unary_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::UnaryOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    for &op in UnaryOp::ALL {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = x.unary(&ctx, op)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let want = ctx.unary_backward(op, x.raw(), w.raw())?.to_vec();
+        let got = grad_of(&ctx, &x);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{op:?}");
+    }
+    Ok(())
+}
+
+/// The axis reductions record their descriptor: node name and backward kernel
+/// (checked bit for bit against the exec layer's kernel of that name).
+#[test]
+fn axis_reductions_record_their_descriptor() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    type Fwd = fn(&Tensor, &ExecContext, usize, bool) -> Result<Tensor, AutogradError>;
+    let ops: [(&str, Fwd); 4] = [
+        ("sum", Tensor::sum),
+        ("mean", Tensor::mean),
+        ("max", Tensor::max),
+        ("min", Tensor::min),
+    ];
+    for (name, f) in ops {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let y = f(&x, &ctx, 1, false)?;
+        assert_eq!(y.op_name(), Some(name));
+        let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5])?;
+        y.backward_with_grad(&ctx, &g)?;
+        let want = match name {
+            "sum" => ctx.sum_backward(&g, 1, false, &[3, 4])?,
+            "mean" => ctx.mean_backward(&g, 1, false, &[3, 4])?,
+            "max" => ctx.max_backward(x.raw(), &g, 1, false)?,
+            _ => ctx.min_backward(x.raw(), &g, 1, false)?,
+        };
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(grad_of(&ctx, &x)), bits(want.to_vec()), "{name}");
+    }
+    Ok(())
+}

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use fucina::autograd::Tensor;
+use fucina::autograd::{AutogradError, Tensor};
 use fucina::exec::ExecContext;
 
 use crate::error::{DistError, Result};
@@ -126,10 +126,8 @@ impl ParamSet {
             let dst = &mut out[self.offsets[i]..self.offsets[i + 1]];
             match p.grad_view() {
                 None => dst.fill(0.0),
-                Some(g) => match g.data() {
-                    Ok(d) => dst.copy_from_slice(d),
-                    Err(_) => dst.copy_from_slice(&g.to_vec()),
-                },
+                // Any layout, in logical order, without an intermediate copy.
+                Some(g) => g.raw().copy_into(dst).map_err(AutogradError::from)?,
             }
             p.zero_grad();
         }

@@ -6,65 +6,12 @@
 //! a scope is open, the layer above adopts op results into it; closing the scope
 //! releases every entry adopted since it opened, newest first.
 
-use std::any::Any;
-use std::sync::Arc;
-
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::tensor::RawTensor;
 
-/// A type-erased payload an exec scope keeps alive until it closes (the autograd
-/// layer's graph node). Made from an `Arc` without allocating.
-///
-/// When the scope releases it, the payload's release hook runs with the `Arc`
-/// (plain `drop` for [`ScopeNode::new`]; the layer's own function for
-/// [`ScopeNode::with_release`], e.g. to return a node whose last handle this was
-/// to a free list instead of deallocating it).
-#[derive(Clone)]
-pub struct ScopeNode {
-    node: Option<Arc<dyn Any + Send + Sync>>,
-    release: fn(Arc<dyn Any + Send + Sync>),
-}
-
-impl ScopeNode {
-    /// Wraps a shared node (an unsizing coercion of the `Arc`: no allocation);
-    /// releasing it drops the `Arc`.
-    pub fn new<N: Any + Send + Sync>(node: Arc<N>) -> ScopeNode {
-        ScopeNode::with_release(node, drop)
-    }
-
-    /// Wraps a shared node whose release calls `release` with the `Arc` (which
-    /// may be the last handle; `Arc::downcast` recovers the node's type without
-    /// allocating).
-    pub fn with_release<N: Any + Send + Sync>(
-        node: Arc<N>,
-        release: fn(Arc<dyn Any + Send + Sync>),
-    ) -> ScopeNode {
-        ScopeNode {
-            node: Some(node),
-            release,
-        }
-    }
-
-    /// The node, if it is an `N`.
-    pub fn downcast_ref<N: Any>(&self) -> Option<&N> {
-        self.node.as_ref()?.downcast_ref()
-    }
-}
-
-impl Drop for ScopeNode {
-    fn drop(&mut self) {
-        if let Some(n) = self.node.take() {
-            (self.release)(n);
-        }
-    }
-}
-
-impl std::fmt::Debug for ScopeNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ScopeNode(..)")
-    }
-}
+pub use crate::scope_stack::ScopeNode;
+use crate::scope_stack::{Entry, Mark};
 
 /// The mark of an open exec scope, returned by
 /// [`ExecContext::open_exec_scope`] and consumed by
@@ -98,7 +45,7 @@ impl ExecScope<'_> {
     /// Whether the scope is still open (an enclosing scope's close, or the
     /// context's teardown, may have closed it already).
     pub fn is_open(&self) -> bool {
-        self.ctx.scopes.borrow().position(self.serial).is_some()
+        self.ctx.scopes().borrow().position(self.serial).is_some()
     }
 }
 
@@ -120,58 +67,12 @@ impl Drop for ExecScope<'_> {
     }
 }
 
-struct Entry {
-    value: Option<RawTensor>,
-    node: Option<ScopeNode>,
-}
-
-/// One open scope: where its entries start, and the serial its token carries.
-#[derive(Clone, Copy)]
-struct Mark {
-    start: usize,
-    serial: u64,
-}
-
-/// The context's stack of adopted entries and open-scope marks.
-#[derive(Default)]
-pub(crate) struct ScopeStack {
-    entries: Vec<Entry>,
-    marks: Vec<Mark>,
-    /// The serial of the next scope opened (never reused within a context).
-    next_serial: u64,
-}
-
-impl ScopeStack {
-    pub(crate) fn depth(&self) -> usize {
-        self.marks.len()
-    }
-
-    /// The index in `marks` of the open scope with `serial`.
-    fn position(&self, serial: u64) -> Option<usize> {
-        // Scopes are few and a token is usually the innermost: search from the top.
-        self.marks.iter().rposition(|m| m.serial == serial)
-    }
-
-    /// Pops the innermost scope's entries (newest first) and drops them one at a
-    /// time.
-    pub(crate) fn force_close_innermost(&mut self) {
-        if let Some(mark) = self.marks.pop() {
-            while self.entries.len() > mark.start {
-                let e = self.entries.pop().expect("len > mark");
-                // Each value before its node.
-                drop(e.value);
-                drop(e.node);
-            }
-        }
-    }
-}
-
 impl ExecContext {
     /// Opens an exec scope nested in any open one. Values adopted from now on
     /// belong to it until it is closed ([`close_exec_scope`](ExecContext::close_exec_scope),
     /// the token's drop, the close of an enclosing scope, or the context's teardown).
     pub fn open_exec_scope(&self) -> ExecScope<'_> {
-        let mut s = self.scopes.borrow_mut();
+        let mut s = self.scopes().borrow_mut();
         let start = s.entries.len();
         let serial = s.next_serial;
         s.next_serial += 1;
@@ -209,7 +110,7 @@ impl ExecContext {
     /// innermost first; does nothing if it is not open. Never panics (entries are
     /// released outside the borrow, so a node's destructor may use the context).
     fn close_scope_serial(&self, serial: u64) {
-        let Ok(s) = self.scopes.try_borrow() else {
+        let Ok(s) = self.scopes().try_borrow() else {
             // Only reachable from a destructor run inside a borrow of the stack,
             // which this module never lets happen; the teardown closes it then.
             return;
@@ -220,7 +121,7 @@ impl ExecContext {
         drop(s);
         loop {
             let e = {
-                let Ok(mut s) = self.scopes.try_borrow_mut() else {
+                let Ok(mut s) = self.scopes().try_borrow_mut() else {
                     return;
                 };
                 if s.marks.len() <= pos {
@@ -244,12 +145,12 @@ impl ExecContext {
 
     /// Whether an exec scope is open.
     pub fn exec_scope_active(&self) -> bool {
-        self.scopes.borrow().depth() > 0
+        self.scopes().borrow().depth() > 0
     }
 
     /// The number of values and nodes held by open scopes.
     pub fn exec_scope_len(&self) -> usize {
-        self.scopes.borrow().entries.len()
+        self.scopes().borrow().entries.len()
     }
 
     /// Runs `f` inside a fresh exec scope and closes it afterwards, also when `f`
@@ -268,7 +169,7 @@ impl ExecContext {
     /// # Errors
     /// [`ExecError::OutOfMemory`] if the entry list cannot grow.
     pub fn reserve_scope_slot(&self) -> Result<(), ExecError> {
-        self.scopes
+        self.scopes()
             .borrow_mut()
             .entries
             .try_reserve(1)
@@ -305,7 +206,7 @@ impl ExecContext {
     }
 
     fn adopt(&self, e: Entry) {
-        let mut s = self.scopes.borrow_mut();
+        let mut s = self.scopes().borrow_mut();
         assert!(
             s.depth() > 0,
             "adopt_scope_*_assume_capacity: no exec scope is open"
@@ -321,6 +222,9 @@ impl ExecContext {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use std::any::Any;
+    use std::sync::Arc;
 
     use super::*;
 

@@ -157,7 +157,7 @@ fn views_share_storage_and_outlive_their_source() {
 }
 
 #[test]
-fn classify_follows_the_reference_precedence() {
+fn classify_follows_the_documented_precedence() {
     let ctx = ExecContext::new();
     let x = ctx.zeros(&[2, 3]).unwrap();
     assert_eq!(ctx.classify(&x), LayoutClass::Contiguous);
@@ -398,10 +398,10 @@ fn small_ops_never_start_the_team() {
     let ctx = ExecContext::with_threads(2);
     let x = ctx.ones(&[64, 64]).unwrap();
     let _y = ctx.add(&x, &x).unwrap();
-    assert!(ctx.work_pool().is_none_or(|t| !t.is_started()));
+    assert!(ctx.team().is_none_or(|t| !t.is_started()));
     let big = ctx.ones(&[512, 512]).unwrap();
     let _z = ctx.add(&big, &big).unwrap();
-    assert!(ctx.work_pool().unwrap().is_started());
+    assert!(ctx.team().unwrap().is_started());
 }
 
 #[test]

@@ -475,7 +475,7 @@ fn ops_go_parallel_at_the_threshold() {
             ctx.from_slice(&[n], &b).unwrap(),
         );
         let z = ctx.add(&x, &y).unwrap();
-        let started = ctx.work_pool().unwrap().is_started();
+        let started = ctx.team().unwrap().is_started();
         assert_eq!(started, parallel, "add of {n} elements");
         let (xs, ys) = (
             serial.from_slice(&[n], &a).unwrap(),
@@ -487,5 +487,124 @@ fn ops_go_parallel_at_the_threshold() {
         );
         drop((x, y, z, xs, ys));
         ctx.close().unwrap();
+    }
+}
+
+/// The unary descriptor names the right kernels: for every `UnaryOp`, the
+/// generic entry points give the bits of the named methods its `name()` and
+/// `backward_name()` spell, and every named unary method has a variant.
+#[test]
+fn unary_descriptors_name_their_kernels() {
+    use fucina_exec::UnaryOp;
+    type Bwd = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor, ExecError>;
+    let named: [(&str, Unary, &str, Bwd); 15] = [
+        (
+            "neg",
+            ExecContext::neg,
+            "neg_backward",
+            ExecContext::neg_backward,
+        ),
+        (
+            "abs",
+            ExecContext::abs,
+            "abs_backward",
+            ExecContext::abs_backward,
+        ),
+        (
+            "exp",
+            ExecContext::exp,
+            "exp_backward",
+            ExecContext::exp_backward,
+        ),
+        (
+            "log",
+            ExecContext::log,
+            "log_backward",
+            ExecContext::log_backward,
+        ),
+        (
+            "sqrt",
+            ExecContext::sqrt,
+            "sqrt_backward",
+            ExecContext::sqrt_backward,
+        ),
+        (
+            "rsqrt",
+            ExecContext::rsqrt,
+            "rsqrt_backward",
+            ExecContext::rsqrt_backward,
+        ),
+        (
+            "sigmoid",
+            ExecContext::sigmoid,
+            "sigmoid_backward",
+            ExecContext::sigmoid_backward,
+        ),
+        (
+            "tanh",
+            ExecContext::tanh,
+            "tanh_backward",
+            ExecContext::tanh_backward,
+        ),
+        (
+            "relu",
+            ExecContext::relu,
+            "relu_backward",
+            ExecContext::relu_backward,
+        ),
+        (
+            "gelu",
+            ExecContext::gelu,
+            "gelu_backward",
+            ExecContext::gelu_backward,
+        ),
+        (
+            "gelu_erf",
+            ExecContext::gelu_erf,
+            "gelu_erf_backward",
+            ExecContext::gelu_erf_backward,
+        ),
+        (
+            "silu",
+            ExecContext::silu,
+            "silu_backward",
+            ExecContext::silu_backward,
+        ),
+        (
+            "softplus",
+            ExecContext::softplus,
+            "softplus_backward",
+            ExecContext::softplus_backward,
+        ),
+        (
+            "sin",
+            ExecContext::sin,
+            "sin_backward",
+            ExecContext::sin_backward,
+        ),
+        (
+            "cos",
+            ExecContext::cos,
+            "cos_backward",
+            ExecContext::cos_backward,
+        ),
+    ];
+    assert_eq!(UnaryOp::ALL.len(), named.len());
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..64).map(|i| (i as f32 - 20.5) * 0.37).collect();
+    let gv: Vec<f32> = (0..64).map(|i| 1.0 + i as f32 * 0.01).collect();
+    let x = ctx.from_slice(&[8, 8], &xv).unwrap();
+    let g = ctx.from_slice(&[8, 8], &gv).unwrap();
+    for &op in UnaryOp::ALL {
+        let (_, fwd, bwd_name, bwd) = named
+            .iter()
+            .find(|row| row.0 == op.name())
+            .unwrap_or_else(|| panic!("{op:?}: no named method {}", op.name()));
+        assert_eq!(op.backward_name(), *bwd_name, "{op:?}");
+        let want = bits(&fwd(&ctx, &x).unwrap().to_vec());
+        assert_eq!(bits(&ctx.unary(op, &x).unwrap().to_vec()), want, "{op:?}");
+        let want = bits(&bwd(&ctx, &x, &g).unwrap().to_vec());
+        let got = ctx.unary_backward(op, &x, &g).unwrap().to_vec();
+        assert_eq!(bits(&got), want, "{op:?} backward");
     }
 }

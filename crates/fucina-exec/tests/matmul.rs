@@ -943,3 +943,45 @@ fn training_shape_is_thread_count_deterministic_and_batch_invariant() {
         assert_eq!(f[i * n + j], acc.to_bits(), "({i}, {j})");
     }
 }
+
+/// The gradient of an operand broadcast over batch dims is the full batched
+/// product summed down with `sum_to`, bit for bit, for every team size: one
+/// summation order for every broadcast gradient of the runtime (blocks of 256
+/// batch entries, then the block sums in order). Before `matmul_backward` used
+/// `sum_to`, it summed the batch entries one by one, which differs in the last
+/// bits once there are more than 256 of them (the 300 here).
+#[test]
+fn broadcast_batch_gradients_are_sum_to_of_the_batched_product() {
+    let (batch, m, k, n) = (300, 2, 3, 4);
+    let av = rand_vec(50, m * k);
+    let bv = rand_vec(51, batch * k * n);
+    let gv = rand_vec(52, batch * m * n);
+    let av2 = rand_vec(53, batch * m * k);
+    let bv2 = rand_vec(54, k * n);
+    for threads in [1, 2, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        // `a` broadcast over the batch of `b`.
+        let a = ctx.from_slice(&[m, k], &av).unwrap();
+        let b = ctx.from_slice(&[batch, k, n], &bv).unwrap();
+        let g = ctx.from_slice(&[batch, m, n], &gv).unwrap();
+        let (ga, _) = ctx.matmul_backward(&a, &b, &g).unwrap();
+        let full = ctx.matmul(&g, &b.transpose(1, 2).unwrap()).unwrap();
+        let want = ctx.sum_to(&full, &[m, k]).unwrap();
+        assert_eq!(
+            bits(&ga.to_vec()),
+            bits(&want.to_vec()),
+            "grad_a, threads {threads}"
+        );
+        // `b` broadcast over the batch of `a`.
+        let a2 = ctx.from_slice(&[batch, m, k], &av2).unwrap();
+        let b2 = ctx.from_slice(&[k, n], &bv2).unwrap();
+        let (_, gb) = ctx.matmul_backward(&a2, &b2, &g).unwrap();
+        let full = ctx.matmul(&a2.transpose(1, 2).unwrap(), &g).unwrap();
+        let want = ctx.sum_to(&full, &[k, n]).unwrap();
+        assert_eq!(
+            bits(&gb.to_vec()),
+            bits(&want.to_vec()),
+            "grad_b, threads {threads}"
+        );
+    }
+}

@@ -120,7 +120,7 @@ fn with_team_busy<R>(team: &Team, f: impl FnOnce() -> R) -> R {
 /// forwards with the other schedule: no heap allocation, no pool miss.
 fn forced_schedules(busy_first: bool) {
     let ctx = ExecContext::with_threads(2);
-    let team = ctx.work_pool().expect("a team");
+    let team = ctx.team().expect("a team");
     let m = params(&ctx);
     let x = ctx.full(&[64, 784], 0.25).unwrap();
     // Heap allocations, local and shared-tier pool misses of one forward.

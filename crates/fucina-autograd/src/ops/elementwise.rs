@@ -1,26 +1,55 @@
 //! Elementwise ops: binary with broadcasting (gradients reduced back to each
 //! operand's shape), scalar forms, unary math, selection and dropout.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, RawTensor, UnaryOp};
 
 use crate::error::Result;
-use crate::node::{GradList, Saved, grads};
+use crate::node::{GradList, grads, record};
 use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
+impl Tensor {
+    /// Applies the unary elementwise op `op` (the descriptor names its forward
+    /// kernel, run now, and its backward kernel, run by backward). The named
+    /// methods (`relu`, `exp`, ...) are this with their variant.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, UnaryOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2], &[-1., 2.])?;
+    /// let y = x.unary(&ctx, UnaryOp::Relu)?;
+    /// assert_eq!(y.to_vec(), x.relu(&ctx)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
+    pub fn unary(&self, ctx: &ExecContext, op: UnaryOp) -> Result<Tensor> {
+        let out = ctx.unary(op, &self.raw)?;
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            Unary { op, x },
+            |ctx, g, _| Ok(grads![Some(ctx.unary_backward(*op, x, g)?)])
+        )
+    }
+}
+
+/// The named unary methods, each [`Tensor::unary`] with its descriptor.
 macro_rules! unary {
-    ($($(#[$doc:meta])* $name:ident => $bwd:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident => $variant:ident;)*) => {
         impl Tensor {$(
             $(#[$doc])*
             ///
             /// # Errors
             /// [`ExecError::OutOfMemory`](fucina_exec::ExecError::OutOfMemory).
             pub fn $name(&self, ctx: &ExecContext) -> Result<Tensor> {
-                let out = ctx.$name(&self.raw)?;
-                let saved = Saved::tensors([self.raw.clone()]);
-                Tensor::finish(ctx, stringify!($name), out, &[self], saved, |ctx, s, g, _| {
-                    Ok(grads![Some(ctx.$bwd(s.t(0), g)?)])
-                })
+                self.unary(ctx, UnaryOp::$variant)
             }
         )*}
     };
@@ -28,35 +57,35 @@ macro_rules! unary {
 
 unary! {
     /// `-x`.
-    neg => neg_backward;
+    neg => Neg;
     /// `|x|` (gradient 0 at 0).
-    abs => abs_backward;
+    abs => Abs;
     /// `e^x`.
-    exp => exp_backward;
+    exp => Exp;
     /// Natural logarithm.
-    log => log_backward;
+    log => Log;
     /// Square root.
-    sqrt => sqrt_backward;
+    sqrt => Sqrt;
     /// `1 / sqrt(x)`.
-    rsqrt => rsqrt_backward;
+    rsqrt => Rsqrt;
     /// The logistic function.
-    sigmoid => sigmoid_backward;
+    sigmoid => Sigmoid;
     /// Hyperbolic tangent.
-    tanh => tanh_backward;
+    tanh => Tanh;
     /// `max(x, 0)` (gradient 0 at 0).
-    relu => relu_backward;
+    relu => Relu;
     /// GELU, tanh approximation.
-    gelu => gelu_backward;
+    gelu => Gelu;
     /// Exact GELU.
-    gelu_erf => gelu_erf_backward;
+    gelu_erf => GeluErf;
     /// SiLU `x * sigmoid(x)`.
-    silu => silu_backward;
+    silu => Silu;
     /// Softplus `ln(1 + e^x)`.
-    softplus => softplus_backward;
+    softplus => Softplus;
     /// Sine.
-    sin => sin_backward;
+    sin => Sin;
     /// Cosine.
-    cos => cos_backward;
+    cos => Cos;
 }
 
 /// The two broadcast-shaped gradients of a binary op, reduced to the operands'
@@ -90,17 +119,24 @@ impl Tensor {
     /// shapes do not broadcast; out of memory.
     pub fn add(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.add(&self.raw, &y.raw)?;
-        let saved = Saved::default().with_dims([self.raw.dims(), y.raw.dims()]);
-        Tensor::finish(ctx, "add", out, &[self, y], saved, |ctx, s, g, needs| {
-            reduce_pair(
-                ctx,
-                needs,
-                s.shape(0),
-                s.shape(1),
-                || Ok(g.clone()),
-                || Ok(g.clone()),
-            )
-        })
+        let (a, b) = (self.raw.dims(), y.raw.dims());
+        record!(
+            ctx,
+            "add",
+            out,
+            &[self, y],
+            Shapes { a, b },
+            |ctx, g, needs| {
+                reduce_pair(
+                    ctx,
+                    needs,
+                    a.as_slice(),
+                    b.as_slice(),
+                    || Ok(g.clone()),
+                    || Ok(g.clone()),
+                )
+            }
+        )
     }
 
     /// `self - y` (numpy broadcasting).
@@ -109,17 +145,24 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn sub(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.sub(&self.raw, &y.raw)?;
-        let saved = Saved::default().with_dims([self.raw.dims(), y.raw.dims()]);
-        Tensor::finish(ctx, "sub", out, &[self, y], saved, |ctx, s, g, needs| {
-            reduce_pair(
-                ctx,
-                needs,
-                s.shape(0),
-                s.shape(1),
-                || Ok(g.clone()),
-                || Ok(ctx.neg(g)?),
-            )
-        })
+        let (a, b) = (self.raw.dims(), y.raw.dims());
+        record!(
+            ctx,
+            "sub",
+            out,
+            &[self, y],
+            Shapes { a, b },
+            |ctx, g, needs| {
+                reduce_pair(
+                    ctx,
+                    needs,
+                    a.as_slice(),
+                    b.as_slice(),
+                    || Ok(g.clone()),
+                    || Ok(ctx.neg(g)?),
+                )
+            }
+        )
     }
 
     /// `self * y` (numpy broadcasting).
@@ -128,18 +171,24 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn mul(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.mul(&self.raw, &y.raw)?;
-        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
-        Tensor::finish(ctx, "mul", out, &[self, y], saved, |ctx, s, g, needs| {
-            let (a, b) = (s.t(0), s.t(1));
-            reduce_pair(
-                ctx,
-                needs,
-                a.shape(),
-                b.shape(),
-                || Ok(ctx.mul(g, b)?),
-                || Ok(ctx.mul(g, a)?),
-            )
-        })
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        record!(
+            ctx,
+            "mul",
+            out,
+            &[self, y],
+            Operands { a, b },
+            |ctx, g, needs| {
+                reduce_pair(
+                    ctx,
+                    needs,
+                    a.shape(),
+                    b.shape(),
+                    || Ok(ctx.mul(g, b)?),
+                    || Ok(ctx.mul(g, a)?),
+                )
+            }
+        )
     }
 
     /// `self / y` (numpy broadcasting).
@@ -148,22 +197,28 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn div(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.div(&self.raw, &y.raw)?;
-        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
-        Tensor::finish(ctx, "div", out, &[self, y], saved, |ctx, s, g, needs| {
-            let (a, b) = (s.t(0), s.t(1));
-            reduce_pair(
-                ctx,
-                needs,
-                a.shape(),
-                b.shape(),
-                || Ok(ctx.div(g, b)?),
-                || {
-                    // d(a/b)/db = -a / b^2
-                    let t = ctx.div(&ctx.div(a, b)?, b)?;
-                    Ok(ctx.neg(&ctx.mul(g, &t)?)?)
-                },
-            )
-        })
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        record!(
+            ctx,
+            "div",
+            out,
+            &[self, y],
+            Operands { a, b },
+            |ctx, g, needs| {
+                reduce_pair(
+                    ctx,
+                    needs,
+                    a.shape(),
+                    b.shape(),
+                    || Ok(ctx.div(g, b)?),
+                    || {
+                        // d(a/b)/db = -a / b^2
+                        let t = ctx.div(&ctx.div(a, b)?, b)?;
+                        Ok(ctx.neg(&ctx.mul(g, &t)?)?)
+                    },
+                )
+            }
+        )
     }
 
     /// `self ^ y` elementwise (numpy broadcasting).
@@ -172,12 +227,18 @@ impl Tensor {
     /// As [`add`](Tensor::add).
     pub fn pow(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
         let out = ctx.pow(&self.raw, &y.raw)?;
-        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]);
-        Tensor::finish(ctx, "pow", out, &[self, y], saved, |ctx, s, g, needs| {
-            let (a, b) = (s.t(0), s.t(1));
-            let (ga, gb) = ctx.pow_backward(a, b, g)?;
-            reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
-        })
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        record!(
+            ctx,
+            "pow",
+            out,
+            &[self, y],
+            Operands { a, b },
+            |ctx, g, needs| {
+                let (ga, gb) = ctx.pow_backward(a, b, g)?;
+                reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
+            }
+        )
     }
 
     /// The elementwise larger of `self` and `y` (ties split the gradient evenly).
@@ -202,12 +263,18 @@ impl Tensor {
         } else {
             (ctx.minimum(&self.raw, &y.raw)?, "minimum")
         };
-        let saved = Saved::tensors([self.raw.clone(), y.raw.clone()]).with_b([max]);
-        Tensor::finish(ctx, name, out, &[self, y], saved, |ctx, s, g, needs| {
-            let (a, b) = (s.t(0), s.t(1));
-            let (ga, gb) = ctx.extremum_backward(a, b, g, s.b[0])?;
-            reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
-        })
+        let (a, b) = (self.raw.clone(), y.raw.clone());
+        record!(
+            ctx,
+            name,
+            out,
+            &[self, y],
+            Extremum { a, b, max },
+            |ctx, g, needs| {
+                let (ga, gb) = ctx.extremum_backward(a, b, g, *max)?;
+                reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
+            }
+        )
     }
 
     /// `self * s`.
@@ -216,9 +283,8 @@ impl Tensor {
     /// Out of memory.
     pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.scale(&self.raw, s)?;
-        let saved = Saved::default().with_f([s]);
-        Tensor::finish(ctx, "scale", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.scale(g, s.f[0])?)])
+        record!(ctx, "scale", out, &[self], Scale { s }, |ctx, g, _| {
+            Ok(grads![Some(ctx.scale(g, *s)?)])
         })
     }
 
@@ -228,14 +294,9 @@ impl Tensor {
     /// Out of memory.
     pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
         let out = ctx.add_scalar(&self.raw, s)?;
-        Tensor::finish(
-            ctx,
-            "add_scalar",
-            out,
-            &[self],
-            Saved::default(),
-            |_, _, g, _| Ok(grads![Some(g.clone())]),
-        )
+        record!(ctx, "add_scalar", out, &[self], Nothing {}, |_, g, _| {
+            Ok(grads![Some(g.clone())])
+        })
     }
 
     /// `self ^ p`.
@@ -244,10 +305,15 @@ impl Tensor {
     /// Out of memory.
     pub fn pow_scalar(&self, ctx: &ExecContext, p: f32) -> Result<Tensor> {
         let out = ctx.pow_scalar(&self.raw, p)?;
-        let saved = Saved::tensors([self.raw.clone()]).with_f([p]);
-        Tensor::finish(ctx, "pow_scalar", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.pow_scalar_backward(s.t(0), s.f[0], g)?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "pow_scalar",
+            out,
+            &[self],
+            PowScalar { x, p },
+            |ctx, g, _| Ok(grads![Some(ctx.pow_scalar_backward(x, *p, g)?)])
+        )
     }
 
     /// `self` clamped to `[min, max]` (gradient 0 outside).
@@ -257,15 +323,15 @@ impl Tensor {
     /// unordered or NaN bounds; out of memory.
     pub fn clamp(&self, ctx: &ExecContext, min: f32, max: f32) -> Result<Tensor> {
         let out = ctx.clamp(&self.raw, min, max)?;
-        let saved = Saved::tensors([self.raw.clone()]).with_f([min, max]);
-        Tensor::finish(ctx, "clamp", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.clamp_backward(
-                s.t(0),
-                s.f[0],
-                s.f[1],
-                g
-            )?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "clamp",
+            out,
+            &[self],
+            Clamp { x, min, max },
+            |ctx, g, _| Ok(grads![Some(ctx.clamp_backward(x, *min, *max, g)?)])
+        )
     }
 
     /// `cond ? a : b` elementwise, the three broadcast together; the gradient
@@ -280,20 +346,30 @@ impl Tensor {
         b: &Tensor,
     ) -> Result<Tensor> {
         let out = ctx.where_(cond, &a.raw, &b.raw)?;
-        let mut saved = Saved::default().with_dims([a.raw.dims(), b.raw.dims()]);
-        saved.mask = Some(cond.clone());
-        Tensor::finish(ctx, "where", out, &[a, b], saved, |ctx, s, g, needs| {
-            let zero = ctx.scalar(0.0)?;
-            let c = s.mask();
-            reduce_pair(
-                ctx,
-                needs,
-                s.shape(0),
-                s.shape(1),
-                || Ok(ctx.where_(c, g, &zero)?),
-                || Ok(ctx.where_(c, &zero, g)?),
-            )
-        })
+        let (da, db) = (a.raw.dims(), b.raw.dims());
+        let saved_cond = cond.clone();
+        record!(
+            ctx,
+            "where",
+            out,
+            &[a, b],
+            Where {
+                cond: saved_cond,
+                a: da,
+                b: db
+            },
+            |ctx, g, needs| {
+                let zero = ctx.scalar(0.0)?;
+                reduce_pair(
+                    ctx,
+                    needs,
+                    a.as_slice(),
+                    b.as_slice(),
+                    || Ok(ctx.where_(cond, g, &zero)?),
+                    || Ok(ctx.where_(cond, &zero, g)?),
+                )
+            }
+        )
     }
 
     /// `self` with `value` where `mask` is true (the gradient is 0 there).
@@ -308,13 +384,15 @@ impl Tensor {
         value: f32,
     ) -> Result<Tensor> {
         let out = ctx.masked_fill(&self.raw, mask, value)?;
-        let saved = Saved {
-            mask: Some(mask.clone()),
-            ..Saved::default()
-        };
-        Tensor::finish(ctx, "masked_fill", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.masked_fill(g, s.mask(), 0.0)?)])
-        })
+        let mask = mask.clone();
+        record!(
+            ctx,
+            "masked_fill",
+            out,
+            &[self],
+            MaskedFill { mask },
+            |ctx, g, _| Ok(grads![Some(ctx.masked_fill(g, mask, 0.0)?)])
+        )
     }
 
     /// Inverted dropout with probability `p` and a counter-based mask from `seed`
@@ -325,10 +403,13 @@ impl Tensor {
     /// unless `0 <= p < 1`; out of memory.
     pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
         let out = ctx.dropout(&self.raw, p, seed)?;
-        let mut saved = Saved::default().with_f([p]);
-        saved.seed = seed;
-        Tensor::finish(ctx, "dropout", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.dropout_backward(g, s.f[0], s.seed)?)])
-        })
+        record!(
+            ctx,
+            "dropout",
+            out,
+            &[self],
+            Dropout { p, seed },
+            |ctx, g, _| Ok(grads![Some(ctx.dropout_backward(g, *p, *seed)?)])
+        )
     }
 }

@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, Saved, grads};
+use crate::node::{GradList, grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -41,9 +41,8 @@ impl Tensor {
     pub fn stack(ctx: &ExecContext, parts: &[&Tensor], axis: usize) -> Result<Tensor> {
         let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
         let out = ctx.stack(&raws, axis)?;
-        let saved = Saved::default().with_u([axis]);
-        Tensor::finish(ctx, "stack", out, parts, saved, |_, s, g, needs| {
-            let axis = s.u[0];
+        record!(ctx, "stack", out, parts, Axis { axis }, |_, g, needs| {
+            let axis = *axis;
             needs
                 .iter()
                 .enumerate()
@@ -70,16 +69,22 @@ impl Tensor {
         indices: &RawTensor<i64>,
     ) -> Result<Tensor> {
         let out = ctx.index_select(&self.raw, axis, indices)?;
-        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
-        saved.idx = Some(indices.clone());
-        Tensor::finish(ctx, "index_select", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.index_select_backward(
-                g,
-                s.u[0],
-                s.idx(),
-                s.shape(0)
-            )?)])
-        })
+        let (shape, index) = (self.raw.dims(), indices.clone());
+        record!(
+            ctx,
+            "index_select",
+            out,
+            &[self],
+            Indexed { shape, axis, index },
+            |ctx, g, _| {
+                Ok(grads![Some(ctx.index_select_backward(
+                    g,
+                    *axis,
+                    index,
+                    shape.as_slice()
+                )?)])
+            }
+        )
     }
 
     /// Rows of the embedding table `self` (`[vocab, dim]`) at `ids`.
@@ -88,11 +93,15 @@ impl Tensor {
     /// As [`index_select`](Tensor::index_select).
     pub fn embedding(&self, ctx: &ExecContext, ids: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.embedding(&self.raw, ids)?;
-        let mut saved = Saved::default().with_u([self.shape()[0]]);
-        saved.idx = Some(ids.clone());
-        Tensor::finish(ctx, "embedding", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.embedding_backward(g, s.idx(), s.u[0])?)])
-        })
+        let (rows, ids) = (self.shape()[0], ids.clone());
+        record!(
+            ctx,
+            "embedding",
+            out,
+            &[self],
+            Embedding { rows, ids },
+            |ctx, g, _| Ok(grads![Some(ctx.embedding_backward(g, ids, *rows)?)])
+        )
     }
 
     /// Elements of `self` at `index` along `axis` (`torch.gather`).
@@ -101,9 +110,31 @@ impl Tensor {
     /// As [`index_select`](Tensor::index_select).
     pub fn gather(&self, ctx: &ExecContext, axis: usize, index: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.gather(&self.raw, axis, index)?;
-        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
-        saved.idx = Some(index.clone());
-        Tensor::finish(ctx, "gather", out, &[self], saved, gather_vjp)
+        self.record_gathered(ctx, "gather", out, axis, index.clone())
+    }
+
+    /// Records `out`, elements of `self` picked at `index` along `axis`: its
+    /// backward is the deterministic scatter-add of `gather_backward`.
+    fn record_gathered(
+        &self,
+        ctx: &ExecContext,
+        name: &'static str,
+        out: RawTensor,
+        axis: usize,
+        index: RawTensor<i64>,
+    ) -> Result<Tensor> {
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            name,
+            out,
+            &[self],
+            Indexed { shape, axis, index },
+            |ctx, g, _| {
+                let gx = ctx.gather_backward(g, *axis, index, shape.as_slice())?;
+                Ok(grads![Some(gx)])
+            }
+        )
     }
 }
 
@@ -124,20 +155,7 @@ impl Tensor {
         largest: bool,
     ) -> Result<(Tensor, RawTensor<i64>)> {
         let (values, idx) = ctx.topk(&self.raw, k, axis, largest)?;
-        let mut saved = Saved::default().with_dims([self.raw.dims()]).with_u([axis]);
-        saved.idx = Some(idx.clone());
-        let values = Tensor::finish(ctx, "topk", values, &[self], saved, gather_vjp)?;
+        let values = self.record_gathered(ctx, "topk", values, axis, idx.clone())?;
         Ok((values, idx))
     }
-}
-
-/// The VJP of `gather` and `topk`: the gradient scattered back to the saved
-/// indices along the saved axis.
-fn gather_vjp(ctx: &ExecContext, s: &Saved, g: &RawTensor, _: &[bool]) -> Result<GradList> {
-    Ok(grads![Some(ctx.gather_backward(
-        g,
-        s.u[0],
-        s.idx(),
-        s.shape(0)
-    )?)])
 }

@@ -3,8 +3,8 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, Saved, grads};
-use crate::ops::{contiguous, sum_to};
+use crate::node::{GradList, grads, record};
+use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -14,23 +14,29 @@ impl Tensor {
     /// Shape errors of the exec layer's `matmul`; out of memory.
     pub fn matmul(&self, ctx: &ExecContext, w: &Tensor) -> Result<Tensor> {
         let out = ctx.matmul(&self.raw, &w.raw)?;
-        let saved = Saved::tensors([self.raw.clone(), w.raw.clone()]);
-        Tensor::finish(ctx, "matmul", out, &[self, w], saved, |ctx, s, g, needs| {
-            let (a, b) = (s.t(0), s.t(1));
-            let (ga, gb) = ctx.matmul_backward(a, b, g)?;
-            Ok(grads![
-                if needs[0] {
-                    Some(sum_to(ctx, &ga, a.shape())?)
-                } else {
-                    None
-                },
-                if needs[1] {
-                    Some(sum_to(ctx, &gb, b.shape())?)
-                } else {
-                    None
-                },
-            ])
-        })
+        let (a, b) = (self.raw.clone(), w.raw.clone());
+        record!(
+            ctx,
+            "matmul",
+            out,
+            &[self, w],
+            Operands { a, b },
+            |ctx, g, needs| {
+                let (ga, gb) = ctx.matmul_backward(a, b, g)?;
+                Ok(grads![
+                    if needs[0] {
+                        Some(sum_to(ctx, &ga, a.shape())?)
+                    } else {
+                        None
+                    },
+                    if needs[1] {
+                        Some(sum_to(ctx, &gb, b.shape())?)
+                    } else {
+                        None
+                    },
+                ])
+            }
+        )
     }
 
     /// `self · wᵀ + bias` (PyTorch's `linear`: `w` is `[out, in]`, `bias` `[out]`).
@@ -39,17 +45,32 @@ impl Tensor {
     /// Shape errors of the exec layer's `linear`; out of memory.
     pub fn linear(&self, ctx: &ExecContext, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let out = ctx.linear(&self.raw, &w.raw, bias.map(|b| &b.raw))?;
-        let saved = Saved::tensors([self.raw.clone(), w.raw.clone()]);
-        match bias {
-            Some(b) => Tensor::finish(ctx, "linear", out, &[self, w, b], saved, linear_vjp),
-            None => Tensor::finish(ctx, "linear", out, &[self, w], saved, linear_vjp),
-        }
+        let (a, b) = (self.raw.clone(), w.raw.clone());
+        let inputs: &[&Tensor] = match bias {
+            Some(bias) => &[self, w, bias],
+            None => &[self, w],
+        };
+        record!(
+            ctx,
+            "linear",
+            out,
+            inputs,
+            Operands { a, b },
+            |ctx, g, needs| linear_vjp(ctx, a, b, g, needs)
+        )
     }
 }
 
 /// The VJP of `linear` (inputs `x`, `w` and optionally `bias`; saved `x`, `w`).
-fn linear_vjp(ctx: &ExecContext, s: &Saved, g: &RawTensor, needs: &[bool]) -> Result<GradList> {
-    let (x, wr) = (s.t(0), s.t(1));
+/// The backward of `linear` over its input `x` and weight `wr` (a bias is an
+/// input when `needs` has three entries).
+fn linear_vjp(
+    ctx: &ExecContext,
+    x: &RawTensor,
+    wr: &RawTensor,
+    g: &RawTensor,
+    needs: &[bool],
+) -> Result<GradList> {
     let with_bias = needs.len() == 3;
     if !needs[0] {
         // The input needs no gradient (a first layer over data): skip
@@ -82,9 +103,9 @@ fn weight_grads(
     let out = *g.shape().last().expect("rank >= 1");
     let inn = *x.shape().last().expect("rank >= 1");
     let rows = g.numel() / out;
-    let g2 = contiguous(ctx, g)?.reshape(&[rows, out])?;
+    let g2 = ctx.contiguous(g)?.reshape(&[rows, out])?;
     let gw = if want_w {
-        let x2 = contiguous(ctx, x)?.reshape(&[rows, inn])?;
+        let x2 = ctx.contiguous(x)?.reshape(&[rows, inn])?;
         Some(ctx.matmul(&g2.transpose(0, 1)?, &x2)?)
     } else {
         None

@@ -12,15 +12,6 @@ use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
 
-/// `x` itself when contiguous, else a contiguous copy.
-pub(crate) fn contiguous(ctx: &ExecContext, x: &RawTensor) -> Result<RawTensor> {
-    if x.is_contiguous() {
-        Ok(x.clone())
-    } else {
-        Ok(ctx.materialize(x)?)
-    }
-}
-
 /// Reduces a gradient of a broadcast shape back to an operand's `shape` (summing
 /// over the broadcast axes), or returns it as is when the shapes are equal.
 pub(crate) fn sum_to(ctx: &ExecContext, g: &RawTensor, shape: &[usize]) -> Result<RawTensor> {

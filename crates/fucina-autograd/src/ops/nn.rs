@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{Saved, grads};
+use crate::node::{grads, record};
 use crate::tensor::Tensor;
 
 /// The value of a one-element loss gradient.
@@ -18,10 +18,15 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = ctx.softmax(&self.raw, axis)?;
-        let saved = Saved::tensors([out.clone()]).with_u([axis]);
-        Tensor::finish(ctx, "softmax", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.softmax_backward(s.t(0), g, s.u[0])?)])
-        })
+        let y = out.clone();
+        record!(
+            ctx,
+            "softmax",
+            out,
+            &[self],
+            OutputAlong { y, axis },
+            |ctx, g, _| Ok(grads![Some(ctx.softmax_backward(y, g, *axis)?)])
+        )
     }
 
     /// Log-softmax along `axis`.
@@ -30,10 +35,15 @@ impl Tensor {
     /// As [`softmax`](Tensor::softmax).
     pub fn log_softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = ctx.log_softmax(&self.raw, axis)?;
-        let saved = Saved::tensors([out.clone()]).with_u([axis]);
-        Tensor::finish(ctx, "log_softmax", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.log_softmax_backward(s.t(0), g, s.u[0])?)])
-        })
+        let y = out.clone();
+        record!(
+            ctx,
+            "log_softmax",
+            out,
+            &[self],
+            OutputAlong { y, axis },
+            |ctx, g, _| Ok(grads![Some(ctx.log_softmax_backward(y, g, *axis)?)])
+        )
     }
 
     /// Layer normalization over the last axis with scale `gamma` and shift `beta`
@@ -50,15 +60,19 @@ impl Tensor {
         eps: f32,
     ) -> Result<Tensor> {
         let out = ctx.layer_norm(&self.raw, &gamma.raw, &beta.raw, eps)?;
-        let saved = Saved::tensors([self.raw.clone(), gamma.raw.clone()]).with_f([eps]);
-        Tensor::finish(
+        let (x, gamma_saved) = (self.raw.clone(), gamma.raw.clone());
+        record!(
             ctx,
             "layer_norm",
             out,
             &[self, gamma, beta],
-            saved,
-            |ctx, s, g, needs| {
-                let (gx, gg, gb) = ctx.layer_norm_backward(s.t(0), s.t(1), g, s.f[0])?;
+            Norm {
+                x,
+                gamma: gamma_saved,
+                eps
+            },
+            |ctx, g, needs| {
+                let (gx, gg, gb) = ctx.layer_norm_backward(x, gamma, g, *eps)?;
                 Ok(grads![
                     needs[0].then_some(gx),
                     needs[1].then_some(gg),
@@ -74,15 +88,19 @@ impl Tensor {
     /// As [`layer_norm`](Tensor::layer_norm).
     pub fn rms_norm(&self, ctx: &ExecContext, gamma: &Tensor, eps: f32) -> Result<Tensor> {
         let out = ctx.rms_norm(&self.raw, &gamma.raw, eps)?;
-        let saved = Saved::tensors([self.raw.clone(), gamma.raw.clone()]).with_f([eps]);
-        Tensor::finish(
+        let (x, gamma_saved) = (self.raw.clone(), gamma.raw.clone());
+        record!(
             ctx,
             "rms_norm",
             out,
             &[self, gamma],
-            saved,
-            |ctx, s, g, needs| {
-                let (gx, gg) = ctx.rms_norm_backward(s.t(0), s.t(1), g, s.f[0])?;
+            Norm {
+                x,
+                gamma: gamma_saved,
+                eps
+            },
+            |ctx, g, needs| {
+                let (gx, gg) = ctx.rms_norm_backward(x, gamma, g, *eps)?;
                 Ok(grads![needs[0].then_some(gx), needs[1].then_some(gg)])
             },
         )
@@ -96,15 +114,21 @@ impl Tensor {
     /// a label outside `0..C`; shape errors; out of memory.
     pub fn cross_entropy(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.cross_entropy(&self.raw, labels)?;
-        let mut saved = Saved::tensors([self.raw.clone()]);
-        saved.idx = Some(labels.clone());
-        Tensor::finish(ctx, "cross_entropy", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.cross_entropy_backward(
-                s.t(0),
-                s.idx(),
-                scalar_grad(g)?
-            )?)])
-        })
+        let (logits, labels) = (self.raw.clone(), labels.clone());
+        record!(
+            ctx,
+            "cross_entropy",
+            out,
+            &[self],
+            Labels { logits, labels },
+            |ctx, g, _| {
+                Ok(grads![Some(ctx.cross_entropy_backward(
+                    logits,
+                    labels,
+                    scalar_grad(g)?
+                )?)])
+            }
+        )
     }
 
     /// Mean negative log-likelihood of `self` (log-probabilities `[N, C]`) at
@@ -114,15 +138,21 @@ impl Tensor {
     /// As [`cross_entropy`](Tensor::cross_entropy).
     pub fn nll_loss(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
         let out = ctx.nll_loss(&self.raw, labels)?;
-        let mut saved = Saved::tensors([self.raw.clone()]);
-        saved.idx = Some(labels.clone());
-        Tensor::finish(ctx, "nll_loss", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.nll_loss_backward(
-                s.t(0),
-                s.idx(),
-                scalar_grad(g)?
-            )?)])
-        })
+        let (logits, labels) = (self.raw.clone(), labels.clone());
+        record!(
+            ctx,
+            "nll_loss",
+            out,
+            &[self],
+            Labels { logits, labels },
+            |ctx, g, _| {
+                Ok(grads![Some(ctx.nll_loss_backward(
+                    logits,
+                    labels,
+                    scalar_grad(g)?
+                )?)])
+            }
+        )
     }
 
     /// Mean squared error between `self` and `target` (equal shapes), shape `[1]`.
@@ -132,15 +162,15 @@ impl Tensor {
     /// shapes differ; out of memory.
     pub fn mse_loss(&self, ctx: &ExecContext, target: &Tensor) -> Result<Tensor> {
         let out = ctx.mse_loss(&self.raw, &target.raw)?;
-        let saved = Saved::tensors([self.raw.clone(), target.raw.clone()]);
-        Tensor::finish(
+        let (a, b) = (self.raw.clone(), target.raw.clone());
+        record!(
             ctx,
             "mse_loss",
             out,
             &[self, target],
-            saved,
-            |ctx, s, g, needs| {
-                let (ga, gb) = ctx.mse_loss_backward(s.t(0), s.t(1), scalar_grad(g)?)?;
+            Operands { a, b },
+            |ctx, g, needs| {
+                let (ga, gb) = ctx.mse_loss_backward(a, b, scalar_grad(g)?)?;
                 Ok(grads![needs[0].then_some(ga), needs[1].then_some(gb)])
             },
         )

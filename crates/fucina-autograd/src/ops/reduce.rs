@@ -2,31 +2,119 @@
 //! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
 //! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, ExecError, RawTensor};
 
 use crate::error::Result;
-use crate::node::{Saved, grads};
+use crate::node::{grads, record};
 use crate::tensor::Tensor;
 
+/// An exec kernel's result.
+type ExecResult<T> = std::result::Result<T, ExecError>;
+
+/// The signature of a forward kernel along one axis: `(x, axis, keepdim)`.
+type AxisForward = fn(&ExecContext, &RawTensor, usize, bool) -> ExecResult<RawTensor>;
+
+/// The descriptor of a reduction along one axis whose backward needs only the
+/// input's shape (`sum`, `mean`): its name and its two kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct ShapeReduction {
+    name: &'static str,
+    forward: AxisForward,
+    /// `(grad_y, axis, keepdim, input_shape)`.
+    backward: fn(&ExecContext, &RawTensor, usize, bool, &[usize]) -> ExecResult<RawTensor>,
+}
+
+/// The descriptor of a reduction along one axis that selects elements of its
+/// input (`max`, `min`), whose backward reads the input again.
+#[derive(Clone, Copy)]
+pub(crate) struct SelectReduction {
+    name: &'static str,
+    forward: AxisForward,
+    /// `(x, grad_y, axis, keepdim)`.
+    backward: fn(&ExecContext, &RawTensor, &RawTensor, usize, bool) -> ExecResult<RawTensor>,
+}
+
+const SUM: ShapeReduction = ShapeReduction {
+    name: "sum",
+    forward: ExecContext::sum,
+    backward: ExecContext::sum_backward,
+};
+const MEAN: ShapeReduction = ShapeReduction {
+    name: "mean",
+    forward: ExecContext::mean,
+    backward: ExecContext::mean_backward,
+};
+const MAX: SelectReduction = SelectReduction {
+    name: "max",
+    forward: ExecContext::max,
+    backward: ExecContext::max_backward,
+};
+const MIN: SelectReduction = SelectReduction {
+    name: "min",
+    forward: ExecContext::min,
+    backward: ExecContext::min_backward,
+};
+
 impl Tensor {
+    /// Applies a shape-only reduction along `axis`.
+    fn reduce_along(
+        &self,
+        ctx: &ExecContext,
+        op: ShapeReduction,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            op.name,
+            out,
+            &[self],
+            AxisReduce {
+                op,
+                shape,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                let gx = (op.backward)(ctx, g, *axis, *keepdim, shape.as_slice())?;
+                Ok(grads![Some(gx)])
+            }
+        )
+    }
+
+    /// Applies a selecting reduction along `axis`.
+    fn select_along(
+        &self,
+        ctx: &ExecContext,
+        op: SelectReduction,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            op.name,
+            out,
+            &[self],
+            AxisSelect {
+                op,
+                x,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| Ok(grads![Some((op.backward)(ctx, x, g, *axis, *keepdim)?)])
+        )
+    }
+
     /// The sum along `axis` (kept as size 1 when `keepdim`).
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.sum(&self.raw, axis, keepdim)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "sum", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.sum_backward(
-                g,
-                s.u[0],
-                s.b[0],
-                s.shape(0)
-            )?)])
-        })
+        self.reduce_along(ctx, SUM, axis, keepdim)
     }
 
     /// The mean along `axis`.
@@ -34,19 +122,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.mean(&self.raw, axis, keepdim)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "mean", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.mean_backward(
-                g,
-                s.u[0],
-                s.b[0],
-                s.shape(0)
-            )?)])
-        })
+        self.reduce_along(ctx, MEAN, axis, keepdim)
     }
 
     /// The maximum along `axis` (the gradient goes to the maximal elements as the
@@ -55,13 +131,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.max(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "max", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.max_backward(s.t(0), g, s.u[0], s.b[0])?)])
-        })
+        self.select_along(ctx, MAX, axis, keepdim)
     }
 
     /// The minimum along `axis`.
@@ -69,13 +139,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        let out = ctx.min(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "min", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.min_backward(s.t(0), g, s.u[0], s.b[0])?)])
-        })
+        self.select_along(ctx, MIN, axis, keepdim)
     }
 
     /// The variance along `axis` (`unbiased`: divide by `n - 1`).
@@ -90,18 +154,24 @@ impl Tensor {
         unbiased: bool,
     ) -> Result<Tensor> {
         let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
-        let saved = Saved::tensors([self.raw.clone()])
-            .with_u([axis])
-            .with_b([keepdim, unbiased]);
-        Tensor::finish(ctx, "variance", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.variance_backward(
-                s.t(0),
-                g,
-                s.u[0],
-                s.b[0],
-                s.b[1]
-            )?)])
-        })
+        let x = self.raw.clone();
+        record!(
+            ctx,
+            "variance",
+            out,
+            &[self],
+            Variance {
+                x,
+                axis,
+                keepdim,
+                unbiased
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.variance_backward(x, g, *axis, *keepdim, *unbiased)?
+                )])
+            }
+        )
     }
 
     /// `log(sum(exp(x)))` along `axis`, computed stably.
@@ -110,18 +180,24 @@ impl Tensor {
     /// As [`sum`](Tensor::sum).
     pub fn logsumexp(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
         let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
-        let saved = Saved::tensors([self.raw.clone(), out.clone()])
-            .with_u([axis])
-            .with_b([keepdim]);
-        Tensor::finish(ctx, "logsumexp", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.logsumexp_backward(
-                s.t(0),
-                s.t(1),
-                g,
-                s.u[0],
-                s.b[0]
-            )?)])
-        })
+        let (x, y) = (self.raw.clone(), out.clone());
+        record!(
+            ctx,
+            "logsumexp",
+            out,
+            &[self],
+            LogSumExp {
+                x,
+                y,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.logsumexp_backward(x, y, g, *axis, *keepdim)?
+                )])
+            }
+        )
     }
 
     /// The sum of all elements, shape `[1]`.
@@ -130,10 +206,19 @@ impl Tensor {
     /// Out of memory.
     pub fn sum_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.sum_all(&self.raw)?;
-        let saved = Saved::default().with_dims([self.raw.dims()]);
-        Tensor::finish(ctx, "sum_all", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(ctx.broadcast_to(&flat1(g)?, s.shape(0))?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "sum_all",
+            out,
+            &[self],
+            Shape { shape },
+            |ctx, g, _| {
+                Ok(grads![Some(
+                    ctx.broadcast_to(&flat1(g)?, shape.as_slice())?
+                )])
+            }
+        )
     }
 
     /// The mean of all elements, shape `[1]`.
@@ -142,13 +227,20 @@ impl Tensor {
     /// Out of memory.
     pub fn mean_all(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.mean_all(&self.raw)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_f([1.0 / self.numel() as f32]);
-        Tensor::finish(ctx, "mean_all", out, &[self], saved, |ctx, s, g, _| {
-            let g = ctx.scale(g, s.f[0])?;
-            Ok(grads![Some(ctx.broadcast_to(&flat1(&g)?, s.shape(0))?)])
-        })
+        let (shape, inv_n) = (self.raw.dims(), 1.0 / self.numel() as f32);
+        record!(
+            ctx,
+            "mean_all",
+            out,
+            &[self],
+            MeanAll { shape, inv_n },
+            |ctx, g, _| {
+                let g = ctx.scale(g, *inv_n)?;
+                Ok(grads![Some(
+                    ctx.broadcast_to(&flat1(&g)?, shape.as_slice())?
+                )])
+            }
+        )
     }
 
     /// The index of the maximum along `axis` (a typed, caller-owned result: never

@@ -4,8 +4,8 @@
 use fucina_exec::{Dims, ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{Saved, grads};
-use crate::ops::{contiguous, sum_to};
+use crate::node::{grads, record};
+use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
 /// A contiguous gradient of `shape` holding `g` in the narrowed window
@@ -19,7 +19,7 @@ fn unnarrow(
 ) -> Result<RawTensor> {
     let mut out = ctx.zeros(shape)?;
     let window = *out.narrow(axis, start, g.shape()[axis])?.layout();
-    let gv = contiguous(ctx, g)?;
+    let gv = ctx.contiguous(g)?;
     let gv = gv.data()?;
     let o = out.data_mut()?;
     let mut k = 0;
@@ -38,11 +38,16 @@ impl Tensor {
     /// [`ExecError::InvalidShape`](fucina_exec::ExecError::InvalidShape) if the
     /// element counts differ or the shape is invalid.
     pub fn reshape(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
-        let out = contiguous(ctx, &self.raw)?.reshape(shape)?;
-        let saved = Saved::default().with_dims([self.raw.dims()]);
-        Tensor::finish(ctx, "reshape", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(contiguous(ctx, g)?.reshape(s.shape(0))?)])
-        })
+        let out = ctx.contiguous(&self.raw)?.reshape(shape)?;
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "reshape",
+            out,
+            &[self],
+            Shape { shape },
+            |ctx, g, _| Ok(grads![Some(ctx.contiguous(g)?.reshape(shape.as_slice())?)])
+        )
     }
 
     /// Axes reordered: axis `i` of the result is axis `order[i]` of `self` (a view).
@@ -56,10 +61,14 @@ impl Tensor {
         for (i, &o) in order.iter().enumerate() {
             inverse.as_mut_slice()[o] = i;
         }
-        let saved = Saved::default().with_dims([inverse]);
-        Tensor::finish(ctx, "permute", out, &[self], saved, |_, s, g, _| {
-            Ok(grads![Some(g.permute(s.shape(0))?)])
-        })
+        record!(
+            ctx,
+            "permute",
+            out,
+            &[self],
+            Permute { inverse },
+            |_, g, _| Ok(grads![Some(g.permute(inverse.as_slice())?)])
+        )
     }
 
     /// Axes `a` and `b` swapped (a view).
@@ -68,10 +77,14 @@ impl Tensor {
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis).
     pub fn transpose(&self, ctx: &ExecContext, a: usize, b: usize) -> Result<Tensor> {
         let out = self.raw.transpose(a, b)?;
-        let saved = Saved::default().with_u([a, b]);
-        Tensor::finish(ctx, "transpose", out, &[self], saved, |_, s, g, _| {
-            Ok(grads![Some(g.transpose(s.u[0], s.u[1])?)])
-        })
+        record!(
+            ctx,
+            "transpose",
+            out,
+            &[self],
+            Transpose { a, b },
+            |_, g, _| Ok(grads![Some(g.transpose(*a, *b)?)])
+        )
     }
 
     /// Elements `start..start + len` along `axis` (a view).
@@ -87,12 +100,23 @@ impl Tensor {
         len: usize,
     ) -> Result<Tensor> {
         let out = self.raw.narrow(axis, start, len)?;
-        let saved = Saved::default()
-            .with_dims([self.raw.dims()])
-            .with_u([axis, start]);
-        Tensor::finish(ctx, "narrow", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(unnarrow(ctx, g, s.shape(0), s.u[0], s.u[1])?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "narrow",
+            out,
+            &[self],
+            Narrow { shape, axis, start },
+            |ctx, g, _| {
+                Ok(grads![Some(unnarrow(
+                    ctx,
+                    g,
+                    shape.as_slice(),
+                    *axis,
+                    *start
+                )?)])
+            }
+        )
     }
 
     /// Removes the size-1 `axis` (a view).
@@ -101,9 +125,8 @@ impl Tensor {
     /// As [`RawTensor::squeeze`].
     pub fn squeeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.squeeze(axis)?;
-        let saved = Saved::default().with_u([axis]);
-        Tensor::finish(ctx, "squeeze", out, &[self], saved, |_, s, g, _| {
-            Ok(grads![Some(g.unsqueeze(s.u[0])?)])
+        record!(ctx, "squeeze", out, &[self], Axis { axis }, |_, g, _| {
+            Ok(grads![Some(g.unsqueeze(*axis)?)])
         })
     }
 
@@ -113,9 +136,8 @@ impl Tensor {
     /// As [`RawTensor::unsqueeze`].
     pub fn unsqueeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
         let out = self.raw.unsqueeze(axis)?;
-        let saved = Saved::default().with_u([axis]);
-        Tensor::finish(ctx, "unsqueeze", out, &[self], saved, |_, s, g, _| {
-            Ok(grads![Some(g.squeeze(s.u[0])?)])
+        record!(ctx, "unsqueeze", out, &[self], Axis { axis }, |_, g, _| {
+            Ok(grads![Some(g.squeeze(*axis)?)])
         })
     }
 
@@ -126,10 +148,15 @@ impl Tensor {
     /// As [`RawTensor::broadcast_to`].
     pub fn broadcast_to(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
         let out = self.raw.broadcast_to(shape)?;
-        let saved = Saved::default().with_dims([self.raw.dims()]);
-        Tensor::finish(ctx, "broadcast_to", out, &[self], saved, |ctx, s, g, _| {
-            Ok(grads![Some(sum_to(ctx, g, s.shape(0))?)])
-        })
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            "broadcast_to",
+            out,
+            &[self],
+            Shape { shape },
+            |ctx, g, _| Ok(grads![Some(sum_to(ctx, g, shape.as_slice())?)])
+        )
     }
 
     /// A contiguous copy (the gradient passes through).
@@ -138,13 +165,8 @@ impl Tensor {
     /// Out of memory.
     pub fn materialize(&self, ctx: &ExecContext) -> Result<Tensor> {
         let out = ctx.materialize(&self.raw)?;
-        Tensor::finish(
-            ctx,
-            "materialize",
-            out,
-            &[self],
-            Saved::default(),
-            |_, _, g, _| Ok(grads![Some(g.clone())]),
-        )
+        record!(ctx, "materialize", out, &[self], Nothing {}, |_, g, _| {
+            Ok(grads![Some(g.clone())])
+        })
     }
 }

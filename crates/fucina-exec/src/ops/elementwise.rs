@@ -176,7 +176,62 @@ compare_ops! {
 }
 
 macro_rules! unary_ops {
-    ($($(#[$doc:meta])* $name:ident, $bwd:ident, $cost:expr => |$x:ident| $e:expr, |$gx:ident| $de:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident / $variant:ident, $bwd:ident, $cost:expr => |$x:ident| $e:expr, |$gx:ident| $de:expr;)*) => {
+        /// The descriptor of the unary elementwise family: one variant per op,
+        /// naming its forward kernel ([`ExecContext::unary`]) and its backward
+        /// kernel ([`ExecContext::unary_backward`]). The named methods
+        /// (`ctx.relu(&x)`, `ctx.relu_backward(&x, &g)`) forward to the same
+        /// kernels; the autograd layer records one variant per node instead of a
+        /// function per op.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum UnaryOp {$(
+            $(#[$doc])*
+            $variant,
+        )*}
+
+        impl UnaryOp {
+            /// Every unary op, in declaration order.
+            pub const ALL: &'static [UnaryOp] = &[$(UnaryOp::$variant),*];
+
+            /// The op's name (the name of its `ExecContext` method, used in errors
+            /// and graph nodes).
+            pub fn name(self) -> &'static str {
+                match self {$(UnaryOp::$variant => stringify!($name)),*}
+            }
+
+            /// The name of the op's backward kernel.
+            pub fn backward_name(self) -> &'static str {
+                match self {$(UnaryOp::$variant => stringify!($bwd)),*}
+            }
+        }
+
+        impl ExecContext {
+            /// Runs the forward kernel of the unary op `op` on `x` (the same
+            /// kernel, and the same bits, as the op's named method).
+            ///
+            /// # Errors
+            /// [`ExecError::OutOfMemory`].
+            pub fn unary(&self, op: UnaryOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
+                match op {$(UnaryOp::$variant => self.$name(x)),*}
+            }
+
+            /// Runs the backward kernel of the unary op `op`: `grad * dop/dx` at
+            /// the forward input `x`.
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`] if `x` and `grad` do not broadcast;
+            /// [`ExecError::OutOfMemory`].
+            pub fn unary_backward(
+                &self,
+                op: UnaryOp,
+                x: &RawTensor,
+                grad: &RawTensor,
+            ) -> Result<RawTensor, ExecError> {
+                match op {$(UnaryOp::$variant => self.$bwd(x, grad)),*}
+            }
+        }
+
         impl ExecContext {$(
             $(#[$doc])*
             ///
@@ -201,39 +256,39 @@ macro_rules! unary_ops {
 
 unary_ops! {
     /// `-x`.
-    neg, neg_backward, CHEAP => |x| -x, |_x| -1.0;
+    neg / Neg, neg_backward, CHEAP => |x| -x, |_x| -1.0;
     /// `|x|` (its derivative at 0 is taken as 0, as PyTorch's `sign`).
-    abs, abs_backward, CHEAP => |x| x.abs(), |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
+    abs / Abs, abs_backward, CHEAP => |x| x.abs(), |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
     /// `e^x`, computed without libm so the loop vectorizes (relative error within
     /// `2 * 2^-23`; results in the subnormal range round gradually).
-    exp, exp_backward, TRANSCENDENTAL => |x| m::exp(x), |x| m::exp(x);
+    exp / Exp, exp_backward, TRANSCENDENTAL => |x| m::exp(x), |x| m::exp(x);
     /// Natural logarithm (`-inf` at 0, NaN below), computed without libm (relative
     /// error within `2^-23`).
-    log, log_backward, TRANSCENDENTAL => |x| m::log(x), |x| 1.0 / x;
+    log / Log, log_backward, TRANSCENDENTAL => |x| m::log(x), |x| 1.0 / x;
     /// Square root.
-    sqrt, sqrt_backward, TRANSCENDENTAL => |x| x.sqrt(), |x| 0.5 / x.sqrt();
+    sqrt / Sqrt, sqrt_backward, TRANSCENDENTAL => |x| x.sqrt(), |x| 0.5 / x.sqrt();
     /// `1 / sqrt(x)`.
-    rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
+    rsqrt / Rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
     /// The logistic function `1 / (1 + e^-x)`, computed without libm (relative
     /// error within `2 * 2^-23` where the result is normal).
-    sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| m::sigmoid(x), |x| { let s = m::sigmoid(x); s * (1.0 - s) };
+    sigmoid / Sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| m::sigmoid(x), |x| { let s = m::sigmoid(x); s * (1.0 - s) };
     /// Hyperbolic tangent, computed without libm (relative error within
     /// `2 * 2^-23`).
-    tanh, tanh_backward, TRANSCENDENTAL => |x| m::tanh(x), |x| { let t = m::tanh(x); 1.0 - t * t };
+    tanh / Tanh, tanh_backward, TRANSCENDENTAL => |x| m::tanh(x), |x| { let t = m::tanh(x); 1.0 - t * t };
     /// `max(x, 0)` (derivative 0 at 0).
-    relu, relu_backward, CHEAP => |x| if x > 0.0 { x } else { 0.0 }, |x| if x > 0.0 { 1.0 } else { 0.0 };
+    relu / Relu, relu_backward, CHEAP => |x| if x > 0.0 { x } else { 0.0 }, |x| if x > 0.0 { 1.0 } else { 0.0 };
     /// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
-    gelu, gelu_backward, TRANSCENDENTAL => |x| k::gelu(x), |x| k::gelu_grad(x);
+    gelu / Gelu, gelu_backward, TRANSCENDENTAL => |x| k::gelu(x), |x| k::gelu_grad(x);
     /// Exact GELU `0.5 x (1 + erf(x / sqrt 2))`.
-    gelu_erf, gelu_erf_backward, TRANSCENDENTAL => |x| k::gelu_erf(x), |x| k::gelu_erf_grad(x);
+    gelu_erf / GeluErf, gelu_erf_backward, TRANSCENDENTAL => |x| k::gelu_erf(x), |x| k::gelu_erf_grad(x);
     /// SiLU (swish) `x * sigmoid(x)`.
-    silu, silu_backward, TRANSCENDENTAL => |x| k::silu(x), |x| k::silu_grad(x);
+    silu / Silu, silu_backward, TRANSCENDENTAL => |x| k::silu(x), |x| k::silu_grad(x);
     /// Softplus `ln(1 + e^x)`, linear above 20 (PyTorch's threshold).
-    softplus, softplus_backward, TRANSCENDENTAL => |x| k::softplus(x), |x| k::softplus_grad(x);
+    softplus / Softplus, softplus_backward, TRANSCENDENTAL => |x| k::softplus(x), |x| k::softplus_grad(x);
     /// Sine.
-    sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
+    sin / Sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
     /// Cosine.
-    cos, cos_backward, TRANSCENDENTAL => |x| x.cos(), |x| -x.sin();
+    cos / Cos, cos_backward, TRANSCENDENTAL => |x| x.cos(), |x| -x.sin();
 }
 
 impl ExecContext {

@@ -7,12 +7,13 @@
 //! destination line) is written by exactly one task, which adds its contributions
 //! in increasing index position, so the bits never depend on the team size.
 
-use crate::context::{ExecContext, for_each_run};
+use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
 use crate::kernels::select::transpose_rows;
 use crate::kernels::simd::vectorized;
 use crate::kernels::strided::{Geom, seg1};
+use crate::parallel::for_each_run;
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
 

@@ -17,11 +17,12 @@
 
 use fucina_storage::Buffer;
 
-use crate::context::{ExecContext, for_each_run};
+use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::gemm::{self, Isa, LhsRows, NR, Rhs, a_scratch_len};
+use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
-use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, broadcast_shapes};
+use crate::tensor::layout::{Dims, MAX_RANK, broadcast_shapes};
 
 /// How long the bytes of a matmul right-hand side stay unchanged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -49,84 +50,6 @@ impl RhsLifetime {
 pub struct MatmulOptions {
     /// The right-hand side's lifetime.
     pub rhs_lifetime: RhsLifetime,
-}
-
-/// At most this many packed right-hand sides are cached per context.
-const CACHE_MAX_ENTRIES: usize = 64;
-/// At most this many bytes of packed panels are cached per context (an entry larger
-/// than this alone is used for its call and not kept).
-const CACHE_MAX_BYTES: usize = 256 << 20;
-
-/// One cached packed right-hand side.
-struct RhsEntry {
-    /// A handle to the storage the panels were packed from: it keeps that storage
-    /// alive, so its address cannot be reused by another allocation while the entry
-    /// exists, and a hit is `Buffer::ptr_eq` plus an equal layout.
-    source: Buffer<f32>,
-    /// The layout (shape, strides, offset) of the view that was packed.
-    layout: Layout,
-    /// The packed panels.
-    packed: Buffer<f32>,
-    /// Floats of `packed` in use.
-    len: usize,
-    /// Logical time of the last hit (least recently used is evicted first).
-    last_use: u64,
-}
-
-/// Prepared (packed) right-hand sides of `StableProcess` matmuls, per context.
-///
-/// Bounded to [`CACHE_MAX_ENTRIES`] entries and [`CACHE_MAX_BYTES`] bytes of packed
-/// data; inserting past either bound evicts the least recently used entries. Cleared
-/// at context teardown and by [`ExecContext::clear_rhs_cache`].
-#[derive(Default)]
-pub(crate) struct RhsCache {
-    entries: Vec<RhsEntry>,
-    bytes: usize,
-    clock: u64,
-}
-
-impl RhsCache {
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
-    }
-
-    /// The packed panels of `rhs` (with `len` floats), if cached; marks the hit.
-    fn get(&mut self, rhs: &RawTensor, len: usize) -> Option<Buffer<f32>> {
-        self.clock += 1;
-        let now = self.clock;
-        let e = self.entries.iter_mut().find(|e| {
-            Buffer::ptr_eq(&e.source, rhs.buffer()) && e.layout == *rhs.layout() && e.len == len
-        })?;
-        e.last_use = now;
-        Some(e.packed.clone())
-    }
-
-    /// Keeps `packed` for `rhs`, evicting least recently used entries past the bounds.
-    fn insert(&mut self, rhs: &RawTensor, packed: Buffer<f32>, len: usize) {
-        let bytes = len * size_of::<f32>();
-        if bytes > CACHE_MAX_BYTES {
-            return;
-        }
-        while !self.entries.is_empty()
-            && (self.entries.len() >= CACHE_MAX_ENTRIES || self.bytes + bytes > CACHE_MAX_BYTES)
-        {
-            let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].last_use)
-                .unwrap_or(0);
-            let e = self.entries.swap_remove(oldest);
-            self.bytes -= e.len * size_of::<f32>();
-        }
-        self.clock += 1;
-        self.bytes += bytes;
-        self.entries.push(RhsEntry {
-            source: rhs.buffer().clone(),
-            layout: *rhs.layout(),
-            packed,
-            len,
-            last_use: self.clock,
-        });
-    }
 }
 
 /// The batched product `out[b] = a[b] · rhs[b]` of two validated operands, with
@@ -412,7 +335,7 @@ impl ExecContext {
         options: MatmulOptions,
     ) -> Result<RawTensor, ExecError> {
         let plan = Plan::new("matmul", a, b)?;
-        self.mm_run_plan("matmul", &plan, a, b, None, options)
+        run_plan(self, "matmul", &plan, a, b, None, options)
     }
 
     /// `x · wᵀ + bias` (PyTorch's `linear`): `x` is `[..., in]` (or `[in]`), `w` is
@@ -474,7 +397,7 @@ impl ExecContext {
             });
         }
         let plan = Plan::new(op, x, &wt)?;
-        self.mm_run_plan(op, &plan, x, &wt, bias, options)
+        run_plan(self, op, &plan, x, &wt, bias, options)
     }
 
     /// The gradients of `c = matmul(a, b)` given `grad = dL/dc`:
@@ -525,14 +448,15 @@ impl ExecContext {
         let (ar, br) = (a2.rank(), b2.rank());
         let bt = b2.transpose(br - 2, br - 1)?;
         let at = a2.transpose(ar - 2, ar - 1)?;
-        let ga = self.mm_product(op, &g2, &bt)?;
-        let ga = self
-            .mm_sum_to_shape(op, ga, a2.shape())?
-            .reshape(a.shape())?;
-        let gb = self.mm_product(op, &at, &g2)?;
-        let gb = self
-            .mm_sum_to_shape(op, gb, b2.shape())?
-            .reshape(b.shape())?;
+        // An operand broadcast over batch dims gets the batched product summed
+        // down to its shape by `sum_to`: the summation order of every broadcast
+        // gradient of the runtime.
+        let reduce = |full: RawTensor, target: &[usize]| match full.shape() == target {
+            true => Ok(full),
+            false => self.sum_to(&full, target),
+        };
+        let ga = reduce(product(self, op, &g2, &bt)?, a2.shape())?.reshape(a.shape())?;
+        let gb = reduce(product(self, op, &at, &g2)?, b2.shape())?.reshape(b.shape())?;
         Ok((ga, gb))
     }
 
@@ -568,11 +492,11 @@ impl ExecContext {
                 reason: "grad must be [..., out] with x's leading dims",
             });
         }
-        let gx = self.mm_product(op, grad, w)?;
+        let gx = product(self, op, grad, w)?;
         let rows = x.numel() / in_f;
         let g2 = self.contiguous(grad)?.reshape(&[rows, out_f])?;
         let x2 = self.contiguous(x)?.reshape(&[rows, in_f])?;
-        let gw = self.mm_product(op, &g2.transpose(0, 1)?, &x2)?;
+        let gw = product(self, op, &g2.transpose(0, 1)?, &x2)?;
         let gs = g2.contiguous_slice();
         let gb = self.new_tensor(op, &[out_f], |out| {
             self.par_rows(out, 1, rows, |cols, o| {
@@ -590,248 +514,231 @@ impl ExecContext {
     /// Drops every cached packed right-hand side (and the storage handles the
     /// entries hold).
     pub fn clear_rhs_cache(&self) {
-        self.rhs_cache.borrow_mut().clear();
+        self.rhs_cache().borrow_mut().clear();
     }
 
     /// Number of packed right-hand sides in the cache.
     pub fn rhs_cache_len(&self) -> usize {
-        self.rhs_cache.borrow().entries.len()
+        self.rhs_cache().borrow().len()
     }
+}
 
-    /// `a · b` for internal callers (transient right-hand side).
-    fn mm_product(
-        &self,
-        op: &'static str,
-        a: &RawTensor,
-        b: &RawTensor,
-    ) -> Result<RawTensor, ExecError> {
-        let plan = Plan::new(op, a, b)?;
-        self.mm_run_plan(op, &plan, a, b, None, MatmulOptions::default())
+/// `a · b` for internal callers (transient right-hand side).
+fn product(
+    ctx: &ExecContext,
+    op: &'static str,
+    a: &RawTensor,
+    b: &RawTensor,
+) -> Result<RawTensor, ExecError> {
+    let plan = Plan::new(op, a, b)?;
+    run_plan(ctx, op, &plan, a, b, None, MatmulOptions::default())
+}
+
+/// Packs (or fetches from the cache) the right-hand side, then runs the GEMM
+/// over the output rows.
+fn run_plan(
+    ctx: &ExecContext,
+    op: &'static str,
+    plan: &Plan,
+    a: &RawTensor,
+    b: &RawTensor,
+    bias: Option<&RawTensor>,
+    options: MatmulOptions,
+) -> Result<RawTensor, ExecError> {
+    let stable = options.rhs_lifetime.is_cacheable();
+    if stable && b.buffer().is_pooled() {
+        return Err(ExecError::UnstableRhs { op });
     }
-
-    /// Sums the contiguous tensor `full` down to `target` (right-aligned
-    /// broadcast), adding in increasing index order of `full`.
-    fn mm_sum_to_shape(
-        &self,
-        op: &'static str,
-        full: RawTensor,
-        target: &[usize],
-    ) -> Result<RawTensor, ExecError> {
-        if full.shape() == target {
-            return Ok(full);
-        }
-        let map = broadcast_layout(op, &Layout::contiguous(op, target)?, full.shape())?;
-        let src = full.contiguous_slice();
-        self.new_tensor(op, target, |out| {
-            out.fill(0.0);
-            let mut i = 0;
-            map.for_each_index(|t| {
-                out[t] += src[i];
-                i += 1;
-            });
-        })
-    }
-
-    /// Packs (or fetches from the cache) the right-hand side, then runs the GEMM
-    /// over the output rows.
-    fn mm_run_plan(
-        &self,
-        op: &'static str,
-        plan: &Plan,
-        a: &RawTensor,
-        b: &RawTensor,
-        bias: Option<&RawTensor>,
-        options: MatmulOptions,
-    ) -> Result<RawTensor, ExecError> {
-        let stable = options.rhs_lifetime.is_cacheable();
-        if stable && b.buffer().is_pooled() {
-            return Err(ExecError::UnstableRhs { op });
-        }
-        let bias = bias.map(|t| self.contiguous(t)).transpose()?;
-        let bias = bias.as_ref().map(|t| t.contiguous_slice());
-        let len = plan.packed_len();
-        let isa = Isa::detect();
-        let out = if !stable
-            && plan.b_cs == 1
-            && gemm::direct_rhs_ok(isa, plan.rows(), plan.n, plan.b_rs)
-        {
+    let bias = bias.map(|t| ctx.contiguous(t)).transpose()?;
+    let bias = bias.as_ref().map(|t| t.contiguous_slice());
+    let len = plan.packed_len();
+    let isa = Isa::detect();
+    let out =
+        if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, plan.rows(), plan.n, plan.b_rs) {
             // Row-major, whole panels: the kernel reads `b` where it lies.
-            self.mm_gemm_out(op, plan, a, RhsSource::InPlace(b.buffer()), bias, isa)?
+            gemm_out(ctx, op, plan, a, RhsSource::InPlace(b.buffer()), bias, isa)?
         } else if stable {
-            let cached = self.rhs_cache.borrow_mut().get(b, len);
+            let cached = ctx.rhs_cache().borrow_mut().get(b, len);
             let packed = match cached {
                 Some(p) => p,
                 None => {
                     let mut fresh =
                         Buffer::<f32>::zeroed(len).map_err(|e| ExecError::storage(op, e))?;
                     let dst = fresh.get_mut().expect("a fresh buffer is unique");
-                    self.mm_pack_rhs(plan, b, &mut dst[..len]);
-                    self.rhs_cache.borrow_mut().insert(b, fresh.clone(), len);
+                    pack_rhs(ctx, plan, b, &mut dst[..len]);
+                    ctx.rhs_cache().borrow_mut().insert(b, fresh.clone(), len);
                     fresh
                 }
             };
-            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&packed[..len]), bias, isa)?
+            gemm_out(
+                ctx,
+                op,
+                plan,
+                a,
+                RhsSource::Packed(&packed[..len]),
+                bias,
+                isa,
+            )?
         } else {
-            let mut lease = self
+            let mut lease = ctx
                 .pool()
                 .acquire_scratch::<f32>(len)
                 .map_err(|e| ExecError::storage(op, e))?;
-            self.mm_pack_rhs(plan, b, &mut lease);
-            self.mm_gemm_out(op, plan, a, RhsSource::Packed(&lease), bias, isa)?
+            pack_rhs(ctx, plan, b, &mut lease);
+            gemm_out(ctx, op, plan, a, RhsSource::Packed(&lease), bias, isa)?
         };
-        if plan.result == plan.out {
-            Ok(out)
-        } else {
-            out.reshape(&plan.result)
+    if plan.result == plan.out {
+        Ok(out)
+    } else {
+        out.reshape(&plan.result)
+    }
+}
+
+/// Packs every distinct right-hand matrix of `plan` into `dst`, split by panels
+/// over the team once the floats moved reach the parallel gate (packing is
+/// pure data movement: the split cannot change a value). Packing a `k x n`
+/// matrix is `1/m` of the product's work, but on the calling thread alone it
+/// was a fifth of a 2-thread `1024³` product and half of the `[64, 784] x
+/// [784, 256]` training shape.
+fn pack_rhs(ctx: &ExecContext, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
+    let (k, n) = (plan.k, plan.n);
+    let np = n.div_ceil(NR);
+    let src: &[f32] = b.buffer();
+    let panel = (k * NR).max(1);
+    ctx.par_rows(dst, panel, panel, |panels, d| {
+        if plan.b_cs == 1 {
+            // Row-major: each run of panels of one matrix is packed row by row.
+            for_each_run(panels, np, panel, d, |t, run, head| {
+                let p = run.start - t * np;
+                let off =
+                    plan.b_off + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides) + p * NR;
+                let ncols = (n - p * NR).min(run.len() * NR);
+                gemm::pack_b_rows(head, src, off, plan.b_rs, k, ncols);
+            });
+            return;
         }
-    }
+        for (r, d) in panels.zip(d.chunks_exact_mut(panel)) {
+            let (t, p) = (r / np, r % np);
+            let off = plan.b_off
+                + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
+                + p * NR * plan.b_cs;
+            gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
+        }
+    });
+}
 
-    /// Packs every distinct right-hand matrix of `plan` into `dst`, split by panels
-    /// over the team once the floats moved reach the parallel gate (packing is
-    /// pure data movement: the split cannot change a value). Packing a `k x n`
-    /// matrix is `1/m` of the product's work, but on the calling thread alone it
-    /// was a fifth of a 2-thread `1024³` product and half of the `[64, 784] x
-    /// [784, 256]` training shape.
-    fn mm_pack_rhs(&self, plan: &Plan, b: &RawTensor, dst: &mut [f32]) {
-        let (k, n) = (plan.k, plan.n);
-        let np = n.div_ceil(NR);
-        let src: &[f32] = b.buffer();
-        let panel = (k * NR).max(1);
-        self.par_rows(dst, panel, panel, |panels, d| {
-            if plan.b_cs == 1 {
-                // Row-major: each run of panels of one matrix is packed row by row.
-                for_each_run(panels, np, panel, d, |t, run, head| {
-                    let p = run.start - t * np;
-                    let off =
-                        plan.b_off + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides) + p * NR;
-                    let ncols = (n - p * NR).min(run.len() * NR);
-                    gemm::pack_b_rows(head, src, off, plan.b_rs, k, ncols);
-                });
-                return;
-            }
-            for (r, d) in panels.zip(d.chunks_exact_mut(panel)) {
-                let (t, p) = (r / np, r % np);
-                let off = plan.b_off
-                    + unravel_dot(t, &plan.b_batch, &plan.b_batch_strides)
-                    + p * NR * plan.b_cs;
-                gemm::pack_b_panel(d, src, off, plan.b_rs, plan.b_cs, k, NR.min(n - p * NR));
-            }
-        });
-    }
-
-    /// Allocates the output and computes it from the right-hand side.
-    fn mm_gemm_out(
-        &self,
-        op: &'static str,
-        plan: &Plan,
-        a: &RawTensor,
-        rhs: RhsSource<'_>,
-        bias: Option<&[f32]>,
-        isa: Isa,
-    ) -> Result<RawTensor, ExecError> {
-        let (m, k, n) = (plan.m, plan.k, plan.n);
-        let a_data: &[f32] = a.buffer();
-        let work_per_row = row_split_work(plan.rows(), k, n, self.threads());
-        let mut done = Ok(());
-        let out = self.new_tensor(op, &plan.out, |out: &mut [f32]| {
-            if out.len() == n {
-                // A single output row (batch-1 inference): split its columns instead,
-                // in whole packed panels.
-                done = self.mm_gemm_one_row(op, plan, a_data, rhs.matrix(plan, 0), bias, out, isa);
-                return;
-            }
-            // Runs of rows that share one right-hand matrix (one batch each, or the
-            // whole chunk when every batch shares it).
-            let period = if plan.nb == 1 { usize::MAX } else { m };
-            let run = |rows: std::ops::Range<usize>, c: &mut [f32], scratch: &mut [f32]| {
-                for_each_run(rows, period, n, c, |bi, run, c_seg| {
-                    if let Some(bias) = bias {
-                        for row in c_seg.chunks_exact_mut(n) {
-                            row.copy_from_slice(bias);
-                        }
+/// Allocates the output and computes it from the right-hand side.
+fn gemm_out(
+    ctx: &ExecContext,
+    op: &'static str,
+    plan: &Plan,
+    a: &RawTensor,
+    rhs: RhsSource<'_>,
+    bias: Option<&[f32]>,
+    isa: Isa,
+) -> Result<RawTensor, ExecError> {
+    let (m, k, n) = (plan.m, plan.k, plan.n);
+    let a_data: &[f32] = a.buffer();
+    let work_per_row = row_split_work(plan.rows(), k, n, ctx.threads());
+    let mut done = Ok(());
+    let out = ctx.new_tensor(op, &plan.out, |out: &mut [f32]| {
+        if out.len() == n {
+            // A single output row (batch-1 inference): split its columns instead,
+            // in whole packed panels.
+            done = gemm_one_row(ctx, op, plan, a_data, rhs.matrix(plan, 0), bias, out, isa);
+            return;
+        }
+        // Runs of rows that share one right-hand matrix (one batch each, or the
+        // whole chunk when every batch shares it).
+        let period = if plan.nb == 1 { usize::MAX } else { m };
+        let run = |rows: std::ops::Range<usize>, c: &mut [f32], scratch: &mut [f32]| {
+            for_each_run(rows, period, n, c, |bi, run, c_seg| {
+                if let Some(bias) = bias {
+                    for row in c_seg.chunks_exact_mut(n) {
+                        row.copy_from_slice(bias);
                     }
-                    let lhs = LhsRows {
-                        data: a_data,
-                        row_off: |i| plan.a_row_off(run.start + i),
-                        cs: plan.a_cs,
-                    };
-                    let t = if plan.nb == 1 { 0 } else { plan.b_index(bi) };
-                    gemm::gemm_rows(
-                        isa,
-                        &lhs,
-                        run.len(),
-                        k,
-                        n,
-                        rhs.matrix(plan, t),
-                        c_seg,
-                        bias.is_some(),
-                        scratch,
-                    );
-                });
-            };
-            let scratch = a_scratch_len(plan.rows());
-            done = self.par_rows_with_scratch(op, out, n, work_per_row, scratch, run);
-        })?;
-        done.map(|()| out)
-    }
+                }
+                let lhs = LhsRows {
+                    data: a_data,
+                    row_off: |i| plan.a_row_off(run.start + i),
+                    cs: plan.a_cs,
+                };
+                let t = if plan.nb == 1 { 0 } else { plan.b_index(bi) };
+                gemm::gemm_rows(
+                    isa,
+                    &lhs,
+                    run.len(),
+                    k,
+                    n,
+                    rhs.matrix(plan, t),
+                    c_seg,
+                    bias.is_some(),
+                    scratch,
+                );
+            });
+        };
+        let scratch = a_scratch_len(plan.rows());
+        done = ctx.par_rows_with_scratch(op, out, n, work_per_row, scratch, run);
+    })?;
+    done.map(|()| out)
+}
 
-    /// The product for a single output row `c` (`n` floats, one batch): groups of
-    /// `NR` columns (one packed panel each) are split across the team, the
-    /// remaining `n % NR` columns run on the caller. Every element is the same
-    /// fused multiply-add chain as on the row-split path.
-    #[allow(clippy::too_many_arguments)]
-    fn mm_gemm_one_row(
-        &self,
-        op: &'static str,
-        plan: &Plan,
-        a_data: &[f32],
-        rhs: Rhs<'_>,
-        bias: Option<&[f32]>,
-        c: &mut [f32],
-        isa: Isa,
-    ) -> Result<(), ExecError> {
-        let (k, n) = (plan.k, plan.n);
-        let lhs = LhsRows {
-            data: a_data,
-            row_off: |_| plan.a_row_off(0),
-            cs: plan.a_cs,
-        };
-        let run = |j0: usize, c: &mut [f32], scratch: &mut [f32]| {
-            if let Some(bias) = bias {
-                c.copy_from_slice(&bias[j0..j0 + c.len()]);
-            }
-            let cols = c.len();
-            gemm::gemm_rows(
-                isa,
-                &lhs,
-                1,
-                k,
-                cols,
-                rhs.cols_from(j0, k),
-                c,
-                bias.is_some(),
-                scratch,
-            );
-        };
-        let full = n / NR * NR;
-        let work_per_group = (k * NR / WORK_DIV).max(1);
-        let (head, tail) = c.split_at_mut(full);
-        let scratch = a_scratch_len(1);
-        if full > 0 {
-            self.par_rows_with_scratch(op, head, NR, work_per_group, scratch, |g, cg, s| {
-                run(g.start * NR, cg, s)
-            })?;
+/// The product for a single output row `c` (`n` floats, one batch): groups of
+/// `NR` columns (one packed panel each) are split across the team, the
+/// remaining `n % NR` columns run on the caller. Every element is the same
+/// fused multiply-add chain as on the row-split path.
+#[allow(clippy::too_many_arguments)]
+fn gemm_one_row(
+    ctx: &ExecContext,
+    op: &'static str,
+    plan: &Plan,
+    a_data: &[f32],
+    rhs: Rhs<'_>,
+    bias: Option<&[f32]>,
+    c: &mut [f32],
+    isa: Isa,
+) -> Result<(), ExecError> {
+    let (k, n) = (plan.k, plan.n);
+    let lhs = LhsRows {
+        data: a_data,
+        row_off: |_| plan.a_row_off(0),
+        cs: plan.a_cs,
+    };
+    let run = |j0: usize, c: &mut [f32], scratch: &mut [f32]| {
+        if let Some(bias) = bias {
+            c.copy_from_slice(&bias[j0..j0 + c.len()]);
         }
-        if !tail.is_empty() {
-            // The last `n % NR` columns, on the caller.
-            let mut s = self
-                .pool()
-                .acquire_scratch::<f32>(scratch)
-                .map_err(|e| ExecError::storage(op, e))?;
-            run(full, tail, &mut s);
-        }
-        Ok(())
+        let cols = c.len();
+        gemm::gemm_rows(
+            isa,
+            &lhs,
+            1,
+            k,
+            cols,
+            rhs.cols_from(j0, k),
+            c,
+            bias.is_some(),
+            scratch,
+        );
+    };
+    let full = n / NR * NR;
+    let work_per_group = (k * NR / WORK_DIV).max(1);
+    let (head, tail) = c.split_at_mut(full);
+    let scratch = a_scratch_len(1);
+    if full > 0 {
+        ctx.par_rows_with_scratch(op, head, NR, work_per_group, scratch, |g, cg, s| {
+            run(g.start * NR, cg, s)
+        })?;
     }
+    if !tail.is_empty() {
+        // The last `n % NR` columns, on the caller.
+        let mut s = ctx
+            .pool()
+            .acquire_scratch::<f32>(scratch)
+            .map_err(|e| ExecError::storage(op, e))?;
+        run(full, tail, &mut s);
+    }
+    Ok(())
 }
 
 /// Where the GEMM reads the right-hand matrices of a plan.

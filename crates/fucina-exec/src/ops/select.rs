@@ -11,9 +11,10 @@
 //! key buffer of the line's length, a scratch lease from the context's pool (no
 //! heap allocation at steady state).
 
-use crate::context::{ExecContext, for_each_run};
+use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::select::{key_position, line_keys, smallest_k, transpose_rows};
+use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
 

@@ -1,4 +1,4 @@
-//! Constructors on the context (reference §5.7): all pool-backed and caller-owned,
+//! Constructors on the context: all pool-backed and caller-owned,
 //! except the zero-copy wraps of caller memory, which never enter the pool.
 
 use std::sync::Arc;
@@ -210,7 +210,8 @@ impl ExecContext {
         x.broadcast_to(shape)
     }
 
-    /// The [`LayoutClass`](crate::LayoutClass) of `x` (reference §5.5).
+    /// The [`LayoutClass`](crate::LayoutClass) of `x` (the dispatch key of the
+    /// elementwise kernels).
     pub fn classify<T: Element>(&self, x: &RawTensor<T>) -> crate::LayoutClass {
         x.classify()
     }

@@ -1,4 +1,4 @@
-//! Shapes, strides and the layout classes of reference §5.5.
+//! Shapes, strides and the layout classes the elementwise kernels dispatch on.
 //!
 //! A [`Layout`] is stored inline (rank at most [`MAX_RANK`]), so a tensor header never
 //! allocates. Strides are in elements and may be zero (broadcast axes); they are never
@@ -117,8 +117,8 @@ impl fmt::Display for Dims {
     }
 }
 
-/// How an operand is laid out, the dispatch key of the elementwise kernels
-/// (reference §5.5). Decided in this order: scalar, contiguous, tail broadcast,
+/// How an operand is laid out, the dispatch key of the elementwise kernels.
+/// Decided in this order: scalar, contiguous, tail broadcast,
 /// arbitrary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayoutClass {
@@ -151,7 +151,7 @@ impl fmt::Debug for Layout {
     }
 }
 
-/// Validates a shape (reference §2.3): rank 1..=8, no zero dimension, element count
+/// Validates a shape: rank 1..=8, no zero dimension, element count
 /// fits `usize`. Returns the element count.
 pub(crate) fn check_shape(op: &'static str, shape: &[usize]) -> Result<usize, ExecError> {
     if shape.is_empty() || shape.len() > MAX_RANK {
@@ -249,7 +249,7 @@ impl Layout {
         self.shape().iter().product()
     }
 
-    /// The strict contiguity test of reference §2.3: walking from the last axis,
+    /// The strict contiguity test: walking from the last axis,
     /// every stride equals the running product, size-1 axes included.
     pub fn is_contiguous(&self) -> bool {
         is_row_major(self.shape(), self.strides())
@@ -267,7 +267,8 @@ impl Layout {
             + 1
     }
 
-    /// The [`LayoutClass`] of reference §5.5.
+    /// The [`LayoutClass`] of this layout (scalar, contiguous, tail broadcast or
+    /// arbitrary, tested in that order).
     pub fn classify(&self) -> LayoutClass {
         if self.numel() == 1 {
             return LayoutClass::Scalar;
@@ -385,7 +386,8 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Di
     Ok(out)
 }
 
-/// The zero-copy broadcast of `layout` to `shape` (reference §5.6).
+/// The zero-copy broadcast of `layout` to `shape` (numpy rules: aligned on the
+/// right, stretched axes get stride 0).
 pub(crate) fn broadcast_layout(
     op: &'static str,
     layout: &Layout,
@@ -439,7 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn classify_examples_of_the_reference() {
+    fn classify_examples() {
         // [3] broadcast to [2,3]
         assert_eq!(lay(&[2, 3], &[0, 1]).classify(), LayoutClass::TailBroadcast);
         // scalar [1] broadcast to [2,3]

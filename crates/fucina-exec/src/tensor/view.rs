@@ -173,7 +173,7 @@ impl<T: Element> RawTensor<T> {
         Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
     }
 
-    /// A zero-copy broadcast to `shape` (right-aligned rules, reference §5.6).
+    /// A zero-copy broadcast to `shape` (numpy rules: shapes aligned on the right, a size-1 axis stretches).
     ///
     /// # Errors
     /// The shape errors; [`ExecError::ShapeMismatch`] if the shapes do not broadcast.

@@ -305,12 +305,7 @@ pub(crate) fn grad_of(ctx: &ExecContext, p: &Parameter) -> Result<Option<RawTens
     let Some(g) = p.grad_view() else {
         return Ok(None);
     };
-    let raw = g.raw();
-    Ok(Some(if raw.is_contiguous() {
-        raw.clone()
-    } else {
-        ctx.materialize(raw)?
-    }))
+    Ok(Some(ctx.contiguous(g.raw())?))
 }
 
 /// A zero buffer of `p`'s shape.
