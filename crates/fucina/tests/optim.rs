@@ -163,7 +163,7 @@ fn sgd_matches_the_reference() {
             ..SgdConfig::default()
         },
     ] {
-        let mut opt = Sgd::with_config(vec![param(&ctx)], cfg).unwrap();
+        let mut opt = Sgd::new(vec![param(&ctx)], cfg).unwrap();
         assert_close(&run(&ctx, &mut opt, 4), &sgd_ref(cfg, 4));
     }
 }
@@ -286,7 +286,7 @@ fn state_dict_round_trips_bit_identically() {
         .unwrap()
     });
     round_trip(|p| {
-        Sgd::with_config(
+        Sgd::new(
             p,
             SgdConfig {
                 lr: 0.05,
@@ -429,7 +429,7 @@ fn bad_hyperparameters_are_errors() {
     let bad = |r: fucina::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
     assert!(bad(Sgd::new(vec![param(&ctx)], -0.1).map(drop)));
     assert!(bad(Sgd::new(vec![param(&ctx)], f32::NAN).map(drop)));
-    assert!(bad(Sgd::with_config(
+    assert!(bad(Sgd::new(
         vec![],
         SgdConfig {
             nesterov: true,
@@ -437,7 +437,7 @@ fn bad_hyperparameters_are_errors() {
         }
     )
     .map(drop)));
-    assert!(bad(Sgd::with_config(
+    assert!(bad(Sgd::new(
         vec![],
         SgdConfig {
             momentum: -1.0,

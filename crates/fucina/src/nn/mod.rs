@@ -32,11 +32,13 @@ mod attention;
 mod layers;
 mod parameter;
 mod sequential;
+mod state_dict;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
 pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use parameter::Parameter;
 pub use sequential::Sequential;
+pub use state_dict::StateDict;
 
 use std::collections::HashMap;
 
@@ -82,6 +84,30 @@ pub trait Module {
     /// The total number of parameter elements.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Parameter::numel).sum()
+    }
+
+    /// The parameters as a [`StateDict`] (names of
+    /// [`named_parameters`](Module::named_parameters), detached handles sharing
+    /// the values: no copy).
+    fn state_dict(&self) -> StateDict {
+        StateDict::from_unique(
+            self.named_parameters()
+                .into_iter()
+                .map(|(n, p)| (n, p.tensor().detach()))
+                .collect(),
+        )
+    }
+
+    /// Copies the values of `state` into the parameters by name: the same
+    /// checks as [`load_parameters`](Module::load_parameters) (every parameter
+    /// present once with its shape, no unknown name), all before the first
+    /// write.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming the entry that does not fit (nothing
+    /// changes); out of memory.
+    fn load_state_dict(&self, state: &StateDict) -> Result<()> {
+        self.load_parameters(state)
     }
 
     /// Copies values into the parameters by name (the names of

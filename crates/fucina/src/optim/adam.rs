@@ -7,7 +7,7 @@ use fucina_exec::ExecContext;
 use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// The hyperparameters of [`Adam`] (PyTorch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +44,26 @@ pub struct AdamWConfig {
     pub eps: f32,
     /// Decoupled decay: `w *= 1 - lr * weight_decay` before the Adam update.
     pub weight_decay: f32,
+}
+
+impl From<f32> for AdamConfig {
+    /// The defaults with learning rate `lr`.
+    fn from(lr: f32) -> AdamConfig {
+        AdamConfig {
+            lr,
+            ..AdamConfig::default()
+        }
+    }
+}
+
+impl From<f32> for AdamWConfig {
+    /// The defaults with learning rate `lr`.
+    fn from(lr: f32) -> AdamWConfig {
+        AdamWConfig {
+            lr,
+            ..AdamWConfig::default()
+        }
+    }
 }
 
 impl Default for AdamWConfig {
@@ -223,13 +243,15 @@ macro_rules! adam_like {
         }
 
         impl $name {
-            /// An optimizer over `params` with `cfg`.
+            /// An optimizer over `params` with `cfg`: a full configuration, or
+            /// a bare learning rate (`f32`) for the defaults with that rate.
             ///
             /// # Errors
             /// [`Error::InvalidArgument`] for a negative or non-finite rate,
             /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`, or a
             /// parameter listed twice.
-            pub fn new(params: Vec<Parameter>, cfg: $cfg) -> Result<$name> {
+            pub fn new(params: Vec<Parameter>, cfg: impl Into<$cfg>) -> Result<$name> {
+                let cfg = cfg.into();
                 check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
                 check_distinct($what, &params)?;
                 Ok($name {
@@ -293,7 +315,7 @@ macro_rules! adam_like {
 
             /// The state: `"step"`, `"exp_avg.{i}"`, `"exp_avg_sq.{i}"` (after the
             /// first step).
-            pub fn state_dict(&self) -> Vec<(String, Tensor)> {
+            pub fn state_dict(&self) -> StateDict {
                 self.core.state.state_dict()
             }
 

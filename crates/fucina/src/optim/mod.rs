@@ -60,7 +60,7 @@ use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
 use crate::error::Result;
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// What every optimizer offers (the same methods exist inherently on each
 /// optimizer, so this trait is only needed for generic code).
@@ -89,7 +89,7 @@ pub trait Optimizer {
     fn parameters(&self) -> &[Parameter];
     /// The state as named tensors (handles: the next step copies rather than
     /// changes what they hold).
-    fn state_dict(&self) -> Vec<(String, Tensor)>;
+    fn state_dict(&self) -> StateDict;
     /// Replaces the state with `state` (copied), after checking every entry: an
     /// unknown, missing or duplicate name, a wrong shape or an invalid step
     /// count is an error and leaves the optimizer unchanged. An empty list
@@ -122,7 +122,7 @@ macro_rules! delegate_optimizer {
             fn parameters(&self) -> &[$crate::nn::Parameter] {
                 <$t>::parameters(self)
             }
-            fn state_dict(&self) -> Vec<(String, fucina_autograd::Tensor)> {
+            fn state_dict(&self) -> $crate::nn::StateDict {
                 <$t>::state_dict(self)
             }
             fn load_state_dict(

@@ -7,7 +7,7 @@ use fucina_exec::ExecContext;
 use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// The hyperparameters of [`Sgd`] (PyTorch's names and defaults: all zero but
 /// the learning rate).
@@ -23,6 +23,16 @@ pub struct SgdConfig {
     pub nesterov: bool,
     /// L2 penalty: `weight_decay * w` is added to the gradient.
     pub weight_decay: f32,
+}
+
+impl From<f32> for SgdConfig {
+    /// Plain SGD (the defaults) with learning rate `lr`.
+    fn from(lr: f32) -> SgdConfig {
+        SgdConfig {
+            lr,
+            ..SgdConfig::default()
+        }
+    }
 }
 
 impl Default for SgdConfig {
@@ -55,27 +65,29 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    /// Plain SGD with learning rate `lr`.
+    /// SGD over `params` with `cfg`: a full configuration, or a bare learning
+    /// rate (`f32`) for plain SGD with that rate.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`, or a
-    /// parameter listed twice.
-    pub fn new(params: Vec<Parameter>, lr: f32) -> Result<Sgd> {
-        Sgd::with_config(
-            params,
-            SgdConfig {
-                lr,
-                ..SgdConfig::default()
-            },
-        )
+    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
+    /// without momentum or with dampening, or a parameter listed twice.
+    pub fn new(params: Vec<Parameter>, cfg: impl Into<SgdConfig>) -> Result<Sgd> {
+        Sgd::build(params, cfg.into())
     }
 
     /// SGD with the given hyperparameters.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
-    /// without momentum or with dampening, or a parameter listed twice.
+    /// As [`Sgd::new`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `Sgd::new(params, cfg)`, which takes a config or a learning rate"
+    )]
     pub fn with_config(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
+        Sgd::build(params, cfg)
+    }
+
+    fn build(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
         check_lr("SgdConfig::lr", cfg.lr)?;
         check_distinct("Sgd", &params)?;
         for (what, v) in [
@@ -198,7 +210,7 @@ impl Sgd {
     }
 
     /// The state: `"step"` and `"momentum_buffer.{i}"` (after the first step).
-    pub fn state_dict(&self) -> Vec<(String, Tensor)> {
+    pub fn state_dict(&self) -> StateDict {
         self.state.state_dict()
     }
 
