@@ -35,6 +35,9 @@ mod sequential;
 mod state_dict;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
+/// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
+/// (see the trait's documentation).
+pub use fucina_derive::Module;
 pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use parameter::Parameter;
 pub use sequential::Sequential;
@@ -49,6 +52,37 @@ use crate::error::{Error, Result};
 
 /// Something with parameters: lists them with stable names and switches
 /// between training and evaluation behaviour.
+///
+/// `#[derive(Module)]` implements it for a struct from its fields: a
+/// [`Parameter`] field is one parameter named after the field, a module field
+/// gives its parameters under `"field."`, a `Vec` or array field numbers its
+/// elements (`"layers.0.weight"`), an `Option` field counts when present, a
+/// `Box` field is looked through, and `#[module(skip)]` marks a field without
+/// parameters. [`train`](Module::train) is passed on to every module field.
+///
+/// ```
+/// use fucina::nn::{Linear, Module, Parameter};
+/// use fucina::ExecContext;
+///
+/// #[derive(Module)]
+/// struct Mlp {
+///     layers: Vec<Linear>,
+///     gain: Parameter,
+///     #[module(skip)]
+///     width: usize,
+/// }
+///
+/// let ctx = ExecContext::new();
+/// let mlp = Mlp {
+///     layers: vec![Linear::new(&ctx, 2, 4, 1)?, Linear::new(&ctx, 4, 1, 2)?],
+///     gain: Parameter::from_slice(&ctx, &[1], &[1.0])?,
+///     width: 4,
+/// };
+/// let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias", "gain"]);
+/// # let _ = mlp.width;
+/// # Ok::<(), fucina::Error>(())
+/// ```
 pub trait Module {
     /// The parameters with stable dotted names, in a fixed order (the order of
     /// [`parameters`](Module::parameters)).
