@@ -543,7 +543,7 @@ fn the_step_count_is_exact_past_two_to_the_24() {
         // The state of an optimizer `start` steps in: the digits of `start`.
         let mut state = opt.state_dict();
         let d = [0, 1, 2].map(|k| ((start >> (24 * k)) % (1 << 24)) as f32);
-        state[0].1 = Tensor::from_slice(&ctx, &[3], &d).unwrap();
+        *state.get_mut("step").unwrap() = Tensor::from_slice(&ctx, &[3], &d).unwrap();
         opt.load_state_dict(&ctx, &state).unwrap();
         assert_eq!(opt.step_count(), start);
         for k in 1..=2 {
@@ -583,7 +583,7 @@ fn an_old_format_step_is_still_read() {
     let mut opt = AdamW::new(vec![p.clone()], AdamWConfig::default()).unwrap();
     run(&ctx, &mut opt, 2);
     let mut state = opt.state_dict();
-    state[0].1 = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
+    *state.get_mut("step").unwrap() = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
     // Through a checkpoint file of the old format.
     let named: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let bytes = fucina::checkpoint::save_to_bytes(&named, &[]).unwrap();

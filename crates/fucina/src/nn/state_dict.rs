@@ -70,6 +70,14 @@ impl StateDict {
         self.entries.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
+    /// The tensor named `name`, to replace it (the names stay unique).
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.entries
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+
     /// The names, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|(n, _)| n.as_str())
