@@ -888,6 +888,17 @@ pub const OPTIM_PREFIX: &str = "optim.";
 /// an optimizer's state (which may have no tensors: before the first step).
 pub const OPTIM_MARKER: &str = "fucina.optimizer";
 
+/// The metadata of the checkpoint at `path` (the whole file is checked as
+/// [`read`] checks it, but no tensor is made).
+///
+/// # Errors
+/// [`CheckpointError::Io`] if the file cannot be read; the format errors of
+/// [`read_from_bytes`].
+pub fn read_metadata(path: impl AsRef<Path>) -> Result<Metadata, CheckpointError> {
+    let bytes = read_file(path.as_ref())?;
+    Ok(parse(&bytes)?.metadata())
+}
+
 /// Saves a [`StateDict`] and `metadata` to `path` atomically (see [`save`]).
 /// The state dict's own metadata is written too; an entry of `metadata`
 /// replaces one of the same key.
@@ -1009,12 +1020,14 @@ pub fn load_module<M: Module + ?Sized>(
         } else {
             return Err(crate::Error::StateDict {
                 reason: format!(
-                    "checkpoint entry \"{name}\" is neither a model parameter (\"{MODEL_PREFIX}*\") nor optimizer state (\"{OPTIM_PREFIX}*\")"
+                    "unexpected tensor `{name}` (names start with {MODEL_PREFIX:?} or {OPTIM_PREFIX:?})"
                 ),
             });
         }
     }
-    let has_optim = meta.get(OPTIM_MARKER) == Some("1");
+    // Saved with an optimizer: the marker, or (a file written by hand or by an
+    // earlier version) optimizer entries.
+    let has_optim = meta.get(OPTIM_MARKER) == Some("1") || !optim_part.is_empty();
     if optimizer.is_some() && !has_optim {
         return Err(crate::Error::StateDict {
             reason: "the checkpoint holds no optimizer state (it was saved without an optimizer)"
