@@ -54,7 +54,10 @@ fn step(ctx: &ExecContext, m: &Sequential, opt: &mut AdamW, k: usize) {
     opt.zero_grad();
 }
 
-fn all_bits(m: &Sequential, opt: &AdamW) -> (Vec<(String, Vec<u32>)>, Vec<(String, Vec<u32>)>) {
+/// The bits of every entry, by name.
+type Named = Vec<(String, Vec<u32>)>;
+
+fn all_bits(m: &Sequential, opt: &AdamW) -> (Named, Named) {
     let p = m
         .state_dict()
         .into_iter()

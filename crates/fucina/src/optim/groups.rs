@@ -138,14 +138,14 @@ impl Groups {
     }
 }
 
+/// The entries other than the grouping, and the weight decays to restore.
+pub(crate) type Split = (Vec<(String, Tensor)>, Option<Vec<f32>>);
+
 /// Splits the grouping entries off `state` and checks them against `groups`
 /// (the optimizer's grouping, if built with groups): returns the other entries
 /// and the weight decays to restore. A grouped optimizer needs them in any
 /// non-empty state; an ungrouped one refuses them.
-pub(crate) fn split_state(
-    groups: Option<&Groups>,
-    state: &[(String, Tensor)],
-) -> Result<(Vec<(String, Tensor)>, Option<Vec<f32>>)> {
+pub(crate) fn split_state(groups: Option<&Groups>, state: &[(String, Tensor)]) -> Result<Split> {
     let mut rest = Vec::with_capacity(state.len());
     let (mut of, mut wd) = (None, None);
     for (name, t) in state {
