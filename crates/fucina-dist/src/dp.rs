@@ -67,6 +67,35 @@ impl Default for DataParallelOptions {
 ///
 /// Either way, the parameters' gradients are then the global mean, for any
 /// optimizer step.
+///
+/// The parameters are variable [`Tensor`]s or `fucina::nn::Parameter`s (any
+/// [`DistParam`]). With a `fucina::nn` model's own handles
+/// (`model.parameters()`), rank 0's values reach the model's layers, and a
+/// `fucina::optim` optimizer built over the same handles steps on the
+/// exchanged gradients:
+///
+/// ```no_run
+/// use fucina::nn::{Linear, Module};
+/// use fucina::optim::Sgd;
+/// use fucina::{ExecContext, Tensor};
+/// use fucina_dist::{DataParallel, DataParallelOptions, World};
+///
+/// let world = World::init()?;
+/// let ctx = ExecContext::new();
+/// let fc = Linear::new(&ctx, 4, 1, 7)?;
+/// let mut opt = Sgd::new(fc.parameters(), 0.1)?;
+/// let opts = DataParallelOptions { microbatches: 4, ..Default::default() };
+/// let mut dp = DataParallel::new(&world, fc.parameters(), opts)?;
+/// let x = Tensor::from_slice(&ctx, &[4, 4], &[0.5; 16])?;
+/// dp.step(&ctx, |ctx, p, m| {
+///     let y = x.linear(ctx, &p[0].tensor(), Some(&p[1].tensor()))?.scale(ctx, (m + 1) as f32)?;
+///     let loss = y.mean_all(ctx)?;
+///     loss.backward(ctx)?;
+///     loss.item()
+/// })?;
+/// opt.step(&ctx)?; // the same update on every rank, seen by `fc`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct DataParallel<'w, P = Tensor> {
     world: &'w World,
     set: ParamSet<P>,
@@ -103,7 +132,7 @@ impl std::fmt::Debug for DataParallel<'_> {
 }
 
 impl<'w, P: DistParam> DataParallel<'w, P> {
-    /// Wraps `params` (variables) on every rank: checks that all ranks pass the
+    /// Wraps `params` (variables or `fucina::nn::Parameter`s) on every rank: checks that all ranks pass the
     /// same parameter count and shapes and the same options, then overwrites
     /// every rank's parameter values with rank 0's.
     ///
