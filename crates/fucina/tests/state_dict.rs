@@ -247,6 +247,13 @@ fn set_grad_replaces_the_gradient_and_refuses_bad_input() {
     let mut sgd = Sgd::new(vec![p.clone()], 1.0).unwrap();
     sgd.step(&ctx).unwrap();
     assert_eq!(p.to_vec(), [0.5, 3., -4.]);
+    // Under no_grad too (an exchange of gradients often runs there).
+    {
+        let _guard = fucina::no_grad();
+        let twos = Tensor::from_slice(&ctx, &[3], &[2.; 3]).unwrap();
+        w.set_grad(&ctx, Some(&twos)).unwrap();
+    }
+    assert_eq!(w.grad(&ctx).unwrap().unwrap().to_vec(), [2., 2., 2.]);
     // None releases it.
     w.set_grad(&ctx, None).unwrap();
     assert!(w.grad(&ctx).unwrap().is_none());

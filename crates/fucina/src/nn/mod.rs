@@ -122,7 +122,9 @@ pub trait Module {
 
     /// The parameters as a [`StateDict`] (names of
     /// [`named_parameters`](Module::named_parameters), detached handles sharing
-    /// the values: no copy).
+    /// the values: no copy). The names are taken as the module reports them: a
+    /// hand-written `named_parameters` that repeats a name gives a state dict
+    /// that loading and saving refuse, naming it.
     fn state_dict(&self) -> StateDict {
         StateDict::from_unique(
             self.named_parameters()
