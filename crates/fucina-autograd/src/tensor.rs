@@ -557,4 +557,41 @@ impl Tensor {
     pub fn op_name(&self) -> Option<&'static str> {
         self.node.as_ref().map(|n| n.name())
     }
+
+    /// Sets this variable's accumulated gradient to a copy of `grad` (`None`
+    /// releases it, as [`zero_grad`](Tensor::zero_grad) does): what code that
+    /// exchanges gradients (data parallelism, accumulation by hand) writes back
+    /// before an optimizer step. Read it back with [`grad`](Tensor::grad).
+    ///
+    /// # Errors
+    /// [`AutogradError::InvalidArgument`] if this tensor is not a leaf variable;
+    /// [`AutogradError::GradientShapeMismatch`] if `grad`'s shape is not this
+    /// tensor's; out of memory for the copy. The gradient is unchanged on any
+    /// of them.
+    pub fn set_grad(&self, ctx: &ExecContext, grad: Option<&Tensor>) -> Result<()> {
+        let Some(node) = self.node.as_ref().filter(|n| n.is_leaf()) else {
+            return Err(AutogradError::InvalidArgument {
+                op: "set_grad",
+                reason: "the tensor is not a leaf variable (only variables hold a gradient)",
+            });
+        };
+        let Some(g) = grad else {
+            node.zero_grad();
+            return Ok(());
+        };
+        if g.shape() != self.shape() {
+            return Err(AutogradError::GradientShapeMismatch {
+                op: "set_grad",
+                expected: self.raw.dims(),
+                got: g.raw.dims(),
+            });
+        }
+        // A copy of its own (the caller's tensor may change later), made before
+        // the old gradient is released.
+        let own = ctx.clone(&g.raw)?;
+        node.zero_grad();
+        // A leaf seeded with `own` accumulates exactly `own` into a released
+        // gradient (no op runs).
+        self.backward_with_grad(ctx, &own)
+    }
 }

@@ -77,6 +77,32 @@ fn api(world: &World) {
         );
     }
 
+    // The parameter handle of fucina::nn: a layer's own parameters, different
+    // on every rank before `new` (which makes them rank 0's, in the layer).
+    let fc = fucina::nn::Linear::new(&ctx, 7, 5, 100 + world.rank() as u64).unwrap();
+    let root = fucina::nn::Linear::new(&ctx, 7, 5, 100).unwrap();
+    let as_tensors = |p: &[fucina::nn::Parameter]| [p[0].tensor(), p[1].tensor()];
+    let nn_microbatch = |ctx: &ExecContext, p: &[fucina::nn::Parameter], m: usize| {
+        microbatch(ctx, &as_tensors(p), m)
+    };
+    let mut nn_local = LocalDataParallel::new(fucina::nn::Module::parameters(&root), m).unwrap();
+    let nn_lout = nn_local.step(&ctx, nn_microbatch).unwrap();
+    let nn_want = params_hash(&grads(&ctx, &as_tensors(nn_local.params())));
+    let opts = DataParallelOptions {
+        microbatches: m,
+        ..Default::default()
+    };
+    let mut dp = DataParallel::new(world, fucina::nn::Module::parameters(&fc), opts).unwrap();
+    let broadcast = fc.weight.to_vec() == root.weight.to_vec();
+    let out = world.abort_on_error(dp.step(&ctx, nn_microbatch));
+    ensure(
+        world,
+        "nn::Parameter handles: broadcast reaches the layer, step = local",
+        broadcast
+            && params_hash(&grads(&ctx, &as_tensors(dp.params()))) == nn_want
+            && out.value == nn_lout.value,
+    );
+
     // record_microbatch + all_reduce_gradients.
     let mut dp = DataParallel::new(
         world,

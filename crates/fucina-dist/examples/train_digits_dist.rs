@@ -13,9 +13,9 @@
 //! and for `--local` (the single-process run of the same microbatch split).
 //! `--bench` adds per-step timings on stderr-free `timing` lines.
 //!
-//! The MLP is written with plain autograd `Tensor` ops and the SGD step with
-//! `Tensor::sgd_step_` (the `DataParallel` API takes plain variables); the data
-//! set comes from `fucina::data`.
+//! The MLP is two `fucina::nn::Linear` layers; `DataParallel` holds their
+//! `Parameter` handles (the ones the layers read and `fucina::optim::Sgd`
+//! updates), and the data set comes from `fucina::data`.
 // The autograd error carries inline shapes (no heap on the error path).
 #![allow(clippy::result_large_err)]
 
@@ -25,6 +25,8 @@ use std::time::Instant;
 use fucina::autograd::Tensor;
 use fucina::data::{DIGITS_PIXELS, Digits};
 use fucina::exec::ExecContext;
+use fucina::nn::{Linear, Module, Parameter, Relu, Sequential, sub_seed};
+use fucina::optim::Sgd;
 use fucina_dist::{
     DataParallel, DataParallelOptions, LocalDataParallel, ShardedSampler, StepOutput, World,
 };
@@ -106,25 +108,22 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// The MLP's parameters `[w1, b1, w2, b2]` from `seed`.
-fn init_params(
-    ctx: &ExecContext,
-    hidden: usize,
-    seed: u64,
-) -> fucina::autograd::Result<Vec<Tensor>> {
-    Ok(vec![
-        Tensor::kaiming_uniform(ctx, &[hidden, DIGITS_PIXELS], fucina::rng::at(seed, 0))?
-            .into_variable(),
-        Tensor::variable_from_slice(ctx, &[hidden], &vec![0.0; hidden])?,
-        Tensor::kaiming_uniform(ctx, &[10, hidden], fucina::rng::at(seed, 1))?.into_variable(),
-        Tensor::variable_from_slice(ctx, &[10], &[0.0; 10])?,
-    ])
+/// The MLP (64 → hidden → ReLU → 10) from `seed`.
+fn mlp(ctx: &ExecContext, hidden: usize, seed: u64) -> fucina::Result<Sequential> {
+    Ok(Sequential::new()
+        .push_named(
+            "fc1",
+            Linear::new(ctx, DIGITS_PIXELS, hidden, sub_seed(seed, 0))?,
+        )
+        .push(Relu)
+        .push_named("fc2", Linear::new(ctx, hidden, 10, sub_seed(seed, 1))?))
 }
 
 /// Forward and backward of one microbatch (sample indices `idx`); its loss.
+/// `p` are the MLP's parameters `[fc1.weight, fc1.bias, fc2.weight, fc2.bias]`.
 fn microbatch(
     ctx: &ExecContext,
-    p: &[Tensor],
+    p: &[Parameter],
     data: &Digits,
     idx: &[usize],
 ) -> fucina::autograd::Result<f32> {
@@ -136,10 +135,21 @@ fn microbatch(
     }
     let x = Tensor::from_slice(ctx, &[idx.len(), DIGITS_PIXELS], &xb)?;
     let y = ctx.from_slice_typed::<i64>(&[idx.len()], &yb)?;
-    let h = x.linear(ctx, &p[0], Some(&p[1]))?.relu(ctx)?;
-    let loss = h.linear(ctx, &p[2], Some(&p[3]))?.cross_entropy(ctx, &y)?;
+    // The layers' own ops (`Linear::forward` is `x.linear(w, b)`), on the
+    // parameter handles `DataParallel` passes.
+    let h = x
+        .linear(ctx, &p[0].tensor(), Some(&p[1].tensor()))?
+        .relu(ctx)?;
+    let loss = h
+        .linear(ctx, &p[2].tensor(), Some(&p[3].tensor()))?
+        .cross_entropy(ctx, &y)?;
     loss.backward(ctx)?;
     loss.item()
+}
+
+/// The parameters' current values as tensors (for the hash and the dump).
+fn values(params: &[Parameter]) -> Vec<Tensor> {
+    params.iter().map(Parameter::tensor).collect()
 }
 
 /// Sums of the per-step outputs of an epoch.
@@ -247,8 +257,10 @@ fn steps(args: &Args, sampler: &ShardedSampler) -> usize {
 fn run_local(args: &Args, threads: usize) -> Result<(), String> {
     let (data, sampler) = setup(args, 0, 1)?;
     let ctx = ExecContext::with_threads(threads);
-    let params = init_params(&ctx, args.hidden, args.seed).map_err(|e| e.to_string())?;
-    let mut dp = LocalDataParallel::new(params, args.microbatches).map_err(|e| e.to_string())?;
+    let model = mlp(&ctx, args.hidden, args.seed).map_err(|e| e.to_string())?;
+    let mut opt = Sgd::new(model.parameters(), args.lr).map_err(|e| e.to_string())?;
+    let mut dp =
+        LocalDataParallel::new(model.parameters(), args.microbatches).map_err(|e| e.to_string())?;
     for e in 0..args.epochs {
         let order = sampler.epoch_order(e);
         let mut epoch = Epoch::default();
@@ -259,17 +271,18 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
                     microbatch(ctx, p, &data, sampler.microbatch(&order, step, m))
                 })
                 .map_err(|e| e.to_string())?;
-            for p in dp.params_mut() {
-                p.sgd_step_(args.lr).map_err(|e| e.to_string())?;
-            }
+            opt.step(&ctx).map_err(|e| e.to_string())?;
             epoch.add(&out);
         }
         epoch.report(e, args.bench, t.elapsed().as_secs_f64(), 0, threads);
     }
     if let Some(path) = &args.save {
-        fucina_dist::write_params(dp.params(), path).map_err(|e| e.to_string())?;
+        fucina_dist::write_params(&values(dp.params()), path).map_err(|e| e.to_string())?;
     }
-    println!("params {:016x}", fucina_dist::params_hash(dp.params()));
+    println!(
+        "params {:016x}",
+        fucina_dist::params_hash(&values(dp.params()))
+    );
     Ok(())
 }
 
@@ -279,13 +292,14 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
     // Every rank starts from its own values; DataParallel::new replaces them
     // with rank 0's (rank 0 starts from `seed`, as the local run does).
     let init_seed = args.seed ^ (world.rank() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let params = init_params(&ctx, args.hidden, init_seed).map_err(|e| e.to_string())?;
+    let model = mlp(&ctx, args.hidden, init_seed).map_err(|e| e.to_string())?;
+    let mut opt = Sgd::new(model.parameters(), args.lr).map_err(|e| e.to_string())?;
     let opts = DataParallelOptions {
         microbatches: args.microbatches,
         bucket_bytes: args.bucket_bytes,
         overlap: args.overlap,
     };
-    let mut dp = DataParallel::new(world, params, opts).map_err(|e| e.to_string())?;
+    let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
     for e in 0..args.epochs {
         let order = sampler.epoch_order(e);
         let mut epoch = Epoch::default();
@@ -297,9 +311,7 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
                     microbatch(ctx, p, &data, sampler.microbatch(&order, step, m))
                 })
                 .map_err(|e| e.to_string())?;
-            for p in dp.params_mut() {
-                p.sgd_step_(args.lr).map_err(|e| e.to_string())?;
-            }
+            opt.step(&ctx).map_err(|e| e.to_string())?;
             epoch.add(&out);
         }
         if world.is_root() {
@@ -313,10 +325,14 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         }
     }
     if let Some(path) = &args.save {
-        fucina_dist::save_params_rank0(world, dp.params(), path).map_err(|e| e.to_string())?;
+        fucina_dist::save_params_rank0(world, &values(dp.params()), path)
+            .map_err(|e| e.to_string())?;
     }
     if world.is_root() {
-        println!("params {:016x}", fucina_dist::params_hash(dp.params()));
+        println!(
+            "params {:016x}",
+            fucina_dist::params_hash(&values(dp.params()))
+        );
     }
     Ok(())
 }

@@ -11,7 +11,9 @@ use mpi::request::{Request, Scope};
 use mpi::traits::*;
 
 use crate::error::{DistError, Result};
-use crate::reduce::{ParamSet, StepOutput, bucket_ranges, mean_in_order, owner, shard_range};
+use crate::reduce::{
+    DistParam, ParamSet, StepOutput, bucket_ranges, mean_in_order, owner, shard_range,
+};
 use crate::world::World;
 
 /// How a [`DataParallel`] splits and exchanges a step.
@@ -65,9 +67,38 @@ impl Default for DataParallelOptions {
 ///
 /// Either way, the parameters' gradients are then the global mean, for any
 /// optimizer step.
-pub struct DataParallel<'w> {
+///
+/// The parameters are variable [`Tensor`]s or `fucina::nn::Parameter`s (any
+/// [`DistParam`]). With a `fucina::nn` model's own handles
+/// (`model.parameters()`), rank 0's values reach the model's layers, and a
+/// `fucina::optim` optimizer built over the same handles steps on the
+/// exchanged gradients:
+///
+/// ```no_run
+/// use fucina::nn::{Linear, Module};
+/// use fucina::optim::Sgd;
+/// use fucina::{ExecContext, Tensor};
+/// use fucina_dist::{DataParallel, DataParallelOptions, World};
+///
+/// let world = World::init()?;
+/// let ctx = ExecContext::new();
+/// let fc = Linear::new(&ctx, 4, 1, 7)?;
+/// let mut opt = Sgd::new(fc.parameters(), 0.1)?;
+/// let opts = DataParallelOptions { microbatches: 4, ..Default::default() };
+/// let mut dp = DataParallel::new(&world, fc.parameters(), opts)?;
+/// let x = Tensor::from_slice(&ctx, &[4, 4], &[0.5; 16])?;
+/// dp.step(&ctx, |ctx, p, m| {
+///     let y = x.linear(ctx, &p[0].tensor(), Some(&p[1].tensor()))?.scale(ctx, (m + 1) as f32)?;
+///     let loss = y.mean_all(ctx)?;
+///     loss.backward(ctx)?;
+///     loss.item()
+/// })?;
+/// opt.step(&ctx)?; // the same update on every rank, seen by `fc`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct DataParallel<'w, P = Tensor> {
     world: &'w World,
-    set: ParamSet,
+    set: ParamSet<P>,
     opts: DataParallelOptions,
     /// This rank's microbatches.
     mine: Range<usize>,
@@ -100,8 +131,8 @@ impl std::fmt::Debug for DataParallel<'_> {
     }
 }
 
-impl<'w> DataParallel<'w> {
-    /// Wraps `params` (variables) on every rank: checks that all ranks pass the
+impl<'w, P: DistParam> DataParallel<'w, P> {
+    /// Wraps `params` (variables or `fucina::nn::Parameter`s) on every rank: checks that all ranks pass the
     /// same parameter count and shapes and the same options, then overwrites
     /// every rank's parameter values with rank 0's.
     ///
@@ -115,9 +146,9 @@ impl<'w> DataParallel<'w> {
     /// differ from rank 0's.
     pub fn new(
         world: &'w World,
-        params: Vec<Tensor>,
+        params: Vec<P>,
         opts: DataParallelOptions,
-    ) -> Result<DataParallel<'w>> {
+    ) -> Result<DataParallel<'w, P>> {
         // Local problems first, but agreed on collectively so that no rank is
         // left in the shape check's broadcast.
         let local = if opts.microbatches == 0 {
@@ -163,7 +194,11 @@ impl<'w> DataParallel<'w> {
         Ok(Self::layout(world, set, opts))
     }
 
-    fn layout(world: &'w World, set: ParamSet, opts: DataParallelOptions) -> DataParallel<'w> {
+    fn layout(
+        world: &'w World,
+        set: ParamSet<P>,
+        opts: DataParallelOptions,
+    ) -> DataParallel<'w, P> {
         let (n, m, w) = (world.size(), opts.microbatches, set.width());
         let shards: Vec<Range<usize>> = (0..n).map(|r| shard_range(m, r, n)).collect();
         let rounds = shards.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -222,17 +257,17 @@ impl<'w> DataParallel<'w> {
     }
 
     /// The parameters.
-    pub fn params(&self) -> &[Tensor] {
+    pub fn params(&self) -> &[P] {
         &self.set.params
     }
 
     /// The parameters, for an optimizer step.
-    pub fn params_mut(&mut self) -> &mut [Tensor] {
+    pub fn params_mut(&mut self) -> &mut [P] {
         &mut self.set.params
     }
 
     /// The parameters back.
-    pub fn into_params(self) -> Vec<Tensor> {
+    pub fn into_params(self) -> Vec<P> {
         self.set.params
     }
 
@@ -261,7 +296,7 @@ impl<'w> DataParallel<'w> {
     /// job with the error on stderr rather than leave the others waiting.
     pub fn step<F>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32>,
+        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>,
     {
         if self.recorded != 0 {
             return Err(DistError::MicrobatchOrder {
@@ -284,7 +319,7 @@ impl<'w> DataParallel<'w> {
             }
             return self.all_reduce_gradients(ctx);
         }
-        let mut ff = |ctx: &ExecContext, p: &[Tensor], m: usize| f(ctx, p, m);
+        let mut ff = |ctx: &ExecContext, p: &[P], m: usize| f(ctx, p, m);
         self.exchange(ctx, Some(&mut ff))
     }
 
@@ -332,9 +367,10 @@ impl<'w> DataParallel<'w> {
                 owned: self.mine.len(),
             });
         }
-        type NoCompute<'a> =
-            &'a mut dyn FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32>;
-        let out = self.exchange(ctx, None::<NoCompute<'_>>);
+        let out = self.exchange(
+            ctx,
+            None::<&mut dyn FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>>,
+        );
         self.recorded = 0;
         out.map(|mut o| {
             o.compute_s += std::mem::take(&mut self.recorded_s);
@@ -358,7 +394,7 @@ impl<'w> DataParallel<'w> {
     /// computes); without, the partials were recorded already.
     fn exchange<F>(&mut self, ctx: &ExecContext, mut compute: Option<&mut F>) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32> + ?Sized,
+        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32> + ?Sized,
     {
         let (n, w, nb) = (self.world.size(), self.set.width(), self.buckets.len());
         let comm = self.world.comm();
@@ -484,11 +520,15 @@ fn to_i32(v: usize) -> i32 {
 }
 
 /// Checks that every rank has rank 0's microbatch count and parameter shapes.
-fn check_same_model(world: &World, set: &ParamSet, opts: &DataParallelOptions) -> Result<()> {
-    let describe = |set: &ParamSet| -> Vec<u8> {
+fn check_same_model<P: DistParam>(
+    world: &World,
+    set: &ParamSet<P>,
+    opts: &DataParallelOptions,
+) -> Result<()> {
+    let describe = |set: &ParamSet<P>| -> Vec<u8> {
         let mut d = format!("microbatches {}", opts.microbatches);
         for p in &set.params {
-            d.push_str(&format!(";{:?}", p.shape()));
+            d.push_str(&format!(";{:?}", p.variable().shape()));
         }
         d.into_bytes()
     };
@@ -521,14 +561,15 @@ fn check_same_model(world: &World, set: &ParamSet, opts: &DataParallelOptions) -
 }
 
 /// Overwrites every rank's parameter values with rank 0's.
-fn broadcast_params(world: &World, set: &mut ParamSet) -> Result<()> {
+fn broadcast_params<P: DistParam>(world: &World, set: &mut ParamSet<P>) -> Result<()> {
     let root = world.comm().process_at_rank(0);
     for p in &mut set.params {
-        let mut values = p.to_vec();
+        let mut values = p.variable().to_vec();
         root.broadcast_into(&mut values[..]);
-        // Copy-on-write: a handle the caller kept keeps its old values; the
-        // parameters are the ones `DataParallel` holds.
-        p.update_(|d| d.copy_from_slice(&values))?;
+        // A `Tensor` is written copy-on-write (a handle the caller kept keeps
+        // its old values; the parameters are the ones `DataParallel` holds); a
+        // `Parameter` through its shared handle (the model sees the values).
+        p.overwrite(&values)?;
     }
     Ok(())
 }

@@ -62,7 +62,7 @@ mod world;
 pub use checkpoint::{read_params, save_params_rank0, write_params};
 pub use dp::{DataParallel, DataParallelOptions};
 pub use error::{DistError, Result};
-pub use reduce::{LocalDataParallel, StepOutput, shard_range};
+pub use reduce::{DistParam, LocalDataParallel, StepOutput, shard_range};
 pub use sampler::ShardedSampler;
 pub use world::World;
 

@@ -77,19 +77,59 @@ pub(crate) fn mean_in_order<'a>(out: &mut [f32], mut parts: impl Iterator<Item =
     }
 }
 
+/// A parameter handle that [`DataParallel`](crate::DataParallel) and
+/// [`LocalDataParallel`] can hold: a variable [`Tensor`], or a
+/// [`fucina::nn::Parameter`] (the handle `fucina::nn` layers and
+/// `fucina::optim` optimizers share, so the wrapped parameters are the
+/// model's own).
+pub trait DistParam {
+    /// The current value as a variable handle (sharing the gradient state).
+    fn variable(&self) -> Tensor;
+    /// Overwrites the values (`values` holds every element, row-major).
+    ///
+    /// # Errors
+    /// Out of memory (a copy-on-write copy).
+    fn overwrite(&mut self, values: &[f32]) -> Result<()>;
+}
+
+impl DistParam for Tensor {
+    fn variable(&self) -> Tensor {
+        self.clone()
+    }
+
+    fn overwrite(&mut self, values: &[f32]) -> Result<()> {
+        // Copy-on-write: a handle the caller kept keeps its old values.
+        self.update_(|d| d.copy_from_slice(values))?;
+        Ok(())
+    }
+}
+
+impl DistParam for fucina::nn::Parameter {
+    fn variable(&self) -> Tensor {
+        self.tensor()
+    }
+
+    fn overwrite(&mut self, values: &[f32]) -> Result<()> {
+        // Through the shared handle: the model's layers see the new values.
+        self.copy_from_slice(values)
+            .map_err(|e| DistError::Config(format!("overwriting a parameter: {e}")))
+    }
+}
+
 /// A model's parameters and their layout in the flat gradient vector (parameter
 /// `i` at `offsets[i] .. offsets[i + 1]`, then one slot for the microbatch's
 /// scalar, e.g. its loss).
 #[derive(Debug)]
-pub(crate) struct ParamSet {
-    pub(crate) params: Vec<Tensor>,
+pub(crate) struct ParamSet<P = Tensor> {
+    pub(crate) params: Vec<P>,
     pub(crate) offsets: Vec<usize>,
 }
 
-impl ParamSet {
-    pub(crate) fn new(params: Vec<Tensor>) -> Result<ParamSet> {
+impl<P: DistParam> ParamSet<P> {
+    pub(crate) fn new(params: Vec<P>) -> Result<ParamSet<P>> {
         let mut offsets = vec![0];
         for (i, p) in params.iter().enumerate() {
+            let p = p.variable();
             if !p.is_variable() {
                 return Err(DistError::Config(format!(
                     "parameter {i} (shape {:?}) is not a variable (make it with \
@@ -115,7 +155,7 @@ impl ParamSet {
     /// Releases every parameter's gradient.
     pub(crate) fn zero_grads(&self) {
         for p in &self.params {
-            p.zero_grad();
+            p.variable().zero_grad();
         }
     }
 
@@ -123,6 +163,7 @@ impl ParamSet {
     /// `value` into `out` (`width()` long), and releases the gradients.
     pub(crate) fn take_grads(&self, value: f32, out: &mut [f32]) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
+            let p = p.variable();
             let dst = &mut out[self.offsets[i]..self.offsets[i + 1]];
             match p.grad_view() {
                 None => dst.fill(0.0),
@@ -138,6 +179,7 @@ impl ParamSet {
     /// Sets every parameter's gradient to its slice of `flat`.
     pub(crate) fn set_grads(&self, ctx: &ExecContext, flat: &[f32]) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
+            let p = p.variable();
             let g = ctx
                 .from_slice(p.shape(), &flat[self.offsets[i]..self.offsets[i + 1]])
                 .map_err(fucina::autograd::AutogradError::from)?;
@@ -174,20 +216,21 @@ pub struct StepOutput {
 /// to their mean. Its gradients, and so a training run, have the same bits as a
 /// `DataParallel` run over any number of ranks.
 #[derive(Debug)]
-pub struct LocalDataParallel {
-    set: ParamSet,
+pub struct LocalDataParallel<P = Tensor> {
+    set: ParamSet<P>,
     microbatches: usize,
     partials: Vec<f32>,
     mean: Vec<f32>,
 }
 
-impl LocalDataParallel {
-    /// Wraps `params` (variables) for steps of `microbatches` microbatches.
+impl<P: DistParam> LocalDataParallel<P> {
+    /// Wraps `params` (variables, or `fucina::nn::Parameter`s) for steps of
+    /// `microbatches` microbatches.
     ///
     /// # Errors
     /// [`DistError::Config`] if `microbatches == 0` or a parameter is not a
     /// variable.
-    pub fn new(params: Vec<Tensor>, microbatches: usize) -> Result<LocalDataParallel> {
+    pub fn new(params: Vec<P>, microbatches: usize) -> Result<LocalDataParallel<P>> {
         if microbatches == 0 {
             return Err(DistError::Config("microbatches must be at least 1".into()));
         }
@@ -210,7 +253,7 @@ impl LocalDataParallel {
     /// The first error of `f`, or of setting the gradients.
     pub fn step<F>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[Tensor], usize) -> fucina::autograd::Result<f32>,
+        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>,
     {
         let w = self.set.width();
         let t0 = Instant::now();
@@ -237,17 +280,17 @@ impl LocalDataParallel {
     }
 
     /// The parameters.
-    pub fn params(&self) -> &[Tensor] {
+    pub fn params(&self) -> &[P] {
         &self.set.params
     }
 
     /// The parameters, for an optimizer step.
-    pub fn params_mut(&mut self) -> &mut [Tensor] {
+    pub fn params_mut(&mut self) -> &mut [P] {
         &mut self.set.params
     }
 
     /// The parameters back.
-    pub fn into_params(self) -> Vec<Tensor> {
+    pub fn into_params(self) -> Vec<P> {
         self.set.params
     }
 }

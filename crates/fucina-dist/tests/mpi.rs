@@ -259,7 +259,7 @@ fn api_paths_agree_with_the_local_reference() {
         );
         assert_eq!(
             stdout.lines().filter(|l| l.starts_with("ok ")).count(),
-            9,
+            10,
             "{stdout}"
         );
     }

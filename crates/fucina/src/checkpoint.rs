@@ -56,6 +56,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::nn::{Module, StateDict};
+use crate::optim::Optimizer;
 use fucina_autograd::{AutogradError, Tensor};
 use fucina_exec::{ExecContext, MAX_RANK};
 use safetensors::tensor::{Dtype, Metadata as Header, SafeTensors, TensorInfo};
@@ -873,4 +875,173 @@ fn read_file(path: &Path) -> Result<Vec<u8>, CheckpointError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The prefix of a model's parameters in a [`save_module`] checkpoint
+/// (`"model.fc1.weight"`).
+pub const MODEL_PREFIX: &str = "model.";
+/// The prefix of an optimizer's state in a [`save_module`] checkpoint
+/// (`"optim.step"`, `"optim.exp_avg.0"`).
+pub const OPTIM_PREFIX: &str = "optim.";
+/// The metadata key a [`save_module`] checkpoint sets (to `"1"`) when it holds
+/// an optimizer's state (which may have no tensors: before the first step).
+pub const OPTIM_MARKER: &str = "fucina.optimizer";
+
+/// The metadata of the checkpoint at `path` (the whole file is checked as
+/// [`read`] checks it, but no tensor is made).
+///
+/// # Errors
+/// [`CheckpointError::Io`] if the file cannot be read; the format errors of
+/// [`read_from_bytes`].
+pub fn read_metadata(path: impl AsRef<Path>) -> Result<Metadata, CheckpointError> {
+    let bytes = read_file(path.as_ref())?;
+    Ok(parse(&bytes)?.metadata())
+}
+
+/// Saves a [`StateDict`] and `metadata` to `path` atomically (see [`save`]).
+/// The state dict's own metadata is written too; an entry of `metadata`
+/// replaces one of the same key.
+///
+/// # Errors
+/// The errors of [`save`].
+pub fn save_state_dict(
+    path: impl AsRef<Path>,
+    state: &StateDict,
+    metadata: &[(&str, &str)],
+) -> Result<(), CheckpointError> {
+    let tensors: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut meta: Vec<(&str, &str)> = state
+        .metadata()
+        .iter()
+        .filter(|(k, _)| !metadata.iter().any(|(m, _)| m == k))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    meta.extend_from_slice(metadata);
+    save(path, &tensors, &meta)
+}
+
+/// Reads the checkpoint at `path` as a [`StateDict`] (sorted by name; the
+/// file's metadata as the state dict's metadata).
+///
+/// # Errors
+/// The errors of [`read`].
+pub fn read_state_dict(
+    ctx: &ExecContext,
+    path: impl AsRef<Path>,
+) -> Result<StateDict, CheckpointError> {
+    let (entries, meta) = read(ctx, path)?;
+    let mut sd = StateDict::from_unique(entries);
+    for (k, v) in meta.into_inner() {
+        sd.set_metadata(k, v);
+    }
+    Ok(sd)
+}
+
+/// Saves a model's parameters and, optionally, an optimizer's state to `path`
+/// in one atomic write (see [`save`]): the parameters under
+/// `"model.<name>"` ([`Module::named_parameters`]), the optimizer's
+/// [`state_dict`](Optimizer::state_dict) under `"optim.<name>"`, and
+/// `metadata` (plus `"fucina.optimizer" = "1"` when an optimizer is saved).
+/// [`load_module`] restores both.
+///
+/// ```
+/// use fucina::checkpoint;
+/// use fucina::nn::{Linear, Module};
+/// use fucina::optim::{AdamW, Optimizer};
+/// use fucina::{ExecContext, Tensor};
+///
+/// let ctx = ExecContext::new();
+/// let model = Linear::new(&ctx, 3, 1, 7)?;
+/// let mut opt = AdamW::new(model.parameters(), 0.1)?;
+/// let x = Tensor::from_slice(&ctx, &[1, 3], &[1., 2., 3.])?;
+/// model.forward(&ctx, &x)?.sum_all(&ctx)?.backward(&ctx)?;
+/// opt.step(&ctx)?;
+///
+/// let path = std::env::temp_dir().join(format!("fucina-doc-{}.safetensors", std::process::id()));
+/// checkpoint::save_module(&path, &model, Some(&opt), &[("epoch", "1")])?;
+///
+/// let fresh = Linear::new(&ctx, 3, 1, 99)?;
+/// let mut fresh_opt = AdamW::new(fresh.parameters(), 0.1)?;
+/// let meta = checkpoint::load_module(&ctx, &path, &fresh, Some(&mut fresh_opt))?;
+/// assert_eq!(meta.get("epoch"), Some("1"));
+/// assert_eq!(fresh.weight.to_vec(), model.weight.to_vec());
+/// assert_eq!(fresh_opt.step_count(), 1);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), fucina::Error>(())
+/// ```
+///
+/// # Errors
+/// [`crate::Error::Checkpoint`] with the errors of [`save`] (a metadata key
+/// given twice or equal to `"fucina.optimizer"` is
+/// [`CheckpointError::DuplicateMetadataKey`]).
+pub fn save_module<M: Module + ?Sized>(
+    path: impl AsRef<Path>,
+    model: &M,
+    optimizer: Option<&dyn Optimizer>,
+    metadata: &[(&str, &str)],
+) -> crate::Result<()> {
+    let mut state = model.state_dict().with_prefix(MODEL_PREFIX);
+    let mut meta: Vec<(&str, &str)> = metadata.to_vec();
+    if let Some(opt) = optimizer {
+        state.extend(opt.state_dict().with_prefix(OPTIM_PREFIX))?;
+        meta.push((OPTIM_MARKER, "1"));
+    }
+    let tensors: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    save(path, &tensors, &meta)?;
+    Ok(())
+}
+
+/// Restores what [`save_module`] wrote: the model's parameters and, with
+/// `optimizer`, its state, in one all-or-nothing call. Every entry is checked
+/// first (each parameter present once with its shape, no unknown name, the
+/// optimizer's state valid for its parameters); on any error neither the model
+/// nor the optimizer has changed. Returns the checkpoint's metadata.
+///
+/// # Errors
+/// [`crate::Error::Checkpoint`] with the errors of [`read`];
+/// [`crate::Error::StateDict`] for an entry that does not fit the model or the
+/// optimizer, an entry outside `"model."` and `"optim."`, or an `optimizer`
+/// given for a checkpoint saved without one.
+pub fn load_module<M: Module + ?Sized>(
+    ctx: &ExecContext,
+    path: impl AsRef<Path>,
+    model: &M,
+    optimizer: Option<&mut dyn Optimizer>,
+) -> crate::Result<Metadata> {
+    let (entries, meta) = read(ctx, path)?;
+    let mut model_part = Vec::new();
+    let mut optim_part = Vec::new();
+    for (name, t) in entries {
+        if let Some(n) = name.strip_prefix(MODEL_PREFIX) {
+            model_part.push((n.to_string(), t));
+        } else if let Some(n) = name.strip_prefix(OPTIM_PREFIX) {
+            optim_part.push((n.to_string(), t));
+        } else {
+            return Err(crate::Error::StateDict {
+                reason: format!(
+                    "unexpected tensor `{name}` (names start with {MODEL_PREFIX:?} or {OPTIM_PREFIX:?})"
+                ),
+            });
+        }
+    }
+    // Saved with an optimizer: the marker, or (a file written by hand or by an
+    // earlier version) optimizer entries.
+    let has_optim = meta.get(OPTIM_MARKER) == Some("1") || !optim_part.is_empty();
+    if optimizer.is_some() && !has_optim {
+        return Err(crate::Error::StateDict {
+            reason: "the checkpoint holds no optimizer state (it was saved without an optimizer)"
+                .to_string(),
+        });
+    }
+    // Handles on the current values: the load below copies rather than
+    // overwrites them, so they can be put back if the optimizer refuses.
+    let before = model.state_dict();
+    model.load_parameters(&model_part)?;
+    if let Some(opt) = optimizer
+        && let Err(e) = opt.load_state_dict(ctx, &optim_part)
+    {
+        model.load_parameters(&before)?;
+        return Err(e);
+    }
+    Ok(meta)
 }

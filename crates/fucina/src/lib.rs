@@ -192,11 +192,11 @@ pub use fucina_thread::{Team, TeamOptions};
 pub mod prelude {
     pub use crate::nn::{
         Block, CausalSelfAttention, Dropout, Embedding, Forward, Gelu, LayerNorm, Linear, Module,
-        Parameter, Relu, RmsNorm, Sequential,
+        Parameter, Relu, RmsNorm, Sequential, StateDict,
     };
     pub use crate::optim::{
-        Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig, WarmupCosine,
-        clip_grad_norm,
+        Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,
+        clip_grad_norm, decay_groups,
     };
     pub use crate::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
 }

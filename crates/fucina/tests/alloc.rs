@@ -118,6 +118,6 @@ fn steady_state_steps_do_not_allocate() {
         weight_decay: 1e-4,
         ..SgdConfig::default()
     };
-    let mut sgd = Sgd::with_config(p, cfg).unwrap();
+    let mut sgd = Sgd::new(p, cfg).unwrap();
     assert_eq!(allocations_of_steps(&ctx, &mut sgd, &m, false), 0, "SGD");
 }

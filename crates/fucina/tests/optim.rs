@@ -163,7 +163,7 @@ fn sgd_matches_the_reference() {
             ..SgdConfig::default()
         },
     ] {
-        let mut opt = Sgd::with_config(vec![param(&ctx)], cfg).unwrap();
+        let mut opt = Sgd::new(vec![param(&ctx)], cfg).unwrap();
         assert_close(&run(&ctx, &mut opt, 4), &sgd_ref(cfg, 4));
     }
 }
@@ -286,7 +286,7 @@ fn state_dict_round_trips_bit_identically() {
         .unwrap()
     });
     round_trip(|p| {
-        Sgd::with_config(
+        Sgd::new(
             p,
             SgdConfig {
                 lr: 0.05,
@@ -429,7 +429,7 @@ fn bad_hyperparameters_are_errors() {
     let bad = |r: fucina::Result<()>| matches!(r, Err(Error::InvalidArgument { .. }));
     assert!(bad(Sgd::new(vec![param(&ctx)], -0.1).map(drop)));
     assert!(bad(Sgd::new(vec![param(&ctx)], f32::NAN).map(drop)));
-    assert!(bad(Sgd::with_config(
+    assert!(bad(Sgd::new(
         vec![],
         SgdConfig {
             nesterov: true,
@@ -437,7 +437,7 @@ fn bad_hyperparameters_are_errors() {
         }
     )
     .map(drop)));
-    assert!(bad(Sgd::with_config(
+    assert!(bad(Sgd::new(
         vec![],
         SgdConfig {
             momentum: -1.0,
@@ -543,7 +543,7 @@ fn the_step_count_is_exact_past_two_to_the_24() {
         // The state of an optimizer `start` steps in: the digits of `start`.
         let mut state = opt.state_dict();
         let d = [0, 1, 2].map(|k| ((start >> (24 * k)) % (1 << 24)) as f32);
-        state[0].1 = Tensor::from_slice(&ctx, &[3], &d).unwrap();
+        *state.get_mut("step").unwrap() = Tensor::from_slice(&ctx, &[3], &d).unwrap();
         opt.load_state_dict(&ctx, &state).unwrap();
         assert_eq!(opt.step_count(), start);
         for k in 1..=2 {
@@ -583,7 +583,7 @@ fn an_old_format_step_is_still_read() {
     let mut opt = AdamW::new(vec![p.clone()], AdamWConfig::default()).unwrap();
     run(&ctx, &mut opt, 2);
     let mut state = opt.state_dict();
-    state[0].1 = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
+    *state.get_mut("step").unwrap() = Tensor::from_slice(&ctx, &[1], &[16_777_216.0]).unwrap();
     // Through a checkpoint file of the old format.
     let named: Vec<(&str, &Tensor)> = state.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let bytes = fucina::checkpoint::save_to_bytes(&named, &[]).unwrap();

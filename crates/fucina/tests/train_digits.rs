@@ -12,6 +12,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use fucina::nn::StateDict;
 use fucina::{Error, ExecContext};
 use job::{Args, Digits, TrainConfig, TrainReport};
 
@@ -227,8 +228,8 @@ fn a_resumed_run_continues_bit_identically() {
     };
     let restored = job::Snapshot {
         epoch: 2,
-        params: copy(&snap.params),
-        optimizer: copy(&snap.optimizer),
+        params: StateDict::from_entries(copy(&snap.params)).unwrap(),
+        optimizer: StateDict::from_entries(copy(&snap.optimizer)).unwrap(),
     };
     let (second, end2) = job::train_from(
         &ctx,
@@ -249,7 +250,8 @@ fn a_resumed_run_continues_bit_identically() {
     }
     // A snapshot that does not fit is an error.
     let mut bad = restored.clone();
-    bad.params.pop();
+    let n = bad.params.len();
+    bad.params = StateDict::from_entries(bad.params[..n - 1].to_vec()).unwrap();
     assert!(job::train_from(&ctx, &train, &test, &cfg, Some(bad), None, &mut |_| {}).is_err());
     let mut late = restored;
     late.epoch = 9;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use clap::Parser;
-use fucina::nn::{Forward, Linear, Module, Relu, Sequential, sub_seed};
+use fucina::nn::{Forward, Linear, Module, Relu, Sequential, StateDict, sub_seed};
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine};
 use fucina::storage::PoolStats;
 use fucina::{Error, ExecContext, Result, Tensor, no_grad};
@@ -241,9 +241,9 @@ pub(crate) struct Snapshot {
     /// Epochs completed.
     pub(crate) epoch: usize,
     /// The model's parameters by name (`"fc1.weight"`, ...).
-    pub(crate) params: Vec<(String, Tensor)>,
+    pub(crate) params: StateDict,
     /// The optimizer state (`"step"`, `"exp_avg.0"`, ...).
-    pub(crate) optimizer: Vec<(String, Tensor)>,
+    pub(crate) optimizer: StateDict,
 }
 
 /// Trains on `train` with AdamW, mini-batches in a seeded order per epoch, and
@@ -278,7 +278,7 @@ pub(crate) fn train_from(
                     ),
                 });
             }
-            net.load_parameters(&snap.params)?;
+            net.load_state_dict(&snap.params)?;
             opt.load_state_dict(ctx, &snap.optimizer)?;
             // The snapshot's tensors are released here, before training (the
             // model and optimizer hold copies).
@@ -334,11 +334,7 @@ pub(crate) fn train_from(
     let test_accuracy = accuracy(ctx, &net, test)?;
     let snapshot = Snapshot {
         epoch: last,
-        params: net
-            .named_parameters()
-            .into_iter()
-            .map(|(name, p)| (name, p.tensor().detach()))
-            .collect(),
+        params: net.state_dict(),
         optimizer: opt.state_dict(),
     };
     let report = TrainReport {
@@ -355,11 +351,6 @@ pub(crate) fn train_from(
 
 /// The `format` metadata entry of a `train_digits` checkpoint.
 pub(crate) const CHECKPOINT_FORMAT: &str = "fucina.train_digits.v1";
-/// The prefix of the model's parameters in a checkpoint (`"model.fc1.weight"`).
-pub(crate) const MODEL_PREFIX: &str = "model.";
-/// The prefix of the optimizer's state in a checkpoint (`"optim.exp_avg.0"`).
-pub(crate) const OPTIM_PREFIX: &str = "optim.";
-
 /// The configuration entries of a checkpoint's metadata: `(key, flag, value)`.
 /// Values are written with `Display`, which round-trips `f32` exactly.
 fn config_entries(cfg: &TrainConfig) -> [(&'static str, &'static str, String); 6] {
@@ -373,31 +364,24 @@ fn config_entries(cfg: &TrainConfig) -> [(&'static str, &'static str, String); 6
     ]
 }
 
-/// Saves `snap` and the configuration `cfg` to `path` (safetensors, written
-/// atomically): the parameters under `model.<name>`, the optimizer state under
-/// `optim.<name>`, and `format`, `epoch` and the configuration as metadata.
-pub(crate) fn save_checkpoint(path: &Path, cfg: &TrainConfig, snap: &Snapshot) -> Result<()> {
-    let names: Vec<String> = (snap
-        .params
-        .iter()
-        .map(|(n, _)| format!("{MODEL_PREFIX}{n}")))
-    .chain(
-        snap.optimizer
-            .iter()
-            .map(|(n, _)| format!("{OPTIM_PREFIX}{n}")),
-    )
-    .collect();
-    let tensors: Vec<(&str, &Tensor)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(snap.params.iter().chain(&snap.optimizer).map(|(_, t)| t))
-        .collect();
+/// Saves `snap` and the configuration `cfg` to `path` with
+/// [`fucina::checkpoint::save_module`] (safetensors, written atomically): the
+/// parameters under `model.<name>`, the optimizer state under `optim.<name>`,
+/// and `format`, `epoch` and the configuration as metadata.
+pub(crate) fn save_checkpoint(
+    ctx: &ExecContext,
+    path: &Path,
+    cfg: &TrainConfig,
+    snap: &Snapshot,
+) -> Result<()> {
+    let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
+    net.load_state_dict(&snap.params)?;
+    opt.load_state_dict(ctx, &snap.optimizer)?;
     let epoch = snap.epoch.to_string();
     let entries = config_entries(cfg);
     let mut meta = vec![("format", CHECKPOINT_FORMAT), ("epoch", epoch.as_str())];
     meta.extend(entries.iter().map(|(k, _, v)| (*k, v.as_str())));
-    fucina::checkpoint::save(path, &tensors, &meta)?;
-    Ok(())
+    fucina::checkpoint::save_module(path, &net, Some(&opt), &meta)
 }
 
 /// Reads the checkpoint at `path` for a run of `cfg` with `steps_per_epoch`
@@ -416,7 +400,7 @@ pub(crate) fn load_checkpoint(
     cfg: &TrainConfig,
     steps_per_epoch: usize,
 ) -> Result<Snapshot> {
-    let (tensors, meta) = fucina::checkpoint::read(ctx, path)?;
+    let meta = fucina::checkpoint::read_metadata(path)?;
     let bad = |reason: String| Error::InvalidArgument {
         what: "--resume",
         reason: format!("{}: {reason}", path.display()),
@@ -450,33 +434,15 @@ pub(crate) fn load_checkpoint(
                 cfg.epochs
             ))
         })?;
-    let mut snap = Snapshot {
-        epoch,
-        params: Vec::new(),
-        optimizer: Vec::new(),
-    };
-    for (name, t) in tensors {
-        if let Some(n) = name.strip_prefix(MODEL_PREFIX) {
-            snap.params.push((n.to_string(), t));
-        } else if let Some(n) = name.strip_prefix(OPTIM_PREFIX) {
-            snap.optimizer.push((n.to_string(), t));
-        } else {
-            return Err(bad(format!(
-                "unexpected tensor `{name}` (names start with {MODEL_PREFIX:?} or {OPTIM_PREFIX:?})"
-            )));
-        }
-    }
-    // Load into a model and optimizer of this configuration: the same checks the
-    // resumed run makes, done before anything trains.
+    // Load into a model and optimizer of this configuration (all or nothing):
+    // the same checks the resumed run makes, done before anything trains.
     let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
-    net.load_parameters(&snap.params).map_err(|e| {
+    fucina::checkpoint::load_module(ctx, path, &net, Some(&mut opt)).map_err(|e| {
         bad(format!(
-            "does not match the model 64-{}-10: {e}",
+            "does not match the model 64-{}-10 or its optimizer state: {e}",
             cfg.hidden
         ))
     })?;
-    opt.load_state_dict(ctx, &snap.optimizer)
-        .map_err(|e| bad(format!("its optimizer state does not match the model: {e}")))?;
     let step = opt.step_count();
     let want = epoch * steps_per_epoch;
     if step != want as u64 {
@@ -484,7 +450,11 @@ pub(crate) fn load_checkpoint(
             "its optimizer has taken {step} steps, but epoch {epoch} ends at step {want}"
         )));
     }
-    Ok(snap)
+    Ok(Snapshot {
+        epoch,
+        params: net.state_dict(),
+        optimizer: opt.state_dict(),
+    })
 }
 
 /// The snapshot to resume from (`--resume`), checked with [`load_checkpoint`]
@@ -528,7 +498,7 @@ pub(crate) fn run_job(
     let cfg = args.config();
     let (report, snap) = train_from(ctx, train_set, test, &cfg, resume, args.stop_after, on_step)?;
     if let Some(path) = &args.save {
-        save_checkpoint(path, &cfg, &snap)?;
+        save_checkpoint(ctx, path, &cfg, &snap)?;
     }
     Ok((report, snap))
 }

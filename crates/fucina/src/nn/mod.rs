@@ -32,11 +32,16 @@ mod attention;
 mod layers;
 mod parameter;
 mod sequential;
+mod state_dict;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
+/// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
+/// (see the trait's documentation).
+pub use fucina_derive::Module;
 pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use parameter::Parameter;
 pub use sequential::Sequential;
+pub use state_dict::StateDict;
 
 use std::collections::HashMap;
 
@@ -47,6 +52,37 @@ use crate::error::{Error, Result};
 
 /// Something with parameters: lists them with stable names and switches
 /// between training and evaluation behaviour.
+///
+/// `#[derive(Module)]` implements it for a struct from its fields: a
+/// [`Parameter`] field is one parameter named after the field, a module field
+/// gives its parameters under `"field."`, a `Vec` or array field numbers its
+/// elements (`"layers.0.weight"`), an `Option` field counts when present, a
+/// `Box` field is looked through, and `#[module(skip)]` marks a field without
+/// parameters. [`train`](Module::train) is passed on to every module field.
+///
+/// ```
+/// use fucina::nn::{Linear, Module, Parameter};
+/// use fucina::ExecContext;
+///
+/// #[derive(Module)]
+/// struct Mlp {
+///     layers: Vec<Linear>,
+///     gain: Parameter,
+///     #[module(skip)]
+///     width: usize,
+/// }
+///
+/// let ctx = ExecContext::new();
+/// let mlp = Mlp {
+///     layers: vec![Linear::new(&ctx, 2, 4, 1)?, Linear::new(&ctx, 4, 1, 2)?],
+///     gain: Parameter::from_slice(&ctx, &[1], &[1.0])?,
+///     width: 4,
+/// };
+/// let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias", "gain"]);
+/// # let _ = mlp.width;
+/// # Ok::<(), fucina::Error>(())
+/// ```
 pub trait Module {
     /// The parameters with stable dotted names, in a fixed order (the order of
     /// [`parameters`](Module::parameters)).
@@ -82,6 +118,32 @@ pub trait Module {
     /// The total number of parameter elements.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Parameter::numel).sum()
+    }
+
+    /// The parameters as a [`StateDict`] (names of
+    /// [`named_parameters`](Module::named_parameters), detached handles sharing
+    /// the values: no copy). The names are taken as the module reports them: a
+    /// hand-written `named_parameters` that repeats a name gives a state dict
+    /// that loading and saving refuse, naming it.
+    fn state_dict(&self) -> StateDict {
+        StateDict::from_unique(
+            self.named_parameters()
+                .into_iter()
+                .map(|(n, p)| (n, p.tensor().detach()))
+                .collect(),
+        )
+    }
+
+    /// Copies the values of `state` into the parameters by name: the same
+    /// checks as [`load_parameters`](Module::load_parameters) (every parameter
+    /// present once with its shape, no unknown name), all before the first
+    /// write.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming the entry that does not fit (nothing
+    /// changes); out of memory.
+    fn load_state_dict(&self, state: &StateDict) -> Result<()> {
+        self.load_parameters(state)
     }
 
     /// Copies values into the parameters by name (the names of

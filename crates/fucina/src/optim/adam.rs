@@ -4,10 +4,11 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
+use super::groups::{Groups, ParamGroup, split_state};
 use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// The hyperparameters of [`Adam`] (PyTorch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +45,26 @@ pub struct AdamWConfig {
     pub eps: f32,
     /// Decoupled decay: `w *= 1 - lr * weight_decay` before the Adam update.
     pub weight_decay: f32,
+}
+
+impl From<f32> for AdamConfig {
+    /// The defaults with learning rate `lr`.
+    fn from(lr: f32) -> AdamConfig {
+        AdamConfig {
+            lr,
+            ..AdamConfig::default()
+        }
+    }
+}
+
+impl From<f32> for AdamWConfig {
+    /// The defaults with learning rate `lr`.
+    fn from(lr: f32) -> AdamWConfig {
+        AdamWConfig {
+            lr,
+            ..AdamWConfig::default()
+        }
+    }
 }
 
 impl Default for AdamWConfig {
@@ -91,6 +112,8 @@ struct Core {
     eps: f32,
     wd: f32,
     decoupled: bool,
+    /// The grouping, for an optimizer built with groups.
+    groups: Option<Groups>,
     state: State,
 }
 
@@ -102,6 +125,7 @@ impl Core {
         eps: f32,
         wd: f32,
         decoupled: bool,
+        groups: Option<Groups>,
     ) -> Core {
         let n = params.len();
         Core {
@@ -111,6 +135,7 @@ impl Core {
             eps,
             wd,
             decoupled,
+            groups,
             state: State::new(&["exp_avg", "exp_avg_sq"], n),
         }
     }
@@ -133,9 +158,9 @@ impl Core {
         let exp = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(b1).powi(exp);
         let bc2 = 1.0 - f64::from(b2).powi(exp);
-        let k = Kernel {
-            decay: (1.0 - f64::from(self.lr) * f64::from(self.wd)) as f32,
-            wd: self.wd,
+        let base = Kernel {
+            decay: 1.0,
+            wd: 0.0,
             one_m_b1: (1.0 - f64::from(b1)) as f32,
             b2,
             one_m_b2: (1.0 - f64::from(b2)) as f32,
@@ -143,7 +168,16 @@ impl Core {
             eps: self.eps,
             step_size: -(f64::from(self.lr) / bc1) as f32,
         };
-        let (wd, decoupled) = (self.wd, self.decoupled);
+        let lr = self.lr;
+        let (cfg_wd, groups, decoupled) = (self.wd, &self.groups, self.decoupled);
+        let kernel_of = |i: usize| {
+            let wd = groups.as_ref().map_or(cfg_wd, |g| g.wd_of(i));
+            Kernel {
+                decay: (1.0 - f64::from(lr) * f64::from(wd)) as f32,
+                wd,
+                ..base
+            }
+        };
         // Phase two: in place (every write was prepared; nothing allocates).
         let State { bufs, prepared, .. } = &mut self.state;
         let [ms, vs] = &mut bufs[..] else {
@@ -154,6 +188,8 @@ impl Core {
                 continue;
             };
             let g = g.data()?;
+            let k = kernel_of(i);
+            let wd = k.wd;
             let (Some(m), Some(v)) = (&mut ms[i], &mut vs[i]) else {
                 unreachable!("prepare created the moments of a parameter with a gradient")
             };
@@ -223,17 +259,36 @@ macro_rules! adam_like {
         }
 
         impl $name {
-            /// An optimizer over `params` with `cfg`.
+            /// An optimizer over `params` with `cfg`: a full configuration, or
+            /// a bare learning rate (`f32`) for the defaults with that rate.
             ///
             /// # Errors
             /// [`Error::InvalidArgument`] for a negative or non-finite rate,
             /// betas outside `[0, 1)`, a negative `eps` or `weight_decay`, or a
             /// parameter listed twice.
-            pub fn new(params: Vec<Parameter>, cfg: $cfg) -> Result<$name> {
+            pub fn new(params: Vec<Parameter>, cfg: impl Into<$cfg>) -> Result<$name> {
+                let cfg = cfg.into();
                 check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
                 check_distinct($what, &params)?;
                 Ok($name {
-                    core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled),
+                    core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled, None),
+                })
+            }
+
+            /// An optimizer over parameter groups, each with its own weight
+            /// decay (see [`ParamGroup`]; the other hyperparameters are `cfg`'s).
+            /// The state records the grouping and the groups' decays.
+            ///
+            /// # Errors
+            /// As [`new`](Self::new), and for a group's negative or non-finite
+            /// weight decay.
+            pub fn with_groups(groups: Vec<ParamGroup>, cfg: impl Into<$cfg>) -> Result<$name> {
+                let cfg = cfg.into();
+                check($what, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)?;
+                let (params, groups) = Groups::build($what, groups, cfg.weight_decay)?;
+                check_distinct($what, &params)?;
+                Ok($name {
+                    core: Core::new(params, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay, $decoupled, Some(groups)),
                 })
             }
 
@@ -292,9 +347,16 @@ macro_rules! adam_like {
             }
 
             /// The state: `"step"`, `"exp_avg.{i}"`, `"exp_avg_sq.{i}"` (after the
-            /// first step).
-            pub fn state_dict(&self) -> Vec<(String, Tensor)> {
-                self.core.state.state_dict()
+            /// first step), and for an optimizer built with groups
+            /// `"param_groups"` and `"group_weight_decay"`.
+            pub fn state_dict(&self) -> StateDict {
+                let mut sd = self.core.state.state_dict();
+                if let Some(g) = &self.core.groups {
+                    for (n, t) in g.entries() {
+                        sd.insert(n, t).expect("the grouping entries have names of their own");
+                    }
+                }
+                sd
             }
 
             /// Replaces the state (see
@@ -304,7 +366,12 @@ macro_rules! adam_like {
             /// [`Error::StateDict`] naming the entry that does not fit; nothing
             /// changes.
             pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
-                self.core.state.load(ctx, &self.core.params, state, true)
+                let (rest, wd) = split_state(self.core.groups.as_ref(), state)?;
+                self.core.state.load(ctx, &self.core.params, &rest, true)?;
+                if let (Some(g), Some(wd)) = (&mut self.core.groups, wd) {
+                    g.wd = wd;
+                }
+                Ok(())
             }
         }
 

@@ -19,8 +19,15 @@
 //! entry per parameter and buffer, `"momentum_buffer.{i}"` for [`Sgd`],
 //! `"exp_avg.{i}"` and `"exp_avg_sq.{i}"` for [`Adam`] and [`AdamW`], where `i`
 //! is the parameter's index in the list the optimizer was built with.
+//! An optimizer built with [`ParamGroup`]s (`with_groups`; [`decay_groups`]
+//! gives the usual no-decay-on-vectors split) also records `"param_groups"`
+//! (each parameter's group) and `"group_weight_decay"` (each group's decay).
 //! [`load_state_dict`](Optimizer::load_state_dict) validates every entry before
 //! it changes anything.
+//!
+//! Constructors follow one convention: `new(params, cfg)`, where `cfg` is the
+//! optimizer's configuration struct or a bare learning rate (`f32`: the
+//! defaults with that rate), and `with_groups(groups, cfg)` for groups.
 //!
 //! ```
 //! use fucina::nn::{Linear, Module};
@@ -47,12 +54,14 @@
 
 mod adam;
 mod clip;
+mod groups;
 mod schedule;
 mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
 pub use clip::clip_grad_norm;
+pub use groups::{ParamGroup, decay_groups};
 pub use schedule::WarmupCosine;
 pub use sgd::{Sgd, SgdConfig};
 
@@ -60,7 +69,7 @@ use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
 use crate::error::Result;
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// What every optimizer offers (the same methods exist inherently on each
 /// optimizer, so this trait is only needed for generic code).
@@ -89,7 +98,7 @@ pub trait Optimizer {
     fn parameters(&self) -> &[Parameter];
     /// The state as named tensors (handles: the next step copies rather than
     /// changes what they hold).
-    fn state_dict(&self) -> Vec<(String, Tensor)>;
+    fn state_dict(&self) -> StateDict;
     /// Replaces the state with `state` (copied), after checking every entry: an
     /// unknown, missing or duplicate name, a wrong shape or an invalid step
     /// count is an error and leaves the optimizer unchanged. An empty list
@@ -122,7 +131,7 @@ macro_rules! delegate_optimizer {
             fn parameters(&self) -> &[$crate::nn::Parameter] {
                 <$t>::parameters(self)
             }
-            fn state_dict(&self) -> Vec<(String, fucina_autograd::Tensor)> {
+            fn state_dict(&self) -> $crate::nn::StateDict {
                 <$t>::state_dict(self)
             }
             fn load_state_dict(

@@ -4,10 +4,11 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
+use super::groups::{Groups, ParamGroup, split_state};
 use super::state::State;
 use super::{check_distinct, check_lr, delegate_optimizer};
 use crate::error::{Error, Result};
-use crate::nn::Parameter;
+use crate::nn::{Parameter, StateDict};
 
 /// The hyperparameters of [`Sgd`] (PyTorch's names and defaults: all zero but
 /// the learning rate).
@@ -23,6 +24,16 @@ pub struct SgdConfig {
     pub nesterov: bool,
     /// L2 penalty: `weight_decay * w` is added to the gradient.
     pub weight_decay: f32,
+}
+
+impl From<f32> for SgdConfig {
+    /// Plain SGD (the defaults) with learning rate `lr`.
+    fn from(lr: f32) -> SgdConfig {
+        SgdConfig {
+            lr,
+            ..SgdConfig::default()
+        }
+    }
 }
 
 impl Default for SgdConfig {
@@ -51,31 +62,47 @@ impl Default for SgdConfig {
 pub struct Sgd {
     params: Vec<Parameter>,
     cfg: SgdConfig,
+    /// The grouping, for an optimizer built with groups.
+    groups: Option<Groups>,
     state: State,
 }
 
 impl Sgd {
-    /// Plain SGD with learning rate `lr`.
+    /// SGD over `params` with `cfg`: a full configuration, or a bare learning
+    /// rate (`f32`) for plain SGD with that rate.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite `lr`, or a
-    /// parameter listed twice.
-    pub fn new(params: Vec<Parameter>, lr: f32) -> Result<Sgd> {
-        Sgd::with_config(
-            params,
-            SgdConfig {
-                lr,
-                ..SgdConfig::default()
-            },
-        )
+    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
+    /// without momentum or with dampening, or a parameter listed twice.
+    pub fn new(params: Vec<Parameter>, cfg: impl Into<SgdConfig>) -> Result<Sgd> {
+        Sgd::build(params, cfg.into(), None)
+    }
+
+    /// SGD over parameter groups, each with its own weight decay (see
+    /// [`ParamGroup`]; the other hyperparameters are `cfg`'s). The state
+    /// records the grouping and the groups' decays.
+    ///
+    /// # Errors
+    /// As [`Sgd::new`], and for a group's negative or non-finite weight decay.
+    pub fn with_groups(groups: Vec<ParamGroup>, cfg: impl Into<SgdConfig>) -> Result<Sgd> {
+        let cfg = cfg.into();
+        let (params, groups) = Groups::build("Sgd", groups, cfg.weight_decay)?;
+        Sgd::build(params, cfg, Some(groups))
     }
 
     /// SGD with the given hyperparameters.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, Nesterov
-    /// without momentum or with dampening, or a parameter listed twice.
+    /// As [`Sgd::new`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `Sgd::new(params, cfg)`, which takes a config or a learning rate"
+    )]
     pub fn with_config(params: Vec<Parameter>, cfg: SgdConfig) -> Result<Sgd> {
+        Sgd::build(params, cfg, None)
+    }
+
+    fn build(params: Vec<Parameter>, cfg: SgdConfig, groups: Option<Groups>) -> Result<Sgd> {
         check_lr("SgdConfig::lr", cfg.lr)?;
         check_distinct("Sgd", &params)?;
         for (what, v) in [
@@ -100,6 +127,7 @@ impl Sgd {
         Ok(Sgd {
             params,
             cfg,
+            groups,
             state: State::new(&["momentum_buffer"], n),
         })
     }
@@ -122,13 +150,14 @@ impl Sgd {
             momentum,
             dampening,
             nesterov,
-            weight_decay: wd,
+            weight_decay: cfg_wd,
         } = self.cfg;
         // Phase one: everything that can fail; nothing changes on an error.
         let next = self.state.prepare(ctx, &self.params, momentum != 0.0)?;
         // Phase two: in place (every write was prepared; nothing allocates).
         let State { bufs, prepared, .. } = &mut self.state;
         for (i, p) in self.params.iter().enumerate() {
+            let wd = self.groups.as_ref().map_or(cfg_wd, |g| g.wd_of(i));
             let Some(g) = &prepared[i].grad else {
                 continue;
             };
@@ -197,9 +226,18 @@ impl Sgd {
         &self.params
     }
 
-    /// The state: `"step"` and `"momentum_buffer.{i}"` (after the first step).
-    pub fn state_dict(&self) -> Vec<(String, Tensor)> {
-        self.state.state_dict()
+    /// The state: `"step"` and `"momentum_buffer.{i}"` (after the first step),
+    /// and for an optimizer built with groups `"param_groups"` and
+    /// `"group_weight_decay"`.
+    pub fn state_dict(&self) -> StateDict {
+        let mut sd = self.state.state_dict();
+        if let Some(g) = &self.groups {
+            for (n, t) in g.entries() {
+                sd.insert(n, t)
+                    .expect("the grouping entries have names of their own");
+            }
+        }
+        sd
     }
 
     /// Replaces the state (see [`Optimizer::load_state_dict`](super::Optimizer::load_state_dict)).
@@ -208,7 +246,12 @@ impl Sgd {
     /// [`Error::StateDict`] naming the entry that does not fit; nothing changes.
     pub fn load_state_dict(&mut self, ctx: &ExecContext, state: &[(String, Tensor)]) -> Result<()> {
         let allow = self.cfg.momentum != 0.0;
-        self.state.load(ctx, &self.params, state, allow)
+        let (rest, wd) = split_state(self.groups.as_ref(), state)?;
+        self.state.load(ctx, &self.params, &rest, allow)?;
+        if let (Some(g), Some(wd)) = (&mut self.groups, wd) {
+            g.wd = wd;
+        }
+        Ok(())
     }
 }
 

@@ -172,7 +172,7 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn state_dict(&self) -> Vec<(String, Tensor)> {
+    pub(crate) fn state_dict(&self) -> crate::nn::StateDict {
         let mut out = Vec::new();
         if let Some(t) = &self.step_t {
             out.push(("step".to_string(), t.clone()));
@@ -184,7 +184,7 @@ impl State {
                 }
             }
         }
-        out
+        crate::nn::StateDict::from_unique(out)
     }
 
     /// Validates `state` against `params` and, only if all of it fits, replaces
@@ -391,7 +391,7 @@ mod tests {
         };
         let opts: Vec<MakeOpt> = vec![
             Box::new(|p| Box::new(AdamW::new(p, AdamWConfig::default()).unwrap())),
-            Box::new(move |p| Box::new(Sgd::with_config(p, sgd_cfg).unwrap())),
+            Box::new(move |p| Box::new(Sgd::new(p, sgd_cfg).unwrap())),
         ];
         for make_opt in &opts {
             // Fresh (the first step creates the state) and after one step.
