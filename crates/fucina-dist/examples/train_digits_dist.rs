@@ -13,7 +13,9 @@
 //! and for `--local` (the single-process run of the same microbatch split).
 //! `--bench` adds per-step timings on stderr-free `timing` lines.
 //!
-//! The MLP is two `fucina::nn::Linear` layers; `DataParallel` holds their
+//! The MLP is a `fucina::nn::Sequential` of two `Linear` layers, run by each
+//! microbatch closure through `Forward::forward` (its `fucina::Error` converts
+//! into the step's error with `?`); `DataParallel` holds the model's
 //! `Parameter` handles (the ones the layers read and `fucina::optim::Sgd`
 //! updates), and the data set comes from `fucina::data`.
 // The autograd error carries inline shapes (no heap on the error path).
@@ -25,7 +27,7 @@ use std::time::Instant;
 use fucina::autograd::Tensor;
 use fucina::data::{DIGITS_PIXELS, Digits};
 use fucina::exec::ExecContext;
-use fucina::nn::{Linear, Module, Parameter, Relu, Sequential, sub_seed};
+use fucina::nn::{Forward, Linear, Module, Parameter, Relu, Sequential, sub_seed};
 use fucina::optim::Sgd;
 use fucina_dist::{
     DataParallel, DataParallelOptions, LocalDataParallel, ShardedSampler, StepOutput, World,
@@ -119,14 +121,15 @@ fn mlp(ctx: &ExecContext, hidden: usize, seed: u64) -> fucina::Result<Sequential
         .push_named("fc2", Linear::new(ctx, hidden, 10, sub_seed(seed, 1))?))
 }
 
-/// Forward and backward of one microbatch (sample indices `idx`); its loss.
-/// `p` are the MLP's parameters `[fc1.weight, fc1.bias, fc2.weight, fc2.bias]`.
+/// Forward and backward of one microbatch (sample indices `idx`) through the
+/// model's own layers; its loss. The model's parameters are the handles
+/// `DataParallel` holds, so the gradients land where it collects them.
 fn microbatch(
     ctx: &ExecContext,
-    p: &[Parameter],
+    model: &Sequential,
     data: &Digits,
     idx: &[usize],
-) -> fucina::autograd::Result<f32> {
+) -> fucina::Result<f32> {
     let mut xb = Vec::with_capacity(idx.len() * DIGITS_PIXELS);
     let mut yb = Vec::with_capacity(idx.len());
     for &i in idx {
@@ -135,16 +138,9 @@ fn microbatch(
     }
     let x = Tensor::from_slice(ctx, &[idx.len(), DIGITS_PIXELS], &xb)?;
     let y = ctx.from_slice_typed::<i64>(&[idx.len()], &yb)?;
-    // The layers' own ops (`Linear::forward` is `x.linear(w, b)`), on the
-    // parameter handles `DataParallel` passes.
-    let h = x
-        .linear(ctx, &p[0].tensor(), Some(&p[1].tensor()))?
-        .relu(ctx)?;
-    let loss = h
-        .linear(ctx, &p[2].tensor(), Some(&p[3].tensor()))?
-        .cross_entropy(ctx, &y)?;
+    let loss = model.forward(ctx, &x)?.cross_entropy(ctx, &y)?;
     loss.backward(ctx)?;
-    loss.item()
+    Ok(loss.item()?)
 }
 
 /// The parameters' current values as tensors (for the hash and the dump).
@@ -267,8 +263,8 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
         let t = Instant::now();
         for step in 0..steps(args, &sampler) {
             let out = dp
-                .step(&ctx, |ctx, p, m| {
-                    microbatch(ctx, p, &data, sampler.microbatch(&order, step, m))
+                .step(&ctx, |ctx, _, m| {
+                    microbatch(ctx, &model, &data, sampler.microbatch(&order, step, m))
                 })
                 .map_err(|e| e.to_string())?;
             opt.step(&ctx).map_err(|e| e.to_string())?;
@@ -307,8 +303,8 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         let t = Instant::now();
         for step in 0..steps(args, &sampler) {
             let out = dp
-                .step(&ctx, |ctx, p, m| {
-                    microbatch(ctx, p, &data, sampler.microbatch(&order, step, m))
+                .step(&ctx, |ctx, _, m| {
+                    microbatch(ctx, &model, &data, sampler.microbatch(&order, step, m))
                 })
                 .map_err(|e| e.to_string())?;
             opt.step(&ctx).map_err(|e| e.to_string())?;

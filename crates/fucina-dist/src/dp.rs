@@ -87,8 +87,8 @@ impl Default for DataParallelOptions {
 /// let opts = DataParallelOptions { microbatches: 4, ..Default::default() };
 /// let mut dp = DataParallel::new(&world, fc.parameters(), opts)?;
 /// let x = Tensor::from_slice(&ctx, &[4, 4], &[0.5; 16])?;
-/// dp.step(&ctx, |ctx, p, m| {
-///     let y = x.linear(ctx, &p[0].tensor(), Some(&p[1].tensor()))?.scale(ctx, (m + 1) as f32)?;
+/// dp.step(&ctx, |ctx, _, m| {
+///     let y = fc.forward(ctx, &x)?.scale(ctx, (m + 1) as f32)?;
 ///     let loss = y.mean_all(ctx)?;
 ///     loss.backward(ctx)?;
 ///     loss.item()
@@ -288,15 +288,22 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
     /// of all microbatches' gradients, summed in microbatch order, and the
     /// output's `value` is the in-order mean of the scalars.
     ///
+    /// `f` may return any error that converts into a [`DistError`]: the
+    /// autograd layer's (`fucina::autograd::Result`), the facade's
+    /// (`fucina::Result`, so the closure can call `fucina::nn` layers with
+    /// `?`), or a `DistError` itself. A closure whose only error-typed
+    /// expression is `Ok(..)` names its type: `Ok::<_, fucina::Error>(loss)`.
+    ///
     /// Collective: every rank calls it once per step.
     ///
     /// # Errors
     /// With one rank, the first error of `f` or of setting the gradients. With
     /// more, an error of `f` is one rank's alone: it [aborts](World::abort) the
     /// job with the error on stderr rather than leave the others waiting.
-    pub fn step<F>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
+    pub fn step<F, E>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>,
+        F: FnMut(&ExecContext, &[P], usize) -> std::result::Result<f32, E>,
+        E: Into<DistError>,
     {
         if self.recorded != 0 {
             return Err(DistError::MicrobatchOrder {
@@ -319,7 +326,7 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
             }
             return self.all_reduce_gradients(ctx);
         }
-        let mut ff = |ctx: &ExecContext, p: &[P], m: usize| f(ctx, p, m);
+        let mut ff = |ctx: &ExecContext, p: &[P], m: usize| f(ctx, p, m).map_err(Into::into);
         self.exchange(ctx, Some(&mut ff))
     }
 
@@ -369,7 +376,7 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
         }
         let out = self.exchange(
             ctx,
-            None::<&mut dyn FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>>,
+            None::<&mut dyn FnMut(&ExecContext, &[P], usize) -> Result<f32>>,
         );
         self.recorded = 0;
         out.map(|mut o| {
@@ -394,7 +401,7 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
     /// computes); without, the partials were recorded already.
     fn exchange<F>(&mut self, ctx: &ExecContext, mut compute: Option<&mut F>) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32> + ?Sized,
+        F: FnMut(&ExecContext, &[P], usize) -> Result<f32> + ?Sized,
     {
         let (n, w, nb) = (self.world.size(), self.set.width(), self.buckets.len());
         let comm = self.world.comm();
@@ -434,9 +441,7 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
                         let t = Instant::now();
                         let m = mine.start + i;
                         set.zero_grads();
-                        let r = f(ctx, &set.params, m)
-                            .map_err(DistError::from)
-                            .and_then(|v| set.take_grads(v, send));
+                        let r = f(ctx, &set.params, m).and_then(|v| set.take_grads(v, send));
                         compute_s += t.elapsed().as_secs_f64();
                         if let Err(e) = r {
                             failed = Some((m, e));

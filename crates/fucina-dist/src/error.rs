@@ -61,3 +61,13 @@ pub enum DistError {
 
 /// `Result` with [`DistError`].
 pub type Result<T, E = DistError> = std::result::Result<T, E>;
+
+/// A facade error (what `fucina::nn` layers, optimizers and checkpoints
+/// return) from a microbatch closure: it becomes [`DistError::Autograd`] with
+/// the same message (the autograd and exec layers' errors come back as
+/// themselves, every other one travels inside `AutogradError::External`).
+impl From<fucina::Error> for DistError {
+    fn from(e: fucina::Error) -> DistError {
+        DistError::Autograd(AutogradError::from(e))
+    }
+}

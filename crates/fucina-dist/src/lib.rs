@@ -20,30 +20,31 @@
 //! process started without `mpirun` is a world of one rank):
 //!
 //! ```no_run
-//! use fucina::autograd::Tensor;
-//! use fucina::exec::ExecContext;
+//! use fucina::nn::{Linear, Module};
+//! use fucina::optim::Sgd;
+//! use fucina::{ExecContext, Tensor};
 //! use fucina_dist::{DataParallel, DataParallelOptions, World};
 //!
 //! let world = World::init()?;
 //! let ctx = ExecContext::new();
-//! let w = Tensor::kaiming_uniform(&ctx, &[1, 4], 7)?.into_variable();
+//! let fc = Linear::new(&ctx, 4, 1, 7)?;
+//! let mut opt = Sgd::new(fc.parameters(), 0.1)?;
 //! let opts = DataParallelOptions { microbatches: 4, ..Default::default() };
-//! let mut dp = DataParallel::new(&world, vec![w], opts)?;
+//! // rank 0's values replace every other rank's, in `fc` itself
+//! let mut dp = DataParallel::new(&world, fc.parameters(), opts)?;
 //! let x = Tensor::from_slice(&ctx, &[4, 4], &[0.5; 16])?;
-//! let out = dp.step(&ctx, |ctx, params, m| {
-//!     // microbatch m's forward and backward; returns its loss
-//!     let y = x.linear(ctx, &params[0], None)?.scale(ctx, (m + 1) as f32)?;
+//! let out = dp.step(&ctx, |ctx, _params, m| {
+//!     // microbatch m's forward (through the layer) and backward; its loss
+//!     let y = fc.forward(ctx, &x)?.scale(ctx, (m + 1) as f32)?;
 //!     let loss = y.mean_all(ctx)?;
 //!     loss.backward(ctx)?;
-//!     loss.item()
+//!     Ok::<_, fucina::Error>(loss.item()?)
 //! })?;
-//! for p in dp.params_mut() {
-//!     p.sgd_step_(0.1)?; // the same update on every rank
-//! }
+//! opt.step(&ctx)?; // the same update on every rank
 //! if world.is_root() {
 //!     println!("loss {}", out.value);
 //! }
-//! # Ok::<(), fucina_dist::DistError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! See `docs/DISTRIBUTED.md` in the repository for the model, the determinism

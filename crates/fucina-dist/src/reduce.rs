@@ -247,19 +247,21 @@ impl<P: DistParam> LocalDataParallel<P> {
     /// One step: `f(ctx, params, m)` runs the forward and backward of microbatch `m` for
     /// `m = 0 .. microbatches` (the gradients are released before each call) and
     /// returns its scalar (the loss); then every parameter's gradient is the
-    /// in-order mean of the microbatch gradients.
+    /// in-order mean of the microbatch gradients. `f`'s error type is any that
+    /// converts into a [`DistError`] (as for [`DataParallel::step`](crate::DataParallel::step)).
     ///
     /// # Errors
     /// The first error of `f`, or of setting the gradients.
-    pub fn step<F>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
+    pub fn step<F, E>(&mut self, ctx: &ExecContext, mut f: F) -> Result<StepOutput>
     where
-        F: FnMut(&ExecContext, &[P], usize) -> fucina::autograd::Result<f32>,
+        F: FnMut(&ExecContext, &[P], usize) -> std::result::Result<f32, E>,
+        E: Into<DistError>,
     {
         let w = self.set.width();
         let t0 = Instant::now();
         for (m, part) in self.partials.chunks_mut(w).enumerate() {
             self.set.zero_grads();
-            let value = f(ctx, &self.set.params, m)?;
+            let value = f(ctx, &self.set.params, m).map_err(Into::into)?;
             self.set.take_grads(value, part)?;
         }
         let t1 = Instant::now();
@@ -358,7 +360,9 @@ mod tests {
         let w = Tensor::variable_from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
         let mut dp = LocalDataParallel::new(vec![w], 4).unwrap();
         // Microbatch m: loss = (m + 1) * sum(w), gradient (m + 1) per element.
-        let out = dp.step(&ctx, |_, _, m| Ok(m as f32)).map(|o| o.value);
+        let out = dp
+            .step(&ctx, |_, _, m| Ok::<_, DistError>(m as f32))
+            .map(|o| o.value);
         // The closure above does not touch the parameter: zero gradients.
         assert_eq!(out.unwrap(), 1.5);
         let g = dp.params()[0].grad(&ctx).unwrap().unwrap().to_vec();

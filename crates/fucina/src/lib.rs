@@ -42,6 +42,7 @@
 //! | [`checkpoint`] | `fucina` | safetensors checkpoints: named tensors and metadata |
 //! | [`data`] | `fucina` | the data sets shipped with fucina and their reader |
 //! | [`diag`] | `fucina` | [`memory_stats`], [`diag::CountingAllocator`] |
+//! | [`sample`] | `fucina` | seeded sampling from tensors: [`sample::multinomial`] |
 //! | [`autograd`] | `fucina-autograd` | the differentiable [`Tensor`], [`no_grad`], [`custom_vjp`], [`gradcheck`] |
 //! | [`exec`] | `fucina-exec` | [`ExecContext`], [`RawTensor`], the raw ops, exec scopes |
 //! | [`thread`] | `fucina-thread` | the fork-join worker [`Team`], [`Team::parallel_reduce`] |
@@ -92,6 +93,7 @@ pub mod diag;
 mod error;
 pub mod nn;
 pub mod optim;
+pub mod sample;
 
 pub use diag::{MemoryStats, MemoryStatsExt, memory_stats};
 pub use error::{Error, Result};

@@ -446,11 +446,11 @@ pub(crate) fn train(
     Ok((report, model))
 }
 
-/// Continues `prompt` (ids) by `n` characters: each from the model's
-/// distribution over the last `context` characters, scaled by `temperature`
-/// (Gumbel-max over `logits / temperature` with the noise of character `i`
-/// drawn from `(seed, i)`), or the most likely one when `temperature` is 0.
-/// Returns the new ids only.
+/// Continues `prompt` (ids) by `n` characters: each drawn from the model's
+/// distribution over the last `context` characters, `softmax(logits /
+/// temperature)`, by [`fucina::sample::multinomial`] with seed
+/// `sub_seed(seed, i)` for character `i`, or the most likely one when
+/// `temperature` is 0. Returns the new ids only.
 pub(crate) fn sample(
     ctx: &ExecContext,
     model: &CharModel,
@@ -468,26 +468,22 @@ pub(crate) fn sample(
     let _guard = no_grad();
     let vocab = model.head.out_features();
     let mut ids = prompt.to_vec();
-    let mut noise = vec![0.0f32; vocab];
     for i in 0..n {
         let window = &ids[ids.len().saturating_sub(model.context)..];
         let w = window.len();
         let x = ctx.from_slice_typed::<i64>(&[1, w], window)?;
-        let logits = ctx.exec_scope(|ctx| -> Result<Vec<f32>> {
-            Ok(model.forward(ctx, &x)?.narrow(ctx, 1, w - 1, 1)?.to_vec())
+        let next = ctx.exec_scope(|ctx| -> Result<i64> {
+            let logits = model.forward(ctx, &x)?.narrow(ctx, 1, w - 1, 1)?.to_vec();
+            if temperature == 0.0 {
+                return Ok(argmax(&logits) as i64);
+            }
+            let probs = Tensor::from_slice(ctx, &[1, vocab], &logits)?
+                .scale(ctx, 1.0 / temperature)?
+                .softmax(ctx, 1)?;
+            let draw = fucina::sample::multinomial(ctx, &probs, 1, sub_seed(seed, i as u64))?;
+            Ok(draw.to_vec()[0])
         })?;
-        let next = if temperature == 0.0 {
-            argmax(&logits)
-        } else {
-            fucina::rng::gumbel_fill(sub_seed(seed, i as u64), &mut noise);
-            let scored: Vec<f32> = logits
-                .iter()
-                .zip(&noise)
-                .map(|(l, g)| l / temperature + g)
-                .collect();
-            argmax(&scored)
-        };
-        ids.push(next as i64);
+        ids.push(next);
     }
     Ok(ids.split_off(prompt.len()))
 }
