@@ -20,7 +20,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
+use fucina_exec::{BinaryOp, Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
 
 use crate::error::{AutogradError, Result};
 use crate::ops::reduce::{SelectReduction, ShapeReduction};
@@ -140,16 +140,18 @@ pub(crate) enum Saved {
     OutputAlong { y: RawTensor, axis: usize },
     /// The factor of `scale`.
     Scale { s: f32 },
-    /// The shapes of both operands (`add`, `sub`).
-    Shapes { a: Dims, b: Dims },
-    /// Both operands (`mul`, `div`, `pow`, `matmul`, `linear`, `mse_loss`).
-    Operands { a: RawTensor, b: RawTensor },
-    /// Both operands and which extremum (`maximum`, `minimum`).
-    Extremum {
+    /// The descriptor and both operands' shapes of a binary op whose backward
+    /// reads only the shapes (`add`, `sub`).
+    BinaryShapes { op: BinaryOp, a: Dims, b: Dims },
+    /// The descriptor and both operands of a binary op whose backward reads them
+    /// (`mul`, `div`, `pow`, `maximum`, `minimum`).
+    Binary {
+        op: BinaryOp,
         a: RawTensor,
         b: RawTensor,
-        max: bool,
     },
+    /// Both operands (`matmul`, `linear`, `mse_loss`).
+    Operands { a: RawTensor, b: RawTensor },
     /// The base and the exponent of `pow_scalar`.
     PowScalar { x: RawTensor, p: f32 },
     /// The input and the bounds of `clamp`.

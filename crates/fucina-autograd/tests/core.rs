@@ -469,6 +469,36 @@ fn unary_ops_record_their_descriptor() -> R {
     Ok(())
 }
 
+/// Every binary op records its descriptor: the node is named after the op and
+/// the gradients are the descriptor's backward kernel summed to each operand's
+/// shape (here `b` is broadcast along the rows), bit for bit.
+#[test]
+fn binary_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::BinaryOp;
+    let ctx = ExecContext::with_threads(1);
+    let av: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let bv: Vec<f32> = vec![1.3, 0.7, 2.2, 1.1];
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &op in BinaryOp::ALL {
+        let a = Tensor::variable_from_slice(&ctx, &[3, 4], &av)?;
+        let b = Tensor::variable_from_slice(&ctx, &[4], &bv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = a.binary(&ctx, op, &b)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let (ga, gb) = ctx.binary_backward(op, Some((a.raw(), b.raw())), w.raw(), [true, true])?;
+        let want_b = ctx.sum_to(&gb.unwrap(), &[4])?;
+        assert_eq!(
+            bits(&grad_of(&ctx, &a)),
+            bits(&ga.unwrap().to_vec()),
+            "{op:?} a"
+        );
+        assert_eq!(bits(&grad_of(&ctx, &b)), bits(&want_b.to_vec()), "{op:?} b");
+    }
+    Ok(())
+}
+
 /// The axis reductions record their descriptor: node name and backward kernel
 /// (checked bit for bit against the exec layer's kernel of that name).
 #[test]

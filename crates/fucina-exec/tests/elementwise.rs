@@ -608,3 +608,73 @@ fn unary_descriptors_name_their_kernels() {
         assert_eq!(bits(&got), want, "{op:?} backward");
     }
 }
+
+/// The binary descriptor runs the named method's kernel (same bits, broadcasting
+/// included), and its backward gives the textbook gradients of the broadcast
+/// shape, only those asked for.
+#[test]
+fn binary_descriptor_matches_named_methods_and_gradients() {
+    use fucina_exec::BinaryOp;
+    let table = binary_table();
+    assert_eq!(BinaryOp::ALL.len(), table.len());
+    let ctx = ExecContext::with_threads(1);
+    let av: Vec<f32> = (0..12).map(|i| 0.5 + i as f32 * 0.3).collect();
+    let bv: Vec<f32> = vec![1.5, 0.25, 2.0, 1.5];
+    let a = ctx.from_slice(&[3, 4], &av).unwrap();
+    let b = ctx.from_slice(&[4], &bv).unwrap();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    for &op in BinaryOp::ALL {
+        let (_, named, _) = table
+            .iter()
+            .find(|row| row.0 == op.name())
+            .unwrap_or_else(|| panic!("{op:?}: no named method {}", op.name()));
+        let want = bits(&named(&ctx, &a, &b).unwrap().to_vec());
+        assert_eq!(
+            bits(&ctx.binary(op, &a, &b).unwrap().to_vec()),
+            want,
+            "{op:?}"
+        );
+        let (ga, gb) = ctx
+            .binary_backward(op, Some((&a, &b)), &g, [true, true])
+            .unwrap();
+        let (ga, gb) = (ga.unwrap().to_vec(), gb.unwrap().to_vec());
+        assert_eq!((ga.len(), gb.len()), (12, 12), "{op:?}: broadcast shape");
+        for i in 0..12 {
+            let (x, y, gi) = (av[i], bv[i % 4], gv[i]);
+            let (wa, wb) = match op {
+                BinaryOp::Add => (gi, gi),
+                BinaryOp::Sub => (gi, -gi),
+                BinaryOp::Mul => (gi * y, gi * x),
+                BinaryOp::Div => (gi / y, -gi * x / (y * y)),
+                BinaryOp::Pow => (gi * y * x.powf(y - 1.0), gi * x.powf(y) * x.ln()),
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let first = if op == BinaryOp::Maximum {
+                        x > y
+                    } else {
+                        x < y
+                    };
+                    let w = if x == y {
+                        0.5
+                    } else if first {
+                        1.0
+                    } else {
+                        0.0
+                    };
+                    (gi * w, gi * (1.0 - w))
+                }
+                _ => unreachable!(),
+            };
+            let close = |p: f32, q: f32| (p - q).abs() <= 1e-4 * (1.0 + q.abs());
+            assert!(close(ga[i], wa) && close(gb[i], wb), "{op:?} at {i}");
+        }
+        if !op.keeps_operands() {
+            let (ga, gb) = ctx.binary_backward(op, None, &g, [false, true]).unwrap();
+            assert!(ga.is_none(), "{op:?}: an unwanted gradient is not computed");
+            assert!(gb.is_some(), "{op:?}");
+        } else {
+            let err = ctx.binary_backward(op, None, &g, [true, true]).unwrap_err();
+            assert!(err.to_string().contains("binary_backward"), "{op:?}: {err}");
+        }
+    }
+}
