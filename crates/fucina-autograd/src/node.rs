@@ -20,7 +20,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{BinaryOp, Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
+use fucina_exec::{BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, UnaryOp};
 
 use crate::error::{AutogradError, Result};
 use crate::ops::reduce::{SelectReduction, ShapeReduction};
@@ -132,14 +132,15 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 /// fields by name in the op's backward: the forward and the backward of an op
 /// cannot disagree on what a slot means.
 pub(crate) enum Saved {
-    /// Nothing (`add_scalar`, `materialize`).
+    /// Nothing (`materialize`).
     Nothing {},
     /// The descriptor and the input of a unary elementwise op.
     Unary { op: UnaryOp, x: RawTensor },
     /// The output and the axis it was normalized along (`softmax`, `log_softmax`).
     OutputAlong { y: RawTensor, axis: usize },
-    /// The factor of `scale`.
-    Scale { s: f32 },
+    /// The descriptor of a scalar-parameter op and, if its backward reads it,
+    /// the input (`scale`, `add_scalar`, `pow_scalar`, `clamp`).
+    Scalar { op: ScalarOp, x: Option<RawTensor> },
     /// The descriptor and both operands' shapes of a binary op whose backward
     /// reads only the shapes (`add`, `sub`).
     BinaryShapes { op: BinaryOp, a: Dims, b: Dims },
@@ -152,10 +153,6 @@ pub(crate) enum Saved {
     },
     /// Both operands (`matmul`, `linear`, `mse_loss`).
     Operands { a: RawTensor, b: RawTensor },
-    /// The base and the exponent of `pow_scalar`.
-    PowScalar { x: RawTensor, p: f32 },
-    /// The input and the bounds of `clamp`.
-    Clamp { x: RawTensor, min: f32, max: f32 },
     /// The condition and both operands' shapes of `where_`.
     Where {
         cond: RawTensor<bool>,

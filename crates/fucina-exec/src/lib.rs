@@ -57,7 +57,7 @@ mod tensor;
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
-pub use ops::elementwise::{BinaryOp, UnaryOp};
+pub use ops::elementwise::{BinaryOp, ScalarOp, UnaryOp};
 pub use ops::matmul::{MatmulOptions, RhsLifetime};
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};

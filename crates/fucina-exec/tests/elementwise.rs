@@ -678,3 +678,49 @@ fn binary_descriptor_matches_named_methods_and_gradients() {
         }
     }
 }
+
+/// The scalar descriptor runs the named method's kernel and its backward is the
+/// named backward kernel (bit for bit); an op that reads its input refuses a
+/// missing input with an error.
+#[test]
+fn scalar_descriptor_matches_named_methods() {
+    use fucina_exec::ScalarOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
+    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    let ops = [
+        ScalarOp::Scale(-1.5),
+        ScalarOp::AddScalar(0.75),
+        ScalarOp::PowScalar(2.0),
+        ScalarOp::PowScalar(1.7),
+        ScalarOp::Clamp { min: 1.0, max: 2.5 },
+    ];
+    for op in ops {
+        let (fwd, bwd) = match op {
+            ScalarOp::Scale(s) => (ctx.scale(&x, s), ctx.scale(&g, s)),
+            ScalarOp::AddScalar(s) => (ctx.add_scalar(&x, s), Ok(g.clone())),
+            ScalarOp::PowScalar(p) => (ctx.pow_scalar(&x, p), ctx.pow_scalar_backward(&x, p, &g)),
+            ScalarOp::Clamp { min, max } => (
+                ctx.clamp(&x, min, max),
+                ctx.clamp_backward(&x, min, max, &g),
+            ),
+            _ => unreachable!(),
+        };
+        assert_eq!(v(ctx.scalar_op(op, &x)), v(fwd), "{op:?}");
+        assert_eq!(
+            v(ctx.scalar_op_backward(op, Some(&x), &g)),
+            v(bwd),
+            "{op:?}"
+        );
+        let missing = ctx.scalar_op_backward(op, None, &g);
+        assert_eq!(missing.is_err(), op.keeps_input(), "{op:?}");
+    }
+    let bad = ScalarOp::Clamp { min: 2.0, max: 1.0 };
+    assert!(matches!(
+        ctx.scalar_op(bad, &x),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+}

@@ -1,7 +1,7 @@
 //! Elementwise ops: binary with broadcasting (gradients reduced back to each
 //! operand's shape), scalar forms, unary math, selection and dropout.
 
-use fucina_exec::{BinaryOp, ExecContext, RawTensor, UnaryOp};
+use fucina_exec::{BinaryOp, ExecContext, RawTensor, ScalarOp, UnaryOp};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -196,15 +196,45 @@ binary! {
 }
 
 impl Tensor {
+    /// Applies the scalar-parameter op `op` (`scale`, `add_scalar`,
+    /// `pow_scalar`, `clamp`; the descriptor holds the scalars and names the
+    /// forward kernel, run now, and the backward kernel, run by backward). The
+    /// named methods are this with their variant; the input is kept only if the
+    /// backward reads it.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, ScalarOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    /// let y = x.scalar_op(&ctx, ScalarOp::Scale(3.0))?;
+    /// assert_eq!(y.to_vec(), x.scale(&ctx, 3.0)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// for unordered or NaN clamp bounds; out of memory.
+    pub fn scalar_op(&self, ctx: &ExecContext, op: ScalarOp) -> Result<Tensor> {
+        let out = ctx.scalar_op(op, &self.raw)?;
+        let x = op.keeps_input().then(|| self.raw.clone());
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            Scalar { op, x },
+            |ctx, g, _| Ok(grads![Some(ctx.scalar_op_backward(*op, x.as_ref(), g)?)])
+        )
+    }
+
     /// `self * s`.
     ///
     /// # Errors
     /// Out of memory.
     pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
-        let out = ctx.scale(&self.raw, s)?;
-        record!(ctx, "scale", out, &[self], Scale { s }, |ctx, g, _| {
-            Ok(grads![Some(ctx.scale(g, *s)?)])
-        })
+        self.scalar_op(ctx, ScalarOp::Scale(s))
     }
 
     /// `self + s`.
@@ -212,10 +242,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
-        let out = ctx.add_scalar(&self.raw, s)?;
-        record!(ctx, "add_scalar", out, &[self], Nothing {}, |_, g, _| {
-            Ok(grads![Some(g.clone())])
-        })
+        self.scalar_op(ctx, ScalarOp::AddScalar(s))
     }
 
     /// `self ^ p`.
@@ -223,16 +250,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn pow_scalar(&self, ctx: &ExecContext, p: f32) -> Result<Tensor> {
-        let out = ctx.pow_scalar(&self.raw, p)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "pow_scalar",
-            out,
-            &[self],
-            PowScalar { x, p },
-            |ctx, g, _| Ok(grads![Some(ctx.pow_scalar_backward(x, *p, g)?)])
-        )
+        self.scalar_op(ctx, ScalarOp::PowScalar(p))
     }
 
     /// `self` clamped to `[min, max]` (gradient 0 outside).
@@ -241,16 +259,7 @@ impl Tensor {
     /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument) for
     /// unordered or NaN bounds; out of memory.
     pub fn clamp(&self, ctx: &ExecContext, min: f32, max: f32) -> Result<Tensor> {
-        let out = ctx.clamp(&self.raw, min, max)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "clamp",
-            out,
-            &[self],
-            Clamp { x, min, max },
-            |ctx, g, _| Ok(grads![Some(ctx.clamp_backward(x, *min, *max, g)?)])
-        )
+        self.scalar_op(ctx, ScalarOp::Clamp { min, max })
     }
 
     /// `cond ? a : b` elementwise, the three broadcast together; the gradient

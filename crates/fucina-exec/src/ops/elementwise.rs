@@ -401,6 +401,94 @@ unary_ops! {
     cos / Cos, cos_backward, TRANSCENDENTAL => |x| x.cos(), |x| -x.sin();
 }
 
+/// The descriptor of the scalar-parameter elementwise family: one variant per
+/// op, holding its scalar parameters and naming its forward kernel
+/// ([`ExecContext::scalar_op`]) and its backward kernel
+/// ([`ExecContext::scalar_op_backward`]). The named methods (`ctx.scale(&x, 2.0)`)
+/// run the same kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ScalarOp {
+    /// `x * s` ([`ExecContext::scale`]).
+    Scale(f32),
+    /// `x + s` ([`ExecContext::add_scalar`]).
+    AddScalar(f32),
+    /// `x ^ p` ([`ExecContext::pow_scalar`]).
+    PowScalar(f32),
+    /// `x` clamped to `[min, max]` ([`ExecContext::clamp`]).
+    Clamp {
+        /// The lower bound.
+        min: f32,
+        /// The upper bound.
+        max: f32,
+    },
+}
+
+impl ScalarOp {
+    /// The op's name (the name of its `ExecContext` method, used in errors and
+    /// graph nodes).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarOp::Scale(_) => "scale",
+            ScalarOp::AddScalar(_) => "add_scalar",
+            ScalarOp::PowScalar(_) => "pow_scalar",
+            ScalarOp::Clamp { .. } => "clamp",
+        }
+    }
+
+    /// Whether the op's backward kernel reads the forward input (`scale` and
+    /// `add_scalar` do not, so a caller may drop it and pass `None` to
+    /// [`ExecContext::scalar_op_backward`]).
+    pub fn keeps_input(self) -> bool {
+        matches!(self, ScalarOp::PowScalar(_) | ScalarOp::Clamp { .. })
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the scalar op `op` on `x` (the same kernel, and
+    /// the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// As the named method: [`ExecError::InvalidArgument`] for unordered or NaN
+    /// clamp bounds; [`ExecError::OutOfMemory`].
+    pub fn scalar_op(&self, op: ScalarOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
+        match op {
+            ScalarOp::Scale(s) => self.scale(x, s),
+            ScalarOp::AddScalar(s) => self.add_scalar(x, s),
+            ScalarOp::PowScalar(p) => self.pow_scalar(x, p),
+            ScalarOp::Clamp { min, max } => self.clamp(x, min, max),
+        }
+    }
+
+    /// Runs the backward kernel of the scalar op `op`: `grad * dop/dx` at the
+    /// forward input `x` (ops whose [`keeps_input`](ScalarOp::keeps_input) is
+    /// false ignore `x`).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `op` reads its input and `x` is `None`,
+    /// or for unordered or NaN clamp bounds; [`ExecError::ShapeMismatch`] if `x`
+    /// and `grad` do not broadcast; [`ExecError::OutOfMemory`].
+    pub fn scalar_op_backward(
+        &self,
+        op: ScalarOp,
+        x: Option<&RawTensor>,
+        grad: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        let input = || {
+            x.ok_or(ExecError::InvalidArgument {
+                op: "scalar_op_backward",
+                reason: "this op's backward reads the forward input; pass it",
+            })
+        };
+        match op {
+            ScalarOp::Scale(s) => self.scale(grad, s),
+            ScalarOp::AddScalar(_) => Ok(grad.clone()),
+            ScalarOp::PowScalar(p) => self.pow_scalar_backward(input()?, p, grad),
+            ScalarOp::Clamp { min, max } => self.clamp_backward(input()?, min, max, grad),
+        }
+    }
+}
+
 impl ExecContext {
     /// `x * s`.
     ///
