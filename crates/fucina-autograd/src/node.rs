@@ -20,10 +20,11 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, UnaryOp};
+use fucina_exec::{
+    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, UnaryOp,
+};
 
 use crate::error::{AutogradError, Result};
-use crate::ops::reduce::{SelectReduction, ShapeReduction};
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -166,7 +167,7 @@ pub(crate) enum Saved {
     /// The descriptor and the input shape of a reduction along `axis` (`sum`,
     /// `mean`).
     AxisReduce {
-        op: ShapeReduction,
+        op: AxisReduction,
         shape: Dims,
         axis: usize,
         keepdim: bool,
@@ -174,7 +175,7 @@ pub(crate) enum Saved {
     /// The descriptor and the input of a selecting reduction along `axis`
     /// (`max`, `min`).
     AxisSelect {
-        op: SelectReduction,
+        op: AxisReduction,
         x: RawTensor,
         axis: usize,
         keepdim: bool,

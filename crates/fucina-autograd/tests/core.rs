@@ -543,6 +543,12 @@ fn axis_reductions_record_their_descriptor() -> R {
         let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
         let y = f(&x, &ctx, 1, false)?;
         assert_eq!(y.op_name(), Some(name));
+        let op = *fucina_autograd::exec::AxisReduction::ALL
+            .iter()
+            .find(|op| op.name() == name)
+            .expect("every axis reduction has a descriptor");
+        let z = x.reduce(&ctx, op, 1, false)?;
+        assert_eq!((z.op_name(), z.to_vec()), (Some(name), y.to_vec()));
         let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5])?;
         y.backward_with_grad(&ctx, &g)?;
         let want = match name {

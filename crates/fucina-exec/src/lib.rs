@@ -59,6 +59,7 @@ pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
 pub use ops::elementwise::{BinaryOp, ScalarOp, UnaryOp};
 pub use ops::matmul::{MatmulOptions, RhsLifetime};
+pub use ops::reduce::AxisReduction;
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
 pub use tensor::{Element, RawTensor};
