@@ -562,3 +562,18 @@ fn axis_reductions_record_their_descriptor() -> R {
     }
     Ok(())
 }
+
+/// The replacement of the deprecated `Tensor::variable` makes the same leaf: it
+/// shares the storage, requires a gradient and accumulates one.
+#[test]
+fn constant_into_variable_is_the_leaf_variable_made() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let raw = ctx.from_slice(&[2], &[1.0, 2.0])?;
+    let x = Tensor::constant(raw.clone()).into_variable();
+    #[allow(deprecated)]
+    let old = Tensor::variable(&ctx, raw)?;
+    assert!(x.requires_grad() && old.requires_grad());
+    x.scale(&ctx, 3.0)?.sum_all(&ctx)?.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &x), vec![3.0, 3.0]);
+    Ok(())
+}
