@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, UnaryOp,
+    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};
@@ -137,8 +137,13 @@ pub(crate) enum Saved {
     Nothing {},
     /// The descriptor and the input of a unary elementwise op.
     Unary { op: UnaryOp, x: RawTensor },
-    /// The output and the axis it was normalized along (`softmax`, `log_softmax`).
-    OutputAlong { y: RawTensor, axis: usize },
+    /// The descriptor, the output and the axis it was normalized along
+    /// (`softmax`, `log_softmax`).
+    OutputAlong {
+        op: SoftmaxOp,
+        y: RawTensor,
+        axis: usize,
+    },
     /// The descriptor of a scalar-parameter op and, if its backward reads it,
     /// the input (`scale`, `add_scalar`, `pow_scalar`, `clamp`).
     Scalar { op: ScalarOp, x: Option<RawTensor> },

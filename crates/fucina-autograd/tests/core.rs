@@ -526,6 +526,27 @@ fn scalar_ops_record_their_descriptor() -> R {
     Ok(())
 }
 
+/// The softmax family records its descriptor: node name, and the gradient is
+/// the descriptor's backward kernel at the output, bit for bit.
+#[test]
+fn softmax_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::SoftmaxOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &op in SoftmaxOp::ALL {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = x.softmax_op(&ctx, op, 1)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let want = ctx.softmax_op_backward(op, y.raw(), w.raw(), 1)?;
+        assert_eq!(bits(&grad_of(&ctx, &x)), bits(&want.to_vec()), "{op:?}");
+    }
+    Ok(())
+}
+
 /// The axis reductions record their descriptor: node name and backward kernel
 /// (checked bit for bit against the exec layer's kernel of that name).
 #[test]

@@ -60,6 +60,7 @@ pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_l
 pub use ops::elementwise::{BinaryOp, ScalarOp, UnaryOp};
 pub use ops::matmul::{MatmulOptions, RhsLifetime};
 pub use ops::reduce::AxisReduction;
+pub use ops::softmax::SoftmaxOp;
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
 pub use tensor::{Element, RawTensor};
