@@ -104,8 +104,8 @@ where
     // Analytic pass.
     let vars: Vec<Tensor> = inputs
         .iter()
-        .map(|r| Tensor::variable(ctx, r.clone()))
-        .collect::<Result<_>>()?;
+        .map(|r| Tensor::constant(r.clone()).into_variable())
+        .collect();
     let y = f(ctx, &vars)?;
     let weights: Vec<f32> = (0..y.numel() as u64)
         .map(|i| {

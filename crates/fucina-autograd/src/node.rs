@@ -20,10 +20,11 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode, UnaryOp};
+use fucina_exec::{
+    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
+};
 
 use crate::error::{AutogradError, Result};
-use crate::ops::reduce::{SelectReduction, ShapeReduction};
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -132,28 +133,32 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 /// fields by name in the op's backward: the forward and the backward of an op
 /// cannot disagree on what a slot means.
 pub(crate) enum Saved {
-    /// Nothing (`add_scalar`, `materialize`).
+    /// Nothing (`materialize`).
     Nothing {},
     /// The descriptor and the input of a unary elementwise op.
     Unary { op: UnaryOp, x: RawTensor },
-    /// The output and the axis it was normalized along (`softmax`, `log_softmax`).
-    OutputAlong { y: RawTensor, axis: usize },
-    /// The factor of `scale`.
-    Scale { s: f32 },
-    /// The shapes of both operands (`add`, `sub`).
-    Shapes { a: Dims, b: Dims },
-    /// Both operands (`mul`, `div`, `pow`, `matmul`, `linear`, `mse_loss`).
-    Operands { a: RawTensor, b: RawTensor },
-    /// Both operands and which extremum (`maximum`, `minimum`).
-    Extremum {
+    /// The descriptor, the output and the axis it was normalized along
+    /// (`softmax`, `log_softmax`).
+    OutputAlong {
+        op: SoftmaxOp,
+        y: RawTensor,
+        axis: usize,
+    },
+    /// The descriptor of a scalar-parameter op and, if its backward reads it,
+    /// the input (`scale`, `add_scalar`, `pow_scalar`, `clamp`).
+    Scalar { op: ScalarOp, x: Option<RawTensor> },
+    /// The descriptor and both operands' shapes of a binary op whose backward
+    /// reads only the shapes (`add`, `sub`).
+    BinaryShapes { op: BinaryOp, a: Dims, b: Dims },
+    /// The descriptor and both operands of a binary op whose backward reads them
+    /// (`mul`, `div`, `pow`, `maximum`, `minimum`).
+    Binary {
+        op: BinaryOp,
         a: RawTensor,
         b: RawTensor,
-        max: bool,
     },
-    /// The base and the exponent of `pow_scalar`.
-    PowScalar { x: RawTensor, p: f32 },
-    /// The input and the bounds of `clamp`.
-    Clamp { x: RawTensor, min: f32, max: f32 },
+    /// Both operands (`matmul`, `linear`, `mse_loss`).
+    Operands { a: RawTensor, b: RawTensor },
     /// The condition and both operands' shapes of `where_`.
     Where {
         cond: RawTensor<bool>,
@@ -167,7 +172,7 @@ pub(crate) enum Saved {
     /// The descriptor and the input shape of a reduction along `axis` (`sum`,
     /// `mean`).
     AxisReduce {
-        op: ShapeReduction,
+        op: AxisReduction,
         shape: Dims,
         axis: usize,
         keepdim: bool,
@@ -175,7 +180,7 @@ pub(crate) enum Saved {
     /// The descriptor and the input of a selecting reduction along `axis`
     /// (`max`, `min`).
     AxisSelect {
-        op: SelectReduction,
+        op: AxisReduction,
         x: RawTensor,
         axis: usize,
         keepdim: bool,

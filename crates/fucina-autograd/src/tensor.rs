@@ -14,7 +14,7 @@ use crate::node::{
 /// A differentiable tensor: a [`RawTensor`] (shared, immutable storage plus a
 /// layout) and, when it takes part in a graph, a shared graph node.
 ///
-/// - A **variable** ([`variable`](Tensor::variable),
+/// - A **variable** ([`into_variable`](Tensor::into_variable),
 ///   [`variable_from_slice`](Tensor::variable_from_slice)) is a leaf that
 ///   accumulates a gradient across [`backward`](Tensor::backward) calls until
 ///   [`zero_grad`](Tensor::zero_grad).
@@ -64,8 +64,15 @@ impl Tensor {
     /// A leaf variable over `raw` (no copy): it requires a gradient and
     /// accumulates one on every backward that reaches it.
     ///
+    /// Deprecated: the context is not used and the call cannot fail; write
+    /// `Tensor::constant(raw).into_variable()`, which is the same leaf.
+    ///
     /// # Errors
-    /// None at present; the `Result` leaves room for checks of the context.
+    /// None: it always returns `Ok`.
+    #[deprecated(
+        since = "0.1.0",
+        note = "the context is unused and the call cannot fail: use `Tensor::constant(raw).into_variable()`"
+    )]
     pub fn variable(ctx: &ExecContext, raw: RawTensor) -> Result<Tensor> {
         let _ = ctx;
         Ok(Tensor::leaf(raw))

@@ -469,6 +469,84 @@ fn unary_ops_record_their_descriptor() -> R {
     Ok(())
 }
 
+/// Every binary op records its descriptor: the node is named after the op and
+/// the gradients are the descriptor's backward kernel summed to each operand's
+/// shape (here `b` is broadcast along the rows), bit for bit.
+#[test]
+fn binary_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::BinaryOp;
+    let ctx = ExecContext::with_threads(1);
+    let av: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let bv: Vec<f32> = vec![1.3, 0.7, 2.2, 1.1];
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &op in BinaryOp::ALL {
+        let a = Tensor::variable_from_slice(&ctx, &[3, 4], &av)?;
+        let b = Tensor::variable_from_slice(&ctx, &[4], &bv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = a.binary(&ctx, op, &b)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let (ga, gb) = ctx.binary_backward(op, Some((a.raw(), b.raw())), w.raw(), [true, true])?;
+        let want_b = ctx.sum_to(&gb.unwrap(), &[4])?;
+        assert_eq!(
+            bits(&grad_of(&ctx, &a)),
+            bits(&ga.unwrap().to_vec()),
+            "{op:?} a"
+        );
+        assert_eq!(bits(&grad_of(&ctx, &b)), bits(&want_b.to_vec()), "{op:?} b");
+    }
+    Ok(())
+}
+
+/// Every scalar-parameter op records its descriptor: node name, and the
+/// gradient is the descriptor's backward kernel, bit for bit.
+#[test]
+fn scalar_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::ScalarOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let ops = [
+        ScalarOp::Scale(2.5),
+        ScalarOp::AddScalar(-1.0),
+        ScalarOp::PowScalar(3.0),
+        ScalarOp::Clamp { min: 1.0, max: 3.0 },
+    ];
+    for op in ops {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = x.scalar_op(&ctx, op)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let want = ctx.scalar_op_backward(op, Some(x.raw()), w.raw())?;
+        assert_eq!(bits(&grad_of(&ctx, &x)), bits(&want.to_vec()), "{op:?}");
+    }
+    Ok(())
+}
+
+/// The softmax family records its descriptor: node name, and the gradient is
+/// the descriptor's backward kernel at the output, bit for bit.
+#[test]
+fn softmax_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::SoftmaxOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &op in SoftmaxOp::ALL {
+        let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
+        let w = Tensor::from_slice(&ctx, &[3, 4], &wv)?;
+        let y = x.softmax_op(&ctx, op, 1)?;
+        assert_eq!(y.op_name(), Some(op.name()));
+        y.mul(&ctx, &w)?.sum_all(&ctx)?.backward(&ctx)?;
+        let want = ctx.softmax_op_backward(op, y.raw(), w.raw(), 1)?;
+        assert_eq!(bits(&grad_of(&ctx, &x)), bits(&want.to_vec()), "{op:?}");
+    }
+    Ok(())
+}
+
 /// The axis reductions record their descriptor: node name and backward kernel
 /// (checked bit for bit against the exec layer's kernel of that name).
 #[test]
@@ -486,6 +564,12 @@ fn axis_reductions_record_their_descriptor() -> R {
         let x = Tensor::variable_from_slice(&ctx, &[3, 4], &xv)?;
         let y = f(&x, &ctx, 1, false)?;
         assert_eq!(y.op_name(), Some(name));
+        let op = *fucina_autograd::exec::AxisReduction::ALL
+            .iter()
+            .find(|op| op.name() == name)
+            .expect("every axis reduction has a descriptor");
+        let z = x.reduce(&ctx, op, 1, false)?;
+        assert_eq!((z.op_name(), z.to_vec()), (Some(name), y.to_vec()));
         let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5])?;
         y.backward_with_grad(&ctx, &g)?;
         let want = match name {
@@ -497,5 +581,20 @@ fn axis_reductions_record_their_descriptor() -> R {
         let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(grad_of(&ctx, &x)), bits(want.to_vec()), "{name}");
     }
+    Ok(())
+}
+
+/// The replacement of the deprecated `Tensor::variable` makes the same leaf: it
+/// shares the storage, requires a gradient and accumulates one.
+#[test]
+fn constant_into_variable_is_the_leaf_variable_made() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let raw = ctx.from_slice(&[2], &[1.0, 2.0])?;
+    let x = Tensor::constant(raw.clone()).into_variable();
+    #[allow(deprecated)]
+    let old = Tensor::variable(&ctx, raw)?;
+    assert!(x.requires_grad() && old.requires_grad());
+    x.scale(&ctx, 3.0)?.sum_all(&ctx)?.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &x), vec![3.0, 3.0]);
     Ok(())
 }

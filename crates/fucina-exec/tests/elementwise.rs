@@ -608,3 +608,119 @@ fn unary_descriptors_name_their_kernels() {
         assert_eq!(bits(&got), want, "{op:?} backward");
     }
 }
+
+/// The binary descriptor runs the named method's kernel (same bits, broadcasting
+/// included), and its backward gives the textbook gradients of the broadcast
+/// shape, only those asked for.
+#[test]
+fn binary_descriptor_matches_named_methods_and_gradients() {
+    use fucina_exec::BinaryOp;
+    let table = binary_table();
+    assert_eq!(BinaryOp::ALL.len(), table.len());
+    let ctx = ExecContext::with_threads(1);
+    let av: Vec<f32> = (0..12).map(|i| 0.5 + i as f32 * 0.3).collect();
+    let bv: Vec<f32> = vec![1.5, 0.25, 2.0, 1.5];
+    let a = ctx.from_slice(&[3, 4], &av).unwrap();
+    let b = ctx.from_slice(&[4], &bv).unwrap();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    for &op in BinaryOp::ALL {
+        let (_, named, _) = table
+            .iter()
+            .find(|row| row.0 == op.name())
+            .unwrap_or_else(|| panic!("{op:?}: no named method {}", op.name()));
+        let want = bits(&named(&ctx, &a, &b).unwrap().to_vec());
+        assert_eq!(
+            bits(&ctx.binary(op, &a, &b).unwrap().to_vec()),
+            want,
+            "{op:?}"
+        );
+        let (ga, gb) = ctx
+            .binary_backward(op, Some((&a, &b)), &g, [true, true])
+            .unwrap();
+        let (ga, gb) = (ga.unwrap().to_vec(), gb.unwrap().to_vec());
+        assert_eq!((ga.len(), gb.len()), (12, 12), "{op:?}: broadcast shape");
+        for i in 0..12 {
+            let (x, y, gi) = (av[i], bv[i % 4], gv[i]);
+            let (wa, wb) = match op {
+                BinaryOp::Add => (gi, gi),
+                BinaryOp::Sub => (gi, -gi),
+                BinaryOp::Mul => (gi * y, gi * x),
+                BinaryOp::Div => (gi / y, -gi * x / (y * y)),
+                BinaryOp::Pow => (gi * y * x.powf(y - 1.0), gi * x.powf(y) * x.ln()),
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let first = if op == BinaryOp::Maximum {
+                        x > y
+                    } else {
+                        x < y
+                    };
+                    let w = if x == y {
+                        0.5
+                    } else if first {
+                        1.0
+                    } else {
+                        0.0
+                    };
+                    (gi * w, gi * (1.0 - w))
+                }
+                _ => unreachable!(),
+            };
+            let close = |p: f32, q: f32| (p - q).abs() <= 1e-4 * (1.0 + q.abs());
+            assert!(close(ga[i], wa) && close(gb[i], wb), "{op:?} at {i}");
+        }
+        if !op.keeps_operands() {
+            let (ga, gb) = ctx.binary_backward(op, None, &g, [false, true]).unwrap();
+            assert!(ga.is_none(), "{op:?}: an unwanted gradient is not computed");
+            assert!(gb.is_some(), "{op:?}");
+        } else {
+            let err = ctx.binary_backward(op, None, &g, [true, true]).unwrap_err();
+            assert!(err.to_string().contains("binary_backward"), "{op:?}: {err}");
+        }
+    }
+}
+
+/// The scalar descriptor runs the named method's kernel and its backward is the
+/// named backward kernel (bit for bit); an op that reads its input refuses a
+/// missing input with an error.
+#[test]
+fn scalar_descriptor_matches_named_methods() {
+    use fucina_exec::ScalarOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
+    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    let ops = [
+        ScalarOp::Scale(-1.5),
+        ScalarOp::AddScalar(0.75),
+        ScalarOp::PowScalar(2.0),
+        ScalarOp::PowScalar(1.7),
+        ScalarOp::Clamp { min: 1.0, max: 2.5 },
+    ];
+    for op in ops {
+        let (fwd, bwd) = match op {
+            ScalarOp::Scale(s) => (ctx.scale(&x, s), ctx.scale(&g, s)),
+            ScalarOp::AddScalar(s) => (ctx.add_scalar(&x, s), Ok(g.clone())),
+            ScalarOp::PowScalar(p) => (ctx.pow_scalar(&x, p), ctx.pow_scalar_backward(&x, p, &g)),
+            ScalarOp::Clamp { min, max } => (
+                ctx.clamp(&x, min, max),
+                ctx.clamp_backward(&x, min, max, &g),
+            ),
+            _ => unreachable!(),
+        };
+        assert_eq!(v(ctx.scalar_op(op, &x)), v(fwd), "{op:?}");
+        assert_eq!(
+            v(ctx.scalar_op_backward(op, Some(&x), &g)),
+            v(bwd),
+            "{op:?}"
+        );
+        let missing = ctx.scalar_op_backward(op, None, &g);
+        assert_eq!(missing.is_err(), op.keeps_input(), "{op:?}");
+    }
+    let bad = ScalarOp::Clamp { min: 2.0, max: 1.0 };
+    assert!(matches!(
+        ctx.scalar_op(bad, &x),
+        Err(ExecError::InvalidArgument { .. })
+    ));
+}

@@ -631,3 +631,41 @@ fn last_axis_reductions_are_batch_invariant() {
         }
     }
 }
+
+/// The axis-reduction descriptor runs the named forward and backward kernels
+/// (bit for bit, on a strided input); a selecting reduction refuses a missing
+/// input with an error.
+#[test]
+fn axis_reduction_descriptor_matches_named_methods() {
+    use fucina_exec::AxisReduction;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    let x = ctx
+        .from_slice(&[4, 3], &xv)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5]).unwrap();
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    for &op in AxisReduction::ALL {
+        let (fwd, bwd) = match op {
+            AxisReduction::Sum => (
+                ctx.sum(&x, 1, false),
+                ctx.sum_backward(&g, 1, false, &[3, 4]),
+            ),
+            AxisReduction::Mean => (
+                ctx.mean(&x, 1, false),
+                ctx.mean_backward(&g, 1, false, &[3, 4]),
+            ),
+            AxisReduction::Max => (ctx.max(&x, 1, false), ctx.max_backward(&x, &g, 1, false)),
+            AxisReduction::Min => (ctx.min(&x, 1, false), ctx.min_backward(&x, &g, 1, false)),
+            _ => unreachable!(),
+        };
+        assert!(op.backward_name().starts_with(op.name()));
+        assert_eq!(v(ctx.reduce(op, &x, 1, false)), v(fwd), "{op:?}");
+        let got = ctx.reduce_backward(op, Some(&x), &[3, 4], &g, 1, false);
+        assert_eq!(v(got), v(bwd), "{op:?}");
+        let missing = ctx.reduce_backward(op, None, &[3, 4], &g, 1, false);
+        assert_eq!(missing.is_err(), op.keeps_input(), "{op:?}");
+    }
+}

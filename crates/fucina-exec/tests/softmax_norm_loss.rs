@@ -629,3 +629,48 @@ fn rowwise_ops_are_batch_invariant() {
         }
     }
 }
+
+/// The softmax-family descriptor runs the named forward and backward kernels,
+/// bit for bit.
+#[test]
+fn softmax_descriptor_matches_named_methods() {
+    use fucina_exec::SoftmaxOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
+    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
+    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let b = |t: Result<fucina_exec::RawTensor, fucina_exec::ExecError>| {
+        t.unwrap()
+            .to_vec()
+            .iter()
+            .map(|f| f.to_bits())
+            .collect::<Vec<_>>()
+    };
+    for &op in SoftmaxOp::ALL {
+        for axis in 0..2 {
+            let (y, dx) = match op {
+                SoftmaxOp::Softmax => {
+                    let y = ctx.softmax(&x, axis).unwrap();
+                    let dx = ctx.softmax_backward(&y, &g, axis);
+                    (y, dx)
+                }
+                _ => {
+                    let y = ctx.log_softmax(&x, axis).unwrap();
+                    let dx = ctx.log_softmax_backward(&y, &g, axis);
+                    (y, dx)
+                }
+            };
+            assert_eq!(b(ctx.softmax_op(op, &x, axis)), b(Ok(y.clone())), "{op:?}");
+            assert_eq!(
+                b(ctx.softmax_op_backward(op, &y, &g, axis)),
+                b(dx),
+                "{op:?}"
+            );
+        }
+        assert!(
+            ctx.softmax_op(op, &x, 2).is_err(),
+            "{op:?}: axis out of range"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Elementwise ops: binary with broadcasting (gradients reduced back to each
 //! operand's shape), scalar forms, unary math, selection and dropout.
 
-use fucina_exec::{ExecContext, RawTensor, UnaryOp};
+use fucina_exec::{BinaryOp, ExecContext, RawTensor, ScalarOp, UnaryOp};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -88,192 +88,144 @@ unary! {
     cos => Cos;
 }
 
-/// The two broadcast-shaped gradients of a binary op, reduced to the operands'
-/// shapes, computed only where needed.
+/// Reduces the two broadcast-shaped gradients of a binary op to the operands'
+/// shapes (only those that were asked for).
 fn reduce_pair(
     ctx: &ExecContext,
     needs: &[bool],
     a_shape: &[usize],
     b_shape: &[usize],
-    ga: impl FnOnce() -> Result<RawTensor>,
-    gb: impl FnOnce() -> Result<RawTensor>,
+    (ga, gb): (Option<RawTensor>, Option<RawTensor>),
 ) -> Result<GradList> {
-    let ga = if needs[0] {
-        Some(sum_to(ctx, &ga()?, a_shape)?)
-    } else {
-        None
+    let ga = match ga {
+        Some(ga) if needs[0] => Some(sum_to(ctx, &ga, a_shape)?),
+        _ => None,
     };
-    let gb = if needs[1] {
-        Some(sum_to(ctx, &gb()?, b_shape)?)
-    } else {
-        None
+    let gb = match gb {
+        Some(gb) if needs[1] => Some(sum_to(ctx, &gb, b_shape)?),
+        _ => None,
     };
     Ok(grads![ga, gb])
 }
 
 impl Tensor {
-    /// `self + y` (numpy broadcasting).
+    /// Applies the binary elementwise op `op` to `self` and `y` with numpy
+    /// broadcasting (the descriptor names its forward kernel, run now, and its
+    /// backward kernel, run by backward; each gradient is summed back to its
+    /// operand's shape). The named methods (`add`, `mul`, ...) are this with
+    /// their variant. Ops whose backward reads only the shapes (`add`, `sub`)
+    /// keep only the shapes, not the operands.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{BinaryOp, ExecContext};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let a = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    /// let b = Tensor::variable_from_slice(&ctx, &[2], &[3., 4.])?;
+    /// let y = a.binary(&ctx, BinaryOp::Mul, &b)?;
+    /// assert_eq!(y.to_vec(), a.mul(&ctx, &b)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
     ///
     /// # Errors
     /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if the
     /// shapes do not broadcast; out of memory.
-    pub fn add(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        let out = ctx.add(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.dims(), y.raw.dims());
+    pub fn binary(&self, ctx: &ExecContext, op: BinaryOp, y: &Tensor) -> Result<Tensor> {
+        let out = ctx.binary(op, &self.raw, &y.raw)?;
+        if !op.keeps_operands() {
+            let (a, b) = (self.raw.dims(), y.raw.dims());
+            return record!(
+                ctx,
+                op.name(),
+                out,
+                &[self, y],
+                BinaryShapes { op, a, b },
+                |ctx, g, needs| {
+                    let pair = ctx.binary_backward(*op, None, g, [needs[0], needs[1]])?;
+                    reduce_pair(ctx, needs, a.as_slice(), b.as_slice(), pair)
+                }
+            );
+        }
+        let (a, b) = (self.raw.clone(), y.raw.clone());
         record!(
             ctx,
-            "add",
+            op.name(),
             out,
             &[self, y],
-            Shapes { a, b },
+            Binary { op, a, b },
             |ctx, g, needs| {
-                reduce_pair(
-                    ctx,
-                    needs,
-                    a.as_slice(),
-                    b.as_slice(),
-                    || Ok(g.clone()),
-                    || Ok(g.clone()),
-                )
+                let pair = ctx.binary_backward(*op, Some((a, b)), g, [needs[0], needs[1]])?;
+                reduce_pair(ctx, needs, a.shape(), b.shape(), pair)
             }
         )
     }
+}
 
+/// The named binary methods, each [`Tensor::binary`] with its descriptor.
+macro_rules! binary {
+    ($($(#[$doc:meta])* $name:ident => $variant:ident;)*) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch)
+            /// if the shapes do not broadcast; out of memory.
+            pub fn $name(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
+                self.binary(ctx, BinaryOp::$variant, y)
+            }
+        )*}
+    };
+}
+
+binary! {
+    /// `self + y` (numpy broadcasting).
+    add => Add;
     /// `self - y` (numpy broadcasting).
-    ///
-    /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn sub(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        let out = ctx.sub(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.dims(), y.raw.dims());
-        record!(
-            ctx,
-            "sub",
-            out,
-            &[self, y],
-            Shapes { a, b },
-            |ctx, g, needs| {
-                reduce_pair(
-                    ctx,
-                    needs,
-                    a.as_slice(),
-                    b.as_slice(),
-                    || Ok(g.clone()),
-                    || Ok(ctx.neg(g)?),
-                )
-            }
-        )
-    }
-
+    sub => Sub;
     /// `self * y` (numpy broadcasting).
-    ///
-    /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn mul(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        let out = ctx.mul(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        record!(
-            ctx,
-            "mul",
-            out,
-            &[self, y],
-            Operands { a, b },
-            |ctx, g, needs| {
-                reduce_pair(
-                    ctx,
-                    needs,
-                    a.shape(),
-                    b.shape(),
-                    || Ok(ctx.mul(g, b)?),
-                    || Ok(ctx.mul(g, a)?),
-                )
-            }
-        )
-    }
-
+    mul => Mul;
     /// `self / y` (numpy broadcasting).
-    ///
-    /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn div(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        let out = ctx.div(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        record!(
-            ctx,
-            "div",
-            out,
-            &[self, y],
-            Operands { a, b },
-            |ctx, g, needs| {
-                reduce_pair(
-                    ctx,
-                    needs,
-                    a.shape(),
-                    b.shape(),
-                    || Ok(ctx.div(g, b)?),
-                    || {
-                        // d(a/b)/db = -a / b^2
-                        let t = ctx.div(&ctx.div(a, b)?, b)?;
-                        Ok(ctx.neg(&ctx.mul(g, &t)?)?)
-                    },
-                )
-            }
-        )
-    }
-
+    div => Div;
     /// `self ^ y` elementwise (numpy broadcasting).
-    ///
-    /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn pow(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        let out = ctx.pow(&self.raw, &y.raw)?;
-        let (a, b) = (self.raw.clone(), y.raw.clone());
-        record!(
-            ctx,
-            "pow",
-            out,
-            &[self, y],
-            Operands { a, b },
-            |ctx, g, needs| {
-                let (ga, gb) = ctx.pow_backward(a, b, g)?;
-                reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
-            }
-        )
-    }
-
+    pow => Pow;
     /// The elementwise larger of `self` and `y` (ties split the gradient evenly).
-    ///
-    /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn maximum(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        self.extremum(ctx, y, true)
-    }
-
+    maximum => Maximum;
     /// The elementwise smaller of `self` and `y` (ties split the gradient evenly).
+    minimum => Minimum;
+}
+
+impl Tensor {
+    /// Applies the scalar-parameter op `op` (`scale`, `add_scalar`,
+    /// `pow_scalar`, `clamp`; the descriptor holds the scalars and names the
+    /// forward kernel, run now, and the backward kernel, run by backward). The
+    /// named methods are this with their variant; the input is kept only if the
+    /// backward reads it.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, ScalarOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    /// let y = x.scalar_op(&ctx, ScalarOp::Scale(3.0))?;
+    /// assert_eq!(y.to_vec(), x.scale(&ctx, 3.0)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
     ///
     /// # Errors
-    /// As [`add`](Tensor::add).
-    pub fn minimum(&self, ctx: &ExecContext, y: &Tensor) -> Result<Tensor> {
-        self.extremum(ctx, y, false)
-    }
-
-    fn extremum(&self, ctx: &ExecContext, y: &Tensor, max: bool) -> Result<Tensor> {
-        let (out, name) = if max {
-            (ctx.maximum(&self.raw, &y.raw)?, "maximum")
-        } else {
-            (ctx.minimum(&self.raw, &y.raw)?, "minimum")
-        };
-        let (a, b) = (self.raw.clone(), y.raw.clone());
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// for unordered or NaN clamp bounds; out of memory.
+    pub fn scalar_op(&self, ctx: &ExecContext, op: ScalarOp) -> Result<Tensor> {
+        let out = ctx.scalar_op(op, &self.raw)?;
+        let x = op.keeps_input().then(|| self.raw.clone());
         record!(
             ctx,
-            name,
+            op.name(),
             out,
-            &[self, y],
-            Extremum { a, b, max },
-            |ctx, g, needs| {
-                let (ga, gb) = ctx.extremum_backward(a, b, g, *max)?;
-                reduce_pair(ctx, needs, a.shape(), b.shape(), || Ok(ga), || Ok(gb))
-            }
+            &[self],
+            Scalar { op, x },
+            |ctx, g, _| Ok(grads![Some(ctx.scalar_op_backward(*op, x.as_ref(), g)?)])
         )
     }
 
@@ -282,10 +234,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn scale(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
-        let out = ctx.scale(&self.raw, s)?;
-        record!(ctx, "scale", out, &[self], Scale { s }, |ctx, g, _| {
-            Ok(grads![Some(ctx.scale(g, *s)?)])
-        })
+        self.scalar_op(ctx, ScalarOp::Scale(s))
     }
 
     /// `self + s`.
@@ -293,10 +242,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn add_scalar(&self, ctx: &ExecContext, s: f32) -> Result<Tensor> {
-        let out = ctx.add_scalar(&self.raw, s)?;
-        record!(ctx, "add_scalar", out, &[self], Nothing {}, |_, g, _| {
-            Ok(grads![Some(g.clone())])
-        })
+        self.scalar_op(ctx, ScalarOp::AddScalar(s))
     }
 
     /// `self ^ p`.
@@ -304,16 +250,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn pow_scalar(&self, ctx: &ExecContext, p: f32) -> Result<Tensor> {
-        let out = ctx.pow_scalar(&self.raw, p)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "pow_scalar",
-            out,
-            &[self],
-            PowScalar { x, p },
-            |ctx, g, _| Ok(grads![Some(ctx.pow_scalar_backward(x, *p, g)?)])
-        )
+        self.scalar_op(ctx, ScalarOp::PowScalar(p))
     }
 
     /// `self` clamped to `[min, max]` (gradient 0 outside).
@@ -322,16 +259,7 @@ impl Tensor {
     /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument) for
     /// unordered or NaN bounds; out of memory.
     pub fn clamp(&self, ctx: &ExecContext, min: f32, max: f32) -> Result<Tensor> {
-        let out = ctx.clamp(&self.raw, min, max)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "clamp",
-            out,
-            &[self],
-            Clamp { x, min, max },
-            |ctx, g, _| Ok(grads![Some(ctx.clamp_backward(x, *min, *max, g)?)])
-        )
+        self.scalar_op(ctx, ScalarOp::Clamp { min, max })
     }
 
     /// `cond ? a : b` elementwise, the three broadcast together; the gradient
@@ -360,14 +288,15 @@ impl Tensor {
             },
             |ctx, g, needs| {
                 let zero = ctx.scalar(0.0)?;
-                reduce_pair(
-                    ctx,
-                    needs,
-                    a.as_slice(),
-                    b.as_slice(),
-                    || Ok(ctx.where_(cond, g, &zero)?),
-                    || Ok(ctx.where_(cond, &zero, g)?),
-                )
+                let ga = match needs[0] {
+                    true => Some(ctx.where_(cond, g, &zero)?),
+                    false => None,
+                };
+                let gb = match needs[1] {
+                    true => Some(ctx.where_(cond, &zero, g)?),
+                    false => None,
+                };
+                reduce_pair(ctx, needs, a.as_slice(), b.as_slice(), (ga, gb))
             }
         )
     }

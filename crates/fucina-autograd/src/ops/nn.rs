@@ -1,6 +1,6 @@
 //! Softmax, normalizations and losses, and the ops composed from them.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, RawTensor, SoftmaxOp};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -12,21 +12,32 @@ fn scalar_grad(g: &RawTensor) -> Result<f32> {
 }
 
 impl Tensor {
+    /// Applies the softmax-family op `op` along `axis` (the descriptor names
+    /// the forward kernel, run now, and the backward kernel, run by backward,
+    /// which reads the output). `softmax` and `log_softmax` are this with their
+    /// variant.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn softmax_op(&self, ctx: &ExecContext, op: SoftmaxOp, axis: usize) -> Result<Tensor> {
+        let out = ctx.softmax_op(op, &self.raw, axis)?;
+        let y = out.clone();
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            OutputAlong { op, y, axis },
+            |ctx, g, _| Ok(grads![Some(ctx.softmax_op_backward(*op, y, g, *axis)?)])
+        )
+    }
+
     /// Softmax along `axis`.
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
-        let out = ctx.softmax(&self.raw, axis)?;
-        let y = out.clone();
-        record!(
-            ctx,
-            "softmax",
-            out,
-            &[self],
-            OutputAlong { y, axis },
-            |ctx, g, _| Ok(grads![Some(ctx.softmax_backward(y, g, *axis)?)])
-        )
+        self.softmax_op(ctx, SoftmaxOp::Softmax, axis)
     }
 
     /// Log-softmax along `axis`.
@@ -34,16 +45,7 @@ impl Tensor {
     /// # Errors
     /// As [`softmax`](Tensor::softmax).
     pub fn log_softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
-        let out = ctx.log_softmax(&self.raw, axis)?;
-        let y = out.clone();
-        record!(
-            ctx,
-            "log_softmax",
-            out,
-            &[self],
-            OutputAlong { y, axis },
-            |ctx, g, _| Ok(grads![Some(ctx.log_softmax_backward(y, g, *axis)?)])
-        )
+        self.softmax_op(ctx, SoftmaxOp::LogSoftmax, axis)
     }
 
     /// Layer normalization over the last axis with scale `gamma` and shift `beta`

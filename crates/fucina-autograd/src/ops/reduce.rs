@@ -2,73 +2,63 @@
 //! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
 //! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
 
-use fucina_exec::{ExecContext, ExecError, RawTensor};
+use fucina_exec::{AxisReduction, ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{grads, record};
 use crate::tensor::Tensor;
 
-/// An exec kernel's result.
-type ExecResult<T> = std::result::Result<T, ExecError>;
-
-/// The signature of a forward kernel along one axis: `(x, axis, keepdim)`.
-type AxisForward = fn(&ExecContext, &RawTensor, usize, bool) -> ExecResult<RawTensor>;
-
-/// The descriptor of a reduction along one axis whose backward needs only the
-/// input's shape (`sum`, `mean`): its name and its two kernels.
-#[derive(Clone, Copy)]
-pub(crate) struct ShapeReduction {
-    name: &'static str,
-    forward: AxisForward,
-    /// `(grad_y, axis, keepdim, input_shape)`.
-    backward: fn(&ExecContext, &RawTensor, usize, bool, &[usize]) -> ExecResult<RawTensor>,
-}
-
-/// The descriptor of a reduction along one axis that selects elements of its
-/// input (`max`, `min`), whose backward reads the input again.
-#[derive(Clone, Copy)]
-pub(crate) struct SelectReduction {
-    name: &'static str,
-    forward: AxisForward,
-    /// `(x, grad_y, axis, keepdim)`.
-    backward: fn(&ExecContext, &RawTensor, &RawTensor, usize, bool) -> ExecResult<RawTensor>,
-}
-
-const SUM: ShapeReduction = ShapeReduction {
-    name: "sum",
-    forward: ExecContext::sum,
-    backward: ExecContext::sum_backward,
-};
-const MEAN: ShapeReduction = ShapeReduction {
-    name: "mean",
-    forward: ExecContext::mean,
-    backward: ExecContext::mean_backward,
-};
-const MAX: SelectReduction = SelectReduction {
-    name: "max",
-    forward: ExecContext::max,
-    backward: ExecContext::max_backward,
-};
-const MIN: SelectReduction = SelectReduction {
-    name: "min",
-    forward: ExecContext::min,
-    backward: ExecContext::min_backward,
-};
-
 impl Tensor {
-    /// Applies a shape-only reduction along `axis`.
-    fn reduce_along(
+    /// Applies the axis reduction `op` along `axis` (kept as size 1 when
+    /// `keepdim`; the descriptor names the forward kernel, run now, and the
+    /// backward kernel, run by backward). `sum`, `mean`, `max` and `min` are
+    /// this with their variant; the input is kept only for `max` and `min`, whose
+    /// backward reads it again.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{AxisReduction, ExecContext};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2, 2], &[1., 5., 3., 2.])?;
+    /// let y = x.reduce(&ctx, AxisReduction::Max, 1, false)?;
+    /// assert_eq!(y.to_vec(), vec![5., 3.]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn reduce(
         &self,
         ctx: &ExecContext,
-        op: ShapeReduction,
+        op: AxisReduction,
         axis: usize,
         keepdim: bool,
     ) -> Result<Tensor> {
-        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
+        let out = ctx.reduce(op, &self.raw, axis, keepdim)?;
+        if op.keeps_input() {
+            let x = self.raw.clone();
+            return record!(
+                ctx,
+                op.name(),
+                out,
+                &[self],
+                AxisSelect {
+                    op,
+                    x,
+                    axis,
+                    keepdim
+                },
+                |ctx, g, _| {
+                    let gx = ctx.reduce_backward(*op, Some(x), x.shape(), g, *axis, *keepdim)?;
+                    Ok(grads![Some(gx)])
+                }
+            );
+        }
         let shape = self.raw.dims();
         record!(
             ctx,
-            op.name,
+            op.name(),
             out,
             &[self],
             AxisReduce {
@@ -78,34 +68,9 @@ impl Tensor {
                 keepdim
             },
             |ctx, g, _| {
-                let gx = (op.backward)(ctx, g, *axis, *keepdim, shape.as_slice())?;
+                let gx = ctx.reduce_backward(*op, None, shape.as_slice(), g, *axis, *keepdim)?;
                 Ok(grads![Some(gx)])
             }
-        )
-    }
-
-    /// Applies a selecting reduction along `axis`.
-    fn select_along(
-        &self,
-        ctx: &ExecContext,
-        op: SelectReduction,
-        axis: usize,
-        keepdim: bool,
-    ) -> Result<Tensor> {
-        let out = (op.forward)(ctx, &self.raw, axis, keepdim)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            op.name,
-            out,
-            &[self],
-            AxisSelect {
-                op,
-                x,
-                axis,
-                keepdim
-            },
-            |ctx, g, _| Ok(grads![Some((op.backward)(ctx, x, g, *axis, *keepdim)?)])
         )
     }
 
@@ -114,7 +79,7 @@ impl Tensor {
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
     pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        self.reduce_along(ctx, SUM, axis, keepdim)
+        self.reduce(ctx, AxisReduction::Sum, axis, keepdim)
     }
 
     /// The mean along `axis`.
@@ -122,7 +87,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        self.reduce_along(ctx, MEAN, axis, keepdim)
+        self.reduce(ctx, AxisReduction::Mean, axis, keepdim)
     }
 
     /// The maximum along `axis` (the gradient goes to the maximal elements as the
@@ -131,7 +96,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        self.select_along(ctx, MAX, axis, keepdim)
+        self.reduce(ctx, AxisReduction::Max, axis, keepdim)
     }
 
     /// The minimum along `axis`.
@@ -139,7 +104,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
-        self.select_along(ctx, MIN, axis, keepdim)
+        self.reduce(ctx, AxisReduction::Min, axis, keepdim)
     }
 
     /// The variance along `axis` (`unbiased`: divide by `n - 1`).

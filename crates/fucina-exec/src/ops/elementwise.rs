@@ -110,7 +110,49 @@ impl ExecContext {
 }
 
 macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $name:ident => |$a:ident, $b:ident| $e:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
+        /// The descriptor of the binary elementwise family (broadcasting as in
+        /// numpy): one variant per op, naming its forward kernel
+        /// ([`ExecContext::binary`]) and its backward kernel
+        /// ([`ExecContext::binary_backward`]). The named methods (`ctx.add(&a, &b)`)
+        /// run the same kernels; the autograd layer records one variant per node.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum BinaryOp {$(
+            $(#[$doc])*
+            $variant,
+        )*}
+
+        impl BinaryOp {
+            /// Every binary op, in declaration order.
+            pub const ALL: &'static [BinaryOp] = &[$(BinaryOp::$variant),*];
+
+            /// The op's name (the name of its `ExecContext` method, used in errors
+            /// and graph nodes).
+            pub fn name(self) -> &'static str {
+                match self {$(BinaryOp::$variant => stringify!($name)),*}
+            }
+
+            /// Whether the op's backward kernel reads the forward operands
+            /// (`add` and `sub` need only their shapes, so a caller may drop the
+            /// operands and pass `None` to [`ExecContext::binary_backward`]).
+            pub fn keeps_operands(self) -> bool {
+                match self {$(BinaryOp::$variant => $keeps),*}
+            }
+        }
+
+        impl ExecContext {
+            /// Runs the forward kernel of the binary op `op` (the same kernel, and
+            /// the same bits, as the op's named method).
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+            /// [`ExecError::OutOfMemory`].
+            pub fn binary(&self, op: BinaryOp, a: &RawTensor, b: &RawTensor) -> Result<RawTensor, ExecError> {
+                match op {$(BinaryOp::$variant => self.$name(a, b)),*}
+            }
+        }
+
         impl ExecContext {$(
             $(#[$doc])*
             ///
@@ -129,19 +171,87 @@ macro_rules! binary_ops {
 
 binary_ops! {
     /// `a + b`.
-    add => |x, y| x + y;
+    add / Add, keeps_operands: false => |x, y| x + y;
     /// `a - b`.
-    sub => |x, y| x - y;
+    sub / Sub, keeps_operands: false => |x, y| x - y;
     /// `a * b`.
-    mul => |x, y| x * y;
+    mul / Mul, keeps_operands: true => |x, y| x * y;
     /// `a / b` (IEEE: division by zero gives ±inf or NaN).
-    div => |x, y| x / y;
+    div / Div, keeps_operands: true => |x, y| x / y;
     /// The larger of `a` and `b` (NaN if either is NaN, as `torch.maximum`).
-    maximum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) };
+    maximum / Maximum, keeps_operands: true => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) };
     /// The smaller of `a` and `b` (NaN if either is NaN, as `torch.minimum`).
-    minimum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) };
+    minimum / Minimum, keeps_operands: true => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) };
     /// `a` to the power `b` (`f32::powf`).
-    pow => |x, y| x.powf(y);
+    pow / Pow, keeps_operands: true => |x, y| x.powf(y);
+}
+
+impl ExecContext {
+    /// Runs the backward kernel of the binary op `op`: the gradients of both
+    /// operands, each of the broadcast (output) shape (reduce them to the operand
+    /// shapes with `sum_to`). `operands` are the forward operands `(a, b)`; ops
+    /// whose [`keeps_operands`](BinaryOp::keeps_operands) is false ignore them.
+    /// `needs[i]` says whether operand `i`'s gradient is wanted; an unwanted one
+    /// is `None` (`pow`, `maximum` and `minimum` compute both in one pass and
+    /// return both).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `op` reads its operands and `operands`
+    /// is `None`; [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+    /// [`ExecError::OutOfMemory`].
+    pub fn binary_backward(
+        &self,
+        op: BinaryOp,
+        operands: Option<(&RawTensor, &RawTensor)>,
+        grad: &RawTensor,
+        needs: [bool; 2],
+    ) -> Result<(Option<RawTensor>, Option<RawTensor>), ExecError> {
+        let want = |i: usize, f: &dyn Fn() -> Result<RawTensor, ExecError>| {
+            if needs[i] { f().map(Some) } else { Ok(None) }
+        };
+        let operands = || {
+            operands.ok_or(ExecError::InvalidArgument {
+                op: "binary_backward",
+                reason: "this op's backward reads the forward operands; pass them",
+            })
+        };
+        match op {
+            BinaryOp::Add => Ok((
+                want(0, &|| Ok(grad.clone()))?,
+                want(1, &|| Ok(grad.clone()))?,
+            )),
+            BinaryOp::Sub => Ok((want(0, &|| Ok(grad.clone()))?, want(1, &|| self.neg(grad))?)),
+            BinaryOp::Mul => {
+                let (a, b) = operands()?;
+                Ok((
+                    want(0, &|| self.mul(grad, b))?,
+                    want(1, &|| self.mul(grad, a))?,
+                ))
+            }
+            BinaryOp::Div => {
+                let (a, b) = operands()?;
+                Ok((
+                    want(0, &|| self.div(grad, b))?,
+                    want(1, &|| {
+                        // d(a/b)/db = -a / b^2
+                        let t = self.div(&self.div(a, b)?, b)?;
+                        self.neg(&self.mul(grad, &t)?)
+                    })?,
+                ))
+            }
+            BinaryOp::Pow => {
+                let (a, b) = operands()?;
+                let (ga, gb) = self.pow_backward(a, b, grad)?;
+                Ok((Some(ga), Some(gb)))
+            }
+            BinaryOp::Maximum | BinaryOp::Minimum => {
+                let (a, b) = operands()?;
+                let max = op == BinaryOp::Maximum;
+                let (ga, gb) = self.extremum_backward(a, b, grad, max)?;
+                Ok((Some(ga), Some(gb)))
+            }
+        }
+    }
 }
 
 macro_rules! compare_ops {
@@ -289,6 +399,94 @@ unary_ops! {
     sin / Sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
     /// Cosine.
     cos / Cos, cos_backward, TRANSCENDENTAL => |x| x.cos(), |x| -x.sin();
+}
+
+/// The descriptor of the scalar-parameter elementwise family: one variant per
+/// op, holding its scalar parameters and naming its forward kernel
+/// ([`ExecContext::scalar_op`]) and its backward kernel
+/// ([`ExecContext::scalar_op_backward`]). The named methods (`ctx.scale(&x, 2.0)`)
+/// run the same kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ScalarOp {
+    /// `x * s` ([`ExecContext::scale`]).
+    Scale(f32),
+    /// `x + s` ([`ExecContext::add_scalar`]).
+    AddScalar(f32),
+    /// `x ^ p` ([`ExecContext::pow_scalar`]).
+    PowScalar(f32),
+    /// `x` clamped to `[min, max]` ([`ExecContext::clamp`]).
+    Clamp {
+        /// The lower bound.
+        min: f32,
+        /// The upper bound.
+        max: f32,
+    },
+}
+
+impl ScalarOp {
+    /// The op's name (the name of its `ExecContext` method, used in errors and
+    /// graph nodes).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarOp::Scale(_) => "scale",
+            ScalarOp::AddScalar(_) => "add_scalar",
+            ScalarOp::PowScalar(_) => "pow_scalar",
+            ScalarOp::Clamp { .. } => "clamp",
+        }
+    }
+
+    /// Whether the op's backward kernel reads the forward input (`scale` and
+    /// `add_scalar` do not, so a caller may drop it and pass `None` to
+    /// [`ExecContext::scalar_op_backward`]).
+    pub fn keeps_input(self) -> bool {
+        matches!(self, ScalarOp::PowScalar(_) | ScalarOp::Clamp { .. })
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the scalar op `op` on `x` (the same kernel, and
+    /// the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// As the named method: [`ExecError::InvalidArgument`] for unordered or NaN
+    /// clamp bounds; [`ExecError::OutOfMemory`].
+    pub fn scalar_op(&self, op: ScalarOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
+        match op {
+            ScalarOp::Scale(s) => self.scale(x, s),
+            ScalarOp::AddScalar(s) => self.add_scalar(x, s),
+            ScalarOp::PowScalar(p) => self.pow_scalar(x, p),
+            ScalarOp::Clamp { min, max } => self.clamp(x, min, max),
+        }
+    }
+
+    /// Runs the backward kernel of the scalar op `op`: `grad * dop/dx` at the
+    /// forward input `x` (ops whose [`keeps_input`](ScalarOp::keeps_input) is
+    /// false ignore `x`).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `op` reads its input and `x` is `None`,
+    /// or for unordered or NaN clamp bounds; [`ExecError::ShapeMismatch`] if `x`
+    /// and `grad` do not broadcast; [`ExecError::OutOfMemory`].
+    pub fn scalar_op_backward(
+        &self,
+        op: ScalarOp,
+        x: Option<&RawTensor>,
+        grad: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        let input = || {
+            x.ok_or(ExecError::InvalidArgument {
+                op: "scalar_op_backward",
+                reason: "this op's backward reads the forward input; pass it",
+            })
+        };
+        match op {
+            ScalarOp::Scale(s) => self.scale(grad, s),
+            ScalarOp::AddScalar(_) => Ok(grad.clone()),
+            ScalarOp::PowScalar(p) => self.pow_scalar_backward(input()?, p, grad),
+            ScalarOp::Clamp { min, max } => self.clamp_backward(input()?, min, max, grad),
+        }
+    }
 }
 
 impl ExecContext {

@@ -643,3 +643,113 @@ impl ExecContext {
         })
     }
 }
+
+/// The descriptor of the reductions along one axis that have a gradient kernel
+/// of their own (`sum`, `mean`, `max`, `min`): one variant per op, naming its
+/// forward kernel ([`ExecContext::reduce`]) and its backward kernel
+/// ([`ExecContext::reduce_backward`]). The named methods (`ctx.sum(&x, 1,
+/// false)`) run the same kernels; the autograd layer records one variant per
+/// node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AxisReduction {
+    /// The sum ([`ExecContext::sum`]).
+    Sum,
+    /// The mean ([`ExecContext::mean`]).
+    Mean,
+    /// The maximum ([`ExecContext::max`]).
+    Max,
+    /// The minimum ([`ExecContext::min`]).
+    Min,
+}
+
+impl AxisReduction {
+    /// Every axis reduction, in declaration order.
+    pub const ALL: &'static [AxisReduction] = &[
+        AxisReduction::Sum,
+        AxisReduction::Mean,
+        AxisReduction::Max,
+        AxisReduction::Min,
+    ];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            AxisReduction::Sum => "sum",
+            AxisReduction::Mean => "mean",
+            AxisReduction::Max => "max",
+            AxisReduction::Min => "min",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            AxisReduction::Sum => "sum_backward",
+            AxisReduction::Mean => "mean_backward",
+            AxisReduction::Max => "max_backward",
+            AxisReduction::Min => "min_backward",
+        }
+    }
+
+    /// Whether the op selects elements of its input, so that its backward reads
+    /// the input again (`max`, `min`); `sum` and `mean` need only the input's
+    /// shape.
+    pub fn keeps_input(self) -> bool {
+        matches!(self, AxisReduction::Max | AxisReduction::Min)
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the axis reduction `op` (the same kernel, and
+    /// the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::OutOfMemory`].
+    pub fn reduce(
+        &self,
+        op: AxisReduction,
+        x: &RawTensor,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            AxisReduction::Sum => self.sum(x, axis, keepdim),
+            AxisReduction::Mean => self.mean(x, axis, keepdim),
+            AxisReduction::Max => self.max(x, axis, keepdim),
+            AxisReduction::Min => self.min(x, axis, keepdim),
+        }
+    }
+
+    /// Runs the backward kernel of the axis reduction `op`: the input's gradient
+    /// from the output's gradient `grad_y`. `x` is the forward input, read only
+    /// by ops whose [`keeps_input`](AxisReduction::keeps_input) is true (`sum`
+    /// and `mean` take the shape from `input_shape` instead; the others take
+    /// it from `x`).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `op` reads its input and `x` is `None`;
+    /// as the named backward kernel otherwise.
+    pub fn reduce_backward(
+        &self,
+        op: AxisReduction,
+        x: Option<&RawTensor>,
+        input_shape: &[usize],
+        grad_y: &RawTensor,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
+        let input = || {
+            x.ok_or(ExecError::InvalidArgument {
+                op: "reduce_backward",
+                reason: "this reduction's backward reads the forward input; pass it",
+            })
+        };
+        match op {
+            AxisReduction::Sum => self.sum_backward(grad_y, axis, keepdim, input_shape),
+            AxisReduction::Mean => self.mean_backward(grad_y, axis, keepdim, input_shape),
+            AxisReduction::Max => self.max_backward(input()?, grad_y, axis, keepdim),
+            AxisReduction::Min => self.min_backward(input()?, grad_y, axis, keepdim),
+        }
+    }
+}

@@ -145,3 +145,67 @@ impl ExecContext {
         )
     }
 }
+
+/// The descriptor of the softmax family (normalizations along one axis whose
+/// backward reads the output): one variant per op, naming its forward kernel
+/// ([`ExecContext::softmax_op`]) and its backward kernel
+/// ([`ExecContext::softmax_op_backward`]). The named methods run the same
+/// kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SoftmaxOp {
+    /// [`ExecContext::softmax`].
+    Softmax,
+    /// [`ExecContext::log_softmax`].
+    LogSoftmax,
+}
+
+impl SoftmaxOp {
+    /// Every op of the family, in declaration order.
+    pub const ALL: &'static [SoftmaxOp] = &[SoftmaxOp::Softmax, SoftmaxOp::LogSoftmax];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            SoftmaxOp::Softmax => "softmax",
+            SoftmaxOp::LogSoftmax => "log_softmax",
+        }
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of `op` along `axis` (the same kernel, and the
+    /// same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// As [`softmax`](ExecContext::softmax).
+    pub fn softmax_op(
+        &self,
+        op: SoftmaxOp,
+        x: &RawTensor,
+        axis: usize,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            SoftmaxOp::Softmax => self.softmax(x, axis),
+            SoftmaxOp::LogSoftmax => self.log_softmax(x, axis),
+        }
+    }
+
+    /// Runs the backward kernel of `op` along `axis`, given the forward output
+    /// `y` and the output gradient `grad_y`.
+    ///
+    /// # Errors
+    /// As [`softmax_backward`](ExecContext::softmax_backward).
+    pub fn softmax_op_backward(
+        &self,
+        op: SoftmaxOp,
+        y: &RawTensor,
+        grad_y: &RawTensor,
+        axis: usize,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            SoftmaxOp::Softmax => self.softmax_backward(y, grad_y, axis),
+            SoftmaxOp::LogSoftmax => self.log_softmax_backward(y, grad_y, axis),
+        }
+    }
+}
