@@ -3,7 +3,7 @@
 //! # Files, by role
 //! | file | holds |
 //! |---|---|
-//! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, these docs |
+//! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, these docs, and the former call style ([`Isa`], [`gemm_rows`]) that `ops/matmul.rs` still uses |
 //! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
 //! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]) and the choice of kernel by vector level |
@@ -324,13 +324,29 @@ mod tests {
     #[test]
     fn kernels_have_their_tile_shapes() {
         assert_eq!((portable::Portable::MR, portable::Portable::NR), (4, NR));
-        assert!(!portable::Portable::READS_RHS_IN_PLACE);
+        let flags = |rhs: bool, pf: bool| (rhs, pf);
+        assert_eq!(
+            flags(
+                portable::Portable::READS_RHS_IN_PLACE,
+                portable::Portable::PREFETCHES_C
+            ),
+            (false, false)
+        );
         #[cfg(target_arch = "x86_64")]
         {
             assert_eq!((avx2::Avx2::MR, avx2::Avx2::NR), (3, NR));
-            assert!(!avx2::Avx2::READS_RHS_IN_PLACE);
+            assert_eq!(
+                flags(avx2::Avx2::READS_RHS_IN_PLACE, avx2::Avx2::PREFETCHES_C),
+                (false, false)
+            );
             assert_eq!((avx512::Avx512::MR, avx512::Avx512::NR), (12, NR));
-            assert!(avx512::Avx512::READS_RHS_IN_PLACE && avx512::Avx512::PREFETCHES_C);
+            assert_eq!(
+                flags(
+                    avx512::Avx512::READS_RHS_IN_PLACE,
+                    avx512::Avx512::PREFETCHES_C
+                ),
+                (true, true)
+            );
         }
     }
 
