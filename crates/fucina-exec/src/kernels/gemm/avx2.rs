@@ -18,35 +18,23 @@ pub(crate) struct Avx2 {
     _proof: (),
 }
 
-impl Avx2 {
-    /// The kernel, when the CPU has AVX2 and FMA.
-    #[inline]
-    pub(crate) fn detect() -> Option<Avx2> {
-        (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
-            .then_some(Avx2 { _proof: () })
-    }
-
-    /// The kernel of vector level `level`: `Some` when `level` is
-    /// [`SimdLevel::Avx2`] and the CPU has the features.
-    #[inline]
-    pub(crate) fn for_level(level: SimdLevel) -> Option<Avx2> {
-        if level == SimdLevel::Avx2 {
-            Avx2::detect()
-        } else {
-            None
-        }
-    }
-}
-
 impl MicroKernel for Avx2 {
     const MR: usize = 3;
     const NR: usize = NR;
+    const LEVEL: SimdLevel = SimdLevel::Avx2;
+
+    /// The kernel, when the CPU has AVX2 and FMA.
+    #[inline]
+    fn detect() -> Option<Avx2> {
+        (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+            .then_some(Avx2 { _proof: () })
+    }
 
     #[inline]
     fn tile(self, tile: Tile<'_>) {
         tile.through_stack(|rows, a, b, t| {
             // SAFETY: `self` is an `Avx2`, which exists only when the CPU has
-            // avx2 and fma (`Avx2::detect`), the features `micro_avx2` enables.
+            // avx2 and fma (`MicroKernel::detect`), the features `micro_avx2` enables.
             unsafe { micro_avx2(rows, a, b, t) }
         });
     }

@@ -12,7 +12,7 @@ use super::{MicroKernel, Tile};
 use crate::kernels::simd::SimdLevel;
 
 /// The AVX-512 kernel. A value is a proof that the CPU has avx512f (every
-/// instruction of this module): the only constructor, [`Avx512::detect`], asks
+/// instruction of this module): the only constructor, [`MicroKernel::detect`], asks
 /// the CPU, and the private field keeps every other module from making one. The
 /// `SAFETY` comments of the calls into this module's `target_feature` functions
 /// rely on that proof.
@@ -22,29 +22,12 @@ pub(crate) struct Avx512 {
 }
 
 impl Avx512 {
-    /// The kernel, when the CPU has avx512f.
-    #[inline]
-    pub(crate) fn detect() -> Option<Avx512> {
-        std::arch::is_x86_feature_detected!("avx512f").then_some(Avx512 { _proof: () })
-    }
-
-    /// The kernel of vector level `level`: `Some` when `level` is
-    /// [`SimdLevel::Avx512`] and the CPU has the features.
-    #[inline]
-    pub(crate) fn for_level(level: SimdLevel) -> Option<Avx512> {
-        if level == SimdLevel::Avx512 {
-            Avx512::detect()
-        } else {
-            None
-        }
-    }
-
     /// Packs one full panel (32 columns) of a column-major right-hand side with
     /// gathers (see [`pack_cols_avx512`]); panics unless `off + 31 * cs + k <=
     /// src.len()`, `31 * cs <= i32::MAX` and `dst.len() == k * NR`.
     pub(super) fn pack_cols(self, dst: &mut [f32], src: &[f32], off: usize, cs: usize, k: usize) {
         // SAFETY: `self` is an `Avx512`, which exists only when the CPU has
-        // avx512f (`Avx512::detect`), the feature `pack_cols_avx512` enables; it
+        // avx512f (`MicroKernel::detect`), the feature `pack_cols_avx512` enables; it
         // checks its own bounds.
         unsafe { pack_cols_avx512(dst, src, off, cs, k) }
     }
@@ -53,6 +36,13 @@ impl Avx512 {
 impl MicroKernel for Avx512 {
     const MR: usize = MR_AVX512;
     const NR: usize = NR;
+    const LEVEL: SimdLevel = SimdLevel::Avx512;
+
+    /// The kernel, when the CPU has avx512f.
+    #[inline]
+    fn detect() -> Option<Avx512> {
+        std::arch::is_x86_feature_detected!("avx512f").then_some(Avx512 { _proof: () })
+    }
     const READS_RHS_IN_PLACE: bool = true;
     const PREFETCHES_C: bool = true;
 
@@ -65,7 +55,7 @@ impl MicroKernel for Avx512 {
                         let r: [&[f32]; $r] =
                             std::array::from_fn(|i| &src[rows[i] + p0..][..kc]);
                         // SAFETY: `self` is an `Avx512`, which exists only when the
-                        // CPU has avx512f (`Avx512::detect`), the feature
+                        // CPU has avx512f (`MicroKernel::detect`), the feature
                         // `pack_a_avx512` enables; it checks its own bounds.
                         unsafe { pack_a_avx512::<$r>(panel, &r, kc) };
                     })*
@@ -79,7 +69,7 @@ impl MicroKernel for Avx512 {
     #[inline]
     fn tile(self, t: Tile<'_>) {
         // SAFETY: `self` is an `Avx512`, which exists only when the CPU has
-        // avx512f (`Avx512::detect`), the feature `tile_direct_avx512` needs; it
+        // avx512f (`MicroKernel::detect`), the feature `tile_direct_avx512` needs; it
         // checks the tile's bounds itself.
         unsafe { tile_direct_avx512(t) };
     }

@@ -12,8 +12,8 @@
 //! A micro-kernel type exists per instruction set: `Avx512` (`12 x 32` tiles,
 //! accumulated in registers straight from and into `C`), `Avx2` (`3 x 32`, through
 //! a stack tile) and `Portable` (`4 x 32`, `f32::mul_add`, any CPU). The
-//! instruction-set types have a private field and one constructor, `detect()`,
-//! that asks the CPU: a value of `Avx512` is a proof that the CPU has avx512f,
+//! instruction-set types have a private field and one constructor
+//! ([`MicroKernel::detect`]) that asks the CPU: a value of `Avx512` is a proof that the CPU has avx512f,
 //! and the `SAFETY` comments of the calls into `target_feature` code rely on
 //! that proof, not on where the value came from. The driver is generic over the
 //! kernel ([`MicroKernel::MR`] sets the row tiles and the packed panel height);
@@ -84,6 +84,8 @@ pub(crate) trait MicroKernel: Copy {
     /// Columns of a micro-tile: the width of a packed right-hand-side panel
     /// (every kernel uses [`NR`], the packed layout).
     const NR: usize;
+    /// The vector level whose kernel this is.
+    const LEVEL: SimdLevel;
     /// Whether the kernel reads a row-major right-hand side in place
     /// ([`Rhs::Rows`], any row stride `ldb >= NR`); otherwise `ldb == NR`
     /// (packed panels) always.
@@ -91,6 +93,22 @@ pub(crate) trait MicroKernel: Copy {
     /// Whether the driver should prefetch the next tile's `C` rows before each
     /// call (kernels that read and write `C` in place).
     const PREFETCHES_C: bool = false;
+
+    /// The kernel, when the CPU has its instructions (asked of the CPU on every
+    /// call, a cached feature test). For an instruction-set kernel this is the
+    /// only way to make a value, so a value proves the CPU has the set.
+    fn detect() -> Option<Self>;
+
+    /// The kernel of vector level `level`: `Some` when `level` is
+    /// [`Self::LEVEL`] and the CPU has the instructions.
+    #[inline]
+    fn for_level(level: SimdLevel) -> Option<Self> {
+        if level == Self::LEVEL {
+            Self::detect()
+        } else {
+            None
+        }
+    }
 
     /// Packs one left-hand micro-panel of `rows.len()` (1..=`MR`) row-major rows:
     /// `panel[kk * R + i] = src[rows[i] + p0 + kk]` for `kk < kc`, `R =
@@ -322,8 +340,10 @@ mod tests {
     }
 
     #[test]
-    fn kernels_have_their_tile_shapes() {
+    fn kernels_have_their_tile_shapes_and_levels() {
         assert_eq!((portable::Portable::MR, portable::Portable::NR), (4, NR));
+        assert_eq!(portable::Portable::LEVEL, SimdLevel::Portable);
+        assert!(portable::Portable::detect().is_some());
         let flags = |rhs: bool, pf: bool| (rhs, pf);
         assert_eq!(
             flags(
@@ -335,11 +355,13 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             assert_eq!((avx2::Avx2::MR, avx2::Avx2::NR), (3, NR));
+            assert_eq!(avx2::Avx2::LEVEL, SimdLevel::Avx2);
             assert_eq!(
                 flags(avx2::Avx2::READS_RHS_IN_PLACE, avx2::Avx2::PREFETCHES_C),
                 (false, false)
             );
             assert_eq!((avx512::Avx512::MR, avx512::Avx512::NR), (12, NR));
+            assert_eq!(avx512::Avx512::LEVEL, SimdLevel::Avx512);
             assert_eq!(
                 flags(
                     avx512::Avx512::READS_RHS_IN_PLACE,

@@ -5,6 +5,7 @@
 
 use super::params::{MR_MAX, NR, StackTile};
 use super::{MicroKernel, Tile};
+use crate::kernels::simd::SimdLevel;
 
 /// The portable kernel: `4 x 32` tiles through a stack tile. Needs no CPU
 /// feature, so anyone may make one ([`Portable::new`]).
@@ -23,6 +24,13 @@ impl Portable {
 impl MicroKernel for Portable {
     const MR: usize = 4;
     const NR: usize = NR;
+    const LEVEL: SimdLevel = SimdLevel::Portable;
+
+    /// The portable kernel, on every CPU.
+    #[inline]
+    fn detect() -> Option<Portable> {
+        Some(Portable::new())
+    }
 
     #[inline]
     fn tile(self, tile: Tile<'_>) {
