@@ -11,7 +11,7 @@ use super::{MicroKernel, Tile};
 use crate::kernels::simd::SimdLevel;
 
 /// The AVX2 + FMA kernel. A value is a proof that the CPU has AVX2 and FMA: the
-/// only constructor, [`Avx2::detect`], asks the CPU, and the private field keeps
+/// only constructor, `detect` (of [`MicroKernel`]), asks the CPU, and the private field keeps
 /// every other module from making one.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2 {
