@@ -19,6 +19,13 @@
 //! result is a NaN at every level, but its sign and payload may differ (when both
 //! operands of an instruction are NaN, x86 passes on one of them, and which one
 //! depends on the operand order the compiler chose for that vector width).
+//!
+//! # The GEMM
+//! [`SimdLevel`] is the crate's one vector-level enum: the GEMM
+//! ([`super::gemm`]) picks its micro-kernel type from the same level, so
+//! `FUCINA_SIMD` and [`force_simd_level`] lower it too. Its kernels do use fused
+//! multiply-adds, on purpose and at every level (the portable kernel through
+//! `f32::mul_add`), so its results are also bitwise the same at every level.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
