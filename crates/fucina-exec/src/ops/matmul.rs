@@ -19,7 +19,8 @@ use fucina_storage::Buffer;
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::gemm::{self, Isa, LhsRows, NR, Rhs, a_scratch_len};
+use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
+use crate::kernels::simd::{self, SimdLevel};
 use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, MAX_RANK, broadcast_shapes};
@@ -552,41 +553,51 @@ fn run_plan(
     let bias = bias.map(|t| ctx.contiguous(t)).transpose()?;
     let bias = bias.as_ref().map(|t| t.contiguous_slice());
     let len = plan.packed_len();
-    let isa = Isa::detect();
-    let out =
-        if !stable && plan.b_cs == 1 && gemm::direct_rhs_ok(isa, plan.rows(), plan.n, plan.b_rs) {
-            // Row-major, whole panels: the kernel reads `b` where it lies.
-            gemm_out(ctx, op, plan, a, RhsSource::InPlace(b.buffer()), bias, isa)?
-        } else if stable {
-            let cached = ctx.rhs_cache().borrow_mut().get(b, len);
-            let packed = match cached {
-                Some(p) => p,
-                None => {
-                    let mut fresh =
-                        Buffer::<f32>::zeroed(len).map_err(|e| ExecError::storage(op, e))?;
-                    let dst = fresh.get_mut().expect("a fresh buffer is unique");
-                    pack_rhs(ctx, plan, b, &mut dst[..len]);
-                    ctx.rhs_cache().borrow_mut().insert(b, fresh.clone(), len);
-                    fresh
-                }
-            };
-            gemm_out(
-                ctx,
-                op,
-                plan,
-                a,
-                RhsSource::Packed(&packed[..len]),
-                bias,
-                isa,
-            )?
-        } else {
-            let mut lease = ctx
-                .pool()
-                .acquire_scratch::<f32>(len)
-                .map_err(|e| ExecError::storage(op, e))?;
-            pack_rhs(ctx, plan, b, &mut lease);
-            gemm_out(ctx, op, plan, a, RhsSource::Packed(&lease), bias, isa)?
+    let level = simd::level();
+    let out = if !stable
+        && plan.b_cs == 1
+        && gemm::direct_rhs_ok(level, plan.rows(), plan.n, plan.b_rs)
+    {
+        // Row-major, whole panels: the kernel reads `b` where it lies.
+        gemm_out(
+            ctx,
+            op,
+            plan,
+            a,
+            RhsSource::InPlace(b.buffer()),
+            bias,
+            level,
+        )?
+    } else if stable {
+        let cached = ctx.rhs_cache().borrow_mut().get(b, len);
+        let packed = match cached {
+            Some(p) => p,
+            None => {
+                let mut fresh =
+                    Buffer::<f32>::zeroed(len).map_err(|e| ExecError::storage(op, e))?;
+                let dst = fresh.get_mut().expect("a fresh buffer is unique");
+                pack_rhs(ctx, plan, b, &mut dst[..len]);
+                ctx.rhs_cache().borrow_mut().insert(b, fresh.clone(), len);
+                fresh
+            }
         };
+        gemm_out(
+            ctx,
+            op,
+            plan,
+            a,
+            RhsSource::Packed(&packed[..len]),
+            bias,
+            level,
+        )?
+    } else {
+        let mut lease = ctx
+            .pool()
+            .acquire_scratch::<f32>(len)
+            .map_err(|e| ExecError::storage(op, e))?;
+        pack_rhs(ctx, plan, b, &mut lease);
+        gemm_out(ctx, op, plan, a, RhsSource::Packed(&lease), bias, level)?
+    };
     if plan.result == plan.out {
         Ok(out)
     } else {
@@ -635,7 +646,7 @@ fn gemm_out(
     a: &RawTensor,
     rhs: RhsSource<'_>,
     bias: Option<&[f32]>,
-    isa: Isa,
+    level: SimdLevel,
 ) -> Result<RawTensor, ExecError> {
     let (m, k, n) = (plan.m, plan.k, plan.n);
     let a_data: &[f32] = a.buffer();
@@ -645,7 +656,7 @@ fn gemm_out(
         if out.len() == n {
             // A single output row (batch-1 inference): split its columns instead,
             // in whole packed panels.
-            done = gemm_one_row(ctx, op, plan, a_data, rhs.matrix(plan, 0), bias, out, isa);
+            done = gemm_one_row(ctx, op, plan, a_data, rhs.matrix(plan, 0), bias, out, level);
             return;
         }
         // Runs of rows that share one right-hand matrix (one batch each, or the
@@ -664,17 +675,16 @@ fn gemm_out(
                     cs: plan.a_cs,
                 };
                 let t = if plan.nb == 1 { 0 } else { plan.b_index(bi) };
-                gemm::gemm_rows(
-                    isa,
-                    &lhs,
-                    run.len(),
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m: run.len(),
                     k,
                     n,
-                    rhs.matrix(plan, t),
-                    c_seg,
-                    bias.is_some(),
-                    scratch,
-                );
+                    rhs: rhs.matrix(plan, t),
+                    accumulate: bias.is_some(),
+                };
+                gemm::gemm(&args, c_seg, scratch);
             });
         };
         let scratch = a_scratch_len(plan.rows());
@@ -696,7 +706,7 @@ fn gemm_one_row(
     rhs: Rhs<'_>,
     bias: Option<&[f32]>,
     c: &mut [f32],
-    isa: Isa,
+    level: SimdLevel,
 ) -> Result<(), ExecError> {
     let (k, n) = (plan.k, plan.n);
     let lhs = LhsRows {
@@ -709,17 +719,16 @@ fn gemm_one_row(
             c.copy_from_slice(&bias[j0..j0 + c.len()]);
         }
         let cols = c.len();
-        gemm::gemm_rows(
-            isa,
-            &lhs,
-            1,
+        let args = GemmArgs {
+            level,
+            lhs: &lhs,
+            m: 1,
             k,
-            cols,
-            rhs.cols_from(j0, k),
-            c,
-            bias.is_some(),
-            scratch,
-        );
+            n: cols,
+            rhs: rhs.cols_from(j0, k),
+            accumulate: bias.is_some(),
+        };
+        gemm::gemm(&args, c, scratch);
     };
     let full = n / NR * NR;
     let work_per_group = (k * NR / WORK_DIV).max(1);

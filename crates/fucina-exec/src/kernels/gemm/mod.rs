@@ -3,7 +3,7 @@
 //! # Files, by role
 //! | file | holds |
 //! |---|---|
-//! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, these docs, and the former call style ([`Isa`], [`gemm_rows`]) that `ops/matmul.rs` still uses |
+//! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, and these docs |
 //! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
 //! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]) and the choice of kernel by vector level |
@@ -69,7 +69,7 @@ pub(crate) use driver::{GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm};
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
 
-use crate::kernels::simd::{self, SimdLevel};
+use crate::kernels::simd::SimdLevel;
 use params::{MR_MAX, StackTile};
 
 /// A register-blocked micro-kernel: computes one `rows x ncols` tile of `C`
@@ -171,49 +171,10 @@ impl Tile<'_> {
     }
 }
 
-/// The former name of the vector level at the GEMM's call sites in
-/// `ops/matmul.rs`; kept, with [`SimdLevel::detect`] and [`gemm_rows`], so that
-/// those call sites compile unchanged while `ops/` is being restructured. New
-/// code names [`SimdLevel`] and calls [`gemm`].
-pub(crate) type Isa = SimdLevel;
-
-impl SimdLevel {
-    /// The process-wide vector level ([`simd::level`]), under the name the
-    /// GEMM's call sites use.
-    pub(crate) fn detect() -> SimdLevel {
-        simd::level()
-    }
-}
-
-/// [`gemm`] with its arguments spelled out (the call style of `ops/matmul.rs`).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub(crate) fn gemm_rows<F: Fn(usize) -> usize>(
-    level: SimdLevel,
-    lhs: &LhsRows<'_, F>,
-    m: usize,
-    k: usize,
-    n: usize,
-    rhs: Rhs<'_>,
-    c: &mut [f32],
-    accumulate: bool,
-    a_scratch: &mut [f32],
-) {
-    let args = GemmArgs {
-        level,
-        lhs,
-        m,
-        k,
-        n,
-        rhs,
-        accumulate,
-    };
-    gemm(&args, c, a_scratch);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::simd;
 
     /// Every vector level this CPU can run, lowest first.
     fn supported_levels() -> Vec<SimdLevel> {
@@ -297,17 +258,16 @@ mod tests {
             }
             // Accumulating onto `C` continues the chain from the values there.
             let mut c = vec![1.5f32; m * n];
-            gemm_rows(
+            let acc = GemmArgs {
                 level,
-                &lhs,
+                lhs: &lhs,
                 m,
                 k,
                 n,
-                Rhs::Packed(&packed),
-                &mut c,
-                true,
-                &mut scratch,
-            );
+                rhs: Rhs::Packed(&packed),
+                accumulate: true,
+            };
+            gemm(&acc, &mut c, &mut scratch);
             let same = c
                 .iter()
                 .zip(&want_acc)
