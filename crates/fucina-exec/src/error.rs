@@ -56,13 +56,15 @@ pub enum ExecError {
         /// Why they do not fit.
         reason: &'static str,
     },
-    /// An axis is not below the operand's rank.
+    /// An axis is outside `-rank..rank` (negative axes count from the end; see
+    /// [`Axis`](crate::Axis)).
     #[error("{op}: axis {axis} is out of range for rank {rank}")]
     InvalidAxis {
         /// The operation.
         op: &'static str,
-        /// The axis that was given.
-        axis: usize,
+        /// The axis as given (negative if it was; a `usize` above `i64::MAX`
+        /// reads as `i64::MAX`).
+        axis: i64,
         /// The operand's rank.
         rank: usize,
     },

@@ -44,6 +44,7 @@
 // not shrink `Result<RawTensor, ExecError>` and would allocate on every error.
 #![allow(clippy::result_large_err)]
 
+mod axis;
 mod context;
 mod error;
 mod kernels;
@@ -54,6 +55,7 @@ mod scope;
 mod scope_stack;
 mod tensor;
 
+pub use axis::Axis;
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};

@@ -184,7 +184,7 @@ pub use fucina_autograd::{
     is_grad_enabled, no_grad,
 };
 #[doc(inline)]
-pub use fucina_exec::{ExecContext, ExecError, ExecScope, RawTensor};
+pub use fucina_exec::{Axis, ExecContext, ExecError, ExecScope, RawTensor};
 #[doc(inline)]
 pub use fucina_storage::PoolStats;
 #[doc(inline)]

@@ -1,6 +1,6 @@
 //! Joining and indexing: concat, stack, index_select, embedding, gather.
 
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{Axis, ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -12,9 +12,11 @@ impl Tensor {
     ///
     /// # Errors
     /// Shape or axis errors of the exec layer's `concat`; out of memory.
-    pub fn concat(ctx: &ExecContext, parts: &[&Tensor], axis: usize) -> Result<Tensor> {
+    pub fn concat(ctx: &ExecContext, parts: &[&Tensor], axis: impl Axis) -> Result<Tensor> {
         let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
         let out = ctx.concat(&raws, axis)?;
+        // The exec call succeeded, so `parts` is non-empty and the axis valid.
+        let axis = axis.resolve("concat", parts[0].raw.rank())?;
         let sizes: Vec<usize> = parts.iter().map(|t| t.shape()[axis]).collect();
         Tensor::finish_boxed(ctx, "concat", out, parts, move |_, g, needs| {
             let mut start = 0;
@@ -38,9 +40,10 @@ impl Tensor {
     ///
     /// # Errors
     /// Shape or axis errors of the exec layer's `stack`; out of memory.
-    pub fn stack(ctx: &ExecContext, parts: &[&Tensor], axis: usize) -> Result<Tensor> {
+    pub fn stack(ctx: &ExecContext, parts: &[&Tensor], axis: impl Axis) -> Result<Tensor> {
         let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
         let out = ctx.stack(&raws, axis)?;
+        let axis = axis.resolve("stack", parts[0].raw.rank() + 1)?;
         record!(ctx, "stack", out, parts, Axis { axis }, |_, g, needs| {
             let axis = *axis;
             needs
@@ -65,9 +68,10 @@ impl Tensor {
     pub fn index_select(
         &self,
         ctx: &ExecContext,
-        axis: usize,
+        axis: impl Axis,
         indices: &RawTensor<i64>,
     ) -> Result<Tensor> {
+        let axis = axis.resolve("index_select", self.raw.rank())?;
         let out = ctx.index_select(&self.raw, axis, indices)?;
         let (shape, index) = (self.raw.dims(), indices.clone());
         record!(
@@ -108,7 +112,13 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`index_select`](Tensor::index_select).
-    pub fn gather(&self, ctx: &ExecContext, axis: usize, index: &RawTensor<i64>) -> Result<Tensor> {
+    pub fn gather(
+        &self,
+        ctx: &ExecContext,
+        axis: impl Axis,
+        index: &RawTensor<i64>,
+    ) -> Result<Tensor> {
+        let axis = axis.resolve("gather", self.raw.rank())?;
         let out = ctx.gather(&self.raw, axis, index)?;
         self.record_gathered(ctx, "gather", out, axis, index.clone())
     }
@@ -151,9 +161,10 @@ impl Tensor {
         &self,
         ctx: &ExecContext,
         k: usize,
-        axis: usize,
+        axis: impl Axis,
         largest: bool,
     ) -> Result<(Tensor, RawTensor<i64>)> {
+        let axis = axis.resolve("topk", self.raw.rank())?;
         let (values, idx) = ctx.topk(&self.raw, k, axis, largest)?;
         let values = self.record_gathered(ctx, "topk", values, axis, idx.clone())?;
         Ok((values, idx))

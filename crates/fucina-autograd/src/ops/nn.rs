@@ -1,6 +1,6 @@
 //! Softmax, normalizations and losses, and the ops composed from them.
 
-use fucina_exec::{ExecContext, RawTensor, SoftmaxOp};
+use fucina_exec::{Axis, ExecContext, RawTensor, SoftmaxOp};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -19,7 +19,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
-    pub fn softmax_op(&self, ctx: &ExecContext, op: SoftmaxOp, axis: usize) -> Result<Tensor> {
+    pub fn softmax_op(&self, ctx: &ExecContext, op: SoftmaxOp, axis: impl Axis) -> Result<Tensor> {
+        let axis = axis.resolve(op.name(), self.raw.rank())?;
         let out = ctx.softmax_op(op, &self.raw, axis)?;
         let y = out.clone();
         record!(
@@ -36,7 +37,7 @@ impl Tensor {
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
-    pub fn softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+    pub fn softmax(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         self.softmax_op(ctx, SoftmaxOp::Softmax, axis)
     }
 
@@ -44,7 +45,7 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`softmax`](Tensor::softmax).
-    pub fn log_softmax(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+    pub fn log_softmax(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         self.softmax_op(ctx, SoftmaxOp::LogSoftmax, axis)
     }
 
@@ -183,7 +184,8 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn l2_normalize(&self, ctx: &ExecContext, axis: usize, eps: f32) -> Result<Tensor> {
+    pub fn l2_normalize(&self, ctx: &ExecContext, axis: impl Axis, eps: f32) -> Result<Tensor> {
+        let axis = axis.resolve("l2_normalize", self.raw.rank())?;
         let norm = self.mul(ctx, self)?.sum(ctx, axis, true)?.sqrt(ctx)?;
         let floor = Tensor::scalar(ctx, eps)?;
         self.div(ctx, &norm.maximum(ctx, &floor)?)
@@ -198,9 +200,10 @@ impl Tensor {
         &self,
         ctx: &ExecContext,
         other: &Tensor,
-        axis: usize,
+        axis: impl Axis,
         eps: f32,
     ) -> Result<Tensor> {
+        let axis = axis.resolve("cosine_similarity", self.raw.rank())?;
         let a = self.l2_normalize(ctx, axis, eps)?;
         let b = other.l2_normalize(ctx, axis, eps)?;
         a.mul(ctx, &b)?.sum(ctx, axis, false)

@@ -2,7 +2,7 @@
 //! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
 //! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
 
-use fucina_exec::{AxisReduction, ExecContext, RawTensor};
+use fucina_exec::{Axis, AxisReduction, ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -32,9 +32,10 @@ impl Tensor {
         &self,
         ctx: &ExecContext,
         op: AxisReduction,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<Tensor> {
+        let axis = axis.resolve(op.name(), self.raw.rank())?;
         let out = ctx.reduce(op, &self.raw, axis, keepdim)?;
         if op.keeps_input() {
             let x = self.raw.clone();
@@ -78,7 +79,7 @@ impl Tensor {
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
-    pub fn sum(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+    pub fn sum(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
         self.reduce(ctx, AxisReduction::Sum, axis, keepdim)
     }
 
@@ -86,7 +87,7 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn mean(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+    pub fn mean(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
         self.reduce(ctx, AxisReduction::Mean, axis, keepdim)
     }
 
@@ -95,7 +96,7 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn max(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+    pub fn max(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
         self.reduce(ctx, AxisReduction::Max, axis, keepdim)
     }
 
@@ -103,7 +104,7 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn min(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+    pub fn min(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
         self.reduce(ctx, AxisReduction::Min, axis, keepdim)
     }
 
@@ -114,10 +115,11 @@ impl Tensor {
     pub fn variance(
         &self,
         ctx: &ExecContext,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         unbiased: bool,
     ) -> Result<Tensor> {
+        let axis = axis.resolve("variance", self.raw.rank())?;
         let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
         let x = self.raw.clone();
         record!(
@@ -143,7 +145,8 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn logsumexp(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<Tensor> {
+    pub fn logsumexp(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
+        let axis = axis.resolve("logsumexp", self.raw.rank())?;
         let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
         let (x, y) = (self.raw.clone(), out.clone());
         record!(
@@ -213,7 +216,12 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn argmax(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<RawTensor<i64>> {
+    pub fn argmax(
+        &self,
+        ctx: &ExecContext,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor<i64>> {
         Ok(ctx.argmax(&self.raw, axis, keepdim)?)
     }
 
@@ -221,7 +229,12 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`sum`](Tensor::sum).
-    pub fn argmin(&self, ctx: &ExecContext, axis: usize, keepdim: bool) -> Result<RawTensor<i64>> {
+    pub fn argmin(
+        &self,
+        ctx: &ExecContext,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor<i64>> {
         Ok(ctx.argmin(&self.raw, axis, keepdim)?)
     }
 }

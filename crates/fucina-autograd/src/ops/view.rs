@@ -1,7 +1,7 @@
 //! Views (zero-copy where the layout allows): reshape, permute, transpose, narrow,
 //! squeeze/unsqueeze, broadcast_to, and an explicit materializing copy.
 
-use fucina_exec::{Dims, ExecContext, RawTensor};
+use fucina_exec::{Axis, Dims, ExecContext, RawTensor};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -75,7 +75,11 @@ impl Tensor {
     ///
     /// # Errors
     /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis).
-    pub fn transpose(&self, ctx: &ExecContext, a: usize, b: usize) -> Result<Tensor> {
+    pub fn transpose(&self, ctx: &ExecContext, a: impl Axis, b: impl Axis) -> Result<Tensor> {
+        let (a, b) = (
+            a.resolve("transpose", self.raw.rank())?,
+            b.resolve("transpose", self.raw.rank())?,
+        );
         let out = self.raw.transpose(a, b)?;
         record!(
             ctx,
@@ -95,10 +99,11 @@ impl Tensor {
     pub fn narrow(
         &self,
         ctx: &ExecContext,
-        axis: usize,
+        axis: impl Axis,
         start: usize,
         len: usize,
     ) -> Result<Tensor> {
+        let axis = axis.resolve("narrow", self.raw.rank())?;
         let out = self.raw.narrow(axis, start, len)?;
         let shape = self.raw.dims();
         record!(
@@ -123,7 +128,8 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`RawTensor::squeeze`].
-    pub fn squeeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+    pub fn squeeze(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
+        let axis = axis.resolve("squeeze", self.raw.rank())?;
         let out = self.raw.squeeze(axis)?;
         record!(ctx, "squeeze", out, &[self], Axis { axis }, |_, g, _| {
             Ok(grads![Some(g.unsqueeze(*axis)?)])
@@ -134,7 +140,8 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`RawTensor::unsqueeze`].
-    pub fn unsqueeze(&self, ctx: &ExecContext, axis: usize) -> Result<Tensor> {
+    pub fn unsqueeze(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
+        let axis = axis.resolve("unsqueeze", self.raw.rank() + 1)?;
         let out = self.raw.unsqueeze(axis)?;
         record!(ctx, "unsqueeze", out, &[self], Axis { axis }, |_, g, _| {
             Ok(grads![Some(g.squeeze(*axis)?)])

@@ -7,6 +7,7 @@
 //! destination line) is written by exactly one task, which adds its contributions
 //! in increasing index position, so the bits never depend on the team size.
 
+use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
@@ -268,14 +269,14 @@ impl ExecContext {
     ///
     /// # Errors
     /// [`ExecError::InvalidArgument`] if `parts` is empty;
-    /// [`ExecError::InvalidAxis`] if `axis` is not below the rank;
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank..rank`;
     /// [`ExecError::ShapeMismatch`] if a part's rank or a size off `axis` differs
     /// from the first part's; [`ExecError::Overflow`] if the joined size overflows;
     /// [`ExecError::OutOfMemory`].
     pub fn concat<T: Element>(
         &self,
         parts: &[&RawTensor<T>],
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "concat";
         let Some(first) = parts.first() else {
@@ -285,7 +286,7 @@ impl ExecContext {
             });
         };
         let rank = first.rank();
-        check_axis(OP, axis, rank)?;
+        let axis = check_axis(OP, axis, rank)?;
         let mut total = 0usize;
         for p in parts {
             let same = p.rank() == rank
@@ -318,7 +319,8 @@ impl ExecContext {
     }
 
     /// Stacks `parts`, which all have the same shape, along a new axis inserted at
-    /// position `axis` (`0..=rank`): the result has shape `shape[..axis] ++
+    /// position `axis` (`0..=rank`, or `-rank - 1..0` counted from the end of the
+    /// result, so `-1` appends it): the result has shape `shape[..axis] ++
     /// [parts.len()] ++ shape[axis..]`. Parts of any layout are read through their
     /// strides.
     ///
@@ -340,14 +342,15 @@ impl ExecContext {
     ///
     /// # Errors
     /// [`ExecError::InvalidArgument`] if `parts` is empty;
-    /// [`ExecError::InvalidAxis`] if `axis > rank`; [`ExecError::InvalidShape`] if
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank - 1..=rank`;
+    /// [`ExecError::InvalidShape`] if
     /// the result would have rank above 8; [`ExecError::ShapeMismatch`] if a part's
     /// shape differs from the first part's; [`ExecError::Overflow`];
     /// [`ExecError::OutOfMemory`].
     pub fn stack<T: Element>(
         &self,
         parts: &[&RawTensor<T>],
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "stack";
         let Some(first) = parts.first() else {
@@ -357,7 +360,7 @@ impl ExecContext {
             });
         };
         let rank = first.rank();
-        check_axis(OP, axis, rank + 1)?;
+        let axis = check_axis(OP, axis, rank + 1)?;
         if rank == MAX_RANK {
             return Err(ExecError::InvalidShape {
                 op: OP,
@@ -415,11 +418,11 @@ impl ExecContext {
     pub fn split<T: Element>(
         &self,
         x: &RawTensor<T>,
-        axis: usize,
+        axis: impl Axis,
         sizes: &[usize],
     ) -> Result<Vec<RawTensor<T>>, ExecError> {
         const OP: &str = "split";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         if sizes.is_empty() || sizes.contains(&0) {
             return Err(ExecError::InvalidArgument {
                 op: OP,
@@ -464,11 +467,11 @@ impl ExecContext {
     pub fn index_select<T: Element>(
         &self,
         x: &RawTensor<T>,
-        axis: usize,
+        axis: impl Axis,
         indices: &RawTensor<i64>,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "index_select";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         if indices.rank() != 1 {
             return Err(ExecError::InvalidShape {
                 op: OP,
@@ -600,11 +603,11 @@ impl ExecContext {
     pub fn gather<T: Element>(
         &self,
         x: &RawTensor<T>,
-        axis: usize,
+        axis: impl Axis,
         index: &RawTensor<i64>,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "gather";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         check_gather_index(OP, x.shape(), axis, index)?;
         let dx = x.shape()[axis];
         check_index_values(OP, index, dx)?;
@@ -670,13 +673,13 @@ impl ExecContext {
     pub fn index_select_backward(
         &self,
         grad: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         indices: &RawTensor<i64>,
         src_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "index_select_backward";
         check_shape(OP, src_shape)?;
-        check_axis(OP, axis, src_shape.len())?;
+        let axis = check_axis(OP, axis, src_shape.len())?;
         if indices.rank() != 1 {
             return Err(ExecError::InvalidShape {
                 op: OP,
@@ -807,13 +810,13 @@ impl ExecContext {
     pub fn gather_backward(
         &self,
         grad: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         index: &RawTensor<i64>,
         src_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "gather_backward";
         check_shape(OP, src_shape)?;
-        check_axis(OP, axis, src_shape.len())?;
+        let axis = check_axis(OP, axis, src_shape.len())?;
         check_gather_index(OP, src_shape, axis, index)?;
         if grad.shape() != index.shape() {
             return Err(ExecError::ShapeMismatch {

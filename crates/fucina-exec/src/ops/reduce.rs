@@ -16,6 +16,7 @@
 
 use std::ops::Range;
 
+use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce as k;
@@ -102,12 +103,12 @@ impl ExecContext {
         &self,
         op: &'static str,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         work: usize,
         f: impl Fn(&[f32]) -> T + Sync,
     ) -> Result<RawTensor<T>, ExecError> {
-        check_axis(op, axis, x.rank())?;
+        let axis = check_axis(op, axis, x.rank())?;
         let out_shape = reduced_shape(x.shape(), axis, keepdim);
         let n = x.shape()[axis];
         let src = self.contiguous_axis_last(x, axis)?;
@@ -174,11 +175,11 @@ impl ExecContext {
         &self,
         op: &'static str,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         finish: impl Fn(f32) -> f32 + Sync,
     ) -> Result<RawTensor, ExecError> {
-        check_axis(op, axis, x.rank())?;
+        let axis = check_axis(op, axis, x.rank())?;
         let out_shape = reduced_shape(x.shape(), axis, keepdim);
         let split = axis_split(x.shape(), axis);
         let src = self.contiguous(x)?;
@@ -207,8 +208,14 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidAxis`] if `axis >= rank`; [`ExecError::OutOfMemory`].
-    pub fn sum(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank..rank` (negative axes
+    /// count from the end, see [`Axis`]); [`ExecError::OutOfMemory`].
+    pub fn sum(
+        &self,
+        x: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
         self.sum_impl("sum", x, axis, keepdim, |v| v)
     }
 
@@ -217,7 +224,13 @@ impl ExecContext {
     ///
     /// # Errors
     /// As [`sum`](ExecContext::sum).
-    pub fn mean(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
+    pub fn mean(
+        &self,
+        x: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
+        let axis = check_axis("mean", axis, x.rank())?;
         let n = x.shape().get(axis).copied().unwrap_or(1) as f32;
         self.sum_impl("mean", x, axis, keepdim, |v| v / n)
     }
@@ -227,7 +240,12 @@ impl ExecContext {
     ///
     /// # Errors
     /// As [`sum`](ExecContext::sum).
-    pub fn max(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
+    pub fn max(
+        &self,
+        x: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
         self.row_reduce("max", x, axis, keepdim, 1, |r| vectorized!(k::max(r)))
     }
 
@@ -235,7 +253,12 @@ impl ExecContext {
     ///
     /// # Errors
     /// As [`sum`](ExecContext::sum).
-    pub fn min(&self, x: &RawTensor, axis: usize, keepdim: bool) -> Result<RawTensor, ExecError> {
+    pub fn min(
+        &self,
+        x: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
         self.row_reduce("min", x, axis, keepdim, 1, |r| vectorized!(k::min(r)))
     }
 
@@ -258,7 +281,7 @@ impl ExecContext {
     pub fn argmax(
         &self,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
         self.row_reduce("argmax", x, axis, keepdim, 1, |r| k::argmax(r) as i64)
@@ -272,7 +295,7 @@ impl ExecContext {
     pub fn argmin(
         &self,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
         self.row_reduce("argmin", x, axis, keepdim, 1, |r| k::argmin(r) as i64)
@@ -288,7 +311,7 @@ impl ExecContext {
     pub fn variance(
         &self,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         unbiased: bool,
     ) -> Result<RawTensor, ExecError> {
@@ -307,7 +330,7 @@ impl ExecContext {
     pub fn logsumexp(
         &self,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         self.row_reduce("logsumexp", x, axis, keepdim, 8, |r| {
@@ -434,7 +457,7 @@ impl ExecContext {
     pub fn sum_backward(
         &self,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
@@ -449,10 +472,12 @@ impl ExecContext {
     pub fn mean_backward(
         &self,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
+        check_shape("mean_backward", input_shape)?;
+        let axis = check_axis("mean_backward", axis, input_shape.len())?;
         let n = input_shape.get(axis).copied().unwrap_or(1).max(1) as f32;
         self.broadcast_grad("mean_backward", grad_y, axis, keepdim, input_shape, Some(n))
     }
@@ -461,13 +486,13 @@ impl ExecContext {
         &self,
         op: &'static str,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         input_shape: &[usize],
         divide_by: Option<f32>,
     ) -> Result<RawTensor, ExecError> {
         check_shape(op, input_shape)?;
-        check_axis(op, axis, input_shape.len())?;
+        let axis = check_axis(op, axis, input_shape.len())?;
         check_reduced_grad(op, grad_y.shape(), input_shape, axis, keepdim)?;
         let (_, n, inner) = axis_split(input_shape, axis);
         let g = self.contiguous(grad_y)?;
@@ -502,7 +527,7 @@ impl ExecContext {
         &self,
         x: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         self.arg_grad("max_backward", x, grad_y, axis, keepdim, true)
@@ -517,7 +542,7 @@ impl ExecContext {
         &self,
         x: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         self.arg_grad("min_backward", x, grad_y, axis, keepdim, false)
@@ -528,11 +553,11 @@ impl ExecContext {
         op: &'static str,
         x: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         is_max: bool,
     ) -> Result<RawTensor, ExecError> {
-        check_axis(op, axis, x.rank())?;
+        let axis = check_axis(op, axis, x.rank())?;
         check_reduced_grad(op, grad_y.shape(), x.shape(), axis, keepdim)?;
         let idx = if is_max {
             self.argmax(x, axis, keepdim)?
@@ -567,12 +592,12 @@ impl ExecContext {
         &self,
         x: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
         unbiased: bool,
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "variance_backward";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         check_reduced_grad(OP, grad_y.shape(), x.shape(), axis, keepdim)?;
         let mean = self.mean(x, axis, keepdim)?;
         let d = x.shape()[axis].saturating_sub(usize::from(unbiased)) as f32;
@@ -592,11 +617,11 @@ impl ExecContext {
         x: &RawTensor,
         y: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "logsumexp_backward";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         check_reduced_grad(OP, y.shape(), x.shape(), axis, keepdim)?;
         check_reduced_grad(OP, grad_y.shape(), x.shape(), axis, keepdim)?;
         self.map_axis_bcast(OP, x, y, grad_y, axis, |v, l, g| {
@@ -710,7 +735,7 @@ impl ExecContext {
         &self,
         op: AxisReduction,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         match op {
@@ -736,7 +761,7 @@ impl ExecContext {
         x: Option<&RawTensor>,
         input_shape: &[usize],
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
         let input = || {

@@ -11,6 +11,7 @@
 //! key buffer of the line's length, a scratch lease from the context's pool (no
 //! heap allocation at steady state).
 
+use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::select::{key_position, line_keys, smallest_k, transpose_rows};
@@ -54,11 +55,11 @@ impl ExecContext {
         &self,
         x: &RawTensor,
         k: usize,
-        axis: usize,
+        axis: impl Axis,
         largest: bool,
     ) -> Result<(RawTensor, RawTensor<i64>), ExecError> {
         const OP: &str = "topk";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         let n = x.shape()[axis];
         if k == 0 || k > n {
             return Err(ExecError::InvalidArgument {
@@ -109,11 +110,11 @@ impl ExecContext {
     pub fn argsort(
         &self,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
         descending: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
         const OP: &str = "argsort";
-        check_axis(OP, axis, x.rank())?;
+        let axis = check_axis(OP, axis, x.rank())?;
         check_line(OP, x, axis)?;
         let xs = self.contiguous(x)?;
         let n = x.shape()[axis];

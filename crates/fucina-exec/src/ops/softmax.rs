@@ -6,6 +6,7 @@
 //! the same way, and the result is scattered back: the bits are those of the
 //! last-axis path on the transposed operand.
 
+use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::simd::vectorized;
@@ -25,12 +26,12 @@ impl ExecContext {
         &self,
         op: &'static str,
         inputs: [&RawTensor; N],
-        axis: usize,
+        axis: impl Axis,
         work: usize,
         f: impl Fn([&[f32]; N], &mut [f32]) + Sync,
     ) -> Result<RawTensor, ExecError> {
         let shape = inputs[0].dims();
-        check_axis(op, axis, shape.len())?;
+        let axis = check_axis(op, axis, shape.len())?;
         for t in &inputs[1..] {
             if t.shape() != shape.as_slice() {
                 return Err(ExecError::ShapeMismatch {
@@ -89,8 +90,9 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidAxis`] if `axis >= rank`; [`ExecError::OutOfMemory`].
-    pub fn softmax(&self, x: &RawTensor, axis: usize) -> Result<RawTensor, ExecError> {
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank..rank` (negative axes
+    /// count from the end, see [`Axis`]); [`ExecError::OutOfMemory`].
+    pub fn softmax(&self, x: &RawTensor, axis: impl Axis) -> Result<RawTensor, ExecError> {
         self.rowwise_along("softmax", [x], axis, EXP_WORK, |[r], o| {
             vectorized!(rowwise::softmax(r, o))
         })
@@ -100,7 +102,7 @@ impl ExecContext {
     ///
     /// # Errors
     /// As [`softmax`](ExecContext::softmax).
-    pub fn log_softmax(&self, x: &RawTensor, axis: usize) -> Result<RawTensor, ExecError> {
+    pub fn log_softmax(&self, x: &RawTensor, axis: impl Axis) -> Result<RawTensor, ExecError> {
         self.rowwise_along("log_softmax", [x], axis, EXP_WORK, |[r], o| {
             vectorized!(rowwise::log_softmax(r, o))
         })
@@ -117,7 +119,7 @@ impl ExecContext {
         &self,
         y: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor, ExecError> {
         self.rowwise_along("softmax_backward", [y, grad_y], axis, 2, |[y, g], o| {
             vectorized!(rowwise::softmax_backward(y, g, o))
@@ -134,7 +136,7 @@ impl ExecContext {
         &self,
         y: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor, ExecError> {
         self.rowwise_along(
             "log_softmax_backward",
@@ -183,7 +185,7 @@ impl ExecContext {
         &self,
         op: SoftmaxOp,
         x: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor, ExecError> {
         match op {
             SoftmaxOp::Softmax => self.softmax(x, axis),
@@ -201,7 +203,7 @@ impl ExecContext {
         op: SoftmaxOp,
         y: &RawTensor,
         grad_y: &RawTensor,
-        axis: usize,
+        axis: impl Axis,
     ) -> Result<RawTensor, ExecError> {
         match op {
             SoftmaxOp::Softmax => self.softmax_backward(y, grad_y, axis),

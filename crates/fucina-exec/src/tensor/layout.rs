@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use crate::axis::Axis;
 use crate::error::ExecError;
 
 /// The largest rank a tensor may have.
@@ -345,13 +346,13 @@ pub(crate) fn is_row_major(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
-/// Normalizes an axis for a tensor of rank `rank` (no negative axes: `usize`).
-pub(crate) fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<usize, ExecError> {
-    if axis < rank {
-        Ok(axis)
-    } else {
-        Err(ExecError::InvalidAxis { op, axis, rank })
-    }
+/// Normalizes an axis for a tensor of rank `rank` (negative counts from the end).
+pub(crate) fn check_axis(
+    op: &'static str,
+    axis: impl Axis,
+    rank: usize,
+) -> Result<usize, ExecError> {
+    axis.resolve(op, rank)
 }
 
 /// The numpy broadcast of two shapes (right-aligned; equal dims or a 1).

@@ -1,6 +1,7 @@
 //! Zero-copy views: new handles over the same storage (one refcount increment,
 //! no data movement, no pool traffic).
 
+use crate::axis::Axis;
 use crate::error::ExecError;
 use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
@@ -64,10 +65,10 @@ impl<T: Element> RawTensor<T> {
     /// Axes `a` and `b` swapped.
     ///
     /// # Errors
-    /// [`ExecError::InvalidAxis`] if an axis is not below the rank.
-    pub fn transpose(&self, a: usize, b: usize) -> Result<RawTensor<T>, ExecError> {
-        check_axis("transpose", a, self.rank())?;
-        check_axis("transpose", b, self.rank())?;
+    /// [`ExecError::InvalidAxis`] if an axis is outside `-rank..rank`.
+    pub fn transpose(&self, a: impl Axis, b: impl Axis) -> Result<RawTensor<T>, ExecError> {
+        let a = check_axis("transpose", a, self.rank())?;
+        let b = check_axis("transpose", b, self.rank())?;
         let (mut dims, mut strides) = (self.dims(), self.layout().stride_dims());
         dims.as_mut_slice().swap(a, b);
         strides.as_mut_slice().swap(a, b);
@@ -79,8 +80,13 @@ impl<T: Element> RawTensor<T> {
     /// # Errors
     /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] for `len == 0`;
     /// [`ExecError::IndexOutOfBounds`] if the range does not fit the axis.
-    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<RawTensor<T>, ExecError> {
-        check_axis("narrow", axis, self.rank())?;
+    pub fn narrow(
+        &self,
+        axis: impl Axis,
+        start: usize,
+        len: usize,
+    ) -> Result<RawTensor<T>, ExecError> {
+        let axis = check_axis("narrow", axis, self.rank())?;
         let size = self.shape()[axis];
         if len == 0 {
             return Err(ExecError::InvalidShape {
@@ -121,8 +127,8 @@ impl<T: Element> RawTensor<T> {
     /// # Errors
     /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] if the axis is not of
     /// size 1 or the tensor has rank 1.
-    pub fn squeeze(&self, axis: usize) -> Result<RawTensor<T>, ExecError> {
-        check_axis("squeeze", axis, self.rank())?;
+    pub fn squeeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
+        let axis = check_axis("squeeze", axis, self.rank())?;
         if self.shape()[axis] != 1 || self.rank() == 1 {
             return Err(ExecError::InvalidShape {
                 op: "squeeze",
@@ -138,15 +144,17 @@ impl<T: Element> RawTensor<T> {
         Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
     }
 
-    /// Inserts a size-1 axis at position `axis` (`0..=rank`). The new axis gets the
+    /// Inserts a size-1 axis at position `axis` (`0..=rank`, or `-rank - 1..0`
+    /// counted from the end of the result: `-1` appends it). The new axis gets the
     /// stride that keeps a contiguous tensor contiguous.
     ///
     /// # Errors
-    /// [`ExecError::InvalidAxis`] if `axis > rank`; [`ExecError::InvalidShape`] if the
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank - 1..=rank`;
+    /// [`ExecError::InvalidShape`] if the
     /// result would have rank above 8.
-    pub fn unsqueeze(&self, axis: usize) -> Result<RawTensor<T>, ExecError> {
+    pub fn unsqueeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
         let rank = self.rank();
-        check_axis("unsqueeze", axis, rank + 1)?;
+        let axis = check_axis("unsqueeze", axis, rank + 1)?;
         if rank == MAX_RANK {
             return Err(ExecError::InvalidShape {
                 op: "unsqueeze",
