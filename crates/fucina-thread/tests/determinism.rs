@@ -5,18 +5,9 @@
 use fucina_thread::{Team, TeamOptions, chunk_ranges};
 use std::sync::Mutex;
 
-fn data(n: usize) -> Vec<f32> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            // Values spanning several magnitudes, so summation order matters.
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 10f32.powi((s % 7) as i32 - 3)
-        })
-        .collect()
-}
+#[path = "support/data.rs"]
+mod data_support;
+use data_support::data;
 
 fn reduce(team: &Team, xs: &[f32], grain: usize) -> f32 {
     let chunks = chunk_ranges(0, xs.len(), grain, team.participants());
