@@ -1,5 +1,6 @@
 //! The persistent spin-then-park fork-join [`Team`] (protocol: `team/README.md`).
 
+pub(crate) mod adapt;
 pub(crate) mod chained;
 pub(crate) mod dispatch;
 #[cfg_attr(loom, allow(dead_code))]
@@ -9,10 +10,10 @@ use crate::chunking::{ChunkRanges, chunk_ranges};
 use crate::error::ThreadError;
 use crate::knobs::{self, MAX_THREADS};
 use crate::profile::Mode;
-use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, thread_local};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, thread_local};
 use chained::{Chain, ChainedJob};
 use crossbeam_utils::CachePadded;
-use dispatch::{Core, Payload, Share};
+use dispatch::{Core, Payload, Share, seat_bit};
 use std::any::Any;
 use std::cell::Cell;
 use std::ops::Range;
@@ -319,6 +320,11 @@ pub struct Team {
     worker_count: AtomicUsize,
     /// The started team; accessed only by the holder of `active` (or `&mut self`).
     core: std::cell::UnsafeCell<Option<Core>>,
+    /// Join fallback timed waits, shared with the started team's workers'
+    /// state: readable at any time, even during a dispatch.
+    join_waits: Arc<AtomicU64>,
+    /// Whether the adaptive serial mode may engage ([`Team::set_adaptive`]).
+    adaptive: AtomicBool,
 }
 
 // SAFETY: `core` is only accessed by the thread that won the `active` CAS
@@ -520,13 +526,12 @@ where
 /// One participant's share of a chunks job: participant `p` first runs task
 /// `p` (its static task, no atomic), then claims `chunk` indices at a time
 /// from the dynamic part `participants..count` (team/README.md, "Job shares").
-///
-/// Returns how far the job advances the claim counter
-/// ([`dispatch::claims_advance`]).
+/// With [`Share::steal`] set (the dispatcher, after closing the seat), it runs
+/// only the static tasks of the workers that never entered.
 ///
 /// # Safety
 /// `payload` must hold a `C` whose pointers are live, for `share.count` tasks.
-unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usize {
+unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
     // SAFETY: the caller passes the payload this function was made for, in
     // place in the job descriptor.
     let job = unsafe { payload.get_ref::<C>() };
@@ -534,11 +539,14 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
         index,
         participants,
         next,
-        base,
         count,
         panic,
         tracer,
+        steal,
     } = share;
+    if steal != 0 {
+        return steal_static_tasks(job, count, participants, panic, tracer, steal);
+    }
     if let Some(t) = tracer {
         t.claimed();
     }
@@ -548,12 +556,13 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
         panic.catch(|| unsafe { job.call(index) });
         ran += 1;
     }
-    let chunk = claim_chunk(count, participants);
     if count > participants {
-        // `count <= MAX_CHUNKS_COUNT` (run_job), so neither the claim number
-        // nor `start + chunk` can overflow (README, "Monotonic counters").
+        let chunk = claim_chunk(count, participants);
+        // `count <= MAX_CHUNKS_COUNT` (run_job), and `next` starts at 0 and
+        // grows by at most `chunk` per participant past `count - participants`,
+        // so neither the claim nor `start + chunk` can overflow.
         loop {
-            let claim = next.fetch_add(chunk, Ordering::Relaxed).wrapping_sub(base);
+            let claim = next.fetch_add(chunk, Ordering::Relaxed);
             let start = participants + claim;
             if start >= count {
                 break;
@@ -569,7 +578,32 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
     if let Some(t) = tracer {
         t.completed(ran);
     }
-    dispatch::claims_advance(count, participants, chunk)
+}
+
+/// Runs the static tasks of the absent workers (`steal`: their seat bits),
+/// on the dispatcher, after the seat closed.
+#[cold]
+#[inline(never)]
+fn steal_static_tasks<C: IndexedJob>(
+    job: &C,
+    count: usize,
+    participants: usize,
+    panic: &PanicSlot,
+    tracer: Option<crate::profile::Tracer<'_>>,
+    steal: u64,
+) {
+    let mut ran = 0u64;
+    for worker in 1..participants.min(count) {
+        if steal & seat_bit(worker) != 0 {
+            // SAFETY: `worker < count`; the worker never entered the job and
+            // cannot any more (closed seat), so this static task runs once.
+            panic.catch(|| unsafe { job.call(worker) });
+            ran += 1;
+        }
+    }
+    if let Some(t) = tracer {
+        t.completed_more(ran);
+    }
 }
 
 /// The largest task count a team dispatch takes; larger counts (only possible
@@ -595,6 +629,8 @@ impl Team {
             active: CachePadded::new(AtomicBool::new(false)),
             worker_count: AtomicUsize::new(NOT_STARTED),
             core: std::cell::UnsafeCell::new(None),
+            join_waits: Arc::new(AtomicU64::new(0)),
+            adaptive: AtomicBool::new(true),
         })
     }
 
@@ -625,10 +661,35 @@ impl Team {
     }
 
     /// Join fallback timed waits taken so far (reference §3.5); a diagnostic.
-    /// 0 before the workers start.
+    /// 0 before the workers start. Readable at any time, also while a
+    /// dispatch is running (from one of its tasks, say).
     pub fn join_timed_waits(&self) -> u64 {
-        self.with_core(|core| core.map_or(0, |c| c.engine.join_timed_waits()))
-            .unwrap_or(0)
+        self.join_waits.load(Ordering::Relaxed)
+    }
+
+    /// Turns the adaptive serial mode on (the default) or off.
+    ///
+    /// When the workers stop showing up for dispatches (a worker never
+    /// entered, or the caller had to sleep in the join, `4` dispatches in a
+    /// row: competing processes, a CPU quota), the team runs *small* jobs
+    /// (fewer than 4 tasks per participant) alone on the caller for a short
+    /// window (1 ms, doubling up to 16 ms while probes fail), then probes
+    /// with a real dispatch; a probe that every worker entered in time ends
+    /// the mode. Results are bitwise identical either way: the tasks and their
+    /// boundaries do not change, only who runs them. Off, every job with two
+    /// or more tasks is dispatched.
+    pub fn set_adaptive(&self, on: bool) {
+        self.adaptive.store(on, Ordering::Relaxed);
+    }
+
+    /// The adaptive mode's diagnostics: `(times it engaged, jobs run alone)`
+    /// so far; `None` while another thread is dispatching.
+    pub fn adaptive_stats(&self) -> Option<(u64, u64)> {
+        self.with_core(|core| {
+            core.map_or((0, 0), |c| {
+                (c.engine.adapt.engaged, c.engine.adapt.alone_runs)
+            })
+        })
     }
 
     /// The spin budgets of the started team (`None` before start or while
@@ -696,7 +757,7 @@ impl Team {
     fn start_workers(&self, core: &mut Option<Core>) -> Result<(), ThreadError> {
         let workers = self.planned_workers();
         if workers > 0 {
-            *core = Some(Core::start(workers)?);
+            *core = Some(Core::start(workers, Arc::clone(&self.join_waits))?);
             self.worker_count.store(workers, Ordering::Release);
         }
         Ok(())
@@ -725,6 +786,7 @@ impl Team {
         };
         let participants = core.engine.workers() + 1;
         let chunk = claim_chunk(count, participants);
+        core.engine.adapt.enabled = self.adaptive.load(Ordering::Relaxed);
         // SAFETY: `run_chunks::<C>` is made for a `C` payload; it catches every
         // task panic and is safe to run concurrently (jobs only share `Sync`
         // data, and hand out each `&mut` once: P3). The caller keeps what `job`
@@ -1018,6 +1080,7 @@ impl Team {
             engine,
             chain: arrays,
         } = core;
+        engine.adapt.enabled = self.adaptive.load(Ordering::Relaxed);
         let job = ChainedJob::new(tasks, initial_count, &run, arrays);
         // SAFETY: `run_chained::<T, F>` is made for `ChainedJob<T, F>`; it
         // catches every panic; tasks are handed out at most once each (claimed
@@ -1093,13 +1156,13 @@ mod tests {
     }
 
     #[test]
-    fn monotonic_counters_cross_their_wrap() {
-        // Start `done` and `next` just below their wrap, so the joins and the
-        // dynamic claims of the next dispatches cross it.
-        dispatch::COUNTER_START.with(|c| c.set((u32::MAX - 2, usize::MAX - 9)));
+    fn the_done_counter_crosses_its_wrap() {
+        // Start `done` just below its wrap, so the joins of the next
+        // dispatches cross it.
+        dispatch::COUNTER_START.with(|c| c.set(u32::MAX - 2));
         let team = Team::new(TeamOptions { max_workers: 3 }).unwrap();
         team.warm_up().unwrap();
-        dispatch::COUNTER_START.with(|c| c.set((0, 0)));
+        dispatch::COUNTER_START.with(|c| c.set(0));
         let p = team.participants();
         for count in [2usize, 3, 5, 9, 17, 40, 100, 2, 7] {
             for _ in 0..4 {
