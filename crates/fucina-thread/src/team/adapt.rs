@@ -128,4 +128,10 @@ impl Adapt {
         self.until = None;
         self.window = ALONE_WINDOW_MIN;
     }
+
+    /// Whether the mode is engaged (a window is open or a probe is due).
+    #[cfg(test)]
+    pub(crate) fn engaged_now(&self) -> bool {
+        self.until.is_some()
+    }
 }

@@ -166,7 +166,7 @@ pub(crate) struct JobRef {
 #[repr(C)]
 pub(crate) struct GenerationLine {
     /// Bumped (release) once per dispatch and once at shutdown; workers wait on it.
-    word: WaitWord,
+    pub(crate) word: WaitWord,
     /// Worker `done` increments, ever (wrapping u32, a futex word); the
     /// dispatcher joins on it reaching its target. Monotonic, never reset.
     done: WaitWord,
@@ -201,7 +201,7 @@ const _: () = {
 /// State shared by the dispatcher and the workers.
 pub(crate) struct Shared {
     /// The generation word, `done` and the job (see [`GenerationLine`]).
-    generation: CachePadded<GenerationLine>,
+    pub(crate) generation: CachePadded<GenerationLine>,
     /// The chunks-mode dynamic claim counter: 0 at every publish (the
     /// dispatcher resets it after a job that used it).
     next: CachePadded<AtomicUsize>,
