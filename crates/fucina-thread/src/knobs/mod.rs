@@ -60,7 +60,8 @@ pub use budget::{
     DEFAULT_JOIN_SPIN, DEFAULT_WORKER_SPIN, OVERSUBSCRIBED_JOIN_SPIN, SpinBudgets, spin_budgets,
 };
 pub use cgroup::{
-    cgroup_v2_levels, cgroup_v2_path, cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
+    cgroup_cpu_budget_at, cgroup_v1_cpu_path, cgroup_v2_levels, cgroup_v2_path,
+    cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
 };
 pub use cpus::{count_physical_cores, parse_cpu_list};
 pub use env::{
@@ -190,9 +191,12 @@ pub fn performance_cpu_count() -> Option<usize> {
 /// cgroup v2: the process's path from the `0::` line of `/proc/self/cgroup`;
 /// `/sys/fs/cgroup<level>/cpu.max` for that path and every ancestor
 /// ([`cgroup_v2_levels`], [`parse_cpu_max`]), the tightest limit wins.
-/// Without a v2 limit, cgroup v1's `/sys/fs/cgroup/cpu/cpu.cfs_quota_us` and
-/// `cpu.cfs_period_us` ([`parse_cfs_quota`]). Budgets are floored, never
-/// below 1 ([`cpu_budget_from_quota`]). Probed once per process.
+/// Without a v2 limit, cgroup v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`
+/// ([`parse_cfs_quota`]) under `/sys/fs/cgroup/cpu` for the `cpu`
+/// controller's path ([`cgroup_v1_cpu_path`]), every ancestor and the mount
+/// root, the tightest limit wins ([`cgroup_cpu_budget_at`]). Budgets are
+/// floored, never below 1 ([`cpu_budget_from_quota`]). Probed once per
+/// process.
 pub fn cgroup_cpu_budget() -> Option<usize> {
     CGROUP.get_or_probe(cgroup::probe)
 }
