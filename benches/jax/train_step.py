@@ -38,7 +38,7 @@ def main():
         "--serve",
         action="store_true",
         help="compile, print 'ready', then for each 'run N' line on stdin run N "
-        "timed steps and print their median in microseconds ('quit' ends); "
+        "steps and print the mean step time in microseconds ('quit' ends); "
         "used by benches/benches/load.rs",
     )
     args = ap.parse_args()
@@ -86,13 +86,12 @@ def main():
             cmd = line.split()
             if not cmd or cmd[0] == "quit":
                 break
-            times = []
-            for _ in range(int(cmd[1])):
-                t0 = time.perf_counter()
+            n = int(cmd[1])
+            t0 = time.perf_counter()
+            for _ in range(n):
                 params, loss = step(params, x, labels)
                 jax.block_until_ready((params, loss))
-                times.append(time.perf_counter() - t0)
-            print(f"{statistics.median(times) * 1e6:.2f}", flush=True)
+            print(f"{(time.perf_counter() - t0) / n * 1e6:.2f}", flush=True)
         return 0
     c0, w0 = time.process_time_ns(), time.perf_counter()
     for _ in range(args.steps):

@@ -79,6 +79,15 @@ pub const SPIN_BUDGET_ENV: &str = "FUCINA_SPIN_BUDGET";
 /// Name of the flag that enables the per-dispatch profile line.
 pub const POOL_PROFILE_ENV: &str = "FUCINA_POOL_PROFILE";
 
+/// Turns a new team's adaptive serial mode off when it starts with `0`.
+pub const ADAPTIVE_ENV: &str = "FUCINA_ADAPTIVE";
+
+/// Whether a new team starts with the adaptive serial mode on: unless
+/// [`ADAPTIVE_ENV`] is set and starts with `0` (read at every `Team::new`).
+pub fn adaptive_from_env() -> bool {
+    std::env::var_os(ADAPTIVE_ENV).is_none_or(|v| !v.to_string_lossy().starts_with('0'))
+}
+
 /// Sentinel of the probe caches: probed, answer unknown.
 const UNKNOWN: usize = usize::MAX;
 

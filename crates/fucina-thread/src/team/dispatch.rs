@@ -1,4 +1,4 @@
-//! The dispatch / park / join protocol of `team/README.md` (reference §3.2–3.5).
+//! The dispatch / park / join protocol of `team/README.md`.
 //!
 //! [`Shared`] is the state the workers see (behind an `Arc`); [`Core`] is the
 //! dispatcher-side owner (thread handles, chained arrays, the profile counter),
@@ -664,7 +664,7 @@ fn shutdown(sh: &Shared, handles: &mut Vec<JoinHandle<()>>) {
     }
 }
 
-/// The join of reference §3.5: spin up to the join bound, then 1 ms timed waits
+/// The join: spin up to the join bound, then 1 ms timed waits
 /// on `done` itself (workers never wake it), with the bound dropped to
 /// [`OVERSUBSCRIBED_JOIN_SPIN`] after the first wait. Returns when `done`
 /// reaches `target` (it never passes it: see team/README.md, P2), and whether
@@ -713,7 +713,7 @@ fn enter(sh: &Shared, bit: u64) -> bool {
     }
 }
 
-/// A worker thread's body (reference §3.3, "Worker loop").
+/// A worker thread's body (team/README.md, "Worker states").
 fn worker_main(sh: &Shared, index: usize) {
     // A worker only ever runs task code, so it is always "inside a parallel
     // region" (as participant `index`): any parallel call made by a task runs

@@ -641,7 +641,7 @@ impl Team {
             worker_count: AtomicUsize::new(NOT_STARTED),
             core: std::cell::UnsafeCell::new(None),
             join_waits: Arc::new(AtomicU64::new(0)),
-            adaptive: AtomicBool::new(true),
+            adaptive: AtomicBool::new(knobs::adaptive_from_env()),
         })
     }
 
@@ -688,7 +688,8 @@ impl Team {
     /// with a real dispatch; a probe that every worker entered in time ends
     /// the mode. Results are bitwise identical either way: the tasks and their
     /// boundaries do not change, only who runs them. Off, every job with two
-    /// or more tasks is dispatched.
+    /// or more tasks is dispatched. A new team starts with the mode on unless
+    /// `FUCINA_ADAPTIVE` starts with `0`.
     pub fn set_adaptive(&self, on: bool) {
         self.adaptive.store(on, Ordering::Relaxed);
     }
@@ -802,7 +803,8 @@ impl Team {
         // task panic and is safe to run concurrently (jobs only share `Sync`
         // data, and hand out each `&mut` once: P3). The caller keeps what `job`
         // points to live until we return, which is after `dispatch` returned,
-        // which is after every worker has left the job.
+        // which is after every worker that entered the job has left it (a
+        // worker that did not enter never touches it).
         let back = unsafe {
             core.engine
                 .dispatch(job, run_chunks::<C>, Mode::Chunks, count, chunk)
@@ -828,7 +830,8 @@ impl Team {
     ///   is unspecified. The caller is participant 0.
     ///
     /// `tasks` and `run` may borrow from the caller's stack: the call does not
-    /// return before every participant has left the dispatch.
+    /// return before every participant that took part has left the dispatch
+    /// (a worker that comes too late touches nothing of it).
     ///
     /// # Panics
     /// If a task panics, the other tasks still run, the dispatch completes,
@@ -1096,7 +1099,8 @@ impl Team {
         // SAFETY: `run_chained::<T, F>` is made for `ChainedJob<T, F>`; it
         // catches every panic; tasks are handed out at most once each (claimed
         // flags), `T: Send`, `F: Sync`. `job` (and the `&mut tasks` borrow it
-        // holds) lives until `dispatch` returns, after every worker has left.
+        // holds) lives until `dispatch` returns, after every worker that
+        // entered has left (no other worker touches it).
         unsafe {
             engine.dispatch(
                 &raw const job,
