@@ -39,6 +39,8 @@ pub(crate) struct Adapt {
     until: Option<Instant>,
     /// The length of the next window.
     window: Duration,
+    /// Whether the job being dispatched now is a probe (the window ended).
+    probe: bool,
     /// Jobs run alone so far (a diagnostic).
     pub(crate) alone_runs: u64,
     /// Times the mode engaged so far (a diagnostic).
@@ -52,6 +54,7 @@ impl Default for Adapt {
             streak: 0,
             until: None,
             window: ALONE_WINDOW_MIN,
+            probe: false,
             alone_runs: 0,
             engaged: 0,
         }
@@ -76,12 +79,21 @@ impl Adapt {
             return false;
         }
         let small = count < participants.saturating_mul(SMALL_TASKS_PER_PARTICIPANT);
-        if small && Instant::now() < until {
+        self.probe = Instant::now() >= until;
+        if small && !self.probe {
             self.alone_runs += 1;
             true
         } else {
             false
         }
+    }
+
+    /// Whether the dispatch being published is a probe: the mode is engaged
+    /// and its window has ended (a large job dispatched inside the window is
+    /// not one).
+    #[inline(always)]
+    pub(crate) fn probing(&self) -> bool {
+        self.probe
     }
 
     /// Records the outcome of a dispatch that was published: `late` when a
@@ -110,6 +122,7 @@ impl Adapt {
             (true, true) => {
                 self.window = (self.window * 2).min(ALONE_WINDOW_MAX);
                 self.until = Some(Instant::now() + self.window);
+                self.probe = false;
             }
             (false, _) => {
                 self.streak += 1;
@@ -125,6 +138,7 @@ impl Adapt {
     /// Leaves the mode (or stays out of it), with the shortest next window.
     fn leave(&mut self) {
         self.streak = 0;
+        self.probe = false;
         self.until = None;
         self.window = ALONE_WINDOW_MIN;
     }

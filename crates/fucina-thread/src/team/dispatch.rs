@@ -506,6 +506,11 @@ impl Engine {
         sh.generation
             .job
             .with(|j| unsafe { run(&(*j).payload, share) });
+        if self.adapt.probing() {
+            // A probe of the adaptive mode: give parked workers the time to
+            // wake and enter before closing (README, "Adaptive parallelism").
+            await_entries(sh, all_seats(self.workers()), PROBE_PATIENCE);
+        }
         // State CLOSE: every task is claimed now, except the static tasks of
         // workers that have not entered. The RMW reads the latest seat value:
         // a worker whose bit it shows entered before (and runs its static
@@ -603,6 +608,29 @@ impl Engine {
         use std::io::Write as _;
         // A failed diagnostic write is ignored (never panic after a dispatch).
         let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }
+}
+
+/// How long a probe of the adaptive mode waits, after the dispatcher's own
+/// share, for every worker to enter before it closes the seat: a parked
+/// worker's wake-up latency, so that an idle team is seen as back.
+pub(crate) const PROBE_PATIENCE: Duration = Duration::from_micros(200);
+
+/// Spins until every worker of `all` entered the seat or `patience` passed.
+#[cold]
+#[inline(never)]
+fn await_entries(sh: &Shared, all: u64, patience: Duration) {
+    let t0 = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if sh.generation.seat.load(Ordering::Relaxed) & all == all {
+                return;
+            }
+            sync::spin_loop();
+        }
+        if t0.elapsed() >= patience {
+            return;
+        }
     }
 }
 
