@@ -57,6 +57,9 @@ pub fn in_parallel_region() -> bool {
 /// distinct threads of one dispatch never share an index. It is meant for
 /// per-participant scratch: a buffer per index, allocated once.
 ///
+/// A job that the adaptive mode ([`Team::set_adaptive`]) runs on the caller
+/// alone is a dispatch that no worker entered: its tasks see `Some(0)`.
+///
 /// `None` outside a dispatch and in every serial run: the serial fallbacks (a
 /// team without workers, a nested call, a busy team), a single task run
 /// inline, and `parallel_for`/`parallel_for_slices` with a single chunk. Such
