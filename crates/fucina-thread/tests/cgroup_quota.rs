@@ -10,9 +10,10 @@
 //! `FUCINA_REQUIRE_CGROUP_TEST=1` is set, which makes the refusal a failure
 //! (set it where the machine is known to allow it). The parsing and the walk
 //! over the levels are tested everywhere on fake trees (`knobs/cgroup.rs`).
-//! The manual check on a systemd host with cgroup v2:
-//! `systemd-run --user --scope -p CPUQuota=100% cargo test -p fucina-thread
-//! --test knobs -- --nocapture` and compare `cpu_thread_count`.
+//! The manual check on a systemd host with cgroup v2 (as root):
+//! `systemd-run --scope -p CPUQuota=100% <a program>` must see
+//! `cpu_thread_count(MAX_THREADS) == 1` and a default team of one participant
+//! (this test itself needs no systemd: on such a host it makes a v2 group).
 
 use fucina_thread::knobs::{self, MAX_THREADS};
 use fucina_thread::{Team, TeamOptions};
