@@ -34,6 +34,13 @@ def main():
         action="store_true",
         help="also print the process CPU time per step (all threads)",
     )
+    ap.add_argument(
+        "--serve",
+        action="store_true",
+        help="compile, print 'ready', then for each 'run N' line on stdin run N "
+        "steps and print the mean step time in microseconds ('quit' ends); "
+        "used by benches/benches/load.rs",
+    )
     args = ap.parse_args()
     if args.threads == 1:
         os.environ["XLA_FLAGS"] = (
@@ -73,6 +80,19 @@ def main():
     for _ in range(args.warmup):
         params, loss = step(params, x, labels)
     jax.block_until_ready(params)
+    if args.serve:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd or cmd[0] == "quit":
+                break
+            n = int(cmd[1])
+            t0 = time.perf_counter()
+            for _ in range(n):
+                params, loss = step(params, x, labels)
+                jax.block_until_ready((params, loss))
+            print(f"{(time.perf_counter() - t0) / n * 1e6:.2f}", flush=True)
+        return 0
     c0, w0 = time.process_time_ns(), time.perf_counter()
     for _ in range(args.steps):
         params, loss = step(params, x, labels)

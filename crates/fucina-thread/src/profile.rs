@@ -94,6 +94,13 @@ impl Tracer<'_> {
             .store(self.now_ns(), Ordering::Relaxed);
         self.slot.tasks.store(tasks, Ordering::Relaxed);
     }
+    /// Adds `tasks` more tasks run after the participant's share (the
+    /// dispatcher running the static tasks of absent workers) and moves its
+    /// completion offset to now. Only the slot's owner writes it.
+    pub(crate) fn completed_more(&self, tasks: u64) {
+        let before = self.slot.tasks.load(Ordering::Relaxed);
+        self.completed(before.saturating_add(tasks));
+    }
 }
 
 /// A snapshot of one [`TraceSlot`].

@@ -13,6 +13,8 @@
 use fucina_fpenv::{Environment, Guard, RoundingMode, UnderflowMode};
 use fucina_thread::{OneShotWorker, TaskPool, Team, TeamOptions};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 const ODD: Environment = Environment {
     rounding: RoundingMode::TowardZero,
@@ -34,15 +36,44 @@ fn started_under_odd_environment(start: impl FnOnce()) {
 #[test]
 fn team_workers_start_in_the_default_environment() {
     let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+    // Every dispatch below is published (the adaptive mode could otherwise
+    // run a small job alone on a loaded machine).
+    team.set_adaptive(false);
     started_under_odd_environment(|| team.warm_up().unwrap());
     let seen = Mutex::new(Vec::new());
+    let worker_ran = AtomicBool::new(false);
+    let on_worker = || {
+        std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("fucina-team"))
+    };
     let tasks: Vec<usize> = (0..64).collect();
-    for _ in 0..20 {
+    for round in 0..20 {
+        if round == 0 && team.participants() > 1 {
+            // A rendezvous, not a timing assumption: the caller's static task
+            // (0) waits until the worker has entered and run its own (1). A
+            // worker that is late only delays it; the caller cannot finish
+            // its share, close the job and run task 1 itself first.
+            let t0 = Instant::now();
+            team.parallel_chunks(&[0usize, 1], |&i| {
+                if on_worker() {
+                    seen.lock().unwrap().push((true, fucina_fpenv::get()));
+                    worker_ran.store(true, Ordering::Release);
+                } else if i == 0 {
+                    while !worker_ran.load(Ordering::Acquire) {
+                        assert!(
+                            t0.elapsed() < Duration::from_secs(60),
+                            "the worker never entered"
+                        );
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
         team.parallel_chunks(&tasks, |_| {
-            let on_worker = std::thread::current()
-                .name()
-                .is_some_and(|n| n.starts_with("fucina-team"));
-            seen.lock().unwrap().push((on_worker, fucina_fpenv::get()));
+            seen.lock()
+                .unwrap()
+                .push((on_worker(), fucina_fpenv::get()));
         });
     }
     let seen = seen.into_inner().unwrap();

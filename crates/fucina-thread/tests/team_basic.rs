@@ -282,41 +282,57 @@ fn teams_are_usable_from_many_threads_in_turn() {
     assert_eq!(total.load(Ordering::Relaxed), 3 * 300 * 10);
 }
 
+/// Event-driven, no timing assumption: the worker's task ends only after the
+/// caller has taken `1 + WAITS` timed waits in the join (the counter is
+/// readable during the dispatch), however long the spin window lasts on a
+/// loaded machine. The `WAITS` waits it observed from start to end each slept
+/// the full timeout (nothing changes `done` while the task runs), so they took
+/// at least `WAITS - 1` timeouts even with coarse timers: a timed wait that
+/// returned at once would fail that.
 #[test]
 fn a_long_worker_task_engages_the_join_fallback() {
-    // Long enough that the join's spin window ends first even when the
-    // caller shares its core with other test processes.
-    const TAIL_MS: u64 = 500;
+    const WAITS: u64 = 3;
+    const SAFETY: Duration = Duration::from_secs(120);
     let team = team(1);
     team.warm_up().unwrap();
     let before = team.join_timed_waits();
     let caller = thread::current().id();
     let worker_started = AtomicBool::new(false);
+    let observed = Mutex::new(None);
     let t0 = Instant::now();
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        while !cond() {
+            assert!(t0.elapsed() < SAFETY, "timed out waiting: {what}");
+            thread::yield_now();
+        }
+    };
     team.parallel_chunks(&[0u8, 1], |_| {
         if thread::current().id() == caller {
             // Hold the caller's task until the worker has the other one, so the
-            // worker (not the caller) runs the slow task.
-            while !worker_started.load(Ordering::Acquire) {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(30),
-                    "worker never claimed"
-                );
-                thread::yield_now();
-            }
+            // worker (not the caller) runs the slow task: the caller cannot
+            // close the job and take task 1 itself first.
+            wait_for("the worker entered", &|| {
+                worker_started.load(Ordering::Acquire)
+            });
         } else {
             worker_started.store(true, Ordering::Release);
-            thread::sleep(Duration::from_millis(TAIL_MS));
+            wait_for("a first timed wait", &|| team.join_timed_waits() > before);
+            let first = (Instant::now(), team.join_timed_waits());
+            wait_for("more timed waits", &|| {
+                team.join_timed_waits() > first.1 + WAITS
+            });
+            *observed.lock().unwrap() = Some(first.0.elapsed());
         }
     });
     let waits = team.join_timed_waits() - before;
-    // The spin window (2^20 hints, a few ms; tens of ms when the caller is
-    // descheduled on a loaded machine) is far shorter than the tail, so the caller fell back to 1 ms timed waits: at least one, and at
-    // most about one per millisecond of tail (loose bound for a loaded machine:
-    // a broken timed wait that returned at once would take millions).
+    assert!(waits > WAITS, "{waits} timed waits");
+    let took = observed
+        .into_inner()
+        .unwrap()
+        .expect("the worker ran task 1");
     assert!(
-        (1..=5 * TAIL_MS).contains(&waits),
-        "{waits} timed waits for a {TAIL_MS} ms tail"
+        took >= Duration::from_millis(WAITS - 1),
+        "{WAITS} timed waits took {took:?}: a timed wait did not sleep"
     );
 }
 

@@ -118,40 +118,87 @@ fn v2_budget<T: AsRef<str>>(
         .min()
 }
 
-/// The uncached probe: v2 over the process's cgroup and its ancestors, then
-/// the v1 fallback; any failure is `None`.
+/// Finds this process's cgroup v1 `cpu` controller path in the text of
+/// `/proc/self/cgroup`: the path of the first `id:controllers:path` line
+/// whose comma-separated controllers include `cpu`, trimmed of spaces, tabs
+/// and CR. `None` when there is no such line or its path does not start
+/// with `/`.
+///
+/// ```
+/// use fucina_thread::knobs::cgroup_v1_cpu_path;
+/// assert_eq!(cgroup_v1_cpu_path("3:cpuset:/\n2:cpu,cpuacct:/job/7\n"), Some("/job/7"));
+/// assert_eq!(cgroup_v1_cpu_path("0::/a\n"), None);
+/// ```
+pub fn cgroup_v1_cpu_path(proc_self_cgroup: &str) -> Option<&str> {
+    proc_self_cgroup
+        .split('\n')
+        .find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "cpu")
+                .then(|| path.trim_matches([' ', '\t', '\r']))
+        })
+        .filter(|p| p.starts_with('/'))
+}
+
+/// The cgroup CPU budget of a process whose `/proc/self/cgroup` text is
+/// `proc_self_cgroup`, with the cgroup file systems mounted under `root`
+/// (`/sys/fs/cgroup` on a real host; a test passes a fake tree).
+///
+/// - cgroup v2: `<root><level>/cpu.max` for the `0::` path and every ancestor
+///   ([`cgroup_v2_levels`], [`parse_cpu_max`]); the tightest limit wins.
+/// - Without a v2 limit, cgroup v1: `<root>/cpu<level>/cpu.cfs_quota_us` and
+///   `cpu.cfs_period_us` for the `cpu` controller's path and every ancestor
+///   ([`cgroup_v1_cpu_path`], [`parse_cfs_quota`]), the tightest limit wins;
+///   the mount root itself (level `""`) is always read, which is the
+///   container's own cgroup when the runtime mounts it there.
+///
+/// Unreadable, oversized (4 KiB or more) or unlimited files are skipped; no
+/// limit at all is `None`.
+pub fn cgroup_cpu_budget_at(proc_self_cgroup: &str, root: &std::path::Path) -> Option<usize> {
+    fn read(path: std::path::PathBuf) -> Option<String> {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(4096)
+            .read_to_string(&mut text)
+            .ok()?;
+        (text.len() < 4096).then_some(text)
+    }
+    let under = |base: &std::path::Path, level: &str| base.join(level.trim_start_matches('/'));
+    let v2 = cgroup_v2_path(proc_self_cgroup)
+        .and_then(|path| v2_budget(path, |level| read(under(root, level).join("cpu.max"))));
+    if v2.is_some() {
+        return v2;
+    }
+    let v1_root = root.join("cpu");
+    let path = cgroup_v1_cpu_path(proc_self_cgroup).unwrap_or("");
+    cgroup_v2_levels(path)
+        .filter_map(|level| {
+            let dir = under(&v1_root, level);
+            parse_cfs_quota(
+                &read(dir.join("cpu.cfs_quota_us"))?,
+                &read(dir.join("cpu.cfs_period_us"))?,
+            )
+        })
+        .min()
+}
+
+/// The uncached probe: [`cgroup_cpu_budget_at`] for this process under
+/// `/sys/fs/cgroup`; any failure is `None`.
 pub(super) fn probe() -> Option<usize> {
     #[cfg(target_os = "linux")]
     {
-        linux_probe()
+        let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        cgroup_cpu_budget_at(&text, std::path::Path::new("/sys/fs/cgroup"))
     }
     #[cfg(not(target_os = "linux"))]
     {
         None
     }
-}
-
-#[cfg(target_os = "linux")]
-fn linux_probe() -> Option<usize> {
-    use super::cpus::read_small_file;
-    let mut proc_buf = [0u8; 4096];
-    let v2 = read_small_file("/proc/self/cgroup", &mut proc_buf)
-        .and_then(cgroup_v2_path)
-        .and_then(|path| {
-            let mut buf = [0u8; 64];
-            v2_budget(path, |level| {
-                read_small_file(&format!("/sys/fs/cgroup{level}/cpu.max"), &mut buf)
-                    .map(str::to_owned)
-            })
-        });
-    if v2.is_some() {
-        return v2;
-    }
-    let mut quota_buf = [0u8; 64];
-    let mut period_buf = [0u8; 64];
-    let quota = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &mut quota_buf)?;
-    let period = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us", &mut period_buf)?;
-    parse_cfs_quota(quota, period)
 }
 
 #[cfg(test)]
@@ -242,5 +289,72 @@ mod tests {
         assert_eq!(v2_budget("/a/b", none), None);
         let unlimited = |_: &str| Some("max 100000");
         assert_eq!(v2_budget("/a/b", unlimited), None);
+    }
+
+    /// A fake cgroup tree in a fresh temporary directory, removed on drop.
+    struct FakeRoot(std::path::PathBuf);
+
+    impl FakeRoot {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("fucina-cgroup-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            FakeRoot(dir)
+        }
+        fn write(&self, rel: &str, text: &str) {
+            let path = self.0.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+    }
+
+    impl Drop for FakeRoot {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn v1_cpu_controller_lines() {
+        assert_eq!(cgroup_v1_cpu_path("4:cpu,cpuacct:/a/b\n"), Some("/a/b"));
+        assert_eq!(cgroup_v1_cpu_path("4:cpuacct,cpu:/x \r\n"), Some("/x"));
+        assert_eq!(cgroup_v1_cpu_path("4:cpuacct:/a\n3:cpuset:/b\n"), None);
+        assert_eq!(cgroup_v1_cpu_path("1:cpu:relative\n"), None);
+        assert_eq!(cgroup_v1_cpu_path(""), None);
+    }
+
+    #[test]
+    fn a_fake_v2_tree_gives_the_tightest_cpu_max() {
+        let root = FakeRoot::new("v2");
+        root.write("cpu.max", "max 100000\n");
+        root.write("kubepods/cpu.max", "300000 100000\n");
+        root.write("kubepods/pod7/cpu.max", "150000 100000\n");
+        let proc = "0::/kubepods/pod7\n";
+        assert_eq!(cgroup_cpu_budget_at(proc, &root.0), Some(1));
+        root.write("kubepods/pod7/cpu.max", "max 100000\n");
+        assert_eq!(cgroup_cpu_budget_at(proc, &root.0), Some(3));
+        // A level that cannot be read is skipped; no limit at all is None.
+        std::fs::remove_file(root.0.join("kubepods/cpu.max")).unwrap();
+        assert_eq!(cgroup_cpu_budget_at(proc, &root.0), None);
+    }
+
+    #[test]
+    fn a_fake_v1_tree_is_read_along_the_cpu_path_and_at_the_mount_root() {
+        let root = FakeRoot::new("v1");
+        root.write("cpu/cpu.cfs_quota_us", "-1\n");
+        root.write("cpu/cpu.cfs_period_us", "100000\n");
+        root.write("cpu/job/cpu.cfs_quota_us", "250000\n");
+        root.write("cpu/job/cpu.cfs_period_us", "100000\n");
+        let proc = "5:cpuset:/\n4:cpu,cpuacct:/job\n0::/\n";
+        assert_eq!(cgroup_cpu_budget_at(proc, &root.0), Some(2));
+        // A container runtime that mounts the container's own cgroup at the
+        // root: the path in /proc/self/cgroup does not exist below the mount.
+        let proc = "4:cpu,cpuacct:/docker/abc\n";
+        root.write("cpu/cpu.cfs_quota_us", "100000\n");
+        assert_eq!(cgroup_cpu_budget_at(proc, &root.0), Some(1));
+        // v2 wins when it has a limit.
+        root.write("cpu.max", "400000 100000\n");
+        assert_eq!(cgroup_cpu_budget_at("0::/\n4:cpu:/job\n", &root.0), Some(4));
     }
 }

@@ -59,7 +59,8 @@ pub use budget::{
     DEFAULT_JOIN_SPIN, DEFAULT_WORKER_SPIN, OVERSUBSCRIBED_JOIN_SPIN, SpinBudgets, spin_budgets,
 };
 pub use cgroup::{
-    cgroup_v2_levels, cgroup_v2_path, cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
+    cgroup_cpu_budget_at, cgroup_v1_cpu_path, cgroup_v2_levels, cgroup_v2_path,
+    cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
 };
 pub use cpus::{count_physical_cores, parse_cpu_list};
 pub use env::{
@@ -76,6 +77,15 @@ pub const MAX_THREADS_ENV: &str = "FUCINA_MAX_THREADS";
 pub const SPIN_BUDGET_ENV: &str = "FUCINA_SPIN_BUDGET";
 /// Name of the flag that enables the per-dispatch profile line.
 pub const POOL_PROFILE_ENV: &str = "FUCINA_POOL_PROFILE";
+
+/// Turns a new team's adaptive serial mode off when it starts with `0`.
+pub const ADAPTIVE_ENV: &str = "FUCINA_ADAPTIVE";
+
+/// Whether a new team starts with the adaptive serial mode on: unless
+/// [`ADAPTIVE_ENV`] is set and starts with `0` (read at every `Team::new`).
+pub fn adaptive_from_env() -> bool {
+    std::env::var_os(ADAPTIVE_ENV).is_none_or(|v| !v.to_string_lossy().starts_with('0'))
+}
 
 /// Sentinel of the probe caches: probed, answer unknown.
 const UNKNOWN: usize = usize::MAX;
@@ -192,9 +202,12 @@ pub fn performance_cpu_count() -> Option<usize> {
 /// cgroup v2: the process's path from the `0::` line of `/proc/self/cgroup`;
 /// `/sys/fs/cgroup<level>/cpu.max` for that path and every ancestor
 /// ([`cgroup_v2_levels`], [`parse_cpu_max`]), the tightest limit wins.
-/// Without a v2 limit, cgroup v1's `/sys/fs/cgroup/cpu/cpu.cfs_quota_us` and
-/// `cpu.cfs_period_us` ([`parse_cfs_quota`]). Budgets are floored, never
-/// below 1 ([`cpu_budget_from_quota`]). Probed once per process.
+/// Without a v2 limit, cgroup v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`
+/// ([`parse_cfs_quota`]) under `/sys/fs/cgroup/cpu` for the `cpu`
+/// controller's path ([`cgroup_v1_cpu_path`]), every ancestor and the mount
+/// root, the tightest limit wins ([`cgroup_cpu_budget_at`]). Budgets are
+/// floored, never below 1 ([`cpu_budget_from_quota`]). Probed once per
+/// process.
 pub fn cgroup_cpu_budget() -> Option<usize> {
     CGROUP.get_or_probe(cgroup::probe)
 }

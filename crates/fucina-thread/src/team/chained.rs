@@ -217,15 +217,13 @@ impl<'a, T, F> ChainedJob<'a, T, F> {
 
 /// One participant's share of a chained job.
 ///
-/// Returns 0: a chained job never touches the claim counter.
-///
 /// # Safety
 /// `payload` must hold a pointer to a live `ChainedJob<'_, T, F>` whose `tasks` pointer
 /// covers `n` initialized `T`s that nothing else accesses during the dispatch.
 pub(crate) unsafe fn run_chained<T: Send, F: Fn(&mut T, &Chain<'_>) + Sync>(
     payload: &Payload,
     share: Share<'_>,
-) -> usize {
+) {
     let tracer = share.tracer;
     // SAFETY: the caller passes the payload this function was made for: a
     // pointer to a live `ChainedJob<'_, T, F>`.
@@ -302,7 +300,6 @@ pub(crate) unsafe fn run_chained<T: Send, F: Fn(&mut T, &Chain<'_>) + Sync>(
     if let Some(t) = tracer {
         t.completed(ran);
     }
-    0
 }
 
 #[cfg(all(test, not(loom)))]

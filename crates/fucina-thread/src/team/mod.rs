@@ -1,5 +1,6 @@
 //! The persistent spin-then-park fork-join [`Team`] (protocol: `team/README.md`).
 
+pub(crate) mod adapt;
 pub(crate) mod chained;
 pub(crate) mod dispatch;
 #[cfg_attr(loom, allow(dead_code))]
@@ -9,10 +10,10 @@ use crate::chunking::{ChunkRanges, chunk_ranges};
 use crate::error::ThreadError;
 use crate::knobs::{self, MAX_THREADS};
 use crate::profile::Mode;
-use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, thread_local};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, thread_local};
 use chained::{Chain, ChainedJob};
 use crossbeam_utils::CachePadded;
-use dispatch::{Core, Payload, Share};
+use dispatch::{Core, Payload, Share, seat_bit};
 use std::any::Any;
 use std::cell::Cell;
 use std::ops::Range;
@@ -39,8 +40,11 @@ thread_local! {
 }
 
 /// Whether the calling thread is inside a parallel region (running a task of a
-/// team dispatch, on a worker or as the dispatching caller). Parallel calls made
-/// from inside a region run inline on the calling thread.
+/// team dispatch, on a worker or as the dispatching caller, or a task of a
+/// call with several tasks that ran serially: a busy team, a failed start, the
+/// adaptive mode). Parallel calls made from inside a region run inline on the
+/// calling thread, so their chunks never depend on whether the outer call
+/// found the team free.
 #[inline]
 pub fn in_parallel_region() -> bool {
     REGION.with(|f| f.get()) != OUTSIDE
@@ -52,6 +56,9 @@ pub fn in_parallel_region() -> bool {
 /// `1..`), the same index for every task a thread runs in that dispatch, and
 /// distinct threads of one dispatch never share an index. It is meant for
 /// per-participant scratch: a buffer per index, allocated once.
+///
+/// A job that the adaptive mode ([`Team::set_adaptive`]) runs on the caller
+/// alone is a dispatch that no worker entered: its tasks see `Some(0)`.
 ///
 /// `None` outside a dispatch and in every serial run: the serial fallbacks (a
 /// team without workers, a nested call, a busy team), a single task run
@@ -130,9 +137,12 @@ struct SerialGuard {
 }
 
 impl SerialGuard {
-    fn enter() -> Self {
+    /// Marks a serial run inside a region; with `always`, also outside one
+    /// (the fallbacks of a multi-task job: nested calls then see a region, as
+    /// they would inside a parallel dispatch of the same job).
+    fn enter(always: bool) -> Self {
         let prev = REGION.with(|f| f.get());
-        if prev != OUTSIDE {
+        if always || prev != OUTSIDE {
             REGION.with(|f| f.set(SERIAL));
         }
         SerialGuard { prev }
@@ -234,8 +244,10 @@ fn drop_lost_payload(p: Box<dyn Any + Send>) {
 /// Runs `task(0..count)` in index order on the calling thread (the serial
 /// fallbacks and the single-task call): every task runs even if an earlier
 /// one panicked, then the first panic is resumed.
-fn run_serially(count: usize, mut task: impl FnMut(usize)) {
-    let serial = SerialGuard::enter();
+/// With `in_region`, the tasks run inside a parallel region even when the
+/// caller is outside one (see [`SerialGuard::enter`]).
+fn run_serially(count: usize, in_region: bool, mut task: impl FnMut(usize)) {
+    let serial = SerialGuard::enter(in_region);
     let mut first: Option<Box<dyn Any + Send>> = None;
     for i in 0..count {
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| task(i))) {
@@ -257,7 +269,10 @@ fn run_serially(count: usize, mut task: impl FnMut(usize)) {
 /// As [`Team::run_job`].
 #[inline(never)]
 unsafe fn run_job_serially<C: IndexedJob>(count: usize, job: &C) {
-    run_serially(count, |i| {
+    // A job of several tasks runs them inside a region, as a parallel
+    // dispatch would: a nested call's chunks do not depend on whether the
+    // team was free.
+    run_serially(count, count > 1, |i| {
         // SAFETY: `i < count`, each `i` once, and the caller keeps the job's
         // data live.
         unsafe { job.call(i) }
@@ -319,6 +334,11 @@ pub struct Team {
     worker_count: AtomicUsize,
     /// The started team; accessed only by the holder of `active` (or `&mut self`).
     core: std::cell::UnsafeCell<Option<Core>>,
+    /// Join fallback timed waits, shared with the started team's workers'
+    /// state: readable at any time, even during a dispatch.
+    join_waits: Arc<AtomicU64>,
+    /// Whether the adaptive serial mode may engage ([`Team::set_adaptive`]).
+    adaptive: AtomicBool,
 }
 
 // SAFETY: `core` is only accessed by the thread that won the `active` CAS
@@ -520,13 +540,12 @@ where
 /// One participant's share of a chunks job: participant `p` first runs task
 /// `p` (its static task, no atomic), then claims `chunk` indices at a time
 /// from the dynamic part `participants..count` (team/README.md, "Job shares").
-///
-/// Returns how far the job advances the claim counter
-/// ([`dispatch::claims_advance`]).
+/// With [`Share::steal`] set (the dispatcher, after closing the seat), it runs
+/// only the static tasks of the workers that never entered.
 ///
 /// # Safety
 /// `payload` must hold a `C` whose pointers are live, for `share.count` tasks.
-unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usize {
+unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) {
     // SAFETY: the caller passes the payload this function was made for, in
     // place in the job descriptor.
     let job = unsafe { payload.get_ref::<C>() };
@@ -534,11 +553,14 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
         index,
         participants,
         next,
-        base,
         count,
         panic,
         tracer,
+        steal,
     } = share;
+    if steal != 0 {
+        return steal_static_tasks(job, count, participants, panic, tracer, steal);
+    }
     if let Some(t) = tracer {
         t.claimed();
     }
@@ -548,12 +570,13 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
         panic.catch(|| unsafe { job.call(index) });
         ran += 1;
     }
-    let chunk = claim_chunk(count, participants);
     if count > participants {
-        // `count <= MAX_CHUNKS_COUNT` (run_job), so neither the claim number
-        // nor `start + chunk` can overflow (README, "Monotonic counters").
+        let chunk = claim_chunk(count, participants);
+        // `count <= MAX_CHUNKS_COUNT` (run_job), and `next` starts at 0 and
+        // grows by at most `chunk` per participant past `count - participants`,
+        // so neither the claim nor `start + chunk` can overflow.
         loop {
-            let claim = next.fetch_add(chunk, Ordering::Relaxed).wrapping_sub(base);
+            let claim = next.fetch_add(chunk, Ordering::Relaxed);
             let start = participants + claim;
             if start >= count {
                 break;
@@ -569,7 +592,32 @@ unsafe fn run_chunks<C: IndexedJob>(payload: &Payload, share: Share<'_>) -> usiz
     if let Some(t) = tracer {
         t.completed(ran);
     }
-    dispatch::claims_advance(count, participants, chunk)
+}
+
+/// Runs the static tasks of the absent workers (`steal`: their seat bits),
+/// on the dispatcher, after the seat closed.
+#[cold]
+#[inline(never)]
+fn steal_static_tasks<C: IndexedJob>(
+    job: &C,
+    count: usize,
+    participants: usize,
+    panic: &PanicSlot,
+    tracer: Option<crate::profile::Tracer<'_>>,
+    steal: u64,
+) {
+    let mut ran = 0u64;
+    for worker in 1..participants.min(count) {
+        if steal & seat_bit(worker) != 0 {
+            // SAFETY: `worker < count`; the worker never entered the job and
+            // cannot any more (closed seat), so this static task runs once.
+            panic.catch(|| unsafe { job.call(worker) });
+            ran += 1;
+        }
+    }
+    if let Some(t) = tracer {
+        t.completed_more(ran);
+    }
 }
 
 /// The largest task count a team dispatch takes; larger counts (only possible
@@ -595,6 +643,8 @@ impl Team {
             active: CachePadded::new(AtomicBool::new(false)),
             worker_count: AtomicUsize::new(NOT_STARTED),
             core: std::cell::UnsafeCell::new(None),
+            join_waits: Arc::new(AtomicU64::new(0)),
+            adaptive: AtomicBool::new(knobs::adaptive_from_env()),
         })
     }
 
@@ -625,10 +675,36 @@ impl Team {
     }
 
     /// Join fallback timed waits taken so far (reference §3.5); a diagnostic.
-    /// 0 before the workers start.
+    /// 0 before the workers start. Readable at any time, also while a
+    /// dispatch is running (from one of its tasks, say).
     pub fn join_timed_waits(&self) -> u64 {
-        self.with_core(|core| core.map_or(0, |c| c.engine.join_timed_waits()))
-            .unwrap_or(0)
+        self.join_waits.load(Ordering::Relaxed)
+    }
+
+    /// Turns the adaptive serial mode on (the default) or off.
+    ///
+    /// When the workers stop showing up for dispatches (a worker never
+    /// entered, or the caller had to sleep in the join, `4` dispatches in a
+    /// row: competing processes, a CPU quota), the team runs *small* jobs
+    /// (fewer than 4 tasks per participant) alone on the caller for a short
+    /// window (1 ms, doubling up to 16 ms while probes fail), then probes
+    /// with a real dispatch; a probe that every worker entered in time ends
+    /// the mode. Results are bitwise identical either way: the tasks and their
+    /// boundaries do not change, only who runs them. Off, every job with two
+    /// or more tasks is dispatched. A new team starts with the mode on unless
+    /// `FUCINA_ADAPTIVE` starts with `0`.
+    pub fn set_adaptive(&self, on: bool) {
+        self.adaptive.store(on, Ordering::Relaxed);
+    }
+
+    /// The adaptive mode's diagnostics: `(times it engaged, jobs run alone)`
+    /// so far; `None` while another thread is dispatching.
+    pub fn adaptive_stats(&self) -> Option<(u64, u64)> {
+        self.with_core(|core| {
+            core.map_or((0, 0), |c| {
+                (c.engine.adapt.engaged, c.engine.adapt.alone_runs)
+            })
+        })
     }
 
     /// The spin budgets of the started team (`None` before start or while
@@ -696,7 +772,7 @@ impl Team {
     fn start_workers(&self, core: &mut Option<Core>) -> Result<(), ThreadError> {
         let workers = self.planned_workers();
         if workers > 0 {
-            *core = Some(Core::start(workers)?);
+            *core = Some(Core::start(workers, Arc::clone(&self.join_waits))?);
             self.worker_count.store(workers, Ordering::Release);
         }
         Ok(())
@@ -725,11 +801,13 @@ impl Team {
         };
         let participants = core.engine.workers() + 1;
         let chunk = claim_chunk(count, participants);
+        core.engine.adapt.enabled = self.adaptive.load(Ordering::Relaxed);
         // SAFETY: `run_chunks::<C>` is made for a `C` payload; it catches every
         // task panic and is safe to run concurrently (jobs only share `Sync`
         // data, and hand out each `&mut` once: P3). The caller keeps what `job`
         // points to live until we return, which is after `dispatch` returned,
-        // which is after every worker has left the job.
+        // which is after every worker that entered the job has left it (a
+        // worker that did not enter never touches it).
         let back = unsafe {
             core.engine
                 .dispatch(job, run_chunks::<C>, Mode::Chunks, count, chunk)
@@ -755,7 +833,8 @@ impl Team {
     ///   is unspecified. The caller is participant 0.
     ///
     /// `tasks` and `run` may borrow from the caller's stack: the call does not
-    /// return before every participant has left the dispatch.
+    /// return before every participant that took part has left the dispatch
+    /// (a worker that comes too late touches nothing of it).
     ///
     /// # Panics
     /// If a task panics, the other tasks still run, the dispatch completes,
@@ -828,7 +907,7 @@ impl Team {
         let chunks = chunk_ranges(begin, end, grain, threads);
         match chunks.len() {
             0 => {}
-            1 => run_serially(1, |_| f(begin..end)),
+            1 => run_serially(1, false, |_| f(begin..end)),
             n => {
                 // SAFETY: `f` outlives the call; `job.range(i)` is chunk `i < n`.
                 unsafe {
@@ -933,7 +1012,7 @@ impl Team {
         let chunks = chunk_ranges(0, len, grain, threads);
         match chunks.len() {
             0 => {}
-            1 => run_serially(1, |_| f(0..len, &mut *out)),
+            1 => run_serially(1, false, |_| f(0..len, &mut *out)),
             n => {
                 let (out, size) = (out.as_mut_ptr(), chunks.chunk_size());
                 // SAFETY: chunk `i < n` is `[i * size, min((i + 1) * size, len))`
@@ -1018,11 +1097,13 @@ impl Team {
             engine,
             chain: arrays,
         } = core;
+        engine.adapt.enabled = self.adaptive.load(Ordering::Relaxed);
         let job = ChainedJob::new(tasks, initial_count, &run, arrays);
         // SAFETY: `run_chained::<T, F>` is made for `ChainedJob<T, F>`; it
         // catches every panic; tasks are handed out at most once each (claimed
         // flags), `T: Send`, `F: Sync`. `job` (and the `&mut tasks` borrow it
-        // holds) lives until `dispatch` returns, after every worker has left.
+        // holds) lives until `dispatch` returns, after every worker that
+        // entered has left (no other worker touches it).
         unsafe {
             engine.dispatch(
                 &raw const job,
@@ -1093,13 +1174,13 @@ mod tests {
     }
 
     #[test]
-    fn monotonic_counters_cross_their_wrap() {
-        // Start `done` and `next` just below their wrap, so the joins and the
-        // dynamic claims of the next dispatches cross it.
-        dispatch::COUNTER_START.with(|c| c.set((u32::MAX - 2, usize::MAX - 9)));
+    fn the_done_counter_crosses_its_wrap() {
+        // Start `done` just below its wrap, so the joins of the next
+        // dispatches cross it.
+        dispatch::COUNTER_START.with(|c| c.set(u32::MAX - 2));
         let team = Team::new(TeamOptions { max_workers: 3 }).unwrap();
         team.warm_up().unwrap();
-        dispatch::COUNTER_START.with(|c| c.set((0, 0)));
+        dispatch::COUNTER_START.with(|c| c.set(0));
         let p = team.participants();
         for count in [2usize, 3, 5, 9, 17, 40, 100, 2, 7] {
             for _ in 0..4 {
@@ -1112,6 +1193,258 @@ mod tests {
                     "{count} tasks on {p} participants"
                 );
             }
+        }
+    }
+
+    /// The started engine's shared state (test hooks), through the core.
+    fn shared_of(team: &Team) -> std::sync::Arc<dispatch::Shared> {
+        team.with_core(|c| std::sync::Arc::clone(&c.expect("started").engine.shared))
+            .expect("not busy")
+    }
+
+    /// Whether the adaptive mode is engaged now.
+    fn engaged(team: &Team) -> bool {
+        team.with_core(|c| c.expect("started").engine.adapt.engaged_now())
+            .expect("not busy")
+    }
+
+    /// Waits (event-driven, bounded only by a generous safety timeout) until
+    /// `cond` holds.
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !cond() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "timed out waiting: {what}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A late worker: it reads the new generation, is held (as if
+    /// descheduled) until the dispatch returned and the job's closure and
+    /// tasks were dropped, then finds the seat closed and touches nothing.
+    #[test]
+    fn a_late_worker_touches_nothing_of_a_finished_job() {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        team.set_adaptive(false);
+        team.warm_up().unwrap();
+        let sh = shared_of(&team);
+        sh.hold.store(true, Ordering::Relaxed);
+        let me = std::thread::current().id();
+        for round in 0..3u32 {
+            let held = sh.held.load(Ordering::Acquire);
+            let sh2 = std::sync::Arc::clone(&sh);
+            // The closure owns its state (moved into the job descriptor) and
+            // is dropped when the dispatch returns.
+            let hits: Box<[AtomicUsize; 2]> = Box::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+            let threads = std::sync::Mutex::new(Vec::new());
+            let threads_ref = &threads;
+            team.parallel_chunks(&[0usize, 1], move |&i| {
+                if i == 0 && round == 0 {
+                    // Hold task 0 until the worker has read this generation
+                    // (it is then held before entering, for every later
+                    // round too): it is late for sure.
+                    wait_until("the worker saw the generation", || {
+                        sh2.held.load(Ordering::Acquire) != held
+                    });
+                }
+                hits[i].fetch_add(1, Ordering::Relaxed);
+                threads_ref
+                    .lock()
+                    .unwrap()
+                    .push(std::thread::current().id());
+            });
+            // The caller ran both tasks (it stole the worker's static task).
+            assert_eq!(*threads.lock().unwrap(), [me, me], "round {round}");
+        }
+        assert_eq!(sh.held.load(Ordering::Relaxed), 1);
+        // Release the worker: it tries to enter a closed seat and skips.
+        sh.hold.store(false, Ordering::Relaxed);
+        // It still takes part afterwards (a rendezvous: task 0 waits for it).
+        let on_worker = AtomicUsize::new(0);
+        team.parallel_chunks(&[0usize, 1], |&i| {
+            if std::thread::current().id() != me {
+                on_worker.fetch_add(1, Ordering::Release);
+            } else if i == 0 {
+                wait_until("the worker entered", || {
+                    on_worker.load(Ordering::Acquire) == 1
+                });
+            }
+        });
+        assert_eq!(on_worker.load(Ordering::Relaxed), 1);
+    }
+
+    /// Adaptive mode: workers that do not show up for `LATE_STREAK`
+    /// dispatches make small jobs run alone (nothing published); a large job
+    /// is still published; when the worker is back, a probe ends the mode.
+    #[test]
+    fn absent_workers_engage_the_alone_mode_and_a_probe_ends_it() {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        team.warm_up().unwrap();
+        let sh = shared_of(&team);
+        let generation = || sh.generation.word.word().load(Ordering::Relaxed);
+        let me = std::thread::current().id();
+        sh.hold.store(true, Ordering::Relaxed);
+        let small = [0usize, 1];
+        let large: Vec<usize> =
+            (0..adapt::SMALL_TASKS_PER_PARTICIPANT * team.participants()).collect();
+        // Runs `tasks`, checks exactly-once; with `rendezvous`, task 0 waits
+        // (at most 10 ms) for a task on the worker.
+        let run = |tasks: &[usize], rendezvous: bool| {
+            let hits: Vec<AtomicUsize> = tasks.iter().map(|_| AtomicUsize::new(0)).collect();
+            let on_worker = AtomicBool::new(false);
+            team.parallel_chunks(tasks, |&i| {
+                if std::thread::current().id() != me {
+                    on_worker.store(true, Ordering::Release);
+                } else if i == 0 && rendezvous {
+                    let t0 = std::time::Instant::now();
+                    while !on_worker.load(Ordering::Acquire)
+                        && t0.elapsed() < std::time::Duration::from_millis(10)
+                    {
+                        std::thread::yield_now();
+                    }
+                }
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        };
+        for _ in 0..adapt::LATE_STREAK {
+            assert!(!engaged(&team));
+            run(&small, false);
+        }
+        assert!(engaged(&team));
+        let (times, alone0) = team.adaptive_stats().unwrap();
+        assert_eq!((times, alone0), (1, 0));
+        // Within a window (the first is 1 ms; each failed probe doubles it
+        // while the worker is held), a small job runs alone: nothing is
+        // published, and its tasks run inside a parallel region.
+        wait_until("a small job ran alone", || {
+            let g = generation();
+            let before = team.adaptive_stats().unwrap().1;
+            let region = AtomicUsize::new(0);
+            team.parallel_chunks(&small, |_| {
+                if in_parallel_region() && current_participant() == Some(0) {
+                    region.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            let alone = team.adaptive_stats().unwrap().1 > before;
+            if alone {
+                assert_eq!(generation(), g, "a job run alone publishes nothing");
+                assert_eq!(region.load(Ordering::Relaxed), 2);
+            }
+            alone
+        });
+        // A large job is published even in the mode.
+        let g = generation();
+        run(&large, false);
+        assert_ne!(generation(), g, "a large job is published");
+        // With the worker held, probes fail and the mode stays engaged.
+        std::thread::sleep(2 * adapt::ALONE_WINDOW_MAX);
+        run(&small, false);
+        assert!(engaged(&team));
+        // The worker is back: a probe it enters ends the mode (large jobs are
+        // always published, so they probe; the rendezvous gives a parked
+        // worker time to wake).
+        sh.hold.store(false, Ordering::Relaxed);
+        wait_until("a probe ended the mode", || {
+            run(&large, true);
+            !engaged(&team)
+        });
+        // Switched off, the mode never engages.
+        team.set_adaptive(false);
+        sh.hold.store(true, Ordering::Relaxed);
+        for _ in 0..3 * adapt::LATE_STREAK {
+            run(&small, false);
+        }
+        assert!(!engaged(&team));
+        sh.hold.store(false, Ordering::Relaxed);
+    }
+
+    /// One deterministic float computation: chunk `i` of a `parallel_for`
+    /// sums its range in a fixed order, with a nested `parallel_for` inside
+    /// (which runs inline, as one chunk, in every mode); task `panic_at`
+    /// panics. Returns the per-chunk bits (`None` for the panicked one).
+    fn chunk_sums(team: &Team, n: usize, panic_at: Option<usize>) -> Vec<Option<u32>> {
+        let chunks = crate::chunk_ranges(0, n, 1, team.participants());
+        let out: Vec<std::sync::Mutex<Option<u32>>> = (0..chunks.len())
+            .map(|_| std::sync::Mutex::new(None))
+            .collect();
+        let size = chunks.chunk_size();
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            team.parallel_for(0, n, 1, |r| {
+                let c = r.start / size;
+                if Some(c) == panic_at {
+                    panic!("task {c}");
+                }
+                let mut acc = 0.1f32;
+                for i in r.clone() {
+                    acc = acc * 1.000_1 + (i as f32).sqrt() / 3.0;
+                }
+                // Nested: one chunk inline when this task runs inside a
+                // region; combined in chunk order either way.
+                let nested: Vec<std::sync::Mutex<f32>> =
+                    (0..100).map(|_| std::sync::Mutex::new(0.0)).collect();
+                team.parallel_for(0, 100, 1, |q| {
+                    let mut s = 0f32;
+                    let first = q.start;
+                    for j in q {
+                        s = s * 0.999 + j as f32 / 7.0;
+                    }
+                    *nested[first].lock().unwrap() = s;
+                });
+                for m in nested {
+                    acc += m.into_inner().unwrap();
+                }
+                *out[c].lock().unwrap() = Some(acc.to_bits());
+            });
+        }));
+        assert_eq!(r.is_err(), panic_at.is_some());
+        out.into_iter().map(|m| m.into_inner().unwrap()).collect()
+    }
+
+    /// Bitwise-identical results in every mode: parallel, a late worker (the
+    /// caller steals its static task), the adaptive alone mode, a busy team
+    /// (another holder of `active`: the serial fallback), with a nested call
+    /// in every task, with and without a panicking task.
+    #[test]
+    fn every_mode_gives_bitwise_identical_results() {
+        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
+        team.warm_up().unwrap();
+        let sh = shared_of(&team);
+        for (n, panic_at) in [
+            (2usize, None),
+            (2, Some(1)),
+            (5, None),
+            (300, Some(3)),
+            (300, None),
+        ] {
+            team.set_adaptive(false);
+            let parallel = chunk_sums(&team, n, panic_at);
+            assert!(
+                parallel
+                    .iter()
+                    .enumerate()
+                    .all(|(c, v)| v.is_some() != (Some(c) == panic_at))
+            );
+            // Late worker: held before entering every job.
+            sh.hold.store(true, Ordering::Relaxed);
+            assert_eq!(chunk_sums(&team, n, panic_at), parallel, "late, n={n}");
+            // Adaptive alone mode (engaged by the held worker).
+            team.set_adaptive(true);
+            for _ in 0..adapt::LATE_STREAK {
+                team.parallel_chunks(&[0u8, 1], |_| {});
+            }
+            assert!(engaged(&team));
+            assert_eq!(chunk_sums(&team, n, panic_at), parallel, "alone, n={n}");
+            sh.hold.store(false, Ordering::Relaxed);
+            // Busy: the serial fallback, the team held by "another thread".
+            let token = team.acquire().expect("free");
+            assert_eq!(chunk_sums(&team, n, panic_at), parallel, "busy, n={n}");
+            drop(token);
+            // And parallel again.
+            team.set_adaptive(false);
+            assert_eq!(chunk_sums(&team, n, panic_at), parallel, "again, n={n}");
         }
     }
 
