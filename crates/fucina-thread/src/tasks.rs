@@ -1,4 +1,4 @@
-//! General tasks (the reference's `spawnWg`/`waitAndWork`, §3.8) on a private
+//! General tasks (spawn many small tasks, then wait for them and help run them) on a private
 //! `rayon-core` thread pool — deliberately *not* the hot fork-join team.
 //!
 //! `rayon-core` is not loom-modelled, so this module uses `std` directly for

@@ -13,13 +13,7 @@ use super::env::parse_zig_i64;
 /// never below 1 (a fractional allowance still schedules one thread).
 /// A non-positive quota (cgroup v1 spells "unlimited" as `-1`) or period
 /// means no limit: `None`.
-///
-/// ```
-/// use fucina_thread::knobs::cpu_budget_from_quota;
-/// assert_eq!(cpu_budget_from_quota(150_000, 100_000), Some(1));
-/// assert_eq!(cpu_budget_from_quota(-1, 100_000), None);
-/// ```
-pub fn cpu_budget_from_quota(quota: i64, period: i64) -> Option<usize> {
+pub(crate) fn cpu_budget_from_quota(quota: i64, period: i64) -> Option<usize> {
     if quota <= 0 || period <= 0 {
         return None;
     }
@@ -33,13 +27,7 @@ pub fn cpu_budget_from_quota(quota: i64, period: i64) -> Option<usize> {
 /// period"`. A `max` quota (unlimited), one or three tokens, a non-integer,
 /// or a non-positive quota or period is `None`; otherwise
 /// [`cpu_budget_from_quota`].
-///
-/// ```
-/// use fucina_thread::knobs::parse_cpu_max;
-/// assert_eq!(parse_cpu_max("200000 100000\n"), Some(2));
-/// assert_eq!(parse_cpu_max("max 100000\n"), None);
-/// ```
-pub fn parse_cpu_max(text: &str) -> Option<usize> {
+pub(crate) fn parse_cpu_max(text: &str) -> Option<usize> {
     let mut tokens = text
         .trim_matches([' ', '\t', '\r', '\n'])
         .split([' ', '\t'])
@@ -55,13 +43,7 @@ pub fn parse_cpu_max(text: &str) -> Option<usize> {
 /// The cgroup v1 rule: `cpu.cfs_quota_us` and `cpu.cfs_period_us` texts,
 /// each an integer after trimming spaces, tabs, CR and LF, combined by
 /// [`cpu_budget_from_quota`]. Either unparsable is `None`.
-///
-/// ```
-/// use fucina_thread::knobs::parse_cfs_quota;
-/// assert_eq!(parse_cfs_quota("400000\n", "100000\n"), Some(4));
-/// assert_eq!(parse_cfs_quota("-1\n", "100000\n"), None);
-/// ```
-pub fn parse_cfs_quota(quota_text: &str, period_text: &str) -> Option<usize> {
+pub(crate) fn parse_cfs_quota(quota_text: &str, period_text: &str) -> Option<usize> {
     let trim = |t: &str| parse_zig_i64(t.trim_matches([' ', '\t', '\r', '\n']));
     cpu_budget_from_quota(trim(quota_text)?, trim(period_text)?)
 }
@@ -148,10 +130,10 @@ pub fn cgroup_v1_cpu_path(proc_self_cgroup: &str) -> Option<&str> {
 /// (`/sys/fs/cgroup` on a real host; a test passes a fake tree).
 ///
 /// - cgroup v2: `<root><level>/cpu.max` for the `0::` path and every ancestor
-///   ([`cgroup_v2_levels`], [`parse_cpu_max`]); the tightest limit wins.
+///   ([`cgroup_v2_levels`]); the tightest limit wins.
 /// - Without a v2 limit, cgroup v1: `<root>/cpu<level>/cpu.cfs_quota_us` and
 ///   `cpu.cfs_period_us` for the `cpu` controller's path and every ancestor
-///   ([`cgroup_v1_cpu_path`], [`parse_cfs_quota`]), the tightest limit wins;
+///   ([`cgroup_v1_cpu_path`]), the tightest limit wins;
 ///   the mount root itself (level `""`) is always read, which is the
 ///   container's own cgroup when the runtime mounts it there.
 ///
@@ -356,5 +338,28 @@ mod tests {
         // v2 wins when it has a limit.
         root.write("cpu.max", "400000 100000\n");
         assert_eq!(cgroup_cpu_budget_at("0::/\n4:cpu:/job\n", &root.0), Some(4));
+    }
+}
+
+#[cfg(test)]
+mod doc_examples {
+    use super::*;
+
+    #[test]
+    fn parse_cfs_quota_examples() {
+        assert_eq!(parse_cfs_quota("400000\n", "100000\n"), Some(4));
+        assert_eq!(parse_cfs_quota("-1\n", "100000\n"), None);
+    }
+
+    #[test]
+    fn parse_cpu_max_examples() {
+        assert_eq!(parse_cpu_max("200000 100000\n"), Some(2));
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+    }
+
+    #[test]
+    fn cpu_budget_from_quota_examples() {
+        assert_eq!(cpu_budget_from_quota(150_000, 100_000), Some(1));
+        assert_eq!(cpu_budget_from_quota(-1, 100_000), None);
     }
 }

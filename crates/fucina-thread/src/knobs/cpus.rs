@@ -15,13 +15,7 @@ use std::ops::RangeInclusive;
 /// other character (including spaces), a missing number (`"1-"`, `"-3"`),
 /// a non-digit (`"1-a"`), a descending range (`"3-1"`) or an integer
 /// overflow makes the whole list `None`.
-///
-/// ```
-/// use fucina_thread::knobs::parse_cpu_list;
-/// assert_eq!(parse_cpu_list("0-1,8\n"), Some(vec![0..=1, 8..=8]));
-/// assert_eq!(parse_cpu_list("3-1"), None);
-/// ```
-pub fn parse_cpu_list(text: &str) -> Option<Vec<RangeInclusive<usize>>> {
+pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<RangeInclusive<usize>>> {
     let bytes = text.as_bytes();
     let mut i = 0;
     let mut out = Vec::new();
@@ -72,7 +66,7 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<RangeInclusive<usize>>> {
 /// thread counts exactly once.
 ///
 /// Returns `None` (unknown) when any lookup fails, any list fails to parse
-/// ([`parse_cpu_list`]), a list names no CPU of the mask, or nothing was
+/// (a CPU list such as `0-3,8`), a list names no CPU of the mask, or nothing was
 /// counted (an empty mask).
 ///
 /// ```
@@ -298,5 +292,16 @@ mod tests {
         assert_eq!(count_physical_cores(&[0, 1], elsewhere), None);
         let empty = |_cpu: usize| Some(String::new());
         assert_eq!(count_physical_cores(&[0], empty), None);
+    }
+}
+
+#[cfg(test)]
+mod doc_examples {
+    use super::*;
+
+    #[test]
+    fn parse_cpu_list_examples() {
+        assert_eq!(parse_cpu_list("0-1,8\n"), Some(vec![0..=1, 8..=8]));
+        assert_eq!(parse_cpu_list("3-1"), None);
     }
 }

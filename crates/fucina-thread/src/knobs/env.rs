@@ -55,14 +55,7 @@ fn for_each_digit(digits: &[u8], mut step: impl FnMut(u8) -> Option<()>) -> Opti
 ///   `"-0_0"` are 0, `"-4"` is invalid).
 ///
 /// Returns `None` for every invalid input, including the empty string.
-///
-/// ```
-/// use fucina_thread::knobs::parse_zig_usize;
-/// assert_eq!(parse_zig_usize("+1_2"), Some(12));
-/// assert_eq!(parse_zig_usize("-0"), Some(0));
-/// assert_eq!(parse_zig_usize("6\n"), None);
-/// ```
-pub fn parse_zig_usize(text: impl AsRef<[u8]>) -> Option<usize> {
+pub(crate) fn parse_zig_usize(text: impl AsRef<[u8]>) -> Option<usize> {
     let (negative, digits) = split_sign(text.as_ref());
     let mut acc: usize = 0;
     for_each_digit(digits, |d| {
@@ -100,26 +93,14 @@ pub(crate) fn parse_zig_i64(text: impl AsRef<[u8]>) -> Option<i64> {
 /// The positive-integer knob contract (`FUCINA_MAX_THREADS`): the
 /// [`parse_zig_usize`] value when it is valid and non-zero, else `None`
 /// ("no override"). So `"0"`, `"-0"`, `"-4"`, `""` and `"6\n"` are all `None`.
-///
-/// ```
-/// use fucina_thread::knobs::parse_positive_usize;
-/// assert_eq!(parse_positive_usize("0008"), Some(8));
-/// assert_eq!(parse_positive_usize("0"), None);
-/// ```
-pub fn parse_positive_usize(text: impl AsRef<[u8]>) -> Option<usize> {
+pub(crate) fn parse_positive_usize(text: impl AsRef<[u8]>) -> Option<usize> {
     parse_zig_usize(text).filter(|&v| v > 0)
 }
 
 /// The non-negative knob contract (`FUCINA_SPIN_BUDGET`): the empty string or
 /// any leading `-` is `None` (so `"-0"` is rejected, unlike the raw parser);
 /// otherwise the [`parse_zig_usize`] value, where `0` is a valid value.
-///
-/// ```
-/// use fucina_thread::knobs::parse_spin_budget;
-/// assert_eq!(parse_spin_budget("0"), Some(0));
-/// assert_eq!(parse_spin_budget("-0"), None);
-/// ```
-pub fn parse_spin_budget(text: impl AsRef<[u8]>) -> Option<usize> {
+pub(crate) fn parse_spin_budget(text: impl AsRef<[u8]>) -> Option<usize> {
     let text = text.as_ref();
     match text.first() {
         None | Some(b'-') => None,
@@ -130,13 +111,7 @@ pub fn parse_spin_budget(text: impl AsRef<[u8]>) -> Option<usize> {
 /// The flag contract (`FUCINA_POOL_PROFILE`) applied to a value that is set:
 /// true iff it is non-empty and its first byte is not `'0'`. (`"false"` is
 /// therefore true; `"0"`, `"00"` and `""` are false.)
-///
-/// ```
-/// use fucina_thread::knobs::parse_flag;
-/// assert!(parse_flag("1"));
-/// assert!(!parse_flag("0"));
-/// ```
-pub fn parse_flag(value: impl AsRef<[u8]>) -> bool {
+pub(crate) fn parse_flag(value: impl AsRef<[u8]>) -> bool {
     value.as_ref().first().is_some_and(|&c| c != b'0')
 }
 
@@ -149,21 +124,21 @@ fn env_bytes(name: &str) -> Option<Vec<u8>> {
     std::env::var_os(name).map(OsString::into_encoded_bytes)
 }
 
-/// Reads the positive-integer knob `name` ([`parse_positive_usize`]): `None`
+/// Reads the positive-integer knob `name` (a positive base-10 integer): `None`
 /// when unset, invalid or 0. Reads the environment on every call; the thread
 /// count caches its `FUCINA_MAX_THREADS` read (see [`crate::knobs`]).
 pub fn env_positive_usize(name: &str) -> Option<usize> {
     parse_positive_usize(env_bytes(name)?)
 }
 
-/// Reads `FUCINA_SPIN_BUDGET` ([`parse_spin_budget`]): `None` when unset,
+/// Reads `FUCINA_SPIN_BUDGET` (a non-negative base-10 integer): `None` when unset,
 /// empty, negative-looking or invalid; `0` is a valid value (park at once).
 /// Teams read it once at creation.
 pub fn env_spin_budget() -> Option<usize> {
     parse_spin_budget(env_bytes(super::SPIN_BUDGET_ENV)?)
 }
 
-/// Reads the flag `name` ([`parse_flag`]): set, non-empty, and the first
+/// Reads the flag `name`: set, non-empty, and the first
 /// character is not `'0'`.
 pub fn env_flag(name: &str) -> bool {
     env_bytes(name).is_some_and(parse_flag)
@@ -263,5 +238,35 @@ mod tests {
         assert_eq!(env_positive_usize("A=B"), None);
         assert_eq!(env_positive_usize("A\0B"), None);
         assert!(!env_flag("A=B"));
+    }
+}
+
+#[cfg(test)]
+mod doc_examples {
+    use super::*;
+
+    #[test]
+    fn parse_zig_usize_examples() {
+        assert_eq!(parse_zig_usize("+1_2"), Some(12));
+        assert_eq!(parse_zig_usize("-0"), Some(0));
+        assert_eq!(parse_zig_usize("6\n"), None);
+    }
+
+    #[test]
+    fn parse_positive_usize_examples() {
+        assert_eq!(parse_positive_usize("0008"), Some(8));
+        assert_eq!(parse_positive_usize("0"), None);
+    }
+
+    #[test]
+    fn parse_spin_budget_examples() {
+        assert_eq!(parse_spin_budget("0"), Some(0));
+        assert_eq!(parse_spin_budget("-0"), None);
+    }
+
+    #[test]
+    fn parse_flag_examples() {
+        assert!(parse_flag("1"));
+        assert!(!parse_flag("0"));
     }
 }

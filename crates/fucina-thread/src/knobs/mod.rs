@@ -33,14 +33,15 @@
 //!
 //! # Environment variables
 //!
-//! | Variable | Parser | Meaning |
+//! | Variable | Value | Meaning |
 //! |---|---|---|
-//! | `FUCINA_MAX_THREADS` | [`parse_positive_usize`] | lowers the detected count; 0/invalid = no override |
-//! | `FUCINA_SPIN_BUDGET` | [`parse_spin_budget`] | worker spin budget; `0` is valid (park at once) |
-//! | `FUCINA_POOL_PROFILE` | [`parse_flag`] | one trace line per dispatch |
+//! | `FUCINA_MAX_THREADS` | a positive integer | lowers the detected count; 0/invalid = no override |
+//! | `FUCINA_SPIN_BUDGET` | a non-negative integer | worker spin budget; `0` is valid (park at once) |
+//! | `FUCINA_POOL_PROFILE` | a flag (`1`, `true`, ...) | one trace line per dispatch |
 //!
-//! The integer parsers mirror the Zig integer parser of the reference exactly
-//! (see [`parse_zig_usize`]).
+//! The integer parsers (crate-private) accept exactly what the Zig library's
+//! integer parser accepts: an optional sign, `_` between digits, leading zeros,
+//! and nothing else.
 //!
 //! ```
 //! use fucina_thread::knobs::{cpu_thread_count, MAX_THREADS};
@@ -58,15 +59,15 @@ mod env;
 pub use budget::{
     DEFAULT_JOIN_SPIN, DEFAULT_WORKER_SPIN, OVERSUBSCRIBED_JOIN_SPIN, SpinBudgets, spin_budgets,
 };
-pub use cgroup::{
-    cgroup_cpu_budget_at, cgroup_v1_cpu_path, cgroup_v2_levels, cgroup_v2_path,
-    cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max,
-};
-pub use cpus::{count_physical_cores, parse_cpu_list};
-pub use env::{
-    env_flag, env_positive_usize, env_spin_budget, parse_flag, parse_positive_usize,
-    parse_spin_budget, parse_zig_usize,
-};
+pub use cgroup::{cgroup_cpu_budget_at, cgroup_v1_cpu_path, cgroup_v2_levels, cgroup_v2_path};
+#[allow(unused_imports)] // some are used only by the unit tests below
+pub(crate) use cgroup::{cpu_budget_from_quota, parse_cfs_quota, parse_cpu_max};
+pub use cpus::count_physical_cores;
+#[allow(unused_imports)]
+pub(crate) use cpus::parse_cpu_list;
+pub use env::{env_flag, env_positive_usize, env_spin_budget};
+#[allow(unused_imports)]
+pub(crate) use env::{parse_flag, parse_positive_usize, parse_spin_budget, parse_zig_usize};
 
 /// Compile-time ceiling on team participants (workers + the caller).
 pub const MAX_THREADS: usize = 64;
@@ -201,12 +202,12 @@ pub fn performance_cpu_count() -> Option<usize> {
 ///
 /// cgroup v2: the process's path from the `0::` line of `/proc/self/cgroup`;
 /// `/sys/fs/cgroup<level>/cpu.max` for that path and every ancestor
-/// ([`cgroup_v2_levels`], [`parse_cpu_max`]), the tightest limit wins.
+/// ([`cgroup_v2_levels`]), the tightest limit wins.
 /// Without a v2 limit, cgroup v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`
-/// ([`parse_cfs_quota`]) under `/sys/fs/cgroup/cpu` for the `cpu`
+/// under `/sys/fs/cgroup/cpu` for the `cpu`
 /// controller's path ([`cgroup_v1_cpu_path`]), every ancestor and the mount
 /// root, the tightest limit wins ([`cgroup_cpu_budget_at`]). Budgets are
-/// floored, never below 1 ([`cpu_budget_from_quota`]). Probed once per
+/// floored, never below 1. Probed once per
 /// process.
 pub fn cgroup_cpu_budget() -> Option<usize> {
     CGROUP.get_or_probe(cgroup::probe)
@@ -225,6 +226,33 @@ pub fn schedulable_cpu_count() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parsers_accept_what_the_knobs_grammar_accepts() {
+        // The environment variables' grammar.
+        assert_eq!(parse_positive_usize("+6"), Some(6));
+        assert_eq!(parse_positive_usize("1_2"), Some(12));
+        assert_eq!(parse_positive_usize("6\n"), None);
+        assert_eq!(parse_positive_usize("0008"), Some(8));
+        assert_eq!(parse_positive_usize("123456789012345678901"), None);
+        assert_eq!(parse_positive_usize("-0"), None);
+        assert_eq!(parse_positive_usize("-4"), None);
+        assert_eq!(parse_zig_usize("-0"), Some(0));
+        assert_eq!(parse_spin_budget("0"), Some(0));
+        assert_eq!(parse_spin_budget("-0"), None);
+        assert_eq!(parse_spin_budget(""), None);
+        assert!(parse_flag("1") && !parse_flag("0") && !parse_flag(""));
+        // CPU lists and cgroup files.
+        assert_eq!(parse_cpu_list("0-1,8-9\n"), Some(vec![0..=1, 8..=9]));
+        for bad in ["a", "1-", "-3", "1-a", "3-1", "0 1"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+        }
+        // (every cpu.max example is unit-tested in cgroup.rs)
+        assert_eq!(parse_cpu_max("150000 100000"), Some(1));
+        assert_eq!(parse_cpu_max("max 100000"), None);
+        assert_eq!(parse_cfs_quota("-1", "100000"), None);
+        assert_eq!(cpu_budget_from_quota(150_000, 100_000), Some(1));
+    }
 
     #[test]
     fn probe_cache_first_answer_wins() {

@@ -1,4 +1,4 @@
-//! Chained dispatch (reference §3.7): a dependency graph of tasks in which a
+//! Chained dispatch: a dependency graph of tasks in which a
 //! running task makes successors runnable through [`Chain::enqueue`].
 //!
 //! Runnable indices live on an intrusive Treiber (lock-free LIFO) stack: the
@@ -10,7 +10,8 @@
 //! a per-index `claimed` flag, in release builds too, so an index can be handed
 //! out (as `&mut T`) at most once per dispatch even if a double enqueue
 //! corrupted the stack; a second claim panics instead of aliasing. Debug builds
-//! add the contract checks of reference §3.7 (see `team/README.md`).
+//! add the contract checks (a task enqueued twice, or never claimed; see
+//! `team/README.md`).
 
 use crate::sync::{self, AtomicBool, AtomicUsize, Ordering};
 use crate::team::PanicSlot;

@@ -285,7 +285,8 @@ pub struct TeamOptions {
     /// Upper bound on worker threads (participants - 1). The actual count,
     /// fixed when the workers start, is
     /// `min(max_workers, max(cpu_thread_count(usize::MAX) - 1, 1))`
-    /// (reference §3.2); `0` means every call runs serially on the caller.
+    /// (one participant per schedulable CPU, the caller included); `0` means
+    /// every call runs serially on the caller.
     pub max_workers: usize,
 }
 
@@ -366,7 +367,8 @@ impl Drop for ActiveToken<'_> {
     }
 }
 
-/// The dynamic claim chunk of reference §3.3 for `count` tasks on `p` participants.
+/// The dynamic claim chunk for `count` tasks on `p` participants: how many
+/// tasks one claim of the shared counter takes (see `team/README.md`).
 pub(crate) fn claim_chunk(count: usize, p: usize) -> usize {
     if count <= p.saturating_mul(4) {
         1
@@ -674,7 +676,8 @@ impl Team {
         self.worker_count.load(Ordering::Acquire) != NOT_STARTED
     }
 
-    /// Join fallback timed waits taken so far (reference §3.5); a diagnostic.
+    /// Join fallback timed waits taken so far (the join's bounded futex waits,
+    /// see `team/README.md`); a diagnostic.
     /// 0 before the workers start. Readable at any time, also while a
     /// dispatch is running (from one of its tasks, say).
     pub fn join_timed_waits(&self) -> u64 {
@@ -1031,7 +1034,7 @@ impl Team {
         }
     }
 
-    /// Dependency-chained fork-join (reference §3.7): tasks
+    /// Dependency-chained fork-join: tasks
     /// `0..initial_count` start runnable (and start in that order), and a
     /// running task makes others runnable with [`Chain::enqueue`]. Each task
     /// gets `&mut` access to its element.
