@@ -171,21 +171,24 @@ impl ExecContext {
         Ok(k::pairwise(partials.contiguous_slice()))
     }
 
+    /// The sum along `axis`, each result passed through `finish(sum, n)` (`n`
+    /// the axis length, as `f32`).
     fn sum_impl(
         &self,
         op: &'static str,
         x: &RawTensor,
         axis: impl Axis,
         keepdim: bool,
-        finish: impl Fn(f32) -> f32 + Sync,
+        finish: impl Fn(f32, f32) -> f32 + Sync,
     ) -> Result<RawTensor, ExecError> {
         let axis = check_axis(op, axis, x.rank())?;
         let out_shape = reduced_shape(x.shape(), axis, keepdim);
         let split = axis_split(x.shape(), axis);
+        let n = split.1 as f32;
         let src = self.contiguous(x)?;
         let xs = src.contiguous_slice();
         self.new_tensor(op, &out_shape, |out| {
-            self.axis_sum_into(xs, split, out, finish)
+            self.axis_sum_into(xs, split, out, |v| finish(v, n))
         })
     }
 
@@ -216,7 +219,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.sum_impl("sum", x, axis, keepdim, |v| v)
+        self.sum_impl("sum", x, axis, keepdim, |v, _| v)
     }
 
     /// The mean along `axis`: the [`sum`](ExecContext::sum) divided by the axis
@@ -230,9 +233,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        let axis = check_axis("mean", axis, x.rank())?;
-        let n = x.shape().get(axis).copied().unwrap_or(1) as f32;
-        self.sum_impl("mean", x, axis, keepdim, |v| v / n)
+        self.sum_impl("mean", x, axis, keepdim, |v, n| v / n)
     }
 
     /// The largest element along `axis`; NaN where the reduced elements hold a NaN
@@ -461,7 +462,7 @@ impl ExecContext {
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
-        self.broadcast_grad("sum_backward", grad_y, axis, keepdim, input_shape, None)
+        self.broadcast_grad("sum_backward", grad_y, axis, keepdim, input_shape, false)
     }
 
     /// The gradient of [`mean`](ExecContext::mean): `grad_y / n` broadcast along
@@ -476,12 +477,11 @@ impl ExecContext {
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
-        check_shape("mean_backward", input_shape)?;
-        let axis = check_axis("mean_backward", axis, input_shape.len())?;
-        let n = input_shape.get(axis).copied().unwrap_or(1).max(1) as f32;
-        self.broadcast_grad("mean_backward", grad_y, axis, keepdim, input_shape, Some(n))
+        self.broadcast_grad("mean_backward", grad_y, axis, keepdim, input_shape, true)
     }
 
+    /// `grad_y` broadcast along `axis` to `input_shape`, divided by the axis
+    /// length when `mean` (the backward of `mean`), else copied (of `sum`).
     fn broadcast_grad(
         &self,
         op: &'static str,
@@ -489,12 +489,14 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
         input_shape: &[usize],
-        divide_by: Option<f32>,
+        mean: bool,
     ) -> Result<RawTensor, ExecError> {
         check_shape(op, input_shape)?;
         let axis = check_axis(op, axis, input_shape.len())?;
         check_reduced_grad(op, grad_y.shape(), input_shape, axis, keepdim)?;
         let (_, n, inner) = axis_split(input_shape, axis);
+        // `check_shape` refuses zero dimensions, so `n >= 1`.
+        let divide_by = mean.then_some(n as f32);
         let g = self.contiguous(grad_y)?;
         let gs = g.contiguous_slice();
         self.new_tensor(op, input_shape, |out| {

@@ -66,8 +66,8 @@ impl<T: Element> RawTensor<T> {
     }
 
     /// A view: `layout` over this tensor's storage (checked to fit its extent
-    /// by the caller).
-    pub(crate) fn with_layout(&self, layout: Layout) -> Self {
+    /// by the caller). The one constructor of the zero-copy views in `view.rs`.
+    fn view(&self, layout: Layout) -> Self {
         debug_assert!(layout.end_index() <= self.extent);
         RawTensor {
             buf: self.buf.clone(),

@@ -7,10 +7,6 @@ use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, check_axis
 use crate::tensor::{Element, RawTensor};
 
 impl<T: Element> RawTensor<T> {
-    fn view(&self, layout: Layout) -> RawTensor<T> {
-        self.with_layout(layout)
-    }
-
     /// The same elements under a new shape (equal element count). Keeps the offset.
     ///
     /// # Errors
