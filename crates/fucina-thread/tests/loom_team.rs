@@ -44,9 +44,10 @@ fn dispatch_park_join_handshake() {
 #[test]
 fn static_and_dynamic_claims_run_each_task_once_across_dispatches() {
     // 3 tasks on 2 participants: tasks 0 and 1 are the static ones, task 2 is
-    // claimed from the monotonic counter (base = its value at publish). Two
-    // rounds, so the second round's base is the first round's final count and
-    // `done` is joined against a target that was not reset.
+    // claimed by whichever participant gets there first; the worker's entry
+    // (its static task) races the caller's close and the caller's steal of
+    // that task. Two rounds, so the second reuses the claim counter (reset at
+    // its publish) and `done` is joined against a target that was not reset.
     loom::model(|| {
         let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
         for round in 0..2usize {
@@ -116,6 +117,12 @@ impl Drop for CheckedResults {
     }
 }
 
+/// Also the late worker: in some schedules the worker reads generation 1
+/// only after dispatch 1 closed its seat (the caller ran both tasks),
+/// returned and dropped the closure's state; it must then touch nothing of
+/// job 1 and may enter job 2 only through job 2's seat. loom reports a read
+/// of the descriptor or of a task's cell not ordered after the write that
+/// made it, and the `CheckedResults` drop checks every task ran exactly once.
 #[test]
 fn a_closure_moved_into_the_job_is_dropped_after_the_join() {
     loom::model(|| {
@@ -128,51 +135,6 @@ fn a_closure_moved_into_the_job_is_dropped_after_the_join() {
                 let r = &results;
                 r.0[i].set(r.0[i].get() + 1);
             });
-        }
-    });
-}
-
-/// A worker that wakes after the join returned: in some schedules the
-/// worker reads generation 1 only after dispatch 1 closed its seat (the
-/// caller ran both tasks) and returned, and dropped the closure's state;
-/// the worker must then touch nothing of job 1 (its closure is gone), and
-/// may enter job 2 only through job 2's seat. loom reports a read of the job
-/// descriptor or of a task's cell that is not ordered after the write that
-/// made it as a causality violation, and the `CheckedResults` drop checks
-/// that every task ran exactly once before its state was freed.
-#[test]
-fn a_late_worker_wakes_after_the_join_returned() {
-    loom::model(|| {
-        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
-        for _ in 0..2 {
-            let results = CheckedResults(Box::new([Cell::new(0), Cell::new(0)]));
-            team.parallel_chunks(&[0usize, 1], move |&i| {
-                let r = &results;
-                r.0[i].set(r.0[i].get() + 1);
-            });
-        }
-        drop(team);
-    });
-}
-
-/// The worker's entry (its static task, the last chunk) races the caller's
-/// close and the caller's claim of that chunk; and a dynamic last chunk
-/// (task 2 of 3) is claimed by whichever participant gets there first. Each
-/// task must run exactly once, and its result must be visible to the caller
-/// after the join. Two rounds: the second reuses the claim counter, reset at
-/// its publish.
-#[test]
-fn a_worker_claims_the_last_chunk_concurrently_with_the_caller() {
-    loom::model(|| {
-        let team = Team::new(TeamOptions { max_workers: 1 }).unwrap();
-        for round in 1..=2usize {
-            let results = [Cell::new(0usize), Cell::new(0usize), Cell::new(0usize)];
-            team.parallel_chunks(&[0usize, 1, 2], |&i| {
-                results[i].set(results[i].get() + round);
-            });
-            for r in &results {
-                assert_eq!(r.get(), round);
-            }
         }
     });
 }

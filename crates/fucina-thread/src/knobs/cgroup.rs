@@ -7,6 +7,7 @@
 //! every fork-join barrier until the next period. The pure parsers below are
 //! tested on strings on every target.
 
+use super::cpus::read_small_file;
 use super::env::parse_zig_i64;
 
 /// Whole CPUs a `quota`/`period` pair allows: `floor(quota / period)`, but
@@ -140,16 +141,8 @@ pub fn cgroup_v1_cpu_path(proc_self_cgroup: &str) -> Option<&str> {
 /// Unreadable, oversized (4 KiB or more) or unlimited files are skipped; no
 /// limit at all is `None`.
 pub fn cgroup_cpu_budget_at(proc_self_cgroup: &str, root: &std::path::Path) -> Option<usize> {
-    fn read(path: std::path::PathBuf) -> Option<String> {
-        use std::io::Read;
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .ok()?
-            .take(4096)
-            .read_to_string(&mut text)
-            .ok()?;
-        (text.len() < 4096).then_some(text)
-    }
+    let mut buf = [0u8; 4096];
+    let mut read = |path: std::path::PathBuf| read_small_file(path, &mut buf).map(str::to_owned);
     let under = |base: &std::path::Path, level: &str| base.join(level.trim_start_matches('/'));
     let v2 = cgroup_v2_path(proc_self_cgroup)
         .and_then(|path| v2_budget(path, |level| read(under(root, level).join("cpu.max"))));

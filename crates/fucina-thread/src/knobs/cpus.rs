@@ -134,8 +134,7 @@ pub(super) fn probe_performance() -> Option<usize> {
 
 /// Reads a small file whole into `buf`: `None` on any error, or when the file
 /// fills the buffer (implausibly large: unknown rather than truncated).
-#[cfg(target_os = "linux")]
-pub(super) fn read_small_file<'b>(path: &str, buf: &'b mut [u8]) -> Option<&'b str> {
+pub(super) fn read_small_file(path: impl AsRef<std::path::Path>, buf: &mut [u8]) -> Option<&str> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).ok()?;
     let mut filled = 0;
