@@ -432,7 +432,13 @@ impl Node {
     }
 
     pub(crate) fn zero_grad(&self) {
-        let old = self.lock().grad.take();
+        self.set_grad(None);
+    }
+
+    /// Replaces a leaf's gradient with `g` (the old one is dropped outside the
+    /// lock).
+    pub(crate) fn set_grad(&self, g: Option<RawTensor>) {
+        let old = std::mem::replace(&mut self.lock().grad, g);
         drop(old);
     }
 
