@@ -432,7 +432,13 @@ impl Node {
     }
 
     pub(crate) fn zero_grad(&self) {
-        let old = self.lock().grad.take();
+        self.set_grad(None);
+    }
+
+    /// Replaces a leaf's gradient with `g` (the old one is dropped outside the
+    /// lock).
+    pub(crate) fn set_grad(&self, g: Option<RawTensor>) {
+        let old = std::mem::replace(&mut self.lock().grad, g);
         drop(old);
     }
 
@@ -652,11 +658,14 @@ impl Slot {
     /// Adds `g` to the pending gradient.
     fn add(&mut self, ctx: &ExecContext, g: RawTensor) -> Result<()> {
         let sum = match std::mem::replace(self, Slot::Empty) {
-            // In place when the pass holds the only handle.
+            // In place in whichever of the two the pass holds the only handle
+            // of (the sum is `old + g` either way: addition commutes), as
+            // `Node::commit` does; `take_add_no_grad` makes a fresh sum when
+            // both are shared.
             Slot::Pending(old) if old.is_contiguous() && old.is_unique() => {
                 ctx.take_add_no_grad(old, &g)?
             }
-            Slot::Pending(old) => ctx.add(&old, &g)?,
+            Slot::Pending(old) => ctx.take_add_no_grad(g, &old)?,
             Slot::Empty | Slot::Ran => g,
         };
         *self = Slot::Pending(sum);

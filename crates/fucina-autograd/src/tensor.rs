@@ -596,9 +596,7 @@ impl Tensor {
         // A copy of its own (the caller's tensor may change later), made before
         // the old gradient is released.
         let own = ctx.clone(&g.raw)?;
-        node.zero_grad();
-        // A leaf seeded with `own` accumulates exactly `own` into a released
-        // gradient (no op runs).
-        self.backward_with_grad(ctx, &own)
+        node.set_grad(Some(own));
+        Ok(())
     }
 }

@@ -598,3 +598,30 @@ fn constant_into_variable_is_the_leaf_variable_made() -> R {
     assert_eq!(grad_of(&ctx, &x), vec![3.0, 3.0]);
     Ok(())
 }
+
+#[test]
+fn set_grad_replaces_releases_and_refuses() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let g = Tensor::from_slice(&ctx, &[2], &[5., 6.])?;
+    w.set_grad(&ctx, Some(&g))?;
+    assert_eq!(grad_of(&ctx, &w), [5., 6.]);
+    // A backward accumulates on top of the gradient that was set.
+    w.sum_all(&ctx)?.backward(&ctx)?;
+    assert_eq!(grad_of(&ctx, &w), [6., 7.]);
+    // A wrong shape and a non-leaf are refused, and the gradient stays.
+    let bad = Tensor::from_slice(&ctx, &[3], &[0.; 3])?;
+    assert!(matches!(
+        w.set_grad(&ctx, Some(&bad)),
+        Err(AutogradError::GradientShapeMismatch { .. })
+    ));
+    let y = w.mul(&ctx, &w)?;
+    assert!(matches!(
+        y.set_grad(&ctx, Some(&g)),
+        Err(AutogradError::InvalidArgument { .. })
+    ));
+    assert_eq!(grad_of(&ctx, &w), [6., 7.]);
+    w.set_grad(&ctx, None)?;
+    assert!(w.grad(&ctx)?.is_none());
+    Ok(())
+}
