@@ -618,6 +618,12 @@ fn check_entries((mut entries, n): Entries, file_len: usize) -> Result<(), Check
     Ok(())
 }
 
+/// Records `key` in `seen`: `Some(key)` if it was already there (the one
+/// duplicate check of the header's tensor names and metadata keys).
+fn repeat_of(seen: &mut HashSet<String>, key: &str) -> Option<String> {
+    (!seen.insert(key.to_owned())).then(|| key.to_owned())
+}
+
 /// The header's JSON object read entry by entry: the tensor entries in file
 /// order, or the first repeated tensor name or metadata key.
 struct HeaderCheck(Result<Vec<(String, TensorInfo)>, CheckpointError>);
@@ -659,8 +665,10 @@ impl<'de> serde::Deserialize<'de> for HeaderCheck {
                         continue;
                     }
                     let info: TensorInfo = map.next_value()?;
-                    if err.is_none() && !seen.insert(key.clone()) {
-                        err = Some(CheckpointError::DuplicateName { name: key.clone() });
+                    if err.is_none()
+                        && let Some(name) = repeat_of(&mut seen, &key)
+                    {
+                        err = Some(CheckpointError::DuplicateName { name });
                     }
                     entries.push((key, info));
                 }
@@ -692,8 +700,8 @@ impl<'de> serde::Deserialize<'de> for MetadataKeys {
                 let mut repeated = None;
                 while let Some(key) = map.next_key::<String>()? {
                     map.next_value::<String>()?;
-                    if repeated.is_none() && !seen.insert(key.clone()) {
-                        repeated = Some(key);
+                    if repeated.is_none() {
+                        repeated = repeat_of(&mut seen, &key);
                     }
                 }
                 Ok(MetadataKeys(repeated))
