@@ -465,19 +465,28 @@ fn errors_name_the_same_tensor_on_every_run() {
 }
 
 /// Runs the test `name` of this binary in a child process (with `FUCINA_CHILD`
-/// set), killed after `secs` seconds; returns whether it passed.
+/// set), killed after `secs` seconds; returns whether it ran and passed (a
+/// name that matches no test runs nothing, which is not a pass).
 fn child_passes(name: &str, secs: u64) -> bool {
+    use std::io::Read;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--test-threads=1"])
         .env("FUCINA_CHILD", "1")
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            return status.success();
+            let mut out = String::new();
+            child
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            return status.success() && out.contains("1 passed");
         }
         if std::time::Instant::now() > until {
             let _ = child.kill();

@@ -2,7 +2,7 @@
 //! in and restored from the optimizer state.
 
 use fucina::nn::{Linear, Module, Parameter};
-use fucina::optim::{AdamW, AdamWConfig, ParamGroup, Sgd, SgdConfig, decay_groups};
+use fucina::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, decay_groups};
 use fucina::{Error, ExecContext};
 
 fn bits(p: &Parameter) -> Vec<u32> {
@@ -20,6 +20,30 @@ fn grads(ctx: &ExecContext, params: &[Parameter]) {
             .backward(ctx)
             .unwrap();
     }
+}
+
+/// Three steps of `grouped` on `fc` and of the per-group `twins` on `twin`
+/// (a copy of `fc`), each after the same gradients: the same bits.
+fn three_steps_agree(
+    ctx: &ExecContext,
+    fc: &Linear,
+    grouped: &mut dyn Optimizer,
+    twin: &Linear,
+    twins: &mut [&mut dyn Optimizer],
+) {
+    for _ in 0..3 {
+        grads(ctx, &fc.parameters());
+        grouped.step(ctx).unwrap();
+        grads(ctx, &twin.parameters());
+        for opt in twins.iter_mut() {
+            opt.step(ctx).unwrap();
+        }
+    }
+    assert_eq!(bits(&fc.weight), bits(&twin.weight));
+    assert_eq!(
+        bits(fc.bias.as_ref().unwrap()),
+        bits(twin.bias.as_ref().unwrap())
+    );
 }
 
 fn cfg() -> AdamWConfig {
@@ -46,17 +70,12 @@ fn each_group_gets_its_own_weight_decay() {
         },
     )
     .unwrap();
-    for _ in 0..3 {
-        grads(&ctx, &fc.parameters());
-        grouped.step(&ctx).unwrap();
-        grads(&ctx, &twin.parameters());
-        w_opt.step(&ctx).unwrap();
-        b_opt.step(&ctx).unwrap();
-    }
-    assert_eq!(bits(&fc.weight), bits(&twin.weight));
-    assert_eq!(
-        bits(fc.bias.as_ref().unwrap()),
-        bits(twin.bias.as_ref().unwrap())
+    three_steps_agree(
+        &ctx,
+        &fc,
+        &mut grouped,
+        &twin,
+        &mut [&mut w_opt, &mut b_opt],
     );
     // And the bias did not decay as the weight did: an ungrouped run differs.
     let plain = Linear::new(&ctx, 3, 2, 1).unwrap();
@@ -147,18 +166,7 @@ fn sgd_groups_and_bad_decays() {
         },
     )
     .unwrap();
-    for _ in 0..3 {
-        grads(&ctx, &fc.parameters());
-        grouped.step(&ctx).unwrap();
-        grads(&ctx, &twin.parameters());
-        w.step(&ctx).unwrap();
-        b.step(&ctx).unwrap();
-    }
-    assert_eq!(bits(&fc.weight), bits(&twin.weight));
-    assert_eq!(
-        bits(fc.bias.as_ref().unwrap()),
-        bits(twin.bias.as_ref().unwrap())
-    );
+    three_steps_agree(&ctx, &fc, &mut grouped, &twin, &mut [&mut w, &mut b]);
     let sd = grouped.state_dict();
     let mut back = Sgd::with_groups(decay_groups(fc.parameters()), sgd_cfg).unwrap();
     back.load_state_dict(&ctx, &sd).unwrap();
