@@ -78,7 +78,11 @@ fn child(dir: &str) {
         Some(1),
         "the probe sees the quota"
     );
-    assert_eq!(knobs::schedulable_cpu_count().map(|c| c.min(1)), Some(1));
+    assert_eq!(
+        knobs::schedulable_cpu_count(),
+        Some(1),
+        "min(physical, budget)"
+    );
     assert_eq!(knobs::cpu_thread_count(MAX_THREADS), 1);
     assert_eq!(TeamOptions::default().max_workers, 0);
     let team = Team::new(TeamOptions::default()).unwrap();
