@@ -51,6 +51,8 @@ pub use tensor::Tensor;
 
 /// The exec layer this crate is built on.
 pub use fucina_exec as exec;
+/// The convolution options (`Tensor::conv1d`, `Tensor::conv2d`), from the exec layer.
+pub use fucina_exec::{Conv1dOptions, Conv2dOptions};
 
 #[cfg(test)]
 mod static_checks {

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
+    AxisReduction, BinaryOp, Conv1dOptions, Conv2dOptions, Dims, ExecContext, RawTensor, ScalarOp,
+    ScopeNode, SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};
@@ -235,6 +236,18 @@ pub(crate) enum Saved {
     },
     /// The table's row count and the ids of `embedding`.
     Embedding { rows: usize, ids: RawTensor<i64> },
+    /// The input, the weight and the options of `conv2d` (a bias needs nothing).
+    Conv2d {
+        x: RawTensor,
+        w: RawTensor,
+        opts: Conv2dOptions,
+    },
+    /// The input, the weight and the options of `conv1d` (a bias needs nothing).
+    Conv1d {
+        x: RawTensor,
+        w: RawTensor,
+        opts: Conv1dOptions,
+    },
 }
 
 /// Records an op node whose backward reads a typed [`Saved`] variant:

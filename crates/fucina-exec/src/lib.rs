@@ -59,6 +59,7 @@ pub use axis::Axis;
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
+pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, ScalarOp, UnaryOp};
 pub use ops::matmul::{MatmulOptions, RhsLifetime};
 pub use ops::reduce::AxisReduction;

@@ -1,6 +1,7 @@
 //! The differentiable op surface: each op runs the exec layer's forward kernel,
 //! then records a VJP built from the exec layer's backward kernels.
 
+pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;

@@ -3,6 +3,7 @@
 //! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
+pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod loss;
