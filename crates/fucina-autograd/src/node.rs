@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Dims, ExecContext, Pool2dOp, RawTensor, ScalarOp, ScopeNode, SoftmaxOp,
-    UnaryOp,
+    AxisReduction, BinaryOp, Dims, ExecContext, Pool2dOp, RawTensor, ScalarOp, ScopeNode,
+    SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};

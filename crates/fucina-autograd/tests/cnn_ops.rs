@@ -127,7 +127,14 @@ fn pooling_forward_matches_f64_reference() {
             ops.push(Pool2dOp::Max(o));
             ops.push(Pool2dOp::Avg(o));
         }
-        for sz in [[1, 1], [2, 3], [3, 4], [5, 5], [s[2], s[3]], [s[2] + 2, s[3] + 3]] {
+        for sz in [
+            [1, 1],
+            [2, 3],
+            [3, 4],
+            [5, 5],
+            [s[2], s[3]],
+            [s[2] + 2, s[3] + 3],
+        ] {
             ops.push(Pool2dOp::AdaptiveAvg(sz));
         }
         for op in ops {
@@ -139,7 +146,11 @@ fn pooling_forward_matches_f64_reference() {
             .unwrap();
             let (want, shape) = ref_pool(op, &xv, s);
             assert_eq!(y.shape(), shape, "{op:?} on {s:?}");
-            let tol = if matches!(op, Pool2dOp::Max(_)) { 0.0 } else { 1e-6 };
+            let tol = if matches!(op, Pool2dOp::Max(_)) {
+                0.0
+            } else {
+                1e-6
+            };
             assert_close(&format!("{op:?} on {s:?}"), &y.to_vec(), &want, tol);
             // The generic descriptor call is the named method.
             assert_eq!(x.pool2d(&ctx, op).unwrap().to_vec(), y.to_vec());
@@ -294,7 +305,12 @@ fn batch_norm_forward_matches_f64_reference() {
         for eps in [0.0f32, 1e-5, 0.1] {
             let (y, st) = x.batch_norm_with_stats(&ctx, &g, &b, eps).unwrap();
             let (wy, wm, wv) = ref_batch_norm(&xv, s, &gv, &bv, f64::from(eps));
-            assert_close(&format!("batch_norm {s:?} eps {eps}"), &y.to_vec(), &wy, 1e-5);
+            assert_close(
+                &format!("batch_norm {s:?} eps {eps}"),
+                &y.to_vec(),
+                &wy,
+                1e-5,
+            );
             assert_close("mean", &st.mean.to_vec(), &wm, 1e-6);
             assert_close("unbiased_var", &st.unbiased_var.to_vec(), &wv, 1e-5);
             let bv64: Vec<f64> = wv
@@ -474,8 +490,16 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
     let ctx = ExecContext::new();
     let x = Tensor::zeros(&ctx, &[1, 2, 4, 4]).unwrap();
     let p = |x: &Tensor, o| x.max_pool2d(&ctx, o);
-    assert_err(p(&x, opts([5, 5], [1, 1], [0, 0])), "max_pool2d", "[1, 2, 4, 4]");
-    assert_err(p(&x, opts([5, 5], [1, 1], [0, 0])), "max_pool2d", "larger than the padded");
+    assert_err(
+        p(&x, opts([5, 5], [1, 1], [0, 0])),
+        "max_pool2d",
+        "[1, 2, 4, 4]",
+    );
+    assert_err(
+        p(&x, opts([5, 5], [1, 1], [0, 0])),
+        "max_pool2d",
+        "larger than the padded",
+    );
     assert!(p(&x, opts([5, 5], [1, 1], [1, 1])).is_ok());
     assert_err(p(&x, opts([0, 2], [1, 1], [0, 0])), "max_pool2d", "[0, 2]");
     assert_err(p(&x, opts([2, 2], [1, 0], [0, 0])), "max_pool2d", "[1, 0]");
@@ -483,14 +507,26 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "[1, 2]");
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "padding");
     let x3 = Tensor::zeros(&ctx, &[2, 4, 4]).unwrap();
-    assert_err(p(&x3, Pool2dOptions::new([2, 2])), "max_pool2d", "[2, 4, 4]");
+    assert_err(
+        p(&x3, Pool2dOptions::new([2, 2])),
+        "max_pool2d",
+        "[2, 4, 4]",
+    );
     assert_err(
         x.avg_pool2d(&ctx, opts([2, 2], [0, 1], [0, 0])),
         "avg_pool2d",
         "stride",
     );
-    assert_err(x.adaptive_avg_pool2d(&ctx, [0, 3]), "adaptive_avg_pool2d", "[0, 3]");
-    assert_err(x3.adaptive_avg_pool2d(&ctx, [1, 1]), "adaptive_avg_pool2d", "rank 4");
+    assert_err(
+        x.adaptive_avg_pool2d(&ctx, [0, 3]),
+        "adaptive_avg_pool2d",
+        "[0, 3]",
+    );
+    assert_err(
+        x3.adaptive_avg_pool2d(&ctx, [1, 1]),
+        "adaptive_avg_pool2d",
+        "rank 4",
+    );
 
     let (g3, b2) = (
         Tensor::ones(&ctx, &[3]).unwrap(),
@@ -502,7 +538,11 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
     assert_err(x.batch_norm(&ctx, &g2, &b2, -1.0), "batch_norm", "eps");
     assert_err(x.batch_norm(&ctx, &g2, &b2, f32::NAN), "batch_norm", "eps");
     let one = Tensor::zeros(&ctx, &[1, 2]).unwrap();
-    assert_err(one.batch_norm(&ctx, &g2, &b2, 1e-5), "batch_norm", "one value");
+    assert_err(
+        one.batch_norm(&ctx, &g2, &b2, 1e-5),
+        "batch_norm",
+        "one value",
+    );
     let flat = Tensor::zeros(&ctx, &[4]).unwrap();
     assert_err(flat.batch_norm(&ctx, &g2, &b2, 1e-5), "batch_norm", "[4]");
     assert_err(
@@ -580,16 +620,26 @@ fn all_bits(ctx: &ExecContext) -> Vec<(String, Vec<u32>)> {
         let x = Tensor::variable_from_slice(ctx, &s, &xv).unwrap();
         let y = x.pool2d(ctx, op).unwrap();
         let w = Tensor::from_slice(ctx, y.shape(), &values(y.numel(), 94, 0.0, 1.0)).unwrap();
-        y.mul(ctx, &w).unwrap().sum_all(ctx).unwrap().backward(ctx).unwrap();
+        y.mul(ctx, &w)
+            .unwrap()
+            .sum_all(ctx)
+            .unwrap()
+            .backward(ctx)
+            .unwrap();
         out.push((format!("{op:?}"), bits(y.raw())));
-        out.push((format!("{op:?} grad"), bits(x.grad(ctx).unwrap().unwrap().raw())));
+        out.push((
+            format!("{op:?} grad"),
+            bits(x.grad(ctx).unwrap().unwrap().raw()),
+        ));
     }
     for shape in [&s[..], &[64, 40][..], &[8, 6, 300][..]] {
         let n: usize = shape.iter().product();
         let c = shape[1];
         let x = Tensor::variable_from_slice(ctx, shape, &values(n, 95, -2.0, 3.0)).unwrap();
-        let g = Tensor::variable_from_slice(ctx, &[c], &gv[..c.min(6)].repeat(c.div_ceil(6))[..c]).unwrap();
-        let b = Tensor::variable_from_slice(ctx, &[c], &bv[..c.min(6)].repeat(c.div_ceil(6))[..c]).unwrap();
+        let g = Tensor::variable_from_slice(ctx, &[c], &gv[..c.min(6)].repeat(c.div_ceil(6))[..c])
+            .unwrap();
+        let b = Tensor::variable_from_slice(ctx, &[c], &bv[..c.min(6)].repeat(c.div_ceil(6))[..c])
+            .unwrap();
         let rm = Tensor::from_slice(ctx, &[c], &values(c, 96, -1.0, 1.0)).unwrap();
         let rv = Tensor::from_slice(ctx, &[c], &values(c, 97, 0.5, 2.0)).unwrap();
         let w = Tensor::from_slice(ctx, shape, &values(n, 98, 0.0, 1.0)).unwrap();
@@ -598,9 +648,17 @@ fn all_bits(ctx: &ExecContext) -> Vec<(String, Vec<u32>)> {
                 let (y, st) = x.batch_norm_with_stats(ctx, &g, &b, 1e-5).unwrap();
                 (y, Some(st))
             } else {
-                (x.batch_norm_eval(ctx, &rm, &rv, &g, &b, 1e-5).unwrap(), None)
+                (
+                    x.batch_norm_eval(ctx, &rm, &rv, &g, &b, 1e-5).unwrap(),
+                    None,
+                )
             };
-            y.mul(ctx, &w).unwrap().sum_all(ctx).unwrap().backward(ctx).unwrap();
+            y.mul(ctx, &w)
+                .unwrap()
+                .sum_all(ctx)
+                .unwrap()
+                .backward(ctx)
+                .unwrap();
             let tag = format!("bn {shape:?} train {train}");
             out.push((tag.clone(), bits(y.raw())));
             if let Some(st) = stats {
@@ -608,19 +666,33 @@ fn all_bits(ctx: &ExecContext) -> Vec<(String, Vec<u32>)> {
                 out.push((format!("{tag} var"), bits(&st.unbiased_var)));
             }
             for (name, t) in [("x", &x), ("gamma", &g), ("beta", &b)] {
-                out.push((format!("{tag} grad {name}"), bits(t.grad(ctx).unwrap().unwrap().raw())));
+                out.push((
+                    format!("{tag} grad {name}"),
+                    bits(t.grad(ctx).unwrap().unwrap().raw()),
+                ));
                 t.zero_grad();
             }
         }
     }
-    let x = ctx.from_slice(&[64, 300], &values(64 * 300, 99, -1.0, 1.0)).unwrap();
+    let x = ctx
+        .from_slice(&[64, 300], &values(64 * 300, 99, -1.0, 1.0))
+        .unwrap();
     for axis in [0, 1] {
-        out.push((format!("cumsum {axis}"), bits(&ctx.cumsum(&x, axis).unwrap())));
-        out.push((format!("cumsum_backward {axis}"), bits(&ctx.cumsum_backward(&x, axis).unwrap())));
+        out.push((
+            format!("cumsum {axis}"),
+            bits(&ctx.cumsum(&x, axis).unwrap()),
+        ));
+        out.push((
+            format!("cumsum_backward {axis}"),
+            bits(&ctx.cumsum_backward(&x, axis).unwrap()),
+        ));
     }
     let idx: Vec<i64> = (0..64 * 300).map(|i| (i * 7 % 300) as i64).collect();
     let idx = ctx.from_slice_typed::<i64>(&[64, 300], &idx).unwrap();
-    out.push(("scatter_add".into(), bits(&ctx.scatter_add(&x, 1, &idx, &x).unwrap())));
+    out.push((
+        "scatter_add".into(),
+        bits(&ctx.scatter_add(&x, 1, &idx, &x).unwrap()),
+    ));
     out
 }
 
@@ -654,7 +726,10 @@ fn pooling_eval_batch_norm_and_cumsum_are_batch_invariant() {
     for o in pool_options() {
         for op in [Pool2dOp::Max(o), Pool2dOp::Avg(o)] {
             let ctx = &ctx;
-            ops.push((format!("{op:?}"), Box::new(move |x| ctx.pool2d(op, x).unwrap())));
+            ops.push((
+                format!("{op:?}"),
+                Box::new(move |x| ctx.pool2d(op, x).unwrap()),
+            ));
         }
     }
     ops.push((
@@ -670,7 +745,9 @@ fn pooling_eval_batch_norm_and_cumsum_are_batch_invariant() {
         let all = f(&x).to_vec();
         let out_per = all.len() / s[0];
         for k in 0..s[0] {
-            let one = ctx.from_slice(&[1, s[1], s[2], s[3]], &xv[k * per..(k + 1) * per]).unwrap();
+            let one = ctx
+                .from_slice(&[1, s[1], s[2], s[3]], &xv[k * per..(k + 1) * per])
+                .unwrap();
             let alone = f(&one).to_vec();
             let same = alone
                 .iter()
@@ -692,7 +769,10 @@ fn training_batch_norm_depends_on_the_batch() {
     let yc = ctx.batch_norm(&c, &g, &b, 0.0).unwrap().0.to_vec();
     assert_eq!((ya[0], yc[0]), (-1.0, -1.0));
     let three = ctx.from_slice(&[3, 1], &[1., 2., 6.]).unwrap();
-    assert_ne!(ctx.batch_norm(&three, &g, &b, 0.0).unwrap().0.to_vec()[0], -1.0);
+    assert_ne!(
+        ctx.batch_norm(&three, &g, &b, 0.0).unwrap().0.to_vec()[0],
+        -1.0
+    );
 }
 
 #[test]
@@ -705,7 +785,10 @@ fn exec_backward_accepts_views_and_eval_uses_running_inv_std() {
     assert_eq!(st.mean.to_vec(), [2., 4.]);
     let rv = ctx.from_slice(&[2], &[3., 0.5]).unwrap();
     let is = ctx.batch_norm_inv_std(&rv, 1e-5).unwrap().to_vec();
-    assert_eq!(is, [1.0 / (3.0f32 + 1e-5).sqrt(), 1.0 / (0.5f32 + 1e-5).sqrt()]);
+    assert_eq!(
+        is,
+        [1.0 / (3.0f32 + 1e-5).sqrt(), 1.0 / (0.5f32 + 1e-5).sqrt()]
+    );
 }
 
 #[test]
@@ -736,4 +819,3 @@ fn gradcheck_through_a_small_cnn_block() {
     .unwrap();
     assert!(r.passed && r.checked == 68, "{r:?}");
 }
-

@@ -16,7 +16,13 @@ use support::values;
 fn bits(t: &RawTensor) -> Vec<u32> {
     t.to_vec()
         .iter()
-        .map(|v| if v.is_nan() { f32::NAN.to_bits() } else { v.to_bits() })
+        .map(|v| {
+            if v.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                v.to_bits()
+            }
+        })
         .collect()
 }
 
@@ -68,7 +74,10 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
             ("bn mean", st.mean.clone()),
             ("bn var", st.unbiased_var.clone()),
             ("bn inv_std", st.inv_std.clone()),
-            ("bn eval", ctx.batch_norm_eval(&x, &beta, &rv, &gamma, &beta, 1e-5)?),
+            (
+                "bn eval",
+                ctx.batch_norm_eval(&x, &beta, &rv, &gamma, &beta, 1e-5)?,
+            ),
         ] {
             out.push((format!("{name} {shape:?}"), bits(&t)));
         }
@@ -90,7 +99,10 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     }
     let idx: Vec<i64> = (0..37 * 301).map(|i| (i * 13 % 301) as i64).collect();
     let idx = ctx.from_slice_typed::<i64>(&[37, 301], &idx)?;
-    out.push(("scatter_add".into(), bits(&ctx.scatter_add(&x, 1, &idx, &x)?)));
+    out.push((
+        "scatter_add".into(),
+        bits(&ctx.scatter_add(&x, 1, &idx, &x)?),
+    ));
     Ok(out)
 }
 
@@ -108,7 +120,10 @@ fn cnn_ops_give_the_same_bits_at_every_vector_level() {
                 Some(w) => {
                     for ((name, g), (_, w)) in got.iter().zip(w) {
                         let diff = g.iter().zip(w).filter(|(x, y)| x != y).count();
-                        assert_eq!(diff, 0, "{name}: {diff} elements differ at {level:?}, {threads} threads");
+                        assert_eq!(
+                            diff, 0,
+                            "{name}: {diff} elements differ at {level:?}, {threads} threads"
+                        );
                     }
                 }
             }

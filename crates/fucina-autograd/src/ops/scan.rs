@@ -29,14 +29,9 @@ impl Tensor {
     pub fn cumsum(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         let axis = axis.resolve("cumsum", self.raw.rank())?;
         let out = ctx.cumsum(&self.raw, axis)?;
-        record!(
-            ctx,
-            "cumsum",
-            out,
-            &[self],
-            Axis { axis },
-            |ctx, g, _| Ok(grads![Some(ctx.cumsum_backward(g, *axis)?)])
-        )
+        record!(ctx, "cumsum", out, &[self], Axis { axis }, |ctx, g, _| Ok(
+            grads![Some(ctx.cumsum_backward(g, *axis)?)]
+        ))
     }
 
     /// `self` with `src` added at the positions `index` names along `axis` (like

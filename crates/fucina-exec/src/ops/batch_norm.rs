@@ -232,7 +232,8 @@ impl ExecContext {
             bc.contiguous_slice(),
             plane,
         )?;
-        let row = |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
+        let row =
+            |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
         let stats = BatchNormStats {
             mean: row(0)?,
             unbiased_var: row(1)?,

@@ -131,7 +131,10 @@ impl Pool2dOp {
                     return bad(o.stride, "the stride must be at least 1");
                 }
                 if o.padding[0] > o.kernel[0] / 2 || o.padding[1] > o.kernel[1] / 2 {
-                    return bad(o.padding, "the padding must be at most half the kernel size");
+                    return bad(
+                        o.padding,
+                        "the padding must be at most half the kernel size",
+                    );
                 }
                 let (ph, pw) = (h + 2 * o.padding[0], w + 2 * o.padding[1]);
                 if o.kernel[0] > ph || o.kernel[1] > pw {
@@ -280,10 +283,11 @@ fn max_index(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usiz
     let mut at = h0 * g.w + w0;
     let mut best = x[at];
     for hh in h0..h1 {
-        for p in hh * g.w + w0..hh * g.w + w1 {
-            if takes(x[p], best) {
-                best = x[p];
-                at = p;
+        let start = hh * g.w + w0;
+        for (i, &v) in x[start..hh * g.w + w1].iter().enumerate() {
+            if takes(v, best) {
+                best = v;
+                at = start + i;
             }
         }
     }
@@ -513,7 +517,11 @@ impl ExecContext {
         self.new_tensor(op.name(), x_shape, |out| {
             self.par_rows(out, ip, plane_work(op, ip, opl) + ip, |planes, o| {
                 vectorized!(for (p, gx) in planes.zip(o.chunks_exact_mut(ip)) {
-                    let xp = if xs.is_empty() { xs } else { &xs[p * ip..][..ip] };
+                    let xp = if xs.is_empty() {
+                        xs
+                    } else {
+                        &xs[p * ip..][..ip]
+                    };
                     backward_plane(op, xp, &gs[p * opl..][..opl], gx, g);
                 })
             });

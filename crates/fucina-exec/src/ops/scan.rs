@@ -104,7 +104,11 @@ impl ExecContext {
     ///
     /// # Errors
     /// As [`cumsum`](ExecContext::cumsum).
-    pub fn cumsum_backward(&self, grad: &RawTensor, axis: impl Axis) -> Result<RawTensor, ExecError> {
+    pub fn cumsum_backward(
+        &self,
+        grad: &RawTensor,
+        axis: impl Axis,
+    ) -> Result<RawTensor, ExecError> {
         self.scan("cumsum_backward", grad, axis, true)
     }
 }
