@@ -49,6 +49,10 @@ pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradch
 pub use node::{BackwardOptions, Grads, free_graph_nodes};
 pub use tensor::Tensor;
 
+/// The option and result types of the convolutional-network ops, re-exported
+/// from the exec layer.
+pub use fucina_exec::{BatchNormStats, Pool2dOp, Pool2dOptions};
+
 /// The exec layer this crate is built on.
 pub use fucina_exec as exec;
 /// The convolution options (`Tensor::conv1d`, `Tensor::conv2d`), from the exec layer.
