@@ -16,8 +16,8 @@ use fucina::exec::ExecContext;
 use fucina::nn::{Linear, Module};
 use fucina::optim::AdamW;
 use fucina_dist::{
-    DataParallel, DataParallelOptions, DistError, LocalDataParallel, ShardedSampler,
-    TrainPosition, World, params_hash,
+    DataParallel, DataParallelOptions, DistError, LocalDataParallel, ShardedSampler, TrainPosition,
+    World, params_hash,
 };
 
 /// A small model whose gradients depend on the microbatch index: parameters
@@ -190,7 +190,8 @@ fn checkpoints(world: &World, ctx: &ExecContext) {
     // Every rank has its own values; rank 0's are the ones written.
     let (mine, opt) = trained(ctx, 40 + world.rank() as u64);
     let at = TrainPosition { epoch: 2, step: 1 };
-    let saved = fucina_dist::save_checkpoint_rank0(world, &path, &mine, Some(&opt), &sampler, at, &[]);
+    let saved =
+        fucina_dist::save_checkpoint_rank0(world, &path, &mine, Some(&opt), &sampler, at, &[]);
     world.abort_on_error(saved);
     let fresh = Linear::new(ctx, 7, 5, 90 + world.rank() as u64).unwrap();
     let mut fresh_opt = AdamW::new(fresh.parameters(), 0.1).unwrap();

@@ -394,7 +394,12 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
         ),
         None => None,
     };
-    let from = start(args, &sampler, args.resume.as_deref().unwrap_or(Path::new("")), resumed)?;
+    let from = start(
+        args,
+        &sampler,
+        args.resume.as_deref().unwrap_or(Path::new("")),
+        resumed,
+    )?;
     let meta = run_metadata(args, &sampler);
     for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
@@ -469,7 +474,12 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         ),
         None => None,
     };
-    let from = start(args, &sampler, args.resume.as_deref().unwrap_or(Path::new("")), resumed)?;
+    let from = start(
+        args,
+        &sampler,
+        args.resume.as_deref().unwrap_or(Path::new("")),
+        resumed,
+    )?;
     let meta = run_metadata(args, &sampler);
     for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);

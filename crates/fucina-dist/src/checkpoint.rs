@@ -408,8 +408,7 @@ pub fn save_params_rank0(world: &World, params: &[Tensor], path: &Path) -> Resul
     } else {
         Ok(())
     };
-    if let Err(e) = written
-    {
+    if let Err(e) = written {
         status = e.to_string().into_bytes();
     }
     // The broadcast of rank 0's status is the barrier.
@@ -661,8 +660,14 @@ mod checkpoint_tests {
         // Another seed, batch or microbatch count.
         for (other, want) in [
             (ShardedSampler::new(64, 16, 4, 6, 0, 1).unwrap(), "seed 5"),
-            (ShardedSampler::new(64, 32, 4, 5, 0, 1).unwrap(), "global batch 16"),
-            (ShardedSampler::new(64, 16, 2, 5, 0, 1).unwrap(), "4 microbatches"),
+            (
+                ShardedSampler::new(64, 32, 4, 5, 0, 1).unwrap(),
+                "global batch 16",
+            ),
+            (
+                ShardedSampler::new(64, 16, 2, 5, 0, 1).unwrap(),
+                "4 microbatches",
+            ),
         ] {
             refused(&path, &other, want);
         }
@@ -686,13 +691,26 @@ mod checkpoint_tests {
         // Saving: a position past the epoch, a reserved key, a missing directory.
         let past = TrainPosition { epoch: 0, step: 4 };
         let e = save_checkpoint(&path, &model, None, &sampler, past, &[]).unwrap_err();
-        assert!(e.to_string().contains("not below the epoch's 4 steps"), "{e}");
-        let e = save_checkpoint(&path, &model, None, &sampler, at, &[("fucina_dist.epoch", "9")])
-            .unwrap_err();
+        assert!(
+            e.to_string().contains("not below the epoch's 4 steps"),
+            "{e}"
+        );
+        let e = save_checkpoint(
+            &path,
+            &model,
+            None,
+            &sampler,
+            at,
+            &[("fucina_dist.epoch", "9")],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("reserved"), "{e}");
         let nowhere = d.join("no-such-dir").join("x.safetensors");
         let e = save_checkpoint(&nowhere, &model, None, &sampler, at, &[]).unwrap_err();
-        assert!(e.to_string().contains(&nowhere.display().to_string()), "{e}");
+        assert!(
+            e.to_string().contains(&nowhere.display().to_string()),
+            "{e}"
+        );
         // The refused saves left the good file as it was.
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
         std::fs::remove_dir_all(&d).unwrap();

@@ -63,12 +63,12 @@ mod reduce;
 mod sampler;
 mod world;
 
-#[allow(deprecated)]
-pub use checkpoint::{read_params, save_params_rank0, write_params};
 pub use checkpoint::{
     METADATA_PREFIX, Resumed, TrainPosition, load_checkpoint, load_checkpoint_rank0,
     save_checkpoint, save_checkpoint_rank0,
 };
+#[allow(deprecated)]
+pub use checkpoint::{read_params, save_params_rank0, write_params};
 pub use dp::{DataParallel, DataParallelOptions};
 pub use error::{DistError, Result};
 pub use reduce::{DistParam, LocalDataParallel, StepOutput, shard_range};
