@@ -352,10 +352,9 @@ fn run_metadata(args: &Args, sampler: &ShardedSampler) -> [(&'static str, String
 fn start(
     args: &Args,
     sampler: &ShardedSampler,
-    path: &Path,
-    resumed: Option<Resumed>,
+    resumed: Option<(&Path, Resumed)>,
 ) -> Result<TrainPosition, String> {
-    let Some(r) = resumed else {
+    let Some((path, r)) = resumed else {
         return Ok(TrainPosition::default());
     };
     for (key, mine) in run_metadata(args, sampler) {
@@ -388,18 +387,14 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
     let mut dp =
         LocalDataParallel::new(model.parameters(), args.microbatches).map_err(|e| e.to_string())?;
     let resumed = match &args.resume {
-        Some(path) => Some(
+        Some(path) => Some((
+            path.as_path(),
             fucina_dist::load_checkpoint(&ctx, path, &model, Some(opt.as_mut()), &sampler)
                 .map_err(|e| e.to_string())?,
-        ),
+        )),
         None => None,
     };
-    let from = start(
-        args,
-        &sampler,
-        args.resume.as_deref().unwrap_or(Path::new("")),
-        resumed,
-    )?;
+    let from = start(args, &sampler, resumed)?;
     let meta = run_metadata(args, &sampler);
     for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
@@ -455,13 +450,13 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         microbatches: args.microbatches,
         bucket_bytes: args.bucket_bytes,
         overlap: args.overlap,
-        ..DataParallelOptions::default()
     };
     let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
     // Collective: rank 0 reads the file, every rank loads the same bytes into
     // its model (the handles `dp` holds) and optimizer.
     let resumed = match &args.resume {
-        Some(path) => Some(
+        Some(path) => Some((
+            path.as_path(),
             fucina_dist::load_checkpoint_rank0(
                 world,
                 &ctx,
@@ -471,15 +466,10 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
                 &sampler,
             )
             .map_err(|e| e.to_string())?,
-        ),
+        )),
         None => None,
     };
-    let from = start(
-        args,
-        &sampler,
-        args.resume.as_deref().unwrap_or(Path::new("")),
-        resumed,
-    )?;
+    let from = start(args, &sampler, resumed)?;
     let meta = run_metadata(args, &sampler);
     for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
