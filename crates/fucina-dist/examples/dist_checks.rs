@@ -2,7 +2,7 @@
 //! `tests/mpi.rs`; each mode prints `ok <what>` lines on rank 0):
 //!
 //! ```text
-//! mpirun -np 2 target/debug/examples/dist_checks api       # record/all_reduce = step = local; dumps
+//! mpirun -np 2 target/debug/examples/dist_checks api       # record/all_reduce = step = local; checkpoints
 //! mpirun -np 2 target/debug/examples/dist_checks mismatch  # rank 1's model differs: Err on every rank
 //! mpirun -np 2 target/debug/examples/dist_checks fail      # rank 1 fails a microbatch: the job aborts
 //! ```
@@ -13,8 +13,11 @@ use std::process::ExitCode;
 
 use fucina::autograd::Tensor;
 use fucina::exec::ExecContext;
+use fucina::nn::{Linear, Module};
+use fucina::optim::AdamW;
 use fucina_dist::{
-    DataParallel, DataParallelOptions, DistError, LocalDataParallel, World, params_hash,
+    DataParallel, DataParallelOptions, DistError, LocalDataParallel, ShardedSampler, TrainPosition,
+    World, params_hash,
 };
 
 /// A small model whose gradients depend on the microbatch index: parameters
@@ -148,30 +151,82 @@ fn api(world: &World) {
         params_hash(&grads(&ctx, dp.params())) == want && out.value == lout.value,
     );
 
-    // Rank-0 dump behind a barrier: every rank can read it when the call returns.
-    let path = std::env::temp_dir().join(format!("fucina-dist-checks-{}.bin", world.size()));
-    world.abort_on_error(fucina_dist::save_params_rank0(world, dp.params(), &path));
-    let back = world.abort_on_error(fucina_dist::read_params(&path));
-    let same = back.len() == 2
-        && back
+    checkpoints(world, &ctx);
+}
+
+/// A `Linear` from `seed` after one AdamW step (so the optimizer has moments
+/// and a step count).
+fn trained(ctx: &ExecContext, seed: u64) -> (Linear, AdamW) {
+    let model = Linear::new(ctx, 7, 5, seed).unwrap();
+    let mut opt = AdamW::new(model.parameters(), 0.1).unwrap();
+    let x = Tensor::randn(ctx, &[3, 7], 1.0, 5).unwrap();
+    model
+        .forward(ctx, &x)
+        .unwrap()
+        .mean_all(ctx)
+        .unwrap()
+        .backward(ctx)
+        .unwrap();
+    opt.step(ctx).unwrap();
+    (model, opt)
+}
+
+/// Rank-0 checkpoints behind a barrier, loaded on every rank from rank 0's
+/// bytes; failures are errors on every rank.
+fn checkpoints(world: &World, ctx: &ExecContext) {
+    let bits = |m: &Linear| -> Vec<u32> {
+        m.parameters()
             .iter()
-            .zip(dp.params())
-            .all(|((s, v), p)| s == p.shape() && *v == p.to_vec());
+            .flat_map(|p| p.tensor().to_vec())
+            .map(f32::to_bits)
+            .collect()
+    };
+    let sampler = ShardedSampler::new(64, 16, 4, 3, world.rank(), world.size()).unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "fucina-dist-checks-{}-{}.safetensors",
+        world.size(),
+        std::process::id()
+    ));
+    // Every rank has its own values; rank 0's are the ones written.
+    let (mine, opt) = trained(ctx, 40 + world.rank() as u64);
+    let at = TrainPosition { epoch: 2, step: 1 };
+    let saved =
+        fucina_dist::save_checkpoint_rank0(world, &path, &mine, Some(&opt), &sampler, at, &[]);
+    world.abort_on_error(saved);
+    let fresh = Linear::new(ctx, 7, 5, 90 + world.rank() as u64).unwrap();
+    let mut fresh_opt = AdamW::new(fresh.parameters(), 0.1).unwrap();
+    let r = world.abort_on_error(fucina_dist::load_checkpoint_rank0(
+        world,
+        ctx,
+        &path,
+        &fresh,
+        Some(&mut fresh_opt),
+        &sampler,
+    ));
+    let (rank0, _) = trained(ctx, 40);
     ensure(
         world,
-        "rank-0 dump readable by every rank after the call",
-        same,
+        "rank-0 checkpoint loads on every rank, with the optimizer state and position",
+        bits(&fresh) == bits(&rank0)
+            && fresh_opt.step_count() == 1
+            && r.position == at
+            && r.saved_ranks == world.size(),
     );
     world.barrier();
     if world.is_root() {
         let _ = std::fs::remove_file(&path);
     }
-    let bad = std::path::Path::new("/nonexistent-dir/params.bin");
-    let e = fucina_dist::save_params_rank0(world, dp.params(), bad);
+    // Rank 0 cannot write, cannot read: every rank gets the error, nothing changes.
+    let bad = std::path::Path::new("/nonexistent-dir/run.safetensors");
+    let e = fucina_dist::save_checkpoint_rank0(world, bad, &mine, Some(&opt), &sampler, at, &[]);
+    let before = bits(&fresh);
+    let l = fucina_dist::load_checkpoint_rank0(world, ctx, bad, &fresh, None, &sampler);
     ensure(
         world,
-        "failed rank-0 dump is an error on every rank",
-        matches!(e, Err(DistError::Checkpoint { .. })),
+        "failed rank-0 checkpoint save and load are errors on every rank",
+        matches!(e, Err(DistError::Checkpoint { .. }))
+            && matches!(l, Err(DistError::Checkpoint { .. }))
+            && bits(&fresh) == before,
     );
 }
 

@@ -1,26 +1,49 @@
 //! Data-parallel training of a small MLP (64 → hidden → 10, ReLU, cross-entropy,
-//! plain SGD) on the 1,797-image 8x8 digits set, bit-identical for any rank
-//! count:
+//! AdamW) on the 1,797-image 8x8 digits set, bit-identical for any rank count,
+//! with checkpoints that resume on any rank count:
 //!
 //! ```text
 //! cargo build --release -p fucina-dist --example train_digits_dist
 //! mpirun -np 4 target/release/examples/train_digits_dist --epochs 3 --seed 1
 //! target/release/examples/train_digits_dist --local --epochs 3 --seed 1   # no MPI
+//!
+//! # stop after epoch 1, saving; go on at 2 ranks (or --local): the same lines
+//! mpirun -np 4 target/release/examples/train_digits_dist --epochs 3 --seed 1 \
+//!     --save run.safetensors --stop-after-epoch 1
+//! mpirun -np 2 target/release/examples/train_digits_dist --epochs 3 --seed 1 \
+//!     --resume run.safetensors
 //! ```
 //!
-//! Rank 0 prints `epoch {e} loss {loss:.6} bits {bits:08x}` per epoch and
-//! `params {fnv1a:016x}` at the end; these lines are the same for every `-np`
-//! and for `--local` (the single-process run of the same microbatch split).
-//! `--bench` adds per-step timings on stderr-free `timing` lines.
+//! Rank 0 prints `epoch {e} loss {loss:.6} bits {bits:08x}` per epoch,
+//! `params {fnv1a:016x}` at the end, then `bytes/step {n} ring {r}`: the bytes
+//! each rank receives per step in the gradient exchange, and what a ring
+//! all-reduce of the same gradient would receive (`2 (P-1)/P` times its bytes;
+//! both 0 for `--local`). The `epoch` and `params` lines are the same for every
+//! `-np` and for `--local` (the single-process run of the same microbatch
+//! split), and a run resumed from a checkpoint prints the same lines for the
+//! epochs it runs as the run that was never stopped. `--bench` adds a `timing`
+//! line per epoch.
+//!
+//! `--save PATH` writes a checkpoint after every epoch (rank 0 writes, behind a
+//! barrier; atomic, so a run killed at any moment leaves the last complete
+//! one): the parameters, the optimizer's state (AdamW's moments and step
+//! count), the next epoch and the sampler's seed and shape, and this example's
+//! `--optim`, `--lr` and `--steps` (a resumed run must pass the same values, and
+//! is refused otherwise). `--resume PATH` loads one (rank 0 reads it and sends
+//! it to the other ranks) and goes on from the epoch after the saved one, up to
+//! `--epochs` in all; the rank count may differ from the saving run's.
+//! `--stop-after-epoch N` ends the run after epoch `N` (counted from 0).
 //!
 //! The MLP is a `fucina::nn::Sequential` of two `Linear` layers, run by each
 //! microbatch closure through `Forward::forward` (its `fucina::Error` converts
 //! into the step's error with `?`); `DataParallel` holds the model's
-//! `Parameter` handles (the ones the layers read and `fucina::optim::Sgd`
-//! updates), and the data set comes from `fucina::data`.
+//! `Parameter` handles (the ones the layers read and the optimizer,
+//! `fucina::optim::AdamW` or with `--optim sgd` `fucina::optim::Sgd`, updates),
+//! and the data set comes from `fucina::data`.
 // The autograd error carries inline shapes (no heap on the error path).
 #![allow(clippy::result_large_err)]
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -28,21 +51,43 @@ use fucina::autograd::Tensor;
 use fucina::data::{DIGITS_PIXELS, Digits};
 use fucina::exec::ExecContext;
 use fucina::nn::{Forward, Linear, Module, Parameter, Relu, Sequential, sub_seed};
-use fucina::optim::Sgd;
+use fucina::optim::{AdamW, Optimizer, Sgd};
 use fucina_dist::{
-    DataParallel, DataParallelOptions, LocalDataParallel, ShardedSampler, StepOutput, World,
+    DataParallel, DataParallelOptions, LocalDataParallel, Resumed, ShardedSampler, StepOutput,
+    TrainPosition, World,
 };
 
 const USAGE: &str = "\
 usage: train_digits_dist [--epochs E] [--seed S] [--hidden H] [--batch B]
-                         [--microbatches M] [--lr LR] [--steps K] [--threads T]
-                         [--bucket-bytes N] [--no-overlap] [--local] [--bench]
-                         [--save PATH] [--data digits.csv.gz]
-  defaults: --epochs 3 --seed 0 --hidden 64 --batch 128 --microbatches 8 --lr 0.5
+                         [--microbatches M] [--optim adamw|sgd] [--lr LR] [--steps K]
+                         [--threads T] [--bucket-bytes N] [--no-overlap] [--local]
+                         [--bench] [--save PATH] [--resume PATH] [--stop-after-epoch N]
+                         [--data digits.csv.gz]
+  defaults: --epochs 3 --seed 0 --hidden 64 --batch 128 --microbatches 8 --optim adamw
+            --lr 0.01 (adamw) or 0.5 (sgd)
   --local      one process, no MPI (the reference the MPI runs match bit for bit)
   --steps K    at most K steps per epoch
   --threads T  team size of each rank's ExecContext (default: cores / ranks)
-  --bench      print a `timing` line per epoch (steps/s, compute, exchange, reduce)";
+  --bench      print a `timing` line per epoch (steps/s, compute, exchange, reduce)
+  --save PATH  write a checkpoint (safetensors) after every epoch
+  --resume PATH          go on from a checkpoint (any rank count, or --local)
+  --stop-after-epoch N   end the run after epoch N (from 0)";
+
+/// The optimizer of the run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Optim {
+    AdamW,
+    Sgd,
+}
+
+impl Optim {
+    fn name(self) -> &'static str {
+        match self {
+            Optim::AdamW => "adamw",
+            Optim::Sgd => "sgd",
+        }
+    }
+}
 
 struct Args {
     epochs: u64,
@@ -50,6 +95,7 @@ struct Args {
     hidden: usize,
     batch: usize,
     microbatches: usize,
+    optim: Optim,
     lr: f32,
     steps: Option<usize>,
     threads: Option<usize>,
@@ -57,8 +103,10 @@ struct Args {
     overlap: bool,
     local: bool,
     bench: bool,
-    save: Option<std::path::PathBuf>,
-    data: std::path::PathBuf,
+    save: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    stop_after_epoch: Option<u64>,
+    data: PathBuf,
 }
 
 fn parse() -> Result<Args, String> {
@@ -68,7 +116,8 @@ fn parse() -> Result<Args, String> {
         hidden: 64,
         batch: 128,
         microbatches: 8,
-        lr: 0.5,
+        optim: Optim::AdamW,
+        lr: f32::NAN,
         steps: None,
         threads: None,
         bucket_bytes: DataParallelOptions::default().bucket_bytes,
@@ -76,8 +125,11 @@ fn parse() -> Result<Args, String> {
         local: false,
         bench: false,
         save: None,
+        resume: None,
+        stop_after_epoch: None,
         data: fucina::data::digits_path().into(),
     };
+    let mut lr = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -91,11 +143,20 @@ fn parse() -> Result<Args, String> {
             "--hidden" => a.hidden = num(&flag, value()?)?,
             "--batch" => a.batch = num(&flag, value()?)?,
             "--microbatches" => a.microbatches = num(&flag, value()?)?,
-            "--lr" => a.lr = num(&flag, value()?)?,
+            "--optim" => {
+                a.optim = match value()?.as_str() {
+                    "adamw" => Optim::AdamW,
+                    "sgd" => Optim::Sgd,
+                    other => return Err(format!("--optim: `{other}` is not adamw or sgd")),
+                }
+            }
+            "--lr" => lr = Some(num(&flag, value()?)?),
             "--steps" => a.steps = Some(num(&flag, value()?)?),
             "--threads" => a.threads = Some(num(&flag, value()?)?),
             "--bucket-bytes" => a.bucket_bytes = num(&flag, value()?)?,
             "--save" => a.save = Some(value()?.into()),
+            "--resume" => a.resume = Some(value()?.into()),
+            "--stop-after-epoch" => a.stop_after_epoch = Some(num(&flag, value()?)?),
             "--data" => a.data = value()?.into(),
             "--no-overlap" => a.overlap = false,
             "--local" => a.local = true,
@@ -107,6 +168,10 @@ fn parse() -> Result<Args, String> {
     if a.hidden == 0 {
         return Err("--hidden must be at least 1".into());
     }
+    a.lr = lr.unwrap_or(match a.optim {
+        Optim::AdamW => 0.01,
+        Optim::Sgd => 0.5,
+    });
     Ok(a)
 }
 
@@ -119,6 +184,14 @@ fn mlp(ctx: &ExecContext, hidden: usize, seed: u64) -> fucina::Result<Sequential
         )
         .push(Relu)
         .push_named("fc2", Linear::new(ctx, hidden, 10, sub_seed(seed, 1))?))
+}
+
+/// The optimizer of `args` over `params`.
+fn optimizer(args: &Args, params: Vec<Parameter>) -> fucina::Result<Box<dyn Optimizer>> {
+    Ok(match args.optim {
+        Optim::AdamW => Box::new(AdamW::new(params, args.lr)?),
+        Optim::Sgd => Box::new(Sgd::new(params, args.lr)?),
+    })
 }
 
 /// Forward and backward of one microbatch (sample indices `idx`) through the
@@ -143,9 +216,20 @@ fn microbatch(
     Ok(loss.item()?)
 }
 
-/// The parameters' current values as tensors (for the hash and the dump).
+/// The parameters' current values as tensors (for the hash).
 fn values(params: &[Parameter]) -> Vec<Tensor> {
     params.iter().map(Parameter::tensor).collect()
+}
+
+/// The bytes a ring all-reduce of the gradient of `params` receives per rank
+/// and step over `ranks` ranks: `2 (P-1)/P` times the gradient's bytes.
+fn ring_bytes(params: &[Parameter], ranks: usize) -> u64 {
+    let grad_bytes: u64 = params
+        .iter()
+        .map(|p| p.shape().iter().product::<usize>() as u64 * 4)
+        .sum();
+    let p = ranks as u64;
+    2 * (p - 1) * grad_bytes / p
 }
 
 /// Sums of the per-step outputs of an epoch.
@@ -170,6 +254,9 @@ impl Epoch {
     }
 
     fn report(&self, e: u64, bench: bool, wall_s: f64, ranks: usize, threads: usize) {
+        if self.steps == 0 {
+            return; // resumed at the end of an epoch's --steps: nothing ran
+        }
         let loss = self.loss / self.steps as f32;
         println!("epoch {e} loss {loss:.6} bits {:08x}", loss.to_bits());
         if bench {
@@ -250,18 +337,71 @@ fn steps(args: &Args, sampler: &ShardedSampler) -> usize {
     })
 }
 
+/// This example's own checkpoint entries: what else a resumed run must share
+/// with the saving run to go on with the same bits.
+fn run_metadata(args: &Args, sampler: &ShardedSampler) -> [(&'static str, String); 3] {
+    [
+        ("train_digits_dist.optim", args.optim.name().to_string()),
+        ("train_digits_dist.lr", args.lr.to_string()),
+        ("train_digits_dist.steps", steps(args, sampler).to_string()),
+    ]
+}
+
+/// Where to start: the checkpoint's position after checking this run's
+/// arguments against it, or the beginning.
+fn start(
+    args: &Args,
+    sampler: &ShardedSampler,
+    resumed: Option<(&Path, Resumed)>,
+) -> Result<TrainPosition, String> {
+    let Some((path, r)) = resumed else {
+        return Ok(TrainPosition::default());
+    };
+    for (key, mine) in run_metadata(args, sampler) {
+        let flag = key.trim_start_matches("train_digits_dist.");
+        match r.metadata.get(key) {
+            Some(saved) if saved == mine => {}
+            saved => {
+                return Err(format!(
+                    "checkpoint {}: saved with --{flag} {}, this run has --{flag} {mine} \
+                     (resume with the saved value)",
+                    path.display(),
+                    saved.unwrap_or("(none)")
+                ));
+            }
+        }
+    }
+    Ok(r.position)
+}
+
+/// `meta`'s entries as `(&str, &str)` pairs.
+fn pairs<'a>(meta: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    meta.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 fn run_local(args: &Args, threads: usize) -> Result<(), String> {
     let (data, sampler) = setup(args, 0, 1)?;
     let ctx = ExecContext::with_threads(threads);
     let model = mlp(&ctx, args.hidden, args.seed).map_err(|e| e.to_string())?;
-    let mut opt = Sgd::new(model.parameters(), args.lr).map_err(|e| e.to_string())?;
+    let mut opt = optimizer(args, model.parameters()).map_err(|e| e.to_string())?;
     let mut dp =
         LocalDataParallel::new(model.parameters(), args.microbatches).map_err(|e| e.to_string())?;
-    for e in 0..args.epochs {
+    let resumed = match &args.resume {
+        Some(path) => Some((
+            path.as_path(),
+            fucina_dist::load_checkpoint(&ctx, path, &model, Some(opt.as_mut()), &sampler)
+                .map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
+    let from = start(args, &sampler, resumed)?;
+    let meta = run_metadata(args, &sampler);
+    for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
+        let first = if e == from.epoch { from.step } else { 0 };
         let mut epoch = Epoch::default();
         let t = Instant::now();
-        for step in 0..steps(args, &sampler) {
+        for step in first..steps(args, &sampler) {
             let out = dp
                 .step(&ctx, |ctx, _, m| {
                     microbatch(ctx, &model, &data, sampler.microbatch(&order, step, m))
@@ -271,14 +411,30 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
             epoch.add(&out);
         }
         epoch.report(e, args.bench, t.elapsed().as_secs_f64(), 0, threads);
-    }
-    if let Some(path) = &args.save {
-        fucina_dist::write_params(&values(dp.params()), path).map_err(|e| e.to_string())?;
+        if let Some(path) = &args.save {
+            let next = TrainPosition {
+                epoch: e + 1,
+                step: 0,
+            };
+            fucina_dist::save_checkpoint(
+                path,
+                &model,
+                Some(opt.as_ref()),
+                &sampler,
+                next,
+                &pairs(&meta),
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        if args.stop_after_epoch == Some(e) {
+            break;
+        }
     }
     println!(
         "params {:016x}",
         fucina_dist::params_hash(&values(dp.params()))
     );
+    println!("bytes/step 0 ring {}", ring_bytes(dp.params(), 1));
     Ok(())
 }
 
@@ -289,19 +445,39 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
     // with rank 0's (rank 0 starts from `seed`, as the local run does).
     let init_seed = args.seed ^ (world.rank() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let model = mlp(&ctx, args.hidden, init_seed).map_err(|e| e.to_string())?;
-    let mut opt = Sgd::new(model.parameters(), args.lr).map_err(|e| e.to_string())?;
+    let mut opt = optimizer(args, model.parameters()).map_err(|e| e.to_string())?;
     let opts = DataParallelOptions {
         microbatches: args.microbatches,
         bucket_bytes: args.bucket_bytes,
         overlap: args.overlap,
     };
     let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
-    for e in 0..args.epochs {
+    // Collective: rank 0 reads the file, every rank loads the same bytes into
+    // its model (the handles `dp` holds) and optimizer.
+    let resumed = match &args.resume {
+        Some(path) => Some((
+            path.as_path(),
+            fucina_dist::load_checkpoint_rank0(
+                world,
+                &ctx,
+                path,
+                &model,
+                Some(opt.as_mut()),
+                &sampler,
+            )
+            .map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
+    let from = start(args, &sampler, resumed)?;
+    let meta = run_metadata(args, &sampler);
+    for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
+        let first = if e == from.epoch { from.step } else { 0 };
         let mut epoch = Epoch::default();
         world.barrier();
         let t = Instant::now();
-        for step in 0..steps(args, &sampler) {
+        for step in first..steps(args, &sampler) {
             let out = dp
                 .step(&ctx, |ctx, _, m| {
                     microbatch(ctx, &model, &data, sampler.microbatch(&order, step, m))
@@ -319,15 +495,35 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
                 threads,
             );
         }
-    }
-    if let Some(path) = &args.save {
-        fucina_dist::save_params_rank0(world, &values(dp.params()), path)
+        if let Some(path) = &args.save {
+            let next = TrainPosition {
+                epoch: e + 1,
+                step: 0,
+            };
+            fucina_dist::save_checkpoint_rank0(
+                world,
+                path,
+                &model,
+                Some(opt.as_ref()),
+                &sampler,
+                next,
+                &pairs(&meta),
+            )
             .map_err(|e| e.to_string())?;
+        }
+        if args.stop_after_epoch == Some(e) {
+            break;
+        }
     }
     if world.is_root() {
         println!(
             "params {:016x}",
             fucina_dist::params_hash(&values(dp.params()))
+        );
+        println!(
+            "bytes/step {} ring {}",
+            dp.bytes_received_per_step(),
+            ring_bytes(dp.params(), world.size())
         );
     }
     Ok(())

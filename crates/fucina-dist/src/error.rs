@@ -5,7 +5,8 @@ use fucina::autograd::AutogradError;
 /// Everything that can go wrong in `fucina-dist`.
 ///
 /// Errors returned by a collective ([`DataParallel::new`](crate::DataParallel::new),
-/// [`save_params_rank0`](crate::save_params_rank0)) are returned on **every**
+/// [`save_checkpoint_rank0`](crate::save_checkpoint_rank0),
+/// [`load_checkpoint_rank0`](crate::load_checkpoint_rank0)) are returned on **every**
 /// rank, so that all ranks leave together; an error of one rank alone (a failing
 /// forward pass, say) must end the job through
 /// [`World::abort_on_error`](crate::World::abort_on_error), never by returning
@@ -45,9 +46,10 @@ pub enum DistError {
         /// How many this rank owns.
         owned: usize,
     },
-    /// Writing or reading a parameter dump failed (the path and the cause; on
-    /// ranks other than 0, rank 0's message).
-    #[error("parameter dump {path}: {message}")]
+    /// Writing or reading a checkpoint (or a deprecated parameter dump) failed,
+    /// or the file does not fit the run: the path and the cause (rank 0's
+    /// message for a collective call whose rank 0 failed).
+    #[error("checkpoint {path}: {message}")]
     Checkpoint {
         /// The file.
         path: String,

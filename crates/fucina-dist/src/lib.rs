@@ -14,7 +14,10 @@
 //!   MPI: the reference the multi-rank runs match bit for bit.
 //! - [`ShardedSampler`]: which samples each microbatch holds (a seed-derived
 //!   permutation per epoch) and which microbatches are this rank's.
-//! - [`save_params_rank0`]: rank-0-only parameter dumps behind a barrier.
+//! - [`save_checkpoint_rank0`] and [`load_checkpoint_rank0`]: training
+//!   checkpoints (parameters, optimizer state, the run's position) through
+//!   `fucina::checkpoint`, written by rank 0 behind a barrier, and resumable on
+//!   any rank count or in one process ([`save_checkpoint`], [`load_checkpoint`]).
 //!
 //! A training step with microbatch closures (runs under `mpirun -np N`; a
 //! process started without `mpirun` is a world of one rank):
@@ -60,6 +63,11 @@ mod reduce;
 mod sampler;
 mod world;
 
+pub use checkpoint::{
+    METADATA_PREFIX, Resumed, TrainPosition, load_checkpoint, load_checkpoint_rank0,
+    save_checkpoint, save_checkpoint_rank0,
+};
+#[allow(deprecated)]
 pub use checkpoint::{read_params, save_params_rank0, write_params};
 pub use dp::{DataParallel, DataParallelOptions};
 pub use error::{DistError, Result};

@@ -76,6 +76,31 @@ impl ShardedSampler {
         })
     }
 
+    /// The number of samples of the data set.
+    pub fn samples(&self) -> usize {
+        self.len
+    }
+
+    /// Samples per global batch (per step).
+    pub fn global_batch(&self) -> usize {
+        self.global_batch
+    }
+
+    /// The seed the epochs' sample orders are drawn from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks the microbatches are shared among.
+    pub fn ranks(&self) -> usize {
+        self.size
+    }
+
     /// Global batches per epoch (`len / global_batch`).
     pub fn steps_per_epoch(&self) -> usize {
         self.len / self.global_batch

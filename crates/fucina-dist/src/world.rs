@@ -116,6 +116,15 @@ impl World {
         }
     }
 
+    /// Rank 0's `buf` on every rank (every rank passes a buffer of the same
+    /// length), in pieces of at most 1 GiB: MPI counts elements in an `int`.
+    pub(crate) fn broadcast_slice(&self, buf: &mut [u8]) {
+        let root = self.comm.process_at_rank(0);
+        for piece in buf.chunks_mut(1 << 30) {
+            root.broadcast_into(piece);
+        }
+    }
+
     /// Every rank's `value`, in rank order.
     pub(crate) fn all_gather_u64(&self, value: u64) -> Vec<u64> {
         let mut out = vec![0u64; self.size];

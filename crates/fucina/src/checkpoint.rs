@@ -903,7 +903,15 @@ pub const OPTIM_MARKER: &str = "fucina.optimizer";
 /// [`read_from_bytes`].
 pub fn read_metadata(path: impl AsRef<Path>) -> Result<Metadata, CheckpointError> {
     let bytes = read_file(path.as_ref())?;
-    Ok(parse(&bytes)?.metadata())
+    read_metadata_from_bytes(&bytes)
+}
+
+/// [`read_metadata`] from the bytes of a safetensors file.
+///
+/// # Errors
+/// The format errors of [`read_from_bytes`].
+pub fn read_metadata_from_bytes(bytes: &[u8]) -> Result<Metadata, CheckpointError> {
+    Ok(parse(bytes)?.metadata())
 }
 
 /// Saves a [`StateDict`] and `metadata` to `path` atomically (see [`save`]).
@@ -1016,7 +1024,47 @@ pub fn load_module<M: Module + ?Sized>(
     model: &M,
     optimizer: Option<&mut dyn Optimizer>,
 ) -> crate::Result<Metadata> {
-    let (entries, meta) = read(ctx, path)?;
+    let bytes = read_file(path.as_ref())?;
+    load_module_from_bytes(ctx, &bytes, model, optimizer)
+}
+
+/// [`load_module`] from the bytes of a safetensors file (what a process that
+/// received a checkpoint over the network, rather than from its own disk,
+/// loads). All or nothing, as [`load_module`].
+///
+/// ```
+/// use fucina::checkpoint;
+/// use fucina::nn::{Linear, Module};
+/// use fucina::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let model = Linear::new(&ctx, 3, 2, 7)?;
+/// let path = std::env::temp_dir().join(format!("fucina-doc-bytes-{}.safetensors", std::process::id()));
+/// checkpoint::save_module(&path, &model, None, &[("epoch", "4")])?;
+/// let bytes = std::fs::read(&path)?;
+/// # std::fs::remove_file(&path).ok();
+///
+/// let fresh = Linear::new(&ctx, 3, 2, 99)?;
+/// assert_eq!(checkpoint::read_metadata_from_bytes(&bytes)?.get("epoch"), Some("4"));
+/// checkpoint::load_module_from_bytes(&ctx, &bytes, &fresh, None)?;
+/// assert_eq!(fresh.weight.to_vec(), model.weight.to_vec());
+/// // A truncated file is refused and changes nothing.
+/// let other = Linear::new(&ctx, 3, 2, 5)?;
+/// let before = other.weight.to_vec();
+/// assert!(checkpoint::load_module_from_bytes(&ctx, &bytes[..bytes.len() - 1], &other, None).is_err());
+/// assert_eq!(other.weight.to_vec(), before);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`load_module`], without the I/O error.
+pub fn load_module_from_bytes<M: Module + ?Sized>(
+    ctx: &ExecContext,
+    bytes: &[u8],
+    model: &M,
+    optimizer: Option<&mut dyn Optimizer>,
+) -> crate::Result<Metadata> {
+    let (entries, meta) = read_from_bytes(ctx, bytes)?;
     let mut model_part = Vec::new();
     let mut optim_part = Vec::new();
     for (name, t) in entries {
