@@ -67,6 +67,7 @@ fn api(world: &World) {
             microbatches: m,
             bucket_bytes,
             overlap,
+            ..Default::default()
         };
         let mut dp = DataParallel::new(world, params(&ctx, 5), opts).unwrap();
         let out = world.abort_on_error(dp.step(&ctx, microbatch));

@@ -30,18 +30,22 @@ use fucina::exec::ExecContext;
 use fucina::nn::{Forward, Linear, Module, Parameter, Relu, Sequential, sub_seed};
 use fucina::optim::Sgd;
 use fucina_dist::{
-    DataParallel, DataParallelOptions, LocalDataParallel, ShardedSampler, StepOutput, World,
+    DataParallel, DataParallelOptions, LocalDataParallel, Reduction, ShardedSampler, StepOutput,
+    World,
 };
 
 const USAGE: &str = "\
 usage: train_digits_dist [--epochs E] [--seed S] [--hidden H] [--batch B]
                          [--microbatches M] [--lr LR] [--steps K] [--threads T]
                          [--bucket-bytes N] [--no-overlap] [--local] [--bench]
+                         [--reduction auto|tree|allgather]
                          [--save PATH] [--data digits.csv.gz]
   defaults: --epochs 3 --seed 0 --hidden 64 --batch 128 --microbatches 8 --lr 0.5
   --local      one process, no MPI (the reference the MPI runs match bit for bit)
   --steps K    at most K steps per epoch
   --threads T  team size of each rank's ExecContext (default: cores / ranks)
+  --reduction  how ranks combine gradients (default auto: tree where the rank
+               count allows it, else allgather; the same bits either way)
   --bench      print a `timing` line per epoch (steps/s, compute, exchange, reduce)";
 
 struct Args {
@@ -55,6 +59,7 @@ struct Args {
     threads: Option<usize>,
     bucket_bytes: usize,
     overlap: bool,
+    reduction: Reduction,
     local: bool,
     bench: bool,
     save: Option<std::path::PathBuf>,
@@ -73,6 +78,7 @@ fn parse() -> Result<Args, String> {
         threads: None,
         bucket_bytes: DataParallelOptions::default().bucket_bytes,
         overlap: true,
+        reduction: Reduction::Auto,
         local: false,
         bench: false,
         save: None,
@@ -97,6 +103,14 @@ fn parse() -> Result<Args, String> {
             "--bucket-bytes" => a.bucket_bytes = num(&flag, value()?)?,
             "--save" => a.save = Some(value()?.into()),
             "--data" => a.data = value()?.into(),
+            "--reduction" => {
+                a.reduction = match value()?.as_str() {
+                    "auto" => Reduction::Auto,
+                    "tree" => Reduction::Tree,
+                    "allgather" => Reduction::Allgather,
+                    v => return Err(format!("--reduction: `{v}` is not auto, tree or allgather")),
+                }
+            }
             "--no-overlap" => a.overlap = false,
             "--local" => a.local = true,
             "--bench" => a.bench = true,
@@ -294,6 +308,7 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         microbatches: args.microbatches,
         bucket_bytes: args.bucket_bytes,
         overlap: args.overlap,
+        reduction: args.reduction,
     };
     let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
     for e in 0..args.epochs {
