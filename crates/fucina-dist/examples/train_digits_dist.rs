@@ -171,6 +171,8 @@ struct Epoch {
     exchange_s: f64,
     reduce_s: f64,
     bytes: u64,
+    /// What a ring all-reduce of the gradient would receive per rank and step.
+    ring: u64,
 }
 
 impl Epoch {
@@ -191,7 +193,7 @@ impl Epoch {
             println!(
                 "timing epoch {e} ranks {ranks} threads {threads} steps/s {:.1} step_ms {:.3} \
                  compute_ms {:.3} exchange_ms {:.3} reduce_ms {:.3} exchange_share {:.1}% \
-                 bytes_received_per_step {}",
+                 bytes_received_per_step {} ring_bytes_per_step {}",
                 s / wall_s,
                 wall_s / s * 1e3,
                 self.compute_s / s * 1e3,
@@ -199,6 +201,7 @@ impl Epoch {
                 self.reduce_s / s * 1e3,
                 100.0 * self.exchange_s / wall_s,
                 self.bytes / self.steps as u64,
+                self.ring,
             );
         }
     }
@@ -313,7 +316,10 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
     let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
     for e in 0..args.epochs {
         let order = sampler.epoch_order(e);
-        let mut epoch = Epoch::default();
+        let mut epoch = Epoch {
+            ring: dp.ring_bytes_per_step(),
+            ..Epoch::default()
+        };
         world.barrier();
         let t = Instant::now();
         for step in 0..steps(args, &sampler) {
