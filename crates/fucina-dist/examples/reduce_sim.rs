@@ -133,6 +133,7 @@ fn run(world: &World, args: &Args) -> Result<(), DistError> {
     let mut dp = DataParallel::new(world, vec![p], opts)?;
     let mut local = LocalDataParallel::new(vec![q], m)?;
     let mut bytes = 0;
+    let mut exchange_s = 0.0;
     for step in 0..args.steps {
         let parts: Vec<Vec<f32>> = (0..m).map(|mb| partial(step, mb, n)).collect();
         let want = local.step(&ctx, |ctx, p, mb| microbatch(ctx, &p[0], &parts[mb]))?;
@@ -146,6 +147,7 @@ fn run(world: &World, args: &Args) -> Result<(), DistError> {
             ));
         }
         bytes = got.bytes_received;
+        exchange_s += got.exchange_s;
     }
     // The closed-form model of this rank's bytes per step: the tree moves
     // 2 (N - 1) / N of the flat gradient (parameters and the loss slot), the
@@ -166,10 +168,11 @@ fn run(world: &World, args: &Args) -> Result<(), DistError> {
     if world.is_root() {
         println!(
             "sim ranks {ranks} microbatches {m} params {n} reduction {:?} steps {} bits ok \
-             bytes_per_step {bytes} ring {}",
+             bytes_per_step {bytes} ring {} exchange_ms_per_step {:.4}",
             dp.reduction(),
             args.steps,
-            dp.ring_bytes_per_step()
+            dp.ring_bytes_per_step(),
+            exchange_s / args.steps.max(1) as f64 * 1e3
         );
     }
     Ok(())
@@ -217,12 +220,20 @@ impl Net {
     }
 }
 
+/// Samples per global batch in the model's step time.
+const BATCH: f64 = 1024.0;
+/// Floating-point operations per parameter and sample (forward + backward).
+const FLOPS_PER_PARAM_SAMPLE: f64 = 6.0;
+/// Sustained floating-point operations per second of one rank.
+const RANK_FLOPS: f64 = 100e9;
+
 fn table() {
     println!(
-        "| model | link | ranks | ring all-reduce | tree, 1 MiB buckets | tree, 64 MiB buckets | \
-         allgather (M = ranks) | tree bytes / rank |"
+        "| model | link | ranks | compute / rank | ring all-reduce | tree, 1 MiB buckets | \
+         tree, 64 MiB buckets | allgather (M = ranks) | step: tree 64 MiB | step: allgather | \
+         tree bytes / rank |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let show = |t: f64| {
         if t < 1.0 {
             format!("{:.1} ms", t * 1e3)
@@ -230,8 +241,9 @@ fn table() {
             format!("{t:.2} s")
         }
     };
-    for (name, params) in [("10M params", 10e6), ("100M params", 100e6)] {
+    for (name, params) in [("10M", 10e6), ("100M", 100e6)] {
         let s = params * 4.0;
+        let compute = params * BATCH * FLOPS_PER_PARAM_SAMPLE / RANK_FLOPS;
         for gbit in [25.0, 100.0] {
             let net = Net {
                 latency: 10e-6,
@@ -240,12 +252,17 @@ fn table() {
                 bandwidth: gbit * 1e9 / 8.0 * 0.9,
             };
             for p in [8.0, 16.0, 32.0, 64.0, 128.0, 256.0] {
+                let tree = net.tree(p, s, 67108864.0);
+                let gather = net.allgather(p, s, 1048576.0);
                 println!(
-                    "| {name} | {gbit} Gb/s | {p} | {} | {} | {} | {} | {:.0} MB |",
+                    "| {name} | {gbit} Gb/s | {p} | {} | {} | {} | {} | {} | {} | {} | {:.0} MB |",
+                    show(compute / p),
                     show(net.ring(p, s)),
                     show(net.tree(p, s, 1048576.0)),
-                    show(net.tree(p, s, 67108864.0)),
-                    show(net.allgather(p, s, 1048576.0)),
+                    show(tree),
+                    show(gather),
+                    show(compute / p + tree),
+                    show(compute / p + gather),
                     2.0 * (p - 1.0) / p * s / 1e6,
                 );
             }

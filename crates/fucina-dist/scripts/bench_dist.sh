@@ -11,8 +11,11 @@
 #
 # Environment: EPOCHS (default 6), CORES (default: nproc), THREADS (each
 # rank's team size, default 1).
-# Ranks run with `--bind-to none`: mpirun's default binds each of up to 2 ranks
-# to one core, which puts a rank's whole worker team on that core.
+# Ranks that fit the cores with one thread each are bound one per core
+# (`--bind-to core`: on the 2-core development machine, unbound ranks sometimes
+# share a core and halve the rate); with more ranks or threads than cores they
+# run `--bind-to none` (a bound rank would put its whole worker team on one
+# core).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 cargo build --release -q -p fucina-dist --example train_digits_dist
@@ -54,12 +57,13 @@ report "$("$exe" --local --bench --epochs "$epochs" --threads "$cores" "$@")" \
     "one process, threads $cores (baseline)"
 report "$("$exe" --local --bench --epochs "$epochs" --threads 1 "$@")" "one process, threads 1"
 for np in 1 2 4; do
-    over=""
+    over="" bind=core
+    (( threads > 1 || np > cores )) && bind=none
     (( np * threads > cores )) && over=", oversubscribed"
     for red in tree allgather "allgather --no-overlap"; do
         # shellcheck disable=SC2086 # `$red` is a reduction and maybe a flag
-        out=$(OMPI_MCA_mpi_yield_when_idle=1 mpirun --oversubscribe --bind-to none -np "$np" "$exe" \
+        out=$(OMPI_MCA_mpi_yield_when_idle=1 mpirun --oversubscribe --bind-to "$bind" -np "$np" "$exe" \
             --bench --epochs "$epochs" --threads "$threads" --reduction $red "$@")
-        report "$out" "mpirun -np $np, threads $threads$over, $red"
+        report "$out" "mpirun -np $np, threads $threads$over, bind $bind, $red"
     done
 done

@@ -686,7 +686,10 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
         // rank `s`.
         let t = Instant::now();
         let comm = self.world.comm();
-        {
+        if n == 1 {
+            // One rank: its slice is everything (bucket by bucket, in order).
+            self.recv[..w].copy_from_slice(&self.send[..w]);
+        } else {
             let root = &self.send[..w];
             let sends: Vec<_> = self
                 .buckets
@@ -742,7 +745,9 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
 
         // Allgather of the reduced slices into the mean.
         let t = Instant::now();
-        {
+        if n == 1 {
+            self.mean.copy_from_slice(&self.recv[..w]);
+        } else {
             let mut sends = Vec::with_capacity(self.buckets.len());
             let mut at = 0;
             for counts in &self.mine_counts {
