@@ -96,9 +96,9 @@ impl Default for DataParallelOptions {
 ///
 /// Two ways to drive a step:
 /// - [`step`](DataParallel::step) with a closure that runs microbatch `m`'s
-///   forward and backward (the exchange of a microbatch overlaps the next
-///   microbatch's computation when [`overlap`](DataParallelOptions::overlap) is
-///   on);
+///   forward and backward (with [`Reduction::Allgather`], the exchange of a
+///   microbatch overlaps the next microbatch's computation when
+///   [`overlap`](DataParallelOptions::overlap) is on);
 /// - [`record_microbatch`](DataParallel::record_microbatch) after each local
 ///   backward, then [`all_reduce_gradients`](DataParallel::all_reduce_gradients).
 ///
