@@ -33,7 +33,7 @@ fail=0
 
 # Bytes each rank received, from one run's monitoring files: "rank bytes" lines.
 received() {
-    cat "$1"/prof.*.prof | awk -F'\t' '$1 == "E" { split($4, b, " "); r[$3] += b[1] } END { for (k in r) print k, r[k] }' | sort -n
+    cat "$1"/prof.*.prof | awk -F'\t' '$1 == "E" { split($4, b, " "); r[$3] += b[1] } END { for (k in r) print k, r[k] }' | sort
 }
 
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores; params $params, microbatches $mb"
@@ -69,7 +69,7 @@ for np in $ranks; do
         # Per rank: measured (3 steps - 1 step) / 2, and reported.
         join <(received "$tmp/$np-$red-1") <(received "$tmp/$np-$red-3") \
             | awk '{print $1, ($3 - $2) / 2}' >"$tmp/measured"
-        grep '^rank ' "$out" | awk '{print $2, $4, $6}' | sort -n >"$tmp/reported"
+        grep '^rank ' "$out" | awk '{print $2, $4, $6}' | sort >"$tmp/reported"
         # One rank talks to nobody: no monitoring lines.
         if (( np == 1 )); then echo "0 0" >"$tmp/measured"; fi
         # Columns: rank, measured, reported, model.
