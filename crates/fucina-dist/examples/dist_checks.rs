@@ -5,6 +5,7 @@
 //! mpirun -np 2 target/debug/examples/dist_checks api       # record/all_reduce = step = local; checkpoints
 //! mpirun -np 2 target/debug/examples/dist_checks mismatch  # rank 1's model differs: Err on every rank
 //! mpirun -np 2 target/debug/examples/dist_checks fail      # rank 1 fails a microbatch: the job aborts
+//! mpirun -np 4 target/debug/examples/dist_checks reductions # Tree = Allgather = local; bytes; refusals
 //! ```
 // The autograd error carries inline shapes (no heap on the error path).
 #![allow(clippy::result_large_err)]
@@ -16,8 +17,8 @@ use fucina::exec::ExecContext;
 use fucina::nn::{Linear, Module};
 use fucina::optim::AdamW;
 use fucina_dist::{
-    DataParallel, DataParallelOptions, DistError, LocalDataParallel, ShardedSampler, TrainPosition,
-    World, params_hash,
+    DataParallel, DataParallelOptions, DistError, LocalDataParallel, Reduction, ShardedSampler,
+    TrainPosition, World, params_hash, shard_range, tree_allows,
 };
 
 /// A small model whose gradients depend on the microbatch index: parameters
@@ -70,6 +71,7 @@ fn api(world: &World) {
             microbatches: m,
             bucket_bytes,
             overlap,
+            ..Default::default()
         };
         let mut dp = DataParallel::new(world, params(&ctx, 5), opts).unwrap();
         let out = world.abort_on_error(dp.step(&ctx, microbatch));
@@ -230,6 +232,110 @@ fn checkpoints(world: &World, ctx: &ExecContext) {
     );
 }
 
+/// Both reductions (and `Auto`) against the one-process run, for microbatch
+/// counts that split evenly and unevenly, with large and tiny buckets, overlap
+/// on and off, two steps each; what each rank reports receiving; the tree's
+/// refusal of a rank count it cannot split; ranks that disagree on the
+/// reduction.
+fn reductions(world: &World) {
+    let ctx = ExecContext::with_threads(1);
+    let n = world.size();
+    for m in [8usize, 7, 6] {
+        let mut local = LocalDataParallel::new(params(&ctx, 5), m).unwrap();
+        let lout = local.step(&ctx, microbatch).unwrap();
+        let want = params_hash(&grads(&ctx, local.params()));
+        let mut line = format!("bytes m {m} ranks {n}");
+        for reduction in [Reduction::Tree, Reduction::Allgather, Reduction::Auto] {
+            for (overlap, bucket_bytes) in [(true, 1 << 20), (false, 12)] {
+                let opts = DataParallelOptions {
+                    microbatches: m,
+                    bucket_bytes,
+                    overlap,
+                    reduction,
+                };
+                let made = DataParallel::new(world, params(&ctx, 5), opts);
+                if reduction == Reduction::Tree && !tree_allows(m, n) {
+                    let refused = matches!(
+                        &made,
+                        Err(DistError::TreeRankCount { ranks, microbatches })
+                            if *ranks == n && *microbatches == m
+                    );
+                    ensure(
+                        world,
+                        &format!("m {m}: Tree refuses {n} ranks ({bucket_bytes} bucket bytes)"),
+                        refused,
+                    );
+                    continue;
+                }
+                let mut dp = world.abort_on_error(made);
+                let expect = match reduction {
+                    Reduction::Auto if tree_allows(m, n) => Reduction::Tree,
+                    Reduction::Auto => Reduction::Allgather,
+                    r => r,
+                };
+                let mut same = dp.reduction() == expect;
+                let mut bytes = 0;
+                for _ in 0..2 {
+                    let out = world.abort_on_error(dp.step(&ctx, microbatch));
+                    same &= params_hash(&grads(&ctx, dp.params())) == want
+                        && out.value.to_bits() == lout.value.to_bits();
+                    bytes = out.bytes_received;
+                }
+                let own = shard_range(m, world.rank(), n).len();
+                let width = 5 * 7 + 5 + 1;
+                let counted = bytes == dp.bytes_received_per_step()
+                    && match dp.reduction() {
+                        Reduction::Allgather => bytes == ((m - own) * width * 4) as u64,
+                        // Large buckets: within 1.25x of a ring all-reduce.
+                        _ if bucket_bytes > 1000 && n > 1 => {
+                            bytes as f64 <= 1.25 * dp.ring_bytes_per_step() as f64
+                        }
+                        _ => n > 1 || bytes == 0,
+                    };
+                ensure(
+                    world,
+                    &format!(
+                        "m {m}: {reduction:?} ({:?}, overlap {overlap}, {} buckets) = local, \
+                         bytes counted",
+                        dp.reduction(),
+                        dp.buckets()
+                    ),
+                    same && counted,
+                );
+                if bucket_bytes > 1000 && reduction != Reduction::Auto {
+                    line.push_str(&format!(" {:?} {bytes}", dp.reduction()));
+                    if reduction == Reduction::Allgather {
+                        line.push_str(&format!(" ring {}", dp.ring_bytes_per_step()));
+                    }
+                }
+            }
+        }
+        if world.is_root() {
+            println!("{line}");
+        }
+    }
+    // Ranks that disagree on the reduction: an error on every rank, no hang.
+    if n > 1 {
+        let reduction = if world.rank() == n - 1 {
+            Reduction::Allgather
+        } else {
+            Reduction::Tree
+        };
+        let opts = DataParallelOptions {
+            microbatches: 8,
+            reduction,
+            ..Default::default()
+        };
+        let e = DataParallel::new(world, params(&ctx, 5), opts).map(|_| ());
+        ensure(
+            world,
+            "ranks disagreeing on the reduction: ShapeMismatch on every rank",
+            matches!(&e, Err(DistError::ShapeMismatch(msg)) if msg.contains("reduction")),
+        );
+    }
+    ensure(world, "reductions done", true);
+}
+
 fn mismatch(world: &World) -> ExitCode {
     let ctx = ExecContext::with_threads(1);
     let cols = if world.rank() == 1 { 6 } else { 7 };
@@ -276,8 +382,9 @@ fn main() -> ExitCode {
         "api" => api(&world),
         "mismatch" => return mismatch(&world),
         "fail" => fail(&world),
+        "reductions" => reductions(&world),
         other => {
-            eprintln!("dist_checks: unknown mode `{other}` (api, mismatch, fail)");
+            eprintln!("dist_checks: unknown mode `{other}` (api, mismatch, fail, reductions)");
             return ExitCode::from(2);
         }
     }

@@ -53,21 +53,24 @@ use fucina::exec::ExecContext;
 use fucina::nn::{Forward, Linear, Module, Parameter, Relu, Sequential, sub_seed};
 use fucina::optim::{AdamW, Optimizer, Sgd};
 use fucina_dist::{
-    DataParallel, DataParallelOptions, LocalDataParallel, Resumed, ShardedSampler, StepOutput,
-    TrainPosition, World,
+    DataParallel, DataParallelOptions, LocalDataParallel, Reduction, Resumed, ShardedSampler,
+    StepOutput, TrainPosition, World,
 };
 
 const USAGE: &str = "\
 usage: train_digits_dist [--epochs E] [--seed S] [--hidden H] [--batch B]
                          [--microbatches M] [--optim adamw|sgd] [--lr LR] [--steps K]
                          [--threads T] [--bucket-bytes N] [--no-overlap] [--local]
-                         [--bench] [--save PATH] [--resume PATH] [--stop-after-epoch N]
+                         [--bench] [--reduction auto|tree|allgather]
+                         [--save PATH] [--resume PATH] [--stop-after-epoch N]
                          [--data digits.csv.gz]
   defaults: --epochs 3 --seed 0 --hidden 64 --batch 128 --microbatches 8 --optim adamw
             --lr 0.01 (adamw) or 0.5 (sgd)
   --local      one process, no MPI (the reference the MPI runs match bit for bit)
   --steps K    at most K steps per epoch
   --threads T  team size of each rank's ExecContext (default: cores / ranks)
+  --reduction  how ranks combine gradients (default auto: tree where the rank
+               count allows it, else allgather; the same bits either way)
   --bench      print a `timing` line per epoch (steps/s, compute, exchange, reduce)
   --save PATH  write a checkpoint (safetensors) after every epoch
   --resume PATH          go on from a checkpoint (any rank count, or --local)
@@ -101,6 +104,7 @@ struct Args {
     threads: Option<usize>,
     bucket_bytes: usize,
     overlap: bool,
+    reduction: Reduction,
     local: bool,
     bench: bool,
     save: Option<PathBuf>,
@@ -122,6 +126,7 @@ fn parse() -> Result<Args, String> {
         threads: None,
         bucket_bytes: DataParallelOptions::default().bucket_bytes,
         overlap: true,
+        reduction: Reduction::Auto,
         local: false,
         bench: false,
         save: None,
@@ -158,6 +163,14 @@ fn parse() -> Result<Args, String> {
             "--resume" => a.resume = Some(value()?.into()),
             "--stop-after-epoch" => a.stop_after_epoch = Some(num(&flag, value()?)?),
             "--data" => a.data = value()?.into(),
+            "--reduction" => {
+                a.reduction = match value()?.as_str() {
+                    "auto" => Reduction::Auto,
+                    "tree" => Reduction::Tree,
+                    "allgather" => Reduction::Allgather,
+                    v => return Err(format!("--reduction: `{v}` is not auto, tree or allgather")),
+                }
+            }
             "--no-overlap" => a.overlap = false,
             "--local" => a.local = true,
             "--bench" => a.bench = true,
@@ -221,17 +234,6 @@ fn values(params: &[Parameter]) -> Vec<Tensor> {
     params.iter().map(Parameter::tensor).collect()
 }
 
-/// The bytes a ring all-reduce of the gradient of `params` receives per rank
-/// and step over `ranks` ranks: `2 (P-1)/P` times the gradient's bytes.
-fn ring_bytes(params: &[Parameter], ranks: usize) -> u64 {
-    let grad_bytes: u64 = params
-        .iter()
-        .map(|p| p.shape().iter().product::<usize>() as u64 * 4)
-        .sum();
-    let p = ranks as u64;
-    2 * (p - 1) * grad_bytes / p
-}
-
 /// Sums of the per-step outputs of an epoch.
 #[derive(Default)]
 struct Epoch {
@@ -241,6 +243,8 @@ struct Epoch {
     exchange_s: f64,
     reduce_s: f64,
     bytes: u64,
+    /// What a ring all-reduce of the gradient would receive per rank and step.
+    ring: u64,
 }
 
 impl Epoch {
@@ -264,7 +268,7 @@ impl Epoch {
             println!(
                 "timing epoch {e} ranks {ranks} threads {threads} steps/s {:.1} step_ms {:.3} \
                  compute_ms {:.3} exchange_ms {:.3} reduce_ms {:.3} exchange_share {:.1}% \
-                 bytes_received_per_step {}",
+                 bytes_received_per_step {} ring_bytes_per_step {}",
                 s / wall_s,
                 wall_s / s * 1e3,
                 self.compute_s / s * 1e3,
@@ -272,6 +276,7 @@ impl Epoch {
                 self.reduce_s / s * 1e3,
                 100.0 * self.exchange_s / wall_s,
                 self.bytes / self.steps as u64,
+                self.ring,
             );
         }
     }
@@ -434,7 +439,8 @@ fn run_local(args: &Args, threads: usize) -> Result<(), String> {
         "params {:016x}",
         fucina_dist::params_hash(&values(dp.params()))
     );
-    println!("bytes/step 0 ring {}", ring_bytes(dp.params(), 1));
+    // One process exchanges nothing; a ring of one rank would not either.
+    println!("bytes/step 0 ring 0");
     Ok(())
 }
 
@@ -450,6 +456,7 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         microbatches: args.microbatches,
         bucket_bytes: args.bucket_bytes,
         overlap: args.overlap,
+        reduction: args.reduction,
     };
     let mut dp = DataParallel::new(world, model.parameters(), opts).map_err(|e| e.to_string())?;
     // Collective: rank 0 reads the file, every rank loads the same bytes into
@@ -474,7 +481,10 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
     for e in from.epoch..args.epochs {
         let order = sampler.epoch_order(e);
         let first = if e == from.epoch { from.step } else { 0 };
-        let mut epoch = Epoch::default();
+        let mut epoch = Epoch {
+            ring: dp.ring_bytes_per_step(),
+            ..Epoch::default()
+        };
         world.barrier();
         let t = Instant::now();
         for step in first..steps(args, &sampler) {
@@ -523,7 +533,7 @@ fn run_dist(world: &World, args: &Args, threads: usize) -> Result<(), String> {
         println!(
             "bytes/step {} ring {}",
             dp.bytes_received_per_step(),
-            ring_bytes(dp.params(), world.size())
+            dp.ring_bytes_per_step()
         );
     }
     Ok(())

@@ -6,15 +6,44 @@ use std::time::Instant;
 
 use fucina::autograd::Tensor;
 use fucina::exec::ExecContext;
-use mpi::datatype::PartitionMut;
+use mpi::datatype::{Partition, PartitionMut};
 use mpi::request::{Request, Scope};
 use mpi::traits::*;
 
 use crate::error::{DistError, Result};
-use crate::reduce::{
-    DistParam, ParamSet, StepOutput, bucket_ranges, mean_in_order, owner, shard_range,
-};
+use crate::reduce::{DistParam, ParamSet, StepOutput, bucket_ranges, owner, shard_range};
+use crate::tree::{divide_into, run_ops, tree_allows, tree_ops};
 use crate::world::World;
+
+/// How a [`DataParallel`] step combines the ranks' partial gradients. Every
+/// choice sums the `M` microbatch partials in the same fixed binary tree over
+/// microbatch indices (see [`tree_allows`]), so they give the same bits; they
+/// differ in what travels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reduction {
+    /// [`Tree`](Reduction::Tree) where the rank count allows it
+    /// ([`tree_allows`]), [`Allgather`](Reduction::Allgather) otherwise. The
+    /// default.
+    #[default]
+    Auto,
+    /// Each rank sums its own microbatches' subtree locally; the gradient is
+    /// cut into one slice per rank (per bucket), the subtree sums are
+    /// reduce-scattered (rank `s` receives slice `s` of every rank's subtree
+    /// sum and adds them in the tree's order), and the reduced slices are
+    /// allgathered. Each rank receives about `2 (N − 1) / N` times the
+    /// gradient's bytes, what a ring all-reduce receives. Needs a power-of-two
+    /// rank count no larger than the microbatch count; [`DataParallel::new`]
+    /// refuses other counts with [`DistError::TreeRankCount`]. The exchange
+    /// starts after the rank's last microbatch
+    /// ([`overlap`](DataParallelOptions::overlap) has no effect).
+    Tree,
+    /// Every rank receives every microbatch's partial (one `MPI_Iallgatherv`
+    /// per bucket and round, overlapping the next microbatch's computation)
+    /// and sums all of them in the tree. Any rank count, including more ranks
+    /// than microbatches; each rank receives `(M − own) ×` the partial's bytes,
+    /// `M / 2` times a ring all-reduce's volume.
+    Allgather,
+}
 
 /// How a [`DataParallel`] splits and exchanges a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +60,11 @@ pub struct DataParallelOptions {
     /// In [`step`](DataParallel::step), start exchanging a microbatch's partial
     /// as soon as its backward is done, while the next microbatch computes
     /// (`false`: exchange everything after the last microbatch). Default `true`.
+    /// Only [`Reduction::Allgather`] can overlap.
     pub overlap: bool,
+    /// How the partials are combined across ranks. Default
+    /// [`Reduction::Auto`].
+    pub reduction: Reduction,
 }
 
 impl Default for DataParallelOptions {
@@ -40,6 +73,7 @@ impl Default for DataParallelOptions {
             microbatches: 8,
             bucket_bytes: 1 << 20,
             overlap: true,
+            reduction: Reduction::Auto,
         }
     }
 }
@@ -51,17 +85,20 @@ impl Default for DataParallelOptions {
 /// fixed microbatches; each rank computes the gradient of its own contiguous
 /// slice of them, one microbatch at a time (a *partial*: the gradient of that
 /// microbatch's mean loss, plus a scalar such as the loss). The partials are
-/// allgathered into a buffer ordered by microbatch index, and every rank sums
-/// them in that order and divides by the count. The sum sees the same values in
-/// the same order whatever the rank count, so the gradients (and so the whole
-/// training run) have the same bits for 1, 2, 4, ... ranks and for
+/// summed in one fixed binary tree over microbatch indices and divided by the
+/// count; the [`Reduction`] decides where the tree's additions run (each rank
+/// its own subtree, then a reduce-scatter and an allgather of slices; or every
+/// rank all of it, after an allgather of every partial). The tree sees the
+/// same values in the same shape whatever the rank count, so the gradients (and
+/// so the whole training run) have the same bits for 1, 2, 4, ... ranks, for
+/// either reduction, and for
 /// [`LocalDataParallel`](crate::LocalDataParallel) in one process.
 ///
 /// Two ways to drive a step:
 /// - [`step`](DataParallel::step) with a closure that runs microbatch `m`'s
-///   forward and backward (the exchange of a microbatch overlaps the next
-///   microbatch's computation when [`overlap`](DataParallelOptions::overlap) is
-///   on);
+///   forward and backward (with [`Reduction::Allgather`], the exchange of a
+///   microbatch overlaps the next microbatch's computation when
+///   [`overlap`](DataParallelOptions::overlap) is on);
 /// - [`record_microbatch`](DataParallel::record_microbatch) after each local
 ///   backward, then [`all_reduce_gradients`](DataParallel::all_reduce_gradients).
 ///
@@ -102,20 +139,40 @@ pub struct DataParallel<'w, P = Tensor> {
     opts: DataParallelOptions,
     /// This rank's microbatches.
     mine: Range<usize>,
+    /// `Tree` or `Allgather` (`Auto` resolved).
+    reduction: Reduction,
     /// `max` over ranks of their microbatch count: the exchange rounds.
     rounds: usize,
     buckets: Vec<Range<usize>>,
-    /// Per `(round, bucket)`, per rank: element counts and displacements.
+    /// Allgather: per `(round, bucket)`, per rank: element counts and
+    /// displacements.
     counts: Vec<Vec<i32>>,
     displs: Vec<Vec<i32>>,
-    /// Per microbatch `m`: `(owner rank, round)`.
+    /// Allgather: per microbatch `m`, `(owner rank, round)`.
     placement: Vec<(usize, usize)>,
+    /// Allgather: the tree's additions over all microbatches.
+    all_ops: Vec<(usize, usize)>,
+    /// Tree: the additions of this rank's subtree (slots `0 .. own`).
+    local_ops: Vec<(usize, usize)>,
+    /// Tree: the additions of the tree over the ranks' subtree sums.
+    top_ops: Vec<(usize, usize)>,
+    /// Tree: per bucket, per rank, the length and start (within the bucket) of
+    /// the rank's slice.
+    slice_counts: Vec<Vec<i32>>,
+    slice_displs: Vec<Vec<i32>>,
+    /// Tree: per bucket, `size` times this rank's slice length, and `r ×` it.
+    mine_counts: Vec<Vec<i32>>,
+    mine_displs: Vec<Vec<i32>>,
     /// `rounds × width`: this rank's partials.
     send: Vec<f32>,
-    /// `rounds × size × width`: every rank's partials, round-major, then by
-    /// bucket, then by rank.
+    /// Allgather: `rounds × size × width`, every rank's partials, round-major,
+    /// then by bucket, then by rank. Tree: per bucket, `size ×` this rank's
+    /// slice, by source rank (at least one element, so that no pointer MPI sees
+    /// dangles).
     recv: Vec<f32>,
     mean: Vec<f32>,
+    /// Elements received from other ranks per step: the counts posted to MPI.
+    recv_elems: usize,
     recorded: usize,
     recorded_s: f64,
 }
@@ -125,6 +182,7 @@ impl std::fmt::Debug for DataParallel<'_> {
         f.debug_struct("DataParallel")
             .field("world", self.world)
             .field("opts", &self.opts)
+            .field("reduction", &self.reduction)
             .field("mine", &self.mine)
             .field("buckets", &self.buckets.len())
             .finish()
@@ -142,8 +200,10 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
     /// # Errors
     /// [`DistError::Config`] for zero microbatches or bucket bytes, or a
     /// parameter that is not a variable (on any rank: every rank reports it);
-    /// [`DistError::ShapeMismatch`] naming the ranks, parameters and shapes that
-    /// differ from rank 0's.
+    /// [`DistError::ShapeMismatch`] naming the ranks, parameters, shapes or
+    /// options that differ from rank 0's; [`DistError::TreeRankCount`] for
+    /// [`Reduction::Tree`] with a rank count it cannot use (see
+    /// [`tree_allows`]). On an error no parameter was changed.
     pub fn new(
         world: &'w World,
         params: Vec<P>,
@@ -189,56 +249,119 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
             Ok(set) => set,
         };
         check_same_model(world, &set, &opts)?;
+        // Every rank has the same microbatch count and reduction now, and the
+        // same size: every rank decides alike.
+        let (n, m) = (world.size(), opts.microbatches);
+        let reduction = match opts.reduction {
+            Reduction::Tree if !tree_allows(m, n) => {
+                return Err(DistError::TreeRankCount {
+                    ranks: n,
+                    microbatches: m,
+                });
+            }
+            Reduction::Auto if tree_allows(m, n) => Reduction::Tree,
+            Reduction::Auto => Reduction::Allgather,
+            r => r,
+        };
         let mut set = set;
         broadcast_params(world, &mut set)?;
-        Ok(Self::layout(world, set, opts))
+        Ok(Self::layout(world, set, opts, reduction))
     }
 
     fn layout(
         world: &'w World,
         set: ParamSet<P>,
         opts: DataParallelOptions,
+        reduction: Reduction,
     ) -> DataParallel<'w, P> {
-        let (n, m, w) = (world.size(), opts.microbatches, set.width());
+        let (n, m, w, me) = (world.size(), opts.microbatches, set.width(), world.rank());
         let shards: Vec<Range<usize>> = (0..n).map(|r| shard_range(m, r, n)).collect();
+        let mine = shards[me].clone();
         let rounds = shards.iter().map(|s| s.len()).max().unwrap_or(0);
         let buckets = bucket_ranges(w, opts.bucket_bytes / 4);
-        let mut counts = Vec::new();
-        let mut displs = Vec::new();
-        for i in 0..rounds {
-            for b in &buckets {
-                let len = b.len();
-                counts.push(
-                    shards
-                        .iter()
-                        .map(|s| if i < s.len() { to_i32(len) } else { 0 })
-                        .collect(),
-                );
-                displs.push((0..n).map(|r| to_i32(r * len)).collect());
-            }
-        }
-        let placement = (0..m)
-            .map(|mb| {
-                let r = owner(m, n, mb);
-                (r, mb - shards[r].start)
-            })
-            .collect();
-        DataParallel {
+        let mut dp = DataParallel {
             world,
-            mine: shards[world.rank()].clone(),
+            mine: mine.clone(),
             set,
             opts,
+            reduction,
             rounds,
             buckets,
-            counts,
-            displs,
-            placement,
+            counts: Vec::new(),
+            displs: Vec::new(),
+            placement: Vec::new(),
+            all_ops: Vec::new(),
+            local_ops: Vec::new(),
+            top_ops: Vec::new(),
+            slice_counts: Vec::new(),
+            slice_displs: Vec::new(),
+            mine_counts: Vec::new(),
+            mine_displs: Vec::new(),
             send: vec![0.0; rounds * w],
-            recv: vec![0.0; rounds * n * w],
+            recv: Vec::new(),
             mean: vec![0.0; w],
+            recv_elems: 0,
             recorded: 0,
             recorded_s: 0.0,
+        };
+        let others = |counts: &[i32]| -> usize {
+            counts
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| r != me)
+                .map(|(_, &c)| c as usize)
+                .sum()
+        };
+        match reduction {
+            Reduction::Tree => {
+                // This rank's node: index `me` at depth log2(n).
+                tree_ops(m, n.trailing_zeros(), me, mine.start, &mut dp.local_ops);
+                tree_ops(n, 0, 0, 0, &mut dp.top_ops);
+                let mut recv_len = 0;
+                for b in &dp.buckets {
+                    let slices: Vec<Range<usize>> =
+                        (0..n).map(|r| shard_range(b.len(), r, n)).collect();
+                    let own = slices[me].len();
+                    dp.slice_counts
+                        .push(slices.iter().map(|s| to_i32(s.len())).collect());
+                    dp.slice_displs
+                        .push(slices.iter().map(|s| to_i32(s.start)).collect());
+                    dp.mine_counts.push(vec![to_i32(own); n]);
+                    dp.mine_displs
+                        .push((0..n).map(|r| to_i32(r * own)).collect());
+                    recv_len += n * own;
+                }
+                // Received: slice `me` of every other rank's subtree sum, then
+                // every other rank's reduced slice.
+                dp.recv_elems = dp.mine_counts.iter().map(|c| others(c)).sum::<usize>()
+                    + dp.slice_counts.iter().map(|c| others(c)).sum::<usize>();
+                dp.recv = vec![0.0; recv_len.max(1)];
+            }
+            _ => {
+                tree_ops(m, 0, 0, 0, &mut dp.all_ops);
+                for i in 0..rounds {
+                    for b in &dp.buckets {
+                        let len = b.len();
+                        dp.counts.push(
+                            shards
+                                .iter()
+                                .map(|s| if i < s.len() { to_i32(len) } else { 0 })
+                                .collect(),
+                        );
+                        dp.displs.push((0..n).map(|r| to_i32(r * len)).collect());
+                    }
+                }
+                dp.recv_elems = dp.counts.iter().map(|c| others(c)).sum();
+                dp.placement = (0..m)
+                    .map(|mb| {
+                        let r = owner(m, n, mb);
+                        (r, mb - shards[r].start)
+                    })
+                    .collect();
+                dp.recv = vec![0.0; rounds * n * w];
+            }
         }
+        dp
     }
 
     /// This rank's microbatches of every step (see [`shard_range`]).
@@ -276,17 +399,40 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
         self.buckets.len()
     }
 
-    /// Bytes of other ranks' partials this rank receives per step:
-    /// `(microbatches − own) × (parameters + 1) × 4`.
+    /// The reduction the steps use ([`Reduction::Auto`] resolved to `Tree` or
+    /// `Allgather`).
+    pub fn reduction(&self) -> Reduction {
+        self.reduction
+    }
+
+    /// Bytes this rank receives from other ranks per step: the sum of the
+    /// element counts it posts to MPI for other ranks' data, times 4.
+    ///
+    /// - [`Reduction::Allgather`]: `(microbatches − own) × (parameters + 1) × 4`.
+    /// - [`Reduction::Tree`]: per bucket of `L` elements, with this rank's slice
+    ///   of `l ≈ L / N` elements, `(N − 1) × l` (the other ranks' subtree sums'
+    ///   slice) plus `L − l` (the other ranks' reduced slices): about
+    ///   `2 (N − 1) / N × (parameters + 1) × 4`, what a ring all-reduce
+    ///   receives ([`ring_bytes_per_step`](DataParallel::ring_bytes_per_step)).
     pub fn bytes_received_per_step(&self) -> u64 {
-        ((self.opts.microbatches - self.mine.len()) * self.set.width() * 4) as u64
+        (self.recv_elems * 4) as u64
+    }
+
+    /// What each rank would receive per step in a ring all-reduce of the same
+    /// gradient (`parameters × 4` bytes) over the same ranks:
+    /// `2 (N − 1) / N × parameters × 4` (rounded down), the least any
+    /// all-reduce can move. The yardstick for
+    /// [`bytes_received_per_step`](DataParallel::bytes_received_per_step).
+    pub fn ring_bytes_per_step(&self) -> u64 {
+        let n = self.world.size() as u128;
+        (2 * (n - 1) * self.set.numel() as u128 * 4 / n) as u64
     }
 
     /// One step: `f(ctx, params, m)` runs the forward and backward of each of this
     /// rank's microbatches `m` (in increasing order; the gradients are released
     /// before each call) and returns a scalar (its loss); afterwards every parameter's gradient on every rank is the mean
-    /// of all microbatches' gradients, summed in microbatch order, and the
-    /// output's `value` is the in-order mean of the scalars.
+    /// of all microbatches' gradients, summed in the fixed tree, and the
+    /// output's `value` is the same mean of the scalars.
     ///
     /// `f` may return any error that converts into a [`DistError`]: the
     /// autograd layer's (`fucina::autograd::Result`), the facade's
@@ -327,7 +473,10 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
             return self.all_reduce_gradients(ctx);
         }
         let mut ff = |ctx: &ExecContext, p: &[P], m: usize| f(ctx, p, m).map_err(Into::into);
-        self.exchange(ctx, Some(&mut ff))
+        match self.reduction {
+            Reduction::Tree => self.exchange_tree(ctx, Some(&mut ff)),
+            _ => self.exchange(ctx, Some(&mut ff)),
+        }
     }
 
     /// Takes the gradients the parameters hold now as microbatch `m`'s partial,
@@ -360,7 +509,7 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
     }
 
     /// Exchanges the recorded partials of every rank (last bucket first) and
-    /// sets every parameter's gradient to the in-order mean over all
+    /// sets every parameter's gradient to the fixed-tree mean over all
     /// microbatches. Collective.
     ///
     /// # Errors
@@ -374,10 +523,11 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
                 owned: self.mine.len(),
             });
         }
-        let out = self.exchange(
-            ctx,
-            None::<&mut dyn FnMut(&ExecContext, &[P], usize) -> Result<f32>>,
-        );
+        let none = None::<&mut dyn FnMut(&ExecContext, &[P], usize) -> Result<f32>>;
+        let out = match self.reduction {
+            Reduction::Tree => self.exchange_tree(ctx, none),
+            _ => self.exchange(ctx, none),
+        };
         self.recorded = 0;
         out.map(|mut o| {
             o.compute_s += std::mem::take(&mut self.recorded_s);
@@ -473,16 +623,24 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
         }
         let t = Instant::now();
         let m = self.opts.microbatches;
+        debug_assert_eq!(self.placement.len(), m);
         for range in &self.buckets {
             let len = range.len();
-            let recv = &self.recv;
-            let parts = self.placement.iter().map(|&(r, i)| {
-                let at = i * n * w + n * range.start + r * len;
-                &recv[at..at + len]
-            });
-            mean_in_order(&mut self.mean[range.clone()], parts);
+            let placement = &self.placement;
+            // Microbatch `mb`'s piece of this bucket in the receive buffer.
+            let at = |mb: usize| {
+                let (r, i) = placement[mb];
+                i * n * w + n * range.start + r * len
+            };
+            // The whole tree, in place over the received partials.
+            run_ops(&mut self.recv, len, &self.all_ops, at);
+            let root = at(0);
+            divide_into(
+                &mut self.mean[range.clone()],
+                &self.recv[root..root + len],
+                m,
+            );
         }
-        debug_assert_eq!(self.placement.len(), m);
         self.set.set_grads(ctx, &self.mean[..w - 1])?;
         let bytes_received = self.bytes_received_per_step();
         Ok(StepOutput {
@@ -491,6 +649,145 @@ impl<'w, P: DistParam> DataParallel<'w, P> {
             exchange_s,
             reduce_s: t.elapsed().as_secs_f64(),
             bytes_received,
+        })
+    }
+
+    /// The tree reduction: this rank's microbatches (computed here with
+    /// `compute`, or recorded already), their subtree summed in place, the
+    /// subtree sums reduce-scattered by slice (one `MPI_Ialltoallv` per
+    /// bucket), each rank's slice summed in the tree over ranks and divided by
+    /// the microbatch count, and the slices allgathered (one
+    /// `MPI_Iallgatherv` per bucket) into the mean.
+    fn exchange_tree<F>(&mut self, ctx: &ExecContext, compute: Option<&mut F>) -> Result<StepOutput>
+    where
+        F: FnMut(&ExecContext, &[P], usize) -> Result<f32> + ?Sized,
+    {
+        let (n, w) = (self.world.size(), self.set.width());
+        let own = self.mine.len();
+        let mut compute_s = 0.0;
+        if let Some(f) = compute {
+            for (i, m) in self.mine.clone().enumerate() {
+                let t = Instant::now();
+                self.set.zero_grads();
+                let send = &mut self.send[i * w..(i + 1) * w];
+                let r = f(ctx, &self.set.params, m).and_then(|v| self.set.take_grads(v, send));
+                compute_s += t.elapsed().as_secs_f64();
+                if let Err(e) = r {
+                    return self.fail(m, e);
+                }
+            }
+        }
+        let t = Instant::now();
+        // This rank's subtree, in place: its sum in slot 0.
+        run_ops(&mut self.send[..own * w], w, &self.local_ops, |i| i * w);
+        let mut reduce_s = t.elapsed().as_secs_f64();
+
+        // Reduce-scatter, part 1: slice `s` of every rank's subtree sum to
+        // rank `s`.
+        let t = Instant::now();
+        let comm = self.world.comm();
+        if n == 1 {
+            // One rank: its slice is everything (bucket by bucket, in order).
+            self.recv[..w].copy_from_slice(&self.send[..w]);
+        } else {
+            let root = &self.send[..w];
+            let sends: Vec<_> = self
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(b, range)| {
+                    Partition::new(
+                        &root[range.clone()],
+                        &self.slice_counts[b][..],
+                        &self.slice_displs[b][..],
+                    )
+                })
+                .collect();
+            let mut recvs = Vec::with_capacity(self.buckets.len());
+            let mut rest = &mut self.recv[..];
+            for b in 0..self.buckets.len() {
+                let (head, tail) = rest.split_at_mut(n * self.mine_counts[b][0] as usize);
+                rest = tail;
+                recvs.push(PartitionMut::new(
+                    head,
+                    &self.mine_counts[b][..],
+                    &self.mine_displs[b][..],
+                ));
+            }
+            mpi::request::scope(|scope| {
+                let pending: Vec<_> = sends
+                    .iter()
+                    .zip(recvs.iter_mut())
+                    .map(|(send, recv)| comm.immediate_all_to_all_varcount_into(scope, send, recv))
+                    .collect();
+                for r in pending {
+                    r.wait_without_status();
+                }
+            });
+        }
+        let mut exchange_s = t.elapsed().as_secs_f64();
+
+        // Part 2: this rank's slice of every subtree sum, summed in the tree
+        // over ranks (the top of the fixed tree), divided in place.
+        let t = Instant::now();
+        let m = self.opts.microbatches as f32;
+        let mut at = 0;
+        for counts in &self.mine_counts {
+            let len = counts[0] as usize;
+            let block = &mut self.recv[at..at + n * len];
+            run_ops(block, len, &self.top_ops, |r| r * len);
+            for v in &mut block[..len] {
+                *v /= m;
+            }
+            at += n * len;
+        }
+        reduce_s += t.elapsed().as_secs_f64();
+
+        // Allgather of the reduced slices into the mean.
+        let t = Instant::now();
+        if n == 1 {
+            self.mean.copy_from_slice(&self.recv[..w]);
+        } else {
+            let mut sends = Vec::with_capacity(self.buckets.len());
+            let mut at = 0;
+            for counts in &self.mine_counts {
+                let len = counts[0] as usize;
+                sends.push(&self.recv[at..at + len]);
+                at += n * len;
+            }
+            let mut recvs = Vec::with_capacity(self.buckets.len());
+            let mut rest = &mut self.mean[..];
+            for (b, range) in self.buckets.iter().enumerate() {
+                let (head, tail) = rest.split_at_mut(range.len());
+                rest = tail;
+                recvs.push(PartitionMut::new(
+                    head,
+                    &self.slice_counts[b][..],
+                    &self.slice_displs[b][..],
+                ));
+            }
+            mpi::request::scope(|scope| {
+                let pending: Vec<_> = sends
+                    .iter()
+                    .zip(recvs.iter_mut())
+                    .map(|(&send, recv)| comm.immediate_all_gather_varcount_into(scope, send, recv))
+                    .collect();
+                for r in pending {
+                    r.wait_without_status();
+                }
+            });
+        }
+        exchange_s += t.elapsed().as_secs_f64();
+
+        let t = Instant::now();
+        self.set.set_grads(ctx, &self.mean[..w - 1])?;
+        reduce_s += t.elapsed().as_secs_f64();
+        Ok(StepOutput {
+            value: self.mean[w - 1],
+            compute_s,
+            exchange_s,
+            reduce_s,
+            bytes_received: self.bytes_received_per_step(),
         })
     }
 }
@@ -535,6 +832,12 @@ fn check_same_model<P: DistParam>(
         for p in &set.params {
             d.push_str(&format!(";{:?}", p.variable().shape()));
         }
+        // The options that shape the exchange, after the shapes (a rank with
+        // other buckets or another reduction would post other collectives).
+        d.push_str(&format!(
+            " (reduction {:?}, bucket_bytes {})",
+            opts.reduction, opts.bucket_bytes
+        ));
         d.into_bytes()
     };
     let mine = describe(set);

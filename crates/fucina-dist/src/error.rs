@@ -24,6 +24,22 @@ pub enum DistError {
     /// data-parallel options (which rank, which parameter, what each has).
     #[error("the ranks disagree on the model: {0}")]
     ShapeMismatch(String),
+    /// [`Reduction::Tree`](crate::Reduction::Tree) was asked for with a rank
+    /// count the fixed tree cannot be split over (see
+    /// [`tree_allows`](crate::tree_allows)): not a power of two, or more ranks
+    /// than microbatches.
+    #[error(
+        "Reduction::Tree cannot split {microbatches} microbatches over {ranks} ranks: it needs \
+         a power-of-two rank count no larger than the microbatch count (1, 2, 4, ... up to \
+         {microbatches}); run with such a rank count, or use Reduction::Allgather (or Auto), \
+         which works for any rank count with the same bits"
+    )]
+    TreeRankCount {
+        /// The rank count of the world.
+        ranks: usize,
+        /// The microbatches of a step.
+        microbatches: usize,
+    },
     /// A microbatch was recorded out of the order this rank owns them in.
     #[error(
         "microbatch {got} recorded out of order: this rank owns microbatches {owned:?} \

@@ -8,8 +8,10 @@
 //!   `abort`, `abort_on_error`).
 //! - [`DataParallel`]: a model's parameters replicated over the ranks (rank 0's
 //!   values broadcast, shapes checked on every rank), and a gradient exchange in
-//!   size-bounded buckets that sums every microbatch's partial gradient in
-//!   microbatch order.
+//!   size-bounded buckets that sums every microbatch's partial gradient in one
+//!   fixed binary tree over microbatch indices ([`Reduction::Tree`]: each rank
+//!   sums its own subtree, then a reduce-scatter and an allgather of slices,
+//!   ring all-reduce volume; or [`Reduction::Allgather`], any rank count).
 //! - [`LocalDataParallel`]: the same microbatch split in one process, without
 //!   MPI: the reference the multi-rank runs match bit for bit.
 //! - [`ShardedSampler`]: which samples each microbatch holds (a seed-derived
@@ -61,6 +63,7 @@ mod dp;
 mod error;
 mod reduce;
 mod sampler;
+mod tree;
 mod world;
 
 pub use checkpoint::{
@@ -69,10 +72,11 @@ pub use checkpoint::{
 };
 #[allow(deprecated)]
 pub use checkpoint::{read_params, save_params_rank0, write_params};
-pub use dp::{DataParallel, DataParallelOptions};
+pub use dp::{DataParallel, DataParallelOptions, Reduction};
 pub use error::{DistError, Result};
 pub use reduce::{DistParam, LocalDataParallel, StepOutput, shard_range};
 pub use sampler::ShardedSampler;
+pub use tree::tree_allows;
 pub use world::World;
 
 /// FNV-1a (64-bit) over the little-endian bits of every element of `params`,

@@ -1,7 +1,7 @@
 //! The pieces of the reduction that do not talk to MPI: the split of the
-//! microbatches over the ranks, the buckets, the fixed-order sum, the flat
-//! gradient copy of a parameter list, and [`LocalDataParallel`], the
-//! single-process run of the same microbatch split.
+//! microbatches over the ranks, the buckets, the flat gradient copy of a
+//! parameter list, and [`LocalDataParallel`], the single-process run of the
+//! same microbatch split (the fixed summation tree is in `tree.rs`).
 
 use std::ops::Range;
 use std::time::Instant;
@@ -10,6 +10,7 @@ use fucina::autograd::{AutogradError, Tensor};
 use fucina::exec::ExecContext;
 
 use crate::error::{DistError, Result};
+use crate::tree::{tree_mean_contiguous, tree_ops};
 
 /// The microbatches rank `rank` of `size` owns: the contiguous slice
 /// `floor(m * rank / size) .. floor(m * (rank + 1) / size)` of `0 .. m`
@@ -50,31 +51,6 @@ pub(crate) fn bucket_ranges(total: usize, cap: usize) -> Vec<Range<usize>> {
     (0..total.div_ceil(cap))
         .map(|b| b * cap..((b + 1) * cap).min(total))
         .collect()
-}
-
-/// `out[j] = (((p_0[j] + p_1[j]) + p_2[j]) + ... + p_{n-1}[j]) / n`: the partials
-/// summed one after the other in the order given, then divided by their count.
-/// Every element's sum runs in that order whatever `out`'s length, so splitting
-/// the vector into buckets does not change a bit.
-///
-/// # Panics
-/// If there are no partials or one has another length than `out`.
-pub(crate) fn mean_in_order<'a>(out: &mut [f32], mut parts: impl Iterator<Item = &'a [f32]>) {
-    let first = parts.next().expect("mean_in_order: at least one partial");
-    assert_eq!(first.len(), out.len(), "mean_in_order: partial length");
-    out.copy_from_slice(first);
-    let mut n = 1u32;
-    for p in parts {
-        assert_eq!(p.len(), out.len(), "mean_in_order: partial length");
-        for (o, &v) in out.iter_mut().zip(p) {
-            *o += v;
-        }
-        n += 1;
-    }
-    let n = n as f32;
-    for o in out.iter_mut() {
-        *o /= n;
-    }
 }
 
 /// A parameter handle that [`DataParallel`](crate::DataParallel) and
@@ -194,9 +170,9 @@ impl<P: DistParam> ParamSet<P> {
 /// What one training step returned.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepOutput {
-    /// The mean, over the global batch's microbatches in index order, of the
-    /// scalar each microbatch returned (its loss, typically). The same bits on
-    /// every rank.
+    /// The mean, over the global batch's microbatches (summed in the fixed
+    /// tree), of the scalar each microbatch returned (its loss, typically). The
+    /// same bits on every rank.
     pub value: f32,
     /// Seconds this rank spent in the microbatch closures (forward, backward
     /// and copying the gradients out).
@@ -204,21 +180,28 @@ pub struct StepOutput {
     /// Seconds this rank spent in MPI: posting, progressing and waiting for the
     /// exchanges (0 for [`LocalDataParallel`]).
     pub exchange_s: f64,
-    /// Seconds spent summing the partials in order and setting the gradients.
+    /// Seconds spent summing the partials in the fixed tree and setting the
+    /// gradients.
     pub reduce_s: f64,
-    /// Bytes of other ranks' partials this rank received.
+    /// Bytes this rank received from other ranks in the step's exchange (the
+    /// element counts it posted to MPI, times 4; see
+    /// [`DataParallel::bytes_received_per_step`](crate::DataParallel::bytes_received_per_step)).
     pub bytes_received: u64,
 }
 
 /// The same microbatch split as [`DataParallel`](crate::DataParallel) in one
 /// process without MPI: every microbatch's gradient is computed here, the
-/// partials are summed in microbatch order, and the parameters' gradients are set
-/// to their mean. Its gradients, and so a training run, have the same bits as a
-/// `DataParallel` run over any number of ranks.
+/// partials are summed in the fixed binary tree over microbatch indices (the
+/// one every [`Reduction`](crate::Reduction) of `DataParallel` follows), and
+/// the parameters' gradients are set to their mean. Its gradients, and so a
+/// training run, have the same bits as a `DataParallel` run over any number of
+/// ranks.
 #[derive(Debug)]
 pub struct LocalDataParallel<P = Tensor> {
     set: ParamSet<P>,
     microbatches: usize,
+    /// The fixed tree's additions over the microbatch slots.
+    ops: Vec<(usize, usize)>,
     partials: Vec<f32>,
     mean: Vec<f32>,
 }
@@ -236,9 +219,12 @@ impl<P: DistParam> LocalDataParallel<P> {
         }
         let set = ParamSet::new(params)?;
         let w = set.width();
+        let mut ops = Vec::with_capacity(microbatches - 1);
+        tree_ops(microbatches, 0, 0, 0, &mut ops);
         Ok(LocalDataParallel {
             set,
             microbatches,
+            ops,
             partials: vec![0.0; microbatches * w],
             mean: vec![0.0; w],
         })
@@ -247,7 +233,7 @@ impl<P: DistParam> LocalDataParallel<P> {
     /// One step: `f(ctx, params, m)` runs the forward and backward of microbatch `m` for
     /// `m = 0 .. microbatches` (the gradients are released before each call) and
     /// returns its scalar (the loss); then every parameter's gradient is the
-    /// in-order mean of the microbatch gradients. `f`'s error type is any that
+    /// fixed-tree mean of the microbatch gradients. `f`'s error type is any that
     /// converts into a [`DistError`] (as for [`DataParallel::step`](crate::DataParallel::step)).
     ///
     /// # Errors
@@ -265,7 +251,7 @@ impl<P: DistParam> LocalDataParallel<P> {
             self.set.take_grads(value, part)?;
         }
         let t1 = Instant::now();
-        mean_in_order(&mut self.mean, self.partials.chunks(w));
+        tree_mean_contiguous(&mut self.mean, &mut self.partials, w, &self.ops);
         self.set.set_grads(ctx, &self.mean[..w - 1])?;
         Ok(StepOutput {
             value: self.mean[w - 1],
@@ -334,27 +320,6 @@ mod tests {
     }
 
     #[test]
-    fn mean_is_in_order_and_bucket_independent() {
-        // Values whose sum depends on the order: (1 + 1e8) - 1e8 = 0 in f32,
-        // (-1e8 + 1e8) + 1 = 1.
-        let parts = [vec![1.0f32, 3.0], vec![1e8, 5.0], vec![-1e8, 7.0]];
-        let mut out = [0f32; 2];
-        mean_in_order(&mut out, parts.iter().map(|p| &p[..]));
-        assert_eq!(out[0], 0.0);
-        assert_eq!(out[1], 5.0);
-        // Another order gives other bits (the test can tell orders apart).
-        let mut rev = [0f32; 2];
-        mean_in_order(&mut rev, parts.iter().rev().map(|p| &p[..]));
-        assert_ne!(rev[0].to_bits(), out[0].to_bits());
-        // Per bucket: the same bits.
-        let mut split = [0f32; 2];
-        for j in 0..2 {
-            mean_in_order(&mut split[j..j + 1], parts.iter().map(|p| &p[j..j + 1]));
-        }
-        assert_eq!(split.map(f32::to_bits), out.map(f32::to_bits));
-    }
-
-    #[test]
     fn local_step_averages_microbatch_gradients() {
         let ctx = ExecContext::with_threads(1);
         let w = Tensor::variable_from_slice(&ctx, &[2], &[1.0, 2.0]).unwrap();
@@ -377,6 +342,26 @@ mod tests {
         assert_eq!(out.value, (3.0 + 6.0 + 9.0 + 12.0) / 4.0);
         let g = dp.params()[0].grad(&ctx).unwrap().unwrap().to_vec();
         assert_eq!(g, [2.5, 2.5]);
+    }
+
+    #[test]
+    fn local_step_sums_in_the_fixed_tree() {
+        // Microbatch m's gradient and value are c[m]: the tree gives
+        // ((1e8 + 1) + (-1e8 + 1)) / 4 = 0, the sequential sum 1 / 4.
+        let c = [1e8f32, 1.0, -1e8, 1.0];
+        let ctx = ExecContext::with_threads(1);
+        let w = Tensor::variable_from_slice(&ctx, &[1], &[0.0]).unwrap();
+        let mut dp = LocalDataParallel::new(vec![w], 4).unwrap();
+        let out = dp
+            .step(&ctx, |ctx, p, m| {
+                let loss = p[0].sum_all(ctx)?.scale(ctx, c[m])?;
+                loss.backward(ctx)?;
+                Ok::<_, DistError>(c[m])
+            })
+            .unwrap();
+        assert_eq!(out.value.to_bits(), 0f32.to_bits());
+        let g = dp.params()[0].grad(&ctx).unwrap().unwrap().to_vec();
+        assert_eq!(g[0].to_bits(), 0f32.to_bits());
     }
 
     #[test]

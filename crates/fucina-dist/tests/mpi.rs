@@ -188,6 +188,8 @@ fn training_is_bit_identical_for_1_2_4_ranks_and_one_process() {
     let exe = example("train_digits_dist");
     // Two configurations: 8 microbatches (even over 1, 2, 4 ranks), and 6
     // (uneven over 4: 1, 2, 1, 2), small buckets and no overlap at 2 ranks.
+    // The default reduction is the tree at 1, 2 and 4 ranks; the allgather
+    // path (and 3 ranks, which only it can use) gives the same lines.
     let configs: [Config; 2] = [
         (
             &[
@@ -205,6 +207,9 @@ fn training_is_bit_identical_for_1_2_4_ranks_and_one_process() {
                 (2, &[]),
                 (4, &[]),
                 (2, &["--no-overlap", "--bucket-bytes", "4096"]),
+                (2, &["--reduction", "allgather"]),
+                (4, &["--reduction", "allgather", "--bucket-bytes", "4096"]),
+                (3, &["--reduction", "allgather"]),
             ],
         ),
         (
@@ -224,7 +229,11 @@ fn training_is_bit_identical_for_1_2_4_ranks_and_one_process() {
                 "--hidden",
                 "24",
             ],
-            &[(4, &[]), (2, &["--bucket-bytes", "1000"])],
+            &[
+                (4, &["--reduction", "tree"]),
+                (2, &["--bucket-bytes", "1000"]),
+                (4, &["--reduction", "allgather"]),
+            ],
         ),
     ];
     for (base, runs) in configs {
@@ -306,4 +315,214 @@ fn an_error_on_one_rank_aborts_the_job() {
         !stdout.contains("step returned"),
         "a rank went on: {stdout}"
     );
+}
+
+/// `dist_checks reductions` at `np` ranks: its output (it must succeed and
+/// finish its checks).
+fn reductions(np: usize) -> String {
+    let out = mpirun(np, &example("dist_checks"), &["reductions"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("ok reductions done"),
+        "-np {np} reductions failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn tree_and_allgather_match_the_one_process_run_and_the_tree_moves_ring_volume() {
+    if !have_mpirun() {
+        return;
+    }
+    for np in [1, 2, 4] {
+        let stdout = reductions(np);
+        // Tree, Allgather and Auto for 8, 7 and 6 microbatches, two bucket
+        // sizes each: every one the same bits as the one-process run.
+        let ok = stdout.lines().filter(|l| l.starts_with("ok m ")).count();
+        assert_eq!(ok, 18, "-np {np}:\n{stdout}");
+        for line in stdout.lines().filter(|l| l.starts_with("bytes ")) {
+            // bytes m M ranks N Tree T Allgather A ring R
+            let f: Vec<&str> = line.split(' ').collect();
+            let num = |key: &str| -> u64 {
+                let i = f.iter().position(|&w| w == key).expect(key);
+                f[i + 1].parse().expect("a count")
+            };
+            let (tree, gather, ring) = (num("Tree"), num("Allgather"), num("ring"));
+            if np == 1 {
+                assert_eq!((tree, gather, ring), (0, 0, 0), "{line}");
+            } else {
+                assert!(tree as f64 <= 1.25 * ring as f64, "{line}");
+                assert!(gather > 2 * tree, "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_tree_refuses_a_rank_count_it_cannot_split() {
+    if !have_mpirun() {
+        return;
+    }
+    let stdout = reductions(3);
+    for m in [8, 7, 6] {
+        assert!(
+            stdout.contains(&format!("ok m {m}: Tree refuses 3 ranks")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("ok m {m}: Allgather (Allgather,"))
+                && stdout.contains(&format!("ok m {m}: Auto (Allgather,")),
+            "{stdout}"
+        );
+    }
+    // The error says what to do.
+    let out = mpirun(
+        3,
+        &example("reduce_sim"),
+        &[
+            "--params",
+            "100",
+            "--microbatches",
+            "8",
+            "--reduction",
+            "tree",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("refused: Reduction::Tree cannot split 8 microbatches over 3 ranks")
+            && stdout.contains("Reduction::Allgather"),
+        "{stdout}"
+    );
+}
+
+/// Bytes each rank received (by Open MPI's `monitoring` PML) in a run of
+/// `reduce_sim` with `args` at `np` ranks.
+fn measured(np: usize, args: &[&str], dir: &std::path::Path) -> (Vec<u64>, String) {
+    std::fs::create_dir_all(dir).expect("a directory");
+    let prefix = dir.join("prof");
+    let prefix = prefix.to_str().expect("a UTF-8 path");
+    let mut all: Vec<&str> = vec![
+        "--mca",
+        "pml_monitoring_enable",
+        "1",
+        "--mca",
+        "pml_monitoring_enable_output",
+        "3",
+        "--mca",
+        "pml_monitoring_filename",
+        prefix,
+    ];
+    all.extend_from_slice(args);
+    // (mpirun takes the --mca options before the executable: see mpirun_mca)
+    let out = mpirun_mca(np, &example("reduce_sim"), &all[..9], &all[9..]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains(" bits ok "),
+        "reduce_sim -np {np} {args:?}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut recv = vec![0u64; np];
+    for r in 0..np {
+        let file = dir.join(format!("prof.{r}.prof"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (Open MPI's monitoring PML wrote no report)",
+                file.display()
+            )
+        });
+        // E <from> <to> <n> bytes ...: point-to-point bytes sent.
+        for line in text.lines().filter(|l| l.starts_with("E\t")) {
+            let f: Vec<&str> = line.split('\t').collect();
+            let to: usize = f[2].parse().expect("a rank");
+            let bytes: u64 = f[3]
+                .split(' ')
+                .next()
+                .and_then(|b| b.parse().ok())
+                .expect("a byte count");
+            recv[to] += bytes;
+        }
+    }
+    (recv, stdout)
+}
+
+/// [`mpirun`] with MPI options before the executable.
+fn mpirun_mca(np: usize, exe: &PathBuf, mca: &[&str], args: &[&str]) -> Output {
+    let tmp = std::env::temp_dir().join(format!("fucina-dist-mca-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("a temporary directory");
+    let mut cmd = Command::new("mpirun");
+    cmd.env("TMPDIR", &tmp)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(np.to_string())
+        .args(mca)
+        .arg(exe)
+        .args(args)
+        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    let out = run(cmd, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&tmp);
+    out
+}
+
+#[test]
+fn tree_traffic_measured_by_open_mpi_is_within_a_quarter_of_a_ring() {
+    if !have_mpirun() {
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("fucina-dist-monitor-{}", std::process::id()));
+    for np in [2, 4] {
+        for reduction in ["tree", "allgather"] {
+            // The setup's traffic (broadcast, shape checks) cancels in the
+            // difference between 3 steps and 1.
+            let run = |steps: &str| {
+                let dir = base.join(format!("{np}-{reduction}-{steps}"));
+                let args = [
+                    "--params",
+                    "6000",
+                    "--microbatches",
+                    "8",
+                    "--reduction",
+                    reduction,
+                    "--steps",
+                    steps,
+                ];
+                measured(np, &args, &dir)
+            };
+            let (one, _) = run("1");
+            let (three, stdout) = run("3");
+            let field = |line: &str, key: &str| -> u64 {
+                let f: Vec<&str> = line.split(' ').collect();
+                let i = f.iter().position(|&w| w == key).expect(key);
+                f[i + 1].parse().expect("a count")
+            };
+            let sim = stdout
+                .lines()
+                .find(|l| l.starts_with("sim "))
+                .expect("sim line");
+            let ring = field(sim, "ring");
+            assert_eq!(ring, 2 * (np as u64 - 1) * 6000 * 4 / np as u64, "{sim}");
+            for r in 0..np {
+                let per_step = (three[r] - one[r]) / 2;
+                let line = stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("rank {r} ")))
+                    .expect("a rank line");
+                assert_eq!(
+                    per_step,
+                    field(line, "bytes_per_step"),
+                    "-np {np} {reduction} rank {r}: measured against reported"
+                );
+                if reduction == "tree" {
+                    assert!(
+                        per_step as f64 <= 1.25 * ring as f64,
+                        "-np {np} rank {r}: {per_step} bytes per step against a ring's {ring}"
+                    );
+                } else {
+                    assert!(per_step >= 4 * ring / 2, "-np {np} rank {r}: {per_step}");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }
