@@ -584,9 +584,18 @@ fn axis_reductions_record_their_descriptor() -> R {
     Ok(())
 }
 
+/// Twelve values with repeats and both signs (`((i * 5) % 12) * 0.3 - 1`).
+fn mixed_12() -> Vec<f32> {
+    (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect()
+}
+
 fn bits_of(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
+
+/// What [`run_op`] observed: the node name, the output's bits and each
+/// input's gradient bits.
+type OpRun = (Option<&'static str>, Vec<u32>, Vec<Vec<u32>>);
 
 /// Runs `f` on fresh variables made from `inputs` (shape, values), weights
 /// its output by `w` (when it has more than one element) and runs backward:
@@ -596,7 +605,7 @@ fn run_op(
     inputs: &[(&[usize], &[f32])],
     w: &[f32],
     f: &dyn Fn(&[Tensor]) -> Result<Tensor, AutogradError>,
-) -> Result<(Option<&'static str>, Vec<u32>, Vec<Vec<u32>>), AutogradError> {
+) -> Result<OpRun, AutogradError> {
     let xs = inputs
         .iter()
         .map(|(shape, v)| Tensor::variable_from_slice(ctx, shape, v))
@@ -746,7 +755,7 @@ fn full_reductions_record_their_descriptor() -> R {
 fn norms_record_their_descriptor() -> R {
     use fucina_autograd::exec::NormOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
+    let xv = mixed_12();
     let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
     let gv = [1.0f32, 0.5, -2.0, 1.5];
     let bv = [0.1f32, -0.2, 0.3, 0.0];
@@ -790,7 +799,7 @@ fn norms_record_their_descriptor() -> R {
 fn losses_record_their_descriptor() -> R {
     use fucina_autograd::exec::{ClassLoss, RegressionLoss};
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
+    let xv = mixed_12();
     let tv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
     let labels = ctx.from_slice_typed::<i64>(&[3], &[2, 0, 3])?;
     let x = ctx.from_slice(&[3, 4], &xv)?;

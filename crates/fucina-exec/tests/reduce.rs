@@ -632,6 +632,16 @@ fn last_axis_reductions_are_batch_invariant() {
     }
 }
 
+/// A `[3, 4]` input read through transposed strides, with repeated values
+/// (ties for `max`/`min`).
+fn strided_3x4(ctx: &ExecContext) -> RawTensor {
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    ctx.from_slice(&[4, 3], &xv)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+}
+
 /// The axis-reduction descriptor runs the named forward and backward kernels
 /// (bit for bit, on a strided input); a selecting reduction refuses a missing
 /// input with an error.
@@ -639,12 +649,7 @@ fn last_axis_reductions_are_batch_invariant() {
 fn axis_reduction_descriptor_matches_named_methods() {
     use fucina_exec::AxisReduction;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
-    let x = ctx
-        .from_slice(&[4, 3], &xv)
-        .unwrap()
-        .transpose(0, 1)
-        .unwrap();
+    let x = strided_3x4(&ctx);
     let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5]).unwrap();
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
     for &op in AxisReduction::ALL {
@@ -677,12 +682,7 @@ fn axis_reduction_descriptor_matches_named_methods() {
 fn statistic_descriptor_matches_named_methods() {
     use fucina_exec::AxisStatistic;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
-    let x = ctx
-        .from_slice(&[4, 3], &xv)
-        .unwrap()
-        .transpose(0, 1)
-        .unwrap();
+    let x = strided_3x4(&ctx);
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
     let ops = [
         AxisStatistic::Variance { unbiased: true },

@@ -630,16 +630,24 @@ fn rowwise_ops_are_batch_invariant() {
     }
 }
 
+/// A `[3, 4]` input with repeats and both signs, and a `[3, 4]` gradient (or
+/// target) of other values.
+fn input_and_grad_3x4(ctx: &ExecContext) -> (RawTensor, RawTensor) {
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
+    (
+        ctx.from_slice(&[3, 4], &xv).unwrap(),
+        ctx.from_slice(&[3, 4], &gv).unwrap(),
+    )
+}
+
 /// The softmax-family descriptor runs the named forward and backward kernels,
 /// bit for bit.
 #[test]
 fn softmax_descriptor_matches_named_methods() {
     use fucina_exec::SoftmaxOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let (x, g) = input_and_grad_3x4(&ctx);
     let b = |t: Result<fucina_exec::RawTensor, fucina_exec::ExecError>| {
         t.unwrap()
             .to_vec()
@@ -682,10 +690,7 @@ fn softmax_descriptor_matches_named_methods() {
 fn norm_descriptor_matches_named_methods() {
     use fucina_exec::NormOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let gy = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let (x, gy) = input_and_grad_3x4(&ctx);
     let gamma = ctx.from_slice(&[4], &[1.0, 0.5, -2.0, 1.5]).unwrap();
     let beta = ctx.from_slice(&[4], &[0.1, -0.2, 0.3, 0.0]).unwrap();
     let b = |t: &RawTensor| bits(&t.to_vec());
@@ -721,10 +726,7 @@ fn norm_descriptor_matches_named_methods() {
 fn loss_descriptors_match_named_methods() {
     use fucina_exec::{ClassLoss, RegressionLoss};
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
-    let tv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let t = ctx.from_slice(&[3, 4], &tv).unwrap();
+    let (x, t) = input_and_grad_3x4(&ctx);
     let labels = ctx.from_slice_typed::<i64>(&[3], &[2, 0, 3]).unwrap();
     let b = |t: &RawTensor| bits(&t.to_vec());
     assert_eq!(ClassLoss::ALL.len(), 2);

@@ -109,30 +109,49 @@ impl ExecContext {
     }
 }
 
-macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
-        /// The descriptor of the binary elementwise family (broadcasting as in
-        /// numpy): one variant per op, naming its forward kernel
-        /// ([`ExecContext::binary`]) and its backward kernel
-        /// ([`ExecContext::binary_backward`]). The named methods (`ctx.add(&a, &b)`)
-        /// run the same kernels; the autograd layer records one variant per node.
+/// Defines the enum of an op family's descriptor (unit variants, one per op),
+/// its `ALL` list and its `name()` (each variant's name is its `ExecContext`
+/// method's): the shell the family macros below share.
+macro_rules! op_enum {
+    ($(#[$meta:meta])* $enum:ident, $all:literal, $name_doc:literal {
+        $($(#[$doc:meta])* $name:ident / $variant:ident),* $(,)?
+    }) => {
+        $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
-        pub enum BinaryOp {$(
+        pub enum $enum {$(
             $(#[$doc])*
             $variant,
         )*}
 
-        impl BinaryOp {
-            /// Every binary op, in declaration order.
-            pub const ALL: &'static [BinaryOp] = &[$(BinaryOp::$variant),*];
+        impl $enum {
+            #[doc = $all]
+            pub const ALL: &'static [$enum] = &[$($enum::$variant),*];
 
-            /// The op's name (the name of its `ExecContext` method, used in errors
-            /// and graph nodes).
+            #[doc = $name_doc]
             pub fn name(self) -> &'static str {
-                match self {$(BinaryOp::$variant => stringify!($name)),*}
+                match self {$($enum::$variant => stringify!($name)),*}
             }
+        }
+    };
+}
 
+macro_rules! binary_ops {
+    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
+        op_enum! {
+            /// The descriptor of the binary elementwise family (broadcasting as in
+            /// numpy): one variant per op, naming its forward kernel
+            /// ([`ExecContext::binary`]) and its backward kernel
+            /// ([`ExecContext::binary_backward`]). The named methods (`ctx.add(&a, &b)`)
+            /// run the same kernels; the autograd layer records one variant per node.
+            BinaryOp,
+            "Every binary op, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors and graph nodes)." {
+                $($(#[$doc])* $name / $variant),*
+            }
+        }
+
+        impl BinaryOp {
             /// Whether the op's backward kernel reads the forward operands
             /// (`add` and `sub` need only their shapes, so a caller may drop the
             /// operands and pass `None` to [`ExecContext::binary_backward`]).
@@ -256,25 +275,15 @@ impl ExecContext {
 
 macro_rules! compare_ops {
     ($($(#[$doc:meta])* $name:ident / $variant:ident => $op:tt;)*) => {
-        /// The descriptor of the comparison family (broadcasting as in
-        /// [`add`](ExecContext::add), `bool` results): one variant per op, naming
-        /// its forward kernel ([`ExecContext::compare`]). Comparisons have no
-        /// gradient, so there is no backward kernel (and no autograd method).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum CompareOp {$(
-            $(#[$doc])*
-            $variant,
-        )*}
-
-        impl CompareOp {
-            /// Every comparison, in declaration order.
-            pub const ALL: &'static [CompareOp] = &[$(CompareOp::$variant),*];
-
-            /// The op's name (the name of its `ExecContext` method, used in
-            /// errors).
-            pub fn name(self) -> &'static str {
-                match self {$(CompareOp::$variant => stringify!($name)),*}
+        op_enum! {
+            /// The descriptor of the comparison family (broadcasting as in
+            /// [`add`](ExecContext::add), `bool` results): one variant per op, naming
+            /// its forward kernel ([`ExecContext::compare`]). Comparisons have no
+            /// gradient, so there is no backward kernel (and no autograd method).
+            CompareOp,
+            "Every comparison, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors)." {
+                $($(#[$doc])* $name / $variant),*
             }
         }
 
@@ -320,29 +329,21 @@ compare_ops! {
 
 macro_rules! unary_ops {
     ($($(#[$doc:meta])* $name:ident / $variant:ident, $bwd:ident, $cost:expr => |$x:ident| $e:expr, |$gx:ident| $de:expr;)*) => {
-        /// The descriptor of the unary elementwise family: one variant per op,
-        /// naming its forward kernel ([`ExecContext::unary`]) and its backward
-        /// kernel ([`ExecContext::unary_backward`]). The named methods
-        /// (`ctx.relu(&x)`, `ctx.relu_backward(&x, &g)`) forward to the same
-        /// kernels; the autograd layer records one variant per node instead of a
-        /// function per op.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum UnaryOp {$(
-            $(#[$doc])*
-            $variant,
-        )*}
+        op_enum! {
+            /// The descriptor of the unary elementwise family: one variant per op,
+            /// naming its forward kernel ([`ExecContext::unary`]) and its backward
+            /// kernel ([`ExecContext::unary_backward`]). The named methods
+            /// (`ctx.relu(&x)`, `ctx.relu_backward(&x, &g)`) forward to the same
+            /// kernels; the autograd layer records one variant per node instead of a
+            /// function per op.
+            UnaryOp,
+            "Every unary op, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors and graph nodes)." {
+                $($(#[$doc])* $name / $variant),*
+            }
+        }
 
         impl UnaryOp {
-            /// Every unary op, in declaration order.
-            pub const ALL: &'static [UnaryOp] = &[$(UnaryOp::$variant),*];
-
-            /// The op's name (the name of its `ExecContext` method, used in errors
-            /// and graph nodes).
-            pub fn name(self) -> &'static str {
-                match self {$(UnaryOp::$variant => stringify!($name)),*}
-            }
-
             /// The name of the op's backward kernel.
             pub fn backward_name(self) -> &'static str {
                 match self {$(UnaryOp::$variant => stringify!($bwd)),*}
