@@ -679,6 +679,16 @@ fn binary_descriptor_matches_named_methods_and_gradients() {
     }
 }
 
+/// A positive `[3, 4]` input and a `[3, 4]` gradient of both signs.
+fn input_and_grad_3x4(ctx: &ExecContext) -> (RawTensor, RawTensor) {
+    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    (
+        ctx.from_slice(&[3, 4], &xv).unwrap(),
+        ctx.from_slice(&[3, 4], &gv).unwrap(),
+    )
+}
+
 /// The scalar descriptor runs the named method's kernel and its backward is the
 /// named backward kernel (bit for bit); an op that reads its input refuses a
 /// missing input with an error.
@@ -686,10 +696,7 @@ fn binary_descriptor_matches_named_methods_and_gradients() {
 fn scalar_descriptor_matches_named_methods() {
     use fucina_exec::ScalarOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let (x, g) = input_and_grad_3x4(&ctx);
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
     let ops = [
         ScalarOp::Scale(-1.5),
@@ -777,11 +784,8 @@ fn compare_descriptor_matches_named_methods() {
 fn mask_descriptor_matches_named_methods() {
     use fucina_exec::MaskOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
+    let (x, g) = input_and_grad_3x4(&ctx);
     let y = ctx.from_slice(&[4], &[9.0, -1.0, 0.5, 2.0]).unwrap();
-    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
     let mv: Vec<bool> = (0..12).map(|i| i % 3 == 1).collect();
     let mask = ctx.from_slice_typed::<bool>(&[3, 4], &mv).unwrap();
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
