@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Dims, ExecContext, Pool2dOp, RawTensor, ScalarOp, ScopeNode,
-    SoftmaxOp, UnaryOp,
+    AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, FullReduction, MaskOp,
+    NormOp, Pool2dOp, RawTensor, RegressionLoss, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};
@@ -147,7 +147,7 @@ pub(crate) enum Saved {
         axis: usize,
     },
     /// The descriptor of a scalar-parameter op and, if its backward reads it,
-    /// the input (`scale`, `add_scalar`, `pow_scalar`, `clamp`).
+    /// the input (`scale`, `add_scalar`, `pow_scalar`, `clamp`, `dropout`).
     Scalar { op: ScalarOp, x: Option<RawTensor> },
     /// The descriptor and both operands' shapes of a binary op whose backward
     /// reads only the shapes (`add`, `sub`).
@@ -159,18 +159,16 @@ pub(crate) enum Saved {
         a: RawTensor,
         b: RawTensor,
     },
-    /// Both operands (`matmul`, `linear`, `mse_loss`).
+    /// Both operands (`matmul`, `linear`).
     Operands { a: RawTensor, b: RawTensor },
-    /// The condition and both operands' shapes of `where_`.
-    Where {
-        cond: RawTensor<bool>,
+    /// The descriptor, the mask and the operands' shapes of a mask op
+    /// (`where_`, `masked_fill`; `b` is unused by `masked_fill`).
+    Mask {
+        op: MaskOp,
+        mask: RawTensor<bool>,
         a: Dims,
         b: Dims,
     },
-    /// The mask of `masked_fill`.
-    MaskedFill { mask: RawTensor<bool> },
-    /// The probability and the mask seed of `dropout` (the mask is regenerated).
-    Dropout { p: f32, seed: u64 },
     /// The descriptor and the input shape of a reduction along `axis` (`sum`,
     /// `mean`).
     AxisReduce {
@@ -187,34 +185,39 @@ pub(crate) enum Saved {
         axis: usize,
         keepdim: bool,
     },
-    /// The input of `variance` and its options.
-    Variance {
+    /// The descriptor and the input of a statistic along `axis` (`variance`,
+    /// `logsumexp`), and the output if the backward reads it (`logsumexp`).
+    AxisStat {
+        op: AxisStatistic,
         x: RawTensor,
-        axis: usize,
-        keepdim: bool,
-        unbiased: bool,
-    },
-    /// The input and the output of `logsumexp`.
-    LogSumExp {
-        x: RawTensor,
-        y: RawTensor,
+        y: Option<RawTensor>,
         axis: usize,
         keepdim: bool,
     },
-    /// The input shape (`sum_all`, `reshape`, `broadcast_to`).
+    /// The input shape (`reshape`, `broadcast_to`).
     Shape { shape: Dims },
-    /// The input shape and `1 / numel` (`mean_all`).
-    MeanAll { shape: Dims, inv_n: f32 },
-    /// The input, the scale and epsilon of a normalization (`layer_norm`, `rms_norm`).
+    /// The descriptor and the input shape of a full reduction (`sum_all`,
+    /// `mean_all`).
+    ReduceAll { op: FullReduction, shape: Dims },
+    /// The descriptor (with its epsilon), the input and the scale of a
+    /// normalization (`layer_norm`, `rms_norm`).
     Norm {
+        op: NormOp,
         x: RawTensor,
         gamma: RawTensor,
-        eps: f32,
     },
-    /// The logits and the labels of a classification loss.
-    Labels {
-        logits: RawTensor,
+    /// The descriptor, the scores and the labels of a classification loss
+    /// (`cross_entropy`, `nll_loss`).
+    ClassLoss {
+        op: ClassLoss,
+        scores: RawTensor,
         labels: RawTensor<i64>,
+    },
+    /// The descriptor and both operands of a regression loss (`mse_loss`).
+    RegressionLoss {
+        op: RegressionLoss,
+        a: RawTensor,
+        b: RawTensor,
     },
     /// An axis (`stack`, `squeeze`, `unsqueeze`).
     Axis { axis: usize },

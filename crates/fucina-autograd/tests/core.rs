@@ -2,7 +2,7 @@
 //! updates.
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
-use fucina_autograd::exec::{ExecContext, ExecError};
+use fucina_autograd::exec::{ExecContext, ExecError, RawTensor};
 use fucina_autograd::{AutogradError, BackwardOptions, Tensor, is_grad_enabled, no_grad};
 
 type R = Result<(), AutogradError>;
@@ -581,6 +581,254 @@ fn axis_reductions_record_their_descriptor() -> R {
         let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(grad_of(&ctx, &x)), bits(want.to_vec()), "{name}");
     }
+    Ok(())
+}
+
+/// Twelve values with repeats and both signs (`((i * 5) % 12) * 0.3 - 1`).
+fn mixed_12() -> Vec<f32> {
+    (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect()
+}
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// What [`run_op`] observed: the node name, the output's bits and each
+/// input's gradient bits.
+type OpRun = (Option<&'static str>, Vec<u32>, Vec<Vec<u32>>);
+
+/// Runs `f` on fresh variables made from `inputs` (shape, values), weights
+/// its output by `w` (when it has more than one element) and runs backward:
+/// the node name, the output's bits and each input's gradient bits.
+fn run_op(
+    ctx: &ExecContext,
+    inputs: &[(&[usize], &[f32])],
+    w: &[f32],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor, AutogradError>,
+) -> Result<OpRun, AutogradError> {
+    let xs = inputs
+        .iter()
+        .map(|(shape, v)| Tensor::variable_from_slice(ctx, shape, v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let y = f(&xs)?;
+    let name = y.op_name();
+    let out = bits_of(&y.to_vec());
+    if y.numel() == 1 {
+        y.backward(ctx)?;
+    } else {
+        let w = Tensor::from_slice(ctx, y.shape(), w)?;
+        y.mul(ctx, &w)?.sum_all(ctx)?.backward(ctx)?;
+    }
+    let grads = xs.iter().map(|x| bits_of(&grad_of(ctx, x))).collect();
+    Ok((name, out, grads))
+}
+
+/// `dropout` records its scalar descriptor: the named method and
+/// `scalar_op(Dropout)` give the same node name, output and gradient bits, and
+/// the gradient is the descriptor's backward kernel.
+#[test]
+fn dropout_records_its_descriptor() -> R {
+    use fucina_autograd::exec::ScalarOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let op = ScalarOp::Dropout { p: 0.3, seed: 11 };
+    let inputs: [(&[usize], &[f32]); 1] = [(&[3, 4], &xv)];
+    let named = run_op(&ctx, &inputs, &wv, &|x| x[0].dropout(&ctx, 0.3, 11))?;
+    let desc = run_op(&ctx, &inputs, &wv, &|x| x[0].scalar_op(&ctx, op))?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some("dropout"));
+    let w = ctx.from_slice(&[3, 4], &wv)?;
+    let want = ctx.scalar_op_backward(op, None, &w)?;
+    assert_eq!(named.2[0], bits_of(&want.to_vec()));
+    Ok(())
+}
+
+/// The mask ops record their descriptor: `where_` and `masked_fill` give the
+/// bits of `mask_op` (node name, output, gradients), and the gradients are the
+/// descriptor's backward kernel (summed to the broadcast operand's shape).
+#[test]
+fn mask_ops_record_their_descriptor() -> R {
+    use fucina_autograd::exec::MaskOp;
+    let ctx = ExecContext::with_threads(1);
+    let av: Vec<f32> = (0..12).map(|i| 0.3 + i as f32 * 0.41).collect();
+    let bv = [1.3f32, 0.7, 2.2, 1.1];
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let mv: Vec<bool> = (0..12).map(|i| i % 5 < 2).collect();
+    let mask = ctx.from_slice_typed::<bool>(&[3, 4], &mv)?;
+    let w = ctx.from_slice(&[3, 4], &wv)?;
+
+    let inputs: [(&[usize], &[f32]); 2] = [(&[3, 4], &av), (&[4], &bv)];
+    let named = run_op(&ctx, &inputs, &wv, &|t| {
+        Tensor::where_(&ctx, &mask, &t[0], &t[1])
+    })?;
+    let desc = run_op(&ctx, &inputs, &wv, &|t| {
+        t[0].mask_op(&ctx, MaskOp::Where, &mask, Some(&t[1]))
+    })?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some(MaskOp::Where.name()));
+    let (ga, gb) = ctx.mask_op_backward(MaskOp::Where, &mask, &w, [true, true])?;
+    let gb = ctx.sum_to(&gb.expect("asked for"), &[4])?;
+    assert_eq!(named.2[0], bits_of(&ga.expect("asked for").to_vec()));
+    assert_eq!(named.2[1], bits_of(&gb.to_vec()));
+
+    let op = MaskOp::MaskedFill(-2.0);
+    let inputs: [(&[usize], &[f32]); 1] = [(&[3, 4], &av)];
+    let named = run_op(&ctx, &inputs, &wv, &|t| t[0].masked_fill(&ctx, &mask, -2.0))?;
+    let desc = run_op(&ctx, &inputs, &wv, &|t| t[0].mask_op(&ctx, op, &mask, None))?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some("masked_fill"));
+    let (ga, _) = ctx.mask_op_backward(op, &mask, &w, [true, false])?;
+    assert_eq!(named.2[0], bits_of(&ga.expect("asked for").to_vec()));
+
+    // A wrong operand count is an error, not a node.
+    let x = Tensor::variable_from_slice(&ctx, &[3, 4], &av)?;
+    assert!(x.mask_op(&ctx, MaskOp::Where, &mask, None).is_err());
+    assert!(x.mask_op(&ctx, op, &mask, Some(&x)).is_err());
+    Ok(())
+}
+
+/// `variance` and `logsumexp` record their statistic descriptor: the named
+/// methods give the bits of `statistic` (node name, output, gradient), and the
+/// gradient is the descriptor's backward kernel.
+#[test]
+fn statistics_record_their_descriptor() -> R {
+    use fucina_autograd::exec::AxisStatistic;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    let wv = [1.0f32, -2.0, 0.5];
+    let inputs: [(&[usize], &[f32]); 1] = [(&[3, 4], &xv)];
+    type Named = fn(&Tensor, &ExecContext) -> Result<Tensor, AutogradError>;
+    let ops: [(AxisStatistic, Named); 3] = [
+        (AxisStatistic::Variance { unbiased: true }, |x, c| {
+            x.variance(c, 1, false, true)
+        }),
+        (AxisStatistic::Variance { unbiased: false }, |x, c| {
+            x.variance(c, 1, false, false)
+        }),
+        (AxisStatistic::LogSumExp, |x, c| x.logsumexp(c, 1, false)),
+    ];
+    for (op, f) in ops {
+        let named = run_op(&ctx, &inputs, &wv, &|t| f(&t[0], &ctx))?;
+        let desc = run_op(&ctx, &inputs, &wv, &|t| t[0].statistic(&ctx, op, 1, false))?;
+        assert_eq!(named, desc, "{op:?}");
+        assert_eq!(named.0, Some(op.name()));
+        let x = ctx.from_slice(&[3, 4], &xv)?;
+        let y = ctx.statistic(op, &x, 1, false)?;
+        let g = ctx.from_slice(&[3], &wv)?;
+        let want = ctx.statistic_backward(op, &x, Some(&y), &g, 1, false)?;
+        assert_eq!(named.2[0], bits_of(&want.to_vec()), "{op:?}");
+    }
+    Ok(())
+}
+
+/// `sum_all` and `mean_all` record their full-reduction descriptor: the same
+/// bits as `reduce_all` (node name, output, gradient), the gradient being the
+/// descriptor's backward kernel.
+#[test]
+fn full_reductions_record_their_descriptor() -> R {
+    use fucina_autograd::exec::FullReduction;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..21).map(|i| 0.1 + i as f32 * 0.37).collect();
+    let inputs: [(&[usize], &[f32]); 1] = [(&[3, 7], &xv)];
+    type Named = fn(&Tensor, &ExecContext) -> Result<Tensor, AutogradError>;
+    let ops: [(FullReduction, Named); 2] = [
+        (FullReduction::Sum, Tensor::sum_all),
+        (FullReduction::Mean, Tensor::mean_all),
+    ];
+    for (op, f) in ops {
+        let named = run_op(&ctx, &inputs, &[], &|t| f(&t[0], &ctx))?;
+        let desc = run_op(&ctx, &inputs, &[], &|t| t[0].reduce_all(&ctx, op))?;
+        assert_eq!(named, desc, "{op:?}");
+        assert_eq!(named.0, Some(op.name()));
+        let one = ctx.from_slice(&[1], &[1.0])?;
+        let want = ctx.reduce_all_backward(op, &one, &[3, 7])?;
+        assert_eq!(named.2[0], bits_of(&want.to_vec()), "{op:?}");
+    }
+    Ok(())
+}
+
+/// `layer_norm` and `rms_norm` record their normalization descriptor: the
+/// same bits as `norm_op` (node name, output, every gradient), the gradients
+/// being the descriptor's backward kernel.
+#[test]
+fn norms_record_their_descriptor() -> R {
+    use fucina_autograd::exec::NormOp;
+    let ctx = ExecContext::with_threads(1);
+    let xv = mixed_12();
+    let wv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.07).collect();
+    let gv = [1.0f32, 0.5, -2.0, 1.5];
+    let bv = [0.1f32, -0.2, 0.3, 0.0];
+    let w = ctx.from_slice(&[3, 4], &wv)?;
+    let x = ctx.from_slice(&[3, 4], &xv)?;
+    let gamma = ctx.from_slice(&[4], &gv)?;
+
+    let ln = NormOp::LayerNorm { eps: 1e-5 };
+    let inputs: [(&[usize], &[f32]); 3] = [(&[3, 4], &xv), (&[4], &gv), (&[4], &bv)];
+    let named = run_op(&ctx, &inputs, &wv, &|t| {
+        t[0].layer_norm(&ctx, &t[1], &t[2], 1e-5)
+    })?;
+    let desc = run_op(&ctx, &inputs, &wv, &|t| {
+        t[0].norm_op(&ctx, ln, &t[1], Some(&t[2]))
+    })?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some("layer_norm"));
+    let (gx, gg, gb) = ctx.norm_op_backward(ln, &x, &gamma, &w)?;
+    let gb = gb.expect("layer_norm has a shift");
+    let want = [gx, gg, gb].map(|t| bits_of(&t.to_vec()));
+    assert_eq!(named.2, want);
+
+    let rms = NormOp::RmsNorm { eps: 1e-6 };
+    let inputs: [(&[usize], &[f32]); 2] = [(&[3, 4], &xv), (&[4], &gv)];
+    let named = run_op(&ctx, &inputs, &wv, &|t| t[0].rms_norm(&ctx, &t[1], 1e-6))?;
+    let desc = run_op(&ctx, &inputs, &wv, &|t| {
+        t[0].norm_op(&ctx, rms, &t[1], None)
+    })?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some("rms_norm"));
+    let (gx, gg, _) = ctx.norm_op_backward(rms, &x, &gamma, &w)?;
+    assert_eq!(named.2, [gx, gg].map(|t| bits_of(&t.to_vec())));
+    Ok(())
+}
+
+/// The losses record their descriptor: `cross_entropy`/`nll_loss` give the
+/// bits of `class_loss`, `mse_loss` those of `regression_loss` (node name,
+/// loss, gradients), the gradients being the descriptor's backward kernel at a
+/// unit loss gradient.
+#[test]
+fn losses_record_their_descriptor() -> R {
+    use fucina_autograd::exec::{ClassLoss, RegressionLoss};
+    let ctx = ExecContext::with_threads(1);
+    let xv = mixed_12();
+    let tv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
+    let labels = ctx.from_slice_typed::<i64>(&[3], &[2, 0, 3])?;
+    let x = ctx.from_slice(&[3, 4], &xv)?;
+    let inputs: [(&[usize], &[f32]); 1] = [(&[3, 4], &xv)];
+    type Named = fn(&Tensor, &ExecContext, &RawTensor<i64>) -> Result<Tensor, AutogradError>;
+    let ops: [(ClassLoss, Named); 2] = [
+        (ClassLoss::CrossEntropy, Tensor::cross_entropy),
+        (ClassLoss::NllLoss, Tensor::nll_loss),
+    ];
+    for (op, f) in ops {
+        let named = run_op(&ctx, &inputs, &[], &|t| f(&t[0], &ctx, &labels))?;
+        let desc = run_op(&ctx, &inputs, &[], &|t| t[0].class_loss(&ctx, op, &labels))?;
+        assert_eq!(named, desc, "{op:?}");
+        assert_eq!(named.0, Some(op.name()));
+        let want = ctx.class_loss_backward(op, &x, &labels, 1.0)?;
+        assert_eq!(named.2[0], bits_of(&want.to_vec()), "{op:?}");
+    }
+
+    let op = RegressionLoss::Mse;
+    let inputs: [(&[usize], &[f32]); 2] = [(&[3, 4], &xv), (&[3, 4], &tv)];
+    let named = run_op(&ctx, &inputs, &[], &|t| t[0].mse_loss(&ctx, &t[1]))?;
+    let desc = run_op(&ctx, &inputs, &[], &|t| {
+        t[0].regression_loss(&ctx, op, &t[1])
+    })?;
+    assert_eq!(named, desc);
+    assert_eq!(named.0, Some("mse_loss"));
+    let t = ctx.from_slice(&[3, 4], &tv)?;
+    let (ga, gb) = ctx.regression_loss_backward(op, &x, &t, 1.0)?;
+    assert_eq!(named.2, [ga, gb].map(|t| bits_of(&t.to_vec())));
     Ok(())
 }
 

@@ -679,6 +679,16 @@ fn binary_descriptor_matches_named_methods_and_gradients() {
     }
 }
 
+/// A positive `[3, 4]` input and a `[3, 4]` gradient of both signs.
+fn input_and_grad_3x4(ctx: &ExecContext) -> (RawTensor, RawTensor) {
+    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
+    (
+        ctx.from_slice(&[3, 4], &xv).unwrap(),
+        ctx.from_slice(&[3, 4], &gv).unwrap(),
+    )
+}
+
 /// The scalar descriptor runs the named method's kernel and its backward is the
 /// named backward kernel (bit for bit); an op that reads its input refuses a
 /// missing input with an error.
@@ -686,10 +696,7 @@ fn binary_descriptor_matches_named_methods_and_gradients() {
 fn scalar_descriptor_matches_named_methods() {
     use fucina_exec::ScalarOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| 0.25 + i as f32 * 0.3).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.1).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let (x, g) = input_and_grad_3x4(&ctx);
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
     let ops = [
         ScalarOp::Scale(-1.5),
@@ -697,6 +704,7 @@ fn scalar_descriptor_matches_named_methods() {
         ScalarOp::PowScalar(2.0),
         ScalarOp::PowScalar(1.7),
         ScalarOp::Clamp { min: 1.0, max: 2.5 },
+        ScalarOp::Dropout { p: 0.4, seed: 7 },
     ];
     for op in ops {
         let (fwd, bwd) = match op {
@@ -707,6 +715,9 @@ fn scalar_descriptor_matches_named_methods() {
                 ctx.clamp(&x, min, max),
                 ctx.clamp_backward(&x, min, max, &g),
             ),
+            ScalarOp::Dropout { p, seed } => {
+                (ctx.dropout(&x, p, seed), ctx.dropout_backward(&g, p, seed))
+            }
             _ => unreachable!(),
         };
         assert_eq!(v(ctx.scalar_op(op, &x)), v(fwd), "{op:?}");
@@ -723,4 +734,89 @@ fn scalar_descriptor_matches_named_methods() {
         ctx.scalar_op(bad, &x),
         Err(ExecError::InvalidArgument { .. })
     ));
+    let bad = ScalarOp::Dropout { p: 1.0, seed: 7 };
+    assert_eq!(bad.name(), "dropout");
+    for r in [
+        ctx.scalar_op(bad, &x),
+        ctx.scalar_op_backward(bad, None, &g),
+    ] {
+        assert!(matches!(r, Err(ExecError::InvalidArgument { .. })));
+    }
+}
+
+/// The comparison descriptor runs the named method's kernel (same booleans,
+/// broadcasting and NaN handling included) and names it.
+#[test]
+fn compare_descriptor_matches_named_methods() {
+    use fucina_exec::CompareOp;
+    type Cmp = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor<bool>, ExecError>;
+    let named: [(&str, Cmp); 6] = [
+        ("equal", ExecContext::equal),
+        ("not_equal", ExecContext::not_equal),
+        ("less", ExecContext::less),
+        ("less_equal", ExecContext::less_equal),
+        ("greater", ExecContext::greater),
+        ("greater_equal", ExecContext::greater_equal),
+    ];
+    assert_eq!(CompareOp::ALL.len(), named.len());
+    let ctx = ExecContext::with_threads(1);
+    let a = ctx
+        .from_slice(&[2, 3], &[1.0, 2.0, f32::NAN, -0.0, 3.0, 2.0])
+        .unwrap();
+    let b = ctx.from_slice(&[3], &[2.0, 2.0, 1.0]).unwrap();
+    for (&op, (name, f)) in CompareOp::ALL.iter().zip(named) {
+        assert_eq!(op.name(), name);
+        let got = ctx.compare(op, &a, &b).unwrap();
+        assert_eq!(got.to_vec(), f(&ctx, &a, &b).unwrap().to_vec(), "{op:?}");
+        let bad = ctx.from_slice(&[2], &[1.0, 2.0]).unwrap();
+        assert!(matches!(
+            ctx.compare(op, &a, &bad),
+            Err(ExecError::ShapeMismatch { .. })
+        ));
+    }
+}
+
+/// The mask descriptor runs the named forward kernels (`where_`,
+/// `masked_fill`) and its backward routes the gradient to the selected operand
+/// (what the composition of the named kernels gives, bit for bit); a wrong
+/// operand count is an error.
+#[test]
+fn mask_descriptor_matches_named_methods() {
+    use fucina_exec::MaskOp;
+    let ctx = ExecContext::with_threads(1);
+    let (x, g) = input_and_grad_3x4(&ctx);
+    let y = ctx.from_slice(&[4], &[9.0, -1.0, 0.5, 2.0]).unwrap();
+    let mv: Vec<bool> = (0..12).map(|i| i % 3 == 1).collect();
+    let mask = ctx.from_slice_typed::<bool>(&[3, 4], &mv).unwrap();
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    let zero = ctx.scalar(0.0).unwrap();
+
+    let w = MaskOp::Where;
+    assert_eq!((w.name(), w.arity()), ("where", 2));
+    assert_eq!(
+        v(ctx.mask_op(w, &mask, &x, Some(&y))),
+        v(ctx.where_(&mask, &x, &y))
+    );
+    let (ga, gb) = ctx.mask_op_backward(w, &mask, &g, [true, true]).unwrap();
+    assert_eq!(v(Ok(ga.unwrap())), v(ctx.where_(&mask, &g, &zero)));
+    assert_eq!(v(Ok(gb.unwrap())), v(ctx.where_(&mask, &zero, &g)));
+    let (ga, gb) = ctx.mask_op_backward(w, &mask, &g, [false, true]).unwrap();
+    assert!(ga.is_none() && gb.is_some());
+
+    let m = MaskOp::MaskedFill(-3.5);
+    assert_eq!((m.name(), m.arity()), ("masked_fill", 1));
+    assert_eq!(
+        v(ctx.mask_op(m, &mask, &x, None)),
+        v(ctx.masked_fill(&x, &mask, -3.5))
+    );
+    let (ga, gb) = ctx.mask_op_backward(m, &mask, &g, [true, false]).unwrap();
+    assert_eq!(v(Ok(ga.unwrap())), v(ctx.masked_fill(&g, &mask, 0.0)));
+    assert!(gb.is_none());
+
+    for r in [
+        ctx.mask_op(w, &mask, &x, None),
+        ctx.mask_op(m, &mask, &x, Some(&y)),
+    ] {
+        assert!(matches!(r, Err(ExecError::InvalidArgument { .. })));
+    }
 }

@@ -632,6 +632,16 @@ fn last_axis_reductions_are_batch_invariant() {
     }
 }
 
+/// A `[3, 4]` input read through transposed strides, with repeated values
+/// (ties for `max`/`min`).
+fn strided_3x4(ctx: &ExecContext) -> RawTensor {
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
+    ctx.from_slice(&[4, 3], &xv)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+}
+
 /// The axis-reduction descriptor runs the named forward and backward kernels
 /// (bit for bit, on a strided input); a selecting reduction refuses a missing
 /// input with an error.
@@ -639,12 +649,7 @@ fn last_axis_reductions_are_batch_invariant() {
 fn axis_reduction_descriptor_matches_named_methods() {
     use fucina_exec::AxisReduction;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 7) % 12) as f32 * 0.5 - 1.0).collect();
-    let x = ctx
-        .from_slice(&[4, 3], &xv)
-        .unwrap()
-        .transpose(0, 1)
-        .unwrap();
+    let x = strided_3x4(&ctx);
     let g = ctx.from_slice(&[3], &[1.0, -2.0, 0.5]).unwrap();
     let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
     for &op in AxisReduction::ALL {
@@ -668,4 +673,86 @@ fn axis_reduction_descriptor_matches_named_methods() {
         let missing = ctx.reduce_backward(op, None, &[3, 4], &g, 1, false);
         assert_eq!(missing.is_err(), op.keeps_input(), "{op:?}");
     }
+}
+
+/// The statistic descriptor runs the named forward and backward kernels (bit
+/// for bit, on a strided input, along both axes); `logsumexp`'s backward
+/// refuses a missing output with an error.
+#[test]
+fn statistic_descriptor_matches_named_methods() {
+    use fucina_exec::AxisStatistic;
+    let ctx = ExecContext::with_threads(1);
+    let x = strided_3x4(&ctx);
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    let ops = [
+        AxisStatistic::Variance { unbiased: true },
+        AxisStatistic::Variance { unbiased: false },
+        AxisStatistic::LogSumExp,
+    ];
+    for op in ops {
+        for (axis, keepdim) in [(0, false), (1, true)] {
+            let y = ctx.statistic(op, &x, axis, keepdim).unwrap();
+            let g = ctx.full(y.shape(), 0.75).unwrap();
+            let (fwd, bwd) = match op {
+                AxisStatistic::Variance { unbiased } => (
+                    ctx.variance(&x, axis, keepdim, unbiased),
+                    ctx.variance_backward(&x, &g, axis, keepdim, unbiased),
+                ),
+                _ => (
+                    ctx.logsumexp(&x, axis, keepdim),
+                    ctx.logsumexp_backward(&x, &y, &g, axis, keepdim),
+                ),
+            };
+            assert!(op.backward_name().starts_with(op.name()));
+            assert_eq!(v(Ok(y.clone())), v(fwd), "{op:?}");
+            let got = ctx.statistic_backward(op, &x, Some(&y), &g, axis, keepdim);
+            assert_eq!(v(got), v(bwd), "{op:?}");
+            let missing = ctx.statistic_backward(op, &x, None, &g, axis, keepdim);
+            assert_eq!(missing.is_err(), op.keeps_output(), "{op:?}");
+        }
+        assert!(matches!(
+            ctx.statistic(op, &x, 2, false),
+            Err(ExecError::InvalidAxis { .. })
+        ));
+    }
+}
+
+/// The full-reduction descriptor runs the named kernels, and its backward is
+/// the one-element gradient (scaled by `1 / numel` for the mean) broadcast to
+/// the input's shape, bit for bit, for a gradient of any one-element shape; a
+/// gradient of more than one element is an error.
+#[test]
+fn full_reduction_descriptor_matches_named_methods() {
+    use fucina_exec::FullReduction;
+    let ctx = ExecContext::with_threads(1);
+    let xv: Vec<f32> = (0..21).map(|i| 0.1 + i as f32 * 0.37).collect();
+    let x = ctx.from_slice(&[3, 7], &xv).unwrap();
+    let v = |t: Result<RawTensor, ExecError>| bits(&t.unwrap().to_vec());
+    assert_eq!(FullReduction::ALL.len(), 2);
+    for &op in FullReduction::ALL {
+        let fwd = match op {
+            FullReduction::Sum => ctx.sum_all(&x),
+            _ => ctx.mean_all(&x),
+        };
+        assert_eq!(v(ctx.reduce_all(op, &x)), v(fwd), "{op:?}");
+        for gshape in [&[1][..], &[1, 1]] {
+            let g = ctx.from_slice(gshape, &[1.7]).unwrap();
+            let want = match op {
+                FullReduction::Sum => 1.7f32,
+                _ => 1.7 * (1.0 / 21.0f32),
+            };
+            let got = ctx.reduce_all_backward(op, &g, &[3, 7]).unwrap();
+            assert_eq!(got.shape(), [3, 7]);
+            assert_eq!(bits(&got.to_vec()), bits(&[want; 21]), "{op:?}");
+        }
+        let two = ctx.from_slice(&[2], &[1.0, 2.0]).unwrap();
+        assert!(matches!(
+            ctx.reduce_all_backward(op, &two, &[3, 7]),
+            Err(ExecError::InvalidShape { .. })
+        ));
+    }
+    assert_eq!(
+        (FullReduction::Sum.name(), FullReduction::Mean.name()),
+        ("sum_all", "mean_all")
+    );
 }

@@ -630,16 +630,24 @@ fn rowwise_ops_are_batch_invariant() {
     }
 }
 
+/// A `[3, 4]` input with repeats and both signs, and a `[3, 4]` gradient (or
+/// target) of other values.
+fn input_and_grad_3x4(ctx: &ExecContext) -> (RawTensor, RawTensor) {
+    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
+    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
+    (
+        ctx.from_slice(&[3, 4], &xv).unwrap(),
+        ctx.from_slice(&[3, 4], &gv).unwrap(),
+    )
+}
+
 /// The softmax-family descriptor runs the named forward and backward kernels,
 /// bit for bit.
 #[test]
 fn softmax_descriptor_matches_named_methods() {
     use fucina_exec::SoftmaxOp;
     let ctx = ExecContext::with_threads(1);
-    let xv: Vec<f32> = (0..12).map(|i| ((i * 5) % 12) as f32 * 0.3 - 1.0).collect();
-    let gv: Vec<f32> = (0..12).map(|i| 1.0 - i as f32 * 0.15).collect();
-    let x = ctx.from_slice(&[3, 4], &xv).unwrap();
-    let g = ctx.from_slice(&[3, 4], &gv).unwrap();
+    let (x, g) = input_and_grad_3x4(&ctx);
     let b = |t: Result<fucina_exec::RawTensor, fucina_exec::ExecError>| {
         t.unwrap()
             .to_vec()
@@ -673,4 +681,85 @@ fn softmax_descriptor_matches_named_methods() {
             "{op:?}: axis out of range"
         );
     }
+}
+
+/// The normalization descriptor runs the named forward and backward kernels,
+/// bit for bit; a shift given to `rms_norm` or missing for `layer_norm` is an
+/// error.
+#[test]
+fn norm_descriptor_matches_named_methods() {
+    use fucina_exec::NormOp;
+    let ctx = ExecContext::with_threads(1);
+    let (x, gy) = input_and_grad_3x4(&ctx);
+    let gamma = ctx.from_slice(&[4], &[1.0, 0.5, -2.0, 1.5]).unwrap();
+    let beta = ctx.from_slice(&[4], &[0.1, -0.2, 0.3, 0.0]).unwrap();
+    let b = |t: &RawTensor| bits(&t.to_vec());
+    let ln = NormOp::LayerNorm { eps: 1e-5 };
+    assert_eq!((ln.name(), ln.has_shift()), ("layer_norm", true));
+    let y = ctx.norm_op(ln, &x, &gamma, Some(&beta)).unwrap();
+    assert_eq!(b(&y), b(&ctx.layer_norm(&x, &gamma, &beta, 1e-5).unwrap()));
+    let (gx, gg, gb) = ctx.norm_op_backward(ln, &x, &gamma, &gy).unwrap();
+    let (wx, wg, wb) = ctx.layer_norm_backward(&x, &gamma, &gy, 1e-5).unwrap();
+    assert_eq!((b(&gx), b(&gg), b(&gb.unwrap())), (b(&wx), b(&wg), b(&wb)));
+
+    let rms = NormOp::RmsNorm { eps: 1e-6 };
+    assert_eq!((rms.name(), rms.has_shift()), ("rms_norm", false));
+    assert_eq!(rms.backward_name(), "rms_norm_backward");
+    let y = ctx.norm_op(rms, &x, &gamma, None).unwrap();
+    assert_eq!(b(&y), b(&ctx.rms_norm(&x, &gamma, 1e-6).unwrap()));
+    let (gx, gg, gb) = ctx.norm_op_backward(rms, &x, &gamma, &gy).unwrap();
+    let (wx, wg) = ctx.rms_norm_backward(&x, &gamma, &gy, 1e-6).unwrap();
+    assert_eq!((b(&gx), b(&gg)), (b(&wx), b(&wg)));
+    assert!(gb.is_none());
+
+    for r in [
+        ctx.norm_op(ln, &x, &gamma, None),
+        ctx.norm_op(rms, &x, &gamma, Some(&beta)),
+    ] {
+        assert!(matches!(r, Err(ExecError::InvalidArgument { .. })));
+    }
+}
+
+/// The loss descriptors run the named forward and backward kernels, bit for
+/// bit.
+#[test]
+fn loss_descriptors_match_named_methods() {
+    use fucina_exec::{ClassLoss, RegressionLoss};
+    let ctx = ExecContext::with_threads(1);
+    let (x, t) = input_and_grad_3x4(&ctx);
+    let labels = ctx.from_slice_typed::<i64>(&[3], &[2, 0, 3]).unwrap();
+    let b = |t: &RawTensor| bits(&t.to_vec());
+    assert_eq!(ClassLoss::ALL.len(), 2);
+    for &op in ClassLoss::ALL {
+        let (fwd, bwd) = match op {
+            ClassLoss::CrossEntropy => (
+                ctx.cross_entropy(&x, &labels).unwrap(),
+                ctx.cross_entropy_backward(&x, &labels, 0.7).unwrap(),
+            ),
+            _ => (
+                ctx.nll_loss(&x, &labels).unwrap(),
+                ctx.nll_loss_backward(&x, &labels, 0.7).unwrap(),
+            ),
+        };
+        assert!(op.backward_name().starts_with(op.name()));
+        assert_eq!(b(&ctx.class_loss(op, &x, &labels).unwrap()), b(&fwd));
+        let got = ctx.class_loss_backward(op, &x, &labels, 0.7).unwrap();
+        assert_eq!(b(&got), b(&bwd), "{op:?}");
+        let bad = ctx.from_slice_typed::<i64>(&[3], &[2, 4, 0]).unwrap();
+        assert!(matches!(
+            ctx.class_loss(op, &x, &bad),
+            Err(ExecError::IndexOutOfBounds { .. })
+        ));
+    }
+    let mse = RegressionLoss::Mse;
+    assert_eq!(RegressionLoss::ALL, &[mse]);
+    assert_eq!(
+        (mse.name(), mse.backward_name()),
+        ("mse_loss", "mse_loss_backward")
+    );
+    let fwd = ctx.mse_loss(&x, &t).unwrap();
+    assert_eq!(b(&ctx.regression_loss(mse, &x, &t).unwrap()), b(&fwd));
+    let (ga, gb) = ctx.regression_loss_backward(mse, &x, &t, 0.7).unwrap();
+    let (wa, wb) = ctx.mse_loss_backward(&x, &t, 0.7).unwrap();
+    assert_eq!((b(&ga), b(&gb)), (b(&wa), b(&wb)));
 }

@@ -1,7 +1,7 @@
 //! Elementwise ops: binary with broadcasting (gradients reduced back to each
 //! operand's shape), scalar forms, unary math, selection and dropout.
 
-use fucina_exec::{BinaryOp, ExecContext, RawTensor, ScalarOp, UnaryOp};
+use fucina_exec::{BinaryOp, ExecContext, MaskOp, RawTensor, ScalarOp, UnaryOp};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -262,6 +262,84 @@ impl Tensor {
         self.scalar_op(ctx, ScalarOp::Clamp { min, max })
     }
 
+    /// Inverted dropout with probability `p` and a counter-based mask from `seed`
+    /// (regenerated in backward, never stored).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// unless `0 <= p < 1`; out of memory.
+    pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
+        self.scalar_op(ctx, ScalarOp::Dropout { p, seed })
+    }
+
+    /// Applies the mask op `op` (the descriptor names its forward kernel, run
+    /// now, and its backward kernel, run by backward): `mask ? self : other`
+    /// for [`MaskOp::Where`] (`other` required; each gradient is summed back to
+    /// its operand's shape), `mask ? value : self` for
+    /// [`MaskOp::MaskedFill`] (`other` is `None`). [`where_`](Tensor::where_)
+    /// and [`masked_fill`](Tensor::masked_fill) are this with their variant.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, MaskOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    /// let mask = ctx.from_slice_typed::<bool>(&[2], &[true, false])?;
+    /// let y = x.mask_op(&ctx, MaskOp::MaskedFill(0.5), &mask, None)?;
+    /// assert_eq!(y.to_vec(), x.masked_fill(&ctx, &mask, 0.5)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// if `other` is missing for `where` or given to `masked_fill`;
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if
+    /// the shapes do not broadcast; out of memory.
+    pub fn mask_op(
+        &self,
+        ctx: &ExecContext,
+        op: MaskOp,
+        mask: &RawTensor<bool>,
+        other: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let out = ctx.mask_op(op, mask, &self.raw, other.map(|t| &t.raw))?;
+        let a = self.raw.dims();
+        let b = other.map_or(a, |t| t.raw.dims());
+        let saved_mask = mask.clone();
+        let (pair, single);
+        let inputs: &[&Tensor] = match other {
+            Some(other) => {
+                pair = [self, other];
+                &pair
+            }
+            None => {
+                single = [self];
+                &single
+            }
+        };
+        record!(
+            ctx,
+            op.name(),
+            out,
+            inputs,
+            Mask {
+                op,
+                mask: saved_mask,
+                a,
+                b
+            },
+            |ctx, g, needs| {
+                let want = [needs[0], needs.get(1).copied().unwrap_or(false)];
+                let (ga, gb) = ctx.mask_op_backward(*op, mask, g, want)?;
+                match needs.len() {
+                    1 => Ok(grads![ga]),
+                    _ => reduce_pair(ctx, needs, a.as_slice(), b.as_slice(), (ga, gb)),
+                }
+            }
+        )
+    }
+
     /// `cond ? a : b` elementwise, the three broadcast together; the gradient
     /// goes to the selected operand.
     ///
@@ -273,32 +351,7 @@ impl Tensor {
         a: &Tensor,
         b: &Tensor,
     ) -> Result<Tensor> {
-        let out = ctx.where_(cond, &a.raw, &b.raw)?;
-        let (da, db) = (a.raw.dims(), b.raw.dims());
-        let saved_cond = cond.clone();
-        record!(
-            ctx,
-            "where",
-            out,
-            &[a, b],
-            Where {
-                cond: saved_cond,
-                a: da,
-                b: db
-            },
-            |ctx, g, needs| {
-                let zero = ctx.scalar(0.0)?;
-                let ga = match needs[0] {
-                    true => Some(ctx.where_(cond, g, &zero)?),
-                    false => None,
-                };
-                let gb = match needs[1] {
-                    true => Some(ctx.where_(cond, &zero, g)?),
-                    false => None,
-                };
-                reduce_pair(ctx, needs, a.as_slice(), b.as_slice(), (ga, gb))
-            }
-        )
+        a.mask_op(ctx, MaskOp::Where, cond, Some(b))
     }
 
     /// `self` with `value` where `mask` is true (the gradient is 0 there).
@@ -312,33 +365,6 @@ impl Tensor {
         mask: &RawTensor<bool>,
         value: f32,
     ) -> Result<Tensor> {
-        let out = ctx.masked_fill(&self.raw, mask, value)?;
-        let mask = mask.clone();
-        record!(
-            ctx,
-            "masked_fill",
-            out,
-            &[self],
-            MaskedFill { mask },
-            |ctx, g, _| Ok(grads![Some(ctx.masked_fill(g, mask, 0.0)?)])
-        )
-    }
-
-    /// Inverted dropout with probability `p` and a counter-based mask from `seed`
-    /// (regenerated in backward, never stored).
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
-    /// unless `0 <= p < 1`; out of memory.
-    pub fn dropout(&self, ctx: &ExecContext, p: f32, seed: u64) -> Result<Tensor> {
-        let out = ctx.dropout(&self.raw, p, seed)?;
-        record!(
-            ctx,
-            "dropout",
-            out,
-            &[self],
-            Dropout { p, seed },
-            |ctx, g, _| Ok(grads![Some(ctx.dropout_backward(g, *p, *seed)?)])
-        )
+        self.mask_op(ctx, MaskOp::MaskedFill(value), mask, None)
     }
 }

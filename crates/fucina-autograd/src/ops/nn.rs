@@ -1,6 +1,6 @@
 //! Softmax, normalizations and losses, and the ops composed from them.
 
-use fucina_exec::{Axis, ExecContext, RawTensor, SoftmaxOp};
+use fucina_exec::{Axis, ClassLoss, ExecContext, NormOp, RawTensor, RegressionLoss, SoftmaxOp};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -49,6 +49,74 @@ impl Tensor {
         self.softmax_op(ctx, SoftmaxOp::LogSoftmax, axis)
     }
 
+    /// Applies the normalization `op` over the last axis with scale `gamma`
+    /// and, for ops with a shift ([`NormOp::has_shift`]), shift `beta` (the
+    /// descriptor holds `eps` and names the forward kernel, run now, and the
+    /// backward kernel, run by backward). `layer_norm` and `rms_norm` are this
+    /// with their variant.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, NormOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[1, 2], &[1., 3.])?;
+    /// let gamma = Tensor::variable_from_slice(&ctx, &[2], &[1., 1.])?;
+    /// let y = x.norm_op(&ctx, NormOp::RmsNorm { eps: 0.0 }, &gamma, None)?;
+    /// assert_eq!(y.to_vec(), x.rms_norm(&ctx, &gamma, 0.0)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) for
+    /// mismatched parameters;
+    /// [`ExecError::InvalidArgument`](fucina_exec::ExecError::InvalidArgument)
+    /// for a bad `eps`, or a `beta` missing or given to an op without a shift;
+    /// out of memory.
+    pub fn norm_op(
+        &self,
+        ctx: &ExecContext,
+        op: NormOp,
+        gamma: &Tensor,
+        beta: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let out = ctx.norm_op(op, &self.raw, &gamma.raw, beta.map(|b| &b.raw))?;
+        let (x, gamma_saved) = (self.raw.clone(), gamma.raw.clone());
+        let (three, two);
+        let inputs: &[&Tensor] = match beta {
+            Some(beta) => {
+                three = [self, gamma, beta];
+                &three
+            }
+            None => {
+                two = [self, gamma];
+                &two
+            }
+        };
+        record!(
+            ctx,
+            op.name(),
+            out,
+            inputs,
+            Norm {
+                op,
+                x,
+                gamma: gamma_saved
+            },
+            |ctx, g, needs| {
+                let (gx, gg, gb) = ctx.norm_op_backward(*op, x, gamma, g)?;
+                Ok(match gb {
+                    Some(gb) => grads![
+                        needs[0].then_some(gx),
+                        needs[1].then_some(gg),
+                        needs[2].then_some(gb),
+                    ],
+                    None => grads![needs[0].then_some(gx), needs[1].then_some(gg)],
+                })
+            },
+        )
+    }
+
     /// Layer normalization over the last axis with scale `gamma` and shift `beta`
     /// (both of the last axis' size).
     ///
@@ -62,27 +130,7 @@ impl Tensor {
         beta: &Tensor,
         eps: f32,
     ) -> Result<Tensor> {
-        let out = ctx.layer_norm(&self.raw, &gamma.raw, &beta.raw, eps)?;
-        let (x, gamma_saved) = (self.raw.clone(), gamma.raw.clone());
-        record!(
-            ctx,
-            "layer_norm",
-            out,
-            &[self, gamma, beta],
-            Norm {
-                x,
-                gamma: gamma_saved,
-                eps
-            },
-            |ctx, g, needs| {
-                let (gx, gg, gb) = ctx.layer_norm_backward(x, gamma, g, *eps)?;
-                Ok(grads![
-                    needs[0].then_some(gx),
-                    needs[1].then_some(gg),
-                    needs[2].then_some(gb),
-                ])
-            },
-        )
+        self.norm_op(ctx, NormOp::LayerNorm { eps }, gamma, Some(beta))
     }
 
     /// RMS normalization over the last axis with scale `gamma`.
@@ -90,22 +138,34 @@ impl Tensor {
     /// # Errors
     /// As [`layer_norm`](Tensor::layer_norm).
     pub fn rms_norm(&self, ctx: &ExecContext, gamma: &Tensor, eps: f32) -> Result<Tensor> {
-        let out = ctx.rms_norm(&self.raw, &gamma.raw, eps)?;
-        let (x, gamma_saved) = (self.raw.clone(), gamma.raw.clone());
+        self.norm_op(ctx, NormOp::RmsNorm { eps }, gamma, None)
+    }
+
+    /// Applies the classification loss `op` to `self` (scores `[N, C]`)
+    /// against integer `labels` `[N]`, shape `[1]` (the descriptor names the
+    /// forward kernel, run now, and the backward kernel, run by backward).
+    /// `cross_entropy` and `nll_loss` are this with their variant.
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](Tensor::cross_entropy).
+    pub fn class_loss(
+        &self,
+        ctx: &ExecContext,
+        op: ClassLoss,
+        labels: &RawTensor<i64>,
+    ) -> Result<Tensor> {
+        let out = ctx.class_loss(op, &self.raw, labels)?;
+        let (scores, labels) = (self.raw.clone(), labels.clone());
         record!(
             ctx,
-            "rms_norm",
+            op.name(),
             out,
-            &[self, gamma],
-            Norm {
-                x,
-                gamma: gamma_saved,
-                eps
-            },
-            |ctx, g, needs| {
-                let (gx, gg) = ctx.rms_norm_backward(x, gamma, g, *eps)?;
-                Ok(grads![needs[0].then_some(gx), needs[1].then_some(gg)])
-            },
+            &[self],
+            ClassLoss { op, scores, labels },
+            |ctx, g, _| {
+                let gs = ctx.class_loss_backward(*op, scores, labels, scalar_grad(g)?)?;
+                Ok(grads![Some(gs)])
+            }
         )
     }
 
@@ -116,22 +176,7 @@ impl Tensor {
     /// [`ExecError::IndexOutOfBounds`](fucina_exec::ExecError::IndexOutOfBounds) for
     /// a label outside `0..C`; shape errors; out of memory.
     pub fn cross_entropy(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
-        let out = ctx.cross_entropy(&self.raw, labels)?;
-        let (logits, labels) = (self.raw.clone(), labels.clone());
-        record!(
-            ctx,
-            "cross_entropy",
-            out,
-            &[self],
-            Labels { logits, labels },
-            |ctx, g, _| {
-                Ok(grads![Some(ctx.cross_entropy_backward(
-                    logits,
-                    labels,
-                    scalar_grad(g)?
-                )?)])
-            }
-        )
+        self.class_loss(ctx, ClassLoss::CrossEntropy, labels)
     }
 
     /// Mean negative log-likelihood of `self` (log-probabilities `[N, C]`) at
@@ -140,21 +185,34 @@ impl Tensor {
     /// # Errors
     /// As [`cross_entropy`](Tensor::cross_entropy).
     pub fn nll_loss(&self, ctx: &ExecContext, labels: &RawTensor<i64>) -> Result<Tensor> {
-        let out = ctx.nll_loss(&self.raw, labels)?;
-        let (logits, labels) = (self.raw.clone(), labels.clone());
+        self.class_loss(ctx, ClassLoss::NllLoss, labels)
+    }
+
+    /// Applies the regression loss `op` between `self` and `target` (equal
+    /// shapes), shape `[1]` (the descriptor names the forward kernel, run now,
+    /// and the backward kernel, run by backward). `mse_loss` is this with its
+    /// variant.
+    ///
+    /// # Errors
+    /// As [`mse_loss`](Tensor::mse_loss).
+    pub fn regression_loss(
+        &self,
+        ctx: &ExecContext,
+        op: RegressionLoss,
+        target: &Tensor,
+    ) -> Result<Tensor> {
+        let out = ctx.regression_loss(op, &self.raw, &target.raw)?;
+        let (a, b) = (self.raw.clone(), target.raw.clone());
         record!(
             ctx,
-            "nll_loss",
+            op.name(),
             out,
-            &[self],
-            Labels { logits, labels },
-            |ctx, g, _| {
-                Ok(grads![Some(ctx.nll_loss_backward(
-                    logits,
-                    labels,
-                    scalar_grad(g)?
-                )?)])
-            }
+            &[self, target],
+            RegressionLoss { op, a, b },
+            |ctx, g, needs| {
+                let (ga, gb) = ctx.regression_loss_backward(*op, a, b, scalar_grad(g)?)?;
+                Ok(grads![needs[0].then_some(ga), needs[1].then_some(gb)])
+            },
         )
     }
 
@@ -164,19 +222,7 @@ impl Tensor {
     /// [`ExecError::ShapeMismatch`](fucina_exec::ExecError::ShapeMismatch) if the
     /// shapes differ; out of memory.
     pub fn mse_loss(&self, ctx: &ExecContext, target: &Tensor) -> Result<Tensor> {
-        let out = ctx.mse_loss(&self.raw, &target.raw)?;
-        let (a, b) = (self.raw.clone(), target.raw.clone());
-        record!(
-            ctx,
-            "mse_loss",
-            out,
-            &[self, target],
-            Operands { a, b },
-            |ctx, g, needs| {
-                let (ga, gb) = ctx.mse_loss_backward(a, b, scalar_grad(g)?)?;
-                Ok(grads![needs[0].then_some(ga), needs[1].then_some(gb)])
-            },
-        )
+        self.regression_loss(ctx, RegressionLoss::Mse, target)
     }
 
     /// `self / max(||self||_2, eps)` along `axis` (composed from differentiable

@@ -2,7 +2,7 @@
 //! `logsumexp`), over everything (`sum_all`, `mean_all`), and the index results
 //! (`argmax`, `argmin`), which are typed, carry no gradient and stay caller-owned.
 
-use fucina_exec::{Axis, AxisReduction, ExecContext, RawTensor};
+use fucina_exec::{Axis, AxisReduction, AxisStatistic, ExecContext, FullReduction, RawTensor};
 
 use crate::error::Result;
 use crate::node::{grads, record};
@@ -108,6 +108,55 @@ impl Tensor {
         self.reduce(ctx, AxisReduction::Min, axis, keepdim)
     }
 
+    /// Applies the statistic `op` along `axis` (kept as size 1 when `keepdim`;
+    /// the descriptor holds the op's parameters and names the forward kernel,
+    /// run now, and the backward kernel, run by backward). `variance` and
+    /// `logsumexp` are this with their variant; the output is kept only for
+    /// `logsumexp`, whose backward reads it.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{AxisStatistic, ExecContext};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2, 2], &[1., 3., 2., 2.])?;
+    /// let y = x.statistic(&ctx, AxisStatistic::Variance { unbiased: false }, 1, false)?;
+    /// assert_eq!(y.to_vec(), vec![1., 0.]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`](fucina_exec::ExecError::InvalidAxis); out of memory.
+    pub fn statistic(
+        &self,
+        ctx: &ExecContext,
+        op: AxisStatistic,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        let axis = axis.resolve(op.name(), self.raw.rank())?;
+        let out = ctx.statistic(op, &self.raw, axis, keepdim)?;
+        let x = self.raw.clone();
+        let y = op.keeps_output().then(|| out.clone());
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            AxisStat {
+                op,
+                x,
+                y,
+                axis,
+                keepdim
+            },
+            |ctx, g, _| {
+                let gx = ctx.statistic_backward(*op, x, y.as_ref(), g, *axis, *keepdim)?;
+                Ok(grads![Some(gx)])
+            }
+        )
+    }
+
     /// The variance along `axis` (`unbiased`: divide by `n - 1`).
     ///
     /// # Errors
@@ -119,26 +168,7 @@ impl Tensor {
         keepdim: bool,
         unbiased: bool,
     ) -> Result<Tensor> {
-        let axis = axis.resolve("variance", self.raw.rank())?;
-        let out = ctx.variance(&self.raw, axis, keepdim, unbiased)?;
-        let x = self.raw.clone();
-        record!(
-            ctx,
-            "variance",
-            out,
-            &[self],
-            Variance {
-                x,
-                axis,
-                keepdim,
-                unbiased
-            },
-            |ctx, g, _| {
-                Ok(grads![Some(
-                    ctx.variance_backward(x, g, *axis, *keepdim, *unbiased)?
-                )])
-            }
-        )
+        self.statistic(ctx, AxisStatistic::Variance { unbiased }, axis, keepdim)
     }
 
     /// `log(sum(exp(x)))` along `axis`, computed stably.
@@ -146,25 +176,30 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Tensor::sum).
     pub fn logsumexp(&self, ctx: &ExecContext, axis: impl Axis, keepdim: bool) -> Result<Tensor> {
-        let axis = axis.resolve("logsumexp", self.raw.rank())?;
-        let out = ctx.logsumexp(&self.raw, axis, keepdim)?;
-        let (x, y) = (self.raw.clone(), out.clone());
+        self.statistic(ctx, AxisStatistic::LogSumExp, axis, keepdim)
+    }
+
+    /// Applies the full reduction `op` (shape `[1]`; the descriptor names the
+    /// forward kernel, run now, and the backward kernel, run by backward, which
+    /// broadcasts the gradient back to the input's shape without copying).
+    /// `sum_all` and `mean_all` are this with their variant.
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn reduce_all(&self, ctx: &ExecContext, op: FullReduction) -> Result<Tensor> {
+        let out = ctx.reduce_all(op, &self.raw)?;
+        let shape = self.raw.dims();
         record!(
             ctx,
-            "logsumexp",
+            op.name(),
             out,
             &[self],
-            LogSumExp {
-                x,
-                y,
-                axis,
-                keepdim
-            },
-            |ctx, g, _| {
-                Ok(grads![Some(
-                    ctx.logsumexp_backward(x, y, g, *axis, *keepdim)?
-                )])
-            }
+            ReduceAll { op, shape },
+            |ctx, g, _| Ok(grads![Some(ctx.reduce_all_backward(
+                *op,
+                g,
+                shape.as_slice()
+            )?)])
         )
     }
 
@@ -173,20 +208,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn sum_all(&self, ctx: &ExecContext) -> Result<Tensor> {
-        let out = ctx.sum_all(&self.raw)?;
-        let shape = self.raw.dims();
-        record!(
-            ctx,
-            "sum_all",
-            out,
-            &[self],
-            Shape { shape },
-            |ctx, g, _| {
-                Ok(grads![Some(
-                    ctx.broadcast_to(&flat1(g)?, shape.as_slice())?
-                )])
-            }
-        )
+        self.reduce_all(ctx, FullReduction::Sum)
     }
 
     /// The mean of all elements, shape `[1]`.
@@ -194,21 +216,7 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn mean_all(&self, ctx: &ExecContext) -> Result<Tensor> {
-        let out = ctx.mean_all(&self.raw)?;
-        let (shape, inv_n) = (self.raw.dims(), 1.0 / self.numel() as f32);
-        record!(
-            ctx,
-            "mean_all",
-            out,
-            &[self],
-            MeanAll { shape, inv_n },
-            |ctx, g, _| {
-                let g = ctx.scale(g, *inv_n)?;
-                Ok(grads![Some(
-                    ctx.broadcast_to(&flat1(&g)?, shape.as_slice())?
-                )])
-            }
-        )
+        self.reduce_all(ctx, FullReduction::Mean)
     }
 
     /// The index of the maximum along `axis` (a typed, caller-owned result: never
@@ -236,14 +244,5 @@ impl Tensor {
         keepdim: bool,
     ) -> Result<RawTensor<i64>> {
         Ok(ctx.argmin(&self.raw, axis, keepdim)?)
-    }
-}
-
-/// A one-element gradient as shape `[1]` (any layout).
-fn flat1(g: &RawTensor) -> Result<RawTensor> {
-    if g.shape() == [1] {
-        Ok(g.clone())
-    } else {
-        Ok(g.broadcast_to(&[1]).or_else(|_| g.reshape(&[1]))?)
     }
 }

@@ -109,30 +109,49 @@ impl ExecContext {
     }
 }
 
-macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
-        /// The descriptor of the binary elementwise family (broadcasting as in
-        /// numpy): one variant per op, naming its forward kernel
-        /// ([`ExecContext::binary`]) and its backward kernel
-        /// ([`ExecContext::binary_backward`]). The named methods (`ctx.add(&a, &b)`)
-        /// run the same kernels; the autograd layer records one variant per node.
+/// Defines the enum of an op family's descriptor (unit variants, one per op),
+/// its `ALL` list and its `name()` (each variant's name is its `ExecContext`
+/// method's): the shell the family macros below share.
+macro_rules! op_enum {
+    ($(#[$meta:meta])* $enum:ident, $all:literal, $name_doc:literal {
+        $($(#[$doc:meta])* $name:ident / $variant:ident),* $(,)?
+    }) => {
+        $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
-        pub enum BinaryOp {$(
+        pub enum $enum {$(
             $(#[$doc])*
             $variant,
         )*}
 
-        impl BinaryOp {
-            /// Every binary op, in declaration order.
-            pub const ALL: &'static [BinaryOp] = &[$(BinaryOp::$variant),*];
+        impl $enum {
+            #[doc = $all]
+            pub const ALL: &'static [$enum] = &[$($enum::$variant),*];
 
-            /// The op's name (the name of its `ExecContext` method, used in errors
-            /// and graph nodes).
+            #[doc = $name_doc]
             pub fn name(self) -> &'static str {
-                match self {$(BinaryOp::$variant => stringify!($name)),*}
+                match self {$($enum::$variant => stringify!($name)),*}
             }
+        }
+    };
+}
 
+macro_rules! binary_ops {
+    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
+        op_enum! {
+            /// The descriptor of the binary elementwise family (broadcasting as in
+            /// numpy): one variant per op, naming its forward kernel
+            /// ([`ExecContext::binary`]) and its backward kernel
+            /// ([`ExecContext::binary_backward`]). The named methods (`ctx.add(&a, &b)`)
+            /// run the same kernels; the autograd layer records one variant per node.
+            BinaryOp,
+            "Every binary op, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors and graph nodes)." {
+                $($(#[$doc])* $name / $variant),*
+            }
+        }
+
+        impl BinaryOp {
             /// Whether the op's backward kernel reads the forward operands
             /// (`add` and `sub` need only their shapes, so a caller may drop the
             /// operands and pass `None` to [`ExecContext::binary_backward`]).
@@ -255,7 +274,30 @@ impl ExecContext {
 }
 
 macro_rules! compare_ops {
-    ($($(#[$doc:meta])* $name:ident => $op:tt;)*) => {
+    ($($(#[$doc:meta])* $name:ident / $variant:ident => $op:tt;)*) => {
+        op_enum! {
+            /// The descriptor of the comparison family (broadcasting as in
+            /// [`add`](ExecContext::add), `bool` results): one variant per op, naming
+            /// its forward kernel ([`ExecContext::compare`]). Comparisons have no
+            /// gradient, so there is no backward kernel (and no autograd method).
+            CompareOp,
+            "Every comparison, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors)." {
+                $($(#[$doc])* $name / $variant),*
+            }
+        }
+
+        impl ExecContext {
+            /// Runs the forward kernel of the comparison `op` (the same kernel,
+            /// and the same bits, as the op's named method).
+            ///
+            /// # Errors
+            /// As [`add`](ExecContext::add).
+            pub fn compare(&self, op: CompareOp, a: &RawTensor, b: &RawTensor) -> Result<RawTensor<bool>, ExecError> {
+                match op {$(CompareOp::$variant => self.$name(a, b)),*}
+            }
+        }
+
         impl ExecContext {$(
             $(#[$doc])*
             /// Broadcasting as in [`add`](ExecContext::add); the result is a `bool`
@@ -272,44 +314,36 @@ macro_rules! compare_ops {
 
 compare_ops! {
     /// `a == b`.
-    equal => ==;
+    equal / Equal => ==;
     /// `a != b`.
-    not_equal => !=;
+    not_equal / NotEqual => !=;
     /// `a < b`.
-    less => <;
+    less / Less => <;
     /// `a <= b`.
-    less_equal => <=;
+    less_equal / LessEqual => <=;
     /// `a > b`.
-    greater => >;
+    greater / Greater => >;
     /// `a >= b`.
-    greater_equal => >=;
+    greater_equal / GreaterEqual => >=;
 }
 
 macro_rules! unary_ops {
     ($($(#[$doc:meta])* $name:ident / $variant:ident, $bwd:ident, $cost:expr => |$x:ident| $e:expr, |$gx:ident| $de:expr;)*) => {
-        /// The descriptor of the unary elementwise family: one variant per op,
-        /// naming its forward kernel ([`ExecContext::unary`]) and its backward
-        /// kernel ([`ExecContext::unary_backward`]). The named methods
-        /// (`ctx.relu(&x)`, `ctx.relu_backward(&x, &g)`) forward to the same
-        /// kernels; the autograd layer records one variant per node instead of a
-        /// function per op.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum UnaryOp {$(
-            $(#[$doc])*
-            $variant,
-        )*}
+        op_enum! {
+            /// The descriptor of the unary elementwise family: one variant per op,
+            /// naming its forward kernel ([`ExecContext::unary`]) and its backward
+            /// kernel ([`ExecContext::unary_backward`]). The named methods
+            /// (`ctx.relu(&x)`, `ctx.relu_backward(&x, &g)`) forward to the same
+            /// kernels; the autograd layer records one variant per node instead of a
+            /// function per op.
+            UnaryOp,
+            "Every unary op, in declaration order.",
+            "The op's name (the name of its `ExecContext` method, used in errors and graph nodes)." {
+                $($(#[$doc])* $name / $variant),*
+            }
+        }
 
         impl UnaryOp {
-            /// Every unary op, in declaration order.
-            pub const ALL: &'static [UnaryOp] = &[$(UnaryOp::$variant),*];
-
-            /// The op's name (the name of its `ExecContext` method, used in errors
-            /// and graph nodes).
-            pub fn name(self) -> &'static str {
-                match self {$(UnaryOp::$variant => stringify!($name)),*}
-            }
-
             /// The name of the op's backward kernel.
             pub fn backward_name(self) -> &'static str {
                 match self {$(UnaryOp::$variant => stringify!($bwd)),*}
@@ -422,6 +456,14 @@ pub enum ScalarOp {
         /// The upper bound.
         max: f32,
     },
+    /// Inverted dropout ([`ExecContext::dropout`]): the mask is a pure function
+    /// of `(seed, position)`, regenerated by the backward kernel, never stored.
+    Dropout {
+        /// The probability of dropping an element (`0 <= p < 1`).
+        p: f32,
+        /// The seed of the mask.
+        seed: u64,
+    },
 }
 
 impl ScalarOp {
@@ -433,11 +475,12 @@ impl ScalarOp {
             ScalarOp::AddScalar(_) => "add_scalar",
             ScalarOp::PowScalar(_) => "pow_scalar",
             ScalarOp::Clamp { .. } => "clamp",
+            ScalarOp::Dropout { .. } => "dropout",
         }
     }
 
-    /// Whether the op's backward kernel reads the forward input (`scale` and
-    /// `add_scalar` do not, so a caller may drop it and pass `None` to
+    /// Whether the op's backward kernel reads the forward input (`scale`,
+    /// `add_scalar` and `dropout` do not, so a caller may drop it and pass `None` to
     /// [`ExecContext::scalar_op_backward`]).
     pub fn keeps_input(self) -> bool {
         matches!(self, ScalarOp::PowScalar(_) | ScalarOp::Clamp { .. })
@@ -450,13 +493,15 @@ impl ExecContext {
     ///
     /// # Errors
     /// As the named method: [`ExecError::InvalidArgument`] for unordered or NaN
-    /// clamp bounds; [`ExecError::OutOfMemory`].
+    /// clamp bounds or a dropout probability outside `0..1`;
+    /// [`ExecError::OutOfMemory`].
     pub fn scalar_op(&self, op: ScalarOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
         match op {
             ScalarOp::Scale(s) => self.scale(x, s),
             ScalarOp::AddScalar(s) => self.add_scalar(x, s),
             ScalarOp::PowScalar(p) => self.pow_scalar(x, p),
             ScalarOp::Clamp { min, max } => self.clamp(x, min, max),
+            ScalarOp::Dropout { p, seed } => self.dropout(x, p, seed),
         }
     }
 
@@ -466,7 +511,8 @@ impl ExecContext {
     ///
     /// # Errors
     /// [`ExecError::InvalidArgument`] if `op` reads its input and `x` is `None`,
-    /// or for unordered or NaN clamp bounds; [`ExecError::ShapeMismatch`] if `x`
+    /// for unordered or NaN clamp bounds, or a dropout probability outside
+    /// `0..1`; [`ExecError::ShapeMismatch`] if `x`
     /// and `grad` do not broadcast; [`ExecError::OutOfMemory`].
     pub fn scalar_op_backward(
         &self,
@@ -485,6 +531,7 @@ impl ExecContext {
             ScalarOp::AddScalar(_) => Ok(grad.clone()),
             ScalarOp::PowScalar(p) => self.pow_scalar_backward(input()?, p, grad),
             ScalarOp::Clamp { min, max } => self.clamp_backward(input()?, min, max, grad),
+            ScalarOp::Dropout { p, seed } => self.dropout_backward(grad, p, seed),
         }
     }
 }
@@ -794,6 +841,108 @@ impl ExecContext {
                 }
             });
         })
+    }
+}
+
+/// The descriptor of the mask-selection family: one variant per op, holding
+/// its parameters and naming its forward kernel ([`ExecContext::mask_op`]) and
+/// its backward kernel ([`ExecContext::mask_op_backward`]). The named methods
+/// (`ctx.where_(&cond, &a, &b)`, `ctx.masked_fill(&x, &mask, v)`) run the same
+/// kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum MaskOp {
+    /// `mask ? x : other` ([`ExecContext::where_`]; both operands take
+    /// gradients).
+    Where,
+    /// `mask ? value : x` ([`ExecContext::masked_fill`]; one operand).
+    MaskedFill(f32),
+}
+
+impl MaskOp {
+    /// The op's name (`where` for [`where_`](ExecContext::where_), whose method
+    /// name has a trailing underscore only because `where` is a Rust keyword;
+    /// used in graph nodes).
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskOp::Where => "where",
+            MaskOp::MaskedFill(_) => "masked_fill",
+        }
+    }
+
+    /// How many value operands the op takes (`where`: 2, `masked_fill`: 1).
+    pub fn arity(self) -> usize {
+        match self {
+            MaskOp::Where => 2,
+            MaskOp::MaskedFill(_) => 1,
+        }
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the mask op `op` (the same kernel, and the
+    /// same bits, as the op's named method): `where_(mask, x, other)` or
+    /// `masked_fill(x, mask, value)`. `other` is the second operand of
+    /// [`MaskOp::Where`]; ops of [`arity`](MaskOp::arity) 1 take `None`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `other` is given to an op of arity 1
+    /// or missing for `where`; otherwise as the named method.
+    pub fn mask_op(
+        &self,
+        op: MaskOp,
+        mask: &RawTensor<bool>,
+        x: &RawTensor,
+        other: Option<&RawTensor>,
+    ) -> Result<RawTensor, ExecError> {
+        match (op, other) {
+            (MaskOp::Where, Some(other)) => self.where_(mask, x, other),
+            (MaskOp::MaskedFill(value), None) => self.masked_fill(x, mask, value),
+            _ => Err(ExecError::InvalidArgument {
+                op: "mask_op",
+                reason: "where takes two operands, masked_fill one",
+            }),
+        }
+    }
+
+    /// Runs the backward kernel of the mask op `op`: the gradients of its
+    /// operands from the output gradient `grad`, each where the mask selected
+    /// that operand and 0 elsewhere. For `where` both have the broadcast
+    /// (output) shape (reduce them to the operand shapes with `sum_to`); for
+    /// `masked_fill` the second is `None`. `needs[i]` says whether operand
+    /// `i`'s gradient is wanted; an unwanted one is `None`.
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+    /// [`ExecError::OutOfMemory`].
+    pub fn mask_op_backward(
+        &self,
+        op: MaskOp,
+        mask: &RawTensor<bool>,
+        grad: &RawTensor,
+        needs: [bool; 2],
+    ) -> Result<(Option<RawTensor>, Option<RawTensor>), ExecError> {
+        match op {
+            MaskOp::Where => {
+                let zero = self.scalar(0.0)?;
+                let ga = match needs[0] {
+                    true => Some(self.where_(mask, grad, &zero)?),
+                    false => None,
+                };
+                let gb = match needs[1] {
+                    true => Some(self.where_(mask, &zero, grad)?),
+                    false => None,
+                };
+                Ok((ga, gb))
+            }
+            MaskOp::MaskedFill(_) => {
+                let ga = match needs[0] {
+                    true => Some(self.masked_fill(grad, mask, 0.0)?),
+                    false => None,
+                };
+                Ok((ga, None))
+            }
+        }
     }
 }
 

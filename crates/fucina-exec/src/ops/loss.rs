@@ -263,6 +263,142 @@ impl ExecContext {
     }
 }
 
+/// The descriptor of the classification losses (`cross_entropy`, `nll_loss`:
+/// scores `[N, C]` against class labels `[N]`, averaged over the batch): one
+/// variant per op, naming its forward kernel ([`ExecContext::class_loss`]) and
+/// its backward kernel ([`ExecContext::class_loss_backward`]). The named methods
+/// run the same kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClassLoss {
+    /// [`ExecContext::cross_entropy`] (the scores are logits).
+    CrossEntropy,
+    /// [`ExecContext::nll_loss`] (the scores are log-probabilities).
+    NllLoss,
+}
+
+impl ClassLoss {
+    /// Every classification loss, in declaration order.
+    pub const ALL: &'static [ClassLoss] = &[ClassLoss::CrossEntropy, ClassLoss::NllLoss];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            ClassLoss::CrossEntropy => "cross_entropy",
+            ClassLoss::NllLoss => "nll_loss",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            ClassLoss::CrossEntropy => "cross_entropy_backward",
+            ClassLoss::NllLoss => "nll_loss_backward",
+        }
+    }
+}
+
+/// The descriptor of the losses between two tensors of one shape (`mse_loss`;
+/// averaged over every element): one variant per op, naming its forward kernel
+/// ([`ExecContext::regression_loss`]) and its backward kernel
+/// ([`ExecContext::regression_loss_backward`]). The named method runs the same
+/// kernels; the autograd layer records the variant in its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RegressionLoss {
+    /// [`ExecContext::mse_loss`].
+    Mse,
+}
+
+impl RegressionLoss {
+    /// Every regression loss, in declaration order.
+    pub const ALL: &'static [RegressionLoss] = &[RegressionLoss::Mse];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            RegressionLoss::Mse => "mse_loss",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            RegressionLoss::Mse => "mse_loss_backward",
+        }
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the classification loss `op` (the same kernel,
+    /// and the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](ExecContext::cross_entropy).
+    pub fn class_loss(
+        &self,
+        op: ClassLoss,
+        scores: &RawTensor,
+        labels: &RawTensor<i64>,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            ClassLoss::CrossEntropy => self.cross_entropy(scores, labels),
+            ClassLoss::NllLoss => self.nll_loss(scores, labels),
+        }
+    }
+
+    /// Runs the backward kernel of the classification loss `op`: the scores'
+    /// gradient for the loss gradient `grad`.
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](ExecContext::cross_entropy).
+    pub fn class_loss_backward(
+        &self,
+        op: ClassLoss,
+        scores: &RawTensor,
+        labels: &RawTensor<i64>,
+        grad: f32,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            ClassLoss::CrossEntropy => self.cross_entropy_backward(scores, labels, grad),
+            ClassLoss::NllLoss => self.nll_loss_backward(scores, labels, grad),
+        }
+    }
+
+    /// Runs the forward kernel of the regression loss `op` (the same kernel, and
+    /// the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// As [`mse_loss`](ExecContext::mse_loss).
+    pub fn regression_loss(
+        &self,
+        op: RegressionLoss,
+        a: &RawTensor,
+        b: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            RegressionLoss::Mse => self.mse_loss(a, b),
+        }
+    }
+
+    /// Runs the backward kernel of the regression loss `op`: the gradients of
+    /// both operands for the loss gradient `grad`.
+    ///
+    /// # Errors
+    /// As [`mse_loss`](ExecContext::mse_loss).
+    pub fn regression_loss_backward(
+        &self,
+        op: RegressionLoss,
+        a: &RawTensor,
+        b: &RawTensor,
+        grad: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        match op {
+            RegressionLoss::Mse => self.mse_loss_backward(a, b, grad),
+        }
+    }
+}
+
 fn check_same_shape(op: &'static str, a: &RawTensor, b: &RawTensor) -> Result<(), ExecError> {
     if a.shape() != b.shape() {
         return Err(ExecError::ShapeMismatch {

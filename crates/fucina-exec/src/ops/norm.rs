@@ -212,6 +212,101 @@ impl ExecContext {
     }
 }
 
+/// The descriptor of the normalizations over the last axis (`layer_norm`,
+/// `rms_norm`): one variant per op, holding its `eps` and naming its forward
+/// kernel ([`ExecContext::norm_op`]) and its backward kernel
+/// ([`ExecContext::norm_op_backward`]). The named methods run the same kernels;
+/// the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum NormOp {
+    /// [`ExecContext::layer_norm`] (scale `gamma` and shift `beta`).
+    LayerNorm {
+        /// Added to the variance inside the square root.
+        eps: f32,
+    },
+    /// [`ExecContext::rms_norm`] (scale `gamma`, no shift).
+    RmsNorm {
+        /// Added to the mean square inside the square root.
+        eps: f32,
+    },
+}
+
+impl NormOp {
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            NormOp::LayerNorm { .. } => "layer_norm",
+            NormOp::RmsNorm { .. } => "rms_norm",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            NormOp::LayerNorm { .. } => "layer_norm_backward",
+            NormOp::RmsNorm { .. } => "rms_norm_backward",
+        }
+    }
+
+    /// Whether the op takes a shift `beta` after its scale `gamma`
+    /// (`layer_norm`).
+    pub fn has_shift(self) -> bool {
+        matches!(self, NormOp::LayerNorm { .. })
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the normalization `op` (the same kernel, and
+    /// the same bits, as the op's named method). `beta` is the shift of ops
+    /// whose [`has_shift`](NormOp::has_shift) is true, `None` for the others.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `beta` is missing, or given to an op
+    /// without a shift; otherwise as the named method.
+    pub fn norm_op(
+        &self,
+        op: NormOp,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        beta: Option<&RawTensor>,
+    ) -> Result<RawTensor, ExecError> {
+        match (op, beta) {
+            (NormOp::LayerNorm { eps }, Some(beta)) => self.layer_norm(x, gamma, beta, eps),
+            (NormOp::RmsNorm { eps }, None) => self.rms_norm(x, gamma, eps),
+            _ => Err(ExecError::InvalidArgument {
+                op: op.name(),
+                reason: "layer_norm takes a shift beta, rms_norm none",
+            }),
+        }
+    }
+
+    /// Runs the backward kernel of the normalization `op` at the forward input
+    /// `x` and scale `gamma`: `(grad_x, grad_gamma, grad_beta)`, `grad_beta`
+    /// only for ops with a shift (`None` for `rms_norm`).
+    ///
+    /// # Errors
+    /// As the named backward kernel.
+    pub fn norm_op_backward(
+        &self,
+        op: NormOp,
+        x: &RawTensor,
+        gamma: &RawTensor,
+        grad_y: &RawTensor,
+    ) -> Result<(RawTensor, RawTensor, Option<RawTensor>), ExecError> {
+        match op {
+            NormOp::LayerNorm { eps } => {
+                let (gx, gg, gb) = self.layer_norm_backward(x, gamma, grad_y, eps)?;
+                Ok((gx, gg, Some(gb)))
+            }
+            NormOp::RmsNorm { eps } => {
+                let (gx, gg) = self.rms_norm_backward(x, gamma, grad_y, eps)?;
+                Ok((gx, gg, None))
+            }
+        }
+    }
+}
+
 /// A row kernel of a norm's backward: `(x_row, gamma, grad_y_row, eps, grad_x_row)`.
 type NormRowBackward = fn(&[f32], &[f32], &[f32], f32, &mut [f32]);
 

@@ -780,3 +780,175 @@ impl ExecContext {
         }
     }
 }
+
+/// The descriptor of the statistics along one axis (`variance`, `logsumexp`):
+/// reductions whose backward reads the input again, and for `logsumexp` the
+/// output too. One variant per op, holding its parameters and naming its
+/// forward kernel ([`ExecContext::statistic`]) and its backward kernel
+/// ([`ExecContext::statistic_backward`]). The named methods run the same
+/// kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AxisStatistic {
+    /// The variance ([`ExecContext::variance`]).
+    Variance {
+        /// Divide by `n - 1` (Bessel's correction) instead of `n`.
+        unbiased: bool,
+    },
+    /// `log(sum(exp(x)))` ([`ExecContext::logsumexp`]).
+    LogSumExp,
+}
+
+impl AxisStatistic {
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            AxisStatistic::Variance { .. } => "variance",
+            AxisStatistic::LogSumExp => "logsumexp",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            AxisStatistic::Variance { .. } => "variance_backward",
+            AxisStatistic::LogSumExp => "logsumexp_backward",
+        }
+    }
+
+    /// Whether the op's backward reads the forward output (`logsumexp`); a
+    /// caller may drop it otherwise and pass `None` to
+    /// [`ExecContext::statistic_backward`].
+    pub fn keeps_output(self) -> bool {
+        matches!(self, AxisStatistic::LogSumExp)
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the statistic `op` along `axis` (the same
+    /// kernel, and the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::OutOfMemory`].
+    pub fn statistic(
+        &self,
+        op: AxisStatistic,
+        x: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            AxisStatistic::Variance { unbiased } => self.variance(x, axis, keepdim, unbiased),
+            AxisStatistic::LogSumExp => self.logsumexp(x, axis, keepdim),
+        }
+    }
+
+    /// Runs the backward kernel of the statistic `op`: the input's gradient
+    /// from the output's gradient `grad_y`, at the forward input `x` and (read
+    /// only by ops whose [`keeps_output`](AxisStatistic::keeps_output) is true)
+    /// the forward output `y`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `op` reads its output and `y` is
+    /// `None`; as the named backward kernel otherwise.
+    pub fn statistic_backward(
+        &self,
+        op: AxisStatistic,
+        x: &RawTensor,
+        y: Option<&RawTensor>,
+        grad_y: &RawTensor,
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            AxisStatistic::Variance { unbiased } => {
+                self.variance_backward(x, grad_y, axis, keepdim, unbiased)
+            }
+            AxisStatistic::LogSumExp => {
+                let y = y.ok_or(ExecError::InvalidArgument {
+                    op: "statistic_backward",
+                    reason: "logsumexp's backward reads the forward output; pass it",
+                })?;
+                self.logsumexp_backward(x, y, grad_y, axis, keepdim)
+            }
+        }
+    }
+}
+
+/// The descriptor of the reductions over every element (`sum_all`,
+/// `mean_all`; results of shape `[1]`): one variant per op, naming its forward
+/// kernel ([`ExecContext::reduce_all`]) and its backward kernel
+/// ([`ExecContext::reduce_all_backward`]). The named methods run the same
+/// kernels; the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FullReduction {
+    /// The sum ([`ExecContext::sum_all`]).
+    Sum,
+    /// The mean ([`ExecContext::mean_all`]).
+    Mean,
+}
+
+impl FullReduction {
+    /// Every full reduction, in declaration order.
+    pub const ALL: &'static [FullReduction] = &[FullReduction::Sum, FullReduction::Mean];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            FullReduction::Sum => "sum_all",
+            FullReduction::Mean => "mean_all",
+        }
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the full reduction `op` (the same kernel, and
+    /// the same bits, as the op's named method).
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`].
+    pub fn reduce_all(&self, op: FullReduction, x: &RawTensor) -> Result<RawTensor, ExecError> {
+        match op {
+            FullReduction::Sum => self.sum_all(x),
+            FullReduction::Mean => self.mean_all(x),
+        }
+    }
+
+    /// Runs the backward kernel of the full reduction `op`: the one-element
+    /// output gradient `grad` (scaled by `1 / numel` for the mean) broadcast to
+    /// `input_shape`, as a zero-copy broadcast view.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `grad` does not hold exactly one element;
+    /// the shape errors of [`RawTensor::broadcast_to`] for `input_shape`;
+    /// [`ExecError::OutOfMemory`].
+    pub fn reduce_all_backward(
+        &self,
+        op: FullReduction,
+        grad: &RawTensor,
+        input_shape: &[usize],
+    ) -> Result<RawTensor, ExecError> {
+        if grad.numel() != 1 {
+            return Err(ExecError::InvalidShape {
+                op: "reduce_all_backward",
+                shape: grad.dims(),
+                reason: "the gradient of a full reduction holds one element",
+            });
+        }
+        let g = match op {
+            FullReduction::Sum => grad.clone(),
+            FullReduction::Mean => {
+                let numel: usize = input_shape.iter().product();
+                self.scale(grad, 1.0 / numel as f32)?
+            }
+        };
+        // One element in any layout (shape `[1]`, `[1, 1]`, a broadcast scalar)
+        // as shape `[1]`, then broadcast: no copy.
+        let flat = match g.shape() {
+            [1] => g,
+            _ => g.broadcast_to(&[1]).or_else(|_| g.reshape(&[1]))?,
+        };
+        flat.broadcast_to(input_shape)
+    }
+}
