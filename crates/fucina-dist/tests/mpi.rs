@@ -4,36 +4,15 @@
 //! `0`): then a missing `mpirun` fails them. `.ci/run` sets it where it has
 //! Open MPI (installed or found), so CI cannot pass by silently skipping them.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// The variable that turns a missing `mpirun` from a skip into a failure.
-const REQUIRE_VAR: &str = "FUCINA_REQUIRE_MPI";
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
 
-/// Whether `mpirun` runs; prints why the test is skipped when it does not.
-///
-/// # Panics
-/// When it does not and [`REQUIRE_VAR`] is set (to anything but `0`).
-fn have_mpirun() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let required = std::env::var_os(REQUIRE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
-    if !ok && required {
-        panic!(
-            "{REQUIRE_VAR} is set but mpirun does not run (not on the PATH?): the multi-rank \
-             tests must run here (install openmpi-bin and libopenmpi-dev, or unset {REQUIRE_VAR})"
-        );
-    }
-    if !ok {
-        eprintln!("SKIPPED: mpirun is not on the PATH (install openmpi-bin and libopenmpi-dev)");
-    }
-    ok
-}
+use common::{
+    REQUIRE_VAR, example, have_mpirun, mpirun, mpirun_mca_command, result_lines, run, temp_dir,
+};
 
 /// The variable under which [`a_missing_mpirun_fails_when_mpi_is_required`]
 /// re-runs this binary (its child runs one MPI test, without `mpirun`).
@@ -93,88 +72,6 @@ fn a_missing_mpirun_fails_when_mpi_is_required() {
         assert!(text(&out).contains("SKIPPED: mpirun"), "{}", text(&out));
         assert!(text(&out).contains("1 passed"), "{}", text(&out));
     }
-}
-
-/// An example of this crate, built by `cargo test` beside the test binaries
-/// (`target/<profile>/examples/<name>`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build it with `cargo build -p fucina-dist --examples`",
-        path.display()
-    );
-    path
-}
-
-/// Runs `cmd`, killing it after `limit` (a hang is a failure).
-fn run(mut cmd: Command, limit: Duration) -> Output {
-    let shown = format!("{cmd:?}");
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{shown}: {e}"));
-    let id = child.id();
-    let start = Instant::now();
-    let waiter = std::thread::spawn(move || child.wait_with_output());
-    while !waiter.is_finished() {
-        if start.elapsed() > limit {
-            let _ = Command::new("kill").arg("-9").arg(id.to_string()).status();
-            panic!("{shown} did not finish within {limit:?} (a hang)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    waiter.join().expect("waiter").expect("wait")
-}
-
-fn mpirun(np: usize, exe: &PathBuf, args: &[&str]) -> Output {
-    // A session directory of its own: Open MPI 4.1 fails at start-up ("mkdir
-    // ... File exists") when two jobs create the shared one at the same time.
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run_id = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = std::env::temp_dir().join(format!(
-        "fucina-dist-mpirun-{}-{run_id}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&tmp).expect("a temporary directory");
-    let mut cmd = Command::new("mpirun");
-    cmd.env("TMPDIR", &tmp);
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-        .arg(np.to_string())
-        .arg(exe)
-        .args(args)
-        // Several ranks per core: yield while waiting instead of spinning.
-        .env("OMPI_MCA_mpi_yield_when_idle", "1");
-    let out = run(cmd, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&tmp);
-    out
-}
-
-/// The `epoch ...` and `params ...` lines of a training run (it must succeed).
-fn result_lines(out: &Output, what: &str) -> Vec<String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<String> = stdout
-        .lines()
-        .filter(|l| l.starts_with("epoch ") || l.starts_with("params "))
-        .map(str::to_string)
-        .collect();
-    assert!(
-        lines.last().is_some_and(|l| l.starts_with("params ")),
-        "{what}: no params line in\n{stdout}"
-    );
-    lines
 }
 
 /// Shared arguments, then `(ranks, extra arguments)` per run.
@@ -449,19 +346,13 @@ fn measured(np: usize, args: &[&str], dir: &std::path::Path) -> (Vec<u64>, Strin
 }
 
 /// [`mpirun`] with MPI options before the executable.
-fn mpirun_mca(np: usize, exe: &PathBuf, mca: &[&str], args: &[&str]) -> Output {
-    let tmp = std::env::temp_dir().join(format!("fucina-dist-mca-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("a temporary directory");
-    let mut cmd = Command::new("mpirun");
-    cmd.env("TMPDIR", &tmp)
-        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
-        .arg(np.to_string())
-        .args(mca)
-        .arg(exe)
-        .args(args)
-        .env("OMPI_MCA_mpi_yield_when_idle", "1");
-    let out = run(cmd, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&tmp);
+fn mpirun_mca(np: usize, exe: &Path, mca: &[&str], args: &[&str]) -> Output {
+    let session = temp_dir("mca");
+    let out = run(
+        mpirun_mca_command(np, mca, exe, args, &session),
+        Duration::from_secs(60),
+    );
+    let _ = std::fs::remove_dir_all(&session);
     out
 }
 

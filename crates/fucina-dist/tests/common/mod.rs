@@ -2,6 +2,9 @@
 //! `FUCINA_REQUIRE_MPI` is set), run the crate's examples under it with a time
 //! limit, and pick the result lines of a training run.
 
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -83,13 +86,26 @@ pub(crate) fn temp_dir(tag: &str) -> PathBuf {
 /// fails at start-up ("mkdir ... File exists") when two jobs create the
 /// shared one at the same time.
 pub(crate) fn mpirun_command(np: usize, exe: &Path, args: &[&str], session: &Path) -> Command {
+    mpirun_mca_command(np, &[], exe, args, session)
+}
+
+/// [`mpirun_command`] with MPI options (`mca`) before the executable.
+pub(crate) fn mpirun_mca_command(
+    np: usize,
+    mca: &[&str],
+    exe: &Path,
+    args: &[&str],
+    session: &Path,
+) -> Command {
     std::fs::create_dir_all(session).expect("a session directory");
     let mut cmd = Command::new("mpirun");
     cmd.env("TMPDIR", session)
         .args(["--allow-run-as-root", "--oversubscribe", "-np"])
         .arg(np.to_string())
+        .args(mca)
         .arg(exe)
         .args(args)
+        // Several ranks per core: yield while waiting instead of spinning.
         .env("OMPI_MCA_mpi_yield_when_idle", "1");
     cmd
 }
