@@ -247,6 +247,23 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
             continue;
         }
         let base = lo * sw - pw;
+        let n = inner.len();
+        if kw == 2 && sw == 2 {
+            // The common 2-wide, stride-2 window: both columns of a row in one
+            // pass (an interleaved pair of loads), the same order per output.
+            let pick = |d: f32, v: f32| if takes(v, d) { v } else { d };
+            let first = &x[h0 * g.w + base..][..2 * n];
+            for (d, p) in inner.iter_mut().zip(first.chunks_exact(2)) {
+                *d = pick(p[0], p[1]);
+            }
+            for hh in h0 + 1..h1 {
+                let row = &x[hh * g.w + base..][..2 * n];
+                for (d, p) in inner.iter_mut().zip(row.chunks_exact(2)) {
+                    *d = pick(pick(*d, p[0]), p[1]);
+                }
+            }
+            continue;
+        }
         let first = &x[h0 * g.w + base..];
         if sw == 1 {
             inner.copy_from_slice(&first[..inner.len()]);
@@ -318,6 +335,19 @@ fn avg_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
         }
         let base = lo * sw - pw;
         inner.fill(0.0);
+        if kw == 2 && sw == 2 {
+            let n = inner.len();
+            for hh in h0..h1 {
+                let row = &x[hh * g.w + base..][..2 * n];
+                for (d, p) in inner.iter_mut().zip(row.chunks_exact(2)) {
+                    *d = *d + p[0] + p[1];
+                }
+            }
+            for d in inner.iter_mut() {
+                *d /= div;
+            }
+            continue;
+        }
         for hh in h0..h1 {
             let row = &x[hh * g.w + base..];
             for kj in 0..kw {
@@ -363,6 +393,39 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
 fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     gx.fill(0.0);
     match op {
+        Pool2dOp::Max(o) if o == Pool2dOptions::new([2, 2]) => {
+            // Non-overlapping 2x2 windows: every covered input is written once
+            // (`0 + g` where selected, as the general path's `+=` into zeros),
+            // vectorized across the outputs of a row.
+            let w = g.w;
+            for oi in 0..g.oh {
+                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+                let (t, b) = (&mut top[..2 * g.ow], &mut rest[..2 * g.ow]);
+                let xt = &x[2 * oi * w..][..2 * g.ow];
+                let xb = &x[(2 * oi + 1) * w..][..2 * g.ow];
+                let gr = &gy[oi * g.ow..][..g.ow];
+                for ((((t, b), xt), xb), &gv) in t
+                    .chunks_exact_mut(2)
+                    .zip(b.chunks_exact_mut(2))
+                    .zip(xt.chunks_exact(2))
+                    .zip(xb.chunks_exact(2))
+                    .zip(gr)
+                {
+                    let (mut best, mut k) = (xt[0], 0u32);
+                    for (i, v) in [(1, xt[1]), (2, xb[0]), (3, xb[1])] {
+                        if takes(v, best) {
+                            best = v;
+                            k = i;
+                        }
+                    }
+                    let v = 0.0 + gv;
+                    t[0] = if k == 0 { v } else { 0.0 };
+                    t[1] = if k == 1 { v } else { 0.0 };
+                    b[0] = if k == 2 { v } else { 0.0 };
+                    b[1] = if k == 3 { v } else { 0.0 };
+                }
+            }
+        }
         Pool2dOp::Max(o) => {
             for oi in 0..g.oh {
                 for oj in 0..g.ow {
