@@ -9,8 +9,9 @@
 //! input, the output gradient and the input gradient), so the GB/s are
 //! comparable with the baselines:
 //!
-//! - `stream_read`: the input summed by `threads` scoped threads, 32 independent
-//!   accumulators each (the read bandwidth the op's threads can get);
+//! - `stream_read`: the input summed in equal parts by the participants of a
+//!   started `fucina_thread::Team` of the op's size, 32 independent accumulators
+//!   each (the read bandwidth the op's threads can get);
 //! - `copy`: `ctx.materialize` of the input (read + write, the floor of a
 //!   one-input, one-output op);
 //!
@@ -19,8 +20,10 @@
 //! in `docs/BENCHMARKS.md` puts the ops' GB/s beside them.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use fucina_exec::thread::{Team, TeamOptions};
 use fucina_exec::{ExecContext, Pool2dOp, Pool2dOptions};
 
 const SHAPES: [[usize; 4]; 2] = [[64, 32, 28, 28], [64, 64, 14, 14]];
@@ -36,18 +39,20 @@ fn read_sum(x: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-fn stream_read(x: &[f32], threads: usize) -> f32 {
-    if threads == 1 {
-        return read_sum(x);
-    }
-    let per = x.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = x
-            .chunks(per)
-            .map(|c| s.spawn(move || read_sum(c)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
-    })
+/// Sums `x` split in `team.participants()` equal parts, one per participant of
+/// a started team (no thread start inside the measurement).
+fn stream_read(x: &[f32], team: &Team) -> f32 {
+    let parts = team.participants();
+    let per = x.len().div_ceil(parts);
+    let sums: Vec<AtomicU32> = (0..parts).map(|_| AtomicU32::new(0)).collect();
+    let tasks: Vec<usize> = (0..parts).collect();
+    team.parallel_chunks(&tasks, |&i| {
+        let part = &x[(i * per).min(x.len())..((i + 1) * per).min(x.len())];
+        sums[i].store(read_sum(part).to_bits(), Ordering::Relaxed);
+    });
+    sums.iter()
+        .map(|s| f32::from_bits(s.load(Ordering::Relaxed)))
+        .sum()
 }
 
 fn bench(c: &mut Criterion) {
@@ -60,10 +65,15 @@ fn bench(c: &mut Criterion) {
         let bytes = |elems: usize| Throughput::Bytes((elems * 4) as u64);
         for (name, threads) in [("t1", 1), ("t2", 2)] {
             let ctx = ExecContext::with_threads(threads);
+            let team = Team::new(TeamOptions {
+                max_workers: threads - 1,
+            })
+            .unwrap();
+            team.warm_up().unwrap();
             let x = ctx.from_slice(&s, &data).unwrap();
             g.throughput(bytes(n));
             g.bench_function(format!("stream_read/{name}"), |b| {
-                b.iter(|| black_box(stream_read(black_box(&data), threads)))
+                b.iter(|| black_box(stream_read(black_box(&data), &team)))
             });
             g.throughput(bytes(2 * n));
             g.bench_function(format!("copy/{name}"), |b| {

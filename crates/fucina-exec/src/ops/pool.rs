@@ -200,7 +200,43 @@ fn adaptive_window(i: usize, m: usize, n: usize) -> (usize, usize) {
 /// NaN over a non-NaN.
 #[inline(always)]
 fn takes(v: f32, best: f32) -> bool {
-    v > best || (v.is_nan() && !best.is_nan())
+    // Non-short-circuit operators: a select, not a branch (random data would
+    // mispredict it).
+    (v > best) | (v.is_nan() & !best.is_nan())
+}
+
+/// The running maximum after `v`.
+#[inline(always)]
+fn pick(best: f32, v: f32) -> f32 {
+    if takes(v, best) { v } else { best }
+}
+
+/// Whether the window is 2x2 with stride 2 and no padding (the fast paths).
+fn is_2x2(o: &Pool2dOptions) -> bool {
+    *o == Pool2dOptions::new([2, 2])
+}
+
+/// The 2x2, stride-2 forward of one plane (max, or the mean when `avg`): the
+/// general paths' operations in the same order, without their window bounds.
+#[inline(always)]
+fn plane_2x2(x: &[f32], out: &mut [f32], g: Geo, avg: bool) {
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let t = &x[2 * oi * g.w..][..2 * g.ow];
+        let b = &x[(2 * oi + 1) * g.w..][..2 * g.ow];
+        let quads = orow
+            .iter_mut()
+            .zip(t.chunks_exact(2))
+            .zip(b.chunks_exact(2));
+        if avg {
+            for ((d, t), b) in quads {
+                *d = (0.0 + t[0] + t[1] + b[0] + b[1]) / 4.0;
+            }
+        } else {
+            for ((d, t), b) in quads {
+                *d = pick(pick(pick(t[0], t[1]), b[0]), b[1]);
+            }
+        }
+    }
 }
 
 /// The output columns whose windows lie wholly inside the input width:
@@ -302,10 +338,9 @@ fn max_index(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usiz
     for hh in h0..h1 {
         let start = hh * g.w + w0;
         for (i, &v) in x[start..hh * g.w + w1].iter().enumerate() {
-            if takes(v, best) {
-                best = v;
-                at = start + i;
-            }
+            let t = takes(v, best);
+            best = if t { v } else { best };
+            at = if t { start + i } else { at };
         }
     }
     at
@@ -393,7 +428,7 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
 fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     gx.fill(0.0);
     match op {
-        Pool2dOp::Max(o) if o == Pool2dOptions::new([2, 2]) => {
+        Pool2dOp::Max(o) if is_2x2(&o) => {
             // Non-overlapping 2x2 windows: every covered input is written once
             // (`0 + g` where selected, as the general path's `+=` into zeros),
             // vectorized across the outputs of a row.
@@ -413,10 +448,9 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
                 {
                     let (mut best, mut k) = (xt[0], 0u32);
                     for (i, v) in [(1, xt[1]), (2, xb[0]), (3, xb[1])] {
-                        if takes(v, best) {
-                            best = v;
-                            k = i;
-                        }
+                        let t = takes(v, best);
+                        best = if t { v } else { best };
+                        k = if t { i } else { k };
                     }
                     let v = 0.0 + gv;
                     t[0] = if k == 0 { v } else { 0.0 };
@@ -430,6 +464,22 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
             for oi in 0..g.oh {
                 for oj in 0..g.ow {
                     gx[max_index(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
+                }
+            }
+        }
+        Pool2dOp::Avg(o) if is_2x2(&o) => {
+            // Each covered input gets `0 + g / 4`, as the general path's `+=`.
+            let w = g.w;
+            for oi in 0..g.oh {
+                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+                let (t, b) = (&mut top[..2 * g.ow], &mut rest[..2 * g.ow]);
+                let gr = &gy[oi * g.ow..][..g.ow];
+                for ((t, b), &gv) in t.chunks_exact_mut(2).zip(b.chunks_exact_mut(2)).zip(gr) {
+                    let v = 0.0 + gv / 4.0;
+                    t[0] = v;
+                    t[1] = v;
+                    b[0] = v;
+                    b[1] = v;
                 }
             }
         }
@@ -510,6 +560,8 @@ impl ExecContext {
                 vectorized!(for (p, op_) in planes.zip(o.chunks_exact_mut(opl)) {
                     let xp = &xs[p * ip..][..ip];
                     match op {
+                        Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, false),
+                        Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, true),
                         Pool2dOp::Max(opts) => max_plane(xp, op_, &opts, g),
                         Pool2dOp::Avg(opts) => avg_plane(xp, op_, &opts, g),
                         Pool2dOp::AdaptiveAvg(_) => adaptive_plane(xp, op_, g),
