@@ -210,6 +210,15 @@ fn max_pool_ties_go_to_the_first_index_in_window_order() {
     let y = ctx.max_pool2d(&x, opts([1, 2], [1, 1], [0, 0])).unwrap();
     assert_eq!(y.to_vec()[0].to_bits(), (-0.0f32).to_bits());
 
+    // Signed zeros tie in the backward too: -0 at (0, 1) comes first, so +0 at
+    // (1, 0) gets nothing (2x2 and a padded 3x3 window, two different kernels).
+    for o in [Pool2dOptions::new([2, 2]), opts([3, 3], [2, 2], [1, 1])] {
+        let x = Tensor::variable_from_slice(&ctx, &[1, 1, 2, 2], &[-1., -0.0, 0.0, -2.]).unwrap();
+        let y = x.max_pool2d(&ctx, o).unwrap();
+        y.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
+        assert_eq!(x.grad(&ctx).unwrap().unwrap().to_vec(), [0., 1., 0., 0.], "{o:?}");
+    }
+
     // A NaN propagates and is selected.
     let x = Tensor::variable_from_slice(&ctx, &[1, 1, 2, 2], &[1., f32::NAN, 9., 2.]).unwrap();
     let y = x.max_pool2d(&ctx, Pool2dOptions::new([2, 2])).unwrap();

@@ -446,17 +446,20 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
                     .zip(xb.chunks_exact(2))
                     .zip(gr)
                 {
-                    let (mut best, mut k) = (xt[0], 0u32);
-                    for (i, v) in [(1, xt[1]), (2, xb[0]), (3, xb[1])] {
-                        let t = takes(v, best);
-                        best = if t { v } else { best };
-                        k = if t { i } else { k };
-                    }
+                    // The selected element is the first one whose bits equal
+                    // the window's maximum (an earlier element has a smaller
+                    // key, so a different value): four integer compares, no
+                    // index to carry, so the loop vectorizes.
+                    let best = pick(pick(pick(xt[0], xt[1]), xb[0]), xb[1]).to_bits();
+                    let m0 = xt[0].to_bits() == best;
+                    let m1 = !m0 & (xt[1].to_bits() == best);
+                    let m2 = !(m0 | m1) & (xb[0].to_bits() == best);
+                    let m3 = !(m0 | m1 | m2);
                     let v = 0.0 + gv;
-                    t[0] = if k == 0 { v } else { 0.0 };
-                    t[1] = if k == 1 { v } else { 0.0 };
-                    b[0] = if k == 2 { v } else { 0.0 };
-                    b[1] = if k == 3 { v } else { 0.0 };
+                    t[0] = if m0 { v } else { 0.0 };
+                    t[1] = if m1 { v } else { 0.0 };
+                    b[0] = if m2 { v } else { 0.0 };
+                    b[1] = if m3 { v } else { 0.0 };
                 }
             }
         }
