@@ -216,7 +216,11 @@ fn max_pool_ties_go_to_the_first_index_in_window_order() {
         let x = Tensor::variable_from_slice(&ctx, &[1, 1, 2, 2], &[-1., -0.0, 0.0, -2.]).unwrap();
         let y = x.max_pool2d(&ctx, o).unwrap();
         y.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
-        assert_eq!(x.grad(&ctx).unwrap().unwrap().to_vec(), [0., 1., 0., 0.], "{o:?}");
+        assert_eq!(
+            x.grad(&ctx).unwrap().unwrap().to_vec(),
+            [0., 1., 0., 0.],
+            "{o:?}"
+        );
     }
 
     // A NaN propagates and is selected.
@@ -515,6 +519,14 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
     assert_err(p(&x, opts([2, 2], [1, 0], [0, 0])), "max_pool2d", "stride");
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "[1, 2]");
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "padding");
+    // Huge windows are refused, not overflowed.
+    let huge = usize::MAX;
+    assert_err(
+        p(&x, opts([huge, 2], [1, 1], [huge / 2, 0])),
+        "max_pool2d",
+        "2^40",
+    );
+    assert_err(p(&x, opts([2, 2], [huge, 1], [0, 0])), "max_pool2d", "2^40");
     let x3 = Tensor::zeros(&ctx, &[2, 4, 4]).unwrap();
     assert_err(
         p(&x3, Pool2dOptions::new([2, 2])),

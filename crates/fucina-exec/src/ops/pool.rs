@@ -130,24 +130,33 @@ impl Pool2dOp {
                 if o.stride.contains(&0) {
                     return bad(o.stride, "the stride must be at least 1");
                 }
+                if o.kernel.iter().chain(&o.stride).any(|&v| v > MAX_WINDOW) {
+                    let v = if o.kernel.iter().any(|&v| v > MAX_WINDOW) {
+                        o.kernel
+                    } else {
+                        o.stride
+                    };
+                    return bad(v, "a kernel or stride size is above 2^40");
+                }
                 if o.padding[0] > o.kernel[0] / 2 || o.padding[1] > o.kernel[1] / 2 {
                     return bad(
                         o.padding,
                         "the padding must be at most half the kernel size",
                     );
                 }
-                let (ph, pw) = (h + 2 * o.padding[0], w + 2 * o.padding[1]);
-                if o.kernel[0] > ph || o.kernel[1] > pw {
+                // The kernel less both paddings (no overflow: padding <= kernel / 2).
+                let (eh, ew) = (
+                    o.kernel[0] - 2 * o.padding[0],
+                    o.kernel[1] - 2 * o.padding[1],
+                );
+                if eh > h || ew > w {
                     return Err(ExecError::InvalidShape {
                         op,
                         shape: Dims::new(x),
                         reason: "the kernel is larger than the padded input",
                     });
                 }
-                (
-                    (ph - o.kernel[0]) / o.stride[0] + 1,
-                    (pw - o.kernel[1]) / o.stride[1] + 1,
-                )
+                ((h - eh) / o.stride[0] + 1, (w - ew) / o.stride[1] + 1)
             }
             Pool2dOp::AdaptiveAvg(size) => {
                 if size.contains(&0) {
@@ -163,6 +172,10 @@ impl Pool2dOp {
         Ok(Dims::new(&[x[0], x[1], oh, ow]))
     }
 }
+
+/// The largest kernel or stride size accepted (window arithmetic stays far from
+/// overflow).
+const MAX_WINDOW: usize = 1 << 40;
 
 /// Per-output-element work weight of a pooling plane (the window size).
 fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
