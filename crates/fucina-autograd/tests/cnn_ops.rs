@@ -251,6 +251,22 @@ fn gradcheck_pooling_every_option() {
             std::slice::from_ref(&x),
         );
     }
+    // Odd height and width: the 2x2 kernels leave the last row and column to
+    // the zero fill (over recycled, non-zero buffers by now).
+    let odd = raw(&ctx, &[1, 2, 5, 7], &distinct(70, 22));
+    let o = Pool2dOptions::new([2, 2]);
+    check(
+        &ctx,
+        "max_pool2d 2x2 odd",
+        move |ctx, t| t[0].max_pool2d(ctx, o),
+        std::slice::from_ref(&odd),
+    );
+    check(
+        &ctx,
+        "avg_pool2d 2x2 odd",
+        move |ctx, t| t[0].avg_pool2d(ctx, o),
+        std::slice::from_ref(&odd),
+    );
     for sz in [[1, 1], [2, 3], [3, 4], [5, 6], [7, 8]] {
         check(
             &ctx,

@@ -435,11 +435,27 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
     }
 }
 
-/// The input gradient of one plane (`gx`, zeroed here) from the output
-/// gradient `gy`, adding in row-major output order.
+/// Zeroes the inputs of a plane that no 2x2, stride-2 window covers (an odd
+/// last row or column); the fast backward paths write every other input.
+#[inline(always)]
+fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
+    let (rows, cols) = (2 * g.oh, 2 * g.ow);
+    if cols < g.w {
+        for r in gx[..rows * g.w].chunks_exact_mut(g.w) {
+            r[cols..].fill(0.0);
+        }
+    }
+    gx[rows * g.w..].fill(0.0);
+}
+
+/// The input gradient of one plane (`gx`, zeroed here where no fast path
+/// writes) from the output gradient `gy`, adding in row-major output order.
 #[inline(always)]
 fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
-    gx.fill(0.0);
+    match op {
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) if is_2x2(&o) => zero_uncovered_2x2(gx, g),
+        _ => gx.fill(0.0),
+    }
     match op {
         Pool2dOp::Max(o) if is_2x2(&o) => {
             // Non-overlapping 2x2 windows: every covered input is written once
