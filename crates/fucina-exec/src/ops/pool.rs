@@ -459,36 +459,48 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(o) if is_2x2(&o) => {
             // Non-overlapping 2x2 windows: every covered input is written once
-            // (`0 + g` where selected, as the general path's `+=` into zeros),
-            // vectorized across the outputs of a row.
+            // (`0 + g` where selected, as the general path's `+=` into zeros).
+            // The selected element is the first one whose bits equal the
+            // window's maximum (an earlier element has a smaller key, so a
+            // different value): compares, no index to carry. In tiles of up to
+            // 64 outputs, three simple loops that each vectorize: the maxima,
+            // the top row's writes, the bottom row's.
+            const TILE: usize = 64;
             let w = g.w;
+            let (mut best, mut done) = ([0u32; TILE], [false; TILE]);
             for oi in 0..g.oh {
                 let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
-                let (t, b) = (&mut top[..2 * g.ow], &mut rest[..2 * g.ow]);
-                let xt = &x[2 * oi * w..][..2 * g.ow];
-                let xb = &x[(2 * oi + 1) * w..][..2 * g.ow];
-                let gr = &gy[oi * g.ow..][..g.ow];
-                for ((((t, b), xt), xb), &gv) in t
-                    .chunks_exact_mut(2)
-                    .zip(b.chunks_exact_mut(2))
-                    .zip(xt.chunks_exact(2))
-                    .zip(xb.chunks_exact(2))
-                    .zip(gr)
-                {
-                    // The selected element is the first one whose bits equal
-                    // the window's maximum (an earlier element has a smaller
-                    // key, so a different value): four integer compares, no
-                    // index to carry, so the loop vectorizes.
-                    let best = pick(pick(pick(xt[0], xt[1]), xb[0]), xb[1]).to_bits();
-                    let m0 = xt[0].to_bits() == best;
-                    let m1 = !m0 & (xt[1].to_bits() == best);
-                    let m2 = !(m0 | m1) & (xb[0].to_bits() == best);
-                    let m3 = !(m0 | m1 | m2);
-                    let v = 0.0 + gv;
-                    t[0] = if m0 { v } else { 0.0 };
-                    t[1] = if m1 { v } else { 0.0 };
-                    b[0] = if m2 { v } else { 0.0 };
-                    b[1] = if m3 { v } else { 0.0 };
+                for j0 in (0..g.ow).step_by(TILE) {
+                    let n = TILE.min(g.ow - j0);
+                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
+                    let xt = &x[2 * oi * w..][c0..c1];
+                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
+                    let gr = &gy[oi * g.ow + j0..][..n];
+                    let (best, done) = (&mut best[..n], &mut done[..n]);
+                    for ((m, t), b) in best
+                        .iter_mut()
+                        .zip(xt.chunks_exact(2))
+                        .zip(xb.chunks_exact(2))
+                    {
+                        *m = pick(pick(pick(t[0], t[1]), b[0]), b[1]).to_bits();
+                    }
+                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
+                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m0 = xv[0].to_bits() == m;
+                        let m1 = !m0 & (xv[1].to_bits() == m);
+                        d[0] = if m0 { v } else { 0.0 };
+                        d[1] = if m1 { v } else { 0.0 };
+                        *f = m0 | m1;
+                    }
+                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
+                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m2 = !f & (xv[0].to_bits() == m);
+                        let m3 = !(f | m2);
+                        d[0] = if m2 { v } else { 0.0 };
+                        d[1] = if m3 { v } else { 0.0 };
+                    }
                 }
             }
         }
