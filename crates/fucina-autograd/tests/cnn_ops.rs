@@ -210,6 +210,19 @@ fn max_pool_ties_go_to_the_first_index_in_window_order() {
     let y = ctx.max_pool2d(&x, opts([1, 2], [1, 1], [0, 0])).unwrap();
     assert_eq!(y.to_vec()[0].to_bits(), (-0.0f32).to_bits());
 
+    // Signed zeros tie in the backward too: -0 at (0, 1) comes first, so +0 at
+    // (1, 0) gets nothing (2x2 and a padded 3x3 window, two different kernels).
+    for o in [Pool2dOptions::new([2, 2]), opts([3, 3], [2, 2], [1, 1])] {
+        let x = Tensor::variable_from_slice(&ctx, &[1, 1, 2, 2], &[-1., -0.0, 0.0, -2.]).unwrap();
+        let y = x.max_pool2d(&ctx, o).unwrap();
+        y.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
+        assert_eq!(
+            x.grad(&ctx).unwrap().unwrap().to_vec(),
+            [0., 1., 0., 0.],
+            "{o:?}"
+        );
+    }
+
     // A NaN propagates and is selected.
     let x = Tensor::variable_from_slice(&ctx, &[1, 1, 2, 2], &[1., f32::NAN, 9., 2.]).unwrap();
     let y = x.max_pool2d(&ctx, Pool2dOptions::new([2, 2])).unwrap();
@@ -238,6 +251,22 @@ fn gradcheck_pooling_every_option() {
             std::slice::from_ref(&x),
         );
     }
+    // Odd height and width: the 2x2 kernels leave the last row and column to
+    // the zero fill (over recycled, non-zero buffers by now).
+    let odd = raw(&ctx, &[1, 2, 5, 7], &distinct(70, 22));
+    let o = Pool2dOptions::new([2, 2]);
+    check(
+        &ctx,
+        "max_pool2d 2x2 odd",
+        move |ctx, t| t[0].max_pool2d(ctx, o),
+        std::slice::from_ref(&odd),
+    );
+    check(
+        &ctx,
+        "avg_pool2d 2x2 odd",
+        move |ctx, t| t[0].avg_pool2d(ctx, o),
+        std::slice::from_ref(&odd),
+    );
     for sz in [[1, 1], [2, 3], [3, 4], [5, 6], [7, 8]] {
         check(
             &ctx,
@@ -506,6 +535,14 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
     assert_err(p(&x, opts([2, 2], [1, 0], [0, 0])), "max_pool2d", "stride");
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "[1, 2]");
     assert_err(p(&x, opts([3, 3], [1, 1], [1, 2])), "max_pool2d", "padding");
+    // Huge windows are refused, not overflowed.
+    let huge = usize::MAX;
+    assert_err(
+        p(&x, opts([huge, 2], [1, 1], [huge / 2, 0])),
+        "max_pool2d",
+        "2^40",
+    );
+    assert_err(p(&x, opts([2, 2], [huge, 1], [0, 0])), "max_pool2d", "2^40");
     let x3 = Tensor::zeros(&ctx, &[2, 4, 4]).unwrap();
     assert_err(
         p(&x3, Pool2dOptions::new([2, 2])),

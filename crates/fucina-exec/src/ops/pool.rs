@@ -130,24 +130,33 @@ impl Pool2dOp {
                 if o.stride.contains(&0) {
                     return bad(o.stride, "the stride must be at least 1");
                 }
+                if o.kernel.iter().chain(&o.stride).any(|&v| v > MAX_WINDOW) {
+                    let v = if o.kernel.iter().any(|&v| v > MAX_WINDOW) {
+                        o.kernel
+                    } else {
+                        o.stride
+                    };
+                    return bad(v, "a kernel or stride size is above 2^40");
+                }
                 if o.padding[0] > o.kernel[0] / 2 || o.padding[1] > o.kernel[1] / 2 {
                     return bad(
                         o.padding,
                         "the padding must be at most half the kernel size",
                     );
                 }
-                let (ph, pw) = (h + 2 * o.padding[0], w + 2 * o.padding[1]);
-                if o.kernel[0] > ph || o.kernel[1] > pw {
+                // The kernel less both paddings (no overflow: padding <= kernel / 2).
+                let (eh, ew) = (
+                    o.kernel[0] - 2 * o.padding[0],
+                    o.kernel[1] - 2 * o.padding[1],
+                );
+                if eh > h || ew > w {
                     return Err(ExecError::InvalidShape {
                         op,
                         shape: Dims::new(x),
                         reason: "the kernel is larger than the padded input",
                     });
                 }
-                (
-                    (ph - o.kernel[0]) / o.stride[0] + 1,
-                    (pw - o.kernel[1]) / o.stride[1] + 1,
-                )
+                ((h - eh) / o.stride[0] + 1, (w - ew) / o.stride[1] + 1)
             }
             Pool2dOp::AdaptiveAvg(size) => {
                 if size.contains(&0) {
@@ -163,6 +172,10 @@ impl Pool2dOp {
         Ok(Dims::new(&[x[0], x[1], oh, ow]))
     }
 }
+
+/// The largest kernel or stride size accepted (window arithmetic stays far from
+/// overflow).
+const MAX_WINDOW: usize = 1 << 40;
 
 /// Per-output-element work weight of a pooling plane (the window size).
 fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
@@ -200,7 +213,43 @@ fn adaptive_window(i: usize, m: usize, n: usize) -> (usize, usize) {
 /// NaN over a non-NaN.
 #[inline(always)]
 fn takes(v: f32, best: f32) -> bool {
-    v > best || (v.is_nan() && !best.is_nan())
+    // Non-short-circuit operators: a select, not a branch (random data would
+    // mispredict it).
+    (v > best) | (v.is_nan() & !best.is_nan())
+}
+
+/// The running maximum after `v`.
+#[inline(always)]
+fn pick(best: f32, v: f32) -> f32 {
+    if takes(v, best) { v } else { best }
+}
+
+/// Whether the window is 2x2 with stride 2 and no padding (the fast paths).
+fn is_2x2(o: &Pool2dOptions) -> bool {
+    *o == Pool2dOptions::new([2, 2])
+}
+
+/// The 2x2, stride-2 forward of one plane (max, or the mean when `avg`): the
+/// general paths' operations in the same order, without their window bounds.
+#[inline(always)]
+fn plane_2x2(x: &[f32], out: &mut [f32], g: Geo, avg: bool) {
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let t = &x[2 * oi * g.w..][..2 * g.ow];
+        let b = &x[(2 * oi + 1) * g.w..][..2 * g.ow];
+        let quads = orow
+            .iter_mut()
+            .zip(t.chunks_exact(2))
+            .zip(b.chunks_exact(2));
+        if avg {
+            for ((d, t), b) in quads {
+                *d = (0.0 + t[0] + t[1] + b[0] + b[1]) / 4.0;
+            }
+        } else {
+            for ((d, t), b) in quads {
+                *d = pick(pick(pick(t[0], t[1]), b[0]), b[1]);
+            }
+        }
+    }
 }
 
 /// The output columns whose windows lie wholly inside the input width:
@@ -247,6 +296,23 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
             continue;
         }
         let base = lo * sw - pw;
+        let n = inner.len();
+        if kw == 2 && sw == 2 {
+            // The common 2-wide, stride-2 window: both columns of a row in one
+            // pass (an interleaved pair of loads), the same order per output.
+            let pick = |d: f32, v: f32| if takes(v, d) { v } else { d };
+            let first = &x[h0 * g.w + base..][..2 * n];
+            for (d, p) in inner.iter_mut().zip(first.chunks_exact(2)) {
+                *d = pick(p[0], p[1]);
+            }
+            for hh in h0 + 1..h1 {
+                let row = &x[hh * g.w + base..][..2 * n];
+                for (d, p) in inner.iter_mut().zip(row.chunks_exact(2)) {
+                    *d = pick(pick(*d, p[0]), p[1]);
+                }
+            }
+            continue;
+        }
         let first = &x[h0 * g.w + base..];
         if sw == 1 {
             inner.copy_from_slice(&first[..inner.len()]);
@@ -285,10 +351,9 @@ fn max_index(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usiz
     for hh in h0..h1 {
         let start = hh * g.w + w0;
         for (i, &v) in x[start..hh * g.w + w1].iter().enumerate() {
-            if takes(v, best) {
-                best = v;
-                at = start + i;
-            }
+            let t = takes(v, best);
+            best = if t { v } else { best };
+            at = if t { start + i } else { at };
         }
     }
     at
@@ -318,6 +383,19 @@ fn avg_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
         }
         let base = lo * sw - pw;
         inner.fill(0.0);
+        if kw == 2 && sw == 2 {
+            let n = inner.len();
+            for hh in h0..h1 {
+                let row = &x[hh * g.w + base..][..2 * n];
+                for (d, p) in inner.iter_mut().zip(row.chunks_exact(2)) {
+                    *d = *d + p[0] + p[1];
+                }
+            }
+            for d in inner.iter_mut() {
+                *d /= div;
+            }
+            continue;
+        }
         for hh in h0..h1 {
             let row = &x[hh * g.w + base..];
             for kj in 0..kw {
@@ -357,16 +435,95 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
     }
 }
 
-/// The input gradient of one plane (`gx`, zeroed here) from the output
-/// gradient `gy`, adding in row-major output order.
+/// Zeroes the inputs of a plane that no 2x2, stride-2 window covers (an odd
+/// last row or column); the fast backward paths write every other input.
+#[inline(always)]
+fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
+    let (rows, cols) = (2 * g.oh, 2 * g.ow);
+    if cols < g.w {
+        for r in gx[..rows * g.w].chunks_exact_mut(g.w) {
+            r[cols..].fill(0.0);
+        }
+    }
+    gx[rows * g.w..].fill(0.0);
+}
+
+/// The input gradient of one plane (`gx`, zeroed here where no fast path
+/// writes) from the output gradient `gy`, adding in row-major output order.
 #[inline(always)]
 fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
-    gx.fill(0.0);
     match op {
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) if is_2x2(&o) => zero_uncovered_2x2(gx, g),
+        _ => gx.fill(0.0),
+    }
+    match op {
+        Pool2dOp::Max(o) if is_2x2(&o) => {
+            // Non-overlapping 2x2 windows: every covered input is written once
+            // (`0 + g` where selected, as the general path's `+=` into zeros).
+            // The selected element is the first one whose bits equal the
+            // window's maximum (an earlier element has a smaller key, so a
+            // different value): compares, no index to carry. In tiles of up to
+            // 64 outputs, three simple loops that each vectorize: the maxima,
+            // the top row's writes, the bottom row's.
+            const TILE: usize = 64;
+            let w = g.w;
+            let (mut best, mut done) = ([0u32; TILE], [false; TILE]);
+            for oi in 0..g.oh {
+                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+                for j0 in (0..g.ow).step_by(TILE) {
+                    let n = TILE.min(g.ow - j0);
+                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
+                    let xt = &x[2 * oi * w..][c0..c1];
+                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
+                    let gr = &gy[oi * g.ow + j0..][..n];
+                    let (best, done) = (&mut best[..n], &mut done[..n]);
+                    for ((m, t), b) in best
+                        .iter_mut()
+                        .zip(xt.chunks_exact(2))
+                        .zip(xb.chunks_exact(2))
+                    {
+                        *m = pick(pick(pick(t[0], t[1]), b[0]), b[1]).to_bits();
+                    }
+                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
+                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m0 = xv[0].to_bits() == m;
+                        let m1 = !m0 & (xv[1].to_bits() == m);
+                        d[0] = if m0 { v } else { 0.0 };
+                        d[1] = if m1 { v } else { 0.0 };
+                        *f = m0 | m1;
+                    }
+                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
+                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m2 = !f & (xv[0].to_bits() == m);
+                        let m3 = !(f | m2);
+                        d[0] = if m2 { v } else { 0.0 };
+                        d[1] = if m3 { v } else { 0.0 };
+                    }
+                }
+            }
+        }
         Pool2dOp::Max(o) => {
             for oi in 0..g.oh {
                 for oj in 0..g.ow {
                     gx[max_index(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
+                }
+            }
+        }
+        Pool2dOp::Avg(o) if is_2x2(&o) => {
+            // Each covered input gets `0 + g / 4`, as the general path's `+=`.
+            let w = g.w;
+            for oi in 0..g.oh {
+                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+                let (t, b) = (&mut top[..2 * g.ow], &mut rest[..2 * g.ow]);
+                let gr = &gy[oi * g.ow..][..g.ow];
+                for ((t, b), &gv) in t.chunks_exact_mut(2).zip(b.chunks_exact_mut(2)).zip(gr) {
+                    let v = 0.0 + gv / 4.0;
+                    t[0] = v;
+                    t[1] = v;
+                    b[0] = v;
+                    b[1] = v;
                 }
             }
         }
@@ -447,6 +604,8 @@ impl ExecContext {
                 vectorized!(for (p, op_) in planes.zip(o.chunks_exact_mut(opl)) {
                     let xp = &xs[p * ip..][..ip];
                     match op {
+                        Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, false),
+                        Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, true),
                         Pool2dOp::Max(opts) => max_plane(xp, op_, &opts, g),
                         Pool2dOp::Avg(opts) => avg_plane(xp, op_, &opts, g),
                         Pool2dOp::AdaptiveAvg(_) => adaptive_plane(xp, op_, g),
