@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use fucina_exec::{
     AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
 };
+use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
 use crate::error::{AutogradError, Result};
 
@@ -133,8 +134,6 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 /// fields by name in the op's backward: the forward and the backward of an op
 /// cannot disagree on what a slot means.
 pub(crate) enum Saved {
-    /// Nothing (`materialize`).
-    Nothing {},
     /// The descriptor and the input of a unary elementwise op.
     Unary { op: UnaryOp, x: RawTensor },
     /// The descriptor, the output and the axis it was normalized along
@@ -157,8 +156,15 @@ pub(crate) enum Saved {
         a: RawTensor,
         b: RawTensor,
     },
-    /// Both operands (`matmul`, `linear`, `mse_loss`).
+    /// Both operands (`mse_loss`).
     Operands { a: RawTensor, b: RawTensor },
+    /// The descriptor and both operands of a matrix product (`matmul`,
+    /// `linear`; a bias is not kept: its gradient reads only the output's).
+    Product {
+        op: ProductOp,
+        a: RawTensor,
+        b: RawTensor,
+    },
     /// The condition and both operands' shapes of `where_`.
     Where {
         cond: RawTensor<bool>,
@@ -199,7 +205,7 @@ pub(crate) enum Saved {
         axis: usize,
         keepdim: bool,
     },
-    /// The input shape (`sum_all`, `reshape`, `broadcast_to`).
+    /// The input shape (`sum_all`).
     Shape { shape: Dims },
     /// The input shape and `1 / numel` (`mean_all`).
     MeanAll { shape: Dims, inv_n: f32 },
@@ -214,27 +220,26 @@ pub(crate) enum Saved {
         logits: RawTensor,
         labels: RawTensor<i64>,
     },
-    /// An axis (`stack`, `squeeze`, `unsqueeze`).
-    Axis { axis: usize },
-    /// The inverse permutation of `permute`.
-    Permute { inverse: Dims },
-    /// The two axes of `transpose`.
-    Transpose { a: usize, b: usize },
-    /// The input shape and the window of `narrow`.
-    Narrow {
-        shape: Dims,
+    /// The descriptor (with its parameters) and the input shape of a view op
+    /// (`reshape`, `permute`, `transpose`, `narrow`, `squeeze`, `unsqueeze`,
+    /// `broadcast_to`, `materialize`).
+    View { op: ViewOp, shape: Dims },
+    /// The descriptor, the axis and the parts' lengths along it of a join
+    /// (`concat` of up to eight parts; `stack`, whose parts are one position
+    /// each, keeps none).
+    Join {
+        op: JoinOp,
         axis: usize,
-        start: usize,
+        sizes: Dims,
     },
-    /// The input shape, the axis and the indices of a gathering op
-    /// (`index_select`, `gather`, `topk`).
+    /// The descriptor, the input shape, the axis and the indices of a gathering
+    /// op (`index_select`, `gather`, `embedding`, and `topk` as a gather).
     Indexed {
+        op: IndexOp,
         shape: Dims,
         axis: usize,
         index: RawTensor<i64>,
     },
-    /// The table's row count and the ids of `embedding`.
-    Embedding { rows: usize, ids: RawTensor<i64> },
 }
 
 /// Records an op node whose backward reads a typed [`Saved`] variant:

@@ -11,3 +11,4 @@ pub(crate) mod norm;
 pub(crate) mod reduce;
 pub(crate) mod select;
 pub(crate) mod softmax;
+pub(crate) mod view;

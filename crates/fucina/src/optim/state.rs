@@ -362,16 +362,14 @@ mod tests {
         )
     }
 
+    /// The autograd tests' `sum(w * w)` step (the integration tests use it too).
+    #[path = "../../../../../fucina-autograd/tests/support/square.rs"]
+    mod square;
+
     fn backward(ctx: &ExecContext, params: &[Parameter]) {
         for p in params {
             p.zero_grad();
-            let t = p.tensor();
-            t.mul(ctx, &t)
-                .unwrap()
-                .sum_all(ctx)
-                .unwrap()
-                .backward(ctx)
-                .unwrap();
+            square::backward_sum_of_squares(ctx, &p.tensor());
         }
     }
 
