@@ -94,7 +94,8 @@ fn a_gradient_made_on_a_second_context_outlives_it() {
     assert_eq!(p.grad(&ctx).unwrap().unwrap().to_vec(), [2., 4., 6.]);
     // Training goes on through the first context: the gradient accumulates into
     // the buffer of the dropped context, then an optimizer step reads it.
-    square::backward_sum_of_squares(&ctx, &p.tensor());
+    let w = p.tensor();
+    square::backward_sum_of_squares(&ctx, &w);
     assert_eq!(p.grad(&ctx).unwrap().unwrap().to_vec(), [4., 8., 12.]);
     let mut sgd = Sgd::new(vec![p.clone()], 0.25).unwrap();
     sgd.step(&ctx).unwrap();

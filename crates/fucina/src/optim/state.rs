@@ -339,9 +339,15 @@ mod fault {
     }
 }
 
+/// The autograd tests' `sum(w * w)` step (the integration tests use it too).
+#[cfg(test)]
+#[path = "../../../fucina-autograd/tests/support/square.rs"]
+mod square;
+
 #[cfg(test)]
 mod tests {
     use super::fault::LEFT;
+    use super::square;
     use crate::nn::Parameter;
     use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use fucina_exec::ExecContext;
@@ -361,10 +367,6 @@ mod tests {
             opt.step_count(),
         )
     }
-
-    /// The autograd tests' `sum(w * w)` step (the integration tests use it too).
-    #[path = "../../../../../fucina-autograd/tests/support/square.rs"]
-    mod square;
 
     fn backward(ctx: &ExecContext, params: &[Parameter]) {
         for p in params {
