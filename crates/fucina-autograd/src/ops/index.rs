@@ -173,20 +173,6 @@ impl Tensor {
         )
     }
 
-    /// The slices of `self` at `indices` along `axis`.
-    ///
-    /// # Errors
-    /// [`ExecError::IndexOutOfBounds`](fucina_exec::ExecError::IndexOutOfBounds);
-    /// axis errors; out of memory.
-    pub fn index_select(
-        &self,
-        ctx: &ExecContext,
-        axis: impl Axis,
-        indices: &RawTensor<i64>,
-    ) -> Result<Tensor> {
-        self.index_op(ctx, IndexOp::IndexSelect, axis, indices)
-    }
-
     /// Rows of the embedding table `self` (`[vocab, dim]`) at `ids`.
     ///
     /// # Errors
@@ -194,19 +180,38 @@ impl Tensor {
     pub fn embedding(&self, ctx: &ExecContext, ids: &RawTensor<i64>) -> Result<Tensor> {
         self.index_op(ctx, IndexOp::Embedding, 0, ids)
     }
+}
 
+/// The named gathering methods along an axis, each [`Tensor::index_op`] with
+/// its descriptor.
+macro_rules! gathering {
+    ($($(#[$doc:meta])* $name:ident => $variant:ident;)*) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            pub fn $name(
+                &self,
+                ctx: &ExecContext,
+                axis: impl Axis,
+                index: &RawTensor<i64>,
+            ) -> Result<Tensor> {
+                self.index_op(ctx, IndexOp::$variant, axis, index)
+            }
+        )*}
+    };
+}
+
+gathering! {
+    /// The slices of `self` at the 1-D `index` along `axis`.
+    ///
+    /// # Errors
+    /// [`ExecError::IndexOutOfBounds`](fucina_exec::ExecError::IndexOutOfBounds);
+    /// axis errors; out of memory.
+    index_select => IndexSelect;
     /// Elements of `self` at `index` along `axis` (`torch.gather`).
     ///
     /// # Errors
     /// As [`index_select`](Tensor::index_select).
-    pub fn gather(
-        &self,
-        ctx: &ExecContext,
-        axis: impl Axis,
-        index: &RawTensor<i64>,
-    ) -> Result<Tensor> {
-        self.index_op(ctx, IndexOp::Gather, axis, index)
-    }
+    gather => Gather;
 }
 
 impl Tensor {

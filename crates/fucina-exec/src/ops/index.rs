@@ -135,6 +135,24 @@ fn with_parts<T: Element, R>(
     }
 }
 
+/// The join of `parts` (validated; `outer` rows, see [`fill_joined`]) as a new
+/// tensor of `out_shape`.
+fn joined<T: Element>(
+    ctx: &ExecContext,
+    op: &'static str,
+    parts: &[&RawTensor<T>],
+    outer: usize,
+    out_shape: &[usize],
+) -> Result<RawTensor<T>, ExecError> {
+    with_parts(parts, outer, |parts| {
+        ctx.new_tensor(op, out_shape, |out| {
+            ctx.par_rows(out, 1, 1, |range, dst| {
+                fill_joined(parts, range.start, dst);
+            });
+        })
+    })
+}
+
 /// Writes the elements `pos0..pos0 + dst.len()` of the join of `parts`: the output
 /// is `outer` rows, each the concatenation of one block of every part (part `i`'s
 /// block `o` is its logical elements `o * inner_i..(o + 1) * inner_i`).
@@ -309,13 +327,7 @@ impl ExecContext {
         let mut out_shape = first.dims();
         out_shape.as_mut_slice()[axis] = total;
         let outer: usize = first.shape()[..axis].iter().product();
-        with_parts(parts, outer, |parts| {
-            self.new_tensor(OP, &out_shape, |out| {
-                self.par_rows(out, 1, 1, |range, dst| {
-                    fill_joined(parts, range.start, dst);
-                });
-            })
-        })
+        joined(self, OP, parts, outer, &out_shape)
     }
 
     /// Stacks `parts`, which all have the same shape, along a new axis inserted at
@@ -387,13 +399,7 @@ impl ExecContext {
             out_shape.push(parts.len());
         }
         let outer: usize = first.shape()[..axis].iter().product();
-        with_parts(parts, outer, |parts| {
-            self.new_tensor(OP, &out_shape, |out| {
-                self.par_rows(out, 1, 1, |range, dst| {
-                    fill_joined(parts, range.start, dst);
-                });
-            })
-        })
+        joined(self, OP, parts, outer, &out_shape)
     }
 
     /// Splits `x` along `axis` into consecutive zero-copy [`RawTensor::narrow`]
