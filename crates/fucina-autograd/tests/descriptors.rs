@@ -12,6 +12,10 @@ use support::values;
 
 type R = Result<(), AutogradError>;
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor, AutogradError>;
+/// Every input's gradient bits (`None` where it got none).
+type Grads = Vec<Option<Vec<u32>>>;
+/// The output's node name and bits, the input gradients and the seed.
+type Run = (Option<&'static str>, Vec<u32>, Grads, RawTensor);
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
@@ -20,20 +24,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Fresh variables of `shapes` (fixed values), `f` applied to them, and a
 /// backward seeded with fixed values: the output's name and bits and every
 /// input's gradient bits (`None` for an input that got none).
-#[allow(clippy::type_complexity)]
-fn run(
-    ctx: &ExecContext,
-    shapes: &[&[usize]],
-    f: Op<'_>,
-) -> Result<
-    (
-        Option<&'static str>,
-        Vec<u32>,
-        Vec<Option<Vec<u32>>>,
-        RawTensor,
-    ),
-    AutogradError,
-> {
+fn run(ctx: &ExecContext, shapes: &[&[usize]], f: Op<'_>) -> Result<Run, AutogradError> {
     let xs: Vec<Tensor> = shapes
         .iter()
         .enumerate()
@@ -60,7 +51,7 @@ fn same(
     shapes: &[&[usize]],
     named: Op<'_>,
     apply: Op<'_>,
-) -> Result<(RawTensor, Vec<Option<Vec<u32>>>), AutogradError> {
+) -> Result<(RawTensor, Grads), AutogradError> {
     let (n1, y1, g1, seed) = run(ctx, shapes, named)?;
     let (n2, y2, g2, _) = run(ctx, shapes, apply)?;
     assert_eq!(n1, Some(name));

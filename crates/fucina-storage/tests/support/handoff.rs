@@ -1,6 +1,7 @@
 //! The data hand-off the loom models of both pool tiers run (`loom_refcount`
 //! over the shared pool, `loom_local` over the local tier): included with
 //! `#[path]` (it is no test target of its own).
+#![allow(unreachable_pub)]
 
 use fucina_storage::Buffer;
 use loom::thread;
