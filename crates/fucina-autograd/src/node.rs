@@ -24,6 +24,7 @@ use fucina_exec::{
     AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, FullReduction, MaskOp,
     NormOp, Pool2dOp, RawTensor, RegressionLoss, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
 };
+use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
 use crate::error::{AutogradError, Result};
 use crate::ops::conv::ConvGeom;
@@ -135,8 +136,6 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 /// fields by name in the op's backward: the forward and the backward of an op
 /// cannot disagree on what a slot means.
 pub(crate) enum Saved {
-    /// Nothing (`materialize`).
-    Nothing {},
     /// The descriptor and the input of a unary elementwise op.
     Unary { op: UnaryOp, x: RawTensor },
     /// The descriptor, the output and the axis it was normalized along
@@ -159,8 +158,13 @@ pub(crate) enum Saved {
         a: RawTensor,
         b: RawTensor,
     },
-    /// Both operands (`matmul`, `linear`).
-    Operands { a: RawTensor, b: RawTensor },
+    /// The descriptor and both operands of a matrix product (`matmul`,
+    /// `linear`; a bias is not kept: its gradient reads only the output's).
+    Product {
+        op: ProductOp,
+        a: RawTensor,
+        b: RawTensor,
+    },
     /// The descriptor, the mask and the operands' shapes of a mask op
     /// (`where_`, `masked_fill`; `b` is unused by `masked_fill`).
     Mask {
@@ -194,8 +198,6 @@ pub(crate) enum Saved {
         axis: usize,
         keepdim: bool,
     },
-    /// The input shape (`reshape`, `broadcast_to`).
-    Shape { shape: Dims },
     /// The descriptor and the input shape of a full reduction (`sum_all`,
     /// `mean_all`).
     ReduceAll { op: FullReduction, shape: Dims },
@@ -219,27 +221,35 @@ pub(crate) enum Saved {
         a: RawTensor,
         b: RawTensor,
     },
-    /// An axis (`stack`, `squeeze`, `unsqueeze`).
-    Axis { axis: usize },
-    /// The inverse permutation of `permute`.
-    Permute { inverse: Dims },
-    /// The two axes of `transpose`.
-    Transpose { a: usize, b: usize },
-    /// The input shape and the window of `narrow`.
-    Narrow {
-        shape: Dims,
+    /// The descriptor (with its parameters) and the input shape of a view op
+    /// (`reshape`, `permute`, `transpose`, `narrow`, `squeeze`, `unsqueeze`,
+    /// `broadcast_to`, `materialize`).
+    View { op: ViewOp, shape: Dims },
+    /// The descriptor, the axis and the parts' lengths along it of a join
+    /// (`concat` of up to eight parts; `stack`, whose parts are one position
+    /// each, keeps none).
+    Join {
+        op: JoinOp,
         axis: usize,
-        start: usize,
+        sizes: Dims,
     },
-    /// The input shape, the axis and the indices of a gathering op
-    /// (`index_select`, `gather`, `topk`).
+    /// The descriptor, the input shape, the axis and the indices of a gathering
+    /// op (`index_select`, `gather`, `embedding`, and `topk` as a gather).
     Indexed {
+        op: IndexOp,
         shape: Dims,
         axis: usize,
         index: RawTensor<i64>,
     },
-    /// The table's row count and the ids of `embedding`.
-    Embedding { rows: usize, ids: RawTensor<i64> },
+    /// The axis of a running sum (`cumsum`).
+    Scan { axis: usize },
+    /// The input shape, the axis and the indices of `scatter_add` (the
+    /// gradient of its source gathers at them).
+    ScatterAdd {
+        shape: Dims,
+        axis: usize,
+        index: RawTensor<i64>,
+    },
     /// The input, the weight and the options of `conv2d` (a bias needs nothing).
     Conv2d {
         x: RawTensor,

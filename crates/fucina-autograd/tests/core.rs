@@ -5,6 +5,9 @@
 use fucina_autograd::exec::{ExecContext, ExecError, RawTensor};
 use fucina_autograd::{AutogradError, BackwardOptions, Tensor, is_grad_enabled, no_grad};
 
+#[path = "support/square.rs"]
+mod square;
+
 type R = Result<(), AutogradError>;
 
 fn grad_of(ctx: &ExecContext, t: &Tensor) -> Vec<f32> {
@@ -398,12 +401,7 @@ fn recycled_nodes_start_clean() {
     let ctx = ExecContext::with_threads(1);
     let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.]).unwrap();
     // A consumed graph, and a retained one, both released.
-    w.mul(&ctx, &w)
-        .unwrap()
-        .sum_all(&ctx)
-        .unwrap()
-        .backward(&ctx)
-        .unwrap();
+    square::backward_sum_of_squares(&ctx, &w);
     let loss = w.mul(&ctx, &w).unwrap().sum_all(&ctx).unwrap();
     loss.backward_with(&ctx, None, BackwardOptions { retain_graph: true })
         .unwrap();

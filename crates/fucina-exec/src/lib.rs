@@ -62,12 +62,14 @@ pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_l
 pub use ops::batch_norm::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
+pub use ops::index::{IndexOp, JoinOp};
 pub use ops::loss::{ClassLoss, RegressionLoss};
-pub use ops::matmul::{MatmulOptions, RhsLifetime};
+pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;
 pub use ops::pool::{Pool2dOp, Pool2dOptions};
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
+pub use ops::view::ViewOp;
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
 pub use tensor::{Element, RawTensor};

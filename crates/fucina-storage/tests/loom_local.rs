@@ -13,6 +13,9 @@
 use fucina_storage::BufferPool;
 use loom::thread;
 
+#[path = "support/handoff.rs"]
+mod handoff;
+
 /// A buffer acquired through the local tier has two handles; the other thread's
 /// handle may drop last (the shared path, on that thread) or ours may (the local path,
 /// no lock). Either way the books balance and the next local acquire may write.
@@ -21,18 +24,7 @@ fn cross_thread_release_of_a_local_buffer() {
     loom::model(|| {
         let pool = BufferPool::new();
         let local = pool.local();
-        let mut a = local.acquire(4).unwrap();
-        a.get_mut().unwrap()[0] = 1.0;
-        let b = a.clone();
-        let t = thread::spawn(move || {
-            assert_eq!(b[0], 1.0);
-            drop(b);
-        });
-        drop(a);
-        let mut c = local.acquire(4).unwrap();
-        c.get_mut().unwrap()[0] = 2.0;
-        t.join().unwrap();
-        drop(c);
+        handoff::write_share_reacquire(|| local.acquire(4).unwrap());
         assert_eq!(pool.outstanding_buffers(), 0);
         // One buffer, or two when the acquire missed before the other release landed.
         assert!((1..=2).contains(&(local.cached_buffers() + pool.cached_buffers())));

@@ -16,6 +16,9 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
+#[path = "support/handoff.rs"]
+mod handoff;
+
 /// Two threads drop the two handles of one pooled buffer: the release hook runs exactly
 /// once, so the pool sees the buffer come back exactly once.
 #[test]
@@ -102,18 +105,7 @@ fn clone_outlives_the_other_handle() {
 fn data_handoff_through_release() {
     loom::model(|| {
         let pool = BufferPool::new();
-        let mut a = pool.acquire(4).unwrap();
-        a.get_mut().unwrap()[0] = 1.0;
-        let b = a.clone();
-        let t = thread::spawn(move || {
-            assert_eq!(b[0], 1.0);
-            drop(b);
-        });
-        drop(a);
-        let mut c = pool.acquire(4).unwrap();
-        c.get_mut().unwrap()[0] = 2.0;
-        t.join().unwrap();
-        drop(c);
+        handoff::write_share_reacquire(|| pool.acquire(4).unwrap());
         assert_eq!(pool.outstanding_buffers(), 0);
     });
 }

@@ -6,6 +6,9 @@
 
 use fucina::prelude::*;
 
+#[path = "../../fucina-autograd/tests/support/square.rs"]
+mod square;
+
 fn ramp(ctx: &ExecContext, shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
@@ -83,8 +86,7 @@ fn a_gradient_made_on_a_second_context_outlives_it() {
     {
         let ctx2 = ExecContext::new();
         let w = p.tensor();
-        let loss = w.mul(&ctx2, &w).unwrap().sum_all(&ctx2).unwrap();
-        loss.backward(&ctx2).unwrap();
+        square::backward_sum_of_squares(&ctx2, &w);
         // A second graph through ctx2 that is still alive when ctx2 goes.
         kept_graph = w.mul(&ctx2, &w).unwrap().sum_all(&ctx2).unwrap();
         drop(ctx2); // the gradient of `p` lives in ctx2's pool
@@ -93,12 +95,7 @@ fn a_gradient_made_on_a_second_context_outlives_it() {
     // Training goes on through the first context: the gradient accumulates into
     // the buffer of the dropped context, then an optimizer step reads it.
     let w = p.tensor();
-    w.mul(&ctx, &w)
-        .unwrap()
-        .sum_all(&ctx)
-        .unwrap()
-        .backward(&ctx)
-        .unwrap();
+    square::backward_sum_of_squares(&ctx, &w);
     assert_eq!(p.grad(&ctx).unwrap().unwrap().to_vec(), [4., 8., 12.]);
     let mut sgd = Sgd::new(vec![p.clone()], 0.25).unwrap();
     sgd.step(&ctx).unwrap();

@@ -9,6 +9,9 @@ use fucina::nn::{Forward, Linear, Module, Relu, Sequential, StateDict};
 use fucina::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use fucina::{Error, ExecContext, Tensor};
 
+#[path = "../../fucina-autograd/tests/support/square.rs"]
+mod square;
+
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "fucina-state-dict-{}-{name}.safetensors",
@@ -227,12 +230,7 @@ fn set_grad_replaces_the_gradient_and_refuses_bad_input() {
     let w = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.]).unwrap();
     assert!(w.grad(&ctx).unwrap().is_none());
     // A gradient from a backward first: set_grad replaces, not adds.
-    w.mul(&ctx, &w)
-        .unwrap()
-        .sum_all(&ctx)
-        .unwrap()
-        .backward(&ctx)
-        .unwrap();
+    square::backward_sum_of_squares(&ctx, &w);
     assert_eq!(w.grad(&ctx).unwrap().unwrap().to_vec(), [2., 4., 6.]);
     let g = Tensor::from_slice(&ctx, &[3], &[0.5, -1., 7.]).unwrap();
     w.set_grad(&ctx, Some(&g)).unwrap();

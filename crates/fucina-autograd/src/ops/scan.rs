@@ -29,7 +29,7 @@ impl Tensor {
     pub fn cumsum(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         let axis = axis.resolve("cumsum", self.raw.rank())?;
         let out = ctx.cumsum(&self.raw, axis)?;
-        record!(ctx, "cumsum", out, &[self], Axis { axis }, |ctx, g, _| Ok(
+        record!(ctx, "cumsum", out, &[self], Scan { axis }, |ctx, g, _| Ok(
             grads![Some(ctx.cumsum_backward(g, *axis)?)]
         ))
     }
@@ -73,7 +73,7 @@ impl Tensor {
             "scatter_add",
             out,
             &[self, src],
-            Indexed { shape, axis, index },
+            ScatterAdd { shape, axis, index },
             |ctx, g, needs| {
                 debug_assert_eq!(g.shape(), shape.as_slice());
                 let gsrc = match needs[1] {

@@ -1,36 +1,50 @@
-//! Views (zero-copy where the layout allows): reshape, permute, transpose, narrow,
-//! squeeze/unsqueeze, broadcast_to, and an explicit materializing copy.
+//! Views (zero-copy where the layout allows): one generic apply over the
+//! [`ViewOp`] descriptor, and the named `reshape`, `permute`, `transpose`,
+//! `narrow`, `squeeze`/`unsqueeze`, `broadcast_to` and the materializing copy
+//! forwarding to it.
 
-use fucina_exec::{Axis, Dims, ExecContext, RawTensor};
+use fucina_exec::{Axis, Dims, ExecContext, ViewOp};
 
 use crate::error::Result;
 use crate::node::{grads, record};
-use crate::ops::sum_to;
 use crate::tensor::Tensor;
 
-/// A contiguous gradient of `shape` holding `g` in the narrowed window
-/// `[start, start + g.shape()[axis])` along `axis` and zeros elsewhere.
-fn unnarrow(
-    ctx: &ExecContext,
-    g: &RawTensor,
-    shape: &[usize],
-    axis: usize,
-    start: usize,
-) -> Result<RawTensor> {
-    let mut out = ctx.zeros(shape)?;
-    let window = *out.narrow(axis, start, g.shape()[axis])?.layout();
-    let gv = ctx.contiguous(g)?;
-    let gv = gv.data()?;
-    let o = out.data_mut()?;
-    let mut k = 0;
-    window.for_each_index(|i| {
-        o[i] = gv[k];
-        k += 1;
-    });
-    Ok(out)
-}
-
 impl Tensor {
+    /// Applies the view op `op` (its axes already resolved to `0..rank`; the
+    /// descriptor names the forward kernel, run now, and the backward kernel,
+    /// run by backward with the input's shape, which the node keeps). The named
+    /// methods resolve their axes and are this with their variant.
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::{ExecContext, ViewOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[2, 3], &[1., 2., 3., 4., 5., 6.])?;
+    /// let t = x.view_op(&ctx, ViewOp::Transpose(0, 1))?;
+    /// assert_eq!(t.to_vec(), x.transpose(&ctx, 0, 1)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The errors of the exec layer's [`view_op`](ExecContext::view_op).
+    pub fn view_op(&self, ctx: &ExecContext, op: ViewOp) -> Result<Tensor> {
+        let out = ctx.view_op(op, &self.raw)?;
+        let shape = self.raw.dims();
+        record!(
+            ctx,
+            op.name(),
+            out,
+            &[self],
+            View { op, shape },
+            |ctx, g, _| Ok(grads![Some(ctx.view_op_backward(
+                *op,
+                shape.as_slice(),
+                g
+            )?)])
+        )
+    }
+
     /// The same elements under `shape` (equal element count). A view when `self`
     /// is contiguous, else a contiguous copy first.
     ///
@@ -38,16 +52,7 @@ impl Tensor {
     /// [`ExecError::InvalidShape`](fucina_exec::ExecError::InvalidShape) if the
     /// element counts differ or the shape is invalid.
     pub fn reshape(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
-        let out = ctx.contiguous(&self.raw)?.reshape(shape)?;
-        let shape = self.raw.dims();
-        record!(
-            ctx,
-            "reshape",
-            out,
-            &[self],
-            Shape { shape },
-            |ctx, g, _| Ok(grads![Some(ctx.contiguous(g)?.reshape(shape.as_slice())?)])
-        )
+        self.view_op(ctx, ViewOp::Reshape(Dims::new(shape)))
     }
 
     /// Axes reordered: axis `i` of the result is axis `order[i]` of `self` (a view).
@@ -56,19 +61,7 @@ impl Tensor {
     /// [`ExecError::InvalidShape`](fucina_exec::ExecError::InvalidShape) if `order`
     /// is not a permutation of the axes.
     pub fn permute(&self, ctx: &ExecContext, order: &[usize]) -> Result<Tensor> {
-        let out = self.raw.permute(order)?;
-        let mut inverse = Dims::new(order);
-        for (i, &o) in order.iter().enumerate() {
-            inverse.as_mut_slice()[o] = i;
-        }
-        record!(
-            ctx,
-            "permute",
-            out,
-            &[self],
-            Permute { inverse },
-            |_, g, _| Ok(grads![Some(g.permute(inverse.as_slice())?)])
-        )
+        self.view_op(ctx, ViewOp::Permute(Dims::new(order)))
     }
 
     /// Axes `a` and `b` swapped (a view).
@@ -80,15 +73,7 @@ impl Tensor {
             a.resolve("transpose", self.raw.rank())?,
             b.resolve("transpose", self.raw.rank())?,
         );
-        let out = self.raw.transpose(a, b)?;
-        record!(
-            ctx,
-            "transpose",
-            out,
-            &[self],
-            Transpose { a, b },
-            |_, g, _| Ok(grads![Some(g.transpose(*a, *b)?)])
-        )
+        self.view_op(ctx, ViewOp::Transpose(a, b))
     }
 
     /// Elements `start..start + len` along `axis` (a view).
@@ -104,66 +89,34 @@ impl Tensor {
         len: usize,
     ) -> Result<Tensor> {
         let axis = axis.resolve("narrow", self.raw.rank())?;
-        let out = self.raw.narrow(axis, start, len)?;
-        let shape = self.raw.dims();
-        record!(
-            ctx,
-            "narrow",
-            out,
-            &[self],
-            Narrow { shape, axis, start },
-            |ctx, g, _| {
-                Ok(grads![Some(unnarrow(
-                    ctx,
-                    g,
-                    shape.as_slice(),
-                    *axis,
-                    *start
-                )?)])
-            }
-        )
+        self.view_op(ctx, ViewOp::Narrow { axis, start, len })
     }
 
     /// Removes the size-1 `axis` (a view).
     ///
     /// # Errors
-    /// As [`RawTensor::squeeze`].
+    /// As [`RawTensor::squeeze`](fucina_exec::RawTensor::squeeze).
     pub fn squeeze(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         let axis = axis.resolve("squeeze", self.raw.rank())?;
-        let out = self.raw.squeeze(axis)?;
-        record!(ctx, "squeeze", out, &[self], Axis { axis }, |_, g, _| {
-            Ok(grads![Some(g.unsqueeze(*axis)?)])
-        })
+        self.view_op(ctx, ViewOp::Squeeze(axis))
     }
 
     /// Inserts a size-1 axis at `axis` (a view).
     ///
     /// # Errors
-    /// As [`RawTensor::unsqueeze`].
+    /// As [`RawTensor::unsqueeze`](fucina_exec::RawTensor::unsqueeze).
     pub fn unsqueeze(&self, ctx: &ExecContext, axis: impl Axis) -> Result<Tensor> {
         let axis = axis.resolve("unsqueeze", self.raw.rank() + 1)?;
-        let out = self.raw.unsqueeze(axis)?;
-        record!(ctx, "unsqueeze", out, &[self], Axis { axis }, |_, g, _| {
-            Ok(grads![Some(g.squeeze(*axis)?)])
-        })
+        self.view_op(ctx, ViewOp::Unsqueeze(axis))
     }
 
     /// A zero-copy broadcast to `shape`; the gradient is summed back over the
     /// broadcast axes.
     ///
     /// # Errors
-    /// As [`RawTensor::broadcast_to`].
+    /// As [`RawTensor::broadcast_to`](fucina_exec::RawTensor::broadcast_to).
     pub fn broadcast_to(&self, ctx: &ExecContext, shape: &[usize]) -> Result<Tensor> {
-        let out = self.raw.broadcast_to(shape)?;
-        let shape = self.raw.dims();
-        record!(
-            ctx,
-            "broadcast_to",
-            out,
-            &[self],
-            Shape { shape },
-            |ctx, g, _| Ok(grads![Some(sum_to(ctx, g, shape.as_slice())?)])
-        )
+        self.view_op(ctx, ViewOp::BroadcastTo(Dims::new(shape)))
     }
 
     /// A contiguous copy (the gradient passes through).
@@ -171,9 +124,6 @@ impl Tensor {
     /// # Errors
     /// Out of memory.
     pub fn materialize(&self, ctx: &ExecContext) -> Result<Tensor> {
-        let out = ctx.materialize(&self.raw)?;
-        record!(ctx, "materialize", out, &[self], Nothing {}, |_, g, _| {
-            Ok(grads![Some(g.clone())])
-        })
+        self.view_op(ctx, ViewOp::Materialize)
     }
 }

@@ -135,6 +135,24 @@ fn with_parts<T: Element, R>(
     }
 }
 
+/// The join of `parts` (validated; `outer` rows, see [`fill_joined`]) as a new
+/// tensor of `out_shape`.
+fn joined<T: Element>(
+    ctx: &ExecContext,
+    op: &'static str,
+    parts: &[&RawTensor<T>],
+    outer: usize,
+    out_shape: &[usize],
+) -> Result<RawTensor<T>, ExecError> {
+    with_parts(parts, outer, |parts| {
+        ctx.new_tensor(op, out_shape, |out| {
+            ctx.par_rows(out, 1, 1, |range, dst| {
+                fill_joined(parts, range.start, dst);
+            });
+        })
+    })
+}
+
 /// Writes the elements `pos0..pos0 + dst.len()` of the join of `parts`: the output
 /// is `outer` rows, each the concatenation of one block of every part (part `i`'s
 /// block `o` is its logical elements `o * inner_i..(o + 1) * inner_i`).
@@ -309,13 +327,7 @@ impl ExecContext {
         let mut out_shape = first.dims();
         out_shape.as_mut_slice()[axis] = total;
         let outer: usize = first.shape()[..axis].iter().product();
-        with_parts(parts, outer, |parts| {
-            self.new_tensor(OP, &out_shape, |out| {
-                self.par_rows(out, 1, 1, |range, dst| {
-                    fill_joined(parts, range.start, dst);
-                });
-            })
-        })
+        joined(self, OP, parts, outer, &out_shape)
     }
 
     /// Stacks `parts`, which all have the same shape, along a new axis inserted at
@@ -387,13 +399,7 @@ impl ExecContext {
             out_shape.push(parts.len());
         }
         let outer: usize = first.shape()[..axis].iter().product();
-        with_parts(parts, outer, |parts| {
-            self.new_tensor(OP, &out_shape, |out| {
-                self.par_rows(out, 1, 1, |range, dst| {
-                    fill_joined(parts, range.start, dst);
-                });
-            })
-        })
+        joined(self, OP, parts, outer, &out_shape)
     }
 
     /// Splits `x` along `axis` into consecutive zero-copy [`RawTensor::narrow`]
@@ -892,5 +898,240 @@ impl ExecContext {
                 }
             });
         })
+    }
+}
+
+/// The descriptor of the joining family (ops that lay several same-shaped
+/// tensors side by side): one variant per op, naming its forward kernel (run by
+/// [`ExecContext::join`]) and its backward kernel (run by
+/// [`ExecContext::join_backward`]: each part's gradient is a zero-copy window of
+/// the output's gradient). The named methods run the same kernels; the
+/// autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JoinOp {
+    /// [`ExecContext::concat`]: joined along an existing axis.
+    Concat,
+    /// [`ExecContext::stack`]: stacked along a new axis.
+    Stack,
+}
+
+impl JoinOp {
+    /// Every op of the family, in declaration order.
+    pub const ALL: &'static [JoinOp] = &[JoinOp::Concat, JoinOp::Stack];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinOp::Concat => "concat",
+            JoinOp::Stack => "stack",
+        }
+    }
+
+    /// The rank the op's `axis` is resolved against, for parts of rank `rank`:
+    /// `rank` for `concat`, `rank + 1` for `stack` (whose axis is one of the
+    /// result's).
+    pub fn axis_rank(self, rank: usize) -> usize {
+        match self {
+            JoinOp::Concat => rank,
+            JoinOp::Stack => rank + 1,
+        }
+    }
+}
+
+/// The descriptor of the gathering family (ops that pick slices or elements of
+/// `x` at integer positions along an axis; their backward is a deterministic
+/// scatter-add): one variant per op, naming its forward kernel (run by
+/// [`ExecContext::index_op`]) and its backward kernel (run by
+/// [`ExecContext::index_op_backward`]). The named methods run the same kernels;
+/// the autograd layer records one variant per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IndexOp {
+    /// [`ExecContext::index_select`]: whole slices at 1-D indices.
+    IndexSelect,
+    /// [`ExecContext::gather`]: elements at an index of the source's rank.
+    Gather,
+    /// [`ExecContext::embedding`]: rows of a 2-D table at ids of any shape (the
+    /// axis is always 0).
+    Embedding,
+}
+
+impl IndexOp {
+    /// Every op of the family, in declaration order.
+    pub const ALL: &'static [IndexOp] =
+        &[IndexOp::IndexSelect, IndexOp::Gather, IndexOp::Embedding];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexOp::IndexSelect => "index_select",
+            IndexOp::Gather => "gather",
+            IndexOp::Embedding => "embedding",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            IndexOp::IndexSelect => "index_select_backward",
+            IndexOp::Gather => "gather_backward",
+            IndexOp::Embedding => "embedding_backward",
+        }
+    }
+}
+
+/// `Err` unless the embedding `axis` is 0 (an embedding looks rows up).
+fn embedding_axis(op: &'static str, axis: impl Axis) -> Result<(), ExecError> {
+    match axis.resolve(op, 2)? {
+        0 => Ok(()),
+        _ => Err(ExecError::InvalidArgument {
+            op,
+            reason: "an embedding looks up rows of its table: the axis must be 0",
+        }),
+    }
+}
+
+impl ExecContext {
+    /// Runs the forward kernel of the joining op `op` on `parts` along `axis`
+    /// (the same kernel, and the same bits, as the op's named method).
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, JoinOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let a = ctx.from_slice(&[2], &[1., 2.])?;
+    /// let b = ctx.from_slice(&[2], &[3., 4.])?;
+    /// let s = ctx.join(JoinOp::Stack, &[&a, &b], 1)?;
+    /// assert_eq!(s.to_vec(), ctx.stack(&[&a, &b], 1)?.to_vec());
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`concat`](ExecContext::concat) or [`stack`](ExecContext::stack).
+    pub fn join<T: Element>(
+        &self,
+        op: JoinOp,
+        parts: &[&RawTensor<T>],
+        axis: impl Axis,
+    ) -> Result<RawTensor<T>, ExecError> {
+        match op {
+            JoinOp::Concat => self.concat(parts, axis),
+            JoinOp::Stack => self.stack(parts, axis),
+        }
+    }
+
+    /// Runs the backward kernel of the joining op `op`: the gradient of the part
+    /// that occupies `start..start + len` along `axis` of the output, from the
+    /// output's gradient `grad`. For `concat` it is the window
+    /// `grad.narrow(axis, start, len)`; for `stack` (`len` is 1, `start` the
+    /// part's position) the window with the stacking axis removed. Both are
+    /// zero-copy views of `grad`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::IndexOutOfBounds`] if the window
+    /// does not fit the axis; [`ExecError::InvalidArgument`] for a `stack` window
+    /// longer than 1.
+    pub fn join_backward(
+        &self,
+        op: JoinOp,
+        grad: &RawTensor,
+        axis: impl Axis,
+        start: usize,
+        len: usize,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            JoinOp::Concat => grad.narrow(axis, start, len),
+            JoinOp::Stack if len != 1 => Err(ExecError::InvalidArgument {
+                op: "stack_backward",
+                reason: "a stacked part occupies one position along the stacking axis",
+            }),
+            JoinOp::Stack => {
+                let axis = check_axis("stack_backward", axis, grad.rank())?;
+                grad.narrow(axis, start, 1)?.squeeze(axis)
+            }
+        }
+    }
+
+    /// Runs the forward kernel of the gathering op `op`: the values of `x` at
+    /// `index` along `axis` (the same kernel, and the same bits, as the op's
+    /// named method; for [`IndexOp::Embedding`], `x` is the table and `axis`
+    /// must be 0).
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, IndexOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[3, 2], &[1., 2., 3., 4., 5., 6.])?;
+    /// let i = ctx.from_slice_typed::<i64>(&[2], &[2, 0])?;
+    /// let y = ctx.index_op(IndexOp::IndexSelect, &x, 0, &i)?;
+    /// assert_eq!(y.to_vec(), ctx.index_select(&x, 0, &i)?.to_vec());
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`index_select`](ExecContext::index_select),
+    /// [`gather`](ExecContext::gather) or [`embedding`](ExecContext::embedding);
+    /// [`ExecError::InvalidArgument`] for an embedding along an axis other than 0.
+    pub fn index_op<T: Element>(
+        &self,
+        op: IndexOp,
+        x: &RawTensor<T>,
+        axis: impl Axis,
+        index: &RawTensor<i64>,
+    ) -> Result<RawTensor<T>, ExecError> {
+        match op {
+            IndexOp::IndexSelect => self.index_select(x, axis, index),
+            IndexOp::Gather => self.gather(x, axis, index),
+            IndexOp::Embedding => {
+                embedding_axis("embedding", axis)?;
+                self.embedding(x, index)
+            }
+        }
+    }
+
+    /// Runs the backward kernel of the gathering op `op`: the gradient of the
+    /// source, of shape `src_shape`, from the output's gradient `grad` (the
+    /// deterministic scatter-add of the op's named backward kernel).
+    ///
+    /// # Errors
+    /// As [`index_select_backward`](ExecContext::index_select_backward),
+    /// [`gather_backward`](ExecContext::gather_backward) or
+    /// [`embedding_backward`](ExecContext::embedding_backward); for
+    /// [`IndexOp::Embedding`], [`ExecError::InvalidArgument`] unless `axis` is 0,
+    /// [`ExecError::InvalidShape`] unless `src_shape` is 2-D and
+    /// [`ExecError::ShapeMismatch`] unless `grad`'s last dimension is its second.
+    pub fn index_op_backward(
+        &self,
+        op: IndexOp,
+        grad: &RawTensor,
+        axis: impl Axis,
+        index: &RawTensor<i64>,
+        src_shape: &[usize],
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            IndexOp::IndexSelect => self.index_select_backward(grad, axis, index, src_shape),
+            IndexOp::Gather => self.gather_backward(grad, axis, index, src_shape),
+            IndexOp::Embedding => {
+                const OP: &str = "embedding_backward";
+                embedding_axis(OP, axis)?;
+                let &[vocab, dim] = src_shape else {
+                    return Err(ExecError::InvalidShape {
+                        op: OP,
+                        shape: Dims::new(src_shape),
+                        reason: "the table must be 2-D [vocab, dim]",
+                    });
+                };
+                if grad.shape().last() != Some(&dim) {
+                    return Err(ExecError::ShapeMismatch {
+                        op: OP,
+                        lhs: grad.dims(),
+                        rhs: Dims::new(src_shape),
+                        reason: "the gradient's last dimension must be the table's second",
+                    });
+                }
+                self.embedding_backward(grad, index, vocab)
+            }
+        }
     }
 }

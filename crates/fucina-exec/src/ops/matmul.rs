@@ -456,8 +456,8 @@ impl ExecContext {
             true => Ok(full),
             false => self.sum_to(&full, target),
         };
-        let ga = reduce(product(self, op, &g2, &bt)?, a2.shape())?.reshape(a.shape())?;
-        let gb = reduce(product(self, op, &at, &g2)?, b2.shape())?.reshape(b.shape())?;
+        let ga = reduce(transient_product(self, op, &g2, &bt)?, a2.shape())?.reshape(a.shape())?;
+        let gb = reduce(transient_product(self, op, &at, &g2)?, b2.shape())?.reshape(b.shape())?;
         Ok((ga, gb))
     }
 
@@ -481,23 +481,13 @@ impl ExecContext {
         grad: &RawTensor,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         let op = "linear_backward";
-        check_linear(op, x, w)?;
+        check_linear_grad(op, x, w, grad)?;
         let (out_f, in_f) = (w.shape()[0], w.shape()[1]);
-        let mut want = Dims::new(&x.shape()[..x.rank() - 1]);
-        want.push(out_f);
-        if grad.shape() != want.as_slice() {
-            return Err(ExecError::ShapeMismatch {
-                op,
-                lhs: grad.dims(),
-                rhs: want,
-                reason: "grad must be [..., out] with x's leading dims",
-            });
-        }
-        let gx = product(self, op, grad, w)?;
+        let gx = transient_product(self, op, grad, w)?;
         let rows = x.numel() / in_f;
         let g2 = self.contiguous(grad)?.reshape(&[rows, out_f])?;
         let x2 = self.contiguous(x)?.reshape(&[rows, in_f])?;
-        let gw = product(self, op, &g2.transpose(0, 1)?, &x2)?;
+        let gw = transient_product(self, op, &g2.transpose(0, 1)?, &x2)?;
         let gs = g2.contiguous_slice();
         let gb = self.new_tensor(op, &[out_f], |out| {
             self.par_rows(out, 1, rows, |cols, o| {
@@ -525,7 +515,7 @@ impl ExecContext {
 }
 
 /// `a · b` for internal callers (transient right-hand side).
-fn product(
+fn transient_product(
     ctx: &ExecContext,
     op: &'static str,
     a: &RawTensor,
@@ -777,6 +767,28 @@ impl<'a> RhsSource<'a> {
     }
 }
 
+/// Validates `linear(x, w)` and a gradient `grad` of its output (`[..., out]`
+/// with `x`'s leading dims).
+fn check_linear_grad(
+    op: &'static str,
+    x: &RawTensor,
+    w: &RawTensor,
+    grad: &RawTensor,
+) -> Result<(), ExecError> {
+    check_linear(op, x, w)?;
+    let mut want = Dims::new(&x.shape()[..x.rank() - 1]);
+    want.push(w.shape()[0]);
+    if grad.shape() != want.as_slice() {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: grad.dims(),
+            rhs: want,
+            reason: "grad must be [..., out] with x's leading dims",
+        });
+    }
+    Ok(())
+}
+
 /// Validates `linear(x, w)` and returns the `wᵀ` view `[in, out]`.
 fn check_linear(op: &'static str, x: &RawTensor, w: &RawTensor) -> Result<RawTensor, ExecError> {
     if w.rank() != 2 {
@@ -795,4 +807,161 @@ fn check_linear(op: &'static str, x: &RawTensor, w: &RawTensor) -> Result<RawTen
         });
     }
     w.transpose(0, 1)
+}
+
+/// The descriptor of the matrix-product family: one variant per op, naming its
+/// forward kernel (run by [`ExecContext::product`]) and its backward kernel
+/// (run by [`ExecContext::product_backward`]). The named methods
+/// ([`matmul`](ExecContext::matmul), [`linear`](ExecContext::linear) and their
+/// `_with` forms) run the same kernels; the autograd layer records one variant
+/// per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProductOp {
+    /// [`ExecContext::matmul`]: the batched, broadcasting product `a · b`.
+    Matmul,
+    /// [`ExecContext::linear`]: `x · wᵀ + bias`, `w` being `[out, in]`.
+    Linear,
+}
+
+impl ProductOp {
+    /// Every op of the family, in declaration order.
+    pub const ALL: &'static [ProductOp] = &[ProductOp::Matmul, ProductOp::Linear];
+
+    /// The op's name (the name of its `ExecContext` method).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProductOp::Matmul => "matmul",
+            ProductOp::Linear => "linear",
+        }
+    }
+
+    /// The name of the op's backward kernel.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            ProductOp::Matmul => "matmul_backward",
+            ProductOp::Linear => "linear_backward",
+        }
+    }
+
+    /// Whether the op takes a bias operand (`linear`).
+    pub fn takes_bias(self) -> bool {
+        matches!(self, ProductOp::Linear)
+    }
+}
+
+/// The gradients [`ExecContext::product_backward`] returns: of the left operand,
+/// the right operand and the bias, each `None` unless it was asked for.
+pub type ProductGrads = [Option<RawTensor>; 3];
+
+impl ExecContext {
+    /// Runs the forward kernel of `op` on `a` and `b` (and `bias`, for ops that
+    /// [take one](ProductOp::takes_bias)): the same kernel, and the same bits, as
+    /// the op's named `_with` method.
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, MatmulOptions, ProductOp};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[1, 2], &[1., 2.])?;
+    /// let w = ctx.from_slice(&[3, 2], &[1., 0., 0., 1., 1., 1.])?;
+    /// let y = ctx.product(ProductOp::Linear, &x, &w, None, MatmulOptions::default())?;
+    /// assert_eq!(y.to_vec(), ctx.linear(&x, &w, None)?.to_vec());
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`matmul_with`](ExecContext::matmul_with) or
+    /// [`linear_with`](ExecContext::linear_with); [`ExecError::InvalidArgument`]
+    /// if `bias` is given to an op that takes none.
+    pub fn product(
+        &self,
+        op: ProductOp,
+        a: &RawTensor,
+        b: &RawTensor,
+        bias: Option<&RawTensor>,
+        options: MatmulOptions,
+    ) -> Result<RawTensor, ExecError> {
+        match op {
+            ProductOp::Matmul if bias.is_some() => Err(ExecError::InvalidArgument {
+                op: "matmul",
+                reason: "matmul takes no bias (linear does)",
+            }),
+            ProductOp::Matmul => self.matmul_with(a, b, options),
+            ProductOp::Linear => self.linear_with(a, b, bias, options),
+        }
+    }
+
+    /// Runs the backward kernel of `op`: the gradients of `a`, `b` and the bias
+    /// from the output's gradient `grad`, each computed only where `needs` asks
+    /// for it (`needs[2]`, the bias, only for ops that take one).
+    ///
+    /// - `Matmul` is [`matmul_backward`](ExecContext::matmul_backward) (both
+    ///   products run; the unasked one is dropped).
+    /// - `Linear` is [`linear_backward`](ExecContext::linear_backward) when the
+    ///   input's gradient is asked for; when it is not (a first layer over data),
+    ///   the largest of the three products, `grad · w`, is skipped: the weight's
+    ///   gradient is the same product `gradᵀ · x` over the flattened rows, and the
+    ///   bias's is [`sum`](ExecContext::sum) of the gradient rows along axis 0.
+    ///
+    /// # Errors
+    /// As the named backward kernel ([`ExecError::ShapeMismatch`] if `grad` does
+    /// not have the product's shape); [`ExecError::InvalidArgument`] if the bias's
+    /// gradient is asked of an op that takes no bias.
+    pub fn product_backward(
+        &self,
+        op: ProductOp,
+        a: &RawTensor,
+        b: &RawTensor,
+        grad: &RawTensor,
+        needs: [bool; 3],
+    ) -> Result<ProductGrads, ExecError> {
+        match op {
+            ProductOp::Matmul if needs[2] => Err(ExecError::InvalidArgument {
+                op: "matmul_backward",
+                reason: "matmul has no bias to differentiate (linear does)",
+            }),
+            ProductOp::Matmul => {
+                let (ga, gb) = self.matmul_backward(a, b, grad)?;
+                Ok([needs[0].then_some(ga), needs[1].then_some(gb), None])
+            }
+            ProductOp::Linear if !needs[0] => {
+                check_linear_grad("linear_backward", a, b, grad)?;
+                let (gw, gb) = linear_param_grads(self, a, grad, needs[1], needs[2])?;
+                Ok([None, gw, gb])
+            }
+            ProductOp::Linear => {
+                let (gx, gw, gb) = self.linear_backward(a, b, grad)?;
+                Ok([Some(gx), needs[1].then_some(gw), needs[2].then_some(gb)])
+            }
+        }
+    }
+}
+
+/// The weight's and the bias's gradients of `linear` over the input `x` (each
+/// only when wanted): `gradᵀ · x` over all leading rows, and `grad` summed over
+/// the rows.
+fn linear_param_grads(
+    ctx: &ExecContext,
+    x: &RawTensor,
+    g: &RawTensor,
+    want_w: bool,
+    want_b: bool,
+) -> Result<(Option<RawTensor>, Option<RawTensor>), ExecError> {
+    let out = *g.shape().last().expect("rank >= 1");
+    let inn = *x.shape().last().expect("rank >= 1");
+    let rows = g.numel() / out;
+    let g2 = ctx.contiguous(g)?.reshape(&[rows, out])?;
+    let gw = if want_w {
+        let x2 = ctx.contiguous(x)?.reshape(&[rows, inn])?;
+        Some(ctx.matmul(&g2.transpose(0, 1)?, &x2)?)
+    } else {
+        None
+    };
+    let gb = if want_b {
+        Some(ctx.sum(&g2, 0, false)?)
+    } else {
+        None
+    };
+    Ok((gw, gb))
 }

@@ -16,3 +16,4 @@ pub(crate) mod scan;
 pub(crate) mod scatter;
 pub(crate) mod select;
 pub(crate) mod softmax;
+pub(crate) mod view;

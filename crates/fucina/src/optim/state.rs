@@ -339,9 +339,15 @@ mod fault {
     }
 }
 
+/// The autograd tests' `sum(w * w)` step (the integration tests use it too).
+#[cfg(test)]
+#[path = "../../../fucina-autograd/tests/support/square.rs"]
+mod square;
+
 #[cfg(test)]
 mod tests {
     use super::fault::LEFT;
+    use super::square;
     use crate::nn::Parameter;
     use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
     use fucina_exec::ExecContext;
@@ -365,13 +371,7 @@ mod tests {
     fn backward(ctx: &ExecContext, params: &[Parameter]) {
         for p in params {
             p.zero_grad();
-            let t = p.tensor();
-            t.mul(ctx, &t)
-                .unwrap()
-                .sum_all(ctx)
-                .unwrap()
-                .backward(ctx)
-                .unwrap();
+            square::backward_sum_of_squares(ctx, &p.tensor());
         }
     }
 
