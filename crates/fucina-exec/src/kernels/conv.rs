@@ -217,18 +217,28 @@ pub(crate) fn pack_cols(g: &ConvGeom, xg: &[f32], j0: usize, cols: usize, dst: &
     }
 }
 
-/// Writes the column matrix of one group of one sample over the columns `j0..j0
-/// + cols` row-major into `dst` (`K x cols`).
-pub(crate) fn im2col_block(g: &ConvGeom, xg: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
-    let hw = g.hw();
-    for c in 0..g.cg() {
-        let img = &xg[c * hw..][..hw];
-        for r in 0..g.kh {
-            for s in 0..g.kw {
-                let kk = (c * g.kh + r) * g.kw + s;
-                im2col_row(g, img, r, s, j0, &mut dst[kk * cols..][..cols]);
-            }
-        }
+/// Writes rows `rows` (a range of `kk`) of the column matrix of one group of one
+/// sample over the columns `j0..j0 + cols` row-major into `dst` (`rows.len() x
+/// cols`).
+pub(crate) fn im2col_rows(
+    g: &ConvGeom,
+    xg: &[f32],
+    rows: std::ops::Range<usize>,
+    j0: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let (hw, taps) = (g.hw(), g.kh * g.kw);
+    for (i, kk) in rows.enumerate() {
+        let (c, r, s) = (kk / taps, kk % taps / g.kw, kk % g.kw);
+        im2col_row(
+            g,
+            &xg[c * hw..][..hw],
+            r,
+            s,
+            j0,
+            &mut dst[i * cols..][..cols],
+        );
     }
 }
 

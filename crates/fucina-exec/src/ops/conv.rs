@@ -11,8 +11,10 @@
 //! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
 //!   back into the image positions it came from (col2im); the pointwise case writes
 //!   the product straight into the gradient.
-//! - **Weight gradient**: `dY · Bᵀ` per sample and column block, accumulated onto
-//!   the gradient sample after sample (the batch in increasing order).
+//! - **Weight gradient**: its transpose `B · dYᵀ` (`[K, Og]` per group) per sample
+//!   and column block, accumulated sample after sample (the batch in increasing
+//!   order), with the `K` rows split over the team so each thread builds only its
+//!   own rows of the column matrix; then transposed into `[C_out, K]`.
 //! - **Depthwise** (`groups == in == out`): direct kernels, vectorized over the
 //!   output columns.
 //!
@@ -23,7 +25,8 @@
 //! the team size or the vector level; the weight gradient sums over the batch in
 //! sample order, and the bias gradient sums each sample's plane (the fixed-lane
 //! sum of the reductions) in sample order. Work is split over samples x groups
-//! (forward, input gradient) or output channels (weight and bias gradients), so
+//! (forward, input gradient), rows of `K` (weight gradient) or output channels
+//! (bias gradient), so
 //! every output element is computed by one thread, the same way for any team.
 
 use crate::context::ExecContext;
@@ -660,8 +663,8 @@ fn weight_grad(
     let level = simd::level();
     let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
     let mut done = Ok(());
-    let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
-        if g.is_depthwise() {
+    if g.is_depthwise() {
+        let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
             let taps = g.kh * g.kw;
             let work = g.n * ohw * taps;
             done = ctx.par_rows_with_scratch(op, dw, taps, work, g.ow, |chans, o, acc| {
@@ -673,40 +676,38 @@ fn weight_grad(
                     vectorized!(k::depthwise_weight_grad(&g, planes, acc, d));
                 }
             });
-            return;
-        }
-        let jd = g.col_block();
-        let kp = kk.div_ceil(NR) * NR;
-        let scratch = kk * jd + kp * jd + a_scratch_len(og);
-        let work = kk * g.n * ohw;
-        done = ctx.par_rows_with_scratch(op, dw, kk, work, scratch, |rows, o, sc| {
+        })?;
+        return done.map(|()| dw);
+    }
+    // `dW_gᵀ` (`[K, Og]` per group) `= B · dYᵀ`, its `K` rows split over the
+    // team: each chunk builds only its own rows of the column matrix.
+    let jd = g.col_block();
+    let op_ = og.div_ceil(NR) * NR;
+    let scratch = kk * jd + op_ * jd + a_scratch_len(kk);
+    let work = og * g.n * ohw;
+    let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
+        done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
             let (cols_buf, rest) = sc.split_at_mut(kk * jd);
-            let (packed, a_sc) = rest.split_at_mut(kp * jd);
-            for_each_run(rows, og, kk, o, |gi, run, c| {
+            let (packed, a_sc) = rest.split_at_mut(op_ * jd);
+            for_each_run(rows, kk, og, o, |gi, run, c| {
                 c.fill(0.0);
+                let ka = run.start - gi * kk;
                 for ni in 0..g.n {
                     let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
-                    let dy_off = (ni * g.c_out + run.start) * ohw;
+                    let dy_off = (ni * g.c_out + gi * og) * ohw;
                     for j0 in (0..ohw).step_by(jd) {
                         let cols = jd.min(ohw - j0);
-                        let t = &mut cols_buf[..kk * cols];
-                        k::im2col_block(&g, xg, j0, cols, t);
-                        // `Bᵀ` (`cols x K`) into panels of NR weight columns.
-                        for p in 0..kk.div_ceil(NR) {
+                        let t = &mut cols_buf[..run.len() * cols];
+                        k::im2col_rows(&g, xg, ka..ka + run.len(), j0, cols, t);
+                        // `dYᵀ` (`cols x Og`) into panels of NR output channels.
+                        for p in 0..og.div_ceil(NR) {
                             let d = &mut packed[p * cols * NR..][..cols * NR];
-                            gemm::pack_b_panel(
-                                d,
-                                t,
-                                p * NR * cols,
-                                1,
-                                cols,
-                                cols,
-                                NR.min(kk - p * NR),
-                            );
+                            let off = dy_off + p * NR * ohw + j0;
+                            gemm::pack_b_panel(d, dys, off, 1, ohw, cols, NR.min(og - p * NR));
                         }
                         let lhs = LhsRows {
-                            data: dys,
-                            row_off: |i| dy_off + i * ohw + j0,
+                            data: &*t,
+                            row_off: |i| i * cols,
                             cs: 1,
                         };
                         let args = GemmArgs {
@@ -714,8 +715,8 @@ fn weight_grad(
                             lhs: &lhs,
                             m: run.len(),
                             k: cols,
-                            n: kk,
-                            rhs: Rhs::Packed(&packed[..kk.div_ceil(NR) * cols * NR]),
+                            n: og,
+                            rhs: Rhs::Packed(&packed[..og.div_ceil(NR) * cols * NR]),
                             accumulate: true,
                         };
                         gemm::gemm(&args, c, a_sc);
@@ -724,5 +725,14 @@ fn weight_grad(
             });
         });
     })?;
-    done.map(|()| dw)
+    done?;
+    let dt = dwt.contiguous_slice();
+    ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
+        for (row, d) in dw.chunks_exact_mut(kk).enumerate() {
+            let (gi, o) = (row / og, row % og);
+            for (kx, v) in d.iter_mut().enumerate() {
+                *v = dt[(gi * kk + kx) * og + o];
+            }
+        }
+    })
 }
