@@ -2,6 +2,18 @@
 //! shape (a quick probe, not a benchmark: see `benches/benches/conv.rs`).
 //!
 //! `cargo run --release -p fucina-exec --example conv_probe -- [threads]`
+//!
+//! Prints each part's GFLOP/s and its fraction of the FMA peak of the same
+//! thread count, measured in the same process by the probe of
+//! `benches/src/lib.rs` (included here, so this example needs none of the
+//! benches crate's peer libraries).
+
+// The probe names the workspace's RNG as `fucina::rng`: the same crate.
+extern crate fucina_exec as fucina;
+
+#[path = "../../../benches/src/lib.rs"]
+#[allow(dead_code, missing_docs, unreachable_pub)]
+mod probe;
 
 use std::time::Instant;
 
@@ -23,6 +35,14 @@ fn median(mut f: impl FnMut()) -> f64 {
 fn main() {
     let threads = std::env::args().nth(1).map_or(1, |a| a.parse().unwrap());
     let ctx = ExecContext::with_threads(threads);
+    let peak = probe::peak(threads);
+    println!(
+        "FMA peak, {threads} thread(s): {:.1} GFLOP/s ({}; AVX2 {:.1})",
+        peak.best(),
+        peak.best_label(),
+        peak.avx2.unwrap_or(0.0)
+    );
+    let pk = peak.best();
     for (x, cout, k, p, g) in [
         ([64, 1, 28, 28], 32, 3, 1, 1),
         ([64, 32, 14, 14], 64, 3, 1, 1),
@@ -52,17 +72,27 @@ fn main() {
         let a = t(&[cout, kk]);
         let bm = t(&[kk, cols]);
         let mm = median(|| drop(ctx.matmul(&a, &bm).unwrap()));
+        let all = fwd + dx + dw + db;
+        let frac = |gf: f64| gf / pk;
         println!(
-            "{x:?}->{cout} k{k} g{g} t{threads}: fwd {:.2} ms ({:.1} GF/s) dx {:.2} ms ({:.1}) dw {:.2} ms ({:.1}) db {:.3} ms | matmul {:.2} ms ({:.1})",
+            "{x:?}->{cout} k{k} g{g} t{threads}: fwd {:.2} ms ({:.1} GF/s, {:.3} of peak) \
+             | dx {:.2} ms ({:.1}) dw {:.2} ms ({:.1}) db {:.3} ms \
+             | fwd+bwd {:.2} ms ({:.1} GF/s, {:.3} of peak) \
+             | matmul baseline {:.2} ms ({:.1} GF/s, {:.3} of peak)",
             fwd * 1e3,
             flops / fwd,
+            frac(flops / fwd),
             dx * 1e3,
             flops / dx,
             dw * 1e3,
             flops / dw,
             db * 1e3,
+            all * 1e3,
+            3.0 * flops / all,
+            frac(3.0 * flops / all),
             mm * 1e3,
-            flops / mm
+            flops / mm,
+            frac(flops / mm)
         );
     }
 }

@@ -490,7 +490,12 @@ fn conv_forward(
             return;
         }
         let jb = g.col_block();
-        let scratch = kk * jb + a_scratch_len(og);
+        let wide = if g.is_wide() {
+            og * jb + g.xpad_len()
+        } else {
+            0
+        };
+        let scratch = kk * jb + wide + a_scratch_len(og);
         done =
             ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
                 for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
@@ -517,11 +522,6 @@ fn forward_unit(
     level: SimdLevel,
 ) {
     let (og, kk, ohw) = (g.og(), g.k(), g.ohw());
-    if let Some(b) = bias {
-        for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
-            row.fill(b[gi * og + o]);
-        }
-    }
     let lhs = LhsRows {
         data: ws,
         row_off: |o| (gi * og + o) * kk,
@@ -529,6 +529,43 @@ fn forward_unit(
     };
     let jb = g.col_block();
     let (packed, a_sc) = sc.split_at_mut(kk * jb);
+    if g.is_wide() {
+        // Stride 1: the product over the padded image's wide columns (each
+        // packed row one copy), then the valid columns copied out. The valid
+        // outputs are the same chains as the column matrix's, bit for bit.
+        let (cbuf, rest) = a_sc.split_at_mut(og * jb);
+        let (xpad, a_sc) = rest.split_at_mut(g.xpad_len());
+        k::pad_image(g, xg, xpad);
+        let wc = g.wide_cols();
+        for j0 in (0..wc).step_by(jb) {
+            let cols = jb.min(wc - j0);
+            let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
+            k::pack_wide(g, xpad, j0, cols, pk);
+            let c = &mut cbuf[..og * cols];
+            if let Some(b) = bias {
+                for (o, row) in c.chunks_exact_mut(cols).enumerate() {
+                    row.fill(b[gi * og + o]);
+                }
+            }
+            let args = GemmArgs {
+                level,
+                lhs: &lhs,
+                m: og,
+                k: kk,
+                n: cols,
+                rhs: Rhs::Packed(pk),
+                accumulate: bias.is_some(),
+            };
+            gemm::gemm(&args, c, a_sc);
+            k::unwiden(g, c, j0, cols, y);
+        }
+        return;
+    }
+    if let Some(b) = bias {
+        for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
+            row.fill(b[gi * og + o]);
+        }
+    }
     for j0 in (0..ohw).step_by(jb) {
         let cols = jb.min(ohw - j0);
         let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
