@@ -95,6 +95,13 @@ impl ConvGeom {
     pub(crate) fn xpad_len(&self) -> usize {
         self.cg() * self.hp() * self.wp() + self.wp()
     }
+    /// Where row `kk = (c, r, s)` of the wide column matrix starts in the padded
+    /// planes: `c * Hp * Wp + r * dh * Wp + s * dw`.
+    pub(crate) fn tap_off(&self, kk: usize) -> usize {
+        let taps = self.kh * self.kw;
+        let (c, r, s) = (kk / taps, kk % taps / self.kw, kk % self.kw);
+        c * self.hp() * self.wp() + r * self.dil[0] * self.wp() + s * self.dil[1]
+    }
     /// Columns of one block of the column matrix: the packed block (`K x cols`)
     /// stays within about 1 MiB, in L2 while the GEMM streams it. A function of
     /// `K` only (never of the batch or the team), so blocking cannot change a sum.
@@ -263,14 +270,11 @@ pub(crate) fn pad_image(g: &ConvGeom, xg: &[f32], xpad: &mut [f32]) {
 /// (padding included); the columns `ow' >= OW` are discarded by the caller.
 pub(crate) fn pack_wide(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
     let k = g.k();
-    let (wp, plane, taps) = (g.wp(), g.hp() * g.wp(), g.kh * g.kw);
-    let [dh, dw] = g.dil;
     for p in 0..cols.div_ceil(NR) {
         let w = NR.min(cols - p * NR);
         let panel = &mut dst[p * k * NR..][..k * NR];
         for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
-            let (c, r, s) = (kk / taps, kk % taps / g.kw, kk % g.kw);
-            let src = &xpad[c * plane + r * dh * wp + s * dw + j0 + p * NR..][..w];
+            let src = &xpad[g.tap_off(kk) + j0 + p * NR..][..w];
             if let (Ok(d), Ok(src)) = (
                 <&mut [f32; NR]>::try_from(&mut *d),
                 <&[f32; NR]>::try_from(src),
@@ -280,6 +284,42 @@ pub(crate) fn pack_wide(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst:
                 d[..w].copy_from_slice(src);
                 d[w..].fill(0.0);
             }
+        }
+    }
+}
+
+/// Writes output-gradient rows (`dy`: `rows x OH * OW`) at the padded width
+/// into `wide` (`rows x OH * Wp`), zero in the columns `ow' >= OW`.
+pub(crate) fn widen(g: &ConvGeom, dy: &[f32], wide: &mut [f32]) {
+    let (wp, ohw, wc) = (g.wp(), g.ohw(), g.wide_cols());
+    wide.fill(0.0);
+    for (src, dst) in dy.chunks_exact(ohw).zip(wide.chunks_exact_mut(wc)) {
+        for (s, d) in src.chunks_exact(g.ow).zip(dst.chunks_exact_mut(wp)) {
+            d[..g.ow].copy_from_slice(s);
+        }
+    }
+}
+
+/// Adds a wide column-matrix gradient block (`K x cols`, wide columns `j0..j0 +
+/// cols`) into zero-padded planes `dxpad`: row `kk` is one contiguous run at
+/// [`ConvGeom::tap_off`]`(kk) + j0`, rows in increasing `kk` order.
+pub(crate) fn col2im_wide(g: &ConvGeom, dxpad: &mut [f32], j0: usize, cols: usize, src: &[f32]) {
+    for (kk, row) in src.chunks_exact(cols).enumerate() {
+        for (x, &v) in dxpad[g.tap_off(kk) + j0..][..cols].iter_mut().zip(row) {
+            *x += v;
+        }
+    }
+}
+
+/// Copies the interior (the image) of zero-padded planes into `Cg` planes
+/// `dxg` (`H x W` each).
+pub(crate) fn unpad_image(g: &ConvGeom, xpad: &[f32], dxg: &mut [f32]) {
+    let (hw, wp, hp) = (g.hw(), g.wp(), g.hp());
+    let [ph, pw] = g.pad;
+    for c in 0..g.cg() {
+        let src = &xpad[c * hp * wp..][..hp * wp];
+        for (ih, row) in dxg[c * hw..][..hw].chunks_exact_mut(g.w).enumerate() {
+            row.copy_from_slice(&src[(ih + ph) * wp + pw..][..g.w]);
         }
     }
 }

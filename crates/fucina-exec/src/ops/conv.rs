@@ -619,7 +619,12 @@ fn input_grad(
         }
         let jb = g.col_block();
         let pointwise = g.is_pointwise();
-        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + a_scratch_len(kk);
+        let wide = if g.is_wide() {
+            og * g.wide_cols() + g.xpad_len()
+        } else {
+            0
+        };
+        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + wide + a_scratch_len(kk);
         done =
             ctx.par_rows_with_scratch(op, dx, cg * hw, og * kk * ohw, scratch, |units, o, sc| {
                 for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
@@ -656,6 +661,35 @@ fn input_grad_unit(
     let pointwise = g.is_pointwise();
     let (cols_buf, rest) = sc.split_at_mut(if pointwise { 0 } else { kk * jb });
     let (packed, a_sc) = rest.split_at_mut(og * jb);
+    if g.is_wide() {
+        // Stride 1: `W_gᵀ · dY'` over the wide columns (`dY'` zero past each
+        // output row), each block added into the zero-padded gradient planes as
+        // one contiguous run per row, then the interior copied out.
+        let wc = g.wide_cols();
+        let (dyw, rest) = a_sc.split_at_mut(og * wc);
+        let (dxpad, a_sc) = rest.split_at_mut(g.xpad_len());
+        k::widen(g, &dys[dy_off..][..og * ohw], dyw);
+        dxpad.fill(0.0);
+        for j0 in (0..wc).step_by(jb) {
+            let cols = jb.min(wc - j0);
+            let pk = &mut packed[..cols.div_ceil(NR) * og * NR];
+            gemm::pack_b_rows(pk, dyw, j0, wc, og, cols);
+            let args = GemmArgs {
+                level,
+                lhs: &lhs,
+                m: kk,
+                k: og,
+                n: cols,
+                rhs: Rhs::Packed(pk),
+                accumulate: false,
+            };
+            let c = &mut cols_buf[..kk * cols];
+            gemm::gemm(&args, c, a_sc);
+            k::col2im_wide(g, dxpad, j0, cols, c);
+        }
+        k::unpad_image(g, dxpad, dxg);
+        return;
+    }
     if !pointwise {
         dxg.fill(0.0);
     }
@@ -720,10 +754,19 @@ fn weight_grad(
     // team: each chunk builds only its own rows of the column matrix.
     let jd = g.col_block();
     let op_ = og.div_ceil(NR) * NR;
-    let scratch = kk * jd + op_ * jd + a_scratch_len(kk);
+    let wide = g.is_wide();
+    let scratch = if wide {
+        op_ * jd + g.xpad_len() + og * g.wide_cols() + a_scratch_len(kk)
+    } else {
+        kk * jd + op_ * jd + a_scratch_len(kk)
+    };
     let work = og * g.n * ohw;
     let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
         done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
+            if wide {
+                weight_grad_wide(&g, xs, dys, rows, o, sc, level);
+                return;
+            }
             let (cols_buf, rest) = sc.split_at_mut(kk * jd);
             let (packed, a_sc) = rest.split_at_mut(op_ * jd);
             for_each_run(rows, kk, og, o, |gi, run, c| {
@@ -772,4 +815,56 @@ fn weight_grad(
             }
         }
     })
+}
+
+/// The stride-1 weight gradient of the `dW_gᵀ` rows `rows` into `o` (`rows x
+/// Og`): for each sample, the left-hand rows are read in place from the
+/// zero-padded planes (row `kk` is one contiguous run, see `pack_wide`), against
+/// `dY'ᵀ` (the output gradient at the padded width, zero past each row), block
+/// by block, accumulated sample after sample.
+fn weight_grad_wide(
+    g: &ConvGeom,
+    xs: &[f32],
+    dys: &[f32],
+    rows: std::ops::Range<usize>,
+    o: &mut [f32],
+    sc: &mut [f32],
+    level: SimdLevel,
+) {
+    let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let (jd, wc) = (g.col_block(), g.wide_cols());
+    let op_ = og.div_ceil(NR) * NR;
+    let (packed, rest) = sc.split_at_mut(op_ * jd);
+    let (xpad, rest) = rest.split_at_mut(g.xpad_len());
+    let (dyw, a_sc) = rest.split_at_mut(og * wc);
+    for_each_run(rows, kk, og, o, |gi, run, c| {
+        c.fill(0.0);
+        let ka = run.start - gi * kk;
+        for ni in 0..g.n {
+            k::pad_image(g, &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw], xpad);
+            k::widen(g, &dys[(ni * g.c_out + gi * og) * ohw..][..og * ohw], dyw);
+            for j0 in (0..wc).step_by(jd) {
+                let cols = jd.min(wc - j0);
+                for p in 0..og.div_ceil(NR) {
+                    let d = &mut packed[p * cols * NR..][..cols * NR];
+                    gemm::pack_b_panel(d, dyw, p * NR * wc + j0, 1, wc, cols, NR.min(og - p * NR));
+                }
+                let lhs = LhsRows {
+                    data: &*xpad,
+                    row_off: |i| g.tap_off(ka + i) + j0,
+                    cs: 1,
+                };
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m: run.len(),
+                    k: cols,
+                    n: og,
+                    rhs: Rhs::Packed(&packed[..og.div_ceil(NR) * cols * NR]),
+                    accumulate: true,
+                };
+                gemm::gemm(&args, c, a_sc);
+            }
+        }
+    });
 }
