@@ -8,6 +8,13 @@
 //!   about 1 MiB) straight from the image into the GEMM's right-hand-side panels
 //!   (an implicit-GEMM packer), in scratch leased from the context's pool. A 1x1
 //!   stride-1 unpadded convolution packs the image rows as they are.
+//! - **Stride 1** (the common case): the group's planes are first copied into
+//!   zero-padded planes (`Hp x Wp`); over "wide" columns `oh * Wp + ow'`, every
+//!   row of the column matrix is then one contiguous run of the padded planes, so
+//!   the forward packs each panel row with one copy and discards the columns
+//!   `ow' >= OW`, the input gradient adds each row back as one contiguous run,
+//!   and the weight gradient reads its left-hand rows in place. The valid
+//!   outputs are the same multiply-add chains as the column matrix's.
 //! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
 //!   back into the image positions it came from (col2im); the pointwise case writes
 //!   the product straight into the gradient.
@@ -760,7 +767,10 @@ fn weight_grad(
     } else {
         kk * jd + op_ * jd + a_scratch_len(kk)
     };
-    let work = og * g.n * ohw;
+    // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
+    // with few rows (a first layer over one channel) the team would mostly
+    // repeat that, so those run on the caller (the result is the same).
+    let work = if g.groups * kk < 2 * NR { 1 } else { og * g.n * ohw };
     let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
         done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
             if wide {
