@@ -770,7 +770,11 @@ fn weight_grad(
     // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
     // with few rows (a first layer over one channel) the team would mostly
     // repeat that, so those run on the caller (the result is the same).
-    let work = if g.groups * kk < 2 * NR { 1 } else { og * g.n * ohw };
+    let work = if g.groups * kk < 2 * NR {
+        1
+    } else {
+        og * g.n * ohw
+    };
     let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
         done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
             if wide {
