@@ -307,8 +307,8 @@ impl ExecContext {
     /// ```
     /// use fucina_exec::{Conv2dOptions, ExecContext};
     /// let ctx = ExecContext::new();
-    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2])?;
-    /// let w = ctx.from_vec(vec![1.0; 4], &[1, 1, 2, 2])?;
+    /// let x = ctx.from_vec(&[1, 1, 2, 2], vec![1.0, 2.0, 3.0, 4.0])?;
+    /// let w = ctx.from_vec(&[1, 1, 2, 2], vec![1.0f32; 4])?;
     /// let opts = Conv2dOptions { padding: [1, 1], ..Default::default() };
     /// let y = ctx.conv2d(&x, &w, None, opts)?;
     /// assert_eq!(y.shape(), &[1, 1, 3, 3]);
@@ -342,8 +342,8 @@ impl ExecContext {
     /// ```
     /// use fucina_exec::{Conv1dOptions, ExecContext};
     /// let ctx = ExecContext::new();
-    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0], &[1, 1, 5])?;
-    /// let w = ctx.from_vec(vec![1.0, -1.0], &[1, 1, 2])?;
+    /// let x = ctx.from_vec(&[1, 1, 5], vec![1.0, 2.0, 3.0, 4.0, 5.0])?;
+    /// let w = ctx.from_vec(&[1, 1, 2], vec![1.0f32, -1.0])?;
     /// let y = ctx.conv1d(&x, &w, None, Conv1dOptions { stride: 2, ..Default::default() })?;
     /// assert_eq!(y.to_vec(), vec![-1.0, -1.0]);
     /// # Ok::<(), fucina_exec::ExecError>(())
