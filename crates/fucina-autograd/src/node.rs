@@ -21,8 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Conv1dOptions, Conv2dOptions, Dims, ExecContext, RawTensor, ScalarOp,
-    ScopeNode, SoftmaxOp, UnaryOp,
+    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};
@@ -236,17 +235,23 @@ pub(crate) enum Saved {
     },
     /// The table's row count and the ids of `embedding`.
     Embedding { rows: usize, ids: RawTensor<i64> },
-    /// The input, the weight and the options of `conv2d` (a bias needs nothing).
+    /// The input, the weight and the options of `conv2d` (a bias needs
+    /// nothing; `groups` is `C_in / w.shape()[1]`, not stored, so the node stays
+    /// within its size budget).
     Conv2d {
         x: RawTensor,
         w: RawTensor,
-        opts: Conv2dOptions,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
     },
-    /// The input, the weight and the options of `conv1d` (a bias needs nothing).
+    /// The input, the weight and the options of `conv1d` (as `conv2d`).
     Conv1d {
         x: RawTensor,
         w: RawTensor,
-        opts: Conv1dOptions,
+        stride: usize,
+        padding: usize,
+        dilation: usize,
     },
 }
 

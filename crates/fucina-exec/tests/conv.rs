@@ -368,6 +368,13 @@ fn big_cases() -> Vec<Case> {
             o: o2([2, 1], [1, 1], [1, 1], 8),
             bias: true,
         },
+        // stride 2: the implicit packer over the column matrix and col2im
+        Case {
+            x: [5, 8, 13, 11],
+            w: [12, 8, 3, 3],
+            o: o2([2, 2], [1, 1], [1, 1], 1),
+            bias: true,
+        },
         Case {
             x: [5, 16, 10, 10],
             w: [24, 8, 1, 1],

@@ -55,14 +55,28 @@ impl Tensor {
             "conv2d",
             out,
             inputs,
-            Conv2d { x, w: wr, opts },
-            |ctx, g, needs| conv_vjp(
-                ctx,
-                g,
-                needs,
-                |ctx, g| Ok(ctx.conv2d_input_grad(x.shape(), w, g, *opts)?),
-                |ctx, g| Ok(ctx.conv2d_weight_grad(x, w.shape(), g, *opts)?),
-            )
+            Conv2d {
+                x,
+                w: wr,
+                stride: opts.stride,
+                padding: opts.padding,
+                dilation: opts.dilation,
+            },
+            |ctx, g, needs| {
+                let opts = Conv2dOptions {
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: x.shape()[1] / w.shape()[1],
+                };
+                conv_vjp(
+                    ctx,
+                    g,
+                    needs,
+                    |ctx, g| Ok(ctx.conv2d_input_grad(x.shape(), w, g, opts)?),
+                    |ctx, g| Ok(ctx.conv2d_weight_grad(x, w.shape(), g, opts)?),
+                )
+            }
         )
     }
 
@@ -105,14 +119,28 @@ impl Tensor {
             "conv1d",
             out,
             inputs,
-            Conv1d { x, w: wr, opts },
-            |ctx, g, needs| conv_vjp(
-                ctx,
-                g,
-                needs,
-                |ctx, g| Ok(ctx.conv1d_input_grad(x.shape(), w, g, *opts)?),
-                |ctx, g| Ok(ctx.conv1d_weight_grad(x, w.shape(), g, *opts)?),
-            )
+            Conv1d {
+                x,
+                w: wr,
+                stride: opts.stride,
+                padding: opts.padding,
+                dilation: opts.dilation,
+            },
+            |ctx, g, needs| {
+                let opts = Conv1dOptions {
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: x.shape()[1] / w.shape()[1],
+                };
+                conv_vjp(
+                    ctx,
+                    g,
+                    needs,
+                    |ctx, g| Ok(ctx.conv1d_input_grad(x.shape(), w, g, opts)?),
+                    |ctx, g| Ok(ctx.conv1d_weight_grad(x, w.shape(), g, opts)?),
+                )
+            }
         )
     }
 }
