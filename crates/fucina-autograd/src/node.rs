@@ -27,7 +27,6 @@ use fucina_exec::{
 use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
 use crate::error::{AutogradError, Result};
-use crate::ops::conv::ConvGeom;
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -250,17 +249,23 @@ pub(crate) enum Saved {
         axis: usize,
         index: RawTensor<i64>,
     },
-    /// The input, the weight and the options of `conv2d` (a bias needs nothing).
+    /// The input, the weight and the options of `conv2d` (a bias needs
+    /// nothing; `groups` is `C_in / w.shape()[1]`, not stored, so the node stays
+    /// within its size budget).
     Conv2d {
         x: RawTensor,
         w: RawTensor,
-        geom: ConvGeom,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
     },
-    /// The input, the weight and the options of `conv1d` (a bias needs nothing).
+    /// The input, the weight and the options of `conv1d` (as `conv2d`).
     Conv1d {
         x: RawTensor,
         w: RawTensor,
-        geom: ConvGeom,
+        stride: usize,
+        padding: usize,
+        dilation: usize,
     },
     /// The descriptor, the input shape and (for `Max` only) the input of a 2-D
     /// pooling op.

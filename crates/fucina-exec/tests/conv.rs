@@ -105,6 +105,25 @@ fn cases() -> Vec<Case> {
             o2([1, 1], [1, 1], [1, 1], 2),
             true,
         ),
+        // depthwise with taps wholly in the padding (iw = s * dw - pw >= W)
+        c(
+            [1, 2, 3, 2],
+            [2, 1, 2, 2],
+            o2([1, 1], [1, 1], [2, 3], 2),
+            true,
+        ),
+        c(
+            [1, 2, 2, 1],
+            [2, 1, 1, 2],
+            o2([1, 1], [0, 3], [1, 6], 2),
+            true,
+        ),
+        c(
+            [2, 2, 2, 5],
+            [2, 1, 2, 2],
+            o2([1, 2], [2, 1], [3, 1], 2),
+            false,
+        ),
         // stride larger than the kernel, padding larger than the kernel
         c(
             [2, 3, 9, 10],
@@ -347,6 +366,13 @@ fn big_cases() -> Vec<Case> {
             x: [5, 8, 11, 13],
             w: [8, 1, 3, 3],
             o: o2([2, 1], [1, 1], [1, 1], 8),
+            bias: true,
+        },
+        // stride 2: the implicit packer over the column matrix and col2im
+        Case {
+            x: [5, 8, 13, 11],
+            w: [12, 8, 3, 3],
+            o: o2([2, 2], [1, 1], [1, 1], 1),
             bias: true,
         },
         Case {

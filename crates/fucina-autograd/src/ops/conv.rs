@@ -3,7 +3,7 @@
 
 use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, RawTensor};
 
-use crate::error::{AutogradError, Result};
+use crate::error::Result;
 use crate::node::{GradList, grads, record};
 use crate::tensor::Tensor;
 
@@ -44,13 +44,6 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: Conv2dOptions,
     ) -> Result<Tensor> {
-        let geom = ConvGeom::pack(
-            "conv2d",
-            opts.stride,
-            opts.padding,
-            opts.dilation,
-            opts.groups,
-        )?;
         let out = ctx.conv2d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
         let (x, wr) = (self.raw.clone(), w.raw.clone());
         let inputs: &[&Tensor] = match bias {
@@ -62,14 +55,28 @@ impl Tensor {
             "conv2d",
             out,
             inputs,
-            Conv2d { x, w: wr, geom },
-            |ctx, g, needs| conv_vjp(
-                ctx,
-                g,
-                needs,
-                |ctx, g| Ok(ctx.conv2d_input_grad(x.shape(), w, g, geom.conv2d())?),
-                |ctx, g| Ok(ctx.conv2d_weight_grad(x, w.shape(), g, geom.conv2d())?),
-            )
+            Conv2d {
+                x,
+                w: wr,
+                stride: opts.stride,
+                padding: opts.padding,
+                dilation: opts.dilation,
+            },
+            |ctx, g, needs| {
+                let opts = Conv2dOptions {
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: x.shape()[1] / w.shape()[1],
+                };
+                conv_vjp(
+                    ctx,
+                    g,
+                    needs,
+                    |ctx, g| Ok(ctx.conv2d_input_grad(x.shape(), w, g, opts)?),
+                    |ctx, g| Ok(ctx.conv2d_weight_grad(x, w.shape(), g, opts)?),
+                )
+            }
         )
     }
 
@@ -101,13 +108,6 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: Conv1dOptions,
     ) -> Result<Tensor> {
-        let geom = ConvGeom::pack(
-            "conv1d",
-            [1, opts.stride],
-            [0, opts.padding],
-            [1, opts.dilation],
-            opts.groups,
-        )?;
         let out = ctx.conv1d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
         let (x, wr) = (self.raw.clone(), w.raw.clone());
         let inputs: &[&Tensor] = match bias {
@@ -119,14 +119,28 @@ impl Tensor {
             "conv1d",
             out,
             inputs,
-            Conv1d { x, w: wr, geom },
-            |ctx, g, needs| conv_vjp(
-                ctx,
-                g,
-                needs,
-                |ctx, g| Ok(ctx.conv1d_input_grad(x.shape(), w, g, geom.conv1d())?),
-                |ctx, g| Ok(ctx.conv1d_weight_grad(x, w.shape(), g, geom.conv1d())?),
-            )
+            Conv1d {
+                x,
+                w: wr,
+                stride: opts.stride,
+                padding: opts.padding,
+                dilation: opts.dilation,
+            },
+            |ctx, g, needs| {
+                let opts = Conv1dOptions {
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: x.shape()[1] / w.shape()[1],
+                };
+                conv_vjp(
+                    ctx,
+                    g,
+                    needs,
+                    |ctx, g| Ok(ctx.conv1d_input_grad(x.shape(), w, g, opts)?),
+                    |ctx, g| Ok(ctx.conv1d_weight_grad(x, w.shape(), g, opts)?),
+                )
+            }
         )
     }
 }
@@ -160,63 +174,4 @@ fn conv_vjp(
     } else {
         grads![gx, gw]
     })
-}
-
-/// A convolution's options as its graph node keeps them: 32-bit fields instead
-/// of `usize` ones, which keeps the node within its size budget (see the
-/// `node_size` test). Values that do not fit in 32 bits are refused by the
-/// forward with [`AutogradError::InvalidArgument`] before anything is recorded.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ConvGeom {
-    stride: [u32; 2],
-    padding: [u32; 2],
-    dilation: [u32; 2],
-    groups: u32,
-}
-
-impl ConvGeom {
-    /// Packs 2-D options (a 1-D convolution passes height 1: stride 1,
-    /// padding 0, dilation 1).
-    pub(crate) fn pack(
-        op: &'static str,
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-    ) -> Result<ConvGeom> {
-        let narrow = |v: usize| {
-            u32::try_from(v).map_err(|_| AutogradError::InvalidArgument {
-                op,
-                reason: "a stride, padding, dilation or group count above 2^32 - 1 cannot be recorded for backward",
-            })
-        };
-        let pair = |v: [usize; 2]| -> Result<[u32; 2]> { Ok([narrow(v[0])?, narrow(v[1])?]) };
-        Ok(ConvGeom {
-            stride: pair(stride)?,
-            padding: pair(padding)?,
-            dilation: pair(dilation)?,
-            groups: narrow(groups)?,
-        })
-    }
-
-    /// The options of the 2-D convolution this was packed from.
-    pub(crate) fn conv2d(self) -> Conv2dOptions {
-        let wide = |v: [u32; 2]| v.map(|x| x as usize);
-        Conv2dOptions {
-            stride: wide(self.stride),
-            padding: wide(self.padding),
-            dilation: wide(self.dilation),
-            groups: self.groups as usize,
-        }
-    }
-
-    /// The options of the 1-D convolution this was packed from (its width).
-    pub(crate) fn conv1d(self) -> Conv1dOptions {
-        Conv1dOptions {
-            stride: self.stride[1] as usize,
-            padding: self.padding[1] as usize,
-            dilation: self.dilation[1] as usize,
-            groups: self.groups as usize,
-        }
-    }
 }

@@ -72,6 +72,36 @@ impl ConvGeom {
     pub(crate) fn is_depthwise(&self) -> bool {
         self.cg() == 1 && self.og() == 1
     }
+    /// Stride 1 and not pointwise: the forward runs over the zero-padded image
+    /// ("wide" columns, see [`pack_wide`]).
+    pub(crate) fn is_wide(&self) -> bool {
+        self.stride == [1, 1] && !self.is_pointwise()
+    }
+    /// Width of the zero-padded image.
+    pub(crate) fn wp(&self) -> usize {
+        self.w + 2 * self.pad[1]
+    }
+    /// Height of the zero-padded image.
+    pub(crate) fn hp(&self) -> usize {
+        self.h + 2 * self.pad[0]
+    }
+    /// Wide columns: every output row at the padded width, `OH * Wp`.
+    pub(crate) fn wide_cols(&self) -> usize {
+        self.oh * self.wp()
+    }
+    /// Floats of the zero-padded planes of one group, with one padded row of
+    /// slack (the last taps' wide rows read up to `(KW - 1) * dw` floats past the
+    /// last plane).
+    pub(crate) fn xpad_len(&self) -> usize {
+        self.cg() * self.hp() * self.wp() + self.wp()
+    }
+    /// Where row `kk = (c, r, s)` of the wide column matrix starts in the padded
+    /// planes: `c * Hp * Wp + r * dh * Wp + s * dw`.
+    pub(crate) fn tap_off(&self, kk: usize) -> usize {
+        let taps = self.kh * self.kw;
+        let (c, r, s) = (kk / taps, kk % taps / self.kw, kk % self.kw);
+        c * self.hp() * self.wp() + r * self.dil[0] * self.wp() + s * self.dil[1]
+    }
     /// Columns of one block of the column matrix: the packed block (`K x cols`)
     /// stays within about 1 MiB, in L2 while the GEMM streams it. A function of
     /// `K` only (never of the batch or the team), so blocking cannot change a sum.
@@ -217,18 +247,125 @@ pub(crate) fn pack_cols(g: &ConvGeom, xg: &[f32], j0: usize, cols: usize, dst: &
     }
 }
 
-/// Writes the column matrix of one group of one sample over the columns `j0..j0
-/// + cols` row-major into `dst` (`K x cols`).
-pub(crate) fn im2col_block(g: &ConvGeom, xg: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
-    let hw = g.hw();
+/// Copies the `Cg` planes of one group (`xg`) into zero-padded planes of `Hp x
+/// Wp` (`xpad`, [`ConvGeom::xpad_len`] floats; the slack is zeroed too).
+pub(crate) fn pad_image(g: &ConvGeom, xg: &[f32], xpad: &mut [f32]) {
+    let (hw, wp, hp) = (g.hw(), g.wp(), g.hp());
+    let [ph, pw] = g.pad;
+    xpad.fill(0.0);
     for c in 0..g.cg() {
         let img = &xg[c * hw..][..hw];
-        for r in 0..g.kh {
-            for s in 0..g.kw {
-                let kk = (c * g.kh + r) * g.kw + s;
-                im2col_row(g, img, r, s, j0, &mut dst[kk * cols..][..cols]);
+        let dst = &mut xpad[c * hp * wp..][..hp * wp];
+        for (ih, row) in img.chunks_exact(g.w).enumerate() {
+            dst[(ih + ph) * wp + pw..][..g.w].copy_from_slice(row);
+        }
+    }
+}
+
+/// Packs wide columns `j0..j0 + cols` of a stride-1 convolution into GEMM
+/// panels (as [`pack_cols`]). Wide column `j' = oh * Wp + ow'` (`ow' < Wp`) of
+/// row `kk = (c, r, s)` is `xpad[c * Hp * Wp + r * dh * Wp + s * dw + j']`: each
+/// row is one contiguous run of the padded image, so a panel row is one copy.
+/// For `ow' < OW` it is exactly the column matrix's `B[kk, oh * OW + ow']`
+/// (padding included); the columns `ow' >= OW` are discarded by the caller.
+pub(crate) fn pack_wide(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
+    let k = g.k();
+    for p in 0..cols.div_ceil(NR) {
+        let w = NR.min(cols - p * NR);
+        let panel = &mut dst[p * k * NR..][..k * NR];
+        for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
+            let src = &xpad[g.tap_off(kk) + j0 + p * NR..][..w];
+            if let (Ok(d), Ok(src)) = (
+                <&mut [f32; NR]>::try_from(&mut *d),
+                <&[f32; NR]>::try_from(src),
+            ) {
+                *d = *src;
+            } else {
+                d[..w].copy_from_slice(src);
+                d[w..].fill(0.0);
             }
         }
+    }
+}
+
+/// Writes output-gradient rows (`dy`: `rows x OH * OW`) at the padded width
+/// into `wide` (`rows x OH * Wp`), zero in the columns `ow' >= OW`.
+pub(crate) fn widen(g: &ConvGeom, dy: &[f32], wide: &mut [f32]) {
+    let (wp, ohw, wc) = (g.wp(), g.ohw(), g.wide_cols());
+    wide.fill(0.0);
+    for (src, dst) in dy.chunks_exact(ohw).zip(wide.chunks_exact_mut(wc)) {
+        for (s, d) in src.chunks_exact(g.ow).zip(dst.chunks_exact_mut(wp)) {
+            d[..g.ow].copy_from_slice(s);
+        }
+    }
+}
+
+/// Adds a wide column-matrix gradient block (`K x cols`, wide columns `j0..j0 +
+/// cols`) into zero-padded planes `dxpad`: row `kk` is one contiguous run at
+/// [`ConvGeom::tap_off`]`(kk) + j0`, rows in increasing `kk` order.
+pub(crate) fn col2im_wide(g: &ConvGeom, dxpad: &mut [f32], j0: usize, cols: usize, src: &[f32]) {
+    for (kk, row) in src.chunks_exact(cols).enumerate() {
+        for (x, &v) in dxpad[g.tap_off(kk) + j0..][..cols].iter_mut().zip(row) {
+            *x += v;
+        }
+    }
+}
+
+/// Copies the interior (the image) of zero-padded planes into `Cg` planes
+/// `dxg` (`H x W` each).
+pub(crate) fn unpad_image(g: &ConvGeom, xpad: &[f32], dxg: &mut [f32]) {
+    let (hw, wp, hp) = (g.hw(), g.wp(), g.hp());
+    let [ph, pw] = g.pad;
+    for c in 0..g.cg() {
+        let src = &xpad[c * hp * wp..][..hp * wp];
+        for (ih, row) in dxg[c * hw..][..hw].chunks_exact_mut(g.w).enumerate() {
+            row.copy_from_slice(&src[(ih + ph) * wp + pw..][..g.w]);
+        }
+    }
+}
+
+/// Copies the valid columns (`ow' < OW`) of a wide output block `c` (`rows x
+/// cols`, wide columns `j0..j0 + cols`) into the output rows `y` (`rows x OH *
+/// OW`).
+pub(crate) fn unwiden(g: &ConvGeom, c: &[f32], j0: usize, cols: usize, y: &mut [f32]) {
+    let (wp, ohw) = (g.wp(), g.ohw());
+    for (crow, yrow) in c.chunks_exact(cols).zip(y.chunks_exact_mut(ohw)) {
+        let (mut j, end) = (j0, j0 + cols);
+        while j < end {
+            let (oh, ow) = (j / wp, j % wp);
+            if ow < g.ow {
+                let len = (g.ow - ow).min(end - j);
+                yrow[oh * g.ow + ow..][..len].copy_from_slice(&crow[j - j0..][..len]);
+                j += len;
+            } else {
+                j = (oh + 1) * wp;
+            }
+        }
+    }
+}
+
+/// Writes rows `rows` (a range of `kk`) of the column matrix of one group of one
+/// sample over the columns `j0..j0 + cols` row-major into `dst` (`rows.len() x
+/// cols`).
+pub(crate) fn im2col_rows(
+    g: &ConvGeom,
+    xg: &[f32],
+    rows: std::ops::Range<usize>,
+    j0: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let (hw, taps) = (g.hw(), g.kh * g.kw);
+    for (i, kk) in rows.enumerate() {
+        let (c, r, s) = (kk / taps, kk % taps / g.kw, kk % g.kw);
+        im2col_row(
+            g,
+            &xg[c * hw..][..hw],
+            r,
+            s,
+            j0,
+            &mut dst[i * cols..][..cols],
+        );
     }
 }
 
@@ -248,6 +385,52 @@ pub(crate) fn col2im_block(g: &ConvGeom, dxg: &mut [f32], j0: usize, cols: usize
     }
 }
 
+/// The output rows and columns tap `(r, s)` reads inside the image, and the
+/// input row and column of output `(0, 0)` for that tap (offsets that may be
+/// negative; only used inside the ranges).
+struct Tap {
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ih0: isize,
+    iw0: isize,
+}
+
+/// The valid output range along one axis: `o * st + off` in `0..size` for `o`
+/// in `0..out`.
+fn valid(off: isize, st: usize, size: usize, out: usize) -> std::ops::Range<usize> {
+    let lo = if off >= 0 {
+        0
+    } else {
+        off.unsigned_abs().div_ceil(st)
+    };
+    let hi = if (size as isize) - off <= 0 {
+        0
+    } else {
+        ((size as isize - off - 1) as usize) / st + 1
+    };
+    let hi = hi.min(out);
+    lo.min(hi)..hi
+}
+
+impl Tap {
+    /// No output reads the image through this tap (it lies wholly in the
+    /// padding): the offsets may then point outside the image.
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty() || self.cols.is_empty()
+    }
+}
+
+fn tap(g: &ConvGeom, r: usize, s: usize) -> Tap {
+    let ih0 = (r * g.dil[0]) as isize - g.pad[0] as isize;
+    let iw0 = (s * g.dil[1]) as isize - g.pad[1] as isize;
+    Tap {
+        rows: valid(ih0, g.stride[0], g.h, g.oh),
+        cols: valid(iw0, g.stride[1], g.w, g.ow),
+        ih0,
+        iw0,
+    }
+}
+
 /// Direct depthwise forward of one plane: `out[oh, ow] = b + Σ_(r,s) w[r, s] *
 /// x[ih, iw]` over the taps inside the image, accumulated tap after tap (row-major
 /// tap order) with separate multiplies and adds (the same bits at every vector
@@ -255,26 +438,29 @@ pub(crate) fn col2im_block(g: &ConvGeom, dxg: &mut [f32], j0: usize, cols: usize
 #[inline(always)]
 pub(crate) fn depthwise_plane(g: &ConvGeom, img: &[f32], wk: &[f32], b: f32, out: &mut [f32]) {
     out.fill(b);
-    let ow = g.ow;
+    let [sh, sw] = g.stride;
     for r in 0..g.kh {
         for s in 0..g.kw {
             let wv = wk[r * g.kw + s];
-            for oh in 0..g.oh {
-                let row = &mut out[oh * ow..][..ow];
-                walk(g, r, s, oh * ow, ow, |d0, len, src| {
-                    if let Some(i) = src {
-                        let o = &mut row[d0..d0 + len];
-                        if g.stride[1] == 1 {
-                            for (y, &x) in o.iter_mut().zip(&img[i..i + len]) {
-                                *y += wv * x;
-                            }
-                        } else {
-                            for (t, y) in o.iter_mut().enumerate() {
-                                *y += wv * img[i + t * g.stride[1]];
-                            }
-                        }
+            let t = tap(g, r, s);
+            if t.is_empty() {
+                continue;
+            }
+            for oh in t.rows.clone() {
+                let ih = (oh * sh) as isize + t.ih0;
+                let xrow = &img[ih as usize * g.w..][..g.w];
+                let yrow = &mut out[oh * g.ow..][..g.ow];
+                let x0 = (t.cols.start * sw) as isize + t.iw0;
+                let ys = &mut yrow[t.cols.clone()];
+                if sw == 1 {
+                    for (y, &x) in ys.iter_mut().zip(&xrow[x0 as usize..]) {
+                        *y += wv * x;
                     }
-                });
+                } else {
+                    for (i, y) in ys.iter_mut().enumerate() {
+                        *y += wv * xrow[x0 as usize + i * sw];
+                    }
+                }
             }
         }
     }
@@ -286,26 +472,28 @@ pub(crate) fn depthwise_plane(g: &ConvGeom, img: &[f32], wk: &[f32], b: f32, out
 #[inline(always)]
 pub(crate) fn depthwise_input_grad_plane(g: &ConvGeom, dy: &[f32], wk: &[f32], dx: &mut [f32]) {
     dx.fill(0.0);
-    let ow = g.ow;
+    let [sh, sw] = g.stride;
     for r in 0..g.kh {
         for s in 0..g.kw {
             let wv = wk[r * g.kw + s];
-            for oh in 0..g.oh {
-                let row = &dy[oh * ow..][..ow];
-                walk(g, r, s, oh * ow, ow, |d0, len, at| {
-                    if let Some(i) = at {
-                        let v = &row[d0..d0 + len];
-                        if g.stride[1] == 1 {
-                            for (x, &y) in dx[i..i + len].iter_mut().zip(v) {
-                                *x += wv * y;
-                            }
-                        } else {
-                            for (t, &y) in v.iter().enumerate() {
-                                dx[i + t * g.stride[1]] += wv * y;
-                            }
-                        }
+            let t = tap(g, r, s);
+            if t.is_empty() {
+                continue;
+            }
+            for oh in t.rows.clone() {
+                let ih = (oh * sh) as isize + t.ih0;
+                let xrow = &mut dx[ih as usize * g.w..][..g.w];
+                let ys = &dy[oh * g.ow..][t.cols.clone()];
+                let x0 = ((t.cols.start * sw) as isize + t.iw0) as usize;
+                if sw == 1 {
+                    for (x, &y) in xrow[x0..].iter_mut().zip(ys) {
+                        *x += wv * y;
                     }
-                });
+                } else {
+                    for (i, &y) in ys.iter().enumerate() {
+                        xrow[x0 + i * sw] += wv * y;
+                    }
+                }
             }
         }
     }
@@ -323,35 +511,39 @@ pub(crate) fn depthwise_weight_grad<'a>(
     acc: &mut [f32],
     dw: &mut [f32],
 ) {
-    let ow = g.ow;
-    let acc = &mut acc[..ow];
+    let [sh, sw] = g.stride;
+    let acc = &mut acc[..g.ow];
     for r in 0..g.kh {
         for s in 0..g.kw {
             acc.fill(0.0);
+            let t = tap(g, r, s);
+            if t.is_empty() {
+                // A tap wholly in the padding reads only zeros.
+                dw[r * g.kw + s] = 0.0;
+                continue;
+            }
+            let a = &mut acc[t.cols.clone()];
+            let x0 = ((t.cols.start * sw) as isize + t.iw0) as usize;
             for n in 0..g.n {
                 let (img, dy) = planes(n);
-                for oh in 0..g.oh {
-                    let row = &dy[oh * ow..][..ow];
-                    walk(g, r, s, oh * ow, ow, |d0, len, at| {
-                        if let Some(i) = at {
-                            let a = &mut acc[d0..d0 + len];
-                            let v = &row[d0..d0 + len];
-                            if g.stride[1] == 1 {
-                                for ((a, &y), &x) in a.iter_mut().zip(v).zip(&img[i..i + len]) {
-                                    *a += y * x;
-                                }
-                            } else {
-                                for (t, (a, &y)) in a.iter_mut().zip(v).enumerate() {
-                                    *a += y * img[i + t * g.stride[1]];
-                                }
-                            }
+                for oh in t.rows.clone() {
+                    let ih = ((oh * sh) as isize + t.ih0) as usize;
+                    let xrow = &img[ih * g.w..][..g.w];
+                    let ys = &dy[oh * g.ow..][t.cols.clone()];
+                    if sw == 1 {
+                        for ((a, &y), &x) in a.iter_mut().zip(ys).zip(&xrow[x0..]) {
+                            *a += y * x;
                         }
-                    });
+                    } else {
+                        for (i, (a, &y)) in a.iter_mut().zip(ys).enumerate() {
+                            *a += y * xrow[x0 + i * sw];
+                        }
+                    }
                 }
             }
             let mut sum = 0.0f32;
-            for &a in acc.iter() {
-                sum += a;
+            for &v in acc.iter() {
+                sum += v;
             }
             dw[r * g.kw + s] = sum;
         }

@@ -8,11 +8,20 @@
 //!   about 1 MiB) straight from the image into the GEMM's right-hand-side panels
 //!   (an implicit-GEMM packer), in scratch leased from the context's pool. A 1x1
 //!   stride-1 unpadded convolution packs the image rows as they are.
+//! - **Stride 1** (the common case): the group's planes are first copied into
+//!   zero-padded planes (`Hp x Wp`); over "wide" columns `oh * Wp + ow'`, every
+//!   row of the column matrix is then one contiguous run of the padded planes, so
+//!   the forward packs each panel row with one copy and discards the columns
+//!   `ow' >= OW`, the input gradient adds each row back as one contiguous run,
+//!   and the weight gradient reads its left-hand rows in place. The valid
+//!   outputs are the same multiply-add chains as the column matrix's.
 //! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
 //!   back into the image positions it came from (col2im); the pointwise case writes
 //!   the product straight into the gradient.
-//! - **Weight gradient**: `dY · Bᵀ` per sample and column block, accumulated onto
-//!   the gradient sample after sample (the batch in increasing order).
+//! - **Weight gradient**: its transpose `B · dYᵀ` (`[K, Og]` per group) per sample
+//!   and column block, accumulated sample after sample (the batch in increasing
+//!   order), with the `K` rows split over the team so each thread builds only its
+//!   own rows of the column matrix; then transposed into `[C_out, K]`.
 //! - **Depthwise** (`groups == in == out`): direct kernels, vectorized over the
 //!   output columns.
 //!
@@ -23,7 +32,8 @@
 //! the team size or the vector level; the weight gradient sums over the batch in
 //! sample order, and the bias gradient sums each sample's plane (the fixed-lane
 //! sum of the reductions) in sample order. Work is split over samples x groups
-//! (forward, input gradient) or output channels (weight and bias gradients), so
+//! (forward, input gradient), rows of `K` (weight gradient) or output channels
+//! (bias gradient), so
 //! every output element is computed by one thread, the same way for any team.
 
 use crate::context::ExecContext;
@@ -297,8 +307,8 @@ impl ExecContext {
     /// ```
     /// use fucina_exec::{Conv2dOptions, ExecContext};
     /// let ctx = ExecContext::new();
-    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2])?;
-    /// let w = ctx.from_vec(vec![1.0; 4], &[1, 1, 2, 2])?;
+    /// let x = ctx.from_vec(&[1, 1, 2, 2], vec![1.0, 2.0, 3.0, 4.0])?;
+    /// let w = ctx.from_vec(&[1, 1, 2, 2], vec![1.0f32; 4])?;
     /// let opts = Conv2dOptions { padding: [1, 1], ..Default::default() };
     /// let y = ctx.conv2d(&x, &w, None, opts)?;
     /// assert_eq!(y.shape(), &[1, 1, 3, 3]);
@@ -332,8 +342,8 @@ impl ExecContext {
     /// ```
     /// use fucina_exec::{Conv1dOptions, ExecContext};
     /// let ctx = ExecContext::new();
-    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0], &[1, 1, 5])?;
-    /// let w = ctx.from_vec(vec![1.0, -1.0], &[1, 1, 2])?;
+    /// let x = ctx.from_vec(&[1, 1, 5], vec![1.0, 2.0, 3.0, 4.0, 5.0])?;
+    /// let w = ctx.from_vec(&[1, 1, 2], vec![1.0f32, -1.0])?;
     /// let y = ctx.conv1d(&x, &w, None, Conv1dOptions { stride: 2, ..Default::default() })?;
     /// assert_eq!(y.to_vec(), vec![-1.0, -1.0]);
     /// # Ok::<(), fucina_exec::ExecError>(())
@@ -487,7 +497,12 @@ fn conv_forward(
             return;
         }
         let jb = g.col_block();
-        let scratch = kk * jb + a_scratch_len(og);
+        let wide = if g.is_wide() {
+            og * jb + g.xpad_len()
+        } else {
+            0
+        };
+        let scratch = kk * jb + wide + a_scratch_len(og);
         done =
             ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
                 for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
@@ -514,11 +529,6 @@ fn forward_unit(
     level: SimdLevel,
 ) {
     let (og, kk, ohw) = (g.og(), g.k(), g.ohw());
-    if let Some(b) = bias {
-        for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
-            row.fill(b[gi * og + o]);
-        }
-    }
     let lhs = LhsRows {
         data: ws,
         row_off: |o| (gi * og + o) * kk,
@@ -526,6 +536,43 @@ fn forward_unit(
     };
     let jb = g.col_block();
     let (packed, a_sc) = sc.split_at_mut(kk * jb);
+    if g.is_wide() {
+        // Stride 1: the product over the padded image's wide columns (each
+        // packed row one copy), then the valid columns copied out. The valid
+        // outputs are the same chains as the column matrix's, bit for bit.
+        let (cbuf, rest) = a_sc.split_at_mut(og * jb);
+        let (xpad, a_sc) = rest.split_at_mut(g.xpad_len());
+        k::pad_image(g, xg, xpad);
+        let wc = g.wide_cols();
+        for j0 in (0..wc).step_by(jb) {
+            let cols = jb.min(wc - j0);
+            let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
+            k::pack_wide(g, xpad, j0, cols, pk);
+            let c = &mut cbuf[..og * cols];
+            if let Some(b) = bias {
+                for (o, row) in c.chunks_exact_mut(cols).enumerate() {
+                    row.fill(b[gi * og + o]);
+                }
+            }
+            let args = GemmArgs {
+                level,
+                lhs: &lhs,
+                m: og,
+                k: kk,
+                n: cols,
+                rhs: Rhs::Packed(pk),
+                accumulate: bias.is_some(),
+            };
+            gemm::gemm(&args, c, a_sc);
+            k::unwiden(g, c, j0, cols, y);
+        }
+        return;
+    }
+    if let Some(b) = bias {
+        for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
+            row.fill(b[gi * og + o]);
+        }
+    }
     for j0 in (0..ohw).step_by(jb) {
         let cols = jb.min(ohw - j0);
         let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
@@ -579,7 +626,12 @@ fn input_grad(
         }
         let jb = g.col_block();
         let pointwise = g.is_pointwise();
-        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + a_scratch_len(kk);
+        let wide = if g.is_wide() {
+            og * g.wide_cols() + g.xpad_len()
+        } else {
+            0
+        };
+        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + wide + a_scratch_len(kk);
         done =
             ctx.par_rows_with_scratch(op, dx, cg * hw, og * kk * ohw, scratch, |units, o, sc| {
                 for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
@@ -616,6 +668,35 @@ fn input_grad_unit(
     let pointwise = g.is_pointwise();
     let (cols_buf, rest) = sc.split_at_mut(if pointwise { 0 } else { kk * jb });
     let (packed, a_sc) = rest.split_at_mut(og * jb);
+    if g.is_wide() {
+        // Stride 1: `W_gᵀ · dY'` over the wide columns (`dY'` zero past each
+        // output row), each block added into the zero-padded gradient planes as
+        // one contiguous run per row, then the interior copied out.
+        let wc = g.wide_cols();
+        let (dyw, rest) = a_sc.split_at_mut(og * wc);
+        let (dxpad, a_sc) = rest.split_at_mut(g.xpad_len());
+        k::widen(g, &dys[dy_off..][..og * ohw], dyw);
+        dxpad.fill(0.0);
+        for j0 in (0..wc).step_by(jb) {
+            let cols = jb.min(wc - j0);
+            let pk = &mut packed[..cols.div_ceil(NR) * og * NR];
+            gemm::pack_b_rows(pk, dyw, j0, wc, og, cols);
+            let args = GemmArgs {
+                level,
+                lhs: &lhs,
+                m: kk,
+                k: og,
+                n: cols,
+                rhs: Rhs::Packed(pk),
+                accumulate: false,
+            };
+            let c = &mut cols_buf[..kk * cols];
+            gemm::gemm(&args, c, a_sc);
+            k::col2im_wide(g, dxpad, j0, cols, c);
+        }
+        k::unpad_image(g, dxpad, dxg);
+        return;
+    }
     if !pointwise {
         dxg.fill(0.0);
     }
@@ -660,8 +741,8 @@ fn weight_grad(
     let level = simd::level();
     let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
     let mut done = Ok(());
-    let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
-        if g.is_depthwise() {
+    if g.is_depthwise() {
+        let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
             let taps = g.kh * g.kw;
             let work = g.n * ohw * taps;
             done = ctx.par_rows_with_scratch(op, dw, taps, work, g.ow, |chans, o, acc| {
@@ -673,40 +754,54 @@ fn weight_grad(
                     vectorized!(k::depthwise_weight_grad(&g, planes, acc, d));
                 }
             });
-            return;
-        }
-        let jd = g.col_block();
-        let kp = kk.div_ceil(NR) * NR;
-        let scratch = kk * jd + kp * jd + a_scratch_len(og);
-        let work = kk * g.n * ohw;
-        done = ctx.par_rows_with_scratch(op, dw, kk, work, scratch, |rows, o, sc| {
+        })?;
+        return done.map(|()| dw);
+    }
+    // `dW_gᵀ` (`[K, Og]` per group) `= B · dYᵀ`, its `K` rows split over the
+    // team: each chunk builds only its own rows of the column matrix.
+    let jd = g.col_block();
+    let op_ = og.div_ceil(NR) * NR;
+    let wide = g.is_wide();
+    let scratch = if wide {
+        op_ * jd + g.xpad_len() + og * g.wide_cols() + a_scratch_len(kk)
+    } else {
+        kk * jd + op_ * jd + a_scratch_len(kk)
+    };
+    // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
+    // with few rows (a first layer over one channel) the team would mostly
+    // repeat that, so those run on the caller (the result is the same).
+    let work = if g.groups * kk < 2 * NR {
+        1
+    } else {
+        og * g.n * ohw
+    };
+    let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
+        done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
+            if wide {
+                weight_grad_wide(&g, xs, dys, rows, o, sc, level);
+                return;
+            }
             let (cols_buf, rest) = sc.split_at_mut(kk * jd);
-            let (packed, a_sc) = rest.split_at_mut(kp * jd);
-            for_each_run(rows, og, kk, o, |gi, run, c| {
+            let (packed, a_sc) = rest.split_at_mut(op_ * jd);
+            for_each_run(rows, kk, og, o, |gi, run, c| {
                 c.fill(0.0);
+                let ka = run.start - gi * kk;
                 for ni in 0..g.n {
                     let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
-                    let dy_off = (ni * g.c_out + run.start) * ohw;
+                    let dy_off = (ni * g.c_out + gi * og) * ohw;
                     for j0 in (0..ohw).step_by(jd) {
                         let cols = jd.min(ohw - j0);
-                        let t = &mut cols_buf[..kk * cols];
-                        k::im2col_block(&g, xg, j0, cols, t);
-                        // `Bᵀ` (`cols x K`) into panels of NR weight columns.
-                        for p in 0..kk.div_ceil(NR) {
+                        let t = &mut cols_buf[..run.len() * cols];
+                        k::im2col_rows(&g, xg, ka..ka + run.len(), j0, cols, t);
+                        // `dYᵀ` (`cols x Og`) into panels of NR output channels.
+                        for p in 0..og.div_ceil(NR) {
                             let d = &mut packed[p * cols * NR..][..cols * NR];
-                            gemm::pack_b_panel(
-                                d,
-                                t,
-                                p * NR * cols,
-                                1,
-                                cols,
-                                cols,
-                                NR.min(kk - p * NR),
-                            );
+                            let off = dy_off + p * NR * ohw + j0;
+                            gemm::pack_b_panel(d, dys, off, 1, ohw, cols, NR.min(og - p * NR));
                         }
                         let lhs = LhsRows {
-                            data: dys,
-                            row_off: |i| dy_off + i * ohw + j0,
+                            data: &*t,
+                            row_off: |i| i * cols,
                             cs: 1,
                         };
                         let args = GemmArgs {
@@ -714,8 +809,8 @@ fn weight_grad(
                             lhs: &lhs,
                             m: run.len(),
                             k: cols,
-                            n: kk,
-                            rhs: Rhs::Packed(&packed[..kk.div_ceil(NR) * cols * NR]),
+                            n: og,
+                            rhs: Rhs::Packed(&packed[..og.div_ceil(NR) * cols * NR]),
                             accumulate: true,
                         };
                         gemm::gemm(&args, c, a_sc);
@@ -724,5 +819,66 @@ fn weight_grad(
             });
         });
     })?;
-    done.map(|()| dw)
+    done?;
+    let dt = dwt.contiguous_slice();
+    ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
+        for (row, d) in dw.chunks_exact_mut(kk).enumerate() {
+            let (gi, o) = (row / og, row % og);
+            for (kx, v) in d.iter_mut().enumerate() {
+                *v = dt[(gi * kk + kx) * og + o];
+            }
+        }
+    })
+}
+
+/// The stride-1 weight gradient of the `dW_gᵀ` rows `rows` into `o` (`rows x
+/// Og`): for each sample, the left-hand rows are read in place from the
+/// zero-padded planes (row `kk` is one contiguous run, see `pack_wide`), against
+/// `dY'ᵀ` (the output gradient at the padded width, zero past each row), block
+/// by block, accumulated sample after sample.
+fn weight_grad_wide(
+    g: &ConvGeom,
+    xs: &[f32],
+    dys: &[f32],
+    rows: std::ops::Range<usize>,
+    o: &mut [f32],
+    sc: &mut [f32],
+    level: SimdLevel,
+) {
+    let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let (jd, wc) = (g.col_block(), g.wide_cols());
+    let op_ = og.div_ceil(NR) * NR;
+    let (packed, rest) = sc.split_at_mut(op_ * jd);
+    let (xpad, rest) = rest.split_at_mut(g.xpad_len());
+    let (dyw, a_sc) = rest.split_at_mut(og * wc);
+    for_each_run(rows, kk, og, o, |gi, run, c| {
+        c.fill(0.0);
+        let ka = run.start - gi * kk;
+        for ni in 0..g.n {
+            k::pad_image(g, &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw], xpad);
+            k::widen(g, &dys[(ni * g.c_out + gi * og) * ohw..][..og * ohw], dyw);
+            for j0 in (0..wc).step_by(jd) {
+                let cols = jd.min(wc - j0);
+                for p in 0..og.div_ceil(NR) {
+                    let d = &mut packed[p * cols * NR..][..cols * NR];
+                    gemm::pack_b_panel(d, dyw, p * NR * wc + j0, 1, wc, cols, NR.min(og - p * NR));
+                }
+                let lhs = LhsRows {
+                    data: &*xpad,
+                    row_off: |i| g.tap_off(ka + i) + j0,
+                    cs: 1,
+                };
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m: run.len(),
+                    k: cols,
+                    n: og,
+                    rhs: Rhs::Packed(&packed[..og.div_ceil(NR) * cols * NR]),
+                    accumulate: true,
+                };
+                gemm::gemm(&args, c, a_sc);
+            }
+        }
+    });
 }

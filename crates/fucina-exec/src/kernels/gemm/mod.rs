@@ -6,7 +6,7 @@
 //! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, and these docs |
 //! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
-//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]) and the choice of kernel by vector level |
+//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`], and [`gemm_ldc`] into a column block of a wider `C`) and the choice of kernel by vector level |
 //! | `avx512.rs`, `avx2.rs`, `portable.rs` | one micro-kernel type each |
 //!
 //! A micro-kernel type exists per instruction set: `Avx512` (`12 x 32` tiles,
@@ -296,6 +296,54 @@ mod tests {
         ] {
             check(m, k, n, false);
             check(m, k, n, true);
+        }
+    }
+
+    /// `gemm_ldc` into a column block of a wider `C` gives `gemm`'s bits there
+    /// and leaves the other columns alone, at every level.
+    #[test]
+    fn gemm_ldc_writes_only_its_column_block_with_gemms_bits() {
+        for &(m, k, n, ldc, j0) in &[
+            (5, 7, 9, 20, 3),
+            (30, 600, 70, 100, 30),
+            (13, 33, 32, 32, 0),
+        ] {
+            let mut s = 11 + (m * k + n) as u64;
+            let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| lcg(&mut s)).collect();
+            let mut packed = vec![0.0f32; packed_b_len(k, n).unwrap()];
+            pack_b_rows(&mut packed, &b, 0, n, k, n);
+            let lhs = LhsRows {
+                data: &a,
+                row_off: |i| i * k,
+                cs: 1,
+            };
+            let mut scratch = vec![0.0f32; a_scratch_len(m)];
+            for level in supported_levels() {
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m,
+                    k,
+                    n,
+                    rhs: Rhs::Packed(&packed),
+                    accumulate: false,
+                };
+                let mut want = vec![0.0f32; m * n];
+                gemm(&args, &mut want, &mut scratch);
+                let mut wide = vec![7.0f32; m * ldc];
+                gemm_ldc(&args, &mut wide[j0..], ldc, &mut scratch);
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = wide[i * ldc + j];
+                        if (j0..j0 + n).contains(&j) {
+                            assert_eq!(got.to_bits(), want[i * n + j - j0].to_bits(), "{level:?}");
+                        } else {
+                            assert_eq!(got, 7.0, "{level:?}: column {j} outside the block");
+                        }
+                    }
+                }
+            }
         }
     }
 
