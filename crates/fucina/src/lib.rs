@@ -40,7 +40,7 @@
 //! | [`nn`] | `fucina` | layers, [`nn::Parameter`], [`nn::Module`] |
 //! | [`optim`] | `fucina` | SGD, Adam, AdamW, clipping, schedules |
 //! | [`checkpoint`] | `fucina` | safetensors checkpoints: named tensors and metadata |
-//! | [`data`] | `fucina` | the data sets shipped with fucina and their reader |
+//! | [`data`] | `fucina` | the shipped data sets, the IDX reader (MNIST-style sets), the [`data::DataLoader`] |
 //! | [`diag`] | `fucina` | [`memory_stats`], [`diag::CountingAllocator`] |
 //! | [`sample`] | `fucina` | seeded sampling from tensors: [`sample::multinomial`] |
 //! | [`autograd`] | `fucina-autograd` | the differentiable [`Tensor`], [`no_grad`], [`custom_vjp`], [`gradcheck`] |
