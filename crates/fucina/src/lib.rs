@@ -37,7 +37,7 @@
 //!
 //! | module | crate | what it holds |
 //! | --- | --- | --- |
-//! | [`nn`] | `fucina` | layers, [`nn::Parameter`], [`nn::Module`] |
+//! | [`nn`] | `fucina` | layers (dense, convolutional, normalization, pooling, attention), [`nn::Parameter`], [`nn::Buffer`], [`nn::Module`] |
 //! | [`optim`] | `fucina` | SGD, Adam, AdamW, clipping, schedules |
 //! | [`checkpoint`] | `fucina` | safetensors checkpoints: named tensors and metadata |
 //! | [`data`] | `fucina` | the shipped data sets, the IDX reader (MNIST-style sets), the [`data::DataLoader`] |
@@ -193,8 +193,8 @@ pub use fucina_thread::{Team, TeamOptions};
 /// The names a training program uses, for `use fucina::prelude::*`.
 pub mod prelude {
     pub use crate::nn::{
-        Block, CausalSelfAttention, Dropout, Embedding, Forward, Gelu, LayerNorm, Linear, Module,
-        Parameter, Relu, RmsNorm, Sequential, StateDict,
+        Block, Buffer, CausalSelfAttention, Dropout, Embedding, Forward, Gelu, LayerNorm, Linear,
+        Module, Parameter, Relu, RmsNorm, Sequential, StateDict,
     };
     pub use crate::optim::{
         Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,
