@@ -1,8 +1,11 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`],
 //! activations, [`Sequential`] composition, a small transformer
-//! ([`CausalSelfAttention`], [`Block`]).
+//! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
+//! networks ([`Conv1d`], [`Conv2d`], [`BatchNorm1d`], [`BatchNorm2d`],
+//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`Flatten`]).
 //!
-//! Non-trainable state a layer saves with its weights lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
+//! Non-trainable state a layer saves with its weights (batch norm's running
+//! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
 //! included in [`Module::state_dict`] and the checkpoints.
 //!
 //! Every layer holds its weights as [`Parameter`]s: shared handles to a leaf
@@ -33,6 +36,7 @@
 
 mod attention;
 mod buffer;
+mod conv;
 mod layers;
 mod parameter;
 mod sequential;
@@ -40,6 +44,9 @@ mod state_dict;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
 pub use buffer::Buffer;
+pub use conv::{
+    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
+};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
