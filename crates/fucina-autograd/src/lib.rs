@@ -49,8 +49,14 @@ pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradch
 pub use node::{BackwardOptions, Grads, free_graph_nodes};
 pub use tensor::Tensor;
 
+/// The option and result types of the convolutional-network ops, re-exported
+/// from the exec layer.
+pub use fucina_exec::{BatchNormStats, Pool2dOp, Pool2dOptions};
+
 /// The exec layer this crate is built on.
 pub use fucina_exec as exec;
+/// The convolution options (`Tensor::conv1d`, `Tensor::conv2d`), from the exec layer.
+pub use fucina_exec::{Conv1dOptions, Conv2dOptions};
 
 #[cfg(test)]
 mod static_checks {

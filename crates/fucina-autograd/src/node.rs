@@ -21,10 +21,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fucina_exec::{
-    AxisReduction, BinaryOp, Dims, ExecContext, RawTensor, ScalarOp, ScopeNode, SoftmaxOp, UnaryOp,
+    AxisReduction, BinaryOp, Dims, ExecContext, Pool2dOp, RawTensor, ScalarOp, ScopeNode,
+    SoftmaxOp, UnaryOp,
 };
 
 use crate::error::{AutogradError, Result};
+use crate::ops::conv::ConvGeom;
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
 /// the input needs none).
@@ -235,6 +237,33 @@ pub(crate) enum Saved {
     },
     /// The table's row count and the ids of `embedding`.
     Embedding { rows: usize, ids: RawTensor<i64> },
+    /// The input, the weight and the options of `conv2d` (a bias needs nothing).
+    Conv2d {
+        x: RawTensor,
+        w: RawTensor,
+        geom: ConvGeom,
+    },
+    /// The input, the weight and the options of `conv1d` (a bias needs nothing).
+    Conv1d {
+        x: RawTensor,
+        w: RawTensor,
+        geom: ConvGeom,
+    },
+    /// The descriptor, the input shape and (for `Max` only) the input of a 2-D
+    /// pooling op.
+    Pool2d {
+        op: Pool2dOp,
+        shape: Dims,
+        x: Option<RawTensor>,
+    },
+    /// The input of a batch norm and its per-channel `[3, C]` parameters (rows
+    /// `gamma`, the mean and `inv_std` it normalized with), packed so that the
+    /// node stays small.
+    BatchNorm {
+        x: RawTensor,
+        params: RawTensor,
+        training: bool,
+    },
 }
 
 /// Records an op node whose backward reads a typed [`Saved`] variant:

@@ -95,6 +95,20 @@ pub enum ExecError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// An op's option has a value outside its domain, or one that does not fit
+    /// the operands (a stride of 0, a group count that does not divide the
+    /// channels).
+    #[error("{op}: {name} = {value} is invalid: {reason}")]
+    InvalidOption {
+        /// The operation.
+        op: &'static str,
+        /// The option (`"stride[1]"`, `"groups"`, ...).
+        name: &'static str,
+        /// The value that was given.
+        value: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The buffer pool could not provide the memory.
     #[error("{op}: out of memory: {source}")]
     OutOfMemory {

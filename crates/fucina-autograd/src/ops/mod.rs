@@ -1,11 +1,15 @@
 //! The differentiable op surface: each op runs the exec layer's forward kernel,
 //! then records a VJP built from the exec layer's backward kernels.
 
+pub(crate) mod batch_norm;
+pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod nn;
+pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod scan;
 pub(crate) mod view;
 
 use fucina_exec::{ExecContext, RawTensor};

@@ -2,6 +2,7 @@
 //! [`crate::ops`] validate, allocate and split the work; kernels compute. The hot
 //! loops run at the vector level chosen at run time ([`simd`]).
 
+pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod index;
 pub(crate) mod math;

@@ -3,11 +3,16 @@
 //! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
+pub(crate) mod batch_norm;
+pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod norm;
+pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod scan;
+pub(crate) mod scatter;
 pub(crate) mod select;
 pub(crate) mod softmax;

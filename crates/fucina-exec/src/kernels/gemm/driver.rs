@@ -106,13 +106,39 @@ pub(crate) fn gemm<F: Fn(usize) -> usize>(
     #[cfg(target_arch = "x86_64")]
     {
         if let Some(kernel) = Avx512::for_level(args.level) {
-            return run(kernel, args, c, a_scratch);
+            return run(kernel, args, c, a_scratch, args.n);
         }
         if let Some(kernel) = Avx2::for_level(args.level) {
-            return run(kernel, args, c, a_scratch);
+            return run(kernel, args, c, a_scratch, args.n);
         }
     }
-    run(Portable::new(), args, c, a_scratch)
+    run(Portable::new(), args, c, a_scratch, args.n)
+}
+
+/// [`gemm`] into a `C` whose rows are `ldc >= n` floats apart (a column block of
+/// a wider row-major matrix): row `i` of the product is `c[i * ldc..][..n]`, and
+/// `c` holds at least `(m - 1) * ldc + n` floats. The floats between the rows'
+/// `n` columns are neither read nor written. Same bits as [`gemm`].
+pub(crate) fn gemm_ldc<F: Fn(usize) -> usize>(
+    args: &GemmArgs<'_, F>,
+    c: &mut [f32],
+    ldc: usize,
+    a_scratch: &mut [f32],
+) {
+    assert!(
+        ldc >= args.n && (args.m == 0 || c.len() >= (args.m - 1) * ldc + args.n),
+        "gemm_ldc: the C rows must be at least n floats apart and fit in c"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(kernel) = Avx512::for_level(args.level) {
+            return run(kernel, args, c, a_scratch, ldc);
+        }
+        if let Some(kernel) = Avx2::for_level(args.level) {
+            return run(kernel, args, c, a_scratch, ldc);
+        }
+    }
+    run(Portable::new(), args, c, a_scratch, ldc)
 }
 
 /// Whether [`gemm`] should read a row-major right-hand side with row stride `rs`
@@ -152,17 +178,19 @@ pub(super) fn direct_rhs_supported(level: SimdLevel, n: usize) -> bool {
 /// The loop nest of [`gemm`] for one kernel: `MC` row blocks, `KC` depth blocks
 /// (packing the row block at that depth once) and `NC` column blocks; inside a
 /// column block, row-tile-major, one `K::MR x NR` micro-kernel call per tile.
+/// Row `i` of `C` starts at `c[i * ldc]`.
 fn run<K: MicroKernel, F: Fn(usize) -> usize>(
     kernel: K,
     args: &GemmArgs<'_, F>,
     c: &mut [f32],
     a_scratch: &mut [f32],
+    ldc: usize,
 ) {
     const {
         assert!(K::NR == NR && K::MR >= 1 && K::MR <= 12 && K::MR <= MC);
     }
     let (lhs, m, k, n, rhs) = (args.lhs, args.m, args.k, args.n, args.rhs);
-    debug_assert_eq!(c.len(), m * n);
+    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
     debug_assert!(a_scratch.len() >= a_scratch_len(m));
     let n_panels = n.div_ceil(NR);
     if let Rhs::Rows { rs, .. } = rhs {
@@ -209,20 +237,20 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
                         // Start fetching the next tile's C rows now, so its loads
                         // do not wait on L3 / memory.
                         let ((nq0, nrows), np) = tile_at(t + 1);
-                        let next = &c[(i0 + nq0) * n + np * NR..];
-                        for row in next.chunks(n).take(nrows) {
+                        let next = &c[(i0 + nq0) * ldc + np * NR..];
+                        for row in next.chunks(ldc).take(nrows) {
                             prefetch::l1(&row[..NR.min(row.len())]);
                         }
                     }
-                    let c0 = (i0 + q0) * n + j0;
+                    let c0 = (i0 + q0) * ldc + j0;
                     kernel.tile(Tile {
                         rows,
                         kc,
                         a,
                         b,
                         ldb,
-                        c: &mut c[c0..c0 + (rows - 1) * n + ncols],
-                        ldc: n,
+                        c: &mut c[c0..c0 + (rows - 1) * ldc + ncols],
+                        ldc,
                         ncols,
                         first,
                     });

@@ -65,7 +65,7 @@ mod pack;
 mod params;
 mod portable;
 
-pub(crate) use driver::{GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm};
+pub(crate) use driver::{GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc};
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
 

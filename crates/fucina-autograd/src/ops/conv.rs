@@ -1,0 +1,222 @@
+//! Convolutions: `conv1d` and `conv2d` with their input, weight and bias
+//! gradients (the exec layer's GEMM-based backward kernels).
+
+use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, RawTensor};
+
+use crate::error::{AutogradError, Result};
+use crate::node::{GradList, grads, record};
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// The 2-D convolution of `self` (`[N, C_in, H, W]`) with the weight `w`
+    /// (`[C_out, C_in / groups, KH, KW]`) plus an optional `bias` (`[C_out]`):
+    /// PyTorch's `conv2d`, with stride, zero padding, dilation and groups
+    /// (depthwise included). See
+    /// [`ExecContext::conv2d`](fucina_exec::ExecContext::conv2d) for the
+    /// definition, the algorithm and the determinism promise; the gradients of
+    /// the input, the weight and the bias are recorded.
+    ///
+    /// ```
+    /// use fucina_autograd::{Conv2dOptions, Tensor};
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[1, 1, 3, 3], &[1., 2., 3., 4., 5., 6., 7., 8., 9.])?;
+    /// let w = Tensor::variable_from_slice(&ctx, &[2, 1, 2, 2], &[1., 0., 0., 1., 0., 1., 1., 0.])?;
+    /// let b = Tensor::variable_from_slice(&ctx, &[2], &[0.5, -0.5])?;
+    /// let opts = Conv2dOptions { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 };
+    /// let y = x.conv2d(&ctx, &w, Some(&b), opts)?;
+    /// assert_eq!(y.shape(), &[1, 2, 2, 2]);
+    /// assert_eq!(y.to_vec()[..4], [6.5, 8.5, 12.5, 14.5]);
+    /// y.sum_all(&ctx)?.backward(&ctx)?;
+    /// assert_eq!(b.grad(&ctx)?.expect("a variable").to_vec(), [4.0, 4.0]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The bad-input errors of the exec layer's `conv2d` (ranks, channel and
+    /// group counts, a bias that is not `[C_out]`, a kernel larger than the
+    /// padded input, a stride, dilation or group count of 0); out of memory.
+    pub fn conv2d(
+        &self,
+        ctx: &ExecContext,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        opts: Conv2dOptions,
+    ) -> Result<Tensor> {
+        let geom = ConvGeom::pack(
+            "conv2d",
+            opts.stride,
+            opts.padding,
+            opts.dilation,
+            opts.groups,
+        )?;
+        let out = ctx.conv2d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
+        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let inputs: &[&Tensor] = match bias {
+            Some(b) => &[self, w, b],
+            None => &[self, w],
+        };
+        record!(
+            ctx,
+            "conv2d",
+            out,
+            inputs,
+            Conv2d { x, w: wr, geom },
+            |ctx, g, needs| conv_vjp(
+                ctx,
+                g,
+                needs,
+                |ctx, g| Ok(ctx.conv2d_input_grad(x.shape(), w, g, geom.conv2d())?),
+                |ctx, g| Ok(ctx.conv2d_weight_grad(x, w.shape(), g, geom.conv2d())?),
+            )
+        )
+    }
+
+    /// The 1-D convolution of `self` (`[N, C_in, L]`) with the weight `w`
+    /// (`[C_out, C_in / groups, K]`) plus an optional `bias` (`[C_out]`):
+    /// PyTorch's `conv1d` (the 2-D convolution with height 1), recording the
+    /// gradients of the input, the weight and the bias.
+    ///
+    /// ```
+    /// use fucina_autograd::{Conv1dOptions, Tensor};
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[1, 1, 5], &[1., 2., 3., 4., 5.])?;
+    /// let w = Tensor::variable_from_slice(&ctx, &[1, 1, 2], &[1., -1.])?;
+    /// let y = x.conv1d(&ctx, &w, None, Conv1dOptions { stride: 2, ..Default::default() })?;
+    /// assert_eq!(y.to_vec(), [-1.0, -1.0]);
+    /// y.sum_all(&ctx)?.backward(&ctx)?;
+    /// assert_eq!(x.grad(&ctx)?.expect("a variable").to_vec(), [1., -1., 1., -1., 0.]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`conv2d`](Tensor::conv2d), for 3-D shapes.
+    pub fn conv1d(
+        &self,
+        ctx: &ExecContext,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        opts: Conv1dOptions,
+    ) -> Result<Tensor> {
+        let geom = ConvGeom::pack(
+            "conv1d",
+            [1, opts.stride],
+            [0, opts.padding],
+            [1, opts.dilation],
+            opts.groups,
+        )?;
+        let out = ctx.conv1d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
+        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let inputs: &[&Tensor] = match bias {
+            Some(b) => &[self, w, b],
+            None => &[self, w],
+        };
+        record!(
+            ctx,
+            "conv1d",
+            out,
+            inputs,
+            Conv1d { x, w: wr, geom },
+            |ctx, g, needs| conv_vjp(
+                ctx,
+                g,
+                needs,
+                |ctx, g| Ok(ctx.conv1d_input_grad(x.shape(), w, g, geom.conv1d())?),
+                |ctx, g| Ok(ctx.conv1d_weight_grad(x, w.shape(), g, geom.conv1d())?),
+            )
+        )
+    }
+}
+
+/// The gradients of a convolution (inputs `x`, `w` and, when `needs` has three
+/// entries, a bias), each computed only when needed.
+fn conv_vjp(
+    ctx: &ExecContext,
+    g: &RawTensor,
+    needs: &[bool],
+    input_grad: impl FnOnce(&ExecContext, &RawTensor) -> Result<RawTensor>,
+    weight_grad: impl FnOnce(&ExecContext, &RawTensor) -> Result<RawTensor>,
+) -> Result<GradList> {
+    let gx = if needs[0] {
+        Some(input_grad(ctx, g)?)
+    } else {
+        None
+    };
+    let gw = if needs[1] {
+        Some(weight_grad(ctx, g)?)
+    } else {
+        None
+    };
+    Ok(if needs.len() == 3 {
+        let gb = if needs[2] {
+            Some(ctx.conv_bias_grad(g)?)
+        } else {
+            None
+        };
+        grads![gx, gw, gb]
+    } else {
+        grads![gx, gw]
+    })
+}
+
+/// A convolution's options as its graph node keeps them: 32-bit fields instead
+/// of `usize` ones, which keeps the node within its size budget (see the
+/// `node_size` test). Values that do not fit in 32 bits are refused by the
+/// forward with [`AutogradError::InvalidArgument`] before anything is recorded.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvGeom {
+    stride: [u32; 2],
+    padding: [u32; 2],
+    dilation: [u32; 2],
+    groups: u32,
+}
+
+impl ConvGeom {
+    /// Packs 2-D options (a 1-D convolution passes height 1: stride 1,
+    /// padding 0, dilation 1).
+    pub(crate) fn pack(
+        op: &'static str,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<ConvGeom> {
+        let narrow = |v: usize| {
+            u32::try_from(v).map_err(|_| AutogradError::InvalidArgument {
+                op,
+                reason: "a stride, padding, dilation or group count above 2^32 - 1 cannot be recorded for backward",
+            })
+        };
+        let pair = |v: [usize; 2]| -> Result<[u32; 2]> { Ok([narrow(v[0])?, narrow(v[1])?]) };
+        Ok(ConvGeom {
+            stride: pair(stride)?,
+            padding: pair(padding)?,
+            dilation: pair(dilation)?,
+            groups: narrow(groups)?,
+        })
+    }
+
+    /// The options of the 2-D convolution this was packed from.
+    pub(crate) fn conv2d(self) -> Conv2dOptions {
+        let wide = |v: [u32; 2]| v.map(|x| x as usize);
+        Conv2dOptions {
+            stride: wide(self.stride),
+            padding: wide(self.padding),
+            dilation: wide(self.dilation),
+            groups: self.groups as usize,
+        }
+    }
+
+    /// The options of the 1-D convolution this was packed from (its width).
+    pub(crate) fn conv1d(self) -> Conv1dOptions {
+        Conv1dOptions {
+            stride: self.stride[1] as usize,
+            padding: self.padding[1] as usize,
+            dilation: self.dilation[1] as usize,
+            groups: self.groups as usize,
+        }
+    }
+}

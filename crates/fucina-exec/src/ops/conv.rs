@@ -1,0 +1,728 @@
+//! `conv1d` and `conv2d` (PyTorch's `NCL` / `NCHW` convolutions with stride, zero
+//! padding, dilation and groups) and their backward kernels.
+//!
+//! # Algorithms
+//! - **Forward**: for each sample and group, the output `[Og, OH*OW]` is the GEMM
+//!   `W_g [Og, K] · B [K, OH*OW]` (`K = Cg * KH * KW`), where the column matrix
+//!   `B` is never materialized: it is packed block by block (at most 512 columns,
+//!   about 1 MiB) straight from the image into the GEMM's right-hand-side panels
+//!   (an implicit-GEMM packer), in scratch leased from the context's pool. A 1x1
+//!   stride-1 unpadded convolution packs the image rows as they are.
+//! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
+//!   back into the image positions it came from (col2im); the pointwise case writes
+//!   the product straight into the gradient.
+//! - **Weight gradient**: `dY · Bᵀ` per sample and column block, accumulated onto
+//!   the gradient sample after sample (the batch in increasing order).
+//! - **Depthwise** (`groups == in == out`): direct kernels, vectorized over the
+//!   output columns.
+//!
+//! # Determinism
+//! Every GEMM output is one fused multiply-add chain over its depth in increasing
+//! order (see `kernels::gemm`), and the column blocks are a function of `K` only,
+//! so the forward and the input gradient of a sample do not depend on the batch,
+//! the team size or the vector level; the weight gradient sums over the batch in
+//! sample order, and the bias gradient sums each sample's plane (the fixed-lane
+//! sum of the reductions) in sample order. Work is split over samples x groups
+//! (forward, input gradient) or output channels (weight and bias gradients), so
+//! every output element is computed by one thread, the same way for any team.
+
+use crate::context::ExecContext;
+use crate::error::ExecError;
+use crate::kernels::conv::{self as k, ConvGeom};
+use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
+use crate::kernels::reduce;
+use crate::kernels::simd::{self, SimdLevel, vectorized};
+use crate::parallel::for_each_run;
+use crate::tensor::RawTensor;
+use crate::tensor::layout::Dims;
+
+/// Options of [`ExecContext::conv2d`] (PyTorch's `conv2d` arguments, `[height,
+/// width]` each). `Default` is stride 1, no padding, dilation 1, one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dOptions {
+    /// Step between output positions, `[h, w]` (at least 1).
+    pub stride: [usize; 2],
+    /// Zeros added on both sides of the input, `[h, w]`.
+    pub padding: [usize; 2],
+    /// Spacing between kernel taps, `[h, w]` (at least 1).
+    pub dilation: [usize; 2],
+    /// Channel groups (at least 1; must divide the input and output channels).
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Conv2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// Options of [`ExecContext::conv1d`] (PyTorch's `conv1d` arguments). `Default`
+/// is stride 1, no padding, dilation 1, one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv1dOptions {
+    /// Step between output positions (at least 1).
+    pub stride: usize,
+    /// Zeros added on both sides of the input.
+    pub padding: usize,
+    /// Spacing between kernel taps (at least 1).
+    pub dilation: usize,
+    /// Channel groups (at least 1; must divide the input and output channels).
+    pub groups: usize,
+}
+
+impl Default for Conv1dOptions {
+    fn default() -> Self {
+        Conv1dOptions {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// One convolution call: the op name, whether it is 1-D (`[N, C, L]`, computed
+/// as 2-D with `H = KH = 1`) and the options as 2-D.
+#[derive(Clone, Copy)]
+struct Spec {
+    op: &'static str,
+    one_d: bool,
+    o: Conv2dOptions,
+}
+
+impl Spec {
+    fn d1(op: &'static str, o: Conv1dOptions) -> Spec {
+        Spec {
+            op,
+            one_d: true,
+            o: Conv2dOptions {
+                stride: [1, o.stride],
+                padding: [0, o.padding],
+                dilation: [1, o.dilation],
+                groups: o.groups,
+            },
+        }
+    }
+    fn d2(op: &'static str, o: Conv2dOptions) -> Spec {
+        Spec {
+            op,
+            one_d: false,
+            o,
+        }
+    }
+    fn rank(self) -> usize {
+        if self.one_d { 3 } else { 4 }
+    }
+    /// The output shape of geometry `g`.
+    fn out_shape(self, g: &ConvGeom) -> Dims {
+        if self.one_d {
+            Dims::new(&[g.n, g.c_out, g.ow])
+        } else {
+            Dims::new(&[g.n, g.c_out, g.oh, g.ow])
+        }
+    }
+}
+
+/// Validates a convolution of an input of shape `x` with a weight of shape `w`
+/// (and a bias of shape `bias`): every bad input is an `Err` naming the op and
+/// the value, before anything is allocated.
+fn geometry(
+    spec: Spec,
+    x: &[usize],
+    w: &[usize],
+    bias: Option<&[usize]>,
+) -> Result<ConvGeom, ExecError> {
+    let op = spec.op;
+    let rank = spec.rank();
+    if x.len() != rank {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: Dims::new(x),
+            reason: if spec.one_d {
+                "the input must be 3-D [batch, channels, length]"
+            } else {
+                "the input must be 4-D [batch, channels, height, width]"
+            },
+        });
+    }
+    if w.len() != rank {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: Dims::new(w),
+            reason: if spec.one_d {
+                "the weight must be 3-D [out_channels, in_channels / groups, kernel]"
+            } else {
+                "the weight must be 4-D [out_channels, in_channels / groups, kh, kw]"
+            },
+        });
+    }
+    let o = spec.o;
+    let bad = |name, value, reason| {
+        Err(ExecError::InvalidOption {
+            op,
+            name,
+            value,
+            reason,
+        })
+    };
+    if o.groups == 0 {
+        return bad("groups", 0, "must be at least 1");
+    }
+    let names: [[&'static str; 2]; 3] = if spec.one_d {
+        [
+            ["stride", "stride"],
+            ["dilation", "dilation"],
+            ["padding", "padding"],
+        ]
+    } else {
+        [
+            ["stride[0]", "stride[1]"],
+            ["dilation[0]", "dilation[1]"],
+            ["padding[0]", "padding[1]"],
+        ]
+    };
+    for (a, (&s, &d)) in o.stride.iter().zip(&o.dilation).enumerate() {
+        if s == 0 {
+            return bad(names[0][a], 0, "must be at least 1");
+        }
+        if d == 0 {
+            return bad(names[1][a], 0, "must be at least 1");
+        }
+    }
+    let (n, c_in) = (x[0], x[1]);
+    let (h, wd) = if spec.one_d { (1, x[2]) } else { (x[2], x[3]) };
+    let (c_out, wc) = (w[0], w[1]);
+    let (kh, kw) = if spec.one_d { (1, w[2]) } else { (w[2], w[3]) };
+    if !c_in.is_multiple_of(o.groups) {
+        return bad("groups", o.groups, "must divide the input channels");
+    }
+    if !c_out.is_multiple_of(o.groups) {
+        return bad(
+            "groups",
+            o.groups,
+            "must divide the output channels (the weight's first dimension)",
+        );
+    }
+    if wc != c_in / o.groups {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: Dims::new(x),
+            rhs: Dims::new(w),
+            reason: "the weight's second dimension must be in_channels / groups",
+        });
+    }
+    if let Some(b) = bias
+        && (b.len() != 1 || b[0] != c_out)
+    {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: Dims::new(b),
+            rhs: Dims::new(w),
+            reason: "the bias must be 1-D [out_channels]",
+        });
+    }
+    let mut out = [0usize; 2];
+    for (a, (size, kernel)) in [(h, kh), (wd, kw)].into_iter().enumerate() {
+        let padded = o.padding[a]
+            .checked_mul(2)
+            .and_then(|p| p.checked_add(size));
+        let Some(padded) = padded else {
+            return bad(names[2][a], o.padding[a], "the padded input size overflows");
+        };
+        let span = (kernel - 1)
+            .checked_mul(o.dilation[a])
+            .and_then(|s| s.checked_add(1));
+        match span {
+            Some(span) if span <= padded => out[a] = (padded - span) / o.stride[a] + 1,
+            _ => {
+                return Err(ExecError::ShapeMismatch {
+                    op,
+                    lhs: Dims::new(x),
+                    rhs: Dims::new(w),
+                    reason: "the (dilated) kernel is larger than the padded input",
+                });
+            }
+        }
+    }
+    Ok(ConvGeom {
+        n,
+        c_in,
+        h,
+        w: wd,
+        c_out,
+        kh,
+        kw,
+        groups: o.groups,
+        stride: o.stride,
+        pad: o.padding,
+        dil: o.dilation,
+        oh: out[0],
+        ow: out[1],
+    })
+}
+
+/// `grad` must have the output shape of the convolution.
+fn check_grad(spec: Spec, g: &ConvGeom, grad: &RawTensor) -> Result<(), ExecError> {
+    let want = spec.out_shape(g);
+    if grad.shape() != want.as_slice() {
+        return Err(ExecError::ShapeMismatch {
+            op: spec.op,
+            lhs: grad.dims(),
+            rhs: want,
+            reason: "grad must have the convolution's output shape",
+        });
+    }
+    Ok(())
+}
+
+impl ExecContext {
+    /// The 2-D convolution of `x` (`[N, C_in, H, W]`) with `w` (`[C_out, C_in /
+    /// groups, KH, KW]`) plus an optional `bias` (`[C_out]`), PyTorch's
+    /// `conv2d`: `y[n, o, i, j] = bias[o] + Σ_{c, r, s} w[o, c, r, s] · x[n, g *
+    /// C_in/groups + c, i * stride[0] + r * dilation[0] - padding[0], j *
+    /// stride[1] + s * dilation[1] - padding[1]]` (zero outside the input; `g` the
+    /// group of `o`). The output is `[N, C_out, OH, OW]` with `OH = (H + 2 *
+    /// padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1` (likewise `OW`).
+    ///
+    /// Runs as a packed GEMM per sample and group (see the module docs), so each
+    /// sample's result is bitwise the same alone or in any batch, for any team
+    /// size and vector level. Each output element is one fused multiply-add chain
+    /// over `(c, r, s)` in increasing order, started from the bias (or zero).
+    ///
+    /// ```
+    /// use fucina_exec::{Conv2dOptions, ExecContext};
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2])?;
+    /// let w = ctx.from_vec(vec![1.0; 4], &[1, 1, 2, 2])?;
+    /// let opts = Conv2dOptions { padding: [1, 1], ..Default::default() };
+    /// let y = ctx.conv2d(&x, &w, None, opts)?;
+    /// assert_eq!(y.shape(), &[1, 1, 3, 3]);
+    /// assert_eq!(y.to_vec()[4], 10.0);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] for an input or weight that is not 4-D;
+    /// [`ExecError::InvalidOption`] for a stride, dilation or group count of 0, or
+    /// a group count that does not divide the channels;
+    /// [`ExecError::ShapeMismatch`] for a weight whose second dimension is not
+    /// `C_in / groups`, a bias that is not `[C_out]`, or a kernel larger than the
+    /// padded input; [`ExecError::OutOfMemory`].
+    pub fn conv2d(
+        &self,
+        x: &RawTensor,
+        w: &RawTensor,
+        bias: Option<&RawTensor>,
+        opts: Conv2dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        conv_forward(self, Spec::d2("conv2d", opts), x, w, bias)
+    }
+
+    /// The 1-D convolution of `x` (`[N, C_in, L]`) with `w` (`[C_out, C_in /
+    /// groups, K]`) plus an optional `bias` (`[C_out]`), PyTorch's `conv1d`:
+    /// the 2-D convolution of [`conv2d`](ExecContext::conv2d) with height 1. The
+    /// output is `[N, C_out, OL]`, `OL = (L + 2 * padding - dilation * (K - 1) -
+    /// 1) / stride + 1`.
+    ///
+    /// ```
+    /// use fucina_exec::{Conv1dOptions, ExecContext};
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0], &[1, 1, 5])?;
+    /// let w = ctx.from_vec(vec![1.0, -1.0], &[1, 1, 2])?;
+    /// let y = ctx.conv1d(&x, &w, None, Conv1dOptions { stride: 2, ..Default::default() })?;
+    /// assert_eq!(y.to_vec(), vec![-1.0, -1.0]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`conv2d`](ExecContext::conv2d), for 3-D shapes.
+    pub fn conv1d(
+        &self,
+        x: &RawTensor,
+        w: &RawTensor,
+        bias: Option<&RawTensor>,
+        opts: Conv1dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        conv_forward(self, Spec::d1("conv1d", opts), x, w, bias)
+    }
+
+    /// The gradient of [`conv2d`](ExecContext::conv2d) with respect to its input
+    /// (of shape `x_shape`), given the weight `w` and `grad = dL/dy`. Each sample's
+    /// gradient is computed alone (batch-invariant), the same for every team size
+    /// and vector level.
+    ///
+    /// # Errors
+    /// The errors of [`conv2d`](ExecContext::conv2d) for these shapes;
+    /// [`ExecError::ShapeMismatch`] if `grad` does not have the output's shape;
+    /// [`ExecError::OutOfMemory`].
+    pub fn conv2d_input_grad(
+        &self,
+        x_shape: &[usize],
+        w: &RawTensor,
+        grad: &RawTensor,
+        opts: Conv2dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        input_grad(self, Spec::d2("conv2d_input_grad", opts), x_shape, w, grad)
+    }
+
+    /// The gradient of [`conv2d`](ExecContext::conv2d) with respect to its weight
+    /// (of shape `w_shape`), given the input `x` and `grad = dL/dy`, summed over
+    /// the batch in increasing sample order.
+    ///
+    /// # Errors
+    /// As [`conv2d_input_grad`](ExecContext::conv2d_input_grad).
+    pub fn conv2d_weight_grad(
+        &self,
+        x: &RawTensor,
+        w_shape: &[usize],
+        grad: &RawTensor,
+        opts: Conv2dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        weight_grad(self, Spec::d2("conv2d_weight_grad", opts), x, w_shape, grad)
+    }
+
+    /// The gradient of a convolution's bias: `grad` (`[N, C_out, ...]`, any
+    /// rank of at least 2, e.g. the output gradient of
+    /// [`conv2d`](ExecContext::conv2d) or [`conv1d`](ExecContext::conv1d))
+    /// summed over every axis but the second, shape `[C_out]`. Each sample's
+    /// plane is summed with the fixed-lane sum of the reductions, and the
+    /// samples are added in increasing order.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] for a `grad` of rank below 2;
+    /// [`ExecError::OutOfMemory`].
+    pub fn conv_bias_grad(&self, grad: &RawTensor) -> Result<RawTensor, ExecError> {
+        let op = "conv_bias_grad";
+        if grad.rank() < 2 {
+            return Err(ExecError::InvalidShape {
+                op,
+                shape: grad.dims(),
+                reason: "grad must be [batch, channels, ...]",
+            });
+        }
+        let (n, c) = (grad.shape()[0], grad.shape()[1]);
+        let plane = grad.numel() / (n * c);
+        let g = self.contiguous(grad)?;
+        let gs = g.contiguous_slice();
+        self.new_tensor(op, &[c], |out: &mut [f32]| {
+            self.par_rows(out, 1, n * plane, |chans, o| {
+                for (ch, v) in chans.zip(o.iter_mut()) {
+                    let mut acc = 0.0f32;
+                    for ni in 0..n {
+                        acc += vectorized!(reduce::sum(&gs[(ni * c + ch) * plane..][..plane]));
+                    }
+                    *v = acc;
+                }
+            });
+        })
+    }
+
+    /// The gradient of [`conv1d`](ExecContext::conv1d) with respect to its input;
+    /// see [`conv2d_input_grad`](ExecContext::conv2d_input_grad).
+    ///
+    /// # Errors
+    /// As [`conv2d_input_grad`](ExecContext::conv2d_input_grad), for 3-D shapes.
+    pub fn conv1d_input_grad(
+        &self,
+        x_shape: &[usize],
+        w: &RawTensor,
+        grad: &RawTensor,
+        opts: Conv1dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        input_grad(self, Spec::d1("conv1d_input_grad", opts), x_shape, w, grad)
+    }
+
+    /// The gradient of [`conv1d`](ExecContext::conv1d) with respect to its weight;
+    /// see [`conv2d_weight_grad`](ExecContext::conv2d_weight_grad).
+    ///
+    /// # Errors
+    /// As [`conv2d_input_grad`](ExecContext::conv2d_input_grad), for 3-D shapes.
+    pub fn conv1d_weight_grad(
+        &self,
+        x: &RawTensor,
+        w_shape: &[usize],
+        grad: &RawTensor,
+        opts: Conv1dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        weight_grad(self, Spec::d1("conv1d_weight_grad", opts), x, w_shape, grad)
+    }
+}
+
+/// The forward of both convolutions.
+fn conv_forward(
+    ctx: &ExecContext,
+    spec: Spec,
+    x: &RawTensor,
+    w: &RawTensor,
+    bias: Option<&RawTensor>,
+) -> Result<RawTensor, ExecError> {
+    let op = spec.op;
+    let g = geometry(spec, x.shape(), w.shape(), bias.map(|b| b.shape()))?;
+    let x = ctx.contiguous(x)?;
+    let w = ctx.contiguous(w)?;
+    let bias = bias.map(|b| ctx.contiguous(b)).transpose()?;
+    let (xs, ws) = (x.contiguous_slice(), w.contiguous_slice());
+    let bs = bias.as_ref().map(|b| b.contiguous_slice());
+    let level = simd::level();
+    let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let mut done = Ok(());
+    let out = ctx.new_tensor(op, &spec.out_shape(&g), |out: &mut [f32]| {
+        if g.is_depthwise() {
+            // One plane per (sample, channel).
+            let taps = g.kh * g.kw;
+            ctx.par_rows(out, ohw, ohw * taps, |planes, o| {
+                for (p, y) in planes.zip(o.chunks_exact_mut(ohw)) {
+                    let ch = p % g.c_in;
+                    let b = bs.map_or(0.0, |b| b[ch]);
+                    let img = &xs[p * hw..][..hw];
+                    let wk = &ws[ch * taps..][..taps];
+                    vectorized!(k::depthwise_plane(&g, img, wk, b, y));
+                }
+            });
+            return;
+        }
+        let jb = g.col_block();
+        let scratch = kk * jb + a_scratch_len(og);
+        done =
+            ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
+                for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
+                    let (ni, gi) = (u / g.groups, u % g.groups);
+                    let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
+                    forward_unit(&g, xg, ws, bs, gi, y, sc, level);
+                }
+            });
+    })?;
+    done.map(|()| out)
+}
+
+/// The forward of one sample and group: `y` (`[Og, OH*OW]`) from the group's
+/// input planes `xg`.
+#[allow(clippy::too_many_arguments)]
+fn forward_unit(
+    g: &ConvGeom,
+    xg: &[f32],
+    ws: &[f32],
+    bias: Option<&[f32]>,
+    gi: usize,
+    y: &mut [f32],
+    sc: &mut [f32],
+    level: SimdLevel,
+) {
+    let (og, kk, ohw) = (g.og(), g.k(), g.ohw());
+    if let Some(b) = bias {
+        for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
+            row.fill(b[gi * og + o]);
+        }
+    }
+    let lhs = LhsRows {
+        data: ws,
+        row_off: |o| (gi * og + o) * kk,
+        cs: 1,
+    };
+    let jb = g.col_block();
+    let (packed, a_sc) = sc.split_at_mut(kk * jb);
+    for j0 in (0..ohw).step_by(jb) {
+        let cols = jb.min(ohw - j0);
+        let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
+        if g.is_pointwise() {
+            gemm::pack_b_rows(pk, xg, j0, g.hw(), kk, cols);
+        } else {
+            k::pack_cols(g, xg, j0, cols, pk);
+        }
+        let args = GemmArgs {
+            level,
+            lhs: &lhs,
+            m: og,
+            k: kk,
+            n: cols,
+            rhs: Rhs::Packed(pk),
+            accumulate: bias.is_some(),
+        };
+        gemm::gemm_ldc(&args, &mut y[j0..], ohw, a_sc);
+    }
+}
+
+/// The input gradient of both convolutions.
+fn input_grad(
+    ctx: &ExecContext,
+    spec: Spec,
+    x_shape: &[usize],
+    w: &RawTensor,
+    grad: &RawTensor,
+) -> Result<RawTensor, ExecError> {
+    let op = spec.op;
+    let g = geometry(spec, x_shape, w.shape(), None)?;
+    check_grad(spec, &g, grad)?;
+    let w = ctx.contiguous(w)?;
+    let dy = ctx.contiguous(grad)?;
+    let (ws, dys) = (w.contiguous_slice(), dy.contiguous_slice());
+    let level = simd::level();
+    let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let mut done = Ok(());
+    let dx = ctx.new_tensor(op, x_shape, |dx: &mut [f32]| {
+        if g.is_depthwise() {
+            let taps = g.kh * g.kw;
+            ctx.par_rows(dx, hw, ohw * taps, |planes, o| {
+                for (p, d) in planes.zip(o.chunks_exact_mut(hw)) {
+                    let ch = p % g.c_in;
+                    let dyp = &dys[p * ohw..][..ohw];
+                    let wk = &ws[ch * taps..][..taps];
+                    vectorized!(k::depthwise_input_grad_plane(&g, dyp, wk, d));
+                }
+            });
+            return;
+        }
+        let jb = g.col_block();
+        let pointwise = g.is_pointwise();
+        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + a_scratch_len(kk);
+        done =
+            ctx.par_rows_with_scratch(op, dx, cg * hw, og * kk * ohw, scratch, |units, o, sc| {
+                for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
+                    let (ni, gi) = (u / g.groups, u % g.groups);
+                    let dy_off = (ni * g.c_out + gi * og) * ohw;
+                    input_grad_unit(&g, dys, dy_off, ws, gi, d, sc, level);
+                }
+            });
+    })?;
+    done.map(|()| dx)
+}
+
+/// The input gradient of one sample and group into `dxg` (`[Cg, H*W]`), from the
+/// output-gradient rows at `dy_off` (`[Og, OH*OW]`).
+#[allow(clippy::too_many_arguments)]
+fn input_grad_unit(
+    g: &ConvGeom,
+    dys: &[f32],
+    dy_off: usize,
+    ws: &[f32],
+    gi: usize,
+    dxg: &mut [f32],
+    sc: &mut [f32],
+    level: SimdLevel,
+) {
+    let (og, kk, ohw) = (g.og(), g.k(), g.ohw());
+    let jb = g.col_block();
+    // `W_gᵀ`: row `kk` of the product is column `kk` of the group's weight rows.
+    let lhs = LhsRows {
+        data: ws,
+        row_off: |r| gi * og * kk + r,
+        cs: kk,
+    };
+    let pointwise = g.is_pointwise();
+    let (cols_buf, rest) = sc.split_at_mut(if pointwise { 0 } else { kk * jb });
+    let (packed, a_sc) = rest.split_at_mut(og * jb);
+    if !pointwise {
+        dxg.fill(0.0);
+    }
+    for j0 in (0..ohw).step_by(jb) {
+        let cols = jb.min(ohw - j0);
+        let pk = &mut packed[..cols.div_ceil(NR) * og * NR];
+        gemm::pack_b_rows(pk, dys, dy_off + j0, ohw, og, cols);
+        let args = GemmArgs {
+            level,
+            lhs: &lhs,
+            m: kk,
+            k: og,
+            n: cols,
+            rhs: Rhs::Packed(pk),
+            accumulate: false,
+        };
+        if pointwise {
+            // The column matrix is the image: write the product in place.
+            gemm::gemm_ldc(&args, &mut dxg[j0..], ohw, a_sc);
+        } else {
+            let c = &mut cols_buf[..kk * cols];
+            gemm::gemm(&args, c, a_sc);
+            k::col2im_block(g, dxg, j0, cols, c);
+        }
+    }
+}
+
+/// The weight gradient of both convolutions.
+fn weight_grad(
+    ctx: &ExecContext,
+    spec: Spec,
+    x: &RawTensor,
+    w_shape: &[usize],
+    grad: &RawTensor,
+) -> Result<RawTensor, ExecError> {
+    let op = spec.op;
+    let g = geometry(spec, x.shape(), w_shape, None)?;
+    check_grad(spec, &g, grad)?;
+    let x = ctx.contiguous(x)?;
+    let dy = ctx.contiguous(grad)?;
+    let (xs, dys) = (x.contiguous_slice(), dy.contiguous_slice());
+    let level = simd::level();
+    let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let mut done = Ok(());
+    let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
+        if g.is_depthwise() {
+            let taps = g.kh * g.kw;
+            let work = g.n * ohw * taps;
+            done = ctx.par_rows_with_scratch(op, dw, taps, work, g.ow, |chans, o, acc| {
+                for (ch, d) in chans.zip(o.chunks_exact_mut(taps)) {
+                    let planes = |ni: usize| {
+                        let p = ni * g.c_in + ch;
+                        (&xs[p * hw..][..hw], &dys[p * ohw..][..ohw])
+                    };
+                    vectorized!(k::depthwise_weight_grad(&g, planes, acc, d));
+                }
+            });
+            return;
+        }
+        let jd = g.col_block();
+        let kp = kk.div_ceil(NR) * NR;
+        let scratch = kk * jd + kp * jd + a_scratch_len(og);
+        let work = kk * g.n * ohw;
+        done = ctx.par_rows_with_scratch(op, dw, kk, work, scratch, |rows, o, sc| {
+            let (cols_buf, rest) = sc.split_at_mut(kk * jd);
+            let (packed, a_sc) = rest.split_at_mut(kp * jd);
+            for_each_run(rows, og, kk, o, |gi, run, c| {
+                c.fill(0.0);
+                for ni in 0..g.n {
+                    let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
+                    let dy_off = (ni * g.c_out + run.start) * ohw;
+                    for j0 in (0..ohw).step_by(jd) {
+                        let cols = jd.min(ohw - j0);
+                        let t = &mut cols_buf[..kk * cols];
+                        k::im2col_block(&g, xg, j0, cols, t);
+                        // `Bᵀ` (`cols x K`) into panels of NR weight columns.
+                        for p in 0..kk.div_ceil(NR) {
+                            let d = &mut packed[p * cols * NR..][..cols * NR];
+                            gemm::pack_b_panel(
+                                d,
+                                t,
+                                p * NR * cols,
+                                1,
+                                cols,
+                                cols,
+                                NR.min(kk - p * NR),
+                            );
+                        }
+                        let lhs = LhsRows {
+                            data: dys,
+                            row_off: |i| dy_off + i * ohw + j0,
+                            cs: 1,
+                        };
+                        let args = GemmArgs {
+                            level,
+                            lhs: &lhs,
+                            m: run.len(),
+                            k: cols,
+                            n: kk,
+                            rhs: Rhs::Packed(&packed[..kk.div_ceil(NR) * cols * NR]),
+                            accumulate: true,
+                        };
+                        gemm::gemm(&args, c, a_sc);
+                    }
+                }
+            });
+        });
+    })?;
+    done.map(|()| dw)
+}

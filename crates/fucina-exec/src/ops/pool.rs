@@ -1,0 +1,562 @@
+//! 2-D pooling over `[N, C, H, W]`: `max_pool2d`, `avg_pool2d`,
+//! `adaptive_avg_pool2d` (descriptor [`Pool2dOp`]) and their backward kernels.
+//!
+//! Every plane (one sample, one channel) is pooled by exactly one task, in a
+//! fixed order that depends only on the plane: the result is the same bits for
+//! every team size and vector level, and a sample's result never depends on the
+//! rest of the batch.
+//!
+//! - **Max.** Each window is scanned in row-major order; an element replaces the
+//!   running maximum when it is greater, or when it is a NaN and the running
+//!   maximum is not. So ties go to the first element in row-major window order,
+//!   and a NaN propagates (the first NaN of the window is selected). Padding
+//!   counts as `-inf` and is never selected. The backward recomputes each window's
+//!   selected index from the input and routes the output's gradient there.
+//! - **Avg.** PyTorch's default `count_include_pad = true`: the window sum (in
+//!   row-major order, padding adding nothing) divided by `kernel[0] * kernel[1]`.
+//! - **Adaptive avg.** Output cell `i` of an axis of input size `n` and output
+//!   size `m` averages the input indices `floor(i * n / m) .. ceil((i + 1) * n / m)`
+//!   (PyTorch's formula), divided by the window's element count.
+//!
+//! The backward kernels add each output's contribution into the input gradient
+//! in row-major output order, so overlapping windows sum in a fixed order.
+
+use crate::context::ExecContext;
+use crate::error::ExecError;
+use crate::kernels::simd::vectorized;
+use crate::tensor::RawTensor;
+use crate::tensor::layout::Dims;
+
+/// The window of a 2-D pooling op: its size, its step and the implicit padding on
+/// each side, as `[height, width]`.
+///
+/// [`Default`] is a 1×1 window with stride 1 and no padding;
+/// [`Pool2dOptions::new`] gives PyTorch's default of a stride equal to the
+/// kernel.
+///
+/// ```
+/// use fucina_exec::Pool2dOptions;
+///
+/// let o = Pool2dOptions::new([2, 2]);
+/// assert_eq!(o, Pool2dOptions { kernel: [2, 2], stride: [2, 2], padding: [0, 0] });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2dOptions {
+    /// The window size `[kh, kw]` (each at least 1).
+    pub kernel: [usize; 2],
+    /// The step between windows `[sh, sw]` (each at least 1).
+    pub stride: [usize; 2],
+    /// Implicit padding on both sides `[ph, pw]` (each at most half the kernel).
+    pub padding: [usize; 2],
+}
+
+impl Default for Pool2dOptions {
+    fn default() -> Self {
+        Pool2dOptions {
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0, 0],
+        }
+    }
+}
+
+impl Pool2dOptions {
+    /// A `kernel` window with the stride equal to the kernel and no padding
+    /// (PyTorch's default for the pooling layers).
+    pub fn new(kernel: [usize; 2]) -> Self {
+        Pool2dOptions {
+            kernel,
+            stride: kernel,
+            padding: [0, 0],
+        }
+    }
+}
+
+/// A 2-D pooling op and its parameters: the descriptor of the pooling family
+/// (see [`ExecContext::pool2d`] and [`ExecContext::pool2d_backward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pool2dOp {
+    /// Maximum over each window (ties to the first index in row-major window
+    /// order, padding is `-inf`).
+    Max(Pool2dOptions),
+    /// Mean over each window, padding counted as zeros in the divisor.
+    Avg(Pool2dOptions),
+    /// Mean over adaptive windows giving the output size `[oh, ow]`.
+    AdaptiveAvg([usize; 2]),
+}
+
+impl Pool2dOp {
+    /// The op's name as errors and graph nodes spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool2dOp::Max(_) => "max_pool2d",
+            Pool2dOp::Avg(_) => "avg_pool2d",
+            Pool2dOp::AdaptiveAvg(_) => "adaptive_avg_pool2d",
+        }
+    }
+
+    /// Whether the backward reads the forward input (only `Max`, which recomputes
+    /// the selected indices); the others need only its shape.
+    pub fn keeps_input(self) -> bool {
+        matches!(self, Pool2dOp::Max(_))
+    }
+
+    /// The output shape for an input of shape `x`.
+    ///
+    /// # Errors
+    /// As [`ExecContext::pool2d`] for the shape and the options.
+    pub fn output_shape(self, x: &[usize]) -> Result<Dims, ExecError> {
+        let op = self.name();
+        if x.len() != 4 {
+            return Err(ExecError::InvalidShape {
+                op,
+                shape: Dims::new(x),
+                reason: "the input must be [N, C, H, W] (rank 4)",
+            });
+        }
+        let (h, w) = (x[2], x[3]);
+        let (oh, ow) = match self {
+            Pool2dOp::Max(o) | Pool2dOp::Avg(o) => {
+                let bad = |v: [usize; 2], reason| {
+                    Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(&v),
+                        reason,
+                    })
+                };
+                if o.kernel.contains(&0) {
+                    return bad(o.kernel, "the kernel size must be at least 1");
+                }
+                if o.stride.contains(&0) {
+                    return bad(o.stride, "the stride must be at least 1");
+                }
+                if o.padding[0] > o.kernel[0] / 2 || o.padding[1] > o.kernel[1] / 2 {
+                    return bad(
+                        o.padding,
+                        "the padding must be at most half the kernel size",
+                    );
+                }
+                let (ph, pw) = (h + 2 * o.padding[0], w + 2 * o.padding[1]);
+                if o.kernel[0] > ph || o.kernel[1] > pw {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(x),
+                        reason: "the kernel is larger than the padded input",
+                    });
+                }
+                (
+                    (ph - o.kernel[0]) / o.stride[0] + 1,
+                    (pw - o.kernel[1]) / o.stride[1] + 1,
+                )
+            }
+            Pool2dOp::AdaptiveAvg(size) => {
+                if size.contains(&0) {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(&size),
+                        reason: "the output size must be at least 1 on each axis",
+                    });
+                }
+                (size[0], size[1])
+            }
+        };
+        Ok(Dims::new(&[x[0], x[1], oh, ow]))
+    }
+}
+
+/// Per-output-element work weight of a pooling plane (the window size).
+fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
+    match op {
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) => out_plane * o.kernel[0] * o.kernel[1],
+        Pool2dOp::AdaptiveAvg(_) => in_plane.max(out_plane),
+    }
+}
+
+/// The geometry of one pooled plane.
+#[derive(Clone, Copy)]
+struct Geo {
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+}
+
+/// The input window `[start, end)` of output index `i` along an axis of input
+/// size `n` (clipped to the input), and the unclipped start.
+#[inline(always)]
+fn window(i: usize, k: usize, s: usize, p: usize, n: usize) -> (usize, usize) {
+    let start = (i * s) as isize - p as isize;
+    let end = (start + k as isize).min(n as isize) as usize;
+    (start.max(0) as usize, end)
+}
+
+/// The adaptive window of output index `i` of `m` over an input axis of `n`.
+#[inline(always)]
+fn adaptive_window(i: usize, m: usize, n: usize) -> (usize, usize) {
+    (i * n / m, ((i + 1) * n).div_ceil(m))
+}
+
+/// The running-maximum rule of the max pool: take `v` when it is greater, or a
+/// NaN over a non-NaN.
+#[inline(always)]
+fn takes(v: f32, best: f32) -> bool {
+    v > best || (v.is_nan() && !best.is_nan())
+}
+
+/// The output columns whose windows lie wholly inside the input width:
+/// `lo..hi` (possibly empty).
+fn interior_cols(o: &Pool2dOptions, g: Geo) -> (usize, usize) {
+    let (k, s, p) = (o.kernel[1], o.stride[1], o.padding[1]);
+    let lo = p.div_ceil(s).min(g.ow);
+    // Largest ow with ow * s - p + k <= w.
+    let hi = if g.w + p >= k {
+        ((g.w + p - k) / s + 1).min(g.ow)
+    } else {
+        0
+    };
+    (lo, hi.max(lo))
+}
+
+/// Max-pools one plane `x` (`h * w`) into `out` (`oh * ow`).
+#[inline(always)]
+fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
+    let (kw, sw, pw) = (o.kernel[1], o.stride[1], o.padding[1]);
+    let (lo, hi) = interior_cols(o, g);
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let (h0, h1) = window(oi, o.kernel[0], o.stride[0], o.padding[0], g.h);
+        // Edge columns: the clipped window, scanned element by element.
+        let edge = |oj: usize| {
+            let (w0, w1) = window(oj, kw, sw, pw, g.w);
+            let mut best = x[h0 * g.w + w0];
+            for hh in h0..h1 {
+                for &v in &x[hh * g.w + w0..hh * g.w + w1] {
+                    if takes(v, best) {
+                        best = v;
+                    }
+                }
+            }
+            best
+        };
+        for oj in (0..lo).chain(hi..g.ow) {
+            orow[oj] = edge(oj);
+        }
+        // Interior columns: one pass per window element in row-major order,
+        // vectorized across the outputs (each output's own order is the scan's).
+        let inner = &mut orow[lo..hi];
+        if inner.is_empty() {
+            continue;
+        }
+        let base = lo * sw - pw;
+        let first = &x[h0 * g.w + base..];
+        if sw == 1 {
+            inner.copy_from_slice(&first[..inner.len()]);
+        } else {
+            for (j, d) in inner.iter_mut().enumerate() {
+                *d = first[j * sw];
+            }
+        }
+        for hh in h0..h1 {
+            let row = &x[hh * g.w + base..];
+            for kj in usize::from(hh == h0)..kw {
+                let src = &row[kj..];
+                if sw == 2 {
+                    for (j, d) in inner.iter_mut().enumerate() {
+                        let v = src[2 * j];
+                        *d = if takes(v, *d) { v } else { *d };
+                    }
+                } else {
+                    for (j, d) in inner.iter_mut().enumerate() {
+                        let v = src[j * sw];
+                        *d = if takes(v, *d) { v } else { *d };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The flat index (in the plane) that the max pool selects for output `(oi, oj)`.
+#[inline(always)]
+fn max_index(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usize {
+    let (h0, h1) = window(oi, o.kernel[0], o.stride[0], o.padding[0], g.h);
+    let (w0, w1) = window(oj, o.kernel[1], o.stride[1], o.padding[1], g.w);
+    let mut at = h0 * g.w + w0;
+    let mut best = x[at];
+    for hh in h0..h1 {
+        let start = hh * g.w + w0;
+        for (i, &v) in x[start..hh * g.w + w1].iter().enumerate() {
+            if takes(v, best) {
+                best = v;
+                at = start + i;
+            }
+        }
+    }
+    at
+}
+
+/// Average-pools one plane (`count_include_pad`: the divisor is the kernel area).
+#[inline(always)]
+fn avg_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
+    let (kw, sw, pw) = (o.kernel[1], o.stride[1], o.padding[1]);
+    let div = (o.kernel[0] * o.kernel[1]) as f32;
+    let (lo, hi) = interior_cols(o, g);
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let (h0, h1) = window(oi, o.kernel[0], o.stride[0], o.padding[0], g.h);
+        for oj in (0..lo).chain(hi..g.ow) {
+            let (w0, w1) = window(oj, kw, sw, pw, g.w);
+            let mut s = 0.0f32;
+            for hh in h0..h1 {
+                for &v in &x[hh * g.w + w0..hh * g.w + w1] {
+                    s += v;
+                }
+            }
+            orow[oj] = s / div;
+        }
+        let inner = &mut orow[lo..hi];
+        if inner.is_empty() {
+            continue;
+        }
+        let base = lo * sw - pw;
+        inner.fill(0.0);
+        for hh in h0..h1 {
+            let row = &x[hh * g.w + base..];
+            for kj in 0..kw {
+                let src = &row[kj..];
+                if sw == 2 {
+                    for (j, d) in inner.iter_mut().enumerate() {
+                        *d += src[2 * j];
+                    }
+                } else {
+                    for (j, d) in inner.iter_mut().enumerate() {
+                        *d += src[j * sw];
+                    }
+                }
+            }
+        }
+        for d in inner.iter_mut() {
+            *d /= div;
+        }
+    }
+}
+
+/// Adaptive-average-pools one plane.
+#[inline(always)]
+fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let (h0, h1) = adaptive_window(oi, g.oh, g.h);
+        for (oj, d) in orow.iter_mut().enumerate() {
+            let (w0, w1) = adaptive_window(oj, g.ow, g.w);
+            let mut s = 0.0f32;
+            for hh in h0..h1 {
+                for &v in &x[hh * g.w + w0..hh * g.w + w1] {
+                    s += v;
+                }
+            }
+            *d = s / ((h1 - h0) * (w1 - w0)) as f32;
+        }
+    }
+}
+
+/// The input gradient of one plane (`gx`, zeroed here) from the output
+/// gradient `gy`, adding in row-major output order.
+#[inline(always)]
+fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
+    gx.fill(0.0);
+    match op {
+        Pool2dOp::Max(o) => {
+            for oi in 0..g.oh {
+                for oj in 0..g.ow {
+                    gx[max_index(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
+                }
+            }
+        }
+        Pool2dOp::Avg(o) => {
+            let div = (o.kernel[0] * o.kernel[1]) as f32;
+            for oi in 0..g.oh {
+                let (h0, h1) = window(oi, o.kernel[0], o.stride[0], o.padding[0], g.h);
+                for oj in 0..g.ow {
+                    let (w0, w1) = window(oj, o.kernel[1], o.stride[1], o.padding[1], g.w);
+                    let v = gy[oi * g.ow + oj] / div;
+                    for hh in h0..h1 {
+                        for d in &mut gx[hh * g.w + w0..hh * g.w + w1] {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+        Pool2dOp::AdaptiveAvg(_) => {
+            for oi in 0..g.oh {
+                let (h0, h1) = adaptive_window(oi, g.oh, g.h);
+                for oj in 0..g.ow {
+                    let (w0, w1) = adaptive_window(oj, g.ow, g.w);
+                    let v = gy[oi * g.ow + oj] / ((h1 - h0) * (w1 - w0)) as f32;
+                    for hh in h0..h1 {
+                        for d in &mut gx[hh * g.w + w0..hh * g.w + w1] {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ExecContext {
+    /// Runs the pooling op `op` over `x` (`[N, C, H, W]`): the output is
+    /// `[N, C, OH, OW]` with `OH = (H + 2 * ph - kh) / sh + 1` (likewise `OW`) for
+    /// `Max`/`Avg`, and the requested size for `AdaptiveAvg`. See the module docs
+    /// for the tie rule, the padding and the divisors.
+    ///
+    /// Every plane is pooled by one task in a fixed order: the same bits for every
+    /// team size and vector level, and a sample's result does not depend on the
+    /// other samples of the batch.
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, Pool2dOp, Pool2dOptions};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[1, 1, 2, 4], &[1., 5., 2., 0., 3., 4., 8., 1.])?;
+    /// let m = ctx.pool2d(Pool2dOp::Max(Pool2dOptions::new([2, 2])), &x)?;
+    /// assert_eq!((m.shape(), m.to_vec()), (&[1, 1, 1, 2][..], vec![5., 8.]));
+    /// let a = ctx.avg_pool2d(&x, Pool2dOptions::new([2, 2]))?;
+    /// assert_eq!(a.to_vec(), [3.25, 2.75]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] naming the offending value when `x` is not of
+    /// rank 4, a kernel or stride size is 0, a padding exceeds half its kernel
+    /// size, the kernel is larger than the padded input, or an adaptive output
+    /// size is 0; [`ExecError::OutOfMemory`]. Nothing is allocated before the
+    /// checks pass.
+    pub fn pool2d(&self, op: Pool2dOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
+        let out_dims = op.output_shape(x.shape())?;
+        let os = out_dims.as_slice();
+        let g = Geo {
+            h: x.shape()[2],
+            w: x.shape()[3],
+            oh: os[2],
+            ow: os[3],
+        };
+        let (ip, opl) = (g.h * g.w, g.oh * g.ow);
+        let xc = self.contiguous(x)?;
+        let xs = xc.contiguous_slice();
+        self.new_tensor(op.name(), os, |out| {
+            self.par_rows(out, opl, plane_work(op, ip, opl), |planes, o| {
+                vectorized!(for (p, op_) in planes.zip(o.chunks_exact_mut(opl)) {
+                    let xp = &xs[p * ip..][..ip];
+                    match op {
+                        Pool2dOp::Max(opts) => max_plane(xp, op_, &opts, g),
+                        Pool2dOp::Avg(opts) => avg_plane(xp, op_, &opts, g),
+                        Pool2dOp::AdaptiveAvg(_) => adaptive_plane(xp, op_, g),
+                    }
+                })
+            });
+        })
+    }
+
+    /// The gradient of [`pool2d`](ExecContext::pool2d) with respect to its input
+    /// of shape `x_shape`, from the output's gradient `grad`. `x` is the forward
+    /// input, needed by `Max` only (see [`Pool2dOp::keeps_input`]; `None` is fine
+    /// for the others). Contributions of overlapping windows are added in
+    /// row-major output order, plane by plane: the same bits for every team size.
+    ///
+    /// # Errors
+    /// As [`pool2d`](ExecContext::pool2d) for `x_shape` and the options;
+    /// [`ExecError::ShapeMismatch`] if `grad` is not of the output's shape or `x`
+    /// is not of shape `x_shape`; [`ExecError::InvalidArgument`] if `op` is `Max`
+    /// and `x` is `None`; [`ExecError::OutOfMemory`].
+    pub fn pool2d_backward(
+        &self,
+        op: Pool2dOp,
+        x_shape: &[usize],
+        x: Option<&RawTensor>,
+        grad: &RawTensor,
+    ) -> Result<RawTensor, ExecError> {
+        let out_dims = op.output_shape(x_shape)?;
+        let os = out_dims.as_slice();
+        if grad.shape() != os {
+            return Err(ExecError::ShapeMismatch {
+                op: op.name(),
+                lhs: out_dims,
+                rhs: grad.dims(),
+                reason: "the gradient must have the pooled output's shape",
+            });
+        }
+        if let Some(x) = x
+            && x.shape() != x_shape
+        {
+            return Err(ExecError::ShapeMismatch {
+                op: op.name(),
+                lhs: Dims::new(x_shape),
+                rhs: x.dims(),
+                reason: "the saved input must have the input shape",
+            });
+        }
+        let xc = match (op.keeps_input(), x) {
+            (true, Some(x)) => Some(self.contiguous(x)?),
+            (true, None) => {
+                return Err(ExecError::InvalidArgument {
+                    op: op.name(),
+                    reason: "the max pool backward needs the forward input",
+                });
+            }
+            (false, _) => None,
+        };
+        let xs: &[f32] = xc.as_ref().map_or(&[], |t| t.contiguous_slice());
+        let g = Geo {
+            h: x_shape[2],
+            w: x_shape[3],
+            oh: os[2],
+            ow: os[3],
+        };
+        let (ip, opl) = (g.h * g.w, g.oh * g.ow);
+        let gc = self.contiguous(grad)?;
+        let gs = gc.contiguous_slice();
+        self.new_tensor(op.name(), x_shape, |out| {
+            self.par_rows(out, ip, plane_work(op, ip, opl) + ip, |planes, o| {
+                vectorized!(for (p, gx) in planes.zip(o.chunks_exact_mut(ip)) {
+                    let xp = if xs.is_empty() {
+                        xs
+                    } else {
+                        &xs[p * ip..][..ip]
+                    };
+                    backward_plane(op, xp, &gs[p * opl..][..opl], gx, g);
+                })
+            });
+        })
+    }
+
+    /// 2-D max pooling of `x` (`[N, C, H, W]`): [`pool2d`](ExecContext::pool2d)
+    /// with [`Pool2dOp::Max`]. Ties go to the first element in row-major window
+    /// order; padding counts as `-inf`.
+    ///
+    /// # Errors
+    /// As [`pool2d`](ExecContext::pool2d).
+    pub fn max_pool2d(&self, x: &RawTensor, opts: Pool2dOptions) -> Result<RawTensor, ExecError> {
+        self.pool2d(Pool2dOp::Max(opts), x)
+    }
+
+    /// 2-D average pooling of `x` (`[N, C, H, W]`) with `count_include_pad =
+    /// true`: [`pool2d`](ExecContext::pool2d) with [`Pool2dOp::Avg`].
+    ///
+    /// # Errors
+    /// As [`pool2d`](ExecContext::pool2d).
+    pub fn avg_pool2d(&self, x: &RawTensor, opts: Pool2dOptions) -> Result<RawTensor, ExecError> {
+        self.pool2d(Pool2dOp::Avg(opts), x)
+    }
+
+    /// 2-D adaptive average pooling of `x` (`[N, C, H, W]`) to `[N, C, oh, ow]`:
+    /// [`pool2d`](ExecContext::pool2d) with [`Pool2dOp::AdaptiveAvg`].
+    ///
+    /// # Errors
+    /// As [`pool2d`](ExecContext::pool2d).
+    pub fn adaptive_avg_pool2d(
+        &self,
+        x: &RawTensor,
+        size: [usize; 2],
+    ) -> Result<RawTensor, ExecError> {
+        self.pool2d(Pool2dOp::AdaptiveAvg(size), x)
+    }
+}
