@@ -11,7 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use fucina::nn::{
     BatchNorm2d, Conv2d, Flatten, Forward, Linear, MaxPool2d, Module, Relu, Sequential,
 };
-use fucina::optim::{AdamW, AdamWConfig, Optimizer};
+use fucina::optim::{AdamW, AdamWConfig};
 use fucina::prelude::Conv2dOptions;
 use fucina::{ExecContext, Tensor};
 

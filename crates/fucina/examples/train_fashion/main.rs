@@ -144,11 +144,15 @@ fn run(args: &Args) -> fucina::Result<()> {
             bar.set_position(p.step as u64);
         }
         if p.step % steps_per_epoch == 0 {
-            bar.println(format!(
-                "epoch {}: {:.1} s of training so far",
-                p.epoch + 1,
-                p.elapsed.as_secs_f64()
-            ));
+            // Printed also when the bar is hidden (output not a terminal).
+            bar.suspend(|| {
+                println!(
+                    "epoch {}: {:.1} s of training so far, loss {:.4}",
+                    p.epoch + 1,
+                    p.elapsed.as_secs_f64(),
+                    p.loss
+                )
+            });
         }
         mark = allocations();
     };
