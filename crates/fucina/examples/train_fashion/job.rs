@@ -144,10 +144,10 @@ pub(crate) fn load_data(
     let (mut train, mut test) = fucina::data::load_mnist_dir(dir).map_err(|e| match e {
         Error::Data { path, reason } if reason.starts_with("not found") => Error::Data {
             path,
-            reason: format!(
+            reason:
                 "not found: install Fashion-MNIST with `apt-get install dataset-fashion-mnist` \
-                 (Debian), or pass --data DIR with its four files"
-            ),
+                     (Debian), or pass --data DIR with its four files"
+                    .to_string(),
         },
         e => e,
     })?;

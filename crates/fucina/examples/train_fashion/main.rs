@@ -130,7 +130,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         (0u64, allocations(), 0usize, 0u64);
     let mut on_step = |p: &Progress| {
         let now = allocations();
-        if (p.step - 1) % steps_per_epoch != 0 {
+        if !(p.step - 1).is_multiple_of(steps_per_epoch) {
             in_steps += now - mark;
             counted += 1;
             if counted == WARMUP {
@@ -143,7 +143,7 @@ fn run(args: &Args) -> fucina::Result<()> {
             bar.set_message(format!("loss {:.4}  {:.0} images/s", p.loss, rate));
             bar.set_position(p.step as u64);
         }
-        if p.step % steps_per_epoch == 0 {
+        if p.step.is_multiple_of(steps_per_epoch) {
             // Printed also when the bar is hidden (output not a terminal).
             bar.suspend(|| {
                 println!(
