@@ -420,3 +420,64 @@ fn loader_steps_allocate_nothing_at_steady_state() {
         assert!(sum > 0.0);
     }
 }
+
+#[test]
+fn a_cnn_training_step_through_the_loader_allocates_nothing_at_steady_state() {
+    use fucina::nn::{
+        BatchNorm2d, Conv2d, Flatten, Forward, Linear, MaxPool2d, Module, Relu, Sequential,
+    };
+    use fucina::optim::AdamW;
+    use fucina::prelude::Conv2dOptions;
+
+    let ctx = ExecContext::new();
+    let same = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let net = Sequential::new()
+        .push(Conv2d::no_bias(&ctx, 1, 4, [3, 3], same, 1).unwrap())
+        .push(BatchNorm2d::new(&ctx, 4).unwrap())
+        .push(Relu)
+        .push(MaxPool2d::new([2, 2]).unwrap())
+        .push(Flatten::new())
+        .push(Linear::new(&ctx, 4 * 4 * 4, 3, 2).unwrap());
+    let mut opt = AdamW::new(net.parameters(), 0.01).unwrap();
+    let n = 40;
+    let x: Vec<f32> = (0..n * 64)
+        .map(|i| ((i * 37) % 101) as f32 / 101.0)
+        .collect();
+    let y: Vec<i64> = (0..n as i64).map(|i| i % 3).collect();
+    let mut loader = DataLoader::new(&x, &y, &[1, 8, 8], 16).unwrap().shuffle(5);
+    let mut losses = Vec::with_capacity(16);
+    let mut epoch = |e: u64, losses: &mut Vec<f32>| {
+        loader
+            .for_each_batch(&ctx, e, |b| {
+                let loss = ctx.exec_scope(|ctx| -> fucina::Result<f32> {
+                    let loss = net.forward(ctx, &b.x)?.cross_entropy(ctx, &b.y)?;
+                    loss.backward(ctx)?;
+                    Ok(loss.item()?)
+                })?;
+                drop(b);
+                opt.step(&ctx)?;
+                opt.zero_grad();
+                losses.push(loss);
+                Ok(())
+            })
+            .unwrap()
+    };
+    epoch(0, &mut losses);
+    epoch(1, &mut losses);
+    let rm_before = net.named_buffers()[0].1.to_vec();
+    let before = ALLOCS.load(Ordering::Relaxed);
+    COUNTED.with(|c| c.set(true));
+    epoch(2, &mut losses);
+    COUNTED.with(|c| c.set(false));
+    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    assert_eq!(
+        allocs, 0,
+        "{allocs} heap allocations in an epoch of 3 CNN steps"
+    );
+    assert_eq!(losses.len(), 9);
+    // The running statistics were updated in place during the counted epoch.
+    assert_ne!(net.named_buffers()[0].1.to_vec(), rm_before);
+}
