@@ -5,6 +5,8 @@
 //! Each field is, by its written type:
 //!
 //! - `Parameter`: one parameter named after the field (`"weight"`);
+//! - `Buffer`: one buffer (non-trainable saved state, listed by
+//!   `named_buffers`) named after the field;
 //! - `Vec<T>` or `[T; N]`: its elements, named `"field.0"`, `"field.1"`, ...
 //!   (`"layers.0.weight"`);
 //! - `Option<T>`: its value when present, under the field's name;
@@ -13,7 +15,8 @@
 //!   the field's name and a dot in front (`"fc1.weight"`).
 //!
 //! A field holding no parameters (a size, a flag) is marked `#[module(skip)]`.
-//! `train` is passed on to every module field. Tuple structs name their fields
+//! `named_buffers` gathers the buffers of the fields the same way, and `train`
+//! is passed on to every module field. Tuple structs name their fields
 //! `"0"`, `"1"`, ...; enums and unions are refused.
 //!
 //! See `fucina::nn::Module` for an example.
@@ -23,7 +26,8 @@ use proc_macro2::TokenStream as Tokens;
 use quote::{format_ident, quote};
 use syn::{Data, DeriveInput, Fields, GenericArgument, PathArguments, Type, parse_macro_input};
 
-/// Implements `fucina::nn::Module` (`named_parameters` and `train`) for a
+/// Implements `fucina::nn::Module` (`named_parameters`, `named_buffers` and
+/// `train`) for a
 /// struct from its fields (see the crate documentation for the naming rules
 /// and `#[module(skip)]`).
 #[proc_macro_derive(Module, attributes(module))]
@@ -43,6 +47,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         ));
     };
     let mut collect = Vec::new();
+    let mut buffers = Vec::new();
     let mut train = Vec::new();
     let fields: Vec<_> = match &data.fields {
         Fields::Named(f) => f.named.iter().collect(),
@@ -61,7 +66,20 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             }
         };
         let name = quote!(::std::string::String::from(#name));
-        collect.push(gen_collect(&field.ty, quote!(&self.#member), name, 0));
+        collect.push(gen_collect(
+            &field.ty,
+            quote!(&self.#member),
+            name.clone(),
+            0,
+            Want::Parameters,
+        ));
+        buffers.push(gen_collect(
+            &field.ty,
+            quote!(&self.#member),
+            name,
+            0,
+            Want::Buffers,
+        ));
         train.push(gen_train(&field.ty, quote!(&mut self.#member), 0));
     }
     let ident = &input.ident;
@@ -72,6 +90,12 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 let mut __out: ::std::vec::Vec<(::std::string::String, ::fucina::nn::Parameter)> =
                     ::std::vec::Vec::new();
                 #(#collect)*
+                __out
+            }
+            fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, ::fucina::nn::Buffer)> {
+                let mut __out: ::std::vec::Vec<(::std::string::String, ::fucina::nn::Buffer)> =
+                    ::std::vec::Vec::new();
+                #(#buffers)*
                 __out
             }
             fn train(&mut self, training: bool) {
@@ -105,6 +129,7 @@ fn is_skipped(field: &syn::Field) -> syn::Result<bool> {
 /// What a written type is, for naming.
 enum Kind<'a> {
     Parameter,
+    Buffer,
     Seq(&'a Type),
     Opt(&'a Type),
     Boxed(&'a Type),
@@ -129,6 +154,7 @@ fn kind(ty: &Type) -> Kind<'_> {
             };
             match (last.ident.to_string().as_str(), arg) {
                 ("Parameter", None) => Kind::Parameter,
+                ("Buffer", None) => Kind::Buffer,
                 ("Vec", Some(t)) => Kind::Seq(t),
                 ("Option", Some(t)) => Kind::Opt(t),
                 ("Box", Some(t)) => Kind::Boxed(t),
@@ -139,21 +165,33 @@ fn kind(ty: &Type) -> Kind<'_> {
     }
 }
 
-/// Code pushing the parameters of `expr` (a `&T`) named under `name` (a
-/// `String` expression) onto `__out`.
-fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize) -> Tokens {
+/// What [`gen_collect`] gathers.
+#[derive(Clone, Copy, PartialEq)]
+enum Want {
+    Parameters,
+    Buffers,
+}
+
+/// Code pushing the parameters (or buffers) of `expr` (a `&T`) named under
+/// `name` (a `String` expression) onto `__out`.
+fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize, want: Want) -> Tokens {
     let x = format_ident!("__x{depth}");
     let n = format_ident!("__n{depth}");
     match kind(ty) {
-        Kind::Parameter => quote! {
+        Kind::Parameter if want == Want::Parameters => quote! {
             __out.push((#name, ::std::clone::Clone::clone(#expr)));
         },
+        Kind::Buffer if want == Want::Buffers => quote! {
+            __out.push((#name, ::std::clone::Clone::clone(#expr)));
+        },
+        Kind::Parameter | Kind::Buffer => quote!(),
         Kind::Seq(t) => {
             let inner = gen_collect(
                 t,
                 quote!(#x),
                 quote!(::std::format!("{}.{}", #n, __i)),
                 depth + 1,
+                want,
             );
             quote! {
                 let #n: ::std::string::String = #name;
@@ -163,7 +201,7 @@ fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize) -> Tokens {
             }
         }
         Kind::Opt(t) => {
-            let inner = gen_collect(t, quote!(#x), name, depth + 1);
+            let inner = gen_collect(t, quote!(#x), name, depth + 1, want);
             quote! {
                 if let ::std::option::Option::Some(#x) = ::std::option::Option::as_ref(#expr) {
                     #inner
@@ -171,7 +209,7 @@ fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize) -> Tokens {
             }
         }
         Kind::Boxed(t) => {
-            let inner = gen_collect(t, quote!(#x), name, depth + 1);
+            let inner = gen_collect(t, quote!(#x), name, depth + 1, want);
             quote! {
                 {
                     let #x = &**#expr;
@@ -179,14 +217,20 @@ fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize) -> Tokens {
                 }
             }
         }
-        Kind::Module => quote! {
-            {
-                let #n: ::std::string::String = #name;
-                for (__k, __p) in ::fucina::nn::Module::named_parameters(#expr) {
-                    __out.push((::std::format!("{}.{}", #n, __k), __p));
+        Kind::Module => {
+            let method = match want {
+                Want::Parameters => quote!(named_parameters),
+                Want::Buffers => quote!(named_buffers),
+            };
+            quote! {
+                {
+                    let #n: ::std::string::String = #name;
+                    for (__k, __p) in ::fucina::nn::Module::#method(#expr) {
+                        __out.push((::std::format!("{}.{}", #n, __k), __p));
+                    }
                 }
             }
-        },
+        }
     }
 }
 
@@ -194,7 +238,7 @@ fn gen_collect(ty: &Type, expr: Tokens, name: Tokens, depth: usize) -> Tokens {
 fn gen_train(ty: &Type, expr: Tokens, depth: usize) -> Tokens {
     let x = format_ident!("__x{depth}");
     match kind(ty) {
-        Kind::Parameter => quote!(),
+        Kind::Parameter | Kind::Buffer => quote!(),
         Kind::Seq(t) => {
             let inner = gen_train(t, quote!(#x), depth + 1);
             quote! {

@@ -954,8 +954,8 @@ pub fn read_state_dict(
 }
 
 /// Saves a model's parameters and, optionally, an optimizer's state to `path`
-/// in one atomic write (see [`save`]): the parameters under
-/// `"model.<name>"` ([`Module::named_parameters`]), the optimizer's
+/// in one atomic write (see [`save`]): the parameters and buffers under
+/// `"model.<name>"` ([`Module::state_dict`]), the optimizer's
 /// [`state_dict`](Optimizer::state_dict) under `"optim.<name>"`, and
 /// `metadata` (plus `"fucina.optimizer" = "1"` when an optimizer is saved).
 /// [`load_module`] restores both.
@@ -1007,9 +1007,9 @@ pub fn save_module<M: Module + ?Sized>(
     Ok(())
 }
 
-/// Restores what [`save_module`] wrote: the model's parameters and, with
-/// `optimizer`, its state, in one all-or-nothing call. Every entry is checked
-/// first (each parameter present once with its shape, no unknown name, the
+/// Restores what [`save_module`] wrote: the model's parameters and buffers
+/// and, with `optimizer`, its state, in one all-or-nothing call. Every entry is
+/// checked first (each parameter and buffer present once with its shape, no unknown name, the
 /// optimizer's state valid for its parameters); on any error neither the model
 /// nor the optimizer has changed. Returns the checkpoint's metadata.
 ///
@@ -1092,11 +1092,11 @@ pub fn load_module_from_bytes<M: Module + ?Sized>(
     // Handles on the current values: the load below copies rather than
     // overwrites them, so they can be put back if the optimizer refuses.
     let before = model.state_dict();
-    model.load_parameters(&model_part)?;
+    model.load_state_dict(&StateDict::from_unique(model_part))?;
     if let Some(opt) = optimizer
         && let Err(e) = opt.load_state_dict(ctx, &optim_part)
     {
-        model.load_parameters(&before)?;
+        model.load_state_dict(&before)?;
         return Err(e);
     }
     Ok(meta)

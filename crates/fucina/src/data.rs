@@ -1,6 +1,9 @@
-//! The data sets shipped with fucina and the reader of their files: the 1,797
-//! 8x8 handwritten digits (`data/digits/`, BSD-3) used by the `train_digits`
-//! examples, and gzip-compressed files in general.
+//! Data sets and their loading: the 1,797 8x8 handwritten digits shipped with
+//! fucina (`data/digits/`, BSD-3) used by the `train_digits` examples, the IDX
+//! format of MNIST-style sets ([`read_idx`], [`load_idx_images`],
+//! [`load_mnist_dir`] for Fashion-MNIST), gzip-compressed files in general, and
+//! the [`DataLoader`]: seeded shuffling per epoch, mini-batches in pooled
+//! tensors, the next batch prefetched on the context's one-shot worker.
 //!
 //! ```
 //! let d = fucina::data::load_digits(fucina::data::digits_path())?;
@@ -13,6 +16,15 @@ use std::io::Read as _;
 use std::path::Path;
 
 use crate::{Error, Result};
+
+mod idx;
+mod loader;
+
+pub use idx::{
+    FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, IDX_U8, Idx, ImageSet, MNIST_FILES, load_idx_images,
+    load_mnist_dir, parse_idx, read_idx,
+};
+pub use loader::{Batch, DataLoader, MAX_SAMPLE_RANK};
 
 /// Pixels per digit image (8x8, row-major).
 pub const DIGITS_PIXELS: usize = 64;

@@ -37,10 +37,10 @@
 //!
 //! | module | crate | what it holds |
 //! | --- | --- | --- |
-//! | [`nn`] | `fucina` | layers, [`nn::Parameter`], [`nn::Module`] |
+//! | [`nn`] | `fucina` | layers (dense, convolutional, normalization, pooling, attention), [`nn::Parameter`], [`nn::Buffer`], [`nn::Module`] |
 //! | [`optim`] | `fucina` | SGD, Adam, AdamW, clipping, schedules |
 //! | [`checkpoint`] | `fucina` | safetensors checkpoints: named tensors and metadata |
-//! | [`data`] | `fucina` | the data sets shipped with fucina and their reader |
+//! | [`data`] | `fucina` | the shipped data sets, the IDX reader (MNIST-style sets), the [`data::DataLoader`] |
 //! | [`diag`] | `fucina` | [`memory_stats`], [`diag::CountingAllocator`] |
 //! | [`sample`] | `fucina` | seeded sampling from tensors: [`sample::multinomial`] |
 //! | [`autograd`] | `fucina-autograd` | the differentiable [`Tensor`], [`no_grad`], [`custom_vjp`], [`gradcheck`] |
@@ -192,9 +192,11 @@ pub use fucina_thread::{Team, TeamOptions};
 
 /// The names a training program uses, for `use fucina::prelude::*`.
 pub mod prelude {
+    pub use crate::exec::{Conv1dOptions, Conv2dOptions, Pool2dOptions};
     pub use crate::nn::{
-        Block, CausalSelfAttention, Dropout, Embedding, Forward, Gelu, LayerNorm, Linear, Module,
-        Parameter, Relu, RmsNorm, Sequential, StateDict,
+        AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Block, Buffer, CausalSelfAttention,
+        Conv1d, Conv2d, Dropout, Embedding, Flatten, Forward, Gelu, LayerNorm, Linear, MaxPool2d,
+        Module, Parameter, Relu, RmsNorm, Sequential, StateDict,
     };
     pub use crate::optim::{
         Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,

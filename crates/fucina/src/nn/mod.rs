@@ -1,6 +1,12 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`],
-//! activations, [`Sequential`] composition, and a small transformer
-//! ([`CausalSelfAttention`], [`Block`]).
+//! activations, [`Sequential`] composition, a small transformer
+//! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
+//! networks ([`Conv1d`], [`Conv2d`], [`BatchNorm1d`], [`BatchNorm2d`],
+//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`Flatten`]).
+//!
+//! Non-trainable state a layer saves with its weights (batch norm's running
+//! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
+//! included in [`Module::state_dict`] and the checkpoints.
 //!
 //! Every layer holds its weights as [`Parameter`]s: shared handles to a leaf
 //! variable. Cloning a `Parameter` gives another handle to the *same* parameter,
@@ -29,12 +35,18 @@
 //! ```
 
 mod attention;
+mod buffer;
+mod conv;
 mod layers;
 mod parameter;
 mod sequential;
 mod state_dict;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
+pub use buffer::Buffer;
+pub use conv::{
+    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
+};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
@@ -97,8 +109,17 @@ pub trait Module {
             .collect()
     }
 
+    /// The non-trainable state saved with the parameters ([`Buffer`]s, such as
+    /// batch normalization's running statistics) with stable dotted names, in
+    /// a fixed order. None by default; `#[derive(Module)]` gathers them from
+    /// the fields.
+    fn named_buffers(&self) -> Vec<(String, Buffer)> {
+        Vec::new()
+    }
+
     /// Switches training mode (`true`, the default) or evaluation mode
-    /// (`false`: dropout passes its input through). Containers pass it on.
+    /// (`false`: dropout passes its input through, batch normalization uses
+    /// its running statistics). Containers pass it on.
     fn train(&mut self, training: bool) {
         let _ = training;
     }
@@ -120,30 +141,46 @@ pub trait Module {
         self.parameters().iter().map(Parameter::numel).sum()
     }
 
-    /// The parameters as a [`StateDict`] (names of
-    /// [`named_parameters`](Module::named_parameters), detached handles sharing
-    /// the values: no copy). The names are taken as the module reports them: a
+    /// The parameters, then the buffers, as a [`StateDict`] (names of
+    /// [`named_parameters`](Module::named_parameters) and
+    /// [`named_buffers`](Module::named_buffers), detached handles sharing the
+    /// values: no copy). The names are taken as the module reports them: a
     /// hand-written `named_parameters` that repeats a name gives a state dict
     /// that loading and saving refuse, naming it.
     fn state_dict(&self) -> StateDict {
-        StateDict::from_unique(
-            self.named_parameters()
+        let mut entries: Vec<(String, Tensor)> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.tensor().detach()))
+            .collect();
+        entries.extend(
+            self.named_buffers()
                 .into_iter()
-                .map(|(n, p)| (n, p.tensor().detach()))
-                .collect(),
-        )
+                .map(|(n, b)| (n, b.tensor())),
+        );
+        StateDict::from_unique(entries)
     }
 
-    /// Copies the values of `state` into the parameters by name: the same
-    /// checks as [`load_parameters`](Module::load_parameters) (every parameter
-    /// present once with its shape, no unknown name), all before the first
-    /// write.
+    /// Copies the values of `state` into the parameters and buffers by name:
+    /// the checks of [`load_parameters`](Module::load_parameters) (every
+    /// parameter and buffer present once with its shape, no unknown name), all
+    /// before the first write.
     ///
     /// # Errors
     /// [`Error::StateDict`] naming the entry that does not fit (nothing
     /// changes); out of memory.
     fn load_state_dict(&self, state: &StateDict) -> Result<()> {
-        self.load_parameters(state)
+        let mut targets: Vec<(String, Target)> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, Target::Parameter(p)))
+            .collect();
+        targets.extend(
+            self.named_buffers()
+                .into_iter()
+                .map(|(n, b)| (n, Target::Buffer(b))),
+        );
+        load_named(&targets, state)
     }
 
     /// Copies values into the parameters by name (the names of
@@ -155,48 +192,84 @@ pub trait Module {
     /// [`Error::StateDict`] naming the missing, unknown, duplicate or
     /// misshapen entry; out of memory.
     fn load_parameters(&self, named: &[(String, Tensor)]) -> Result<()> {
-        let mine = self.named_parameters();
-        // Name -> position in `named`: one pass, so loading is linear in the
-        // number of parameters (a large model has thousands).
-        let mut given: HashMap<&str, usize> = HashMap::with_capacity(named.len());
-        let index: HashMap<&str, usize> = mine
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _))| (n.as_str(), i))
+        let targets: Vec<(String, Target)> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, Target::Parameter(p)))
             .collect();
-        for (i, (name, t)) in named.iter().enumerate() {
-            let Some(&at) = index.get(name.as_str()) else {
-                return Err(Error::StateDict {
-                    reason: format!("unknown parameter \"{name}\""),
-                });
-            };
-            if given.insert(name.as_str(), i).is_some() {
-                return Err(Error::StateDict {
-                    reason: format!("duplicate parameter \"{name}\""),
-                });
-            }
-            let p = &mine[at].1;
-            if t.shape() != p.shape().as_slice() {
-                return Err(Error::StateDict {
-                    reason: format!(
-                        "parameter \"{name}\" has shape {:?} in the list, {:?} in the model",
-                        t.shape(),
-                        p.shape().as_slice()
-                    ),
-                });
-            }
+        load_named(&targets, named)
+    }
+}
+
+/// Where a loaded value goes.
+enum Target {
+    Parameter(Parameter),
+    Buffer(Buffer),
+}
+
+impl Target {
+    fn shape(&self) -> fucina_exec::Dims {
+        match self {
+            Target::Parameter(p) => p.shape(),
+            Target::Buffer(b) => b.shape(),
         }
-        if let Some((name, _)) = mine.iter().find(|(n, _)| !given.contains_key(n.as_str())) {
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Target::Parameter(_) => "parameter",
+            Target::Buffer(_) => "buffer",
+        }
+    }
+}
+
+/// Copies `named` into `mine` by name after checking every entry (each target
+/// present exactly once, with its shape; no unknown name).
+fn load_named(mine: &[(String, Target)], named: &[(String, Tensor)]) -> Result<()> {
+    // Name -> position in `named`: one pass, so loading is linear in the
+    // number of entries (a large model has thousands).
+    let mut given: HashMap<&str, usize> = HashMap::with_capacity(named.len());
+    let index: HashMap<&str, usize> = mine
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| (n.as_str(), i))
+        .collect();
+    for (i, (name, t)) in named.iter().enumerate() {
+        let Some(&at) = index.get(name.as_str()) else {
             return Err(Error::StateDict {
-                reason: format!("missing parameter \"{name}\""),
+                reason: format!("unknown parameter \"{name}\""),
+            });
+        };
+        let p = &mine[at].1;
+        if given.insert(name.as_str(), i).is_some() {
+            return Err(Error::StateDict {
+                reason: format!("duplicate {} \"{name}\"", p.kind()),
             });
         }
-        for (name, p) in &mine {
-            let t = &named[given[name.as_str()]].1;
-            p.copy_from_slice(&t.to_vec())?;
+        if t.shape() != p.shape().as_slice() {
+            return Err(Error::StateDict {
+                reason: format!(
+                    "{} \"{name}\" has shape {:?} in the list, {:?} in the model",
+                    p.kind(),
+                    t.shape(),
+                    p.shape().as_slice()
+                ),
+            });
         }
-        Ok(())
     }
+    if let Some((name, p)) = mine.iter().find(|(n, _)| !given.contains_key(n.as_str())) {
+        return Err(Error::StateDict {
+            reason: format!("missing {} \"{name}\"", p.kind()),
+        });
+    }
+    for (name, p) in mine {
+        let values = named[given[name.as_str()]].1.to_vec();
+        match p {
+            Target::Parameter(p) => p.copy_from_slice(&values)?,
+            Target::Buffer(b) => b.copy_from_slice(&values)?,
+        }
+    }
+    Ok(())
 }
 
 /// A module that maps one tensor to one tensor (what [`Sequential`] chains).

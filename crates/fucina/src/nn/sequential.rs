@@ -3,7 +3,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::{Forward, Module, Parameter, prefixed};
+use super::{Buffer, Forward, Module, Parameter, prefixed};
 use crate::error::Result;
 
 /// Layers applied in order. A layer's parameters are named after its position
@@ -60,6 +60,17 @@ impl Module for Sequential {
         self.layers
             .iter()
             .flat_map(|(n, l)| prefixed(n, l.named_parameters()))
+            .collect()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Buffer)> {
+        self.layers
+            .iter()
+            .flat_map(|(n, l)| {
+                l.named_buffers()
+                    .into_iter()
+                    .map(move |(k, b)| (format!("{n}.{k}"), b))
+            })
             .collect()
     }
 

@@ -1,0 +1,770 @@
+//! The layers of convolutional networks: [`Conv1d`], [`Conv2d`],
+//! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
+//! [`AdaptiveAvgPool2d`] and [`Flatten`].
+
+use fucina_autograd::Tensor;
+use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOptions};
+
+use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed};
+use crate::error::{Error, Result};
+
+/// `1 / sqrt(fan_in)`, the bound of PyTorch's default convolution init: its
+/// `kaiming_uniform_(a = sqrt(5))` weights and `U(±1/sqrt(fan_in))` bias both
+/// come to `U(-b, b)` with this `b` (as `fucina::rng::kaiming_uniform_fill`
+/// computes it).
+fn init_bound(fan_in: usize) -> f32 {
+    (1.0 / fan_in as f64).sqrt() as f32
+}
+
+/// Checks that `x` has rank `rank` (one of `ranks`) and `channels` at axis 1.
+fn check_channels(
+    layer: impl FnOnce() -> String,
+    x: &Tensor,
+    ranks: &[usize],
+    channels: usize,
+    layout: &str,
+) -> Result<()> {
+    let s = x.shape();
+    if !ranks.contains(&s.len()) || s[1] != channels {
+        return Err(Error::ShapeMismatch {
+            layer: layer(),
+            got: s.to_vec(),
+            reason: format!("the input must be {layout} with {channels} channels"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the channel and group counts of a convolution constructor.
+fn check_conv(
+    what: &'static str,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: &[usize],
+    stride: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<()> {
+    check_size(what, "in_channels", in_channels)?;
+    check_size(what, "out_channels", out_channels)?;
+    check_size(what, "groups", groups)?;
+    for (name, v) in [
+        ("kernel", kernel),
+        ("stride", stride),
+        ("dilation", dilation),
+    ] {
+        if v.contains(&0) {
+            return Err(Error::invalid(
+                what,
+                format!("every {name} size must be at least 1 (got {v:?})"),
+            ));
+        }
+    }
+    if !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "groups = {groups} must divide in_channels = {in_channels} and out_channels = {out_channels}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A 2-D convolution over `[N, C_in, H, W]`, PyTorch's `nn.Conv2d`: weight
+/// `[out, in / groups, kh, kw]`, optional bias `[out]`, both initialized
+/// `U(-b, b)` with `b = 1/sqrt(in / groups * kh * kw)` (PyTorch's default),
+/// drawn from `seed` (the weight) and `sub_seed(seed, 1)` (the bias).
+///
+/// ```
+/// use fucina::nn::{Conv2d, Module};
+/// use fucina::prelude::*;
+///
+/// let ctx = ExecContext::new();
+/// let opts = Conv2dOptions { padding: [1, 1], ..Default::default() };
+/// let conv = Conv2d::new(&ctx, 3, 8, [3, 3], opts, 1)?;
+/// let x = Tensor::zeros(&ctx, &[2, 3, 5, 5])?;
+/// assert_eq!(conv.forward(&ctx, &x)?.shape(), [2, 8, 5, 5]);
+/// assert_eq!(conv.num_parameters(), 8 * 3 * 9 + 8);
+/// assert!(conv.forward(&ctx, &Tensor::zeros(&ctx, &[2, 4, 5, 5])?).is_err());
+/// # Ok::<(), fucina::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    /// The weight, `[out, in / groups, kh, kw]`.
+    pub weight: Parameter,
+    /// The bias, `[out]` (absent for [`Conv2d::no_bias`]).
+    pub bias: Option<Parameter>,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: [usize; 2],
+    opts: Conv2dOptions,
+}
+
+impl Conv2d {
+    /// A convolution from `in_channels` to `out_channels` with a `kernel`
+    /// (`[kh, kw]`) window, `opts` (stride, padding, dilation, groups) and a
+    /// bias.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size, stride, dilation or group
+    /// count, or a group count that does not divide both channel counts; out of
+    /// memory.
+    pub fn new(
+        ctx: &ExecContext,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        opts: Conv2dOptions,
+        seed: u64,
+    ) -> Result<Conv2d> {
+        let mut c = Conv2d::no_bias(ctx, in_channels, out_channels, kernel, opts, seed)?;
+        let b = c.bound();
+        let bias = Tensor::uniform(ctx, &[out_channels], -b, b, sub_seed(seed, 1))?;
+        c.bias = Some(Parameter::new(bias));
+        Ok(c)
+    }
+
+    /// A convolution without a bias (as before a batch norm).
+    ///
+    /// # Errors
+    /// As [`new`](Conv2d::new).
+    pub fn no_bias(
+        ctx: &ExecContext,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        opts: Conv2dOptions,
+        seed: u64,
+    ) -> Result<Conv2d> {
+        check_conv(
+            "Conv2d::new",
+            in_channels,
+            out_channels,
+            &kernel,
+            &opts.stride,
+            &opts.dilation,
+            opts.groups,
+        )?;
+        let shape = [
+            out_channels,
+            in_channels / opts.groups,
+            kernel[0],
+            kernel[1],
+        ];
+        let b = init_bound(shape[1..].iter().product());
+        Ok(Conv2d {
+            weight: Parameter::new(Tensor::uniform(ctx, &shape, -b, b, seed)?),
+            bias: None,
+            in_channels,
+            out_channels,
+            kernel,
+            opts,
+        })
+    }
+
+    fn bound(&self) -> f32 {
+        init_bound(self.in_channels / self.opts.groups * self.kernel[0] * self.kernel[1])
+    }
+
+    /// The input channels.
+    pub fn in_channels(&self) -> usize {
+        self.in_channels
+    }
+
+    /// The output channels.
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
+    /// The window size `[kh, kw]`.
+    pub fn kernel_size(&self) -> [usize; 2] {
+        self.kernel
+    }
+
+    /// The stride, padding, dilation and groups.
+    pub fn options(&self) -> Conv2dOptions {
+        self.opts
+    }
+
+    /// Applies the convolution to `x` (`[N, in, H, W]` -> `[N, out, H', W']`).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `x` is not `[N, in, H, W]`; the op's errors
+    /// (a kernel larger than the padded input).
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        check_channels(
+            || self.describe(),
+            x,
+            &[4],
+            self.in_channels,
+            "[N, C, H, W]",
+        )?;
+        let b = self.bias.as_ref().map(Parameter::tensor);
+        Ok(x.conv2d(ctx, &self.weight.tensor(), b.as_ref(), self.opts)?)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "Conv2d(in = {}, out = {}, kernel = {:?}, {:?})",
+            self.in_channels, self.out_channels, self.kernel, self.opts
+        )
+    }
+}
+
+impl Module for Conv2d {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+impl Forward for Conv2d {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Conv2d::forward(self, ctx, x)
+    }
+}
+
+/// A 1-D convolution over `[N, C_in, L]`, PyTorch's `nn.Conv1d`: weight
+/// `[out, in / groups, k]`, optional bias `[out]`, both initialized
+/// `U(-b, b)` with `b = 1/sqrt(in / groups * k)`, drawn from `seed` (the
+/// weight) and `sub_seed(seed, 1)` (the bias).
+#[derive(Debug, Clone)]
+pub struct Conv1d {
+    /// The weight, `[out, in / groups, k]`.
+    pub weight: Parameter,
+    /// The bias, `[out]` (absent for [`Conv1d::no_bias`]).
+    pub bias: Option<Parameter>,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: usize,
+    opts: Conv1dOptions,
+}
+
+impl Conv1d {
+    /// A convolution from `in_channels` to `out_channels` with a window of
+    /// `kernel`, `opts` and a bias.
+    ///
+    /// # Errors
+    /// As [`Conv2d::new`].
+    pub fn new(
+        ctx: &ExecContext,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        opts: Conv1dOptions,
+        seed: u64,
+    ) -> Result<Conv1d> {
+        let mut c = Conv1d::no_bias(ctx, in_channels, out_channels, kernel, opts, seed)?;
+        let b = c.bound();
+        let bias = Tensor::uniform(ctx, &[out_channels], -b, b, sub_seed(seed, 1))?;
+        c.bias = Some(Parameter::new(bias));
+        Ok(c)
+    }
+
+    /// A convolution without a bias.
+    ///
+    /// # Errors
+    /// As [`Conv2d::new`].
+    pub fn no_bias(
+        ctx: &ExecContext,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        opts: Conv1dOptions,
+        seed: u64,
+    ) -> Result<Conv1d> {
+        check_conv(
+            "Conv1d::new",
+            in_channels,
+            out_channels,
+            &[kernel],
+            &[opts.stride],
+            &[opts.dilation],
+            opts.groups,
+        )?;
+        let shape = [out_channels, in_channels / opts.groups, kernel];
+        let b = init_bound(shape[1] * kernel);
+        Ok(Conv1d {
+            weight: Parameter::new(Tensor::uniform(ctx, &shape, -b, b, seed)?),
+            bias: None,
+            in_channels,
+            out_channels,
+            kernel,
+            opts,
+        })
+    }
+
+    fn bound(&self) -> f32 {
+        init_bound(self.in_channels / self.opts.groups * self.kernel)
+    }
+
+    /// The input channels.
+    pub fn in_channels(&self) -> usize {
+        self.in_channels
+    }
+
+    /// The output channels.
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
+    /// The window size.
+    pub fn kernel_size(&self) -> usize {
+        self.kernel
+    }
+
+    /// The stride, padding, dilation and groups.
+    pub fn options(&self) -> Conv1dOptions {
+        self.opts
+    }
+
+    /// Applies the convolution to `x` (`[N, in, L]` -> `[N, out, L']`).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `x` is not `[N, in, L]`; the op's errors.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        check_channels(
+            || {
+                format!(
+                    "Conv1d(in = {}, out = {}, kernel = {}, {:?})",
+                    self.in_channels, self.out_channels, self.kernel, self.opts
+                )
+            },
+            x,
+            &[3],
+            self.in_channels,
+            "[N, C, L]",
+        )?;
+        let b = self.bias.as_ref().map(Parameter::tensor);
+        Ok(x.conv1d(ctx, &self.weight.tensor(), b.as_ref(), self.opts)?)
+    }
+}
+
+impl Module for Conv1d {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+impl Forward for Conv1d {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Conv1d::forward(self, ctx, x)
+    }
+}
+
+/// The state and the forward pass shared by [`BatchNorm1d`] and
+/// [`BatchNorm2d`].
+#[derive(Debug, Clone)]
+struct BatchNorm {
+    weight: Parameter,
+    bias: Parameter,
+    running_mean: Buffer,
+    running_var: Buffer,
+    eps: f32,
+    momentum: f32,
+    training: bool,
+}
+
+impl BatchNorm {
+    fn new(ctx: &ExecContext, what: &'static str, features: usize) -> Result<BatchNorm> {
+        check_size(what, "num_features", features)?;
+        Ok(BatchNorm {
+            weight: Parameter::new(Tensor::ones(ctx, &[features])?),
+            bias: Parameter::new(Tensor::zeros(ctx, &[features])?),
+            running_mean: Buffer::new(Tensor::zeros(ctx, &[features])?),
+            running_var: Buffer::new(Tensor::ones(ctx, &[features])?),
+            eps: 1e-5,
+            momentum: 0.1,
+            training: true,
+        })
+    }
+
+    fn check(what: &'static str, eps: f32, momentum: f32) -> Result<()> {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(Error::invalid(
+                what,
+                format!("eps must be >= 0 (got {eps})"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&momentum) {
+            return Err(Error::invalid(
+                what,
+                format!("momentum must be in [0, 1] (got {momentum})"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        let (g, b) = (self.weight.tensor(), self.bias.tensor());
+        if !self.training {
+            let (rm, rv) = (self.running_mean.tensor(), self.running_var.tensor());
+            return Ok(x.batch_norm_eval(ctx, &rm, &rv, &g, &b, self.eps)?);
+        }
+        let (y, stats) = x.batch_norm_with_stats(ctx, &g, &b, self.eps)?;
+        let m = self.momentum;
+        // PyTorch's update, in its order of operations.
+        let blend = |run: &mut [f32], batch: &[f32]| {
+            for (r, &v) in run.iter_mut().zip(batch) {
+                *r = m * v + (1.0 - m) * *r;
+            }
+        };
+        let mean = stats.mean.data()?;
+        let var = stats.unbiased_var.data()?;
+        self.running_mean.update_(|r| blend(r, mean))?;
+        self.running_var.update_(|r| blend(r, var))?;
+        Ok(y)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        vec![
+            ("weight".to_string(), self.weight.clone()),
+            ("bias".to_string(), self.bias.clone()),
+        ]
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Buffer)> {
+        vec![
+            ("running_mean".to_string(), self.running_mean.clone()),
+            ("running_var".to_string(), self.running_var.clone()),
+        ]
+    }
+}
+
+macro_rules! batch_norm_layer {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $ranks:expr, $layout:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            inner: BatchNorm,
+        }
+
+        impl $name {
+            /// Normalization of `num_features` channels: scale (`weight`) ones,
+            /// shift (`bias`) zeros, running mean zeros and running variance
+            /// ones, `eps = 1e-5`, `momentum = 0.1`, in training mode.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] for zero features; out of memory.
+            pub fn new(ctx: &ExecContext, num_features: usize) -> Result<$name> {
+                Ok($name {
+                    inner: BatchNorm::new(ctx, concat!($what, "::new"), num_features)?,
+                })
+            }
+
+            /// The same layer with `eps` and `momentum` (PyTorch's convention:
+            /// `running = momentum * batch + (1 - momentum) * running`).
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] for a negative or NaN `eps` or a
+            /// `momentum` outside `[0, 1]`.
+            pub fn with_options(mut self, eps: f32, momentum: f32) -> Result<$name> {
+                BatchNorm::check(concat!($what, "::with_options"), eps, momentum)?;
+                self.inner.eps = eps;
+                self.inner.momentum = momentum;
+                Ok(self)
+            }
+
+            /// The scale `gamma`, `[C]`.
+            pub fn weight(&self) -> &Parameter {
+                &self.inner.weight
+            }
+
+            /// The shift `beta`, `[C]`.
+            pub fn bias(&self) -> &Parameter {
+                &self.inner.bias
+            }
+
+            /// The running mean, `[C]` (a buffer: saved, not trained).
+            pub fn running_mean(&self) -> &Buffer {
+                &self.inner.running_mean
+            }
+
+            /// The running (unbiased) variance, `[C]` (a buffer).
+            pub fn running_var(&self) -> &Buffer {
+                &self.inner.running_var
+            }
+
+            /// The number of channels.
+            pub fn num_features(&self) -> usize {
+                self.inner.weight.numel()
+            }
+
+            /// `eps`.
+            pub fn eps(&self) -> f32 {
+                self.inner.eps
+            }
+
+            /// `momentum`.
+            pub fn momentum(&self) -> f32 {
+                self.inner.momentum
+            }
+
+            /// Whether the layer is in training mode.
+            pub fn is_training(&self) -> bool {
+                self.inner.training
+            }
+
+            /// Normalizes `x`. In training mode with the batch's statistics
+            /// (biased variance over every axis but the channels), updating the
+            /// running statistics with the batch mean and unbiased variance;
+            /// in evaluation mode with the running statistics (then every
+            /// sample's output depends on that sample alone).
+            ///
+            /// # Errors
+            /// [`Error::ShapeMismatch`] if `x` does not fit the layer; the
+            /// op's errors (one value per channel in training mode).
+            pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+                let c = self.num_features();
+                check_channels(
+                    || format!(concat!($what, "(num_features = {})"), c),
+                    x,
+                    &$ranks,
+                    c,
+                    $layout,
+                )?;
+                self.inner.forward(ctx, x)
+            }
+        }
+
+        impl Module for $name {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                self.inner.named_parameters()
+            }
+
+            fn named_buffers(&self) -> Vec<(String, Buffer)> {
+                self.inner.named_buffers()
+            }
+
+            fn train(&mut self, training: bool) {
+                self.inner.training = training;
+            }
+        }
+
+        impl Forward for $name {
+            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+                $name::forward(self, ctx, x)
+            }
+        }
+    };
+}
+
+batch_norm_layer! {
+    /// Batch normalization over `[N, C, H, W]`, PyTorch's `nn.BatchNorm2d`:
+    /// parameters `weight` and `bias` (`[C]`), buffers `running_mean` and
+    /// `running_var` (`[C]`, saved in state dicts and checkpoints).
+    /// [`Module::train`] and [`Module::eval`] switch between the batch's
+    /// statistics (training, the default) and the running ones. Training mode
+    /// depends on the whole batch by definition.
+    ///
+    /// ```
+    /// use fucina::nn::{BatchNorm2d, Module};
+    /// use fucina::{ExecContext, Tensor};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let mut bn = BatchNorm2d::new(&ctx, 2)?;
+    /// let x = Tensor::from_slice(&ctx, &[2, 2, 1, 1], &[1., 10., 3., 20.])?;
+    /// let y = bn.forward(&ctx, &x)?; // normalized with the batch's statistics
+    /// assert!((y.to_vec()[0] + 1.0).abs() < 1e-4);
+    /// assert_eq!(bn.running_mean().to_vec(), [0.2, 1.5]); // 0.1 * batch mean
+    /// bn.eval();
+    /// assert!(!bn.is_training());
+    /// let names: Vec<String> = bn.state_dict().names().map(String::from).collect();
+    /// assert_eq!(names, ["weight", "bias", "running_mean", "running_var"]);
+    /// # Ok::<(), fucina::Error>(())
+    /// ```
+    BatchNorm2d, "BatchNorm2d", [4], "[N, C, H, W]"
+}
+
+batch_norm_layer! {
+    /// Batch normalization over `[N, C]` or `[N, C, L]`, PyTorch's
+    /// `nn.BatchNorm1d`: as [`BatchNorm2d`] (parameters `weight`, `bias`;
+    /// buffers `running_mean`, `running_var`; `train()`/`eval()`).
+    BatchNorm1d, "BatchNorm1d", [2, 3], "[N, C] or [N, C, L]"
+}
+
+/// Checks a pooling window (sizes and strides at least 1, padding at most
+/// half the window).
+fn check_pool(what: &'static str, o: &Pool2dOptions) -> Result<()> {
+    for i in 0..2 {
+        if o.kernel[i] == 0 || o.stride[i] == 0 || o.padding[i] > o.kernel[i] / 2 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "kernel and stride must be at least 1 and padding at most half the kernel (got {o:?})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+macro_rules! pool_layer {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $op:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name {
+            opts: Pool2dOptions,
+        }
+
+        impl $name {
+            /// A `kernel` window with the stride equal to the kernel and no
+            /// padding (PyTorch's default).
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] for a zero kernel size.
+            pub fn new(kernel: [usize; 2]) -> Result<$name> {
+                $name::with_options(Pool2dOptions::new(kernel))
+            }
+
+            /// A window of `opts` (kernel, stride, padding).
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`] for a zero kernel or stride, or a
+            /// padding above half the kernel.
+            pub fn with_options(opts: Pool2dOptions) -> Result<$name> {
+                check_pool(concat!($what, "::new"), &opts)?;
+                Ok($name { opts })
+            }
+
+            /// The window.
+            pub fn options(&self) -> Pool2dOptions {
+                self.opts
+            }
+
+            /// Pools `x` (`[N, C, H, W]`).
+            ///
+            /// # Errors
+            /// The op's errors (a rank other than 4, a window larger than the
+            /// padded input).
+            pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+                Ok(x.$op(ctx, self.opts)?)
+            }
+        }
+
+        impl Module for $name {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                Vec::new()
+            }
+        }
+
+        impl Forward for $name {
+            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+                $name::forward(self, ctx, x)
+            }
+        }
+    };
+}
+
+pool_layer! {
+    /// Max pooling over `[N, C, H, W]`, PyTorch's `nn.MaxPool2d` (a tie goes to
+    /// the first position of the window in row-major order).
+    MaxPool2d, "MaxPool2d", max_pool2d
+}
+
+pool_layer! {
+    /// Average pooling over `[N, C, H, W]`, PyTorch's `nn.AvgPool2d` (padding
+    /// counts in the divisor, PyTorch's default `count_include_pad = true`).
+    AvgPool2d, "AvgPool2d", avg_pool2d
+}
+
+/// Average pooling to a fixed output size `[oh, ow]`, PyTorch's
+/// `nn.AdaptiveAvgPool2d` (`[1, 1]`: global average pooling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveAvgPool2d {
+    size: [usize; 2],
+}
+
+impl AdaptiveAvgPool2d {
+    /// Pooling to `size` (`[oh, ow]`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size.
+    pub fn new(size: [usize; 2]) -> Result<AdaptiveAvgPool2d> {
+        if size.contains(&0) {
+            return Err(Error::invalid(
+                "AdaptiveAvgPool2d::new",
+                format!("the output size must be at least 1 (got {size:?})"),
+            ));
+        }
+        Ok(AdaptiveAvgPool2d { size })
+    }
+
+    /// The output size.
+    pub fn output_size(&self) -> [usize; 2] {
+        self.size
+    }
+
+    /// Pools `x` (`[N, C, H, W]` -> `[N, C, oh, ow]`).
+    ///
+    /// # Errors
+    /// The op's errors (a rank other than 4, an output larger than the input).
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Ok(x.adaptive_avg_pool2d(ctx, self.size)?)
+    }
+}
+
+impl Module for AdaptiveAvgPool2d {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        Vec::new()
+    }
+}
+
+impl Forward for AdaptiveAvgPool2d {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        AdaptiveAvgPool2d::forward(self, ctx, x)
+    }
+}
+
+/// Flattens every axis from `start_axis` on into one (PyTorch's `nn.Flatten`,
+/// whose default start is axis 1: `[N, C, H, W]` -> `[N, C * H * W]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flatten {
+    start_axis: isize,
+}
+
+impl Default for Flatten {
+    fn default() -> Flatten {
+        Flatten { start_axis: 1 }
+    }
+}
+
+impl Flatten {
+    /// Flattening from axis 1 (the default).
+    pub fn new() -> Flatten {
+        Flatten::default()
+    }
+
+    /// Flattening from `start_axis` (negative counts from the end).
+    pub fn from_axis(start_axis: isize) -> Flatten {
+        Flatten { start_axis }
+    }
+
+    /// Flattens `x`.
+    ///
+    /// # Errors
+    /// An axis error if `start_axis` is outside `x`'s rank.
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Ok(x.flatten(ctx, self.start_axis)?)
+    }
+}
+
+impl Module for Flatten {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        Vec::new()
+    }
+}
+
+impl Forward for Flatten {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        Flatten::forward(self, ctx, x)
+    }
+}
