@@ -292,3 +292,34 @@ fn views_record_their_descriptor() -> R {
     assert_eq!(g, [Some(raw_bits(&back.transpose(0, 2)?))]);
     Ok(())
 }
+
+#[test]
+fn linear_bias_gradient_bits_do_not_depend_on_which_operands_need_gradients() -> R {
+    // With the input's gradient the bias gradient came from a row loop; without
+    // it, from `sum` along axis 0, a blocked order: the bits differed once the
+    // rows outgrew one block. Both paths now share one kernel.
+    let ctx = ExecContext::with_threads(2);
+    for rows in [3usize, 300, 5000] {
+        let (inn, out) = (7, 5);
+        let xv: Vec<f32> = (0..rows * inn)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let wv: Vec<f32> = (0..out * inn)
+            .map(|i| ((i * 11 % 23) as f32 - 11.0) * 0.07)
+            .collect();
+        let bv: Vec<f32> = (0..out).map(|i| i as f32 * 0.1).collect();
+        let mut got = Vec::new();
+        for x_needs_grad in [true, false] {
+            let x = Tensor::from_slice(&ctx, &[rows, inn], &xv)?;
+            let x = if x_needs_grad { x.into_variable() } else { x };
+            let w = Tensor::variable_from_slice(&ctx, &[out, inn], &wv)?;
+            let b = Tensor::variable_from_slice(&ctx, &[out], &bv)?;
+            let y = x.linear(&ctx, &w, Some(&b))?;
+            // A loss whose gradient varies by row, so the summation order shows.
+            y.mul(&ctx, &y)?.sum_all(&ctx)?.backward(&ctx)?;
+            got.push(bits(&b.grad(&ctx)?.expect("b is a variable").to_vec()));
+        }
+        assert_eq!(got[0], got[1], "{rows} rows: bias gradient bits differ");
+    }
+    Ok(())
+}

@@ -488,17 +488,7 @@ impl ExecContext {
         let g2 = self.contiguous(grad)?.reshape(&[rows, out_f])?;
         let x2 = self.contiguous(x)?.reshape(&[rows, in_f])?;
         let gw = transient_product(self, op, &g2.transpose(0, 1)?, &x2)?;
-        let gs = g2.contiguous_slice();
-        let gb = self.new_tensor(op, &[out_f], |out| {
-            self.par_rows(out, 1, rows, |cols, o| {
-                o.fill(0.0);
-                for row in gs.chunks_exact(out_f) {
-                    for (acc, &v) in o.iter_mut().zip(&row[cols.clone()]) {
-                        *acc += v;
-                    }
-                }
-            });
-        })?;
+        let gb = bias_grad(self, op, &g2)?;
         Ok((gx, gw, gb))
     }
 
@@ -959,9 +949,29 @@ fn linear_param_grads(
         None
     };
     let gb = if want_b {
-        Some(ctx.sum(&g2, 0, false)?)
+        Some(bias_grad(ctx, "linear_backward", &g2)?)
     } else {
         None
     };
     Ok((gw, gb))
+}
+
+/// The bias gradient of `linear`: the column sums of the contiguous `[rows,
+/// out]` gradient, each column added row after row. Both backward paths (with
+/// and without the input's gradient) use it, so the bias gradient has the same
+/// bits whichever operands need gradients; columns are split over the team,
+/// never rows, so the bits do not depend on the thread count either.
+fn bias_grad(ctx: &ExecContext, op: &'static str, g2: &RawTensor) -> Result<RawTensor, ExecError> {
+    let (rows, out_f) = (g2.shape()[0], g2.shape()[1]);
+    let gs = g2.contiguous_slice();
+    ctx.new_tensor(op, &[out_f], |out| {
+        ctx.par_rows(out, 1, rows, |cols, o| {
+            o.fill(0.0);
+            for row in gs.chunks_exact(out_f) {
+                for (acc, &v) in o.iter_mut().zip(&row[cols.clone()]) {
+                    *acc += v;
+                }
+            }
+        });
+    })
 }
