@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/train.rs"]
+mod train;
 
 use clap::Parser;
 use fucina::nn::{Forward, Linear, Module, Relu, Sequential, StateDict, sub_seed};
@@ -89,15 +91,7 @@ impl Args {
             ("--batch", self.batch),
             ("--hidden", self.hidden),
         ])?;
-        if let Some(e) = self.stop_after
-            && !(1..=self.epochs).contains(&e)
-        {
-            return Err(Error::InvalidArgument {
-                what: "--stop-after",
-                reason: format!("must be in 1..={} (--epochs), got {e}", self.epochs),
-            });
-        }
-        Ok(())
+        train::check_stop_after(self.stop_after, self.epochs)
     }
 
     /// The training configuration of these flags.
@@ -197,16 +191,7 @@ pub(crate) struct TrainReport {
     pub(crate) outstanding: usize,
 }
 
-/// One step's progress, for a progress bar.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Progress {
-    pub(crate) step: usize,
-    pub(crate) steps: usize,
-    pub(crate) epoch: usize,
-    pub(crate) loss: f32,
-    pub(crate) examples: usize,
-    pub(crate) elapsed: Duration,
-}
+pub(crate) use train::Progress;
 
 /// The model: 64 -> hidden -> ReLU -> 10.
 pub(crate) fn model(ctx: &ExecContext, hidden: usize, seed: u64) -> Result<Sequential> {
@@ -269,15 +254,7 @@ pub(crate) fn train_from(
     let first = match resume {
         None => 0,
         Some(snap) => {
-            if snap.epoch > cfg.epochs {
-                return Err(Error::InvalidArgument {
-                    what: "resume",
-                    reason: format!(
-                        "the snapshot is at epoch {}, past the run's {} epochs",
-                        snap.epoch, cfg.epochs
-                    ),
-                });
-            }
+            train::check_snapshot_epoch(snap.epoch, cfg.epochs)?;
             net.load_state_dict(&snap.params)?;
             opt.load_state_dict(ctx, &snap.optimizer)?;
             // The snapshot's tensors are released here, before training (the
@@ -353,7 +330,7 @@ pub(crate) fn train_from(
 pub(crate) const CHECKPOINT_FORMAT: &str = "fucina.train_digits.v1";
 /// The configuration entries of a checkpoint's metadata: `(key, flag, value)`.
 /// Values are written with `Display`, which round-trips `f32` exactly.
-fn config_entries(cfg: &TrainConfig) -> [(&'static str, &'static str, String); 6] {
+fn config_entries(cfg: &TrainConfig) -> [train::ConfigEntry; 6] {
     [
         ("seed", "--seed", cfg.seed.to_string()),
         ("epochs", "--epochs", cfg.epochs.to_string()),
@@ -377,11 +354,13 @@ pub(crate) fn save_checkpoint(
     let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
     net.load_state_dict(&snap.params)?;
     opt.load_state_dict(ctx, &snap.optimizer)?;
-    let epoch = snap.epoch.to_string();
-    let entries = config_entries(cfg);
-    let mut meta = vec![("format", CHECKPOINT_FORMAT), ("epoch", epoch.as_str())];
-    meta.extend(entries.iter().map(|(k, _, v)| (*k, v.as_str())));
-    fucina::checkpoint::save_module(path, &net, Some(&opt), &meta)
+    checkpoint(path, cfg).save(&net, &opt, snap.epoch)
+}
+
+/// The [`train::Checkpoint`] of a `train_digits` run of `cfg` at `path`.
+fn checkpoint<'a>(path: &'a Path, cfg: &TrainConfig) -> train::Checkpoint<'a> {
+    let entries = config_entries(cfg).into();
+    train::Checkpoint::new(path, "train_digits", CHECKPOINT_FORMAT, entries, cfg.epochs)
 }
 
 /// Reads the checkpoint at `path` for a run of `cfg` with `steps_per_epoch`
@@ -400,56 +379,12 @@ pub(crate) fn load_checkpoint(
     cfg: &TrainConfig,
     steps_per_epoch: usize,
 ) -> Result<Snapshot> {
-    let meta = fucina::checkpoint::read_metadata(path)?;
-    let bad = |reason: String| Error::InvalidArgument {
-        what: "--resume",
-        reason: format!("{}: {reason}", path.display()),
-    };
-    if meta.get("format") != Some(CHECKPOINT_FORMAT) {
-        return Err(bad(format!(
-            "not a train_digits checkpoint (its `format` metadata is {:?}, expected {CHECKPOINT_FORMAT:?})",
-            meta.get("format")
-        )));
-    }
-    for (key, flag, want) in config_entries(cfg) {
-        match meta.get(key) {
-            Some(v) if v == want => {}
-            Some(v) => {
-                return Err(bad(format!(
-                    "the checkpoint was written with {flag} {v}, this run has {flag} {want} \
-                     (resume with the checkpoint's configuration)"
-                )));
-            }
-            None => return Err(bad(format!("the checkpoint has no `{key}` metadata"))),
-        }
-    }
-    let epoch = meta
-        .get("epoch")
-        .and_then(|e| e.parse::<usize>().ok())
-        .filter(|&e| e <= cfg.epochs)
-        .ok_or_else(|| {
-            bad(format!(
-                "its `epoch` metadata {:?} is not an epoch in 0..={}",
-                meta.get("epoch"),
-                cfg.epochs
-            ))
-        })?;
-    // Load into a model and optimizer of this configuration (all or nothing):
-    // the same checks the resumed run makes, done before anything trains.
-    let (net, mut opt) = model_and_optimizer(ctx, cfg)?;
-    fucina::checkpoint::load_module(ctx, path, &net, Some(&mut opt)).map_err(|e| {
-        bad(format!(
-            "does not match the model 64-{}-10 or its optimizer state: {e}",
-            cfg.hidden
-        ))
-    })?;
-    let step = opt.step_count();
-    let want = epoch * steps_per_epoch;
-    if step != want as u64 {
-        return Err(bad(format!(
-            "its optimizer has taken {step} steps, but epoch {epoch} ends at step {want}"
-        )));
-    }
+    let (epoch, net, opt) = checkpoint(path, cfg).load(
+        ctx,
+        steps_per_epoch,
+        &format!("the model 64-{}-10", cfg.hidden),
+        || model_and_optimizer(ctx, cfg),
+    )?;
     Ok(Snapshot {
         epoch,
         params: net.state_dict(),
@@ -469,18 +404,7 @@ pub(crate) fn resume_point(
     };
     let cfg = args.config();
     let snap = load_checkpoint(ctx, path, &cfg, train_len.div_ceil(cfg.batch))?;
-    if let Some(stop) = args.stop_after
-        && stop <= snap.epoch
-    {
-        return Err(Error::InvalidArgument {
-            what: "--stop-after",
-            reason: format!(
-                "the checkpoint {} is at epoch {}; --stop-after {stop} is not later",
-                path.display(),
-                snap.epoch
-            ),
-        });
-    }
+    train::check_stop_after_resume(args.stop_after, path, snap.epoch)?;
     Ok(Some(snap))
 }
 
@@ -526,19 +450,7 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize, first_epoch: usiz
     let px = |i: usize| pad + (w - 2.0 * pad) * i as f32 / n;
     let py = |v: f32| h - pad - (h - 2.0 * pad) * (v / max).clamp(0.0, 1.0);
     let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">train_digits: training loss per step</text>\n\
-         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
-        w / 2.0,
-        h - pad,
-        w - pad,
-        h - pad,
-        h - pad
-    );
+    train::svg_open(&mut s, w, h, pad, "train_digits: training loss per step");
     for k in 0..=4 {
         let v = max * k as f32 / 4.0;
         let _ = writeln!(
@@ -548,28 +460,16 @@ pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize, first_epoch: usiz
             py(v) + 4.0
         );
     }
-    if let Some(epochs) = losses.len().checked_div(steps_per_epoch) {
-        let every = epochs.div_ceil(10).max(1);
-        for e in (0..=epochs).step_by(every) {
-            let x = px(e * steps_per_epoch);
-            let _ = writeln!(
-                s,
-                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                h - pad + 16.0,
-                first_epoch + e
-            );
-        }
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch</text>",
-            w / 2.0,
-            h - 8.0
-        );
-    }
+    train::svg_epoch_axis(
+        &mut s,
+        (w, h, pad),
+        losses.len(),
+        steps_per_epoch,
+        first_epoch,
+        px,
+    );
     s.push_str("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"");
-    for (i, &l) in losses.iter().enumerate() {
-        let _ = write!(s, "{:.1},{:.1} ", px(i), py(l));
-    }
+    train::svg_loss_points(&mut s, losses, px, py);
     s.push_str("\"/>\n</svg>\n");
     s
 }
@@ -581,9 +481,5 @@ pub(crate) fn write_svg(
     steps_per_epoch: usize,
     first_epoch: usize,
 ) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, loss_svg(losses, steps_per_epoch, first_epoch))?;
-    Ok(())
+    train::write_file(path, &loss_svg(losses, steps_per_epoch, first_epoch))
 }

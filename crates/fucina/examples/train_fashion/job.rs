@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/train.rs"]
+mod train;
 
 use clap::Parser;
 use fucina::data::{DataLoader, ImageSet};
@@ -105,15 +107,7 @@ impl Args {
             ("--conv2", self.conv2),
             ("--hidden", self.hidden),
         ])?;
-        if let Some(e) = self.stop_after
-            && !(1..=self.epochs).contains(&e)
-        {
-            return Err(Error::InvalidArgument {
-                what: "--stop-after",
-                reason: format!("must be in 1..={} (--epochs), got {e}", self.epochs),
-            });
-        }
-        Ok(())
+        train::check_stop_after(self.stop_after, self.epochs)
     }
 
     /// The training configuration of these flags.
@@ -228,16 +222,7 @@ impl TrainReport {
     }
 }
 
-/// One step's progress, for a progress bar.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Progress {
-    pub(crate) step: usize,
-    pub(crate) steps: usize,
-    pub(crate) epoch: usize,
-    pub(crate) loss: f32,
-    pub(crate) examples: usize,
-    pub(crate) elapsed: Duration,
-}
+pub(crate) use train::Progress;
 
 /// The model for `rows x cols` images: conv 3x3 (`conv1` channels, padding 1,
 /// no bias) -> batch norm -> ReLU -> max pool 2x2 -> conv 3x3 (`conv2`) ->
@@ -348,15 +333,7 @@ pub(crate) fn train_from(
     let first = match resume {
         None => 0,
         Some(snap) => {
-            if snap.epoch > cfg.epochs {
-                return Err(Error::InvalidArgument {
-                    what: "resume",
-                    reason: format!(
-                        "the snapshot is at epoch {}, past the run's {} epochs",
-                        snap.epoch, cfg.epochs
-                    ),
-                });
-            }
+            train::check_snapshot_epoch(snap.epoch, cfg.epochs)?;
             net.load_state_dict(&snap.model)?;
             opt.load_state_dict(ctx, &snap.optimizer)?;
             snap.epoch
@@ -440,7 +417,7 @@ pub(crate) fn accuracy(ctx: &ExecContext, net: &mut Sequential, d: &ImageSet) ->
 pub(crate) const CHECKPOINT_FORMAT: &str = "fucina.train_fashion.v1";
 
 /// The configuration entries of a checkpoint's metadata: `(key, flag, value)`.
-fn config_entries(cfg: &TrainConfig) -> [(&'static str, &'static str, String); 9] {
+fn config_entries(cfg: &TrainConfig) -> [train::ConfigEntry; 9] {
     [
         ("seed", "--seed", cfg.seed.to_string()),
         ("epochs", "--epochs", cfg.epochs.to_string()),
@@ -468,11 +445,19 @@ pub(crate) fn save_checkpoint(
     let (net, mut opt) = model_and_optimizer(ctx, cfg, image[0], image[1])?;
     net.load_state_dict(&snap.model)?;
     opt.load_state_dict(ctx, &snap.optimizer)?;
-    let epoch = snap.epoch.to_string();
-    let entries = config_entries(cfg);
-    let mut meta = vec![("format", CHECKPOINT_FORMAT), ("epoch", epoch.as_str())];
-    meta.extend(entries.iter().map(|(k, _, v)| (*k, v.as_str())));
-    fucina::checkpoint::save_module(path, &net, Some(&opt), &meta)
+    checkpoint(path, cfg).save(&net, &opt, snap.epoch)
+}
+
+/// The [`train::Checkpoint`] of a `train_fashion` run of `cfg` at `path`.
+fn checkpoint<'a>(path: &'a Path, cfg: &TrainConfig) -> train::Checkpoint<'a> {
+    let entries = config_entries(cfg).into();
+    train::Checkpoint::new(
+        path,
+        "train_fashion",
+        CHECKPOINT_FORMAT,
+        entries,
+        cfg.epochs,
+    )
 }
 
 /// Reads the checkpoint at `path` for a run of `cfg` with `steps_per_epoch`
@@ -486,53 +471,10 @@ pub(crate) fn load_checkpoint(
     image: [usize; 2],
     steps_per_epoch: usize,
 ) -> Result<Snapshot> {
-    let meta = fucina::checkpoint::read_metadata(path)?;
-    let bad = |reason: String| Error::InvalidArgument {
-        what: "--resume",
-        reason: format!("{}: {reason}", path.display()),
-    };
-    if meta.get("format") != Some(CHECKPOINT_FORMAT) {
-        return Err(bad(format!(
-            "not a train_fashion checkpoint (its `format` metadata is {:?}, expected {CHECKPOINT_FORMAT:?})",
-            meta.get("format")
-        )));
-    }
-    for (key, flag, want) in config_entries(cfg) {
-        match meta.get(key) {
-            Some(v) if v == want => {}
-            Some(v) => {
-                return Err(bad(format!(
-                    "the checkpoint was written with {flag} {v}, this run has {flag} {want} \
-                     (resume with the checkpoint's configuration)"
-                )));
-            }
-            None => return Err(bad(format!("the checkpoint has no `{key}` metadata"))),
-        }
-    }
-    let epoch = meta
-        .get("epoch")
-        .and_then(|e| e.parse::<usize>().ok())
-        .filter(|&e| e <= cfg.epochs)
-        .ok_or_else(|| {
-            bad(format!(
-                "its `epoch` metadata {:?} is not an epoch in 0..={}",
-                meta.get("epoch"),
-                cfg.epochs
-            ))
+    let (epoch, net, opt) =
+        checkpoint(path, cfg).load(ctx, steps_per_epoch, "the model", || {
+            model_and_optimizer(ctx, cfg, image[0], image[1])
         })?;
-    let (net, mut opt) = model_and_optimizer(ctx, cfg, image[0], image[1])?;
-    fucina::checkpoint::load_module(ctx, path, &net, Some(&mut opt)).map_err(|e| {
-        bad(format!(
-            "does not match the model or its optimizer state: {e}"
-        ))
-    })?;
-    let step = opt.step_count();
-    let want = epoch * steps_per_epoch;
-    if step != want as u64 {
-        return Err(bad(format!(
-            "its optimizer has taken {step} steps, but epoch {epoch} ends at step {want}"
-        )));
-    }
     Ok(Snapshot {
         epoch,
         model: net.state_dict(),
@@ -552,18 +494,7 @@ pub(crate) fn resume_point(
     let cfg = args.config();
     let per_epoch = train_loader(train, &cfg)?.batches_per_epoch();
     let snap = load_checkpoint(ctx, path, &cfg, [train.rows, train.cols], per_epoch)?;
-    if let Some(stop) = args.stop_after
-        && stop <= snap.epoch
-    {
-        return Err(Error::InvalidArgument {
-            what: "--stop-after",
-            reason: format!(
-                "the checkpoint {} is at epoch {}; --stop-after {stop} is not later",
-                path.display(),
-                snap.epoch
-            ),
-        });
-    }
+    train::check_stop_after_resume(args.stop_after, path, snap.epoch)?;
     Ok(Some(snap))
 }
 
@@ -605,19 +536,16 @@ pub(crate) fn curves_svg(
     let lo = (lowest * 10.0).floor().clamp(0.0, 9.0) / 10.0;
     let pa = |a: f32| h - pad - (h - 2.0 * pad) * ((a - lo) / (1.0 - lo)).clamp(0.0, 1.0);
     let mut s = String::new();
-    let _ = write!(
+    train::svg_open(
+        &mut s,
+        w,
+        h,
+        pad,
+        "train_fashion: training loss per step (blue), test accuracy per epoch (orange)",
+    );
+    let _ = writeln!(
         s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">train_fashion: training loss per step (blue), test accuracy per epoch (orange)</text>\n\
-         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{}\" y1=\"{pad}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        w / 2.0,
-        h - pad,
-        w - pad,
-        h - pad,
-        h - pad,
+        "<line x1=\"{}\" y1=\"{pad}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
         w - pad,
         w - pad,
         h - pad
@@ -639,28 +567,16 @@ pub(crate) fn curves_svg(
             100.0 * a
         );
     }
-    if let Some(epochs) = losses.len().checked_div(steps_per_epoch) {
-        let every = epochs.div_ceil(10).max(1);
-        for e in (0..=epochs).step_by(every) {
-            let _ = writeln!(
-                s,
-                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                px(e * steps_per_epoch),
-                h - pad + 16.0,
-                first_epoch + e
-            );
-        }
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch</text>",
-            w / 2.0,
-            h - 8.0
-        );
-    }
+    train::svg_epoch_axis(
+        &mut s,
+        (w, h, pad),
+        losses.len(),
+        steps_per_epoch,
+        first_epoch,
+        px,
+    );
     s.push_str("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1\" points=\"");
-    for (i, &l) in losses.iter().enumerate() {
-        let _ = write!(s, "{:.1},{:.1} ", px(i), py(l));
-    }
+    train::svg_loss_points(&mut s, losses, px, py);
     s.push_str("\"/>\n<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"2\" points=\"");
     for (e, &a) in accuracies.iter().enumerate() {
         let _ = write!(s, "{:.1},{:.1} ", px((e + 1) * steps_per_epoch), pa(a));
@@ -685,15 +601,11 @@ pub(crate) fn write_svg(
     steps_per_epoch: usize,
     first_epoch: usize,
 ) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let svg = curves_svg(
         &report.losses,
         &report.accuracies,
         steps_per_epoch,
         first_epoch,
     );
-    std::fs::write(path, svg)?;
-    Ok(())
+    train::write_file(path, &svg)
 }

@@ -20,63 +20,20 @@
 //! state and the configuration; `--resume ck.safetensors` continues from there,
 //! with the same losses, bit for bit, as a run that never stopped.
 
+#[path = "../common/cli.rs"]
+mod cli;
 mod job;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 use fucina::ExecContext;
-use indicatif::{ProgressBar, ProgressStyle};
 
+use cli::allocations;
 use job::{Args, Progress};
 
-/// Counts heap allocations (every thread) to report the run's allocations.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every method forwards to the system allocator with the caller's
-// arguments unchanged; counting has no effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by this allocator with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
-}
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code(run(&Args::parse()))
 }
 
 fn run(args: &Args) -> fucina::Result<()> {
@@ -100,27 +57,16 @@ fn run(args: &Args) -> fucina::Result<()> {
         args.seed
     );
     let ctx = ExecContext::with_threads(args.threads);
-    let resume = job::resume_point(&ctx, args, &train).inspect_err(|_| {
-        if let Some(path) = &args.resume {
-            eprintln!("cannot resume from {}", path.display());
-        }
-    })?;
-    if let (Some(snap), Some(path)) = (&resume, &args.resume) {
-        println!(
-            "resuming from {} at epoch {} of {}",
-            path.display(),
-            snap.epoch,
-            cfg.epochs
-        );
-    }
+    let resume = cli::announce_resume(
+        args.resume.as_deref(),
+        job::resume_point(&ctx, args, &train),
+        |s| s.epoch,
+        cfg.epochs,
+    )?;
     let first_epoch = resume.as_ref().map_or(0, |s| s.epoch);
     let steps_per_epoch = job::train_loader(&train, &cfg)?.batches_per_epoch();
     let last = args.stop_after.unwrap_or(cfg.epochs);
-    let bar = ProgressBar::new((steps_per_epoch * last) as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40.cyan/blue} {pos}/{len} steps  epoch {prefix}  {msg}")
-            .expect("a valid template"),
-    );
+    let bar = cli::progress_bar(steps_per_epoch * last);
     bar.set_position((steps_per_epoch * first_epoch) as u64);
     // Allocations inside the training steps only (the progress bar's and the
     // evaluations' excluded): counted from the end of one callback to the start
@@ -137,12 +83,7 @@ fn run(args: &Args) -> fucina::Result<()> {
                 after_warmup = in_steps;
             }
         }
-        if p.step.is_multiple_of(10) || p.step == p.steps {
-            let rate = p.examples as f64 / p.elapsed.as_secs_f64().max(1e-9);
-            bar.set_prefix(format!("{}", p.epoch + 1));
-            bar.set_message(format!("loss {:.4}  {:.0} images/s", p.loss, rate));
-            bar.set_position(p.step as u64);
-        }
+        cli::show_step(&bar, p, 10, "images");
         if p.step.is_multiple_of(steps_per_epoch) {
             // Printed also when the bar is hidden (output not a terminal).
             bar.suspend(|| {
@@ -182,18 +123,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         100.0 * report.test_accuracy(),
         test.len()
     );
-    let p = report.pool;
-    println!(
-        "buffer pool: {} hits, {} misses ({:.2}% hit rate), {} returned, {} discarded; shared tier: {} hits, {} misses; {} buffers outstanding (parameters, optimizer state)",
-        p.hits,
-        p.misses,
-        100.0 * p.hits as f64 / (p.hits + p.misses).max(1) as f64,
-        p.returned,
-        p.discarded,
-        report.shared_pool.hits,
-        report.shared_pool.misses,
-        report.outstanding
-    );
+    cli::print_pool(&report.pool, &report.shared_pool, report.outstanding);
     let measured = counted.saturating_sub(WARMUP).max(1);
     println!(
         "heap allocations in training steps: {in_steps} in total, {:.2} per step after {WARMUP} warm-up steps",
@@ -203,7 +133,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         println!("checkpoint (epoch {}): {}", snapshot.epoch, path.display());
     }
     job::write_svg(&args.svg, &report, steps_per_epoch, first_epoch)?;
-    let shown = args.svg.canonicalize().unwrap_or_else(|_| args.svg.clone());
+    let shown = cli::shown(&args.svg);
     println!("loss and accuracy curves: {}", shown.display());
     Ok(())
 }
