@@ -5,7 +5,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOptions};
 
-use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed};
+use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed, weight_and_bias};
 use crate::error::{Error, Result};
 
 /// `1 / sqrt(fan_in)`, the bound of PyTorch's default convolution init: its
@@ -214,11 +214,7 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        weight_and_bias(&self.weight, self.bias.as_ref())
     }
 }
 
@@ -346,11 +342,7 @@ impl Conv1d {
 
 impl Module for Conv1d {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        weight_and_bias(&self.weight, self.bias.as_ref())
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, RawTensor};
 
-use super::{Forward, Module, Parameter, check_last_dim, check_size, sub_seed};
+use super::{Forward, Module, Parameter, check_last_dim, check_size, sub_seed, weight_and_bias};
 use crate::error::{Error, Result};
 
 /// A fully connected layer `y = x · Wᵀ + b`, PyTorch's `nn.Linear`: weight
@@ -92,11 +92,7 @@ impl Linear {
 
 impl Module for Linear {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        weight_and_bias(&self.weight, self.bias.as_ref())
     }
 }
 

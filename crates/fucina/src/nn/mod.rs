@@ -314,6 +314,19 @@ pub(crate) fn check_last_dim(
     }
 }
 
+/// The named parameters of a layer with a `weight` and an optional `bias`
+/// (`Linear`, `Conv1d`, `Conv2d`), in that order.
+pub(crate) fn weight_and_bias(
+    weight: &Parameter,
+    bias: Option<&Parameter>,
+) -> Vec<(String, Parameter)> {
+    let mut v = vec![("weight".to_string(), weight.clone())];
+    if let Some(b) = bias {
+        v.push(("bias".to_string(), b.clone()));
+    }
+    v
+}
+
 /// Checks a size argument of a constructor.
 pub(crate) fn check_size(what: &'static str, name: &str, v: usize) -> Result<()> {
     if v == 0 {
