@@ -129,16 +129,7 @@ fn walk(
     let [dh, dw] = g.dil;
     // Valid output columns of this tap: 0 <= ow * sw + s * dw - pw < w.
     let off = (s * dw) as isize - pw as isize;
-    let lo = if off >= 0 {
-        0
-    } else {
-        (off.unsigned_abs()).div_ceil(sw)
-    };
-    let hi = if (g.w as isize) - off <= 0 {
-        0
-    } else {
-        ((g.w as isize - off - 1) as usize) / sw + 1
-    };
+    let std::ops::Range { start: lo, end: hi } = valid(off, sw, g.w, g.ow);
     let mut j = j0;
     let end = j0 + len_total;
     while j < end {

@@ -103,16 +103,7 @@ pub(crate) fn gemm<F: Fn(usize) -> usize>(
     c: &mut [f32],
     a_scratch: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(kernel) = Avx512::for_level(args.level) {
-            return run(kernel, args, c, a_scratch, args.n);
-        }
-        if let Some(kernel) = Avx2::for_level(args.level) {
-            return run(kernel, args, c, a_scratch, args.n);
-        }
-    }
-    run(Portable::new(), args, c, a_scratch, args.n)
+    dispatch(args, c, args.n, a_scratch)
 }
 
 /// [`gemm`] into a `C` whose rows are `ldc >= n` floats apart (a column block of
@@ -129,6 +120,17 @@ pub(crate) fn gemm_ldc<F: Fn(usize) -> usize>(
         ldc >= args.n && (args.m == 0 || c.len() >= (args.m - 1) * ldc + args.n),
         "gemm_ldc: the C rows must be at least n floats apart and fit in c"
     );
+    dispatch(args, c, ldc, a_scratch)
+}
+
+/// [`gemm`] and [`gemm_ldc`]: runs [`run`] with the micro-kernel of
+/// `args.level` (the portable one for a level above the CPU's).
+fn dispatch<F: Fn(usize) -> usize>(
+    args: &GemmArgs<'_, F>,
+    c: &mut [f32],
+    ldc: usize,
+    a_scratch: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if let Some(kernel) = Avx512::for_level(args.level) {
