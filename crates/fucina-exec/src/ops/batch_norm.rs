@@ -15,6 +15,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::reduce::{sum_map, sum_map2};
 use crate::kernels::simd::vectorized;
+use crate::ops::norm::check_param_shapes;
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a statistics pass.
@@ -61,22 +62,8 @@ fn check(
     }
     let s = x.shape();
     let c = s[1];
-    for p in params {
-        if p.shape() != [c] {
-            return Err(ExecError::ShapeMismatch {
-                op,
-                lhs: x.dims(),
-                rhs: p.dims(),
-                reason: "each per-channel parameter must have shape [C] (axis 1 of the input)",
-            });
-        }
-    }
-    if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(ExecError::InvalidArgument {
-            op,
-            reason: "eps must be finite and non-negative",
-        });
-    }
+    let reason = "each per-channel parameter must have shape [C] (axis 1 of the input)";
+    check_param_shapes(op, x, c, params, eps, reason)?;
     Ok((s[0], c, s[2..].iter().product()))
 }
 

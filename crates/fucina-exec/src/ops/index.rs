@@ -183,7 +183,7 @@ fn fill_joined<T: Element>(parts: &[Part<'_, T>], pos0: usize, dst: &mut [T]) {
 /// Calls `f(q, s)` for every element of the row-major block `sub` (`q` its linear
 /// position in `sub`, `s` its linear position in the enclosing block `full`, where
 /// `sub[d] <= full[d]` for every axis).
-fn for_each_sub_offset(sub: &[usize], full: &[usize], mut f: impl FnMut(usize, usize)) {
+pub(crate) fn for_each_sub_offset(sub: &[usize], full: &[usize], mut f: impl FnMut(usize, usize)) {
     let n: usize = sub.iter().product();
     if sub == full {
         for q in 0..n {
@@ -220,7 +220,7 @@ fn for_each_sub_offset(sub: &[usize], full: &[usize], mut f: impl FnMut(usize, u
 /// Position `r` of the row-major block `from`, re-expressed as a position of the
 /// row-major block `to` (same rank): `None` when one of its coordinates is not
 /// below `to`'s size on that axis.
-fn remap_position(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
+pub(crate) fn remap_position(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
     let mut rem = r;
     let mut pos = 0;
     let mut mul = 1;
@@ -236,9 +236,9 @@ fn remap_position(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
     Some(pos)
 }
 
-/// Checks a `gather` index against the source shape: same rank, no larger size off
-/// the gather axis.
-fn check_gather_index(
+/// Checks a `gather` (or `scatter_add`) index against the source shape: same
+/// rank, no larger size off the axis.
+pub(crate) fn check_gather_index(
     op: &'static str,
     src: &[usize],
     axis: usize,
@@ -258,7 +258,7 @@ fn check_gather_index(
             op,
             lhs: Dims::new(src),
             rhs: index.dims(),
-            reason: "the index must have the source's rank and no larger size off the gather axis",
+            reason: "the index must have the source's rank and no larger size off the axis",
         })
     }
 }

@@ -24,13 +24,27 @@ fn check_params(
     eps: f32,
 ) -> Result<(), ExecError> {
     let c = x.shape()[x.rank() - 1];
+    let reason = "gamma and beta must have shape [size of the last axis]";
+    check_param_shapes(op, x, c, params, eps, reason)
+}
+
+/// Checks `eps` (finite, non-negative) and that each parameter has shape `[c]`
+/// (`reason` names the axis), for the norms here and `batch_norm`.
+pub(crate) fn check_param_shapes(
+    op: &'static str,
+    x: &RawTensor,
+    c: usize,
+    params: &[&RawTensor],
+    eps: f32,
+    reason: &'static str,
+) -> Result<(), ExecError> {
     for p in params {
         if p.shape() != [c] {
             return Err(ExecError::ShapeMismatch {
                 op,
                 lhs: x.dims(),
                 rhs: p.dims(),
-                reason: "gamma and beta must have shape [size of the last axis]",
+                reason,
             });
         }
     }

@@ -9,25 +9,11 @@
 use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::ops::index::check_index_values;
+use crate::ops::index::{
+    check_gather_index, check_index_values, for_each_sub_offset, remap_position,
+};
 use crate::tensor::RawTensor;
-use crate::tensor::layout::{Dims, check_axis};
-
-/// Position `r` of the row-major block `from`, re-expressed in the row-major
-/// block `to` (same rank); `None` when a coordinate is not below `to`'s size.
-fn remap(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
-    let (mut rem, mut pos, mut mul) = (r, 0, 1);
-    for ax in (0..from.len()).rev() {
-        let c = rem % from[ax];
-        rem /= from[ax];
-        if c >= to[ax] {
-            return None;
-        }
-        pos += c * mul;
-        mul *= to[ax];
-    }
-    Some(pos)
-}
+use crate::tensor::layout::check_axis;
 
 impl ExecContext {
     /// `x` with `src` added at the positions `index` names along `axis` (like
@@ -73,20 +59,7 @@ impl ExecContext {
             });
         }
         let (xshape, ishape) = (x.shape(), index.shape());
-        let fits = index.rank() == x.rank()
-            && ishape
-                .iter()
-                .zip(xshape)
-                .enumerate()
-                .all(|(d, (&i, &s))| d == axis || i <= s);
-        if !fits {
-            return Err(ExecError::ShapeMismatch {
-                op: OP,
-                lhs: Dims::new(xshape),
-                rhs: index.dims(),
-                reason: "the index must have the input's rank and no larger size off the axis",
-            });
-        }
+        check_gather_index(OP, xshape, axis, index)?;
         let dx = xshape[axis];
         check_index_values(OP, index, dx)?;
         let (xc, ic, sc) = (
@@ -102,26 +75,20 @@ impl ExecContext {
         let xin: usize = xshape[axis + 1..].iter().product();
         let (m, iin): (usize, usize) = (ishape[axis], ishape[axis + 1..].iter().product());
         let (isub, xsub) = (&ishape[axis + 1..], &xshape[axis + 1..]);
-        let same_inner = isub == xsub;
         let row = dx * xin;
         self.new_tensor(OP, xshape, |out| {
             self.par_rows(out, row, row + m * iin, |rows, dst| {
                 for (o, drow) in rows.zip(dst.chunks_exact_mut(row)) {
                     drow.copy_from_slice(&xs[o * row..][..row]);
-                    let Some(io) = remap(o, &xshape[..axis], &ishape[..axis]) else {
+                    let Some(io) = remap_position(o, &xshape[..axis], &ishape[..axis]) else {
                         continue;
                     };
                     let iblock = &ix[io * m * iin..][..m * iin];
                     let sblock = &ss[io * m * iin..][..m * iin];
                     for (irow, srow) in iblock.chunks_exact(iin).zip(sblock.chunks_exact(iin)) {
-                        for (q, (&t, &v)) in irow.iter().zip(srow).enumerate() {
-                            let s = if same_inner {
-                                q
-                            } else {
-                                remap(q, isub, xsub).expect("index sizes never exceed the input's")
-                            };
-                            drow[t as usize * xin + s] += v;
-                        }
+                        for_each_sub_offset(isub, xsub, |q, s| {
+                            drow[irow[q] as usize * xin + s] += srow[q];
+                        });
                     }
                 }
             });
