@@ -5,8 +5,6 @@
 //! plain `cargo test` as under nextest.
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
-use std::sync::atomic::Ordering;
-
 use fucina_autograd::exec::ExecContext;
 use fucina_autograd::{Tensor, free_graph_nodes};
 
@@ -14,23 +12,12 @@ use fucina_autograd::{Tensor, free_graph_nodes};
 mod mlp;
 use mlp::{mlp_batch, mlp_params, mlp_step};
 
-#[path = "../../fucina-thread/tests/support/counting.rs"]
-mod counting;
-use counting::{ALLOCATIONS as ALLOCS, Counting, in_own_process};
+#[path = "support/alloc_count.rs"]
+mod alloc_count;
+use alloc_count::{Counting, count, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// Heap allocations and pool misses (fresh pooled blocks) of `f`.
-fn count(f: impl FnOnce()) -> (usize, usize) {
-    let misses = fucina_autograd::exec::storage::allocation_stats().allocations;
-    let before = ALLOCS.load(Ordering::Relaxed);
-    f();
-    (
-        ALLOCS.load(Ordering::Relaxed) - before,
-        fucina_autograd::exec::storage::allocation_stats().allocations - misses,
-    )
-}
 
 /// One step of a tiny regression model built from elementwise ops:
 /// `loss = mean((tanh(x * w + b) - t)^2)`, backward, SGD, zero_grad.
@@ -127,6 +114,6 @@ fn zero_allocations_per_mlp_step_two_threads() {
 fn the_counter_sees_the_test_thread_and_other_threads() {
     in_own_process(
         "the_counter_sees_the_test_thread_and_other_threads",
-        counting::check_the_counter,
+        alloc_count::counting::check_the_counter,
     );
 }

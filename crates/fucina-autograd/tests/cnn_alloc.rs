@@ -2,29 +2,16 @@
 //! counted by a global allocator of this test binary (each test in a process of
 //! its own, see `allocations.rs`).
 #![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
-#![allow(dead_code)] // the shared counting support has helpers this file does not use
-
-use std::sync::atomic::Ordering;
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
 use fucina_autograd::{Pool2dOptions, Tensor, free_graph_nodes};
 
-#[path = "../../fucina-thread/tests/support/counting.rs"]
-mod counting;
-use counting::{ALLOCATIONS as ALLOCS, Counting, in_own_process};
+#[path = "support/alloc_count.rs"]
+mod alloc_count;
+use alloc_count::{Counting, count, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn count(f: impl FnOnce()) -> (usize, usize) {
-    let misses = fucina_autograd::exec::storage::allocation_stats().allocations;
-    let before = ALLOCS.load(Ordering::Relaxed);
-    f();
-    (
-        ALLOCS.load(Ordering::Relaxed) - before,
-        fucina_autograd::exec::storage::allocation_stats().allocations - misses,
-    )
-}
 
 struct Params {
     gamma: Tensor,

@@ -7,16 +7,13 @@
 
 mod support;
 
-use std::sync::atomic::Ordering;
-
 use fucina_autograd::exec::ExecContext;
 use fucina_autograd::{Conv1dOptions, Conv2dOptions, Tensor};
 use support::{check, values};
 
-#[path = "../../fucina-thread/tests/support/counting.rs"]
-#[allow(dead_code)]
-mod counting;
-use counting::{ALLOCATIONS as ALLOCS, Counting, in_own_process};
+#[path = "support/alloc_count.rs"]
+mod alloc_count;
+use alloc_count::{Counting, count, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -280,13 +277,11 @@ fn cnn_allocations(threads: usize) {
     });
     let first = cnn_step(&ctx, &mut p, &x); // warm-up
     let mut last = first;
-    let misses = fucina_autograd::exec::storage::allocation_stats().allocations;
-    let before = ALLOCS.load(Ordering::Relaxed);
-    for _ in 0..3 {
-        last = cnn_step(&ctx, &mut p, &x);
-    }
-    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
-    let misses = fucina_autograd::exec::storage::allocation_stats().allocations - misses;
+    let (allocs, misses) = count(|| {
+        for _ in 0..3 {
+            last = cnn_step(&ctx, &mut p, &x);
+        }
+    });
     assert!(last < first, "the loss decreases ({first} -> {last})");
     assert_eq!(misses, 0, "pool misses in 3 conv steps ({threads} threads)");
     assert_eq!(
