@@ -66,12 +66,7 @@ fn parse() -> Result<Args, String> {
             "--steps" => a.steps = num(value()?)?,
             "--bucket-bytes" => a.bucket_bytes = num(value()?)?,
             "--reduction" => {
-                a.reduction = match value()?.as_str() {
-                    "auto" => Reduction::Auto,
-                    "tree" => Reduction::Tree,
-                    "allgather" => Reduction::Allgather,
-                    v => return Err(format!("--reduction: `{v}` is not auto, tree or allgather")),
-                }
+                a.reduction = value()?.parse().map_err(|e| format!("--reduction: {e}"))?
             }
             "--table" => a.table = true,
             "-h" | "--help" => return Err(String::new()),

@@ -164,12 +164,7 @@ fn parse() -> Result<Args, String> {
             "--stop-after-epoch" => a.stop_after_epoch = Some(num(&flag, value()?)?),
             "--data" => a.data = value()?.into(),
             "--reduction" => {
-                a.reduction = match value()?.as_str() {
-                    "auto" => Reduction::Auto,
-                    "tree" => Reduction::Tree,
-                    "allgather" => Reduction::Allgather,
-                    v => return Err(format!("--reduction: `{v}` is not auto, tree or allgather")),
-                }
+                a.reduction = value()?.parse().map_err(|e| format!("--reduction: {e}"))?
             }
             "--no-overlap" => a.overlap = false,
             "--local" => a.local = true,

@@ -45,6 +45,20 @@ pub enum Reduction {
     Allgather,
 }
 
+impl std::str::FromStr for Reduction {
+    type Err = String;
+
+    /// `auto`, `tree` or `allgather` (the examples' `--reduction` values).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Reduction::Auto),
+            "tree" => Ok(Reduction::Tree),
+            "allgather" => Ok(Reduction::Allgather),
+            v => Err(format!("`{v}` is not auto, tree or allgather")),
+        }
+    }
+}
+
 /// How a [`DataParallel`] splits and exchanges a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataParallelOptions {
