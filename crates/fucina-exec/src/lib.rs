@@ -70,6 +70,7 @@ pub use ops::pool::{Pool2dOp, Pool2dOptions};
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
 pub use ops::view::ViewOp;
+pub use ops::weight_matmul::{WEIGHT_DOT_LANES, WeightFormat, WeightMatrix};
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
 pub use tensor::{Element, RawTensor};

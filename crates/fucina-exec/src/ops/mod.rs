@@ -17,3 +17,4 @@ pub(crate) mod scatter;
 pub(crate) mod select;
 pub(crate) mod softmax;
 pub(crate) mod view;
+pub(crate) mod weight_matmul;

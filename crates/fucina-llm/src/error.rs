@@ -1,0 +1,45 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LlmError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file's content is malformed (bad JSON, a truncated header...).
+    #[error("{path}: {reason}")]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor is missing, has the wrong shape or an unsupported dtype.
+    #[error("tensor {name}: {reason}")]
+    BadTensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A request is invalid (an empty prompt, a token id past the vocabulary, a
+    /// sequence longer than the cache...).
+    #[error("{op}: {reason}")]
+    InvalidRequest {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A runtime error from the execution layer.
+    #[error(transparent)]
+    Exec(#[from] fucina::ExecError),
+}

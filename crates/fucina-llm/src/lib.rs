@@ -1,0 +1,27 @@
+//! Run pretrained decoder language models from Hugging Face files on the fucina
+//! runtime, with the same tokens and the same logit bits whatever the thread
+//! count, the vector level and the other sequences decoded in the same batch.
+//!
+//! The layers of the crate, bottom up:
+//! - [`config`]: `config.json` (architecture, sizes, RoPE parameters).
+//! - [`weights`]: memory-mapped safetensors tensors kept in their file format.
+//! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+//! - [`cache`]: the per-sequence KV cache.
+//! - [`sample`]: greedy and seeded sampling.
+//! - [`tokenizer`]: `tokenizer.json` through the `tokenizers` crate.
+
+#![allow(clippy::result_large_err)]
+
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod sample;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::LlmError;
+pub use weights::{Weight, WeightStore};
+
+pub use fucina;
