@@ -77,3 +77,15 @@ pub struct ModelConfig {
     /// End-of-sequence tokens (`eos_token_id` may be one id or a list).
     pub eos_token_ids: Vec<u32>,
 }
+
+impl ModelConfig {
+    /// Reads `config.json` (`path` is the file).
+    ///
+    /// PLACEHOLDER: returns an error until the parser lands.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<ModelConfig, crate::LlmError> {
+        Err(crate::LlmError::BadFile {
+            path: path.as_ref().to_path_buf(),
+            reason: "config.json parsing is not written yet (placeholder)".to_string(),
+        })
+    }
+}

@@ -148,6 +148,17 @@ pub struct WeightStore {
 }
 
 impl WeightStore {
+    /// Memory-maps the safetensors files of the model directory `dir`
+    /// (`model.safetensors`, or the shards `model.safetensors.index.json` lists).
+    ///
+    /// PLACEHOLDER: returns an error until the loader lands.
+    pub fn open(dir: impl AsRef<std::path::Path>) -> Result<WeightStore, LlmError> {
+        Err(LlmError::BadFile {
+            path: dir.as_ref().to_path_buf(),
+            reason: "safetensors loading is not written yet (placeholder)".to_string(),
+        })
+    }
+
     /// A store over tensors already in memory.
     pub fn from_tensors(tensors: HashMap<String, Weight>) -> WeightStore {
         WeightStore { tensors }
