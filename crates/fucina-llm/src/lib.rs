@@ -15,6 +15,7 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod gguf;
 pub mod model;
 pub mod sample;
 pub mod tokenizer;
