@@ -27,6 +27,8 @@ use std::sync::Arc;
 
 use crate::error::LlmError;
 
+pub mod llama;
+
 /// The magic number at the start of every GGUF file (`"GGUF"`).
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 
@@ -283,6 +285,17 @@ impl GgufFile {
     /// The size of the file in bytes.
     pub fn file_bytes(&self) -> usize {
         self.map.len()
+    }
+
+    /// The mapping and the absolute byte range of the tensor `name`'s data (for
+    /// zero-copy weights); errors as [`tensor`](Self::tensor).
+    pub(crate) fn tensor_range(
+        &self,
+        name: &str,
+    ) -> Result<(&GgufTensorInfo, Arc<memmap2::Mmap>, std::ops::Range<usize>), LlmError> {
+        let (info, data) = self.tensor(name)?;
+        let start = data.as_ptr() as usize - self.map.as_ptr() as usize;
+        Ok((info, Arc::clone(&self.map), start..start + data.len()))
     }
 
     /// The directory entry and the data bytes of the tensor `name`: an error names
