@@ -364,7 +364,7 @@ impl Obj<'_> {
     /// A required positive integer.
     fn size(&self, key: &str) -> Result<usize, LlmError> {
         self.size_opt(key)?
-            .ok_or_else(|| self.err(key, "missing (required)".to_string()))
+            .ok_or_else(|| self.err(key, "missing or null (required)".to_string()))
     }
 
     /// A finite number, `None` when absent or `null`.
@@ -388,7 +388,7 @@ impl Obj<'_> {
 
     fn positive(&self, key: &str) -> Result<f64, LlmError> {
         self.positive_opt(key)?
-            .ok_or_else(|| self.err(key, "missing (required)".to_string()))
+            .ok_or_else(|| self.err(key, "missing or null (required)".to_string()))
     }
 
     fn bool_opt(&self, key: &str) -> Result<Option<bool>, LlmError> {
