@@ -21,6 +21,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
 pub use weights::{Weight, WeightStore};
