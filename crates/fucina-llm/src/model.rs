@@ -67,7 +67,7 @@ pub const PREFILL_CHUNK: usize = 64;
 /// Below this many multiply-adds of attention work, a call attends serially on
 /// the calling thread instead of dispatching to the team (the results are the
 /// same bits either way).
-const ATTENTION_PARALLEL_WORK: usize = 1 << 15;
+const ATTENTION_PARALLEL_WORK: usize = fucina::exec::PARALLEL_THRESHOLD;
 
 /// The weights of one decoder layer (norm weights and biases widened to f32).
 struct Layer {
@@ -478,13 +478,8 @@ impl Model {
         let s = &mut *scratch;
         let heads = self.config.num_attention_heads;
         let rows_max = tokens.len().min(PREFILL_CHUNK);
-        s.ensure(
-            &self.config,
-            rows_max,
-            heads,
-            rows_max,
-            cache.len() + tokens.len(),
-        );
+        // Scores for the cache's whole capacity: later calls on it never grow them.
+        s.ensure(&self.config, rows_max, heads, rows_max, cache.capacity());
         let start = cache.len();
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
@@ -590,7 +585,8 @@ impl Model {
                     ),
                 ));
             }
-            span = span.max(cache.len() + 1);
+            // Scores for the caches' whole capacity: the next steps never grow them.
+            span = span.max(cache.capacity());
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = &mut *scratch;
