@@ -138,10 +138,7 @@ impl KvCache {
     ) -> (&mut [f32], &mut [f32]) {
         let at = self.offset(layer, head, pos);
         let d = self.head_dim;
-        (
-            &mut self.keys[at..at + d],
-            &mut self.values[at..at + d],
-        )
+        (&mut self.keys[at..at + d], &mut self.values[at..at + d])
     }
 
     /// The keys and values of `(layer, head)` for positions `positions`

@@ -52,10 +52,10 @@ mod kernels;
 use std::path::Path;
 use std::sync::Mutex;
 
-use fucina::ExecContext;
-use fucina::exec::WeightMatrix;
+use fucina::exec::{PARALLEL_THRESHOLD, WeightMatrix};
+use fucina::{ExecContext, Team};
 
-use crate::cache::KvCache;
+pub use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::weights::{Weight, WeightStore};
@@ -64,10 +64,16 @@ use crate::weights::{Weight, WeightStore};
 /// memory of a long prompt. The logits do not depend on it.
 pub const PREFILL_CHUNK: usize = 64;
 
-/// Below this many multiply-adds of attention work, a call attends serially on
-/// the calling thread instead of dispatching to the team (the results are the
-/// same bits either way).
-const ATTENTION_PARALLEL_WORK: usize = fucina::exec::PARALLEL_THRESHOLD;
+/// The context's team when `work` (in additions' worth) is large enough to be
+/// split: [`PARALLEL_THRESHOLD`] or more, on a context of several threads,
+/// outside a parallel region. Below it the work runs on the calling thread;
+/// the results are the same bits either way.
+fn team_for(ctx: &ExecContext, work: usize) -> Option<&Team> {
+    match ctx.threads() > 1 && work >= PARALLEL_THRESHOLD && !fucina::thread::in_parallel_region() {
+        true => ctx.team(),
+        false => None,
+    }
+}
 
 /// The weights of one decoder layer (norm weights and biases widened to f32).
 struct Layer {
@@ -195,7 +201,11 @@ fn tensor(store: &WeightStore, name: &str, shape: &[usize]) -> Result<Weight, Ll
     if w.shape() != shape {
         return Err(LlmError::BadTensor {
             name: name.to_string(),
-            reason: format!("shape {:?}, expected {:?} from the config", w.shape(), shape),
+            reason: format!(
+                "shape {:?}, expected {:?} from the config",
+                w.shape(),
+                shape
+            ),
         });
     }
     Ok(w.clone())
@@ -228,7 +238,7 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
             return Err(invalid(op, format!("config: {name} is 0")));
         }
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(invalid(
             op,
             format!(
@@ -237,10 +247,13 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
             ),
         ));
     }
-    if c.head_dim % 2 != 0 {
+    if !c.head_dim.is_multiple_of(2) {
         return Err(invalid(
             op,
-            format!("config: head_dim {} is odd (RoPE rotates pairs)", c.head_dim),
+            format!(
+                "config: head_dim {} is odd (RoPE rotates pairs)",
+                c.head_dim
+            ),
         ));
     }
     if c.sliding_window == Some(0) {
@@ -262,7 +275,10 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
         .max(c.num_attention_heads.saturating_mul(c.head_dim))
         .max(c.vocab_size);
     if widest.checked_mul(PREFILL_CHUNK * 4).is_none() {
-        return Err(invalid(op, "config: sizes overflow the address space".to_string()));
+        return Err(invalid(
+            op,
+            "config: sizes overflow the address space".to_string(),
+        ));
     }
     Ok(())
 }
@@ -292,10 +308,7 @@ impl Model {
         check_config(&config)?;
         let c = &config;
         let (hid, hd) = (c.hidden_size, c.head_dim);
-        let (qd, kvd) = (
-            c.num_attention_heads * hd,
-            c.num_key_value_heads * hd,
-        );
+        let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
         let embed = tensor(&weights, "model.embed_tokens.weight", &[c.vocab_size, hid])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
@@ -322,7 +335,11 @@ impl Model {
                     &n("mlp.gate_proj.weight"),
                     &[c.intermediate_size, hid],
                 )?,
-                up: tensor(&weights, &n("mlp.up_proj.weight"), &[c.intermediate_size, hid])?,
+                up: tensor(
+                    &weights,
+                    &n("mlp.up_proj.weight"),
+                    &[c.intermediate_size, hid],
+                )?,
                 down: tensor(
                     &weights,
                     &n("mlp.down_proj.weight"),
@@ -459,7 +476,10 @@ impl Model {
         if last_logits.len() != vocab {
             return Err(invalid(
                 OP,
-                format!("last_logits has {} elements, expected {vocab}", last_logits.len()),
+                format!(
+                    "last_logits has {} elements, expected {vocab}",
+                    last_logits.len()
+                ),
             ));
         }
         if let Some(all) = all_logits.as_deref()
@@ -749,12 +769,8 @@ impl Model {
             .saturating_mul(tasks.first().map_or(0, |t| t.rows.len()))
             .saturating_mul(span)
             .saturating_mul(hd);
-        let team = match ctx.threads() > 1
-            && n_tasks > 1
-            && work >= ATTENTION_PARALLEL_WORK
-            && !fucina::thread::in_parallel_region()
-        {
-            true => ctx.team(),
+        let team = match n_tasks > 1 {
+            true => team_for(ctx, work),
             false => None,
         };
         match team {
@@ -795,7 +811,14 @@ impl Model {
         let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
         ctx.weight_matmul(xn, rows, &matrix(&layer.gate)?, gate)?;
         ctx.weight_matmul(xn, rows, &matrix(&layer.up)?, up)?;
-        kernels::swiglu(gate, up);
+        // Element-wise: any split gives the same bits. An exponential costs
+        // about as much as 16 additions.
+        match team_for(ctx, gate.len() * 16) {
+            Some(team) => team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| {
+                kernels::swiglu(g, &up[r])
+            }),
+            None => kernels::swiglu(gate, up),
+        }
         ctx.weight_matmul(gate, rows, &matrix(&layer.down)?, o)?;
         kernels::add_into(x, o);
         Ok(())

@@ -130,7 +130,10 @@ fn check(c: &ModelConfig, format: WeightFormat) {
             );
         }
         let got = alone(&model, &ExecContext::with_threads(3), &seqs);
-        assert_eq!(got, reference, "alone decode at {level:?} on 3 threads differs");
+        assert_eq!(
+            got, reference,
+            "alone decode at {level:?} on 3 threads differs"
+        );
     }
     assert!(force_simd_level(best));
 }

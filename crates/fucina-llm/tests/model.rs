@@ -29,7 +29,12 @@ impl<'a> Reference<'a> {
     fn new(c: &'a ModelConfig, w: &HashMap<String, Weight>) -> Self {
         let w = w
             .iter()
-            .map(|(k, v)| (k.clone(), v.to_f32_vec().iter().map(|&x| x as f64).collect()))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.to_f32_vec().iter().map(|&x| x as f64).collect(),
+                )
+            })
             .collect();
         Reference { c, w }
     }
@@ -77,8 +82,11 @@ impl<'a> Reference<'a> {
                         high_freq_factor,
                         original_max_position_embeddings,
                     } => {
-                        let (factor, lo, hi) =
-                            (factor as f64, low_freq_factor as f64, high_freq_factor as f64);
+                        let (factor, lo, hi) = (
+                            factor as f64,
+                            low_freq_factor as f64,
+                            high_freq_factor as f64,
+                        );
                         let old = original_max_position_embeddings as f64;
                         let wavelen = 2.0 * std::f64::consts::PI / f;
                         if wavelen < old / hi {
@@ -242,9 +250,15 @@ fn check_against_reference(c: &ModelConfig, format: WeightFormat, n: usize, seed
             scale = scale.max(r.abs());
         }
     }
-    eprintln!("{:?} {format:?}: max |logit| {scale:.3}, max error {worst:.2e}", c.architecture);
+    eprintln!(
+        "{:?} {format:?}: max |logit| {scale:.3}, max error {worst:.2e}",
+        c.architecture
+    );
     assert!(scale > 0.5, "the logits are not degenerate ({scale})");
-    assert!(worst <= 1e-4, "max abs error {worst:e} against the f64 reference");
+    assert!(
+        worst <= 1e-4,
+        "max abs error {worst:e} against the f64 reference"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -335,7 +349,9 @@ fn prefill_then_decode_is_prefill_of_the_whole(c: &ModelConfig) {
         // prefill across the chunk boundary, then decode one token at a time.
         let mut cache = model.new_cache(seq.len()).unwrap();
         let mut last = vec![0.0f32; vocab];
-        model.prefill(&ctx, &mut cache, &seq[..7], None, &mut last).unwrap();
+        model
+            .prefill(&ctx, &mut cache, &seq[..7], None, &mut last)
+            .unwrap();
         assert_eq!(bits(&last), bits(&whole[6 * vocab..7 * vocab]), "prefix");
         let mut part = vec![0.0f32; (PREFILL_CHUNK + 3 - 7) * vocab];
         model
@@ -390,10 +406,14 @@ fn a_cleared_cache_starts_a_new_sequence() {
     let want = prefill_all(&model, &ctx, &b);
     let mut cache = model.new_cache(20).unwrap();
     let mut last = vec![0.0f32; c.vocab_size];
-    model.prefill(&ctx, &mut cache, &a, None, &mut last).unwrap();
+    model
+        .prefill(&ctx, &mut cache, &a, None, &mut last)
+        .unwrap();
     cache.clear();
     assert!(cache.is_empty());
-    model.prefill(&ctx, &mut cache, &b, None, &mut last).unwrap();
+    model
+        .prefill(&ctx, &mut cache, &b, None, &mut last)
+        .unwrap();
     assert_eq!(bits(&last), bits(&want[4 * c.vocab_size..]));
 }
 
@@ -444,14 +464,20 @@ fn a_wrong_shape_is_named_with_both_shapes() {
         Weight::from_f32(WeightFormat::BF16, &[8, 32], &[0.0; 256]),
     );
     let e = from_parts_err(&c, w);
-    assert!(e.contains(name) && e.contains("[8, 32]") && e.contains("[16, 32]"), "{e}");
+    assert!(
+        e.contains(name) && e.contains("[8, 32]") && e.contains("[16, 32]"),
+        "{e}"
+    );
     let mut w = random_weights(&c, WeightFormat::F32, 1);
     w.insert(
         "model.norm.weight".to_string(),
         Weight::from_f32(WeightFormat::F32, &[2, 16], &[1.0; 32]),
     );
     let e = from_parts_err(&c, w);
-    assert!(e.contains("model.norm.weight") && e.contains("[2, 16]"), "{e}");
+    assert!(
+        e.contains("model.norm.weight") && e.contains("[2, 16]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -477,7 +503,10 @@ fn load_reports_a_missing_directory() {
 fn invalid(r: Result<(), LlmError>, words: &str) {
     match r {
         Err(LlmError::InvalidRequest { reason, .. }) => {
-            assert!(reason.contains(words), "`{reason}` should mention `{words}`")
+            assert!(
+                reason.contains(words),
+                "`{reason}` should mention `{words}`"
+            )
         }
         other => panic!("expected InvalidRequest ({words}), got {other:?}"),
     }
@@ -494,7 +523,10 @@ fn bad_requests_are_errors_that_change_nothing() {
     assert!(model.new_cache(c.max_position_embeddings + 1).is_err());
     let mut cache = model.new_cache(6).unwrap();
     assert_eq!(cache.capacity(), 6);
-    invalid(model.prefill(&ctx, &mut cache, &[], None, &mut last), "empty");
+    invalid(
+        model.prefill(&ctx, &mut cache, &[], None, &mut last),
+        "empty",
+    );
     invalid(
         model.prefill(&ctx, &mut cache, &[3, 97], None, &mut last),
         "97",
@@ -512,7 +544,9 @@ fn bad_requests_are_errors_that_change_nothing() {
         "all_logits",
     );
     assert_eq!(cache.len(), 0);
-    model.prefill(&ctx, &mut cache, &[1, 2, 3, 4, 5], None, &mut last).unwrap();
+    model
+        .prefill(&ctx, &mut cache, &[1, 2, 3, 4, 5], None, &mut last)
+        .unwrap();
     let mut logits = vec![0.0f32; 2 * vocab];
     let mut other = model.new_cache(6).unwrap();
     invalid(
@@ -525,7 +559,12 @@ fn bad_requests_are_errors_that_change_nothing() {
         "200",
     );
     invalid(
-        model.decode(&ctx, &mut [&mut cache, &mut other], &[1, 2], &mut logits[1..]),
+        model.decode(
+            &ctx,
+            &mut [&mut cache, &mut other],
+            &[1, 2],
+            &mut logits[1..],
+        ),
         "logits",
     );
     assert_eq!((cache.len(), other.len()), (5, 0));

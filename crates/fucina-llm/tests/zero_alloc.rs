@@ -33,7 +33,9 @@ fn decode_steps(threads: usize) {
     let mut last = vec![0.0f32; vocab];
     for (i, cache) in caches.iter_mut().enumerate() {
         let prompt = model_support::tokens(i as u64, 40 + 8 * i, vocab);
-        model.prefill(&ctx, cache, &prompt, None, &mut last).unwrap();
+        model
+            .prefill(&ctx, cache, &prompt, None, &mut last)
+            .unwrap();
     }
     let mut logits = vec![0.0f32; 3 * vocab];
     let mut step = |caches: &mut [KvCache], t: u32| {
@@ -60,7 +62,10 @@ fn decode_steps(threads: usize) {
             "the team ran the attention"
         );
     }
-    assert_eq!(total, 0, "heap allocations in 10 decode steps ({threads} threads)");
+    assert_eq!(
+        total, 0,
+        "heap allocations in 10 decode steps ({threads} threads)"
+    );
     // A batch of one, then two, after the batch of three: no growth either.
     let before = allocations();
     let [a, b, c] = &mut caches[..] else {
@@ -72,7 +77,11 @@ fn decode_steps(threads: usize) {
     model
         .decode(&ctx, &mut [c, b], &[1, 2], &mut logits[..2 * vocab])
         .unwrap();
-    assert_eq!(allocations() - before, 0, "smaller batches allocate nothing");
+    assert_eq!(
+        allocations() - before,
+        0,
+        "smaller batches allocate nothing"
+    );
 }
 
 #[test]

@@ -43,7 +43,11 @@ fn uniform(seed: u64, n: usize, a: f32) -> Vec<f32> {
 /// Every tensor `config` calls for, random, stored in `format`: matrices with
 /// unit-variance outputs, norm weights near 1, biases and embeddings in
 /// `[-0.3, 0.3)` and `[-1, 1)`.
-pub(crate) fn random_weights(c: &ModelConfig, format: WeightFormat, seed: u64) -> HashMap<String, Weight> {
+pub(crate) fn random_weights(
+    c: &ModelConfig,
+    format: WeightFormat,
+    seed: u64,
+) -> HashMap<String, Weight> {
     let mut t = HashMap::new();
     let mut next = seed;
     let mut add = |name: String, shape: &[usize], kind: u8| {
