@@ -21,9 +21,11 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use cache::KvCache;
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
+pub use model::{Model, PREFILL_CHUNK};
 pub use weights::{Weight, WeightStore};
 
 pub use fucina;
