@@ -308,6 +308,18 @@ impl WeightStore {
         })
     }
 
+    /// The tensor `name` as a `[rows, cols]` matrix (see [`Weight::matrix`]),
+    /// or an error naming it (missing, or not of rank 2).
+    pub fn matrix(&self, name: &str) -> Result<WeightMatrix<'_>, LlmError> {
+        self.get(name)?.matrix().map_err(|e| match e {
+            LlmError::BadTensor { reason, .. } => LlmError::BadTensor {
+                name: name.to_string(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
     /// Whether the store holds `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)

@@ -918,6 +918,15 @@ fn a_single_file_is_mapped_in_its_dtypes() {
     let m = h.matrix().unwrap();
     assert_eq!((m.rows, m.cols, m.format), (3, 2, WeightFormat::F16));
     assert!(matches!(store.get("nope"), Err(LlmError::BadTensor { name, .. }) if name == "nope"));
+    let m = store.matrix("model.embed_tokens.weight").unwrap();
+    assert_eq!((m.rows, m.cols, m.format), (3, 2, WeightFormat::BF16));
+    assert!(
+        matches!(store.matrix("nope"), Err(LlmError::BadTensor { name, .. }) if name == "nope")
+    );
+    assert!(matches!(
+        store.matrix("model.norm.weight"),
+        Err(LlmError::BadTensor { name, reason }) if name == "model.norm.weight" && reason.contains("rank 1")
+    ));
 }
 
 #[test]
