@@ -27,6 +27,7 @@ and tokenizer_reference.json with encodings computed by the `tokenizers` library
 
 import argparse
 import json
+import re
 import os
 import shutil
 import sys
@@ -139,6 +140,14 @@ def tokenizer_reference(tok):
     }
 
 
+def dump_json(obj, path):
+    """Indented JSON with lists of numbers on one line."""
+    text = json.dumps(obj, indent=1, ensure_ascii=False)
+    text = re.sub(r"\[[-0-9.,\s]*\]", lambda m: " ".join(m.group(0).split()), text)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
 def npy_save(path, array):
     np.save(path, np.ascontiguousarray(array, dtype="<f4"))
 
@@ -184,9 +193,7 @@ def reference(model_dir, prompt_ids, dtype_name):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    with open(os.path.join(model_dir, "reference.json"), "w") as f:
-        json.dump(ref, f, indent=1)
-        f.write("\n")
+    dump_json(ref, os.path.join(model_dir, "reference.json"))
     return ref
 
 
@@ -336,9 +343,7 @@ def build(name, out_root, built):
     if spec.get("tokenizer"):
         tok = train_tokenizer(vocab)
         tok.save(os.path.join(model_dir, "tokenizer.json"))
-        with open(os.path.join(model_dir, "tokenizer_reference.json"), "w") as f:
-            json.dump(tokenizer_reference(tok), f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        dump_json(tokenizer_reference(tok), os.path.join(model_dir, "tokenizer_reference.json"))
         prompt = tok.encode("The quick brown fox jumps over", add_special_tokens=True).ids
     else:
         g = torch.Generator().manual_seed(100 + spec["seed"])
