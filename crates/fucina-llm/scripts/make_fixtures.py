@@ -357,6 +357,21 @@ def build(name, out_root, built):
     built[name] = size
 
 
+def write_npy_samples(out):
+    """Small arrays as numpy.save writes them, for the byte-exact test of the
+    examples' .npy writer (several shape reprs and header paddings)."""
+    os.makedirs(out, exist_ok=True)
+    samples = {
+        "vector": np.arange(5, dtype="<f4") * 0.5 - 1.0,
+        "matrix": np.linspace(-3.0, 3.0, 21, dtype="<f4").reshape(3, 7),
+        "cube": (np.arange(24, dtype="<f4") / 7.0).reshape(2, 3, 4),
+        "empty": np.zeros((0, 4), dtype="<f4"),
+        "long_first_dim": np.ones((1234567, 0), dtype="<f4"),
+    }
+    for name, a in samples.items():
+        np.save(os.path.join(out, name + ".npy"), a)
+
+
 BENCH_SHAPES = {
     "smollm2-135m-shape": dict(
         cls=(LlamaConfig, LlamaForCausalLM),
@@ -404,6 +419,7 @@ def main():
         bench_shapes(args.bench_shapes)
         return
     os.makedirs(args.out, exist_ok=True)
+    write_npy_samples(os.path.join(args.out, "npy"))
     built = {}
     for name in args.only or SPECS:
         build(name, args.out, built)

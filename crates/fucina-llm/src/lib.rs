@@ -22,6 +22,8 @@ pub mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
+pub use sample::{Sampler, SamplingParams};
+pub use tokenizer::Tokenizer;
 pub use weights::{Weight, WeightStore};
 
 pub use fucina;
