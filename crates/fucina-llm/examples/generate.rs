@@ -12,7 +12,8 @@
 //! Several prompts separated by `;` are decoded as one batch: each is prefilled
 //! into its own KV cache, then the unfinished sequences advance together, one
 //! batched decode step per token; a sequence ends at one of the model's
-//! end-of-sequence tokens or after `--max-new-tokens` tokens. Prompt `i` samples
+//! end-of-sequence tokens (those of `generation_config.json`, else of
+//! `config.json`) or after `--max-new-tokens` tokens. Prompt `i` samples
 //! with seed `--seed + i`.
 //!
 //! Output: the text of each sequence (prompt and continuation) when the
@@ -31,6 +32,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fucina_llm::LlmError;
+use fucina_llm::config::GenerationConfig;
 use fucina_llm::fucina::ExecContext;
 use fucina_llm::model::Model;
 use fucina_llm::sample::SamplingParams;
@@ -45,7 +47,11 @@ struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Prompt text (needs tokenizer.json); several prompts separated by ';'.
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// Prompt token ids, comma-separated; several prompts separated by ';'.
     #[arg(long)]
@@ -82,7 +88,10 @@ fn parse_prompt_ids(text: &str) -> Result<Vec<Vec<u32>>, String> {
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
-                .map(|s| s.parse::<u32>().map_err(|e| format!("prompt {i}: id {s:?}: {e}")))
+                .map(|s| {
+                    s.parse::<u32>()
+                        .map_err(|e| format!("prompt {i}: id {s:?}: {e}"))
+                })
                 .collect::<Result<Vec<u32>, String>>()?;
             if ids.is_empty() {
                 return Err(format!("prompt {i} has no ids"));
@@ -115,12 +124,21 @@ fn run(args: Args) -> Result<(), String> {
         (None, Some(ids)) => parse_prompt_ids(ids)?,
         _ => return Err("give exactly one of --prompt and --prompt-ids".to_string()),
     };
+    // The end-of-sequence tokens of generation_config.json, else config.json's.
+    let gen_path = args.model.join("generation_config.json");
+    let generation_eos = if gen_path.exists() {
+        GenerationConfig::from_file(&gen_path)
+            .map_err(err)?
+            .eos_token_ids
+    } else {
+        None
+    };
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
-        stop_tokens: model.config().eos_token_ids.clone(),
+        stop_tokens: generation_eos.unwrap_or_else(|| model.config().eos_token_ids.clone()),
         ..SamplingParams::default()
     };
     params.validate().map_err(err)?;

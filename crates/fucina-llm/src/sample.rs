@@ -96,7 +96,12 @@ impl SamplingParams {
     /// negative, infinite or NaN temperature, a top-p outside `(0, 1]` or NaN, a
     /// repetition penalty that is not finite and positive.
     pub fn validate(&self) -> Result<(), LlmError> {
-        let bad = |reason: String| Err(LlmError::InvalidRequest { op: "sampling", reason });
+        let bad = |reason: String| {
+            Err(LlmError::InvalidRequest {
+                op: "sampling",
+                reason,
+            })
+        };
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return bad(format!(
                 "temperature must be finite and >= 0 (0 = greedy), got {}",
@@ -208,7 +213,12 @@ impl Sampler {
     /// a history id is not below `logits.len()`.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, LlmError> {
         let vocab = logits.len();
-        let bad = |reason: String| Err(LlmError::InvalidRequest { op: "sample", reason });
+        let bad = |reason: String| {
+            Err(LlmError::InvalidRequest {
+                op: "sample",
+                reason,
+            })
+        };
         if vocab == 0 {
             return bad("no logits were given".to_string());
         }
@@ -371,7 +381,10 @@ mod tests {
             let got = f64::from(exp(x));
             if want > f64::from(f32::MIN_POSITIVE) {
                 let ulp = f64::from(f32::EPSILON) * want;
-                assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, want {want}");
+                assert!(
+                    (got - want).abs() <= 2.0 * ulp,
+                    "exp({x}) = {got}, want {want}"
+                );
             }
             x += 0.0037;
         }

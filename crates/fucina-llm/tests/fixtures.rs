@@ -33,7 +33,9 @@ const MODELS: [&str; 7] = [
 const TOL: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 struct Reference {
@@ -57,7 +59,8 @@ fn ids(v: &Value) -> Vec<u32> {
 fn reference(name: &str, vocab: usize) -> Reference {
     let dir = fixture(name);
     let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let prompt = ids(&r["prompt_ids"]);
     let greedy = ids(&r["greedy_ids"]);
     let (shape, logits) = npy::read_npy_f32(&dir.join("logits.npy")).unwrap();
@@ -78,7 +81,10 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, |m: f32, d| if d.is_nan() { f32::INFINITY } else { m.max(d) })
+        .fold(
+            0.0,
+            |m: f32, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
 }
 
 /// Prefill logits, then 32 greedy steps (one decode call each), against
@@ -106,7 +112,10 @@ fn check_model(name: &str, ctx: &ExecContext) -> f32 {
     );
     assert_eq!(
         last.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        all[(t - 1) * vocab..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        all[(t - 1) * vocab..]
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
         "{name}: last_logits is the last row of all_logits"
     );
 
@@ -124,7 +133,8 @@ fn check_model(name: &str, ctx: &ExecContext) -> f32 {
         decode_diff = decode_diff.max(d);
         let tok = sampler.sample(&logits, &history).unwrap();
         assert_eq!(
-            tok, r.greedy[step],
+            tok,
+            r.greedy[step],
             "{name}: greedy id {step} (ids so far {:?})",
             &history[t..]
         );
@@ -171,10 +181,19 @@ fn prefill_in_pieces_gives_the_reference_rows() {
             .unwrap();
         let mut rest = vec![0f32; (t - split) * vocab];
         model
-            .prefill(&ctx, &mut cache, &r.prompt[split..], Some(&mut rest), &mut last)
+            .prefill(
+                &ctx,
+                &mut cache,
+                &r.prompt[split..],
+                Some(&mut rest),
+                &mut last,
+            )
             .unwrap();
         let d = max_abs_diff(&rest, &r.logits[split * vocab..]);
-        assert!(d <= TOL, "{name}: rows {split}.. of a split prefill differ by {d}");
+        assert!(
+            d <= TOL,
+            "{name}: rows {split}.. of a split prefill differ by {d}"
+        );
     }
 }
 
@@ -208,10 +227,17 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
         vec![7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
     ];
     let together = batch::generate(&model, &ctx, &prompts, 24, &params, false).unwrap();
-    assert_eq!(together.ids[0], r.greedy[..=first], "the first sequence stops at {stop}");
+    assert_eq!(
+        together.ids[0],
+        r.greedy[..=first],
+        "the first sequence stops at {stop}"
+    );
     for (i, p) in prompts.iter().enumerate() {
         let alone = batch::generate(&model, &ctx, &[p.clone()], 24, &params, false).unwrap();
-        assert_eq!(together.ids[i], alone.ids[0], "sequence {i} in the batch and alone");
+        assert_eq!(
+            together.ids[i], alone.ids[0],
+            "sequence {i} in the batch and alone"
+        );
         let len = together.ids[i].len();
         assert!(len == 24 || (len < 24 && together.ids[i][len - 1] == stop));
     }
@@ -231,7 +257,10 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
     let a = batch::generate(&model, &ctx, &same, 16, &sampled, false).unwrap();
     let b = batch::generate(&model, &ctx, &same[..1], 16, &sampled, false).unwrap();
     assert_eq!(a.ids[0], b.ids[0]);
-    assert_ne!(a.ids[0], a.ids[1], "two sequences with the same prompt draw differently");
+    assert_ne!(
+        a.ids[0], a.ids[1],
+        "two sequences with the same prompt draw differently"
+    );
     let again = batch::generate(&model, &ctx, &same, 16, &sampled, false).unwrap();
     assert_eq!(a.ids, again.ids);
 

@@ -60,7 +60,13 @@ fn greedy_takes_the_largest_and_the_lowest_id_among_ties() {
         top_p: 0.1,
         ..SamplingParams::default()
     };
-    assert_eq!(Sampler::new(p).unwrap().sample(&[1.0, 2.0, 2.0], &[]).unwrap(), 1);
+    assert_eq!(
+        Sampler::new(p)
+            .unwrap()
+            .sample(&[1.0, 2.0, 2.0], &[])
+            .unwrap(),
+        1
+    );
     assert_eq!(s.step(), 4);
 }
 
@@ -126,7 +132,10 @@ fn top_k_keeps_the_k_largest_and_ties_with_the_kth() {
     // k = 2 of [1, 3, 2, 0]: tokens 1 and 2, in the ratio e : 1.
     let c = counts(p(2), &[1.0, 3.0, 2.0, 0.0], 20_000);
     assert_eq!((c[0], c[3]), (0, 0));
-    assert_frequencies(&c, &[0.0, softmax(&[3.0, 2.0])[0], softmax(&[3.0, 2.0])[1], 0.0]);
+    assert_frequencies(
+        &c,
+        &[0.0, softmax(&[3.0, 2.0])[0], softmax(&[3.0, 2.0])[1], 0.0],
+    );
     // k = 2 of [3, 2, 2, 0]: the tie with the 2nd largest is kept (three tokens).
     let c = counts(p(2), &[3.0, 2.0, 2.0, 0.0], 20_000);
     let three = softmax(&[3.0, 2.0, 2.0]);
@@ -180,7 +189,10 @@ fn warpers_apply_in_transformers_order() {
     // Top-p after top-k renormalizes over the survivors: top-k 3 of
     // [ln .4, ln .3, ln .2, ln .1] leaves [.4, .3, .2]/.9 = [.444, .333, .222];
     // top-p 0.7 keeps the first two (mass above the third: 0.778 >= 0.7).
-    let logits: Vec<f32> = [0.4f64, 0.3, 0.2, 0.1].iter().map(|p| p.ln() as f32).collect();
+    let logits: Vec<f32> = [0.4f64, 0.3, 0.2, 0.1]
+        .iter()
+        .map(|p| p.ln() as f32)
+        .collect();
     let p = SamplingParams {
         top_k: 3,
         top_p: 0.7,
@@ -244,7 +256,11 @@ fn draws_follow_the_documented_mapping() {
     let mut s = Sampler::new(params(1.0)).unwrap();
     for step in 0..32 {
         let want = fucina::rng::categorical(1234, step, &[1.0, 0.0, 1.0, 1.0]).unwrap();
-        assert_eq!(s.sample(&logits, &[]).unwrap() as usize, want, "step {step}");
+        assert_eq!(
+            s.sample(&logits, &[]).unwrap() as usize,
+            want,
+            "step {step}"
+        );
     }
 }
 
@@ -253,7 +269,9 @@ fn draws_match_the_softmax_frequencies() {
     // 64 tokens with logits spread over [-3, 3]; the frequencies of 100 000 draws
     // are within 5 standard deviations of the softmax (a sampler that ignored the
     // logits or mis-indexed them fails this).
-    let logits: Vec<f32> = (0..64).map(|i| ((i * 29) % 64) as f32 / 64.0 * 6.0 - 3.0).collect();
+    let logits: Vec<f32> = (0..64)
+        .map(|i| ((i * 29) % 64) as f32 / 64.0 * 6.0 - 3.0)
+        .collect();
     let l64: Vec<f64> = logits.iter().map(|&x| f64::from(x)).collect();
     let c = counts(params(1.0), &logits, 100_000);
     assert_frequencies(&c, &softmax(&l64));
@@ -303,20 +321,25 @@ fn bad_parameters_are_errors() {
             "repetition_penalty",
         );
     }
-    assert!(Sampler::new(SamplingParams { top_p: 1.0, ..params(0.0) }).is_ok());
+    assert!(
+        Sampler::new(SamplingParams {
+            top_p: 1.0,
+            ..params(0.0)
+        })
+        .is_ok()
+    );
 }
 
 #[test]
 fn bad_logits_and_history_are_errors_and_change_nothing() {
     for p in [params(0.0), params(1.0)] {
         let mut s = Sampler::new(p).unwrap();
-        let mut bad = |logits: &[f32], history: &[u32], what: &str| {
-            match s.sample(logits, history) {
-                Err(LlmError::InvalidRequest { reason, .. }) => {
-                    assert!(reason.contains(what), "{reason:?} should say {what}")
-                }
-                other => panic!("expected an error saying {what}, got {other:?}"),
+        let mut bad = |logits: &[f32], history: &[u32], what: &str| match s.sample(logits, history)
+        {
+            Err(LlmError::InvalidRequest { reason, .. }) => {
+                assert!(reason.contains(what), "{reason:?} should say {what}")
             }
+            other => panic!("expected an error saying {what}, got {other:?}"),
         };
         bad(&[], &[], "no logits");
         bad(&[0.0, f32::NAN], &[], "logit 1 is NaN");
@@ -330,7 +353,9 @@ fn bad_logits_and_history_are_errors_and_change_nothing() {
 #[test]
 fn sampling_allocates_nothing_once_sized() {
     let vocab = 4096;
-    let logits: Vec<f32> = (0..vocab).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+    let logits: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect();
     let history: Vec<u32> = (0..300).map(|i| (i * 13) % vocab as u32).collect();
     for p in [
         params(0.0),

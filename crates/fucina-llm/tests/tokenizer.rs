@@ -35,8 +35,16 @@ fn encodes_and_decodes_as_the_python_library() {
         let text = case["text"].as_str().unwrap();
         let with = ids(&case["ids_with_special"]);
         let without = ids(&case["ids_without_special"]);
-        assert_eq!(tok.encode(text, true).unwrap(), with, "encode {text:?} with special tokens");
-        assert_eq!(tok.encode(text, false).unwrap(), without, "encode {text:?} without");
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            with,
+            "encode {text:?} with special tokens"
+        );
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            without,
+            "encode {text:?} without"
+        );
         assert_eq!(
             tok.decode(&with, true).unwrap(),
             case["decode_skip_special"].as_str().unwrap(),
@@ -82,7 +90,10 @@ fn special_tokens_and_vocabulary() {
     // The tokenizer's vocabulary is the fixture model's.
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(dir().join("config.json")).unwrap()).unwrap();
-    assert_eq!(tok.vocab_size() as u64, config["vocab_size"].as_u64().unwrap());
+    assert_eq!(
+        tok.vocab_size() as u64,
+        config["vocab_size"].as_u64().unwrap()
+    );
     assert_eq!(tok.path(), dir().join("tokenizer.json"));
 }
 

@@ -71,7 +71,7 @@ pub(crate) fn parse_npy_f32(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), Stri
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err("not a .npy file (no \\x93NUMPY magic)".to_string());
     }
-    let (hlen, start) = match bytes[6] {
+    let (hlen, start): (usize, usize) = match bytes[6] {
         1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
         2 if bytes.len() >= 12 => (
             u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
@@ -103,7 +103,10 @@ pub(crate) fn parse_npy_f32(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), Stri
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|e| format!("bad dimension {s:?}: {e}")))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|e| format!("bad dimension {s:?}: {e}"))
+        })
         .collect::<Result<Vec<usize>, String>>()?;
     let n: usize = shape.iter().product();
     let data = &bytes[end..];
