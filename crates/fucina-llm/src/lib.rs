@@ -26,6 +26,8 @@ pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
 pub use model::{Model, PREFILL_CHUNK};
+pub use sample::{Sampler, SamplingParams};
+pub use tokenizer::Tokenizer;
 pub use weights::{Weight, WeightStore};
 
 pub use fucina;

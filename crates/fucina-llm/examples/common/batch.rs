@@ -1,0 +1,143 @@
+//! The generation loop of the `generate` example, apart from its command line
+//! so the fixture tests can run it (they include this file with `#[path]`):
+//! every prompt is prefilled into its own KV cache, then all unfinished
+//! sequences advance together, one batched [`Model::decode`] step per token; a
+//! sequence that produces a stop token or reaches its token budget drops out of
+//! the batch.
+#![allow(dead_code)] // not every including target uses every field
+
+use std::time::Instant;
+
+use fucina_llm::LlmError;
+use fucina_llm::cache::KvCache;
+use fucina_llm::fucina::ExecContext;
+use fucina_llm::model::Model;
+use fucina_llm::sample::{Sampler, SamplingParams};
+
+/// What [`generate`] produced.
+pub(crate) struct Generation {
+    /// The generated ids of each prompt (a stop token, when one ended the
+    /// sequence, is its last id).
+    pub(crate) ids: Vec<Vec<u32>>,
+    /// The logits of every position of the first prompt, `[T, vocab]` row-major,
+    /// when asked for.
+    pub(crate) first_prompt_logits: Option<Vec<f32>>,
+    /// Prompt tokens prefilled, and the seconds it took.
+    pub(crate) prefill_tokens: usize,
+    /// Seconds spent in prefill.
+    pub(crate) prefill_secs: f64,
+    /// Tokens produced by decode steps (the first token of each sequence comes
+    /// from its prefill), and the seconds the steps took (sampling included).
+    pub(crate) decode_tokens: usize,
+    /// Seconds spent in decode steps.
+    pub(crate) decode_secs: f64,
+    /// Decode steps (batched calls).
+    pub(crate) decode_steps: usize,
+}
+
+/// Generates up to `max_new_tokens` ids after each of `prompts` as one batch.
+///
+/// Sequence `i` samples with `params` and seed `params.seed + i` (wrapping), so
+/// a batch of one prompt draws what that prompt draws alone, and every sequence
+/// gets its own stream. With `want_logits` the first prompt's prefill keeps the
+/// logits of all its positions.
+pub(crate) fn generate(
+    model: &Model,
+    ctx: &ExecContext,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    params: &SamplingParams,
+    want_logits: bool,
+) -> Result<Generation, LlmError> {
+    let invalid = |reason: String| LlmError::InvalidRequest {
+        op: "generate",
+        reason,
+    };
+    if prompts.is_empty() {
+        return Err(invalid("no prompt was given".to_string()));
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(invalid(format!("prompt {i} has no tokens")));
+    }
+    let vocab = model.config().vocab_size;
+    let mut out = Generation {
+        ids: vec![Vec::new(); prompts.len()],
+        first_prompt_logits: None,
+        prefill_tokens: 0,
+        prefill_secs: 0.0,
+        decode_tokens: 0,
+        decode_secs: 0.0,
+        decode_steps: 0,
+    };
+    if max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let mut caches: Vec<KvCache> = Vec::with_capacity(prompts.len());
+    let mut samplers: Vec<Sampler> = Vec::with_capacity(prompts.len());
+    let mut histories: Vec<Vec<u32>> = Vec::with_capacity(prompts.len());
+    let mut live: Vec<bool> = Vec::with_capacity(prompts.len());
+    let mut last = vec![0f32; vocab];
+    let start = Instant::now();
+    for (i, prompt) in prompts.iter().enumerate() {
+        // The last generated token is never fed back, so prompt + max_new - 1
+        // positions suffice.
+        let mut cache = model.new_cache(prompt.len() + max_new_tokens - 1)?;
+        if i == 0 && want_logits {
+            let mut all = vec![0f32; prompt.len() * vocab];
+            model.prefill(ctx, &mut cache, prompt, Some(&mut all), &mut last)?;
+            out.first_prompt_logits = Some(all);
+        } else {
+            model.prefill(ctx, &mut cache, prompt, None, &mut last)?;
+        }
+        let seq_params = SamplingParams {
+            seed: params.seed.wrapping_add(i as u64),
+            ..params.clone()
+        };
+        let mut sampler = Sampler::with_vocab(seq_params, vocab)?;
+        let mut history = Vec::with_capacity(prompt.len() + max_new_tokens);
+        history.extend_from_slice(prompt);
+        let t = sampler.sample(&last, &history)?;
+        history.push(t);
+        out.ids[i].push(t);
+        live.push(!sampler.is_stop(t) && max_new_tokens > 1);
+        caches.push(cache);
+        samplers.push(sampler);
+        histories.push(history);
+        out.prefill_tokens += prompt.len();
+    }
+    out.prefill_secs = start.elapsed().as_secs_f64();
+
+    let start = Instant::now();
+    let mut logits = vec![0f32; prompts.len() * vocab];
+    let mut tokens: Vec<u32> = Vec::with_capacity(prompts.len());
+    let mut members: Vec<usize> = Vec::with_capacity(prompts.len());
+    loop {
+        members.clear();
+        members.extend((0..prompts.len()).filter(|&i| live[i]));
+        if members.is_empty() {
+            break;
+        }
+        tokens.clear();
+        tokens.extend(members.iter().map(|&i| *out.ids[i].last().unwrap()));
+        let mut batch: Vec<&mut KvCache> = caches
+            .iter_mut()
+            .zip(&live)
+            .filter(|(_, l)| **l)
+            .map(|(c, _)| c)
+            .collect();
+        let n = members.len();
+        model.decode(ctx, &mut batch, &tokens, &mut logits[..n * vocab])?;
+        out.decode_steps += 1;
+        for (row, &i) in members.iter().enumerate() {
+            let t = samplers[i].sample(&logits[row * vocab..(row + 1) * vocab], &histories[i])?;
+            histories[i].push(t);
+            out.ids[i].push(t);
+            out.decode_tokens += 1;
+            if samplers[i].is_stop(t) || out.ids[i].len() >= max_new_tokens {
+                live[i] = false;
+            }
+        }
+    }
+    out.decode_secs = start.elapsed().as_secs_f64();
+    Ok(out)
+}

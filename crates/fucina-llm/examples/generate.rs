@@ -1,0 +1,195 @@
+//! Generates text with a Hugging Face model directory.
+//!
+//! ```text
+//! cargo run --release -p fucina-llm --example generate -- \
+//!     --model crates/fucina-llm/tests/fixtures/llama_f32 --prompt "The quick brown fox" \
+//!     --max-new-tokens 16
+//! cargo run --release -p fucina-llm --example generate -- \
+//!     --model DIR --prompt-ids "1,2,3;4,5" --temperature 0.8 --top-p 0.9 --seed 7 \
+//!     --threads 4 --logits-out first_prompt_logits.npy
+//! ```
+//!
+//! Several prompts separated by `;` are decoded as one batch: each is prefilled
+//! into its own KV cache, then the unfinished sequences advance together, one
+//! batched decode step per token; a sequence ends at one of the model's
+//! end-of-sequence tokens (those of `generation_config.json`, else of
+//! `config.json`) or after `--max-new-tokens` tokens. Prompt `i` samples
+//! with seed `--seed + i`.
+//!
+//! Output: the text of each sequence (prompt and continuation) when the
+//! directory has a `tokenizer.json`, one line `ids[i]: <generated ids>` per
+//! prompt, and a line with the prefill and decode throughput. `--logits-out`
+//! writes the logits of every position of the first prompt, `[T, vocab]`, as a
+//! little-endian f32 `.npy` file.
+
+#[path = "common/batch.rs"]
+mod batch;
+#[path = "common/npy.rs"]
+mod npy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use fucina_llm::LlmError;
+use fucina_llm::config::GenerationConfig;
+use fucina_llm::fucina::ExecContext;
+use fucina_llm::model::Model;
+use fucina_llm::sample::SamplingParams;
+use fucina_llm::tokenizer::Tokenizer;
+
+/// Generate text with a Hugging Face decoder model (Llama, Qwen2, Mistral).
+#[derive(Parser, Debug)]
+#[command(name = "generate")]
+struct Args {
+    /// Model directory (config.json, model.safetensors or a sharded index,
+    /// optional tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt text (needs tokenizer.json); several prompts separated by ';'.
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// Prompt token ids, comma-separated; several prompts separated by ';'.
+    #[arg(long)]
+    prompt_ids: Option<String>,
+    /// Tokens to generate per prompt (at most).
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 chooses greedily.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens up to this mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Threads (the results do not depend on it); default: every core.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Write the first prompt's logits, [T, vocab], as a little-endian f32 .npy.
+    #[arg(long)]
+    logits_out: Option<PathBuf>,
+}
+
+/// Parses `--prompt-ids`: prompts separated by ';', ids by ','.
+fn parse_prompt_ids(text: &str) -> Result<Vec<Vec<u32>>, String> {
+    text.split(';')
+        .enumerate()
+        .map(|(i, p)| {
+            let ids = p
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<u32>()
+                        .map_err(|e| format!("prompt {i}: id {s:?}: {e}"))
+                })
+                .collect::<Result<Vec<u32>, String>>()?;
+            if ids.is_empty() {
+                return Err(format!("prompt {i} has no ids"));
+            }
+            Ok(ids)
+        })
+        .collect()
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let err = |e: LlmError| e.to_string();
+    let model = Model::load(&args.model).map_err(err)?;
+    let tok_path = args.model.join("tokenizer.json");
+    let tokenizer = if tok_path.exists() {
+        Some(Tokenizer::from_file(&tok_path).map_err(err)?)
+    } else {
+        None
+    };
+    let prompts = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), None) => {
+            let tok = tokenizer.as_ref().ok_or(format!(
+                "--prompt needs {}; give --prompt-ids instead",
+                tok_path.display()
+            ))?;
+            text.split(';')
+                .map(|p| tok.encode(p, true))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(err)?
+        }
+        (None, Some(ids)) => parse_prompt_ids(ids)?,
+        _ => return Err("give exactly one of --prompt and --prompt-ids".to_string()),
+    };
+    // The end-of-sequence tokens of generation_config.json, else config.json's.
+    let gen_path = args.model.join("generation_config.json");
+    let generation_eos = if gen_path.exists() {
+        GenerationConfig::from_file(&gen_path)
+            .map_err(err)?
+            .eos_token_ids
+    } else {
+        None
+    };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_tokens: generation_eos.unwrap_or_else(|| model.config().eos_token_ids.clone()),
+        ..SamplingParams::default()
+    };
+    params.validate().map_err(err)?;
+    let ctx = match args.threads {
+        Some(n) => ExecContext::with_threads(n),
+        None => ExecContext::new(),
+    };
+    let out = batch::generate(
+        &model,
+        &ctx,
+        &prompts,
+        args.max_new_tokens,
+        &params,
+        args.logits_out.is_some(),
+    )
+    .map_err(err)?;
+    if let (Some(path), Some(logits)) = (&args.logits_out, &out.first_prompt_logits) {
+        let shape = [prompts[0].len(), model.config().vocab_size];
+        npy::write_npy_f32(path, &shape, logits).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(tok) = &tokenizer {
+        for (i, (prompt, ids)) in prompts.iter().zip(&out.ids).enumerate() {
+            let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
+            println!("text[{i}]: {}", tok.decode(&all, true).map_err(err)?);
+        }
+    }
+    for (i, ids) in out.ids.iter().enumerate() {
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        println!("ids[{i}]: {}", ids.join(" "));
+    }
+    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    println!(
+        "prefill: {} tokens in {:.3} s ({:.1} tokens/s); decode: {} tokens in {} steps, {:.3} s ({:.1} tokens/s); {} threads",
+        out.prefill_tokens,
+        out.prefill_secs,
+        rate(out.prefill_tokens, out.prefill_secs),
+        out.decode_tokens,
+        out.decode_steps,
+        out.decode_secs,
+        rate(out.decode_tokens, out.decode_secs),
+        ctx.threads(),
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("generate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
