@@ -709,9 +709,7 @@ impl Model {
         let pos = s.positions[r];
         for g in 0..self.config.num_key_value_heads {
             let at = r * kvd + g * hd;
-            let (k, v) = cache.rows_mut(l, g, pos);
-            k.copy_from_slice(&s.k[at..at + hd]);
-            v.copy_from_slice(&s.v[at..at + hd]);
+            cache.store(l, g, pos, &s.k[at..at + hd], &s.v[at..at + hd]);
         }
     }
 
@@ -747,12 +745,12 @@ impl Model {
             for (i, r) in t.rows.clone().enumerate() {
                 let pos = positions[r];
                 let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let (keys, values) = cache.span(l, g, lo..pos + 1);
                 let at = r * qd + t.head * hd;
                 kernels::attend_row(
                     &q[at..at + hd],
-                    keys,
-                    values,
+                    cache.keys_tiled(l, g),
+                    lo,
+                    cache.values(l, g, lo..pos + 1),
                     scale,
                     &mut t.scores,
                     &mut t.out[i * hd..(i + 1) * hd],
