@@ -101,6 +101,12 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Bytes the cache holds (keys and values of every layer for its whole
+    /// capacity, f32).
+    pub fn bytes(&self) -> usize {
+        4 * (self.keys.len() + self.values.len())
+    }
+
     /// The most positions the cache holds (its `max_len` at creation).
     pub fn capacity(&self) -> usize {
         self.capacity

@@ -376,6 +376,33 @@ impl Model {
         &self.config
     }
 
+    /// Bytes of weights one decode step reads for one token, in their file format:
+    /// every projection of every layer and the output projection (the embedding
+    /// matrix when tied), plus the norms and biases (widened to f32 at load) and
+    /// the one embedding row of the token. The numerator of the memory-bandwidth
+    /// limit of decoding.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let f32s = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, |b| 4 * b.len());
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.bytes().len())
+                    .sum::<usize>()
+                    + 4 * (l.input_norm.len() + l.post_norm.len())
+                    + f32s(&l.q_bias)
+                    + f32s(&l.k_bias)
+                    + f32s(&l.v_bias)
+                    + f32s(&l.o_bias)
+            })
+            .sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).bytes().len();
+        let embed_row = self.embed.bytes().len() / self.config.vocab_size.max(1);
+        layers + head + 4 * self.final_norm.len() + embed_row
+    }
+
     /// A KV cache for one sequence of at most `max_len` positions, allocated now
     /// (`2 · layers · kv_heads · head_dim · max_len` f32 values).
     ///

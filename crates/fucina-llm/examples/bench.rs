@@ -1,0 +1,257 @@
+//! Prefill and decode throughput of a model directory, against the
+//! memory-bandwidth limit measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p fucina-llm --example bench -- --model DIR --threads 1
+//! ```
+//!
+//! Measures, in this order and in one process:
+//! - prefill tokens/s for each prompt length of `--prefill` (random ids, a fresh
+//!   cache each time), median of `--reps`;
+//! - decode tokens/s at each batch size of `--batch`: after a 16-token prompt per
+//!   sequence, `--decode` steps of one token per sequence (greedy), tokens/s
+//!   counting every sequence's token;
+//! - the peak resident memory against the model's file size plus the KV caches
+//!   it allocated;
+//! - the streaming read bandwidth: a sum over a buffer larger than the caches
+//!   (`--stream-mib`, default 1024 MiB) on `--threads` threads, median of 5, and
+//!   decode at batch 1 as a fraction of the bandwidth limit (weight bytes read
+//!   per decoded token ÷ that bandwidth).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use fucina::ExecContext;
+use fucina_llm::{KvCache, Model, ModelConfig, WeightStore};
+
+#[derive(Parser)]
+#[command(about = "fucina-llm prefill/decode throughput against the bandwidth limit")]
+struct Args {
+    /// The model directory (config.json + safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Prompt lengths to prefill, comma-separated.
+    #[arg(long, default_value = "128,512")]
+    prefill: String,
+    /// Batch sizes to decode, comma-separated.
+    #[arg(long, default_value = "1,8")]
+    batch: String,
+    /// Decode steps per measurement.
+    #[arg(long, default_value_t = 32)]
+    decode: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Size of the streaming-read buffer in MiB.
+    #[arg(long, default_value_t = 1024)]
+    stream_mib: usize,
+}
+
+fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// Streaming read bandwidth in bytes/s: `threads` threads each sum their share of
+/// `buf` with sixteen independent accumulators.
+fn stream_read(buf: &[f32], threads: usize) -> f64 {
+    let t0 = Instant::now();
+    let chunk = buf.len().div_ceil(threads);
+    let total: f32 = std::thread::scope(|s| {
+        let hs: Vec<_> = buf
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    let mut acc = [0.0f32; 16];
+                    for c in part.chunks_exact(16) {
+                        for (a, v) in acc.iter_mut().zip(c) {
+                            *a += v;
+                        }
+                    }
+                    acc.iter().sum::<f32>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(total);
+    std::mem::size_of_val(buf) as f64 / dt
+}
+
+/// Peak resident set size of this process in bytes (`VmHWM`), if readable.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `n` pseudo-random token ids below `vocab` (a fixed sequence).
+fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ salt;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let parse =
+        |s: &str| -> Vec<usize> { s.split(',').filter_map(|v| v.trim().parse().ok()).collect() };
+    let ctx = ExecContext::with_threads(args.threads);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    println!("CPU: {cpu}; {} threads", args.threads);
+
+    // 2. The model.
+    let t0 = Instant::now();
+    let store = WeightStore::open(&args.model)?;
+    let file_bytes = store.file_bytes() as usize;
+    let model = Model::from_parts(
+        ModelConfig::from_file(args.model.join("config.json"))?,
+        store,
+    )?;
+    let cfg = model.config().clone();
+    let weight_bytes = model.weight_bytes_per_token();
+    println!(
+        "model: {} layers, hidden {}, vocab {}; loaded in {:.2} s; {:.1} MB of weights read per decoded token",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.vocab_size,
+        t0.elapsed().as_secs_f64(),
+        weight_bytes as f64 / 1e6
+    );
+    let vocab = cfg.vocab_size;
+    let mut last = vec![0.0f32; vocab];
+    let mut cache_bytes = 0usize;
+    let mut batch1_step = None;
+
+    // 3. Prefill.
+    for t in parse(&args.prefill) {
+        let prompt = ids(t, vocab, t as u64);
+        let mut times = Vec::new();
+        for _ in 0..args.reps + 1 {
+            let mut cache = model.new_cache(t)?;
+            let t0 = Instant::now();
+            model.prefill(&ctx, &mut cache, &prompt, None, &mut last)?;
+            times.push(t0.elapsed().as_secs_f64());
+            cache_bytes = cache_bytes.max(cache.bytes());
+        }
+        times.remove(0); // warm-up
+        let (m, lo, hi) = median(times);
+        println!(
+            "prefill {t}: {:.1} tokens/s (median {:.1} ms, min {:.1}, max {:.1})",
+            t as f64 / m,
+            m * 1e3,
+            lo * 1e3,
+            hi * 1e3
+        );
+    }
+
+    // 4. Decode.
+    for b in parse(&args.batch) {
+        let mut times = Vec::new();
+        for rep in 0..args.reps + 1 {
+            let mut caches: Vec<KvCache> = (0..b)
+                .map(|_| model.new_cache(16 + args.decode))
+                .collect::<Result<_, _>>()?;
+            let mut next = vec![0u32; b];
+            for (i, c) in caches.iter_mut().enumerate() {
+                model.prefill(
+                    &ctx,
+                    c,
+                    &ids(16, vocab, (rep * 64 + i) as u64),
+                    None,
+                    &mut last,
+                )?;
+                next[i] = argmax(&last);
+            }
+            cache_bytes = cache_bytes.max(caches.iter().map(KvCache::bytes).sum());
+            let mut logits = vec![0.0f32; b * vocab];
+            let t0 = Instant::now();
+            for _ in 0..args.decode {
+                let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+                model.decode(&ctx, &mut refs, &next, &mut logits)?;
+                for (i, n) in next.iter_mut().enumerate() {
+                    *n = argmax(&logits[i * vocab..(i + 1) * vocab]);
+                }
+            }
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        times.remove(0);
+        let (m, lo, hi) = median(times);
+        let step = m / args.decode as f64;
+        let line = format!(
+            "decode batch {b}: {:.1} tokens/s (median {:.2} ms/step, min {:.2}, max {:.2})",
+            (b * args.decode) as f64 / m,
+            step * 1e3,
+            lo / args.decode as f64 * 1e3,
+            hi / args.decode as f64 * 1e3
+        );
+        if b == 1 {
+            batch1_step = Some(step);
+        }
+        println!("{line}");
+    }
+
+    if let Some(rss) = peak_rss() {
+        let file = file_bytes;
+        println!(
+            "peak RSS {:.1} MB; file {:.1} MB + largest KV cache set {:.1} MB = {:.1} MB; ratio {:.2}",
+            rss as f64 / 1e6,
+            file as f64 / 1e6,
+            cache_bytes as f64 / 1e6,
+            (file + cache_bytes) as f64 / 1e6,
+            rss as f64 / (file + cache_bytes) as f64
+        );
+    }
+
+    // 5. The bandwidth limit (after the peak RSS is read: the buffer is larger
+    // than the model).
+    let buf = vec![1.0f32; args.stream_mib << 18];
+    stream_read(&buf, args.threads); // fault the pages in
+    let (bw, bw_lo, bw_hi) = median((0..5).map(|_| stream_read(&buf, args.threads)).collect());
+    drop(buf);
+    println!(
+        "stream read: {:.2} GB/s (min {:.2}, max {:.2})",
+        bw / 1e9,
+        bw_lo / 1e9,
+        bw_hi / 1e9
+    );
+
+    if let Some(step) = batch1_step {
+        let limit = bw / weight_bytes as f64;
+        println!(
+            "decode batch 1 against the bandwidth limit: {:.1} of {limit:.1} tokens/s = {:.2}",
+            1.0 / step,
+            (1.0 / step) / limit
+        );
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
