@@ -206,7 +206,15 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
     let greedy = SamplingParams::default();
 
     // The full prompt alone: transformers' greedy ids.
-    let solo = batch::generate(&model, &ctx, &[r.prompt.clone()], 32, &greedy, true).unwrap();
+    let solo = batch::generate(
+        &model,
+        &ctx,
+        std::slice::from_ref(&r.prompt),
+        32,
+        &greedy,
+        true,
+    )
+    .unwrap();
     assert_eq!(solo.ids[0], r.greedy);
     let logits = solo.first_prompt_logits.as_ref().unwrap();
     assert!(max_abs_diff(logits, &r.logits) <= TOL);
@@ -233,7 +241,8 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
         "the first sequence stops at {stop}"
     );
     for (i, p) in prompts.iter().enumerate() {
-        let alone = batch::generate(&model, &ctx, &[p.clone()], 24, &params, false).unwrap();
+        let alone =
+            batch::generate(&model, &ctx, std::slice::from_ref(p), 24, &params, false).unwrap();
         assert_eq!(
             together.ids[i], alone.ids[0],
             "sequence {i} in the batch and alone"
