@@ -280,6 +280,25 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
 }
 
 #[test]
+fn prompt_ids_parse() {
+    assert_eq!(
+        batch::parse_prompt_ids("1,2,3").unwrap(),
+        vec![vec![1, 2, 3]]
+    );
+    assert_eq!(
+        batch::parse_prompt_ids(" 5, 6 ;7").unwrap(),
+        vec![vec![5, 6], vec![7]]
+    );
+    assert!(batch::parse_prompt_ids("1,,2").unwrap() == vec![vec![1, 2]]);
+    for bad in ["", "1;", "1;;2", "1,x", "-1", "4294967296"] {
+        assert!(
+            batch::parse_prompt_ids(bad).is_err(),
+            "{bad:?} should be an error"
+        );
+    }
+}
+
+#[test]
 fn npy_writer_gives_numpys_bytes() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(fixture("npy"))
         .unwrap()
