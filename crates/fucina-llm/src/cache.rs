@@ -1,1 +1,159 @@
-//! PLACEHOLDER: being written (see the crate documentation).
+//! The per-sequence KV cache: the keys and values of every layer for the
+//! positions a sequence has seen, preallocated for its maximum length.
+//!
+//! A [`KvCache`] is made by [`Model::new_cache`](crate::model::Model::new_cache)
+//! for one model shape and one sequence. It holds, per layer and key/value head,
+//! `capacity` rows of `head_dim` f32 keys (after RoPE) and values, allocated once
+//! at creation: appending a position never allocates. [`Model::prefill`] and
+//! [`Model::decode`] append to it; [`KvCache::clear`] makes it reusable for a
+//! new sequence.
+//!
+//! [`Model::prefill`]: crate::model::Model::prefill
+//! [`Model::decode`]: crate::model::Model::decode
+
+use crate::error::LlmError;
+
+/// The keys and values of one sequence, for every layer, preallocated for
+/// [`capacity`](KvCache::capacity) positions.
+///
+/// Layout: `[layer, kv_head, position, head_dim]` for keys and values alike,
+/// so the positions one attention head reads are contiguous.
+#[derive(Clone)]
+pub struct KvCache {
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    len: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("layers", &self.layers)
+            .field("kv_heads", &self.kv_heads)
+            .field("head_dim", &self.head_dim)
+            .field("capacity", &self.capacity)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl KvCache {
+    /// A cache of `capacity` positions for a model of `layers` layers and
+    /// `kv_heads` key/value heads of `head_dim` elements, allocated (zeroed) now.
+    pub(crate) fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+    ) -> Result<KvCache, LlmError> {
+        let invalid = |reason: String| LlmError::InvalidRequest {
+            op: "Model::new_cache",
+            reason,
+        };
+        if capacity == 0 {
+            return Err(invalid("max_len is 0".to_string()));
+        }
+        let n = layers
+            .checked_mul(kv_heads)
+            .and_then(|n| n.checked_mul(head_dim))
+            .and_then(|n| n.checked_mul(capacity))
+            .filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or_else(|| invalid(format!("{capacity} positions overflow the address space")))?;
+        let zeroed = || -> Result<Vec<f32>, LlmError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                invalid(format!(
+                    "cannot allocate {} bytes for {capacity} positions",
+                    n * 4
+                ))
+            })?;
+            v.resize(n, 0.0);
+            Ok(v)
+        };
+        Ok(KvCache {
+            layers,
+            kv_heads,
+            head_dim,
+            capacity,
+            len: 0,
+            keys: zeroed()?,
+            values: zeroed()?,
+        })
+    }
+
+    /// Positions stored (the position the next token takes).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is stored yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions the cache holds (its `max_len` at creation).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Positions that can still be appended.
+    pub fn remaining(&self) -> usize {
+        self.capacity - self.len
+    }
+
+    /// Forgets every stored position, keeping the memory: the cache starts a new
+    /// sequence.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// `(layers, kv_heads, head_dim)`: the model shape the cache was made for.
+    pub(crate) fn shape(&self) -> (usize, usize, usize) {
+        (self.layers, self.kv_heads, self.head_dim)
+    }
+
+    /// Sets the stored length (after a prefill or decode wrote its positions).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity);
+        self.len = len;
+    }
+
+    /// Offset of `(layer, head, pos)`'s row.
+    #[inline]
+    fn offset(&self, layer: usize, head: usize, pos: usize) -> usize {
+        ((layer * self.kv_heads + head) * self.capacity + pos) * self.head_dim
+    }
+
+    /// The key and value rows of `(layer, head, pos)`, to be written.
+    #[inline]
+    pub(crate) fn rows_mut(
+        &mut self,
+        layer: usize,
+        head: usize,
+        pos: usize,
+    ) -> (&mut [f32], &mut [f32]) {
+        let at = self.offset(layer, head, pos);
+        let d = self.head_dim;
+        (&mut self.keys[at..at + d], &mut self.values[at..at + d])
+    }
+
+    /// The keys and values of `(layer, head)` for positions `positions`
+    /// (`positions.len() * head_dim` elements each).
+    #[inline]
+    pub(crate) fn span(
+        &self,
+        layer: usize,
+        head: usize,
+        positions: std::ops::Range<usize>,
+    ) -> (&[f32], &[f32]) {
+        let (a, b) = (
+            self.offset(layer, head, positions.start),
+            self.offset(layer, head, positions.end),
+        );
+        (&self.keys[a..b], &self.values[a..b])
+    }
+}

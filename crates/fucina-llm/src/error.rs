@@ -22,6 +22,18 @@ pub enum LlmError {
         /// What is wrong.
         reason: String,
     },
+    /// A tensor stored in a weight file is unusable: an unsupported dtype, data
+    /// offsets that disagree with its shape or run past the end of the file, a
+    /// tensor an index lists but its shard lacks.
+    #[error("{path}: tensor {name}: {reason}")]
+    BadTensorInFile {
+        /// The file (the shard or the index that names the tensor).
+        path: PathBuf,
+        /// The tensor's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A tensor is missing, has the wrong shape or an unsupported dtype.
     #[error("tensor {name}: {reason}")]
     BadTensor {

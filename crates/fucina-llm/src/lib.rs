@@ -15,13 +15,17 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod gguf;
 pub mod model;
 pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use cache::KvCache;
+pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
+pub use model::{Model, PREFILL_CHUNK};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;
 pub use weights::{Weight, WeightStore};

@@ -1,1 +1,844 @@
-//! PLACEHOLDER: being written (see the crate documentation).
+//! The decoder: Llama-family models (Llama, Qwen2, Mistral) computed as
+//! transformers computes them, with f32 activations and weights read in their
+//! file format by [`ExecContext::weight_matmul`].
+//!
+//! # The forward pass
+//!
+//! A token's row is the embedding row of its id, widened to f32. Each layer
+//! applies RMSNorm (`weight · (x / sqrt(mean(x²) + eps))`, in f32), the q, k, v
+//! projections (with their bias for Qwen2 or `attention_bias`), RoPE on q and k
+//! (rotate-half convention, inverse frequencies computed in f32 from
+//! `rope_theta` and the `linear` or `llama3` scaling as transformers computes
+//! them), stores k and v in the sequence's [`KvCache`], attends (grouped-query:
+//! query head `h` reads key/value head `h / (heads / kv_heads)`; scores scaled by
+//! `1/sqrt(head_dim)`; softmax in f32; causal, and limited to the last
+//! `sliding_window` positions, the token's own included, when the config sets a
+//! window), projects back through `o_proj` (and its bias), adds the residual,
+//! then RMSNorm, the SwiGLU MLP `down(silu(gate(x)) · up(x))` and the residual
+//! again. The final RMSNorm and `lm_head` (or the embedding matrix when the
+//! embeddings are tied) give the logits.
+//!
+//! # Batch, thread, chunk and vector-level invariance
+//!
+//! A sequence's logits are the same bits whatever the other sequences decoded in
+//! the same call, the thread count of the context and the vector level:
+//! - every projection is one [`ExecContext::weight_matmul`] call over the rows of
+//!   all sequences, whose result for a row is fixed by that row alone;
+//! - RMSNorm, RoPE, SwiGLU and the residual adds are per-row loops;
+//! - attention runs one task per (sequence, head) (prefill: per head of the
+//!   chunk); a task computes each of its query rows alone, every sum in
+//!   increasing position order (scores, the softmax's sum, the weighted sum of
+//!   values), so the parallel split decides who computes a row, never how;
+//! - the code of this module is compiled once, for the baseline target, without
+//!   fused multiply-adds; exponentials, sines and cosines are computed in f64 and
+//!   rounded once.
+//!
+//! Prefill writes the keys and values of a chunk into the cache first, then
+//! each query row attends to the cached positions up to its own. A row's result
+//! therefore does not depend on the chunk boundaries either: the logits of
+//! position `t` are the same bits whether `t` was prefilled in one call, in
+//! several calls, or decoded one token at a time.
+//!
+//! # Scratch memory
+//!
+//! The activations of a call (sized for its rows: the batch of a decode, a chunk
+//! of a prefill) live in a workspace inside the [`Model`], behind a mutex: calls
+//! on one model from several threads run one at a time. The workspace grows when
+//! a call needs more rows or attends over a longer cache than any call before;
+//! once it has seen the largest batch and cache, decoding allocates nothing.
+
+mod kernels;
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use fucina::exec::{PARALLEL_THRESHOLD, WeightMatrix};
+use fucina::{ExecContext, Team};
+
+pub use crate::cache::KvCache;
+use crate::config::ModelConfig;
+use crate::error::LlmError;
+use crate::weights::{Weight, WeightStore};
+
+/// Tokens a prefill processes per step (its chunks): bounds the activation
+/// memory of a long prompt. The logits do not depend on it.
+pub const PREFILL_CHUNK: usize = 64;
+
+/// The context's team when `work` (in additions' worth) is large enough to be
+/// split: [`PARALLEL_THRESHOLD`] or more, on a context of several threads,
+/// outside a parallel region. Below it the work runs on the calling thread;
+/// the results are the same bits either way.
+fn team_for(ctx: &ExecContext, work: usize) -> Option<&Team> {
+    match ctx.threads() > 1 && work >= PARALLEL_THRESHOLD && !fucina::thread::in_parallel_region() {
+        true => ctx.team(),
+        false => None,
+    }
+}
+
+/// The weights of one decoder layer (norm weights and biases widened to f32).
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q: Weight,
+    k: Weight,
+    v: Weight,
+    o: Weight,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    o_bias: Option<Vec<f32>>,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+/// A loaded decoder: its configuration, its weights (shared, in their file
+/// format) and a reusable activation workspace. `Send + Sync`.
+pub struct Model {
+    config: ModelConfig,
+    embed: Weight,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    /// `None` when the embeddings are tied.
+    lm_head: Option<Weight>,
+    inv_freq: Vec<f32>,
+    scale: f32,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Attention work of one head over some query rows: the task a participant of
+/// the team runs. Owns its output rows and its score scratch, so that tasks
+/// share nothing mutable.
+#[derive(Default)]
+struct HeadTask {
+    /// Index of the sequence (decode) in the call's caches; 0 in prefill.
+    seq: usize,
+    /// Query head.
+    head: usize,
+    /// Rows of the call's activations this task attends for.
+    rows: std::ops::Range<usize>,
+    /// `rows.len() * head_dim` outputs.
+    out: Vec<f32>,
+    /// At least the longest attention span of the call.
+    scores: Vec<f32>,
+}
+
+/// The activations of one call, reused across calls.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    positions: Vec<usize>,
+    tasks: Vec<HeadTask>,
+}
+
+/// Grows `v` to at least `n` elements (never shrinks).
+fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+impl Scratch {
+    /// Makes room for `rows` activation rows and `tasks` attention tasks of
+    /// `task_rows` rows attending over at most `span` positions.
+    fn ensure(
+        &mut self,
+        c: &ModelConfig,
+        rows: usize,
+        tasks: usize,
+        task_rows: usize,
+        span: usize,
+    ) {
+        let (h, hd) = (c.num_attention_heads, c.head_dim);
+        grow(&mut self.x, rows * c.hidden_size);
+        grow(&mut self.xn, rows * c.hidden_size);
+        grow(&mut self.o, rows * c.hidden_size);
+        grow(&mut self.q, rows * h * hd);
+        grow(&mut self.attn, rows * h * hd);
+        grow(&mut self.k, rows * c.num_key_value_heads * hd);
+        grow(&mut self.v, rows * c.num_key_value_heads * hd);
+        grow(&mut self.gate, rows * c.intermediate_size);
+        grow(&mut self.up, rows * c.intermediate_size);
+        grow(&mut self.cos, rows * hd / 2);
+        grow(&mut self.sin, rows * hd / 2);
+        grow(&mut self.positions, rows);
+        if self.tasks.len() < tasks {
+            self.tasks.resize_with(tasks, HeadTask::default);
+        }
+        for t in &mut self.tasks[..tasks] {
+            grow(&mut t.out, task_rows * hd);
+            grow(&mut t.scores, span);
+        }
+    }
+}
+
+/// An invalid-request error of `op`.
+fn invalid(op: &'static str, reason: String) -> LlmError {
+    LlmError::InvalidRequest { op, reason }
+}
+
+/// The tensor `name` of `store`, checked to have `shape`.
+fn tensor(store: &WeightStore, name: &str, shape: &[usize]) -> Result<Weight, LlmError> {
+    let w = store.get(name)?;
+    if w.shape() != shape {
+        return Err(LlmError::BadTensor {
+            name: name.to_string(),
+            reason: format!(
+                "shape {:?}, expected {:?} from the config",
+                w.shape(),
+                shape
+            ),
+        });
+    }
+    Ok(w.clone())
+}
+
+/// A vector tensor widened to f32.
+fn vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>, LlmError> {
+    Ok(tensor(store, name, &[len])?.to_f32_vec())
+}
+
+/// The matrix view of a weight whose shape was checked at load.
+fn matrix(w: &Weight) -> Result<WeightMatrix<'_>, LlmError> {
+    w.matrix()
+}
+
+/// Checks the sizes of a configuration the model can run.
+fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
+    let op = "Model::from_parts";
+    let positive = [
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("num_attention_heads", c.num_attention_heads),
+        ("num_key_value_heads", c.num_key_value_heads),
+        ("head_dim", c.head_dim),
+        ("vocab_size", c.vocab_size),
+        ("max_position_embeddings", c.max_position_embeddings),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(invalid(op, format!("config: {name} is 0")));
+        }
+    }
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
+        return Err(invalid(
+            op,
+            format!(
+                "config: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                c.num_attention_heads, c.num_key_value_heads
+            ),
+        ));
+    }
+    if !c.head_dim.is_multiple_of(2) {
+        return Err(invalid(
+            op,
+            format!(
+                "config: head_dim {} is odd (RoPE rotates pairs)",
+                c.head_dim
+            ),
+        ));
+    }
+    if c.sliding_window == Some(0) {
+        return Err(invalid(op, "config: sliding_window is 0".to_string()));
+    }
+    if !(c.rms_norm_eps.is_finite() && c.rope_theta.is_finite() && c.rope_theta > 0.0) {
+        return Err(invalid(
+            op,
+            format!(
+                "config: rms_norm_eps {} / rope_theta {} not usable",
+                c.rms_norm_eps, c.rope_theta
+            ),
+        ));
+    }
+    // Every activation buffer's size must fit.
+    let widest = c
+        .hidden_size
+        .max(c.intermediate_size)
+        .max(c.num_attention_heads.saturating_mul(c.head_dim))
+        .max(c.vocab_size);
+    if widest.checked_mul(PREFILL_CHUNK * 4).is_none() {
+        return Err(invalid(
+            op,
+            "config: sizes overflow the address space".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Loads the model in directory `dir`: `config.json` and the safetensors
+    /// weights (see [`ModelConfig::from_file`] and [`WeightStore::open`]), checked
+    /// by [`from_parts`](Model::from_parts).
+    pub fn load(dir: impl AsRef<Path>) -> Result<Model, LlmError> {
+        let dir = dir.as_ref();
+        let config = ModelConfig::from_file(dir.join("config.json"))?;
+        let weights = WeightStore::open(dir)?;
+        Model::from_parts(config, weights)
+    }
+
+    /// A model from a configuration and its weights (Hugging Face tensor names).
+    /// Every tensor the configuration calls for must be present with the shape it
+    /// implies; tensors it does not use are ignored (`lm_head.weight` of a tied
+    /// model among them).
+    ///
+    /// # Errors
+    /// [`LlmError::BadTensor`] naming a missing tensor, or one whose shape
+    /// disagrees with the config (both shapes given); [`LlmError::InvalidRequest`]
+    /// for an inconsistent config (a zero size, query heads not a multiple of
+    /// key/value heads, an odd `head_dim`).
+    pub fn from_parts(config: ModelConfig, weights: WeightStore) -> Result<Model, LlmError> {
+        check_config(&config)?;
+        let c = &config;
+        let (hid, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let embed = tensor(&weights, "model.embed_tokens.weight", &[c.vocab_size, hid])?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("model.layers.{i}.{s}");
+            let bias = |s: &str, on: bool, len: usize| -> Result<Option<Vec<f32>>, LlmError> {
+                match on {
+                    true => Ok(Some(vector(&weights, &n(s), len)?)),
+                    false => Ok(None),
+                }
+            };
+            layers.push(Layer {
+                input_norm: vector(&weights, &n("input_layernorm.weight"), hid)?,
+                q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
+                k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
+                v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
+                o: tensor(&weights, &n("self_attn.o_proj.weight"), &[hid, qd])?,
+                q_bias: bias("self_attn.q_proj.bias", c.qkv_bias, qd)?,
+                k_bias: bias("self_attn.k_proj.bias", c.qkv_bias, kvd)?,
+                v_bias: bias("self_attn.v_proj.bias", c.qkv_bias, kvd)?,
+                o_bias: bias("self_attn.o_proj.bias", c.o_bias, hid)?,
+                post_norm: vector(&weights, &n("post_attention_layernorm.weight"), hid)?,
+                gate: tensor(
+                    &weights,
+                    &n("mlp.gate_proj.weight"),
+                    &[c.intermediate_size, hid],
+                )?,
+                up: tensor(
+                    &weights,
+                    &n("mlp.up_proj.weight"),
+                    &[c.intermediate_size, hid],
+                )?,
+                down: tensor(
+                    &weights,
+                    &n("mlp.down_proj.weight"),
+                    &[hid, c.intermediate_size],
+                )?,
+            });
+        }
+        let final_norm = vector(&weights, "model.norm.weight", hid)?;
+        let lm_head = match c.tie_word_embeddings {
+            true => None,
+            false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
+        };
+        let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        Ok(Model {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            inv_freq,
+            scale,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// A KV cache for one sequence of at most `max_len` positions, allocated now
+    /// (`2 · layers · kv_heads · head_dim · max_len` f32 values).
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when `max_len` is 0, exceeds the model's
+    /// `max_position_embeddings`, or cannot be allocated.
+    pub fn new_cache(&self, max_len: usize) -> Result<KvCache, LlmError> {
+        let c = &self.config;
+        if max_len > c.max_position_embeddings {
+            return Err(invalid(
+                "Model::new_cache",
+                format!(
+                    "max_len {max_len} exceeds the model's max_position_embeddings {}",
+                    c.max_position_embeddings
+                ),
+            ));
+        }
+        KvCache::new(
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+            max_len,
+        )
+    }
+
+    /// Checks that `cache` was made for this model's shape.
+    fn check_cache(&self, op: &'static str, cache: &KvCache) -> Result<(), LlmError> {
+        let c = &self.config;
+        let want = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim);
+        if cache.shape() != want {
+            return Err(invalid(
+                op,
+                format!(
+                    "the cache was made for (layers, kv_heads, head_dim) {:?}, the model has {want:?}",
+                    cache.shape()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that `token` is in the vocabulary.
+    fn check_token(&self, op: &'static str, token: u32) -> Result<(), LlmError> {
+        if token as usize >= self.config.vocab_size {
+            return Err(invalid(
+                op,
+                format!(
+                    "token id {token} is past the vocabulary ({} ids)",
+                    self.config.vocab_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` to the sequence of `cache`, at positions `cache.len()..`,
+    /// in chunks of [`PREFILL_CHUNK`] tokens, and writes the logits of the last
+    /// token into `last_logits` (`[vocab]`). When `all_logits` is given it
+    /// receives the logits of every token (`[tokens.len(), vocab]`, row-major);
+    /// otherwise only the last token goes through `lm_head`.
+    ///
+    /// The logits of a position are the same bits as those [`decode`](Model::decode)
+    /// gives for it after a prefill of the tokens before it, whatever the thread
+    /// count and the vector level.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] for an empty prompt, a token id past the
+    /// vocabulary, more tokens than the cache has room for (its `max_len`, at
+    /// most the model's `max_position_embeddings`), a cache made for another
+    /// model shape, or a logits buffer of the wrong length; nothing is changed
+    /// then. [`LlmError::Exec`] from the projections (the cache is then left at
+    /// its former length).
+    pub fn prefill(
+        &self,
+        ctx: &ExecContext,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        mut all_logits: Option<&mut [f32]>,
+        last_logits: &mut [f32],
+    ) -> Result<(), LlmError> {
+        const OP: &str = "Model::prefill";
+        let vocab = self.config.vocab_size;
+        if tokens.is_empty() {
+            return Err(invalid(OP, "the prompt is empty".to_string()));
+        }
+        self.check_cache(OP, cache)?;
+        for &t in tokens {
+            self.check_token(OP, t)?;
+        }
+        if tokens.len() > cache.remaining() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{} tokens after {} cached positions exceed the cache's max_len {} \
+                     (the model's max_position_embeddings is {})",
+                    tokens.len(),
+                    cache.len(),
+                    cache.capacity(),
+                    self.config.max_position_embeddings
+                ),
+            ));
+        }
+        if last_logits.len() != vocab {
+            return Err(invalid(
+                OP,
+                format!(
+                    "last_logits has {} elements, expected {vocab}",
+                    last_logits.len()
+                ),
+            ));
+        }
+        if let Some(all) = all_logits.as_deref()
+            && all.len() != tokens.len() * vocab
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "all_logits has {} elements, expected {} tokens x {vocab}",
+                    all.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *scratch;
+        let heads = self.config.num_attention_heads;
+        let rows_max = tokens.len().min(PREFILL_CHUNK);
+        // Scores for the cache's whole capacity: later calls on it never grow them.
+        s.ensure(&self.config, rows_max, heads, rows_max, cache.capacity());
+        let start = cache.len();
+        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let rows = chunk.len();
+            let first = start + ci * PREFILL_CHUNK;
+            for (r, p) in s.positions[..rows].iter_mut().enumerate() {
+                *p = first + r;
+            }
+            for (h, t) in s.tasks[..heads].iter_mut().enumerate() {
+                (t.seq, t.head, t.rows) = (0, h, 0..rows);
+            }
+            self.embed_rows(chunk, s)?;
+            for l in 0..self.layers.len() {
+                self.attention_inputs(ctx, l, rows, s)?;
+                for r in 0..rows {
+                    self.store_kv(l, s, r, cache);
+                }
+                let cache_ro = &*cache;
+                self.attention(ctx, l, heads, s, |_| cache_ro);
+                self.attention_output_and_mlp(ctx, l, rows, s)?;
+            }
+            let hid = self.config.hidden_size;
+            if let Some(all) = all_logits.as_deref_mut() {
+                self.logits(
+                    ctx,
+                    &s.x[..rows * hid],
+                    &mut s.xn[..rows * hid],
+                    &mut all[ci * PREFILL_CHUNK * vocab..(ci * PREFILL_CHUNK + rows) * vocab],
+                )?;
+                if ci + 1 == n_chunks {
+                    last_logits.copy_from_slice(&all[(tokens.len() - 1) * vocab..]);
+                }
+            } else if ci + 1 == n_chunks {
+                self.logits(
+                    ctx,
+                    &s.x[(rows - 1) * hid..rows * hid],
+                    &mut s.xn[..hid],
+                    last_logits,
+                )?;
+            }
+        }
+        cache.set_len(start + tokens.len());
+        Ok(())
+    }
+
+    /// Decodes one token per sequence: `tokens[i]` is appended to `caches[i]` at
+    /// its own position `caches[i].len()`, and `logits` (`[caches.len(), vocab]`,
+    /// row-major) receives each sequence's next-token logits. The projections of
+    /// all sequences run as one batched product; attention runs per sequence and
+    /// head. Sequences may join or leave between calls (pass a different slice).
+    ///
+    /// A sequence's logits are the same bits whatever the other sequences of the
+    /// call, the thread count and the vector level. After a warm-up call with the
+    /// largest batch and caches, a call allocates nothing.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when `tokens.len() != caches.len()`, the batch
+    /// is empty, a token id is past the vocabulary, a cache is full (its
+    /// `max_len`, at most the model's `max_position_embeddings`) or was made for
+    /// another model shape, or `logits` has the wrong length; nothing is changed
+    /// then. [`LlmError::Exec`] from the projections (the caches keep their
+    /// former lengths).
+    pub fn decode(
+        &self,
+        ctx: &ExecContext,
+        caches: &mut [&mut KvCache],
+        tokens: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), LlmError> {
+        const OP: &str = "Model::decode";
+        let vocab = self.config.vocab_size;
+        let batch = caches.len();
+        if tokens.len() != batch {
+            return Err(invalid(
+                OP,
+                format!("{} tokens for {batch} caches", tokens.len()),
+            ));
+        }
+        if batch == 0 {
+            return Err(invalid(OP, "no sequences to decode".to_string()));
+        }
+        if logits.len() != batch * vocab {
+            return Err(invalid(
+                OP,
+                format!(
+                    "logits has {} elements, expected {batch} sequences x {vocab}",
+                    logits.len()
+                ),
+            ));
+        }
+        let mut span = 0;
+        for (i, (cache, &t)) in caches.iter().zip(tokens).enumerate() {
+            self.check_cache(OP, cache)?;
+            self.check_token(OP, t)?;
+            if cache.remaining() == 0 {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "sequence {i}: the cache is full ({} positions; the model's \
+                         max_position_embeddings is {})",
+                        cache.capacity(),
+                        self.config.max_position_embeddings
+                    ),
+                ));
+            }
+            // Scores for the caches' whole capacity: the next steps never grow them.
+            span = span.max(cache.capacity());
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *scratch;
+        let heads = self.config.num_attention_heads;
+        s.ensure(&self.config, batch, batch * heads, 1, span);
+        for (p, cache) in s.positions.iter_mut().zip(caches.iter()) {
+            *p = cache.len();
+        }
+        for (i, t) in s.tasks[..batch * heads].iter_mut().enumerate() {
+            let b = i / heads;
+            (t.seq, t.head, t.rows) = (b, i % heads, b..b + 1);
+        }
+        self.embed_rows(tokens, s)?;
+        for l in 0..self.layers.len() {
+            self.attention_inputs(ctx, l, batch, s)?;
+            for (r, cache) in caches.iter_mut().enumerate() {
+                self.store_kv(l, s, r, cache);
+            }
+            let caches_ro: &[&mut KvCache] = caches;
+            self.attention(ctx, l, batch * heads, s, |b| &*caches_ro[b]);
+            self.attention_output_and_mlp(ctx, l, batch, s)?;
+        }
+        let hid = self.config.hidden_size;
+        self.logits(ctx, &s.x[..batch * hid], &mut s.xn[..batch * hid], logits)?;
+        for cache in caches.iter_mut() {
+            let n = cache.len() + 1;
+            cache.set_len(n);
+        }
+        Ok(())
+    }
+
+    /// Loads the embedding rows of `tokens` into `s.x` and the RoPE angles of
+    /// the rows' positions (`s.positions`) into `s.cos`, `s.sin`.
+    fn embed_rows(&self, tokens: &[u32], s: &mut Scratch) -> Result<(), LlmError> {
+        let hid = self.config.hidden_size;
+        let half = self.config.head_dim / 2;
+        let embed = matrix(&self.embed)?;
+        for (r, &t) in tokens.iter().enumerate() {
+            embed.row_to_f32(t as usize, &mut s.x[r * hid..(r + 1) * hid]);
+            kernels::rope_angles(
+                s.positions[r],
+                &self.inv_freq,
+                &mut s.cos[r * half..(r + 1) * half],
+                &mut s.sin[r * half..(r + 1) * half],
+            );
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s input norm, q/k/v projections (and biases) and RoPE for the
+    /// first `rows` rows of `s.x`, into `s.q`, `s.k`, `s.v`.
+    fn attention_inputs(
+        &self,
+        ctx: &ExecContext,
+        l: usize,
+        rows: usize,
+        s: &mut Scratch,
+    ) -> Result<(), LlmError> {
+        let c = &self.config;
+        let layer = &self.layers[l];
+        let (hid, half) = (c.hidden_size, c.head_dim / 2);
+        let (qd, kvd) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        for (x, xn) in s.x[..rows * hid]
+            .chunks_exact(hid)
+            .zip(s.xn[..rows * hid].chunks_exact_mut(hid))
+        {
+            kernels::rms_norm(x, &layer.input_norm, c.rms_norm_eps, xn);
+        }
+        let xn = &s.xn[..rows * hid];
+        let projections = [
+            (&layer.q, &layer.q_bias, &mut s.q[..rows * qd]),
+            (&layer.k, &layer.k_bias, &mut s.k[..rows * kvd]),
+            (&layer.v, &layer.v_bias, &mut s.v[..rows * kvd]),
+        ];
+        for (w, bias, out) in projections {
+            ctx.weight_matmul(xn, rows, &matrix(w)?, out)?;
+            if let Some(b) = bias {
+                kernels::add_bias(out, b);
+            }
+        }
+        for r in 0..rows {
+            let (cos, sin) = (
+                &s.cos[r * half..(r + 1) * half],
+                &s.sin[r * half..(r + 1) * half],
+            );
+            kernels::apply_rope(&mut s.q[r * qd..(r + 1) * qd], cos, sin);
+            kernels::apply_rope(&mut s.k[r * kvd..(r + 1) * kvd], cos, sin);
+        }
+        Ok(())
+    }
+
+    /// Writes row `r`'s keys and values of layer `l` into `cache` at the row's
+    /// position.
+    fn store_kv(&self, l: usize, s: &Scratch, r: usize, cache: &mut KvCache) {
+        let hd = self.config.head_dim;
+        let kvd = self.config.num_key_value_heads * hd;
+        let pos = s.positions[r];
+        for g in 0..self.config.num_key_value_heads {
+            let at = r * kvd + g * hd;
+            let (k, v) = cache.rows_mut(l, g, pos);
+            k.copy_from_slice(&s.k[at..at + hd]);
+            v.copy_from_slice(&s.v[at..at + hd]);
+        }
+    }
+
+    /// Runs the first `n_tasks` attention tasks of `s` for layer `l` (task `t`
+    /// reads the cache `cache_of(t.seq)`) and gathers their outputs into
+    /// `s.attn`. In parallel over tasks when the work is large enough; each
+    /// task's rows are computed the same way either way.
+    fn attention<'c>(
+        &self,
+        ctx: &ExecContext,
+        l: usize,
+        n_tasks: usize,
+        s: &mut Scratch,
+        cache_of: impl Fn(usize) -> &'c KvCache + Sync,
+    ) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let qd = c.num_attention_heads * hd;
+        let group = c.num_attention_heads / c.num_key_value_heads;
+        let (window, scale) = (c.sliding_window, self.scale);
+        let Scratch {
+            q,
+            attn,
+            positions,
+            tasks,
+            ..
+        } = s;
+        let (q, positions) = (&q[..], &positions[..]);
+        let tasks = &mut tasks[..n_tasks];
+        let run = |t: &mut HeadTask| {
+            let cache = cache_of(t.seq);
+            let g = t.head / group;
+            for (i, r) in t.rows.clone().enumerate() {
+                let pos = positions[r];
+                let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let (keys, values) = cache.span(l, g, lo..pos + 1);
+                let at = r * qd + t.head * hd;
+                kernels::attend_row(
+                    &q[at..at + hd],
+                    keys,
+                    values,
+                    scale,
+                    &mut t.scores,
+                    &mut t.out[i * hd..(i + 1) * hd],
+                );
+            }
+        };
+        let span = tasks
+            .iter()
+            .flat_map(|t| t.rows.clone())
+            .map(|r| positions[r] + 1)
+            .max()
+            .unwrap_or(0);
+        let work = n_tasks
+            .saturating_mul(tasks.first().map_or(0, |t| t.rows.len()))
+            .saturating_mul(span)
+            .saturating_mul(hd);
+        let team = match n_tasks > 1 {
+            true => team_for(ctx, work),
+            false => None,
+        };
+        match team {
+            Some(team) => team.parallel_chunks_mut(tasks, run),
+            None => tasks.iter_mut().for_each(run),
+        }
+        for t in tasks.iter() {
+            for (i, r) in t.rows.clone().enumerate() {
+                let at = r * qd + t.head * hd;
+                attn[at..at + hd].copy_from_slice(&t.out[i * hd..(i + 1) * hd]);
+            }
+        }
+    }
+
+    /// Layer `l`'s output projection (and bias), residual add, post-attention
+    /// norm, SwiGLU MLP and residual add, for the first `rows` rows.
+    fn attention_output_and_mlp(
+        &self,
+        ctx: &ExecContext,
+        l: usize,
+        rows: usize,
+        s: &mut Scratch,
+    ) -> Result<(), LlmError> {
+        let c = &self.config;
+        let layer = &self.layers[l];
+        let (hid, inter) = (c.hidden_size, c.intermediate_size);
+        let qd = c.num_attention_heads * c.head_dim;
+        let (x, o) = (&mut s.x[..rows * hid], &mut s.o[..rows * hid]);
+        ctx.weight_matmul(&s.attn[..rows * qd], rows, &matrix(&layer.o)?, o)?;
+        if let Some(b) = &layer.o_bias {
+            kernels::add_bias(o, b);
+        }
+        kernels::add_into(x, o);
+        let xn = &mut s.xn[..rows * hid];
+        for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
+            kernels::rms_norm(xr, &layer.post_norm, c.rms_norm_eps, xnr);
+        }
+        let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
+        ctx.weight_matmul(xn, rows, &matrix(&layer.gate)?, gate)?;
+        ctx.weight_matmul(xn, rows, &matrix(&layer.up)?, up)?;
+        // Element-wise: any split gives the same bits. An exponential costs
+        // about as much as 16 additions.
+        match team_for(ctx, gate.len() * 16) {
+            Some(team) => team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| {
+                kernels::swiglu(g, &up[r])
+            }),
+            None => kernels::swiglu(gate, up),
+        }
+        ctx.weight_matmul(gate, rows, &matrix(&layer.down)?, o)?;
+        kernels::add_into(x, o);
+        Ok(())
+    }
+
+    /// The final norm of the rows `x` (into `xn`, same length) and their logits
+    /// (`out`, `[rows, vocab]`).
+    fn logits(
+        &self,
+        ctx: &ExecContext,
+        x: &[f32],
+        xn: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), LlmError> {
+        let hid = self.config.hidden_size;
+        for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
+            kernels::rms_norm(xr, &self.final_norm, self.config.rms_norm_eps, xnr);
+        }
+        let head = matrix(self.lm_head.as_ref().unwrap_or(&self.embed))?;
+        ctx.weight_matmul(xn, x.len() / hid, &head, out)?;
+        Ok(())
+    }
+}

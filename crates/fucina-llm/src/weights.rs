@@ -1,10 +1,39 @@
 //! Tensors of a model, kept in their file format (f32, f16, bf16).
 //!
-//! PLACEHOLDER: [`Weight`] and the in-memory [`WeightStore`] are fixed (the model is
-//! written against them); memory-mapped safetensors loading is being written.
+//! [`WeightStore::open`] memory-maps a model directory's safetensors files:
+//! `model.safetensors`, or else the shards that `model.safetensors.index.json`
+//! lists in its `weight_map` (tensor name to file name). Nothing is copied or
+//! converted: a [`Weight`] is a view of its bytes in the mapping, in the dtype
+//! the file stores (`F32`, `F16` or `BF16`), so a bf16 model takes bf16 bytes
+//! of memory, paged in from the file as the kernels read them.
+//!
+//! Every file is checked whole before any tensor is handed out, in a fixed
+//! order (the header's entries sorted by their data offsets, the shards by
+//! name), so a file with several faults always reports the same one:
+//!
+//! - the 8-byte header length fits the file and the format's limit (100 MB), and
+//!   the header is a JSON object of well-formed entries with distinct names
+//!   ([`LlmError::BadFile`]);
+//! - every tensor's dtype is `F32`, `F16` or `BF16`; its data offsets hold
+//!   exactly its shape's bytes, start where the previous tensor's data ends (no
+//!   overlap, no gap) and end inside the file; no bytes follow the last tensor
+//!   ([`LlmError::BadTensorInFile`], naming the file and the tensor);
+//! - for a sharded model, every file the index names exists and holds the
+//!   tensors the index assigns to it ([`LlmError::BadTensorInFile`], naming the
+//!   shard and the tensor). Tensors a shard holds beyond those the index lists
+//!   are checked but not exposed.
+//!
+//! The files must not be modified or truncated while the store (or any
+//! [`Weight`] cloned from it) lives: their bytes are read in place.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
 
 use fucina::exec::{WeightFormat, WeightMatrix};
 
@@ -14,7 +43,6 @@ use crate::error::LlmError;
 #[derive(Clone, Debug)]
 enum WeightBytes {
     /// A range of a memory-mapped file.
-    #[allow(dead_code)] // PLACEHOLDER: built by the safetensors loader being written.
     Mapped {
         /// The mapping (shared by every tensor of the file).
         map: Arc<memmap2::Mmap>,
@@ -88,7 +116,6 @@ impl Weight {
     }
 
     /// A weight over `range` of a memory-mapped file.
-    #[allow(dead_code)] // PLACEHOLDER: used by the safetensors loader being written.
     pub(crate) fn mapped(
         format: WeightFormat,
         shape: Vec<usize>,
@@ -110,6 +137,12 @@ impl Weight {
     /// The shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
+    }
+
+    /// Whether the bytes are read in place from a memory-mapped file (rather
+    /// than owned in memory).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.bytes, WeightBytes::Mapped { .. })
     }
 
     /// The raw little-endian bytes.
@@ -141,27 +174,130 @@ impl Weight {
     }
 }
 
+/// The single-file weights of a model directory.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// The index of a sharded model directory (`weight_map`: tensor name to file).
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// Bytes of the little-endian header-length prefix of a safetensors file.
+const LEN_PREFIX: usize = 8;
+/// The largest header accepted (the limit of the reference reader).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+/// The reserved header key of the string metadata map.
+const METADATA_KEY: &str = "__metadata__";
+
 /// A model's tensors by name (Hugging Face names: `model.layers.0.self_attn.q_proj.weight`).
 #[derive(Clone, Debug, Default)]
 pub struct WeightStore {
-    tensors: HashMap<String, Weight>,
+    tensors: BTreeMap<String, Weight>,
+    /// The mapped files and their sizes in bytes, sorted by path.
+    files: Vec<(PathBuf, u64)>,
 }
 
 impl WeightStore {
-    /// Memory-maps the safetensors files of the model directory `dir`
-    /// (`model.safetensors`, or the shards `model.safetensors.index.json` lists).
+    /// Memory-maps the safetensors files of the model directory `dir`:
+    /// `model.safetensors` when it exists, else the shards
+    /// `model.safetensors.index.json` lists (see the [module docs](self) for
+    /// what is checked).
     ///
-    /// PLACEHOLDER: returns an error until the loader lands.
-    pub fn open(dir: impl AsRef<std::path::Path>) -> Result<WeightStore, LlmError> {
+    /// # Errors
+    /// [`LlmError::BadFile`] if `dir` holds neither file, or for a file whose
+    /// framing or header is malformed (naming the file); [`LlmError::Io`] if
+    /// the single file or the index cannot be read;
+    /// [`LlmError::BadTensorInFile`] naming the file and the tensor for an
+    /// unsupported dtype, data offsets that disagree with the shape, overlap
+    /// another tensor, leave a gap or run past the end of the file (truncated),
+    /// a shard the index lists that cannot be opened, or a tensor the index
+    /// lists that its shard lacks.
+    pub fn open(dir: impl AsRef<Path>) -> Result<WeightStore, LlmError> {
+        let dir = dir.as_ref();
+        let single = dir.join(SINGLE_FILE);
+        if single.exists() {
+            let file = MappedFile::open(&single, None)?;
+            return Ok(WeightStore {
+                files: vec![(single, file.map.len() as u64)],
+                tensors: file.into_weights(),
+            });
+        }
+        let index = dir.join(INDEX_FILE);
+        if index.exists() {
+            return WeightStore::open_sharded(dir, &index);
+        }
         Err(LlmError::BadFile {
-            path: dir.as_ref().to_path_buf(),
-            reason: "safetensors loading is not written yet (placeholder)".to_string(),
+            path: dir.to_path_buf(),
+            reason: format!("the directory holds neither {SINGLE_FILE} nor {INDEX_FILE}"),
         })
+    }
+
+    fn open_sharded(dir: &Path, index: &Path) -> Result<WeightStore, LlmError> {
+        let text = std::fs::read(index).map_err(|source| LlmError::Io {
+            path: index.to_path_buf(),
+            source,
+        })?;
+        let parsed: Index = serde_json::from_slice(&text).map_err(|e| LlmError::BadFile {
+            path: index.to_path_buf(),
+            reason: format!("not a valid index (a JSON object with a `weight_map`): {e}"),
+        })?;
+        let bad = |name: &str, reason: String| LlmError::BadTensorInFile {
+            path: index.to_path_buf(),
+            name: name.to_string(),
+            reason,
+        };
+        // Shard file name -> the tensors the index assigns to it (sorted).
+        let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut seen = HashSet::new();
+        for (name, value) in parsed.weight_map.0 {
+            let Some(file) = value.as_str() else {
+                return Err(bad(
+                    &name,
+                    format!("`weight_map` gives {value}, expected a file name"),
+                ));
+            };
+            if !seen.insert(name.clone()) {
+                return Err(bad(&name, "listed twice in `weight_map`".to_string()));
+            }
+            let plain = {
+                let mut c = Path::new(file).components();
+                matches!(
+                    (c.next(), c.next()),
+                    (Some(std::path::Component::Normal(_)), None)
+                )
+            };
+            if !plain {
+                return Err(bad(
+                    &name,
+                    format!("shard `{file}` is not a file name inside the model directory"),
+                ));
+            }
+            shards.entry(file.to_string()).or_default().push(name);
+        }
+        let mut tensors = BTreeMap::new();
+        let mut files = Vec::with_capacity(shards.len());
+        for (file, mut names) in shards {
+            names.sort_unstable();
+            let path = dir.join(&file);
+            let mapped = MappedFile::open(&path, Some(&names[0]))?;
+            files.push((path.clone(), mapped.map.len() as u64));
+            let mut weights = mapped.into_weights();
+            for name in names {
+                let Some(w) = weights.remove(&name) else {
+                    return Err(LlmError::BadTensorInFile {
+                        path,
+                        name,
+                        reason: format!("{INDEX_FILE} assigns it to this file, which lacks it"),
+                    });
+                };
+                tensors.insert(name, w);
+            }
+        }
+        Ok(WeightStore { tensors, files })
     }
 
     /// A store over tensors already in memory.
     pub fn from_tensors(tensors: HashMap<String, Weight>) -> WeightStore {
-        WeightStore { tensors }
+        WeightStore {
+            tensors: tensors.into_iter().collect(),
+            files: Vec::new(),
+        }
     }
 
     /// The tensor `name`, or an error naming it.
@@ -169,6 +305,18 @@ impl WeightStore {
         self.tensors.get(name).ok_or_else(|| LlmError::BadTensor {
             name: name.to_string(),
             reason: "missing from the model files".to_string(),
+        })
+    }
+
+    /// The tensor `name` as a `[rows, cols]` matrix (see [`Weight::matrix`]),
+    /// or an error naming it (missing, or not of rank 2).
+    pub fn matrix(&self, name: &str) -> Result<WeightMatrix<'_>, LlmError> {
+        self.get(name)?.matrix().map_err(|e| match e {
+            LlmError::BadTensor { reason, .. } => LlmError::BadTensor {
+                name: name.to_string(),
+                reason,
+            },
+            other => other,
         })
     }
 
@@ -186,4 +334,296 @@ impl WeightStore {
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }
+
+    /// The tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The tensors with their names, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Weight)> {
+        self.tensors.iter().map(|(n, w)| (n.as_str(), w))
+    }
+
+    /// The memory-mapped files (sorted by path) and their sizes in bytes; none
+    /// for a store built in memory.
+    pub fn files(&self) -> impl Iterator<Item = (&Path, u64)> {
+        self.files.iter().map(|(p, n)| (p.as_path(), *n))
+    }
+
+    /// The total size of the memory-mapped files in bytes (0 for a store built
+    /// in memory): what the weights can add to the resident memory.
+    pub fn file_bytes(&self) -> u64 {
+        self.files.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The total size of the tensors' bytes (in their file formats).
+    pub fn tensor_bytes(&self) -> usize {
+        self.tensors.values().map(|w| w.bytes().len()).sum()
+    }
+}
+
+/// `model.safetensors.index.json` (other keys, such as `metadata`, are ignored).
+#[derive(Deserialize)]
+struct Index {
+    weight_map: Entries,
+}
+
+/// A JSON object's entries in file order, repeated keys kept (a JSON map would
+/// keep only the last of them).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    out.push((key, map.next_value::<Value>()?));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// One header entry of a safetensors file.
+#[derive(Deserialize)]
+struct RawInfo {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+/// A checked, memory-mapped safetensors file.
+struct MappedFile {
+    map: Arc<memmap2::Mmap>,
+    /// Name, format, shape and absolute byte range in the mapping.
+    tensors: CheckedTensors,
+}
+
+impl MappedFile {
+    /// Maps and checks the file at `path`. `listed`: for a shard, a tensor the
+    /// index assigns to it, named if the file cannot be opened.
+    fn open(path: &Path, listed: Option<&str>) -> Result<MappedFile, LlmError> {
+        let io = |source: std::io::Error| match listed {
+            Some(name) => LlmError::BadTensorInFile {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                reason: format!(
+                    "{INDEX_FILE} assigns it to this file, which cannot be opened: {source}"
+                ),
+            },
+            None => LlmError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < LEN_PREFIX as u64 {
+            return Err(LlmError::BadFile {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "{len} bytes: too short for a safetensors file (an 8-byte header length comes first)"
+                ),
+            });
+        }
+        // SAFETY: the mapping is read-only and private to this store; the
+        // documented precondition of `WeightStore::open` is that the files are
+        // not modified or truncated while it lives (what every memory-mapping
+        // model loader requires). Mapping is what keeps a bf16 model at its file
+        // size in memory, with no copy and no conversion.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| LlmError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let tensors = check_file(path, &map)?;
+        Ok(MappedFile {
+            map: Arc::new(map),
+            tensors,
+        })
+    }
+
+    fn into_weights(self) -> BTreeMap<String, Weight> {
+        self.tensors
+            .into_iter()
+            .map(|(name, format, shape, range)| {
+                let w = Weight::mapped(format, shape, Arc::clone(&self.map), range);
+                (name, w)
+            })
+            .collect()
+    }
+}
+
+type CheckedTensors = Vec<(String, WeightFormat, Vec<usize>, std::ops::Range<usize>)>;
+
+/// Checks the framing, header and data offsets of the safetensors bytes `bytes`
+/// (the file at `path`), and returns every tensor with its absolute byte range.
+fn check_file(path: &Path, bytes: &[u8]) -> Result<CheckedTensors, LlmError> {
+    let file_err = |reason: String| LlmError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let tensor_err = |name: &str, reason: String| LlmError::BadTensorInFile {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        reason,
+    };
+    let prefix: [u8; LEN_PREFIX] = bytes[..LEN_PREFIX].try_into().expect("checked length");
+    let n = u64::from_le_bytes(prefix);
+    if n > MAX_HEADER_BYTES {
+        return Err(file_err(format!(
+            "header length {n} is above the format's limit of {MAX_HEADER_BYTES} bytes (not a safetensors file?)"
+        )));
+    }
+    let n = n as usize;
+    let Some(header) = bytes.get(LEN_PREFIX..LEN_PREFIX + n) else {
+        return Err(file_err(format!(
+            "header length {n} runs past the end of the file ({} bytes): truncated, or not a safetensors file",
+            bytes.len()
+        )));
+    };
+    let Entries(entries) = serde_json::from_slice(header)
+        .map_err(|e| file_err(format!("the header is not a valid JSON object: {e}")))?;
+    let data_start = LEN_PREFIX + n;
+    let data_len = bytes.len() - data_start;
+
+    let mut seen = HashSet::with_capacity(entries.len());
+    let mut metadata_seen = false;
+    let mut infos = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
+        if name == METADATA_KEY {
+            if metadata_seen {
+                return Err(file_err(format!("the header holds `{METADATA_KEY}` twice")));
+            }
+            metadata_seen = true;
+            if !(value.is_null()
+                || value
+                    .as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string)))
+            {
+                return Err(file_err(format!(
+                    "`{METADATA_KEY}` is {value}, expected an object of strings"
+                )));
+            }
+            continue;
+        }
+        if name.is_empty() {
+            return Err(tensor_err(
+                &name,
+                "the header holds an empty tensor name".to_string(),
+            ));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(tensor_err(&name, "appears twice in the header".to_string()));
+        }
+        let info: RawInfo = serde_json::from_value(value).map_err(|e| {
+            tensor_err(
+                &name,
+                format!("malformed header entry (expected dtype, shape, data_offsets): {e}"),
+            )
+        })?;
+        infos.push((name, info));
+    }
+    // A fixed order, so that the same faults always give the same error.
+    infos.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+
+    let mut out = Vec::with_capacity(infos.len());
+    let mut end_so_far = 0u64;
+    let mut previous: Option<String> = None;
+    for (name, info) in infos {
+        let format = match info.dtype.as_str() {
+            "F32" => WeightFormat::F32,
+            "F16" => WeightFormat::F16,
+            "BF16" => WeightFormat::BF16,
+            other => {
+                return Err(tensor_err(
+                    &name,
+                    format!("dtype {other} is not supported (F32, F16 and BF16 are)"),
+                ));
+            }
+        };
+        let (s, e) = info.data_offsets;
+        let size = info
+            .shape
+            .iter()
+            .try_fold(format.size_bytes() as u64, |acc, &d| acc.checked_mul(d));
+        let Some(size) = size else {
+            return Err(tensor_err(
+                &name,
+                format!("shape {:?} has more bytes than a u64 counts", info.shape),
+            ));
+        };
+        if e < s || e - s != size {
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "data_offsets [{s}, {e}] do not hold its shape {:?} of {} ({size} bytes)",
+                    info.shape, info.dtype
+                ),
+            ));
+        }
+        let after = match &previous {
+            Some(p) => format!("tensor `{p}`"),
+            None => "the start of the data section".to_string(),
+        };
+        if s < end_so_far {
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "data_offsets [{s}, {e}] overlap the data of {after}, which ends at {end_so_far}"
+                ),
+            ));
+        }
+        if s > end_so_far {
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "data_offsets [{s}, {e}] leave a gap after {after}, which ends at {end_so_far} (the format has no gaps)"
+                ),
+            ));
+        }
+        if e > data_len as u64 {
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "data_offsets [{s}, {e}] run past the end of the file, whose data section holds {data_len} bytes (truncated?)"
+                ),
+            ));
+        }
+        let Ok(shape) = info.shape.iter().map(|&d| usize::try_from(d)).collect() else {
+            return Err(tensor_err(
+                &name,
+                format!("shape {:?} does not fit in usize", info.shape),
+            ));
+        };
+        // `s <= e <= data_len`, so both offsets fit in usize.
+        out.push((
+            name.clone(),
+            format,
+            shape,
+            data_start + s as usize..data_start + e as usize,
+        ));
+        end_so_far = e;
+        previous = Some(name);
+    }
+    if end_so_far != data_len as u64 {
+        return Err(file_err(format!(
+            "{} bytes follow the last tensor's data (the header's tensors take {end_so_far} of the {data_len} bytes of data)",
+            data_len as u64 - end_so_far
+        )));
+    }
+    Ok(out)
 }

@@ -9,6 +9,12 @@
 //! - **Data** is stored as `F32`, little-endian, row-major, whatever the
 //!   layout of the tensor saved (a transposed or narrowed view is written in its
 //!   logical order). Loading is bit-exact, NaN payloads included.
+//! - **Half-precision files** load too: a tensor stored as `F16` or `BF16` (the
+//!   dtypes of most published model weights) is widened to an `f32` tensor on
+//!   load. The widening is exact: every f16 and bf16 value is an f32 value, and
+//!   infinities, signed zeros and subnormals keep their values; a bf16 NaN keeps
+//!   its bits, an f16 NaN its sign and payload (a signaling one comes back
+//!   quiet). Saving always writes `F32`.
 //! - **Metadata** is a string-to-string map (the safetensors `__metadata__`
 //!   entry): step counters, learning-rate schedule positions, format versions.
 //! - **Atomic save**: [`save`] writes a temporary file in the destination's
@@ -60,6 +66,7 @@ use crate::nn::{Module, StateDict};
 use crate::optim::Optimizer;
 use fucina_autograd::{AutogradError, Tensor};
 use fucina_exec::{ExecContext, MAX_RANK};
+use fucina_storage::half::f16;
 use safetensors::tensor::{Dtype, Metadata as Header, SafeTensors, TensorInfo};
 
 /// Bytes of the little-endian header-length prefix of a safetensors file.
@@ -147,12 +154,13 @@ pub enum CheckpointError {
         /// The shape in the checkpoint.
         found: Vec<usize>,
     },
-    /// A stored tensor's element type is not the one expected (`F32`).
+    /// A stored tensor's element type is not one fucina reads (`F32`, `F16`,
+    /// `BF16`).
     #[error("tensor `{name}`: the checkpoint stores {found}, expected {expected}")]
     DTypeMismatch {
         /// The tensor's name.
         name: String,
-        /// The element type expected (`F32`).
+        /// The element types accepted (`"F32, F16 or BF16"`).
         expected: String,
         /// The element type in the checkpoint.
         found: String,
@@ -474,12 +482,17 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// Refuses a tensor not stored as `F32` (the only element type fucina reads).
-fn check_f32(name: &str, info: &TensorInfo) -> Result<(), CheckpointError> {
-    if info.dtype != Dtype::F32 {
+/// The element types a checkpoint's tensors are read from, as the header
+/// spells them.
+const READABLE_DTYPES: &str = "F32, F16 or BF16";
+
+/// Refuses a tensor not stored as `F32`, `F16` or `BF16` (the element types
+/// fucina reads; the half-precision ones are widened to `f32` exactly).
+fn check_dtype(name: &str, info: &TensorInfo) -> Result<(), CheckpointError> {
+    if !matches!(info.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
         return Err(CheckpointError::DTypeMismatch {
             name: name.to_string(),
-            expected: format!("{:?}", Dtype::F32),
+            expected: READABLE_DTYPES.to_string(),
             found: format!("{:?}", info.dtype),
         });
     }
@@ -511,9 +524,11 @@ impl Parsed<'_> {
         )
     }
 
-    /// The `F32` elements of tensor `name` (whose header entry is `info`).
+    /// The elements of tensor `name` (whose header entry is `info`) as `f32`:
+    /// `F32` bit for bit, `F16` and `BF16` widened exactly.
     fn decode(&self, name: &str, info: &TensorInfo) -> Result<Vec<f32>, CheckpointError> {
-        check_f32(name, info)?;
+        check_dtype(name, info)?;
+        let width = info.dtype.bitsize() / 8;
         let (start, end) = info.data_offsets;
         let numel = info
             .shape
@@ -522,16 +537,28 @@ impl Parsed<'_> {
         let bytes = self
             .data
             .get(start..end)
-            .filter(|b| numel.and_then(|n| n.checked_mul(4)) == Some(b.len()));
+            .filter(|b| numel.and_then(|n| n.checked_mul(width)) == Some(b.len()));
         let Some(bytes) = bytes else {
             return Err(CheckpointError::Format {
                 reason: format!("tensor `{name}`: its data offsets do not match its shape"),
             });
         };
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(match info.dtype {
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            // bfloat16 is the upper half of a binary32: the shift is exact for
+            // every pattern, NaN payloads included.
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        })
     }
 }
 
@@ -725,7 +752,8 @@ impl<'de> serde::Deserialize<'de> for MetadataKeys {
 /// (its gradient state is kept), and other handles that shared the target's
 /// storage (a graph's saved activations, clones taken before the load) keep the
 /// old values. Tensors of the checkpoint that no target names are ignored (see
-/// [`load_into_with_options`] for a strict load).
+/// [`load_into_with_options`] for a strict load). A tensor stored as `F16` or
+/// `BF16` is widened to `f32` exactly (see the [module docs](self)).
 ///
 /// # Errors
 /// [`CheckpointError::Io`] if the file cannot be read; the errors of
@@ -804,7 +832,7 @@ pub fn load_into_from_bytes_with_options(
                 name: name.to_string(),
             });
         };
-        check_f32(name, info)?;
+        check_dtype(name, info)?;
         if info.shape.as_slice() != target.shape() {
             return Err(CheckpointError::ShapeMismatch {
                 name: name.to_string(),
@@ -827,8 +855,9 @@ pub fn load_into_from_bytes_with_options(
     Ok(parsed.metadata())
 }
 
-/// Reads every tensor of the checkpoint at `path` as a new constant tensor
-/// (sorted by name), with the metadata.
+/// Reads every tensor of the checkpoint at `path` as a new constant `f32`
+/// tensor (sorted by name; `F16` and `BF16` data widened exactly), with the
+/// metadata.
 ///
 /// # Errors
 /// [`CheckpointError::Io`] if the file cannot be read; the errors of
@@ -848,7 +877,8 @@ pub fn read(
 /// file; [`CheckpointError::DuplicateName`] if the header repeats a name;
 /// [`CheckpointError::DuplicateMetadataKey`] if its metadata repeats a key;
 /// [`CheckpointError::InvalidName`] for a tensor with an empty name;
-/// [`CheckpointError::DTypeMismatch`] for a tensor that is not `F32`;
+/// [`CheckpointError::DTypeMismatch`] for a tensor that is not `F32`, `F16` or
+/// `BF16` (the last two are widened to `f32` exactly);
 /// [`CheckpointError::UnsupportedShape`] for a shape of rank 0 or above 8 or with
 /// a zero dimension; [`CheckpointError::Tensor`] if a tensor cannot be allocated.
 pub fn read_from_bytes(

@@ -278,7 +278,7 @@ fn wrong_dtype_changes_nothing() {
     let bytes = st_file(header, &[0x3f; 112]);
     refused(&bytes, |e| {
         matches!(e, CheckpointError::DTypeMismatch { name, expected, found }
-            if name == "adam.m.fc.weight" && expected == "F32" && found == "I32")
+            if name == "adam.m.fc.weight" && expected == "F32, F16 or BF16" && found == "I32")
     });
     let ctx = ExecContext::new();
     let err = checkpoint::read_from_bytes(&ctx, &bytes).unwrap_err();
@@ -651,4 +651,135 @@ fn files_are_readable_by_the_safetensors_crate() {
     );
     let meta = header.metadata().as_ref().unwrap();
     assert_eq!(meta.get("step").map(String::as_str), Some("42"));
+}
+
+/// The value of the f16 bit pattern `bits` computed from its fields (in f64,
+/// where it is exact), or `None` for a NaN.
+fn f16_reference(bits: u16) -> Option<f32> {
+    let sign = if bits & 0x8000 != 0 { -1.0f64 } else { 1.0 };
+    let exp = i32::from((bits >> 10) & 0x1f);
+    let man = f64::from(bits & 0x3ff);
+    let v = match exp {
+        0 => sign * man * 2f64.powi(-24),
+        31 if man == 0.0 => sign * f64::INFINITY,
+        31 => return None,
+        e => sign * (1024.0 + man) * 2f64.powi(e - 25),
+    };
+    Some(v as f32)
+}
+
+/// A checkpoint holding every f16 and every bf16 bit pattern, and an f32 tensor.
+fn half_file() -> Vec<u8> {
+    let all: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_le_bytes()).collect();
+    let header = r#"{"b":{"dtype":"BF16","shape":[256,256],"data_offsets":[0,131072]},"f":{"dtype":"F32","shape":[2],"data_offsets":[131072,131080]},"h":{"dtype":"F16","shape":[65536],"data_offsets":[131080,262152]}}"#;
+    let mut data = all.clone();
+    data.extend_from_slice(&1.5f32.to_le_bytes());
+    data.extend_from_slice(&f32::from_bits(0x7fa0_0001).to_le_bytes());
+    data.extend_from_slice(&all);
+    st_file(header, &data)
+}
+
+/// Checks the widened values of every f16 and bf16 pattern.
+fn check_half_values(h: &[f32], b: &[f32]) {
+    assert_eq!(h.len(), 65536);
+    for (bits, &v) in (0..=u16::MAX).zip(h) {
+        match f16_reference(bits) {
+            Some(r) => assert_eq!(v.to_bits(), r.to_bits(), "f16 {bits:#06x}"),
+            None => {
+                // NaN: the sign and the payload kept, the quiet bit set.
+                assert!(v.is_nan(), "f16 {bits:#06x}");
+                let vb = v.to_bits();
+                assert_eq!(vb >> 31, u32::from(bits >> 15), "f16 {bits:#06x} sign");
+                assert_eq!(vb & 0x1fff, 0, "f16 {bits:#06x}");
+                assert_eq!(
+                    (vb >> 13) & 0x3ff,
+                    u32::from(bits & 0x3ff) | 0x200,
+                    "f16 {bits:#06x}"
+                );
+            }
+        }
+    }
+    assert_eq!(b.len(), 65536);
+    for (bits, &v) in (0..=u16::MAX).zip(b) {
+        assert_eq!(v.to_bits(), u32::from(bits) << 16, "bf16 {bits:#06x}");
+    }
+}
+
+#[test]
+fn f16_and_bf16_tensors_load_as_exact_f32() -> Res {
+    let ctx = ExecContext::new();
+    let bytes = half_file();
+    // read: every tensor as an f32 tensor.
+    let (tensors, _) = checkpoint::read_from_bytes(&ctx, &bytes)?;
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["b", "f", "h"]);
+    assert_eq!(tensors[0].1.shape(), [256, 256]);
+    assert_eq!(tensors[2].1.shape(), [65536]);
+    check_half_values(&tensors[2].1.to_vec(), &tensors[0].1.to_vec());
+    assert_eq!(bits(&tensors[1].1), [1.5f32.to_bits(), 0x7fa0_0001]);
+    // load_into: in place, the same values.
+    let mut h = Tensor::variable_from_slice(&ctx, &[65536], &vec![0.0; 65536])?;
+    let mut b = Tensor::variable_from_slice(&ctx, &[256, 256], &vec![0.0; 65536])?;
+    checkpoint::load_into_from_bytes(&bytes, &mut [("h", &mut h), ("b", &mut b)])?;
+    assert!(h.is_variable());
+    check_half_values(&h.to_vec(), &b.to_vec());
+    // Saving writes F32, and reading that back gives the same bits.
+    let saved = checkpoint::save_to_bytes(&[("h", &h), ("b", &b)], &[])?;
+    let st = safetensors::SafeTensors::deserialize(&saved)?;
+    assert_eq!(st.tensor("h")?.dtype(), safetensors::Dtype::F32);
+    assert_eq!(st.tensor("b")?.dtype(), safetensors::Dtype::F32);
+    let (again, _) = checkpoint::read_from_bytes(&ctx, &saved)?;
+    assert_eq!(bits(&again[0].1), bits(&b));
+    assert_eq!(bits(&again[1].1), bits(&h));
+    // From a file on disk too.
+    let dir = tmp_dir("half");
+    let path = dir.join("half.safetensors");
+    std::fs::write(&path, &bytes)?;
+    let (from_disk, _) = checkpoint::read(&ctx, &path)?;
+    assert_eq!(bits(&from_disk[2].1), bits(&h));
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+#[test]
+fn half_tensors_are_checked_like_f32_ones() {
+    let ctx = ExecContext::new();
+    let bytes = half_file();
+    // A wrong shape is refused and nothing changes.
+    let mut f = Tensor::variable_from_slice(&ctx, &[2], &[7.0, 7.0]).unwrap();
+    let mut wrong = Tensor::variable_from_slice(&ctx, &[65535], &vec![3.0; 65535]).unwrap();
+    let err = checkpoint::load_into_from_bytes(&bytes, &mut [("f", &mut f), ("h", &mut wrong)]);
+    assert!(
+        matches!(&err, Err(CheckpointError::ShapeMismatch { name, .. }) if name == "h"),
+        "{err:?}"
+    );
+    assert_eq!(f.to_vec(), [7.0, 7.0]);
+    // Offsets sized for f32 elements of an F16 tensor are refused.
+    let header = r#"{"h":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}}"#;
+    let bad = st_file(header, &[0; 8]);
+    let mut t = Tensor::variable_from_slice(&ctx, &[2], &[5.0, 5.0]).unwrap();
+    let err = checkpoint::load_into_from_bytes(&bad, &mut [("h", &mut t)]);
+    assert!(
+        matches!(err, Err(CheckpointError::Format { .. })),
+        "{err:?}"
+    );
+    assert_eq!(t.to_vec(), [5.0, 5.0]);
+    assert!(checkpoint::read_from_bytes(&ctx, &bad).is_err());
+    // Every truncation is an error.
+    for cut in (0..bytes.len())
+        .step_by(997)
+        .chain(bytes.len() - 3..bytes.len())
+    {
+        assert!(
+            checkpoint::read_from_bytes(&ctx, &bytes[..cut]).is_err(),
+            "cut {cut}"
+        );
+    }
+    // Other dtypes are still refused, naming the tensor.
+    let header = r#"{"x":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#;
+    let err = checkpoint::read_from_bytes(&ctx, &st_file(header, &[0; 8])).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::DTypeMismatch { name, found, .. } if name == "x" && found == "F64"),
+        "{err:?}"
+    );
 }

@@ -13,3 +13,4 @@ pub(crate) mod select;
 pub(crate) mod simd;
 pub(crate) mod strided;
 pub(crate) mod unary;
+pub(crate) mod weight_dot;

@@ -15,6 +15,7 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
+use crate::kernels::weight_dot::weight_rows;
 
 /// The element format of a [`WeightMatrix`]'s bytes (little-endian).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -133,7 +134,9 @@ impl<'a> WeightMatrix<'a> {
 pub const WEIGHT_DOT_LANES: usize = 16;
 
 /// The reference dot product of `x` with row `r` of `w`, in the fixed summation
-/// order. Every fast kernel must return these bits.
+/// order. Every fast kernel must return these bits (the kernels' unit tests
+/// compare them with it).
+#[cfg(test)]
 pub(crate) fn reference_dot(x: &[f32], w: &WeightMatrix<'_>, r: usize) -> f32 {
     let row = &w.bytes[r * w.cols * w.format.size_bytes()..];
     let mut acc = [0.0f32; WEIGHT_DOT_LANES];
@@ -156,10 +159,35 @@ impl ExecContext {
     /// row-major) into `out` (`[m, w.rows]`), reading `w` in its own format.
     ///
     /// The result of each row is the same bits for any `m`, thread count and vector
-    /// level (see the module documentation of the summation order).
+    /// level (see the module documentation of the summation order). The output
+    /// features `j` are split over the team in deterministic chunks; each output is
+    /// computed by one thread, whole, in the fixed order. With `m = 1` (decode)
+    /// every weight byte is read once; with `m > 1` each loaded weight vector
+    /// serves several rows of `x` (see `kernels::weight_dot`). No heap allocation:
+    /// `m > 1` takes one pooled scratch buffer of `m * w.rows` floats.
     ///
-    /// PLACEHOLDER: this is the scalar reference; the vectorised, threaded kernels
-    /// replace its body with the same bits.
+    /// ```
+    /// use fucina_exec::{ExecContext, WeightFormat, WeightMatrix};
+    ///
+    /// // bf16 weights [2, 3]: [[1, 2, 3], [-1, 0, 0.5]]
+    /// let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, -1.0, 0.0, 0.5]
+    ///     .iter()
+    ///     .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+    ///     .collect();
+    /// let w = WeightMatrix::new(WeightFormat::BF16, 2, 3, &bytes)?;
+    /// let ctx = ExecContext::new();
+    /// let mut out = [0.0f32; 2];
+    /// ctx.weight_matmul(&[1.0, 1.0, 2.0], 1, &w, &mut out)?;
+    /// assert_eq!(out, [9.0, 0.0]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDataLength`] (naming `weight_matmul`) when `w.bytes`
+    /// does not hold `w.rows * w.cols` elements, `x.len() != m * w.cols` or
+    /// `out.len() != m * w.rows`; [`ExecError::InvalidArgument`] when a size
+    /// overflows `usize`; [`ExecError::OutOfMemory`] when the scratch buffer of
+    /// `m > 1` cannot be had. Nothing is written on an error.
     pub fn weight_matmul(
         &self,
         x: &[f32],
@@ -167,26 +195,62 @@ impl ExecContext {
         w: &WeightMatrix<'_>,
         out: &mut [f32],
     ) -> Result<(), ExecError> {
-        if x.len() != m * w.cols {
+        const OP: &str = "weight_matmul";
+        let overflow = ExecError::InvalidArgument {
+            op: OP,
+            reason: "a size (rows * cols * element size, m * cols or m * rows) overflows usize",
+        };
+        let (rows, cols) = (w.rows, w.cols);
+        let bytes = rows
+            .checked_mul(cols)
+            .and_then(|n| n.checked_mul(w.format.size_bytes()))
+            .ok_or(overflow.clone())?;
+        if w.bytes.len() != bytes {
             return Err(ExecError::InvalidDataLength {
-                op: "weight_matmul",
-                shape: crate::Dims::new(&[m, w.cols]),
-                expected: m * w.cols,
+                op: OP,
+                shape: crate::Dims::new(&[rows, cols]),
+                expected: bytes,
+                got: w.bytes.len(),
+            });
+        }
+        let x_len = m.checked_mul(cols).ok_or(overflow.clone())?;
+        if x.len() != x_len {
+            return Err(ExecError::InvalidDataLength {
+                op: OP,
+                shape: crate::Dims::new(&[m, cols]),
+                expected: x_len,
                 got: x.len(),
             });
         }
-        if out.len() != m * w.rows {
+        let out_len = m.checked_mul(rows).ok_or(overflow)?;
+        if out.len() != out_len {
             return Err(ExecError::InvalidDataLength {
-                op: "weight_matmul",
-                shape: crate::Dims::new(&[m, w.rows]),
-                expected: m * w.rows,
+                op: OP,
+                shape: crate::Dims::new(&[m, rows]),
+                expected: out_len,
                 got: out.len(),
             });
         }
-        for i in 0..m {
-            let xi = &x[i * w.cols..(i + 1) * w.cols];
-            for j in 0..w.rows {
-                out[i * w.rows + j] = reference_dot(xi, w, j);
+        if out_len == 0 {
+            return Ok(());
+        }
+        // Fused multiply-adds per output feature: the parallel gate's work.
+        let work = x_len.max(1);
+        if m == 1 {
+            // `out` is `[rows]`: a range of features owns a contiguous piece.
+            self.par_rows(out, 1, work, |r, o| weight_rows(x, 1, w, r, o));
+            return Ok(());
+        }
+        // The kernels write `[rows, m]` (a range of features owns a
+        // contiguous piece of it); transposed into `out` after.
+        let mut t = self
+            .pool()
+            .acquire_scratch::<f32>(out_len)
+            .map_err(|e| ExecError::storage(OP, e))?;
+        self.par_rows(&mut t[..], m, work, |r, o| weight_rows(x, m, w, r, o));
+        for (i, out_i) in out.chunks_exact_mut(rows).enumerate() {
+            for (o, t_j) in out_i.iter_mut().zip(t.chunks_exact(m)) {
+                *o = t_j[i];
             }
         }
         Ok(())

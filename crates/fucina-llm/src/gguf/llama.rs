@@ -1,0 +1,327 @@
+//! A GGUF file of the Llama architecture as a [`ModelConfig`] and a
+//! [`WeightStore`] under Hugging Face's tensor names, so the same model code runs
+//! it.
+//!
+//! - **Metadata → config**: `llama.embedding_length`, `llama.feed_forward_length`,
+//!   `llama.block_count`, `llama.attention.head_count(_kv)`,
+//!   `llama.context_length`, `llama.attention.layer_norm_rms_epsilon`,
+//!   `llama.rope.freq_base`, `llama.rope.scaling.{type,factor}` (linear only),
+//!   `tokenizer.ggml.{bos,eos}_token_id`. The output projection is tied to the
+//!   embedding when `output.weight` is absent.
+//! - **Names**: `token_embd` → `model.embed_tokens`, `blk.N.attn_q` →
+//!   `model.layers.N.self_attn.q_proj`, `attn_norm` → `input_layernorm`,
+//!   `ffn_norm` → `post_attention_layernorm`, `ffn_{gate,up,down}` →
+//!   `mlp.{gate,up,down}_proj`, `output_norm` → `model.norm`, `output` →
+//!   `lm_head`.
+//! - **Rotary layout**: llama.cpp's converter reorders the rows of every head of
+//!   the q and k projections so that its rotary embedding can rotate adjacent
+//!   pairs; the rows are put back in Hugging Face's order here (a copy of those
+//!   two projections; every other tensor stays mapped).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use fucina::exec::WeightFormat;
+
+use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::error::LlmError;
+use crate::gguf::{GgmlType, GgufFile, GgufValue};
+use crate::weights::{Weight, WeightStore};
+
+/// Reads the config and the weights of the Llama-architecture GGUF file `path`.
+pub fn load_llama(
+    path: impl AsRef<Path>,
+) -> Result<(ModelConfig, WeightStore, GgufFile), LlmError> {
+    let file = GgufFile::open(path)?;
+    let config = llama_config(&file)?;
+    let weights = llama_weights(&file, &config)?;
+    Ok((config, weights, file))
+}
+
+fn bad(file: &GgufFile, reason: String) -> LlmError {
+    LlmError::BadFile {
+        path: file.path().to_path_buf(),
+        reason,
+    }
+}
+
+fn required_u64(file: &GgufFile, key: &str) -> Result<usize, LlmError> {
+    match file.get(key) {
+        None => Err(bad(file, format!("metadata {key} is missing"))),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                bad(
+                    file,
+                    format!("metadata {key} = {v:?} is not a positive integer"),
+                )
+            }),
+    }
+}
+
+fn optional_u64(file: &GgufFile, key: &str) -> Result<Option<usize>, LlmError> {
+    if file.get(key).is_none() {
+        return Ok(None);
+    }
+    required_u64(file, key).map(Some)
+}
+
+fn optional_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, LlmError> {
+    match file.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| {
+                bad(
+                    file,
+                    format!("metadata {key} = {v:?} is not a positive number"),
+                )
+            }),
+    }
+}
+
+/// The [`ModelConfig`] of a Llama-architecture GGUF file.
+pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
+    match file.get("general.architecture").and_then(GgufValue::as_str) {
+        Some("llama") => {}
+        Some(other) => {
+            return Err(bad(
+                file,
+                format!("architecture {other:?} is not supported (llama is)"),
+            ));
+        }
+        None => return Err(bad(file, "metadata general.architecture is missing".into())),
+    }
+    let hidden_size = required_u64(file, "llama.embedding_length")?;
+    let heads = required_u64(file, "llama.attention.head_count")?;
+    let kv_heads = optional_u64(file, "llama.attention.head_count_kv")?.unwrap_or(heads);
+    if !hidden_size.is_multiple_of(heads) || !heads.is_multiple_of(kv_heads) {
+        return Err(bad(
+            file,
+            format!(
+                "{heads} heads and {kv_heads} key/value heads do not divide hidden size {hidden_size}"
+            ),
+        ));
+    }
+    let head_dim = optional_u64(file, "llama.attention.key_length")?.unwrap_or(hidden_size / heads);
+    if let Some(rot) = optional_u64(file, "llama.rope.dimension_count")?
+        && rot != head_dim
+    {
+        return Err(bad(
+            file,
+            format!(
+                "llama.rope.dimension_count = {rot}: partial rotary embeddings are not supported (head dim {head_dim})"
+            ),
+        ));
+    }
+    if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(bad(
+            file,
+            "rope_freqs.weight (Llama 3.1 frequency scaling stored as a tensor) is not supported"
+                .into(),
+        ));
+    }
+    let rope_scaling = match file
+        .get("llama.rope.scaling.type")
+        .and_then(GgufValue::as_str)
+    {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear {
+            factor: optional_f32(file, "llama.rope.scaling.factor")?
+                .ok_or_else(|| bad(file, "llama.rope.scaling.factor is missing".into()))?,
+        },
+        Some(other) => {
+            return Err(bad(
+                file,
+                format!("rope scaling type {other:?} is not supported"),
+            ));
+        }
+    };
+    let embed = file
+        .tensors()
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .ok_or_else(|| LlmError::BadTensor {
+            name: "token_embd.weight".into(),
+            reason: format!("missing from {}", file.path().display()),
+        })?;
+    let vocab_size = match optional_u64(file, "llama.vocab_size")? {
+        Some(v) => v,
+        None => *embed.shape().first().unwrap_or(&0),
+    };
+    let token = |key: &str| -> Result<Option<u32>, LlmError> {
+        Ok(optional_u64(file, key)?.map(|v| v as u32))
+    };
+    Ok(ModelConfig {
+        architecture: Architecture::Llama,
+        hidden_size,
+        intermediate_size: required_u64(file, "llama.feed_forward_length")?,
+        num_hidden_layers: required_u64(file, "llama.block_count")?,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        vocab_size,
+        max_position_embeddings: required_u64(file, "llama.context_length")?,
+        rms_norm_eps: optional_f32(file, "llama.attention.layer_norm_rms_epsilon")?.ok_or_else(
+            || {
+                bad(
+                    file,
+                    "metadata llama.attention.layer_norm_rms_epsilon is missing".into(),
+                )
+            },
+        )?,
+        rope_theta: optional_f32(file, "llama.rope.freq_base")?.unwrap_or(10000.0),
+        rope_scaling,
+        tie_word_embeddings: !file.tensors().iter().any(|t| t.name == "output.weight"),
+        qkv_bias: false,
+        o_bias: false,
+        sliding_window: None,
+        bos_token_id: token("tokenizer.ggml.bos_token_id")?,
+        eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+    })
+}
+
+/// The element format a GGUF tensor type is kept in, or an error naming the
+/// tensor.
+fn format_of(name: &str, t: GgmlType) -> Result<WeightFormat, LlmError> {
+    match t {
+        GgmlType::F32 => Ok(WeightFormat::F32),
+        GgmlType::F16 => Ok(WeightFormat::F16),
+        GgmlType::BF16 => Ok(WeightFormat::BF16),
+        other => Err(LlmError::BadTensor {
+            name: name.to_string(),
+            reason: format!("GGUF tensor type {} is not supported", other.name()),
+        }),
+    }
+}
+
+/// Hugging Face's name of the GGUF tensor `name`, if it is one the model uses.
+fn hf_name(name: &str) -> Option<String> {
+    let fixed = match name {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = tail.rsplit_once('.')?;
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// Puts the rows of every head of a q or k projection back in Hugging Face's
+/// order: llama.cpp's row `h·D + 2j + i` holds Hugging Face's row
+/// `h·D + i·D/2 + j` (`D` the head dim, `i ∈ {0, 1}`, `j < D/2`).
+fn unpermute_rows(bytes: &[u8], rows: usize, row_bytes: usize, head_dim: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    let half = head_dim / 2;
+    for r in 0..rows {
+        let (h, within) = (r / head_dim, r % head_dim);
+        let (j, i) = (within / 2, within % 2);
+        let hf = h * head_dim + i * half + j;
+        out[hf * row_bytes..(hf + 1) * row_bytes]
+            .copy_from_slice(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+    }
+    out
+}
+
+/// The weights of a Llama-architecture GGUF file under Hugging Face's names.
+pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStore, LlmError> {
+    let mut tensors = HashMap::new();
+    for info in file.tensors() {
+        let Some(hf) = hf_name(&info.name) else {
+            continue;
+        };
+        let format = format_of(&info.name, info.ggml_type)?;
+        let (info, map, range) = file.tensor_range(&info.name)?;
+        let shape = info.shape();
+        let is_q = hf.ends_with("q_proj.weight");
+        let is_k = hf.ends_with("k_proj.weight");
+        let weight = if is_q || is_k {
+            let heads = if is_q {
+                config.num_attention_heads
+            } else {
+                config.num_key_value_heads
+            };
+            let rows = shape[0];
+            if shape.len() != 2 || rows != heads * config.head_dim || !config.head_dim.is_multiple_of(2) {
+                return Err(LlmError::BadTensor {
+                    name: info.name.clone(),
+                    reason: format!(
+                        "shape {shape:?} does not hold {heads} heads of {} rows",
+                        config.head_dim
+                    ),
+                });
+            }
+            let row_bytes = shape[1] * format.size_bytes();
+            let bytes = unpermute_rows(&map[range], rows, row_bytes, config.head_dim);
+            Weight::from_bytes(&info.name, format, &shape, bytes)?
+        } else {
+            Weight::mapped(format, shape, map, range)
+        };
+        tensors.insert(hf, weight);
+    }
+    Ok(WeightStore::from_tensors(tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_hugging_face() {
+        assert_eq!(
+            hf_name("blk.3.attn_q.weight").unwrap(),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_norm.weight").unwrap(),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            hf_name("blk.11.ffn_down.weight").unwrap(),
+            "model.layers.11.mlp.down_proj.weight"
+        );
+        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation() {
+        // llama.cpp's permutation of 2 heads of dim 4 (one byte per row):
+        // reshape(heads, 2, D/2) then swap the last two axes.
+        let (heads, d) = (2, 4);
+        let hf: Vec<u8> = (0..(heads * d) as u8).collect();
+        let mut gguf = vec![0u8; hf.len()];
+        for h in 0..heads {
+            for i in 0..2 {
+                for j in 0..d / 2 {
+                    gguf[h * d + j * 2 + i] = hf[h * d + i * (d / 2) + j];
+                }
+            }
+        }
+        assert_eq!(gguf, [0, 2, 1, 3, 4, 6, 5, 7]);
+        assert_eq!(unpermute_rows(&gguf, heads * d, 1, d), hf);
+    }
+}

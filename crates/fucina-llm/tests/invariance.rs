@@ -1,0 +1,159 @@
+//! Batch, thread and vector-level invariance: a sequence's logits are the same
+//! bits decoded alone on one thread as decoded in a batch of three sequences of
+//! different lengths (one of which joins mid-way, in varying batch orders), on
+//! 1, 2, 3 and 4 threads, at every vector level the CPU has.
+
+#![allow(clippy::result_large_err)]
+
+mod model_support;
+
+use fucina::ExecContext;
+use fucina::exec::{SimdLevel, WeightFormat, detected_simd_level, force_simd_level};
+use fucina_llm::{KvCache, Model, ModelConfig};
+use model_support::tokens;
+
+/// Three sequences: a prompt and the tokens then decoded one at a time.
+struct Seq {
+    prompt: Vec<u32>,
+    next: Vec<u32>,
+}
+
+fn sequences(vocab: usize) -> Vec<Seq> {
+    [(20, 6), (31, 6), (42, 4)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(p, n))| Seq {
+            prompt: tokens(100 + i as u64, p, vocab),
+            next: tokens(200 + i as u64, n, vocab),
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Per sequence: the prefill's last logits, then each decode step's logits.
+type Trace = Vec<Vec<Vec<u32>>>;
+
+/// Each sequence alone (batch of one).
+fn alone(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
+    let vocab = model.config().vocab_size;
+    seqs.iter()
+        .map(|s| {
+            let mut cache = model.new_cache(64).unwrap();
+            let mut logits = vec![0.0f32; vocab];
+            model
+                .prefill(ctx, &mut cache, &s.prompt, None, &mut logits)
+                .unwrap();
+            let mut out = vec![bits(&logits)];
+            for &t in &s.next {
+                model
+                    .decode(ctx, &mut [&mut cache], &[t], &mut logits)
+                    .unwrap();
+                out.push(bits(&logits));
+            }
+            out
+        })
+        .collect()
+}
+
+/// The sequences decoded together: 0 and 1 from the start (batch [1, 0]),
+/// 2 joining at step 2 (batches [1, 2, 0] then [2, 0, 1]), each sequence
+/// leaving when its tokens are done.
+fn batched(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
+    let vocab = model.config().vocab_size;
+    let mut caches: Vec<KvCache> = seqs.iter().map(|_| model.new_cache(64).unwrap()).collect();
+    let mut trace: Trace = vec![Vec::new(); seqs.len()];
+    let prefill = |i: usize, caches: &mut [KvCache], trace: &mut Trace| {
+        let mut logits = vec![0.0f32; vocab];
+        model
+            .prefill(ctx, &mut caches[i], &seqs[i].prompt, None, &mut logits)
+            .unwrap();
+        trace[i].push(bits(&logits));
+    };
+    prefill(0, &mut caches, &mut trace);
+    prefill(1, &mut caches, &mut trace);
+    let mut done = [0usize; 3];
+    for step in 0..8 {
+        if step == 2 {
+            prefill(2, &mut caches, &mut trace);
+        }
+        let order: &[usize] = match step {
+            0 | 1 => &[1, 0],
+            2 | 3 => &[1, 2, 0],
+            _ => &[2, 0, 1],
+        };
+        let order: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&i| done[i] < seqs[i].next.len())
+            .collect();
+        if order.is_empty() {
+            break;
+        }
+        let toks: Vec<u32> = order.iter().map(|&i| seqs[i].next[done[i]]).collect();
+        let mut refs: Vec<&mut KvCache> = Vec::new();
+        // Hand out the caches in `order` (disjoint mutable borrows).
+        let mut slots: Vec<Option<&mut KvCache>> = caches.iter_mut().map(Some).collect();
+        for &i in &order {
+            refs.push(slots[i].take().unwrap());
+        }
+        let mut logits = vec![0.0f32; order.len() * vocab];
+        model.decode(ctx, &mut refs, &toks, &mut logits).unwrap();
+        for (k, &i) in order.iter().enumerate() {
+            trace[i].push(bits(&logits[k * vocab..(k + 1) * vocab]));
+            done[i] += 1;
+        }
+    }
+    trace
+}
+
+fn check(c: &ModelConfig, format: WeightFormat) {
+    let model = model_support::model(c, format, 77);
+    let seqs = sequences(c.vocab_size);
+    let best = detected_simd_level();
+    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l <= best).collect();
+    eprintln!("levels compared: {levels:?}");
+    let reference = alone(&model, &ExecContext::with_threads(1), &seqs);
+    for s in &reference {
+        assert!(s.len() > 4);
+    }
+    for &level in &levels {
+        assert!(force_simd_level(level));
+        for threads in 1..=4 {
+            let ctx = ExecContext::with_threads(threads);
+            let got = batched(&model, &ctx, &seqs);
+            assert_eq!(
+                got, reference,
+                "batched decode at {level:?} on {threads} threads differs from alone"
+            );
+        }
+        let got = alone(&model, &ExecContext::with_threads(3), &seqs);
+        assert_eq!(
+            got, reference,
+            "alone decode at {level:?} on 3 threads differs"
+        );
+    }
+    assert!(force_simd_level(best));
+}
+
+#[test]
+fn decode_is_batch_thread_and_level_invariant_bf16() {
+    // Head dim 32: the attention of a batch of three is large enough to be
+    // split over the team, that of one sequence is not.
+    let mut c = model_support::llama(64);
+    c.head_dim = 32;
+    c.intermediate_size = 160;
+    c.vocab_size = 160;
+    c.qkv_bias = true;
+    check(&c, WeightFormat::BF16);
+}
+
+#[test]
+fn decode_is_batch_thread_and_level_invariant_f32_with_a_window() {
+    let mut c = model_support::llama(64);
+    c.sliding_window = Some(25);
+    c.tie_word_embeddings = true;
+    check(&c, WeightFormat::F32);
+}

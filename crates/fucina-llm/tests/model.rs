@@ -1,0 +1,597 @@
+//! The decoder against an independent float64 reference forward written here
+//! (naive loops over the Hugging Face definitions), on tiny random models of
+//! each architecture, RoPE scaling, weight format and tying; prefill/decode
+//! consistency; and the errors of bad weights and bad requests.
+
+#![allow(clippy::result_large_err)]
+
+mod model_support;
+
+use std::collections::HashMap;
+
+use fucina::ExecContext;
+use fucina::exec::WeightFormat;
+use fucina_llm::{
+    Architecture, KvCache, LlmError, Model, ModelConfig, PREFILL_CHUNK, RopeScaling, Weight,
+    WeightStore,
+};
+use model_support::{llama, random_weights, tokens};
+
+// ---------------------------------------------------------------------------
+// The float64 reference.
+
+struct Reference<'a> {
+    c: &'a ModelConfig,
+    w: HashMap<String, Vec<f64>>,
+}
+
+impl<'a> Reference<'a> {
+    fn new(c: &'a ModelConfig, w: &HashMap<String, Weight>) -> Self {
+        let w = w
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.to_f32_vec().iter().map(|&x| x as f64).collect(),
+                )
+            })
+            .collect();
+        Reference { c, w }
+    }
+
+    fn t(&self, name: &str) -> &[f64] {
+        &self.w[name]
+    }
+
+    /// `W x` for `W` of `[rows, x.len()]`.
+    fn linear(&self, name: &str, x: &[f64]) -> Vec<f64> {
+        let w = self.t(name);
+        let cols = x.len();
+        (0..w.len() / cols)
+            .map(|j| (0..cols).map(|k| w[j * cols + k] * x[k]).sum())
+            .collect()
+    }
+
+    fn linear_bias(&self, name: &str, bias: Option<&str>, x: &[f64]) -> Vec<f64> {
+        let mut y = self.linear(name, x);
+        if let Some(b) = bias {
+            for (yi, bi) in y.iter_mut().zip(self.t(b)) {
+                *yi += bi;
+            }
+        }
+        y
+    }
+
+    fn rms(&self, name: &str, x: &[f64]) -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (ms + self.c.rms_norm_eps as f64).sqrt();
+        x.iter().zip(self.t(name)).map(|(v, w)| v * r * w).collect()
+    }
+
+    fn inv_freq(&self) -> Vec<f64> {
+        let hd = self.c.head_dim;
+        (0..hd / 2)
+            .map(|i| {
+                let f = (self.c.rope_theta as f64).powf(-((2 * i) as f64) / hd as f64);
+                match self.c.rope_scaling {
+                    RopeScaling::None => f,
+                    RopeScaling::Linear { factor } => f / factor as f64,
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position_embeddings,
+                    } => {
+                        let (factor, lo, hi) = (
+                            factor as f64,
+                            low_freq_factor as f64,
+                            high_freq_factor as f64,
+                        );
+                        let old = original_max_position_embeddings as f64;
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < old / hi {
+                            f
+                        } else if wavelen > old / lo {
+                            f / factor
+                        } else {
+                            let s = (old / wavelen - lo) / (hi - lo);
+                            (1.0 - s) * f / factor + s * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn rope(&self, v: &mut [f64], pos: usize, inv: &[f64]) {
+        let half = self.c.head_dim / 2;
+        for head in v.chunks_mut(self.c.head_dim) {
+            for i in 0..half {
+                let th = pos as f64 * inv[i];
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * th.cos() - b * th.sin();
+                head[i + half] = b * th.cos() + a * th.sin();
+            }
+        }
+    }
+
+    /// The logits of every position of `tokens` (from position 0).
+    fn forward(&self, tokens: &[u32]) -> Vec<Vec<f64>> {
+        let c = self.c;
+        let (hid, hd) = (c.hidden_size, c.head_dim);
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let inv = self.inv_freq();
+        let emb = self.t("model.embed_tokens.weight");
+        let mut xs: Vec<Vec<f64>> = tokens
+            .iter()
+            .map(|&t| emb[t as usize * hid..(t as usize + 1) * hid].to_vec())
+            .collect();
+        for l in 0..c.num_hidden_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let bias = |s: &str, on: bool| on.then(|| p(s));
+            let mut qs = Vec::new();
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for (t, x) in xs.iter().enumerate() {
+                let xn = self.rms(&p("input_layernorm.weight"), x);
+                let mut q = self.linear_bias(
+                    &p("self_attn.q_proj.weight"),
+                    bias("self_attn.q_proj.bias", c.qkv_bias).as_deref(),
+                    &xn,
+                );
+                let mut k = self.linear_bias(
+                    &p("self_attn.k_proj.weight"),
+                    bias("self_attn.k_proj.bias", c.qkv_bias).as_deref(),
+                    &xn,
+                );
+                let v = self.linear_bias(
+                    &p("self_attn.v_proj.weight"),
+                    bias("self_attn.v_proj.bias", c.qkv_bias).as_deref(),
+                    &xn,
+                );
+                self.rope(&mut q, t, &inv);
+                self.rope(&mut k, t, &inv);
+                qs.push(q);
+                ks.push(k);
+                vs.push(v);
+            }
+            for t in 0..xs.len() {
+                let mut attn = vec![0.0f64; nh * hd];
+                for h in 0..nh {
+                    let g = h / (nh / nkv);
+                    let q = &qs[t][h * hd..(h + 1) * hd];
+                    let seen: Vec<usize> = (0..=t)
+                        .filter(|&j| c.sliding_window.is_none_or(|w| t - j < w))
+                        .collect();
+                    let scores: Vec<f64> = seen
+                        .iter()
+                        .map(|&j| {
+                            let k = &ks[j][g * hd..(g + 1) * hd];
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for (&j, ej) in seen.iter().zip(&e) {
+                        for d in 0..hd {
+                            attn[h * hd + d] += ej / z * vs[j][g * hd + d];
+                        }
+                    }
+                }
+                let o = self.linear_bias(
+                    &p("self_attn.o_proj.weight"),
+                    bias("self_attn.o_proj.bias", c.o_bias).as_deref(),
+                    &attn,
+                );
+                for (x, o) in xs[t].iter_mut().zip(&o) {
+                    *x += o;
+                }
+                let xn = self.rms(&p("post_attention_layernorm.weight"), &xs[t]);
+                let gate = self.linear(&p("mlp.gate_proj.weight"), &xn);
+                let up = self.linear(&p("mlp.up_proj.weight"), &xn);
+                let act: Vec<f64> = gate
+                    .iter()
+                    .zip(&up)
+                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .collect();
+                let down = self.linear(&p("mlp.down_proj.weight"), &act);
+                for (x, d) in xs[t].iter_mut().zip(&down) {
+                    *x += d;
+                }
+            }
+        }
+        let head = match c.tie_word_embeddings {
+            true => "model.embed_tokens.weight",
+            false => "lm_head.weight",
+        };
+        xs.iter()
+            .map(|x| self.linear(head, &self.rms("model.norm.weight", x)))
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+/// Prefills `tokens` into a fresh cache; returns every position's logits.
+fn prefill_all(model: &Model, ctx: &ExecContext, tokens: &[u32]) -> Vec<f32> {
+    let vocab = model.config().vocab_size;
+    let mut cache = model.new_cache(tokens.len() + 8).unwrap();
+    let mut all = vec![0.0f32; tokens.len() * vocab];
+    let mut last = vec![0.0f32; vocab];
+    model
+        .prefill(ctx, &mut cache, tokens, Some(&mut all), &mut last)
+        .unwrap();
+    assert_eq!(cache.len(), tokens.len());
+    assert_eq!(bits(&last), bits(&all[(tokens.len() - 1) * vocab..]));
+    all
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Checks the model's logits of every position of a random prompt of `n`
+/// tokens against the float64 reference.
+fn check_against_reference(c: &ModelConfig, format: WeightFormat, n: usize, seed: u64) {
+    let w = random_weights(c, format, seed);
+    let reference = Reference::new(c, &w);
+    let model = Model::from_parts(c.clone(), WeightStore::from_tensors(w)).unwrap();
+    let prompt = tokens(seed ^ 0xabc, n, c.vocab_size);
+    let want = reference.forward(&prompt);
+    let ctx = ExecContext::with_threads(2);
+    let got = prefill_all(&model, &ctx, &prompt);
+    let vocab = c.vocab_size;
+    let (mut worst, mut scale) = (0.0f64, 0.0f64);
+    for (t, row) in want.iter().enumerate() {
+        for (j, &r) in row.iter().enumerate() {
+            worst = worst.max((got[t * vocab + j] as f64 - r).abs());
+            scale = scale.max(r.abs());
+        }
+    }
+    eprintln!(
+        "{:?} {format:?}: max |logit| {scale:.3}, max error {worst:.2e}",
+        c.architecture
+    );
+    assert!(scale > 0.5, "the logits are not degenerate ({scale})");
+    assert!(
+        worst <= 1e-4,
+        "max abs error {worst:e} against the f64 reference"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Against the reference.
+
+#[test]
+fn llama_f32_untied_matches_the_f64_reference() {
+    check_against_reference(&llama(64), WeightFormat::F32, 20, 1);
+}
+
+#[test]
+fn llama_bf16_tied_llama3_scaling_matches_the_f64_reference() {
+    let mut c = llama(64);
+    c.tie_word_embeddings = true;
+    // Wavelengths of head_dim 16 at theta 10000 span 6.3 .. 20000: with an
+    // original context of 32 (bands at 8 and 32) some frequencies are kept,
+    // some divided, some interpolated.
+    c.rope_scaling = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 32,
+    };
+    check_against_reference(&c, WeightFormat::BF16, 20, 2);
+}
+
+#[test]
+fn llama_f16_linear_scaling_matches_the_f64_reference() {
+    let mut c = llama(64);
+    c.rope_scaling = RopeScaling::Linear { factor: 2.5 };
+    check_against_reference(&c, WeightFormat::F16, 20, 3);
+}
+
+#[test]
+fn llama_attention_bias_matches_the_f64_reference() {
+    let mut c = llama(64);
+    c.qkv_bias = true;
+    c.o_bias = true;
+    check_against_reference(&c, WeightFormat::F32, 20, 4);
+}
+
+#[test]
+fn qwen2_qkv_bias_matches_the_f64_reference() {
+    let mut c = llama(64);
+    c.architecture = Architecture::Qwen2;
+    c.qkv_bias = true;
+    c.rope_theta = 1_000_000.0;
+    c.rms_norm_eps = 1e-6;
+    c.tie_word_embeddings = true;
+    check_against_reference(&c, WeightFormat::BF16, 20, 5);
+}
+
+#[test]
+fn mistral_sliding_window_matches_the_f64_reference() {
+    let mut c = llama(64);
+    c.architecture = Architecture::Mistral;
+    c.sliding_window = Some(5);
+    check_against_reference(&c, WeightFormat::F32, 24, 6);
+}
+
+#[test]
+fn a_prompt_of_several_chunks_matches_the_f64_reference() {
+    let mut c = llama(32);
+    c.num_hidden_layers = 1;
+    check_against_reference(&c, WeightFormat::F32, 2 * PREFILL_CHUNK + 11, 7);
+}
+
+#[test]
+fn one_kv_head_and_eight_query_heads_match_the_f64_reference() {
+    let mut c = llama(64);
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 1;
+    c.head_dim = 8;
+    check_against_reference(&c, WeightFormat::F32, 12, 8);
+}
+
+// ---------------------------------------------------------------------------
+// Prefill, decode and chunking give the same bits.
+
+fn prefill_then_decode_is_prefill_of_the_whole(c: &ModelConfig) {
+    let model = model_support::model(c, WeightFormat::BF16, 11);
+    let vocab = c.vocab_size;
+    let seq = tokens(99, PREFILL_CHUNK + 20, vocab);
+    for threads in [1, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        let whole = prefill_all(&model, &ctx, &seq);
+        // Prefill of a prefix (odd length, across no chunk boundary), another
+        // prefill across the chunk boundary, then decode one token at a time.
+        let mut cache = model.new_cache(seq.len()).unwrap();
+        let mut last = vec![0.0f32; vocab];
+        model
+            .prefill(&ctx, &mut cache, &seq[..7], None, &mut last)
+            .unwrap();
+        assert_eq!(bits(&last), bits(&whole[6 * vocab..7 * vocab]), "prefix");
+        let mut part = vec![0.0f32; (PREFILL_CHUNK + 3 - 7) * vocab];
+        model
+            .prefill(
+                &ctx,
+                &mut cache,
+                &seq[7..PREFILL_CHUNK + 3],
+                Some(&mut part),
+                &mut last,
+            )
+            .unwrap();
+        assert_eq!(
+            bits(&part),
+            bits(&whole[7 * vocab..(PREFILL_CHUNK + 3) * vocab]),
+            "second prefill"
+        );
+        for t in PREFILL_CHUNK + 3..seq.len() {
+            let mut logits = vec![0.0f32; vocab];
+            model
+                .decode(&ctx, &mut [&mut cache], &seq[t..t + 1], &mut logits)
+                .unwrap();
+            assert_eq!(
+                bits(&logits),
+                bits(&whole[t * vocab..(t + 1) * vocab]),
+                "decode of position {t} ({threads} threads)"
+            );
+        }
+        assert_eq!(cache.len(), seq.len());
+    }
+}
+
+#[test]
+fn prefill_then_decode_gives_the_bits_of_one_prefill() {
+    prefill_then_decode_is_prefill_of_the_whole(&llama(64));
+}
+
+#[test]
+fn prefill_then_decode_gives_the_bits_of_one_prefill_with_a_window() {
+    let mut c = llama(64);
+    c.architecture = Architecture::Mistral;
+    c.sliding_window = Some(9);
+    c.qkv_bias = true;
+    prefill_then_decode_is_prefill_of_the_whole(&c);
+}
+
+#[test]
+fn a_cleared_cache_starts_a_new_sequence() {
+    let c = llama(32);
+    let model = model_support::model(&c, WeightFormat::F32, 12);
+    let ctx = ExecContext::with_threads(1);
+    let (a, b) = (tokens(1, 9, c.vocab_size), tokens(2, 5, c.vocab_size));
+    let want = prefill_all(&model, &ctx, &b);
+    let mut cache = model.new_cache(20).unwrap();
+    let mut last = vec![0.0f32; c.vocab_size];
+    model
+        .prefill(&ctx, &mut cache, &a, None, &mut last)
+        .unwrap();
+    cache.clear();
+    assert!(cache.is_empty());
+    model
+        .prefill(&ctx, &mut cache, &b, None, &mut last)
+        .unwrap();
+    assert_eq!(bits(&last), bits(&want[4 * c.vocab_size..]));
+}
+
+// ---------------------------------------------------------------------------
+// Bad weights.
+
+fn from_parts_err(c: &ModelConfig, w: HashMap<String, Weight>) -> String {
+    match Model::from_parts(c.clone(), WeightStore::from_tensors(w)) {
+        Ok(_) => panic!("from_parts accepted bad weights"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let c = llama(32);
+    for name in [
+        "model.layers.1.mlp.up_proj.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+    ] {
+        let mut w = random_weights(&c, WeightFormat::F32, 1);
+        w.remove(name);
+        let e = from_parts_err(&c, w);
+        assert!(e.contains(name), "{e}");
+    }
+    // A tied model needs no lm_head; a biased one needs its biases.
+    let mut tied = c.clone();
+    tied.tie_word_embeddings = true;
+    let mut w = random_weights(&c, WeightFormat::F32, 1);
+    w.remove("lm_head.weight");
+    assert!(Model::from_parts(tied, WeightStore::from_tensors(w)).is_ok());
+    let mut biased = c.clone();
+    biased.qkv_bias = true;
+    let e = from_parts_err(&biased, random_weights(&c, WeightFormat::F32, 1));
+    assert!(e.contains("model.layers.0.self_attn.q_proj.bias"), "{e}");
+}
+
+#[test]
+fn a_wrong_shape_is_named_with_both_shapes() {
+    let c = llama(32);
+    let mut w = random_weights(&c, WeightFormat::BF16, 1);
+    let name = "model.layers.1.self_attn.k_proj.weight";
+    w.insert(
+        name.to_string(),
+        Weight::from_f32(WeightFormat::BF16, &[8, 32], &[0.0; 256]),
+    );
+    let e = from_parts_err(&c, w);
+    assert!(
+        e.contains(name) && e.contains("[8, 32]") && e.contains("[16, 32]"),
+        "{e}"
+    );
+    let mut w = random_weights(&c, WeightFormat::F32, 1);
+    w.insert(
+        "model.norm.weight".to_string(),
+        Weight::from_f32(WeightFormat::F32, &[2, 16], &[1.0; 32]),
+    );
+    let e = from_parts_err(&c, w);
+    assert!(
+        e.contains("model.norm.weight") && e.contains("[2, 16]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_inconsistent_config_is_an_error() {
+    let mut c = llama(32);
+    c.num_key_value_heads = 3;
+    let e = from_parts_err(&c, random_weights(&llama(32), WeightFormat::F32, 1));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+    let mut c = llama(32);
+    c.head_dim = 7;
+    let e = from_parts_err(&c, random_weights(&llama(32), WeightFormat::F32, 1));
+    assert!(e.contains("head_dim"), "{e}");
+}
+
+#[test]
+fn load_reports_a_missing_directory() {
+    assert!(Model::load("/nonexistent/fucina-llm-model").is_err());
+}
+
+// ---------------------------------------------------------------------------
+// Bad requests: an error, and nothing changed.
+
+fn invalid(r: Result<(), LlmError>, words: &str) {
+    match r {
+        Err(LlmError::InvalidRequest { reason, .. }) => {
+            assert!(
+                reason.contains(words),
+                "`{reason}` should mention `{words}`"
+            )
+        }
+        other => panic!("expected InvalidRequest ({words}), got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_requests_are_errors_that_change_nothing() {
+    let c = llama(32);
+    let model = model_support::model(&c, WeightFormat::F32, 3);
+    let ctx = ExecContext::with_threads(1);
+    let vocab = c.vocab_size;
+    let mut last = vec![0.0f32; vocab];
+    assert!(model.new_cache(0).is_err());
+    assert!(model.new_cache(c.max_position_embeddings + 1).is_err());
+    let mut cache = model.new_cache(6).unwrap();
+    assert_eq!(cache.capacity(), 6);
+    invalid(
+        model.prefill(&ctx, &mut cache, &[], None, &mut last),
+        "empty",
+    );
+    invalid(
+        model.prefill(&ctx, &mut cache, &[3, 97], None, &mut last),
+        "97",
+    );
+    invalid(
+        model.prefill(&ctx, &mut cache, &[1; 7], None, &mut last),
+        "max_len",
+    );
+    invalid(
+        model.prefill(&ctx, &mut cache, &[1, 2], None, &mut last[..5]),
+        "last_logits",
+    );
+    invalid(
+        model.prefill(&ctx, &mut cache, &[1, 2], Some(&mut [0.0; 3]), &mut last),
+        "all_logits",
+    );
+    assert_eq!(cache.len(), 0);
+    model
+        .prefill(&ctx, &mut cache, &[1, 2, 3, 4, 5], None, &mut last)
+        .unwrap();
+    let mut logits = vec![0.0f32; 2 * vocab];
+    let mut other = model.new_cache(6).unwrap();
+    invalid(
+        model.decode(&ctx, &mut [&mut cache], &[1, 2], &mut logits[..vocab]),
+        "2 tokens for 1 caches",
+    );
+    invalid(model.decode(&ctx, &mut [], &[], &mut []), "no sequences");
+    invalid(
+        model.decode(&ctx, &mut [&mut cache, &mut other], &[1, 200], &mut logits),
+        "200",
+    );
+    invalid(
+        model.decode(
+            &ctx,
+            &mut [&mut cache, &mut other],
+            &[1, 2],
+            &mut logits[1..],
+        ),
+        "logits",
+    );
+    assert_eq!((cache.len(), other.len()), (5, 0));
+    // Position 5 is the last one; then the cache is full.
+    model
+        .decode(&ctx, &mut [&mut cache, &mut other], &[1, 2], &mut logits)
+        .unwrap();
+    invalid(
+        model.decode(&ctx, &mut [&mut other, &mut cache], &[1, 2], &mut logits),
+        "full",
+    );
+    assert_eq!((cache.len(), other.len()), (6, 1));
+    // A cache of another model shape.
+    let mut c2 = c.clone();
+    c2.num_hidden_layers = 3;
+    let model2 = model_support::model(&c2, WeightFormat::F32, 3);
+    let mut foreign: KvCache = model2.new_cache(6).unwrap();
+    invalid(
+        model.prefill(&ctx, &mut foreign, &[1], None, &mut last),
+        "cache was made for",
+    );
+    assert!(foreign.is_empty());
+}
+
+#[test]
+fn the_model_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Model>();
+    check::<KvCache>();
+}
