@@ -13,11 +13,17 @@
 
 use crate::error::LlmError;
 
+/// Positions per tile of the key layout (see [`KvCache`]).
+pub(crate) const KEY_TILE: usize = 16;
+
 /// The keys and values of one sequence, for every layer, preallocated for
 /// [`capacity`](KvCache::capacity) positions.
 ///
-/// Layout: `[layer, kv_head, position, head_dim]` for keys and values alike,
-/// so the positions one attention head reads are contiguous.
+/// Layout: values `[layer, kv_head, position, head_dim]`; keys
+/// `[layer, kv_head, position / 16, head_dim, position % 16]`, tiles of 16
+/// positions transposed, so that the attention scores of 16 consecutive
+/// positions are computed side by side in vector registers from one
+/// contiguous tile.
 #[derive(Clone)]
 pub struct KvCache {
     layers: usize,
@@ -60,7 +66,7 @@ impl KvCache {
         let n = layers
             .checked_mul(kv_heads)
             .and_then(|n| n.checked_mul(head_dim))
-            .and_then(|n| n.checked_mul(capacity))
+            .and_then(|n| n.checked_mul(capacity.checked_next_multiple_of(KEY_TILE)?))
             .filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| invalid(format!("{capacity} positions overflow the address space")))?;
         let zeroed = || -> Result<Vec<f32>, LlmError> {
@@ -122,38 +128,48 @@ impl KvCache {
         self.len = len;
     }
 
-    /// Offset of `(layer, head, pos)`'s row.
+    /// Positions rounded up to whole key tiles.
     #[inline]
-    fn offset(&self, layer: usize, head: usize, pos: usize) -> usize {
-        ((layer * self.kv_heads + head) * self.capacity + pos) * self.head_dim
+    fn slots(&self) -> usize {
+        self.capacity.next_multiple_of(KEY_TILE)
     }
 
-    /// The key and value rows of `(layer, head, pos)`, to be written.
+    /// Offset of `(layer, head)`'s block (`slots * head_dim` elements).
     #[inline]
-    pub(crate) fn rows_mut(
-        &mut self,
-        layer: usize,
-        head: usize,
-        pos: usize,
-    ) -> (&mut [f32], &mut [f32]) {
-        let at = self.offset(layer, head, pos);
-        let d = self.head_dim;
-        (&mut self.keys[at..at + d], &mut self.values[at..at + d])
+    fn block(&self, layer: usize, head: usize) -> usize {
+        (layer * self.kv_heads + head) * self.slots() * self.head_dim
     }
 
-    /// The keys and values of `(layer, head)` for positions `positions`
-    /// (`positions.len() * head_dim` elements each).
+    /// Stores the key `k` and value `v` (`head_dim` each) of `(layer, head)`
+    /// at position `pos`.
     #[inline]
-    pub(crate) fn span(
+    pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let (at, d) = (self.block(layer, head), self.head_dim);
+        let tile = at + pos / KEY_TILE * d * KEY_TILE + pos % KEY_TILE;
+        for (i, &ki) in k.iter().enumerate() {
+            self.keys[tile + i * KEY_TILE] = ki;
+        }
+        self.values[at + pos * d..at + (pos + 1) * d].copy_from_slice(v);
+    }
+
+    /// The keys of `(layer, head)` in tiles of [`KEY_TILE`] positions, each
+    /// tile transposed: element `i` of position `j`'s key is at
+    /// `(j / KEY_TILE) · head_dim · KEY_TILE + i · KEY_TILE + j % KEY_TILE`.
+    #[inline]
+    pub(crate) fn keys_tiled(&self, layer: usize, head: usize) -> &[f32] {
+        let at = self.block(layer, head);
+        &self.keys[at..at + self.slots() * self.head_dim]
+    }
+
+    /// The values of `(layer, head)` for `positions`: `[positions.len(), head_dim]`.
+    #[inline]
+    pub(crate) fn values(
         &self,
         layer: usize,
         head: usize,
         positions: std::ops::Range<usize>,
-    ) -> (&[f32], &[f32]) {
-        let (a, b) = (
-            self.offset(layer, head, positions.start),
-            self.offset(layer, head, positions.end),
-        );
-        (&self.keys[a..b], &self.values[a..b])
+    ) -> &[f32] {
+        let (at, d) = (self.block(layer, head), self.head_dim);
+        &self.values[at + positions.start * d..at + positions.end * d]
     }
 }

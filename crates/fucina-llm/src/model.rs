@@ -25,13 +25,17 @@
 //! - every projection is one [`ExecContext::weight_matmul`] call over the rows of
 //!   all sequences, whose result for a row is fixed by that row alone;
 //! - RMSNorm, RoPE, SwiGLU and the residual adds are per-row loops;
-//! - attention runs one task per (sequence, head) (prefill: per head of the
-//!   chunk); a task computes each of its query rows alone, every sum in
-//!   increasing position order (scores, the softmax's sum, the weighted sum of
-//!   values), so the parallel split decides who computes a row, never how;
+//! - attention runs one task per (sequence, head) (prefill: per head and block
+//!   of rows of the chunk); a task computes each of its query rows alone, every sum in a
+//!   fixed order set by the row's own position (each score over the head
+//!   dimension in increasing order, the softmax's sum in eight lanes folded in
+//!   halves, each output element's weighted sum of values in increasing
+//!   position), so the parallel split decides who computes a row, never how;
 //! - the code of this module is compiled once, for the baseline target, without
-//!   fused multiply-adds; exponentials, sines and cosines are computed in f64 and
-//!   rounded once.
+//!   fused multiply-adds (its vector registers only ever hold independent sums
+//!   side by side); the exponential of the softmax and of SiLU is the crate's
+//!   own, made of IEEE operations only (no C library), and the RoPE sines and
+//!   cosines are computed in f64 and rounded once.
 //!
 //! Prefill writes the keys and values of a chunk into the cache first, then
 //! each query row attends to the cached positions up to its own. A row's result
@@ -44,8 +48,9 @@
 //! The activations of a call (sized for its rows: the batch of a decode, a chunk
 //! of a prefill) live in a workspace inside the [`Model`], behind a mutex: calls
 //! on one model from several threads run one at a time. The workspace grows when
-//! a call needs more rows or attends over a longer cache than any call before;
-//! once it has seen the largest batch and cache, decoding allocates nothing.
+//! a call needs more rows, or more attention scores (a cache of larger
+//! capacity), than any call before; once it has seen the largest batch and
+//! cache, decoding allocates nothing.
 
 mod kernels;
 
@@ -498,8 +503,17 @@ impl Model {
         let s = &mut *scratch;
         let heads = self.config.num_attention_heads;
         let rows_max = tokens.len().min(PREFILL_CHUNK);
+        // Attention tasks: each head's rows in `blocks` pieces, so that a team
+        // has about two tasks per participant.
+        let blocks = (2 * ctx.threads()).div_ceil(heads).clamp(1, rows_max);
         // Scores for the cache's whole capacity: later calls on it never grow them.
-        s.ensure(&self.config, rows_max, heads, rows_max, cache.capacity());
+        s.ensure(
+            &self.config,
+            rows_max,
+            heads * blocks,
+            rows_max.div_ceil(blocks),
+            cache.capacity(),
+        );
         let start = cache.len();
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
@@ -508,8 +522,14 @@ impl Model {
             for (r, p) in s.positions[..rows].iter_mut().enumerate() {
                 *p = first + r;
             }
-            for (h, t) in s.tasks[..heads].iter_mut().enumerate() {
-                (t.seq, t.head, t.rows) = (0, h, 0..rows);
+            let per = rows.div_ceil(blocks.min(rows));
+            let mut n_tasks = 0;
+            for h in 0..heads {
+                for first in (0..rows).step_by(per) {
+                    let t = &mut s.tasks[n_tasks];
+                    (t.seq, t.head, t.rows) = (0, h, first..(first + per).min(rows));
+                    n_tasks += 1;
+                }
             }
             self.embed_rows(chunk, s)?;
             for l in 0..self.layers.len() {
@@ -518,7 +538,7 @@ impl Model {
                     self.store_kv(l, s, r, cache);
                 }
                 let cache_ro = &*cache;
-                self.attention(ctx, l, heads, s, |_| cache_ro);
+                self.attention(ctx, l, n_tasks, s, |_| cache_ro);
                 self.attention_output_and_mlp(ctx, l, rows, s)?;
             }
             let hid = self.config.hidden_size;
@@ -709,9 +729,7 @@ impl Model {
         let pos = s.positions[r];
         for g in 0..self.config.num_key_value_heads {
             let at = r * kvd + g * hd;
-            let (k, v) = cache.rows_mut(l, g, pos);
-            k.copy_from_slice(&s.k[at..at + hd]);
-            v.copy_from_slice(&s.v[at..at + hd]);
+            cache.store(l, g, pos, &s.k[at..at + hd], &s.v[at..at + hd]);
         }
     }
 
@@ -747,12 +765,12 @@ impl Model {
             for (i, r) in t.rows.clone().enumerate() {
                 let pos = positions[r];
                 let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let (keys, values) = cache.span(l, g, lo..pos + 1);
                 let at = r * qd + t.head * hd;
                 kernels::attend_row(
                     &q[at..at + hd],
-                    keys,
-                    values,
+                    cache.keys_tiled(l, g),
+                    lo,
+                    cache.values(l, g, lo..pos + 1),
                     scale,
                     &mut t.scores,
                     &mut t.out[i * hd..(i + 1) * hd],

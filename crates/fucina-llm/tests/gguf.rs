@@ -8,64 +8,8 @@ use std::io::Write;
 use fucina_llm::LlmError;
 use fucina_llm::gguf::{GgmlType, GgufFile, GgufValue, parse_header};
 
-/// Builds GGUF images field by field.
-#[derive(Default)]
-struct Writer {
-    meta: Vec<u8>,
-    n_meta: u64,
-    infos: Vec<u8>,
-    n_tensors: u64,
-    data: Vec<u8>,
-}
-
-fn string(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-impl Writer {
-    fn kv(&mut self, key: &str, ty: u32, value: &[u8]) -> &mut Self {
-        string(&mut self.meta, key);
-        self.meta.extend_from_slice(&ty.to_le_bytes());
-        self.meta.extend_from_slice(value);
-        self.n_meta += 1;
-        self
-    }
-
-    /// A tensor with `dims` (innermost first) of ggml type `code` and `bytes` of data,
-    /// placed at the next 32-byte boundary of the data section.
-    fn tensor(&mut self, name: &str, dims: &[u64], code: u32, bytes: &[u8]) -> &mut Self {
-        while !self.data.len().is_multiple_of(32) {
-            self.data.push(0);
-        }
-        string(&mut self.infos, name);
-        self.infos
-            .extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        for d in dims {
-            self.infos.extend_from_slice(&d.to_le_bytes());
-        }
-        self.infos.extend_from_slice(&code.to_le_bytes());
-        self.infos
-            .extend_from_slice(&(self.data.len() as u64).to_le_bytes());
-        self.data.extend_from_slice(bytes);
-        self.n_tensors += 1;
-        self
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&self.n_tensors.to_le_bytes());
-        out.extend_from_slice(&self.n_meta.to_le_bytes());
-        out.extend_from_slice(&self.meta);
-        out.extend_from_slice(&self.infos);
-        while !out.len().is_multiple_of(32) {
-            out.push(0);
-        }
-        out.extend_from_slice(&self.data);
-        out
-    }
-}
+mod gguf_support;
+use gguf_support::{Writer, string};
 
 fn sample() -> Writer {
     let mut w = Writer::default();

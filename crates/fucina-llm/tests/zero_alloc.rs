@@ -102,21 +102,28 @@ fn a_repeated_prefill_allocates_nothing() {
     in_own_process("a_repeated_prefill_allocates_nothing", || {
         let c = model_support::llama(64);
         let model = model_support::model(&c, WeightFormat::F32, 6);
-        let ctx = ExecContext::with_threads(2);
-        let prompt = model_support::tokens(9, 100, c.vocab_size);
-        let mut cache = model.new_cache(100).unwrap();
-        let mut all = vec![0.0f32; 100 * c.vocab_size];
-        let mut last = vec![0.0f32; c.vocab_size];
-        model
-            .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
-            .unwrap();
-        let before = allocations();
-        for _ in 0..3 {
-            cache.clear();
+        // 4 threads: each head's rows are split in two attention tasks.
+        for threads in [2, 4] {
+            let ctx = ExecContext::with_threads(threads);
+            let prompt = model_support::tokens(9, 100, c.vocab_size);
+            let mut cache = model.new_cache(100).unwrap();
+            let mut all = vec![0.0f32; 100 * c.vocab_size];
+            let mut last = vec![0.0f32; c.vocab_size];
             model
                 .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
                 .unwrap();
+            let before = allocations();
+            for _ in 0..3 {
+                cache.clear();
+                model
+                    .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
+                    .unwrap();
+            }
+            assert_eq!(
+                allocations() - before,
+                0,
+                "heap allocations in 3 prefills ({threads} threads)"
+            );
         }
-        assert_eq!(allocations() - before, 0, "heap allocations in 3 prefills");
     });
 }

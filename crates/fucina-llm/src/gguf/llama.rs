@@ -154,7 +154,14 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
         None => *embed.shape().first().unwrap_or(&0),
     };
     let token = |key: &str| -> Result<Option<u32>, LlmError> {
-        Ok(optional_u64(file, key)?.map(|v| v as u32))
+        match file.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .map(Some)
+                .ok_or_else(|| bad(file, format!("metadata {key} = {v:?} is not a token id"))),
+        }
     };
     Ok(ModelConfig {
         architecture: Architecture::Llama,
@@ -264,7 +271,10 @@ pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStor
                 config.num_key_value_heads
             };
             let rows = shape[0];
-            if shape.len() != 2 || rows != heads * config.head_dim || !config.head_dim.is_multiple_of(2) {
+            if shape.len() != 2
+                || rows != heads * config.head_dim
+                || !config.head_dim.is_multiple_of(2)
+            {
                 return Err(LlmError::BadTensor {
                     name: info.name.clone(),
                     reason: format!(

@@ -1,9 +1,10 @@
 //! The decoder's small kernels on f32 slices: RMSNorm, RoPE, SiLU, the dot
 //! product and the one-row attention. Each reduction runs in one fixed order
 //! that depends only on its own inputs' lengths (never on threads, batch or the
-//! vector level: this code is compiled once, for the baseline target, and Rust
-//! never fuses or reassociates float operations), and every transcendental is
-//! computed in f64 and rounded once to f32.
+//! vector level: this code is compiled once, for the baseline target, and
+//! Rust never fuses or reassociates float operations). The exponential is the crate's own
+//! ([`exp`], IEEE operations only); sines and cosines (of RoPE angles) are
+//! computed in f64 and rounded once.
 
 use crate::config::RopeScaling;
 
@@ -43,18 +44,62 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     fold(acc)
 }
 
+/// `Σ x[i]` in the fixed order of [`LANES`].
+#[inline(always)]
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            acc[l] += c[l];
+        }
+    }
+    for (l, &v) in rest.iter().enumerate() {
+        acc[l] += v;
+    }
+    fold(acc)
+}
+
 /// `Σ x[i]²` in the fixed order of [`LANES`].
 #[inline]
 fn sum_squares(x: &[f32]) -> f32 {
     dot(x, x)
 }
 
-/// `exp(x)` computed in f64 and rounded once to f32 (so the result is the
-/// correctly rounded one except in vanishingly rare double-rounding cases, on
-/// any C library).
-#[inline]
+/// `exp(x)` in f32 from IEEE additions, multiplications and bit operations
+/// only (no C library call, no fused multiply-add), so a loop over it
+/// vectorizes and gives the same bits on every machine and at every vector
+/// level.
+///
+/// `x` is clamped to `[-87, 88]` (below, the result is at most `1.7e-38`
+/// instead of a smaller number or 0; above, `exp(88)` instead of a larger
+/// number or infinity: harmless for the softmax, whose arguments are at most
+/// 0, and for SiLU). Then `x = n·ln2 + r` with `n` the nearest integer to
+/// `x/ln2` and `|r| <= ln2/2` (`ln2` in two parts so `r` is exact), `exp(r)` by
+/// its Taylor polynomial of degree 7 (truncation below `6e-9` relative), times
+/// `2^n` assembled from its bits. Within 2 ulp of the exact value over the
+/// range (checked against f64 by the tests).
+#[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    (x as f64).exp() as f32
+    const SHIFT: f32 = 12_582_912.0; // 1.5 · 2^23: rounds to an integer
+    const LN2_HI: f32 = 0.693_145_75; // 0x3f317200: few mantissa bits, n·LN2_HI exact
+    const LN2_LO: f32 = 1.428_606_8e-6; // ln2 - LN2_HI
+    let x = x.clamp(-87.0, 88.0);
+    let t = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = t - SHIFT;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    // The low bits of `t` hold `n` (in [-126, 127]) in two's complement.
+    let n = (t.to_bits() as i32).wrapping_sub(0x4b40_0000);
+    p * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 /// RMSNorm of one row, as transformers computes it in f32:
@@ -158,43 +203,237 @@ pub(crate) fn apply_rope(row: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// One query row of one head attending to `n = keys.len() / q.len()` cached
-/// positions: `out = Σ_j softmax(scale · q·k_j)_j · v_j`, every sum in
-/// increasing `j` (the softmax's max, the exponentials' sum, and each output
-/// element's weighted sum), using `scores[..n]` as scratch.
-pub(crate) fn attend_row(
+/// Positions whose scores (and output elements whose weighted sums) are
+/// accumulated side by side, in vector registers: one key tile of the cache.
+const BLOCK: usize = crate::cache::KEY_TILE;
+
+/// Key tiles (and blocks of output elements) accumulated at once: independent
+/// chains of additions, so that the loops are not bound by the latency of one.
+const TILES: usize = 2;
+
+/// `acc + x · row` for the `BLOCK` columns of `row` (by value, so the
+/// accumulators stay in registers).
+#[inline(always)]
+fn axpy_block(mut acc: [f32; BLOCK], x: f32, row: &[f32; BLOCK]) -> [f32; BLOCK] {
+    for c in 0..BLOCK {
+        acc[c] += x * row[c];
+    }
+    acc
+}
+
+/// Row `i` (of `BLOCK` elements) of `m`.
+#[inline(always)]
+fn block_row(m: &[f32], i: usize) -> &[f32; BLOCK] {
+    m[i * BLOCK..(i + 1) * BLOCK]
+        .try_into()
+        .expect("a full block")
+}
+
+/// The scaled scores of the `G` key tiles starting at tile `tile0` of `keys`
+/// (tiled layout), into `scores` (`G · BLOCK` of them): each `Σ_i q[i] · k[i]`
+/// in increasing `i`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // by-value accumulators, kept in registers
+fn score_tiles<const G: usize>(
     q: &[f32],
     keys: &[f32],
+    tile0: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let d = q.len();
+    let tiles: [&[f32]; G] =
+        std::array::from_fn(|g| &keys[(tile0 + g) * d * BLOCK..(tile0 + g + 1) * d * BLOCK]);
+    let mut acc = [[0.0f32; BLOCK]; G];
+    for (i, &qi) in q.iter().enumerate() {
+        for g in 0..G {
+            acc[g] = axpy_block(acc[g], qi, block_row(tiles[g], i));
+        }
+    }
+    for (s, a) in scores.iter_mut().zip(acc.iter().flatten()) {
+        *s = a * scale;
+    }
+}
+
+/// Output elements `first .. first + G · BLOCK` of `Σ_j p[j] · v_j` (values
+/// `[p.len(), d]`), each in increasing `j`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // by-value accumulators, kept in registers
+fn weigh_blocks<const G: usize>(
+    p: &[f32],
+    values: &[f32],
+    d: usize,
+    first: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [[0.0f32; BLOCK]; G];
+    for (&pj, v) in p.iter().zip(values.chunks_exact(d)) {
+        let v = &v[first..first + G * BLOCK];
+        for g in 0..G {
+            acc[g] = axpy_block(acc[g], pj, block_row(v, g));
+        }
+    }
+    for (o, a) in out[first..first + G * BLOCK]
+        .iter_mut()
+        .zip(acc.iter().flatten())
+    {
+        *o = *a;
+    }
+}
+
+/// One query row `q` of one head attending to the `n = values.len() / q.len()`
+/// cached positions `lo..lo + n`: `out = Σ_j softmax(scale · q·k_j)_j · v_j`.
+///
+/// `keys_t` holds the head's keys in the cache's tiled layout (tiles of
+/// [`BLOCK`] positions, each `[head_dim, BLOCK]`). Each score is
+/// `Σ_d q[d] · k_j[d]` in increasing `d` (the positions of a tile are computed
+/// side by side, each its own sum), then scaled; the
+/// softmax's maximum and sum run in increasing `j`, and so does each output
+/// element's weighted sum of the values. `scores[..n]` is scratch.
+///
+/// Compiled once, for the baseline target: its vectors only hold
+/// independent sums side by side (never parts of one sum) and no
+/// multiply-add is fused.
+pub(crate) fn attend_row(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
     values: &[f32],
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
     let d = q.len();
-    let n = keys.len() / d;
+    let n = values.len() / d;
     let scores = &mut scores[..n];
-    let mut max = f32::NEG_INFINITY;
-    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(d)) {
-        *s = dot(q, k) * scale;
-        max = max.max(*s);
+    // Scores: the whole key tiles inside `lo..lo + n`, then the positions
+    // before and after them one by one (the same sum for each).
+    let end = lo + n;
+    let tile = d * BLOCK;
+    let key = |j: usize, i: usize| keys_t[j / BLOCK * tile + i * BLOCK + j % BLOCK];
+    let one = |j: usize| {
+        let mut a = 0.0f32;
+        for (i, &qi) in q.iter().enumerate() {
+            a += qi * key(j, i);
+        }
+        a * scale
+    };
+    let (first, last) = (lo.next_multiple_of(BLOCK).min(end), end / BLOCK * BLOCK);
+    for j in lo..first {
+        scores[j - lo] = one(j);
     }
-    let mut sum = 0.0f32;
+    let mut start = first;
+    while start + TILES * BLOCK <= last {
+        let out = &mut scores[start - lo..start - lo + TILES * BLOCK];
+        score_tiles::<TILES>(q, keys_t, start / BLOCK, scale, out);
+        start += TILES * BLOCK;
+    }
+    while start < last {
+        let out = &mut scores[start - lo..start - lo + BLOCK];
+        score_tiles::<1>(q, keys_t, start / BLOCK, scale, out);
+        start += BLOCK;
+    }
+    for j in last.max(first)..end {
+        scores[j - lo] = one(j);
+    }
+    // Softmax: probabilities in place; the exponentials summed in the fixed
+    // lane order of `sum_lanes`.
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = exp(*s - max);
-        sum += *s;
     }
-    out.fill(0.0);
-    for (&e, v) in scores.iter().zip(values.chunks_exact(d)) {
-        let p = e / sum;
-        for (o, &vi) in out.iter_mut().zip(v) {
-            *o += p * vi;
+    let sum = sum_lanes(scores);
+    for s in scores.iter_mut() {
+        *s /= sum;
+    }
+    // Weighted sum of the values: groups of blocks of output elements, then
+    // single blocks, then the rest one by one (each element's sum in
+    // increasing `j` either way).
+    let mut first = 0;
+    while first + TILES * BLOCK <= d {
+        weigh_blocks::<TILES>(scores, values, d, first, out);
+        first += TILES * BLOCK;
+    }
+    while first + BLOCK <= d {
+        weigh_blocks::<1>(scores, values, d, first, out);
+        first += BLOCK;
+    }
+    for (c, o) in out.iter_mut().enumerate().skip(first) {
+        let mut a = 0.0f32;
+        for (&p, v) in scores.iter().zip(values.chunks_exact(d)) {
+            a += p * v[c];
         }
+        *o = a;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_f64() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x <= 88.0 {
+            let want = (x as f64).exp();
+            let ulp = (want as f32).abs() as f64 * f32::EPSILON as f64;
+            worst = worst.max((exp(x) as f64 - want).abs() / ulp);
+            x += 0.000_73;
+        }
+        assert!(worst <= 2.0, "{worst} ulp");
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(-1000.0) <= 1.7e-38 && exp(-f32::INFINITY) >= 0.0);
+        assert!(exp(1000.0).is_finite());
+    }
+
+    /// The attention of one row against a direct f64 evaluation, across block
+    /// boundaries of positions and of output elements.
+    #[test]
+    fn attend_row_matches_f64() {
+        for (d, n, lo) in [
+            (8usize, 5usize, 0usize),
+            (16, 16, 3),
+            (24, 37, 2),
+            (40, 1, 0),
+            (64, 50, 10),
+            (8, 40, 16),
+            (8, 7, 17),
+        ] {
+            let cap = (lo + n + 3).next_multiple_of(BLOCK);
+            let q: Vec<f32> = (0..d).map(|i| ((i * 7 % 11) as f32 - 5.0) / 7.0).collect();
+            // Key element i of position j: k(j, i); stored tiled.
+            let k = |j: usize, i: usize| ((j * 31 + i * 13) % 17) as f32 / 9.0 - 0.9;
+            let mut kt = vec![0.0f32; d * cap];
+            for j in 0..cap {
+                for i in 0..d {
+                    kt[j / BLOCK * d * BLOCK + i * BLOCK + j % BLOCK] = k(j, i);
+                }
+            }
+            let v: Vec<f32> = (0..n * d)
+                .map(|i| ((i * 5 % 23) as f32 - 11.0) / 10.0)
+                .collect();
+            let mut scores = vec![0.0f32; n];
+            let mut out = vec![0.0f32; d];
+            attend_row(&q, &kt, lo, &v, 0.3, &mut scores, &mut out);
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    (0..d)
+                        .map(|i| q[i] as f64 * k(lo + j, i) as f64)
+                        .sum::<f64>()
+                        * 0.3
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for c in 0..d {
+                let want: f64 = (0..n)
+                    .map(|j| (s[j] - m).exp() / z * v[j * d + c] as f64)
+                    .sum();
+                assert!((out[c] as f64 - want).abs() < 1e-5, "d {d} n {n} c {c}");
+            }
+        }
+    }
 
     #[test]
     fn dot_matches_f64_and_the_lane_order() {

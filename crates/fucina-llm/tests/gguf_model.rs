@@ -1,0 +1,258 @@
+//! A Llama model converted to GGUF the way llama.cpp's converter does it (tensor
+//! names, the q/k row order of its rotary embedding, dims innermost first,
+//! metadata keys) loads through `gguf::llama` and gives the same logit bits as
+//! the safetensors original; a GGUF file of another architecture, with a
+//! missing key, or with `rope_freqs` is refused by name.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use fucina::ExecContext;
+use fucina::exec::WeightFormat;
+use fucina_llm::gguf::llama::load_llama;
+use fucina_llm::{LlmError, Model, ModelConfig, WeightStore};
+
+mod gguf_support;
+use gguf_support::{Writer, string};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// llama.cpp's row order for the q or k projection: its row `h·D + 2j + i` is
+/// Hugging Face's row `h·D + i·D/2 + j`.
+fn permute(bytes: &[u8], rows: usize, row_bytes: usize, head_dim: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..rows / head_dim {
+        for i in 0..2 {
+            for j in 0..head_dim / 2 {
+                let from = h * head_dim + i * head_dim / 2 + j;
+                let to = h * head_dim + 2 * j + i;
+                out[to * row_bytes..(to + 1) * row_bytes]
+                    .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
+            }
+        }
+    }
+    out
+}
+
+fn gguf_name(hf: &str) -> String {
+    let fixed = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
+        return g.to_string();
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (layer, tail) = rest.split_once('.').unwrap();
+    let part = [
+        ("input_layernorm.weight", "attn_norm.weight"),
+        ("post_attention_layernorm.weight", "ffn_norm.weight"),
+        ("self_attn.q_proj.weight", "attn_q.weight"),
+        ("self_attn.k_proj.weight", "attn_k.weight"),
+        ("self_attn.v_proj.weight", "attn_v.weight"),
+        ("self_attn.o_proj.weight", "attn_output.weight"),
+        ("mlp.gate_proj.weight", "ffn_gate.weight"),
+        ("mlp.up_proj.weight", "ffn_up.weight"),
+        ("mlp.down_proj.weight", "ffn_down.weight"),
+    ]
+    .iter()
+    .find(|(h, _)| *h == tail)
+    .unwrap_or_else(|| panic!("unmapped tensor {hf}"))
+    .1;
+    format!("blk.{layer}.{part}")
+}
+
+fn u32v(v: usize) -> Vec<u8> {
+    (v as u32).to_le_bytes().to_vec()
+}
+
+fn f32v(v: f32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn str_v(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    string(&mut out, s);
+    out
+}
+
+/// The GGUF image of a Hugging Face Llama model, with `skip` metadata keys left out
+/// and `extra` appended.
+fn convert(
+    cfg: &ModelConfig,
+    store: &WeightStore,
+    skip: &[&str],
+    extra: &[(&str, u32, Vec<u8>)],
+) -> Vec<u8> {
+    let mut w = Writer::default();
+    let meta: Vec<(&str, u32, Vec<u8>)> = vec![
+        ("general.architecture", 8, str_v("llama")),
+        ("llama.embedding_length", 4, u32v(cfg.hidden_size)),
+        ("llama.feed_forward_length", 4, u32v(cfg.intermediate_size)),
+        ("llama.block_count", 4, u32v(cfg.num_hidden_layers)),
+        (
+            "llama.attention.head_count",
+            4,
+            u32v(cfg.num_attention_heads),
+        ),
+        (
+            "llama.attention.head_count_kv",
+            4,
+            u32v(cfg.num_key_value_heads),
+        ),
+        ("llama.attention.key_length", 4, u32v(cfg.head_dim)),
+        ("llama.rope.dimension_count", 4, u32v(cfg.head_dim)),
+        ("llama.context_length", 4, u32v(cfg.max_position_embeddings)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            f32v(cfg.rms_norm_eps),
+        ),
+        ("llama.rope.freq_base", 6, f32v(cfg.rope_theta)),
+        (
+            "tokenizer.ggml.bos_token_id",
+            4,
+            u32v(cfg.bos_token_id.unwrap() as usize),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            4,
+            u32v(cfg.eos_token_ids[0] as usize),
+        ),
+    ];
+    for (k, t, v) in meta
+        .iter()
+        .filter(|(k, _, _)| !skip.contains(k))
+        .chain(extra)
+    {
+        w.kv(k, *t, v);
+    }
+    for (name, weight) in store.iter() {
+        assert_eq!(weight.format(), WeightFormat::F32);
+        let shape = weight.shape();
+        let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let mut bytes = weight.bytes().to_vec();
+        if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
+            bytes = permute(&bytes, shape[0], shape[1] * 4, cfg.head_dim);
+        }
+        w.tensor(&gguf_name(name), &dims, 0, &bytes);
+    }
+    w.bytes()
+}
+
+fn write(bytes: &[u8], tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fucina-gguf-model-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("model.gguf");
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+#[test]
+fn a_converted_llama_gives_the_same_logit_bits() {
+    let dir = fixture("llama_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let path = write(&convert(&cfg, &store, &[], &[]), "ok");
+
+    let (gcfg, gstore, file) = load_llama(&path).unwrap();
+    assert_eq!(file.tensors().len(), store.len());
+    assert_eq!(gcfg.hidden_size, cfg.hidden_size);
+    assert_eq!(gcfg.num_key_value_heads, cfg.num_key_value_heads);
+    assert_eq!(gcfg.vocab_size, cfg.vocab_size);
+    assert_eq!(gcfg.tie_word_embeddings, cfg.tie_word_embeddings);
+    assert_eq!(gcfg.eos_token_ids, cfg.eos_token_ids);
+    // Every tensor other than q and k is the mapped file; q and k are put back.
+    for (name, w) in store.iter() {
+        let g = gstore.get(name).unwrap();
+        assert_eq!(g.shape(), w.shape(), "{name}");
+        assert_eq!(g.bytes(), w.bytes(), "{name}");
+    }
+
+    let ctx = ExecContext::with_threads(2);
+    let reference = Model::from_parts(cfg.clone(), store).unwrap();
+    let converted = Model::from_parts(gcfg, gstore).unwrap();
+    let prompt: Vec<u32> = (0..12)
+        .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
+        .collect();
+    let vocab = cfg.vocab_size;
+    let run = |m: &Model| {
+        let mut cache = m.new_cache(prompt.len()).unwrap();
+        let mut all = vec![0.0f32; prompt.len() * vocab];
+        let mut last = vec![0.0f32; vocab];
+        m.prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
+            .unwrap();
+        all.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(run(&reference), run(&converted));
+}
+
+#[test]
+fn bad_gguf_models_are_refused_by_name() {
+    let dir = fixture("llama_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let err = |bytes: Vec<u8>, tag: &str| load_llama(write(&bytes, tag)).unwrap_err().to_string();
+
+    let e = err(convert(&cfg, &store, &["llama.block_count"], &[]), "nokey");
+    assert!(
+        e.contains("llama.block_count is missing") && e.contains("model.gguf"),
+        "{e}"
+    );
+    let e = err(
+        convert(
+            &cfg,
+            &store,
+            &["general.architecture"],
+            &[("general.architecture", 8, str_v("gpt2"))],
+        ),
+        "arch",
+    );
+    assert!(e.contains("\"gpt2\" is not supported"), "{e}");
+    let e = err(
+        convert(
+            &cfg,
+            &store,
+            &["llama.attention.head_count_kv"],
+            &[("llama.attention.head_count_kv", 4, u32v(3))],
+        ),
+        "heads",
+    );
+    assert!(e.contains("3 key/value heads"), "{e}");
+    let e = err(
+        convert(
+            &cfg,
+            &store,
+            &[],
+            &[("llama.rope.scaling.type", 8, str_v("yarn"))],
+        ),
+        "yarn",
+    );
+    assert!(e.contains("\"yarn\" is not supported"), "{e}");
+    let e = err(
+        convert(
+            &cfg,
+            &store,
+            &["llama.rope.dimension_count"],
+            &[("llama.rope.dimension_count", 4, u32v(8))],
+        ),
+        "partial",
+    );
+    assert!(e.contains("partial rotary"), "{e}");
+    // A tensor of an unsupported type names the tensor.
+    let mut w = Writer::default();
+    w.kv("general.architecture", 8, &str_v("llama"));
+    w.tensor("blk.0.attn_q.weight", &[256, 1], 12, &[0u8; 144]);
+    let path = write(&w.bytes(), "type");
+    let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+    let e = fucina_llm::gguf::llama::llama_weights(&file, &cfg).unwrap_err();
+    assert!(
+        matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.0.attn_q.weight"),
+        "{e}"
+    );
+}
