@@ -22,6 +22,8 @@
 //! writes the logits of every position of the first prompt, `[T, vocab]`, as a
 //! little-endian f32 `.npy` file.
 
+#![allow(clippy::result_large_err)] // LlmError, as in the library
+
 #[path = "common/batch.rs"]
 mod batch;
 #[path = "common/npy.rs"]
@@ -79,28 +81,6 @@ struct Args {
     logits_out: Option<PathBuf>,
 }
 
-/// Parses `--prompt-ids`: prompts separated by ';', ids by ','.
-fn parse_prompt_ids(text: &str) -> Result<Vec<Vec<u32>>, String> {
-    text.split(';')
-        .enumerate()
-        .map(|(i, p)| {
-            let ids = p
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| {
-                    s.parse::<u32>()
-                        .map_err(|e| format!("prompt {i}: id {s:?}: {e}"))
-                })
-                .collect::<Result<Vec<u32>, String>>()?;
-            if ids.is_empty() {
-                return Err(format!("prompt {i} has no ids"));
-            }
-            Ok(ids)
-        })
-        .collect()
-}
-
 fn run(args: Args) -> Result<(), String> {
     let err = |e: LlmError| e.to_string();
     let model = Model::load(&args.model).map_err(err)?;
@@ -121,7 +101,7 @@ fn run(args: Args) -> Result<(), String> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(err)?
         }
-        (None, Some(ids)) => parse_prompt_ids(ids)?,
+        (None, Some(ids)) => batch::parse_prompt_ids(ids)?,
         _ => return Err("give exactly one of --prompt and --prompt-ids".to_string()),
     };
     // The end-of-sequence tokens of generation_config.json, else config.json's.

@@ -395,7 +395,12 @@ def bench_shapes(out_root):
         cfg_cls, model_cls = spec["cls"]
         config = cfg_cls(**spec["cfg"])
         torch.manual_seed(0)
-        model = model_cls(config).to(torch.bfloat16)
+        # Built in bf16 directly: no f32 copy of a 1.1B-parameter model in memory.
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = model_cls(config)
+        finally:
+            torch.set_default_dtype(torch.float32)
         model.config.dtype = torch.bfloat16
         model_dir = os.path.join(out_root, name)
         os.makedirs(model_dir, exist_ok=True)

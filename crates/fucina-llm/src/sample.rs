@@ -10,7 +10,9 @@
 //! 2. **Greedy** (`temperature == 0`): the token with the largest logit, the
 //!    lowest id among equal ones. Top-k and top-p do not change the argmax and
 //!    are not applied.
-//! 3. **Temperature** `t`: the logits are divided by `t`.
+//! 3. **Temperature** `t`: the logits are divided by `t` (after subtracting
+//!    their maximum, which changes none of the steps below and keeps a tiny `t`
+//!    from overflowing).
 //! 4. **Top-k** `k` (0 = off): tokens whose logit is below the `k`-th largest
 //!    are removed (tokens equal to it are kept, as in `transformers`).
 //! 5. **Top-p** `p` (1 = off): with the remaining tokens ranked by logit (larger
@@ -18,7 +20,8 @@
 //!    probabilities, a token is kept when the probability mass ranked strictly
 //!    above it is below `p`: the smallest prefix whose mass reaches `p`, and
 //!    always at least the first token.
-//! 6. **The draw**: the weights `exp(l - max)` of the kept tokens, in id order,
+//! 6. **The draw**: the weights `exp(l)` of the kept tokens (`l` the shifted,
+//!    scaled logits, so the largest weight is 1), in id order,
 //!    go to [`categorical`](fucina::rng::categorical)`(seed, step, weights)`,
 //!    where `step` counts the sampler's calls (0 for the first). `exp` is a
 //!    fixed sequence of IEEE operations (no libm call) and the sums are f64 in a
@@ -285,32 +288,55 @@ impl Sampler {
             if p.top_p < 1.0 {
                 let order = &mut self.order;
                 let mut n = 0;
+                let mut total = 0.0f64;
                 for (i, &w) in weights.iter().enumerate() {
                     if w > 0.0 {
                         order[n] = i as u32;
                         n += 1;
+                        total += f64::from(w);
                     }
                 }
-                let ranked = &mut order[..n];
-                ranked.sort_unstable_by(|&a, &b| {
-                    scores[b as usize]
-                        .total_cmp(&scores[a as usize])
-                        .then(a.cmp(&b))
-                });
-                let total: f64 = ranked.iter().map(|&t| f64::from(weights[t as usize])).sum();
                 let limit = f64::from(p.top_p) * total;
+                // The ranking: larger logit first, lower id first among equal
+                // ones (a total order, so the kept set is well defined).
+                let rank = |a: &u32, b: &u32| {
+                    scores[*b as usize]
+                        .total_cmp(&scores[*a as usize])
+                        .then(a.cmp(b))
+                };
                 // Keep a token while the mass ranked above it is below the limit
-                // (the first token always: nothing is above it).
+                // (the first token always: nothing is above it). The nucleus is
+                // usually small: rank the best TOP_P_HEAD tokens first (a
+                // selection, linear time) and sort the rest only if the limit is
+                // not reached among them. Either way the kept set is the one a
+                // full sort gives.
+                const TOP_P_HEAD: usize = 256;
+                let ranked = &mut order[..n];
+                let head = TOP_P_HEAD.min(n);
+                if head < n {
+                    ranked.select_nth_unstable_by(head - 1, rank);
+                }
+                ranked[..head].sort_unstable_by(rank);
                 let mut above = 0.0f64;
-                let mut cut = n;
-                for (r, &t) in ranked.iter().enumerate() {
+                let mut cut = None;
+                for (r, &t) in ranked[..head].iter().enumerate() {
                     if above >= limit {
-                        cut = r;
+                        cut = Some(r);
                         break;
                     }
                     above += f64::from(weights[t as usize]);
                 }
-                for &t in &ranked[cut..] {
+                if cut.is_none() && head < n {
+                    ranked[head..].sort_unstable_by(rank);
+                    for (r, &t) in ranked.iter().enumerate().skip(head) {
+                        if above >= limit {
+                            cut = Some(r);
+                            break;
+                        }
+                        above += f64::from(weights[t as usize]);
+                    }
+                }
+                for &t in &ranked[cut.unwrap_or(n)..] {
                     weights[t as usize] = 0.0;
                 }
             }

@@ -206,7 +206,15 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
     let greedy = SamplingParams::default();
 
     // The full prompt alone: transformers' greedy ids.
-    let solo = batch::generate(&model, &ctx, &[r.prompt.clone()], 32, &greedy, true).unwrap();
+    let solo = batch::generate(
+        &model,
+        &ctx,
+        std::slice::from_ref(&r.prompt),
+        32,
+        &greedy,
+        true,
+    )
+    .unwrap();
     assert_eq!(solo.ids[0], r.greedy);
     let logits = solo.first_prompt_logits.as_ref().unwrap();
     assert!(max_abs_diff(logits, &r.logits) <= TOL);
@@ -233,7 +241,8 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
         "the first sequence stops at {stop}"
     );
     for (i, p) in prompts.iter().enumerate() {
-        let alone = batch::generate(&model, &ctx, &[p.clone()], 24, &params, false).unwrap();
+        let alone =
+            batch::generate(&model, &ctx, std::slice::from_ref(p), 24, &params, false).unwrap();
         assert_eq!(
             together.ids[i], alone.ids[0],
             "sequence {i} in the batch and alone"
@@ -268,6 +277,25 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
     assert!(batch::generate(&model, &ctx, &[], 4, &greedy, false).is_err());
     assert!(batch::generate(&model, &ctx, &[vec![]], 4, &greedy, false).is_err());
     assert!(batch::generate(&model, &ctx, &[vec![vocab as u32]], 4, &greedy, false).is_err());
+}
+
+#[test]
+fn prompt_ids_parse() {
+    assert_eq!(
+        batch::parse_prompt_ids("1,2,3").unwrap(),
+        vec![vec![1, 2, 3]]
+    );
+    assert_eq!(
+        batch::parse_prompt_ids(" 5, 6 ;7").unwrap(),
+        vec![vec![5, 6], vec![7]]
+    );
+    assert!(batch::parse_prompt_ids("1,,2").unwrap() == vec![vec![1, 2]]);
+    for bad in ["", "1;", "1;;2", "1,x", "-1", "4294967296"] {
+        assert!(
+            batch::parse_prompt_ids(bad).is_err(),
+            "{bad:?} should be an error"
+        );
+    }
 }
 
 #[test]

@@ -385,3 +385,48 @@ fn sampling_allocates_nothing_once_sized() {
         assert_eq!(n, 0, "{p:?}: allocations after the first call");
     }
 }
+
+#[test]
+fn top_p_with_a_nucleus_of_hundreds_of_tokens() {
+    // 1000 tokens of slowly decreasing logits, the ids shuffled: the nucleus of
+    // p = 0.5 holds several hundred tokens (more than the sampler ranks by
+    // selection before sorting the rest).
+    let vocab = 1000usize;
+    let rank_of: Vec<usize> = (0..vocab).map(|i| (i * 337) % vocab).collect(); // a permutation
+    let logits: Vec<f32> = rank_of.iter().map(|&r| -(r as f32) * 0.001).collect();
+    let w: Vec<f64> = (0..vocab).map(|r| (-(r as f64) * 0.001).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut above = 0.0;
+    let mut cut = vocab;
+    for (r, wr) in w.iter().enumerate() {
+        if above >= 0.5 * total {
+            cut = r;
+            break;
+        }
+        above += wr;
+    }
+    assert!((300..700).contains(&cut), "cut {cut}");
+    let p = SamplingParams {
+        top_p: 0.5,
+        ..params(1.0)
+    };
+    let c = counts(p, &logits, 8_000);
+    let drawn_ranks: Vec<usize> = (0..vocab)
+        .filter(|&i| c[i] > 0)
+        .map(|i| rank_of[i])
+        .collect();
+    let max_rank = *drawn_ranks.iter().max().unwrap();
+    assert!(
+        max_rank < cut,
+        "rank {max_rank} drawn, the nucleus ends at {cut}"
+    );
+    assert!(
+        max_rank + 3 >= cut,
+        "the nucleus's tail is drawn too (max rank {max_rank} of {cut})"
+    );
+    assert!(
+        drawn_ranks.len() + 5 >= cut,
+        "{} of {cut} kept tokens drawn",
+        drawn_ranks.len()
+    );
+}

@@ -5,6 +5,7 @@
 //! sequence that produces a stop token or reaches its token budget drops out of
 //! the batch.
 #![allow(dead_code)] // not every including target uses every field
+#![allow(clippy::result_large_err)] // LlmError, as in the library
 
 use std::time::Instant;
 
@@ -140,4 +141,27 @@ pub(crate) fn generate(
     }
     out.decode_secs = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Parses `--prompt-ids`: prompts separated by `;`, ids by `,` (spaces
+/// around them are ignored); an empty prompt or a bad id is an error naming it.
+pub(crate) fn parse_prompt_ids(text: &str) -> Result<Vec<Vec<u32>>, String> {
+    text.split(';')
+        .enumerate()
+        .map(|(i, p)| {
+            let ids = p
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<u32>()
+                        .map_err(|e| format!("prompt {i}: id {s:?}: {e}"))
+                })
+                .collect::<Result<Vec<u32>, String>>()?;
+            if ids.is_empty() {
+                return Err(format!("prompt {i} has no ids"));
+            }
+            Ok(ids)
+        })
+        .collect()
 }
