@@ -86,6 +86,10 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("CPU: {cpu}; simd level {:?}", fucina_exec::simd_level());
 
+    if std::env::var_os("QUANT_BENCH_HOT").is_some() {
+        hot();
+        return;
+    }
     accuracy();
 
     let pool_bytes = if quick { 80 << 20 } else { POOL_BYTES };
@@ -179,6 +183,40 @@ fn accuracy() {
                 "| {rows}x{cols} | {} | {diff:.3e} | {mag:.3} | {:.2e} |",
                 format.name(),
                 diff / mag
+            );
+        }
+    }
+}
+
+/// Cache-resident weights (one 576x1536 matrix used over and over): the
+/// kernels' compute speed, in ns per (block, activation row, weight row).
+fn hot() {
+    let ctx = ExecContext::with_threads(1);
+    let (rows, cols) = (576, 1536);
+    let mut w = vec![0.0f32; rows * cols];
+    fucina_exec::rng::uniform_fill(1, &mut w, -0.05, 0.05);
+    for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+        let q = ctx.quantize(format, rows, cols, &w).unwrap();
+        for m in [1usize, 4, 8] {
+            let mut x = vec![0.0f32; m * cols];
+            fucina_exec::rng::uniform_fill(2, &mut x, -1.0, 1.0);
+            let mut out = vec![0.0f32; m * rows];
+            let mut per = Vec::new();
+            for _ in 0..9 {
+                let t0 = Instant::now();
+                for _ in 0..200 {
+                    ctx.quant_matmul(&x, m, &q.matrix(), &mut out).unwrap();
+                }
+                per.push(t0.elapsed().as_secs_f64() / 200.0);
+            }
+            let (med, _, _) = stats(&mut per);
+            let pairs = (m * rows * cols / 32) as f64;
+            println!(
+                "hot {} m={m}: {:.1} us/call, {:.3} ns per block pair, {:.2} weight GB/s",
+                format.name(),
+                med * 1e6,
+                med * 1e9 / pairs,
+                q.bytes().len() as f64 / med / 1e9
             );
         }
     }

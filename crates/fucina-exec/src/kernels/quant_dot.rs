@@ -52,28 +52,53 @@ pub(crate) fn bias_offset(q4: bool) -> i32 {
 /// Quantizes one activation row `x` (a multiple of 32 long) into `q`, `scale` and
 /// `bias` (see [`Acts`]). A block holding a non-finite value gets a NaN scale
 /// and zero values, so every output of the row is NaN.
+///
+/// Runs at the current vector level; every step is exact or one IEEE rounding
+/// (the product `x · (1 / d)`), and the rounding to an integer is done exactly
+/// (truncate, then compare the exact remainder with ±0.5: ties away from zero,
+/// as `f32::round`), so every level gives the same values.
 pub(crate) fn quantize_row(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bias: &mut [i32]) {
-    for (b, xb) in x.chunks_exact(QK).enumerate() {
+    super::simd::vectorized!(quantize_row_body(x, offset, q, scale, bias))
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bias: &mut [i32]) {
+    let blocks = x
+        .chunks_exact(QK)
+        .zip(q.chunks_exact_mut(QK))
+        .zip(scale.iter_mut())
+        .zip(bias.chunks_exact_mut(LANES));
+    for (((xb, qb), sc), bl) in blocks {
+        let xb: &[f32; QK] = xb.try_into().expect("a block of 32");
         let mut amax = 0.0f32;
-        let mut finite = true;
+        let mut bad = 0u32;
         for &v in xb {
-            finite &= v.is_finite();
-            amax = amax.max(v.abs());
+            // the exponent all ones: an infinity or a NaN
+            bad |= u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000);
+            let a = v.abs();
+            amax = if a > amax { a } else { amax };
         }
-        let (d, id) = if !finite {
+        let (d, id) = if bad != 0 {
             (f32::NAN, 0.0)
         } else {
             let d = amax / 127.0;
             (d, if d != 0.0 { 1.0 / d } else { 0.0 })
         };
-        scale[b] = d;
-        let qb = &mut q[b * QK..(b + 1) * QK];
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            *o = (v * id).round().clamp(-127.0, 127.0) as i8;
+        *sc = d;
+        let mut qi = [0i32; QK];
+        for (o, &v) in qi.iter_mut().zip(xb) {
+            let y = v * id;
+            // |y| <= 127 (plus rounding) for a finite block; 0 otherwise
+            let t = y as i32;
+            let r = y - t as f32;
+            let t = t + i32::from(r >= 0.5) - i32::from(r <= -0.5);
+            *o = t.clamp(-127, 127);
         }
-        for (l, bl) in bias[b * LANES..(b + 1) * LANES].iter_mut().enumerate() {
-            let s: i32 = qb[4 * l..4 * l + 4].iter().map(|&v| i32::from(v)).sum();
-            *bl = -offset * s;
+        for (o, &v) in qb.iter_mut().zip(&qi) {
+            *o = v as i8;
+        }
+        for (l, b) in bl.iter_mut().enumerate() {
+            *b = -offset * (qi[4 * l] + qi[4 * l + 1] + qi[4 * l + 2] + qi[4 * l + 3]);
         }
     }
 }
@@ -305,16 +330,28 @@ mod x86 {
         drive!(tile_vnni, 4, Q4, w, row_bytes, rows, acts, m, out_t)
     }
 
+    /// How far ahead of the block being read the weights are prefetched.
+    const PREFETCH_BYTES: usize = 640;
+
+    /// A hint to bring the weight line [`PREFETCH_BYTES`] past `blk` into L1
+    /// (the rows are read in streams; the hint keeps several misses in flight).
+    #[inline(always)]
+    fn prefetch(blk: *const u8) {
+        // SAFETY: a prefetch never faults and reads nothing observable; the
+        // address is computed with wrapping arithmetic, never dereferenced.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast()) };
+    }
+
     /// The f16 scale at `p`, widened to f32.
     ///
     /// # Safety
-    /// `p` must be valid for reading two bytes.
+    /// `p` must be valid for reading eight bytes (a block is at least 18).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn scale_at(p: *const u8) -> f32 {
-        // SAFETY: the caller guarantees two readable bytes.
-        let bits = unsafe { p.cast::<u16>().read_unaligned() };
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le(bits)))))
+        // SAFETY: the caller guarantees eight readable bytes; lane 0 is the
+        // scale (the other three lanes, the block's first values, are unused).
+        _mm_cvtss_f32(_mm_cvtph_ps(unsafe { _mm_loadl_epi64(p.cast()) }))
     }
 
     /// A block's 32 weight values in element order as bytes: Q8_0 values as
@@ -329,8 +366,10 @@ mod x86 {
     unsafe fn block_values<const Q4: bool>(p: *const u8) -> __m256i {
         if Q4 {
             // SAFETY: 16 readable bytes (the caller's contract).
-            let raw = unsafe { _mm_loadu_si128(p.cast()) };
-            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw);
+            let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.cast()) });
+            // the upper copy shifted by 4 within each 32-bit lane: after the
+            // mask, byte k of it holds byte k's high nibble
+            let both = _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
             _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
         } else {
             // SAFETY: 32 readable bytes (the caller's contract).
@@ -406,6 +445,7 @@ mod x86 {
                 let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
                 // SAFETY: as above (2 scale bytes, then 32 or 16 value bytes).
                 let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                prefetch(blk);
                 let aw = if Q4 { wv } else { _mm256_sign_epi8(wv, wv) };
                 for i in 0..M {
                     let p = if Q4 {
@@ -464,6 +504,7 @@ mod x86 {
                 let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
                 // SAFETY: as in tile_avx2.
                 let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                prefetch(blk);
                 let wu = if Q4 { wv } else { _mm256_xor_si256(wv, flip) };
                 for i in 0..M {
                     let p = _mm256_dpbusd_epi32(xb[i], wu, xv[i]);
