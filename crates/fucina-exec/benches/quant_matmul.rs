@@ -90,7 +90,9 @@ fn main() {
         hot();
         return;
     }
-    accuracy();
+    if std::env::var_os("QUANT_BENCH_SHAPES").is_none() {
+        accuracy();
+    }
 
     let pool_bytes = if quick { 80 << 20 } else { POOL_BYTES };
     let mut words = vec![0u64; pool_bytes / 8];
@@ -109,7 +111,13 @@ fn main() {
         println!("\n## {t} thread(s): streaming read {bw:.2} GB/s (min {bw_lo:.2}, max {bw_hi:.2})");
         println!("| shape (rows x cols) | format | m | µs/call | weight GB/s (min–max) | of bandwidth |");
         println!("|---|---|---|---|---|---|");
-        for &(rows, cols) in &SHAPES {
+        let only: Option<Vec<usize>> = std::env::var("QUANT_BENCH_SHAPES")
+            .ok()
+            .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect());
+        for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+            if only.as_ref().is_some_and(|o| !o.contains(&si)) {
+                continue;
+            }
             for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
                 let mbytes = rows * cols / 32 * format.block_bytes();
                 let copies = (pool_bytes / mbytes).max(1);

@@ -50,8 +50,8 @@ pub(crate) fn bias_offset(q4: bool) -> i32 {
 }
 
 /// Quantizes one activation row `x` (a multiple of 32 long) into `q`, `scale` and
-/// `bias` (see [`Acts`]). A block holding a non-finite value gets a NaN scale
-/// and zero values, so every output of the row is NaN.
+/// `bias` (see [`Acts`]). A block holding a non-finite value gets a NaN scale,
+/// so every output of the row is NaN.
 ///
 /// Runs at the current vector level; every step is exact or one IEEE rounding
 /// (the product `x · (1 / d)`), and the rounding to an integer is done exactly
@@ -70,14 +70,18 @@ fn quantize_row_body(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bi
         .zip(bias.chunks_exact_mut(LANES));
     for (((xb, qb), sc), bl) in blocks {
         let xb: &[f32; QK] = xb.try_into().expect("a block of 32");
-        let mut amax = 0.0f32;
+        // The largest magnitude, in eight lanes (max is exact and
+        // associative over non-NaN values; a NaN or infinity is flagged).
+        let mut lanes = [0.0f32; LANES];
         let mut bad = 0u32;
-        for &v in xb {
-            // the exponent all ones: an infinity or a NaN
-            bad |= u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000);
-            let a = v.abs();
-            amax = if a > amax { a } else { amax };
+        for c in xb.chunks_exact(LANES) {
+            for (m, &v) in lanes.iter_mut().zip(c) {
+                bad |= u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000);
+                let a = v.abs();
+                *m = if a > *m { a } else { *m };
+            }
         }
+        let amax = lanes.iter().fold(0.0f32, |m, &a| if a > m { a } else { m });
         let (d, id) = if bad != 0 {
             (f32::NAN, 0.0)
         } else {
@@ -87,9 +91,11 @@ fn quantize_row_body(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bi
         *sc = d;
         let mut qi = [0i32; QK];
         for (o, &v) in qi.iter_mut().zip(xb) {
-            let y = v * id;
-            // |y| <= 127 (plus rounding) for a finite block; 0 otherwise
-            let t = y as i32;
+            // |y| <= 127 (plus rounding) for a finite block; the clamp also
+            // maps the NaN of a non-finite one to a number
+            let y = (v * id).max(-128.0).min(128.0);
+            // SAFETY: y is finite and within ±128, so it fits an i32.
+            let t = unsafe { y.to_int_unchecked::<i32>() };
             let r = y - t as f32;
             let t = t + i32::from(r >= 0.5) - i32::from(r <= -0.5);
             *o = t.clamp(-127, 127);
@@ -520,5 +526,43 @@ mod x86 {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::simd::{self, SimdLevel};
+
+    /// The exact integer rounding equals `f32::round` (ties away from zero),
+    /// at every level, on ties, near-ties and the ends of the range.
+    #[test]
+    fn activation_rounding_is_round_half_away_from_zero() {
+        // amax 127 makes d = 1 and 1 / d = 1: q = round(x) directly
+        let mut x = [
+            127.0, -127.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.499_999_97, -0.499_999_97, 126.5,
+            -126.5, 3.0, 0.0, -0.0, 1e-30, 63.5, -63.5, 2.499_999_8, 7.5, -7.5, 100.5, 0.75, -0.25,
+            5.5, -5.5, 9.499_999, 11.5, -11.5, 13.5, -13.5, 15.5,
+        ];
+        let best = simd::detected();
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            simd::force(level);
+            for sign in [1.0f32, -1.0] {
+                for v in &mut x {
+                    *v *= sign;
+                }
+                let (mut q, mut s, mut b) = ([0i8; 32], [0.0f32; 1], [0i32; 8]);
+                quantize_row(&x, 128, &mut q, &mut s, &mut b);
+                assert_eq!(s[0], 1.0);
+                for (k, (&qv, &xv)) in q.iter().zip(&x).enumerate() {
+                    assert_eq!(f32::from(qv), xv.round(), "elem {k} = {xv} at {level:?}");
+                }
+                for l in 0..8 {
+                    let sum: i32 = q[4 * l..4 * l + 4].iter().map(|&v| i32::from(v)).sum();
+                    assert_eq!(b[l], -128 * sum);
+                }
+            }
+        }
+        simd::force(best);
     }
 }
