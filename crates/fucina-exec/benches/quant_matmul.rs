@@ -61,7 +61,9 @@ fn stream_read(buf: &[u64], threads: usize, n: usize) -> (f64, f64, f64) {
                 .chunks(part)
                 .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).fold(0, u64::wrapping_add)
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .fold(0, u64::wrapping_add)
         });
         black_box(total);
         gbs.push((buf.len() * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
@@ -108,8 +110,12 @@ fn main() {
     for &t in &threads {
         let ctx = ExecContext::with_threads(t);
         let (bw, bw_lo, bw_hi) = stream_read(&words, t, samples);
-        println!("\n## {t} thread(s): streaming read {bw:.2} GB/s (min {bw_lo:.2}, max {bw_hi:.2})");
-        println!("| shape (rows x cols) | format | m | µs/call | weight GB/s (min–max) | of bandwidth |");
+        println!(
+            "\n## {t} thread(s): streaming read {bw:.2} GB/s (min {bw_lo:.2}, max {bw_hi:.2})"
+        );
+        println!(
+            "| shape (rows x cols) | format | m | µs/call | weight GB/s (min–max) | of bandwidth |"
+        );
         println!("|---|---|---|---|---|---|");
         let only: Option<Vec<usize>> = std::env::var("QUANT_BENCH_SHAPES")
             .ok()
@@ -167,7 +173,12 @@ fn accuracy() {
     println!("\n## Accuracy (m = 4, w uniform in [-0.05, 0.05), x uniform in [-1, 1))");
     println!("| shape | format | max abs diff | max abs of the product | max rel to max |");
     println!("|---|---|---|---|---|");
-    for (rows, cols) in [(576usize, 576usize), (2048, 2048), (576, 1536), (2048, 5632)] {
+    for (rows, cols) in [
+        (576usize, 576usize),
+        (2048, 2048),
+        (576, 1536),
+        (2048, 5632),
+    ] {
         let mut w = vec![0.0f32; rows * cols];
         fucina_exec::rng::uniform_fill(1, &mut w, -0.05, 0.05);
         let m = 4;

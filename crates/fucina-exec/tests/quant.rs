@@ -50,7 +50,7 @@ fn q8_0_blocks_match_hand_computed_bytes() {
     let b2 = [0.0f32; 32];
     let x: Vec<f32> = [b0, b1, b2].concat();
     let q = ctx.quantize(QuantFormat::Q8_0, 1, 96, &x).unwrap();
-    let mut want = vec![0u8; 3 * 34];
+    let mut want = [0u8; 3 * 34];
     want[0..2].copy_from_slice(&[0x00, 0x3c]); // f16 1.0
     for (k, v) in [127i8, -127, 1, -1, 1, 3, -3, 0].iter().enumerate() {
         want[2 + k] = *v as u8;
@@ -227,7 +227,10 @@ fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
         let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        q.extend(b.iter().map(|&v| (v * id).round().clamp(-127.0, 127.0) as i8));
+        q.extend(
+            b.iter()
+                .map(|&v| (v * id).round().clamp(-127.0, 127.0) as i8),
+        );
         s.push(d);
     }
     (q, s)
@@ -293,7 +296,12 @@ fn every_path_matches_the_reference_bit_for_bit() {
         for (si, &(rows, cols)) in shapes.iter().enumerate() {
             let ctx = ExecContext::new();
             let q = ctx
-                .quantize(format, rows, cols, &values(rows * cols, 11 + si as u64, 0.5))
+                .quantize(
+                    format,
+                    rows,
+                    cols,
+                    &values(rows * cols, 11 + si as u64, 0.5),
+                )
                 .unwrap();
             let w = q.matrix();
             let x = values(64 * cols, 99 + si as u64, 2.0);
@@ -352,8 +360,16 @@ fn arbitrary_block_bytes_match_the_reference() {
         for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
             assert!(force_simd_level(level));
             let mut out = vec![0.0; 3 * rows];
-            ExecContext::new().quant_matmul(&x, 3, &w, &mut out).unwrap();
-            assert_eq!(bits(&out), bits(&want), "{} {}", format.name(), level.name());
+            ExecContext::new()
+                .quant_matmul(&x, 3, &w, &mut out)
+                .unwrap();
+            assert_eq!(
+                bits(&out),
+                bits(&want),
+                "{} {}",
+                format.name(),
+                level.name()
+            );
         }
         assert!(force_simd_level(best));
     }
@@ -494,5 +510,8 @@ fn steady_state_allocates_nothing() {
 
 #[test]
 fn quant_matmul_allocates_nothing_at_steady_state() {
-    in_own_process("quant_matmul_allocates_nothing_at_steady_state", steady_state_allocates_nothing);
+    in_own_process(
+        "quant_matmul_allocates_nothing_at_steady_state",
+        steady_state_allocates_nothing,
+    );
 }

@@ -57,7 +57,13 @@ pub(crate) fn bias_offset(q4: bool) -> i32 {
 /// (the product `x · (1 / d)`), and the rounding to an integer is done exactly
 /// (truncate, then compare the exact remainder with ±0.5: ties away from zero,
 /// as `f32::round`), so every level gives the same values.
-pub(crate) fn quantize_row(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bias: &mut [i32]) {
+pub(crate) fn quantize_row(
+    x: &[f32],
+    offset: i32,
+    q: &mut [i8],
+    scale: &mut [f32],
+    bias: &mut [i32],
+) {
     super::simd::vectorized!(quantize_row_body(x, offset, q, scale, bias))
 }
 
@@ -93,6 +99,8 @@ fn quantize_row_body(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bi
         for (o, &v) in qi.iter_mut().zip(xb) {
             // |y| <= 127 (plus rounding) for a finite block; the clamp also
             // maps the NaN of a non-finite one to a number
+            // (not `clamp`, which passes a NaN through)
+            #[allow(clippy::manual_clamp)]
             let y = (v * id).max(-128.0).min(128.0);
             // SAFETY: y is finite and within ±128, so it fits an i32.
             let t = unsafe { y.to_int_unchecked::<i32>() };
@@ -173,8 +181,7 @@ pub(crate) fn path() -> Path {
         use super::simd::SimdLevel;
         let level = super::simd::level();
         let f16c = std::arch::is_x86_feature_detected!("f16c");
-        if level == SimdLevel::Avx512 && f16c && std::arch::is_x86_feature_detected!("avx512vnni")
-        {
+        if level == SimdLevel::Avx512 && f16c && std::arch::is_x86_feature_detected!("avx512vnni") {
             return Path::Vnni;
         }
         if level >= SimdLevel::Avx2 && f16c {
@@ -200,11 +207,21 @@ pub(crate) fn quant_rows(
     out_t: &mut [f32],
 ) {
     let nb = acts.cols / QK;
-    assert_eq!(row_bytes, nb * if q4 { 18 } else { 34 }, "quant_rows: row bytes");
+    assert_eq!(
+        row_bytes,
+        nb * if q4 { 18 } else { 34 },
+        "quant_rows: row bytes"
+    );
     assert!(rows.end * row_bytes <= w.len(), "quant_rows: weight rows");
-    assert!(acts.q.len() >= m * acts.cols, "quant_rows: activation values");
+    assert!(
+        acts.q.len() >= m * acts.cols,
+        "quant_rows: activation values"
+    );
     assert!(acts.scale.len() >= m * nb, "quant_rows: activation scales");
-    assert!(acts.bias.len() >= m * nb * LANES, "quant_rows: activation biases");
+    assert!(
+        acts.bias.len() >= m * nb * LANES,
+        "quant_rows: activation biases"
+    );
     assert!(out_t.len() >= rows.len() * m, "quant_rows: output");
     match path() {
         #[cfg(target_arch = "x86_64")]
@@ -404,9 +421,15 @@ mod x86 {
     ) {
         let nb = acts.cols / QK;
         assert!((j0 + R) * row_bytes <= w.len(), "quant tile: weight rows");
-        assert!((i0 + M) * acts.cols <= acts.q.len(), "quant tile: activations");
+        assert!(
+            (i0 + M) * acts.cols <= acts.q.len(),
+            "quant tile: activations"
+        );
         assert!((i0 + M) * nb <= acts.scale.len(), "quant tile: scales");
-        assert!((i0 + M) * nb * LANES <= acts.bias.len(), "quant tile: biases");
+        assert!(
+            (i0 + M) * nb * LANES <= acts.bias.len(),
+            "quant tile: biases"
+        );
     }
 
     /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M`
@@ -436,7 +459,8 @@ mod x86 {
                 // SAFETY: check_tile: row < i0 + M, so the 32 values at
                 // row * cols + 32 b and the 8 biases at (row * nb + b) * 8 are in bounds.
                 unsafe {
-                    xv[i] = _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
+                    xv[i] =
+                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
                     if Q4 {
                         xb[i] = _mm256_loadu_si256(
                             acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
@@ -500,8 +524,10 @@ mod x86 {
                 let row = i0 + i;
                 // SAFETY: as in tile_avx2 (check_tile bounds the tile's rows).
                 unsafe {
-                    xv[i] = _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
-                    xb[i] = _mm256_loadu_si256(acts.bias.as_ptr().add((row * nb + b) * LANES).cast());
+                    xv[i] =
+                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
+                    xb[i] =
+                        _mm256_loadu_si256(acts.bias.as_ptr().add((row * nb + b) * LANES).cast());
                 }
                 xs[i] = acts.scale[row * nb + b];
             }
@@ -540,9 +566,38 @@ mod tests {
     fn activation_rounding_is_round_half_away_from_zero() {
         // amax 127 makes d = 1 and 1 / d = 1: q = round(x) directly
         let mut x = [
-            127.0, -127.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.499_999_97, -0.499_999_97, 126.5,
-            -126.5, 3.0, 0.0, -0.0, 1e-30, 63.5, -63.5, 2.499_999_8, 7.5, -7.5, 100.5, 0.75, -0.25,
-            5.5, -5.5, 9.499_999, 11.5, -11.5, 13.5, -13.5, 15.5,
+            127.0,
+            -127.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            0.499_999_97,
+            -0.499_999_97,
+            126.5,
+            -126.5,
+            3.0,
+            0.0,
+            -0.0,
+            1e-30,
+            63.5,
+            -63.5,
+            2.499_999_8,
+            7.5,
+            -7.5,
+            100.5,
+            0.75,
+            -0.25,
+            5.5,
+            -5.5,
+            9.499_999,
+            11.5,
+            -11.5,
+            13.5,
+            -13.5,
+            15.5,
         ];
         let best = simd::detected();
         for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {

@@ -73,7 +73,12 @@ impl QuantFormat {
     /// # Errors
     /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
     /// [`ExecError::Overflow`] if the size does not fit in `usize`.
-    pub fn matrix_bytes(self, op: &'static str, rows: usize, cols: usize) -> Result<usize, ExecError> {
+    pub fn matrix_bytes(
+        self,
+        op: &'static str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, ExecError> {
         if !cols.is_multiple_of(QK) {
             return Err(ExecError::InvalidArgument {
                 op,
@@ -115,7 +120,12 @@ impl<'a> QuantMatrix<'a> {
     /// [`ExecError::Overflow`] if the size overflows, and
     /// [`ExecError::InvalidDataLength`] if `bytes` is not exactly
     /// `rows · cols / 32` blocks long.
-    pub fn new(format: QuantFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Result<Self, ExecError> {
+    pub fn new(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &'a [u8],
+    ) -> Result<Self, ExecError> {
         let op = "QuantMatrix::new";
         let expected = format.matrix_bytes(op, rows, cols)?;
         if bytes.len() != expected {
@@ -204,7 +214,12 @@ impl QuantizedWeights {
     ///
     /// # Errors
     /// As [`QuantMatrix::new`].
-    pub fn from_bytes(format: QuantFormat, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self, ExecError> {
+    pub fn from_bytes(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, ExecError> {
         QuantMatrix::new(format, rows, cols, &bytes)?;
         Ok(QuantizedWeights {
             format,
@@ -282,7 +297,11 @@ fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
                 d
             }
         };
-        d.copy_from_slice(&fucina_storage::half::f16::from_f32(scale).to_bits().to_le_bytes());
+        d.copy_from_slice(
+            &fucina_storage::half::f16::from_f32(scale)
+                .to_bits()
+                .to_le_bytes(),
+        );
     }
 }
 
@@ -331,7 +350,13 @@ impl ExecContext {
     /// [`ExecError::InvalidDataLength`] if `values.len() != rows · cols`,
     /// [`ExecError::Overflow`] on a size overflow, [`ExecError::OutOfMemory`] if
     /// the bytes cannot be allocated.
-    pub fn quantize(&self, format: QuantFormat, rows: usize, cols: usize, values: &[f32]) -> Result<QuantizedWeights, ExecError> {
+    pub fn quantize(
+        &self,
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        values: &[f32],
+    ) -> Result<QuantizedWeights, ExecError> {
         let op = "quantize";
         let nbytes = format.matrix_bytes(op, rows, cols)?;
         let n = rows.checked_mul(cols).ok_or(ExecError::Overflow {
@@ -348,7 +373,10 @@ impl ExecContext {
         }
         let mut bytes = Vec::new();
         bytes.try_reserve_exact(nbytes).map_err(|_| {
-            ExecError::storage(op, fucina_storage::StorageError::AllocationFailed { bytes: nbytes })
+            ExecError::storage(
+                op,
+                fucina_storage::StorageError::AllocationFailed { bytes: nbytes },
+            )
         })?;
         bytes.resize(nbytes, 0);
         if cols > 0 {
@@ -410,7 +438,13 @@ impl ExecContext {
     /// [`ExecError::InvalidDataLength`] if `x.len() != m · cols` or
     /// `out.len() != m · rows`; [`ExecError::OutOfMemory`] if the scratch cannot
     /// be had (then `out` is unchanged).
-    pub fn quant_matmul(&self, x: &[f32], m: usize, w: &QuantMatrix<'_>, out: &mut [f32]) -> Result<(), ExecError> {
+    pub fn quant_matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &QuantMatrix<'_>,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
         let op = "quant_matmul";
         let (rows, cols) = (w.rows, w.cols);
         let len_err = |shape: &[usize], expected: usize, got: usize| ExecError::InvalidDataLength {
