@@ -7,6 +7,7 @@ pub(crate) mod gemm;
 pub(crate) mod index;
 pub(crate) mod math;
 pub(crate) mod prefetch;
+pub(crate) mod quant_dot;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;
 pub(crate) mod select;

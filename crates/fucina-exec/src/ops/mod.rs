@@ -11,6 +11,7 @@ pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod pool;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod scan;
 pub(crate) mod scatter;

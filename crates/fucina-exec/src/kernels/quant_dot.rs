@@ -1,0 +1,623 @@
+//! Integer block dot products of block-quantized weights (llama.cpp's Q8_0 and
+//! Q4_0 layouts, read in place) with activations quantized to int8 blocks.
+//!
+//! # The activations
+//! Each activation row is cut into blocks of 32 and quantized once per call
+//! ([`quantize_row`]): `d = amax / 127` (an f32, not rounded to f16),
+//! `q = round(x / d)` (half away from zero, clamped to `-127..=127`). For every
+//! lane of four elements the kernels also get `-offset · Σ q` over the lane
+//! (`offset` 128 for Q8_0, 8 for Q4_0: see below), so that an unsigned × signed
+//! byte product (`vpdpbusd`, `vpmaddubsw`) gives the signed sum.
+//!
+//! # The order (the same bits on every path)
+//! For one output, block `b` of the weight row (scale `dw`, f16 widened to f32)
+//! and of the activation row (scale `dx`) gives eight exact integer lane sums
+//! `p[l] = Σ_{k = 4l..4l+3} w[k] · x[k]` (|p| < 2^17, exact in f32) and the f32
+//! product `s = dw · dx`. Eight f32 lane accumulators take
+//! `acc[l] = fma(s, p[l], acc[l])` for `b` in increasing order; then the lanes
+//! fold in halves (`l + 4` into `l`, then `l + 2`, then `l + 1`). Every path
+//! (portable scalar, AVX2 `vpmaddubsw`/`vpmaddwd`, AVX-512 VNNI `vpdpbusd`)
+//! computes exactly these operations, so a result is the same bits on every path,
+//! for every split of the rows among threads and for every batch size.
+
+use std::ops::Range;
+
+/// Elements per block.
+pub(crate) const QK: usize = 32;
+/// Lane accumulators of the fixed order (four elements per lane).
+pub(crate) const LANES: usize = 8;
+
+/// The activations of one call after [`quantize_row`]: row `i`'s block `b` is
+/// `q[i * cols + 32 b..][..32]`, its scale `scale[i * nb + b]`, its lane biases
+/// `bias[(i * nb + b) * 8..][..8]` (`nb = cols / 32`).
+#[derive(Clone, Copy)]
+pub(crate) struct Acts<'a> {
+    /// Quantized values, `[m, cols]`.
+    pub q: &'a [i8],
+    /// Block scales, `[m, nb]`.
+    pub scale: &'a [f32],
+    /// Lane biases `-offset · Σ q` over each lane, `[m, nb, 8]`.
+    pub bias: &'a [i32],
+    /// Elements per row (a multiple of 32).
+    pub cols: usize,
+}
+
+/// The byte offset that makes a weight byte unsigned for the unsigned × signed
+/// products: Q8_0 values `w` are read as `w + 128` (`w ^ 0x80`), Q4_0 nibbles
+/// `n = w + 8` are unsigned already.
+pub(crate) fn bias_offset(q4: bool) -> i32 {
+    if q4 { 8 } else { 128 }
+}
+
+/// Quantizes one activation row `x` (a multiple of 32 long) into `q`, `scale` and
+/// `bias` (see [`Acts`]). A block holding a non-finite value gets a NaN scale,
+/// so every output of the row is NaN.
+///
+/// Runs at the current vector level; every step is exact or one IEEE rounding
+/// (the product `x · (1 / d)`), and the rounding to an integer is done exactly
+/// (truncate, then compare the exact remainder with ±0.5: ties away from zero,
+/// as `f32::round`), so every level gives the same values.
+pub(crate) fn quantize_row(
+    x: &[f32],
+    offset: i32,
+    q: &mut [i8],
+    scale: &mut [f32],
+    bias: &mut [i32],
+) {
+    super::simd::vectorized!(quantize_row_body(x, offset, q, scale, bias))
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], offset: i32, q: &mut [i8], scale: &mut [f32], bias: &mut [i32]) {
+    let blocks = x
+        .chunks_exact(QK)
+        .zip(q.chunks_exact_mut(QK))
+        .zip(scale.iter_mut())
+        .zip(bias.chunks_exact_mut(LANES));
+    for (((xb, qb), sc), bl) in blocks {
+        let xb: &[f32; QK] = xb.try_into().expect("a block of 32");
+        // The largest magnitude, in eight lanes (max is exact and
+        // associative over non-NaN values; a NaN or infinity is flagged).
+        let mut lanes = [0.0f32; LANES];
+        let mut bad = 0u32;
+        for c in xb.chunks_exact(LANES) {
+            for (m, &v) in lanes.iter_mut().zip(c) {
+                bad |= u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000);
+                let a = v.abs();
+                *m = if a > *m { a } else { *m };
+            }
+        }
+        let amax = lanes.iter().fold(0.0f32, |m, &a| if a > m { a } else { m });
+        let (d, id) = if bad != 0 {
+            (f32::NAN, 0.0)
+        } else {
+            let d = amax / 127.0;
+            (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+        };
+        *sc = d;
+        let mut qi = [0i32; QK];
+        for (o, &v) in qi.iter_mut().zip(xb) {
+            // |y| <= 127 (plus rounding) for a finite block; the clamp also
+            // maps the NaN of a non-finite one to a number
+            // (not `clamp`, which passes a NaN through)
+            #[allow(clippy::manual_clamp)]
+            let y = (v * id).max(-128.0).min(128.0);
+            // SAFETY: y is finite and within ±128, so it fits an i32.
+            let t = unsafe { y.to_int_unchecked::<i32>() };
+            let r = y - t as f32;
+            let t = t + i32::from(r >= 0.5) - i32::from(r <= -0.5);
+            *o = t.clamp(-127, 127);
+        }
+        for (o, &v) in qb.iter_mut().zip(&qi) {
+            *o = v as i8;
+        }
+        for (l, b) in bl.iter_mut().enumerate() {
+            *b = -offset * (qi[4 * l] + qi[4 * l + 1] + qi[4 * l + 2] + qi[4 * l + 3]);
+        }
+    }
+}
+
+/// An IEEE binary16 bit pattern widened to f32 (exact).
+#[inline]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    fucina_storage::half::f16::from_bits(bits).to_f32()
+}
+
+/// Folds the eight lane accumulators in halves (the fixed order's last step).
+#[inline(always)]
+fn fold(mut acc: [f32; LANES]) -> f32 {
+    for l in 0..4 {
+        acc[l] += acc[l + 4];
+    }
+    for l in 0..2 {
+        acc[l] += acc[l + 2];
+    }
+    acc[0] + acc[1]
+}
+
+/// The fixed-order dot product of one weight row (`nb` blocks of `bb` bytes in
+/// `wrow`) with one quantized activation row, plainly: the portable path.
+fn dot_portable(q4: bool, wrow: &[u8], xq: &[i8], xs: &[f32]) -> f32 {
+    let bb = if q4 { 18 } else { 34 };
+    let mut acc = [0.0f32; LANES];
+    for ((blk, xq), &dx) in wrow.chunks_exact(bb).zip(xq.chunks_exact(QK)).zip(xs) {
+        let s = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])) * dx;
+        let qs = &blk[2..];
+        for (l, a) in acc.iter_mut().enumerate() {
+            let mut p = 0i32;
+            for k in 4 * l..4 * l + 4 {
+                let w = if q4 {
+                    let byte = qs[k % 16];
+                    let n = if k < 16 { byte & 0x0f } else { byte >> 4 };
+                    i32::from(n) - 8
+                } else {
+                    i32::from(qs[k] as i8)
+                };
+                p += w * i32::from(xq[k]);
+            }
+            *a = s.mul_add(p as f32, *a);
+        }
+    }
+    fold(acc)
+}
+
+/// Which kernel a call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// AVX2 `vpmaddubsw` + `vpmaddwd` (needs AVX2, FMA, F16C).
+    Avx2,
+    /// AVX-512 VNNI `vpdpbusd` on 256-bit vectors (needs AVX-512 F/BW/VL/VNNI, FMA, F16C).
+    Vnni,
+}
+
+/// The path for the current vector level ([`super::simd::level`]): VNNI at the
+/// AVX-512 level when the CPU has it, AVX2 at the AVX2 level (or at AVX-512
+/// without VNNI), portable otherwise.
+pub(crate) fn path() -> Path {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::simd::SimdLevel;
+        let level = super::simd::level();
+        let f16c = std::arch::is_x86_feature_detected!("f16c");
+        if level == SimdLevel::Avx512 && f16c && std::arch::is_x86_feature_detected!("avx512vnni") {
+            return Path::Vnni;
+        }
+        if level >= SimdLevel::Avx2 && f16c {
+            return Path::Avx2;
+        }
+    }
+    Path::Portable
+}
+
+/// Computes the outputs of weight rows `rows` for all `m` activation rows:
+/// `out_t[(j - rows.start) * m + i] = dot(w row j, activation row i)` in the fixed
+/// order. `w` holds whole rows of `row_bytes` (llama.cpp blocks, Q4_0 when `q4`).
+///
+/// # Panics
+/// If `w`, `acts` or `out_t` are too short for `rows` and `m` (a caller bug).
+pub(crate) fn quant_rows(
+    q4: bool,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &Acts<'_>,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let nb = acts.cols / QK;
+    assert_eq!(
+        row_bytes,
+        nb * if q4 { 18 } else { 34 },
+        "quant_rows: row bytes"
+    );
+    assert!(rows.end * row_bytes <= w.len(), "quant_rows: weight rows");
+    assert!(
+        acts.q.len() >= m * acts.cols,
+        "quant_rows: activation values"
+    );
+    assert!(acts.scale.len() >= m * nb, "quant_rows: activation scales");
+    assert!(
+        acts.bias.len() >= m * nb * LANES,
+        "quant_rows: activation biases"
+    );
+    assert!(out_t.len() >= rows.len() * m, "quant_rows: output");
+    match path() {
+        #[cfg(target_arch = "x86_64")]
+        Path::Vnni => {
+            // SAFETY: `path` returns Vnni only when the CPU has every feature
+            // `x86::rows_vnni` enables; the asserts above are its bounds contract.
+            unsafe {
+                if q4 {
+                    x86::rows_vnni::<true>(w, row_bytes, rows, acts, m, out_t)
+                } else {
+                    x86::rows_vnni::<false>(w, row_bytes, rows, acts, m, out_t)
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => {
+            // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
+            // F16C; the asserts above are `x86::rows_avx2`'s bounds contract.
+            unsafe {
+                if q4 {
+                    x86::rows_avx2::<true>(w, row_bytes, rows, acts, m, out_t)
+                } else {
+                    x86::rows_avx2::<false>(w, row_bytes, rows, acts, m, out_t)
+                }
+            }
+        }
+        _ => {
+            for (jj, j) in rows.enumerate() {
+                let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
+                for i in 0..m {
+                    out_t[jj * m + i] = dot_portable(
+                        q4,
+                        wrow,
+                        &acts.q[i * acts.cols..(i + 1) * acts.cols],
+                        &acts.scale[i * nb..(i + 1) * nb],
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The x86-64 kernels: tiles of `R` weight rows × `M` activation rows, each
+    //! weight block loaded (and, for Q4_0, unpacked) once for the `M` rows, each
+    //! activation block once for the `R` rows; one 8-lane f32 accumulator per
+    //! output, in the fixed order of the module documentation.
+
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::{Acts, LANES, QK};
+
+    /// Weight rows per tile.
+    const R_TILE: usize = 4;
+
+    /// Runs `$tile::<Q4, R, M>` over `rows` × `0..m` in tiles (weight rows
+    /// outermost, so a tile's weight rows stay in cache across the activation
+    /// rows), writing `out_t` as [`super::quant_rows`] does.
+    macro_rules! drive {
+        ($tile:ident, $mt:expr, $q4:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $m:ident, $out_t:ident) => {{
+            let start = $rows.start;
+            let mut j = $rows.start;
+            while j < $rows.end {
+                let r = if $rows.end - j >= R_TILE { R_TILE } else { 1 };
+                let mut i = 0;
+                while i < $m {
+                    let mm = ($m - i).min($mt);
+                    macro_rules! run {
+                        ($r:literal, $mm:literal) => {{
+                            let res = $tile::<$q4, $r, $mm>($w, $row_bytes, j, $acts, i);
+                            for (rr, row) in res.iter().enumerate() {
+                                let o = (j - start + rr) * $m + i;
+                                $out_t[o..o + $mm].copy_from_slice(row);
+                            }
+                        }};
+                    }
+                    match (r, mm) {
+                        (R_TILE, 1) => run!(4, 1),
+                        (R_TILE, 2) => run!(4, 2),
+                        (R_TILE, 3) => run!(4, 3),
+                        (R_TILE, _) => run!(4, 4),
+                        (_, 1) => run!(1, 1),
+                        (_, 2) => run!(1, 2),
+                        (_, 3) => run!(1, 3),
+                        (_, _) => run!(1, 4),
+                    }
+                    i += mm;
+                }
+                j += r;
+            }
+        }};
+    }
+
+    /// The AVX2 kernel over `rows` (see [`super::quant_rows`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; the slices must satisfy
+    /// `quant_rows`'s asserted bounds.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_avx2<const Q4: bool>(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        // Two activation rows per tile: 8 accumulators, the weights, the
+        // activations and temporaries fit the 16 registers.
+        drive!(tile_avx2, 2, Q4, w, row_bytes, rows, acts, m, out_t)
+    }
+
+    /// The AVX-512 VNNI kernel over `rows` (see [`super::quant_rows`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the slices must
+    /// satisfy `quant_rows`'s asserted bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn rows_vnni<const Q4: bool>(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        drive!(tile_vnni, 4, Q4, w, row_bytes, rows, acts, m, out_t)
+    }
+
+    /// How far ahead of the block being read the weights are prefetched.
+    const PREFETCH_BYTES: usize = 640;
+
+    /// A hint to bring the weight line [`PREFETCH_BYTES`] past `blk` into L1
+    /// (the rows are read in streams; the hint keeps several misses in flight).
+    #[inline(always)]
+    fn prefetch(blk: *const u8) {
+        // SAFETY: a prefetch never faults and reads nothing observable; the
+        // address is computed with wrapping arithmetic, never dereferenced.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast()) };
+    }
+
+    /// The f16 scale at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading eight bytes (a block is at least 18).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn scale_at(p: *const u8) -> f32 {
+        // SAFETY: the caller guarantees eight readable bytes; lane 0 is the
+        // scale (the other three lanes, the block's first values, are unused).
+        _mm_cvtss_f32(_mm_cvtph_ps(unsafe { _mm_loadl_epi64(p.cast()) }))
+    }
+
+    /// A block's 32 weight values in element order as bytes: Q8_0 values as
+    /// they are (signed), Q4_0 nibbles unpacked (low nibbles = elements 0..15,
+    /// high nibbles = 16..31, unsigned 0..=15).
+    ///
+    /// # Safety
+    /// `p` (the block's values, past its scale) must be valid for 32 (Q8_0) or
+    /// 16 (Q4_0) bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_values<const Q4: bool>(p: *const u8) -> __m256i {
+        if Q4 {
+            // SAFETY: 16 readable bytes (the caller's contract).
+            let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.cast()) });
+            // the upper copy shifted by 4 within each 32-bit lane: after the
+            // mask, byte k of it holds byte k's high nibble
+            let both = _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+            _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+        } else {
+            // SAFETY: 32 readable bytes (the caller's contract).
+            unsafe { _mm256_loadu_si256(p.cast()) }
+        }
+    }
+
+    /// The eight lanes folded in halves (l + 4, l + 2, l + 1), as in the
+    /// portable order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn fold(v: __m256) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps::<0b01>(q, q)))
+    }
+
+    /// Checks a tile's reads against the slices (once per tile, not per block).
+    #[inline(always)]
+    fn check_tile<const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        i0: usize,
+    ) {
+        let nb = acts.cols / QK;
+        assert!((j0 + R) * row_bytes <= w.len(), "quant tile: weight rows");
+        assert!(
+            (i0 + M) * acts.cols <= acts.q.len(),
+            "quant tile: activations"
+        );
+        assert!((i0 + M) * nb <= acts.scale.len(), "quant tile: scales");
+        assert!(
+            (i0 + M) * nb * LANES <= acts.bias.len(),
+            "quant tile: biases"
+        );
+    }
+
+    /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M`
+    /// with `vpmaddubsw` + `vpmaddwd`: Q8_0 through the sign trick
+    /// (`|w| · (x · sign w)`, at most 128 · 127 per product so the 16-bit pair
+    /// sums never saturate), Q4_0 nibbles directly plus the lane bias.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tile_avx2<const Q4: bool, const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        i0: usize,
+    ) -> [[f32; M]; R] {
+        check_tile::<R, M>(w, row_bytes, j0, acts, i0);
+        let nb = acts.cols / QK;
+        let bb = if Q4 { 18 } else { 34 };
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        for b in 0..nb {
+            let mut xv = [_mm256_setzero_si256(); M];
+            let mut xb = [_mm256_setzero_si256(); M];
+            let mut xs = [0.0f32; M];
+            for i in 0..M {
+                let row = i0 + i;
+                // SAFETY: check_tile: row < i0 + M, so the 32 values at
+                // row * cols + 32 b and the 8 biases at (row * nb + b) * 8 are in bounds.
+                unsafe {
+                    xv[i] =
+                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
+                    if Q4 {
+                        xb[i] = _mm256_loadu_si256(
+                            acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
+                        );
+                    }
+                }
+                xs[i] = acts.scale[row * nb + b];
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                // SAFETY: check_tile: row j0 + r is inside `w`; block b of it
+                // spans bb bytes from `blk`.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
+                // SAFETY: as above (2 scale bytes, then 32 or 16 value bytes).
+                let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                prefetch(blk);
+                let aw = if Q4 { wv } else { _mm256_sign_epi8(wv, wv) };
+                for i in 0..M {
+                    let p = if Q4 {
+                        let pairs = _mm256_maddubs_epi16(wv, xv[i]);
+                        _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), xb[i])
+                    } else {
+                        let pairs = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[i], wv));
+                        _mm256_madd_epi16(pairs, ones)
+                    };
+                    let s = _mm256_set1_ps(dw * xs[i]);
+                    acc_r[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc_r[i]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = fold(a);
+            }
+        }
+        out
+    }
+
+    /// [`tile_avx2`] with `vpdpbusd`: the lane bias (`-offset · Σ x` per lane)
+    /// is the accumulator's start, and the unsigned operand is the Q4_0 nibble
+    /// or the Q8_0 value `+ 128` (`^ 0x80`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn tile_vnni<const Q4: bool, const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        i0: usize,
+    ) -> [[f32; M]; R] {
+        check_tile::<R, M>(w, row_bytes, j0, acts, i0);
+        let nb = acts.cols / QK;
+        let bb = if Q4 { 18 } else { 34 };
+        let flip = _mm256_set1_epi8(-128);
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        for b in 0..nb {
+            let mut xv = [_mm256_setzero_si256(); M];
+            let mut xb = [_mm256_setzero_si256(); M];
+            let mut xs = [0.0f32; M];
+            for i in 0..M {
+                let row = i0 + i;
+                // SAFETY: as in tile_avx2 (check_tile bounds the tile's rows).
+                unsafe {
+                    xv[i] =
+                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
+                    xb[i] =
+                        _mm256_loadu_si256(acts.bias.as_ptr().add((row * nb + b) * LANES).cast());
+                }
+                xs[i] = acts.scale[row * nb + b];
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                // SAFETY: as in tile_avx2.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
+                // SAFETY: as in tile_avx2.
+                let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                prefetch(blk);
+                let wu = if Q4 { wv } else { _mm256_xor_si256(wv, flip) };
+                for i in 0..M {
+                    let p = _mm256_dpbusd_epi32(xb[i], wu, xv[i]);
+                    let s = _mm256_set1_ps(dw * xs[i]);
+                    acc_r[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc_r[i]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = fold(a);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::simd::{self, SimdLevel};
+
+    /// The exact integer rounding equals `f32::round` (ties away from zero),
+    /// at every level, on ties, near-ties and the ends of the range.
+    #[test]
+    fn activation_rounding_is_round_half_away_from_zero() {
+        // amax 127 makes d = 1 and 1 / d = 1: q = round(x) directly
+        let mut x = [
+            127.0,
+            -127.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            0.499_999_97,
+            -0.499_999_97,
+            126.5,
+            -126.5,
+            3.0,
+            0.0,
+            -0.0,
+            1e-30,
+            63.5,
+            -63.5,
+            2.499_999_8,
+            7.5,
+            -7.5,
+            100.5,
+            0.75,
+            -0.25,
+            5.5,
+            -5.5,
+            9.499_999,
+            11.5,
+            -11.5,
+            13.5,
+            -13.5,
+            15.5,
+        ];
+        let best = simd::detected();
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            simd::force(level);
+            for sign in [1.0f32, -1.0] {
+                for v in &mut x {
+                    *v *= sign;
+                }
+                let (mut q, mut s, mut b) = ([0i8; 32], [0.0f32; 1], [0i32; 8]);
+                quantize_row(&x, 128, &mut q, &mut s, &mut b);
+                assert_eq!(s[0], 1.0);
+                for (k, (&qv, &xv)) in q.iter().zip(&x).enumerate() {
+                    assert_eq!(f32::from(qv), xv.round(), "elem {k} = {xv} at {level:?}");
+                }
+                for l in 0..8 {
+                    let sum: i32 = q[4 * l..4 * l + 4].iter().map(|&v| i32::from(v)).sum();
+                    assert_eq!(b[l], -128 * sum);
+                }
+            }
+        }
+        simd::force(best);
+    }
+}

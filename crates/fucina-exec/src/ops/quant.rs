@@ -1,0 +1,523 @@
+//! Block-quantized weights in llama.cpp's Q8_0 and Q4_0 layouts, and their
+//! product with f32 activations (the decode and small-batch path of quantized
+//! models).
+//!
+//! # Formats
+//! A row of `cols` weights (a multiple of 32) is `cols / 32` blocks, rows one
+//! after the other, no padding; the bytes are exactly those of a GGUF tensor of
+//! the same type, so files interchange.
+//! - **Q8_0** (34 bytes per block): an f16 scale `d` (little-endian), then 32
+//!   signed bytes `q`; value `k` is `q[k] · d`. Quantizing takes
+//!   `d = amax / 127` and `q = round(x / d)` (half away from zero).
+//! - **Q4_0** (18 bytes per block): an f16 scale `d`, then 16 bytes of nibbles:
+//!   the low nibble of byte `k` holds element `k`, its high nibble element
+//!   `k + 16`; value `k` is `(n[k] - 8) · d`. Quantizing takes the signed value
+//!   `max` of largest magnitude, `d = max / -8` and
+//!   `n = min(15, trunc(x / d + 8.5))`.
+//!
+//! Both scales are computed in f32 and rounded to f16 for storage (the values
+//! are quantized with the f32 scale), as llama.cpp's reference quantizer does.
+//!
+//! # The product
+//! [`ExecContext::quant_matmul`] quantizes each activation row once per call to
+//! int8 blocks of 32 with an f32 scale (`d = amax / 127`), into pooled scratch,
+//! then takes integer dot products block by block (AVX-512 VNNI `vpdpbusd`, AVX2
+//! `vpmaddubsw`, or plain Rust), reading the weights in place. Block sums are
+//! exact integers, and the float accumulation has one fixed order (eight lanes
+//! of four elements, blocks in increasing order, a fused multiply-add by the
+//! product of the two scales, then the lanes folded in halves), so a result is
+//! the same bits on every vector level, for every thread count, and whatever the
+//! other rows of the batch.
+//!
+//! # Lifetime of the weights
+//! The kernels read the llama.cpp layout directly (no repacked copy), so a
+//! [`QuantMatrix`] needs no [`RhsLifetime`](crate::RhsLifetime) and nothing is
+//! cached: a borrowed matrix over memory-mapped file bytes costs no extra memory.
+
+use crate::context::ExecContext;
+use crate::error::ExecError;
+use crate::kernels::quant_dot::{self, Acts, LANES, QK};
+use crate::tensor::layout::Dims;
+
+/// A block-quantized weight format (llama.cpp's layouts; see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantFormat {
+    /// 32 int8 values and an f16 scale per block (34 bytes).
+    Q8_0,
+    /// 32 4-bit values and an f16 scale per block (18 bytes).
+    Q4_0,
+}
+
+impl QuantFormat {
+    /// Elements per block (32 for every format).
+    pub const BLOCK_ELEMENTS: usize = QK;
+
+    /// Bytes per block: 34 for Q8_0, 18 for Q4_0.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4_0 => 18,
+        }
+    }
+
+    /// The format's name as llama.cpp spells it (`"q8_0"`, `"q4_0"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => "q8_0",
+            QuantFormat::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The bytes of a `[rows, cols]` matrix in this format.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
+    /// [`ExecError::Overflow`] if the size does not fit in `usize`.
+    pub fn matrix_bytes(
+        self,
+        op: &'static str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, ExecError> {
+        if !cols.is_multiple_of(QK) {
+            return Err(ExecError::InvalidArgument {
+                op,
+                reason: "the column count of a quantized matrix must be a multiple of 32 (the block size)",
+            });
+        }
+        (cols / QK)
+            .checked_mul(self.block_bytes())
+            .and_then(|b| b.checked_mul(rows))
+            .ok_or(ExecError::Overflow {
+                op,
+                shape: Dims::new(&[rows, cols]),
+            })
+    }
+
+    fn is_q4(self) -> bool {
+        self == QuantFormat::Q4_0
+    }
+}
+
+/// An immutable `[rows, cols]` block-quantized matrix borrowed in llama.cpp's
+/// layout: `rows` output features of `cols` input features each (PyTorch's
+/// `nn.Linear` layout), each row `cols / 32` blocks. `Copy`, `Send` and `Sync`;
+/// the bytes can be a memory-mapped file's, a [`QuantizedWeights`]' or any
+/// other slice (no alignment required).
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatrix<'a> {
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// A matrix over `bytes`, checked.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
+    /// [`ExecError::Overflow`] if the size overflows, and
+    /// [`ExecError::InvalidDataLength`] if `bytes` is not exactly
+    /// `rows · cols / 32` blocks long.
+    pub fn new(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &'a [u8],
+    ) -> Result<Self, ExecError> {
+        let op = "QuantMatrix::new";
+        let expected = format.matrix_bytes(op, rows, cols)?;
+        if bytes.len() != expected {
+            return Err(ExecError::InvalidDataLength {
+                op,
+                shape: Dims::new(&[rows, cols]),
+                expected,
+                got: bytes.len(),
+            });
+        }
+        Ok(QuantMatrix {
+            format,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns, a multiple of 32).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The blocks, row after row.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / QK * self.format.block_bytes()
+    }
+
+    /// Row `r` dequantized into `out` (`out.len() == cols`): Q8_0 `q · d`,
+    /// Q4_0 `(n - 8) · d`, each one f32 product (exact up to that rounding).
+    ///
+    /// # Errors
+    /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
+    /// [`ExecError::InvalidDataLength`] if `out.len() != cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
+        let op = "QuantMatrix::dequantize_row";
+        if r >= self.rows {
+            return Err(ExecError::IndexOutOfBounds {
+                op,
+                index: i64::try_from(r).unwrap_or(i64::MAX),
+                bound: self.rows,
+            });
+        }
+        if out.len() != self.cols {
+            return Err(ExecError::InvalidDataLength {
+                op,
+                shape: Dims::new(&[self.cols]),
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        let rb = self.row_bytes();
+        dequantize_row(self.format, &self.bytes[r * rb..(r + 1) * rb], out);
+        Ok(())
+    }
+}
+
+/// A block-quantized matrix owning its bytes (llama.cpp's layout, see
+/// [`QuantMatrix`]); made by [`ExecContext::quantize`] or from bytes read
+/// elsewhere. Immutable, `Send` and `Sync`; [`matrix`](Self::matrix) borrows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuantizedWeights {
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl QuantizedWeights {
+    /// Takes `bytes` (checked as [`QuantMatrix::new`] checks them).
+    ///
+    /// # Errors
+    /// As [`QuantMatrix::new`].
+    pub fn from_bytes(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, ExecError> {
+        QuantMatrix::new(format, rows, cols, &bytes)?;
+        Ok(QuantizedWeights {
+            format,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
+    /// The matrix, borrowed.
+    pub fn matrix(&self) -> QuantMatrix<'_> {
+        QuantMatrix {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            bytes: &self.bytes,
+        }
+    }
+
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns, a multiple of 32).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The blocks, row after row.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The blocks, given back.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// Quantizes one row (`x.len()` a multiple of 32) into its blocks `out`.
+fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
+    let bb = format.block_bytes();
+    for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        let (d, qs) = blk.split_at_mut(2);
+        let scale = match format {
+            QuantFormat::Q8_0 => {
+                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                for (q, &v) in qs.iter_mut().zip(xb) {
+                    *q = (v * id).round() as i8 as u8;
+                }
+                d
+            }
+            QuantFormat::Q4_0 => {
+                let (mut amax, mut max) = (0.0f32, 0.0f32);
+                for &v in xb {
+                    if amax < v.abs() {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let nib = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+                for (k, q) in qs.iter_mut().enumerate() {
+                    *q = nib(xb[k]) | (nib(xb[k + 16]) << 4);
+                }
+                d
+            }
+        };
+        d.copy_from_slice(
+            &fucina_storage::half::f16::from_f32(scale)
+                .to_bits()
+                .to_le_bytes(),
+        );
+    }
+}
+
+/// Dequantizes one row of blocks `blocks` into `out`.
+fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
+    let bb = format.block_bytes();
+    for (blk, ob) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let d = quant_dot::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+        let qs = &blk[2..];
+        match format {
+            QuantFormat::Q8_0 => {
+                for (o, &q) in ob.iter_mut().zip(qs) {
+                    *o = f32::from(q as i8) * d;
+                }
+            }
+            QuantFormat::Q4_0 => {
+                for (k, &q) in qs.iter().enumerate() {
+                    ob[k] = f32::from((q & 0x0f) as i8 - 8) * d;
+                    ob[k + 16] = f32::from((q >> 4) as i8 - 8) * d;
+                }
+            }
+        }
+    }
+}
+
+impl ExecContext {
+    /// Quantizes the row-major `[rows, cols]` matrix `values` to `format`
+    /// (llama.cpp's reference quantizer; see the module docs), in parallel
+    /// over rows.
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, QuantFormat};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let w: Vec<f32> = (0..64).map(|i| i as f32 - 32.0).collect();
+    /// let q = ctx.quantize(QuantFormat::Q8_0, 2, 32, &w)?;
+    /// assert_eq!(q.bytes().len(), 2 * 34);
+    /// let mut back = vec![0.0; 64];
+    /// ctx.dequantize(&q.matrix(), &mut back)?;
+    /// assert!(back.iter().zip(&w).all(|(b, w)| (b - w).abs() <= 0.13));
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
+    /// [`ExecError::InvalidDataLength`] if `values.len() != rows · cols`,
+    /// [`ExecError::Overflow`] on a size overflow, [`ExecError::OutOfMemory`] if
+    /// the bytes cannot be allocated.
+    pub fn quantize(
+        &self,
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        values: &[f32],
+    ) -> Result<QuantizedWeights, ExecError> {
+        let op = "quantize";
+        let nbytes = format.matrix_bytes(op, rows, cols)?;
+        let n = rows.checked_mul(cols).ok_or(ExecError::Overflow {
+            op,
+            shape: Dims::new(&[rows, cols]),
+        })?;
+        if values.len() != n {
+            return Err(ExecError::InvalidDataLength {
+                op,
+                shape: Dims::new(&[rows, cols]),
+                expected: n,
+                got: values.len(),
+            });
+        }
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(nbytes).map_err(|_| {
+            ExecError::storage(
+                op,
+                fucina_storage::StorageError::AllocationFailed { bytes: nbytes },
+            )
+        })?;
+        bytes.resize(nbytes, 0);
+        if cols > 0 {
+            let rb = nbytes / rows.max(1);
+            self.par_rows(&mut bytes, rb, cols, |r, out| {
+                for (i, o) in r.zip(out.chunks_exact_mut(rb)) {
+                    quantize_row(format, &values[i * cols..(i + 1) * cols], o);
+                }
+            });
+        }
+        Ok(QuantizedWeights {
+            format,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
+    /// Dequantizes `w` into `out` (row-major `[rows, cols]`), in parallel over
+    /// rows (see [`QuantMatrix::dequantize_row`]).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDataLength`] if `out.len() != rows · cols`.
+    pub fn dequantize(&self, w: &QuantMatrix<'_>, out: &mut [f32]) -> Result<(), ExecError> {
+        let n = w.rows * w.cols;
+        if out.len() != n {
+            return Err(ExecError::InvalidDataLength {
+                op: "dequantize",
+                shape: Dims::new(&[w.rows, w.cols]),
+                expected: n,
+                got: out.len(),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (rb, cols) = (w.row_bytes(), w.cols);
+        self.par_rows(out, cols, cols, |r, out| {
+            for (i, o) in r.zip(out.chunks_exact_mut(cols)) {
+                dequantize_row(w.format, &w.bytes[i * rb..(i + 1) * rb], o);
+            }
+        });
+        Ok(())
+    }
+
+    /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for `m` rows of `x` (`[m, w.cols()]`,
+    /// row-major, f32) into `out` (`[m, w.rows()]`), reading `w` in its block
+    /// format: each row of `x` is quantized to int8 blocks of 32 (f32 scale
+    /// `amax / 127`), then every block pair is an exact integer dot product,
+    /// accumulated in the fixed order of the module docs. Each row's result is
+    /// the same bits for any `m`, thread count and vector level; a row of `x`
+    /// holding a non-finite value gives NaN outputs.
+    ///
+    /// Runs in parallel over the rows of `w`; allocates nothing once the
+    /// context's pool holds the scratch (the quantized activations, and for
+    /// `m > 1` a transposed output) of a call of this size.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDataLength`] if `x.len() != m · cols` or
+    /// `out.len() != m · rows`; [`ExecError::OutOfMemory`] if the scratch cannot
+    /// be had (then `out` is unchanged).
+    pub fn quant_matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &QuantMatrix<'_>,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        let op = "quant_matmul";
+        let (rows, cols) = (w.rows, w.cols);
+        let len_err = |shape: &[usize], expected: usize, got: usize| ExecError::InvalidDataLength {
+            op,
+            shape: Dims::new(shape),
+            expected,
+            got,
+        };
+        let nx = m.checked_mul(cols).ok_or(ExecError::Overflow {
+            op,
+            shape: Dims::new(&[m, cols]),
+        })?;
+        if x.len() != nx {
+            return Err(len_err(&[m, cols], nx, x.len()));
+        }
+        let no = m.checked_mul(rows).ok_or(ExecError::Overflow {
+            op,
+            shape: Dims::new(&[m, rows]),
+        })?;
+        if out.len() != no {
+            return Err(len_err(&[m, rows], no, out.len()));
+        }
+        if no == 0 {
+            return Ok(());
+        }
+        if cols == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        let nb = cols / QK;
+        let q4 = w.format.is_q4();
+        let lease = |e| ExecError::storage(op, e);
+        let pool = self.pool();
+        let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
+        let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
+        let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
+        let mut tr = match m {
+            1 => None,
+            _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
+        };
+        let offset = quant_dot::bias_offset(q4);
+        for i in 0..m {
+            quant_dot::quantize_row(
+                &x[i * cols..(i + 1) * cols],
+                offset,
+                &mut xq[i * cols..(i + 1) * cols],
+                &mut xs[i * nb..(i + 1) * nb],
+                &mut xb[i * nb * LANES..(i + 1) * nb * LANES],
+            );
+        }
+        let acts = Acts {
+            q: &xq,
+            scale: &xs,
+            bias: &xb,
+            cols,
+        };
+        let rb = w.row_bytes();
+        let kernel = |r: std::ops::Range<usize>, o: &mut [f32]| {
+            quant_dot::quant_rows(q4, w.bytes, rb, r, &acts, m, o);
+        };
+        match tr.as_deref_mut() {
+            None => self.par_rows(out, 1, cols, kernel),
+            Some(t) => {
+                // Transposed output [rows, m]: each weight row's m outputs are
+                // contiguous, so the chunks split the weight rows.
+                self.par_rows(t, m, m * cols, kernel);
+                for (j, tj) in t.chunks_exact(m).enumerate() {
+                    for (i, &v) in tj.iter().enumerate() {
+                        out[i * rows + j] = v;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
