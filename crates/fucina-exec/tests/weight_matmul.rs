@@ -44,8 +44,9 @@ fn encode(format: WeightFormat, v: &[f32]) -> Vec<u8> {
 fn decode(format: WeightFormat, bytes: &[u8], i: usize) -> f32 {
     match format {
         WeightFormat::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
-        WeightFormat::F16 => f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))
-            .to_f32(),
+        WeightFormat::F16 => {
+            f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+        }
         WeightFormat::BF16 => {
             f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])) << 16)
         }
@@ -233,17 +234,26 @@ fn bad_input_is_an_error_naming_the_op_and_writes_nothing() {
         format: WeightFormat::F32,
         ..w
     };
-    check(ctx.weight_matmul(&x, 2, &bad, &mut out), "bytes of the wrong format");
+    check(
+        ctx.weight_matmul(&x, 2, &bad, &mut out),
+        "bytes of the wrong format",
+    );
     let huge = WeightMatrix {
         rows: usize::MAX / 2,
         ..w
     };
-    check(ctx.weight_matmul(&x, 2, &huge, &mut out), "overflowing size");
+    check(
+        ctx.weight_matmul(&x, 2, &huge, &mut out),
+        "overflowing size",
+    );
     check(
         ctx.weight_matmul(&x, usize::MAX / 2, &w, &mut out),
         "overflowing m",
     );
-    assert!(out.iter().chain(&long).all(|&v| v == 7.0), "nothing written");
+    assert!(
+        out.iter().chain(&long).all(|&v| v == 7.0),
+        "nothing written"
+    );
     for (format, len) in [(WeightFormat::BF16, 23), (WeightFormat::F32, 24)] {
         let e = WeightMatrix::new(format, 3, 4, &raw[..len]).unwrap_err();
         assert!(e.to_string().starts_with("weight_matmul"), "{e}");
@@ -299,7 +309,10 @@ fn nan_and_infinity_propagate() {
             assert!(out[rows..].iter().all(|v| v.is_nan()), "{tag}: NaN input");
             // Finite outputs keep the oracle's bits; NaN stays NaN.
             for (g, w) in out.iter().zip(&want) {
-                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{tag}");
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{tag}"
+                );
             }
         }
     }

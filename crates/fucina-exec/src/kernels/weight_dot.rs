@@ -119,7 +119,7 @@ impl Kern {
         match (self, m) {
             (_, 1) => (4, 1),
             #[cfg(target_arch = "x86_64")]
-            (Kern::Avx512, _) => (4, 4),
+            (Kern::Avx512, _) => (3, 8),
             #[cfg(target_arch = "x86_64")]
             (Kern::Avx2, _) => (2, 2),
             (Kern::Portable, _) => (2, 2),
@@ -204,7 +204,10 @@ unsafe fn drive<const FMT: u8>(
         let ob = &mut out[o0..o0 + r * m];
         let mut i = 0;
         while i < m {
-            let mb = (m - i).min(mb_max);
+            let mb = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&b| b <= mb_max && b <= m - i)
+                .unwrap_or(1);
             let xb = &x[i * cols..(i + mb) * cols];
             // SAFETY: the caller guarantees `kern`'s features.
             unsafe { block::<FMT>(kern, r, mb, xb, cols, wb, &mut ob[i..], m) };
@@ -234,14 +237,17 @@ unsafe fn block<const FMT: u8>(
     macro_rules! pick {
         ($($f:ident)::+) => {
             match (r, mb) {
-                (4, 4) => $($f)::+::<FMT, 4, 4>(x, cols, w, out, m),
-                (4, 3) => $($f)::+::<FMT, 4, 3>(x, cols, w, out, m),
-                (4, 2) => $($f)::+::<FMT, 4, 2>(x, cols, w, out, m),
                 (4, 1) => $($f)::+::<FMT, 4, 1>(x, cols, w, out, m),
+                (3, 8) => $($f)::+::<FMT, 3, 8>(x, cols, w, out, m),
+                (3, 4) => $($f)::+::<FMT, 3, 4>(x, cols, w, out, m),
+                (3, 2) => $($f)::+::<FMT, 3, 2>(x, cols, w, out, m),
+                (3, 1) => $($f)::+::<FMT, 3, 1>(x, cols, w, out, m),
+                (2, 8) => $($f)::+::<FMT, 2, 8>(x, cols, w, out, m),
+                (2, 4) => $($f)::+::<FMT, 2, 4>(x, cols, w, out, m),
                 (2, 2) => $($f)::+::<FMT, 2, 2>(x, cols, w, out, m),
                 (2, 1) => $($f)::+::<FMT, 2, 1>(x, cols, w, out, m),
+                (1, 8) => $($f)::+::<FMT, 1, 8>(x, cols, w, out, m),
                 (1, 4) => $($f)::+::<FMT, 1, 4>(x, cols, w, out, m),
-                (1, 3) => $($f)::+::<FMT, 1, 3>(x, cols, w, out, m),
                 (1, 2) => $($f)::+::<FMT, 1, 2>(x, cols, w, out, m),
                 (1, 1) => $($f)::+::<FMT, 1, 1>(x, cols, w, out, m),
                 _ => unreachable!("weight_rows: no block kernel for {r} x {mb}"),
@@ -279,6 +285,25 @@ fn check_block(
             && out.len() >= (r - 1) * m + mb,
         "weight_rows: block operands"
     );
+}
+
+/// Prefetches, for each of the `R` rows of a block, the cache line at byte
+/// `off` of the same row in the next block (`R * rb` bytes further on): the
+/// rows of a block are contiguous, so while a block is read the whole next
+/// block is requested, including the starts of its rows, which a prefetch a
+/// fixed distance ahead within each row would miss (measured at 576 bf16
+/// columns, one thread: 0.57–0.73 of the streaming bandwidth with a 1024-byte
+/// distance within the row, 0.71–0.87 with this one).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_next_block<const R: usize>(w: *const u8, rb: usize, off: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for r in 0..R {
+        // A prefetch never faults; the address is computed with wrapping
+        // arithmetic (past the last block it may lie outside the matrix).
+        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((R + r) * rb + off).cast());
+    }
 }
 
 /// The portable kernel (and the tests' oracle of the blocking).
@@ -345,7 +370,7 @@ mod portable {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{F16, F32, L, check_block, elem_size};
+    use super::{F16, F32, L, check_block, elem_size, prefetch_next_block};
 
     /// Eight elements at `p` widened to f32.
     ///
@@ -429,6 +454,9 @@ mod avx2 {
         let full = cols / L;
         for b in 0..full {
             let k = b * L;
+            if (k * es) % 64 == 0 {
+                prefetch_next_block::<R>(w.as_ptr(), rb, k * es);
+            }
             // SAFETY: features from the caller; `k + 16 <= cols`, so 16
             // elements are in bounds of every row (checked by `check_block`).
             unsafe {
@@ -486,7 +514,18 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{F16, F32, L, check_block, elem_size};
+    use super::{F16, F32, L, check_block, elem_size, prefetch_next_block};
+
+    /// `vpermw` indices spreading 16 words to the odd word positions.
+    static BF16_SPREAD: [u16; 32] = {
+        let mut a = [0u16; 32];
+        let mut p = 0;
+        while p < 32 {
+            a[p] = (p / 2) as u16;
+            p += 1;
+        }
+        a
+    };
 
     /// Sixteen elements at `p` widened to f32; lanes not in `mask` read as 0
     /// and are not accessed.
@@ -515,7 +554,14 @@ mod avx512 {
             if FMT == F16 {
                 _mm512_cvtph_ps(half)
             } else {
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)))
+                // One `vpermw`: word `i` of `half` to the upper half of lane
+                // `i`, zeros below (the mask clears the even words).
+                let idx = _mm512_loadu_si512(BF16_SPREAD.as_ptr().cast());
+                _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+                    0xAAAA_AAAA,
+                    idx,
+                    _mm512_castsi256_si512(half),
+                ))
             }
         }
     }
@@ -586,6 +632,9 @@ mod avx512 {
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
         for b in 0..full {
             let k = b * L;
+            if (k * es) % 64 == 0 {
+                prefetch_next_block::<R>(wp, rb, k * es);
+            }
             // SAFETY: features from the caller; `k + 16 <= cols`, so the 16
             // elements are within every row (bounds checked by `check_block`).
             unsafe { step::<FMT, R, MB, false>(&mut acc, xp.add(k), cols, wp.add(k * es), rb, !0) };
@@ -688,7 +737,7 @@ mod tests {
                 let mut raw = vec![0u8; 1];
                 raw.extend(bytes_of(format, &wv));
                 let w = WeightMatrix::new(format, rows, cols, &raw[1..]).unwrap();
-                for m in [1, 2, 3, 5, 8] {
+                for m in [1, 2, 3, 5, 8, 13] {
                     let x = values(m * cols, (m + 7) as u32);
                     let want: Vec<f32> = (1..rows)
                         .flat_map(|j| {

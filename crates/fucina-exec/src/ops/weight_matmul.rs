@@ -119,13 +119,32 @@ impl<'a> WeightMatrix<'a> {
     /// Row `r` widened to f32 into `out` (`out.len() == cols`).
     ///
     /// # Panics
-    /// If `r >= rows` or `out.len() != cols`.
+    /// If `r >= rows`, `out.len() != cols`, or `bytes` (a field set by hand)
+    /// ends before row `r` does.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "row_to_f32: row {r} of {}", self.rows);
         assert_eq!(out.len(), self.cols, "row_to_f32: output length");
-        let row = &self.bytes[r * self.cols * self.format.size_bytes()..];
-        for (k, o) in out.iter_mut().enumerate() {
-            *o = self.format.element(row, k);
+        let es = self.format.size_bytes();
+        let row = &self.bytes[r * self.cols * es..(r + 1) * self.cols * es];
+        // One loop per format over exact chunks (no per-element format match or
+        // bounds check, so the f32 and bf16 loops compile to vector code).
+        match self.format {
+            WeightFormat::F32 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            WeightFormat::F16 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *o = fucina_storage::half::f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                        .to_f32();
+                }
+            }
+            WeightFormat::BF16 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                }
+            }
         }
     }
 }
