@@ -22,11 +22,14 @@
 //! multiply-add each, whatever `R`, `MB` and the vector width.
 //!
 //! # Levels
-//! - AVX-512: a lane chain is one `zmm`. bf16 is widened by a zero-extension to
-//!   32 bits and a 16-bit left shift (`vpmovzxwd`, `vpslld`), f16 by `vcvtph2ps`
-//!   (exact). The last, partial step uses masked loads (masked-off lanes read as
-//!   0, and are never touched in memory). `R = 4`, `MB = 1` for `m = 1`, `MB = 4`
-//!   otherwise (16 accumulators, 4 weight vectors).
+//! - AVX-512: a lane chain is one `zmm`. bf16 is widened by one `vpermw` that
+//!   moves word `i` to the upper half of lane `i` and zeroes the lower halves
+//!   (one shuffle in place of a zero-extension and a shift; not timed apart
+//!   from the other changes), f16 by `vcvtph2ps` (exact). The last, partial step uses masked
+//!   loads (masked-off lanes read as 0 and are never touched in memory).
+//!   `R = 4`, `MB = 1` for `m = 1`; `R = 3`, `MB = 8` otherwise (24
+//!   accumulators, 3 weight vectors, one activation vector: 28 of the 32
+//!   registers); leftover activation rows in blocks of 4, 2, 1.
 //! - AVX2 + FMA: a lane chain is two `ymm` (lanes 0–7 and 8–15); the fold starts
 //!   by adding the two. f16 needs F16C (`vcvtph2ps`); without it the f16 path runs
 //!   the portable kernel (same bits). The partial step is copied into zeroed stack
@@ -35,14 +38,17 @@
 //!   multiply-add on every target), elements widened by
 //!   [`WeightFormat::element`].
 //!
-//! # Why zero padding is exact
-//! The reference stops at `k = cols - 1`; the vector kernels run the last step
-//! with the missing terms as `0 · 0`, adding `+0` to the lane. An accumulator
-//! starts at `+0` and a fused multiply-add rounded to nearest never yields `-0`
-//! from a `+0` (or non-zero) addend unless the exact sum is a negative zero,
-//! which needs a `-0` addend; so no lane is ever `-0`, and adding `+0` to it
-//! returns it unchanged (NaN stays NaN, infinities stay). Zero padding thus gives
-//! the reference's bits.
+//! # The partial step
+//! The order pads each row with `0 · 0` terms up to the next multiple of 16
+//! (see [`crate::ops::weight_matmul`]), which is what masked loads (AVX-512),
+//! zero-padded copies (AVX2) and zero-filled lanes (portable) compute.
+//!
+//! # Prefetch
+//! With `m = 1` nothing but the weights leave the caches; while a block of `R`
+//! rows is read (`R` streams), each 64 bytes of each row also prefetch the
+//! same line of the matching row of the next block, so that the next block's
+//! row starts are in flight before they are needed (short rows, 576 bf16
+//! columns, gained most: see `prefetch_next_block`).
 
 use std::ops::Range;
 
