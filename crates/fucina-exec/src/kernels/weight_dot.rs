@@ -178,12 +178,13 @@ fn weight_rows_with(
         kern.available(),
         "weight_rows: {kern:?} kernels on this CPU"
     );
-    // SAFETY (all three): `kern`'s features were just checked.
-    match w.format {
-        WeightFormat::F32 => unsafe { drive::<F32>(kern, x, m, w.bytes, cols, rows, out) },
-        WeightFormat::F16 => unsafe { drive::<F16>(kern, x, m, w.bytes, cols, rows, out) },
-        WeightFormat::BF16 => unsafe { drive::<BF16>(kern, x, m, w.bytes, cols, rows, out) },
-    }
+    let run = match w.format {
+        WeightFormat::F32 => drive::<F32>,
+        WeightFormat::F16 => drive::<F16>,
+        WeightFormat::BF16 => drive::<BF16>,
+    };
+    // SAFETY: `kern`'s features were just checked.
+    unsafe { run(kern, x, m, w.bytes, cols, rows, out) }
 }
 
 /// Walks `rows` in blocks of `R` weight rows and `m` in blocks of `MB`
@@ -273,6 +274,7 @@ unsafe fn block<const FMT: u8>(
 
 /// Checks a block kernel's operands (the vector kernels read through raw
 /// pointers within these bounds).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 fn check_block(
     r: usize,
@@ -297,9 +299,10 @@ fn check_block(
 /// `off` of the same row in the next block (`R * rb` bytes further on): the
 /// rows of a block are contiguous, so while a block is read the whole next
 /// block is requested, including the starts of its rows, which a prefetch a
-/// fixed distance ahead within each row would miss (measured at 576 bf16
-/// columns, one thread: 0.57–0.73 of the streaming bandwidth with a 1024-byte
-/// distance within the row, 0.71–0.87 with this one).
+/// fixed distance ahead within each row would miss (bf16, 576 columns, one
+/// thread: 0.53–0.73 of the streaming bandwidth 1024 bytes ahead within the
+/// row, 0.69–0.85 512 bytes ahead, 0.71–0.87 with this scheme; see
+/// docs/BENCHMARKS.md).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "sse")]
@@ -460,7 +463,7 @@ mod avx2 {
         let full = cols / L;
         for b in 0..full {
             let k = b * L;
-            if (k * es) % 64 == 0 {
+            if (k * es).is_multiple_of(64) {
                 prefetch_next_block::<R>(w.as_ptr(), rb, k * es);
             }
             // SAFETY: features from the caller; `k + 16 <= cols`, so 16
@@ -638,7 +641,7 @@ mod avx512 {
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
         for b in 0..full {
             let k = b * L;
-            if (k * es) % 64 == 0 {
+            if (k * es).is_multiple_of(64) {
                 prefetch_next_block::<R>(wp, rb, k * es);
             }
             // SAFETY: features from the caller; `k + 16 <= cols`, so the 16

@@ -187,9 +187,9 @@ pub(crate) fn reference_dot(x: &[f32], w: &WeightMatrix<'_>, r: usize) -> f32 {
     // Up to the next multiple of 16: the missing terms are `0 · 0`.
     for k in 0..w.cols.next_multiple_of(WEIGHT_DOT_LANES) {
         let l = k % WEIGHT_DOT_LANES;
-        let (xk, wk) = match k < w.cols {
-            true => (x[k], w.format.element(row, k)),
-            false => (0.0, 0.0),
+        let (xk, wk) = match x.get(k).filter(|_| k < w.cols) {
+            Some(&xk) => (xk, w.format.element(row, k)),
+            None => (0.0, 0.0),
         };
         acc[l] = xk.mul_add(wk, acc[l]);
     }
