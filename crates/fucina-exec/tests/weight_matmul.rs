@@ -54,16 +54,21 @@ fn decode(format: WeightFormat, bytes: &[u8], i: usize) -> f32 {
 }
 
 /// The documented order, written out plainly: lane `k % 16` takes term `k`
-/// with a fused multiply-add, then the lanes fold `l + 8`, `+ 4`, `+ 2`, `+ 1`.
+/// with a fused multiply-add (`0 · 0` past the end, up to a multiple of 16),
+/// then the lanes fold `l + 8`, `+ 4`, `+ 2`, `+ 1`.
 fn oracle(x: &[f32], m: usize, w: &WeightMatrix<'_>) -> Vec<f32> {
     let (rows, cols) = (w.rows, w.cols);
     let mut out = vec![0.0; m * rows];
     for i in 0..m {
         for j in 0..rows {
             let mut acc = [0.0f32; 16];
-            for k in 0..cols {
-                let wk = decode(w.format, w.bytes, j * cols + k);
-                acc[k % 16] = x[i * cols + k].mul_add(wk, acc[k % 16]);
+            for k in 0..cols.div_ceil(16) * 16 {
+                let (xk, wk) = if k < cols {
+                    (x[i * cols + k], decode(w.format, w.bytes, j * cols + k))
+                } else {
+                    (0.0, 0.0)
+                };
+                acc[k % 16] = xk.mul_add(wk, acc[k % 16]);
             }
             for width in [8, 4, 2, 1] {
                 for l in 0..width {
@@ -312,6 +317,37 @@ fn nan_and_infinity_propagate() {
                 assert!(
                     g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
                     "{tag}"
+                );
+            }
+        }
+    }
+    assert!(force_simd_level(detected_simd_level()));
+}
+
+/// The `0 · 0` terms of the partial step are part of the order: a lane that
+/// holds `-0` (products underflowing to `-0`) becomes `+0` when padded. With
+/// every product `-1e-30 · 1e-30` (rounds to `-0`), 16 columns (no padding)
+/// sum to `-0` and 17 columns (lanes 1–15 padded) to `+0`, at every level.
+#[test]
+fn padding_terms_turn_a_negative_zero_lane_positive() {
+    let ctx = ExecContext::with_threads(2);
+    for format in FORMATS {
+        if format == WeightFormat::F16 {
+            continue; // 1e-30 is not an f16 value
+        }
+        for level in levels() {
+            assert!(force_simd_level(level));
+            for (cols, want) in [(16, -0.0f32), (17, 0.0), (32, -0.0), (33, 0.0)] {
+                let raw = encode(format, &vec![1e-30; 3 * cols]);
+                let w = WeightMatrix::new(format, 3, cols, &raw).unwrap();
+                let x = vec![-1e-30f32; 2 * cols];
+                let mut out = vec![7.0; 6];
+                ctx.weight_matmul(&x, 2, &w, &mut out).unwrap();
+                let tag = format!("{format:?} {level:?} cols {cols}");
+                assert_eq!(bits(&out), bits(&oracle(&x, 2, &w)), "{tag}");
+                assert!(
+                    out.iter().all(|v| v.to_bits() == want.to_bits()),
+                    "{tag}: {out:?}"
                 );
             }
         }

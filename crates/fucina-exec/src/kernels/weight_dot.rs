@@ -22,11 +22,14 @@
 //! multiply-add each, whatever `R`, `MB` and the vector width.
 //!
 //! # Levels
-//! - AVX-512: a lane chain is one `zmm`. bf16 is widened by a zero-extension to
-//!   32 bits and a 16-bit left shift (`vpmovzxwd`, `vpslld`), f16 by `vcvtph2ps`
-//!   (exact). The last, partial step uses masked loads (masked-off lanes read as
-//!   0, and are never touched in memory). `R = 4`, `MB = 1` for `m = 1`, `MB = 4`
-//!   otherwise (16 accumulators, 4 weight vectors).
+//! - AVX-512: a lane chain is one `zmm`. bf16 is widened by one `vpermw` that
+//!   moves word `i` to the upper half of lane `i` and zeroes the lower halves
+//!   (one shuffle in place of a zero-extension and a shift; not timed apart
+//!   from the other changes), f16 by `vcvtph2ps` (exact). The last, partial step uses masked
+//!   loads (masked-off lanes read as 0 and are never touched in memory).
+//!   `R = 4`, `MB = 1` for `m = 1`; `R = 3`, `MB = 8` otherwise (24
+//!   accumulators, 3 weight vectors, one activation vector: 28 of the 32
+//!   registers); leftover activation rows in blocks of 4, 2, 1.
 //! - AVX2 + FMA: a lane chain is two `ymm` (lanes 0–7 and 8–15); the fold starts
 //!   by adding the two. f16 needs F16C (`vcvtph2ps`); without it the f16 path runs
 //!   the portable kernel (same bits). The partial step is copied into zeroed stack
@@ -35,14 +38,17 @@
 //!   multiply-add on every target), elements widened by
 //!   [`WeightFormat::element`].
 //!
-//! # Why zero padding is exact
-//! The reference stops at `k = cols - 1`; the vector kernels run the last step
-//! with the missing terms as `0 · 0`, adding `+0` to the lane. An accumulator
-//! starts at `+0` and a fused multiply-add rounded to nearest never yields `-0`
-//! from a `+0` (or non-zero) addend unless the exact sum is a negative zero,
-//! which needs a `-0` addend; so no lane is ever `-0`, and adding `+0` to it
-//! returns it unchanged (NaN stays NaN, infinities stay). Zero padding thus gives
-//! the reference's bits.
+//! # The partial step
+//! The order pads each row with `0 · 0` terms up to the next multiple of 16
+//! (see [`crate::ops::weight_matmul`]), which is what masked loads (AVX-512),
+//! zero-padded copies (AVX2) and zero-filled lanes (portable) compute.
+//!
+//! # Prefetch
+//! With `m = 1` nothing but the weights leave the caches; while a block of `R`
+//! rows is read (`R` streams), each 64 bytes of each row also prefetch the
+//! same line of the matching row of the next block, so that the next block's
+//! row starts are in flight before they are needed (short rows, 576 bf16
+//! columns, gained most: see `prefetch_next_block`).
 
 use std::ops::Range;
 
@@ -119,7 +125,7 @@ impl Kern {
         match (self, m) {
             (_, 1) => (4, 1),
             #[cfg(target_arch = "x86_64")]
-            (Kern::Avx512, _) => (4, 4),
+            (Kern::Avx512, _) => (3, 8),
             #[cfg(target_arch = "x86_64")]
             (Kern::Avx2, _) => (2, 2),
             (Kern::Portable, _) => (2, 2),
@@ -172,12 +178,13 @@ fn weight_rows_with(
         kern.available(),
         "weight_rows: {kern:?} kernels on this CPU"
     );
-    // SAFETY (all three): `kern`'s features were just checked.
-    match w.format {
-        WeightFormat::F32 => unsafe { drive::<F32>(kern, x, m, w.bytes, cols, rows, out) },
-        WeightFormat::F16 => unsafe { drive::<F16>(kern, x, m, w.bytes, cols, rows, out) },
-        WeightFormat::BF16 => unsafe { drive::<BF16>(kern, x, m, w.bytes, cols, rows, out) },
-    }
+    let run = match w.format {
+        WeightFormat::F32 => drive::<F32>,
+        WeightFormat::F16 => drive::<F16>,
+        WeightFormat::BF16 => drive::<BF16>,
+    };
+    // SAFETY: `kern`'s features were just checked.
+    unsafe { run(kern, x, m, w.bytes, cols, rows, out) }
 }
 
 /// Walks `rows` in blocks of `R` weight rows and `m` in blocks of `MB`
@@ -204,7 +211,10 @@ unsafe fn drive<const FMT: u8>(
         let ob = &mut out[o0..o0 + r * m];
         let mut i = 0;
         while i < m {
-            let mb = (m - i).min(mb_max);
+            let mb = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&b| b <= mb_max && b <= m - i)
+                .unwrap_or(1);
             let xb = &x[i * cols..(i + mb) * cols];
             // SAFETY: the caller guarantees `kern`'s features.
             unsafe { block::<FMT>(kern, r, mb, xb, cols, wb, &mut ob[i..], m) };
@@ -234,14 +244,17 @@ unsafe fn block<const FMT: u8>(
     macro_rules! pick {
         ($($f:ident)::+) => {
             match (r, mb) {
-                (4, 4) => $($f)::+::<FMT, 4, 4>(x, cols, w, out, m),
-                (4, 3) => $($f)::+::<FMT, 4, 3>(x, cols, w, out, m),
-                (4, 2) => $($f)::+::<FMT, 4, 2>(x, cols, w, out, m),
                 (4, 1) => $($f)::+::<FMT, 4, 1>(x, cols, w, out, m),
+                (3, 8) => $($f)::+::<FMT, 3, 8>(x, cols, w, out, m),
+                (3, 4) => $($f)::+::<FMT, 3, 4>(x, cols, w, out, m),
+                (3, 2) => $($f)::+::<FMT, 3, 2>(x, cols, w, out, m),
+                (3, 1) => $($f)::+::<FMT, 3, 1>(x, cols, w, out, m),
+                (2, 8) => $($f)::+::<FMT, 2, 8>(x, cols, w, out, m),
+                (2, 4) => $($f)::+::<FMT, 2, 4>(x, cols, w, out, m),
                 (2, 2) => $($f)::+::<FMT, 2, 2>(x, cols, w, out, m),
                 (2, 1) => $($f)::+::<FMT, 2, 1>(x, cols, w, out, m),
+                (1, 8) => $($f)::+::<FMT, 1, 8>(x, cols, w, out, m),
                 (1, 4) => $($f)::+::<FMT, 1, 4>(x, cols, w, out, m),
-                (1, 3) => $($f)::+::<FMT, 1, 3>(x, cols, w, out, m),
                 (1, 2) => $($f)::+::<FMT, 1, 2>(x, cols, w, out, m),
                 (1, 1) => $($f)::+::<FMT, 1, 1>(x, cols, w, out, m),
                 _ => unreachable!("weight_rows: no block kernel for {r} x {mb}"),
@@ -261,6 +274,7 @@ unsafe fn block<const FMT: u8>(
 
 /// Checks a block kernel's operands (the vector kernels read through raw
 /// pointers within these bounds).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 fn check_block(
     r: usize,
@@ -279,6 +293,26 @@ fn check_block(
             && out.len() >= (r - 1) * m + mb,
         "weight_rows: block operands"
     );
+}
+
+/// Prefetches, for each of the `R` rows of a block, the cache line at byte
+/// `off` of the same row in the next block (`R * rb` bytes further on): the
+/// rows of a block are contiguous, so while a block is read the whole next
+/// block is requested, including the starts of its rows, which a prefetch a
+/// fixed distance ahead within each row would miss (bf16, 576 columns, one
+/// thread: 0.53–0.73 of the streaming bandwidth 1024 bytes ahead within the
+/// row, 0.69–0.85 512 bytes ahead, 0.71–0.87 with this scheme; see
+/// docs/BENCHMARKS.md).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_next_block<const R: usize>(w: *const u8, rb: usize, off: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for r in 0..R {
+        // A prefetch never faults; the address is computed with wrapping
+        // arithmetic (past the last block it may lie outside the matrix).
+        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((R + r) * rb + off).cast());
+    }
 }
 
 /// The portable kernel (and the tests' oracle of the blocking).
@@ -345,7 +379,7 @@ mod portable {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{F16, F32, L, check_block, elem_size};
+    use super::{F16, F32, L, check_block, elem_size, prefetch_next_block};
 
     /// Eight elements at `p` widened to f32.
     ///
@@ -429,6 +463,9 @@ mod avx2 {
         let full = cols / L;
         for b in 0..full {
             let k = b * L;
+            if (k * es).is_multiple_of(64) {
+                prefetch_next_block::<R>(w.as_ptr(), rb, k * es);
+            }
             // SAFETY: features from the caller; `k + 16 <= cols`, so 16
             // elements are in bounds of every row (checked by `check_block`).
             unsafe {
@@ -486,7 +523,18 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{F16, F32, L, check_block, elem_size};
+    use super::{F16, F32, L, check_block, elem_size, prefetch_next_block};
+
+    /// `vpermw` indices spreading 16 words to the odd word positions.
+    static BF16_SPREAD: [u16; 32] = {
+        let mut a = [0u16; 32];
+        let mut p = 0;
+        while p < 32 {
+            a[p] = (p / 2) as u16;
+            p += 1;
+        }
+        a
+    };
 
     /// Sixteen elements at `p` widened to f32; lanes not in `mask` read as 0
     /// and are not accessed.
@@ -515,7 +563,14 @@ mod avx512 {
             if FMT == F16 {
                 _mm512_cvtph_ps(half)
             } else {
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)))
+                // One `vpermw`: word `i` of `half` to the upper half of lane
+                // `i`, zeros below (the mask clears the even words).
+                let idx = _mm512_loadu_si512(BF16_SPREAD.as_ptr().cast());
+                _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+                    0xAAAA_AAAA,
+                    idx,
+                    _mm512_castsi256_si512(half),
+                ))
             }
         }
     }
@@ -586,6 +641,9 @@ mod avx512 {
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
         for b in 0..full {
             let k = b * L;
+            if (k * es).is_multiple_of(64) {
+                prefetch_next_block::<R>(wp, rb, k * es);
+            }
             // SAFETY: features from the caller; `k + 16 <= cols`, so the 16
             // elements are within every row (bounds checked by `check_block`).
             unsafe { step::<FMT, R, MB, false>(&mut acc, xp.add(k), cols, wp.add(k * es), rb, !0) };
@@ -688,7 +746,7 @@ mod tests {
                 let mut raw = vec![0u8; 1];
                 raw.extend(bytes_of(format, &wv));
                 let w = WeightMatrix::new(format, rows, cols, &raw[1..]).unwrap();
-                for m in [1, 2, 3, 5, 8] {
+                for m in [1, 2, 3, 5, 8, 13] {
                     let x = values(m * cols, (m + 7) as u32);
                     let want: Vec<f32> = (1..rows)
                         .flat_map(|j| {

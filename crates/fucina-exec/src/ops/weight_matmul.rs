@@ -8,10 +8,35 @@
 //! Every output `out[i, j] = Σ_k x[i, k] · w[j, k]` is computed in one fixed order
 //! that depends on nothing but `k`: sixteen lane accumulators, lane `l` taking the
 //! terms `k ≡ l (mod 16)` in increasing `k` with a fused multiply-add (missing
-//! terms past the end count as `0 · 0`), then the lanes folded in halves
-//! (`l + 8` into `l`, then `l + 4`, `l + 2`, `l + 1`). The result of a row is
-//! therefore the same bits whatever the number of rows in the call (batch
-//! invariance), the thread count and the vector level.
+//! terms past the end, up to the next multiple of 16, count as `0 · 0`), then
+//! the lanes folded in halves (`l + 8` into `l`, then `l + 4`, `l + 2`,
+//! `l + 1`). The result of a row is therefore the same bits whatever the number
+//! of rows in the call (batch invariance), the thread count and the vector
+//! level.
+//!
+//! The `0 · 0` terms are part of the order, not a convenience: adding `+0` to a
+//! lane changes it only when it holds `-0`, which a lane reaches only through
+//! products that underflow to `-0` (say `-1e-30 · 1e-30`); the padded term turns
+//! that lane into `+0`, and with it a total that would otherwise have been `-0`
+//! (`tests/weight_matmul.rs` pins the case).
+//!
+//! # The kernels
+//!
+//! `kernels::weight_dot` computes the order at three vector levels with the same
+//! bits: AVX-512 (a lane chain is one `zmm`; bf16 widened in registers by one
+//! `vpermw`, f16 by `vcvtph2ps`; masked loads for the last, partial step),
+//! AVX2 + FMA + F16C (a chain is two `ymm`, lanes 0–7 and 8–15; the partial step
+//! from zero-padded copies) and portable (`[f32; 16]` and `f32::mul_add`). Each
+//! block kernel keeps one accumulator chain per output for a block of weight
+//! rows and activation rows: 4 weight rows for `m = 1`, so decoding reads every
+//! weight byte once, in four streams with the next block prefetched; 3 weight
+//! rows × 8 activation rows on AVX-512 (2 × 2 on AVX2) for `m > 1`, so each
+//! widened weight vector serves 8 rows of `x`. [`ExecContext::weight_matmul`]
+//! splits the output features `j` over the team with the deterministic chunks of
+//! the other ops (each output computed by one thread, whole); `m > 1` writes a
+//! pooled `[rows, m]` buffer, transposed into `out` after. Measured against the
+//! streaming bandwidth in docs/BENCHMARKS.md ("Weight-format matmul (LLM
+//! decode)").
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
@@ -119,13 +144,32 @@ impl<'a> WeightMatrix<'a> {
     /// Row `r` widened to f32 into `out` (`out.len() == cols`).
     ///
     /// # Panics
-    /// If `r >= rows` or `out.len() != cols`.
+    /// If `r >= rows`, `out.len() != cols`, or `bytes` (a field set by hand)
+    /// ends before row `r` does.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "row_to_f32: row {r} of {}", self.rows);
         assert_eq!(out.len(), self.cols, "row_to_f32: output length");
-        let row = &self.bytes[r * self.cols * self.format.size_bytes()..];
-        for (k, o) in out.iter_mut().enumerate() {
-            *o = self.format.element(row, k);
+        let es = self.format.size_bytes();
+        let row = &self.bytes[r * self.cols * es..(r + 1) * self.cols * es];
+        // One loop per format over exact chunks (no per-element format match or
+        // bounds check, so the f32 and bf16 loops compile to vector code).
+        match self.format {
+            WeightFormat::F32 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            WeightFormat::F16 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *o = fucina_storage::half::f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                        .to_f32();
+                }
+            }
+            WeightFormat::BF16 => {
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                }
+            }
         }
     }
 }
@@ -140,9 +184,14 @@ pub const WEIGHT_DOT_LANES: usize = 16;
 pub(crate) fn reference_dot(x: &[f32], w: &WeightMatrix<'_>, r: usize) -> f32 {
     let row = &w.bytes[r * w.cols * w.format.size_bytes()..];
     let mut acc = [0.0f32; WEIGHT_DOT_LANES];
-    for (k, &xk) in x.iter().enumerate().take(w.cols) {
+    // Up to the next multiple of 16: the missing terms are `0 · 0`.
+    for k in 0..w.cols.next_multiple_of(WEIGHT_DOT_LANES) {
         let l = k % WEIGHT_DOT_LANES;
-        acc[l] = xk.mul_add(w.format.element(row, k), acc[l]);
+        let (xk, wk) = match x.get(k).filter(|_| k < w.cols) {
+            Some(&xk) => (xk, w.format.element(row, k)),
+            None => (0.0, 0.0),
+        };
+        acc[l] = xk.mul_add(wk, acc[l]);
     }
     let mut width = WEIGHT_DOT_LANES / 2;
     while width > 0 {
