@@ -13,7 +13,9 @@
 //!
 //! `cargo bench -p fucina-exec --bench weight_matmul` (a plain `main`, not
 //! criterion: the table needs the same-run bandwidth beside each row). An
-//! argument that is not a flag filters the shapes by name (`smol`, `tiny`).
+//! argument that is neither a flag nor a number filters the shapes by name
+//! (`smol`, `tiny`); `WEIGHT_MATMUL_FORMATS=bf16` runs bf16 alone. `cargo xtask bench`
+//! runs it too (its criterion flags are ignored).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -212,7 +214,9 @@ fn fill(buf: &mut [u8], format: WeightFormat) {
 fn main() {
     let filter: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| !a.starts_with('-'))
+        // Criterion-style flags and their numeric values (`cargo xtask bench`
+        // passes `--measurement-time 3`) are not filters.
+        .filter(|a| !a.starts_with('-') && a.parse::<f64>().is_err())
         .collect();
     let shapes: Vec<_> = SHAPES
         .iter()
@@ -261,7 +265,7 @@ fn main() {
         "| shape | format | m | threads | median | p10-p90 | weight GB/s | of stream | same matrix (hot) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    let formats: &[WeightFormat] = match std::env::var("WD_FORMATS").as_deref() {
+    let formats: &[WeightFormat] = match std::env::var("WEIGHT_MATMUL_FORMATS").as_deref() {
         Ok("bf16") => &[WeightFormat::BF16],
         _ => &[WeightFormat::BF16, WeightFormat::F32],
     };
