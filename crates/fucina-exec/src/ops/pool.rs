@@ -561,36 +561,49 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
             }
         }
         Pool2dOp::ReluMax(o) if is_2x2(&o) => {
-            // As the `Max` path over the ReLU values (never NaN, never -0.0, so
+            // The `Max` path over the ReLU values (never NaN, never -0.0, so
             // the first element equal to the maximum is the selected one), each
             // written value times the ReLU's slope: `(0 + g) * slope` where
             // selected, `0` elsewhere (as `relu_backward` of `max_pool2d`'s
-            // gradient). One loop per row pair over the outputs.
+            // gradient). In tiles of up to 64 outputs, three loops that each
+            // vectorize: the maxima, the top row's writes, the bottom row's.
+            const TILE: usize = 64;
             let r = act::<true>;
             let w = g.w;
+            let (mut best, mut done) = ([0f32; TILE], [false; TILE]);
             for oi in 0..g.oh {
                 let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
-                let (top, bot) = (&mut top[..2 * g.ow], &mut rest[..2 * g.ow]);
-                let xt = &x[2 * oi * w..][..2 * g.ow];
-                let xb = &x[(2 * oi + 1) * w..][..2 * g.ow];
-                let gr = &gy[oi * g.ow..][..g.ow];
-                let quads = top
-                    .chunks_exact_mut(2)
-                    .zip(bot.chunks_exact_mut(2))
-                    .zip(xt.chunks_exact(2).zip(xb.chunks_exact(2)))
-                    .zip(gr);
-                for (((dt, db), (t, b)), &gv) in quads {
-                    let (v0, v1, v2, v3) = (r(t[0]), r(t[1]), r(b[0]), r(b[1]));
-                    let m = pick(pick(pick(v0, v1), v2), v3);
-                    let v = 0.0 + gv;
-                    let s0 = v0 == m;
-                    let s1 = !s0 & (v1 == m);
-                    let s2 = !(s0 | s1) & (v2 == m);
-                    let s3 = !(s0 | s1 | s2);
-                    dt[0] = if s0 { v * relu_slope(t[0]) } else { 0.0 };
-                    dt[1] = if s1 { v * relu_slope(t[1]) } else { 0.0 };
-                    db[0] = if s2 { v * relu_slope(b[0]) } else { 0.0 };
-                    db[1] = if s3 { v * relu_slope(b[1]) } else { 0.0 };
+                for j0 in (0..g.ow).step_by(TILE) {
+                    let n = TILE.min(g.ow - j0);
+                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
+                    let xt = &x[2 * oi * w..][c0..c1];
+                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
+                    let gr = &gy[oi * g.ow + j0..][..n];
+                    let (best, done) = (&mut best[..n], &mut done[..n]);
+                    for ((m, t), b) in best
+                        .iter_mut()
+                        .zip(xt.chunks_exact(2))
+                        .zip(xb.chunks_exact(2))
+                    {
+                        *m = pick(pick(pick(r(t[0]), r(t[1])), r(b[0])), r(b[1]));
+                    }
+                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
+                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m0 = r(xv[0]) == m;
+                        let m1 = !m0 & (r(xv[1]) == m);
+                        d[0] = if m0 { v * relu_slope(xv[0]) } else { 0.0 };
+                        d[1] = if m1 { v * relu_slope(xv[1]) } else { 0.0 };
+                        *f = m0 | m1;
+                    }
+                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
+                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m2 = !f & (r(xv[0]) == m);
+                        let m3 = !(f | m2);
+                        d[0] = if m2 { v * relu_slope(xv[0]) } else { 0.0 };
+                        d[1] = if m3 { v * relu_slope(xv[1]) } else { 0.0 };
+                    }
                 }
             }
         }
