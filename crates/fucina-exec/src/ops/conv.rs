@@ -9,12 +9,15 @@
 //!   (an implicit-GEMM packer), in scratch leased from the context's pool. A 1x1
 //!   stride-1 unpadded convolution packs the image rows as they are.
 //! - **Stride 1** (the common case): the group's planes are first copied into
-//!   zero-padded planes (`Hp x Wp`); over "wide" columns `oh * Wp + ow'`, every
-//!   row of the column matrix is then one contiguous run of the padded planes, so
-//!   the forward packs each panel row with one copy and discards the columns
-//!   `ow' >= OW`, the input gradient adds each row back as one contiguous run,
-//!   and the weight gradient reads its left-hand rows in place. The valid
-//!   outputs are the same multiply-add chains as the column matrix's.
+//!   zero-padded planes (`Hp x Wp`). The forward packs each panel row from them
+//!   (one copy per output row the panel touches, the offsets found once per
+//!   panel) and the GEMM writes straight into the output. Over "wide" columns
+//!   `oh * Wp + ow'` every row of the column matrix is one contiguous run of the
+//!   padded planes, so the input gradient adds each row back as one contiguous
+//!   run, and the weight gradient reads its left-hand rows in place, against
+//!   `dY'ᵀ` panels packed straight from the output gradient (zero in the
+//!   columns `ow' >= OW`). The valid outputs are the same multiply-add chains as
+//!   the column matrix's.
 //! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
 //!   back into the image positions it came from (col2im); the pointwise case writes
 //!   the product straight into the gradient.

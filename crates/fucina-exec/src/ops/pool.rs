@@ -1,5 +1,6 @@
 //! 2-D pooling over `[N, C, H, W]`: `max_pool2d`, `avg_pool2d`,
-//! `adaptive_avg_pool2d` (descriptor [`Pool2dOp`]) and their backward kernels.
+//! `adaptive_avg_pool2d`, the fused `relu_max_pool2d` (descriptor [`Pool2dOp`])
+//! and their backward kernels.
 //!
 //! Every plane (one sample, one channel) is pooled by exactly one task, in a
 //! fixed order that depends only on the plane: the result is the same bits for
@@ -17,6 +18,9 @@
 //! - **Adaptive avg.** Output cell `i` of an axis of input size `n` and output
 //!   size `m` averages the input indices `floor(i * n / m) .. ceil((i + 1) * n / m)`
 //!   (PyTorch's formula), divided by the window's element count.
+//!
+//! - **ReluMax.** `Max` of `relu(x)`, fused: the same bits as `relu` then
+//!   `Max`, forward and backward, without the ReLU's output.
 //!
 //! The backward kernels add each output's contribution into the input gradient
 //! in row-major output order, so overlapping windows sum in a fixed order.
