@@ -50,7 +50,7 @@ fn distinct(n: usize, seed: u64) -> Vec<f32> {
 fn ref_pool(op: Pool2dOp, x: &[f32], s: [usize; 4]) -> (Vec<f64>, [usize; 4]) {
     let [n, c, h, w] = s;
     let (oh, ow) = match op {
-        Pool2dOp::Max(o) | Pool2dOp::Avg(o) => (
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => (
             (h + 2 * o.padding[0] - o.kernel[0]) / o.stride[0] + 1,
             (w + 2 * o.padding[1] - o.kernel[1]) / o.stride[1] + 1,
         ),
@@ -63,7 +63,7 @@ fn ref_pool(op: Pool2dOp, x: &[f32], s: [usize; 4]) -> (Vec<f64>, [usize; 4]) {
                 let mut vals = Vec::new();
                 let (mut lo_h, mut hi_h, mut lo_w, mut hi_w, divisor);
                 match op {
-                    Pool2dOp::Max(o) | Pool2dOp::Avg(o) => {
+                    Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
                         lo_h = (i * o.stride[0]) as i64 - o.padding[0] as i64;
                         hi_h = lo_h + o.kernel[0] as i64;
                         lo_w = (j * o.stride[1]) as i64 - o.padding[1] as i64;
@@ -89,6 +89,7 @@ fn ref_pool(op: Pool2dOp, x: &[f32], s: [usize; 4]) -> (Vec<f64>, [usize; 4]) {
                 }
                 out.push(match op {
                     Pool2dOp::Max(_) => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                    Pool2dOp::ReluMax(_) => vals.iter().fold(0.0, |m: f64, &v| m.max(v)),
                     _ => vals.iter().sum::<f64>() / divisor,
                 });
             }
@@ -126,6 +127,7 @@ fn pooling_forward_matches_f64_reference() {
             }
             ops.push(Pool2dOp::Max(o));
             ops.push(Pool2dOp::Avg(o));
+            ops.push(Pool2dOp::ReluMax(o));
         }
         for sz in [
             [1, 1],
@@ -140,13 +142,14 @@ fn pooling_forward_matches_f64_reference() {
         for op in ops {
             let y = match op {
                 Pool2dOp::Max(o) => x.max_pool2d(&ctx, o),
+                Pool2dOp::ReluMax(o) => x.relu_max_pool2d(&ctx, o),
                 Pool2dOp::Avg(o) => x.avg_pool2d(&ctx, o),
                 Pool2dOp::AdaptiveAvg(sz) => x.adaptive_avg_pool2d(&ctx, sz),
             }
             .unwrap();
             let (want, shape) = ref_pool(op, &xv, s);
             assert_eq!(y.shape(), shape, "{op:?} on {s:?}");
-            let tol = if matches!(op, Pool2dOp::Max(_)) {
+            let tol = if matches!(op, Pool2dOp::Max(_) | Pool2dOp::ReluMax(_)) {
                 0.0
             } else {
                 1e-6
@@ -237,6 +240,9 @@ fn gradcheck_pooling_every_option() {
     let s = [2, 2, 5, 6];
     let n: usize = s.iter().product();
     let x = raw(&ctx, &s, &distinct(n, 21));
+    // Half a step off the grid: no value at the ReLU's kink.
+    let half: Vec<f32> = distinct(n, 21).iter().map(|v| v + 0.025).collect();
+    let shifted = raw(&ctx, &s, &half);
     for o in pool_options() {
         check(
             &ctx,
@@ -249,6 +255,12 @@ fn gradcheck_pooling_every_option() {
             &format!("avg_pool2d {o:?}"),
             move |ctx, t| t[0].avg_pool2d(ctx, o),
             std::slice::from_ref(&x),
+        );
+        check(
+            &ctx,
+            &format!("relu_max_pool2d {o:?}"),
+            move |ctx, t| t[0].relu_max_pool2d(ctx, o),
+            std::slice::from_ref(&shifted),
         );
     }
     // Odd height and width: the 2x2 kernels leave the last row and column to
@@ -649,7 +661,7 @@ fn all_bits(ctx: &ExecContext) -> Vec<(String, Vec<u32>)> {
     let (gv, bv) = (values(6, 92, 0.5, 1.5), values(6, 93, -1.0, 1.0));
     let mut ops: Vec<Pool2dOp> = pool_options()
         .into_iter()
-        .flat_map(|o| [Pool2dOp::Max(o), Pool2dOp::Avg(o)])
+        .flat_map(|o| [Pool2dOp::Max(o), Pool2dOp::Avg(o), Pool2dOp::ReluMax(o)])
         .collect();
     ops.push(Pool2dOp::AdaptiveAvg([5, 7]));
     ops.push(Pool2dOp::AdaptiveAvg([1, 1]));
@@ -761,7 +773,7 @@ fn pooling_eval_batch_norm_and_cumsum_are_batch_invariant() {
     type Op<'a> = Box<dyn Fn(&RawTensor) -> RawTensor + 'a>;
     let mut ops: Vec<(String, Op)> = Vec::new();
     for o in pool_options() {
-        for op in [Pool2dOp::Max(o), Pool2dOp::Avg(o)] {
+        for op in [Pool2dOp::Max(o), Pool2dOp::Avg(o), Pool2dOp::ReluMax(o)] {
             let ctx = &ctx;
             ops.push((
                 format!("{op:?}"),

@@ -50,6 +50,7 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     ] {
         ops.push(Pool2dOp::Max(o));
         ops.push(Pool2dOp::Avg(o));
+        ops.push(Pool2dOp::ReluMax(o));
     }
     ops.push(Pool2dOp::AdaptiveAvg([1, 1]));
     ops.push(Pool2dOp::AdaptiveAvg([6, 9]));

@@ -532,3 +532,67 @@ fn derive_module_gathers_buffers_and_passes_train_on() {
     s.train(true);
     assert!(s.forward(&ctx, &x).is_err());
 }
+
+/// A layer that passes its input through: placed between `Relu` and
+/// `MaxPool2d`, it keeps `Sequential` from fusing them.
+struct Identity;
+
+impl Module for Identity {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        Vec::new()
+    }
+}
+
+impl Forward for Identity {
+    fn forward(&self, _ctx: &ExecContext, x: &Tensor) -> fucina::Result<Tensor> {
+        Ok(x.clone())
+    }
+}
+
+#[test]
+fn sequential_fuses_relu_then_max_pool_with_the_same_bits() {
+    let ctx = ExecContext::with_threads(2);
+    let pool = || MaxPool2d::new([2, 2]).unwrap();
+    let conv = |seed| Conv2d::new(&ctx, 3, 4, [3, 3], Conv2dOptions::default(), seed).unwrap();
+    let fused = Sequential::new().push(conv(5)).push(Relu).push(pool());
+    let plain = Sequential::new()
+        .push(conv(5))
+        .push(Relu)
+        .push(Identity)
+        .push(pool());
+    let x = Tensor::uniform(&ctx, &[2, 3, 11, 12], -1.0, 1.0, 9)
+        .unwrap()
+        .into_variable();
+    let mut got = Vec::new();
+    for net in [&fused, &plain] {
+        let y = net.forward(&ctx, &x).unwrap();
+        assert_eq!(y.shape(), [2, 4, 4, 5]);
+        let w = Tensor::uniform(&ctx, y.shape(), -1.0, 1.0, 3).unwrap();
+        y.mul(&ctx, &w)
+            .unwrap()
+            .sum_all(&ctx)
+            .unwrap()
+            .backward(&ctx)
+            .unwrap();
+        let gx = x.grad(&ctx).unwrap().unwrap().to_vec();
+        let gw: Vec<Vec<f32>> = net
+            .parameters()
+            .iter()
+            .map(|p| p.grad(&ctx).unwrap().unwrap().to_vec())
+            .collect();
+        got.push((
+            bits(&y.to_vec()),
+            bits(&gx),
+            gw.iter().map(|g| bits(g)).collect::<Vec<_>>(),
+        ));
+        x.zero_grad();
+    }
+    assert_eq!(got[0], got[1]);
+    // The fused pair still reports a bad input (rank 3) as an error.
+    let bad = Tensor::uniform(&ctx, &[3, 4, 4], -1.0, 1.0, 1).unwrap();
+    let e = Sequential::new()
+        .push(Relu)
+        .push(pool())
+        .forward(&ctx, &bad);
+    assert!(e.unwrap_err().to_string().contains("relu_max_pool2d"));
+}

@@ -9,7 +9,7 @@
 //! ph, ow * sw + s * dw - pw]`, zero outside the image. Nothing here does
 //! arithmetic except col2im's sums (in a fixed order) and the depthwise kernels.
 
-use crate::kernels::gemm::NR;
+use crate::kernels::gemm::{self, NR};
 
 /// The validated geometry of one convolution over `NCHW` (a 1-D convolution is
 /// the 2-D one with `H = KH = 1`).
@@ -73,7 +73,7 @@ impl ConvGeom {
         self.cg() == 1 && self.og() == 1
     }
     /// Stride 1 and not pointwise: the forward runs over the zero-padded image
-    /// ("wide" columns, see [`pack_wide`]).
+    /// ("wide" columns: see [`widen`]).
     pub(crate) fn is_wide(&self) -> bool {
         self.stride == [1, 1] && !self.is_pointwise()
     }
@@ -253,28 +253,67 @@ pub(crate) fn pad_image(g: &ConvGeom, xg: &[f32], xpad: &mut [f32]) {
     }
 }
 
-/// Packs wide columns `j0..j0 + cols` of a stride-1 convolution into GEMM
-/// panels (as [`pack_cols`]). Wide column `j' = oh * Wp + ow'` (`ow' < Wp`) of
-/// row `kk = (c, r, s)` is `xpad[c * Hp * Wp + r * dh * Wp + s * dw + j']`: each
-/// row is one contiguous run of the padded image, so a panel row is one copy.
-/// For `ow' < OW` it is exactly the column matrix's `B[kk, oh * OW + ow']`
-/// (padding included); the columns `ow' >= OW` are discarded by the caller.
-pub(crate) fn pack_wide(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
-    let k = g.k();
+/// Packs the (valid) columns `j0..j0 + cols` of the column matrix of a stride-1
+/// convolution into GEMM panels (as [`pack_cols`]), reading the zero-padded
+/// planes: column `j = oh * OW + ow` of row `kk` is `xpad[`[`ConvGeom::tap_off`]`(kk)
+/// + oh * Wp + ow]`, so a panel row is one copy per output row it touches (the
+/// runs are found once per panel, the same for every `kk`).
+pub(crate) fn pack_valid(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst: &mut [f32]) {
+    let (k, wp, ow) = (g.k(), g.wp(), g.ow);
+    // (offset in the panel row, offset in the padded plane, length) per run.
+    let mut runs = [(0usize, 0usize, 0usize); NR];
     for p in 0..cols.div_ceil(NR) {
         let w = NR.min(cols - p * NR);
+        let (mut nrun, mut t) = (0, 0);
+        while t < w {
+            let j = j0 + p * NR + t;
+            let (oh, c) = (j / ow, j % ow);
+            let len = (ow - c).min(w - t);
+            runs[nrun] = (t, oh * wp + c, len);
+            nrun += 1;
+            t += len;
+        }
+        let runs = &runs[..nrun];
         let panel = &mut dst[p * k * NR..][..k * NR];
         for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
-            let src = &xpad[g.tap_off(kk) + j0 + p * NR..][..w];
-            if let (Ok(d), Ok(src)) = (
-                <&mut [f32; NR]>::try_from(&mut *d),
-                <&[f32; NR]>::try_from(src),
-            ) {
-                *d = *src;
-            } else {
-                d[..w].copy_from_slice(src);
-                d[w..].fill(0.0);
+            let src = &xpad[g.tap_off(kk)..];
+            for &(t, off, len) in runs {
+                d[t..t + len].copy_from_slice(&src[off..off + len]);
             }
+            d[w..].fill(0.0);
+        }
+    }
+}
+
+/// Packs one right-hand-side panel of the weight gradient's `dY'ᵀ` straight
+/// from the output gradient: `dst[t * NR + i]` is output channel `i < nr` (rows
+/// `nr` rows of `dy` from `off`, each `OH * OW`) at wide column `j0 + t`
+/// (`t < cols`), i.e. `dy[off + i * OH * OW + oh * OW + ow']` for `ow' < OW`
+/// and `0` for the padding columns `ow' >= OW` — what [`widen`] then
+/// `pack_b_panel` would give, without the widened copy.
+pub(crate) fn pack_wide_dyt(
+    g: &ConvGeom,
+    dy: &[f32],
+    off: usize,
+    j0: usize,
+    cols: usize,
+    nr: usize,
+    dst: &mut [f32],
+) {
+    let (wp, ohw) = (g.wp(), g.ohw());
+    let mut t = 0;
+    while t < cols {
+        let j = j0 + t;
+        let (oh, c) = (j / wp, j % wp);
+        if c < g.ow {
+            let len = (g.ow - c).min(cols - t);
+            let d = &mut dst[t * NR..(t + len) * NR];
+            gemm::pack_b_panel(d, dy, off + oh * g.ow + c, 1, ohw, len, nr);
+            t += len;
+        } else {
+            let len = (wp - c).min(cols - t);
+            dst[t * NR..(t + len) * NR].fill(0.0);
+            t += len;
         }
     }
 }
@@ -311,26 +350,6 @@ pub(crate) fn unpad_image(g: &ConvGeom, xpad: &[f32], dxg: &mut [f32]) {
         let src = &xpad[c * hp * wp..][..hp * wp];
         for (ih, row) in dxg[c * hw..][..hw].chunks_exact_mut(g.w).enumerate() {
             row.copy_from_slice(&src[(ih + ph) * wp + pw..][..g.w]);
-        }
-    }
-}
-
-/// Copies the valid columns (`ow' < OW`) of a wide output block `c` (`rows x
-/// cols`, wide columns `j0..j0 + cols`) into the output rows `y` (`rows x OH *
-/// OW`).
-pub(crate) fn unwiden(g: &ConvGeom, c: &[f32], j0: usize, cols: usize, y: &mut [f32]) {
-    let (wp, ohw) = (g.wp(), g.ohw());
-    for (crow, yrow) in c.chunks_exact(cols).zip(y.chunks_exact_mut(ohw)) {
-        let (mut j, end) = (j0, j0 + cols);
-        while j < end {
-            let (oh, ow) = (j / wp, j % wp);
-            if ow < g.ow {
-                let len = (g.ow - ow).min(end - j);
-                yrow[oh * g.ow + ow..][..len].copy_from_slice(&crow[j - j0..][..len]);
-                j += len;
-            } else {
-                j = (oh + 1) * wp;
-            }
         }
     }
 }

@@ -132,6 +132,44 @@ pub(crate) fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy)
     pairwise(&partials[..n])
 }
 
+/// `(sum_map(a, |v| v), sum_map2(a, b, f))` in one pass over `a` (the same
+/// bits as the two calls: each sum keeps its own lanes, blocks and tree).
+#[inline(always)]
+pub(crate) fn sum_and_sum_map2(
+    a: &[f32],
+    b: &[f32],
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) -> (f32, f32) {
+    debug_assert_eq!(a.len(), b.len());
+    let b = &b[..a.len()];
+    if a.len() > SUPER {
+        return (sum_map(a, |v| v), sum_map2(a, b, f));
+    }
+    let (mut p0, mut p1) = ([0.0f32; MAX_BLOCKS], [0.0f32; MAX_BLOCKS]);
+    let mut n = 0;
+    for (ca, cb) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
+        let (mut s0, mut s1) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let xa = ca.chunks_exact(LANES);
+        let xb = cb.chunks_exact(LANES);
+        let (ra, rb) = (xa.remainder(), xb.remainder());
+        for (xa, xb) in xa.zip(xb) {
+            for (((t0, t1), &u), &v) in s0.iter_mut().zip(s1.iter_mut()).zip(xa).zip(xb) {
+                *t0 += u;
+                *t1 += f(u, v);
+            }
+        }
+        let (mut t0, mut t1) = (combine_lanes(&s0), combine_lanes(&s1));
+        for (&u, &v) in ra.iter().zip(rb) {
+            t0 += u;
+            t1 += f(u, v);
+        }
+        p0[n] = t0;
+        p1[n] = t1;
+        n += 1;
+    }
+    (pairwise(&p0[..n]), pairwise(&p1[..n]))
+}
+
 fn sum_map2_super(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
     if a.len() <= SUPER {
         return super::simd::vectorized!(sum_map2(a, b, f));

@@ -13,7 +13,7 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::reduce::{sum_map, sum_map2};
+use crate::kernels::reduce::{sum_and_sum_map2, sum_map};
 use crate::kernels::simd::vectorized;
 use crate::ops::norm::check_param_shapes;
 use crate::tensor::RawTensor;
@@ -373,16 +373,24 @@ impl ExecContext {
             self.par_rows(out, 2, n * plane * STATS_WORK, |rows, o| {
                 vectorized!(for (c, st) in rows.zip(o.chunks_exact_mut(2)) {
                     let mu = ms[c];
-                    st[0] = channel_sum(n, c, ch, plane, |off| match plane {
-                        1 => gys[off],
-                        _ => sum_map(&gys[off..off + plane], |v| v),
-                    });
-                    st[1] = channel_sum(n, c, ch, plane, |off| match plane {
-                        1 => gys[off] * (xs[off] - mu),
-                        _ => sum_map2(&gys[off..off + plane], &xs[off..off + plane], |g, v| {
-                            g * (v - mu)
-                        }),
-                    });
+                    // Both sums in one pass over the gradient (the same bits as
+                    // two: each keeps its own order), samples in order.
+                    let (mut s0, mut s1) = (0.0f32, 0.0f32);
+                    for k in 0..n {
+                        let off = (k * ch + c) * plane;
+                        let (a, b) = match plane {
+                            1 => (gys[off], gys[off] * (xs[off] - mu)),
+                            _ => sum_and_sum_map2(
+                                &gys[off..off + plane],
+                                &xs[off..off + plane],
+                                |g, v| g * (v - mu),
+                            ),
+                        };
+                        s0 += a;
+                        s1 += b;
+                    }
+                    st[0] = s0;
+                    st[1] = s1;
                 })
             });
         })?;

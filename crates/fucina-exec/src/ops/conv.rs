@@ -9,12 +9,15 @@
 //!   (an implicit-GEMM packer), in scratch leased from the context's pool. A 1x1
 //!   stride-1 unpadded convolution packs the image rows as they are.
 //! - **Stride 1** (the common case): the group's planes are first copied into
-//!   zero-padded planes (`Hp x Wp`); over "wide" columns `oh * Wp + ow'`, every
-//!   row of the column matrix is then one contiguous run of the padded planes, so
-//!   the forward packs each panel row with one copy and discards the columns
-//!   `ow' >= OW`, the input gradient adds each row back as one contiguous run,
-//!   and the weight gradient reads its left-hand rows in place. The valid
-//!   outputs are the same multiply-add chains as the column matrix's.
+//!   zero-padded planes (`Hp x Wp`). The forward packs each panel row from them
+//!   (one copy per output row the panel touches, the offsets found once per
+//!   panel) and the GEMM writes straight into the output. Over "wide" columns
+//!   `oh * Wp + ow'` every row of the column matrix is one contiguous run of the
+//!   padded planes, so the input gradient adds each row back as one contiguous
+//!   run, and the weight gradient reads its left-hand rows in place, against
+//!   `dY'ᵀ` panels packed straight from the output gradient (zero in the
+//!   columns `ow' >= OW`). The valid outputs are the same multiply-add chains as
+//!   the column matrix's.
 //! - **Input gradient**: `W_gᵀ · dY` per column block into pooled scratch, added
 //!   back into the image positions it came from (col2im); the pointwise case writes
 //!   the product straight into the gradient.
@@ -497,11 +500,7 @@ fn conv_forward(
             return;
         }
         let jb = g.col_block();
-        let wide = if g.is_wide() {
-            og * jb + g.xpad_len()
-        } else {
-            0
-        };
+        let wide = if g.is_wide() { g.xpad_len() } else { 0 };
         let scratch = kk * jb + wide + a_scratch_len(og);
         done =
             ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
@@ -535,39 +534,17 @@ fn forward_unit(
         cs: 1,
     };
     let jb = g.col_block();
-    let (packed, a_sc) = sc.split_at_mut(kk * jb);
-    if g.is_wide() {
-        // Stride 1: the product over the padded image's wide columns (each
-        // packed row one copy), then the valid columns copied out. The valid
-        // outputs are the same chains as the column matrix's, bit for bit.
-        let (cbuf, rest) = a_sc.split_at_mut(og * jb);
-        let (xpad, a_sc) = rest.split_at_mut(g.xpad_len());
+    let (packed, mut a_sc) = sc.split_at_mut(kk * jb);
+    let xpad = if g.is_wide() {
+        // Stride 1: the image is first copied into zero-padded planes, from
+        // which each packed row is one copy per output row it touches.
+        let (xpad, rest) = a_sc.split_at_mut(g.xpad_len());
         k::pad_image(g, xg, xpad);
-        let wc = g.wide_cols();
-        for j0 in (0..wc).step_by(jb) {
-            let cols = jb.min(wc - j0);
-            let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
-            k::pack_wide(g, xpad, j0, cols, pk);
-            let c = &mut cbuf[..og * cols];
-            if let Some(b) = bias {
-                for (o, row) in c.chunks_exact_mut(cols).enumerate() {
-                    row.fill(b[gi * og + o]);
-                }
-            }
-            let args = GemmArgs {
-                level,
-                lhs: &lhs,
-                m: og,
-                k: kk,
-                n: cols,
-                rhs: Rhs::Packed(pk),
-                accumulate: bias.is_some(),
-            };
-            gemm::gemm(&args, c, a_sc);
-            k::unwiden(g, c, j0, cols, y);
-        }
-        return;
-    }
+        a_sc = rest;
+        Some(&*xpad)
+    } else {
+        None
+    };
     if let Some(b) = bias {
         for (o, row) in y.chunks_exact_mut(ohw).enumerate() {
             row.fill(b[gi * og + o]);
@@ -576,7 +553,9 @@ fn forward_unit(
     for j0 in (0..ohw).step_by(jb) {
         let cols = jb.min(ohw - j0);
         let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
-        if g.is_pointwise() {
+        if let Some(xpad) = xpad {
+            k::pack_valid(g, xpad, j0, cols, pk);
+        } else if g.is_pointwise() {
             gemm::pack_b_rows(pk, xg, j0, g.hw(), kk, cols);
         } else {
             k::pack_cols(g, xg, j0, cols, pk);
@@ -763,7 +742,7 @@ fn weight_grad(
     let op_ = og.div_ceil(NR) * NR;
     let wide = g.is_wide();
     let scratch = if wide {
-        op_ * jd + g.xpad_len() + og * g.wide_cols() + a_scratch_len(kk)
+        op_ * jd + g.xpad_len() + a_scratch_len(kk)
     } else {
         kk * jd + op_ * jd + a_scratch_len(kk)
     };
@@ -833,7 +812,7 @@ fn weight_grad(
 
 /// The stride-1 weight gradient of the `dW_gᵀ` rows `rows` into `o` (`rows x
 /// Og`): for each sample, the left-hand rows are read in place from the
-/// zero-padded planes (row `kk` is one contiguous run, see `pack_wide`), against
+/// zero-padded planes (row `kk` is one contiguous run from `ConvGeom::tap_off`), against
 /// `dY'ᵀ` (the output gradient at the padded width, zero past each row), block
 /// by block, accumulated sample after sample.
 fn weight_grad_wide(
@@ -849,19 +828,19 @@ fn weight_grad_wide(
     let (jd, wc) = (g.col_block(), g.wide_cols());
     let op_ = og.div_ceil(NR) * NR;
     let (packed, rest) = sc.split_at_mut(op_ * jd);
-    let (xpad, rest) = rest.split_at_mut(g.xpad_len());
-    let (dyw, a_sc) = rest.split_at_mut(og * wc);
+    let (xpad, a_sc) = rest.split_at_mut(g.xpad_len());
     for_each_run(rows, kk, og, o, |gi, run, c| {
         c.fill(0.0);
         let ka = run.start - gi * kk;
         for ni in 0..g.n {
             k::pad_image(g, &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw], xpad);
-            k::widen(g, &dys[(ni * g.c_out + gi * og) * ohw..][..og * ohw], dyw);
+            let dy_off = (ni * g.c_out + gi * og) * ohw;
             for j0 in (0..wc).step_by(jd) {
                 let cols = jd.min(wc - j0);
                 for p in 0..og.div_ceil(NR) {
                     let d = &mut packed[p * cols * NR..][..cols * NR];
-                    gemm::pack_b_panel(d, dyw, p * NR * wc + j0, 1, wc, cols, NR.min(og - p * NR));
+                    let nr = NR.min(og - p * NR);
+                    k::pack_wide_dyt(g, dys, dy_off + p * NR * ohw, j0, cols, nr, d);
                 }
                 let lhs = LhsRows {
                     data: &*xpad,

@@ -1,5 +1,6 @@
 //! 2-D pooling over `[N, C, H, W]`: `max_pool2d`, `avg_pool2d`,
-//! `adaptive_avg_pool2d` (descriptor [`Pool2dOp`]) and their backward kernels.
+//! `adaptive_avg_pool2d`, the fused `relu_max_pool2d` (descriptor [`Pool2dOp`])
+//! and their backward kernels.
 //!
 //! Every plane (one sample, one channel) is pooled by exactly one task, in a
 //! fixed order that depends only on the plane: the result is the same bits for
@@ -17,6 +18,9 @@
 //! - **Adaptive avg.** Output cell `i` of an axis of input size `n` and output
 //!   size `m` averages the input indices `floor(i * n / m) .. ceil((i + 1) * n / m)`
 //!   (PyTorch's formula), divided by the window's element count.
+//!
+//! - **ReluMax.** `Max` of `relu(x)`, fused: the same bits as `relu` then
+//!   `Max`, forward and backward, without the ReLU's output.
 //!
 //! The backward kernels add each output's contribution into the input gradient
 //! in row-major output order, so overlapping windows sum in a fixed order.
@@ -83,6 +87,12 @@ pub enum Pool2dOp {
     Avg(Pool2dOptions),
     /// Mean over adaptive windows giving the output size `[oh, ow]`.
     AdaptiveAvg([usize; 2]),
+    /// `Max` of `relu(x)`: the max pool of the ReLU of the input, fused (one
+    /// pass, no ReLU output in memory). The same bits as `relu` then `Max`,
+    /// forward and backward (the backward routes each output's gradient to the
+    /// element `Max` selects among the ReLU values, times the ReLU's derivative
+    /// there).
+    ReluMax(Pool2dOptions),
 }
 
 impl Pool2dOp {
@@ -92,13 +102,14 @@ impl Pool2dOp {
             Pool2dOp::Max(_) => "max_pool2d",
             Pool2dOp::Avg(_) => "avg_pool2d",
             Pool2dOp::AdaptiveAvg(_) => "adaptive_avg_pool2d",
+            Pool2dOp::ReluMax(_) => "relu_max_pool2d",
         }
     }
 
-    /// Whether the backward reads the forward input (only `Max`, which recomputes
-    /// the selected indices); the others need only its shape.
+    /// Whether the backward reads the forward input (`Max` and `ReluMax`, which
+    /// recompute the selected indices); the others need only its shape.
     pub fn keeps_input(self) -> bool {
-        matches!(self, Pool2dOp::Max(_))
+        matches!(self, Pool2dOp::Max(_) | Pool2dOp::ReluMax(_))
     }
 
     /// The output shape for an input of shape `x`.
@@ -116,7 +127,7 @@ impl Pool2dOp {
         }
         let (h, w) = (x[2], x[3]);
         let (oh, ow) = match self {
-            Pool2dOp::Max(o) | Pool2dOp::Avg(o) => {
+            Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
                 let bad = |v: [usize; 2], reason| {
                     Err(ExecError::InvalidShape {
                         op,
@@ -180,7 +191,9 @@ const MAX_WINDOW: usize = 1 << 40;
 /// Per-output-element work weight of a pooling plane (the window size).
 fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
     match op {
-        Pool2dOp::Max(o) | Pool2dOp::Avg(o) => out_plane * o.kernel[0] * o.kernel[1],
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
+            out_plane * o.kernel[0] * o.kernel[1]
+        }
         Pool2dOp::AdaptiveAvg(_) => in_plane.max(out_plane),
     }
 }
@@ -252,6 +265,38 @@ fn plane_2x2(x: &[f32], out: &mut [f32], g: Geo, avg: bool) {
     }
 }
 
+/// The value the max pool scans: `x`, or `relu(x)` (`ReluMax`, the same
+/// expression as the `relu` kernel) when `R`.
+#[inline(always)]
+fn act<const R: bool>(v: f32) -> f32 {
+    if R { if v > 0.0 { v } else { 0.0 } } else { v }
+}
+
+/// The derivative of the ReLU at `v`, as the `relu` backward kernel takes it.
+#[inline(always)]
+fn relu_slope(v: f32) -> f32 {
+    if v > 0.0 { 1.0 } else { 0.0 }
+}
+
+/// The 2x2, stride-2 `ReluMax` forward of one plane: the max pool of the ReLU
+/// values, the same operations in the same order as `plane_2x2` over the output
+/// of `relu`.
+#[inline(always)]
+fn plane_2x2_relu(x: &[f32], out: &mut [f32], g: Geo) {
+    let r = act::<true>;
+    for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
+        let t = &x[2 * oi * g.w..][..2 * g.ow];
+        let b = &x[(2 * oi + 1) * g.w..][..2 * g.ow];
+        let quads = orow
+            .iter_mut()
+            .zip(t.chunks_exact(2))
+            .zip(b.chunks_exact(2));
+        for ((d, t), b) in quads {
+            *d = pick(pick(pick(r(t[0]), r(t[1])), r(b[0])), r(b[1]));
+        }
+    }
+}
+
 /// The output columns whose windows lie wholly inside the input width:
 /// `lo..hi` (possibly empty).
 fn interior_cols(o: &Pool2dOptions, g: Geo) -> (usize, usize) {
@@ -266,9 +311,10 @@ fn interior_cols(o: &Pool2dOptions, g: Geo) -> (usize, usize) {
     (lo, hi.max(lo))
 }
 
-/// Max-pools one plane `x` (`h * w`) into `out` (`oh * ow`).
+/// Max-pools one plane `x` (`h * w`) into `out` (`oh * ow`); of `relu(x)` when `R`.
 #[inline(always)]
-fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
+fn max_plane<const R: bool>(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
+    let a = act::<R>;
     let (kw, sw, pw) = (o.kernel[1], o.stride[1], o.padding[1]);
     let (lo, hi) = interior_cols(o, g);
     for (oi, orow) in out.chunks_exact_mut(g.ow).enumerate() {
@@ -276,9 +322,10 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
         // Edge columns: the clipped window, scanned element by element.
         let edge = |oj: usize| {
             let (w0, w1) = window(oj, kw, sw, pw, g.w);
-            let mut best = x[h0 * g.w + w0];
+            let mut best = a(x[h0 * g.w + w0]);
             for hh in h0..h1 {
                 for &v in &x[hh * g.w + w0..hh * g.w + w1] {
+                    let v = a(v);
                     if takes(v, best) {
                         best = v;
                     }
@@ -303,22 +350,24 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
             let pick = |d: f32, v: f32| if takes(v, d) { v } else { d };
             let first = &x[h0 * g.w + base..][..2 * n];
             for (d, p) in inner.iter_mut().zip(first.chunks_exact(2)) {
-                *d = pick(p[0], p[1]);
+                *d = pick(a(p[0]), a(p[1]));
             }
             for hh in h0 + 1..h1 {
                 let row = &x[hh * g.w + base..][..2 * n];
                 for (d, p) in inner.iter_mut().zip(row.chunks_exact(2)) {
-                    *d = pick(pick(*d, p[0]), p[1]);
+                    *d = pick(pick(*d, a(p[0])), a(p[1]));
                 }
             }
             continue;
         }
         let first = &x[h0 * g.w + base..];
         if sw == 1 {
-            inner.copy_from_slice(&first[..inner.len()]);
+            for (d, &v) in inner.iter_mut().zip(&first[..n]) {
+                *d = a(v);
+            }
         } else {
             for (j, d) in inner.iter_mut().enumerate() {
-                *d = first[j * sw];
+                *d = a(first[j * sw]);
             }
         }
         for hh in h0..h1 {
@@ -327,12 +376,12 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
                 let src = &row[kj..];
                 if sw == 2 {
                     for (j, d) in inner.iter_mut().enumerate() {
-                        let v = src[2 * j];
+                        let v = a(src[2 * j]);
                         *d = if takes(v, *d) { v } else { *d };
                     }
                 } else {
                     for (j, d) in inner.iter_mut().enumerate() {
-                        let v = src[j * sw];
+                        let v = a(src[j * sw]);
                         *d = if takes(v, *d) { v } else { *d };
                     }
                 }
@@ -341,16 +390,18 @@ fn max_plane(x: &[f32], out: &mut [f32], o: &Pool2dOptions, g: Geo) {
     }
 }
 
-/// The flat index (in the plane) that the max pool selects for output `(oi, oj)`.
+/// The flat index (in the plane) that the max pool (of `relu(x)` when `R`)
+/// selects for output `(oi, oj)`.
 #[inline(always)]
-fn max_index(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usize {
+fn max_index<const R: bool>(x: &[f32], oi: usize, oj: usize, o: &Pool2dOptions, g: Geo) -> usize {
     let (h0, h1) = window(oi, o.kernel[0], o.stride[0], o.padding[0], g.h);
     let (w0, w1) = window(oj, o.kernel[1], o.stride[1], o.padding[1], g.w);
     let mut at = h0 * g.w + w0;
-    let mut best = x[at];
+    let mut best = act::<R>(x[at]);
     for hh in h0..h1 {
         let start = hh * g.w + w0;
         for (i, &v) in x[start..hh * g.w + w1].iter().enumerate() {
+            let v = act::<R>(v);
             let t = takes(v, best);
             best = if t { v } else { best };
             at = if t { start + i } else { at };
@@ -453,7 +504,9 @@ fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
 #[inline(always)]
 fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     match op {
-        Pool2dOp::Max(o) | Pool2dOp::Avg(o) if is_2x2(&o) => zero_uncovered_2x2(gx, g),
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) if is_2x2(&o) => {
+            zero_uncovered_2x2(gx, g);
+        }
         _ => gx.fill(0.0),
     }
     match op {
@@ -507,8 +560,66 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
         Pool2dOp::Max(o) => {
             for oi in 0..g.oh {
                 for oj in 0..g.ow {
-                    gx[max_index(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
+                    gx[max_index::<false>(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
                 }
+            }
+        }
+        Pool2dOp::ReluMax(o) if is_2x2(&o) => {
+            // The `Max` path over the ReLU values (never NaN, never -0.0, so
+            // the first element equal to the maximum is the selected one), each
+            // written value times the ReLU's slope: `(0 + g) * slope` where
+            // selected, `0` elsewhere (as `relu_backward` of `max_pool2d`'s
+            // gradient). In tiles of up to 64 outputs, three loops that each
+            // vectorize: the maxima, the top row's writes, the bottom row's.
+            const TILE: usize = 64;
+            let r = act::<true>;
+            let w = g.w;
+            let (mut best, mut done) = ([0f32; TILE], [false; TILE]);
+            for oi in 0..g.oh {
+                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+                for j0 in (0..g.ow).step_by(TILE) {
+                    let n = TILE.min(g.ow - j0);
+                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
+                    let xt = &x[2 * oi * w..][c0..c1];
+                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
+                    let gr = &gy[oi * g.ow + j0..][..n];
+                    let (best, done) = (&mut best[..n], &mut done[..n]);
+                    for ((m, t), b) in best
+                        .iter_mut()
+                        .zip(xt.chunks_exact(2))
+                        .zip(xb.chunks_exact(2))
+                    {
+                        *m = pick(pick(pick(r(t[0]), r(t[1])), r(b[0])), r(b[1]));
+                    }
+                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
+                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m0 = r(xv[0]) == m;
+                        let m1 = !m0 & (r(xv[1]) == m);
+                        d[0] = if m0 { v * relu_slope(xv[0]) } else { 0.0 };
+                        d[1] = if m1 { v * relu_slope(xv[1]) } else { 0.0 };
+                        *f = m0 | m1;
+                    }
+                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
+                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
+                        let v = 0.0 + gv;
+                        let m2 = !f & (r(xv[0]) == m);
+                        let m3 = !(f | m2);
+                        d[0] = if m2 { v * relu_slope(xv[0]) } else { 0.0 };
+                        d[1] = if m3 { v * relu_slope(xv[1]) } else { 0.0 };
+                    }
+                }
+            }
+        }
+        Pool2dOp::ReluMax(o) => {
+            // `max_pool2d`'s backward over the ReLU values, then the ReLU's.
+            for oi in 0..g.oh {
+                for oj in 0..g.ow {
+                    gx[max_index::<true>(x, oi, oj, &o, g)] += gy[oi * g.ow + oj];
+                }
+            }
+            for (d, &v) in gx.iter_mut().zip(x) {
+                *d *= relu_slope(v);
             }
         }
         Pool2dOp::Avg(o) if is_2x2(&o) => {
@@ -606,7 +717,9 @@ impl ExecContext {
                     match op {
                         Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, false),
                         Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, true),
-                        Pool2dOp::Max(opts) => max_plane(xp, op_, &opts, g),
+                        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => plane_2x2_relu(xp, op_, g),
+                        Pool2dOp::Max(opts) => max_plane::<false>(xp, op_, &opts, g),
+                        Pool2dOp::ReluMax(opts) => max_plane::<true>(xp, op_, &opts, g),
                         Pool2dOp::Avg(opts) => avg_plane(xp, op_, &opts, g),
                         Pool2dOp::AdaptiveAvg(_) => adaptive_plane(xp, op_, g),
                     }
@@ -717,5 +830,32 @@ impl ExecContext {
         size: [usize; 2],
     ) -> Result<RawTensor, ExecError> {
         self.pool2d(Pool2dOp::AdaptiveAvg(size), x)
+    }
+
+    /// The max pool of `relu(x)` (`x` is `[N, C, H, W]`), fused:
+    /// [`pool2d`](ExecContext::pool2d) with [`Pool2dOp::ReluMax`]. The same bits
+    /// as [`relu`](ExecContext::relu) then [`max_pool2d`](ExecContext::max_pool2d),
+    /// in one pass and without the ReLU's output.
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, Pool2dOptions};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = ctx.from_slice(&[1, 1, 2, 4], &[-1., -5., 2., 0., -3., -4., 8., 1.])?;
+    /// let o = Pool2dOptions::new([2, 2]);
+    /// let fused = ctx.relu_max_pool2d(&x, o)?;
+    /// assert_eq!(fused.to_vec(), [0., 8.]);
+    /// assert_eq!(fused.to_vec(), ctx.max_pool2d(&ctx.relu(&x)?, o)?.to_vec());
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`pool2d`](ExecContext::pool2d).
+    pub fn relu_max_pool2d(
+        &self,
+        x: &RawTensor,
+        opts: Pool2dOptions,
+    ) -> Result<RawTensor, ExecError> {
+        self.pool2d(Pool2dOp::ReluMax(opts), x)
     }
 }

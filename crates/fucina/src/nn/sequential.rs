@@ -3,15 +3,47 @@
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
 
-use super::{Buffer, Forward, Module, Parameter, prefixed};
+use std::any::Any;
+
+use fucina_exec::Pool2dOptions;
+
+use super::{Buffer, Forward, MaxPool2d, Module, Parameter, Relu, prefixed};
 use crate::error::Result;
+
+/// What [`Sequential`] knows of a layer for fusing neighbours: a [`Relu`]
+/// followed by a [`MaxPool2d`] runs as one fused op.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Relu,
+    MaxPool(Pool2dOptions),
+    Other,
+}
+
+impl Kind {
+    fn of<L: Any>(layer: &L) -> Kind {
+        let any: &dyn Any = layer;
+        if any.is::<Relu>() {
+            Kind::Relu
+        } else if let Some(p) = any.downcast_ref::<MaxPool2d>() {
+            Kind::MaxPool(p.options())
+        } else {
+            Kind::Other
+        }
+    }
+}
 
 /// Layers applied in order. A layer's parameters are named after its position
 /// (`"0.weight"`, `"2.bias"`, as PyTorch's `nn.Sequential` names them) or after
 /// the name given to [`push_named`](Sequential::push_named).
+///
+/// A [`Relu`] directly followed by a [`MaxPool2d`] runs as one fused op
+/// ([`Tensor::relu_max_pool2d`]): the same values and gradients, bit for bit, in
+/// one pass over the activation instead of three (an error from the pair then
+/// names `relu_max_pool2d`).
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<(String, Box<dyn Forward + Send + Sync>)>,
+    kinds: Vec<Kind>,
 }
 
 impl std::fmt::Debug for Sequential {
@@ -40,6 +72,7 @@ impl Sequential {
         name: impl Into<String>,
         layer: impl Forward + Send + Sync + 'static,
     ) -> Sequential {
+        self.kinds.push(Kind::of(&layer));
         self.layers.push((name.into(), Box::new(layer)));
         self
     }
@@ -84,8 +117,15 @@ impl Module for Sequential {
 impl Forward for Sequential {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for (_, l) in &self.layers {
-            h = l.forward(ctx, &h)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            if let (Kind::Relu, Some(&Kind::MaxPool(o))) = (self.kinds[i], self.kinds.get(i + 1)) {
+                h = h.relu_max_pool2d(ctx, o)?;
+                i += 2;
+                continue;
+            }
+            h = self.layers[i].1.forward(ctx, &h)?;
+            i += 1;
         }
         Ok(h)
     }
