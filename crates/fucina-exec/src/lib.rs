@@ -56,6 +56,14 @@ mod scope_stack;
 mod tensor;
 
 pub use axis::Axis;
+
+/// Scalar math with the same bits on every machine and at every vector level
+/// (a fixed sequence of IEEE operations, no C library call, no fused
+/// multiply-add), for code above this crate that needs the runtime's own
+/// functions (a sampler's weights, an inference engine's softmax).
+pub mod math {
+    pub use crate::kernels::math::exp;
+}
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};

@@ -33,8 +33,8 @@
 //!   position), so the parallel split decides who computes a row, never how;
 //! - the code of this module is compiled once, for the baseline target, without
 //!   fused multiply-adds (its vector registers only ever hold independent sums
-//!   side by side); the exponential of the softmax and of SiLU is the crate's
-//!   own, made of IEEE operations only (no C library), and the RoPE sines and
+//!   side by side); the exponential of the softmax and of SiLU is the runtime's
+//!   own (`fucina::exec::math::exp`), made of IEEE operations only (no C library), and the RoPE sines and
 //!   cosines are computed in f64 and rounded once.
 //!
 //! Prefill writes the keys and values of a chunk into the cache first, then

@@ -23,7 +23,8 @@
 //! 6. **The draw**: the weights `exp(l)` of the kept tokens (`l` the shifted,
 //!    scaled logits, so the largest weight is 1), in id order,
 //!    go to [`categorical`](fucina::rng::categorical)`(seed, step, weights)`,
-//!    where `step` counts the sampler's calls (0 for the first). `exp` is a
+//!    where `step` counts the sampler's calls (0 for the first). `exp` is the
+//!    runtime's own (`fucina::exec::math::exp`), a
 //!    fixed sequence of IEEE operations (no libm call) and the sums are f64 in a
 //!    fixed order, so the same seed, parameters and logits give the same token on
 //!    every machine, thread count and vector level.
@@ -53,6 +54,8 @@
 //! }
 //! # Ok::<(), fucina_llm::LlmError>(())
 //! ```
+
+use fucina::exec::math::exp;
 
 use crate::LlmError;
 
@@ -363,59 +366,4 @@ fn argmax(values: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-/// `exp(x)` for `x <= 0` as a fixed sequence of IEEE operations (no libm call,
-/// no fused multiply-add), so its bits are the same on every machine: range
-/// reduction `x = n ln2 + r`, `|r| <= ln2 / 2`, `exp(r) = 1 + r + r^2 P(r)` with
-/// `P` of degree 4, then the scale `2^n` applied as two powers of two so that
-/// tiny results round gradually. Relative error within 2 ulp; `x < -104` gives 0.
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
-    let x = x.clamp(-104.0, 89.0);
-    let t = x * LOG2E + ROUND;
-    let n = t - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.392_617_6e-3f32;
-    p = p * r + 8.363_173e-3;
-    p = p * r + 4.166_655_6e-2;
-    p = p * r + 1.666_657_8e-1;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    // The low mantissa bits of `t` hold n in two's complement; split it into
-    // two halves that are normal exponents.
-    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
-    let n1 = ni >> 1;
-    let n2 = ni.wrapping_sub(n1);
-    let s1 = f32::from_bits((n1.wrapping_add(127) as u32) << 23);
-    let s2 = f32::from_bits((n2.wrapping_add(127) as u32) << 23);
-    y * s1 * s2
-}
-
-#[cfg(test)]
-mod tests {
-    use super::exp;
-
-    #[test]
-    fn exp_matches_f64_within_2_ulp() {
-        let mut x = -103.0f32;
-        while x <= 0.0 {
-            let want = f64::from(x).exp();
-            let got = f64::from(exp(x));
-            if want > f64::from(f32::MIN_POSITIVE) {
-                let ulp = f64::from(f32::EPSILON) * want;
-                assert!(
-                    (got - want).abs() <= 2.0 * ulp,
-                    "exp({x}) = {got}, want {want}"
-                );
-            }
-            x += 0.0037;
-        }
-        assert_eq!(exp(0.0), 1.0);
-        assert_eq!(exp(-200.0), 0.0);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-    }
 }

@@ -21,7 +21,7 @@
 /// of 475 000 points). `x > 88.73` gives `+inf`,
 /// `x < -104` gives `0`, `-inf` gives `0`, `+inf` gives `+inf`, NaN gives NaN.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

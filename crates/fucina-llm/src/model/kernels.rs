@@ -67,40 +67,7 @@ fn sum_squares(x: &[f32]) -> f32 {
     dot(x, x)
 }
 
-/// `exp(x)` in f32 from IEEE additions, multiplications and bit operations
-/// only (no C library call, no fused multiply-add), so a loop over it
-/// vectorizes and gives the same bits on every machine and at every vector
-/// level.
-///
-/// `x` is clamped to `[-87, 88]` (below, the result is at most `1.7e-38`
-/// instead of a smaller number or 0; above, `exp(88)` instead of a larger
-/// number or infinity: harmless for the softmax, whose arguments are at most
-/// 0, and for SiLU). Then `x = n·ln2 + r` with `n` the nearest integer to
-/// `x/ln2` and `|r| <= ln2/2` (`ln2` in two parts so `r` is exact), `exp(r)` by
-/// its Taylor polynomial of degree 7 (truncation below `6e-9` relative), times
-/// `2^n` assembled from its bits. Within 2 ulp of the exact value over the
-/// range (checked against f64 by the tests).
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    const SHIFT: f32 = 12_582_912.0; // 1.5 · 2^23: rounds to an integer
-    const LN2_HI: f32 = 0.693_145_75; // 0x3f317200: few mantissa bits, n·LN2_HI exact
-    const LN2_LO: f32 = 1.428_606_8e-6; // ln2 - LN2_HI
-    let x = x.clamp(-87.0, 88.0);
-    let t = x * std::f32::consts::LOG2_E + SHIFT;
-    let n = t - SHIFT;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    // The low bits of `t` hold `n` (in [-126, 127]) in two's complement.
-    let n = (t.to_bits() as i32).wrapping_sub(0x4b40_0000);
-    p * f32::from_bits(((n + 127) as u32) << 23)
-}
+pub(crate) use fucina::exec::math::exp;
 
 /// RMSNorm of one row, as transformers computes it in f32:
 /// `out = weight · (x · 1/sqrt(mean(x²) + eps))`.
@@ -370,22 +337,6 @@ pub(crate) fn attend_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_is_within_two_ulp_of_f64() {
-        let mut worst = 0.0f64;
-        let mut x = -87.0f32;
-        while x <= 88.0 {
-            let want = (x as f64).exp();
-            let ulp = (want as f32).abs() as f64 * f32::EPSILON as f64;
-            worst = worst.max((exp(x) as f64 - want).abs() / ulp);
-            x += 0.000_73;
-        }
-        assert!(worst <= 2.0, "{worst} ulp");
-        assert_eq!(exp(0.0), 1.0);
-        assert!(exp(-1000.0) <= 1.7e-38 && exp(-f32::INFINITY) >= 0.0);
-        assert!(exp(1000.0).is_finite());
-    }
 
     /// The attention of one row against a direct f64 evaluation, across block
     /// boundaries of positions and of output elements.
