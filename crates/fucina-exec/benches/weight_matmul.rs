@@ -2,7 +2,7 @@
 //! TinyLlama-1.1B projections), against the memory bandwidth measured in the
 //! same run.
 //!
-//! For each shape, format (bf16, f32), batch `m` (1, 8) and thread count (1, 2)
+//! For each shape, format (bf16, f32), batch `m` (1, 8, 64) and thread count (1, 2)
 //! it times single calls, each on a different copy of the matrix taken in turn
 //! from a buffer larger than the last-level cache (at least 1 GiB of copies), so
 //! every call reads its weights from memory. It prints the median time per call,
@@ -14,7 +14,8 @@
 //! `cargo bench -p fucina-exec --bench weight_matmul` (a plain `main`, not
 //! criterion: the table needs the same-run bandwidth beside each row). An
 //! argument that is neither a flag nor a number filters the shapes by name
-//! (`smol`, `tiny`); `WEIGHT_MATMUL_FORMATS=bf16` runs bf16 alone. `cargo xtask bench`
+//! (`smol`, `tiny`); `WEIGHT_MATMUL_FORMATS=bf16` runs bf16 alone,
+//! `WEIGHT_MATMUL_MS=64` the batch sizes listed (default `1,8,64`). `cargo xtask bench`
 //! runs it too (its criterion flags are ignored).
 
 use std::hint::black_box;
@@ -262,9 +263,14 @@ fn main() {
         .map(|&t| ExecContext::with_threads(t))
         .collect();
     println!(
-        "| shape | format | m | threads | median | p10-p90 | weight GB/s | of stream | same matrix (hot) |"
+        "| shape | format | m | threads | median | p10-p90 | weight GB/s | of stream | GFLOP/s | same matrix (hot) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    // `WEIGHT_MATMUL_MS=1,8,64`: the batch sizes (64: an LLM prefill chunk).
+    let ms: Vec<usize> = std::env::var("WEIGHT_MATMUL_MS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 8, 64]);
     let formats: &[WeightFormat] = match std::env::var("WEIGHT_MATMUL_FORMATS").as_deref() {
         Ok("bf16") => &[WeightFormat::BF16],
         _ => &[WeightFormat::BF16, WeightFormat::F32],
@@ -279,7 +285,7 @@ fn main() {
                     WeightMatrix::new(format, rows, cols, &buf[c * bytes..(c + 1) * bytes]).unwrap()
                 })
                 .collect();
-            for m in [1usize, 8] {
+            for &m in &ms {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|i| (i % 7) as f32 * 0.25 - 0.75)
                     .collect();
@@ -317,12 +323,13 @@ fn main() {
                     }
                     let (hot_med, _, _) = stats(&mut hot);
                     println!(
-                        "| {name} | {} | {m} | {t} | {:.1} us | {:.1}-{:.1} us | {gbs:.2} | {:.2} | {:.1} us |",
+                        "| {name} | {} | {m} | {t} | {:.1} us | {:.1}-{:.1} us | {gbs:.2} | {:.2} | {:.1} | {:.1} us |",
                         format.name(),
                         med.as_secs_f64() * 1e6,
                         lo.as_secs_f64() * 1e6,
                         hi.as_secs_f64() * 1e6,
                         gbs * 1e9 / bw[ti].0,
+                        2.0 * (m * rows * cols) as f64 / med.as_secs_f64() / 1e9,
                         hot_med.as_secs_f64() * 1e6,
                     );
                 }
