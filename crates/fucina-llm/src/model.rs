@@ -57,7 +57,7 @@ mod kernels;
 use std::path::Path;
 use std::sync::Mutex;
 
-use fucina::exec::{PARALLEL_THRESHOLD, WeightMatrix};
+use fucina::exec::PARALLEL_THRESHOLD;
 use fucina::{ExecContext, Team};
 
 pub use crate::cache::KvCache;
@@ -219,11 +219,6 @@ fn tensor(store: &WeightStore, name: &str, shape: &[usize]) -> Result<Weight, Ll
 /// A vector tensor widened to f32.
 fn vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>, LlmError> {
     Ok(tensor(store, name, &[len])?.to_f32_vec())
-}
-
-/// The matrix view of a weight whose shape was checked at load.
-fn matrix(w: &Weight) -> Result<WeightMatrix<'_>, LlmError> {
-    w.matrix()
 }
 
 /// Checks the sizes of a configuration the model can run.
@@ -690,9 +685,9 @@ impl Model {
     fn embed_rows(&self, tokens: &[u32], s: &mut Scratch) -> Result<(), LlmError> {
         let hid = self.config.hidden_size;
         let half = self.config.head_dim / 2;
-        let embed = matrix(&self.embed)?;
         for (r, &t) in tokens.iter().enumerate() {
-            embed.row_to_f32(t as usize, &mut s.x[r * hid..(r + 1) * hid]);
+            self.embed
+                .row_to_f32(t as usize, &mut s.x[r * hid..(r + 1) * hid])?;
             kernels::rope_angles(
                 s.positions[r],
                 &self.inv_freq,
@@ -732,7 +727,7 @@ impl Model {
             (&layer.v, &layer.v_bias, &mut s.v[..rows * kvd]),
         ];
         for (w, bias, out) in projections {
-            ctx.weight_matmul(xn, rows, &matrix(w)?, out)?;
+            w.matmul(ctx, xn, rows, out)?;
             if let Some(b) = bias {
                 kernels::add_bias(out, b);
             }
@@ -844,7 +839,7 @@ impl Model {
         let (hid, inter) = (c.hidden_size, c.intermediate_size);
         let qd = c.num_attention_heads * c.head_dim;
         let (x, o) = (&mut s.x[..rows * hid], &mut s.o[..rows * hid]);
-        ctx.weight_matmul(&s.attn[..rows * qd], rows, &matrix(&layer.o)?, o)?;
+        layer.o.matmul(ctx, &s.attn[..rows * qd], rows, o)?;
         if let Some(b) = &layer.o_bias {
             kernels::add_bias(o, b);
         }
@@ -854,8 +849,8 @@ impl Model {
             kernels::rms_norm(xr, &layer.post_norm, c.rms_norm_eps, xnr);
         }
         let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
-        ctx.weight_matmul(xn, rows, &matrix(&layer.gate)?, gate)?;
-        ctx.weight_matmul(xn, rows, &matrix(&layer.up)?, up)?;
+        layer.gate.matmul(ctx, xn, rows, gate)?;
+        layer.up.matmul(ctx, xn, rows, up)?;
         // Element-wise: any split gives the same bits. An exponential costs
         // about as much as 16 additions.
         match team_for(ctx, gate.len() * 16) {
@@ -864,7 +859,7 @@ impl Model {
             }),
             None => kernels::swiglu(gate, up),
         }
-        ctx.weight_matmul(gate, rows, &matrix(&layer.down)?, o)?;
+        layer.down.matmul(ctx, gate, rows, o)?;
         kernels::add_into(x, o);
         Ok(())
     }
@@ -882,8 +877,8 @@ impl Model {
         for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
             kernels::rms_norm(xr, &self.final_norm, self.config.rms_norm_eps, xnr);
         }
-        let head = matrix(self.lm_head.as_ref().unwrap_or(&self.embed))?;
-        ctx.weight_matmul(xn, x.len() / hid, &head, out)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.matmul(ctx, xn, x.len() / hid, out)?;
         Ok(())
     }
 }

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use fucina::exec::{WeightFormat, WeightMatrix};
+use fucina::exec::{QuantFormat, QuantMatrix, WeightFormat, WeightMatrix};
 
 use crate::error::LlmError;
 
@@ -54,9 +54,18 @@ enum WeightBytes {
 }
 
 /// One tensor of a model in its file format.
+///
+/// A weight is either a float tensor ([`format`](Weight::format): f32, f16,
+/// bf16, read by [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul))
+/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0 or
+/// Q4_0 in llama.cpp's layout, read by
+/// [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul));
+/// [`matmul`](Weight::matmul) and [`row_to_f32`](Weight::row_to_f32) serve both.
 #[derive(Clone, Debug)]
 pub struct Weight {
     format: WeightFormat,
+    /// `Some` for a block-quantized matrix (then `format` is unused).
+    quant: Option<QuantFormat>,
     shape: Vec<usize>,
     bytes: WeightBytes,
 }
@@ -83,9 +92,115 @@ impl Weight {
         }
         Ok(Weight {
             format,
+            quant: None,
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
         })
+    }
+
+    /// A block-quantized `[rows, cols]` matrix over `bytes` (llama.cpp's blocks of
+    /// `format`, row after row), checked against the shape: `cols` must be a
+    /// multiple of 32 and `bytes` hold exactly `rows · cols / 32` blocks.
+    pub fn quantized(
+        name: &str,
+        format: QuantFormat,
+        shape: &[usize],
+        bytes: Vec<u8>,
+    ) -> Result<Weight, LlmError> {
+        let w = Weight {
+            format: WeightFormat::F32,
+            quant: Some(format),
+            shape: shape.to_vec(),
+            bytes: WeightBytes::Owned(bytes.into()),
+        };
+        w.quant_matrix(name)?;
+        Ok(w)
+    }
+
+    /// A block-quantized matrix over `range` of a memory-mapped file, checked as
+    /// [`quantized`](Weight::quantized).
+    pub(crate) fn mapped_quantized(
+        name: &str,
+        format: QuantFormat,
+        shape: Vec<usize>,
+        map: Arc<memmap2::Mmap>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Weight, LlmError> {
+        let w = Weight {
+            format: WeightFormat::F32,
+            quant: Some(format),
+            shape,
+            bytes: WeightBytes::Mapped { map, range },
+        };
+        w.quant_matrix(name)?;
+        Ok(w)
+    }
+
+    /// The quantized matrix view (an error naming `name` when the weight is not a
+    /// valid block-quantized matrix).
+    fn quant_matrix(&self, name: &str) -> Result<QuantMatrix<'_>, LlmError> {
+        let bad = |reason: String| LlmError::BadTensor {
+            name: name.to_string(),
+            reason,
+        };
+        let (Some(format), &[rows, cols]) = (self.quant, self.shape.as_slice()) else {
+            return Err(bad(format!(
+                "shape {:?}: a quantized weight must be a matrix",
+                self.shape
+            )));
+        };
+        QuantMatrix::new(format, rows, cols, self.bytes()).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The block-quantized format, or `None` for a float weight.
+    pub fn quant_format(&self) -> Option<QuantFormat> {
+        self.quant
+    }
+
+    /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for the `m` rows of `x`, through the
+    /// kernel of the weight's format (see [`Weight`]).
+    ///
+    /// # Errors
+    /// A weight that is not a matrix, or lengths of `x` and `out` that do not fit.
+    pub fn matmul(
+        &self,
+        ctx: &fucina::ExecContext,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), LlmError> {
+        match self.quant {
+            None => ctx.weight_matmul(x, m, &self.matrix()?, out)?,
+            Some(_) => ctx.quant_matmul(x, m, &self.quant_matrix("")?, out)?,
+        }
+        Ok(())
+    }
+
+    /// Row `r` of a matrix weight widened to f32 into `out` (`cols` values); a
+    /// quantized row is dequantized.
+    ///
+    /// # Errors
+    /// A weight that is not a matrix, `r` past its rows or `out` of the wrong length.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<(), LlmError> {
+        match self.quant {
+            Some(_) => self.quant_matrix("")?.dequantize_row(r, out)?,
+            None => {
+                let m = self.matrix()?;
+                if r >= m.rows || out.len() != m.cols {
+                    return Err(LlmError::InvalidRequest {
+                        op: "Weight::row_to_f32",
+                        reason: format!(
+                            "row {r} into {} values of a [{}, {}] matrix",
+                            out.len(),
+                            m.rows,
+                            m.cols
+                        ),
+                    });
+                }
+                m.row_to_f32(r, out);
+            }
+        }
+        Ok(())
     }
 
     /// An f32 weight of `shape` holding `values`, stored as `format` (values are
@@ -110,6 +225,7 @@ impl Weight {
         }
         Weight {
             format,
+            quant: None,
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
         }
@@ -124,12 +240,14 @@ impl Weight {
     ) -> Weight {
         Weight {
             format,
+            quant: None,
             shape,
             bytes: WeightBytes::Mapped { map, range },
         }
     }
 
-    /// The element format.
+    /// The element format of a float weight (meaningless when
+    /// [`quant_format`](Weight::quant_format) is `Some`).
     pub fn format(&self) -> WeightFormat {
         self.format
     }
@@ -156,6 +274,12 @@ impl Weight {
     /// The weight as a `[rows, cols]` matrix (a rank-2 tensor), for
     /// [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul).
     pub fn matrix(&self) -> Result<WeightMatrix<'_>, LlmError> {
+        if let Some(q) = self.quant {
+            return Err(LlmError::BadTensor {
+                name: String::new(),
+                reason: format!("a {q:?} weight is read by quant_matmul, not weight_matmul"),
+            });
+        }
         let &[rows, cols] = self.shape.as_slice() else {
             return Err(LlmError::BadTensor {
                 name: String::new(),
@@ -165,8 +289,16 @@ impl Weight {
         Ok(WeightMatrix::new(self.format, rows, cols, self.bytes())?)
     }
 
-    /// The elements widened to f32 (exact).
+    /// The elements widened to f32 (exact; a quantized matrix is dequantized).
     pub fn to_f32_vec(&self) -> Vec<f32> {
+        if let (Some(_), &[rows, cols]) = (self.quant, self.shape.as_slice()) {
+            let mut out = vec![0.0f32; rows * cols];
+            for (r, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
+                // The view was checked at construction.
+                let _ = self.row_to_f32(r, row);
+            }
+            return out;
+        }
         let b = self.bytes();
         (0..self.shape.iter().product::<usize>())
             .map(|i| self.format.element(b, i))

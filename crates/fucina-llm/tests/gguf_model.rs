@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use fucina::ExecContext;
-use fucina::exec::WeightFormat;
+use fucina::exec::{QuantFormat, WeightFormat};
 use fucina_llm::gguf::llama::load_llama;
 use fucina_llm::{LlmError, Model, ModelConfig, WeightStore};
 
@@ -89,6 +89,19 @@ fn convert(
     skip: &[&str],
     extra: &[(&str, u32, Vec<u8>)],
 ) -> Vec<u8> {
+    convert_as(cfg, store, skip, extra, None)
+}
+
+/// [`convert`] with every matrix stored as `quant` (Q8_0 or Q4_0, quantized here by
+/// the runtime) when given; the norms stay F32, as llama.cpp keeps them.
+fn convert_as(
+    cfg: &ModelConfig,
+    store: &WeightStore,
+    skip: &[&str],
+    extra: &[(&str, u32, Vec<u8>)],
+    quant: Option<QuantFormat>,
+) -> Vec<u8> {
+    let ctx = ExecContext::new();
     let mut w = Writer::default();
     let meta: Vec<(&str, u32, Vec<u8>)> = vec![
         ("general.architecture", 8, str_v("llama")),
@@ -137,10 +150,18 @@ fn convert(
         let shape = weight.shape();
         let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let mut bytes = weight.bytes().to_vec();
-        if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
-            bytes = permute(&bytes, shape[0], shape[1] * 4, cfg.head_dim);
+        let mut code = 0;
+        let mut row_bytes = shape.last().unwrap() * 4;
+        if let (Some(q), &[rows, cols]) = (quant, shape) {
+            let values = weight.to_f32_vec();
+            bytes = ctx.quantize(q, rows, cols, &values).unwrap().into_bytes();
+            code = if q == QuantFormat::Q8_0 { 8 } else { 2 };
+            row_bytes = cols / 32 * q.block_bytes();
         }
-        w.tensor(&gguf_name(name), &dims, 0, &bytes);
+        if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
+            bytes = permute(&bytes, shape[0], row_bytes, cfg.head_dim);
+        }
+        w.tensor(&gguf_name(name), &dims, code, &bytes);
     }
     w.bytes()
 }
@@ -255,4 +276,90 @@ fn bad_gguf_models_are_refused_by_name() {
         matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.0.attn_q.weight"),
         "{e}"
     );
+}
+
+/// Every prompt position's logits of `m` (a 12-token prompt).
+fn logits(m: &Model, threads: usize) -> Vec<f32> {
+    let ctx = ExecContext::with_threads(threads);
+    let vocab = m.config().vocab_size;
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut cache = m.new_cache(prompt.len()).unwrap();
+    let mut all = vec![0.0f32; prompt.len() * vocab];
+    let mut last = vec![0.0f32; vocab];
+    m.prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
+        .unwrap();
+    all
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+/// Q8_0 and Q4_0 GGUF models run through the quantized kernels: their logits
+/// stay close to the f32 model's (max difference and top-1 agreement printed),
+/// and are the same bits on 1 and 2 threads.
+#[test]
+fn quantized_gguf_models_run_close_to_f32() {
+    let dir = fixture("llama_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let vocab = cfg.vocab_size;
+    let reference = logits(&Model::from_parts(cfg.clone(), store.clone()).unwrap(), 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    for (q, tag, max_rel, min_top1) in [
+        (QuantFormat::Q8_0, "q8", 0.05f32, 11usize),
+        (QuantFormat::Q4_0, "q4", 0.35, 6),
+    ] {
+        let path = write(&convert_as(&cfg, &store, &[], &[], Some(q)), tag);
+        let (gcfg, gstore, _file) = load_llama(&path).unwrap();
+        let w = gstore.get("model.layers.0.mlp.up_proj.weight").unwrap();
+        assert_eq!(w.quant_format(), Some(q));
+        assert!(w.is_mapped(), "quantized weights are read in place");
+        // The same weights dequantized into an f32 model: the only difference left
+        // is the rounding of the activations to int8 blocks, so a wrong row order
+        // or block read would show here.
+        let dequantized: std::collections::HashMap<String, fucina_llm::Weight> = gstore
+            .iter()
+            .map(|(n, w)| {
+                let v = w.to_f32_vec();
+                (
+                    n.to_string(),
+                    fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v),
+                )
+            })
+            .collect();
+        let deq = logits(
+            &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
+            1,
+        );
+        let model = Model::from_parts(gcfg, gstore).unwrap();
+        let one = logits(&model, 1);
+        let deq_diff = one
+            .iter()
+            .zip(&deq)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+        eprintln!("{q:?}: max |logit - dequantized-f32 logit| = {deq_diff:.3e}");
+        assert!(
+            deq_diff <= 0.03 * scale,
+            "{q:?} against its dequantized weights: {deq_diff}"
+        );
+        let two = logits(&model, 2);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one), bits(&two), "{q:?}: 1 and 2 threads");
+        let max_diff = one
+            .iter()
+            .zip(&reference)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+        let top1 = one
+            .chunks(vocab)
+            .zip(reference.chunks(vocab))
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        eprintln!(
+            "{q:?}: max |logit - f32 logit| = {max_diff:.3e} ({:.2} % of the largest logit {scale:.3}); top-1 agreement {top1}/12",
+            100.0 * max_diff / scale
+        );
+        assert!(max_diff <= max_rel * scale, "{q:?}: {max_diff}");
+        assert!(top1 >= min_top1, "{q:?}: top-1 {top1}/12");
+    }
 }

@@ -17,11 +17,15 @@
 //!   the q and k projections so that its rotary embedding can rotate adjacent
 //!   pairs; the rows are put back in Hugging Face's order here (a copy of those
 //!   two projections; every other tensor stays mapped).
+//! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; Q8_0 and
+//!   Q4_0 matrices stay in llama.cpp's blocks (read by
+//!   [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)); any other
+//!   type is an error naming the tensor.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use fucina::exec::WeightFormat;
+use fucina::exec::{QuantFormat, WeightFormat};
 
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::LlmError;
@@ -192,13 +196,31 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
     })
 }
 
-/// The element format a GGUF tensor type is kept in, or an error naming the
-/// tensor.
-fn format_of(name: &str, t: GgmlType) -> Result<WeightFormat, LlmError> {
+/// How a GGUF tensor type is kept: a float format or a block-quantized one.
+#[derive(Clone, Copy)]
+enum Kept {
+    Float(WeightFormat),
+    Quant(QuantFormat),
+}
+
+impl Kept {
+    /// Bytes of one row of `cols` elements.
+    fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            Kept::Float(f) => cols * f.size_bytes(),
+            Kept::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+        }
+    }
+}
+
+/// How a GGUF tensor type is kept, or an error naming the tensor.
+fn format_of(name: &str, t: GgmlType) -> Result<Kept, LlmError> {
     match t {
-        GgmlType::F32 => Ok(WeightFormat::F32),
-        GgmlType::F16 => Ok(WeightFormat::F16),
-        GgmlType::BF16 => Ok(WeightFormat::BF16),
+        GgmlType::F32 => Ok(Kept::Float(WeightFormat::F32)),
+        GgmlType::F16 => Ok(Kept::Float(WeightFormat::F16)),
+        GgmlType::BF16 => Ok(Kept::Float(WeightFormat::BF16)),
+        GgmlType::Q8_0 => Ok(Kept::Quant(QuantFormat::Q8_0)),
+        GgmlType::Q4_0 => Ok(Kept::Quant(QuantFormat::Q4_0)),
         other => Err(LlmError::BadTensor {
             name: name.to_string(),
             reason: format!("GGUF tensor type {} is not supported", other.name()),
@@ -283,11 +305,17 @@ pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStor
                     ),
                 });
             }
-            let row_bytes = shape[1] * format.size_bytes();
+            let row_bytes = format.row_bytes(shape[1]);
             let bytes = unpermute_rows(&map[range], rows, row_bytes, config.head_dim);
-            Weight::from_bytes(&info.name, format, &shape, bytes)?
+            match format {
+                Kept::Float(f) => Weight::from_bytes(&info.name, f, &shape, bytes)?,
+                Kept::Quant(q) => Weight::quantized(&info.name, q, &shape, bytes)?,
+            }
         } else {
-            Weight::mapped(format, shape, map, range)
+            match format {
+                Kept::Float(f) => Weight::mapped(f, shape, map, range),
+                Kept::Quant(q) => Weight::mapped_quantized(&info.name, q, shape, map, range)?,
+            }
         };
         tensors.insert(hf, weight);
     }
