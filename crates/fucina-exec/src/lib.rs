@@ -63,6 +63,7 @@ pub use axis::Axis;
 /// functions (a sampler's weights, an inference engine's softmax).
 pub mod math {
     pub use crate::kernels::math::exp;
+    pub use crate::kernels::reduce::fold_lanes;
 }
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;

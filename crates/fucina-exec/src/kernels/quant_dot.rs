@@ -123,17 +123,8 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     fucina_storage::half::f16::from_bits(bits).to_f32()
 }
 
-/// Folds the eight lane accumulators in halves (the fixed order's last step).
-#[inline(always)]
-fn fold(mut acc: [f32; LANES]) -> f32 {
-    for l in 0..4 {
-        acc[l] += acc[l + 4];
-    }
-    for l in 0..2 {
-        acc[l] += acc[l + 2];
-    }
-    acc[0] + acc[1]
-}
+// Folds the eight lane accumulators in halves (the fixed order's last step).
+use crate::kernels::reduce::fold_lanes as fold;
 
 /// The fixed-order dot product of one weight row (`nb` blocks of `bb` bytes in
 /// `wrow`) with one quantized activation row, plainly: the portable path.

@@ -29,12 +29,15 @@ pub(crate) const SUPER: usize = 1 << 16;
 /// Columns per tile of the column kernels (stack accumulators).
 pub(crate) const TILE: usize = 64;
 
-/// The fixed combination tree of the lane accumulators (halving: lane `j` plus
-/// lane `j + width / 2`, until one is left).
+/// The fixed combination tree of `N` lane accumulators (`N` a power of two):
+/// halving, lane `j` plus lane `j + width / 2`, until one is left. Every
+/// fixed-order sum of the runtime ends with it (reductions, the weight and
+/// quantized products); `fucina_exec::math::fold_lanes` gives it to the crates
+/// above.
 #[inline(always)]
-fn combine_lanes(a: &[f32; LANES]) -> f32 {
-    let mut v = *a;
-    let mut w = LANES;
+pub fn fold_lanes<const N: usize>(a: [f32; N]) -> f32 {
+    let mut v = a;
+    let mut w = N;
     while w > 1 {
         w /= 2;
         for j in 0..w {
@@ -42,6 +45,12 @@ fn combine_lanes(a: &[f32; LANES]) -> f32 {
         }
     }
     v[0]
+}
+
+/// [`fold_lanes`] of this module's lane count.
+#[inline(always)]
+fn combine_lanes(a: &[f32; LANES]) -> f32 {
+    fold_lanes(*a)
 }
 
 #[inline(always)]

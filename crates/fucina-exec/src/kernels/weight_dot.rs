@@ -342,18 +342,8 @@ fn prefetch_next_block<const R: usize>(w: *const u8, rb: usize, off: usize) {
 mod portable {
     use super::{L, check_block, elem_size, format_of};
 
-    /// Folds one chain: lanes `l + 8` into `l`, then `+ 4`, `+ 2`, `+ 1`.
-    #[inline]
-    fn fold(mut a: [f32; L]) -> f32 {
-        let mut width = L / 2;
-        while width > 0 {
-            for l in 0..width {
-                a[l] += a[l + width];
-            }
-            width /= 2;
-        }
-        a[0]
-    }
+    // Folds one chain: lanes `l + 8` into `l`, then `+ 4`, `+ 2`, `+ 1`.
+    use crate::kernels::reduce::fold_lanes as fold;
 
     /// See [`super::block`].
     pub(super) fn block<const FMT: u8, const R: usize, const MB: usize>(
@@ -605,7 +595,7 @@ mod avx512 {
         }
     }
 
-    /// Folds one chain: lanes `l + 8` into `l`, then `+ 4`, `+ 2`, `+ 1`.
+    // Folds one chain: lanes `l + 8` into `l`, then `+ 4`, `+ 2`, `+ 1`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     fn fold(v: __m512) -> f32 {

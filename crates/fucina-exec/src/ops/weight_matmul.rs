@@ -193,14 +193,7 @@ pub(crate) fn reference_dot(x: &[f32], w: &WeightMatrix<'_>, r: usize) -> f32 {
         };
         acc[l] = xk.mul_add(wk, acc[l]);
     }
-    let mut width = WEIGHT_DOT_LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
+    crate::kernels::reduce::fold_lanes(acc)
 }
 
 impl ExecContext {

@@ -13,18 +13,8 @@ use crate::config::RopeScaling;
 /// in halves (`l + 4` into `l`, then `l + 2`, `l + 1`).
 const LANES: usize = 8;
 
-/// Folds the lanes in halves (see [`LANES`]).
-#[inline(always)]
-fn fold(mut acc: [f32; LANES]) -> f32 {
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
-}
+// Folds the lanes in halves (see `LANES`).
+use fucina::exec::math::fold_lanes as fold;
 
 /// `Σ a[i] · b[i]` in the fixed order of [`LANES`] (no fused multiply-add).
 #[inline]
