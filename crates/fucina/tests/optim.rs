@@ -677,3 +677,52 @@ fn clipping_scales_in_place_and_keeps_views_and_shared_gradients_apart() {
     assert_eq!(b.grad(&ctx).unwrap().unwrap().to_vec(), [coef; 5]);
     assert_eq!(view.to_vec(), [1.0; 5]); // a view keeps the unclipped values
 }
+
+/// A long parameter (past the size at which Adam's update splits over the
+/// team, with a ragged last chunk) gets the same bits for every team size, and
+/// those of the serial loop.
+#[test]
+fn adam_updates_of_a_long_parameter_do_not_depend_on_the_team() {
+    const N: usize = 100_003;
+    let mut got = Vec::new();
+    for threads in [1, 2, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        let w0 = Tensor::uniform(&ctx, &[N], -1.0, 1.0, 1).unwrap();
+        let c = Tensor::uniform(&ctx, &[N], -2.0, 2.0, 2).unwrap();
+        for decoupled in [true, false] {
+            let p = Parameter::new(w0.clone());
+            let mut opt: Box<dyn Optimizer> = if decoupled {
+                let cfg = AdamWConfig {
+                    weight_decay: 0.1,
+                    ..AdamWConfig::default()
+                };
+                Box::new(AdamW::new(vec![p.clone()], cfg).unwrap())
+            } else {
+                let cfg = AdamConfig {
+                    weight_decay: 0.1,
+                    ..AdamConfig::default()
+                };
+                Box::new(Adam::new(vec![p.clone()], cfg).unwrap())
+            };
+            for _ in 0..3 {
+                let w = p.tensor();
+                w.mul(&ctx, &w)
+                    .unwrap()
+                    .mul(&ctx, &c)
+                    .unwrap()
+                    .sum_all(&ctx)
+                    .unwrap()
+                    .backward(&ctx)
+                    .unwrap();
+                opt.step(&ctx).unwrap();
+                opt.zero_grad();
+            }
+            let bits: Vec<u32> = p.tensor().to_vec().iter().map(|v| v.to_bits()).collect();
+            got.push((threads, decoupled, bits));
+        }
+    }
+    for (t, d, b) in &got[2..] {
+        let (_, _, want) = got.iter().find(|(t0, d0, _)| *t0 == 1 && d0 == d).unwrap();
+        assert!(b == want, "{t} threads, decoupled {d}");
+    }
+}

@@ -189,18 +189,11 @@ impl Core {
             };
             let g = g.data()?;
             let k = kernel_of(i);
-            let wd = k.wd;
             let (Some(m), Some(v)) = (&mut ms[i], &mut vs[i]) else {
                 unreachable!("prepare created the moments of a parameter with a gradient")
             };
             m.update_(|m| -> Result<()> {
-                v.update_(|v| {
-                    p.update_(|w| match (decoupled, wd != 0.0) {
-                        (true, _) => k.run::<true, false>(w, m, v, g),
-                        (false, true) => k.run::<false, true>(w, m, v, g),
-                        (false, false) => k.run::<false, false>(w, m, v, g),
-                    })
-                })??;
+                v.update_(|v| p.update_(|w| k.run_split(ctx, decoupled, w, m, v, g)))??;
                 Ok(())
             })??;
         }
@@ -221,7 +214,58 @@ struct Kernel {
     step_size: f32,
 }
 
+/// Parameters at least this long update on the context's team, in chunks
+/// (each element's update depends on that element alone, so the split never
+/// changes a bit); shorter ones on the caller.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// Most chunks of a parallel update (their slices live on the stack).
+const MAX_CHUNKS: usize = 16;
+
 impl Kernel {
+    /// [`run`](Kernel::run) in the mode of `decoupled` and `wd`, split over
+    /// the context's team for a long parameter.
+    fn run_split(
+        self,
+        ctx: &ExecContext,
+        decoupled: bool,
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+    ) {
+        let one = |(w, m, v, g): &mut (&mut [f32], &mut [f32], &mut [f32], &[f32])| {
+            match (decoupled, self.wd != 0.0) {
+                (true, _) => self.run::<true, false>(w, m, v, g),
+                (false, true) => self.run::<false, true>(w, m, v, g),
+                (false, false) => self.run::<false, false>(w, m, v, g),
+            }
+        };
+        let n = w.len();
+        let team = ctx.team().filter(|t| t.participants() > 1 && n >= PARALLEL_MIN);
+        let Some(team) = team else {
+            return one(&mut (w, m, v, g));
+        };
+        let parts = team.participants().min(MAX_CHUNKS);
+        // Chunks of whole 16-float vectors.
+        let size = n.div_ceil(parts).div_ceil(16) * 16;
+        let mut pieces: [(&mut [f32], &mut [f32], &mut [f32], &[f32]); MAX_CHUNKS] =
+            std::array::from_fn(|_| (&mut [][..], &mut [][..], &mut [][..], &[][..]));
+        let (mut w, mut m, mut v, mut g) = (w, &mut m[..n], &mut v[..n], &g[..n]);
+        let mut k = 0;
+        while !w.is_empty() {
+            let len = size.min(w.len());
+            let (w0, w1) = w.split_at_mut(len);
+            let (m0, m1) = m.split_at_mut(len);
+            let (v0, v1) = v.split_at_mut(len);
+            let (g0, g1) = g.split_at(len);
+            pieces[k] = (w0, m0, v0, g0);
+            (w, m, v, g) = (w1, m1, v1, g1);
+            k += 1;
+        }
+        team.parallel_chunks_mut(&mut pieces[..k], one);
+    }
+
     /// The element update, monomorphized per mode so that the loop has no
     /// branches and vectorizes (`DECOUPLED`: AdamW's decay; `L2`: Adam's).
     #[inline]
