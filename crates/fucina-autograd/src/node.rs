@@ -282,6 +282,14 @@ pub(crate) enum Saved {
         params: RawTensor,
         training: bool,
     },
+    /// The input of a fused training-mode batch norm and pooling op, its
+    /// per-channel `[4, C]` parameters (rows `gamma`, `beta`, the mean and
+    /// `inv_std`) and the pooling descriptor.
+    BatchNormPool2d {
+        x: RawTensor,
+        params: RawTensor,
+        op: Pool2dOp,
+    },
 }
 
 /// Records an op node whose backward reads a typed [`Saved`] variant:

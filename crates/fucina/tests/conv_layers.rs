@@ -596,3 +596,88 @@ fn sequential_fuses_relu_then_max_pool_with_the_same_bits() {
         .forward(&ctx, &bad);
     assert!(e.unwrap_err().to_string().contains("relu_max_pool2d"));
 }
+
+/// Output, input gradient, parameter gradients and buffers of one training
+/// forward/backward of `net` on `x`, as bits.
+fn run_bits(ctx: &ExecContext, net: &Sequential, x: &Tensor) -> Vec<Vec<u32>> {
+    let y = net.forward(ctx, x).unwrap();
+    let w = Tensor::uniform(ctx, y.shape(), -1.0, 1.0, 3).unwrap();
+    y.mul(ctx, &w)
+        .unwrap()
+        .sum_all(ctx)
+        .unwrap()
+        .backward(ctx)
+        .unwrap();
+    let mut out = vec![bits(&y.to_vec()), bits(&x.grad(ctx).unwrap().unwrap().to_vec())];
+    out.extend(
+        net.parameters()
+            .iter()
+            .map(|p| bits(&p.grad(ctx).unwrap().unwrap().to_vec())),
+    );
+    out.extend(net.named_buffers().iter().map(|(_, b)| bits(&b.to_vec())));
+    x.zero_grad();
+    out
+}
+
+#[test]
+fn sequential_fuses_batch_norm_relu_max_pool_with_the_same_bits() {
+    let same = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    // `relu`: BatchNorm2d -> Relu -> MaxPool2d, else BatchNorm2d -> MaxPool2d;
+    // `split`: an Identity after the batch norm keeps it apart.
+    let net = |ctx: &ExecContext, relu: bool, split: bool| {
+        let mut s = Sequential::new()
+            .push(Conv2d::no_bias(ctx, 2, 5, [3, 3], same, 4).unwrap())
+            .push(BatchNorm2d::new(ctx, 5).unwrap());
+        if split {
+            s = s.push(Identity);
+        }
+        if relu {
+            s = s.push(Relu);
+        }
+        s.push(MaxPool2d::new([2, 2]).unwrap())
+            .push(Flatten::new())
+            .push(Linear::new(ctx, 5 * 3 * 4, 3, 8).unwrap())
+    };
+    let mut first = None;
+    for threads in [1, 2, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        let x = Tensor::uniform(&ctx, &[3, 2, 7, 9], -1.0, 1.0, 9)
+            .unwrap()
+            .into_variable();
+        for relu in [true, false] {
+            let (mut fused, mut plain) = (net(&ctx, relu, false), net(&ctx, relu, true));
+            // Two training steps (the running statistics move), then eval
+            // (the fused group falls back to the separate ops).
+            let mut got = Vec::new();
+            for step in 0..3 {
+                if step == 2 {
+                    fused.eval();
+                    plain.eval();
+                }
+                let a = run_bits(&ctx, &fused, &x);
+                let b = run_bits(&ctx, &plain, &x);
+                assert_eq!(a, b, "relu {relu}, step {step}, {threads} threads");
+                got.push(a);
+            }
+            // And the same bits for every team size.
+            match &first {
+                None if relu => first = Some(got),
+                Some(f) if relu => assert_eq!(&got, f, "{threads} threads"),
+                _ => {}
+            }
+        }
+    }
+    // A bad input to the fused group is an error naming the layer.
+    let ctx = ExecContext::new();
+    let bad = Tensor::uniform(&ctx, &[3, 4, 4, 4], -1.0, 1.0, 1).unwrap();
+    let e = Sequential::new()
+        .push(BatchNorm2d::new(&ctx, 5).unwrap())
+        .push(Relu)
+        .push(MaxPool2d::new([2, 2]).unwrap())
+        .forward(&ctx, &bad)
+        .unwrap_err();
+    assert!(e.to_string().contains("BatchNorm2d(num_features = 5)"), "{e}");
+}

@@ -1,6 +1,6 @@
 //! Batch normalization in training and eval mode.
 
-use fucina_exec::{BatchNormStats, ExecContext, RawTensor};
+use fucina_exec::{BatchNormStats, ExecContext, Pool2dOp, RawTensor};
 
 use crate::error::Result;
 use crate::node::{GradList, grads, record};
@@ -105,6 +105,72 @@ impl Tensor {
                 training: true
             },
             |ctx, g, needs| backward(ctx, x, params, g, *training, needs)
+        )?;
+        Ok((y, stats))
+    }
+
+    /// Training-mode [`batch_norm_with_stats`](Tensor::batch_norm_with_stats)
+    /// followed by [`pool2d`](Tensor::pool2d) with `op`, fused into one node
+    /// ([`ExecContext::batch_norm_pool2d`]): the same values, statistics and
+    /// gradient bits as the two ops, without keeping or even writing the
+    /// normalized tensor (the backward recomputes it plane by plane). The node
+    /// keeps the input, the parameters and the statistics.
+    /// [`Sequential`](../../fucina/nn/struct.Sequential.html) uses it for a
+    /// `BatchNorm2d` in training mode followed by a ReLU and a max pool.
+    ///
+    /// ```
+    /// use fucina_autograd::{Pool2dOp, Pool2dOptions, Tensor};
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::uniform(&ctx, &[2, 3, 4, 4], -1.0, 1.0, 7)?.into_variable();
+    /// let (g, b) = (Tensor::ones(&ctx, &[3])?, Tensor::zeros(&ctx, &[3])?);
+    /// let op = Pool2dOp::ReluMax(Pool2dOptions::new([2, 2]));
+    /// let (y, _) = x.batch_norm_pool2d_with_stats(&ctx, &g, &b, 1e-5, op)?;
+    /// let (z, _) = x.batch_norm_with_stats(&ctx, &g, &b, 1e-5)?;
+    /// assert_eq!(y.to_vec(), z.pool2d(&ctx, op)?.to_vec());
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ExecContext::batch_norm_pool2d`]: the pool's shape and option errors,
+    /// then the batch norm's.
+    pub fn batch_norm_pool2d_with_stats(
+        &self,
+        ctx: &ExecContext,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f32,
+        op: Pool2dOp,
+    ) -> Result<(Tensor, BatchNormStats)> {
+        let (out, stats) = ctx.batch_norm_pool2d(&self.raw, &gamma.raw, &beta.raw, eps, op)?;
+        let params = ctx.stack(&[&gamma.raw, &beta.raw, &stats.mean, &stats.inv_std], 0)?;
+        let x = self.raw.clone();
+        let y = record!(
+            ctx,
+            "batch_norm_pool2d",
+            out,
+            &[self, gamma, beta],
+            BatchNormPool2d { x, params, op },
+            |ctx, g, needs| {
+                let c = params.shape()[1];
+                let row =
+                    |i: usize| -> Result<RawTensor> { Ok(params.narrow(0, i, 1)?.reshape(&[c])?) };
+                let (gx, gg, gb) = ctx.batch_norm_pool2d_backward(
+                    x,
+                    &row(0)?,
+                    &row(1)?,
+                    &row(2)?,
+                    &row(3)?,
+                    *op,
+                    g,
+                )?;
+                Ok(grads![
+                    needs[0].then_some(gx),
+                    needs[1].then_some(gg),
+                    needs[2].then_some(gb),
+                ])
+            }
         )?;
         Ok((y, stats))
     }

@@ -39,6 +39,38 @@ pub struct BatchNormStats {
     pub inv_std: RawTensor,
 }
 
+impl BatchNormStats {
+    /// The three rows of a packed `[3, C]` statistics tensor, as views.
+    pub(crate) fn unpack(packed: &RawTensor) -> Result<BatchNormStats, ExecError> {
+        let ch = packed.shape()[1];
+        let row = |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
+        Ok(BatchNormStats {
+            mean: row(0)?,
+            unbiased_var: row(1)?,
+            inv_std: row(2)?,
+        })
+    }
+}
+
+/// [`check`] for training mode, which also needs more than one value per
+/// channel.
+pub(crate) fn check_training(
+    op: &'static str,
+    x: &RawTensor,
+    params: &[&RawTensor],
+    eps: f32,
+) -> Result<(usize, usize, usize), ExecError> {
+    let dims @ (n, _, plane) = check(op, x, params, eps)?;
+    if n * plane < 2 {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: x.dims(),
+            reason: "training mode needs more than one value per channel",
+        });
+    }
+    Ok(dims)
+}
+
 /// `1 / sqrt(var + eps)`, the one formula both modes use.
 #[inline(always)]
 fn inv_std(var: f32, eps: f32) -> f32 {
@@ -47,7 +79,7 @@ fn inv_std(var: f32, eps: f32) -> f32 {
 
 /// Checks rank, `eps` and that every parameter has shape `[C]`; returns
 /// `(N, C, plane)`.
-fn check(
+pub(crate) fn check(
     op: &'static str,
     x: &RawTensor,
     params: &[&RawTensor],
@@ -77,7 +109,96 @@ fn channel_sum(n: usize, c: usize, ch: usize, plane: usize, f: impl Fn(usize) ->
     s
 }
 
+/// One plane of the training-mode normalization: `dst[i] = (x[i] - mu) * a +
+/// b` with `a = gamma * inv_std` (the one expression every path uses).
+#[inline(always)]
+pub(crate) fn normalize_plane(dst: &mut [f32], x: &[f32], mu: f32, a: f32, b: f32) {
+    for (d, &v) in dst.iter_mut().zip(x) {
+        *d = (v - mu) * a + b;
+    }
+}
+
+/// One plane's share of the backward sums: `(sum(gy), sum(gy * (x - mu)))`,
+/// each in its own fixed order (one pass).
+#[inline(always)]
+pub(crate) fn plane_grad_sums(gy: &[f32], x: &[f32], mu: f32) -> (f32, f32) {
+    match gy.len() {
+        1 => (gy[0], gy[0] * (x[0] - mu)),
+        _ => sum_and_sum_map2(gy, x, |g, v| g * (v - mu)),
+    }
+}
+
+/// The per-channel constants of the training-mode input gradient.
+#[derive(Clone, Copy)]
+pub(crate) struct GradXCoefs {
+    /// The channel mean.
+    pub(crate) mu: f32,
+    /// `1 / sqrt(var + eps)`.
+    pub(crate) istd: f32,
+    /// `sum(gy) / M`.
+    pub(crate) mdy: f32,
+    /// `sum(gy * (x - mu)) * istd / M`.
+    pub(crate) mdyx: f32,
+    /// `istd * gamma`.
+    pub(crate) k: f32,
+}
+
+impl GradXCoefs {
+    /// The constants of channel `c` from the `[C, 2]` sums, over `m` values.
+    #[inline(always)]
+    pub(crate) fn of(c: usize, ms: &[f32], is: &[f32], gs: &[f32], ss: &[f32], m: f32) -> Self {
+        let istd = is[c];
+        GradXCoefs {
+            mu: ms[c],
+            istd,
+            mdy: ss[2 * c] / m,
+            mdyx: ss[2 * c + 1] * istd / m,
+            k: istd * gs[c],
+        }
+    }
+}
+
+/// [`grad_x_plane`] in place: `d` holds the output gradient and receives the
+/// input gradient (the same expression, so the same bits).
+#[inline(always)]
+pub(crate) fn grad_x_plane_in_place(d: &mut [f32], x: &[f32], k: GradXCoefs) {
+    for (d, &v) in d.iter_mut().zip(x) {
+        *d = (*d - k.mdy - (v - k.mu) * k.istd * k.mdyx) * k.k;
+    }
+}
+
+/// One plane of the training-mode input gradient:
+/// `dst = (gy - mdy - (x - mu) * istd * mdyx) * k`.
+#[inline(always)]
+pub(crate) fn grad_x_plane(dst: &mut [f32], gy: &[f32], x: &[f32], k: GradXCoefs) {
+    for ((d, &g), &v) in dst.iter_mut().zip(gy).zip(x) {
+        *d = (g - k.mdy - (v - k.mu) * k.istd * k.mdyx) * k.k;
+    }
+}
+
 impl ExecContext {
+    /// `(grad_gamma, grad_beta)` from the `[C, 2]` backward sums (`sum(gy)`,
+    /// `sum(gy * (x - mean))`) and `inv_std`.
+    pub(crate) fn batch_norm_param_grads(
+        &self,
+        op: &'static str,
+        ss: &[f32],
+        is: &[f32],
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let ch = is.len();
+        let grad_beta = self.new_tensor(op, &[ch], |out: &mut [f32]| {
+            for (c, d) in out.iter_mut().enumerate() {
+                *d = ss[2 * c];
+            }
+        })?;
+        let grad_gamma = self.new_tensor(op, &[ch], |out: &mut [f32]| {
+            for (c, d) in out.iter_mut().enumerate() {
+                *d = ss[2 * c + 1] * is[c];
+            }
+        })?;
+        Ok((grad_gamma, grad_beta))
+    }
+
     /// Per channel `c`: the mean and the biased variance of `x[:, c, ..]`, into
     /// `[C, 2]` (two passes over each channel, the second from cache).
     fn channel_stats(
@@ -131,9 +252,7 @@ impl ExecContext {
                     for c in 0..ch {
                         let (mu, a, b) = (mean[c], gamma[c] * istd[c], beta[c]);
                         let dst = &mut orow[c * plane..][..plane];
-                        for (d, &v) in dst.iter_mut().zip(&xrow[c * plane..][..plane]) {
-                            *d = (v - mu) * a + b;
-                        }
+                        normalize_plane(dst, &xrow[c * plane..][..plane], mu, a, b);
                     }
                 })
             });
@@ -181,33 +300,14 @@ impl ExecContext {
         eps: f32,
     ) -> Result<(RawTensor, BatchNormStats), ExecError> {
         const OP: &str = "batch_norm";
-        let dims @ (n, ch, plane) = check(OP, x, &[gamma, beta], eps)?;
-        if n * plane < 2 {
-            return Err(ExecError::InvalidShape {
-                op: OP,
-                shape: x.dims(),
-                reason: "training mode needs more than one value per channel",
-            });
-        }
+        let dims @ (_, ch, plane) = check_training(OP, x, &[gamma, beta], eps)?;
         let (xc, gc, bc) = (
             self.contiguous(x)?,
             self.contiguous(gamma)?,
             self.contiguous(beta)?,
         );
         let xs = xc.contiguous_slice();
-        let raw = self.channel_stats(OP, xs, dims)?;
-        let st = raw.contiguous_slice();
-        let m = (n * plane) as f32;
-        let bessel = m / (m - 1.0);
-        let packed = self.new_tensor(OP, &[3, ch], |out: &mut [f32]| {
-            let (mean, rest) = out.split_at_mut(ch);
-            let (uvar, istd) = rest.split_at_mut(ch);
-            for c in 0..ch {
-                mean[c] = st[2 * c];
-                uvar[c] = st[2 * c + 1] * bessel;
-                istd[c] = inv_std(st[2 * c + 1], eps);
-            }
-        })?;
+        let packed = self.training_stats(OP, xs, dims, eps)?;
         let ps = packed.contiguous_slice();
         let y = self.normalize(
             OP,
@@ -219,14 +319,31 @@ impl ExecContext {
             bc.contiguous_slice(),
             plane,
         )?;
-        let row =
-            |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
-        let stats = BatchNormStats {
-            mean: row(0)?,
-            unbiased_var: row(1)?,
-            inv_std: row(2)?,
-        };
-        Ok((y, stats))
+        Ok((y, BatchNormStats::unpack(&packed)?))
+    }
+
+    /// The training-mode statistics of `xs` (`(N, C, plane)`) packed as `[3, C]`:
+    /// the mean, the unbiased variance and `inv_std` (see [`BatchNormStats`]).
+    pub(crate) fn training_stats(
+        &self,
+        op: &'static str,
+        xs: &[f32],
+        dims @ (n, ch, plane): (usize, usize, usize),
+        eps: f32,
+    ) -> Result<RawTensor, ExecError> {
+        let raw = self.channel_stats(op, xs, dims)?;
+        let st = raw.contiguous_slice();
+        let m = (n * plane) as f32;
+        let bessel = m / (m - 1.0);
+        self.new_tensor(op, &[3, ch], |out: &mut [f32]| {
+            let (mean, rest) = out.split_at_mut(ch);
+            let (uvar, istd) = rest.split_at_mut(ch);
+            for c in 0..ch {
+                mean[c] = st[2 * c];
+                uvar[c] = st[2 * c + 1] * bessel;
+                istd[c] = inv_std(st[2 * c + 1], eps);
+            }
+        })
     }
 
     /// Batch normalization in eval mode: per channel, `y = (x - running_mean) /
@@ -378,14 +495,8 @@ impl ExecContext {
                     let (mut s0, mut s1) = (0.0f32, 0.0f32);
                     for k in 0..n {
                         let off = (k * ch + c) * plane;
-                        let (a, b) = match plane {
-                            1 => (gys[off], gys[off] * (xs[off] - mu)),
-                            _ => sum_and_sum_map2(
-                                &gys[off..off + plane],
-                                &xs[off..off + plane],
-                                |g, v| g * (v - mu),
-                            ),
-                        };
+                        let (a, b) =
+                            plane_grad_sums(&gys[off..off + plane], &xs[off..off + plane], mu);
                         s0 += a;
                         s1 += b;
                     }
@@ -395,16 +506,7 @@ impl ExecContext {
             });
         })?;
         let ss = sums.contiguous_slice();
-        let grad_beta = self.new_tensor(OP, &[ch], |out: &mut [f32]| {
-            for (c, d) in out.iter_mut().enumerate() {
-                *d = ss[2 * c];
-            }
-        })?;
-        let grad_gamma = self.new_tensor(OP, &[ch], |out: &mut [f32]| {
-            for (c, d) in out.iter_mut().enumerate() {
-                *d = ss[2 * c + 1] * is[c];
-            }
-        })?;
+        let (grad_gamma, grad_beta) = self.batch_norm_param_grads(OP, ss, is)?;
         let m = (n * plane) as f32;
         let row = ch * plane;
         let grad_x = self.new_tensor(OP, x.shape(), |out| {
@@ -415,13 +517,8 @@ impl ExecContext {
                         let dst = &mut orow[c * plane..][..plane];
                         let gy = &gys[r * row + c * plane..][..plane];
                         if training {
-                            let (mu, istd) = (ms[c], is[c]);
-                            let mdy = ss[2 * c] / m;
-                            let mdyx = ss[2 * c + 1] * istd / m;
                             let xr = &xs[r * row + c * plane..][..plane];
-                            for ((d, &g), &v) in dst.iter_mut().zip(gy).zip(xr) {
-                                *d = (g - mdy - (v - mu) * istd * mdyx) * k;
-                            }
+                            grad_x_plane(dst, gy, xr, GradXCoefs::of(c, ms, is, gs, ss, m));
                         } else {
                             for (d, &g) in dst.iter_mut().zip(gy) {
                                 *d = g * k;

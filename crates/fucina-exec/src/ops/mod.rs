@@ -4,6 +4,7 @@
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
 pub(crate) mod batch_norm;
+pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;

@@ -189,7 +189,7 @@ impl Pool2dOp {
 const MAX_WINDOW: usize = 1 << 40;
 
 /// Per-output-element work weight of a pooling plane (the window size).
-fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
+pub(crate) fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
     match op {
         Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
             out_plane * o.kernel[0] * o.kernel[1]
@@ -200,11 +200,43 @@ fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
 
 /// The geometry of one pooled plane.
 #[derive(Clone, Copy)]
-struct Geo {
+pub(crate) struct Geo {
     h: usize,
     w: usize,
     oh: usize,
     ow: usize,
+}
+
+impl Geo {
+    /// The geometry of pooling an input of shape `x` (`[N, C, H, W]`) into an
+    /// output of shape `out` (`[N, C, OH, OW]`).
+    pub(crate) fn new(x: &[usize], out: &[usize]) -> Geo {
+        Geo {
+            h: x[2],
+            w: x[3],
+            oh: out[2],
+            ow: out[3],
+        }
+    }
+
+    /// Elements of an input plane and of an output plane.
+    pub(crate) fn planes(self) -> (usize, usize) {
+        (self.h * self.w, self.oh * self.ow)
+    }
+}
+
+/// The forward of one plane: `out` (`OH * OW`) from `x` (`H * W`).
+#[inline(always)]
+pub(crate) fn forward_plane(op: Pool2dOp, x: &[f32], out: &mut [f32], g: Geo) {
+    match op {
+        Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(x, out, g, false),
+        Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(x, out, g, true),
+        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => plane_2x2_relu(x, out, g),
+        Pool2dOp::Max(opts) => max_plane::<false>(x, out, &opts, g),
+        Pool2dOp::ReluMax(opts) => max_plane::<true>(x, out, &opts, g),
+        Pool2dOp::Avg(opts) => avg_plane(x, out, &opts, g),
+        Pool2dOp::AdaptiveAvg(_) => adaptive_plane(x, out, g),
+    }
 }
 
 /// The input window `[start, end)` of output index `i` along an axis of input
@@ -499,10 +531,85 @@ fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
     gx[rows * g.w..].fill(0.0);
 }
 
+/// Outputs per step of the 2x2 backward.
+const STEP: usize = 16;
+
+/// The 2x2, stride-2 backward of one plane for `Max` (or `ReluMax` when `R`):
+/// every covered input is written once, `0 + g` where selected (as the general
+/// path's `+=` into zeros; times the ReLU's slope for `ReluMax`, as
+/// `relu_backward` of the max pool's gradient), `0` elsewhere. In steps of
+/// [`STEP`] windows of one output row, copied into fixed-size arrays (zero
+/// padded) so that [`window_grads_2x2`] is one fixed-length loop.
+#[inline(always)]
+fn backward_2x2<const R: bool>(x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
+    let w = g.w;
+    for oi in 0..g.oh {
+        let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
+        let xt = &x[2 * oi * w..][..w];
+        let xb = &x[(2 * oi + 1) * w..][..w];
+        let gr = &gy[oi * g.ow..][..g.ow];
+        for j0 in (0..g.ow).step_by(STEP) {
+            let n = STEP.min(g.ow - j0);
+            let (c0, c1) = (2 * j0, 2 * (j0 + n));
+            let (mut t, mut b, mut gv) = ([0f32; 2 * STEP], [0f32; 2 * STEP], [0f32; STEP]);
+            t[..2 * n].copy_from_slice(&xt[c0..c1]);
+            b[..2 * n].copy_from_slice(&xb[c0..c1]);
+            gv[..n].copy_from_slice(&gr[j0..j0 + n]);
+            let (mut dt, mut db) = ([0f32; 2 * STEP], [0f32; 2 * STEP]);
+            window_grads_2x2::<R>(&t, &b, &gv, &mut dt, &mut db);
+            top[c0..c1].copy_from_slice(&dt[..2 * n]);
+            rest[c0..c1].copy_from_slice(&db[..2 * n]);
+        }
+    }
+}
+
+/// The input gradients of [`STEP`] 2x2 windows: window `j` covers `t[2j]`,
+/// `t[2j + 1]` (top row) and `b[2j]`, `b[2j + 1]` (bottom row) and gets `gv[j]`.
+/// The selected element is the first (row-major) equal to the window's
+/// maximum: by bits for `Max` (so a NaN maximum finds its NaN), by value over
+/// the ReLU values for `ReluMax` (never NaN, never -0.0). Compares and selects
+/// only, no index to carry.
+#[inline(always)]
+fn window_grads_2x2<const R: bool>(
+    t: &[f32; 2 * STEP],
+    b: &[f32; 2 * STEP],
+    gv: &[f32; STEP],
+    dt: &mut [f32; 2 * STEP],
+    db: &mut [f32; 2 * STEP],
+) {
+    for j in 0..STEP {
+        let (x0, x1, x2, x3) = (t[2 * j], t[2 * j + 1], b[2 * j], b[2 * j + 1]);
+        let (s0, s1, s2) = if R {
+            let r = act::<true>;
+            let (a0, a1, a2, a3) = (r(x0), r(x1), r(x2), r(x3));
+            let m = pick(pick(pick(a0, a1), a2), a3);
+            let s0 = a0 == m;
+            let s1 = !s0 & (a1 == m);
+            (s0, s1, !(s0 | s1) & (a2 == m))
+        } else {
+            let m = pick(pick(pick(x0, x1), x2), x3).to_bits();
+            let s0 = x0.to_bits() == m;
+            let s1 = !s0 & (x1.to_bits() == m);
+            (s0, s1, !(s0 | s1) & (x2.to_bits() == m))
+        };
+        let s3 = !(s0 | s1 | s2);
+        let v = 0.0 + gv[j];
+        let grad = |s: bool, x: f32| match (s, R) {
+            (false, _) => 0.0,
+            (true, true) => v * relu_slope(x),
+            (true, false) => v,
+        };
+        dt[2 * j] = grad(s0, x0);
+        dt[2 * j + 1] = grad(s1, x1);
+        db[2 * j] = grad(s2, x2);
+        db[2 * j + 1] = grad(s3, x3);
+    }
+}
+
 /// The input gradient of one plane (`gx`, zeroed here where no fast path
 /// writes) from the output gradient `gy`, adding in row-major output order.
 #[inline(always)]
-fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
+pub(crate) fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) if is_2x2(&o) => {
             zero_uncovered_2x2(gx, g);
@@ -510,53 +617,7 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
         _ => gx.fill(0.0),
     }
     match op {
-        Pool2dOp::Max(o) if is_2x2(&o) => {
-            // Non-overlapping 2x2 windows: every covered input is written once
-            // (`0 + g` where selected, as the general path's `+=` into zeros).
-            // The selected element is the first one whose bits equal the
-            // window's maximum (an earlier element has a smaller key, so a
-            // different value): compares, no index to carry. In tiles of up to
-            // 64 outputs, three simple loops that each vectorize: the maxima,
-            // the top row's writes, the bottom row's.
-            const TILE: usize = 64;
-            let w = g.w;
-            let (mut best, mut done) = ([0u32; TILE], [false; TILE]);
-            for oi in 0..g.oh {
-                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
-                for j0 in (0..g.ow).step_by(TILE) {
-                    let n = TILE.min(g.ow - j0);
-                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
-                    let xt = &x[2 * oi * w..][c0..c1];
-                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
-                    let gr = &gy[oi * g.ow + j0..][..n];
-                    let (best, done) = (&mut best[..n], &mut done[..n]);
-                    for ((m, t), b) in best
-                        .iter_mut()
-                        .zip(xt.chunks_exact(2))
-                        .zip(xb.chunks_exact(2))
-                    {
-                        *m = pick(pick(pick(t[0], t[1]), b[0]), b[1]).to_bits();
-                    }
-                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
-                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
-                        let v = 0.0 + gv;
-                        let m0 = xv[0].to_bits() == m;
-                        let m1 = !m0 & (xv[1].to_bits() == m);
-                        d[0] = if m0 { v } else { 0.0 };
-                        d[1] = if m1 { v } else { 0.0 };
-                        *f = m0 | m1;
-                    }
-                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
-                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
-                        let v = 0.0 + gv;
-                        let m2 = !f & (xv[0].to_bits() == m);
-                        let m3 = !(f | m2);
-                        d[0] = if m2 { v } else { 0.0 };
-                        d[1] = if m3 { v } else { 0.0 };
-                    }
-                }
-            }
-        }
+        Pool2dOp::Max(o) if is_2x2(&o) => backward_2x2::<false>(x, gy, gx, g),
         Pool2dOp::Max(o) => {
             for oi in 0..g.oh {
                 for oj in 0..g.ow {
@@ -564,53 +625,7 @@ fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
                 }
             }
         }
-        Pool2dOp::ReluMax(o) if is_2x2(&o) => {
-            // The `Max` path over the ReLU values (never NaN, never -0.0, so
-            // the first element equal to the maximum is the selected one), each
-            // written value times the ReLU's slope: `(0 + g) * slope` where
-            // selected, `0` elsewhere (as `relu_backward` of `max_pool2d`'s
-            // gradient). In tiles of up to 64 outputs, three loops that each
-            // vectorize: the maxima, the top row's writes, the bottom row's.
-            const TILE: usize = 64;
-            let r = act::<true>;
-            let w = g.w;
-            let (mut best, mut done) = ([0f32; TILE], [false; TILE]);
-            for oi in 0..g.oh {
-                let (top, rest) = gx[2 * oi * w..].split_at_mut(w);
-                for j0 in (0..g.ow).step_by(TILE) {
-                    let n = TILE.min(g.ow - j0);
-                    let (c0, c1) = (2 * j0, 2 * (j0 + n));
-                    let xt = &x[2 * oi * w..][c0..c1];
-                    let xb = &x[(2 * oi + 1) * w..][c0..c1];
-                    let gr = &gy[oi * g.ow + j0..][..n];
-                    let (best, done) = (&mut best[..n], &mut done[..n]);
-                    for ((m, t), b) in best
-                        .iter_mut()
-                        .zip(xt.chunks_exact(2))
-                        .zip(xb.chunks_exact(2))
-                    {
-                        *m = pick(pick(pick(r(t[0]), r(t[1])), r(b[0])), r(b[1]));
-                    }
-                    let rows = top[c0..c1].chunks_exact_mut(2).zip(xt.chunks_exact(2));
-                    for ((((d, xv), &m), f), &gv) in rows.zip(&*best).zip(done.iter_mut()).zip(gr) {
-                        let v = 0.0 + gv;
-                        let m0 = r(xv[0]) == m;
-                        let m1 = !m0 & (r(xv[1]) == m);
-                        d[0] = if m0 { v * relu_slope(xv[0]) } else { 0.0 };
-                        d[1] = if m1 { v * relu_slope(xv[1]) } else { 0.0 };
-                        *f = m0 | m1;
-                    }
-                    let rows = rest[c0..c1].chunks_exact_mut(2).zip(xb.chunks_exact(2));
-                    for ((((d, xv), &m), &f), &gv) in rows.zip(&*best).zip(&*done).zip(gr) {
-                        let v = 0.0 + gv;
-                        let m2 = !f & (r(xv[0]) == m);
-                        let m3 = !(f | m2);
-                        d[0] = if m2 { v * relu_slope(xv[0]) } else { 0.0 };
-                        d[1] = if m3 { v * relu_slope(xv[1]) } else { 0.0 };
-                    }
-                }
-            }
-        }
+        Pool2dOp::ReluMax(o) if is_2x2(&o) => backward_2x2::<true>(x, gy, gx, g),
         Pool2dOp::ReluMax(o) => {
             // `max_pool2d`'s backward over the ReLU values, then the ReLU's.
             for oi in 0..g.oh {
@@ -701,28 +716,14 @@ impl ExecContext {
     pub fn pool2d(&self, op: Pool2dOp, x: &RawTensor) -> Result<RawTensor, ExecError> {
         let out_dims = op.output_shape(x.shape())?;
         let os = out_dims.as_slice();
-        let g = Geo {
-            h: x.shape()[2],
-            w: x.shape()[3],
-            oh: os[2],
-            ow: os[3],
-        };
-        let (ip, opl) = (g.h * g.w, g.oh * g.ow);
+        let g = Geo::new(x.shape(), os);
+        let (ip, opl) = g.planes();
         let xc = self.contiguous(x)?;
         let xs = xc.contiguous_slice();
         self.new_tensor(op.name(), os, |out| {
             self.par_rows(out, opl, plane_work(op, ip, opl), |planes, o| {
                 vectorized!(for (p, op_) in planes.zip(o.chunks_exact_mut(opl)) {
-                    let xp = &xs[p * ip..][..ip];
-                    match op {
-                        Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, false),
-                        Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(xp, op_, g, true),
-                        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => plane_2x2_relu(xp, op_, g),
-                        Pool2dOp::Max(opts) => max_plane::<false>(xp, op_, &opts, g),
-                        Pool2dOp::ReluMax(opts) => max_plane::<true>(xp, op_, &opts, g),
-                        Pool2dOp::Avg(opts) => avg_plane(xp, op_, &opts, g),
-                        Pool2dOp::AdaptiveAvg(_) => adaptive_plane(xp, op_, g),
-                    }
+                    forward_plane(op, &xs[p * ip..][..ip], op_, g);
                 })
             });
         })
@@ -777,13 +778,8 @@ impl ExecContext {
             (false, _) => None,
         };
         let xs: &[f32] = xc.as_ref().map_or(&[], |t| t.contiguous_slice());
-        let g = Geo {
-            h: x_shape[2],
-            w: x_shape[3],
-            oh: os[2],
-            ow: os[3],
-        };
-        let (ip, opl) = (g.h * g.w, g.oh * g.ow);
+        let g = Geo::new(x_shape, os);
+        let (ip, opl) = g.planes();
         let gc = self.contiguous(grad)?;
         let gs = gc.contiguous_slice();
         self.new_tensor(op.name(), x_shape, |out| {

@@ -3,7 +3,7 @@
 //! [`AdaptiveAvgPool2d`] and [`Flatten`].
 
 use fucina_autograd::Tensor;
-use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOptions};
+use fucina_exec::{BatchNormStats, Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOp, Pool2dOptions};
 
 use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed, weight_and_bias};
 use crate::error::{Error, Result};
@@ -402,6 +402,23 @@ impl BatchNorm {
             return Ok(x.batch_norm_eval(ctx, &rm, &rv, &g, &b, self.eps)?);
         }
         let (y, stats) = x.batch_norm_with_stats(ctx, &g, &b, self.eps)?;
+        self.update_running(&stats)?;
+        Ok(y)
+    }
+
+    /// The forward followed by `pool2d(op)`; fused in training mode.
+    fn forward_pool2d(&self, ctx: &ExecContext, x: &Tensor, op: Pool2dOp) -> Result<Tensor> {
+        if !self.training {
+            return Ok(self.forward(ctx, x)?.pool2d(ctx, op)?);
+        }
+        let (g, b) = (self.weight.tensor(), self.bias.tensor());
+        let (y, stats) = x.batch_norm_pool2d_with_stats(ctx, &g, &b, self.eps, op)?;
+        self.update_running(&stats)?;
+        Ok(y)
+    }
+
+    /// Blends the batch statistics into the running ones.
+    fn update_running(&self, stats: &BatchNormStats) -> Result<()> {
         let m = self.momentum;
         // PyTorch's update, in its order of operations.
         let blend = |run: &mut [f32], batch: &[f32]| {
@@ -413,7 +430,7 @@ impl BatchNorm {
         let var = stats.unbiased_var.data()?;
         self.running_mean.update_(|r| blend(r, mean))?;
         self.running_var.update_(|r| blend(r, var))?;
-        Ok(y)
+        Ok(())
     }
 
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
@@ -574,6 +591,47 @@ batch_norm_layer! {
     /// # Ok::<(), fucina::Error>(())
     /// ```
     BatchNorm2d, "BatchNorm2d", [4], "[N, C, H, W]"
+}
+
+impl BatchNorm2d {
+    /// [`forward`](BatchNorm2d::forward) followed by `pool2d(op)` (a
+    /// [`Pool2dOp`]: `ReluMax` for a ReLU and a max pool, `Max`, `Avg`, ...),
+    /// the same values, running statistics and gradients, bit for bit. In
+    /// training mode the two run as one fused op
+    /// ([`Tensor::batch_norm_pool2d_with_stats`]), which never writes the
+    /// normalized tensor: the block `conv -> batch norm -> relu -> max pool`
+    /// then streams its full-resolution activation through memory half as
+    /// often. [`Sequential`](super::Sequential) calls it for those neighbours.
+    ///
+    /// ```
+    /// use fucina::nn::{BatchNorm2d, Forward};
+    /// use fucina::exec::{Pool2dOp, Pool2dOptions};
+    /// use fucina::{ExecContext, Tensor};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let (a, b) = (BatchNorm2d::new(&ctx, 3)?, BatchNorm2d::new(&ctx, 3)?);
+    /// let x = Tensor::uniform(&ctx, &[2, 3, 4, 4], -1.0, 1.0, 1)?;
+    /// let op = Pool2dOp::ReluMax(Pool2dOptions::new([2, 2]));
+    /// let fused = a.forward_pool2d(&ctx, &x, op)?;
+    /// let apart = b.forward(&ctx, &x)?.pool2d(&ctx, op)?;
+    /// assert_eq!(fused.to_vec(), apart.to_vec());
+    /// assert_eq!(a.running_var().to_vec(), b.running_var().to_vec());
+    /// # Ok::<(), fucina::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`forward`](BatchNorm2d::forward), then the pool's errors.
+    pub fn forward_pool2d(&self, ctx: &ExecContext, x: &Tensor, op: Pool2dOp) -> Result<Tensor> {
+        let c = self.num_features();
+        check_channels(
+            || format!("BatchNorm2d(num_features = {c})"),
+            x,
+            &[4],
+            c,
+            "[N, C, H, W]",
+        )?;
+        self.inner.forward_pool2d(ctx, x, op)
+    }
 }
 
 batch_norm_layer! {
