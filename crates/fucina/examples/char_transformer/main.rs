@@ -83,7 +83,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
             let loss = job::quantized_held_out_loss(&ctx, &model, &corpus, &cfg, format)?;
             println!(
-                "held-out loss with {} linear weights: {loss:.4} ({:+.3} % over f32 {:.4})",
+                "held-out loss with {} linear weights: {loss:.6} ({:+.4} % over f32 {:.6})",
                 format.name(),
                 (f64::from(loss) / f64::from(report.val_loss) - 1.0) * 100.0,
                 report.val_loss
