@@ -574,6 +574,42 @@ fn packed_arbitrary_block_bytes_match_the_reference() {
     }
 }
 
+/// A row read back from the repacked copy is the original row's values, bit
+/// for bit (every row of full and partial strips); bad indices and lengths are
+/// errors.
+#[test]
+fn packed_rows_dequantize_like_the_original() {
+    let ctx = ExecContext::new();
+    let (rows, cols) = (19, 96);
+    for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+        let q = ctx
+            .quantize(format, rows, cols, &values(rows * cols, 12, 3.0))
+            .unwrap();
+        let p = ctx.repack_quant(&q.matrix()).unwrap();
+        for r in 0..rows {
+            let (mut a, mut b) = (vec![0.0; cols], vec![f32::NAN; cols]);
+            q.matrix().dequantize_row(r, &mut a).unwrap();
+            p.dequantize_row(r, &mut b).unwrap();
+            assert_eq!(bits(&a), bits(&b), "{} row {r}", format.name());
+        }
+        let mut out = vec![0.0; cols];
+        assert!(matches!(
+            p.dequantize_row(rows, &mut out),
+            Err(ExecError::IndexOutOfBounds {
+                op: "PackedQuantMatrix::dequantize_row",
+                ..
+            })
+        ));
+        assert!(matches!(
+            p.dequantize_row(0, &mut out[1..]),
+            Err(ExecError::InvalidDataLength {
+                op: "PackedQuantMatrix::dequantize_row",
+                ..
+            })
+        ));
+    }
+}
+
 #[test]
 fn packed_bad_lengths_and_empty_products() {
     let ctx = ExecContext::new();

@@ -96,6 +96,15 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
     }
 }
 
+/// Copies block `b` of row `r` (`r < G`) of `strip` back into llama.cpp's
+/// block layout `blk` (18 or 34 bytes): the inverse of [`repack_strip`].
+pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk: &mut [u8]) {
+    let rv = lay.row_values();
+    let (scales, values) = strip.split_at(lay.scale_bytes);
+    blk[..2].copy_from_slice(&scales[b * 2 * G + 2 * r..][..2]);
+    blk[2..2 + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
+}
+
 /// Computes the outputs of strips `strips` of the packed matrix `data` for all
 /// `m` activation rows: `out_t[((s - strips.start) * G + r) * m + i]` is the
 /// dot product of row `s · G + r` with activation row `i`, in the fixed order.

@@ -347,6 +347,43 @@ impl PackedQuantMatrix {
     pub fn size_bytes(&self) -> usize {
         self.lines.len() * 64
     }
+
+    /// Row `r` dequantized into `out` (`out.len() == cols`): the same values,
+    /// bit for bit, as [`QuantMatrix::dequantize_row`] on the original blocks
+    /// (so an owner that keeps only the repacked copy can still read a row,
+    /// e.g. a tied embedding).
+    ///
+    /// # Errors
+    /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
+    /// [`ExecError::InvalidDataLength`] if `out.len() != cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
+        let op = "PackedQuantMatrix::dequantize_row";
+        if r >= self.rows {
+            return Err(ExecError::IndexOutOfBounds {
+                op,
+                index: i64::try_from(r).unwrap_or(i64::MAX),
+                bound: self.rows,
+            });
+        }
+        if out.len() != self.cols {
+            return Err(ExecError::InvalidDataLength {
+                op,
+                shape: Dims::new(&[self.cols]),
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        let lay = &self.layout;
+        let sb = lay.strip_bytes;
+        let strip = &line_bytes(&self.lines)[r / G * sb..(r / G + 1) * sb];
+        let mut blk = [0u8; 34];
+        let bb = self.format.block_bytes();
+        for (b, ob) in out.chunks_exact_mut(QK).enumerate() {
+            quant_packed::block_of(lay, strip, r % G, b, &mut blk[..bb]);
+            dequantize_row(self.format, &blk[..bb], ob);
+        }
+        Ok(())
+    }
 }
 
 /// Quantizes one row (`x.len()` a multiple of 32) into its blocks `out`.
