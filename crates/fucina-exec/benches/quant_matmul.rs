@@ -12,6 +12,13 @@
 //!   not from a cache; weight GB/s = matrix bytes / time per call, for decode
 //!   (`m = 1`) and a small batch (`m = 8`). The weight bytes are random with
 //!   normal f16 scales (the speed does not depend on the values).
+//! - **quant_matmul_packed**: the same copies repacked once each by
+//!   `repack_quant` (the `StableProcess` path), timed in alternation with the
+//!   in-place kernel: sample `s` of the in-place kernel, then sample `s` of the
+//!   packed one, and so on, so both see the same state of the machine; the
+//!   speedup is the median of the per-sample ratios. Weight GB/s counts the
+//!   llama.cpp bytes of the matrix for both (the packed copy holds the same
+//!   bytes plus alignment padding).
 //! - Each figure is the median of 15 samples (each at least 64 MiB of
 //!   weights), with the slowest and fastest sample.
 //! - **Accuracy**: `max |quant_matmul - Σ x w|` (the exact sum in f64) on
@@ -21,17 +28,19 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use fucina_exec::{ExecContext, QuantFormat, QuantMatrix};
+use fucina_exec::{ExecContext, PackedQuantMatrix, QuantFormat, QuantMatrix};
 
 const POOL_BYTES: usize = 640 << 20;
 const SAMPLE_BYTES: usize = 64 << 20;
 
-const SHAPES: [(usize, usize); 8] = [
+const SHAPES: [(usize, usize); 10] = [
     (576, 576),
+    (192, 576),
     (1536, 576),
     (576, 1536),
     (49152, 576),
     (2048, 2048),
+    (256, 2048),
     (5632, 2048),
     (2048, 5632),
     (32000, 2048),
@@ -114,9 +123,9 @@ fn main() {
             "\n## {t} thread(s): streaming read {bw:.2} GB/s (min {bw_lo:.2}, max {bw_hi:.2})"
         );
         println!(
-            "| shape (rows x cols) | format | m | µs/call | weight GB/s (min–max) | of bandwidth |"
+            "| shape (rows x cols) | format | m | in place µs | GB/s (min–max) | of bw | packed µs | GB/s (min–max) | of bw | speedup (min–max) |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         let only: Option<Vec<usize>> = std::env::var("QUANT_BENCH_SHAPES")
             .ok()
             .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect());
@@ -133,13 +142,16 @@ fn main() {
                             .unwrap()
                     })
                     .collect();
+                let packed: Vec<PackedQuantMatrix> =
+                    mats.iter().map(|w| ctx.repack_quant(w).unwrap()).collect();
                 for m in [1usize, 8] {
                     let mut x = vec![0.0f32; m * cols];
                     fucina_exec::rng::uniform_fill(7, &mut x, -1.0, 1.0);
                     let mut out = vec![0.0f32; m * rows];
+                    let mut out_p = vec![0.0f32; m * rows];
                     let calls = SAMPLE_BYTES.div_ceil(mbytes).max(1);
-                    let mut next = 0;
-                    let mut per_call = Vec::new();
+                    let (mut next, mut next_p) = (0, copies / 2);
+                    let (mut t_in, mut t_pk, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
                     for _ in 0..samples + 1 {
                         let t0 = Instant::now();
                         for _ in 0..calls {
@@ -147,23 +159,47 @@ fn main() {
                             next = (next + 1) % copies;
                         }
                         black_box(&out);
-                        per_call.push(t0.elapsed().as_secs_f64() / calls as f64);
+                        let a = t0.elapsed().as_secs_f64() / calls as f64;
+                        let t0 = Instant::now();
+                        for _ in 0..calls {
+                            ctx.quant_matmul_packed(&x, m, &packed[next_p], &mut out_p)
+                                .unwrap();
+                            next_p = (next_p + 1) % copies;
+                        }
+                        black_box(&out_p);
+                        let b = t0.elapsed().as_secs_f64() / calls as f64;
+                        t_in.push(a);
+                        t_pk.push(b);
+                        ratio.push(a / b);
                     }
-                    per_call.remove(0);
-                    let (med, fast, slow) = stats(&mut per_call);
+                    t_in.remove(0);
+                    t_pk.remove(0);
+                    ratio.remove(0);
+                    let (mi, fi, si_) = stats(&mut t_in);
+                    let (mp, fp, sp) = stats(&mut t_pk);
+                    let (rm, rlo, rhi) = stats(&mut ratio);
                     let g = |s: f64| mbytes as f64 / s / 1e9;
                     println!(
-                        "| {rows}x{cols} | {} | {m} | {:.1} | {:.2} ({:.2}–{:.2}) | {:.2} |",
+                        "| {rows}x{cols} | {} | {m} | {:.1} | {:.2} ({:.2}–{:.2}) | {:.2} | {:.1} | {:.2} ({:.2}–{:.2}) | **{:.2}** | {rm:.2} ({rlo:.2}–{rhi:.2}) |",
                         format.name(),
-                        med * 1e6,
-                        g(med),
-                        g(slow),
-                        g(fast),
-                        g(med) / bw
+                        mi * 1e6,
+                        g(mi),
+                        g(si_),
+                        g(fi),
+                        g(mi) / bw,
+                        mp * 1e6,
+                        g(mp),
+                        g(sp),
+                        g(fp),
+                        g(mp) / bw,
                     );
                 }
             }
         }
+        let (bw2, bw2_lo, bw2_hi) = stream_read(&words, t, samples);
+        println!(
+            "\nstreaming read again after the tables: {bw2:.2} GB/s (min {bw2_lo:.2}, max {bw2_hi:.2})"
+        );
     }
 }
 
@@ -220,23 +256,31 @@ fn hot() {
             let mut x = vec![0.0f32; m * cols];
             fucina_exec::rng::uniform_fill(2, &mut x, -1.0, 1.0);
             let mut out = vec![0.0f32; m * rows];
-            let mut per = Vec::new();
+            let packed = ctx.repack_quant(&q.matrix()).unwrap();
+            let (mut per, mut per_p) = (Vec::new(), Vec::new());
             for _ in 0..9 {
                 let t0 = Instant::now();
                 for _ in 0..200 {
                     ctx.quant_matmul(&x, m, &q.matrix(), &mut out).unwrap();
                 }
                 per.push(t0.elapsed().as_secs_f64() / 200.0);
+                let t0 = Instant::now();
+                for _ in 0..200 {
+                    ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+                }
+                per_p.push(t0.elapsed().as_secs_f64() / 200.0);
             }
-            let (med, _, _) = stats(&mut per);
             let pairs = (m * rows * cols / 32) as f64;
-            println!(
-                "hot {} m={m}: {:.1} us/call, {:.3} ns per block pair, {:.2} weight GB/s",
-                format.name(),
-                med * 1e6,
-                med * 1e9 / pairs,
-                q.bytes().len() as f64 / med / 1e9
-            );
+            for (name, v) in [("in place", &mut per), ("packed", &mut per_p)] {
+                let (med, _, _) = stats(v);
+                println!(
+                    "hot {} m={m} {name}: {:.1} us/call, {:.3} ns per block pair, {:.2} weight GB/s",
+                    format.name(),
+                    med * 1e6,
+                    med * 1e9 / pairs,
+                    q.bytes().len() as f64 / med / 1e9
+                );
+            }
         }
     }
 }

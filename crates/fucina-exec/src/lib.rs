@@ -76,7 +76,7 @@ pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;
 pub use ops::pool::{Pool2dOp, Pool2dOptions};
-pub use ops::quant::{QuantFormat, QuantMatrix, QuantizedWeights};
+pub use ops::quant::{PackedQuantMatrix, QuantFormat, QuantMatrix, QuantizedWeights};
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
 pub use ops::view::ViewOp;

@@ -2,15 +2,16 @@
 //! `quant_matmul`: hand-computed blocks, round-trip bounds, the fast paths
 //! against a scalar reference of the documented order (bit for bit, every vector
 //! level, 1-4 threads, several batch sizes), batch invariance, bad input, the
-//! accuracy bound against the f32 product, and zero allocations at steady state.
+//! accuracy bound against the f32 product, zero allocations at steady state, and
+//! the repacked (`PackedQuantMatrix`) path against the in-place one, bit for bit.
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes
 
 use std::sync::atomic::Ordering;
 
 use fucina_exec::{
-    ExecContext, ExecError, QuantFormat, QuantMatrix, QuantizedWeights, SimdLevel,
-    detected_simd_level, force_simd_level,
+    ExecContext, ExecError, MatmulOptions, PackedQuantMatrix, QuantFormat, QuantMatrix,
+    QuantizedWeights, RhsLifetime, SimdLevel, detected_simd_level, force_simd_level,
 };
 use fucina_storage::half::f16;
 
@@ -471,6 +472,210 @@ fn quantized_types_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<QuantMatrix<'static>>();
     check::<QuantizedWeights>();
+    check::<PackedQuantMatrix>();
+}
+
+// ---------------------------------------------------------------- repacked
+
+/// The repacked matrix gives the in-place kernel's bits (and the reference's)
+/// on every vector level, for 1-4 threads and batches that exercise every
+/// tile size, with row counts that leave a partial strip of eight.
+#[test]
+fn packed_matches_in_place_bit_for_bit() {
+    let best = detected_simd_level();
+    let shapes = [(37usize, 256usize), (5, 96), (1, 32), (130, 64), (16, 1024)];
+    let ms = [1usize, 2, 3, 4, 5, 8, 17];
+    for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            let ctx = ExecContext::new();
+            let q = ctx
+                .quantize(
+                    format,
+                    rows,
+                    cols,
+                    &values(rows * cols, 31 + si as u64, 0.5),
+                )
+                .unwrap();
+            let w = q.matrix();
+            let x = values(17 * cols, 77 + si as u64, 2.0);
+            let want: Vec<Vec<f32>> = ms
+                .iter()
+                .map(|&m| ref_matmul(&x[..m * cols], m, &w))
+                .collect();
+            for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+                assert!(force_simd_level(level));
+                for threads in 1..=4 {
+                    let ctx = ExecContext::with_threads(threads);
+                    let packed = ctx.repack_quant(&w).unwrap();
+                    assert_eq!(
+                        (packed.format(), packed.rows(), packed.cols()),
+                        (format, rows, cols)
+                    );
+                    for (mi, &m) in ms.iter().enumerate() {
+                        let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+                        ctx.quant_matmul(&x[..m * cols], m, &w, &mut a).unwrap();
+                        ctx.quant_matmul_packed(&x[..m * cols], m, &packed, &mut b)
+                            .unwrap();
+                        let what = format!(
+                            "{} {rows}x{cols} m={m} level={} threads={threads}",
+                            format.name(),
+                            level.name()
+                        );
+                        assert_eq!(bits(&b), bits(&a), "packed vs in place: {what}");
+                        assert_eq!(bits(&b), bits(&want[mi]), "packed vs reference: {what}");
+                    }
+                }
+            }
+            assert!(force_simd_level(best));
+        }
+    }
+}
+
+/// Arbitrary block bytes (Q8_0 -128, every nibble, negative scales) and edge
+/// activations (zero blocks, a huge value, a non-finite row) through the
+/// repacked layout: the reference's bits on every level.
+#[test]
+fn packed_arbitrary_block_bytes_match_the_reference() {
+    let best = detected_simd_level();
+    let (rows, cols) = (11, 128);
+    for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+        let n = rows * cols / 32 * format.block_bytes();
+        let mut bytes: Vec<u8> = (0..n as u64)
+            .map(|i| (fucina_exec::rng::at(6, i) >> 56) as u8)
+            .collect();
+        for (b, blk) in bytes.chunks_mut(format.block_bytes()).enumerate() {
+            let v = values(1, 2000 + b as u64, 2.0)[0];
+            blk[..2].copy_from_slice(&f16_bytes(v));
+            if b % 5 == 0 && format == QuantFormat::Q8_0 {
+                blk[2..].fill(0x80);
+            }
+        }
+        let w = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
+        let mut x = values(4 * cols, 4, 1.0);
+        x[..32].fill(0.0);
+        x[cols + 5] = 1e30;
+        x[2 * cols..2 * cols + 32].fill(-127.0);
+        x[3 * cols + 70] = f32::NAN;
+        let want = ref_matmul(&x, 4, &w);
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            assert!(force_simd_level(level));
+            let ctx = ExecContext::new();
+            let packed = ctx.repack_quant(&w).unwrap();
+            let (mut out, mut in_place) = (vec![0.0; 4 * rows], vec![0.0; 4 * rows]);
+            ctx.quant_matmul_packed(&x, 4, &packed, &mut out).unwrap();
+            ctx.quant_matmul(&x, 4, &w, &mut in_place).unwrap();
+            let what = format!("{} {}", format.name(), level.name());
+            // the reference covers the finite rows; the NaN row is all NaN
+            assert_eq!(bits(&out[..3 * rows]), bits(&want[..3 * rows]), "{what}");
+            assert_eq!(bits(&out), bits(&in_place), "{what}");
+            assert!(out[3 * rows..].iter().all(|v| v.is_nan()), "{what}");
+        }
+        assert!(force_simd_level(best));
+    }
+}
+
+/// A row read back from the repacked copy is the original row's values, bit
+/// for bit (every row of full and partial strips); bad indices and lengths are
+/// errors.
+#[test]
+fn packed_rows_dequantize_like_the_original() {
+    let ctx = ExecContext::new();
+    let (rows, cols) = (19, 96);
+    for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+        let q = ctx
+            .quantize(format, rows, cols, &values(rows * cols, 12, 3.0))
+            .unwrap();
+        let p = ctx.repack_quant(&q.matrix()).unwrap();
+        for r in 0..rows {
+            let (mut a, mut b) = (vec![0.0; cols], vec![f32::NAN; cols]);
+            q.matrix().dequantize_row(r, &mut a).unwrap();
+            p.dequantize_row(r, &mut b).unwrap();
+            assert_eq!(bits(&a), bits(&b), "{} row {r}", format.name());
+        }
+        let mut out = vec![0.0; cols];
+        assert!(matches!(
+            p.dequantize_row(rows, &mut out),
+            Err(ExecError::IndexOutOfBounds {
+                op: "PackedQuantMatrix::dequantize_row",
+                ..
+            })
+        ));
+        assert!(matches!(
+            p.dequantize_row(0, &mut out[1..]),
+            Err(ExecError::InvalidDataLength {
+                op: "PackedQuantMatrix::dequantize_row",
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn packed_bad_lengths_and_empty_products() {
+    let ctx = ExecContext::new();
+    let q = ctx
+        .quantize(QuantFormat::Q4_0, 9, 64, &values(9 * 64, 1, 1.0))
+        .unwrap();
+    let p = ctx.repack_quant(&q.matrix()).unwrap();
+    // two strips of eight rows: 64-byte aligned scales (2 blocks x 16 bytes,
+    // padded to 64) and 2 x 128 value bytes each
+    assert_eq!(p.size_bytes(), 2 * (64 + 2 * 128));
+    let mut out = vec![7.0; 9];
+    assert!(matches!(
+        ctx.quant_matmul_packed(&[0.0; 63], 1, &p, &mut out),
+        Err(ExecError::InvalidDataLength {
+            op: "quant_matmul_packed",
+            expected: 64,
+            got: 63,
+            ..
+        })
+    ));
+    assert!(matches!(
+        ctx.quant_matmul_packed(&[0.0; 64], 1, &p, &mut out[..8]),
+        Err(ExecError::InvalidDataLength {
+            op: "quant_matmul_packed",
+            ..
+        })
+    ));
+    assert_eq!(out, [7.0; 9], "unchanged on an error");
+    let w = QuantMatrix::new(QuantFormat::Q8_0, 0, 64, &[]).unwrap();
+    let p = ctx.repack_quant(&w).unwrap();
+    assert_eq!(p.size_bytes(), 0);
+    ctx.quant_matmul_packed(&[0.0; 128], 2, &p, &mut [])
+        .unwrap();
+    let w = QuantMatrix::new(QuantFormat::Q8_0, 3, 0, &[]).unwrap();
+    let p = ctx.repack_quant(&w).unwrap();
+    let mut out = [1.0; 6];
+    ctx.quant_matmul_packed(&[], 2, &p, &mut out).unwrap();
+    assert_eq!(out, [0.0; 6]);
+}
+
+/// Quantized weights never enter the context's right-hand-side cache: the
+/// in-place product keeps nothing (a `Transient` weight), the repacked copy
+/// is owned by its `PackedQuantMatrix`; and the rule that pooled storage
+/// cannot be marked `StableProcess` still holds for the float products.
+#[test]
+fn nothing_is_cached_and_pooled_storage_is_never_stable() {
+    let ctx = ExecContext::new();
+    let q = ctx
+        .quantize(QuantFormat::Q8_0, 8, 64, &values(8 * 64, 1, 1.0))
+        .unwrap();
+    let p = ctx.repack_quant(&q.matrix()).unwrap();
+    let x = values(64, 2, 1.0);
+    let mut out = vec![0.0; 8];
+    ctx.quant_matmul(&x, 1, &q.matrix(), &mut out).unwrap();
+    ctx.quant_matmul_packed(&x, 1, &p, &mut out).unwrap();
+    assert_eq!(ctx.rhs_cache_len(), 0);
+    let stable = MatmulOptions {
+        rhs_lifetime: RhsLifetime::StableProcess,
+    };
+    let a = ctx.from_vec(&[1, 8], values(8, 3, 1.0)).unwrap();
+    let pooled = ctx.zeros(&[8, 8]).unwrap();
+    assert!(matches!(
+        ctx.matmul_with(&a, &pooled, stable),
+        Err(ExecError::UnstableRhs { op: "matmul" })
+    ));
+    assert_eq!(ctx.rhs_cache_len(), 0);
 }
 
 // ---------------------------------------------------------------- allocations
@@ -503,6 +708,22 @@ fn steady_state_allocates_nothing() {
                     format.name()
                 );
                 assert_eq!(ctx.pool().stats().misses, misses, "pool misses");
+                let packed = ctx.repack_quant(&w).unwrap();
+                ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+                ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+                let misses = ctx.pool().stats().misses;
+                let before = ALLOCATIONS.load(Ordering::SeqCst);
+                for _ in 0..5 {
+                    ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+                }
+                let allocs = ALLOCATIONS.load(Ordering::SeqCst) - before;
+                assert_eq!(
+                    allocs,
+                    0,
+                    "heap allocations in 5 quant_matmul_packed calls ({} m={m}, {threads} threads)",
+                    format.name()
+                );
+                assert_eq!(ctx.pool().stats().misses, misses, "pool misses (packed)");
             }
         }
     }

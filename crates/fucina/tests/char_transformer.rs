@@ -187,3 +187,53 @@ fn bad_input_is_an_error() {
     let e = corpus().encode("Élise").unwrap_err();
     assert!(e.to_string().contains("--prompt"), "{e}");
 }
+
+#[test]
+fn held_out_loss_with_quantized_linear_weights() {
+    use fucina::exec::QuantFormat;
+    let c = corpus();
+    let ctx = ExecContext::with_threads(1);
+    // width 32: every linear weight's input dimension is a multiple of 32
+    let cfg = TrainConfig {
+        d_model: 32,
+        ..tiny(10, 3)
+    };
+    let (report, model) = job::train(&ctx, &c, &cfg, &mut |_| {}).unwrap();
+    let before: Vec<Vec<u32>> = model
+        .parameters()
+        .iter()
+        .map(|p| bits(&p.to_vec()))
+        .collect();
+    let f32_loss = job::held_out_loss(&ctx, &model, &c, &cfg).unwrap();
+    assert_eq!(f32_loss.to_bits(), report.val_loss.to_bits());
+    let q8 = job::quantized_held_out_loss(&ctx, &model, &c, &cfg, QuantFormat::Q8_0).unwrap();
+    let q4 = job::quantized_held_out_loss(&ctx, &model, &c, &cfg, QuantFormat::Q4_0).unwrap();
+    // the rounding changed the loss, Q4_0 more than Q8_0, and not by much
+    assert_ne!(q8.to_bits(), f32_loss.to_bits());
+    assert!(
+        (q8 - f32_loss).abs() < (q4 - f32_loss).abs(),
+        "{f32_loss} {q8} {q4}"
+    );
+    assert!((q4 / f32_loss - 1.0).abs() < 0.1, "{f32_loss} {q4}");
+    // the weights are restored: the f32 loss again, bit for bit
+    let after: Vec<Vec<u32>> = model
+        .parameters()
+        .iter()
+        .map(|p| bits(&p.to_vec()))
+        .collect();
+    assert_eq!(before, after);
+    let again = job::held_out_loss(&ctx, &model, &c, &cfg).unwrap();
+    assert_eq!(again.to_bits(), f32_loss.to_bits());
+    // width 16 cannot be cut into blocks of 32: an error naming a weight, and
+    // nothing changed
+    let cfg16 = tiny(1, 3);
+    let (_, m16) = job::train(&ctx, &c, &cfg16, &mut |_| {}).unwrap();
+    let before: Vec<Vec<u32>> = m16.parameters().iter().map(|p| bits(&p.to_vec())).collect();
+    let e = job::quantized_held_out_loss(&ctx, &m16, &c, &cfg16, QuantFormat::Q8_0).unwrap_err();
+    assert!(
+        e.to_string().contains(".weight [") && e.to_string().contains("32"),
+        "{e}"
+    );
+    let after: Vec<Vec<u32>> = m16.parameters().iter().map(|p| bits(&p.to_vec())).collect();
+    assert_eq!(before, after);
+}

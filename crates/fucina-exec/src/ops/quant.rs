@@ -30,13 +30,22 @@
 //! other rows of the batch.
 //!
 //! # Lifetime of the weights
-//! The kernels read the llama.cpp layout directly (no repacked copy), so a
-//! [`QuantMatrix`] needs no [`RhsLifetime`](crate::RhsLifetime) and nothing is
-//! cached: a borrowed matrix over memory-mapped file bytes costs no extra memory.
+//! [`ExecContext::quant_matmul`] reads the llama.cpp layout directly: a
+//! [`QuantMatrix`] is treated as [`RhsLifetime::Transient`](crate::RhsLifetime)
+//! and nothing is kept, so a borrowed matrix over memory-mapped file bytes costs
+//! no extra memory. A weight that lives for the process (the
+//! [`RhsLifetime::StableProcess`](crate::RhsLifetime) case: a loaded model) can
+//! be repacked once by [`ExecContext::repack_quant`] into a
+//! [`PackedQuantMatrix`] (strips of eight rows, scales side by side, 64-byte
+//! aligned; see `kernels::quant_packed`), which its owner keeps and
+//! [`ExecContext::quant_matmul_packed`] reads. The copy is owned by that value
+//! and freed when it drops; its results are the same bits as `quant_matmul` on
+//! the original blocks.
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::quant_dot::{self, Acts, LANES, QK};
+use crate::kernels::quant_packed::{self, G, StripLayout};
 use crate::tensor::layout::Dims;
 
 /// A block-quantized weight format (llama.cpp's layouts; see the module docs).
@@ -265,6 +274,118 @@ impl QuantizedWeights {
     }
 }
 
+/// 64 bytes, 64-byte aligned: the unit of a [`PackedQuantMatrix`]'s storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// The bytes of `lines`.
+fn line_bytes(lines: &[Line]) -> &[u8] {
+    // SAFETY: a Line is 64 bytes with no padding (repr(C) over [u8; 64]), so
+    // the slice's memory is `64 · len` initialized bytes, borrowed as long as
+    // `lines`.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast(), lines.len() * 64) }
+}
+
+/// The bytes of `lines`, mutably.
+fn line_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: as in `line_bytes`; the borrow is exclusive, and any byte
+    // pattern is a valid Line.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64) }
+}
+
+/// A block-quantized matrix repacked for the kernels: the same bytes as the
+/// llama.cpp blocks it was made from ([`ExecContext::repack_quant`]), laid out
+/// in 64-byte aligned strips of eight rows with the eight rows' f16 scales side
+/// by side, so a decode step reads one sequential stream per thread and
+/// converts eight scales at once. [`ExecContext::quant_matmul_packed`] gives
+/// the same bits as [`ExecContext::quant_matmul`] on the original matrix.
+///
+/// This is the prepared form of a weight that lives for the process
+/// ([`RhsLifetime::StableProcess`](crate::RhsLifetime)): make it once, keep it
+/// with the model, drop it with the model (it owns its copy; nothing is cached
+/// elsewhere). Immutable, `Send` and `Sync`.
+#[derive(Clone)]
+pub struct PackedQuantMatrix {
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    layout: StripLayout,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedQuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedQuantMatrix")
+            .field("format", &self.format)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("size_bytes", &self.size_bytes())
+            .finish()
+    }
+}
+
+impl PackedQuantMatrix {
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns, a multiple of 32).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The memory the repacked copy takes: the matrix's bytes, plus the
+    /// padding of the last strip to eight rows and of each strip's scales to
+    /// 64 bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    /// Row `r` dequantized into `out` (`out.len() == cols`): the same values,
+    /// bit for bit, as [`QuantMatrix::dequantize_row`] on the original blocks
+    /// (so an owner that keeps only the repacked copy can still read a row,
+    /// e.g. a tied embedding).
+    ///
+    /// # Errors
+    /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
+    /// [`ExecError::InvalidDataLength`] if `out.len() != cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
+        let op = "PackedQuantMatrix::dequantize_row";
+        if r >= self.rows {
+            return Err(ExecError::IndexOutOfBounds {
+                op,
+                index: i64::try_from(r).unwrap_or(i64::MAX),
+                bound: self.rows,
+            });
+        }
+        if out.len() != self.cols {
+            return Err(ExecError::InvalidDataLength {
+                op,
+                shape: Dims::new(&[self.cols]),
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        let lay = &self.layout;
+        let sb = lay.strip_bytes;
+        let strip = &line_bytes(&self.lines)[r / G * sb..(r / G + 1) * sb];
+        let mut blk = [0u8; 34];
+        let bb = self.format.block_bytes();
+        for (b, ob) in out.chunks_exact_mut(QK).enumerate() {
+            quant_packed::block_of(lay, strip, r % G, b, &mut blk[..bb]);
+            dequantize_row(self.format, &blk[..bb], ob);
+        }
+        Ok(())
+    }
+}
+
 /// Quantizes one row (`x.len()` a multiple of 32) into its blocks `out`.
 fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
     let bb = format.block_bytes();
@@ -422,6 +543,117 @@ impl ExecContext {
         Ok(())
     }
 
+    /// Repacks `w` into the kernels' strip layout (see [`PackedQuantMatrix`]),
+    /// in parallel over strips: for a weight that lives for the process, made
+    /// once and kept by its owner.
+    ///
+    /// ```
+    /// use fucina_exec::{ExecContext, QuantFormat};
+    ///
+    /// let ctx = ExecContext::new();
+    /// let w: Vec<f32> = (0..10 * 64).map(|i| ((i * 7 % 19) as f32 - 9.0) / 10.0).collect();
+    /// let q = ctx.quantize(QuantFormat::Q8_0, 10, 64, &w)?;
+    /// let packed = ctx.repack_quant(&q.matrix())?;
+    /// let x: Vec<f32> = (0..64).map(|i| (i as f32).cos()).collect();
+    /// let (mut a, mut b) = (vec![0.0; 10], vec![0.0; 10]);
+    /// ctx.quant_matmul(&x, 1, &q.matrix(), &mut a)?;
+    /// ctx.quant_matmul_packed(&x, 1, &packed, &mut b)?;
+    /// assert_eq!(a, b); // the same bits
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::Overflow`] if the size overflows, [`ExecError::OutOfMemory`]
+    /// if the copy cannot be allocated.
+    pub fn repack_quant(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
+        let op = "repack_quant";
+        let overflow = || ExecError::Overflow {
+            op,
+            shape: Dims::new(&[w.rows, w.cols]),
+        };
+        let layout = StripLayout::new(w.format.is_q4(), w.cols / QK).ok_or_else(overflow)?;
+        let strips = w.rows.div_ceil(G);
+        let nbytes = strips
+            .checked_mul(layout.strip_bytes)
+            .ok_or_else(overflow)?;
+        let mut lines = Vec::new();
+        lines.try_reserve_exact(nbytes / 64).map_err(|_| {
+            ExecError::storage(
+                op,
+                fucina_storage::StorageError::AllocationFailed { bytes: nbytes },
+            )
+        })?;
+        lines.resize(nbytes / 64, Line([0; 64]));
+        if nbytes > 0 {
+            let bytes = line_bytes_mut(&mut lines);
+            let sb = layout.strip_bytes;
+            self.par_rows(bytes, sb, sb, |r, out| {
+                for (s, o) in r.zip(out.chunks_exact_mut(sb)) {
+                    quant_packed::repack_strip(&layout, w.bytes, w.rows, s, o);
+                }
+            });
+        }
+        Ok(PackedQuantMatrix {
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            layout,
+            lines,
+        })
+    }
+
+    /// [`quant_matmul`](Self::quant_matmul) over a repacked matrix: the same
+    /// `out[i, j] = Σ_k x[i, k] · w[j, k]`, the same bits (for any `m`, thread
+    /// count and vector level), read from the strip layout. Allocates nothing
+    /// once the context's pool holds the scratch of a call of this size.
+    ///
+    /// # Errors
+    /// As [`quant_matmul`](Self::quant_matmul).
+    pub fn quant_matmul_packed(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &PackedQuantMatrix,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        let op = "quant_matmul_packed";
+        let (rows, cols) = (w.rows, w.cols);
+        let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
+            return Ok(());
+        };
+        let nb = cols / QK;
+        let lease = |e| ExecError::storage(op, e);
+        let pool = self.pool();
+        let strips = rows.div_ceil(G);
+        let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
+        let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
+        let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
+        let mut t = pool.acquire_scratch::<f32>(strips * G * m).map_err(lease)?;
+        quantize_acts(x, m, cols, w.format.is_q4(), &mut xq, &mut xs, &mut xb);
+        let acts = Acts {
+            q: &xq,
+            scale: &xs,
+            bias: &xb,
+            cols,
+        };
+        let data = line_bytes(&w.lines);
+        let lay = w.layout;
+        self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
+            quant_packed::packed_rows(&lay, data, r, &acts, m, o);
+        });
+        debug_assert_eq!(out.len(), no);
+        if m == 1 {
+            out.copy_from_slice(&t[..rows]);
+        } else {
+            for (j, tj) in t.chunks_exact(m).take(rows).enumerate() {
+                for (i, &v) in tj.iter().enumerate() {
+                    out[i * rows + j] = v;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for `m` rows of `x` (`[m, w.cols()]`,
     /// row-major, f32) into `out` (`[m, w.rows()]`), reading `w` in its block
     /// format: each row of `x` is quantized to int8 blocks of 32 (f32 scale
@@ -447,33 +679,9 @@ impl ExecContext {
     ) -> Result<(), ExecError> {
         let op = "quant_matmul";
         let (rows, cols) = (w.rows, w.cols);
-        let len_err = |shape: &[usize], expected: usize, got: usize| ExecError::InvalidDataLength {
-            op,
-            shape: Dims::new(shape),
-            expected,
-            got,
+        let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
+            return Ok(());
         };
-        let nx = m.checked_mul(cols).ok_or(ExecError::Overflow {
-            op,
-            shape: Dims::new(&[m, cols]),
-        })?;
-        if x.len() != nx {
-            return Err(len_err(&[m, cols], nx, x.len()));
-        }
-        let no = m.checked_mul(rows).ok_or(ExecError::Overflow {
-            op,
-            shape: Dims::new(&[m, rows]),
-        })?;
-        if out.len() != no {
-            return Err(len_err(&[m, rows], no, out.len()));
-        }
-        if no == 0 {
-            return Ok(());
-        }
-        if cols == 0 {
-            out.fill(0.0);
-            return Ok(());
-        }
         let nb = cols / QK;
         let q4 = w.format.is_q4();
         let lease = |e| ExecError::storage(op, e);
@@ -485,16 +693,7 @@ impl ExecContext {
             1 => None,
             _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
         };
-        let offset = quant_dot::bias_offset(q4);
-        for i in 0..m {
-            quant_dot::quantize_row(
-                &x[i * cols..(i + 1) * cols],
-                offset,
-                &mut xq[i * cols..(i + 1) * cols],
-                &mut xs[i * nb..(i + 1) * nb],
-                &mut xb[i * nb * LANES..(i + 1) * nb * LANES],
-            );
-        }
+        quantize_acts(x, m, cols, q4, &mut xq, &mut xs, &mut xb);
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -519,5 +718,70 @@ impl ExecContext {
             }
         }
         Ok(())
+    }
+}
+
+/// Checks the lengths of a quantized product's operands; `None` when there is
+/// nothing to compute (`out` then holds its result: nothing, or zeros for
+/// `cols == 0`), else the lengths of `x` and `out`.
+fn check_product(
+    op: &'static str,
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<Option<(usize, usize)>, ExecError> {
+    let len_err = |shape: &[usize], expected: usize, got: usize| ExecError::InvalidDataLength {
+        op,
+        shape: Dims::new(shape),
+        expected,
+        got,
+    };
+    let nx = m.checked_mul(cols).ok_or(ExecError::Overflow {
+        op,
+        shape: Dims::new(&[m, cols]),
+    })?;
+    if x.len() != nx {
+        return Err(len_err(&[m, cols], nx, x.len()));
+    }
+    let no = m.checked_mul(rows).ok_or(ExecError::Overflow {
+        op,
+        shape: Dims::new(&[m, rows]),
+    })?;
+    if out.len() != no {
+        return Err(len_err(&[m, rows], no, out.len()));
+    }
+    if no == 0 {
+        return Ok(None);
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return Ok(None);
+    }
+    Ok(Some((nx, no)))
+}
+
+/// Quantizes the `m` activation rows of `x` into `xq`, `xs`, `xb` (see
+/// `kernels::quant_dot::Acts`), each row on its own.
+fn quantize_acts(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    q4: bool,
+    xq: &mut [i8],
+    xs: &mut [f32],
+    xb: &mut [i32],
+) {
+    let nb = cols / QK;
+    let offset = quant_dot::bias_offset(q4);
+    for i in 0..m {
+        quant_dot::quantize_row(
+            &x[i * cols..(i + 1) * cols],
+            offset,
+            &mut xq[i * cols..(i + 1) * cols],
+            &mut xs[i * nb..(i + 1) * nb],
+            &mut xb[i * nb * LANES..(i + 1) * nb * LANES],
+        );
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use clap::Parser;
+use fucina::exec::QuantFormat;
 use fucina::nn::{Block, Embedding, LayerNorm, Linear, Module, Parameter, prefixed, sub_seed};
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
 use fucina::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
@@ -48,6 +49,11 @@ pub(crate) struct Args {
     /// The text the sample continues.
     #[arg(long, default_value = "Elizabeth")]
     pub(crate) prompt: String,
+    /// After training, also report the held-out loss with every linear weight
+    /// rounded through Q8_0 and through Q4_0 (llama.cpp's block formats;
+    /// activations stay f32), and its increase over the f32 loss.
+    #[arg(long)]
+    pub(crate) eval_quantized: bool,
 }
 
 /// The text shipped in the repository.
@@ -420,22 +426,7 @@ pub(crate) fn train(
         });
     }
     let train_time = start.elapsed();
-    let val_loss = {
-        let _guard = no_grad();
-        let val_seed = sub_seed(cfg.seed, 5);
-        let mut sum = 0.0f64;
-        for k in 0..VAL_BATCHES {
-            batch(val_ids, t, val_seed, k, &mut starts, &mut xb, &mut yb);
-            let x = ctx.from_slice_typed::<i64>(&[b, t], &xb)?;
-            let y = ctx.from_slice_typed::<i64>(&[b * t], &yb)?;
-            let loss = ctx.exec_scope(|ctx| -> Result<f32> {
-                let logits = model.forward(ctx, &x)?.reshape(ctx, &[b * t, vocab])?;
-                Ok(logits.cross_entropy(ctx, &y)?.item()?)
-            })?;
-            sum += f64::from(loss);
-        }
-        (sum / VAL_BATCHES as f64) as f32
-    };
+    let val_loss = held_out_loss(ctx, &model, corpus, cfg)?;
     let report = TrainReport {
         losses,
         val_loss,
@@ -444,6 +435,96 @@ pub(crate) fn train(
         parameters: model.num_parameters(),
     };
     Ok((report, model))
+}
+
+/// The mean loss of `model` over [`VAL_BATCHES`] held-out batches (windows of
+/// the last tenth of `corpus`, drawn from `cfg.seed`), without gradients.
+///
+/// # Errors
+/// A corpus whose last tenth is not longer than one window; out of memory.
+pub(crate) fn held_out_loss(
+    ctx: &ExecContext,
+    model: &CharModel,
+    corpus: &Corpus,
+    cfg: &TrainConfig,
+) -> Result<f32> {
+    let val_ids = &corpus.ids[corpus.ids.len() * 9 / 10..];
+    if val_ids.len() <= cfg.context {
+        return Err(Error::InvalidArgument {
+            what: "char_transformer",
+            reason: format!(
+                "a held-out text of {} characters is too short for windows of {}",
+                val_ids.len(),
+                cfg.context
+            ),
+        });
+    }
+    let (b, t, vocab) = (cfg.batch, cfg.context, corpus.vocab.len());
+    let mut starts = vec![0i64; b];
+    let (mut xb, mut yb) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+    let _guard = no_grad();
+    let val_seed = sub_seed(cfg.seed, 5);
+    let mut sum = 0.0f64;
+    for k in 0..VAL_BATCHES {
+        batch(val_ids, t, val_seed, k, &mut starts, &mut xb, &mut yb);
+        let x = ctx.from_slice_typed::<i64>(&[b, t], &xb)?;
+        let y = ctx.from_slice_typed::<i64>(&[b * t], &yb)?;
+        let loss = ctx.exec_scope(|ctx| -> Result<f32> {
+            let logits = model.forward(ctx, &x)?.reshape(ctx, &[b * t, vocab])?;
+            Ok(logits.cross_entropy(ctx, &y)?.item()?)
+        })?;
+        sum += f64::from(loss);
+    }
+    Ok((sum / VAL_BATCHES as f64) as f32)
+}
+
+/// The held-out loss ([`held_out_loss`]) with every linear weight of `model`
+/// (the attention's `qkv` and `proj`, the MLP's `fc` and `proj`, the head: the
+/// 2-D parameters other than the embeddings) rounded through `format`: each
+/// `[out, in]` weight is quantized row by row (blocks of 32 along `in`, as a
+/// quantized model stores it) by `ExecContext::quantize` and dequantized back.
+/// The activations stay f32. The weights are restored before returning (also
+/// on an error).
+///
+/// # Errors
+/// As [`held_out_loss`]; an `in` dimension that is not a multiple of 32 (the
+/// block size) is an error naming the weight.
+pub(crate) fn quantized_held_out_loss(
+    ctx: &ExecContext,
+    model: &CharModel,
+    corpus: &Corpus,
+    cfg: &TrainConfig,
+    format: QuantFormat,
+) -> Result<f32> {
+    let weights: Vec<(String, Parameter)> = model
+        .named_parameters()
+        .into_iter()
+        .filter(|(name, p)| !name.contains("_emb.") && p.shape().len() == 2)
+        .collect();
+    let originals: Vec<Vec<f32>> = weights.iter().map(|(_, p)| p.to_vec()).collect();
+    let restore = || -> Result<()> {
+        for ((_, p), orig) in weights.iter().zip(&originals) {
+            p.update_(|w| w.copy_from_slice(orig))?;
+        }
+        Ok(())
+    };
+    let rounded = (|| -> Result<f32> {
+        for ((name, p), orig) in weights.iter().zip(&originals) {
+            let (rows, cols) = (p.shape()[0], p.shape()[1]);
+            let q = ctx
+                .quantize(format, rows, cols, orig)
+                .map_err(|e| Error::InvalidArgument {
+                    what: "char_transformer --eval-quantized",
+                    reason: format!("weight {name} [{rows}, {cols}]: {e}"),
+                })?;
+            let mut back = vec![0.0f32; rows * cols];
+            ctx.dequantize(&q.matrix(), &mut back)?;
+            p.update_(|w| w.copy_from_slice(&back))?;
+        }
+        held_out_loss(ctx, model, corpus, cfg)
+    })();
+    restore()?;
+    rounded
 }
 
 /// Continues `prompt` (ids) by `n` characters: each drawn from the model's

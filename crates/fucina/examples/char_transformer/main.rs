@@ -9,6 +9,8 @@
 //! (tokens) per second, the held-out loss, and a seeded sample of
 //! `--sample-chars` characters. The same `--seed` gives the same losses and the
 //! same sample, bit for bit, for every `--threads`. `--help` lists the flags.
+//! `--eval-quantized` also reports the held-out loss with the linear weights
+//! rounded through Q8_0 and Q4_0 (see `docs/QUANTIZATION.md`).
 
 mod job;
 
@@ -16,6 +18,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fucina::ExecContext;
+use fucina::exec::QuantFormat;
 use fucina::nn::sub_seed;
 
 use job::{Args, Corpus, Progress};
@@ -76,6 +79,17 @@ fn run(args: &Args) -> fucina::Result<()> {
         report.val_loss,
         job::VAL_BATCHES
     );
+    if args.eval_quantized {
+        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+            let loss = job::quantized_held_out_loss(&ctx, &model, &corpus, &cfg, format)?;
+            println!(
+                "held-out loss with {} linear weights: {loss:.6} ({:+.4} % over f32 {:.6})",
+                format.name(),
+                (f64::from(loss) / f64::from(report.val_loss) - 1.0) * 100.0,
+                report.val_loss
+            );
+        }
+    }
     let sampled = job::sample(
         &ctx,
         &model,

@@ -1,0 +1,605 @@
+//! The repacked ("strip") layout of block-quantized weights and its kernels:
+//! the same integer block dot products and the same fixed f32 order as
+//! [`super::quant_dot`], over a copy of the weights laid out for the vector
+//! units.
+//!
+//! # The layout
+//! The weight rows are taken in strips of [`G`] = 8 (the last strip padded with
+//! rows of scale 0). A strip is 64-byte aligned and holds
+//! - the scales: for each block `b`, the eight rows' f16 scales side by side
+//!   (16 bytes), the region padded to a multiple of 64 bytes;
+//! - the values: for each block `b`, the eight rows' values one after the
+//!   other, each exactly as in llama.cpp's block (Q8_0: 32 signed bytes; Q4_0:
+//!   16 bytes of nibbles, element `k` in the low nibble of byte `k`, element
+//!   `k + 16` in its high nibble) — 256 (Q8_0) or 128 (Q4_0) bytes per block,
+//!   aligned to 64.
+//!
+//! A strip is therefore one sequential stream of the same bytes as the eight
+//! rows (the f16 scales are kept, so the copy is no larger), and per block one
+//! conversion gives the eight rows' scales, a 64-byte load feeds two (Q8_0) or
+//! four (Q4_0) rows.
+//!
+//! # The same bits
+//! For each output, block `b` gives the same eight exact integer lane sums
+//! `p[l]` and the same scale product `s = dw · dx` as the in-place kernels, and
+//! each (row, lane) accumulator takes `acc = fma(s, p, acc)` for `b` in
+//! increasing order, then [`fold_lanes`]: the operations of the in-place order,
+//! so a result is the same bits as `quant_matmul` on the original blocks, on
+//! every path, for every split and batch.
+
+use std::ops::Range;
+
+use super::quant_dot::{Acts, LANES, Path, QK, f16_to_f32, path};
+use crate::kernels::reduce::fold_lanes;
+
+/// Weight rows per strip.
+pub(crate) const G: usize = 8;
+
+/// The sizes of the strip layout of a matrix with `nb` blocks per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StripLayout {
+    /// Q4_0 (else Q8_0).
+    pub q4: bool,
+    /// Blocks per row.
+    pub nb: usize,
+    /// Bytes of a strip's scale region (a multiple of 64).
+    pub scale_bytes: usize,
+    /// Bytes of a strip (a multiple of 64).
+    pub strip_bytes: usize,
+}
+
+impl StripLayout {
+    /// The layout for `nb` blocks per row, `None` on a size overflow.
+    pub(crate) fn new(q4: bool, nb: usize) -> Option<StripLayout> {
+        let scale_bytes = nb.checked_mul(2 * G)?.checked_next_multiple_of(64)?;
+        let strip_bytes = nb
+            .checked_mul(values_block_bytes(q4))?
+            .checked_add(scale_bytes)?;
+        Some(StripLayout {
+            q4,
+            nb,
+            scale_bytes,
+            strip_bytes,
+        })
+    }
+
+    /// Bytes of one row's values in a block (32 for Q8_0, 16 for Q4_0).
+    fn row_values(&self) -> usize {
+        if self.q4 { 16 } else { 32 }
+    }
+}
+
+/// Bytes of a strip's values of one block (the `G` rows').
+fn values_block_bytes(q4: bool) -> usize {
+    G * if q4 { 16 } else { 32 }
+}
+
+/// Writes strip `s` of the matrix `src` (`rows` rows of `nb` llama.cpp blocks)
+/// into `dst` (`lay.strip_bytes` long): rows past `rows` get scale 0 and
+/// values 0.
+pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize, dst: &mut [u8]) {
+    let bb = if lay.q4 { 18 } else { 34 };
+    let rv = lay.row_values();
+    let row_bytes = lay.nb * bb;
+    dst.fill(0);
+    let (scales, values) = dst.split_at_mut(lay.scale_bytes);
+    for r in 0..G {
+        let row = s * G + r;
+        if row >= rows {
+            break;
+        }
+        let src_row = &src[row * row_bytes..(row + 1) * row_bytes];
+        for (b, blk) in src_row.chunks_exact(bb).enumerate() {
+            scales[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[..2]);
+            values[b * G * rv + r * rv..][..rv].copy_from_slice(&blk[2..]);
+        }
+    }
+}
+
+/// Copies block `b` of row `r` (`r < G`) of `strip` back into llama.cpp's
+/// block layout `blk` (18 or 34 bytes): the inverse of [`repack_strip`].
+pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk: &mut [u8]) {
+    let rv = lay.row_values();
+    let (scales, values) = strip.split_at(lay.scale_bytes);
+    blk[..2].copy_from_slice(&scales[b * 2 * G + 2 * r..][..2]);
+    blk[2..2 + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
+}
+
+/// Computes the outputs of strips `strips` of the packed matrix `data` for all
+/// `m` activation rows: `out_t[((s - strips.start) * G + r) * m + i]` is the
+/// dot product of row `s · G + r` with activation row `i`, in the fixed order.
+///
+/// # Panics
+/// If `data`, `acts` or `out_t` are too short for `strips` and `m`, or `data`
+/// is not 64-byte aligned (caller bugs).
+pub(crate) fn packed_rows(
+    lay: &StripLayout,
+    data: &[u8],
+    strips: Range<usize>,
+    acts: &Acts<'_>,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let nb = lay.nb;
+    assert_eq!(acts.cols, nb * QK, "packed_rows: columns");
+    assert!(
+        strips.end * lay.strip_bytes <= data.len(),
+        "packed_rows: strips"
+    );
+    assert_eq!(data.as_ptr() as usize % 64, 0, "packed_rows: alignment");
+    assert!(acts.q.len() >= m * acts.cols, "packed_rows: activations");
+    assert!(acts.scale.len() >= m * nb, "packed_rows: scales");
+    assert!(acts.bias.len() >= m * nb * LANES, "packed_rows: biases");
+    assert!(out_t.len() >= strips.len() * G * m, "packed_rows: output");
+    let p = path();
+    for (ss, s) in strips.enumerate() {
+        let strip = &data[s * lay.strip_bytes..(s + 1) * lay.strip_bytes];
+        let out = &mut out_t[ss * G * m..(ss + 1) * G * m];
+        match p {
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni => {
+                let mut i = 0;
+                while i < m {
+                    let mm = (m - i).min(4);
+                    macro_rules! run {
+                        ($mm:literal) => {{
+                            // SAFETY: `path` returns Vnni only when the CPU has
+                            // every feature the kernel enables; the asserts
+                            // above bound the strip, the activation rows
+                            // i..i + mm and the alignment.
+                            let res = unsafe {
+                                if lay.q4 {
+                                    x86::strip_vnni_q4::<$mm>(lay, strip, acts, i)
+                                } else {
+                                    x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
+                                }
+                            };
+                            for (r, row) in res.iter().enumerate() {
+                                out[r * m + i..r * m + i + $mm].copy_from_slice(row);
+                            }
+                        }};
+                    }
+                    match mm {
+                        1 => run!(1),
+                        2 => run!(2),
+                        3 => run!(3),
+                        _ => run!(4),
+                    }
+                    i += mm;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => {
+                for i in 0..m {
+                    // SAFETY: `path` returns Avx2 only when the CPU has AVX2,
+                    // FMA and F16C; the asserts above bound the strip and the
+                    // activation row i, and the alignment.
+                    let res = unsafe {
+                        if lay.q4 {
+                            x86::strip_avx2_q4(lay, strip, acts, i)
+                        } else {
+                            x86::strip_avx2_q8(lay, strip, acts, i)
+                        }
+                    };
+                    for (r, &v) in res.iter().enumerate() {
+                        out[r * m + i] = v;
+                    }
+                }
+            }
+            _ => {
+                for i in 0..m {
+                    let res = strip_portable(lay, strip, acts, i);
+                    for (r, &v) in res.iter().enumerate() {
+                        out[r * m + i] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One strip times activation row `i`, plainly: the portable path.
+fn strip_portable(lay: &StripLayout, strip: &[u8], acts: &Acts<'_>, i: usize) -> [f32; G] {
+    let nb = lay.nb;
+    let rv = lay.row_values();
+    let (scales, values) = strip.split_at(lay.scale_bytes);
+    let mut acc = [[0.0f32; LANES]; G];
+    for b in 0..nb {
+        let dx = acts.scale[i * nb + b];
+        let xq = &acts.q[i * acts.cols + b * QK..][..QK];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let sb = &scales[b * 2 * G + 2 * r..][..2];
+            let s = f16_to_f32(u16::from_le_bytes([sb[0], sb[1]])) * dx;
+            let qs = &values[b * G * rv + r * rv..][..rv];
+            for (l, a) in acc_r.iter_mut().enumerate() {
+                let mut p = 0i32;
+                for k in 4 * l..4 * l + 4 {
+                    let w = if lay.q4 {
+                        let byte = qs[k % 16];
+                        let n = if k < 16 { byte & 0x0f } else { byte >> 4 };
+                        i32::from(n) - 8
+                    } else {
+                        i32::from(qs[k] as i8)
+                    };
+                    p += w * i32::from(xq[k]);
+                }
+                *a = s.mul_add(p as f32, *a);
+            }
+        }
+    }
+    acc.map(fold_lanes)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The x86-64 strip kernels (see the module documentation of the parent).
+
+    use std::arch::x86_64::*;
+
+    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes};
+
+    /// How far ahead of the block being read the values are prefetched (a
+    /// strip is one sequential stream; measured on the AVX-512 machine of
+    /// `docs/BENCHMARKS.md`: 0, 768, 1536 and 3072 bytes gave 0.76–0.85,
+    /// 0.88–1.06, 0.91–1.10 and 0.94–0.99 of the streaming read for Q4_0 at
+    /// `m = 1` on one thread; 1536 was best or within the spread everywhere).
+    const PREFETCH_BYTES: usize = 1536;
+
+    /// Hints the `LINES` 64-byte lines from `p + PREFETCH_BYTES` into L1 (a prefetch
+    /// never faults; the address is computed with wrapping arithmetic and
+    /// never dereferenced).
+    #[inline(always)]
+    fn prefetch_lines<const LINES: usize>(p: *const u8) {
+        for l in 0..LINES {
+            // SAFETY: see above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + 64 * l).cast()) };
+        }
+    }
+
+    /// Checks the activation rows `i0..i0 + M` against `acts` (once per strip).
+    #[inline(always)]
+    fn check_acts<const M: usize>(lay: &StripLayout, acts: &Acts<'_>, i0: usize, strip: &[u8]) {
+        let nb = lay.nb;
+        assert_eq!(strip.len(), lay.strip_bytes, "quant strip: bytes");
+        assert_eq!(strip.as_ptr() as usize % 64, 0, "quant strip: alignment");
+        assert_eq!(acts.cols, nb * QK, "quant strip: columns");
+        assert!(
+            (i0 + M) * acts.cols <= acts.q.len(),
+            "quant strip: activations"
+        );
+        assert!((i0 + M) * nb <= acts.scale.len(), "quant strip: scales");
+        assert!(
+            (i0 + M) * nb * LANES <= acts.bias.len(),
+            "quant strip: biases"
+        );
+    }
+
+    /// The eight rows' scales of block `b`, widened, times `dx`.
+    ///
+    /// # Safety
+    /// `scales + 16 b` must be valid for 16 bytes and 16-byte aligned.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn scales8(scales: *const u8, b: usize, dx: f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        let h = unsafe { _mm_load_si128(scales.add(b * 2 * G).cast()) };
+        _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(dx))
+    }
+
+    /// Q8_0 strip × activation rows `i0..i0 + M` with `vpdpbusd` on 512-bit
+    /// vectors: a vector holds two rows' blocks (the unsigned operand is the
+    /// value `+ 128`, the lane bias `-128 · Σ x` the accumulator's start), its
+    /// accumulator the two rows' eight lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn strip_vnni_q8<const M: usize>(
+        lay: &StripLayout,
+        strip: &[u8],
+        acts: &Acts<'_>,
+        i0: usize,
+    ) -> [[f32; M]; G] {
+        check_acts::<M>(lay, acts, i0, strip);
+        let nb = lay.nb;
+        let sp = strip.as_ptr();
+        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
+        let vp = unsafe { sp.add(lay.scale_bytes) };
+        let flip = _mm512_set1_epi8(-128);
+        let pair = |h: i32| {
+            _mm512_setr_epi32(
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+                2 * h + 1,
+            )
+        };
+        let idx = [pair(0), pair(1), pair(2), pair(3)];
+        let mut acc = [[_mm512_setzero_ps(); 4]; M];
+        for b in 0..nb {
+            prefetch_lines::<4>(vp.wrapping_add(b * 256));
+            // SAFETY: check_acts: the strip holds nb blocks of 256 value bytes
+            // after its scales, 64-byte aligned (scale_bytes and 256 are
+            // multiples of 64).
+            let w = unsafe {
+                let q = vp.add(b * 256);
+                [
+                    _mm512_xor_si512(_mm512_load_si512(q.cast()), flip),
+                    _mm512_xor_si512(_mm512_load_si512(q.add(64).cast()), flip),
+                    _mm512_xor_si512(_mm512_load_si512(q.add(128).cast()), flip),
+                    _mm512_xor_si512(_mm512_load_si512(q.add(192).cast()), flip),
+                ]
+            };
+            for (i, acc_i) in acc.iter_mut().enumerate() {
+                let row = i0 + i;
+                // SAFETY: check_acts bounds row's block b (32 values, 8
+                // biases); the scales are 16-byte aligned in the strip.
+                let (sv, xv, xb) = unsafe {
+                    (
+                        _mm512_castps256_ps512(scales8(sp, b, acts.scale[row * nb + b])),
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            acts.q.as_ptr().add(row * acts.cols + b * QK).cast(),
+                        )),
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
+                        )),
+                    )
+                };
+                for h in 0..4 {
+                    let p = _mm512_dpbusd_epi32(xb, w[h], xv);
+                    let s = _mm512_permutexvar_ps(idx[h], sv);
+                    acc_i[h] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc_i[h]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; G];
+        for (i, acc_i) in acc.iter().enumerate() {
+            for (h, &a) in acc_i.iter().enumerate() {
+                let mut lanes = [0.0f32; 16];
+                // SAFETY: 16 f32 of room.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), a) };
+                for e in 0..2 {
+                    let l: [f32; LANES] = lanes[e * 8..e * 8 + 8].try_into().expect("8 lanes");
+                    out[2 * h + e][i] = fold_lanes(l);
+                }
+            }
+        }
+        out
+    }
+
+    /// Q4_0 strip × activation rows `i0..i0 + M` with `vpdpbusd` on 512-bit
+    /// vectors: a vector holds four rows' low (elements 0..15) or high (16..31)
+    /// nibbles, 16 per 128-bit part; its accumulator the four rows' lanes 0..3
+    /// (low) or 4..7 (high).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn strip_vnni_q4<const M: usize>(
+        lay: &StripLayout,
+        strip: &[u8],
+        acts: &Acts<'_>,
+        i0: usize,
+    ) -> [[f32; M]; G] {
+        check_acts::<M>(lay, acts, i0, strip);
+        let nb = lay.nb;
+        let sp = strip.as_ptr();
+        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
+        let vp = unsafe { sp.add(lay.scale_bytes) };
+        let m4 = _mm512_set1_epi8(0x0f);
+        let quad = |g: i32| {
+            let r = 4 * g;
+            _mm512_setr_epi32(
+                r,
+                r,
+                r,
+                r,
+                r + 1,
+                r + 1,
+                r + 1,
+                r + 1,
+                r + 2,
+                r + 2,
+                r + 2,
+                r + 2,
+                r + 3,
+                r + 3,
+                r + 3,
+                r + 3,
+            )
+        };
+        let idx = [quad(0), quad(1)];
+        let mut lo_acc = [[_mm512_setzero_ps(); 2]; M];
+        let mut hi_acc = [[_mm512_setzero_ps(); 2]; M];
+        for b in 0..nb {
+            prefetch_lines::<2>(vp.wrapping_add(b * 128));
+            // SAFETY: check_acts: the strip holds nb blocks of 128 value bytes
+            // after its scales, 64-byte aligned.
+            let (v0, v1) = unsafe {
+                let q = vp.add(b * 128);
+                (
+                    _mm512_load_si512(q.cast()),
+                    _mm512_load_si512(q.add(64).cast()),
+                )
+            };
+            let lo = [_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4)];
+            let hi = [
+                _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
+            ];
+            for i in 0..M {
+                let row = i0 + i;
+                // SAFETY: as in strip_vnni_q8.
+                let (sv, xlo, xhi, blo, bhi) = unsafe {
+                    let xq = acts.q.as_ptr().add(row * acts.cols + b * QK);
+                    let bp = acts.bias.as_ptr().add((row * nb + b) * LANES);
+                    (
+                        _mm512_castps256_ps512(scales8(sp, b, acts.scale[row * nb + b])),
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(xq.cast())),
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(xq.add(16).cast())),
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(bp.cast())),
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(bp.add(4).cast())),
+                    )
+                };
+                for g in 0..2 {
+                    let s = _mm512_permutexvar_ps(idx[g], sv);
+                    let pl = _mm512_dpbusd_epi32(blo, lo[g], xlo);
+                    let ph = _mm512_dpbusd_epi32(bhi, hi[g], xhi);
+                    lo_acc[i][g] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pl), lo_acc[i][g]);
+                    hi_acc[i][g] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(ph), hi_acc[i][g]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; G];
+        for i in 0..M {
+            for g in 0..2 {
+                let (mut lo, mut hi) = ([0.0f32; 16], [0.0f32; 16]);
+                // SAFETY: 16 f32 of room each.
+                unsafe {
+                    _mm512_storeu_ps(lo.as_mut_ptr(), lo_acc[i][g]);
+                    _mm512_storeu_ps(hi.as_mut_ptr(), hi_acc[i][g]);
+                }
+                for j in 0..4 {
+                    let mut l = [0.0f32; LANES];
+                    l[..4].copy_from_slice(&lo[4 * j..4 * j + 4]);
+                    l[4..].copy_from_slice(&hi[4 * j..4 * j + 4]);
+                    out[4 * g + j][i] = fold_lanes(l);
+                }
+            }
+        }
+        out
+    }
+
+    /// Q8_0 strip × activation row `i` with `vpmaddubsw` + `vpmaddwd` on
+    /// 256-bit vectors (`|w| · (x · sign w)`, as the in-place AVX2 kernel), one
+    /// row per vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn strip_avx2_q8(
+        lay: &StripLayout,
+        strip: &[u8],
+        acts: &Acts<'_>,
+        i: usize,
+    ) -> [f32; G] {
+        check_acts::<1>(lay, acts, i, strip);
+        let nb = lay.nb;
+        let sp = strip.as_ptr();
+        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
+        let vp = unsafe { sp.add(lay.scale_bytes) };
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); G];
+        for b in 0..nb {
+            prefetch_lines::<4>(vp.wrapping_add(b * 256));
+            // SAFETY: check_acts bounds block b of row i and of the strip; the
+            // scales are 16-byte aligned, each row's 32 values 32-byte aligned.
+            let (sv, xv) = unsafe {
+                (
+                    scales8(sp, b, acts.scale[i * nb + b]),
+                    _mm256_loadu_si256(acts.q.as_ptr().add(i * acts.cols + b * QK).cast()),
+                )
+            };
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let wv = unsafe { _mm256_load_si256(vp.add(b * 256 + r * 32).cast()) };
+                let pairs =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+                let p = _mm256_madd_epi16(pairs, ones);
+                let s = _mm256_permutevar8x32_ps(sv, _mm256_set1_epi32(r as i32));
+                *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
+            }
+        }
+        let mut out = [0.0f32; G];
+        for (o, &a) in out.iter_mut().zip(&acc) {
+            let mut l = [0.0f32; LANES];
+            // SAFETY: 8 f32 of room.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), a) };
+            *o = fold_lanes(l);
+        }
+        out
+    }
+
+    /// Q4_0 strip × activation row `i` with `vpmaddubsw` + `vpmaddwd` on
+    /// 256-bit vectors, two rows' low or high nibbles per vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn strip_avx2_q4(
+        lay: &StripLayout,
+        strip: &[u8],
+        acts: &Acts<'_>,
+        i: usize,
+    ) -> [f32; G] {
+        check_acts::<1>(lay, acts, i, strip);
+        let nb = lay.nb;
+        let sp = strip.as_ptr();
+        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
+        let vp = unsafe { sp.add(lay.scale_bytes) };
+        let ones = _mm256_set1_epi16(1);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut lo_acc = [_mm256_setzero_ps(); 4];
+        let mut hi_acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            prefetch_lines::<2>(vp.wrapping_add(b * 128));
+            // SAFETY: as in strip_avx2_q8.
+            let (sv, xlo, xhi, blo, bhi) = unsafe {
+                let xq = acts.q.as_ptr().add(i * acts.cols + b * QK);
+                let bp = acts.bias.as_ptr().add((i * nb + b) * LANES);
+                (
+                    scales8(sp, b, acts.scale[i * nb + b]),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq.cast())),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq.add(16).cast())),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(bp.cast())),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(bp.add(4).cast())),
+                )
+            };
+            for g in 0..4 {
+                // SAFETY: as above (128 value bytes per block, 32-aligned).
+                let v = unsafe { _mm256_load_si256(vp.add(b * 128 + g * 32).cast()) };
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                let pl =
+                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xlo), ones), blo);
+                let ph =
+                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, xhi), ones), bhi);
+                let r = 2 * g as i32;
+                let s = _mm256_permutevar8x32_ps(
+                    sv,
+                    _mm256_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1, r + 1),
+                );
+                lo_acc[g] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pl), lo_acc[g]);
+                hi_acc[g] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(ph), hi_acc[g]);
+            }
+        }
+        let mut out = [0.0f32; G];
+        for g in 0..4 {
+            let (mut lo, mut hi) = ([0.0f32; 8], [0.0f32; 8]);
+            // SAFETY: 8 f32 of room each.
+            unsafe {
+                _mm256_storeu_ps(lo.as_mut_ptr(), lo_acc[g]);
+                _mm256_storeu_ps(hi.as_mut_ptr(), hi_acc[g]);
+            }
+            for e in 0..2 {
+                let mut l = [0.0f32; LANES];
+                l[..4].copy_from_slice(&lo[4 * e..4 * e + 4]);
+                l[4..].copy_from_slice(&hi[4 * e..4 * e + 4]);
+                out[2 * g + e] = fold_lanes(l);
+            }
+        }
+        out
+    }
+}
