@@ -28,6 +28,6 @@ pub use error::LlmError;
 pub use model::{Model, PREFILL_CHUNK};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;
-pub use weights::{Weight, WeightStore};
+pub use weights::{LoadDtype, Weight, WeightStore};
 
 pub use fucina;

@@ -495,6 +495,187 @@ impl WeightStore {
     }
 }
 
+/// The format [`WeightStore::convert`] turns a model's matrices into
+/// (`generate --dtype`).
+///
+/// The float formats round each value once (to nearest-even for f16 and
+/// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
+/// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
+/// quantizer, so the bytes are those `llama-quantize` writes for the same f32
+/// values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LoadDtype {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Blocks of 32 int8 values and an f16 scale (8.5 bits per weight).
+    Q8_0,
+    /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
+    Q4_0,
+}
+
+impl LoadDtype {
+    /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
+    pub const ALL: [LoadDtype; 5] = [
+        LoadDtype::F32,
+        LoadDtype::F16,
+        LoadDtype::BF16,
+        LoadDtype::Q8_0,
+        LoadDtype::Q4_0,
+    ];
+
+    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadDtype::F32 => "f32",
+            LoadDtype::F16 => "f16",
+            LoadDtype::BF16 => "bf16",
+            LoadDtype::Q8_0 => "q8_0",
+            LoadDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// How a weight of this dtype is kept.
+    fn kind(self) -> Kind {
+        match self {
+            LoadDtype::F32 => Kind::Float(WeightFormat::F32),
+            LoadDtype::F16 => Kind::Float(WeightFormat::F16),
+            LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
+            LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
+            LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
+        }
+    }
+}
+
+impl fmt::Display for LoadDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for LoadDtype {
+    type Err = LlmError;
+
+    /// Parses a [`name`](LoadDtype::name) (case-insensitive).
+    fn from_str(s: &str) -> Result<LoadDtype, LlmError> {
+        LoadDtype::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| LlmError::InvalidRequest {
+                op: "LoadDtype::from_str",
+                reason: format!("unknown dtype {s:?} (f32, f16, bf16, q8_0 and q4_0 are known)"),
+            })
+    }
+}
+
+/// A weight's storage kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Float(WeightFormat),
+    Quant(QuantFormat),
+}
+
+impl Weight {
+    fn kind(&self) -> Kind {
+        match self.quant {
+            Some(q) => Kind::Quant(q),
+            None => Kind::Float(self.format),
+        }
+    }
+}
+
+impl WeightStore {
+    /// A copy of the store with every matrix (rank-2 tensor) stored as `dtype`,
+    /// for running a model at another precision than its file's
+    /// (`generate --dtype`). `self` is left as it is.
+    ///
+    /// What changes follows llama.cpp's `llama-quantize`:
+    ///
+    /// - every rank-2 tensor — the q/k/v/o and gate/up/down projections, the
+    ///   embedding table and `lm_head.weight` — becomes `dtype`; tensors of
+    ///   other ranks (the norms, the biases) are kept as they are (the decoder
+    ///   widens them to f32 when it builds, whatever their format);
+    /// - for [`LoadDtype::Q4_0`] the output projection keeps more bits: it is
+    ///   stored as Q8_0. llama.cpp stores it as Q6_K, a format this crate does
+    ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
+    ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
+    ///   (llama.cpp's rule for models that share the two);
+    /// - a tensor already in its target format is kept as it is (still mapped,
+    ///   no copy); any other is widened to f32 (a quantized one dequantized) and
+    ///   converted, so the result owns its bytes in memory. Re-quantizing an
+    ///   already quantized tensor (a Q8_0 file to Q4_0) loses more than
+    ///   quantizing the original would.
+    ///
+    /// The quantized bytes are [`ExecContext::quantize`](fucina::ExecContext::quantize)
+    /// of the tensor's f32 values: the same for any thread count of `ctx`.
+    ///
+    /// # Errors
+    /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
+    /// be quantized has a column count (its input features, the dimension the
+    /// blocks run along) that is not a multiple of 32: llama.cpp refuses such a
+    /// tensor for Q8_0 and Q4_0 too ("Unsupported tensor size"). Nothing is
+    /// returned half-converted.
+    pub fn convert(
+        &self,
+        ctx: &fucina::ExecContext,
+        dtype: LoadDtype,
+        tie_word_embeddings: bool,
+    ) -> Result<WeightStore, LlmError> {
+        let output = if tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        let mut tensors = BTreeMap::new();
+        for (name, w) in &self.tensors {
+            let &[rows, cols] = w.shape() else {
+                tensors.insert(name.clone(), w.clone());
+                continue;
+            };
+            let target = match dtype {
+                LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
+                d => d.kind(),
+            };
+            if w.kind() == target {
+                tensors.insert(name.clone(), w.clone());
+                continue;
+            }
+            let converted = match target {
+                Kind::Float(format) => Weight::from_f32(format, w.shape(), &w.to_f32_vec()),
+                Kind::Quant(q) => {
+                    if !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS) {
+                        return Err(LlmError::BadTensor {
+                            name: name.clone(),
+                            reason: format!(
+                                "shape [{rows}, {cols}]: {cols} columns are not a multiple of the \
+                                 {}-element blocks of {q:?} (llama.cpp refuses such a tensor too)",
+                                QuantFormat::BLOCK_ELEMENTS,
+                            ),
+                        });
+                    }
+                    let values = w.to_f32_vec();
+                    let bytes = ctx
+                        .quantize(q, rows, cols, &values)
+                        .map_err(|e| LlmError::BadTensor {
+                            name: name.clone(),
+                            reason: format!("shape [{rows}, {cols}]: {e}"),
+                        })?
+                        .into_bytes();
+                    Weight::quantized(name, q, w.shape(), bytes)?
+                }
+            };
+            tensors.insert(name.clone(), converted);
+        }
+        Ok(WeightStore {
+            tensors,
+            files: self.files.clone(),
+        })
+    }
+}
+
 /// `model.safetensors.index.json` (other keys, such as `metadata`, are ignored).
 #[derive(Deserialize)]
 struct Index {
