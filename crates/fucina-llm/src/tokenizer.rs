@@ -80,8 +80,11 @@ impl Tokenizer {
     /// - `tokenizer.ggml.model = "gpt2"`: byte-level BPE over
     ///   `tokenizer.ggml.tokens` (spelled in the byte-level alphabet) and
     ///   `tokenizer.ggml.merges` (`"left right"` strings, highest priority
-    ///   first), with the pre-tokenizer `tokenizer.ggml.pre` names (`default`,
-    ///   `gpt-2`, `llama-bpe`, `qwen2`, `smollm`);
+    ///   first), with the pre-tokenizer `tokenizer.ggml.pre` names: `gpt-2`
+    ///   (also when the key is absent or `default`, where llama.cpp uses an
+    ///   approximate split of its own), `llama-bpe` (Llama 3: its split regex,
+    ///   a bos token by default, whole-word tokens before merges), `qwen2` and
+    ///   `smollm` (GPT-2's split after splitting off every digit);
     /// - `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE, whose merges
     ///   follow `tokenizer.ggml.scores` (a pair whose merged piece scores higher
     ///   merges first), `▁` for spaces with a space put before the text unless
@@ -91,7 +94,9 @@ impl Tokenizer {
     ///   tokens, user-defined ones (4) plain added tokens, the unknown token (2)
     ///   the model's; `tokenizer.ggml.{bos,eos,unknown,padding}_token_id` and
     ///   `tokenizer.ggml.add_{bos,eos}_token` decide what `encode(_, true)` adds
-    ///   (a bos token by default for `llama`, nothing by default for `gpt2`).
+    ///   (a bos token by default for `llama` and `llama-bpe`, nothing by default
+    ///   for the other `gpt2` vocabularies); a `llama` vocabulary without those
+    ///   ids gets llama.cpp's defaults (bos 1, eos 2, unknown 0).
     ///
     /// # Errors
     /// [`LlmError::BadFile`] naming the file and the key: a missing or unknown
@@ -293,15 +298,30 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<Value, LlmError> {
             },
         }
     };
-    let bos = id("tokenizer.ggml.bos_token_id")?;
-    let eos = id("tokenizer.ggml.eos_token_id")?;
+    // llama.cpp's defaults for a SentencePiece vocabulary: bos 1, eos 2, unk 0.
+    let spm_default = |i: usize| (spm && i < n).then_some(i);
+    let bos = id("tokenizer.ggml.bos_token_id")?.or(spm_default(1));
+    let eos = id("tokenizer.ggml.eos_token_id")?.or(spm_default(2));
     let unk = match id("tokenizer.ggml.unknown_token_id")? {
         Some(u) => Some(u),
-        None => types.iter().position(|&t| t == TOKEN_UNKNOWN),
+        None => types
+            .iter()
+            .position(|&t| t == TOKEN_UNKNOWN)
+            .or(spm_default(0)),
     };
     // The padding id is checked like the others; nothing in encoding uses it.
     id("tokenizer.ggml.padding_token_id")?;
-    let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(spm);
+    let pre_key = "tokenizer.ggml.pre";
+    let pre = match file.get(pre_key) {
+        None => "default",
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| bad(pre_key, format!("{} where a string was expected", kind(v))))?,
+    };
+    // Llama 3's vocabulary: a bos token by default, and a word that is a token
+    // is taken whole before any merge (as llama.cpp and its tokenizer.json do).
+    let llama3 = !spm && matches!(pre, "llama-bpe" | "llama3" | "llama-v3");
+    let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(spm || llama3);
     let add_eos = flag("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
 
     // The vocabulary (a repeated spelling keeps its first id) and the added tokens.
@@ -363,7 +383,7 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<Value, LlmError> {
     let bpe = json!({
         "type": "BPE", "dropout": null, "unk_token": spelled(unk),
         "continuing_subword_prefix": null, "end_of_word_suffix": null,
-        "fuse_unk": spm, "byte_fallback": spm, "ignore_merges": false,
+        "fuse_unk": spm, "byte_fallback": spm, "ignore_merges": llama3,
         "vocab": vocab, "merges": merges,
     });
     let (normalizer, pre_tokenizer, decoder) = if spm {
@@ -388,13 +408,6 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<Value, LlmError> {
     } else {
         let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
         let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-        let pre_key = "tokenizer.ggml.pre";
-        let pre = match file.get(pre_key) {
-            None => "default",
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| bad(pre_key, format!("{} where a string was expected", kind(v))))?,
-        };
         let pre_tokenizer = match pre {
             "default" | "gpt-2" | "gpt2" => byte_level(true),
             "llama-bpe" | "llama3" => {

@@ -312,6 +312,14 @@ fn a_sentencepiece_gguf_vocabulary_merges_by_score_with_byte_fallback() {
     assert_eq!(tok.decode(&e, true).unwrap(), "hello €");
     assert_eq!(tok.decode(&e, false).unwrap(), "<s> hello €");
     assert_eq!(tok.special_tokens().len(), 3);
+    // Without the bos/eos/unknown ids, llama.cpp's defaults for this kind of
+    // vocabulary (bos 1, eos 2, unknown 0) apply.
+    let mut bare = spm_metadata();
+    for key in ["bos", "eos", "unknown"] {
+        bare = with(&bare, &format!("tokenizer.ggml.{key}_token_id"), None);
+    }
+    let bare = Tokenizer::from_gguf(&gguf_file(&bare, "spm-bare")).unwrap();
+    assert_eq!(bare.encode("hello €", true).unwrap(), e);
     // Without the space prefix.
     let meta = with(
         &spm_metadata(),
@@ -450,5 +458,52 @@ fn malformed_gguf_tokenizer_metadata_is_refused_by_key() {
             }
             other => panic!("case {i} ({key}): expected an error, got {other:?}"),
         }
+    }
+}
+
+/// `tokenizer.ggml.pre` selects the split before the merges: with the merges
+/// `3 4`, `1 2`, `12 3`, `4 5` (in this order), "12345" is one GPT-2 piece
+/// (12 34 5), Llama 3's groups of three digits (123 45), one digit per piece for
+/// Qwen2 and SmolLM.
+#[test]
+fn the_pre_tokenizer_follows_tokenizer_ggml_pre() {
+    let tokens: Vec<String> = ["1", "2", "3", "4", "5", "12", "34", "123", "45"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let merges: Vec<String> = ["3 4", "1 2", "12 3", "4 5"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let base: Meta = vec![
+        ("tokenizer.ggml.model".into(), T_STRING, str_value("gpt2")),
+        ("tokenizer.ggml.tokens".into(), T_ARRAY, str_array(&tokens)),
+        ("tokenizer.ggml.merges".into(), T_ARRAY, str_array(&merges)),
+        (
+            "tokenizer.ggml.bos_token_id".into(),
+            T_U32,
+            0u32.to_le_bytes().to_vec(),
+        ),
+    ];
+    let id = |t: &str| tokens.iter().position(|x| x == t).unwrap() as u32;
+    for (pre, want, bos) in [
+        (Some("gpt-2"), vec!["12", "34", "5"], false),
+        (None, vec!["12", "34", "5"], false),
+        (Some("llama-bpe"), vec!["123", "45"], true),
+        (Some("qwen2"), vec!["1", "2", "3", "4", "5"], false),
+        (Some("smollm"), vec!["1", "2", "3", "4", "5"], false),
+    ] {
+        let meta = with(
+            &base,
+            "tokenizer.ggml.pre",
+            pre.map(|p| (T_STRING, str_value(p))),
+        );
+        let tok = Tokenizer::from_gguf(&gguf_file(&meta, pre.unwrap_or("none"))).unwrap();
+        let want: Vec<u32> = want.iter().map(|t| id(t)).collect();
+        assert_eq!(tok.encode("12345", false).unwrap(), want, "{pre:?}");
+        // Llama 3 adds its bos token by default, the others add nothing.
+        let with_special = tok.encode("12345", true).unwrap();
+        assert_eq!(with_special.len(), want.len() + bos as usize, "{pre:?}");
+        assert_eq!(tok.decode(&want, true).unwrap(), "12345");
     }
 }
