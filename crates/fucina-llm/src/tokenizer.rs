@@ -371,10 +371,19 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<Value, LlmError> {
         list.iter()
             .enumerate()
             .map(|(i, m)| match m.split_once(' ') {
-                Some((l, r)) if index.contains_key(l) && index.contains_key(r) => Ok(json!([l, r])),
+                Some((l, r))
+                    if index.contains_key(l)
+                        && index.contains_key(r)
+                        && index.contains_key(format!("{l}{r}").as_str()) =>
+                {
+                    Ok(json!([l, r]))
+                }
                 _ => Err(bad(
                     merges_key,
-                    format!("element {i} {m:?} is not two vocabulary tokens separated by a space"),
+                    format!(
+                        "element {i} {m:?} is not two vocabulary tokens, separated by a space, \
+                         whose concatenation is a vocabulary token"
+                    ),
                 )),
             })
             .collect::<Result<_, _>>()?

@@ -3,14 +3,15 @@
 //! for bit; the output projection of a Q4_0 model keeps Q8_0 as llama.cpp keeps
 //! more bits there; the logits of the fixture models after Q8_0 and Q4_0 stay
 //! close to f32 (figures printed, see docs/QUANTIZATION.md); the converted models
-//! give the same bits for 1–4 threads and alone or in a batch; a matrix whose
+//! give the same bits for 1–4 threads, every vector level, and alone or in a
+//! batch; a matrix whose
 //! columns are not a multiple of 32 is refused by name and shape.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fucina::ExecContext;
-use fucina::exec::{QuantFormat, WeightFormat};
+use fucina::exec::{QuantFormat, SimdLevel, WeightFormat, detected_simd_level, force_simd_level};
 use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, Weight, WeightStore};
 use serde_json::Value;
 
@@ -218,7 +219,8 @@ fn quantized_fixture_logits_stay_close_to_f32() {
 }
 
 /// Converted models give the same logit bits for 1–4 threads (conversion and
-/// inference), and a sequence decoded in a batch gives the bits it gives alone.
+/// inference) and every vector level, and a sequence decoded in a batch gives
+/// the bits it gives alone.
 #[test]
 fn converted_models_are_deterministic_across_threads_and_batch() {
     let fix = "llama_f32";
@@ -244,6 +246,17 @@ fn converted_models_are_deterministic_across_threads_and_batch() {
                     assert_eq!(&wbytes, w1, "{dtype}: conversion on {threads} threads");
                 }
             }
+        }
+        // Every vector level the CPU has gives the same bits.
+        let (want, _) = first.as_ref().unwrap();
+        let best = detected_simd_level();
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            assert!(force_simd_level(level));
+            let ctx = ExecContext::with_threads(2);
+            let m = Model::load_as(fixture(fix), &ctx, dtype).unwrap();
+            let got = bits(&logits(&m, &ctx, &p));
+            assert!(force_simd_level(best));
+            assert_eq!(&got, want, "{dtype}: vector level {level:?}");
         }
 
         // Sequence A decoded alone, then together with B (other prompt, other

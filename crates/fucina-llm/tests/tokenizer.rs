@@ -402,6 +402,16 @@ fn malformed_gguf_tokenizer_metadata_is_refused_by_key() {
             "element 1",
         ),
         (
+            // "t" and "h" are tokens, "th" is not.
+            with(
+                &gpt2,
+                "tokenizer.ggml.merges",
+                Some((T_ARRAY, str_array(&["h e".into(), "t h".into()]))),
+            ),
+            "tokenizer.ggml.merges",
+            "element 1 \"t h\"",
+        ),
+        (
             with(&gpt2, "tokenizer.ggml.merges", None),
             "tokenizer.ggml.merges",
             "missing",
