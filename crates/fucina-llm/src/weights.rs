@@ -211,18 +211,8 @@ impl Weight {
             values.len(),
             "Weight::from_f32: length"
         );
-        let mut bytes = Vec::with_capacity(values.len() * format.size_bytes());
-        for &v in values {
-            match format {
-                WeightFormat::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-                WeightFormat::F16 => {
-                    bytes.extend_from_slice(&fucina::storage::half::f16::from_f32(v).to_le_bytes())
-                }
-                WeightFormat::BF16 => {
-                    bytes.extend_from_slice(&fucina::storage::half::bf16::from_f32(v).to_le_bytes())
-                }
-            }
-        }
+        let mut bytes = vec![0u8; values.len() * format.size_bytes()];
+        encode_f32(format, values, &mut bytes);
         Weight {
             format,
             quant: None,
@@ -291,7 +281,8 @@ impl Weight {
 
     /// The elements widened to f32 (exact; a quantized matrix is dequantized).
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        if let (Some(_), &[rows, cols]) = (self.quant, self.shape.as_slice()) {
+        if let &[rows, cols] = self.shape.as_slice() {
+            // Row by row through the per-format loops of `row_to_f32`.
             let mut out = vec![0.0f32; rows * cols];
             for (r, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
                 // The view was checked at construction.
@@ -305,6 +296,34 @@ impl Weight {
             .collect()
     }
 }
+
+/// `values` stored as `format` into `out` (`values.len()` elements of
+/// `format`), rounding to nearest-even for f16 and bf16. One loop per format
+/// (no per-element format match), so the loops vectorise: this converts whole
+/// models at load.
+fn encode_f32(format: WeightFormat, values: &[f32], out: &mut [u8]) {
+    debug_assert_eq!(out.len(), values.len() * format.size_bytes());
+    match format {
+        WeightFormat::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(values) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        WeightFormat::F16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(values) {
+                o.copy_from_slice(&fucina::storage::half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        WeightFormat::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(values) {
+                o.copy_from_slice(&fucina::storage::half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Rows of a matrix [`WeightStore::convert`] widens at a time (4 MiB of f32).
+const CONVERT_BLOCK_ELEMENTS: usize = 1 << 20;
 
 /// The single-file weights of a model directory.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -643,29 +662,57 @@ impl WeightStore {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             }
-            let converted = match target {
-                Kind::Float(format) => Weight::from_f32(format, w.shape(), &w.to_f32_vec()),
-                Kind::Quant(q) => {
-                    if !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS) {
-                        return Err(LlmError::BadTensor {
-                            name: name.clone(),
-                            reason: format!(
-                                "shape [{rows}, {cols}]: {cols} columns are not a multiple of the \
-                                 {}-element blocks of {q:?} (llama.cpp refuses such a tensor too)",
-                                QuantFormat::BLOCK_ELEMENTS,
-                            ),
-                        });
-                    }
-                    let values = w.to_f32_vec();
-                    let bytes = ctx
-                        .quantize(q, rows, cols, &values)
-                        .map_err(|e| LlmError::BadTensor {
-                            name: name.clone(),
-                            reason: format!("shape [{rows}, {cols}]: {e}"),
-                        })?
-                        .into_bytes();
-                    Weight::quantized(name, q, w.shape(), bytes)?
+            let bad = |reason: String| LlmError::BadTensor {
+                name: name.clone(),
+                reason: format!("shape [{rows}, {cols}]: {reason}"),
+            };
+            if let Kind::Quant(q) = target
+                && !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS)
+            {
+                return Err(bad(format!(
+                    "{cols} columns are not a multiple of the {}-element blocks of {q:?} \
+                     (llama.cpp refuses such a tensor too)",
+                    QuantFormat::BLOCK_ELEMENTS,
+                )));
+            }
+            // A block of rows at a time through one f32 buffer, so a large
+            // matrix is never widened whole (every format works per row, so the
+            // bytes do not depend on the block size).
+            let row_bytes = match target {
+                Kind::Float(f) => cols * f.size_bytes(),
+                Kind::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+            };
+            let total = rows
+                .checked_mul(row_bytes)
+                .ok_or_else(|| bad("the converted size overflows usize".to_string()))?;
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(total)
+                .map_err(|_| bad(format!("{total} bytes cannot be allocated")))?;
+            let block_rows = (CONVERT_BLOCK_ELEMENTS / cols.max(1)).clamp(1, rows.max(1));
+            let mut buf = vec![0.0f32; block_rows * cols];
+            for r0 in (0..rows).step_by(block_rows) {
+                let n = block_rows.min(rows - r0);
+                let buf = &mut buf[..n * cols];
+                for (i, row) in buf.chunks_exact_mut(cols.max(1)).enumerate() {
+                    w.row_to_f32(r0 + i, row)?;
                 }
+                match target {
+                    Kind::Float(f) => {
+                        let start = bytes.len();
+                        bytes.resize(start + n * row_bytes, 0);
+                        encode_f32(f, buf, &mut bytes[start..]);
+                    }
+                    Kind::Quant(q) => bytes.extend_from_slice(
+                        ctx.quantize(q, n, cols, buf)
+                            .map_err(|e| bad(e.to_string()))?
+                            .bytes(),
+                    ),
+                }
+            }
+            let converted = match target {
+                Kind::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
+                Kind::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
             };
             tensors.insert(name.clone(), converted);
         }

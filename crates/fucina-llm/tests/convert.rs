@@ -147,6 +147,36 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
     );
 }
 
+/// A matrix larger than the block of rows `convert` widens at a time (2^20
+/// elements) gives the bytes of converting it whole.
+#[test]
+fn a_large_matrix_converts_as_a_whole() {
+    let (rows, cols) = (520, 4096);
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 10007) as f32 - 5003.0) / 4000.0)
+        .collect();
+    let name = "model.layers.0.mlp.up_proj.weight";
+    let w = Weight::from_f32(WeightFormat::BF16, &[rows, cols], &v);
+    let widened = w.to_f32_vec();
+    let store = WeightStore::from_tensors(HashMap::from([(name.to_string(), w)]));
+    let ctx = ExecContext::with_threads(2);
+    for (dtype, q) in [
+        (LoadDtype::Q8_0, QuantFormat::Q8_0),
+        (LoadDtype::Q4_0, QuantFormat::Q4_0),
+    ] {
+        let c = store.convert(&ctx, dtype, false).unwrap();
+        let whole = ctx.quantize(q, rows, cols, &widened).unwrap();
+        assert!(c.get(name).unwrap().bytes() == whole.bytes(), "{dtype}");
+    }
+    let c = store.convert(&ctx, LoadDtype::F32, false).unwrap();
+    assert_eq!(c.get(name).unwrap().to_f32_vec(), widened);
+    let c = store.convert(&ctx, LoadDtype::F16, false).unwrap();
+    assert!(
+        c.get(name).unwrap().bytes()
+            == Weight::from_f32(WeightFormat::F16, &[rows, cols], &widened).bytes()
+    );
+}
+
 /// A bf16 copy made at load is the fixture that transformers rounded to bf16,
 /// byte for byte (both round to nearest-even).
 #[test]
