@@ -1,4 +1,4 @@
-//! Generates text with a Hugging Face model directory.
+//! Generates text with a Hugging Face model directory or a llama.cpp GGUF file.
 //!
 //! ```text
 //! cargo run --release -p fucina-llm --example generate -- \
@@ -7,17 +7,27 @@
 //! cargo run --release -p fucina-llm --example generate -- \
 //!     --model DIR --prompt-ids "1,2,3;4,5" --temperature 0.8 --top-p 0.9 --seed 7 \
 //!     --threads 4 --logits-out first_prompt_logits.npy
+//! cargo run --release -p fucina-llm --example generate -- \
+//!     --model model-q8_0.gguf --prompt "Once upon a time"      # tokenizer from the file
+//! cargo run --release -p fucina-llm --example generate -- \
+//!     --model DIR --dtype q4_0 --prompt "Once upon a time"     # quantized at load
 //! ```
+//!
+//! `--model` is a directory (config.json, safetensors, optional tokenizer.json)
+//! or a `.gguf` file of the Llama architecture, whose tokenizer comes from its
+//! `tokenizer.ggml.*` metadata. `--dtype f32|f16|bf16|q8_0|q4_0` converts the
+//! matrices at load (default: the file's own formats, read in place); see
+//! `fucina_llm::WeightStore::convert`.
 //!
 //! Several prompts separated by `;` are decoded as one batch: each is prefilled
 //! into its own KV cache, then the unfinished sequences advance together, one
 //! batched decode step per token; a sequence ends at one of the model's
 //! end-of-sequence tokens (those of `generation_config.json`, else of
-//! `config.json`) or after `--max-new-tokens` tokens. Prompt `i` samples
+//! `config.json` or the GGUF metadata) or after `--max-new-tokens` tokens. Prompt `i` samples
 //! with seed `--seed + i`.
 //!
-//! Output: the text of each sequence (prompt and continuation) when the
-//! directory has a `tokenizer.json`, one line `ids[i]: <generated ids>` per
+//! Output: the text of each sequence (prompt and continuation) when there is a
+//! tokenizer, one line `ids[i]: <generated ids>` per
 //! prompt, and a line with the prefill and decode throughput. `--logits-out`
 //! writes the logits of every position of the first prompt, `[T, vocab]`, as a
 //! little-endian f32 `.npy` file.
@@ -33,22 +43,24 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use fucina_llm::LlmError;
-use fucina_llm::config::GenerationConfig;
 use fucina_llm::fucina::ExecContext;
-use fucina_llm::model::Model;
 use fucina_llm::sample::SamplingParams;
-use fucina_llm::tokenizer::Tokenizer;
+use fucina_llm::{LlmError, LoadDtype, open_model};
 
-/// Generate text with a Hugging Face decoder model (Llama, Qwen2, Mistral).
+/// Generate text with a Hugging Face decoder model (Llama, Qwen2, Mistral) or a
+/// Llama GGUF file.
 #[derive(Parser, Debug)]
 #[command(name = "generate")]
 struct Args {
     /// Model directory (config.json, model.safetensors or a sharded index,
-    /// optional tokenizer.json).
+    /// optional tokenizer.json), or a .gguf file (Llama architecture).
     #[arg(long)]
     model: PathBuf,
-    /// Prompt text (needs tokenizer.json); several prompts separated by ';'.
+    /// Convert the matrices at load: f32, f16, bf16, q8_0 or q4_0 (default: the
+    /// file's own formats).
+    #[arg(long)]
+    dtype: Option<LoadDtype>,
+    /// Prompt text (needs a tokenizer); several prompts separated by ';'.
     #[arg(
         long,
         conflicts_with = "prompt_ids",
@@ -83,18 +95,17 @@ struct Args {
 
 fn run(args: Args) -> Result<(), String> {
     let err = |e: LlmError| e.to_string();
-    let model = Model::load(&args.model).map_err(err)?;
-    let tok_path = args.model.join("tokenizer.json");
-    let tokenizer = if tok_path.exists() {
-        Some(Tokenizer::from_file(&tok_path).map_err(err)?)
-    } else {
-        None
+    let ctx = match args.threads {
+        Some(n) => ExecContext::with_threads(n),
+        None => ExecContext::new(),
     };
+    let opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    let (model, tokenizer) = (&opened.model, &opened.tokenizer);
     let prompts = match (&args.prompt, &args.prompt_ids) {
         (Some(text), None) => {
             let tok = tokenizer.as_ref().ok_or(format!(
-                "--prompt needs {}; give --prompt-ids instead",
-                tok_path.display()
+                "--prompt needs a tokenizer ({} has none); give --prompt-ids instead",
+                args.model.display()
             ))?;
             text.split(';')
                 .map(|p| tok.encode(p, true))
@@ -104,30 +115,17 @@ fn run(args: Args) -> Result<(), String> {
         (None, Some(ids)) => batch::parse_prompt_ids(ids)?,
         _ => return Err("give exactly one of --prompt and --prompt-ids".to_string()),
     };
-    // The end-of-sequence tokens of generation_config.json, else config.json's.
-    let gen_path = args.model.join("generation_config.json");
-    let generation_eos = if gen_path.exists() {
-        GenerationConfig::from_file(&gen_path)
-            .map_err(err)?
-            .eos_token_ids
-    } else {
-        None
-    };
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
-        stop_tokens: generation_eos.unwrap_or_else(|| model.config().eos_token_ids.clone()),
+        stop_tokens: opened.stop_tokens.clone(),
         ..SamplingParams::default()
     };
     params.validate().map_err(err)?;
-    let ctx = match args.threads {
-        Some(n) => ExecContext::with_threads(n),
-        None => ExecContext::new(),
-    };
     let out = batch::generate(
-        &model,
+        model,
         &ctx,
         &prompts,
         args.max_new_tokens,
@@ -139,7 +137,7 @@ fn run(args: Args) -> Result<(), String> {
         let shape = [prompts[0].len(), model.config().vocab_size];
         npy::write_npy_f32(path, &shape, logits).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    if let Some(tok) = &tokenizer {
+    if let Some(tok) = tokenizer {
         for (i, (prompt, ids)) in prompts.iter().zip(&out.ids).enumerate() {
             let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
             println!("text[{i}]: {}", tok.decode(&all, true).map_err(err)?);

@@ -8,7 +8,8 @@
 //! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`sample`]: greedy and seeded sampling.
-//! - [`tokenizer`]: `tokenizer.json` through the `tokenizers` crate.
+//! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
+//! - [`open`]: a model directory or a GGUF file, converted at load if asked.
 
 #![allow(clippy::result_large_err)]
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod model;
+pub mod open;
 pub mod sample;
 pub mod tokenizer;
 pub mod weights;
@@ -26,8 +28,9 @@ pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
 pub use model::{Model, PREFILL_CHUNK};
+pub use open::{OpenedModel, open_model};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;
-pub use weights::{Weight, WeightStore};
+pub use weights::{LoadDtype, Weight, WeightStore};
 
 pub use fucina;

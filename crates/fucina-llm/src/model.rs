@@ -63,7 +63,7 @@ use fucina::{ExecContext, Team};
 pub use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::LlmError;
-use crate::weights::{Weight, WeightStore};
+use crate::weights::{LoadDtype, Weight, WeightStore};
 
 /// Tokens a prefill processes per step (its chunks): bounds the activation
 /// memory of a long prompt. The logits do not depend on it.
@@ -291,6 +291,27 @@ impl Model {
         let dir = dir.as_ref();
         let config = ModelConfig::from_file(dir.join("config.json"))?;
         let weights = WeightStore::open(dir)?;
+        Model::from_parts(config, weights)
+    }
+
+    /// Loads the model in directory `dir` as [`load`](Model::load) does, with
+    /// its matrices converted to `dtype` by [`WeightStore::convert`] (quantized
+    /// on `ctx`'s team): `generate --dtype`. The embedding table and the output
+    /// projection are converted too, the norms and biases stay f32; see
+    /// [`WeightStore::convert`] for the rules (llama.cpp's).
+    ///
+    /// # Errors
+    /// Those of [`load`](Model::load), and [`LlmError::BadTensor`] naming a
+    /// matrix whose column count is not a multiple of 32 when `dtype` is Q8_0
+    /// or Q4_0.
+    pub fn load_as(
+        dir: impl AsRef<Path>,
+        ctx: &ExecContext,
+        dtype: LoadDtype,
+    ) -> Result<Model, LlmError> {
+        let dir = dir.as_ref();
+        let config = ModelConfig::from_file(dir.join("config.json"))?;
+        let weights = WeightStore::open(dir)?.convert(ctx, dtype, config.tie_word_embeddings)?;
         Model::from_parts(config, weights)
     }
 

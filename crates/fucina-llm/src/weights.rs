@@ -211,18 +211,8 @@ impl Weight {
             values.len(),
             "Weight::from_f32: length"
         );
-        let mut bytes = Vec::with_capacity(values.len() * format.size_bytes());
-        for &v in values {
-            match format {
-                WeightFormat::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-                WeightFormat::F16 => {
-                    bytes.extend_from_slice(&fucina::storage::half::f16::from_f32(v).to_le_bytes())
-                }
-                WeightFormat::BF16 => {
-                    bytes.extend_from_slice(&fucina::storage::half::bf16::from_f32(v).to_le_bytes())
-                }
-            }
-        }
+        let mut bytes = vec![0u8; values.len() * format.size_bytes()];
+        encode_f32(format, values, &mut bytes);
         Weight {
             format,
             quant: None,
@@ -291,7 +281,8 @@ impl Weight {
 
     /// The elements widened to f32 (exact; a quantized matrix is dequantized).
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        if let (Some(_), &[rows, cols]) = (self.quant, self.shape.as_slice()) {
+        if let &[rows, cols] = self.shape.as_slice() {
+            // Row by row through the per-format loops of `row_to_f32`.
             let mut out = vec![0.0f32; rows * cols];
             for (r, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
                 // The view was checked at construction.
@@ -305,6 +296,34 @@ impl Weight {
             .collect()
     }
 }
+
+/// `values` stored as `format` into `out` (`values.len()` elements of
+/// `format`), rounding to nearest-even for f16 and bf16. One loop per format
+/// (no per-element format match), so the loops vectorise: this converts whole
+/// models at load.
+fn encode_f32(format: WeightFormat, values: &[f32], out: &mut [u8]) {
+    debug_assert_eq!(out.len(), values.len() * format.size_bytes());
+    match format {
+        WeightFormat::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(values) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        WeightFormat::F16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(values) {
+                o.copy_from_slice(&fucina::storage::half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        WeightFormat::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(values) {
+                o.copy_from_slice(&fucina::storage::half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Rows of a matrix [`WeightStore::convert`] widens at a time (4 MiB of f32).
+const CONVERT_BLOCK_ELEMENTS: usize = 1 << 20;
 
 /// The single-file weights of a model directory.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -492,6 +511,215 @@ impl WeightStore {
     /// The total size of the tensors' bytes (in their file formats).
     pub fn tensor_bytes(&self) -> usize {
         self.tensors.values().map(|w| w.bytes().len()).sum()
+    }
+}
+
+/// The format [`WeightStore::convert`] turns a model's matrices into
+/// (`generate --dtype`).
+///
+/// The float formats round each value once (to nearest-even for f16 and
+/// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
+/// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
+/// quantizer, so the bytes are those `llama-quantize` writes for the same f32
+/// values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LoadDtype {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Blocks of 32 int8 values and an f16 scale (8.5 bits per weight).
+    Q8_0,
+    /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
+    Q4_0,
+}
+
+impl LoadDtype {
+    /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
+    pub const ALL: [LoadDtype; 5] = [
+        LoadDtype::F32,
+        LoadDtype::F16,
+        LoadDtype::BF16,
+        LoadDtype::Q8_0,
+        LoadDtype::Q4_0,
+    ];
+
+    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadDtype::F32 => "f32",
+            LoadDtype::F16 => "f16",
+            LoadDtype::BF16 => "bf16",
+            LoadDtype::Q8_0 => "q8_0",
+            LoadDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// How a weight of this dtype is kept.
+    fn kind(self) -> Kind {
+        match self {
+            LoadDtype::F32 => Kind::Float(WeightFormat::F32),
+            LoadDtype::F16 => Kind::Float(WeightFormat::F16),
+            LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
+            LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
+            LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
+        }
+    }
+}
+
+impl fmt::Display for LoadDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for LoadDtype {
+    type Err = LlmError;
+
+    /// Parses a [`name`](LoadDtype::name) (case-insensitive).
+    fn from_str(s: &str) -> Result<LoadDtype, LlmError> {
+        LoadDtype::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| LlmError::InvalidRequest {
+                op: "LoadDtype::from_str",
+                reason: format!("unknown dtype {s:?} (f32, f16, bf16, q8_0 and q4_0 are known)"),
+            })
+    }
+}
+
+/// A weight's storage kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Float(WeightFormat),
+    Quant(QuantFormat),
+}
+
+impl Weight {
+    fn kind(&self) -> Kind {
+        match self.quant {
+            Some(q) => Kind::Quant(q),
+            None => Kind::Float(self.format),
+        }
+    }
+}
+
+impl WeightStore {
+    /// A copy of the store with every matrix (rank-2 tensor) stored as `dtype`,
+    /// for running a model at another precision than its file's
+    /// (`generate --dtype`). `self` is left as it is.
+    ///
+    /// What changes follows llama.cpp's `llama-quantize`:
+    ///
+    /// - every rank-2 tensor — the q/k/v/o and gate/up/down projections, the
+    ///   embedding table and `lm_head.weight` — becomes `dtype`; tensors of
+    ///   other ranks (the norms, the biases) are kept as they are (the decoder
+    ///   widens them to f32 when it builds, whatever their format);
+    /// - for [`LoadDtype::Q4_0`] the output projection keeps more bits: it is
+    ///   stored as Q8_0. llama.cpp stores it as Q6_K, a format this crate does
+    ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
+    ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
+    ///   (llama.cpp's rule for models that share the two);
+    /// - a tensor already in its target format is kept as it is (still mapped,
+    ///   no copy); any other is widened to f32 (a quantized one dequantized) and
+    ///   converted, so the result owns its bytes in memory. Re-quantizing an
+    ///   already quantized tensor (a Q8_0 file to Q4_0) loses more than
+    ///   quantizing the original would.
+    ///
+    /// The quantized bytes are [`ExecContext::quantize`](fucina::ExecContext::quantize)
+    /// of the tensor's f32 values: the same for any thread count of `ctx`.
+    ///
+    /// # Errors
+    /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
+    /// be quantized has a column count (its input features, the dimension the
+    /// blocks run along) that is not a multiple of 32: llama.cpp refuses such a
+    /// tensor for Q8_0 and Q4_0 too ("Unsupported tensor size"). Nothing is
+    /// returned half-converted.
+    pub fn convert(
+        &self,
+        ctx: &fucina::ExecContext,
+        dtype: LoadDtype,
+        tie_word_embeddings: bool,
+    ) -> Result<WeightStore, LlmError> {
+        let output = if tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        let mut tensors = BTreeMap::new();
+        for (name, w) in &self.tensors {
+            let &[rows, cols] = w.shape() else {
+                tensors.insert(name.clone(), w.clone());
+                continue;
+            };
+            let target = match dtype {
+                LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
+                d => d.kind(),
+            };
+            if w.kind() == target {
+                tensors.insert(name.clone(), w.clone());
+                continue;
+            }
+            let bad = |reason: String| LlmError::BadTensor {
+                name: name.clone(),
+                reason: format!("shape [{rows}, {cols}]: {reason}"),
+            };
+            if let Kind::Quant(q) = target
+                && !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS)
+            {
+                return Err(bad(format!(
+                    "{cols} columns are not a multiple of the {}-element blocks of {q:?} \
+                     (llama.cpp refuses such a tensor too)",
+                    QuantFormat::BLOCK_ELEMENTS,
+                )));
+            }
+            // A block of rows at a time through one f32 buffer, so a large
+            // matrix is never widened whole (every format works per row, so the
+            // bytes do not depend on the block size).
+            let row_bytes = match target {
+                Kind::Float(f) => cols * f.size_bytes(),
+                Kind::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+            };
+            let total = rows
+                .checked_mul(row_bytes)
+                .ok_or_else(|| bad("the converted size overflows usize".to_string()))?;
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(total)
+                .map_err(|_| bad(format!("{total} bytes cannot be allocated")))?;
+            let block_rows = (CONVERT_BLOCK_ELEMENTS / cols.max(1)).clamp(1, rows.max(1));
+            let mut buf = vec![0.0f32; block_rows * cols];
+            for r0 in (0..rows).step_by(block_rows) {
+                let n = block_rows.min(rows - r0);
+                let buf = &mut buf[..n * cols];
+                for (i, row) in buf.chunks_exact_mut(cols.max(1)).enumerate() {
+                    w.row_to_f32(r0 + i, row)?;
+                }
+                match target {
+                    Kind::Float(f) => {
+                        let start = bytes.len();
+                        bytes.resize(start + n * row_bytes, 0);
+                        encode_f32(f, buf, &mut bytes[start..]);
+                    }
+                    Kind::Quant(q) => bytes.extend_from_slice(
+                        ctx.quantize(q, n, cols, buf)
+                            .map_err(|e| bad(e.to_string()))?
+                            .bytes(),
+                    ),
+                }
+            }
+            let converted = match target {
+                Kind::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
+                Kind::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
+            };
+            tensors.insert(name.clone(), converted);
+        }
+        Ok(WeightStore {
+            tensors,
+            files: self.files.clone(),
+        })
     }
 }
 

@@ -1,8 +1,10 @@
 //! A Llama model converted to GGUF the way llama.cpp's converter does it (tensor
 //! names, the q/k row order of its rotary embedding, dims innermost first,
-//! metadata keys) loads through `gguf::llama` and gives the same logit bits as
-//! the safetensors original; a GGUF file of another architecture, with a
-//! missing key, or with `rope_freqs` is refused by name.
+//! metadata keys, the tokenizer in `tokenizer.ggml.*`) loads through
+//! `gguf::llama` and gives the same logit bits as the safetensors original; the
+//! `generate` example's library path (`open_model` and its batch loop) runs it
+//! with the tokenizer the file stores; a GGUF file of another architecture, with
+//! a missing key, or with `rope_freqs` is refused by name.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,9 +12,13 @@ use std::path::PathBuf;
 use fucina::ExecContext;
 use fucina::exec::{QuantFormat, WeightFormat};
 use fucina_llm::gguf::llama::load_llama;
-use fucina_llm::{LlmError, Model, ModelConfig, WeightStore};
+use fucina_llm::sample::SamplingParams;
+use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
 
+#[path = "../examples/common/batch.rs"]
+mod batch;
 mod gguf_support;
+mod gguf_vocab;
 use gguf_support::{Writer, string};
 
 fn fixture(name: &str) -> PathBuf {
@@ -144,6 +150,13 @@ fn convert_as(
         .chain(extra)
     {
         w.kv(k, *t, v);
+    }
+    // The fixture's tokenizer, as llama.cpp's converter stores it (the bos/eos
+    // ids are written above).
+    for (k, t, v) in gguf_vocab::gpt2_metadata(&fixture("llama_f32")) {
+        if !meta.iter().any(|(m, _, _)| *m == k) && !skip.contains(&k.as_str()) {
+            w.kv(&k, t, &v);
+        }
     }
     for (name, weight) in store.iter() {
         assert_eq!(weight.format(), WeightFormat::F32);
@@ -362,4 +375,83 @@ fn quantized_gguf_models_run_close_to_f32() {
         assert!(max_diff <= max_rel * scale, "{q:?}: {max_diff}");
         assert!(top1 >= min_top1, "{q:?}: top-1 {top1}/12");
     }
+}
+
+fn reference_ids(key: &str) -> Vec<u32> {
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("llama_f32").join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    r[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// `generate --model file.gguf`: `open_model` reads the model and the tokenizer
+/// the file stores, and the example's batch loop greedily produces the ids
+/// transformers produced for the safetensors original; `--dtype q8_0` on the
+/// GGUF file gives the bits it gives on the safetensors directory.
+#[test]
+fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
+    let dir = fixture("llama_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let path = write(&convert(&cfg, &store, &[], &[]), "generate");
+    let ctx = ExecContext::with_threads(2);
+
+    let opened = open_model(&path, &ctx, None).unwrap();
+    assert_eq!(opened.stop_tokens, cfg.eos_token_ids);
+    let tok = opened
+        .tokenizer
+        .as_ref()
+        .expect("the GGUF file's tokenizer");
+    let prompt = reference_ids("prompt_ids");
+    let text = tok.decode(&prompt, true).unwrap();
+    assert_eq!(tok.encode(&text, true).unwrap(), prompt, "{text:?}");
+
+    let params = SamplingParams {
+        temperature: 0.0,
+        stop_tokens: opened.stop_tokens.clone(),
+        ..SamplingParams::default()
+    };
+    let greedy = reference_ids("greedy_ids");
+    assert!(!greedy.iter().any(|t| opened.stop_tokens.contains(t)));
+    let second = tok
+        .encode("the same tokens on every machine", true)
+        .unwrap();
+    let out = batch::generate(
+        &opened.model,
+        &ctx,
+        &[prompt.clone(), second],
+        greedy.len(),
+        &params,
+        false,
+    )
+    .unwrap();
+    assert_eq!(out.ids[0], greedy, "greedy ids of the GGUF model");
+    let continuation = tok.decode(&out.ids[0], true).unwrap();
+    assert!(!continuation.is_empty());
+
+    // Quantized at load: the GGUF file and the directory give the same bits.
+    for dtype in [LoadDtype::Q8_0, LoadDtype::Q4_0] {
+        let from_gguf = open_model(&path, &ctx, Some(dtype)).unwrap();
+        let from_dir = open_model(&dir, &ctx, Some(dtype)).unwrap();
+        assert!(from_dir.tokenizer.is_some());
+        let a = logits(&from_gguf.model, 2);
+        let b = logits(&from_dir.model, 2);
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{dtype}: GGUF and directory"
+        );
+    }
+    // Not a model: a directory without config.json, a missing file.
+    let e = open_model(path.with_file_name("nothing.gguf"), &ctx, None).unwrap_err();
+    assert!(
+        matches!(e, LlmError::Io { .. }) && e.to_string().contains("nothing.gguf"),
+        "{e}"
+    );
+    assert!(open_model(std::env::temp_dir(), &ctx, None).is_err());
 }
