@@ -148,7 +148,10 @@ fn bad_input_is_an_error_naming_the_op() {
         .batch_norm_pool2d_backward(&x, &g, &b, &st.mean, &st.inv_std, op, &gp)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("batch_norm_pool2d_backward") && e.contains("pooled"), "{e}");
+    assert!(
+        e.contains("batch_norm_pool2d_backward") && e.contains("pooled"),
+        "{e}"
+    );
     let gp = ctx.ones(&[2, 3, 2, 2]).unwrap();
     let e = ctx
         .batch_norm_pool2d_backward(&x, &g, &b, &g2, &st.inv_std, op, &gp)

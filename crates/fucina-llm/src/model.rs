@@ -311,7 +311,9 @@ impl Model {
     ) -> Result<Model, LlmError> {
         let dir = dir.as_ref();
         let config = ModelConfig::from_file(dir.join("config.json"))?;
-        let weights = WeightStore::open(dir)?.convert(ctx, dtype, config.tie_word_embeddings)?;
+        let mut weights =
+            WeightStore::open(dir)?.convert(ctx, dtype, config.tie_word_embeddings)?;
+        weights.repack_quantized(ctx)?;
         Model::from_parts(config, weights)
     }
 

@@ -59,9 +59,14 @@ pub fn open_model(
     dtype: Option<LoadDtype>,
 ) -> Result<OpenedModel, LlmError> {
     let path = path.as_ref();
-    let convert = |config: &ModelConfig, weights: WeightStore| match dtype {
-        Some(d) => weights.convert(ctx, d, config.tie_word_embeddings),
-        None => Ok(weights),
+    // Converted as asked, then every quantized matrix repacked for the kernels.
+    let convert = |config: &ModelConfig, weights: WeightStore| {
+        let mut w = match dtype {
+            Some(d) => weights.convert(ctx, d, config.tie_word_embeddings)?,
+            None => weights,
+        };
+        w.repack_quantized(ctx)?;
+        Ok::<_, LlmError>(w)
     };
     let is_gguf = !path.is_dir()
         && path

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use fucina::exec::{QuantFormat, QuantMatrix, WeightFormat, WeightMatrix};
+use fucina::exec::{PackedQuantMatrix, QuantFormat, QuantMatrix, WeightFormat, WeightMatrix};
 
 use crate::error::LlmError;
 
@@ -68,6 +68,9 @@ pub struct Weight {
     quant: Option<QuantFormat>,
     shape: Vec<usize>,
     bytes: WeightBytes,
+    /// The kernels' strip layout of a quantized matrix, once
+    /// [`repack`](Weight::repack) made it (shared by clones of the weight).
+    packed: Option<Arc<PackedQuantMatrix>>,
 }
 
 impl Weight {
@@ -95,6 +98,7 @@ impl Weight {
             quant: None,
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
+            packed: None,
         })
     }
 
@@ -112,6 +116,7 @@ impl Weight {
             quant: Some(format),
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
+            packed: None,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -131,6 +136,7 @@ impl Weight {
             quant: Some(format),
             shape,
             bytes: WeightBytes::Mapped { map, range },
+            packed: None,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -169,11 +175,38 @@ impl Weight {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), LlmError> {
-        match self.quant {
-            None => ctx.weight_matmul(x, m, &self.matrix()?, out)?,
-            Some(_) => ctx.quant_matmul(x, m, &self.quant_matrix("")?, out)?,
+        match (&self.packed, self.quant) {
+            (Some(p), _) => ctx.quant_matmul_packed(x, m, p, out)?,
+            (None, None) => ctx.weight_matmul(x, m, &self.matrix()?, out)?,
+            (None, Some(_)) => ctx.quant_matmul(x, m, &self.quant_matrix("")?, out)?,
         }
         Ok(())
+    }
+
+    /// Makes the kernels' repacked copy of a quantized matrix
+    /// ([`ExecContext::repack_quant`](fucina::ExecContext::repack_quant): rows in
+    /// strips of 8, scales apart from the values, 64-byte aligned), which
+    /// [`matmul`](Weight::matmul) reads from then on: the same bits, faster
+    /// (the decode of a quantized model reads its weights at close to the
+    /// memory bandwidth). The copy lives as long as the weight (and its
+    /// clones); the original bytes stay for [`bytes`](Weight::bytes). Returns
+    /// whether a copy was made (`false` for a float weight or one already
+    /// repacked).
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn repack(&mut self, ctx: &fucina::ExecContext) -> Result<bool, LlmError> {
+        if self.quant.is_none() || self.packed.is_some() {
+            return Ok(false);
+        }
+        let packed = ctx.repack_quant(&self.quant_matrix("")?)?;
+        self.packed = Some(Arc::new(packed));
+        Ok(true)
+    }
+
+    /// Whether [`repack`](Weight::repack) made the kernels' copy.
+    pub fn is_repacked(&self) -> bool {
+        self.packed.is_some()
     }
 
     /// Row `r` of a matrix weight widened to f32 into `out` (`cols` values); a
@@ -182,9 +215,10 @@ impl Weight {
     /// # Errors
     /// A weight that is not a matrix, `r` past its rows or `out` of the wrong length.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<(), LlmError> {
-        match self.quant {
-            Some(_) => self.quant_matrix("")?.dequantize_row(r, out)?,
-            None => {
+        match (&self.packed, self.quant) {
+            (Some(p), _) => p.dequantize_row(r, out)?,
+            (None, Some(_)) => self.quant_matrix("")?.dequantize_row(r, out)?,
+            (None, None) => {
                 let m = self.matrix()?;
                 if r >= m.rows || out.len() != m.cols {
                     return Err(LlmError::InvalidRequest {
@@ -218,6 +252,7 @@ impl Weight {
             quant: None,
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
+            packed: None,
         }
     }
 
@@ -233,6 +268,7 @@ impl Weight {
             quant: None,
             shape,
             bytes: WeightBytes::Mapped { map, range },
+            packed: None,
         }
     }
 
@@ -449,6 +485,21 @@ impl WeightStore {
             tensors: tensors.into_iter().collect(),
             files: Vec::new(),
         }
+    }
+
+    /// [`Weight::repack`] of every block-quantized matrix of the store
+    /// ([`open_model`](crate::open_model) and [`Model::load_as`](crate::Model::load_as)
+    /// call it): the decode kernels then read the repacked strips. Returns how
+    /// many were repacked.
+    ///
+    /// # Errors
+    /// Out of memory (the weights repacked so far keep their copies).
+    pub fn repack_quantized(&mut self, ctx: &fucina::ExecContext) -> Result<usize, LlmError> {
+        let mut n = 0;
+        for w in self.tensors.values_mut() {
+            n += usize::from(w.repack(ctx)?);
+        }
+        Ok(n)
     }
 
     /// The tensor `name`, or an error naming it.

@@ -345,8 +345,39 @@ fn quantized_gguf_models_run_close_to_f32() {
             &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
             1,
         );
+        // The kernels' repacked copy (what `open_model` makes) gives the same
+        // bits as the weights read in place, for 1 and 3 threads.
+        let mut packed_store = gstore.clone();
+        let ctx = ExecContext::with_threads(2);
+        assert!(packed_store.repack_quantized(&ctx).unwrap() >= 7);
+        assert!(
+            packed_store
+                .get("model.layers.0.mlp.up_proj.weight")
+                .unwrap()
+                .is_repacked()
+        );
+        assert!(
+            !gstore
+                .get("model.layers.0.mlp.up_proj.weight")
+                .unwrap()
+                .is_repacked()
+        );
+        assert_eq!(
+            packed_store.repack_quantized(&ctx).unwrap(),
+            0,
+            "repacked once"
+        );
+        let packed = Model::from_parts(gcfg.clone(), packed_store).unwrap();
         let model = Model::from_parts(gcfg, gstore).unwrap();
         let one = logits(&model, 1);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for threads in [1, 3] {
+            assert_eq!(
+                bits(&logits(&packed, threads)),
+                bits(&one),
+                "{q:?}: repacked, {threads} threads"
+            );
+        }
         let deq_diff = one
             .iter()
             .zip(&deq)
@@ -357,7 +388,6 @@ fn quantized_gguf_models_run_close_to_f32() {
             "{q:?} against its dequantized weights: {deq_diff}"
         );
         let two = logits(&model, 2);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&one), bits(&two), "{q:?}: 1 and 2 threads");
         let max_diff = one
             .iter()

@@ -608,7 +608,10 @@ fn run_bits(ctx: &ExecContext, net: &Sequential, x: &Tensor) -> Vec<Vec<u32>> {
         .unwrap()
         .backward(ctx)
         .unwrap();
-    let mut out = vec![bits(&y.to_vec()), bits(&x.grad(ctx).unwrap().unwrap().to_vec())];
+    let mut out = vec![
+        bits(&y.to_vec()),
+        bits(&x.grad(ctx).unwrap().unwrap().to_vec()),
+    ];
     out.extend(
         net.parameters()
             .iter()
@@ -679,5 +682,8 @@ fn sequential_fuses_batch_norm_relu_max_pool_with_the_same_bits() {
         .push(MaxPool2d::new([2, 2]).unwrap())
         .forward(&ctx, &bad)
         .unwrap_err();
-    assert!(e.to_string().contains("BatchNorm2d(num_features = 5)"), "{e}");
+    assert!(
+        e.to_string().contains("BatchNorm2d(num_features = 5)"),
+        "{e}"
+    );
 }

@@ -43,7 +43,8 @@ impl BatchNormStats {
     /// The three rows of a packed `[3, C]` statistics tensor, as views.
     pub(crate) fn unpack(packed: &RawTensor) -> Result<BatchNormStats, ExecError> {
         let ch = packed.shape()[1];
-        let row = |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
+        let row =
+            |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
         Ok(BatchNormStats {
             mean: row(0)?,
             unbiased_var: row(1)?,

@@ -149,7 +149,8 @@ impl ExecContext {
         let g = Geo::new(x.shape(), out_dims.as_slice());
         let (ip, opl) = g.planes();
         let c = |t: &RawTensor| self.contiguous(t);
-        let (xc, gc, bc, mc, ic, gpc) = (c(x)?, c(gamma)?, c(beta)?, c(mean)?, c(inv_std)?, c(grad)?);
+        let (xc, gc, bc, mc, ic, gpc) =
+            (c(x)?, c(gamma)?, c(beta)?, c(mean)?, c(inv_std)?, c(grad)?);
         let (xs, gs, bs, ms, is, gps) = (
             xc.contiguous_slice(),
             gc.contiguous_slice(),

@@ -3,7 +3,9 @@
 //! [`AdaptiveAvgPool2d`] and [`Flatten`].
 
 use fucina_autograd::Tensor;
-use fucina_exec::{BatchNormStats, Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOp, Pool2dOptions};
+use fucina_exec::{
+    BatchNormStats, Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOp, Pool2dOptions,
+};
 
 use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed, weight_and_bias};
 use crate::error::{Error, Result};

@@ -234,15 +234,18 @@ impl Kernel {
         v: &mut [f32],
         g: &[f32],
     ) {
-        let one = |(w, m, v, g): &mut (&mut [f32], &mut [f32], &mut [f32], &[f32])| {
-            match (decoupled, self.wd != 0.0) {
-                (true, _) => self.run::<true, false>(w, m, v, g),
-                (false, true) => self.run::<false, true>(w, m, v, g),
-                (false, false) => self.run::<false, false>(w, m, v, g),
-            }
+        let one = |(w, m, v, g): &mut (&mut [f32], &mut [f32], &mut [f32], &[f32])| match (
+            decoupled,
+            self.wd != 0.0,
+        ) {
+            (true, _) => self.run::<true, false>(w, m, v, g),
+            (false, true) => self.run::<false, true>(w, m, v, g),
+            (false, false) => self.run::<false, false>(w, m, v, g),
         };
         let n = w.len();
-        let team = ctx.team().filter(|t| t.participants() > 1 && n >= PARALLEL_MIN);
+        let team = ctx
+            .team()
+            .filter(|t| t.participants() > 1 && n >= PARALLEL_MIN);
         let Some(team) = team else {
             return one(&mut (w, m, v, g));
         };
