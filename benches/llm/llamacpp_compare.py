@@ -253,7 +253,7 @@ def llama(args):
     def quiet(level, text, user_data):
         pass
 
-    log_cb = L.ggml_log_callback(quiet)
+    log_cb = L.llama_log_callback(quiet)
     if not args.verbose:
         L.llama_log_set(log_cb, None)
     L.llama_backend_init()
@@ -265,8 +265,8 @@ def llama(args):
     print(f"CPU: {cpu}; {args.threads} threads; llama-cpp-python {L.__version__}")
     print("llama.cpp system info:", L.llama_print_system_info().decode().strip())
 
-    mp = L.llama_model_default_params()
-    mp.use_mmap = True
+    mp = L.llama_model_default_params()  # memory-mapped, as fucina
+    mp.use_extra_bufts = not args.no_extra_bufts
     t0 = time.perf_counter()
     model = L.llama_model_load_from_file(args.gguf.encode(), mp)
     if not model:
@@ -388,6 +388,11 @@ def main():
     b.add_argument("--decode", type=int, default=32)
     b.add_argument("--reps", type=int, default=3)
     b.add_argument("--verbose", action="store_true", help="keep llama.cpp's log")
+    b.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="no AMX / repacked (interleaved) weight copies: the plain CPU kernels",
+    )
     args = ap.parse_args()
     {"convert": convert, "llama": llama}[args.cmd](args)
 
