@@ -19,6 +19,17 @@ Setup (a throwaway virtual environment, llama.cpp compiled for this CPU):
     CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/venv-llama/bin/pip install --no-binary llama-cpp-python llama-cpp-python
     /tmp/venv-llama/bin/pip install gguf numpy
 
+On a CPU whose AMX tiles llama.cpp cannot use (the project's development VM
+reports AMX, and llama.cpp's AMX kernels crash there with SIGSEGV at the first
+`ldtilecfg` of a Q8_0 or Q4_0 matmul), build it with the same instruction sets
+named and AMX off, so that llama.cpp's default path for Q4_0 is its repacked
+(interleaved) AVX-512 kernels:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+      -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+      -DGGML_AMX_BF16=OFF" pip install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
+
     PY=/tmp/venv-llama/bin/python
     $PY benches/llm/llamacpp_compare.py convert --model DIR --out OUT --formats bf16,q8_0,q4_0
     $PY benches/llm/llamacpp_compare.py llama --gguf OUT/NAME-q8_0.gguf --threads 2
