@@ -1,16 +1,25 @@
-//! Prefill and decode throughput of a model directory, against the
-//! memory-bandwidth limit measured in the same run.
+//! Prefill and decode throughput of a model directory or a GGUF file, against
+//! the memory-bandwidth limit measured in the same run.
 //!
 //! ```text
 //! cargo run --release -p fucina-llm --example bench -- --model DIR --threads 1
+//! cargo run --release -p fucina-llm --example bench -- --model model.gguf --threads 1
 //! ```
+//!
+//! `--model` is a Hugging Face model directory (config.json + safetensors) or a
+//! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
+//! `fucina_llm::gguf::llama::load_llama`: F32/F16/BF16 tensors and Q8_0/Q4_0
+//! matrices kept in llama.cpp's blocks), so the very files llama.cpp runs can be
+//! measured here (`benches/llm/llamacpp_compare.py` does both).
 //!
 //! Measures, in this order and in one process:
 //! - prefill tokens/s for each prompt length of `--prefill` (random ids, a fresh
 //!   cache each time), median of `--reps`;
 //! - decode tokens/s at each batch size of `--batch`: after a 16-token prompt per
 //!   sequence, `--decode` steps of one token per sequence (greedy), tokens/s
-//!   counting every sequence's token;
+//!   counting every sequence's token; at batch 1 the first 8 greedy ids of the
+//!   first repetition are printed (a check that another engine runs the same
+//!   model: `benches/llm/llamacpp_compare.py` prints the same line);
 //! - the peak resident memory against the model's file size plus the KV caches
 //!   it allocated;
 //! - the streaming read bandwidth: a sum over a buffer larger than the caches
@@ -25,12 +34,13 @@ use std::time::Instant;
 
 use clap::Parser;
 use fucina::ExecContext;
+use fucina_llm::gguf::llama::load_llama;
 use fucina_llm::{KvCache, Model, ModelConfig, WeightStore};
 
 #[derive(Parser)]
 #[command(about = "fucina-llm prefill/decode throughput against the bandwidth limit")]
 struct Args {
-    /// The model directory (config.json + safetensors).
+    /// The model: a directory (config.json + safetensors) or a `.gguf` file.
     #[arg(long)]
     model: PathBuf,
     /// Worker threads.
@@ -123,12 +133,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 2. The model.
     let t0 = Instant::now();
-    let store = WeightStore::open(&args.model)?;
-    let file_bytes = store.file_bytes() as usize;
-    let model = Model::from_parts(
-        ModelConfig::from_file(args.model.join("config.json"))?,
-        store,
-    )?;
+    let is_gguf = args
+        .model
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let (model, file_bytes) = if is_gguf {
+        let (config, store, _file) = load_llama(&args.model)?;
+        // The GGUF file stays mapped through the weights that borrow it.
+        let file_bytes = std::fs::metadata(&args.model)?.len() as usize;
+        (Model::from_parts(config, store)?, file_bytes)
+    } else {
+        let store = WeightStore::open(&args.model)?;
+        let file_bytes = store.file_bytes() as usize;
+        let config = ModelConfig::from_file(args.model.join("config.json"))?;
+        (Model::from_parts(config, store)?, file_bytes)
+    };
     let cfg = model.config().clone();
     let weight_bytes = model.weight_bytes_per_token();
     println!(
@@ -186,6 +205,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             cache_bytes = cache_bytes.max(caches.iter().map(KvCache::bytes).sum());
             let mut logits = vec![0.0f32; b * vocab];
+            let mut greedy = Vec::with_capacity(args.decode + 1);
+            greedy.push(next[0]);
             let t0 = Instant::now();
             for _ in 0..args.decode {
                 let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
@@ -193,8 +214,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for (i, n) in next.iter_mut().enumerate() {
                     *n = argmax(&logits[i * vocab..(i + 1) * vocab]);
                 }
+                greedy.push(next[0]);
             }
             times.push(t0.elapsed().as_secs_f64());
+            if rep == 0 && b == 1 {
+                // A check that two engines run the same model: the greedy ids
+                // after the first prompt (llamacpp_compare.py prints the same).
+                greedy.truncate(8);
+                println!("greedy ids after prompt 0: {greedy:?}");
+            }
         }
         times.remove(0);
         let (m, lo, hi) = median(times);
