@@ -124,7 +124,7 @@ fn bad_input_is_an_error_naming_the_op() {
     let x = ctx.from_slice(&[2, 3, 4, 4], &values(96, 1)).unwrap();
     let (g, b) = (ctx.ones(&[3]).unwrap(), ctx.zeros(&[3]).unwrap());
     let msg = |r: Result<(RawTensor, fucina_exec::BatchNormStats), ExecError>| {
-        r.err().expect("an error").to_string()
+        r.expect_err("an error").to_string()
     };
     // Not [N, C, H, W]: the pool's error.
     let x3 = ctx.from_slice(&[2, 3, 16], &values(96, 1)).unwrap();

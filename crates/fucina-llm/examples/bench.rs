@@ -9,8 +9,9 @@
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
 //! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
 //! `fucina_llm::gguf::llama::load_llama`: F32/F16/BF16 tensors and Q8_0/Q4_0
-//! matrices kept in llama.cpp's blocks), so the very files llama.cpp runs can be
-//! measured here (`benches/llm/llamacpp_compare.py` does both).
+//! matrices kept in llama.cpp's blocks, then repacked once for the kernels as
+//! `open_model` does, unless `--in-place`), so the very files llama.cpp runs can
+//! be measured here (`benches/llm/llamacpp_compare.py` does both).
 //!
 //! Measures, in this order and in one process:
 //! - prefill tokens/s for each prompt length of `--prefill` (random ids, a fresh
@@ -61,6 +62,10 @@ struct Args {
     /// Size of the streaming-read buffer in MiB.
     #[arg(long, default_value_t = 1024)]
     stream_mib: usize,
+    /// Read Q8_0/Q4_0 weights in place (`quant_matmul`) instead of from the
+    /// kernels' repacked strips that `open_model` makes (`quant_matmul_packed`).
+    #[arg(long)]
+    in_place: bool,
 }
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -138,9 +143,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (model, file_bytes) = if is_gguf {
-        let (config, store, _file) = load_llama(&args.model)?;
+        let (config, mut store, _file) = load_llama(&args.model)?;
         // The GGUF file stays mapped through the weights that borrow it.
         let file_bytes = std::fs::metadata(&args.model)?.len() as usize;
+        if !args.in_place {
+            let n = store.repack_quantized(&ctx)?;
+            println!("repacked {n} quantized matrices for the kernels (--in-place: read in place)");
+        }
         (Model::from_parts(config, store)?, file_bytes)
     } else {
         let store = WeightStore::open(&args.model)?;

@@ -201,7 +201,32 @@ impl Weight {
         }
         let packed = ctx.repack_quant(&self.quant_matrix("")?)?;
         self.packed = Some(Arc::new(packed));
+        self.release_mapped_pages();
         Ok(true)
+    }
+
+    /// Tells the kernel that the mapped pages wholly inside this weight's range
+    /// are not needed now (`madvise(MADV_DONTNEED)`), so that a repacked model
+    /// does not hold its file's pages as well as the copy. Advisory: the pages
+    /// of a read-only file mapping come back from the file if read again (by
+    /// [`bytes`](Weight::bytes)), so nothing changes but the resident set; a
+    /// refusal by the kernel is ignored.
+    fn release_mapped_pages(&self) {
+        let WeightBytes::Mapped { map, range } = &self.bytes else {
+            return;
+        };
+        let page = 4096;
+        let (start, end) = (range.start.next_multiple_of(page), range.end / page * page);
+        if start < end && end <= map.len() {
+            // SAFETY: `map` is a read-only shared mapping of a file (`Mmap::map`
+            // in `WeightStore::open` and `GgufFile::open`), never written: after
+            // MADV_DONTNEED its pages repopulate from the file on the next read,
+            // so every slice of it keeps reading the same bytes. The range is
+            // page-aligned and inside the mapping (checked above).
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
     }
 
     /// Whether [`repack`](Weight::repack) made the kernels' copy.

@@ -222,6 +222,9 @@ const PARALLEL_MIN: usize = 1 << 16;
 /// Most chunks of a parallel update (their slices live on the stack).
 const MAX_CHUNKS: usize = 16;
 
+/// One chunk of an update: the weights, both moments and the gradient.
+type Chunk<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32], &'a [f32]);
+
 impl Kernel {
     /// [`run`](Kernel::run) in the mode of `decoupled` and `wd`, split over
     /// the context's team for a long parameter.
@@ -252,7 +255,7 @@ impl Kernel {
         let parts = team.participants().min(MAX_CHUNKS);
         // Chunks of whole 16-float vectors.
         let size = n.div_ceil(parts).div_ceil(16) * 16;
-        let mut pieces: [(&mut [f32], &mut [f32], &mut [f32], &[f32]); MAX_CHUNKS] =
+        let mut pieces: [Chunk<'_>; MAX_CHUNKS] =
             std::array::from_fn(|_| (&mut [][..], &mut [][..], &mut [][..], &[][..]));
         let (mut w, mut m, mut v, mut g) = (w, &mut m[..n], &mut v[..n], &g[..n]);
         let mut k = 0;
