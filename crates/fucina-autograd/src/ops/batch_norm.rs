@@ -115,7 +115,7 @@ impl Tensor {
     /// gradient bits as the two ops, without keeping or even writing the
     /// normalized tensor (the backward recomputes it plane by plane). The node
     /// keeps the input, the parameters and the statistics.
-    /// [`Sequential`](../../fucina/nn/struct.Sequential.html) uses it for a
+    /// The facade's `nn::Sequential` uses it for a
     /// `BatchNorm2d` in training mode followed by a ReLU and a max pool.
     ///
     /// ```
