@@ -6,11 +6,13 @@
 //! backward, whose full-resolution gradient is written and then read twice by
 //! the batch norm's backward. The fused op never materializes either
 //! full-resolution intermediate. Each plane `(n, c)` is normalized into a
-//! scratch plane that stays in the L1 cache, pooled from there; the backward
-//! recomputes the plane the same way, runs the pool's backward into a second
-//! scratch plane, and consumes it at once (the channel sums, then the input
-//! gradient). The full-resolution tensors are the input, read three times, and
-//! its gradient, written once.
+//! scratch plane that stays in the L1 cache, pooled from there. The backward
+//! recomputes the plane the same way and runs the pool's backward straight into
+//! the input gradient's memory, taking the plane's two batch-norm sums while it
+//! is in cache; a second pass turns it into the input gradient in place. Over
+//! full-resolution tensors that is five reads and two writes (the statistics,
+//! the pooled forward, the two backward passes), against eight reads and three
+//! writes for the separate ops.
 //!
 //! **The bits are those of the unfused ops.** Every value is computed by the
 //! same plane functions the separate ops use, in the same order: the
