@@ -8,23 +8,10 @@
 mod support;
 
 use fucina_exec::{
-    ExecContext, ExecError, Pool2dOp, Pool2dOptions, RawTensor, SimdLevel, detected_simd_level,
+    ExecContext, ExecError, Pool2dOp, Pool2dOptions, SimdLevel, detected_simd_level,
     force_simd_level,
 };
-use support::values;
-
-fn bits(t: &RawTensor) -> Vec<u32> {
-    t.to_vec()
-        .iter()
-        .map(|v| {
-            if v.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                v.to_bits()
-            }
-        })
-        .collect()
-}
+use support::{nan_bits, values};
 
 fn opts(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Pool2dOptions {
     Pool2dOptions {
@@ -57,9 +44,9 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     for op in ops {
         let y = ctx.pool2d(op, &x)?;
         let g = ctx.from_slice(y.shape(), &values(y.numel(), 2))?;
-        out.push((format!("{op:?}"), bits(&y)));
+        out.push((format!("{op:?}"), nan_bits(&y)));
         let gx = ctx.pool2d_backward(op, &s, Some(&x), &g)?;
-        out.push((format!("{op:?} backward"), bits(&gx)));
+        out.push((format!("{op:?} backward"), nan_bits(&gx)));
     }
     for shape in [&s[..], &[64, 70][..], &[6, 5, 333][..]] {
         let n: usize = shape.iter().product();
@@ -80,29 +67,32 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
                 ctx.batch_norm_eval(&x, &beta, &rv, &gamma, &beta, 1e-5)?,
             ),
         ] {
-            out.push((format!("{name} {shape:?}"), bits(&t)));
+            out.push((format!("{name} {shape:?}"), nan_bits(&t)));
         }
         for training in [true, false] {
             let (gx, gg, gb) =
                 ctx.batch_norm_backward(&x, &gamma, &st.mean, &st.inv_std, &gy, training)?;
             for (name, t) in [("gx", gx), ("ggamma", gg), ("gbeta", gb)] {
-                out.push((format!("bn backward {training} {name} {shape:?}"), bits(&t)));
+                out.push((
+                    format!("bn backward {training} {name} {shape:?}"),
+                    nan_bits(&t),
+                ));
             }
         }
     }
     let x = ctx.from_slice(&[37, 301], &values(37 * 301, 7))?;
     for axis in [0, 1] {
-        out.push((format!("cumsum {axis}"), bits(&ctx.cumsum(&x, axis)?)));
+        out.push((format!("cumsum {axis}"), nan_bits(&ctx.cumsum(&x, axis)?)));
         out.push((
             format!("cumsum_backward {axis}"),
-            bits(&ctx.cumsum_backward(&x, axis)?),
+            nan_bits(&ctx.cumsum_backward(&x, axis)?),
         ));
     }
     let idx: Vec<i64> = (0..37 * 301).map(|i| (i * 13 % 301) as i64).collect();
     let idx = ctx.from_slice_typed::<i64>(&[37, 301], &idx)?;
     out.push((
         "scatter_add".into(),
-        bits(&ctx.scatter_add(&x, 1, &idx, &x)?),
+        nan_bits(&ctx.scatter_add(&x, 1, &idx, &x)?),
     ));
     Ok(out)
 }

@@ -7,21 +7,8 @@
 
 mod support;
 
-use fucina_exec::{ExecContext, ExecError, Pool2dOp, Pool2dOptions, RawTensor};
-use support::values;
-
-fn bits(t: &RawTensor) -> Vec<u32> {
-    t.to_vec()
-        .iter()
-        .map(|v| {
-            if v.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                v.to_bits()
-            }
-        })
-        .collect()
-}
+use fucina_exec::{ExecContext, ExecError, Pool2dOp, Pool2dOptions};
+use support::{nan_bits, values};
 
 /// `values`, with every 7th element replaced by a special value (ties among
 /// small integers, both zeros, infinities, NaN).
@@ -59,7 +46,7 @@ fn check(ctx: &ExecContext, shape: [usize; 4], o: Pool2dOptions) -> Result<(), E
         let want = ctx.max_pool2d(&r, o)?;
         let got = ctx.relu_max_pool2d(&x, o)?;
         assert_eq!(got.shape(), want.shape());
-        assert_eq!(bits(&got), bits(&want), "forward {shape:?} {o:?}");
+        assert_eq!(nan_bits(&got), nan_bits(&want), "forward {shape:?} {o:?}");
         let m = want.numel();
         let gy = if gs == 2 {
             values(m, gs)
@@ -70,7 +57,7 @@ fn check(ctx: &ExecContext, shape: [usize; 4], o: Pool2dOptions) -> Result<(), E
         let gr = ctx.pool2d_backward(Pool2dOp::Max(o), &shape, Some(&r), &gy)?;
         let want = ctx.relu_backward(&x, &gr)?;
         let got = ctx.pool2d_backward(Pool2dOp::ReluMax(o), &shape, Some(&x), &gy)?;
-        assert_eq!(bits(&got), bits(&want), "backward {shape:?} {o:?}");
+        assert_eq!(nan_bits(&got), nan_bits(&want), "backward {shape:?} {o:?}");
     }
     Ok(())
 }

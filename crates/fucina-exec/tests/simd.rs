@@ -10,12 +10,12 @@ mod support;
 use fucina_exec::{
     ExecContext, ExecError, RawTensor, SimdLevel, detected_simd_level, force_simd_level, simd_level,
 };
-use support::values;
+use support::{nan_bits, values};
 
 /// The bits of every op output, in a fixed order.
 fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     let mut out = Vec::new();
-    let mut push = |name: &str, t: RawTensor| out.push((name.to_string(), bits(&t)));
+    let mut push = |name: &str, t: RawTensor| out.push((name.to_string(), nan_bits(&t)));
     // Odd sizes: vector bodies plus scalar tails; 1029 > 4 blocks of 256.
     let (r, c) = (13, 1029);
     let a = ctx.from_slice(&[r, c], &values(r * c, 1))?;
@@ -167,18 +167,6 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
 /// a NaN at every level, but its sign and payload are not part of the promise
 /// (which operand's NaN an x86 instruction passes on depends on the operand
 /// order the compiler picked for that vector width).
-fn bits(t: &RawTensor) -> Vec<u32> {
-    t.to_vec()
-        .iter()
-        .map(|v| {
-            if v.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                v.to_bits()
-            }
-        })
-        .collect()
-}
 
 #[test]
 fn every_vector_level_gives_the_same_bits() {

@@ -96,6 +96,21 @@ pub fn naive_binary(
     (shape, out)
 }
 
+/// A tensor's bit patterns with every NaN made the canonical one (NaN
+/// payloads are not part of the determinism promise), for bitwise comparisons.
+pub fn nan_bits(t: &RawTensor) -> Vec<u32> {
+    t.to_vec()
+        .iter()
+        .map(|v| {
+            if v.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                v.to_bits()
+            }
+        })
+        .collect()
+}
+
 /// Bit patterns, for bitwise comparisons.
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
