@@ -36,9 +36,6 @@ use crate::tensor::RawTensor;
 /// Per-element work weight of normalizing a plane into scratch.
 const NORM_WORK: usize = 2;
 
-/// Channels whose backward sums fit on the stack (more take one allocation).
-const MAX_STACK_CHANNELS: usize = 1024;
-
 /// Samples per parallel call of a two-output pass (the pairs of row slices
 /// live on the stack).
 const GROUP: usize = 64;
@@ -171,7 +168,7 @@ impl ExecContext {
             // `grad_x`'s memory, and the plane's two backward sums.
             let mut partials = Ok(());
             let pt = self.new_tensor(OP, &[n, 2 * ch], |pt: &mut [f32]| {
-                partials = self.pool_grad_pass(OP, gx, pt, row, work, ip, |r, gxr, ptr, z| {
+                partials = self.pool_grad_pass(OP, gx, pt, row, ch * work, ip, |r, gxr, ptr, z| {
                     vectorized!(for c in 0..ch {
                         let p = r * ch + c;
                         let (mu, a, b) = (ms[c], gs[c] * is[c], bs[c]);
@@ -194,20 +191,22 @@ impl ExecContext {
             };
             // The channel sums, samples in order (the unfused op's order).
             let ps = pt.contiguous_slice();
-            let mut ss = [0.0f32; 2 * MAX_STACK_CHANNELS];
-            let mut heap;
-            let ss: &mut [f32] = if ch <= MAX_STACK_CHANNELS {
-                &mut ss[..2 * ch]
-            } else {
-                heap = vec![0.0f32; 2 * ch];
-                &mut heap
-            };
-            for prow in ps.chunks_exact(2 * ch) {
-                for (s, &v) in ss.iter_mut().zip(prow) {
-                    *s += v;
+            let sums = self.new_tensor(OP, &[ch, 2], |ss: &mut [f32]| {
+                ss.fill(0.0);
+                for prow in ps.chunks_exact(2 * ch) {
+                    for (s, &v) in ss.iter_mut().zip(prow) {
+                        *s += v;
+                    }
                 }
-            }
-            let ss = &*ss;
+            });
+            let sums = match sums {
+                Ok(t) => t,
+                Err(e) => {
+                    done = Err(e);
+                    return;
+                }
+            };
+            let ss = sums.contiguous_slice();
             param_grads = Some(self.batch_norm_param_grads(OP, ss, is));
             // Pass 2, per sample, in place: the input gradient from the pool's.
             let m = (n * plane) as f32;
