@@ -185,26 +185,44 @@ impl<'a> QuantMatrix<'a> {
     /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
     /// [`ExecError::InvalidDataLength`] if `out.len() != cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
-        let op = "QuantMatrix::dequantize_row";
-        if r >= self.rows {
-            return Err(ExecError::IndexOutOfBounds {
-                op,
-                index: i64::try_from(r).unwrap_or(i64::MAX),
-                bound: self.rows,
-            });
-        }
-        if out.len() != self.cols {
-            return Err(ExecError::InvalidDataLength {
-                op,
-                shape: Dims::new(&[self.cols]),
-                expected: self.cols,
-                got: out.len(),
-            });
-        }
+        check_row(
+            "QuantMatrix::dequantize_row",
+            r,
+            self.rows,
+            self.cols,
+            out.len(),
+        )?;
         let rb = self.row_bytes();
         dequantize_row(self.format, &self.bytes[r * rb..(r + 1) * rb], out);
         Ok(())
     }
+}
+
+/// The checks of a `dequantize_row`: row `r` of `rows`, into `out_len` values
+/// for `cols` columns.
+fn check_row(
+    op: &'static str,
+    r: usize,
+    rows: usize,
+    cols: usize,
+    out_len: usize,
+) -> Result<(), ExecError> {
+    if r >= rows {
+        return Err(ExecError::IndexOutOfBounds {
+            op,
+            index: i64::try_from(r).unwrap_or(i64::MAX),
+            bound: rows,
+        });
+    }
+    if out_len != cols {
+        return Err(ExecError::InvalidDataLength {
+            op,
+            shape: Dims::new(&[cols]),
+            expected: cols,
+            got: out_len,
+        });
+    }
+    Ok(())
 }
 
 /// A block-quantized matrix owning its bytes (llama.cpp's layout, see
@@ -357,22 +375,13 @@ impl PackedQuantMatrix {
     /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
     /// [`ExecError::InvalidDataLength`] if `out.len() != cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
-        let op = "PackedQuantMatrix::dequantize_row";
-        if r >= self.rows {
-            return Err(ExecError::IndexOutOfBounds {
-                op,
-                index: i64::try_from(r).unwrap_or(i64::MAX),
-                bound: self.rows,
-            });
-        }
-        if out.len() != self.cols {
-            return Err(ExecError::InvalidDataLength {
-                op,
-                shape: Dims::new(&[self.cols]),
-                expected: self.cols,
-                got: out.len(),
-            });
-        }
+        check_row(
+            "PackedQuantMatrix::dequantize_row",
+            r,
+            self.rows,
+            self.cols,
+            out.len(),
+        )?;
         let lay = &self.layout;
         let sb = lay.strip_bytes;
         let strip = &line_bytes(&self.lines)[r / G * sb..(r / G + 1) * sb];
