@@ -132,7 +132,8 @@ struct HeadTask {
     rows: std::ops::Range<usize>,
     /// `rows.len() * head_dim` outputs.
     out: Vec<f32>,
-    /// At least the longest attention span of the call.
+    /// At least twice the longest attention span of the call (two rows at a
+    /// time).
     scores: Vec<f32>,
 }
 
@@ -190,7 +191,8 @@ impl Scratch {
         }
         for t in &mut self.tasks[..tasks] {
             grow(&mut t.out, task_rows * hd);
-            grow(&mut t.scores, span);
+            // Two rows' scores (`kernels::attend_two_rows`).
+            grow(&mut t.scores, 2 * span);
         }
     }
 }
@@ -807,10 +809,36 @@ impl Model {
         let run = |t: &mut HeadTask| {
             let cache = cache_of(t.seq);
             let g = t.head / group;
-            for (i, r) in t.rows.clone().enumerate() {
+            let lo_of = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let (first, end) = (t.rows.start, t.rows.end);
+            let mut r = first;
+            while r < end {
+                let i = r - first;
                 let pos = positions[r];
-                let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let lo = lo_of(pos);
                 let at = r * qd + t.head * hd;
+                // Two rows at once when the next row attends from the same
+                // first position to at least as far (prefill rows of one
+                // sequence): the same bits per row, shared loads.
+                if r + 1 < end && lo_of(positions[r + 1]) == lo && positions[r + 1] >= pos {
+                    let pos_b = positions[r + 1];
+                    let at_b = at + qd;
+                    let (out_a, out_b) = t.out[i * hd..(i + 2) * hd].split_at_mut(hd);
+                    kernels::attend_two_rows(
+                        &q[at..at + hd],
+                        &q[at_b..at_b + hd],
+                        cache.keys_tiled(l, g),
+                        lo,
+                        cache.values(l, g, lo..pos_b + 1),
+                        pos + 1 - lo,
+                        scale,
+                        &mut t.scores,
+                        out_a,
+                        out_b,
+                    );
+                    r += 2;
+                    continue;
+                }
                 kernels::attend_row(
                     &q[at..at + hd],
                     cache.keys_tiled(l, g),
@@ -820,6 +848,7 @@ impl Model {
                     &mut t.scores,
                     &mut t.out[i * hd..(i + 1) * hd],
                 );
+                r += 1;
             }
         };
         let span = tasks

@@ -20,6 +20,14 @@
 /// error within 2 ulp over the normal range (0.69 measured against f64 on a sweep
 /// of 475 000 points). `x > 88.73` gives `+inf`,
 /// `x < -104` gives `0`, `-inf` gives `0`, `+inf` gives `+inf`, NaN gives NaN.
+///
+/// A result below the normal range (`x` below about `-87.3`) is the same
+/// correctly rounded product `y · 2^n1 · 2^n2`, but formed without an
+/// underflowing multiply: x86 CPUs take a microcode assist (about a hundred
+/// cycles) for every vector multiply whose result underflows, which made such
+/// inputs about six times slower than normal ones (3.9 against 0.6 ns per
+/// element, AVX-512, Sapphire Rapids; normal inputs now cost about 10 % more).
+/// The tests check every input of that range against the plain product.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -44,8 +52,26 @@ pub fn exp(x: f32) -> f32 {
     let n1 = ni >> 1;
     let n2 = ni.wrapping_sub(n1);
     let s1 = f32::from_bits((n1.wrapping_add(127) as u32) << 23);
-    let s2 = f32::from_bits((n2.wrapping_add(127) as u32) << 23);
-    y * s1 * s2
+    // `a = y · 2^n1` is exact and normal (y is in [0.7, 1.5), n1 >= -75).
+    // The result `a · 2^n2` is below the normal range when the biased
+    // exponent `ea + n2` of the product would be < 1 (and x is not NaN).
+    let a = y * s1;
+    let ea = ((a.to_bits() >> 23) & 0xff) as i32;
+    let tiny = ea + n2 < 1 && !x.is_nan();
+    // Normal results: one multiply, which never underflows (a tiny lane, whose
+    // product is not used, takes the smallest power of two that keeps it
+    // normal; a select of 1.0 here would be folded back into the underflowing
+    // product by the compiler).
+    let normal = a * f32::from_bits((n2.max(1 - ea).wrapping_add(127) as u32) << 23);
+    // Tiny results: the same product scaled by 2^64 (normal), plus
+    // C = 2^(64 - 126): the sum lies in [C, 2C), where floats are spaced by
+    // exactly the smallest subnormal scaled by 2^64, so the addition rounds
+    // the product to nearest even as the underflowing multiply would; the
+    // bits above C's are the subnormal's bits.
+    const C: f32 = f32::from_bits((127 - 62) << 23);
+    let w = a * f32::from_bits((n2.wrapping_add(64 + 127) as u32) << 23) + C;
+    let rounded = f32::from_bits(w.to_bits().wrapping_sub(C.to_bits()));
+    if tiny { rounded } else { normal }
 }
 
 /// `ln(x)` in f32 without a libm call (the Cephes `logf` scheme, branch-free).
@@ -142,6 +168,56 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `exp` as first written: the last scaling as a plain (underflowing)
+    /// product.
+    fn exp_by_products(x: f32) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        const ROUND: f32 = 12_582_912.0;
+        let x = x.clamp(-104.0, 89.0);
+        let t = x * LOG2E + ROUND;
+        let n = t - ROUND;
+        let r = (x - n * LN2_HI) - n * LN2_LO;
+        let mut p = 1.392_617_6e-3f32;
+        p = p * r + 8.363_173e-3;
+        p = p * r + 4.166_655_6e-2;
+        p = p * r + 1.666_657_8e-1;
+        p = p * r + 0.5;
+        let y = p * r * r + r + 1.0;
+        let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+        let n1 = ni >> 1;
+        let n2 = ni.wrapping_sub(n1);
+        let s1 = f32::from_bits((n1.wrapping_add(127) as u32) << 23);
+        let s2 = f32::from_bits((n2.wrapping_add(127) as u32) << 23);
+        y * s1 * s2
+    }
+
+    /// The integer rounding of results below the normal range gives the bits
+    /// of the plain product for every input from -106 to -85 (each f32 of the
+    /// range, about 2.6 million), and for a sweep of everything else.
+    #[test]
+    fn exp_rounds_tiny_results_as_the_plain_product() {
+        let (lo, hi) = ((-85.0f32).to_bits(), (-106.0f32).to_bits());
+        let mut tiny = 0usize;
+        for b in lo..=hi {
+            let x = f32::from_bits(b);
+            let (got, want) = (exp(x), exp_by_products(x));
+            assert_eq!(got.to_bits(), want.to_bits(), "exp({x:e})");
+            tiny += usize::from(got < f32::MIN_POSITIVE);
+        }
+        assert!(tiny > 1_000_000, "{tiny} subnormal results checked");
+        for b in (0..=u32::MAX).step_by(4099) {
+            let x = f32::from_bits(b);
+            let (got, want) = (exp(x), exp_by_products(x));
+            if want.is_nan() {
+                assert!(got.is_nan(), "exp({x:e})");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "exp({x:e})");
+            }
+        }
+    }
 
     #[test]
     fn exp_is_within_2_ulp_of_f64() {

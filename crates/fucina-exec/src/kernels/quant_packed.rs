@@ -106,8 +106,10 @@ pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk:
 }
 
 /// Computes the outputs of strips `strips` of the packed matrix `data` for all
-/// `m` activation rows: `out_t[((s - strips.start) * G + r) * m + i]` is the
-/// dot product of row `s · G + r` with activation row `i`, in the fixed order.
+/// `m` activation rows: `out_t[((s - strips.start) * m + i) * G + r]` is the
+/// dot product of row `s · G + r` with activation row `i`, in the fixed order
+/// (each strip's outputs activation row by activation row, so that a row of
+/// the result is gathered in runs of `G`).
 ///
 /// # Panics
 /// If `data`, `acts` or `out_t` are too short for `strips` and `m`, or `data`
@@ -155,7 +157,9 @@ pub(crate) fn packed_rows(
                                 }
                             };
                             for (r, row) in res.iter().enumerate() {
-                                out[r * m + i..r * m + i + $mm].copy_from_slice(row);
+                                for (k, &v) in row.iter().enumerate() {
+                                    out[(i + k) * G + r] = v;
+                                }
                             }
                         }};
                     }
@@ -181,17 +185,13 @@ pub(crate) fn packed_rows(
                             x86::strip_avx2_q8(lay, strip, acts, i)
                         }
                     };
-                    for (r, &v) in res.iter().enumerate() {
-                        out[r * m + i] = v;
-                    }
+                    out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
             }
             _ => {
                 for i in 0..m {
                     let res = strip_portable(lay, strip, acts, i);
-                    for (r, &v) in res.iter().enumerate() {
-                        out[r * m + i] = v;
-                    }
+                    out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
             }
         }
@@ -274,6 +274,17 @@ mod x86 {
         );
     }
 
+    /// The eight rows' scales of block `b`, widened.
+    ///
+    /// # Safety
+    /// `scales + 16 b` must be valid for 16 bytes and 16-byte aligned.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn widen_scales(scales: *const u8, b: usize) -> __m256 {
+        // SAFETY: the caller's contract.
+        _mm256_cvtph_ps(unsafe { _mm_load_si128(scales.add(b * 2 * G).cast()) })
+    }
+
     /// The eight rows' scales of block `b`, widened, times `dx`.
     ///
     /// # Safety
@@ -330,6 +341,18 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 4]; M];
         for b in 0..nb {
             prefetch_lines::<4>(vp.wrapping_add(b * 256));
+            // The eight rows' scales of block b, widened and spread to the
+            // lanes of each value vector once per block; each activation row
+            // multiplies them by its own scale (the same products as
+            // permuting `dw · dx`).
+            // SAFETY: the scales are 16-byte aligned in the strip (check_acts).
+            let dw = _mm512_castps256_ps512(unsafe { widen_scales(sp, b) });
+            let dwh = [
+                _mm512_permutexvar_ps(idx[0], dw),
+                _mm512_permutexvar_ps(idx[1], dw),
+                _mm512_permutexvar_ps(idx[2], dw),
+                _mm512_permutexvar_ps(idx[3], dw),
+            ];
             // SAFETY: check_acts: the strip holds nb blocks of 256 value bytes
             // after its scales, 64-byte aligned (scale_bytes and 256 are
             // multiples of 64).
@@ -346,9 +369,9 @@ mod x86 {
                 let row = i0 + i;
                 // SAFETY: check_acts bounds row's block b (32 values, 8
                 // biases); the scales are 16-byte aligned in the strip.
-                let (sv, xv, xb) = unsafe {
+                let (dx, xv, xb) = unsafe {
                     (
-                        _mm512_castps256_ps512(scales8(sp, b, acts.scale[row * nb + b])),
+                        _mm512_set1_ps(*acts.scale.get_unchecked(row * nb + b)),
                         _mm512_broadcast_i64x4(_mm256_loadu_si256(
                             acts.q.as_ptr().add(row * acts.cols + b * QK).cast(),
                         )),
@@ -359,7 +382,7 @@ mod x86 {
                 };
                 for h in 0..4 {
                     let p = _mm512_dpbusd_epi32(xb, w[h], xv);
-                    let s = _mm512_permutexvar_ps(idx[h], sv);
+                    let s = _mm512_mul_ps(dwh[h], dx);
                     acc_i[h] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc_i[h]);
                 }
             }
@@ -434,6 +457,12 @@ mod x86 {
                     _mm512_load_si512(q.add(64).cast()),
                 )
             };
+            // SAFETY: as in strip_vnni_q8.
+            let dw = _mm512_castps256_ps512(unsafe { widen_scales(sp, b) });
+            let dwg = [
+                _mm512_permutexvar_ps(idx[0], dw),
+                _mm512_permutexvar_ps(idx[1], dw),
+            ];
             let lo = [_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4)];
             let hi = [
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
@@ -442,11 +471,11 @@ mod x86 {
             for i in 0..M {
                 let row = i0 + i;
                 // SAFETY: as in strip_vnni_q8.
-                let (sv, xlo, xhi, blo, bhi) = unsafe {
+                let (dx, xlo, xhi, blo, bhi) = unsafe {
                     let xq = acts.q.as_ptr().add(row * acts.cols + b * QK);
                     let bp = acts.bias.as_ptr().add((row * nb + b) * LANES);
                     (
-                        _mm512_castps256_ps512(scales8(sp, b, acts.scale[row * nb + b])),
+                        _mm512_set1_ps(*acts.scale.get_unchecked(row * nb + b)),
                         _mm512_broadcast_i32x4(_mm_loadu_si128(xq.cast())),
                         _mm512_broadcast_i32x4(_mm_loadu_si128(xq.add(16).cast())),
                         _mm512_broadcast_i32x4(_mm_loadu_si128(bp.cast())),
@@ -454,7 +483,7 @@ mod x86 {
                     )
                 };
                 for g in 0..2 {
-                    let s = _mm512_permutexvar_ps(idx[g], sv);
+                    let s = _mm512_mul_ps(dwg[g], dx);
                     let pl = _mm512_dpbusd_epi32(blo, lo[g], xlo);
                     let ph = _mm512_dpbusd_epi32(bhi, hi[g], xhi);
                     lo_acc[i][g] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pl), lo_acc[i][g]);

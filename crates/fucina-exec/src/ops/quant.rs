@@ -654,9 +654,19 @@ impl ExecContext {
         if m == 1 {
             out.copy_from_slice(&t[..rows]);
         } else {
-            for (j, tj) in t.chunks_exact(m).take(rows).enumerate() {
-                for (i, &v) in tj.iter().enumerate() {
-                    out[i * rows + j] = v;
+            // `t` holds each strip's outputs activation row by activation
+            // row: a row of `out` is gathered in runs of G.
+            for (s, ts) in t.chunks_exact(G * m).enumerate() {
+                let n = G.min(rows - s * G);
+                for (i, run) in ts.chunks_exact(G).enumerate() {
+                    let o = &mut out[i * rows + s * G..][..n];
+                    if n == G {
+                        // A whole strip: a fixed-length copy (no library call).
+                        let o: &mut [f32; G] = o.try_into().expect("G outputs");
+                        *o = run.try_into().expect("a run of G");
+                    } else {
+                        o.copy_from_slice(&run[..n]);
+                    }
                 }
             }
         }
@@ -719,14 +729,29 @@ impl ExecContext {
                 // Transposed output [rows, m]: each weight row's m outputs are
                 // contiguous, so the chunks split the weight rows.
                 self.par_rows(t, m, m * cols, kernel);
-                for (j, tj) in t.chunks_exact(m).enumerate() {
-                    for (i, &v) in tj.iter().enumerate() {
-                        out[i * rows + j] = v;
-                    }
-                }
+                untranspose(t, m, out);
             }
         }
         Ok(())
+    }
+}
+
+/// Writes `t` (`[rows, m]`, each weight row's `m` outputs side by side) into
+/// `out` (`[m, rows]`): blocks of 16 weight rows at a time, so that each
+/// activation row receives a run of 16 contiguous outputs (one cache line)
+/// instead of single values `rows` apart.
+fn untranspose(t: &[f32], m: usize, out: &mut [f32]) {
+    const B: usize = 16;
+    let rows = t.len() / m;
+    debug_assert_eq!(out.len(), rows * m);
+    for (jb, tb) in t.chunks(B * m).enumerate() {
+        let n = tb.len() / m;
+        let j0 = jb * B;
+        for (i, orow) in out.chunks_exact_mut(rows).enumerate() {
+            for (jj, o) in orow[j0..j0 + n].iter_mut().enumerate() {
+                *o = tb[jj * m + i];
+            }
+        }
     }
 }
 

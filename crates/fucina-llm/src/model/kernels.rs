@@ -1,12 +1,82 @@
 //! The decoder's small kernels on f32 slices: RMSNorm, RoPE, SiLU, the dot
 //! product and the one-row attention. Each reduction runs in one fixed order
 //! that depends only on its own inputs' lengths (never on threads, batch or the
-//! vector level: this code is compiled once, for the baseline target, and
-//! Rust never fuses or reassociates float operations). The exponential is the crate's own
-//! ([`exp`], IEEE operations only); sines and cosines (of RoPE angles) are
-//! computed in f64 and rounded once.
+//! vector level: Rust never fuses or reassociates float operations, so a loop
+//! compiled for wider vectors computes every element with the same operations
+//! in the same order). The exponential is the crate's own ([`exp`], IEEE
+//! operations only); sines and cosines (of RoPE angles) are computed in f64 and
+//! rounded once.
+//!
+//! # Vector levels
+//! The crate is built for the baseline target (SSE2 on x86_64). The two hot
+//! loops of a prefill, [`attend_row`] and [`swiglu`], are also compiled for
+//! AVX-512 and for AVX2 (the `with_simd_level!` macro), and each call takes the level
+//! `fucina::exec::simd_level()` names (so `FUCINA_SIMD` lowers it too). Their
+//! bodies keep separate multiplies and adds (no fused multiply-add) and their
+//! vectors only hold independent sums side by side, so every level gives the
+//! same bits (`tests/llm_kernels_simd.rs` in the crate's tests checks it).
 
 use crate::config::RopeScaling;
+
+/// Runs `f` inside a function compiled for AVX-512 (F, BW, DQ, VL); `f` (an
+/// `#[inline(always)]` closure made by [`with_simd_level!`]) is inlined and
+/// vectorized for that target.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/DQ/VL, AVX2 and FMA
+/// (`fucina::exec::simd_level()` returned `Avx512`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+pub(crate) unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Runs `f` inside a function compiled for AVX2 + FMA (see [`with_avx512`]).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (`fucina::exec::simd_level()` returned
+/// `Avx2` or higher).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Evaluates `$body` compiled for the process's vector level
+/// (`fucina::exec::simd_level()`): the body is instantiated once per level,
+/// each in an `#[inline(always)]` closure inlined into the matching
+/// target-feature wrapper. `$body`'s loops must be `#[inline(always)]` to be
+/// compiled for the level.
+macro_rules! with_simd_level {
+    ($body:expr) => {{
+        use fucina::exec::SimdLevel;
+        match fucina::exec::simd_level() {
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => {
+                // SAFETY: `simd_level` returns Avx512 only when the CPU has
+                // every feature `with_avx512` enables.
+                unsafe {
+                    $crate::model::kernels::with_avx512(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => {
+                // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2
+                // and FMA.
+                unsafe {
+                    $crate::model::kernels::with_avx2(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
+            }
+            _ => $body,
+        }
+    }};
+}
 
 /// Lanes of the fixed summation order of [`dot`] and [`sum_squares`]: lane `l`
 /// takes the terms `i ≡ l (mod 8)` in increasing `i`, then the lanes are folded
@@ -69,8 +139,14 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `silu(gate) · up` in place in `gate`, `silu(g) = g / (1 + exp(-g))`.
+/// `silu(gate) · up` in place in `gate`, `silu(g) = g / (1 + exp(-g))`, at
+/// the process's vector level (the same bits at each).
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
+    with_simd_level!(swiglu_body(gate, up))
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp(-*g)) * u;
     }
@@ -238,20 +314,272 @@ fn weigh_blocks<const G: usize>(
     }
 }
 
+/// [`score_tiles`], through [`avx512::score_tiles`] when `AVX512`.
+#[inline(always)]
+fn tiles_of_scores<const G: usize, const AVX512: bool>(
+    q: &[f32],
+    keys: &[f32],
+    tile0: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 {
+        // SAFETY: `AVX512` is set only inside `with_avx512` (the CPU has
+        // AVX-512 F).
+        return unsafe { avx512::score_tiles::<G>(q, keys, tile0, scale, scores) };
+    }
+    score_tiles::<G>(q, keys, tile0, scale, scores)
+}
+
+/// [`weigh_blocks`], through [`avx512::weigh_blocks`] when `AVX512`.
+#[inline(always)]
+fn blocks_of_weighted_sums<const G: usize, const AVX512: bool>(
+    p: &[f32],
+    values: &[f32],
+    d: usize,
+    first: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 {
+        // SAFETY: as in `tiles_of_scores`.
+        return unsafe { avx512::weigh_blocks::<G>(p, values, d, first, out) };
+    }
+    weigh_blocks::<G>(p, values, d, first, out)
+}
+
+/// [`score_tiles`] and [`weigh_blocks`] on 16-lane AVX-512 registers, one
+/// register per block of [`BLOCK`] = 16 positions or output elements: the same
+/// multiplies and adds (never fused) in the same order, so the same bits. The
+/// generic loops keep their accumulator arrays on the stack at this width;
+/// here they stay in registers.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    const _: () = assert!(BLOCK == 16, "one AVX-512 register per block");
+
+    /// See [`super::score_tiles`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tiles<const G: usize>(
+        q: &[f32],
+        keys: &[f32],
+        tile0: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let d = q.len();
+        let keys = &keys[tile0 * d * BLOCK..(tile0 + G) * d * BLOCK];
+        let scores = &mut scores[..G * BLOCK];
+        let kp = keys.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); G];
+        for (i, &qi) in q.iter().enumerate() {
+            let x = _mm512_set1_ps(qi);
+            for (g, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row i of tile g is inside `keys` (sliced above to
+                // G tiles of d rows of BLOCK).
+                let k = unsafe { _mm512_loadu_ps(kp.add((g * d + i) * BLOCK)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, k));
+            }
+        }
+        let sv = _mm512_set1_ps(scale);
+        for (g, a) in acc.iter().enumerate() {
+            // SAFETY: `scores` holds G blocks (sliced above).
+            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(g * BLOCK), _mm512_mul_ps(*a, sv)) };
+        }
+    }
+
+    /// [`score_tiles`] of two query rows: each key vector loaded once.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tiles2<const G: usize>(
+        qa: &[f32],
+        qb: &[f32],
+        keys: &[f32],
+        tile0: usize,
+        scale: f32,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) {
+        let d = qa.len();
+        let (qb, keys) = (&qb[..d], &keys[tile0 * d * BLOCK..(tile0 + G) * d * BLOCK]);
+        let (out_a, out_b) = (&mut out_a[..G * BLOCK], &mut out_b[..G * BLOCK]);
+        let kp = keys.as_ptr();
+        let mut acc_a = [_mm512_setzero_ps(); G];
+        let mut acc_b = [_mm512_setzero_ps(); G];
+        for (i, (&xa, &xb)) in qa.iter().zip(qb).enumerate() {
+            let (xa, xb) = (_mm512_set1_ps(xa), _mm512_set1_ps(xb));
+            for g in 0..G {
+                // SAFETY: as in `score_tiles`.
+                let k = unsafe { _mm512_loadu_ps(kp.add((g * d + i) * BLOCK)) };
+                acc_a[g] = _mm512_add_ps(acc_a[g], _mm512_mul_ps(xa, k));
+                acc_b[g] = _mm512_add_ps(acc_b[g], _mm512_mul_ps(xb, k));
+            }
+        }
+        let sv = _mm512_set1_ps(scale);
+        for g in 0..G {
+            // SAFETY: both outputs hold G blocks (sliced above).
+            unsafe {
+                _mm512_storeu_ps(
+                    out_a.as_mut_ptr().add(g * BLOCK),
+                    _mm512_mul_ps(acc_a[g], sv),
+                );
+                _mm512_storeu_ps(
+                    out_b.as_mut_ptr().add(g * BLOCK),
+                    _mm512_mul_ps(acc_b[g], sv),
+                );
+            }
+        }
+    }
+
+    /// [`weigh_blocks`] of two rows of probabilities, `pa` over a prefix of
+    /// the positions of `pb`: the common positions together, then `pb`'s
+    /// last ones (each output's sum still in increasing `j`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weigh_blocks2<const G: usize>(
+        pa: &[f32],
+        pb: &[f32],
+        values: &[f32],
+        d: usize,
+        first: usize,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) {
+        assert!(pa.len() <= pb.len(), "weigh_blocks2: prefix");
+        assert!(first + G * BLOCK <= d && values.len() >= pb.len() * d);
+        let (out_a, out_b) = (
+            &mut out_a[first..first + G * BLOCK],
+            &mut out_b[first..first + G * BLOCK],
+        );
+        let vp = values.as_ptr();
+        let mut acc_a = [_mm512_setzero_ps(); G];
+        let mut acc_b = [_mm512_setzero_ps(); G];
+        for (j, (&xa, &xb)) in pa.iter().zip(pb).enumerate() {
+            let (xa, xb) = (_mm512_set1_ps(xa), _mm512_set1_ps(xb));
+            for g in 0..G {
+                // SAFETY: j < pb.len(); as in `weigh_blocks`.
+                let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
+                acc_a[g] = _mm512_add_ps(acc_a[g], _mm512_mul_ps(xa, v));
+                acc_b[g] = _mm512_add_ps(acc_b[g], _mm512_mul_ps(xb, v));
+            }
+        }
+        for (j, &xb) in pb.iter().enumerate().skip(pa.len()) {
+            let xb = _mm512_set1_ps(xb);
+            for (g, a) in acc_b.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(xb, v));
+            }
+        }
+        for g in 0..G {
+            // SAFETY: both outputs hold G blocks (sliced above).
+            unsafe {
+                _mm512_storeu_ps(out_a.as_mut_ptr().add(g * BLOCK), acc_a[g]);
+                _mm512_storeu_ps(out_b.as_mut_ptr().add(g * BLOCK), acc_b[g]);
+            }
+        }
+    }
+
+    /// See [`super::weigh_blocks`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weigh_blocks<const G: usize>(
+        p: &[f32],
+        values: &[f32],
+        d: usize,
+        first: usize,
+        out: &mut [f32],
+    ) {
+        assert!(first + G * BLOCK <= d && values.len() >= p.len() * d);
+        let out = &mut out[first..first + G * BLOCK];
+        let vp = values.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); G];
+        for (j, &pj) in p.iter().enumerate() {
+            let x = _mm512_set1_ps(pj);
+            for (g, a) in acc.iter_mut().enumerate() {
+                // SAFETY: j < p.len() and first + (g + 1) · BLOCK <= d
+                // (asserted above), so the 16 values are inside row j.
+                let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, v));
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            // SAFETY: `out` holds G blocks (sliced above).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(g * BLOCK), *a) };
+        }
+    }
+}
+
 /// One query row `q` of one head attending to the `n = values.len() / q.len()`
 /// cached positions `lo..lo + n`: `out = Σ_j softmax(scale · q·k_j)_j · v_j`.
 ///
 /// `keys_t` holds the head's keys in the cache's tiled layout (tiles of
-/// [`BLOCK`] positions, each `[head_dim, BLOCK]`). Each score is
+/// [`BLOCK`] positions, each `[head_dim, BLOCK]`, whole: every tile that
+/// `lo..lo + n` touches). Each score is
 /// `Σ_d q[d] · k_j[d]` in increasing `d` (the positions of a tile are computed
 /// side by side, each its own sum), then scaled; the
 /// softmax's maximum and sum run in increasing `j`, and so does each output
 /// element's weighted sum of the values. `scores[..n]` is scratch.
 ///
-/// Compiled once, for the baseline target: its vectors only hold
-/// independent sums side by side (never parts of one sum) and no
-/// multiply-add is fused.
+/// Runs at the process's vector level: its vectors only hold independent
+/// sums side by side (never parts of one sum) and no multiply-add is fused,
+/// so every level gives the same bits. The wider levels take more key tiles
+/// (and output blocks) at once, which changes only which sums run side by
+/// side.
 pub(crate) fn attend_row(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    use fucina::exec::SimdLevel;
+    match fucina::exec::simd_level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx512 only when the CPU has every
+        // feature `with_avx512` enables.
+        SimdLevel::Avx512 => unsafe {
+            with_avx512(
+                #[inline(always)]
+                || attend_row_body::<4, true>(q, keys_t, lo, values, scale, scores, out),
+            )
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2 and FMA.
+        SimdLevel::Avx2 => unsafe {
+            with_avx2(
+                #[inline(always)]
+                || attend_row_body::<4, false>(q, keys_t, lo, values, scale, scores, out),
+            )
+        },
+        _ => attend_row_body::<TILES, false>(q, keys_t, lo, values, scale, scores, out),
+    }
+}
+
+/// [`attend_row`]'s body, `T` key tiles (and output blocks) at a time;
+/// `AVX512`: the tiles through the AVX-512 kernels of [`avx512`] (the same
+/// operations on 16-lane registers; only inside [`with_avx512`]).
+#[inline(always)]
+fn attend_row_body<const T: usize, const AVX512: bool>(
     q: &[f32],
     keys_t: &[f32],
     lo: usize,
@@ -263,38 +591,64 @@ pub(crate) fn attend_row(
     let d = q.len();
     let n = values.len() / d;
     let scores = &mut scores[..n];
-    // Scores: the whole key tiles inside `lo..lo + n`, then the positions
-    // before and after them one by one (the same sum for each).
-    let end = lo + n;
-    let tile = d * BLOCK;
-    let key = |j: usize, i: usize| keys_t[j / BLOCK * tile + i * BLOCK + j % BLOCK];
-    let one = |j: usize| {
-        let mut a = 0.0f32;
-        for (i, &qi) in q.iter().enumerate() {
-            a += qi * key(j, i);
+    scores_range::<T, AVX512>(q, keys_t, lo, lo..lo + n, scale, scores);
+    softmax_in_place(scores);
+    weighted_sums::<T, AVX512>(scores, values, d, out);
+}
+
+/// The scaled scores `scores[j - lo]` of the positions `range` (which starts
+/// at `lo` or at a tile boundary): the whole key tiles in groups of `T`, then
+/// single tiles; a tile only partly inside the range (at either end) is
+/// scored whole and only its positions inside kept. Each score is the same
+/// sum `Σ_i q[i] · k_j[i]` in increasing `i` however the tiles are grouped.
+/// `keys_t` must hold every tile the range touches (the cache's keys are
+/// whole tiles).
+#[inline(always)]
+fn scores_range<const T: usize, const AVX512: bool>(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    range: std::ops::Range<usize>,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let end = range.end;
+    if range.start >= end {
+        return;
+    }
+    let first = range.start.next_multiple_of(BLOCK).min(end);
+    let last = end / BLOCK * BLOCK;
+    let mut part = [0.0f32; BLOCK];
+    if range.start < first {
+        tiles_of_scores::<1, AVX512>(q, keys_t, range.start / BLOCK, scale, &mut part);
+        for j in range.start..first {
+            scores[j - lo] = part[j % BLOCK];
         }
-        a * scale
-    };
-    let (first, last) = (lo.next_multiple_of(BLOCK).min(end), end / BLOCK * BLOCK);
-    for j in lo..first {
-        scores[j - lo] = one(j);
     }
     let mut start = first;
-    while start + TILES * BLOCK <= last {
-        let out = &mut scores[start - lo..start - lo + TILES * BLOCK];
-        score_tiles::<TILES>(q, keys_t, start / BLOCK, scale, out);
-        start += TILES * BLOCK;
+    while start + T * BLOCK <= last {
+        let out = &mut scores[start - lo..start - lo + T * BLOCK];
+        tiles_of_scores::<T, AVX512>(q, keys_t, start / BLOCK, scale, out);
+        start += T * BLOCK;
     }
     while start < last {
         let out = &mut scores[start - lo..start - lo + BLOCK];
-        score_tiles::<1>(q, keys_t, start / BLOCK, scale, out);
+        tiles_of_scores::<1, AVX512>(q, keys_t, start / BLOCK, scale, out);
         start += BLOCK;
     }
-    for j in last.max(first)..end {
-        scores[j - lo] = one(j);
+    let tail = last.max(first);
+    if tail < end {
+        tiles_of_scores::<1, AVX512>(q, keys_t, tail / BLOCK, scale, &mut part);
+        for j in tail..end {
+            scores[j - lo] = part[j % BLOCK];
+        }
     }
-    // Softmax: probabilities in place; the exponentials summed in the fixed
-    // lane order of `sum_lanes`.
+}
+
+/// Softmax of `scores` in place: the maximum and the exponentials' sum (in the
+/// fixed lane order of `sum_lanes`) in increasing position.
+#[inline(always)]
+fn softmax_in_place(scores: &mut [f32]) {
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = exp(*s - max);
@@ -303,25 +657,187 @@ pub(crate) fn attend_row(
     for s in scores.iter_mut() {
         *s /= sum;
     }
-    // Weighted sum of the values: groups of blocks of output elements, then
-    // single blocks, then the rest one by one (each element's sum in
-    // increasing `j` either way).
+}
+
+/// `out = Σ_j p[j] · v_j` (values `[p.len(), d]`): groups of `T` blocks of
+/// output elements, then single blocks, then the rest one by one (each
+/// element's sum in increasing `j` either way).
+#[inline(always)]
+fn weighted_sums<const T: usize, const AVX512: bool>(
+    p: &[f32],
+    values: &[f32],
+    d: usize,
+    out: &mut [f32],
+) {
     let mut first = 0;
-    while first + TILES * BLOCK <= d {
-        weigh_blocks::<TILES>(scores, values, d, first, out);
-        first += TILES * BLOCK;
+    while first + T * BLOCK <= d {
+        blocks_of_weighted_sums::<T, AVX512>(p, values, d, first, out);
+        first += T * BLOCK;
     }
     while first + BLOCK <= d {
-        weigh_blocks::<1>(scores, values, d, first, out);
+        blocks_of_weighted_sums::<1, AVX512>(p, values, d, first, out);
         first += BLOCK;
     }
-    for (c, o) in out.iter_mut().enumerate().skip(first) {
+    weighted_rest(p, values, d, first, out);
+}
+
+/// Output elements `first..d` of `Σ_j p[j] · v_j`, one by one.
+#[inline(always)]
+fn weighted_rest(p: &[f32], values: &[f32], d: usize, first: usize, out: &mut [f32]) {
+    for (c, o) in out.iter_mut().enumerate().take(d).skip(first) {
         let mut a = 0.0f32;
-        for (&p, v) in scores.iter().zip(values.chunks_exact(d)) {
-            a += p * v[c];
+        for (&pj, v) in p.iter().zip(values.chunks_exact(d)) {
+            a += pj * v[c];
         }
         *o = a;
     }
+}
+
+/// Two query rows of one head and sequence, both attending from `lo`: row
+/// `a` to the first `na` of the `nb = values.len() / qa.len()` positions,
+/// row `b` to all of them (`na <= nb`). Each row's scores, probabilities and
+/// outputs are the same bits as [`attend_row`]'s; the two share the loads of
+/// the keys and values, and at the AVX-512 level their independent sums run
+/// side by side (twice the chains of additions of one row). `scores[..2 nb]`
+/// is scratch.
+#[allow(clippy::too_many_arguments)] // two rows' queries, outputs and lengths
+pub(crate) fn attend_two_rows(
+    qa: &[f32],
+    qb: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    na: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    use fucina::exec::SimdLevel;
+    match fucina::exec::simd_level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx512 only when the CPU has every
+        // feature `with_avx512` enables.
+        SimdLevel::Avx512 => unsafe {
+            with_avx512(
+                #[inline(always)]
+                || {
+                    attend_two_rows_body::<4, true>(
+                        qa, qb, keys_t, lo, values, na, scale, scores, out_a, out_b,
+                    )
+                },
+            )
+        },
+        _ => {
+            let d = qa.len();
+            let nb = values.len() / d;
+            let (sa, sb) = scores.split_at_mut(nb);
+            attend_row(qa, keys_t, lo, &values[..na * d], scale, sa, out_a);
+            attend_row(qb, keys_t, lo, values, scale, sb, out_b);
+        }
+    }
+}
+
+/// [`attend_two_rows`]'s AVX-512 body (see [`attend_row_body`]).
+#[allow(clippy::too_many_arguments)] // as attend_two_rows
+#[inline(always)]
+fn attend_two_rows_body<const T: usize, const AVX512: bool>(
+    qa: &[f32],
+    qb: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    na: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    let d = qa.len();
+    let nb = values.len() / d;
+    assert!(na <= nb && qb.len() == d, "attend_two_rows: row lengths");
+    let (sa, sb) = scores.split_at_mut(nb);
+    let (sa, sb) = (&mut sa[..na], &mut sb[..nb]);
+    // The whole key tiles both rows attend to are scored together; the
+    // positions around them row by row.
+    let first = lo.next_multiple_of(BLOCK);
+    let last = (lo + na) / BLOCK * BLOCK;
+    if first >= last {
+        attend_row_body::<T, AVX512>(qa, keys_t, lo, &values[..na * d], scale, sa, out_a);
+        attend_row_body::<T, AVX512>(qb, keys_t, lo, values, scale, sb, out_b);
+        return;
+    }
+    scores_range::<T, AVX512>(qa, keys_t, lo, lo..first, scale, sa);
+    scores_range::<T, AVX512>(qb, keys_t, lo, lo..first, scale, sb);
+    let mut start = first;
+    while start + T * BLOCK <= last {
+        let span = start - lo..start - lo + T * BLOCK;
+        let (oa, ob) = (&mut sa[span.clone()], &mut sb[span]);
+        two_tiles_of_scores::<T, AVX512>(qa, qb, keys_t, start / BLOCK, scale, oa, ob);
+        start += T * BLOCK;
+    }
+    while start < last {
+        let span = start - lo..start - lo + BLOCK;
+        let (oa, ob) = (&mut sa[span.clone()], &mut sb[span]);
+        two_tiles_of_scores::<1, AVX512>(qa, qb, keys_t, start / BLOCK, scale, oa, ob);
+        start += BLOCK;
+    }
+    scores_range::<T, AVX512>(qa, keys_t, lo, last..lo + na, scale, sa);
+    scores_range::<T, AVX512>(qb, keys_t, lo, last..lo + nb, scale, sb);
+    softmax_in_place(sa);
+    softmax_in_place(sb);
+    let mut first = 0;
+    while first + T * BLOCK <= d {
+        two_blocks_of_weighted_sums::<T, AVX512>(sa, sb, values, d, first, out_a, out_b);
+        first += T * BLOCK;
+    }
+    while first + BLOCK <= d {
+        two_blocks_of_weighted_sums::<1, AVX512>(sa, sb, values, d, first, out_a, out_b);
+        first += BLOCK;
+    }
+    weighted_rest(sa, values, d, first, out_a);
+    weighted_rest(sb, values, d, first, out_b);
+}
+
+/// [`tiles_of_scores`] of two query rows over the same tiles.
+#[inline(always)]
+fn two_tiles_of_scores<const G: usize, const AVX512: bool>(
+    qa: &[f32],
+    qb: &[f32],
+    keys: &[f32],
+    tile0: usize,
+    scale: f32,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 {
+        // SAFETY: `AVX512` is set only inside `with_avx512`.
+        return unsafe { avx512::score_tiles2::<G>(qa, qb, keys, tile0, scale, out_a, out_b) };
+    }
+    tiles_of_scores::<G, AVX512>(qa, keys, tile0, scale, out_a);
+    tiles_of_scores::<G, AVX512>(qb, keys, tile0, scale, out_b);
+}
+
+/// [`blocks_of_weighted_sums`] of two rows of probabilities (`pa` a prefix
+/// of the positions of `pb`).
+#[inline(always)]
+fn two_blocks_of_weighted_sums<const G: usize, const AVX512: bool>(
+    pa: &[f32],
+    pb: &[f32],
+    values: &[f32],
+    d: usize,
+    first: usize,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 {
+        // SAFETY: `AVX512` is set only inside `with_avx512`.
+        return unsafe { avx512::weigh_blocks2::<G>(pa, pb, values, d, first, out_a, out_b) };
+    }
+    blocks_of_weighted_sums::<G, AVX512>(pa, values, d, first, out_a);
+    blocks_of_weighted_sums::<G, AVX512>(pb, values, d, first, out_b);
 }
 
 #[cfg(test)]
@@ -373,6 +889,148 @@ mod tests {
                     .sum();
                 assert!((out[c] as f64 - want).abs() < 1e-5, "d {d} n {n} c {c}");
             }
+        }
+    }
+
+    /// Whether the CPU has every feature `with_avx512` enables.
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx512() -> bool {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512dq")
+            && has!("avx512vl")
+            && has!("avx2")
+            && has!("fma")
+    }
+
+    /// Deterministic pseudo-random values in about [-1.5, 1.5).
+    fn noise(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 8) as f32 / (1u32 << 24) as f32 * 3.0 - 1.5
+            })
+            .collect()
+    }
+
+    /// Every compiled variant of the attention and of SwiGLU gives the bits
+    /// of the portable body: whole tiles in groups of 1, 2 and 4, partial
+    /// tiles at both ends, output blocks and a ragged rest.
+    #[test]
+    fn attention_and_swiglu_are_the_same_bits_at_every_level() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (d, n, lo) in [
+            (64usize, 200usize, 0usize),
+            (64, 131, 5),
+            (80, 77, 16),
+            (32, 64, 0),
+            (48, 3, 1),
+            (64, 1, 0),
+            (72, 150, 33),
+        ] {
+            let cap = (lo + n).next_multiple_of(BLOCK);
+            let q = noise(d, 1);
+            let kt = noise(d * cap, 2);
+            let v = noise(n * d, 3);
+            let run = |f: &dyn Fn(&mut [f32], &mut [f32])| {
+                let (mut sc, mut out) = (vec![0.0f32; n], vec![0.0f32; d]);
+                f(&mut sc, &mut out);
+                bits(&out)
+            };
+            let want = run(&|sc, out| attend_row_body::<1, false>(&q, &kt, lo, &v, 0.125, sc, out));
+            let portable =
+                run(&|sc, out| attend_row_body::<TILES, false>(&q, &kt, lo, &v, 0.125, sc, out));
+            assert_eq!(portable, want, "d {d} n {n} lo {lo}: portable");
+            let four = run(&|sc, out| attend_row_body::<4, false>(&q, &kt, lo, &v, 0.125, sc, out));
+            assert_eq!(four, want, "d {d} n {n} lo {lo}: four tiles");
+            let dispatched = run(&|sc, out| attend_row(&q, &kt, lo, &v, 0.125, sc, out));
+            assert_eq!(dispatched, want, "d {d} n {n} lo {lo}: dispatched");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if has_avx512() {
+                    // SAFETY: the features were detected above.
+                    let wide = run(&|sc, out| unsafe {
+                        with_avx512(|| attend_row_body::<4, true>(&q, &kt, lo, &v, 0.125, sc, out))
+                    });
+                    assert_eq!(wide, want, "d {d} n {n} lo {lo}: AVX-512");
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the features were detected above.
+                    let avx2 = run(&|sc, out| unsafe {
+                        with_avx2(|| attend_row_body::<4, false>(&q, &kt, lo, &v, 0.125, sc, out))
+                    });
+                    assert_eq!(avx2, want, "d {d} n {n} lo {lo}: AVX2");
+                }
+            }
+        }
+        // Two rows at once: each row the bits of `attend_row` alone.
+        for (d, na, nb, lo) in [
+            (64usize, 200usize, 201usize, 0usize),
+            (64, 131, 132, 5),
+            (64, 64, 64, 0),
+            (80, 77, 95, 16),
+            (32, 3, 4, 1),
+            (64, 17, 18, 0),
+            (64, 16, 17, 0),
+            (72, 150, 151, 33),
+            (48, 1, 1, 0),
+        ] {
+            let cap = (lo + nb).next_multiple_of(BLOCK);
+            let (qa, qb) = (noise(d, 6), noise(d, 7));
+            let kt = noise(d * cap, 8);
+            let v = noise(nb * d, 9);
+            let single = |q: &[f32], n: usize| {
+                let (mut sc, mut out) = (vec![0.0f32; n], vec![0.0f32; d]);
+                attend_row_body::<1, false>(q, &kt, lo, &v[..n * d], 0.125, &mut sc, &mut out);
+                bits(&out)
+            };
+            let (want_a, want_b) = (single(&qa, na), single(&qb, nb));
+            let mut sc = vec![0.0f32; 2 * nb];
+            let (mut oa, mut ob) = (vec![0.0f32; d], vec![0.0f32; d]);
+            attend_two_rows(&qa, &qb, &kt, lo, &v, na, 0.125, &mut sc, &mut oa, &mut ob);
+            assert_eq!(
+                (bits(&oa), bits(&ob)),
+                (want_a.clone(), want_b.clone()),
+                "two rows d {d} na {na} nb {nb} lo {lo}"
+            );
+            #[cfg(target_arch = "x86_64")]
+            if has_avx512() {
+                let (mut oa, mut ob) = (vec![0.0f32; d], vec![0.0f32; d]);
+                // SAFETY: the features were detected.
+                unsafe {
+                    with_avx512(|| {
+                        attend_two_rows_body::<4, true>(
+                            &qa, &qb, &kt, lo, &v, na, 0.125, &mut sc, &mut oa, &mut ob,
+                        )
+                    })
+                };
+                assert_eq!(
+                    (bits(&oa), bits(&ob)),
+                    (want_a, want_b),
+                    "two rows AVX-512 d {d} na {na} nb {nb} lo {lo}"
+                );
+            }
+        }
+        // SwiGLU over values that reach exp's range ends.
+        let gate: Vec<f32> = noise(1000, 4).iter().map(|x| x * 70.0).collect();
+        let up = noise(1000, 5);
+        let mut want = gate.clone();
+        swiglu_body(&mut want, &up);
+        let mut got = gate.clone();
+        swiglu(&mut got, &up);
+        assert_eq!(bits(&got), bits(&want));
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512() {
+            let mut wide = gate.clone();
+            // SAFETY: the features were detected.
+            unsafe { with_avx512(|| swiglu_body(&mut wide, &up)) };
+            assert_eq!(bits(&wide), bits(&want));
         }
     }
 
