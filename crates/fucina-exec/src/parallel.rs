@@ -37,6 +37,39 @@ impl ExecContext {
         team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
 
+    /// [`par_rows`](Self::par_rows) over three outputs split by the same rows
+    /// (`a`, `b` and `c` hold `la`, `lb` and `lc` items per row):
+    /// `f(rows, a_rows, b_rows, c_rows)`.
+    #[allow(clippy::too_many_arguments)] // three outputs and their row lengths
+    pub(crate) fn par_rows3<A, B, C, F>(
+        &self,
+        (a, la): (&mut [A], usize),
+        (b, lb): (&mut [B], usize),
+        (c, lc): (&mut [C], usize),
+        work_per_row: usize,
+        f: F,
+    ) where
+        A: Send,
+        B: Send,
+        C: Send,
+        F: Fn(Range<usize>, &mut [A], &mut [B], &mut [C]) + Sync,
+    {
+        let rows = a.len() / la.max(1);
+        let Some((team, chunks)) = self.row_chunks(rows, work_per_row) else {
+            f(0..rows, a, b, c);
+            return;
+        };
+        let (pa, n) = split_rows(a, la, chunks.clone());
+        let (pb, _) = split_rows(b, lb, chunks.clone());
+        let (pc, _) = split_rows(c, lc, chunks);
+        let mut it = pa.into_iter().zip(pb).zip(pc);
+        let mut pieces: [_; MAX_CHUNKS] = std::array::from_fn(|_| {
+            let (((r, a), (_, b)), (_, c)) = it.next().expect("MAX_CHUNKS pieces");
+            (r, a, b, c)
+        });
+        team.parallel_chunks_mut(&mut pieces[..n], |(r, a, b, c)| f(r.clone(), a, b, c));
+    }
+
     /// The team and the chunks a [`par_rows`](Self::par_rows) call over `rows`
     /// rows of `work_per_row` each runs on, or `None` when it runs serially on the
     /// caller (one participant, one row, too little work, or a call from inside a

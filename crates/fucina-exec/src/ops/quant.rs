@@ -638,7 +638,7 @@ impl ExecContext {
         let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
         let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
         let mut t = pool.acquire_scratch::<f32>(strips * G * m).map_err(lease)?;
-        quantize_acts(x, m, cols, w.format.is_q4(), &mut xq, &mut xs, &mut xb);
+        self.quantize_acts(x, cols, w.format.is_q4(), &mut xq, &mut xs, &mut xb);
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -655,20 +655,26 @@ impl ExecContext {
             out.copy_from_slice(&t[..rows]);
         } else {
             // `t` holds each strip's outputs activation row by activation
-            // row: a row of `out` is gathered in runs of G.
-            for (s, ts) in t.chunks_exact(G * m).enumerate() {
-                let n = G.min(rows - s * G);
-                for (i, run) in ts.chunks_exact(G).enumerate() {
-                    let o = &mut out[i * rows + s * G..][..n];
-                    if n == G {
-                        // A whole strip: a fixed-length copy (no library call).
-                        let o: &mut [f32; G] = o.try_into().expect("G outputs");
-                        *o = run.try_into().expect("a run of G");
-                    } else {
-                        o.copy_from_slice(&run[..n]);
+            // row: a row of `out` is gathered in runs of G (rows of `out` in
+            // parallel).
+            let t = &t[..strips * G * m];
+            self.par_rows(out, rows, rows, |ri, out| {
+                for (s, ts) in t.chunks_exact(G * m).enumerate() {
+                    let n = G.min(rows - s * G);
+                    for (i, o) in ri.clone().zip(out.chunks_exact_mut(rows)) {
+                        let run = &ts[i * G..(i + 1) * G];
+                        let o = &mut o[s * G..s * G + n];
+                        if n == G {
+                            // A whole strip: a fixed-length copy (no library
+                            // call).
+                            let o: &mut [f32; G] = o.try_into().expect("G outputs");
+                            *o = run.try_into().expect("a run of G");
+                        } else {
+                            o.copy_from_slice(&run[..n]);
+                        }
                     }
                 }
-            }
+            });
         }
         Ok(())
     }
@@ -712,7 +718,7 @@ impl ExecContext {
             1 => None,
             _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
         };
-        quantize_acts(x, m, cols, q4, &mut xq, &mut xs, &mut xb);
+        self.quantize_acts(x, cols, q4, &mut xq, &mut xs, &mut xb);
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -796,26 +802,38 @@ fn check_product(
     Ok(Some((nx, no)))
 }
 
-/// Quantizes the `m` activation rows of `x` into `xq`, `xs`, `xb` (see
-/// `kernels::quant_dot::Acts`), each row on its own.
-fn quantize_acts(
-    x: &[f32],
-    m: usize,
-    cols: usize,
-    q4: bool,
-    xq: &mut [i8],
-    xs: &mut [f32],
-    xb: &mut [i32],
-) {
-    let nb = cols / QK;
-    let offset = quant_dot::bias_offset(q4);
-    for i in 0..m {
-        quant_dot::quantize_row(
-            &x[i * cols..(i + 1) * cols],
-            offset,
-            &mut xq[i * cols..(i + 1) * cols],
-            &mut xs[i * nb..(i + 1) * nb],
-            &mut xb[i * nb * LANES..(i + 1) * nb * LANES],
+impl ExecContext {
+    /// Quantizes the `x.len() / cols` rows of `x` to int8 blocks (`xq`), their
+    /// scales (`xs`) and lane biases (`xb`), rows in parallel (each row's
+    /// blocks depend on that row alone).
+    fn quantize_acts(
+        &self,
+        x: &[f32],
+        cols: usize,
+        q4: bool,
+        xq: &mut [i8],
+        xs: &mut [f32],
+        xb: &mut [i32],
+    ) {
+        let nb = cols / QK;
+        let m = x.len() / cols;
+        let offset = quant_dot::bias_offset(q4);
+        self.par_rows3(
+            (&mut xq[..m * cols], cols),
+            (&mut xs[..m * nb], nb),
+            (&mut xb[..m * nb * LANES], nb * LANES),
+            4 * cols,
+            |rows, xq, xs, xb| {
+                for (k, i) in rows.enumerate() {
+                    quant_dot::quantize_row(
+                        &x[i * cols..(i + 1) * cols],
+                        offset,
+                        &mut xq[k * cols..(k + 1) * cols],
+                        &mut xs[k * nb..(k + 1) * nb],
+                        &mut xb[k * nb * LANES..(k + 1) * nb * LANES],
+                    );
+                }
+            },
         );
     }
 }
