@@ -45,56 +45,96 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::quant_dot::{self, Acts, LANES, QK};
+use crate::kernels::quant_k::{self, Q4K_BYTES, Q6K_BYTES, QK_K};
 use crate::kernels::quant_packed::{self, G, StripLayout};
 use crate::tensor::layout::Dims;
 
 /// A block-quantized weight format (llama.cpp's layouts; see the module docs).
+/// The variants are spelled as llama.cpp spells its types.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
     /// 32 int8 values and an f16 scale per block (34 bytes).
     Q8_0,
     /// 32 4-bit values and an f16 scale per block (18 bytes).
     Q4_0,
+    /// Super-blocks of 256: eight sub-blocks of 32 4-bit values, each with a
+    /// 6-bit scale and a 6-bit min, under an f16 scale and an f16 min scale
+    /// (144 bytes, 4.5 bits per weight).
+    Q4_K,
+    /// Super-blocks of 256: 6-bit values, an int8 scale per 16 values, an f16
+    /// scale (210 bytes, 6.5625 bits per weight).
+    Q6_K,
 }
 
 impl QuantFormat {
-    /// Elements per block (32 for every format).
-    pub const BLOCK_ELEMENTS: usize = QK;
+    /// Every format, in declaration order.
+    pub const ALL: [QuantFormat; 4] = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ];
 
-    /// Bytes per block: 34 for Q8_0, 18 for Q4_0.
-    pub fn block_bytes(self) -> usize {
+    /// Elements per block: 32 for Q8_0 and Q4_0, 256 (a super-block) for Q4_K
+    /// and Q6_K. A matrix's column count must be a multiple of it.
+    pub const fn block_elements(self) -> usize {
         match self {
-            QuantFormat::Q8_0 => 34,
-            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 => QK,
+            QuantFormat::Q4_K | QuantFormat::Q6_K => QK_K,
         }
     }
 
-    /// The format's name as llama.cpp spells it (`"q8_0"`, `"q4_0"`).
-    pub fn name(self) -> &'static str {
+    /// Bytes per block: 34 for Q8_0, 18 for Q4_0, 144 for Q4_K, 210 for Q6_K.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_K => Q4K_BYTES,
+            QuantFormat::Q6_K => Q6K_BYTES,
+        }
+    }
+
+    /// The format's name as llama.cpp spells it (`"q8_0"`, `"q4_0"`, `"q4_k"`,
+    /// `"q6_k"`).
+    pub const fn name(self) -> &'static str {
         match self {
             QuantFormat::Q8_0 => "q8_0",
             QuantFormat::Q4_0 => "q4_0",
+            QuantFormat::Q4_K => "q4_k",
+            QuantFormat::Q6_K => "q6_k",
         }
+    }
+
+    /// Whether [`ExecContext::repack_quant`] accepts the format: Q8_0 and
+    /// Q4_0 are repacked, Q4_K and Q6_K are read in place only.
+    pub const fn repackable(self) -> bool {
+        matches!(self, QuantFormat::Q8_0 | QuantFormat::Q4_0)
     }
 
     /// The bytes of a `[rows, cols]` matrix in this format.
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
-    /// [`ExecError::Overflow`] if the size does not fit in `usize`.
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of
+    /// [`block_elements`](Self::block_elements), [`ExecError::Overflow`] if the
+    /// size does not fit in `usize`.
     pub fn matrix_bytes(
         self,
         op: &'static str,
         rows: usize,
         cols: usize,
     ) -> Result<usize, ExecError> {
-        if !cols.is_multiple_of(QK) {
+        if !cols.is_multiple_of(self.block_elements()) {
             return Err(ExecError::InvalidArgument {
                 op,
-                reason: "the column count of a quantized matrix must be a multiple of 32 (the block size)",
+                reason: if self.block_elements() == QK {
+                    "the column count of a quantized matrix must be a multiple of 32 (the block size)"
+                } else {
+                    "the column count of a q4_k or q6_k matrix must be a multiple of 256 (the super-block size)"
+                },
             });
         }
-        (cols / QK)
+        (cols / self.block_elements())
             .checked_mul(self.block_bytes())
             .and_then(|b| b.checked_mul(rows))
             .ok_or(ExecError::Overflow {
@@ -106,11 +146,16 @@ impl QuantFormat {
     fn is_q4(self) -> bool {
         self == QuantFormat::Q4_0
     }
+
+    /// Whether this is a super-block format (Q4_K, Q6_K).
+    fn is_k(self) -> bool {
+        matches!(self, QuantFormat::Q4_K | QuantFormat::Q6_K)
+    }
 }
 
 /// An immutable `[rows, cols]` block-quantized matrix borrowed in llama.cpp's
 /// layout: `rows` output features of `cols` input features each (PyTorch's
-/// `nn.Linear` layout), each row `cols / 32` blocks. `Copy`, `Send` and `Sync`;
+/// `nn.Linear` layout), each row `cols / format.block_elements()` blocks. `Copy`, `Send` and `Sync`;
 /// the bytes can be a memory-mapped file's, a [`QuantizedWeights`]' or any
 /// other slice (no alignment required).
 #[derive(Clone, Copy, Debug)]
@@ -125,10 +170,11 @@ impl<'a> QuantMatrix<'a> {
     /// A matrix over `bytes`, checked.
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
-    /// [`ExecError::Overflow`] if the size overflows, and
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of the
+    /// format's [`block_elements`](QuantFormat::block_elements) (32, or 256 for
+    /// Q4_K and Q6_K), [`ExecError::Overflow`] if the size overflows, and
     /// [`ExecError::InvalidDataLength`] if `bytes` is not exactly
-    /// `rows · cols / 32` blocks long.
+    /// `rows · cols / block_elements` blocks long.
     pub fn new(
         format: QuantFormat,
         rows: usize,
@@ -163,7 +209,7 @@ impl<'a> QuantMatrix<'a> {
         self.rows
     }
 
-    /// Input features (columns, a multiple of 32).
+    /// Input features (columns, a multiple of the format's block size).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -175,11 +221,13 @@ impl<'a> QuantMatrix<'a> {
 
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.cols / QK * self.format.block_bytes()
+        self.cols / self.format.block_elements() * self.format.block_bytes()
     }
 
     /// Row `r` dequantized into `out` (`out.len() == cols`): Q8_0 `q · d`,
-    /// Q4_0 `(n - 8) · d`, each one f32 product (exact up to that rounding).
+    /// Q4_0 `(n - 8) · d`, each one f32 product (exact up to that rounding);
+    /// Q4_K `(d · sc) · q − dmin · mn` (one rounding, the difference), Q6_K
+    /// `(d · sc) · (q − 32)` (exact), as llama.cpp computes them.
     ///
     /// # Errors
     /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
@@ -276,7 +324,7 @@ impl QuantizedWeights {
         self.rows
     }
 
-    /// Input features (columns, a multiple of 32).
+    /// Input features (columns, a multiple of the format's block size).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -395,9 +443,19 @@ impl PackedQuantMatrix {
     }
 }
 
-/// Quantizes one row (`x.len()` a multiple of 32) into its blocks `out`.
+/// Quantizes one row (`x.len()` a multiple of the block size) into its blocks
+/// `out`.
 fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
     let bb = format.block_bytes();
+    if format.is_k() {
+        for (xb, blk) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(bb)) {
+            match format {
+                QuantFormat::Q4_K => quant_k::quantize_q4k(xb, blk),
+                _ => quant_k::quantize_q6k(xb, blk),
+            }
+        }
+        return;
+    }
     for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
         let (d, qs) = blk.split_at_mut(2);
         let scale = match format {
@@ -426,6 +484,9 @@ fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
                 }
                 d
             }
+            QuantFormat::Q4_K | QuantFormat::Q6_K => {
+                unreachable!("quantize_row: super-block formats return above")
+            }
         };
         d.copy_from_slice(
             &fucina_storage::half::f16::from_f32(scale)
@@ -438,6 +499,15 @@ fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
 /// Dequantizes one row of blocks `blocks` into `out`.
 fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
     let bb = format.block_bytes();
+    if format.is_k() {
+        for (blk, ob) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+            match format {
+                QuantFormat::Q4_K => quant_k::dequantize_q4k(blk, ob),
+                _ => quant_k::dequantize_q6k(blk, ob),
+            }
+        }
+        return;
+    }
     for (blk, ob) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
         let d = quant_dot::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
         let qs = &blk[2..];
@@ -452,6 +522,9 @@ fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
                     ob[k] = f32::from((q & 0x0f) as i8 - 8) * d;
                     ob[k + 16] = f32::from((q >> 4) as i8 - 8) * d;
                 }
+            }
+            QuantFormat::Q4_K | QuantFormat::Q6_K => {
+                unreachable!("dequantize_row: super-block formats return above")
             }
         }
     }
@@ -576,6 +649,12 @@ impl ExecContext {
     /// if the copy cannot be allocated.
     pub fn repack_quant(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
         let op = "repack_quant";
+        if !w.format.repackable() {
+            return Err(ExecError::InvalidArgument {
+                op,
+                reason: "q4_k and q6_k matrices are read in place by quant_matmul; only q8_0 and q4_0 are repacked",
+            });
+        }
         let overflow = || ExecError::Overflow {
             op,
             shape: Dims::new(&[w.rows, w.cols]),
@@ -698,11 +777,22 @@ impl ExecContext {
         let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
         let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
         let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
+        // Q4_K's min term needs each activation block's sum.
+        let mut sums = match w.format.is_k() {
+            true => Some(pool.acquire_scratch::<f32>(m * nb).map_err(lease)?),
+            false => None,
+        };
         let mut tr = match m {
             1 => None,
             _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
         };
-        quantize_acts(x, m, cols, q4, &mut xq, &mut xs, &mut xb);
+        let q6 = w.format == QuantFormat::Q6_K;
+        match sums.as_deref_mut() {
+            Some(sums) => {
+                quant_k::quantize_acts(x, m, cols, q6, &mut xq, &mut xs, &mut xb, sums);
+            }
+            None => quantize_acts(x, m, cols, q4, &mut xq, &mut xs, &mut xb),
+        }
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -710,8 +800,10 @@ impl ExecContext {
             cols,
         };
         let rb = w.row_bytes();
-        let kernel = |r: std::ops::Range<usize>, o: &mut [f32]| {
-            quant_dot::quant_rows(q4, w.bytes, rb, r, &acts, m, o);
+        let sums = sums.as_deref();
+        let kernel = |r: std::ops::Range<usize>, o: &mut [f32]| match sums {
+            Some(sums) => quant_k::quant_rows(q6, w.bytes, rb, r, &acts, sums, m, o),
+            None => quant_dot::quant_rows(q4, w.bytes, rb, r, &acts, m, o),
         };
         match tr.as_deref_mut() {
             None => self.par_rows(out, 1, cols, kernel),
