@@ -57,8 +57,8 @@ enum WeightBytes {
 ///
 /// A weight is either a float tensor ([`format`](Weight::format): f32, f16,
 /// bf16, read by [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul))
-/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0 or
-/// Q4_0 in llama.cpp's layout, read by
+/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0,
+/// Q4_0, Q4_K or Q6_K in llama.cpp's layout, read by
 /// [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul));
 /// [`matmul`](Weight::matmul) and [`row_to_f32`](Weight::row_to_f32) serve both.
 #[derive(Clone, Debug)]
@@ -104,7 +104,8 @@ impl Weight {
 
     /// A block-quantized `[rows, cols]` matrix over `bytes` (llama.cpp's blocks of
     /// `format`, row after row), checked against the shape: `cols` must be a
-    /// multiple of 32 and `bytes` hold exactly `rows · cols / 32` blocks.
+    /// multiple of the format's block size (32, or 256 for Q4_K and Q6_K) and
+    /// `bytes` hold exactly `rows · cols / block size` blocks.
     pub fn quantized(
         name: &str,
         format: QuantFormat,
@@ -190,13 +191,14 @@ impl Weight {
     /// (the decode of a quantized model reads its weights at close to the
     /// memory bandwidth). The copy lives as long as the weight (and its
     /// clones); the original bytes stay for [`bytes`](Weight::bytes). Returns
-    /// whether a copy was made (`false` for a float weight or one already
-    /// repacked).
+    /// whether a copy was made (`false` for a float weight, one already
+    /// repacked, or a Q4_K or Q6_K matrix: those are read in place, see
+    /// [`QuantFormat::repackable`]).
     ///
     /// # Errors
     /// Out of memory.
     pub fn repack(&mut self, ctx: &fucina::ExecContext) -> Result<bool, LlmError> {
-        if self.quant.is_none() || self.packed.is_some() {
+        if self.quant.is_none_or(|q| !q.repackable()) || self.packed.is_some() {
             return Ok(false);
         }
         let packed = ctx.repack_quant(&self.quant_matrix("")?)?;
@@ -743,12 +745,12 @@ impl WeightStore {
                 reason: format!("shape [{rows}, {cols}]: {reason}"),
             };
             if let Kind::Quant(q) = target
-                && !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS)
+                && !cols.is_multiple_of(q.block_elements())
             {
                 return Err(bad(format!(
                     "{cols} columns are not a multiple of the {}-element blocks of {q:?} \
                      (llama.cpp refuses such a tensor too)",
-                    QuantFormat::BLOCK_ELEMENTS,
+                    q.block_elements(),
                 )));
             }
             // A block of rows at a time through one f32 buffer, so a large
@@ -756,7 +758,7 @@ impl WeightStore {
             // bytes do not depend on the block size).
             let row_bytes = match target {
                 Kind::Float(f) => cols * f.size_bytes(),
-                Kind::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+                Kind::Quant(q) => cols / q.block_elements() * q.block_bytes(),
             };
             let total = rows
                 .checked_mul(row_bytes)

@@ -1,11 +1,13 @@
-//! Block-quantized weights in llama.cpp's Q8_0 and Q4_0 layouts, and their
-//! product with f32 activations (the decode and small-batch path of quantized
-//! models).
+//! Block-quantized weights in llama.cpp's Q8_0, Q4_0, Q4_K and Q6_K layouts,
+//! and their product with f32 activations (the decode and small-batch path of
+//! quantized models).
 //!
 //! # Formats
-//! A row of `cols` weights (a multiple of 32) is `cols / 32` blocks, rows one
-//! after the other, no padding; the bytes are exactly those of a GGUF tensor of
-//! the same type, so files interchange.
+//! A row of `cols` weights is `cols / block_elements` blocks, rows one after
+//! the other, no padding; the bytes are exactly those of a GGUF tensor of the
+//! same type, so files interchange. Q8_0 and Q4_0 have blocks of 32 (`cols` a
+//! multiple of 32); Q4_K and Q6_K have super-blocks of 256 (`cols` a multiple
+//! of 256).
 //! - **Q8_0** (34 bytes per block): an f16 scale `d` (little-endian), then 32
 //!   signed bytes `q`; value `k` is `q[k] · d`. Quantizing takes
 //!   `d = amax / 127` and `q = round(x / d)` (half away from zero).
@@ -14,9 +16,28 @@
 //!   `k + 16`; value `k` is `(n[k] - 8) · d`. Quantizing takes the signed value
 //!   `max` of largest magnitude, `d = max / -8` and
 //!   `n = min(15, trunc(x / d + 8.5))`.
+//! - **Q4_K** (144 bytes per super-block): f16 `d`, f16 `dmin`, 12 bytes of
+//!   eight 6-bit scales `sc` and eight 6-bit mins `mn` (one pair per sub-block
+//!   of 32), 128 bytes of nibbles; value `(d · sc) · q − dmin · mn`.
+//! - **Q6_K** (210 bytes per super-block): 128 bytes of low nibbles, 64 bytes
+//!   of high 2-bit pairs, 16 int8 scales (one per 16 values), f16 `d`; value
+//!   `(d · sc) · (q − 32)`.
 //!
-//! Both scales are computed in f32 and rounded to f16 for storage (the values
-//! are quantized with the f32 scale), as llama.cpp's reference quantizer does.
+//! (The K layouts bit by bit are in `kernels::quant_k` and in
+//! `docs/QUANTIZATION.md`.) The Q8_0 and Q4_0 scales are computed in f32 and
+//! rounded to f16 for storage (the values are quantized with the f32 scale), as
+//! llama.cpp's reference quantizer does. The K quantizer is simpler than
+//! llama.cpp's (which searches for the scales that minimize a weighted error),
+//! so its bytes differ from llama.cpp's; files made by llama.cpp are read as
+//! they are:
+//! - Q4_K: per sub-block, the range `[min(0, min x), max x]` in 15 steps; the
+//!   steps and the mins are coded in 6 bits against `d = max step / 63` and
+//!   `dmin = max min / 63` (stored as f16), each rounded to the nearest code;
+//!   each value takes the nibble nearest to it under the coded scale and min.
+//! - Q6_K: per group of 16, the scale `g = max / −32` (`max` the signed value
+//!   of largest magnitude); the scales are coded as int8 against
+//!   `d = G / −128` (`G` the group scale of largest magnitude, f16); each value
+//!   takes the nearest code in `−32..=31` under its coded scale.
 //!
 //! # The product
 //! [`ExecContext::quant_matmul`] quantizes each activation row once per call to
@@ -27,7 +48,11 @@
 //! of four elements, blocks in increasing order, a fused multiply-add by the
 //! product of the two scales, then the lanes folded in halves), so a result is
 //! the same bits on every vector level, for every thread count, and whatever the
-//! other rows of the batch.
+//! other rows of the batch. For Q4_K and Q6_K the weight scale of a lane is
+//! that of its sub-block (Q6_K: of its group of 16), an exact f32 product
+//! `d · sc`, and Q4_K closes each super-block with its min term, lane `l`
+//! taking `fma(−(dmin · mn[l]) · dx, Σ x̂, acc[l])` for sub-block `l` (see
+//! `kernels::quant_k`).
 //!
 //! # Lifetime of the weights
 //! [`ExecContext::quant_matmul`] reads the llama.cpp layout directly: a
@@ -532,7 +557,8 @@ fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
 
 impl ExecContext {
     /// Quantizes the row-major `[rows, cols]` matrix `values` to `format`
-    /// (llama.cpp's reference quantizer; see the module docs), in parallel
+    /// (llama.cpp's reference quantizer for Q8_0 and Q4_0, a simpler
+    /// documented one for Q4_K and Q6_K; see the module docs), in parallel
     /// over rows.
     ///
     /// ```
@@ -549,7 +575,8 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of the
+    /// format's [`block_elements`](QuantFormat::block_elements),
     /// [`ExecError::InvalidDataLength`] if `values.len() != rows · cols`,
     /// [`ExecError::Overflow`] on a size overflow, [`ExecError::OutOfMemory`] if
     /// the bytes cannot be allocated.
@@ -645,8 +672,11 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::Overflow`] if the size overflows, [`ExecError::OutOfMemory`]
-    /// if the copy cannot be allocated.
+    /// [`ExecError::InvalidArgument`] for a Q4_K or Q6_K matrix (see
+    /// [`QuantFormat::repackable`]: those are read in place by
+    /// [`quant_matmul`](Self::quant_matmul)), [`ExecError::Overflow`] if the
+    /// size overflows, [`ExecError::OutOfMemory`] if the copy cannot be
+    /// allocated.
     pub fn repack_quant(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
         let op = "repack_quant";
         if !w.format.repackable() {
