@@ -612,19 +612,25 @@ pub enum LoadDtype {
     Q8_0,
     /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
     Q4_0,
+    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins
+    /// (4.5 bits per weight); the output projection becomes Q6_K (see
+    /// [`WeightStore::convert`]).
+    Q4_K,
 }
 
 impl LoadDtype {
     /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
-    pub const ALL: [LoadDtype; 5] = [
+    pub const ALL: [LoadDtype; 6] = [
         LoadDtype::F32,
         LoadDtype::F16,
         LoadDtype::BF16,
         LoadDtype::Q8_0,
         LoadDtype::Q4_0,
+        LoadDtype::Q4_K,
     ];
 
-    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`).
+    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`,
+    /// `"q4_k"`).
     pub fn name(self) -> &'static str {
         match self {
             LoadDtype::F32 => "f32",
@@ -632,6 +638,7 @@ impl LoadDtype {
             LoadDtype::BF16 => "bf16",
             LoadDtype::Q8_0 => "q8_0",
             LoadDtype::Q4_0 => "q4_0",
+            LoadDtype::Q4_K => "q4_k",
         }
     }
 
@@ -643,6 +650,7 @@ impl LoadDtype {
             LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
             LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
             LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
+            LoadDtype::Q4_K => Kind::Quant(QuantFormat::Q4_K),
         }
     }
 }
@@ -663,7 +671,9 @@ impl std::str::FromStr for LoadDtype {
             .find(|d| d.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| LlmError::InvalidRequest {
                 op: "LoadDtype::from_str",
-                reason: format!("unknown dtype {s:?} (f32, f16, bf16, q8_0 and q4_0 are known)"),
+                reason: format!(
+                    "unknown dtype {s:?} (f32, f16, bf16, q8_0, q4_0 and q4_k are known)"
+                ),
             })
     }
 }
@@ -700,6 +710,14 @@ impl WeightStore {
     ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
     ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
     ///   (llama.cpp's rule for models that share the two);
+    /// - for [`LoadDtype::Q4_K`] every matrix becomes Q4_K and the output
+    ///   projection Q6_K (as llama.cpp's `Q4_K_S` and `Q4_K_M` do; `Q4_K_M`
+    ///   also gives Q6_K to some of the v and down projections, which this
+    ///   conversion does not). The K formats need whole super-blocks of 256
+    ///   along the columns; a matrix whose column count is not a multiple of
+    ///   256 falls back, as llama.cpp's does: Q6_K to Q8_0 (llama.cpp's own
+    ///   fallback), Q4_K to Q4_0 (llama.cpp takes Q5_0, which this crate does
+    ///   not have);
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an
@@ -734,7 +752,18 @@ impl WeightStore {
             };
             let target = match dtype {
                 LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
+                LoadDtype::Q4_K if name == output => Kind::Quant(QuantFormat::Q6_K),
                 d => d.kind(),
+            };
+            // The K formats need whole super-blocks along the columns.
+            let target = match target {
+                Kind::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
+                    Kind::Quant(QuantFormat::Q4_0)
+                }
+                Kind::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
+                    Kind::Quant(QuantFormat::Q8_0)
+                }
+                t => t,
             };
             if w.kind() == target {
                 tensors.insert(name.clone(), w.clone());

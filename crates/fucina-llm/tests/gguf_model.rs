@@ -675,3 +675,46 @@ fn bad_k_quant_tensors_are_named() {
         .to_string();
     assert!(e.contains("w2") && e.contains("256"), "{e}");
 }
+
+/// `convert(Q4_K)` (`generate --dtype q4_k`) of a model whose matrices are whole
+/// super-blocks: Q4_K matrices, the output projection in Q6_K, the bytes of
+/// the runtime's quantizer, logits close to the f32 model's.
+#[test]
+fn q4_k_conversion_keeps_the_output_projection_in_q6_k() {
+    let (cfg, store) = wide_random_model();
+    let ctx = ExecContext::with_threads(2);
+    let conv = store.convert(&ctx, LoadDtype::Q4_K, false).unwrap();
+    for (name, w) in store.iter() {
+        let c = conv.get(name).unwrap();
+        let &[rows, cols] = w.shape() else {
+            assert_eq!(c.quant_format(), None, "{name}");
+            continue;
+        };
+        let q = if name == "lm_head.weight" {
+            QuantFormat::Q6_K
+        } else {
+            QuantFormat::Q4_K
+        };
+        assert_eq!(c.quant_format(), Some(q), "{name}");
+        let want = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+        assert!(c.bytes() == want.bytes(), "{name}: bytes");
+    }
+    let reference = logits(&Model::from_parts(cfg.clone(), store).unwrap(), 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let one = logits(&Model::from_parts(cfg.clone(), conv).unwrap(), 1);
+    let vocab = cfg.vocab_size;
+    let max_diff = one
+        .iter()
+        .zip(&reference)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    let top1 = one
+        .chunks(vocab)
+        .zip(reference.chunks(vocab))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    eprintln!(
+        "convert(Q4_K): max |logit - f32 logit| = {max_diff:.3e} ({:.2} % of {scale:.3}); top-1 {top1}/12",
+        100.0 * max_diff / scale
+    );
+    assert!(max_diff <= 0.35 * scale, "{max_diff}");
+}
