@@ -365,17 +365,19 @@ fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 
 /// The documented order. Per activation block `b` (sub-block `j = b % 8` of
 /// super-block `b / 8`): eight lanes of four, `p[l]` the exact integer sum,
-/// `acc[l] = fma(ws[l] · dx, p[l], acc[l])` with `ws[l]` the lane's exact f32
-/// weight scale; Q4_K closes each super-block with
-/// `acc[l] = fma(−(dmin · mn[l]) · dx[l], Σ x̂ over block l, acc[l])`; then the
-/// lanes fold in halves.
+/// `acc[8 (j % 2) + l] = fma(ws[l] · dx, p[l], ·)` with `ws[l]` the lane's exact
+/// f32 weight scale (sixteen accumulators: even sub-blocks in 0..8, odd ones in
+/// 8..16); Q4_K closes each super-block with
+/// `acc[l] = fma(−(dmin · mn[l]) · dx[l], Σ x̂ over block l, acc[l])` for
+/// `l < 8`; then `acc[l] += acc[l + 8]` and the eight lanes fold in halves.
 fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
     let bb = w.format().block_bytes();
     let row = &w.bytes()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-    let mut acc = [0.0f32; 8];
+    let mut acc16 = [0.0f32; 16];
     for (sb, blk) in row.chunks(bb).enumerate() {
         for j in 0..8 {
             let b = 8 * sb + j;
+            let acc = &mut acc16[8 * (j % 2)..8 * (j % 2) + 8];
             for (l, a) in acc.iter_mut().enumerate() {
                 let (mut p, mut ws) = (0i32, 0.0f32);
                 for k in 4 * l..4 * l + 4 {
@@ -398,7 +400,7 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
             }
         }
         if w.format() == QuantFormat::Q4_K {
-            for (l, a) in acc.iter_mut().enumerate() {
+            for (l, a) in acc16[..8].iter_mut().enumerate() {
                 let b = 8 * sb + l;
                 let (_, mn, _) = q4k_parts(blk, 32 * l);
                 let t = (f16_val(&blk[2..]) * f32::from(mn)) * xs[b];
@@ -407,12 +409,12 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
             }
         }
     }
-    for h in [4, 2, 1] {
+    for h in [8, 4, 2, 1] {
         for l in 0..h {
-            acc[l] += acc[l + h];
+            acc16[l] += acc16[l + h];
         }
     }
-    acc[0]
+    acc16[0]
 }
 
 fn ref_matmul(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {

@@ -26,12 +26,15 @@
 //! `p[l] = Σ q · x` (Q4_K: the nibbles `0..=15`; Q6_K: `q − 32`). With the
 //! f32 weight scale of the lane (`d · sc[j]` for Q4_K, `d · scales[i]` for the
 //! lane's 16-weight group for Q6_K: both exact products) and
-//! `s = (weight scale) · dx` (one rounding), eight lane accumulators take
-//! `acc[l] = fma(s, p[l], acc[l])`, sub-block after sub-block in increasing
-//! order. Q4_K then closes each super-block with its min term, lane `l` taking
-//! sub-block `l`'s: `acc[l] = fma(−t, S, acc[l])` with `t = (dmin · mn[l]) · dx`
-//! and `S = Σ x` over that activation block (exact). The lanes fold in halves
-//! at the end, as in `quant_dot`. Every path (portable, AVX2
+//! `s = (weight scale) · dx` (one rounding), sixteen lane accumulators take
+//! `acc[8 · (j mod 2) + l] = fma(s, p[l], acc[8 · (j mod 2) + l])`: the even
+//! sub-blocks `j` in lanes 0..8, the odd ones in lanes 8..16 (so that a 512-bit
+//! vector holds a pair of sub-blocks), sub-block after sub-block in increasing
+//! order. Q4_K then closes each super-block with its min term, lane `l < 8`
+//! taking sub-block `l`'s: `acc[l] = fma(−t, S, acc[l])` with
+//! `t = (dmin · mn[l]) · dx` and `S = Σ x` over that activation block (exact).
+//! At the end `acc[l] += acc[l + 8]` for `l < 8`, and the eight lanes fold in
+//! halves as in `quant_dot`. Every path (portable, AVX2
 //! `vpmaddubsw`/`vpmaddwd`, AVX-512 VNNI `vpdpbusd`) performs exactly these
 //! IEEE operations in this order.
 
@@ -53,14 +56,25 @@ const SUB: usize = QK_K / QK;
 /// 12 packed bytes (see the module docs).
 #[inline(always)]
 pub(crate) fn q4k_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..4 {
-        sc[j] = p[j] & 63;
-        mn[j] = p[j + 4] & 63;
-        sc[j + 4] = (p[j + 8] & 0x0f) | ((p[j] >> 6) << 4);
-        mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
-    }
-    (sc, mn)
+    let (sc, mn) = q4k_scales_u64(p);
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
+/// [`q4k_scales`] as two little-endian words of eight bytes, computed four
+/// bytes at a time: a byte's top two bits (`>> 6`, masked to `0b11`, then
+/// `<< 4`) never cross into its neighbour.
+#[inline(always)]
+pub(crate) fn q4k_scales_u64(p: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+    let (w0, w1, w2) = (word(0), word(4), word(8));
+    let sc_lo = w0 & 0x3f3f_3f3f;
+    let mn_lo = w1 & 0x3f3f_3f3f;
+    let sc_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
+    let mn_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
+    (
+        u64::from(sc_lo) | (u64::from(sc_hi) << 32),
+        u64::from(mn_lo) | (u64::from(mn_hi) << 32),
+    )
 }
 
 /// Packs eight 6-bit scales and mins into a Q4_K super-block's 12 bytes (the
@@ -287,7 +301,7 @@ pub(crate) fn quantize_acts(
 /// The fixed-order dot product of one Q4_K weight row with one activation row
 /// (the portable path; see the module docs).
 fn dot_q4k(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
+    let mut acc = [0.0f32; 2 * LANES];
     for (sb, blk) in wrow.chunks_exact(Q4K_BYTES).enumerate() {
         let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
         let (sc, mn) = q4k_scales(&blk[4..16]);
@@ -296,14 +310,15 @@ fn dot_q4k(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
             let b = sb * SUB + j;
             let s = (d * f32::from(sc[j])) * xs[b];
             let xb = &xq[b * QK..(b + 1) * QK];
-            for (l, a) in acc.iter_mut().enumerate() {
+            let half = &mut acc[LANES * (j % 2)..][..LANES];
+            for (l, a) in half.iter_mut().enumerate() {
                 let p: i32 = (4 * l..4 * l + 4)
                     .map(|k| i32::from(q4k_value(qs, j, k)) * i32::from(xb[k]))
                     .sum();
                 *a = s.mul_add(p as f32, *a);
             }
         }
-        for (l, a) in acc.iter_mut().enumerate() {
+        for (l, a) in acc[..LANES].iter_mut().enumerate() {
             let b = sb * SUB + l;
             let t = (dmin * f32::from(mn[l])) * xs[b];
             *a = (-t).mul_add(sums[b], *a);
@@ -315,13 +330,14 @@ fn dot_q4k(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
 /// The fixed-order dot product of one Q6_K weight row with one activation row
 /// (the portable path; see the module docs).
 fn dot_q6k(wrow: &[u8], xq: &[i8], xs: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
+    let mut acc = [0.0f32; 2 * LANES];
     for (sb, blk) in wrow.chunks_exact(Q6K_BYTES).enumerate() {
         let d = f16_at(&blk[208..]);
         for j in 0..SUB {
             let b = sb * SUB + j;
             let xb = &xq[b * QK..(b + 1) * QK];
-            for (l, a) in acc.iter_mut().enumerate() {
+            let half = &mut acc[LANES * (j % 2)..][..LANES];
+            for (l, a) in half.iter_mut().enumerate() {
                 let sc = f32::from(blk[192 + 2 * j + l / 4] as i8);
                 let s = (d * sc) * xs[b];
                 let p: i32 = (4 * l..4 * l + 4)
@@ -411,8 +427,10 @@ pub(crate) fn quant_rows(
 mod x86 {
     //! The x86-64 kernels: tiles of `R` weight rows × `M` activation rows; each
     //! sub-block's weights are unpacked once for the `M` rows and each
-    //! activation block loaded once for the `R` rows, one 8-lane f32
-    //! accumulator per output, in the fixed order of the module docs.
+    //! activation block loaded once for the `R` rows, in the fixed order of the
+    //! module docs. AVX2 keeps the even and odd sub-blocks' lanes in two 8-lane
+    //! accumulators per output; AVX-512 keeps them in the two halves of one
+    //! 16-lane accumulator and takes a pair of sub-blocks per instruction.
 
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -422,7 +440,7 @@ mod x86 {
     /// Weight rows per tile.
     const R_TILE: usize = 4;
     /// How far ahead of the super-block being read the weights are prefetched.
-    const PREFETCH_BYTES: usize = 640;
+    const PREFETCH_BYTES: usize = 768;
 
     /// Runs `$tile::<Q6, R, M>` over `rows` × `0..m` in tiles, writing `out_t`
     /// as `super::quant_rows` does.
@@ -476,7 +494,8 @@ mod x86 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        drive!(tile_avx2, 2, Q6, w, row_bytes, rows, acts, sums, m, out_t)
+        // One activation row per tile: 2 · 4 accumulators fit the 16 registers.
+        drive!(tile_avx2, 1, Q6, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
     /// The AVX-512 VNNI kernel over `rows` (see `super::quant_rows`).
@@ -530,203 +549,391 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps::<0b01>(q, q)))
     }
 
-    /// The integer lane sums with `vpmaddubsw` + `vpmaddwd` (pair sums at most
-    /// `2 · 63 · 127`, never saturating), plus the lane bias for Q6_K.
-    macro_rules! dot_avx2 {
-        ($q6:expr, $wv:expr, $xv:expr, $xb:expr) => {{
-            let pairs = _mm256_maddubs_epi16($wv, $xv);
-            let p = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-            if $q6 { _mm256_add_epi32(p, $xb) } else { p }
-        }};
+    /// The two f16 values at `p` (`d`, `dmin` of a Q4_K super-block; the
+    /// second is meaningless for Q6_K), widened.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading four bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+        // SAFETY: four readable bytes (the caller's contract).
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+            p.cast::<i32>().read_unaligned()
+        }));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
     }
 
-    /// The integer lane sums with `vpdpbusd`, starting from the lane bias
-    /// (zero for Q4_K).
-    macro_rules! dot_vnni {
-        ($q6:expr, $wv:expr, $xv:expr, $xb:expr) => {{ _mm256_dpbusd_epi32($xb, $wv, $xv) }};
+    /// The eight bytes of `v` widened to eight f32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn u8x8_to_f32(v: u64) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
     }
 
-    /// Defines a tile function: outputs of weight rows `j0..j0 + R` ×
-    /// activation rows `i0..i0 + M`, the lane sums taken by `$dot`.
-    macro_rules! tile {
-        ($name:ident, $feat:literal, $dot:ident) => {
-            #[inline]
-            #[target_feature(enable = $feat)]
-            fn $name<const Q6: bool, const R: usize, const M: usize>(
-                w: &[u8],
-                row_bytes: usize,
-                j0: usize,
-                acts: &Acts<'_>,
-                sums: &[f32],
-                i0: usize,
-            ) -> [[f32; M]; R] {
-                check_tile::<R, M>(w, row_bytes, j0, acts, sums, i0);
-                let nb = acts.cols / QK;
-                let nsb = acts.cols / QK_K;
-                let bb = if Q6 { Q6K_BYTES } else { Q4K_BYTES };
-                let low4 = _mm256_set1_epi8(0x0f);
-                let hi2 = _mm256_set1_epi8(0x30);
-                let mut acc = [[_mm256_setzero_ps(); M]; R];
-                for sb in 0..nsb {
-                    // Per weight row: the lane scales of the super-block, as
-                    // exact f32 products d · sc (Q4_K: sub-block j in lane j;
-                    // Q6_K: group i in lane i % 8 of vector i / 8), and for
-                    // Q4_K the mins dmin · mn.
-                    let mut ds = [[_mm256_setzero_ps(); 2]; R];
-                    let mut dm = [_mm256_setzero_ps(); R];
-                    let mut blks = [std::ptr::null::<u8>(); R];
-                    for r in 0..R {
-                        // SAFETY: check_tile: row j0 + r is inside `w`, and
-                        // super-block sb of it spans bb bytes from `blk`.
-                        let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + sb * bb) };
-                        blks[r] = blk;
-                        // A prefetch never faults; the address is computed
-                        // with wrapping arithmetic, never dereferenced.
-                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast());
-                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64).cast());
-                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 128).cast());
-                        if Q6 {
-                            // SAFETY: bytes 192..210 of the super-block.
-                            let (d, sc) = unsafe {
-                                (
-                                    super::f16_at(std::slice::from_raw_parts(blk.add(208), 2)),
-                                    _mm_loadu_si128(blk.add(192).cast()),
-                                )
-                            };
-                            let dv = _mm256_set1_ps(d);
-                            ds[r][0] =
-                                _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-                            ds[r][1] = _mm256_mul_ps(
-                                dv,
-                                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc))),
-                            );
-                        } else {
-                            // SAFETY: bytes 0..16 of the super-block.
-                            let head = unsafe { std::slice::from_raw_parts(blk, 16) };
-                            let (sc, mn) = super::q4k_scales(&head[4..16]);
-                            let scv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(
-                                0,
-                                i64::from_le_bytes(sc),
-                            )));
-                            let mnv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(
-                                0,
-                                i64::from_le_bytes(mn),
-                            )));
-                            ds[r][0] =
-                                _mm256_mul_ps(_mm256_set1_ps(super::f16_at(&head[0..])), scv);
-                            dm[r] = _mm256_mul_ps(_mm256_set1_ps(super::f16_at(&head[2..])), mnv);
-                        }
-                    }
-                    for j in 0..SUB {
-                        let b = sb * SUB + j;
-                        let mut xv = [_mm256_setzero_si256(); M];
-                        let mut xb = [_mm256_setzero_si256(); M];
-                        let mut dx = [_mm256_setzero_ps(); M];
-                        for i in 0..M {
-                            let row = i0 + i;
-                            // SAFETY: check_tile: row < i0 + M, so the 32
-                            // values at row * cols + 32 b and the 8 biases at
-                            // (row * nb + b) * 8 are in bounds.
-                            unsafe {
-                                xv[i] = _mm256_loadu_si256(
-                                    acts.q.as_ptr().add(row * acts.cols + b * QK).cast(),
-                                );
-                                if Q6 {
-                                    xb[i] = _mm256_loadu_si256(
-                                        acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
-                                    );
-                                }
-                            }
-                            dx[i] = _mm256_set1_ps(acts.scale[row * nb + b]);
-                        }
-                        for r in 0..R {
-                            let blk = blks[r];
-                            let (wv, wsc) = if Q6 {
-                                let (half, g) = (j / 4, j % 4);
-                                // SAFETY: ql bytes 64 half + 32 (g % 2) .. +32
-                                // and qh bytes 128 + 32 half .. +32 are inside
-                                // the 210-byte super-block.
-                                let (ql, qh) = unsafe {
-                                    (
-                                        _mm256_loadu_si256(
-                                            blk.add(64 * half + 32 * (g % 2)).cast(),
-                                        ),
-                                        _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
-                                    )
-                                };
-                                let lo = if g < 2 {
-                                    _mm256_and_si256(ql, low4)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4)
-                                };
-                                let hi = match g {
-                                    0 => _mm256_slli_epi16::<4>(qh),
-                                    1 => _mm256_slli_epi16::<2>(qh),
-                                    2 => qh,
-                                    _ => _mm256_srli_epi16::<2>(qh),
-                                };
-                                let wv = _mm256_or_si256(lo, _mm256_and_si256(hi, hi2));
-                                // lanes 0..4: group 2j, lanes 4..8: group 2j + 1
-                                let k = (2 * j % 8) as i32;
-                                let idx = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
-                                (wv, _mm256_permutevar8x32_ps(ds[r][j / 4], idx))
-                            } else {
-                                // SAFETY: value bytes 16 + 32 (j / 2) .. +32 are
-                                // inside the 144-byte super-block.
-                                let v = unsafe {
-                                    _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)).cast())
-                                };
-                                let wv = if j % 2 == 0 {
-                                    _mm256_and_si256(v, low4)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
-                                };
-                                (
-                                    wv,
-                                    _mm256_permutevar8x32_ps(ds[r][0], _mm256_set1_epi32(j as i32)),
-                                )
-                            };
-                            for i in 0..M {
-                                let p = $dot!(Q6, wv, xv[i], xb[i]);
-                                let s = _mm256_mul_ps(wsc, dx[i]);
-                                acc[r][i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[r][i]);
-                            }
-                        }
-                    }
-                    if !Q6 {
-                        // The min term: lane l takes sub-block l's.
-                        for i in 0..M {
-                            let o = (i0 + i) * nb + sb * SUB;
-                            // SAFETY: check_tile: the 8 scales and sums of
-                            // super-block sb of row i0 + i are in bounds.
-                            let (dxv, sv) = unsafe {
-                                (
-                                    _mm256_loadu_ps(acts.scale.as_ptr().add(o)),
-                                    _mm256_loadu_ps(sums.as_ptr().add(o)),
-                                )
-                            };
-                            for r in 0..R {
-                                let t = _mm256_mul_ps(dm[r], dxv);
-                                acc[r][i] = _mm256_fnmadd_ps(t, sv, acc[r][i]);
-                            }
-                        }
-                    }
+    /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M` with
+    /// `vpmaddubsw` + `vpmaddwd` (pair sums at most `2 · 63 · 127`, never
+    /// saturating), the even and odd sub-blocks in two accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tile_avx2<const Q6: bool, const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+    ) -> [[f32; M]; R] {
+        check_tile::<R, M>(w, row_bytes, j0, acts, sums, i0);
+        let nb = acts.cols / QK;
+        let nsb = acts.cols / QK_K;
+        let bb = if Q6 { Q6K_BYTES } else { Q4K_BYTES };
+        let low4 = _mm256_set1_epi8(0x0f);
+        let hi2 = _mm256_set1_epi8(0x30);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; M]; R];
+        for sb in 0..nsb {
+            // Per weight row: the exact f32 scales d · sc of the super-block
+            // (Q4_K: sub-block j in lane j; Q6_K: group g in lane g % 8 of
+            // vector g / 8), and for Q4_K the mins dmin · mn.
+            let mut ds = [[_mm256_setzero_ps(); 2]; R];
+            let mut dm = [_mm256_setzero_ps(); R];
+            let mut blks = [std::ptr::null::<u8>(); R];
+            for r in 0..R {
+                // SAFETY: check_tile: row j0 + r is inside `w`, and super-block
+                // sb of it spans bb bytes from `blk`.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + sb * bb) };
+                blks[r] = blk;
+                // A prefetch never faults; the addresses are computed with
+                // wrapping arithmetic, never dereferenced.
+                for l in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast());
                 }
-                let mut out = [[0.0f32; M]; R];
-                for (o, a) in out.iter_mut().zip(&acc) {
-                    for (o, &a) in o.iter_mut().zip(a) {
-                        *o = fold(a);
-                    }
+                if Q6 {
+                    // SAFETY: bytes 192..210 of the super-block.
+                    let (d, sc) = unsafe {
+                        (
+                            f16_pair(blk.add(206)).1,
+                            _mm_loadu_si128(blk.add(192).cast()),
+                        )
+                    };
+                    let dv = _mm256_set1_ps(d);
+                    ds[r][0] = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                    ds[r][1] = _mm256_mul_ps(
+                        dv,
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc))),
+                    );
+                } else {
+                    // SAFETY: bytes 0..16 of the super-block.
+                    let (head, (d, dmin)) =
+                        unsafe { (std::slice::from_raw_parts(blk, 16), f16_pair(blk)) };
+                    let (sc, mn) = super::q4k_scales_u64(&head[4..16]);
+                    ds[r][0] = _mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_f32(sc));
+                    dm[r] = _mm256_mul_ps(_mm256_set1_ps(dmin), u8x8_to_f32(mn));
                 }
-                out
             }
-        };
+            for j in 0..SUB {
+                let b = sb * SUB + j;
+                let mut xv = [_mm256_setzero_si256(); M];
+                let mut xb = [_mm256_setzero_si256(); M];
+                let mut dx = [_mm256_setzero_ps(); M];
+                for i in 0..M {
+                    let row = i0 + i;
+                    // SAFETY: check_tile: row < i0 + M, so the 32 values at
+                    // row * cols + 32 b and the 8 biases at (row * nb + b) * 8
+                    // are in bounds.
+                    unsafe {
+                        xv[i] = _mm256_loadu_si256(
+                            acts.q.as_ptr().add(row * acts.cols + b * QK).cast(),
+                        );
+                        if Q6 {
+                            xb[i] = _mm256_loadu_si256(
+                                acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
+                            );
+                        }
+                    }
+                    dx[i] = _mm256_set1_ps(acts.scale[row * nb + b]);
+                }
+                for r in 0..R {
+                    let blk = blks[r];
+                    let (wv, wsc) = if Q6 {
+                        let (half, g) = (j / 4, j % 4);
+                        // SAFETY: ql bytes 64 half + 32 (g % 2) .. +32 and qh
+                        // bytes 128 + 32 half .. +32 are inside the super-block.
+                        let (ql, qh) = unsafe {
+                            (
+                                _mm256_loadu_si256(blk.add(64 * half + 32 * (g % 2)).cast()),
+                                _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
+                            )
+                        };
+                        let lo = if g < 2 {
+                            _mm256_and_si256(ql, low4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4)
+                        };
+                        // bits 2g, 2g + 1 of each qh byte to bits 4, 5
+                        let hi = match g {
+                            0 => _mm256_slli_epi16::<4>(qh),
+                            1 => _mm256_slli_epi16::<2>(qh),
+                            2 => qh,
+                            _ => _mm256_srli_epi16::<2>(qh),
+                        };
+                        let wv = _mm256_or_si256(lo, _mm256_and_si256(hi, hi2));
+                        // lanes 0..4: group 2j, lanes 4..8: group 2j + 1
+                        let k = (2 * j % 8) as i32;
+                        let idx = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+                        (wv, _mm256_permutevar8x32_ps(ds[r][j / 4], idx))
+                    } else {
+                        // SAFETY: value bytes 16 + 32 (j / 2) .. +32 are inside
+                        // the super-block.
+                        let v = unsafe { _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)).cast()) };
+                        let wv = if j % 2 == 0 {
+                            _mm256_and_si256(v, low4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
+                        };
+                        (
+                            wv,
+                            _mm256_permutevar8x32_ps(ds[r][0], _mm256_set1_epi32(j as i32)),
+                        )
+                    };
+                    for i in 0..M {
+                        let pairs = _mm256_maddubs_epi16(wv, xv[i]);
+                        let p = _mm256_madd_epi16(pairs, ones);
+                        let p = if Q6 { _mm256_add_epi32(p, xb[i]) } else { p };
+                        let s = _mm256_mul_ps(wsc, dx[i]);
+                        let a = &mut acc[r][i][j % 2];
+                        *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
+                    }
+                }
+            }
+            if !Q6 {
+                // The min term: lane l of the even accumulator takes sub-block l's.
+                for i in 0..M {
+                    let o = (i0 + i) * nb + sb * SUB;
+                    // SAFETY: check_tile: the 8 scales and sums of super-block
+                    // sb of row i0 + i are in bounds.
+                    let (dxv, sv) = unsafe {
+                        (
+                            _mm256_loadu_ps(acts.scale.as_ptr().add(o)),
+                            _mm256_loadu_ps(sums.as_ptr().add(o)),
+                        )
+                    };
+                    for r in 0..R {
+                        let t = _mm256_mul_ps(dm[r], dxv);
+                        acc[r][i][0] = _mm256_fnmadd_ps(t, sv, acc[r][i][0]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, a) in o.iter_mut().zip(a) {
+                *o = fold(_mm256_add_ps(a[0], a[1]));
+            }
+        }
+        out
     }
 
-    tile!(tile_avx2, "avx2,fma,f16c", dot_avx2);
-    tile!(
-        tile_vnni,
-        "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-        dot_vnni
-    );
+    /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M` with
+    /// 512-bit `vpdpbusd`: a pair of sub-blocks (`2c`, `2c + 1`) per
+    /// instruction, the even one in lanes 0..8 and the odd one in lanes 8..16,
+    /// each lane's sum starting from its bias (zero for Q4_K).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn tile_vnni<const Q6: bool, const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+    ) -> [[f32; M]; R] {
+        check_tile::<R, M>(w, row_bytes, j0, acts, sums, i0);
+        let nb = acts.cols / QK;
+        let nsb = acts.cols / QK_K;
+        let bb = if Q6 { Q6K_BYTES } else { Q4K_BYTES };
+        let low4 = _mm512_set1_epi8(0x0f);
+        let hi2 = _mm512_set1_epi8(0x30);
+        // the upper 256 bits of a Q4_K pair are the high nibbles
+        let nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+        // Q6_K high bits to bits 4, 5: groups 0, 1 (<< 4, << 2), groups 2, 3
+        // (as they are, >> 2)
+        let q6_shl = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+        let q6_shr = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+        let pair_dx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let mut acc = [[_mm512_setzero_ps(); M]; R];
+        for sb in 0..nsb {
+            // Per weight row: the exact f32 scales d · sc (Q4_K: sub-block j in
+            // lane j; Q6_K: group g in lane g), and for Q4_K the mins dmin · mn.
+            let mut ds = [_mm512_setzero_ps(); R];
+            let mut dm = [_mm512_setzero_ps(); R];
+            let mut blks = [std::ptr::null::<u8>(); R];
+            for r in 0..R {
+                // SAFETY: check_tile: row j0 + r is inside `w`, and super-block
+                // sb of it spans bb bytes from `blk`.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + sb * bb) };
+                blks[r] = blk;
+                // A prefetch never faults; the addresses are computed with
+                // wrapping arithmetic, never dereferenced.
+                for l in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast());
+                }
+                if Q6 {
+                    // SAFETY: bytes 192..210 of the super-block.
+                    let (d, sc) = unsafe {
+                        (
+                            f16_pair(blk.add(206)).1,
+                            _mm_loadu_si128(blk.add(192).cast()),
+                        )
+                    };
+                    ds[r] = _mm512_mul_ps(
+                        _mm512_set1_ps(d),
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
+                    );
+                } else {
+                    // SAFETY: bytes 0..16 of the super-block.
+                    let (head, (d, dmin)) =
+                        unsafe { (std::slice::from_raw_parts(blk, 16), f16_pair(blk)) };
+                    let (sc, mn) = super::q4k_scales_u64(&head[4..16]);
+                    ds[r] =
+                        _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_f32(sc)));
+                    dm[r] = _mm512_zextps256_ps512(_mm256_mul_ps(
+                        _mm256_set1_ps(dmin),
+                        u8x8_to_f32(mn),
+                    ));
+                }
+            }
+            for c in 0..SUB / 2 {
+                let b = sb * SUB + 2 * c;
+                let mut xv = [_mm512_setzero_si512(); M];
+                let mut xb = [_mm512_setzero_si512(); M];
+                let mut dx = [_mm512_setzero_ps(); M];
+                for i in 0..M {
+                    let row = i0 + i;
+                    // SAFETY: check_tile: row < i0 + M, so the 64 values at
+                    // row * cols + 32 b, the 16 biases at (row * nb + b) * 8 and
+                    // the two scales at row * nb + b are in bounds (b + 1 < nb).
+                    unsafe {
+                        xv[i] = _mm512_loadu_si512(
+                            acts.q.as_ptr().add(row * acts.cols + b * QK).cast(),
+                        );
+                        if Q6 {
+                            xb[i] = _mm512_loadu_si512(
+                                acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
+                            );
+                        }
+                        let two = _mm_castpd_ps(_mm_load_sd(
+                            acts.scale.as_ptr().add(row * nb + b).cast(),
+                        ));
+                        dx[i] = _mm512_permutexvar_ps(pair_dx, _mm512_castps128_ps512(two));
+                    }
+                }
+                for r in 0..R {
+                    let blk = blks[r];
+                    let (wv, wsc) = if Q6 {
+                        let (half, p) = (c / 2, c % 2);
+                        // SAFETY: ql bytes 64 half .. +64 and qh bytes
+                        // 128 + 32 half .. +32 are inside the super-block.
+                        let (ql, qh) = unsafe {
+                            (
+                                _mm512_loadu_si512(blk.add(64 * half).cast()),
+                                _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                    blk.add(128 + 32 * half).cast(),
+                                )),
+                            )
+                        };
+                        let (lo, hi) = if p == 0 {
+                            (_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, q6_shl))
+                        } else {
+                            (
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                                _mm512_srlv_epi64(qh, q6_shr),
+                            )
+                        };
+                        let wv = _mm512_or_si512(lo, _mm512_and_si512(hi, hi2));
+                        // lanes 4k..4k + 4: group 4c + k
+                        let g = 4 * c as i32;
+                        let idx = _mm512_setr_epi32(
+                            g,
+                            g,
+                            g,
+                            g,
+                            g + 1,
+                            g + 1,
+                            g + 1,
+                            g + 1,
+                            g + 2,
+                            g + 2,
+                            g + 2,
+                            g + 2,
+                            g + 3,
+                            g + 3,
+                            g + 3,
+                            g + 3,
+                        );
+                        (wv, _mm512_permutexvar_ps(idx, ds[r]))
+                    } else {
+                        // SAFETY: value bytes 16 + 32 c .. +32 are inside the
+                        // super-block.
+                        let v = unsafe { _mm256_loadu_si256(blk.add(16 + 32 * c).cast()) };
+                        let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v), v);
+                        let wv = _mm512_and_si512(_mm512_srlv_epi64(both, nib_shift), low4);
+                        let k = 2 * c as i32;
+                        let idx = _mm512_setr_epi32(
+                            k,
+                            k,
+                            k,
+                            k,
+                            k,
+                            k,
+                            k,
+                            k,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                            k + 1,
+                        );
+                        (wv, _mm512_permutexvar_ps(idx, ds[r]))
+                    };
+                    for i in 0..M {
+                        let p = _mm512_dpbusd_epi32(xb[i], wv, xv[i]);
+                        let s = _mm512_mul_ps(wsc, dx[i]);
+                        acc[r][i] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r][i]);
+                    }
+                }
+            }
+            if !Q6 {
+                // The min term: lane l < 8 takes sub-block l's.
+                for i in 0..M {
+                    let o = (i0 + i) * nb + sb * SUB;
+                    // SAFETY: check_tile: the 8 scales and sums of super-block
+                    // sb of row i0 + i are in bounds.
+                    let (dxv, sv) = unsafe {
+                        (
+                            _mm512_zextps256_ps512(_mm256_loadu_ps(acts.scale.as_ptr().add(o))),
+                            _mm512_zextps256_ps512(_mm256_loadu_ps(sums.as_ptr().add(o))),
+                        )
+                    };
+                    for r in 0..R {
+                        let t = _mm512_mul_ps(dm[r], dxv);
+                        acc[r][i] = _mm512_mask3_fnmadd_ps(t, sv, acc[r][i], 0x00ff);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; M]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (o, &a) in o.iter_mut().zip(a) {
+                let lo = _mm512_castps512_ps256(a);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+                *o = fold(_mm256_add_ps(lo, hi));
+            }
+        }
+        out
+    }
 }

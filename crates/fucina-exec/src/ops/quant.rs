@@ -50,9 +50,10 @@
 //! the same bits on every vector level, for every thread count, and whatever the
 //! other rows of the batch. For Q4_K and Q6_K the weight scale of a lane is
 //! that of its sub-block (Q6_K: of its group of 16), an exact f32 product
-//! `d · sc`, and Q4_K closes each super-block with its min term, lane `l`
-//! taking `fma(−(dmin · mn[l]) · dx, Σ x̂, acc[l])` for sub-block `l` (see
-//! `kernels::quant_k`).
+//! `d · sc`; the even and odd sub-blocks accumulate in two sets of eight lanes
+//! (folded together at the end), and Q4_K closes each super-block with its min
+//! term, lane `l` taking `fma(−(dmin · mn[l]) · dx, Σ x̂, acc[l])` for
+//! sub-block `l` (see `kernels::quant_k`).
 //!
 //! # Lifetime of the weights
 //! [`ExecContext::quant_matmul`] reads the llama.cpp layout directly: a
