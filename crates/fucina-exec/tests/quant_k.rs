@@ -6,6 +6,7 @@
 //! zero allocations at steady state.
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes
+#![allow(clippy::needless_range_loop)] // element indices name layout positions
 
 use std::sync::atomic::Ordering;
 

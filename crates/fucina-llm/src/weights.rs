@@ -599,7 +599,10 @@ impl WeightStore {
 /// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
 /// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
 /// quantizer, so the bytes are those `llama-quantize` writes for the same f32
-/// values).
+/// values); Q4_K is llama.cpp's super-block format, made by `quantize`'s
+/// simpler K rule (its bytes differ from `llama-quantize`'s). The variants are
+/// spelled as llama.cpp spells its types.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LoadDtype {
     /// IEEE binary32.

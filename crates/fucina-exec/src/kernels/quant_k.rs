@@ -115,7 +115,11 @@ fn nearest(v: f32) -> i32 {
 #[inline(always)]
 fn q4k_value(qs: &[u8], j: usize, k: usize) -> u8 {
     let b = qs[32 * (j / 2) + k];
-    if j % 2 == 0 { b & 0x0f } else { b >> 4 }
+    if j.is_multiple_of(2) {
+        b & 0x0f
+    } else {
+        b >> 4
+    }
 }
 
 /// The unsigned 6-bit value (`q`, stored as `q − 32 + 32`) of weight `e` of a
@@ -199,7 +203,7 @@ pub(crate) fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
             } else {
                 0
             };
-            qs[32 * (j / 2) + k] |= if j % 2 == 0 { n } else { n << 4 };
+            qs[32 * (j / 2) + k] |= if j.is_multiple_of(2) { n } else { n << 4 };
         }
     }
 }
@@ -574,6 +578,9 @@ mod x86 {
     /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M` with
     /// `vpmaddubsw` + `vpmaddwd` (pair sums at most `2 · 63 · 127`, never
     /// saturating), the even and odd sub-blocks in two accumulators.
+    // The tile's parallel arrays (accumulators, activations, weights) are
+    // indexed by row numbers.
+    #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn tile_avx2<const Q6: bool, const R: usize, const M: usize>(
@@ -687,7 +694,7 @@ mod x86 {
                         // SAFETY: value bytes 16 + 32 (j / 2) .. +32 are inside
                         // the super-block.
                         let v = unsafe { _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)).cast()) };
-                        let wv = if j % 2 == 0 {
+                        let wv = if j.is_multiple_of(2) {
                             _mm256_and_si256(v, low4)
                         } else {
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
@@ -739,6 +746,8 @@ mod x86 {
     /// 512-bit `vpdpbusd`: a pair of sub-blocks (`2c`, `2c + 1`) per
     /// instruction, the even one in lanes 0..8 and the odd one in lanes 8..16,
     /// each lane's sum starting from its bias (zero for Q4_K).
+    // As in tile_avx2.
+    #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     fn tile_vnni<const Q6: bool, const R: usize, const M: usize>(
