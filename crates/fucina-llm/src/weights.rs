@@ -733,9 +733,10 @@ impl WeightStore {
     /// # Errors
     /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
     /// be quantized has a column count (its input features, the dimension the
-    /// blocks run along) that is not a multiple of 32: llama.cpp refuses such a
-    /// tensor for Q8_0 and Q4_0 too ("Unsupported tensor size"). Nothing is
-    /// returned half-converted.
+    /// blocks run along) that is not a multiple of 32 (for Q4_K too: its
+    /// fallbacks, Q4_0 and Q8_0, need whole blocks of 32): llama.cpp refuses
+    /// such a tensor for Q8_0 and Q4_0 too ("Unsupported tensor size").
+    /// Nothing is returned half-converted.
     pub fn convert(
         &self,
         ctx: &fucina::ExecContext,
