@@ -8,10 +8,12 @@
 //!
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
 //! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
-//! `fucina_llm::gguf::llama::load_llama`: F32/F16/BF16 tensors and Q8_0/Q4_0
-//! matrices kept in llama.cpp's blocks, then repacked once for the kernels as
-//! `open_model` does, unless `--in-place`), so the very files llama.cpp runs can
-//! be measured here (`benches/llm/llamacpp_compare.py` does both).
+//! `fucina_llm::gguf::llama::load_llama`: F32/F16/BF16 tensors and
+//! Q8_0/Q4_0/Q4_K/Q6_K matrices kept in llama.cpp's blocks, the Q8_0 and Q4_0
+//! ones then repacked once for the kernels as `open_model` does, unless
+//! `--in-place`; Q4_K and Q6_K are always read in place), so the very files
+//! llama.cpp runs can be measured here (`benches/llm/llamacpp_compare.py` does
+//! both).
 //!
 //! Measures, in this order and in one process:
 //! - prefill tokens/s for each prompt length of `--prefill` (random ids, a fresh

@@ -15,7 +15,7 @@
 //!
 //! `--model` is a directory (config.json, safetensors, optional tokenizer.json)
 //! or a `.gguf` file of the Llama architecture, whose tokenizer comes from its
-//! `tokenizer.ggml.*` metadata. `--dtype f32|f16|bf16|q8_0|q4_0` converts the
+//! `tokenizer.ggml.*` metadata. `--dtype f32|f16|bf16|q8_0|q4_0|q4_k` converts the
 //! matrices at load (default: the file's own formats, read in place); see
 //! `fucina_llm::WeightStore::convert`.
 //!
@@ -56,7 +56,7 @@ struct Args {
     /// optional tokenizer.json), or a .gguf file (Llama architecture).
     #[arg(long)]
     model: PathBuf,
-    /// Convert the matrices at load: f32, f16, bf16, q8_0 or q4_0 (default: the
+    /// Convert the matrices at load: f32, f16, bf16, q8_0, q4_0 or q4_k (default: the
     /// file's own formats).
     #[arg(long)]
     dtype: Option<LoadDtype>,

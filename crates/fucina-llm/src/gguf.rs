@@ -115,7 +115,9 @@ impl GgufValue {
     }
 }
 
-/// The element type of a GGUF tensor (ggml's type codes).
+/// The element type of a GGUF tensor (ggml's type codes; the variants are
+/// spelled as ggml spells them).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     /// IEEE binary32 (code 0).
@@ -126,6 +128,12 @@ pub enum GgmlType {
     Q4_0,
     /// Blocks of 32 int8 values and an f16 scale, 34 bytes (code 8).
     Q8_0,
+    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins,
+    /// 144 bytes (code 12).
+    Q4_K,
+    /// Super-blocks of 256 6-bit values with int8 scales per 16, 210 bytes
+    /// (code 14).
+    Q6_K,
     /// bfloat16 (code 30).
     BF16,
     /// Any other ggml type: listed in the directory, refused when its data is read.
@@ -140,6 +148,8 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             8 => GgmlType::Q8_0,
+            12 => GgmlType::Q4_K,
+            14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             c => GgmlType::Other(c),
         }
@@ -152,6 +162,8 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
             GgmlType::Other(c) => c,
         }
@@ -165,6 +177,8 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => Some((1, 2)),
             GgmlType::Q4_0 => Some((32, 18)),
             GgmlType::Q8_0 => Some((32, 34)),
+            GgmlType::Q4_K => Some((256, 144)),
+            GgmlType::Q6_K => Some((256, 210)),
             GgmlType::Other(_) => None,
         }
     }
@@ -176,6 +190,8 @@ impl GgmlType {
             GgmlType::F16 => "f16".into(),
             GgmlType::Q4_0 => "q4_0".into(),
             GgmlType::Q8_0 => "q8_0".into(),
+            GgmlType::Q4_K => "q4_k".into(),
+            GgmlType::Q6_K => "q6_k".into(),
             GgmlType::BF16 => "bf16".into(),
             GgmlType::Other(c) => format!("type {c}"),
         }

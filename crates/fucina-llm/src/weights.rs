@@ -57,8 +57,8 @@ enum WeightBytes {
 ///
 /// A weight is either a float tensor ([`format`](Weight::format): f32, f16,
 /// bf16, read by [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul))
-/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0 or
-/// Q4_0 in llama.cpp's layout, read by
+/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0,
+/// Q4_0, Q4_K or Q6_K in llama.cpp's layout, read by
 /// [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul));
 /// [`matmul`](Weight::matmul) and [`row_to_f32`](Weight::row_to_f32) serve both.
 #[derive(Clone, Debug)]
@@ -104,7 +104,8 @@ impl Weight {
 
     /// A block-quantized `[rows, cols]` matrix over `bytes` (llama.cpp's blocks of
     /// `format`, row after row), checked against the shape: `cols` must be a
-    /// multiple of 32 and `bytes` hold exactly `rows · cols / 32` blocks.
+    /// multiple of the format's block size (32, or 256 for Q4_K and Q6_K) and
+    /// `bytes` hold exactly `rows · cols / block size` blocks.
     pub fn quantized(
         name: &str,
         format: QuantFormat,
@@ -190,13 +191,14 @@ impl Weight {
     /// (the decode of a quantized model reads its weights at close to the
     /// memory bandwidth). The copy lives as long as the weight (and its
     /// clones); the original bytes stay for [`bytes`](Weight::bytes). Returns
-    /// whether a copy was made (`false` for a float weight or one already
-    /// repacked).
+    /// whether a copy was made (`false` for a float weight, one already
+    /// repacked, or a Q4_K or Q6_K matrix: those are read in place, see
+    /// [`QuantFormat::repackable`]).
     ///
     /// # Errors
     /// Out of memory.
     pub fn repack(&mut self, ctx: &fucina::ExecContext) -> Result<bool, LlmError> {
-        if self.quant.is_none() || self.packed.is_some() {
+        if self.quant.is_none_or(|q| !q.repackable()) || self.packed.is_some() {
             return Ok(false);
         }
         let packed = ctx.repack_quant(&self.quant_matrix("")?)?;
@@ -597,7 +599,10 @@ impl WeightStore {
 /// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
 /// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
 /// quantizer, so the bytes are those `llama-quantize` writes for the same f32
-/// values).
+/// values); Q4_K is llama.cpp's super-block format, made by `quantize`'s
+/// simpler K rule (its bytes differ from `llama-quantize`'s). The variants are
+/// spelled as llama.cpp spells its types.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LoadDtype {
     /// IEEE binary32.
@@ -610,19 +615,25 @@ pub enum LoadDtype {
     Q8_0,
     /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
     Q4_0,
+    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins
+    /// (4.5 bits per weight); the output projection becomes Q6_K (see
+    /// [`WeightStore::convert`]).
+    Q4_K,
 }
 
 impl LoadDtype {
     /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
-    pub const ALL: [LoadDtype; 5] = [
+    pub const ALL: [LoadDtype; 6] = [
         LoadDtype::F32,
         LoadDtype::F16,
         LoadDtype::BF16,
         LoadDtype::Q8_0,
         LoadDtype::Q4_0,
+        LoadDtype::Q4_K,
     ];
 
-    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`).
+    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`,
+    /// `"q4_k"`).
     pub fn name(self) -> &'static str {
         match self {
             LoadDtype::F32 => "f32",
@@ -630,6 +641,7 @@ impl LoadDtype {
             LoadDtype::BF16 => "bf16",
             LoadDtype::Q8_0 => "q8_0",
             LoadDtype::Q4_0 => "q4_0",
+            LoadDtype::Q4_K => "q4_k",
         }
     }
 
@@ -641,6 +653,7 @@ impl LoadDtype {
             LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
             LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
             LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
+            LoadDtype::Q4_K => Kind::Quant(QuantFormat::Q4_K),
         }
     }
 }
@@ -661,7 +674,9 @@ impl std::str::FromStr for LoadDtype {
             .find(|d| d.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| LlmError::InvalidRequest {
                 op: "LoadDtype::from_str",
-                reason: format!("unknown dtype {s:?} (f32, f16, bf16, q8_0 and q4_0 are known)"),
+                reason: format!(
+                    "unknown dtype {s:?} (f32, f16, bf16, q8_0, q4_0 and q4_k are known)"
+                ),
             })
     }
 }
@@ -698,6 +713,14 @@ impl WeightStore {
     ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
     ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
     ///   (llama.cpp's rule for models that share the two);
+    /// - for [`LoadDtype::Q4_K`] every matrix becomes Q4_K and the output
+    ///   projection Q6_K (as llama.cpp's `Q4_K_S` and `Q4_K_M` do; `Q4_K_M`
+    ///   also gives Q6_K to some of the v and down projections, which this
+    ///   conversion does not). The K formats need whole super-blocks of 256
+    ///   along the columns; a matrix whose column count is not a multiple of
+    ///   256 falls back, as llama.cpp's does: Q6_K to Q8_0 (llama.cpp's own
+    ///   fallback), Q4_K to Q4_0 (llama.cpp takes Q5_0, which this crate does
+    ///   not have);
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an
@@ -710,9 +733,10 @@ impl WeightStore {
     /// # Errors
     /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
     /// be quantized has a column count (its input features, the dimension the
-    /// blocks run along) that is not a multiple of 32: llama.cpp refuses such a
-    /// tensor for Q8_0 and Q4_0 too ("Unsupported tensor size"). Nothing is
-    /// returned half-converted.
+    /// blocks run along) that is not a multiple of 32 (for Q4_K too: its
+    /// fallbacks, Q4_0 and Q8_0, need whole blocks of 32): llama.cpp refuses
+    /// such a tensor for Q8_0 and Q4_0 too ("Unsupported tensor size").
+    /// Nothing is returned half-converted.
     pub fn convert(
         &self,
         ctx: &fucina::ExecContext,
@@ -732,7 +756,18 @@ impl WeightStore {
             };
             let target = match dtype {
                 LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
+                LoadDtype::Q4_K if name == output => Kind::Quant(QuantFormat::Q6_K),
                 d => d.kind(),
+            };
+            // The K formats need whole super-blocks along the columns.
+            let target = match target {
+                Kind::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
+                    Kind::Quant(QuantFormat::Q4_0)
+                }
+                Kind::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
+                    Kind::Quant(QuantFormat::Q8_0)
+                }
+                t => t,
             };
             if w.kind() == target {
                 tensors.insert(name.clone(), w.clone());
@@ -743,12 +778,12 @@ impl WeightStore {
                 reason: format!("shape [{rows}, {cols}]: {reason}"),
             };
             if let Kind::Quant(q) = target
-                && !cols.is_multiple_of(QuantFormat::BLOCK_ELEMENTS)
+                && !cols.is_multiple_of(q.block_elements())
             {
                 return Err(bad(format!(
                     "{cols} columns are not a multiple of the {}-element blocks of {q:?} \
                      (llama.cpp refuses such a tensor too)",
-                    QuantFormat::BLOCK_ELEMENTS,
+                    q.block_elements(),
                 )));
             }
             // A block of rows at a time through one f32 buffer, so a large
@@ -756,7 +791,7 @@ impl WeightStore {
             // bytes do not depend on the block size).
             let row_bytes = match target {
                 Kind::Float(f) => cols * f.size_bytes(),
-                Kind::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+                Kind::Quant(q) => cols / q.block_elements() * q.block_bytes(),
             };
             let total = rows
                 .checked_mul(row_bytes)

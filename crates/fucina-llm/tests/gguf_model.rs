@@ -107,6 +107,27 @@ fn convert_as(
     extra: &[(&str, u32, Vec<u8>)],
     quant: Option<QuantFormat>,
 ) -> Vec<u8> {
+    convert_with(cfg, store, skip, extra, &|_| quant)
+}
+
+/// ggml's type code of a block format.
+fn ggml_code(q: QuantFormat) -> u32 {
+    match q {
+        QuantFormat::Q8_0 => 8,
+        QuantFormat::Q4_0 => 2,
+        QuantFormat::Q4_K => 12,
+        QuantFormat::Q6_K => 14,
+    }
+}
+
+/// [`convert_as`] with each matrix's format chosen by its Hugging Face name.
+fn convert_with(
+    cfg: &ModelConfig,
+    store: &WeightStore,
+    skip: &[&str],
+    extra: &[(&str, u32, Vec<u8>)],
+    quant_of: &dyn Fn(&str) -> Option<QuantFormat>,
+) -> Vec<u8> {
     let ctx = ExecContext::new();
     let mut w = Writer::default();
     let meta: Vec<(&str, u32, Vec<u8>)> = vec![
@@ -165,11 +186,11 @@ fn convert_as(
         let mut bytes = weight.bytes().to_vec();
         let mut code = 0;
         let mut row_bytes = shape.last().unwrap() * 4;
-        if let (Some(q), &[rows, cols]) = (quant, shape) {
+        if let (Some(q), &[rows, cols]) = (quant_of(name), shape) {
             let values = weight.to_f32_vec();
             bytes = ctx.quantize(q, rows, cols, &values).unwrap().into_bytes();
-            code = if q == QuantFormat::Q8_0 { 8 } else { 2 };
-            row_bytes = cols / 32 * q.block_bytes();
+            code = ggml_code(q);
+            row_bytes = cols / q.block_elements() * q.block_bytes();
         }
         if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
             bytes = permute(&bytes, shape[0], row_bytes, cfg.head_dim);
@@ -281,7 +302,7 @@ fn bad_gguf_models_are_refused_by_name() {
     // A tensor of an unsupported type names the tensor.
     let mut w = Writer::default();
     w.kv("general.architecture", 8, &str_v("llama"));
-    w.tensor("blk.0.attn_q.weight", &[256, 1], 12, &[0u8; 144]);
+    w.tensor("blk.0.attn_q.weight", &[256, 1], 13, &[0u8; 176]); // Q5_K
     let path = write(&w.bytes(), "type");
     let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
     let e = fucina_llm::gguf::llama::llama_weights(&file, &cfg).unwrap_err();
@@ -484,4 +505,216 @@ fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
         "{e}"
     );
     assert!(open_model(std::env::temp_dir(), &ctx, None).is_err());
+}
+
+/// A random Llama model as wide as the K formats need (hidden 256, MLP 512:
+/// every matrix's rows are whole super-blocks), with the `llama_f32`
+/// fixture's vocabulary and tokenizer.
+fn wide_random_model() -> (ModelConfig, WeightStore) {
+    let mut cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    cfg.hidden_size = 256;
+    cfg.intermediate_size = 512;
+    cfg.head_dim = 64;
+    let (h, f, v, kv) = (256, 512, cfg.vocab_size, cfg.num_key_value_heads * 64);
+    let mut seed = 0u64;
+    let mut tensor = |shape: &[usize], scale: f32, offset: f32| {
+        seed += 1;
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n as u64)
+            .map(|i| {
+                let u = (fucina::exec::rng::at(seed, i) >> 40) as f32 / (1u64 << 24) as f32;
+                offset + scale * (2.0 * u - 1.0)
+            })
+            .collect();
+        fucina_llm::Weight::from_f32(WeightFormat::F32, shape, &values)
+    };
+    let mut t = std::collections::HashMap::new();
+    t.insert(
+        "model.embed_tokens.weight".into(),
+        tensor(&[v, h], 1.0, 0.0),
+    );
+    t.insert("model.norm.weight".into(), tensor(&[h], 0.1, 1.0));
+    t.insert("lm_head.weight".into(), tensor(&[v, h], 0.1, 0.0));
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}.");
+        for (name, shape, scale, offset) in [
+            ("input_layernorm.weight", vec![h], 0.1, 1.0),
+            ("post_attention_layernorm.weight", vec![h], 0.1, 1.0),
+            ("self_attn.q_proj.weight", vec![h, h], 0.1, 0.0),
+            ("self_attn.k_proj.weight", vec![kv, h], 0.1, 0.0),
+            ("self_attn.v_proj.weight", vec![kv, h], 0.1, 0.0),
+            ("self_attn.o_proj.weight", vec![h, h], 0.1, 0.0),
+            ("mlp.gate_proj.weight", vec![f, h], 0.1, 0.0),
+            ("mlp.up_proj.weight", vec![f, h], 0.1, 0.0),
+            ("mlp.down_proj.weight", vec![h, f], 0.07, 0.0),
+        ] {
+            t.insert(format!("{p}{name}"), tensor(&shape, scale, offset));
+        }
+    }
+    (cfg, WeightStore::from_tensors(t))
+}
+
+/// A GGUF file with Q4_K and Q6_K matrices (llama.cpp's Q4_K_M choice: Q6_K for
+/// the output projection, the v and down projections; Q4_K elsewhere) loads
+/// with its blocks mapped, is not repacked, and gives logits close to the same
+/// model with its weights dequantized to f32 (the same greedy ids at every
+/// position), the same bits for 1 and 3 threads, and close to the f32 original.
+#[test]
+fn k_quant_gguf_models_match_their_dequantized_weights() {
+    let (cfg, store) = wide_random_model();
+    let vocab = cfg.vocab_size;
+    let reference = logits(&Model::from_parts(cfg.clone(), store.clone()).unwrap(), 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let q6 = |n: &str| {
+        n == "lm_head.weight" || n.ends_with("v_proj.weight") || n.ends_with("down_proj.weight")
+    };
+    let quant_of = |n: &str| -> Option<QuantFormat> {
+        Some(if q6(n) {
+            QuantFormat::Q6_K
+        } else {
+            QuantFormat::Q4_K
+        })
+    };
+    let path = write(&convert_with(&cfg, &store, &[], &[], &quant_of), "k");
+    let (gcfg, gstore, _file) = load_llama(&path).unwrap();
+    for (name, f) in [
+        ("model.layers.0.mlp.up_proj.weight", QuantFormat::Q4_K),
+        ("model.layers.1.mlp.down_proj.weight", QuantFormat::Q6_K),
+        ("lm_head.weight", QuantFormat::Q6_K),
+        ("model.embed_tokens.weight", QuantFormat::Q4_K),
+        ("model.layers.0.self_attn.q_proj.weight", QuantFormat::Q4_K),
+    ] {
+        let w = gstore.get(name).unwrap();
+        assert_eq!(w.quant_format(), Some(f), "{name}");
+        if !name.contains("q_proj") {
+            assert!(w.is_mapped(), "{name} is read in place");
+        }
+    }
+    // The K formats are read in place: nothing is repacked.
+    let mut repacked = gstore.clone();
+    assert_eq!(repacked.repack_quantized(&ExecContext::new()).unwrap(), 0);
+    let dequantized: std::collections::HashMap<String, fucina_llm::Weight> = gstore
+        .iter()
+        .map(|(n, w)| {
+            let v = w.to_f32_vec();
+            (
+                n.to_string(),
+                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v),
+            )
+        })
+        .collect();
+    let deq = logits(
+        &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
+        1,
+    );
+    let model = Model::from_parts(gcfg, gstore).unwrap();
+    let one = logits(&model, 1);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&logits(&model, 3)), bits(&one), "1 and 3 threads");
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+    };
+    let ids = |v: &[f32]| v.chunks(vocab).map(argmax).collect::<Vec<_>>();
+    let deq_diff = diff(&one, &deq);
+    let deq_scale = deq.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    eprintln!(
+        "K model: max |logit - dequantized-f32 logit| = {deq_diff:.3e} (largest {deq_scale:.3})"
+    );
+    assert!(
+        deq_diff <= 0.03 * deq_scale,
+        "against its dequantized weights: {deq_diff}"
+    );
+    assert_eq!(
+        ids(&one),
+        ids(&deq),
+        "greedy ids against the dequantized model"
+    );
+    let max_diff = diff(&one, &reference);
+    let top1 = ids(&one)
+        .iter()
+        .zip(ids(&reference))
+        .filter(|(a, b)| *a == b)
+        .count();
+    eprintln!(
+        "K model: max |logit - f32 logit| = {max_diff:.3e} ({:.2} % of the largest logit {scale:.3}); top-1 agreement {top1}/12",
+        100.0 * max_diff / scale
+    );
+    assert!(max_diff <= 0.35 * scale, "{max_diff}");
+}
+
+/// A K-quant tensor whose rows are not whole super-blocks, or whose data is
+/// cut short, is an error naming it.
+#[test]
+fn bad_k_quant_tensors_are_named() {
+    let mut w = Writer::default();
+    w.kv("general.architecture", 8, &str_v("llama"));
+    w.tensor("blk.0.ffn_up.weight", &[128, 2], 12, &[0u8; 144]);
+    let e = fucina_llm::gguf::GgufFile::open(write(&w.bytes(), "k-rows"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("blk.0.ffn_up.weight") && e.contains("256"),
+        "{e}"
+    );
+    let mut w = Writer::default();
+    w.kv("general.architecture", 8, &str_v("llama"));
+    w.tensor("output.weight", &[256, 2], 14, &[0u8; 419]); // two rows need 420 bytes
+    let e = fucina_llm::gguf::GgufFile::open(write(&w.bytes(), "k-short"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("output.weight"), "{e}");
+    // A Q4_K weight built by hand with the wrong byte count names itself.
+    let e = fucina_llm::Weight::quantized("w", QuantFormat::Q4_K, &[2, 256], vec![0u8; 287])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains('w') && e.contains("288"), "{e}");
+    let e = fucina_llm::Weight::quantized("w2", QuantFormat::Q6_K, &[2, 128], vec![0u8; 210])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("w2") && e.contains("256"), "{e}");
+}
+
+/// `convert(Q4_K)` (`generate --dtype q4_k`) of a model whose matrices are whole
+/// super-blocks: Q4_K matrices, the output projection in Q6_K, the bytes of
+/// the runtime's quantizer, logits close to the f32 model's.
+#[test]
+fn q4_k_conversion_keeps_the_output_projection_in_q6_k() {
+    let (cfg, store) = wide_random_model();
+    let ctx = ExecContext::with_threads(2);
+    let conv = store.convert(&ctx, LoadDtype::Q4_K, false).unwrap();
+    for (name, w) in store.iter() {
+        let c = conv.get(name).unwrap();
+        let &[rows, cols] = w.shape() else {
+            assert_eq!(c.quant_format(), None, "{name}");
+            continue;
+        };
+        let q = if name == "lm_head.weight" {
+            QuantFormat::Q6_K
+        } else {
+            QuantFormat::Q4_K
+        };
+        assert_eq!(c.quant_format(), Some(q), "{name}");
+        let want = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+        assert!(c.bytes() == want.bytes(), "{name}: bytes");
+    }
+    let reference = logits(&Model::from_parts(cfg.clone(), store).unwrap(), 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let one = logits(&Model::from_parts(cfg.clone(), conv).unwrap(), 1);
+    let vocab = cfg.vocab_size;
+    let max_diff = one
+        .iter()
+        .zip(&reference)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    let top1 = one
+        .chunks(vocab)
+        .zip(reference.chunks(vocab))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    eprintln!(
+        "convert(Q4_K): max |logit - f32 logit| = {max_diff:.3e} ({:.2} % of {scale:.3}); top-1 {top1}/12",
+        100.0 * max_diff / scale
+    );
+    assert!(max_diff <= 0.35 * scale, "{max_diff}");
 }

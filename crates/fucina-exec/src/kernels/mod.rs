@@ -8,6 +8,7 @@ pub(crate) mod index;
 pub(crate) mod math;
 pub(crate) mod prefetch;
 pub(crate) mod quant_dot;
+pub(crate) mod quant_k;
 pub(crate) mod quant_packed;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;

@@ -1,11 +1,13 @@
-//! Block-quantized weights in llama.cpp's Q8_0 and Q4_0 layouts, and their
-//! product with f32 activations (the decode and small-batch path of quantized
-//! models).
+//! Block-quantized weights in llama.cpp's Q8_0, Q4_0, Q4_K and Q6_K layouts,
+//! and their product with f32 activations (the decode and small-batch path of
+//! quantized models).
 //!
 //! # Formats
-//! A row of `cols` weights (a multiple of 32) is `cols / 32` blocks, rows one
-//! after the other, no padding; the bytes are exactly those of a GGUF tensor of
-//! the same type, so files interchange.
+//! A row of `cols` weights is `cols / block_elements` blocks, rows one after
+//! the other, no padding; the bytes are exactly those of a GGUF tensor of the
+//! same type, so files interchange. Q8_0 and Q4_0 have blocks of 32 (`cols` a
+//! multiple of 32); Q4_K and Q6_K have super-blocks of 256 (`cols` a multiple
+//! of 256).
 //! - **Q8_0** (34 bytes per block): an f16 scale `d` (little-endian), then 32
 //!   signed bytes `q`; value `k` is `q[k] · d`. Quantizing takes
 //!   `d = amax / 127` and `q = round(x / d)` (half away from zero).
@@ -14,9 +16,28 @@
 //!   `k + 16`; value `k` is `(n[k] - 8) · d`. Quantizing takes the signed value
 //!   `max` of largest magnitude, `d = max / -8` and
 //!   `n = min(15, trunc(x / d + 8.5))`.
+//! - **Q4_K** (144 bytes per super-block): f16 `d`, f16 `dmin`, 12 bytes of
+//!   eight 6-bit scales `sc` and eight 6-bit mins `mn` (one pair per sub-block
+//!   of 32), 128 bytes of nibbles; value `(d · sc) · q − dmin · mn`.
+//! - **Q6_K** (210 bytes per super-block): 128 bytes of low nibbles, 64 bytes
+//!   of high 2-bit pairs, 16 int8 scales (one per 16 values), f16 `d`; value
+//!   `(d · sc) · (q − 32)`.
 //!
-//! Both scales are computed in f32 and rounded to f16 for storage (the values
-//! are quantized with the f32 scale), as llama.cpp's reference quantizer does.
+//! (The K layouts bit by bit are in `kernels::quant_k` and in
+//! `docs/QUANTIZATION.md`.) The Q8_0 and Q4_0 scales are computed in f32 and
+//! rounded to f16 for storage (the values are quantized with the f32 scale), as
+//! llama.cpp's reference quantizer does. The K quantizer is simpler than
+//! llama.cpp's (which searches for the scales that minimize a weighted error),
+//! so its bytes differ from llama.cpp's; files made by llama.cpp are read as
+//! they are:
+//! - Q4_K: per sub-block, the range `[min(0, min x), max x]` in 15 steps; the
+//!   steps and the mins are coded in 6 bits against `d = max step / 63` and
+//!   `dmin = max min / 63` (stored as f16), each rounded to the nearest code;
+//!   each value takes the nibble nearest to it under the coded scale and min.
+//! - Q6_K: per group of 16, the scale `g = max / −32` (`max` the signed value
+//!   of largest magnitude); the scales are coded as int8 against
+//!   `d = G / −128` (`G` the group scale of largest magnitude, f16); each value
+//!   takes the nearest code in `−32..=31` under its coded scale.
 //!
 //! # The product
 //! [`ExecContext::quant_matmul`] quantizes each activation row once per call to
@@ -27,7 +48,12 @@
 //! of four elements, blocks in increasing order, a fused multiply-add by the
 //! product of the two scales, then the lanes folded in halves), so a result is
 //! the same bits on every vector level, for every thread count, and whatever the
-//! other rows of the batch.
+//! other rows of the batch. For Q4_K and Q6_K the weight scale of a lane is
+//! that of its sub-block (Q6_K: of its group of 16), an exact f32 product
+//! `d · sc`; the even and odd sub-blocks accumulate in two sets of eight lanes
+//! (folded together at the end), and Q4_K closes each super-block with its min
+//! term, lane `l` taking `fma(−(dmin · mn[l]) · dx, Σ x̂, acc[l])` for
+//! sub-block `l` (see `kernels::quant_k`).
 //!
 //! # Lifetime of the weights
 //! [`ExecContext::quant_matmul`] reads the llama.cpp layout directly: a
@@ -45,56 +71,96 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::quant_dot::{self, Acts, LANES, QK};
+use crate::kernels::quant_k::{self, Q4K_BYTES, Q6K_BYTES, QK_K};
 use crate::kernels::quant_packed::{self, G, StripLayout};
 use crate::tensor::layout::Dims;
 
 /// A block-quantized weight format (llama.cpp's layouts; see the module docs).
+/// The variants are spelled as llama.cpp spells its types.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
     /// 32 int8 values and an f16 scale per block (34 bytes).
     Q8_0,
     /// 32 4-bit values and an f16 scale per block (18 bytes).
     Q4_0,
+    /// Super-blocks of 256: eight sub-blocks of 32 4-bit values, each with a
+    /// 6-bit scale and a 6-bit min, under an f16 scale and an f16 min scale
+    /// (144 bytes, 4.5 bits per weight).
+    Q4_K,
+    /// Super-blocks of 256: 6-bit values, an int8 scale per 16 values, an f16
+    /// scale (210 bytes, 6.5625 bits per weight).
+    Q6_K,
 }
 
 impl QuantFormat {
-    /// Elements per block (32 for every format).
-    pub const BLOCK_ELEMENTS: usize = QK;
+    /// Every format, in declaration order.
+    pub const ALL: [QuantFormat; 4] = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ];
 
-    /// Bytes per block: 34 for Q8_0, 18 for Q4_0.
-    pub fn block_bytes(self) -> usize {
+    /// Elements per block: 32 for Q8_0 and Q4_0, 256 (a super-block) for Q4_K
+    /// and Q6_K. A matrix's column count must be a multiple of it.
+    pub const fn block_elements(self) -> usize {
         match self {
-            QuantFormat::Q8_0 => 34,
-            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 => QK,
+            QuantFormat::Q4_K | QuantFormat::Q6_K => QK_K,
         }
     }
 
-    /// The format's name as llama.cpp spells it (`"q8_0"`, `"q4_0"`).
-    pub fn name(self) -> &'static str {
+    /// Bytes per block: 34 for Q8_0, 18 for Q4_0, 144 for Q4_K, 210 for Q6_K.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_K => Q4K_BYTES,
+            QuantFormat::Q6_K => Q6K_BYTES,
+        }
+    }
+
+    /// The format's name as llama.cpp spells it (`"q8_0"`, `"q4_0"`, `"q4_k"`,
+    /// `"q6_k"`).
+    pub const fn name(self) -> &'static str {
         match self {
             QuantFormat::Q8_0 => "q8_0",
             QuantFormat::Q4_0 => "q4_0",
+            QuantFormat::Q4_K => "q4_k",
+            QuantFormat::Q6_K => "q6_k",
         }
+    }
+
+    /// Whether [`ExecContext::repack_quant`] accepts the format: Q8_0 and
+    /// Q4_0 are repacked, Q4_K and Q6_K are read in place only.
+    pub const fn repackable(self) -> bool {
+        matches!(self, QuantFormat::Q8_0 | QuantFormat::Q4_0)
     }
 
     /// The bytes of a `[rows, cols]` matrix in this format.
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
-    /// [`ExecError::Overflow`] if the size does not fit in `usize`.
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of
+    /// [`block_elements`](Self::block_elements), [`ExecError::Overflow`] if the
+    /// size does not fit in `usize`.
     pub fn matrix_bytes(
         self,
         op: &'static str,
         rows: usize,
         cols: usize,
     ) -> Result<usize, ExecError> {
-        if !cols.is_multiple_of(QK) {
+        if !cols.is_multiple_of(self.block_elements()) {
             return Err(ExecError::InvalidArgument {
                 op,
-                reason: "the column count of a quantized matrix must be a multiple of 32 (the block size)",
+                reason: if self.block_elements() == QK {
+                    "the column count of a quantized matrix must be a multiple of 32 (the block size)"
+                } else {
+                    "the column count of a q4_k or q6_k matrix must be a multiple of 256 (the super-block size)"
+                },
             });
         }
-        (cols / QK)
+        (cols / self.block_elements())
             .checked_mul(self.block_bytes())
             .and_then(|b| b.checked_mul(rows))
             .ok_or(ExecError::Overflow {
@@ -106,11 +172,16 @@ impl QuantFormat {
     fn is_q4(self) -> bool {
         self == QuantFormat::Q4_0
     }
+
+    /// Whether this is a super-block format (Q4_K, Q6_K).
+    fn is_k(self) -> bool {
+        matches!(self, QuantFormat::Q4_K | QuantFormat::Q6_K)
+    }
 }
 
 /// An immutable `[rows, cols]` block-quantized matrix borrowed in llama.cpp's
 /// layout: `rows` output features of `cols` input features each (PyTorch's
-/// `nn.Linear` layout), each row `cols / 32` blocks. `Copy`, `Send` and `Sync`;
+/// `nn.Linear` layout), each row `cols / format.block_elements()` blocks. `Copy`, `Send` and `Sync`;
 /// the bytes can be a memory-mapped file's, a [`QuantizedWeights`]' or any
 /// other slice (no alignment required).
 #[derive(Clone, Copy, Debug)]
@@ -125,10 +196,11 @@ impl<'a> QuantMatrix<'a> {
     /// A matrix over `bytes`, checked.
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
-    /// [`ExecError::Overflow`] if the size overflows, and
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of the
+    /// format's [`block_elements`](QuantFormat::block_elements) (32, or 256 for
+    /// Q4_K and Q6_K), [`ExecError::Overflow`] if the size overflows, and
     /// [`ExecError::InvalidDataLength`] if `bytes` is not exactly
-    /// `rows · cols / 32` blocks long.
+    /// `rows · cols / block_elements` blocks long.
     pub fn new(
         format: QuantFormat,
         rows: usize,
@@ -163,7 +235,7 @@ impl<'a> QuantMatrix<'a> {
         self.rows
     }
 
-    /// Input features (columns, a multiple of 32).
+    /// Input features (columns, a multiple of the format's block size).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -175,11 +247,13 @@ impl<'a> QuantMatrix<'a> {
 
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.cols / QK * self.format.block_bytes()
+        self.cols / self.format.block_elements() * self.format.block_bytes()
     }
 
     /// Row `r` dequantized into `out` (`out.len() == cols`): Q8_0 `q · d`,
-    /// Q4_0 `(n - 8) · d`, each one f32 product (exact up to that rounding).
+    /// Q4_0 `(n - 8) · d`, each one f32 product (exact up to that rounding);
+    /// Q4_K `(d · sc) · q − dmin · mn` (one rounding, the difference), Q6_K
+    /// `(d · sc) · (q − 32)` (exact), as llama.cpp computes them.
     ///
     /// # Errors
     /// [`ExecError::IndexOutOfBounds`] if `r >= rows`,
@@ -276,7 +350,7 @@ impl QuantizedWeights {
         self.rows
     }
 
-    /// Input features (columns, a multiple of 32).
+    /// Input features (columns, a multiple of the format's block size).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -395,9 +469,19 @@ impl PackedQuantMatrix {
     }
 }
 
-/// Quantizes one row (`x.len()` a multiple of 32) into its blocks `out`.
+/// Quantizes one row (`x.len()` a multiple of the block size) into its blocks
+/// `out`.
 fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
     let bb = format.block_bytes();
+    if format.is_k() {
+        for (xb, blk) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(bb)) {
+            match format {
+                QuantFormat::Q4_K => quant_k::quantize_q4k(xb, blk),
+                _ => quant_k::quantize_q6k(xb, blk),
+            }
+        }
+        return;
+    }
     for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
         let (d, qs) = blk.split_at_mut(2);
         let scale = match format {
@@ -426,6 +510,9 @@ fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
                 }
                 d
             }
+            QuantFormat::Q4_K | QuantFormat::Q6_K => {
+                unreachable!("quantize_row: super-block formats return above")
+            }
         };
         d.copy_from_slice(
             &fucina_storage::half::f16::from_f32(scale)
@@ -438,6 +525,15 @@ fn quantize_row(format: QuantFormat, x: &[f32], out: &mut [u8]) {
 /// Dequantizes one row of blocks `blocks` into `out`.
 fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
     let bb = format.block_bytes();
+    if format.is_k() {
+        for (blk, ob) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+            match format {
+                QuantFormat::Q4_K => quant_k::dequantize_q4k(blk, ob),
+                _ => quant_k::dequantize_q6k(blk, ob),
+            }
+        }
+        return;
+    }
     for (blk, ob) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
         let d = quant_dot::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
         let qs = &blk[2..];
@@ -453,13 +549,17 @@ fn dequantize_row(format: QuantFormat, blocks: &[u8], out: &mut [f32]) {
                     ob[k + 16] = f32::from((q >> 4) as i8 - 8) * d;
                 }
             }
+            QuantFormat::Q4_K | QuantFormat::Q6_K => {
+                unreachable!("dequantize_row: super-block formats return above")
+            }
         }
     }
 }
 
 impl ExecContext {
     /// Quantizes the row-major `[rows, cols]` matrix `values` to `format`
-    /// (llama.cpp's reference quantizer; see the module docs), in parallel
+    /// (llama.cpp's reference quantizer for Q8_0 and Q4_0, a simpler
+    /// documented one for Q4_K and Q6_K; see the module docs), in parallel
     /// over rows.
     ///
     /// ```
@@ -476,7 +576,8 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of 32,
+    /// [`ExecError::InvalidArgument`] if `cols` is not a multiple of the
+    /// format's [`block_elements`](QuantFormat::block_elements),
     /// [`ExecError::InvalidDataLength`] if `values.len() != rows · cols`,
     /// [`ExecError::Overflow`] on a size overflow, [`ExecError::OutOfMemory`] if
     /// the bytes cannot be allocated.
@@ -572,10 +673,19 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::Overflow`] if the size overflows, [`ExecError::OutOfMemory`]
-    /// if the copy cannot be allocated.
+    /// [`ExecError::InvalidArgument`] for a Q4_K or Q6_K matrix (see
+    /// [`QuantFormat::repackable`]: those are read in place by
+    /// [`quant_matmul`](Self::quant_matmul)), [`ExecError::Overflow`] if the
+    /// size overflows, [`ExecError::OutOfMemory`] if the copy cannot be
+    /// allocated.
     pub fn repack_quant(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
         let op = "repack_quant";
+        if !w.format.repackable() {
+            return Err(ExecError::InvalidArgument {
+                op,
+                reason: "q4_k and q6_k matrices are read in place by quant_matmul; only q8_0 and q4_0 are repacked",
+            });
+        }
         let overflow = || ExecError::Overflow {
             op,
             shape: Dims::new(&[w.rows, w.cols]),
@@ -714,11 +824,22 @@ impl ExecContext {
         let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
         let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
         let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
+        // Q4_K's min term needs each activation block's sum.
+        let mut sums = match w.format.is_k() {
+            true => Some(pool.acquire_scratch::<f32>(m * nb).map_err(lease)?),
+            false => None,
+        };
         let mut tr = match m {
             1 => None,
             _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
         };
-        self.quantize_acts(x, cols, q4, &mut xq, &mut xs, &mut xb);
+        let q6 = w.format == QuantFormat::Q6_K;
+        match sums.as_deref_mut() {
+            Some(sums) => {
+                quant_k::quantize_acts(x, m, cols, q6, &mut xq, &mut xs, &mut xb, sums);
+            }
+            None => self.quantize_acts(x, cols, q4, &mut xq, &mut xs, &mut xb),
+        }
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -726,8 +847,10 @@ impl ExecContext {
             cols,
         };
         let rb = w.row_bytes();
-        let kernel = |r: std::ops::Range<usize>, o: &mut [f32]| {
-            quant_dot::quant_rows(q4, w.bytes, rb, r, &acts, m, o);
+        let sums = sums.as_deref();
+        let kernel = |r: std::ops::Range<usize>, o: &mut [f32]| match sums {
+            Some(sums) => quant_k::quant_rows(q6, w.bytes, rb, r, &acts, sums, m, o),
+            None => quant_dot::quant_rows(q4, w.bytes, rb, r, &acts, m, o),
         };
         match tr.as_deref_mut() {
             None => self.par_rows(out, 1, cols, kernel),

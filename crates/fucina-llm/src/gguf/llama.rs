@@ -17,10 +17,12 @@
 //!   the q and k projections so that its rotary embedding can rotate adjacent
 //!   pairs; the rows are put back in Hugging Face's order here (a copy of those
 //!   two projections; every other tensor stays mapped).
-//! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; Q8_0 and
-//!   Q4_0 matrices stay in llama.cpp's blocks (read by
+//! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; Q8_0, Q4_0,
+//!   Q4_K and Q6_K matrices stay in llama.cpp's blocks (read by
 //!   [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)); any other
-//!   type is an error naming the tensor.
+//!   type is an error naming the tensor, and so is a quantized tensor whose
+//!   rows are not whole blocks (32 weights, or 256 for Q4_K and Q6_K) or whose
+//!   bytes do not match its shape.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -208,7 +210,7 @@ impl Kept {
     fn row_bytes(self, cols: usize) -> usize {
         match self {
             Kept::Float(f) => cols * f.size_bytes(),
-            Kept::Quant(q) => cols / QuantFormat::BLOCK_ELEMENTS * q.block_bytes(),
+            Kept::Quant(q) => cols / q.block_elements() * q.block_bytes(),
         }
     }
 }
@@ -221,6 +223,8 @@ fn format_of(name: &str, t: GgmlType) -> Result<Kept, LlmError> {
         GgmlType::BF16 => Ok(Kept::Float(WeightFormat::BF16)),
         GgmlType::Q8_0 => Ok(Kept::Quant(QuantFormat::Q8_0)),
         GgmlType::Q4_0 => Ok(Kept::Quant(QuantFormat::Q4_0)),
+        GgmlType::Q4_K => Ok(Kept::Quant(QuantFormat::Q4_K)),
+        GgmlType::Q6_K => Ok(Kept::Quant(QuantFormat::Q6_K)),
         other => Err(LlmError::BadTensor {
             name: name.to_string(),
             reason: format!("GGUF tensor type {} is not supported", other.name()),
