@@ -197,6 +197,34 @@ impl Scratch {
     }
 }
 
+/// The rows `0..rows` of a prefill chunk whose first row sits at position
+/// `start`, in at most `blocks` consecutive non-empty pieces of about equal
+/// attention work (row `r` attends to `start + r + 1` positions, so the
+/// earlier pieces are longer). Which rows a task takes never changes how a row
+/// is computed.
+fn balanced_row_blocks(
+    start: usize,
+    rows: usize,
+    blocks: usize,
+) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let blocks = blocks.clamp(1, rows.max(1)) as u128;
+    // Work of the rows before row k: k · start + k (k + 1) / 2.
+    let work = move |k: usize| (k as u128) * (start as u128) + (k as u128) * (k as u128 + 1) / 2;
+    let total = work(rows);
+    let mut k = 0usize;
+    (1..=blocks).filter_map(move |b| {
+        let begin = k;
+        let target = total * b / blocks;
+        while k < rows && (work(k) < target || k == begin) {
+            k += 1;
+        }
+        if b == blocks {
+            k = rows;
+        }
+        (k > begin).then_some(begin..k)
+    })
+}
+
 /// An invalid-request error of `op`.
 fn invalid(op: &'static str, reason: String) -> LlmError {
     LlmError::InvalidRequest { op, reason }
@@ -550,15 +578,22 @@ impl Model {
         let s = &mut *scratch;
         let heads = self.config.num_attention_heads;
         let rows_max = tokens.len().min(PREFILL_CHUNK);
-        // Attention tasks: each head's rows in `blocks` pieces, so that a team
-        // has about two tasks per participant.
-        let blocks = (2 * ctx.threads()).div_ceil(heads).clamp(1, rows_max);
+        // Attention tasks: each head's rows in `blocks` pieces of about equal
+        // work, so that a team has at least eight tasks per participant (the
+        // team claims them dynamically; the last one to finish bounds the idle
+        // time).
+        let blocks = (8 * ctx.threads()).div_ceil(heads).clamp(1, rows_max);
+        // The longest piece is the first of a chunk that starts the cache.
+        let longest = balanced_row_blocks(0, rows_max, blocks)
+            .map(|r| r.len())
+            .max()
+            .unwrap_or(0);
         // Scores for the cache's whole capacity: later calls on it never grow them.
         s.ensure(
             &self.config,
             rows_max,
             heads * blocks,
-            rows_max.div_ceil(blocks),
+            longest.max(rows_max.div_ceil(blocks)),
             cache.capacity(),
         );
         let start = cache.len();
@@ -569,12 +604,11 @@ impl Model {
             for (r, p) in s.positions[..rows].iter_mut().enumerate() {
                 *p = first + r;
             }
-            let per = rows.div_ceil(blocks.min(rows));
             let mut n_tasks = 0;
             for h in 0..heads {
-                for first in (0..rows).step_by(per) {
+                for piece in balanced_row_blocks(first, rows, blocks) {
                     let t = &mut s.tasks[n_tasks];
-                    (t.seq, t.head, t.rows) = (0, h, first..(first + per).min(rows));
+                    (t.seq, t.head, t.rows) = (0, h, piece);
                     n_tasks += 1;
                 }
             }
@@ -932,5 +966,53 @@ impl Model {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         head.matmul(ctx, xn, x.len() / hid, out)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balanced_row_blocks;
+
+    /// The pieces cover every row once, in order, none empty, at most
+    /// `blocks` of them, and none holds more than an equal share of the work
+    /// plus one row's.
+    #[test]
+    fn balanced_row_blocks_cover_the_rows_with_equal_work() {
+        for (start, rows, blocks) in [
+            (0usize, 512usize, 2usize),
+            (0, 512, 18),
+            (512, 512, 4),
+            (100, 7, 3),
+            (0, 1, 4),
+            (0, 3, 8),
+            (3, 64, 64),
+            (0, 0, 2),
+        ] {
+            let pieces: Vec<_> = balanced_row_blocks(start, rows, blocks).collect();
+            assert!(
+                pieces.len() <= blocks.max(1),
+                "{start} {rows} {blocks}: {pieces:?}"
+            );
+            let mut next = 0;
+            for p in &pieces {
+                assert_eq!(p.start, next, "{start} {rows} {blocks}: {pieces:?}");
+                assert!(p.end > p.start, "{start} {rows} {blocks}: {pieces:?}");
+                next = p.end;
+            }
+            assert_eq!(next, rows, "{start} {rows} {blocks}: {pieces:?}");
+            let work = |r: &std::ops::Range<usize>| r.clone().map(|k| start + k + 1).sum::<usize>();
+            let total: usize = work(&(0..rows));
+            for p in &pieces {
+                assert!(
+                    work(p) <= total / blocks.min(rows.max(1)) + start + rows + 1,
+                    "{start} {rows} {blocks}: {p:?} holds too much work"
+                );
+            }
+            if rows >= 2 * blocks && blocks > 1 {
+                assert_eq!(pieces.len(), blocks, "{start} {rows} {blocks}: {pieces:?}");
+                // The first piece (cheapest rows) is the longest.
+                assert!(pieces[0].len() >= pieces[blocks - 1].len());
+            }
+        }
     }
 }
