@@ -12,9 +12,14 @@
 //! loops of a prefill, [`attend_row`] and [`swiglu`], are also compiled for
 //! AVX-512 and for AVX2 (the `with_simd_level!` macro), and each call takes the level
 //! `fucina::exec::simd_level()` names (so `FUCINA_SIMD` lowers it too). Their
-//! bodies keep separate multiplies and adds (no fused multiply-add) and their
-//! vectors only hold independent sums side by side, so every level gives the
-//! same bits (`tests/llm_kernels_simd.rs` in the crate's tests checks it).
+//! vectors only hold independent sums side by side, and each operation rounds
+//! the same way at every width, so every level gives the same bits (the test
+//! `attention_and_swiglu_are_the_same_bits_at_every_level` below compares
+//! every compiled variant). The attention's sums take a fused multiply-add per
+//! term at every level, as the GEMM does: a vector instruction at the AVX2 and
+//! AVX-512 levels, `f32::mul_add` (exactly rounded, a library call without
+//! FMA hardware) at the portable one; every other loop keeps separate
+//! multiplies and adds.
 
 use crate::config::RopeScaling;
 
@@ -244,12 +249,12 @@ const BLOCK: usize = crate::cache::KEY_TILE;
 /// chains of additions, so that the loops are not bound by the latency of one.
 const TILES: usize = 2;
 
-/// `acc + x · row` for the `BLOCK` columns of `row` (by value, so the
-/// accumulators stay in registers).
+/// `acc + x · row` for the `BLOCK` columns of `row`, each a fused
+/// multiply-add (by value, so the accumulators stay in registers).
 #[inline(always)]
 fn axpy_block(mut acc: [f32; BLOCK], x: f32, row: &[f32; BLOCK]) -> [f32; BLOCK] {
     for c in 0..BLOCK {
-        acc[c] += x * row[c];
+        acc[c] = x.mul_add(row[c], acc[c]);
     }
     acc
 }
@@ -351,7 +356,7 @@ fn blocks_of_weighted_sums<const G: usize, const AVX512: bool>(
 
 /// [`score_tiles`] and [`weigh_blocks`] on 16-lane AVX-512 registers, one
 /// register per block of [`BLOCK`] = 16 positions or output elements: the same
-/// multiplies and adds (never fused) in the same order, so the same bits. The
+/// fused multiply-adds in the same order, so the same bits. The
 /// generic loops keep their accumulator arrays on the stack at this width;
 /// here they stay in registers.
 #[cfg(target_arch = "x86_64")]
@@ -386,7 +391,7 @@ mod avx512 {
                 // SAFETY: row i of tile g is inside `keys` (sliced above to
                 // G tiles of d rows of BLOCK).
                 let k = unsafe { _mm512_loadu_ps(kp.add((g * d + i) * BLOCK)) };
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, k));
+                *a = _mm512_fmadd_ps(x, k, *a);
             }
         }
         let sv = _mm512_set1_ps(scale);
@@ -422,8 +427,8 @@ mod avx512 {
             for g in 0..G {
                 // SAFETY: as in `score_tiles`.
                 let k = unsafe { _mm512_loadu_ps(kp.add((g * d + i) * BLOCK)) };
-                acc_a[g] = _mm512_add_ps(acc_a[g], _mm512_mul_ps(xa, k));
-                acc_b[g] = _mm512_add_ps(acc_b[g], _mm512_mul_ps(xb, k));
+                acc_a[g] = _mm512_fmadd_ps(xa, k, acc_a[g]);
+                acc_b[g] = _mm512_fmadd_ps(xb, k, acc_b[g]);
             }
         }
         let sv = _mm512_set1_ps(scale);
@@ -473,8 +478,8 @@ mod avx512 {
             for g in 0..G {
                 // SAFETY: j < pb.len(); as in `weigh_blocks`.
                 let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
-                acc_a[g] = _mm512_add_ps(acc_a[g], _mm512_mul_ps(xa, v));
-                acc_b[g] = _mm512_add_ps(acc_b[g], _mm512_mul_ps(xb, v));
+                acc_a[g] = _mm512_fmadd_ps(xa, v, acc_a[g]);
+                acc_b[g] = _mm512_fmadd_ps(xb, v, acc_b[g]);
             }
         }
         for (j, &xb) in pb.iter().enumerate().skip(pa.len()) {
@@ -482,7 +487,7 @@ mod avx512 {
             for (g, a) in acc_b.iter_mut().enumerate() {
                 // SAFETY: as above.
                 let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(xb, v));
+                *a = _mm512_fmadd_ps(xb, v, *a);
             }
         }
         for g in 0..G {
@@ -517,7 +522,7 @@ mod avx512 {
                 // SAFETY: j < p.len() and first + (g + 1) · BLOCK <= d
                 // (asserted above), so the 16 values are inside row j.
                 let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, v));
+                *a = _mm512_fmadd_ps(x, v, *a);
             }
         }
         for (g, a) in acc.iter().enumerate() {
@@ -533,14 +538,14 @@ mod avx512 {
 /// `keys_t` holds the head's keys in the cache's tiled layout (tiles of
 /// [`BLOCK`] positions, each `[head_dim, BLOCK]`, whole: every tile that
 /// `lo..lo + n` touches). Each score is
-/// `Σ_d q[d] · k_j[d]` in increasing `d` (the positions of a tile are computed
+/// `Σ_d q[d] · k_j[d]` in increasing `d`, one fused multiply-add per term (the positions of a tile are computed
 /// side by side, each its own sum), then scaled; the
 /// softmax's maximum and sum run in increasing `j`, and so does each output
 /// element's weighted sum of the values. `scores[..n]` is scratch.
 ///
 /// Runs at the process's vector level: its vectors only hold independent
-/// sums side by side (never parts of one sum) and no multiply-add is fused,
-/// so every level gives the same bits. The wider levels take more key tiles
+/// sums side by side (never parts of one sum), each term a fused multiply-add
+/// at every level, so every level gives the same bits. The wider levels take more key tiles
 /// (and output blocks) at once, which changes only which sums run side by
 /// side.
 pub(crate) fn attend_row(
@@ -687,7 +692,7 @@ fn weighted_rest(p: &[f32], values: &[f32], d: usize, first: usize, out: &mut [f
     for (c, o) in out.iter_mut().enumerate().take(d).skip(first) {
         let mut a = 0.0f32;
         for (&pj, v) in p.iter().zip(values.chunks_exact(d)) {
-            a += pj * v[c];
+            a = pj.mul_add(v[c], a);
         }
         *o = a;
     }
