@@ -39,7 +39,7 @@
 //! (bias gradient), so
 //! every output element is computed by one thread, the same way for any team.
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, PARALLEL_THRESHOLD};
 use crate::error::ExecError;
 use crate::kernels::conv::{self as k, ConvGeom};
 use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
@@ -748,11 +748,14 @@ fn weight_grad(
     };
     // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
     // with few rows (a first layer over one channel) the team would mostly
-    // repeat that, so those run on the caller (the result is the same).
-    let work = if g.groups * kk < 2 * NR {
+    // repeat that, so those run on the caller (the result is the same); with
+    // more, one chunk per thread, so that work is repeated once per thread
+    // rather than once per chunk of the default split (four per thread).
+    let rows = g.groups * kk;
+    let work = if rows < 2 * NR || rows.saturating_mul(og * g.n * ohw) < PARALLEL_THRESHOLD {
         1
     } else {
-        og * g.n * ohw
+        one_chunk_per_thread(rows, ctx.threads())
     };
     let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
         done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
@@ -810,6 +813,25 @@ fn weight_grad(
     })
 }
 
+/// The work per row to hand `par_rows_with_scratch` so that `rows` rows split
+/// into one chunk per thread (the split's grain is `PARALLEL_THRESHOLD / work`
+/// and its chunk count `rows / grain`): the smallest work per row that gives
+/// `threads` chunks or more (more only where no grain gives exactly `threads`).
+fn one_chunk_per_thread(rows: usize, threads: usize) -> usize {
+    let chunks = |w: usize| rows / (PARALLEL_THRESHOLD / w).max(1);
+    // `chunks` is non-decreasing in `w`: the least `w` reaching `threads`.
+    let (mut lo, mut hi) = (1, PARALLEL_THRESHOLD);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if chunks(mid) >= threads.max(1) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// The stride-1 weight gradient of the `dW_gᵀ` rows `rows` into `o` (`rows x
 /// Og`): for each sample, the left-hand rows are read in place from the
 /// zero-padded planes (row `kk` is one contiguous run from `ConvGeom::tap_off`), against
@@ -860,4 +882,26 @@ fn weight_grad_wide(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weight gradient's split: one chunk per thread, whatever the row count.
+    #[test]
+    fn one_chunk_per_thread_gives_one_chunk_per_thread() {
+        for threads in 2..=4 {
+            for rows in (2 * NR..3000).chain([9 * 512, 8192, threads * PARALLEL_THRESHOLD]) {
+                let work = one_chunk_per_thread(rows, threads);
+                assert!(
+                    rows * work >= PARALLEL_THRESHOLD,
+                    "rows {rows}: runs in parallel"
+                );
+                let grain = PARALLEL_THRESHOLD / work;
+                let chunks = fucina_thread::chunk_ranges(0, rows, grain, threads);
+                assert_eq!(chunks.len(), threads, "rows {rows}, {threads} threads");
+            }
+        }
+    }
 }
