@@ -336,8 +336,11 @@ fn pack_runs_avx512(g: &ConvGeom, xpad: &[f32], runs: &[(usize, usize, usize)], 
     // Every run of the last (largest-offset) row ends inside `xpad`.
     assert!(k == 0 || g.tap_off(k - 1) + end <= xpad.len());
     let base = xpad.as_ptr();
+    // `tap_off(kk)` stepped along `(c, r, s)` instead of divided out per row.
+    let (hpwp, rstep, sstep) = (g.hp() * g.wp(), g.dil[0] * g.wp(), g.dil[1]);
+    let (mut r, mut s, mut row0, mut tap) = (0, 0, 0, 0);
     for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
-        let tap = g.tap_off(kk);
+        debug_assert_eq!(tap, g.tap_off(kk));
         for (h, (ps, &n)) in pieces.iter().zip(&count).enumerate() {
             let mut v = _mm512_setzero_ps();
             for &(mask, rel) in &ps[..n] {
@@ -349,6 +352,17 @@ fn pack_runs_avx512(g: &ConvGeom, xpad: &[f32], runs: &[(usize, usize, usize)], 
             }
             // SAFETY: `d` is one row of `NR = 32` floats; this writes `d[16h..16h + 16]`.
             unsafe { _mm512_storeu_ps(d.as_mut_ptr().add(16 * h), v) };
+        }
+        s += 1;
+        tap += sstep;
+        if s == g.kw {
+            (s, r) = (0, r + 1);
+            tap = row0 + r * rstep;
+            if r == g.kh {
+                r = 0;
+                row0 += hpwp;
+                tap = row0;
+            }
         }
     }
 }
