@@ -148,6 +148,11 @@ pub(super) fn pack_a<K: MicroKernel>(
         let panel = &mut dst[q0 * kc..][..pm * kc];
         if cs == 1 {
             kernel.pack_a_panel(panel, src, rows, p0, kc);
+        } else if rows.windows(2).all(|w| w[1] == w[0] + 1) {
+            // Consecutive rows of a column-major block (a transposed matrix,
+            // e.g. a convolution's `W_gᵀ`): each panel row is `pm` contiguous
+            // floats, copied at a fixed length.
+            pack_a_consecutive(panel, src, rows[0] + p0 * cs, cs, pm);
         } else {
             for (kk, d) in panel.chunks_exact_mut(pm).enumerate() {
                 let col = (p0 + kk) * cs;
@@ -157,6 +162,27 @@ pub(super) fn pack_a<K: MicroKernel>(
             }
         }
     }
+}
+
+/// `panel[kk * pm + i] = src[off + kk * cs + i]` for `i < pm` (1..=12): the
+/// panel of `pm` consecutive rows of a column-major block, one fixed-length
+/// copy per depth step.
+fn pack_a_consecutive(panel: &mut [f32], src: &[f32], off: usize, cs: usize, pm: usize) {
+    fn go<const R: usize>(panel: &mut [f32], src: &[f32], off: usize, cs: usize) {
+        for (kk, d) in panel.chunks_exact_mut(R).enumerate() {
+            let d: &mut [f32; R] = d.try_into().expect("chunks of R");
+            *d = src[off + kk * cs..][..R].try_into().expect("R floats");
+        }
+    }
+    macro_rules! rows {
+        ($($r:literal)*) => {
+            match pm {
+                $($r => go::<$r>(panel, src, off, cs),)*
+                pm => unreachable!("row tile of {pm} rows"),
+            }
+        };
+    }
+    rows!(1 2 3 4 5 6 7 8 9 10 11 12);
 }
 
 /// The portable packer of one panel of `rows.len()` (1..=12) row-major rows
