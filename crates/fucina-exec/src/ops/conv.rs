@@ -736,6 +736,11 @@ fn weight_grad(
         })?;
         return done.map(|()| dw);
     }
+    if g.is_wide() && g.groups == 1 && kk < 2 * NR {
+        // Few `K` rows (a first layer over one or three channels): split over
+        // output channels instead, so each thread packs only its own `dY'ᵀ`.
+        return weight_grad_by_channel(ctx, op, &g, xs, dys, w_shape, level);
+    }
     // `dW_gᵀ` (`[K, Og]` per group) `= B · dYᵀ`, its `K` rows split over the
     // team: each chunk builds only its own rows of the column matrix.
     let jd = g.col_block();
@@ -811,6 +816,77 @@ fn weight_grad(
             }
         }
     })
+}
+
+/// The stride-1 weight gradient of one group with few `K` rows, split over
+/// output channels: each chunk of channels computes its `dW_gᵀ` columns (`K x
+/// nr`, at most [`NR`] channels at a time) sample after sample, exactly the
+/// multiply-add chains of [`weight_grad_wide`] (the same column blocks, the
+/// same order), and writes them transposed into its rows of `dW`. Each thread
+/// packs only its channels' `dY'ᵀ` (the costly part when `K` is small) and pads
+/// the (one- or few-channel) images itself.
+fn weight_grad_by_channel(
+    ctx: &ExecContext,
+    op: &'static str,
+    g: &ConvGeom,
+    xs: &[f32],
+    dys: &[f32],
+    w_shape: &[usize],
+    level: SimdLevel,
+) -> Result<RawTensor, ExecError> {
+    let (kk, ohw, hw) = (g.k(), g.ohw(), g.hw());
+    let (jd, wc) = (g.col_block(), g.wide_cols());
+    let scratch = jd * NR + g.xpad_len() + kk * NR + a_scratch_len(kk);
+    let total = kk.saturating_mul(g.c_out * g.n * ohw);
+    let work = if total < PARALLEL_THRESHOLD {
+        1
+    } else {
+        one_chunk_per_thread(g.c_out, ctx.threads())
+    };
+    let mut done = Ok(());
+    let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
+        done = ctx.par_rows_with_scratch(op, dw, kk, work, scratch, |chans, o, sc| {
+            let (packed, rest) = sc.split_at_mut(jd * NR);
+            let (xpad, rest) = rest.split_at_mut(g.xpad_len());
+            let (cbuf, a_sc) = rest.split_at_mut(kk * NR);
+            for p0 in chans.clone().step_by(NR) {
+                let nr = NR.min(chans.end - p0);
+                let c = &mut cbuf[..kk * nr];
+                c.fill(0.0);
+                for ni in 0..g.n {
+                    k::pad_image(g, &xs[ni * g.c_in * hw..][..g.c_in * hw], xpad);
+                    let dy_off = (ni * g.c_out + p0) * ohw;
+                    for j0 in (0..wc).step_by(jd) {
+                        let cols = jd.min(wc - j0);
+                        let d = &mut packed[..cols * NR];
+                        k::pack_wide_dyt(g, dys, dy_off, j0, cols, nr, d);
+                        let lhs = LhsRows {
+                            data: &*xpad,
+                            row_off: |i| g.tap_off(i) + j0,
+                            cs: 1,
+                        };
+                        let args = GemmArgs {
+                            level,
+                            lhs: &lhs,
+                            m: kk,
+                            k: cols,
+                            n: nr,
+                            rhs: Rhs::Packed(d),
+                            accumulate: true,
+                        };
+                        gemm::gemm(&args, c, a_sc);
+                    }
+                }
+                let rows = &mut o[(p0 - chans.start) * kk..][..nr * kk];
+                for (i, row) in rows.chunks_exact_mut(kk).enumerate() {
+                    for (kx, v) in row.iter_mut().enumerate() {
+                        *v = c[kx * nr + i];
+                    }
+                }
+            }
+        });
+    })?;
+    done.map(|()| dw)
 }
 
 /// The work per row to hand `par_rows_with_scratch` so that `rows` rows split

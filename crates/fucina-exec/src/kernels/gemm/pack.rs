@@ -52,6 +52,15 @@ pub(crate) fn pack_b_panel(
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if rs == 1 && ncols <= NR / 2 && gather_fits_lanes(src.len(), off, cs, k, ncols) {
+        // Half a panel or less (a weight gradient split over output
+        // channels): one masked gather per row, the upper half zero.
+        if let Some(kernel) = Avx512::for_level(simd::level()) {
+            kernel.pack_cols_half(dst, src, off, cs, k, ncols);
+            return;
+        }
+    }
     if rs == 1 {
         // Column-major (a transposed view): each column is a contiguous run of k.
         // Transpose in blocks of KB rows so the destination rows being scattered
@@ -128,6 +137,15 @@ fn gather_fits(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
     cs.checked_mul(31).is_some_and(|x| {
         x <= i32::MAX as usize && off.saturating_add(x).saturating_add(k) <= src_len
     })
+}
+
+/// [`gather_fits`] for a panel of `ncols` (at least 1) columns.
+#[cfg(target_arch = "x86_64")]
+fn gather_fits_lanes(src_len: usize, off: usize, cs: usize, k: usize, ncols: usize) -> bool {
+    ncols >= 1
+        && cs.checked_mul(ncols - 1).is_some_and(|x| {
+            x <= i32::MAX as usize && off.saturating_add(x).saturating_add(k) <= src_len
+        })
 }
 
 /// Packs an `mc x kc` left-hand-side block into row panels, one per row tile of
