@@ -23,8 +23,10 @@
 //!   the product straight into the gradient.
 //! - **Weight gradient**: its transpose `B · dYᵀ` (`[K, Og]` per group) per sample
 //!   and column block, accumulated sample after sample (the batch in increasing
-//!   order), with the `K` rows split over the team so each thread builds only its
-//!   own rows of the column matrix; then transposed into `[C_out, K]`.
+//!   order), with the `K` rows split over the team (one chunk per thread) so each
+//!   thread builds only its own rows of the column matrix; then transposed into
+//!   `[C_out, K]`. With few rows (`K < 64`, stride 1, one group) the split is
+//!   over output channels instead, each thread packing only its channels' `dY'ᵀ`.
 //! - **Depthwise** (`groups == in == out`): direct kernels, vectorized over the
 //!   output columns.
 //!
@@ -35,8 +37,8 @@
 //! the team size or the vector level; the weight gradient sums over the batch in
 //! sample order, and the bias gradient sums each sample's plane (the fixed-lane
 //! sum of the reductions) in sample order. Work is split over samples x groups
-//! (forward, input gradient), rows of `K` (weight gradient) or output channels
-//! (bias gradient), so
+//! (forward, input gradient), rows of `K` or output channels (weight gradient)
+//! or output channels (bias gradient), so
 //! every output element is computed by one thread, the same way for any team.
 
 use crate::context::{ExecContext, PARALLEL_THRESHOLD};
@@ -752,8 +754,9 @@ fn weight_grad(
         kk * jd + op_ * jd + a_scratch_len(kk)
     };
     // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
-    // with few rows (a first layer over one channel) the team would mostly
-    // repeat that, so those run on the caller (the result is the same); with
+    // with few rows (a strided first layer; stride 1 splits over channels
+    // above) the team would mostly repeat that, so those run on the caller
+    // (the result is the same); with
     // more, one chunk per thread, so that work is repeated once per thread
     // rather than once per chunk of the default split (four per thread).
     let rows = g.groups * kk;
