@@ -356,6 +356,14 @@ fn bits(t: &RawTensor) -> Vec<u32> {
 /// Cases large enough to run on the team (above the parallel threshold).
 fn big_cases() -> Vec<Case> {
     vec![
+        // few K rows (27): the weight gradient split over output channels
+        // (40: one panel and a part, or chunks of 20, 14 and 10 channels)
+        Case {
+            x: [6, 3, 12, 12],
+            w: [40, 3, 3, 3],
+            o: o2([1, 1], [1, 1], [1, 1], 1),
+            bias: true,
+        },
         Case {
             x: [6, 8, 12, 12],
             w: [16, 8, 3, 3],

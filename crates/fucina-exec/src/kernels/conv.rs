@@ -10,6 +10,8 @@
 //! arithmetic except col2im's sums (in a fixed order) and the depthwise kernels.
 
 use crate::kernels::gemm::{self, NR};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::{self, SimdLevel};
 
 /// The validated geometry of one convolution over `NCHW` (a 1-D convolution is
 /// the 2-D one with `H = KH = 1`).
@@ -275,12 +277,92 @@ pub(crate) fn pack_valid(g: &ConvGeom, xpad: &[f32], j0: usize, cols: usize, dst
         }
         let runs = &runs[..nrun];
         let panel = &mut dst[p * k * NR..][..k * NR];
+        #[cfg(target_arch = "x86_64")]
+        if simd::level() == SimdLevel::Avx512 {
+            // SAFETY: `level` returns Avx512 only when the CPU has avx512f (and
+            // the rest of the AVX-512 set), the feature `pack_runs_avx512`
+            // enables; it checks its own bounds.
+            unsafe { pack_runs_avx512(g, xpad, runs, panel) };
+            continue;
+        }
         for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
             let src = &xpad[g.tap_off(kk)..];
             for &(t, off, len) in runs {
                 d[t..t + len].copy_from_slice(&src[off..off + len]);
             }
             d[w..].fill(0.0);
+        }
+    }
+}
+
+/// [`pack_valid`]'s panel from its runs with AVX-512 masked loads: row `kk` of
+/// `panel` (`K x NR`) gets, for each run `(t, off, len)`, the `len` floats at
+/// `xpad[tap_off(kk) + off..]` in columns `t..t + len`, and zeros past the last
+/// run. Each of the row's two 16-float halves is the merge of one masked load
+/// per run that overlaps it (the offsets and masks found once per panel), in
+/// place of one `copy_from_slice` call per run and row.
+///
+/// Panics unless the runs are consecutive from column 0, at most `NR` columns
+/// in all, and every run of every row lies inside `xpad`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn pack_runs_avx512(g: &ConvGeom, xpad: &[f32], runs: &[(usize, usize, usize)], panel: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let k = g.k();
+    assert_eq!(panel.len(), k * NR);
+    // Per half `h`: (mask of its lanes, offset of lane 0 from `tap_off(kk)`).
+    let mut pieces = [[(0u16, 0usize); NR]; 2];
+    let mut count = [0usize; 2];
+    let (mut next, mut end) = (0, 0);
+    for &(t, off, len) in runs {
+        assert!(
+            t == next && len > 0 && t + len <= NR && off >= t,
+            "pack_runs_avx512: runs"
+        );
+        next = t + len;
+        end = end.max(off + len);
+        for (h, (ps, n)) in pieces.iter_mut().zip(&mut count).enumerate() {
+            let (a, b) = (t.max(16 * h), (t + len).min(16 * h + 16));
+            if a < b {
+                let mask = ((1u32 << (b - 16 * h)) - (1u32 << (a - 16 * h))) as u16;
+                // Lane `l` of the load reads `off + (16h + l - t)`; `off >= t`
+                // for every run of a panel (its column `j0 + p * NR + t` maps
+                // to `oh * Wp + ow >= j0 + p * NR + t`), so this is not negative.
+                ps[*n] = (mask, off + 16 * h - t);
+                *n += 1;
+            }
+        }
+    }
+    // Every run of the last (largest-offset) row ends inside `xpad`.
+    assert!(k == 0 || g.tap_off(k - 1) + end <= xpad.len());
+    let base = xpad.as_ptr();
+    // `tap_off(kk)` stepped along `(c, r, s)` instead of divided out per row.
+    let (hpwp, rstep, sstep) = (g.hp() * g.wp(), g.dil[0] * g.wp(), g.dil[1]);
+    let (mut r, mut s, mut row0, mut tap) = (0, 0, 0, 0);
+    for (kk, d) in panel.chunks_exact_mut(NR).enumerate() {
+        debug_assert_eq!(tap, g.tap_off(kk));
+        for (h, (ps, &n)) in pieces.iter().zip(&count).enumerate() {
+            let mut v = _mm512_setzero_ps();
+            for &(mask, rel) in &ps[..n] {
+                // SAFETY: the lanes the mask enables read `xpad[tap + off..][..len]`
+                // of one run, inside `xpad` (asserted above for the largest
+                // `tap`); masked-off lanes are not accessed, and the pointer is
+                // formed with `wrapping_add`.
+                v = unsafe { _mm512_mask_loadu_ps(v, mask, base.wrapping_add(tap + rel)) };
+            }
+            // SAFETY: `d` is one row of `NR = 32` floats; this writes `d[16h..16h + 16]`.
+            unsafe { _mm512_storeu_ps(d.as_mut_ptr().add(16 * h), v) };
+        }
+        s += 1;
+        tap += sstep;
+        if s == g.kw {
+            (s, r) = (0, r + 1);
+            tap = row0 + r * rstep;
+            if r == g.kh {
+                r = 0;
+                row0 += hpwp;
+                tap = row0;
+            }
         }
     }
 }
@@ -588,6 +670,41 @@ mod tests {
             dil: d,
             oh,
             ow,
+        }
+    }
+
+    /// The stride-1 packer over the padded planes gives the panels of the
+    /// general packer (the column matrix's definition), for odd widths,
+    /// several channels, dilation and any window of columns, at the active
+    /// vector level (`FUCINA_SIMD=portable` runs the portable copies).
+    #[test]
+    fn pack_valid_matches_pack_cols() {
+        for (mut g, c_in) in [
+            (geom(14, 14, [3, 3], [1, 1], [1, 1], [1, 1]), 3),
+            (geom(28, 28, [3, 3], [1, 1], [1, 1], [1, 1]), 1),
+            (geom(5, 37, [2, 3], [1, 1], [0, 2], [1, 2]), 2),
+            (geom(9, 4, [3, 1], [1, 1], [2, 0], [2, 1]), 2),
+            (geom(3, 17, [1, 3], [1, 1], [1, 0], [1, 1]), 1),
+        ] {
+            (g.c_in, g.c_out) = (c_in, 1);
+            let xg: Vec<f32> = (0..c_in * g.hw()).map(|i| i as f32 * 0.25 - 3.0).collect();
+            let mut xpad = vec![f32::NAN; g.xpad_len()];
+            pad_image(&g, &xg, &mut xpad);
+            let ohw = g.ohw();
+            for (j0, cols) in [
+                (0, ohw),
+                (1, ohw - 1),
+                (5, 1),
+                (ohw / 2, ohw - ohw / 2),
+                (3, 40.min(ohw - 3)),
+            ] {
+                let n = cols.div_ceil(NR) * g.k() * NR;
+                let (mut want, mut got) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                pack_cols(&g, &xg, j0, cols, &mut want);
+                pack_valid(&g, &xpad, j0, cols, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{g:?} j0={j0} cols={cols}");
+            }
         }
     }
 

@@ -23,8 +23,10 @@
 //!   the product straight into the gradient.
 //! - **Weight gradient**: its transpose `B · dYᵀ` (`[K, Og]` per group) per sample
 //!   and column block, accumulated sample after sample (the batch in increasing
-//!   order), with the `K` rows split over the team so each thread builds only its
-//!   own rows of the column matrix; then transposed into `[C_out, K]`.
+//!   order), with the `K` rows split over the team (one chunk per thread) so each
+//!   thread builds only its own rows of the column matrix; then transposed into
+//!   `[C_out, K]`. With few rows (`K < 64`, stride 1, one group) the split is
+//!   over output channels instead, each thread packing only its channels' `dY'ᵀ`.
 //! - **Depthwise** (`groups == in == out`): direct kernels, vectorized over the
 //!   output columns.
 //!
@@ -35,11 +37,11 @@
 //! the team size or the vector level; the weight gradient sums over the batch in
 //! sample order, and the bias gradient sums each sample's plane (the fixed-lane
 //! sum of the reductions) in sample order. Work is split over samples x groups
-//! (forward, input gradient), rows of `K` (weight gradient) or output channels
-//! (bias gradient), so
+//! (forward, input gradient), rows of `K` or output channels (weight gradient)
+//! or output channels (bias gradient), so
 //! every output element is computed by one thread, the same way for any team.
 
-use crate::context::ExecContext;
+use crate::context::{ExecContext, PARALLEL_THRESHOLD};
 use crate::error::ExecError;
 use crate::kernels::conv::{self as k, ConvGeom};
 use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
@@ -736,6 +738,11 @@ fn weight_grad(
         })?;
         return done.map(|()| dw);
     }
+    if g.is_wide() && g.groups == 1 && kk < 2 * NR {
+        // Few `K` rows (a first layer over one or three channels): split over
+        // output channels instead, so each thread packs only its own `dY'ᵀ`.
+        return weight_grad_by_channel(ctx, op, &g, xs, dys, w_shape, level);
+    }
     // `dW_gᵀ` (`[K, Og]` per group) `= B · dYᵀ`, its `K` rows split over the
     // team: each chunk builds only its own rows of the column matrix.
     let jd = g.col_block();
@@ -747,12 +754,16 @@ fn weight_grad(
         kk * jd + op_ * jd + a_scratch_len(kk)
     };
     // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
-    // with few rows (a first layer over one channel) the team would mostly
-    // repeat that, so those run on the caller (the result is the same).
-    let work = if g.groups * kk < 2 * NR {
+    // with few rows (a strided first layer; stride 1 splits over channels
+    // above) the team would mostly repeat that, so those run on the caller
+    // (the result is the same); with
+    // more, one chunk per thread, so that work is repeated once per thread
+    // rather than once per chunk of the default split (four per thread).
+    let rows = g.groups * kk;
+    let work = if rows < 2 * NR || rows.saturating_mul(og * g.n * ohw) < PARALLEL_THRESHOLD {
         1
     } else {
-        og * g.n * ohw
+        one_chunk_per_thread(rows, ctx.threads())
     };
     let dwt = ctx.new_tensor(op, &[g.groups * kk, og], |dwt: &mut [f32]| {
         done = ctx.par_rows_with_scratch(op, dwt, og, work, scratch, |rows, o, sc| {
@@ -810,6 +821,96 @@ fn weight_grad(
     })
 }
 
+/// The stride-1 weight gradient of one group with few `K` rows, split over
+/// output channels: each chunk of channels computes its `dW_gᵀ` columns (`K x
+/// nr`, at most [`NR`] channels at a time) sample after sample, exactly the
+/// multiply-add chains of [`weight_grad_wide`] (the same column blocks, the
+/// same order), and writes them transposed into its rows of `dW`. Each thread
+/// packs only its channels' `dY'ᵀ` (the costly part when `K` is small) and pads
+/// the (one- or few-channel) images itself.
+fn weight_grad_by_channel(
+    ctx: &ExecContext,
+    op: &'static str,
+    g: &ConvGeom,
+    xs: &[f32],
+    dys: &[f32],
+    w_shape: &[usize],
+    level: SimdLevel,
+) -> Result<RawTensor, ExecError> {
+    let (kk, ohw, hw) = (g.k(), g.ohw(), g.hw());
+    let (jd, wc) = (g.col_block(), g.wide_cols());
+    let scratch = jd * NR + g.xpad_len() + kk * NR + a_scratch_len(kk);
+    let total = kk.saturating_mul(g.c_out * g.n * ohw);
+    let work = if total < PARALLEL_THRESHOLD {
+        1
+    } else {
+        one_chunk_per_thread(g.c_out, ctx.threads())
+    };
+    let mut done = Ok(());
+    let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
+        done = ctx.par_rows_with_scratch(op, dw, kk, work, scratch, |chans, o, sc| {
+            let (packed, rest) = sc.split_at_mut(jd * NR);
+            let (xpad, rest) = rest.split_at_mut(g.xpad_len());
+            let (cbuf, a_sc) = rest.split_at_mut(kk * NR);
+            for p0 in chans.clone().step_by(NR) {
+                let nr = NR.min(chans.end - p0);
+                let c = &mut cbuf[..kk * nr];
+                c.fill(0.0);
+                for ni in 0..g.n {
+                    k::pad_image(g, &xs[ni * g.c_in * hw..][..g.c_in * hw], xpad);
+                    let dy_off = (ni * g.c_out + p0) * ohw;
+                    for j0 in (0..wc).step_by(jd) {
+                        let cols = jd.min(wc - j0);
+                        let d = &mut packed[..cols * NR];
+                        k::pack_wide_dyt(g, dys, dy_off, j0, cols, nr, d);
+                        let lhs = LhsRows {
+                            data: &*xpad,
+                            row_off: |i| g.tap_off(i) + j0,
+                            cs: 1,
+                        };
+                        let args = GemmArgs {
+                            level,
+                            lhs: &lhs,
+                            m: kk,
+                            k: cols,
+                            n: nr,
+                            rhs: Rhs::Packed(d),
+                            accumulate: true,
+                        };
+                        gemm::gemm(&args, c, a_sc);
+                    }
+                }
+                let rows = &mut o[(p0 - chans.start) * kk..][..nr * kk];
+                for (i, row) in rows.chunks_exact_mut(kk).enumerate() {
+                    for (kx, v) in row.iter_mut().enumerate() {
+                        *v = c[kx * nr + i];
+                    }
+                }
+            }
+        });
+    })?;
+    done.map(|()| dw)
+}
+
+/// The work per row to hand `par_rows_with_scratch` so that `rows` rows split
+/// into one chunk per thread (the split's grain is `PARALLEL_THRESHOLD / work`
+/// and its chunk count `rows / grain`): the smallest work per row that gives
+/// `threads` chunks or more (more only where no grain gives exactly `threads`).
+fn one_chunk_per_thread(rows: usize, threads: usize) -> usize {
+    let chunks = |w: usize| rows / (PARALLEL_THRESHOLD / w).max(1);
+    // `chunks` is non-decreasing in `w`: the least `w` reaching `threads`.
+    let (mut lo, mut hi) = (1, PARALLEL_THRESHOLD);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if chunks(mid) >= threads.max(1) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// The stride-1 weight gradient of the `dW_gᵀ` rows `rows` into `o` (`rows x
 /// Og`): for each sample, the left-hand rows are read in place from the
 /// zero-padded planes (row `kk` is one contiguous run from `ConvGeom::tap_off`), against
@@ -860,4 +961,26 @@ fn weight_grad_wide(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weight gradient's split: one chunk per thread, whatever the row count.
+    #[test]
+    fn one_chunk_per_thread_gives_one_chunk_per_thread() {
+        for threads in 2..=4 {
+            for rows in (2 * NR..3000).chain([9 * 512, 8192, threads * PARALLEL_THRESHOLD]) {
+                let work = one_chunk_per_thread(rows, threads);
+                assert!(
+                    rows * work >= PARALLEL_THRESHOLD,
+                    "rows {rows}: runs in parallel"
+                );
+                let grain = PARALLEL_THRESHOLD / work;
+                let chunks = fucina_thread::chunk_ranges(0, rows, grain, threads);
+                assert_eq!(chunks.len(), threads, "rows {rows}, {threads} threads");
+            }
+        }
+    }
 }

@@ -33,6 +33,27 @@ impl Avx512 {
     }
 }
 
+impl Avx512 {
+    /// Packs one panel of `ncols <= 16` columns of a column-major right-hand
+    /// side: one masked 16-lane gather per row, the upper 16 floats zero (see
+    /// `pack_cols_half_avx512`).
+    #[inline]
+    pub(super) fn pack_cols_half(
+        self,
+        dst: &mut [f32],
+        src: &[f32],
+        off: usize,
+        cs: usize,
+        k: usize,
+        ncols: usize,
+    ) {
+        // SAFETY: `self` is an `Avx512`, which exists only when the CPU has
+        // avx512f (`MicroKernel::detect`), the feature `pack_cols_half_avx512`
+        // enables; it checks its own bounds.
+        unsafe { pack_cols_half_avx512(dst, src, off, cs, k, ncols) }
+    }
+}
+
 impl MicroKernel for Avx512 {
     const MR: usize = MR_AVX512;
     const NR: usize = NR;
@@ -230,6 +251,49 @@ fn pack_cols_avx512(dst: &mut [f32], src: &[f32], off: usize, cs: usize, k: usiz
             let v1 = _mm512_i32gather_ps::<4>(idx, base.add(16 * cs));
             _mm512_storeu_ps(d.as_mut_ptr(), v0);
             _mm512_storeu_ps(d.as_mut_ptr().add(16), v1);
+        }
+    }
+}
+
+/// Packs one panel of `ncols` (1..=16) columns of a column-major right-hand
+/// side (`rs == 1`): for each `kk`, one gather of the lanes `j < ncols` reads
+/// `src[off + j * cs + kk]` (the other lanes zero) and one 32-float row of
+/// `dst` is stored, its upper 16 floats zero. Pure data movement, as the
+/// scalar path.
+///
+/// Panics unless `1 <= ncols <= 16`, `off + (ncols - 1) * cs + k <= src.len()`,
+/// `(ncols - 1) * cs <= i32::MAX` and `dst.len() == k * NR`.
+#[target_feature(enable = "avx512f")]
+fn pack_cols_half_avx512(
+    dst: &mut [f32],
+    src: &[f32],
+    off: usize,
+    cs: usize,
+    k: usize,
+    ncols: usize,
+) {
+    assert!((1..=16).contains(&ncols));
+    assert!(off + (ncols - 1) * cs + k <= src.len() && (ncols - 1) * cs <= i32::MAX as usize);
+    assert_eq!(dst.len(), k * NR);
+    let mut lanes = [0i32; 16];
+    for (j, l) in lanes.iter_mut().enumerate().take(ncols) {
+        *l = (j * cs) as i32;
+    }
+    let mask: __mmask16 = if ncols == 16 { !0 } else { (1 << ncols) - 1 };
+    // SAFETY: `lanes` is 16 i32 = 64 bytes, the size of the unaligned load.
+    let idx = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
+    let zero = _mm512_setzero_ps();
+    for (kk, d) in dst.chunks_exact_mut(NR).enumerate() {
+        // SAFETY: the enabled lanes j < ncols read src[off + kk + j * cs], at
+        // most off + (ncols - 1) * cs + kk < off + (ncols - 1) * cs + k <=
+        // src.len() (asserted), with i32 offsets that do not overflow; masked
+        // lanes are not read. The stores write d[0..16] and d[16..32] of the
+        // 32-float row `d`.
+        unsafe {
+            let base = src.as_ptr().add(off + kk);
+            let v = _mm512_mask_i32gather_ps::<4>(zero, mask, idx, base);
+            _mm512_storeu_ps(d.as_mut_ptr(), v);
+            _mm512_storeu_ps(d.as_mut_ptr().add(16), zero);
         }
     }
 }

@@ -256,6 +256,30 @@ mod tests {
                     "{level:?} in place m={m} k={k} n={n} differs from the fma chain"
                 );
             }
+            // The left-hand side read transposed (column-major: consecutive
+            // rows, column stride `m`), as a convolution's `W_gᵀ` is.
+            let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
+            let lhs_t = LhsRows {
+                data: &at,
+                row_off: |i| i,
+                cs: m,
+            };
+            let mut c = vec![f32::NAN; m * n];
+            let args_t = GemmArgs {
+                level,
+                lhs: &lhs_t,
+                m,
+                k,
+                n,
+                rhs: Rhs::Packed(&packed),
+                accumulate: false,
+            };
+            gemm(&args_t, &mut c, &mut scratch);
+            let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{level:?} transposed lhs m={m} k={k} n={n} differs from the fma chain"
+            );
             // Accumulating onto `C` continues the chain from the values there.
             let mut c = vec![1.5f32; m * n];
             let acc = GemmArgs {

@@ -52,6 +52,15 @@ pub(crate) fn pack_b_panel(
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if rs == 1 && ncols <= NR / 2 && gather_fits_lanes(src.len(), off, cs, k, ncols) {
+        // Half a panel or less (a weight gradient split over output
+        // channels): one masked gather per row, the upper half zero.
+        if let Some(kernel) = Avx512::for_level(simd::level()) {
+            kernel.pack_cols_half(dst, src, off, cs, k, ncols);
+            return;
+        }
+    }
     if rs == 1 {
         // Column-major (a transposed view): each column is a contiguous run of k.
         // Transpose in blocks of KB rows so the destination rows being scattered
@@ -130,6 +139,15 @@ fn gather_fits(src_len: usize, off: usize, cs: usize, k: usize) -> bool {
     })
 }
 
+/// [`gather_fits`] for a panel of `ncols` (at least 1) columns.
+#[cfg(target_arch = "x86_64")]
+fn gather_fits_lanes(src_len: usize, off: usize, cs: usize, k: usize, ncols: usize) -> bool {
+    ncols >= 1
+        && cs.checked_mul(ncols - 1).is_some_and(|x| {
+            x <= i32::MAX as usize && off.saturating_add(x).saturating_add(k) <= src_len
+        })
+}
+
 /// Packs an `mc x kc` left-hand-side block into row panels, one per row tile of
 /// [`row_tiles`] for `kernel`'s tile height: the panel of the tile starting at
 /// row `q0` with `rows` rows starts at `q0 * kc` and holds `dst[q0 * kc + kk *
@@ -148,6 +166,11 @@ pub(super) fn pack_a<K: MicroKernel>(
         let panel = &mut dst[q0 * kc..][..pm * kc];
         if cs == 1 {
             kernel.pack_a_panel(panel, src, rows, p0, kc);
+        } else if rows.windows(2).all(|w| w[1] == w[0] + 1) {
+            // Consecutive rows of a column-major block (a transposed matrix,
+            // e.g. a convolution's `W_gᵀ`): each panel row is `pm` contiguous
+            // floats, copied at a fixed length.
+            pack_a_consecutive(panel, src, rows[0] + p0 * cs, cs, pm);
         } else {
             for (kk, d) in panel.chunks_exact_mut(pm).enumerate() {
                 let col = (p0 + kk) * cs;
@@ -157,6 +180,27 @@ pub(super) fn pack_a<K: MicroKernel>(
             }
         }
     }
+}
+
+/// `panel[kk * pm + i] = src[off + kk * cs + i]` for `i < pm` (1..=12): the
+/// panel of `pm` consecutive rows of a column-major block, one fixed-length
+/// copy per depth step.
+fn pack_a_consecutive(panel: &mut [f32], src: &[f32], off: usize, cs: usize, pm: usize) {
+    fn go<const R: usize>(panel: &mut [f32], src: &[f32], off: usize, cs: usize) {
+        for (kk, d) in panel.chunks_exact_mut(R).enumerate() {
+            let d: &mut [f32; R] = d.try_into().expect("chunks of R");
+            *d = src[off + kk * cs..][..R].try_into().expect("R floats");
+        }
+    }
+    macro_rules! rows {
+        ($($r:literal)*) => {
+            match pm {
+                $($r => go::<$r>(panel, src, off, cs),)*
+                pm => unreachable!("row tile of {pm} rows"),
+            }
+        };
+    }
+    rows!(1 2 3 4 5 6 7 8 9 10 11 12);
 }
 
 /// The portable packer of one panel of `rows.len()` (1..=12) row-major rows
