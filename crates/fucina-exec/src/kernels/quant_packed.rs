@@ -256,6 +256,18 @@ mod x86 {
         }
     }
 
+    /// Hints the `LINES` 64-byte lines at `p` into L2: the same place in the
+    /// next strip, which this thread usually reads next (a second stream in
+    /// flight beside the one being read; a prefetch never faults, and the
+    /// address is never dereferenced).
+    #[inline(always)]
+    fn prefetch_next_strip<const LINES: usize>(p: *const u8) {
+        for l in 0..LINES {
+            // SAFETY: see above.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l).cast()) };
+        }
+    }
+
     /// Checks the activation rows `i0..i0 + M` against `acts` (once per strip).
     #[inline(always)]
     fn check_acts<const M: usize>(lay: &StripLayout, acts: &Acts<'_>, i0: usize, strip: &[u8]) {
@@ -341,6 +353,9 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 4]; M];
         for b in 0..nb {
             prefetch_lines::<4>(vp.wrapping_add(b * 256));
+            if M == 1 {
+                prefetch_next_strip::<4>(vp.wrapping_add(lay.strip_bytes + b * 256));
+            }
             // The eight rows' scales of block b, widened and spread to the
             // lanes of each value vector once per block; each activation row
             // multiplies them by its own scale (the same products as
@@ -448,6 +463,9 @@ mod x86 {
         let mut hi_acc = [[_mm512_setzero_ps(); 2]; M];
         for b in 0..nb {
             prefetch_lines::<2>(vp.wrapping_add(b * 128));
+            if M == 1 {
+                prefetch_next_strip::<2>(vp.wrapping_add(lay.strip_bytes + b * 128));
+            }
             // SAFETY: check_acts: the strip holds nb blocks of 128 value bytes
             // after its scales, 64-byte aligned.
             let (v0, v1) = unsafe {
