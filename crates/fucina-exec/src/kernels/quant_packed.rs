@@ -256,10 +256,13 @@ mod x86 {
         }
     }
 
-    /// Hints the `LINES` 64-byte lines at `p` into L2: the same place in the
-    /// next strip, which this thread usually reads next (a second stream in
-    /// flight beside the one being read; a prefetch never faults, and the
-    /// address is never dereferenced).
+    /// Hints the `LINES` 64-byte lines at `p` into L2: the same place in one
+    /// of the next two strips, which this thread usually reads next (more
+    /// streams in flight beside the one being read; a prefetch never faults,
+    /// and the address is never dereferenced). Measured at batch-1 decode
+    /// (TinyLlama-shape Q4_0, 2 threads, `docs/BENCHMARKS.md`): no look-ahead
+    /// 28–31 tokens/s, the next strip 38–39 in one window and 28–35 in a
+    /// noisier one, the next two strips 29–38 against 30–31 in that window.
     #[inline(always)]
     fn prefetch_next_strip<const LINES: usize>(p: *const u8) {
         for l in 0..LINES {
@@ -355,6 +358,7 @@ mod x86 {
             prefetch_lines::<4>(vp.wrapping_add(b * 256));
             if M == 1 {
                 prefetch_next_strip::<4>(vp.wrapping_add(lay.strip_bytes + b * 256));
+                prefetch_next_strip::<4>(vp.wrapping_add(2 * lay.strip_bytes + b * 256));
             }
             // The eight rows' scales of block b, widened and spread to the
             // lanes of each value vector once per block; each activation row
@@ -465,6 +469,7 @@ mod x86 {
             prefetch_lines::<2>(vp.wrapping_add(b * 128));
             if M == 1 {
                 prefetch_next_strip::<2>(vp.wrapping_add(lay.strip_bytes + b * 128));
+                prefetch_next_strip::<2>(vp.wrapping_add(2 * lay.strip_bytes + b * 128));
             }
             // SAFETY: check_acts: the strip holds nb blocks of 128 value bytes
             // after its scales, 64-byte aligned.
