@@ -729,6 +729,11 @@ mod avx512 {
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
+        if FMT != F32 {
+            // SAFETY: the caller guarantees the features.
+            unsafe { drive_widened::<FMT>(x, m, bytes, cols, rows, out) };
+            return;
+        }
         let rb = cols * elem_size(FMT);
         // Equal k-blocks of at most KB_MAX columns, rounded up to 16.
         let nkb = cols.div_ceil(KB_MAX).max(1);
@@ -775,6 +780,240 @@ mod avx512 {
                 i += mb;
             }
             t = t_end;
+        }
+    }
+
+    /// Weight rows per tile of [`drive_widened`].
+    const WIDE_ROWS: usize = TILE_BLOCKS * TILE_R;
+    /// The most columns per k-block of [`drive_widened`] (a multiple of 16).
+    const WIDE_KB: usize = 256;
+    /// Activation rows per group of [`drive_widened`].
+    const WIDE_GROUP: usize = 64;
+
+    /// A tile's k-block of weights widened to f32 (`WIDE_ROWS` rows of at most
+    /// `WIDE_KB` columns), 64-byte aligned.
+    #[repr(C, align(64))]
+    struct Widened([f32; WIDE_ROWS * WIDE_KB]);
+
+    /// The `m > 1` driver of the 16-bit formats (bf16, f16): walks `rows` in
+    /// tiles of `WIDE_ROWS` weight rows, `m` in groups of at most
+    /// `WIDE_GROUP` activation rows and the columns in k-blocks of at most
+    /// `WIDE_KB`; for each (tile, group, k-block) it widens the tile's
+    /// k-block to f32 once (into a 24 KiB stack buffer, zero-padded to a
+    /// multiple of 16 columns, while prefetching the next k-block's weights),
+    /// then runs every block of 8 (then 4, 2, 1) activation rows of the group
+    /// against every block of `TILE_R` weight rows of the tile (the
+    /// leftover rows in blocks of one), reading the widened weights and the
+    /// activation panel from L1: the inner loop is loads and fused
+    /// multiply-adds only. Each output's 16-lane accumulator waits in a stack
+    /// scratch (one per output of the group × tile) between k-blocks, so
+    /// every lane still takes its terms in increasing `k` (same bits as one
+    /// pass; the padded columns are the order's `0 · 0` terms).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/DQ/VL and FMA.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn drive_widened<const FMT: u8>(
+        x: &[f32],
+        m: usize,
+        bytes: &[u8],
+        cols: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let es = elem_size(FMT);
+        let rb = cols * es;
+        assert!(
+            x.len() == m * cols
+                && rows.start <= rows.end
+                && bytes.len() >= rows.end * rb
+                && out.len() == rows.len() * m,
+            "weight_rows: widened operands"
+        );
+        // Equal k-blocks of at most WIDE_KB columns, rounded up to 16.
+        let nkb = cols.div_ceil(WIDE_KB).max(1);
+        let kb = cols.div_ceil(nkb).div_ceil(L) * L;
+        let spread = std::hint::black_box(SPREAD);
+        let mut wide = Widened([0.0; WIDE_ROWS * WIDE_KB]);
+        let mut accs = [_mm512_setzero_ps(); WIDE_GROUP * WIDE_ROWS];
+        let bp = bytes.as_ptr();
+        let mut t = rows.start;
+        while t < rows.end {
+            let t_end = rows.end.min(t + WIDE_ROWS);
+            let mut g = 0;
+            while g < m {
+                let g_end = m.min(g + WIDE_GROUP);
+                let mut k0 = 0;
+                loop {
+                    let k1 = cols.min(k0 + kb);
+                    // The padded width: the widened rows' stride.
+                    let kbp = (k1 - k0).div_ceil(L) * L;
+                    // The next k-block's first byte (the next tile's first
+                    // k-block after the last): its lines are prefetched
+                    // while this one is widened.
+                    let next = if k1 < cols {
+                        t * rb + k1 * es
+                    } else {
+                        t_end * rb
+                    };
+                    for r in 0..t_end - t {
+                        let row = (t + r) * rb;
+                        let mut k = k0;
+                        while k < k1 {
+                            let n = (k1 - k).min(L);
+                            if ((k - k0) * es).is_multiple_of(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    bp.wrapping_add(next + r * rb + (k - k0) * es).cast(),
+                                );
+                            }
+                            // SAFETY: features from the caller; the (masked)
+                            // elements `k..k + n` lie within row `t + r`
+                            // (`bytes` holds `rows.end` rows, asserted above).
+                            let v = unsafe {
+                                let p = bp.add(row + k * es);
+                                if n == L {
+                                    load16::<FMT, false>(p, !0, spread)
+                                } else {
+                                    load16::<FMT, true>(p, (1u16 << n) - 1, spread)
+                                }
+                            };
+                            let o = r * kbp + (k - k0);
+                            // SAFETY: `o + 16 <= WIDE_ROWS * WIDE_KB`
+                            // (`r < WIDE_ROWS`, `kbp <= WIDE_KB`); unaligned store.
+                            unsafe { _mm512_storeu_ps(wide.0[o..o + L].as_mut_ptr(), v) };
+                            k += L;
+                        }
+                    }
+                    let mut i = g;
+                    while i < g_end {
+                        let mb = [8, 4, 2, 1]
+                            .into_iter()
+                            .find(|&b| b <= g_end - i)
+                            .unwrap_or(1);
+                        let xb = &x[i * cols..(i + mb) * cols];
+                        let mut j = t;
+                        while j < t_end {
+                            let r = if t_end - j >= TILE_R { TILE_R } else { 1 };
+                            let o0 = (j - rows.start) * m;
+                            let ob = &mut out[o0 + i..o0 + r * m];
+                            let wb = &wide.0[(j - t) * kbp..(j - t + r) * kbp];
+                            let acc = &mut accs[(i - g) * WIDE_ROWS + (j - t)..];
+                            macro_rules! pick {
+                                ($($rr:literal, $mm:literal);*) => {
+                                    match (r, mb) {
+                                        $(($rr, $mm) => block_wide::<$rr, $mm>(
+                                            xb, cols, wb, kbp, ob, m, k0..k1, acc
+                                        ),)*
+                                        _ => unreachable!("weight_rows: no block for {r} x {mb}"),
+                                    }
+                                };
+                            }
+                            // SAFETY: the caller guarantees the features.
+                            unsafe { pick!(3, 8; 3, 4; 3, 2; 3, 1; 1, 8; 1, 4; 1, 2; 1, 1) };
+                            j += r;
+                        }
+                        i += mb;
+                    }
+                    if k1 >= cols {
+                        break;
+                    }
+                    k0 = k1;
+                }
+                g = g_end;
+            }
+            t = t_end;
+        }
+    }
+
+    /// One k-block `ks` of an `R` × `MB` block against widened weights `w`
+    /// (`R` rows of stride `ws` floats, column `ks.start` first, zero-padded
+    /// to a multiple of 16): starts from zeros (`ks.start == 0`) or from
+    /// `acc_mem[i * WIDE_ROWS + r]`, runs the steps of `ks`, then folds into
+    /// `out[r * m + i]` (`ks.end == cols`) or stores back to `acc_mem`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/DQ/VL and FMA.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn block_wide<const R: usize, const MB: usize>(
+        x: &[f32],
+        cols: usize,
+        w: &[f32],
+        ws: usize,
+        out: &mut [f32],
+        m: usize,
+        ks: std::ops::Range<usize>,
+        acc_mem: &mut [__m512],
+    ) {
+        let kbp = ks.len().div_ceil(L) * L;
+        assert!(
+            x.len() >= MB * cols
+                && ks.start.is_multiple_of(L)
+                && ks.start <= ks.end
+                && ks.end <= cols
+                && (ks.end == cols || ks.end.is_multiple_of(L))
+                && kbp <= ws
+                && w.len() >= (R - 1) * ws + kbp
+                && MB <= m
+                && out.len() >= (R - 1) * m + MB
+                && acc_mem.len() >= (MB - 1) * WIDE_ROWS + R,
+            "weight_rows: widened block operands"
+        );
+        let mut acc = [[_mm512_setzero_ps(); R]; MB];
+        if ks.start > 0 {
+            for (i, acc_i) in acc.iter_mut().enumerate() {
+                for (r, a) in acc_i.iter_mut().enumerate() {
+                    *a = acc_mem[i * WIDE_ROWS + r];
+                }
+            }
+        }
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut k = ks.start;
+        while k + L <= ks.end {
+            // SAFETY: features from the caller; `k + 16 <= ks.end <= cols`
+            // within every activation row, `k - ks.start + 16 <= kbp` within
+            // every widened row (asserted above).
+            unsafe {
+                step::<F32, R, MB, false>(
+                    &mut acc,
+                    xp.add(k),
+                    cols,
+                    wp.add(k - ks.start).cast(),
+                    ws * 4,
+                    !0,
+                    SPREAD,
+                )
+            };
+            k += L;
+        }
+        if k < ks.end {
+            let mask: __mmask16 = (1u16 << (ks.end - k)) - 1;
+            // SAFETY: as above; the mask selects the columns `k..ks.end`
+            // (fewer than 16).
+            unsafe {
+                step::<F32, R, MB, true>(
+                    &mut acc,
+                    xp.add(k),
+                    cols,
+                    wp.add(k - ks.start).cast(),
+                    ws * 4,
+                    mask,
+                    SPREAD,
+                )
+            };
+        }
+        if ks.end == cols {
+            for (i, acc_i) in acc.iter().enumerate() {
+                for (r, a) in acc_i.iter().enumerate() {
+                    out[r * m + i] = fold(*a);
+                }
+            }
+        } else {
+            for (i, acc_i) in acc.iter().enumerate() {
+                for (r, a) in acc_i.iter().enumerate() {
+                    acc_mem[i * WIDE_ROWS + r] = *a;
+                }
+            }
         }
     }
 
@@ -955,7 +1194,7 @@ mod tests {
                 let mut raw = vec![0u8; 1];
                 raw.extend(bytes_of(format, &wv));
                 let w = WeightMatrix::new(format, rows, cols, &raw[1..]).unwrap();
-                for m in [1, 2, 3, 5, 8, 13, 64] {
+                for m in [1, 2, 3, 5, 8, 13, 64, 67] {
                     let x = values(m * cols, (m + 7) as u32);
                     let want: Vec<f32> = (1..rows)
                         .flat_map(|j| {
