@@ -289,11 +289,35 @@ impl ExecContext {
             .pool()
             .acquire_scratch::<f32>(out_len)
             .map_err(|e| ExecError::storage(OP, e))?;
+        // Activation rows that do not start on 64-byte boundaries make every
+        // 16-float load of the AVX-512 kernels straddle two cache lines; with
+        // `m >= 8` the rows are first copied to a pooled (64-byte aligned)
+        // buffer, when `cols` is a multiple of 16 (so that every row starts
+        // aligned there). The values are the same, so are the bits.
+        let copy = m >= ALIGN_COPY_MIN_M
+            && cols.is_multiple_of(16)
+            && !(x.as_ptr() as usize).is_multiple_of(64);
+        let mut xa;
+        let x = if copy {
+            xa = self
+                .pool()
+                .acquire_scratch::<f32>(x_len)
+                .map_err(|e| ExecError::storage(OP, e))?;
+            xa.copy_from_slice(x);
+            &xa[..]
+        } else {
+            x
+        };
         self.par_rows(&mut t[..], m, work, |r, o| weight_rows(x, m, w, r, o));
         transpose_into(&t, m, rows, out);
         Ok(())
     }
 }
+
+/// The smallest `m` for which [`ExecContext::weight_matmul`] copies unaligned
+/// activation rows to an aligned buffer first (one copy of `m * cols` floats
+/// against `m * rows * cols` fused multiply-adds).
+const ALIGN_COPY_MIN_M: usize = 8;
 
 /// Features per block of [`transpose_into`].
 const TRANSPOSE_BLOCK: usize = 16;
