@@ -34,7 +34,10 @@
 //! widened weight vector serves 8 rows of `x`. [`ExecContext::weight_matmul`]
 //! splits the output features `j` over the team with the deterministic chunks of
 //! the other ops (each output computed by one thread, whole); `m > 1` writes a
-//! pooled `[rows, m]` buffer, transposed into `out` after. Measured against the
+//! pooled `[rows, m]` buffer, transposed into `out` after (in blocks of 16
+//! features); with `m >= 8`, activation rows that are not 64-byte aligned are
+//! first copied to a pooled aligned buffer (when `cols` is a multiple of 16),
+//! so that no vector load straddles two cache lines. Measured against the
 //! streaming bandwidth in docs/BENCHMARKS.md ("Weight-format matmul (LLM
 //! decode)").
 
@@ -206,7 +209,9 @@ impl ExecContext {
     /// computed by one thread, whole, in the fixed order. With `m = 1` (decode)
     /// every weight byte is read once; with `m > 1` each loaded weight vector
     /// serves several rows of `x` (see `kernels::weight_dot`). No heap allocation:
-    /// `m > 1` takes one pooled scratch buffer of `m * w.rows` floats.
+    /// `m > 1` takes one pooled scratch buffer of `m * w.rows` floats (and,
+    /// for `m >= 8` with unaligned `x` and `w.cols` a multiple of 16, one of
+    /// `m * w.cols` floats for an aligned copy of `x`).
     ///
     /// ```
     /// use fucina_exec::{ExecContext, WeightFormat, WeightMatrix};
