@@ -955,7 +955,7 @@ mod tests {
                 let mut raw = vec![0u8; 1];
                 raw.extend(bytes_of(format, &wv));
                 let w = WeightMatrix::new(format, rows, cols, &raw[1..]).unwrap();
-                for m in [1, 2, 3, 5, 8, 13, 64] {
+                for m in [1, 2, 3, 5, 8, 13, 64, 67] {
                     let x = values(m * cols, (m + 7) as u32);
                     let want: Vec<f32> = (1..rows)
                         .flat_map(|j| {
