@@ -179,9 +179,9 @@ pub(crate) fn pack_lhs<F: Fn(usize) -> usize>(
     go(Portable::new(), lhs, m, k, dst)
 }
 
-/// [`gemm_ldc`] with the left-hand side already packed by [`pack_lhs`] (for
+/// `gemm_ldc` with the left-hand side already packed by [`pack_lhs`] (for
 /// the same level, `m` and `k`) into `packed`; `args.lhs` is not read. Same bits
-/// as [`gemm_ldc`].
+/// as `gemm_ldc` (and [`gemm`] where `ldc == n`).
 pub(crate) fn gemm_ldc_packed_lhs<F: Fn(usize) -> usize>(
     args: &GemmArgs<'_, F>,
     packed: &[f32],
@@ -207,7 +207,7 @@ enum LhsBuf<'s> {
     Packed(&'s [f32]),
 }
 
-/// [`gemm`] and [`gemm_ldc`]: runs [`run`] with the micro-kernel of
+/// [`gemm`], `gemm_ldc` and [`gemm_ldc_packed_lhs`]: runs [`run`] with the micro-kernel of
 /// `args.level` (the portable one for a level above the CPU's).
 fn dispatch<F: Fn(usize) -> usize>(
     args: &GemmArgs<'_, F>,

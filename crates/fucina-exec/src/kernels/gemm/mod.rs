@@ -6,7 +6,7 @@
 //! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, and these docs |
 //! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
-//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`], and [`gemm_ldc`] into a column block of a wider `C`) and the choice of kernel by vector level |
+//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]; [`gemm_ldc_packed_lhs`] into a column block of a wider `C` with the left-hand side packed once by [`pack_lhs`]) and the choice of kernel by vector level |
 //! | `avx512.rs`, `avx2.rs`, `portable.rs` | one micro-kernel type each |
 //!
 //! A micro-kernel type exists per instruction set: `Avx512` (`12 x 32` tiles,
