@@ -65,11 +65,11 @@ mod pack;
 mod params;
 mod portable;
 
+#[cfg(test)]
+pub(crate) use driver::gemm_ldc;
 pub(crate) use driver::{
     GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc_packed_lhs, pack_lhs, packed_lhs_len,
 };
-#[cfg(test)]
-pub(crate) use driver::gemm_ldc;
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
 
@@ -412,7 +412,10 @@ mod tests {
                 pack_lhs(level, &lhs, m, k, &mut pre);
                 let mut got = vec![7.0f32; m * ldc];
                 gemm_ldc_packed_lhs(&args, &pre, &mut got, ldc);
-                let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{level:?} m={m} k={k} n={n} transposed={transposed}");
             }
         }
