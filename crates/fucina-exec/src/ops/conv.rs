@@ -503,13 +503,26 @@ fn conv_forward(
         }
         let jb = g.col_block();
         let wide = if g.is_wide() { g.xpad_len() } else { 0 };
-        let scratch = kk * jb + wide + a_scratch_len(og);
+        // Each group's weight rows, packed once per chunk of units for every
+        // sample's products (after them in the scratch).
+        let wpk = gemm::packed_lhs_len(og, kk);
+        let scratch = kk * jb + wide + g.groups * wpk;
         done =
             ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
+                let (sc, wpacked) = sc.split_at_mut(kk * jb + wide);
+                for gi in 0..g.groups {
+                    let lhs = LhsRows {
+                        data: ws,
+                        row_off: |o| (gi * og + o) * kk,
+                        cs: 1,
+                    };
+                    gemm::pack_lhs(level, &lhs, og, kk, &mut wpacked[gi * wpk..][..wpk]);
+                }
                 for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
                     let (ni, gi) = (u / g.groups, u % g.groups);
                     let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
-                    forward_unit(&g, xg, ws, bs, gi, y, sc, level);
+                    let wg = &wpacked[gi * wpk..][..wpk];
+                    forward_unit(&g, xg, ws, wg, bs, gi, y, sc, level);
                 }
             });
     })?;
@@ -517,12 +530,14 @@ fn conv_forward(
 }
 
 /// The forward of one sample and group: `y` (`[Og, OH*OW]`) from the group's
-/// input planes `xg`.
+/// input planes `xg`, with the group's weight rows packed by [`gemm::pack_lhs`]
+/// in `wg`.
 #[allow(clippy::too_many_arguments)]
 fn forward_unit(
     g: &ConvGeom,
     xg: &[f32],
     ws: &[f32],
+    wg: &[f32],
     bias: Option<&[f32]>,
     gi: usize,
     y: &mut [f32],
@@ -536,13 +551,12 @@ fn forward_unit(
         cs: 1,
     };
     let jb = g.col_block();
-    let (packed, mut a_sc) = sc.split_at_mut(kk * jb);
+    let (packed, rest) = sc.split_at_mut(kk * jb);
     let xpad = if g.is_wide() {
         // Stride 1: the image is first copied into zero-padded planes, from
         // which each packed row is one copy per output row it touches.
-        let (xpad, rest) = a_sc.split_at_mut(g.xpad_len());
+        let xpad = &mut rest[..g.xpad_len()];
         k::pad_image(g, xg, xpad);
-        a_sc = rest;
         Some(&*xpad)
     } else {
         None
@@ -571,7 +585,7 @@ fn forward_unit(
             rhs: Rhs::Packed(pk),
             accumulate: bias.is_some(),
         };
-        gemm::gemm_ldc(&args, &mut y[j0..], ohw, a_sc);
+        gemm::gemm_ldc_packed_lhs(&args, wg, &mut y[j0..], ohw);
     }
 }
 
@@ -612,13 +626,29 @@ fn input_grad(
         } else {
             0
         };
-        let scratch = if pointwise { 0 } else { kk * jb } + og * jb + wide + a_scratch_len(kk);
+        // Each group's `W_gᵀ`, packed once per chunk of units for every
+        // sample's products (after them in the scratch).
+        let wpk = gemm::packed_lhs_len(kk, og);
+        let unit_scratch = if pointwise { 0 } else { kk * jb } + og * jb + wide;
+        let scratch = unit_scratch + g.groups * wpk;
         done =
             ctx.par_rows_with_scratch(op, dx, cg * hw, og * kk * ohw, scratch, |units, o, sc| {
+                let (sc, wpacked) = sc.split_at_mut(unit_scratch);
+                for gi in 0..g.groups {
+                    // `W_gᵀ`: row `kk` of the product is column `kk` of the
+                    // group's weight rows.
+                    let lhs = LhsRows {
+                        data: ws,
+                        row_off: |r| gi * og * kk + r,
+                        cs: kk,
+                    };
+                    gemm::pack_lhs(level, &lhs, kk, og, &mut wpacked[gi * wpk..][..wpk]);
+                }
                 for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
                     let (ni, gi) = (u / g.groups, u % g.groups);
                     let dy_off = (ni * g.c_out + gi * og) * ohw;
-                    input_grad_unit(&g, dys, dy_off, ws, gi, d, sc, level);
+                    let wg = &wpacked[gi * wpk..][..wpk];
+                    input_grad_unit(&g, dys, dy_off, ws, wg, gi, d, sc, level);
                 }
             });
     })?;
@@ -626,13 +656,15 @@ fn input_grad(
 }
 
 /// The input gradient of one sample and group into `dxg` (`[Cg, H*W]`), from the
-/// output-gradient rows at `dy_off` (`[Og, OH*OW]`).
+/// output-gradient rows at `dy_off` (`[Og, OH*OW]`), with the group's `W_gᵀ`
+/// packed by [`gemm::pack_lhs`] in `wg`.
 #[allow(clippy::too_many_arguments)]
 fn input_grad_unit(
     g: &ConvGeom,
     dys: &[f32],
     dy_off: usize,
     ws: &[f32],
+    wg: &[f32],
     gi: usize,
     dxg: &mut [f32],
     sc: &mut [f32],
@@ -648,14 +680,14 @@ fn input_grad_unit(
     };
     let pointwise = g.is_pointwise();
     let (cols_buf, rest) = sc.split_at_mut(if pointwise { 0 } else { kk * jb });
-    let (packed, a_sc) = rest.split_at_mut(og * jb);
+    let (packed, rest) = rest.split_at_mut(og * jb);
     if g.is_wide() {
         // Stride 1: `W_gᵀ · dY'` over the wide columns (`dY'` zero past each
         // output row), each block added into the zero-padded gradient planes as
         // one contiguous run per row, then the interior copied out.
         let wc = g.wide_cols();
-        let (dyw, rest) = a_sc.split_at_mut(og * wc);
-        let (dxpad, a_sc) = rest.split_at_mut(g.xpad_len());
+        let (dyw, rest) = rest.split_at_mut(og * wc);
+        let dxpad = &mut rest[..g.xpad_len()];
         k::widen(g, &dys[dy_off..][..og * ohw], dyw);
         dxpad.fill(0.0);
         for j0 in (0..wc).step_by(jb) {
@@ -672,7 +704,7 @@ fn input_grad_unit(
                 accumulate: false,
             };
             let c = &mut cols_buf[..kk * cols];
-            gemm::gemm(&args, c, a_sc);
+            gemm::gemm_ldc_packed_lhs(&args, wg, c, cols);
             k::col2im_wide(g, dxpad, j0, cols, c);
         }
         k::unpad_image(g, dxpad, dxg);
@@ -696,10 +728,10 @@ fn input_grad_unit(
         };
         if pointwise {
             // The column matrix is the image: write the product in place.
-            gemm::gemm_ldc(&args, &mut dxg[j0..], ohw, a_sc);
+            gemm::gemm_ldc_packed_lhs(&args, wg, &mut dxg[j0..], ohw);
         } else {
             let c = &mut cols_buf[..kk * cols];
-            gemm::gemm(&args, c, a_sc);
+            gemm::gemm_ldc_packed_lhs(&args, wg, c, cols);
             k::col2im_block(g, dxg, j0, cols, c);
         }
     }

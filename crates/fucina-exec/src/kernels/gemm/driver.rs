@@ -103,13 +103,15 @@ pub(crate) fn gemm<F: Fn(usize) -> usize>(
     c: &mut [f32],
     a_scratch: &mut [f32],
 ) {
-    dispatch(args, c, args.n, a_scratch)
+    dispatch(args, c, args.n, LhsBuf::Scratch(a_scratch))
 }
 
 /// [`gemm`] into a `C` whose rows are `ldc >= n` floats apart (a column block of
 /// a wider row-major matrix): row `i` of the product is `c[i * ldc..][..n]`, and
 /// `c` holds at least `(m - 1) * ldc + n` floats. The floats between the rows'
-/// `n` columns are neither read nor written. Same bits as [`gemm`].
+/// `n` columns are neither read nor written. Same bits as [`gemm`]. (The
+/// convolutions use [`gemm_ldc_packed_lhs`]; this one is the tests' reference.)
+#[cfg(test)]
 pub(crate) fn gemm_ldc<F: Fn(usize) -> usize>(
     args: &GemmArgs<'_, F>,
     c: &mut [f32],
@@ -120,27 +122,109 @@ pub(crate) fn gemm_ldc<F: Fn(usize) -> usize>(
         ldc >= args.n && (args.m == 0 || c.len() >= (args.m - 1) * ldc + args.n),
         "gemm_ldc: the C rows must be at least n floats apart and fit in c"
     );
-    dispatch(args, c, ldc, a_scratch)
+    dispatch(args, c, ldc, LhsBuf::Scratch(a_scratch))
 }
 
-/// [`gemm`] and [`gemm_ldc`]: runs [`run`] with the micro-kernel of
+/// Floats [`pack_lhs`] writes for an `m x k` left-hand side.
+pub(crate) fn packed_lhs_len(m: usize, k: usize) -> usize {
+    m * k
+}
+
+/// Packs the whole `m x k` left-hand side `lhs` into `dst` (at least
+/// [`packed_lhs_len`]`(m, k)` floats) the way [`gemm`] packs it block by block
+/// for the micro-kernel of `level`, so that [`gemm_ldc_packed_lhs`] can reuse it
+/// for many right-hand sides (e.g. one convolution weight for every sample). The
+/// block of rows `i0..i0 + mc` at depth `p0..p0 + kc` starts at `i0 * k + p0 *
+/// mc`.
+pub(crate) fn pack_lhs<F: Fn(usize) -> usize>(
+    level: SimdLevel,
+    lhs: &LhsRows<'_, F>,
+    m: usize,
+    k: usize,
+    dst: &mut [f32],
+) {
+    fn go<K: MicroKernel, F: Fn(usize) -> usize>(
+        kernel: K,
+        lhs: &LhsRows<'_, F>,
+        m: usize,
+        k: usize,
+        dst: &mut [f32],
+    ) {
+        let mut row_offs = [0usize; MC];
+        for i0 in (0..m).step_by(MC) {
+            let mc = MC.min(m - i0);
+            for (i, o) in row_offs[..mc].iter_mut().enumerate() {
+                *o = (lhs.row_off)(i0 + i);
+            }
+            for depth in depth_blocks(k) {
+                let (p0, kc) = (depth.start, depth.len());
+                let block = &mut dst[i0 * k + p0 * mc..][..mc * kc];
+                pack_a(kernel, block, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
+            }
+        }
+    }
+    assert!(
+        dst.len() >= packed_lhs_len(m, k),
+        "pack_lhs: the destination must hold m * k floats"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(kernel) = Avx512::for_level(level) {
+            return go(kernel, lhs, m, k, dst);
+        }
+        if let Some(kernel) = Avx2::for_level(level) {
+            return go(kernel, lhs, m, k, dst);
+        }
+    }
+    go(Portable::new(), lhs, m, k, dst)
+}
+
+/// `gemm_ldc` with the left-hand side already packed by [`pack_lhs`] (for
+/// the same level, `m` and `k`) into `packed`; `args.lhs` is not read. Same bits
+/// as `gemm_ldc` (and [`gemm`] where `ldc == n`).
+pub(crate) fn gemm_ldc_packed_lhs<F: Fn(usize) -> usize>(
+    args: &GemmArgs<'_, F>,
+    packed: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(
+        ldc >= args.n && (args.m == 0 || c.len() >= (args.m - 1) * ldc + args.n),
+        "gemm_ldc_packed_lhs: the C rows must be at least n floats apart and fit in c"
+    );
+    assert!(
+        packed.len() >= packed_lhs_len(args.m, args.k),
+        "gemm_ldc_packed_lhs: the packed left-hand side must hold m * k floats"
+    );
+    dispatch(args, c, ldc, LhsBuf::Packed(packed))
+}
+
+/// Where [`run`] takes the packed left-hand side from.
+enum LhsBuf<'s> {
+    /// Packed block by block into this scratch.
+    Scratch(&'s mut [f32]),
+    /// Packed beforehand by [`pack_lhs`].
+    Packed(&'s [f32]),
+}
+
+/// [`gemm`], `gemm_ldc` and [`gemm_ldc_packed_lhs`]: runs [`run`] with the micro-kernel of
 /// `args.level` (the portable one for a level above the CPU's).
 fn dispatch<F: Fn(usize) -> usize>(
     args: &GemmArgs<'_, F>,
     c: &mut [f32],
     ldc: usize,
-    a_scratch: &mut [f32],
+    a_buf: LhsBuf<'_>,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         if let Some(kernel) = Avx512::for_level(args.level) {
-            return run(kernel, args, c, a_scratch, ldc);
+            return run(kernel, args, c, a_buf, ldc);
         }
         if let Some(kernel) = Avx2::for_level(args.level) {
-            return run(kernel, args, c, a_scratch, ldc);
+            return run(kernel, args, c, a_buf, ldc);
         }
     }
-    run(Portable::new(), args, c, a_scratch, ldc)
+    run(Portable::new(), args, c, a_buf, ldc)
 }
 
 /// Whether [`gemm`] should read a row-major right-hand side with row stride `rs`
@@ -185,7 +269,7 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
     kernel: K,
     args: &GemmArgs<'_, F>,
     c: &mut [f32],
-    a_scratch: &mut [f32],
+    mut a_buf: LhsBuf<'_>,
     ldc: usize,
 ) {
     const {
@@ -193,7 +277,9 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
     }
     let (lhs, m, k, n, rhs) = (args.lhs, args.m, args.k, args.n, args.rhs);
     debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
-    debug_assert!(a_scratch.len() >= a_scratch_len(m));
+    if let LhsBuf::Scratch(s) = &a_buf {
+        debug_assert!(s.len() >= a_scratch_len(m));
+    }
     let n_panels = n.div_ceil(NR);
     if let Rhs::Rows { rs, .. } = rhs {
         assert!(
@@ -220,7 +306,13 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
             // The block's rows at this depth are packed once and reused by every
             // column block (each element still takes the depth blocks in
             // increasing order: the depth loop is outside the column loop).
-            pack_a(kernel, a_scratch, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
+            let a_block: &[f32] = match &mut a_buf {
+                LhsBuf::Scratch(s) => {
+                    pack_a(kernel, s, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
+                    s
+                }
+                LhsBuf::Packed(p) => &p[i0 * k + p0 * mc..][..mc * kc],
+            };
             for jc in (0..n_panels).step_by(NC / NR) {
                 let jp_end = (jc + NC / NR).min(n_panels);
                 // Tiles of this column block, row-tile-major: each left-hand
@@ -234,7 +326,7 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
                     let (b, ldb) = rhs.panel(p, k, p0, kc);
                     let j0 = p * NR;
                     let ncols = NR.min(n - j0);
-                    let a = &a_scratch[q0 * kc..][..rows * kc];
+                    let a = &a_block[q0 * kc..][..rows * kc];
                     if K::PREFETCHES_C && t + 1 < n_tiles {
                         // Start fetching the next tile's C rows now, so its loads
                         // do not wait on L3 / memory.

@@ -6,7 +6,7 @@
 //! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, and these docs |
 //! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
-//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`], and [`gemm_ldc`] into a column block of a wider `C`) and the choice of kernel by vector level |
+//! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]; [`gemm_ldc_packed_lhs`] into a column block of a wider `C` with the left-hand side packed once by [`pack_lhs`]) and the choice of kernel by vector level |
 //! | `avx512.rs`, `avx2.rs`, `portable.rs` | one micro-kernel type each |
 //!
 //! A micro-kernel type exists per instruction set: `Avx512` (`12 x 32` tiles,
@@ -65,7 +65,11 @@ mod pack;
 mod params;
 mod portable;
 
-pub(crate) use driver::{GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc};
+#[cfg(test)]
+pub(crate) use driver::gemm_ldc;
+pub(crate) use driver::{
+    GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc_packed_lhs, pack_lhs, packed_lhs_len,
+};
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
 
@@ -367,6 +371,52 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A left-hand side packed once by `pack_lhs` (row-major and column-major,
+    /// several row and depth blocks) gives `gemm_ldc`'s bits, at every level.
+    #[test]
+    fn prepacked_lhs_gives_gemm_ldcs_bits() {
+        for &(m, k, n, ldc, transposed) in &[
+            (5, 7, 9, 20, false),
+            (300, 600, 70, 100, false),
+            (288, 64, 96, 96, true),
+            (13, 1100, 32, 40, true),
+        ] {
+            let mut s = 5 + (m * k + n) as u64;
+            let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| lcg(&mut s)).collect();
+            let mut packed = vec![0.0f32; packed_b_len(k, n).unwrap()];
+            pack_b_rows(&mut packed, &b, 0, n, k, n);
+            let lhs = LhsRows {
+                data: &a,
+                row_off: |i| if transposed { i } else { i * k },
+                cs: if transposed { m } else { 1 },
+            };
+            let mut scratch = vec![0.0f32; a_scratch_len(m)];
+            let mut pre = vec![f32::NAN; packed_lhs_len(m, k)];
+            for level in supported_levels() {
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m,
+                    k,
+                    n,
+                    rhs: Rhs::Packed(&packed),
+                    accumulate: false,
+                };
+                let mut want = vec![7.0f32; m * ldc];
+                gemm_ldc(&args, &mut want, ldc, &mut scratch);
+                pack_lhs(level, &lhs, m, k, &mut pre);
+                let mut got = vec![7.0f32; m * ldc];
+                gemm_ldc_packed_lhs(&args, &pre, &mut got, ldc);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{level:?} m={m} k={k} n={n} transposed={transposed}");
             }
         }
     }
