@@ -371,6 +371,29 @@ impl QuantizedWeights {
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+/// Asks the kernel to back the whole 2 MiB pages inside `[p, p + len)` (a
+/// fresh allocation, not touched yet) with huge pages: a repacked matrix is
+/// read as long sequential streams, and 4 KiB pages cost a page walk every
+/// 4 KiB. Advisory: a refusal (or another OS) changes nothing.
+fn advise_huge_pages(p: *const u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (p as usize).next_multiple_of(HUGE);
+        let end = (p as usize + len) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: [start, end) lies inside the caller's allocation, which
+            // this process owns; MADV_HUGEPAGE only changes how its pages are
+            // backed, never their contents, and its result is ignored.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len);
+}
+
 /// The bytes of `lines`.
 fn line_bytes(lines: &[Line]) -> &[u8] {
     // SAFETY: a Line is 64 bytes with no padding (repr(C) over [u8; 64]), so
@@ -695,13 +718,14 @@ impl ExecContext {
         let nbytes = strips
             .checked_mul(layout.strip_bytes)
             .ok_or_else(overflow)?;
-        let mut lines = Vec::new();
+        let mut lines: Vec<Line> = Vec::new();
         lines.try_reserve_exact(nbytes / 64).map_err(|_| {
             ExecError::storage(
                 op,
                 fucina_storage::StorageError::AllocationFailed { bytes: nbytes },
             )
         })?;
+        advise_huge_pages(lines.as_ptr().cast(), nbytes);
         lines.resize(nbytes / 64, Line([0; 64]));
         if nbytes > 0 {
             let bytes = line_bytes_mut(&mut lines);
