@@ -68,6 +68,8 @@ pub mod math {
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
+#[cfg(target_arch = "x86_64")]
+pub use kernels::simd::{with_avx2, with_avx512};
 pub use ops::batch_norm::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};

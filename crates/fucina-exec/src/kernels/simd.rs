@@ -163,26 +163,28 @@ pub fn force_simd_level(level: SimdLevel) -> bool {
     force(level)
 }
 
-/// Runs `f` inside a function compiled for AVX-512; `f`'s body (a closure made by
-/// [`vectorized!`], called only here) is inlined and vectorized for that target.
+/// Runs `f` inside a function compiled for AVX-512; `f`'s body (an
+/// `#[inline(always)]` closure, as the crate's `vectorized!` macro makes, called only here) is
+/// inlined and vectorized for that target. Public so that the crates above
+/// compile their own hot loops at the process's [`simd_level`] the same way.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/DQ/VL, AVX2 and FMA ([`level`] returned
-/// [`SimdLevel::Avx512`]).
+/// The CPU must support AVX-512 F/BW/DQ/VL, AVX2 and FMA ([`simd_level`]
+/// returned [`SimdLevel::Avx512`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-pub(crate) unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+pub unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
 /// Runs `f` inside a function compiled for AVX2 + FMA (see [`with_avx512`]).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`level`] returned [`SimdLevel::Avx2`] or
-/// higher).
+/// The CPU must support AVX2 and FMA ([`simd_level`] returned
+/// [`SimdLevel::Avx2`] or higher).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+pub unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 

@@ -23,29 +23,8 @@
 
 use crate::config::RopeScaling;
 
-/// Runs `f` inside a function compiled for AVX-512 (F, BW, DQ, VL); `f` (an
-/// `#[inline(always)]` closure made by [`with_simd_level!`]) is inlined and
-/// vectorized for that target.
-///
-/// # Safety
-/// The CPU must have AVX-512 F/BW/DQ/VL, AVX2 and FMA
-/// (`fucina::exec::simd_level()` returned `Avx512`).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-pub(crate) unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-/// Runs `f` inside a function compiled for AVX2 + FMA (see [`with_avx512`]).
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA (`fucina::exec::simd_level()` returned
-/// `Avx2` or higher).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
+use fucina::exec::{with_avx2, with_avx512};
 
 /// Evaluates `$body` compiled for the process's vector level
 /// (`fucina::exec::simd_level()`): the body is instantiated once per level,
@@ -61,7 +40,7 @@ macro_rules! with_simd_level {
                 // SAFETY: `simd_level` returns Avx512 only when the CPU has
                 // every feature `with_avx512` enables.
                 unsafe {
-                    $crate::model::kernels::with_avx512(
+                    fucina::exec::with_avx512(
                         #[inline(always)]
                         || $body,
                     )
@@ -72,7 +51,7 @@ macro_rules! with_simd_level {
                 // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2
                 // and FMA.
                 unsafe {
-                    $crate::model::kernels::with_avx2(
+                    fucina::exec::with_avx2(
                         #[inline(always)]
                         || $body,
                     )
