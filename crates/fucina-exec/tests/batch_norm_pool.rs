@@ -108,7 +108,15 @@ fn check(ctx: &ExecContext, shape: [usize; 4], op: Pool2dOp) -> Result<(), ExecE
 fn batch_norm_pool_is_batch_norm_then_pool_bit_for_bit() {
     for threads in [1, 3] {
         let ctx = ExecContext::with_threads(threads);
-        for shape in [[2, 3, 4, 4], [3, 2, 5, 7], [5, 4, 28, 28], [2, 1, 9, 2]] {
+        for shape in [
+            [2, 3, 4, 4],
+            [3, 2, 5, 7],
+            [5, 4, 28, 28],
+            [2, 1, 9, 2],
+            [2, 3, 6, 40],
+            [1, 2, 5, 35],
+            [3, 2, 14, 14],
+        ] {
             for op in ops() {
                 check(&ctx, shape, op).unwrap();
             }

@@ -6,6 +6,7 @@ pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod index;
 pub(crate) mod math;
+pub(crate) mod pool_2x2;
 pub(crate) mod prefetch;
 pub(crate) mod quant_dot;
 pub(crate) mod quant_k;

@@ -30,7 +30,10 @@ use crate::ops::batch_norm::{
     BatchNormStats, GradXCoefs, check, check_training, grad_x_plane_in_place, normalize_plane,
     plane_grad_sums,
 };
-use crate::ops::pool::{Geo, Pool2dOp, backward_plane, forward_plane, plane_work};
+use crate::ops::pool::{
+    Affine, Geo, Pool2dOp, backward_plane, forward_plane, plane_work, relu_max_2x2_backward_fast,
+    relu_max_2x2_fast, relu_max_2x2_forward_fast, zero_uncovered_2x2,
+};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of normalizing a plane into scratch.
@@ -94,14 +97,19 @@ impl ExecContext {
         let ps = packed.contiguous_slice();
         let (mean, istd) = (&ps[..ch], &ps[2 * ch..]);
         let work = plane_work(op, ip, opl) + NORM_WORK * ip;
+        let fast = relu_max_2x2_fast(op);
         let mut done = Ok(());
         let pooled = self.new_tensor(OP, os, |out| {
             done = self.par_rows_with_scratch(OP, out, opl, work, ip, |planes, o, z| {
                 vectorized!(for (p, dst) in planes.zip(o.chunks_exact_mut(opl)) {
                     let c = p % ch;
                     let (mu, a, b) = (mean[c], gs[c] * istd[c], bs[c]);
-                    normalize_plane(z, &xs[p * ip..][..ip], mu, a, b);
-                    forward_plane(op, z, dst, g);
+                    let xp = &xs[p * ip..][..ip];
+                    if !(fast && relu_max_2x2_forward_fast(xp, dst, g, Some(Affine { mu, a, b })))
+                    {
+                        normalize_plane(z, xp, mu, a, b);
+                        forward_plane(op, z, dst, g);
+                    }
                 })
             });
         })?;
@@ -159,6 +167,7 @@ impl ExecContext {
             gpc.contiguous_slice(),
         );
         let work = plane_work(op, ip, opl) + (NORM_WORK + 2) * ip;
+        let fast = relu_max_2x2_fast(op);
         let row = ch * ip;
         let mut done = Ok(());
         let mut param_grads = None;
@@ -173,9 +182,15 @@ impl ExecContext {
                         let p = r * ch + c;
                         let (mu, a, b) = (ms[c], gs[c] * is[c], bs[c]);
                         let xp = &xs[p * ip..][..ip];
-                        normalize_plane(z, xp, mu, a, b);
                         let gz = &mut gxr[c * ip..][..ip];
-                        backward_plane(op, z, &gps[p * opl..][..opl], gz, g);
+                        let gp = &gps[p * opl..][..opl];
+                        let norm = Some(Affine { mu, a, b });
+                        if fast && relu_max_2x2_backward_fast(xp, gp, gz, g, norm) {
+                            zero_uncovered_2x2(gz, g);
+                        } else {
+                            normalize_plane(z, xp, mu, a, b);
+                            backward_plane(op, z, gp, gz, g);
+                        }
                         let (s0, s1) = plane_grad_sums(gz, xp, mu);
                         ptr[2 * c] = s0;
                         ptr[2 * c + 1] = s1;

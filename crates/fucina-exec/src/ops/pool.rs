@@ -27,6 +27,11 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::pool_2x2::{relu_max_2x2_backward_avx512, relu_max_2x2_forward_avx512};
+pub(crate) use crate::kernels::pool_2x2::Affine;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::{self, SimdLevel};
 use crate::kernels::simd::vectorized;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::Dims;
@@ -231,7 +236,11 @@ pub(crate) fn forward_plane(op: Pool2dOp, x: &[f32], out: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(x, out, g, false),
         Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(x, out, g, true),
-        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => plane_2x2_relu(x, out, g),
+        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => {
+            if !relu_max_2x2_forward_fast(x, out, g, None) {
+                plane_2x2_relu(x, out, g);
+            }
+        }
         Pool2dOp::Max(opts) => max_plane::<false>(x, out, &opts, g),
         Pool2dOp::ReluMax(opts) => max_plane::<true>(x, out, &opts, g),
         Pool2dOp::Avg(opts) => avg_plane(x, out, &opts, g),
@@ -521,7 +530,7 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
 /// Zeroes the inputs of a plane that no 2x2, stride-2 window covers (an odd
 /// last row or column); the fast backward paths write every other input.
 #[inline(always)]
-fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
+pub(crate) fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
     let (rows, cols) = (2 * g.oh, 2 * g.ow);
     if cols < g.w {
         for r in gx[..rows * g.w].chunks_exact_mut(g.w) {
@@ -529,6 +538,61 @@ fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
         }
     }
     gx[rows * g.w..].fill(0.0);
+}
+
+/// Whether the AVX-512 kernels of the 2x2 ReLU-max pool run for `op`: a
+/// 2x2, stride-2 `ReluMax` at the AVX-512 level.
+#[inline(always)]
+pub(crate) fn relu_max_2x2_fast(op: Pool2dOp) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Pool2dOp::ReluMax(o) = op {
+        return is_2x2(&o) && simd::level() == SimdLevel::Avx512;
+    }
+    let _ = op;
+    false
+}
+
+/// The 2x2 ReLU-max forward of one plane with the AVX-512 kernel (over
+/// `norm`'s normalization of `x` when given), when the process runs at that
+/// level; `false`, with nothing written, otherwise. The same bits as the plain
+/// path (over the normalized plane).
+#[inline(always)]
+pub(crate) fn relu_max_2x2_forward_fast(
+    x: &[f32],
+    out: &mut [f32],
+    g: Geo,
+    norm: Option<Affine>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() == SimdLevel::Avx512 {
+        // SAFETY: the AVX-512 level is selected only on CPUs that have AVX-512 F.
+        unsafe { relu_max_2x2_forward_avx512(x, out, g.w, (g.oh, g.ow), norm) };
+        return true;
+    }
+    let _ = (x, out, g, norm);
+    false
+}
+
+/// The 2x2 ReLU-max backward of one plane with the AVX-512 kernel (see
+/// [`relu_max_2x2_forward_fast`]): every input of `gx` a window covers
+/// written (the others are not: see [`zero_uncovered_2x2`]); `false`, with
+/// nothing written, below that level.
+#[inline(always)]
+pub(crate) fn relu_max_2x2_backward_fast(
+    x: &[f32],
+    gy: &[f32],
+    gx: &mut [f32],
+    g: Geo,
+    norm: Option<Affine>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() == SimdLevel::Avx512 {
+        // SAFETY: the AVX-512 level is selected only on CPUs that have AVX-512 F.
+        unsafe { relu_max_2x2_backward_avx512(x, gy, gx, g.w, (g.oh, g.ow), norm) };
+        return true;
+    }
+    let _ = (x, gy, gx, g, norm);
+    false
 }
 
 /// Outputs per step of the 2x2 backward.
@@ -625,7 +689,11 @@ pub(crate) fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32]
                 }
             }
         }
-        Pool2dOp::ReluMax(o) if is_2x2(&o) => backward_2x2::<true>(x, gy, gx, g),
+        Pool2dOp::ReluMax(o) if is_2x2(&o) => {
+            if !relu_max_2x2_backward_fast(x, gy, gx, g, None) {
+                backward_2x2::<true>(x, gy, gx, g);
+            }
+        }
         Pool2dOp::ReluMax(o) => {
             // `max_pool2d`'s backward over the ReLU values, then the ReLU's.
             for oi in 0..g.oh {
