@@ -51,10 +51,7 @@ unsafe fn load_row(
     p: *const f32,
     mask: u16,
     norm: Option<Affine>,
-) -> (
-    std::arch::x86_64::__m512,
-    std::arch::x86_64::__m512,
-) {
+) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
     use std::arch::x86_64::*;
     // SAFETY: the caller guarantees the lanes `mask` enables are readable.
     let v = unsafe { _mm512_maskz_loadu_ps(mask, p) };
@@ -158,10 +155,7 @@ pub(crate) fn relu_max_2x2_backward_avx512(
 ) {
     use std::arch::x86_64::*;
     assert!(
-        2 * ow <= w
-            && x.len() >= 2 * oh * w
-            && gx.len() >= 2 * oh * w
-            && gy.len() == oh * ow,
+        2 * ow <= w && x.len() >= 2 * oh * w && gx.len() >= 2 * oh * w && gy.len() == oh * ow,
         "relu_max_2x2_backward_avx512: plane sizes"
     );
     // Lanes 2j and 2j + 1 take window j's gradient.

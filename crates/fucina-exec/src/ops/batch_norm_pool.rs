@@ -9,7 +9,10 @@
 //! scratch plane that stays in the L1 cache, pooled from there. The backward
 //! recomputes the plane the same way and runs the pool's backward straight into
 //! the input gradient's memory, taking the plane's two batch-norm sums while it
-//! is in cache; a second pass turns it into the input gradient in place. Over
+//! is in cache; a second pass turns it into the input gradient in place. For
+//! the 2x2 ReLU-max pool at the AVX-512 level the normalization happens in
+//! registers inside the pool's kernels (`kernels::pool_2x2`), with no scratch
+//! plane. Over
 //! full-resolution tensors that is five reads and two writes (the statistics,
 //! the pooled forward, the two backward passes), against eight reads and three
 //! writes for the separate ops.
@@ -31,8 +34,8 @@ use crate::ops::batch_norm::{
     plane_grad_sums,
 };
 use crate::ops::pool::{
-    Affine, Geo, Pool2dOp, backward_plane, forward_plane, plane_work, relu_max_2x2_backward_fast,
-    relu_max_2x2_fast, relu_max_2x2_forward_fast, zero_uncovered_2x2,
+    Affine, Geo, Pool2dOp, ReluMax2x2Avx512, backward_plane, forward_plane, plane_work,
+    zero_uncovered_2x2,
 };
 use crate::tensor::RawTensor;
 
@@ -97,7 +100,7 @@ impl ExecContext {
         let ps = packed.contiguous_slice();
         let (mean, istd) = (&ps[..ch], &ps[2 * ch..]);
         let work = plane_work(op, ip, opl) + NORM_WORK * ip;
-        let fast = relu_max_2x2_fast(op);
+        let fast = ReluMax2x2Avx512::new(op);
         let mut done = Ok(());
         let pooled = self.new_tensor(OP, os, |out| {
             done = self.par_rows_with_scratch(OP, out, opl, work, ip, |planes, o, z| {
@@ -105,10 +108,12 @@ impl ExecContext {
                     let c = p % ch;
                     let (mu, a, b) = (mean[c], gs[c] * istd[c], bs[c]);
                     let xp = &xs[p * ip..][..ip];
-                    if !(fast && relu_max_2x2_forward_fast(xp, dst, g, Some(Affine { mu, a, b })))
-                    {
-                        normalize_plane(z, xp, mu, a, b);
-                        forward_plane(op, z, dst, g);
+                    match fast {
+                        Some(k) => k.forward(xp, dst, g, Some(Affine { mu, a, b })),
+                        None => {
+                            normalize_plane(z, xp, mu, a, b);
+                            forward_plane(op, z, dst, g);
+                        }
                     }
                 })
             });
@@ -167,14 +172,15 @@ impl ExecContext {
             gpc.contiguous_slice(),
         );
         let work = plane_work(op, ip, opl) + (NORM_WORK + 2) * ip;
-        let fast = relu_max_2x2_fast(op);
+        let fast = ReluMax2x2Avx512::new(op);
         let row = ch * ip;
         let mut done = Ok(());
         let mut param_grads = None;
         let grad_x = self.new_tensor(OP, x.shape(), |gx: &mut [f32]| {
             // Pass 1, per sample: the pool's gradient of each plane (from the
-            // normalized plane, recomputed into scratch) straight into
-            // `grad_x`'s memory, and the plane's two backward sums.
+            // normalized plane, recomputed into scratch, or in registers by
+            // the AVX-512 2x2 ReLU-max kernel) straight into `grad_x`'s
+            // memory, and the plane's two backward sums.
             let mut partials = Ok(());
             let pt = self.new_tensor(OP, &[n, 2 * ch], |pt: &mut [f32]| {
                 partials = self.pool_grad_pass(OP, gx, pt, row, ch * work, ip, |r, gxr, ptr, z| {
@@ -184,12 +190,15 @@ impl ExecContext {
                         let xp = &xs[p * ip..][..ip];
                         let gz = &mut gxr[c * ip..][..ip];
                         let gp = &gps[p * opl..][..opl];
-                        let norm = Some(Affine { mu, a, b });
-                        if fast && relu_max_2x2_backward_fast(xp, gp, gz, g, norm) {
-                            zero_uncovered_2x2(gz, g);
-                        } else {
-                            normalize_plane(z, xp, mu, a, b);
-                            backward_plane(op, z, gp, gz, g);
+                        match fast {
+                            Some(k) => {
+                                k.backward(xp, gp, gz, g, Some(Affine { mu, a, b }));
+                                zero_uncovered_2x2(gz, g);
+                            }
+                            None => {
+                                normalize_plane(z, xp, mu, a, b);
+                                backward_plane(op, z, gp, gz, g);
+                            }
                         }
                         let (s0, s1) = plane_grad_sums(gz, xp, mu);
                         ptr[2 * c] = s0;
@@ -223,8 +232,8 @@ impl ExecContext {
             };
             let ss = sums.contiguous_slice();
             param_grads = Some(self.batch_norm_param_grads(OP, ss, is));
-            // Pass 2, per sample, in place: the input gradient from the pool's.
             let m = (n * plane) as f32;
+            // Pass 2, per sample, in place: the input gradient from the pool's.
             self.par_rows(gx, row, row * 2, |rows, o| {
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(row)) {
                     for c in 0..ch {

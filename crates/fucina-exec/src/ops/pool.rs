@@ -27,12 +27,12 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::pool_2x2::{relu_max_2x2_backward_avx512, relu_max_2x2_forward_avx512};
 pub(crate) use crate::kernels::pool_2x2::Affine;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::simd::{self, SimdLevel};
+use crate::kernels::pool_2x2::{relu_max_2x2_backward_avx512, relu_max_2x2_forward_avx512};
 use crate::kernels::simd::vectorized;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::{self, SimdLevel};
 use crate::tensor::RawTensor;
 use crate::tensor::layout::Dims;
 
@@ -236,11 +236,10 @@ pub(crate) fn forward_plane(op: Pool2dOp, x: &[f32], out: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(x, out, g, false),
         Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(x, out, g, true),
-        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => {
-            if !relu_max_2x2_forward_fast(x, out, g, None) {
-                plane_2x2_relu(x, out, g);
-            }
-        }
+        Pool2dOp::ReluMax(opts) if is_2x2(&opts) => match ReluMax2x2Avx512::new(op) {
+            Some(k) => k.forward(x, out, g, None),
+            None => plane_2x2_relu(x, out, g),
+        },
         Pool2dOp::Max(opts) => max_plane::<false>(x, out, &opts, g),
         Pool2dOp::ReluMax(opts) => max_plane::<true>(x, out, &opts, g),
         Pool2dOp::Avg(opts) => avg_plane(x, out, &opts, g),
@@ -540,59 +539,69 @@ pub(crate) fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
     gx[rows * g.w..].fill(0.0);
 }
 
-/// Whether the AVX-512 kernels of the 2x2 ReLU-max pool run for `op`: a
-/// 2x2, stride-2 `ReluMax` at the AVX-512 level.
-#[inline(always)]
-pub(crate) fn relu_max_2x2_fast(op: Pool2dOp) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let Pool2dOp::ReluMax(o) = op {
-        return is_2x2(&o) && simd::level() == SimdLevel::Avx512;
-    }
-    let _ = op;
-    false
-}
+/// The AVX-512 kernels of the 2x2, stride-2 `ReluMax` pool; a value exists
+/// only when they can run (the op is that pool and the process runs at the
+/// AVX-512 level, so the CPU has AVX-512 F). Taken once per op, so every plane
+/// of the op, and both passes of a backward, use the same kernels. The same
+/// bits as the plain per-plane loops (over the normalized plane when a
+/// normalization is given).
+#[derive(Clone, Copy)]
+pub(crate) struct ReluMax2x2Avx512(());
 
-/// The 2x2 ReLU-max forward of one plane with the AVX-512 kernel (over
-/// `norm`'s normalization of `x` when given), when the process runs at that
-/// level; `false`, with nothing written, otherwise. The same bits as the plain
-/// path (over the normalized plane).
-#[inline(always)]
-pub(crate) fn relu_max_2x2_forward_fast(
-    x: &[f32],
-    out: &mut [f32],
-    g: Geo,
-    norm: Option<Affine>,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if simd::level() == SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is selected only on CPUs that have AVX-512 F.
-        unsafe { relu_max_2x2_forward_avx512(x, out, g.w, (g.oh, g.ow), norm) };
-        return true;
+impl ReluMax2x2Avx512 {
+    /// The kernels for `op`, if they can run.
+    #[inline(always)]
+    pub(crate) fn new(op: Pool2dOp) -> Option<ReluMax2x2Avx512> {
+        #[cfg(target_arch = "x86_64")]
+        if let Pool2dOp::ReluMax(o) = op
+            && is_2x2(&o)
+            && simd::level() == SimdLevel::Avx512
+        {
+            return Some(ReluMax2x2Avx512(()));
+        }
+        let _ = op;
+        None
     }
-    let _ = (x, out, g, norm);
-    false
-}
 
-/// The 2x2 ReLU-max backward of one plane with the AVX-512 kernel (see
-/// [`relu_max_2x2_forward_fast`]): every input of `gx` a window covers
-/// written (the others are not: see [`zero_uncovered_2x2`]); `false`, with
-/// nothing written, below that level.
-#[inline(always)]
-pub(crate) fn relu_max_2x2_backward_fast(
-    x: &[f32],
-    gy: &[f32],
-    gx: &mut [f32],
-    g: Geo,
-    norm: Option<Affine>,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if simd::level() == SimdLevel::Avx512 {
-        // SAFETY: the AVX-512 level is selected only on CPUs that have AVX-512 F.
-        unsafe { relu_max_2x2_backward_avx512(x, gy, gx, g.w, (g.oh, g.ow), norm) };
-        return true;
+    /// The forward of one plane (over `norm`'s normalization of `x` when
+    /// given).
+    #[inline(always)]
+    pub(crate) fn forward(self, x: &[f32], out: &mut [f32], g: Geo, norm: Option<Affine>) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `self` exists only at the AVX-512 level, selected only on
+        // CPUs that have AVX-512 F.
+        unsafe {
+            relu_max_2x2_forward_avx512(x, out, g.w, (g.oh, g.ow), norm)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "ReluMax2x2Avx512 is never made off x86_64 {:?}",
+            (x, out, g, norm)
+        );
     }
-    let _ = (x, gy, gx, g, norm);
-    false
+
+    /// The backward of one plane: every input of `gx` a window covers written
+    /// (the others are not: see [`zero_uncovered_2x2`]).
+    #[inline(always)]
+    pub(crate) fn backward(
+        self,
+        x: &[f32],
+        gy: &[f32],
+        gx: &mut [f32],
+        g: Geo,
+        norm: Option<Affine>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `forward`.
+        unsafe {
+            relu_max_2x2_backward_avx512(x, gy, gx, g.w, (g.oh, g.ow), norm)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "ReluMax2x2Avx512 is never made off x86_64 {:?}",
+            (x, gy, gx, g, norm)
+        );
+    }
 }
 
 /// Outputs per step of the 2x2 backward.
@@ -689,11 +698,10 @@ pub(crate) fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32]
                 }
             }
         }
-        Pool2dOp::ReluMax(o) if is_2x2(&o) => {
-            if !relu_max_2x2_backward_fast(x, gy, gx, g, None) {
-                backward_2x2::<true>(x, gy, gx, g);
-            }
-        }
+        Pool2dOp::ReluMax(o) if is_2x2(&o) => match ReluMax2x2Avx512::new(op) {
+            Some(k) => k.backward(x, gy, gx, g, None),
+            None => backward_2x2::<true>(x, gy, gx, g),
+        },
         Pool2dOp::ReluMax(o) => {
             // `max_pool2d`'s backward over the ReLU values, then the ReLU's.
             for oi in 0..g.oh {
