@@ -356,6 +356,34 @@ fn bits(t: &RawTensor) -> Vec<u32> {
 /// Cases large enough to run on the team (above the parallel threshold).
 fn big_cases() -> Vec<Case> {
     vec![
+        // stride-1 depthwise with padding, dilation and rows longer than a
+        // register: the AVX-512 depthwise kernels
+        Case {
+            x: [3, 6, 9, 37],
+            w: [6, 1, 3, 3],
+            o: o2([1, 1], [1, 2], [1, 2], 6),
+            bias: true,
+        },
+        Case {
+            x: [2, 4, 20, 20],
+            w: [4, 1, 5, 5],
+            o: o2([1, 1], [2, 2], [1, 1], 4),
+            bias: false,
+        },
+        // few taps at stride 1 (K = 9, 12): the direct small-K forward at the
+        // AVX-512 level; 29 and 7 output channels take every channel block
+        Case {
+            x: [3, 1, 20, 28],
+            w: [29, 1, 3, 3],
+            o: o2([1, 1], [1, 1], [1, 1], 1),
+            bias: false,
+        },
+        Case {
+            x: [2, 2, 9, 19],
+            w: [7, 2, 2, 3],
+            o: o2([1, 1], [1, 0], [2, 1], 1),
+            bias: true,
+        },
         // few K rows (27): the weight gradient split over output channels
         // (40: one panel and a part, or chunks of 20, 14 and 10 channels)
         Case {

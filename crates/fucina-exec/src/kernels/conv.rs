@@ -9,6 +9,8 @@
 //! ph, ow * sw + s * dw - pw]`, zero outside the image. Nothing here does
 //! arithmetic except col2im's sums (in a fixed order) and the depthwise kernels.
 
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::depthwise_avx512;
 use crate::kernels::gemm::{self, NR};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::simd::{self, SimdLevel};
@@ -480,11 +482,11 @@ pub(crate) fn col2im_block(g: &ConvGeom, dxg: &mut [f32], j0: usize, cols: usize
 /// The output rows and columns tap `(r, s)` reads inside the image, and the
 /// input row and column of output `(0, 0)` for that tap (offsets that may be
 /// negative; only used inside the ranges).
-struct Tap {
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-    ih0: isize,
-    iw0: isize,
+pub(crate) struct Tap {
+    pub(crate) rows: std::ops::Range<usize>,
+    pub(crate) cols: std::ops::Range<usize>,
+    pub(crate) ih0: isize,
+    pub(crate) iw0: isize,
 }
 
 /// The valid output range along one axis: `o * st + off` in `0..size` for `o`
@@ -507,12 +509,12 @@ fn valid(off: isize, st: usize, size: usize, out: usize) -> std::ops::Range<usiz
 impl Tap {
     /// No output reads the image through this tap (it lies wholly in the
     /// padding): the offsets may then point outside the image.
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty() || self.cols.is_empty()
     }
 }
 
-fn tap(g: &ConvGeom, r: usize, s: usize) -> Tap {
+pub(crate) fn tap(g: &ConvGeom, r: usize, s: usize) -> Tap {
     let ih0 = (r * g.dil[0]) as isize - g.pad[0] as isize;
     let iw0 = (s * g.dil[1]) as isize - g.pad[1] as isize;
     Tap {
@@ -529,6 +531,14 @@ fn tap(g: &ConvGeom, r: usize, s: usize) -> Tap {
 /// width). `out` is `OH x OW`, `img` `H x W`, `wk` `KH x KW`.
 #[inline(always)]
 pub(crate) fn depthwise_plane(g: &ConvGeom, img: &[f32], wk: &[f32], b: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if g.stride == [1, 1] && g.kw <= depthwise_avx512::MAX_KW && simd::level() == SimdLevel::Avx512
+    {
+        // SAFETY: the AVX-512 level is selected only on CPUs with AVX-512 F;
+        // the kernel checks its own bounds.
+        unsafe { depthwise_avx512::depthwise_plane_avx512(g, img, wk, b, out) };
+        return;
+    }
     out.fill(b);
     let [sh, sw] = g.stride;
     for r in 0..g.kh {
@@ -563,6 +573,13 @@ pub(crate) fn depthwise_plane(g: &ConvGeom, img: &[f32], wk: &[f32], b: f32, out
 /// after tap, each tap in increasing output order.
 #[inline(always)]
 pub(crate) fn depthwise_input_grad_plane(g: &ConvGeom, dy: &[f32], wk: &[f32], dx: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if g.stride == [1, 1] && g.kw <= depthwise_avx512::MAX_KW && simd::level() == SimdLevel::Avx512
+    {
+        // SAFETY: as in `depthwise_plane`.
+        unsafe { depthwise_avx512::depthwise_input_grad_plane_avx512(g, dy, wk, dx) };
+        return;
+    }
     dx.fill(0.0);
     let [sh, sw] = g.stride;
     for r in 0..g.kh {
@@ -603,6 +620,13 @@ pub(crate) fn depthwise_weight_grad<'a>(
     acc: &mut [f32],
     dw: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if g.stride == [1, 1] && simd::level() == SimdLevel::Avx512 {
+        // SAFETY: as in `depthwise_plane`.
+        if unsafe { depthwise_avx512::depthwise_weight_grad_avx512(g, &planes, acc, dw) } {
+            return;
+        }
+    }
     let [sh, sw] = g.stride;
     let acc = &mut acc[..g.ow];
     for r in 0..g.kh {
@@ -614,8 +638,8 @@ pub(crate) fn depthwise_weight_grad<'a>(
                 dw[r * g.kw + s] = 0.0;
                 continue;
             }
-            let a = &mut acc[t.cols.clone()];
             let x0 = ((t.cols.start * sw) as isize + t.iw0) as usize;
+            let a = &mut acc[t.cols.clone()];
             for n in 0..g.n {
                 let (img, dy) = planes(n);
                 for oh in t.rows.clone() {

@@ -3,6 +3,8 @@
 //! loops run at the vector level chosen at run time ([`simd`]).
 
 pub(crate) mod conv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise_avx512;
 pub(crate) mod gemm;
 pub(crate) mod index;
 pub(crate) mod math;
