@@ -34,8 +34,11 @@
 //! - the code of this module is compiled once, for the baseline target, without
 //!   fused multiply-adds (its vector registers only ever hold independent sums
 //!   side by side); the exponential of the softmax and of SiLU is the runtime's
-//!   own (`fucina::exec::math::exp`), made of IEEE operations only (no C library), and the RoPE sines and
-//!   cosines are computed in f64 and rounded once.
+//!   own (`fucina::exec::math::exp`), made of IEEE operations only (no C library), and so
+//!   are the RoPE sines, cosines and powers and the attention scale
+//!   `head_dim^-0.5` (the crate's `fmath`: correctly rounded f32 from
+//!   double-double arithmetic), so the tables are the same bits on every
+//!   platform and C library.
 //!
 //! Prefill writes the keys and values of a chunk into the cache first, then
 //! each query row attends to the cached positions up to its own. A row's result
@@ -52,6 +55,7 @@
 //! capacity), than any call before; once it has seen the largest batch and
 //! cache, decoding allocates nothing.
 
+mod fmath;
 mod kernels;
 
 use std::path::Path;
@@ -406,7 +410,7 @@ impl Model {
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
         let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
-        let scale = (hd as f64).powf(-0.5) as f32;
+        let scale = fmath::pow_f32(hd as f64, -0.5);
         Ok(Model {
             config,
             embed,
