@@ -179,7 +179,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let prompt = ids(t, vocab, t as u64);
         let mut times = Vec::new();
         for _ in 0..args.reps + 1 {
-            let mut cache = model.new_cache(t)?;
+            let mut cache = model.new_cache(&ctx, t)?;
             let t0 = Instant::now();
             model.prefill(&ctx, &mut cache, &prompt, None, &mut last)?;
             times.push(t0.elapsed().as_secs_f64());
@@ -201,7 +201,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut times = Vec::new();
         for rep in 0..args.reps + 1 {
             let mut caches: Vec<KvCache> = (0..b)
-                .map(|_| model.new_cache(16 + args.decode))
+                .map(|_| model.new_cache(&ctx, 16 + args.decode))
                 .collect::<Result<_, _>>()?;
             let mut next = vec![0u32; b];
             for (i, c) in caches.iter_mut().enumerate() {

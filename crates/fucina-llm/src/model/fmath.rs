@@ -628,7 +628,11 @@ mod tests {
                 fallbacks += round_f32_if_clear(v).is_none() as usize;
             }
         }
-        assert!(worst < FAST_EPS / 2.0, "worst relative error 2^{}", worst.log2());
+        assert!(
+            worst < FAST_EPS / 2.0,
+            "worst relative error 2^{}",
+            worst.log2()
+        );
         assert!(fallbacks < 4, "{fallbacks} fallbacks");
     }
 
