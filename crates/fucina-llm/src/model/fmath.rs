@@ -359,14 +359,20 @@ pub(crate) fn cos_sin(x: f32) -> (f32, f32) {
     if let (Some(c), Some(s)) = (round_f32_if_clear(c), round_f32_if_clear(s)) {
         return (c, s);
     }
+    let (c, s) = cos_sin_dd(q, r);
+    (round_f32(c), round_f32(s))
+}
+
+/// `(cos x, sin x)` in double-double from the quadrant `q` and the reduced
+/// argument `r` of `x`.
+fn cos_sin_dd(q: u32, r: Dd) -> (Dd, Dd) {
     let (c, s) = cos_sin_reduced(r);
-    let (c, s) = match q {
+    match q {
         0 => (c, s),
         1 => (s.neg(), c),
         2 => (c.neg(), s.neg()),
         _ => (s, c.neg()),
-    };
-    (round_f32(c), round_f32(s))
+    }
 }
 
 /// `ln b` for a positive normal `b`, as a double-double.
@@ -634,6 +640,141 @@ mod tests {
             worst.log2()
         );
         assert!(fallbacks < 4, "{fallbacks} fallbacks");
+    }
+
+    /// `(x bits, cos x, sin x)` to 106 bits, from a 400-bit evaluation
+    /// (mpmath): the three inputs of the RoPE sweeps whose f64 path could not
+    /// decide the rounding (45.888397, 82372.4375, 949433.69), the f32 closest
+    /// to a multiple of π/2 (16367173·2^72), and others.
+    const REFERENCE: [(u32, (f64, f64), (f64, f64)); 12] = [
+        (
+            0x42378db8,
+            (-0.32905600965023024, 2.0130656743453856e-17),
+            (0.9443104058057751, -4.709164212620198e-18),
+        ),
+        (
+            0x47a0e238,
+            (0.9925821721553798, -3.4549110636698285e-17),
+            (-0.12157562057957194, 2.120638702407787e-18),
+        ),
+        (
+            0x4967cb9b,
+            (0.9189888760381747, 4.0110140556892066e-17),
+            (0.39428345859050734, -1.0256782483763994e-17),
+        ),
+        (
+            0x6f79be45,
+            (-1.6147697982476211e-09, -7.234752153225392e-26),
+            (1.0, -1.3037407506663317e-18),
+        ),
+        (
+            0x3f800000,
+            (0.5403023058681398, -4.760954612604417e-17),
+            (0.8414709848078965, 1.776845092935536e-18),
+        ),
+        (
+            0xc0400000,
+            (-0.9899924966004454, -4.2060261566099734e-17),
+            (-0.1411200080598672, -8.577269787017502e-18),
+        ),
+        (
+            0x40490fdb,
+            (-0.9999999999999962, 4.661294806430265e-17),
+            (-8.742278000372475e-08, 1.3539896193238843e-25),
+        ),
+        (
+            0x49742400,
+            (0.9367521275331447, 4.637088260214747e-17),
+            (-0.34999350217129294, -1.5952848809323968e-17),
+        ),
+        (
+            0xc7f12065,
+            (0.05173494911858269, -3.3168040210541698e-18),
+            (0.9986608508596387, 2.734200135813105e-17),
+        ),
+        (
+            0x71c00000,
+            (-0.018675384985910634, 9.686117078961283e-19),
+            (-0.9998255997900974, 3.640617060048854e-17),
+        ),
+        (
+            0x3f490fdb,
+            (0.7071067657322372, 2.7042011115279986e-17),
+            (0.7071067966408575, -1.7390423328469496e-17),
+        ),
+        (
+            0x37d1b717,
+            (0.9999999996875, 4.1661469800585764e-17),
+            (2.4999999365842714e-05, -9.423412739663794e-22),
+        ),
+    ];
+
+    #[test]
+    fn the_double_double_path_matches_a_high_precision_reference() {
+        for (b, c, s) in REFERENCE {
+            let x = f32::from_bits(b);
+            let (q, r) = if x.abs() <= std::f32::consts::FRAC_PI_4 {
+                (0, Dd::new(x as f64, 0.0))
+            } else {
+                reduce(x)
+            };
+            let got = cos_sin_dd(q, r);
+            for (v, (hi, lo)) in [(got.0, c), (got.1, s)] {
+                let err = ((v.hi - hi) + (v.lo - lo)).abs() / hi.abs();
+                assert!(
+                    err < 2f64.powi(-70),
+                    "x = {x}: relative error 2^{}",
+                    err.log2()
+                );
+            }
+            let want = (round_f32(Dd::new(c.0, c.1)), round_f32(Dd::new(s.0, s.1)));
+            assert_eq!(cos_sin(x), want, "x = {x}");
+        }
+    }
+
+    #[test]
+    fn powers_match_a_high_precision_reference() {
+        // (base, exponent, base^exponent to 106 bits from a 400-bit mpmath
+        // evaluation); the exponents are f32 values, as inv_freq forms them.
+        let reference = [
+            (10000.0, 0.96875, 7498.942093324558, -2.7060729048372103e-14),
+            (
+                500000.0,
+                0.984375,
+                407308.61692827236,
+                -4.6934365660885485e-12,
+            ),
+            (1000000.0, 0.5, 1000.0, 0.0),
+            (
+                10000.0,
+                0.2083333283662796,
+                6.812920378900383,
+                2.995593946034919e-16,
+            ),
+            (128.0, -0.5, 0.08838834764831845, -6.042058320908071e-18),
+            (
+                5000000.0,
+                0.3541666567325592,
+                235.80434864712768,
+                1.0625119469999723e-15,
+            ),
+            (
+                3.0,
+                0.3333333432674408,
+                1.4422495860477345,
+                7.237197685937506e-17,
+            ),
+        ];
+        for (b, e, hi, lo) in reference {
+            let v = exp(mul_f(ln(b), e));
+            let err = ((v.hi - hi) + (v.lo - lo)).abs() / hi;
+            assert!(
+                err < 2f64.powi(-90),
+                "{b}^{e}: relative error 2^{}",
+                err.log2()
+            );
+            assert_eq!(pow_f32(b, e), round_f32(Dd::new(hi, lo)), "{b}^{e}");
+        }
     }
 
     #[test]
