@@ -448,7 +448,11 @@ mod tests {
     type Pair = (f64, f64);
 
     /// The f32 cosine and sine of the standard library (the C library's f64
-    /// functions, rounded to f32): the same as `cos_sin` on this platform.
+    /// functions, rounded to f32). glibc's are accurate enough that their f32
+    /// is the correctly rounded one on every input tested here; a less
+    /// accurate C library could make these comparisons fail where `cos_sin`
+    /// is right (the references of
+    /// `the_double_double_path_matches_a_high_precision_reference` decide).
     fn std_cos_sin(x: f32) -> (f32, f32) {
         let x = x as f64;
         (x.cos() as f32, x.sin() as f32)
