@@ -24,7 +24,9 @@
 //!   first repetition are printed (a check that another engine runs the same
 //!   model: `benches/llm/llamacpp_compare.py` prints the same line);
 //! - the peak resident memory against the model's file size plus the KV caches
-//!   it allocated;
+//!   it allocated (the caches come from the context's pool, which keeps a
+//!   dropped cache for reuse: the pool is trimmed after each phase, so the peak
+//!   is that of one phase);
 //! - the streaming read bandwidth: a sum over a buffer larger than the caches
 //!   (`--stream-mib`, default 1024 MiB) on `--threads` threads, median of 5, and
 //!   decode at batch 1 as a fraction of the bandwidth limit (weight bytes read
@@ -179,13 +181,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let prompt = ids(t, vocab, t as u64);
         let mut times = Vec::new();
         for _ in 0..args.reps + 1 {
-            let mut cache = model.new_cache(t)?;
+            let mut cache = model.new_cache(&ctx, t)?;
             let t0 = Instant::now();
             model.prefill(&ctx, &mut cache, &prompt, None, &mut last)?;
             times.push(t0.elapsed().as_secs_f64());
             cache_bytes = cache_bytes.max(cache.bytes());
         }
         times.remove(0); // warm-up
+        // The dropped caches went back to the context's pool, which keeps them
+        // for the next cache of their size; the next phase makes caches of
+        // another size, so give them back to the system (as a server would
+        // between sessions of different lengths) to measure the peak resident
+        // memory of one phase, not of all of them.
+        ctx.pool().trim();
         let (m, lo, hi) = median(times);
         println!(
             "prefill {t}: {:.1} tokens/s (median {:.1} ms, min {:.1}, max {:.1})",
@@ -201,7 +209,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut times = Vec::new();
         for rep in 0..args.reps + 1 {
             let mut caches: Vec<KvCache> = (0..b)
-                .map(|_| model.new_cache(16 + args.decode))
+                .map(|_| model.new_cache(&ctx, 16 + args.decode))
                 .collect::<Result<_, _>>()?;
             let mut next = vec![0u32; b];
             for (i, c) in caches.iter_mut().enumerate() {
@@ -236,6 +244,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         times.remove(0);
+        ctx.pool().trim(); // as after the prefills
         let (m, lo, hi) = median(times);
         let step = m / args.decode as f64;
         let line = format!(

@@ -3,13 +3,18 @@
 //!
 //! A [`KvCache`] is made by [`Model::new_cache`](crate::model::Model::new_cache)
 //! for one model shape and one sequence. It holds, per layer and key/value head,
-//! `capacity` rows of `head_dim` f32 keys (after RoPE) and values, allocated once
-//! at creation: appending a position never allocates. [`Model::prefill`] and
-//! [`Model::decode`] append to it; [`KvCache::clear`] makes it reusable for a
-//! new sequence.
+//! `capacity` rows of `head_dim` f32 keys (after RoPE) and values, taken once at
+//! creation from the [`ExecContext`]'s buffer pool: 64-byte aligned, counted by
+//! the pool, and given back to it when the cache drops (the next cache of the
+//! same size reuses the memory without a new allocation). Appending a position
+//! never allocates. [`Model::prefill`] and [`Model::decode`] append to it;
+//! [`KvCache::clear`] makes it reusable for a new sequence.
 //!
 //! [`Model::prefill`]: crate::model::Model::prefill
 //! [`Model::decode`]: crate::model::Model::decode
+
+use fucina::ExecContext;
+use fucina::storage::Buffer;
 
 use crate::error::LlmError;
 
@@ -17,13 +22,23 @@ use crate::error::LlmError;
 pub(crate) const KEY_TILE: usize = 16;
 
 /// The keys and values of one sequence, for every layer, preallocated for
-/// [`capacity`](KvCache::capacity) positions.
+/// [`capacity`](KvCache::capacity) positions in two buffers of the context's
+/// pool.
 ///
 /// Layout: values `[layer, kv_head, position, head_dim]`; keys
 /// `[layer, kv_head, position / 16, head_dim, position % 16]`, tiles of 16
 /// positions transposed, so that the attention scores of 16 consecutive
 /// positions are computed side by side in vector registers from one
 /// contiguous tile.
+///
+/// The memory of a new cache holds zeros (fresh from the system) or what a
+/// previous user of the pool left there (recycled); positions past
+/// [`len`](KvCache::len) are never read into a result.
+///
+/// `clone()` is cheap: the clone shares the two buffers until either cache is
+/// next written by [`Model::prefill`](crate::model::Model::prefill) or
+/// [`Model::decode`](crate::model::Model::decode), which then first copies
+/// them into buffers from the same pool (copy-on-write).
 #[derive(Clone)]
 pub struct KvCache {
     layers: usize,
@@ -31,8 +46,11 @@ pub struct KvCache {
     head_dim: usize,
     capacity: usize,
     len: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
+    /// Elements of `keys` (and of `values`) in use: the pool's size class may
+    /// give more.
+    n: usize,
+    keys: Buffer<f32>,
+    values: Buffer<f32>,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -49,8 +67,10 @@ impl std::fmt::Debug for KvCache {
 
 impl KvCache {
     /// A cache of `capacity` positions for a model of `layers` layers and
-    /// `kv_heads` key/value heads of `head_dim` elements, allocated (zeroed) now.
+    /// `kv_heads` key/value heads of `head_dim` elements, its two buffers taken
+    /// from `ctx`'s pool now.
     pub(crate) fn new(
+        ctx: &ExecContext,
         layers: usize,
         kv_heads: usize,
         head_dim: usize,
@@ -69,26 +89,42 @@ impl KvCache {
             .and_then(|n| n.checked_mul(capacity.checked_next_multiple_of(KEY_TILE)?))
             .filter(|n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| invalid(format!("{capacity} positions overflow the address space")))?;
-        let zeroed = || -> Result<Vec<f32>, LlmError> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
+        if n == 0 {
+            return Err(invalid("the model has no key/value elements".to_string()));
+        }
+        let acquire = || {
+            ctx.pool().acquire(n).map_err(|e| {
                 invalid(format!(
-                    "cannot allocate {} bytes for {capacity} positions",
+                    "the context's pool cannot provide {} bytes for {capacity} positions: {e}",
                     n * 4
                 ))
-            })?;
-            v.resize(n, 0.0);
-            Ok(v)
+            })
         };
+        let keys = acquire()?;
+        let values = acquire()?;
         Ok(KvCache {
             layers,
             kv_heads,
             head_dim,
             capacity,
             len: 0,
-            keys: zeroed()?,
-            values: zeroed()?,
+            n,
+            keys,
+            values,
         })
+    }
+
+    /// Makes the two buffers this cache's alone (copying them into buffers
+    /// from their pool when a clone shares them), before a call writes to it.
+    /// Changes no value.
+    pub(crate) fn make_writable(&mut self, op: &'static str) -> Result<(), LlmError> {
+        for buf in [&mut self.keys, &mut self.values] {
+            Buffer::make_mut(buf).map_err(|e| LlmError::InvalidRequest {
+                op,
+                reason: format!("cannot copy a shared KV cache (copy-on-write): {e}"),
+            })?;
+        }
+        Ok(())
     }
 
     /// Positions stored (the position the next token takes).
@@ -103,8 +139,10 @@ impl KvCache {
 
     /// Bytes the cache holds (keys and values of every layer for its whole
     /// capacity, f32).
+    /// The pool rounds each of the two buffers up to its size class (a
+    /// multiple of 4 KiB), which this does not count.
     pub fn bytes(&self) -> usize {
-        4 * (self.keys.len() + self.values.len())
+        4 * 2 * self.n
     }
 
     /// The most positions the cache holds (its `max_len` at creation).
@@ -148,14 +186,21 @@ impl KvCache {
 
     /// Stores the key `k` and value `v` (`head_dim` each) of `(layer, head)`
     /// at position `pos`.
+    ///
+    /// # Panics
+    /// When the buffers are shared with a clone: the caller first calls
+    /// [`KvCache::make_writable`].
     #[inline]
     pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
         let (at, d) = (self.block(layer, head), self.head_dim);
         let tile = at + pos / KEY_TILE * d * KEY_TILE + pos % KEY_TILE;
+        const SHARED: &str = "KvCache::store: the buffers are shared (make_writable first)";
+        let keys = self.keys.get_mut().expect(SHARED);
         for (i, &ki) in k.iter().enumerate() {
-            self.keys[tile + i * KEY_TILE] = ki;
+            keys[tile + i * KEY_TILE] = ki;
         }
-        self.values[at + pos * d..at + (pos + 1) * d].copy_from_slice(v);
+        let values = self.values.get_mut().expect(SHARED);
+        values[at + pos * d..at + (pos + 1) * d].copy_from_slice(v);
     }
 
     /// The keys of `(layer, head)` in tiles of [`KEY_TILE`] positions, each

@@ -34,8 +34,11 @@
 //! - the code of this module is compiled once, for the baseline target, without
 //!   fused multiply-adds (its vector registers only ever hold independent sums
 //!   side by side); the exponential of the softmax and of SiLU is the runtime's
-//!   own (`fucina::exec::math::exp`), made of IEEE operations only (no C library), and the RoPE sines and
-//!   cosines are computed in f64 and rounded once.
+//!   own (`fucina::exec::math::exp`), made of IEEE operations only (no C library), and so
+//!   are the RoPE sines, cosines and powers and the attention scale
+//!   `head_dim^-0.5` (the crate's `fmath`: correctly rounded f32 from
+//!   double-double arithmetic), so the tables are the same bits on every
+//!   platform and C library.
 //!
 //! Prefill writes the keys and values of a chunk into the cache first, then
 //! each query row attends to the cached positions up to its own. A row's result
@@ -52,6 +55,7 @@
 //! capacity), than any call before; once it has seen the largest batch and
 //! cache, decoding allocates nothing.
 
+mod fmath;
 mod kernels;
 
 use std::path::Path;
@@ -406,7 +410,7 @@ impl Model {
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
         let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
-        let scale = (hd as f64).powf(-0.5) as f32;
+        let scale = fmath::pow_f32(hd as f64, -0.5);
         Ok(Model {
             config,
             embed,
@@ -451,13 +455,17 @@ impl Model {
         layers + head + 4 * self.final_norm.len() + embed_row
     }
 
-    /// A KV cache for one sequence of at most `max_len` positions, allocated now
-    /// (`2 · layers · kv_heads · head_dim · max_len` f32 values).
+    /// A KV cache for one sequence of at most `max_len` positions
+    /// (`2 · layers · kv_heads · head_dim · max_len` f32 values, positions
+    /// rounded up to a multiple of 16), taken now from `ctx`'s buffer pool and
+    /// given back to it when the cache drops. Any context may then run the
+    /// cache's calls.
     ///
     /// # Errors
     /// [`LlmError::InvalidRequest`] when `max_len` is 0, exceeds the model's
-    /// `max_position_embeddings`, or cannot be allocated.
-    pub fn new_cache(&self, max_len: usize) -> Result<KvCache, LlmError> {
+    /// `max_position_embeddings`, or the pool cannot provide the memory (the
+    /// system allocator refuses it).
+    pub fn new_cache(&self, ctx: &ExecContext, max_len: usize) -> Result<KvCache, LlmError> {
         let c = &self.config;
         if max_len > c.max_position_embeddings {
             return Err(invalid(
@@ -469,6 +477,7 @@ impl Model {
             ));
         }
         KvCache::new(
+            ctx,
             c.num_hidden_layers,
             c.num_key_value_heads,
             c.head_dim,
@@ -520,9 +529,10 @@ impl Model {
     /// [`LlmError::InvalidRequest`] for an empty prompt, a token id past the
     /// vocabulary, more tokens than the cache has room for (its `max_len`, at
     /// most the model's `max_position_embeddings`), a cache made for another
-    /// model shape, or a logits buffer of the wrong length; nothing is changed
-    /// then. [`LlmError::Exec`] from the projections (the cache is then left at
-    /// its former length).
+    /// model shape, a logits buffer of the wrong length, or a cache whose
+    /// buffers a clone shares and whose copy the pool cannot provide; nothing
+    /// is changed then. [`LlmError::Exec`] from the projections (the cache is
+    /// then left at its former length).
     pub fn prefill(
         &self,
         ctx: &ExecContext,
@@ -574,6 +584,7 @@ impl Model {
                 ),
             ));
         }
+        cache.make_writable(OP)?;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = &mut *scratch;
         let heads = self.config.num_attention_heads;
@@ -660,9 +671,10 @@ impl Model {
     /// [`LlmError::InvalidRequest`] when `tokens.len() != caches.len()`, the batch
     /// is empty, a token id is past the vocabulary, a cache is full (its
     /// `max_len`, at most the model's `max_position_embeddings`) or was made for
-    /// another model shape, or `logits` has the wrong length; nothing is changed
-    /// then. [`LlmError::Exec`] from the projections (the caches keep their
-    /// former lengths).
+    /// another model shape, `logits` has the wrong length, or a cache's buffers
+    /// are shared with a clone and the pool cannot provide their copy; nothing
+    /// is changed then. [`LlmError::Exec`] from the projections (the caches
+    /// keep their former lengths).
     pub fn decode(
         &self,
         ctx: &ExecContext,
@@ -708,6 +720,9 @@ impl Model {
             }
             // Scores for the caches' whole capacity: the next steps never grow them.
             span = span.max(cache.capacity());
+        }
+        for cache in caches.iter_mut() {
+            cache.make_writable(OP)?;
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = &mut *scratch;

@@ -37,7 +37,7 @@ fn prompt(name: &str) -> Vec<u32> {
 /// Every prompt position's logits, `[T, vocab]`.
 fn logits(m: &Model, ctx: &ExecContext, prompt: &[u32]) -> Vec<f32> {
     let vocab = m.config().vocab_size;
-    let mut cache = m.new_cache(prompt.len() + 4).unwrap();
+    let mut cache = m.new_cache(ctx, prompt.len() + 4).unwrap();
     let mut all = vec![0.0f32; prompt.len() * vocab];
     let mut last = vec![0.0f32; vocab];
     m.prefill(ctx, &mut cache, prompt, Some(&mut all), &mut last)
@@ -301,7 +301,7 @@ fn converted_models_are_deterministic_across_threads_and_batch() {
             let ctx = ExecContext::with_threads(1);
             let m = Model::load_as(fixture(fix), &ctx, dtype).unwrap();
             vocab = m.config().vocab_size;
-            let mut c = m.new_cache(p.len() + 8).unwrap();
+            let mut c = m.new_cache(&ctx, p.len() + 8).unwrap();
             let mut l = vec![0.0f32; vocab];
             m.prefill(&ctx, &mut c, &p, None, &mut l).unwrap();
             let mut out = vec![bits(&l)];
@@ -317,8 +317,8 @@ fn converted_models_are_deterministic_across_threads_and_batch() {
         let m = Model::load_as(fixture(fix), &ctx, dtype).unwrap();
         let q: Vec<u32> = p.iter().rev().take(9).copied().collect();
         let (mut ca, mut cb) = (
-            m.new_cache(p.len() + 8).unwrap(),
-            m.new_cache(q.len() + 8).unwrap(),
+            m.new_cache(&ctx, p.len() + 8).unwrap(),
+            m.new_cache(&ctx, q.len() + 8).unwrap(),
         );
         let mut la = vec![0.0f32; vocab];
         let mut lb = vec![0.0f32; vocab];

@@ -97,7 +97,7 @@ fn check_model(name: &str, ctx: &ExecContext) -> f32 {
     let n = r.greedy.len();
     assert_eq!(n, 32, "{name}: the reference has 32 greedy ids");
 
-    let mut cache = model.new_cache(t + n).unwrap();
+    let mut cache = model.new_cache(ctx, t + n).unwrap();
     let mut all = vec![0f32; t * vocab];
     let mut last = vec![0f32; vocab];
     model
@@ -174,7 +174,7 @@ fn prefill_in_pieces_gives_the_reference_rows() {
         let r = reference(name, vocab);
         let t = r.prompt.len();
         let split = t / 2;
-        let mut cache = model.new_cache(t).unwrap();
+        let mut cache = model.new_cache(&ctx, t).unwrap();
         let mut last = vec![0f32; vocab];
         model
             .prefill(&ctx, &mut cache, &r.prompt[..split], None, &mut last)

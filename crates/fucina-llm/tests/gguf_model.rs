@@ -237,7 +237,7 @@ fn a_converted_llama_gives_the_same_logit_bits() {
         .collect();
     let vocab = cfg.vocab_size;
     let run = |m: &Model| {
-        let mut cache = m.new_cache(prompt.len()).unwrap();
+        let mut cache = m.new_cache(&ctx, prompt.len()).unwrap();
         let mut all = vec![0.0f32; prompt.len() * vocab];
         let mut last = vec![0.0f32; vocab];
         m.prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
@@ -317,7 +317,7 @@ fn logits(m: &Model, threads: usize) -> Vec<f32> {
     let ctx = ExecContext::with_threads(threads);
     let vocab = m.config().vocab_size;
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % vocab as u32).collect();
-    let mut cache = m.new_cache(prompt.len()).unwrap();
+    let mut cache = m.new_cache(&ctx, prompt.len()).unwrap();
     let mut all = vec![0.0f32; prompt.len() * vocab];
     let mut last = vec![0.0f32; vocab];
     m.prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)

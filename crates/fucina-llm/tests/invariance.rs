@@ -41,7 +41,7 @@ fn alone(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
     let vocab = model.config().vocab_size;
     seqs.iter()
         .map(|s| {
-            let mut cache = model.new_cache(64).unwrap();
+            let mut cache = model.new_cache(ctx, 64).unwrap();
             let mut logits = vec![0.0f32; vocab];
             model
                 .prefill(ctx, &mut cache, &s.prompt, None, &mut logits)
@@ -63,7 +63,10 @@ fn alone(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
 /// leaving when its tokens are done.
 fn batched(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
     let vocab = model.config().vocab_size;
-    let mut caches: Vec<KvCache> = seqs.iter().map(|_| model.new_cache(64).unwrap()).collect();
+    let mut caches: Vec<KvCache> = seqs
+        .iter()
+        .map(|_| model.new_cache(ctx, 64).unwrap())
+        .collect();
     let mut trace: Trace = vec![Vec::new(); seqs.len()];
     let prefill = |i: usize, caches: &mut [KvCache], trace: &mut Trace| {
         let mut logits = vec![0.0f32; vocab];

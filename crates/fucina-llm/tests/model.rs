@@ -217,7 +217,7 @@ impl<'a> Reference<'a> {
 /// Prefills `tokens` into a fresh cache; returns every position's logits.
 fn prefill_all(model: &Model, ctx: &ExecContext, tokens: &[u32]) -> Vec<f32> {
     let vocab = model.config().vocab_size;
-    let mut cache = model.new_cache(tokens.len() + 8).unwrap();
+    let mut cache = model.new_cache(ctx, tokens.len() + 8).unwrap();
     let mut all = vec![0.0f32; tokens.len() * vocab];
     let mut last = vec![0.0f32; vocab];
     model
@@ -347,7 +347,7 @@ fn prefill_then_decode_is_prefill_of_the_whole(c: &ModelConfig) {
         let whole = prefill_all(&model, &ctx, &seq);
         // Prefill of a prefix (odd length, across no chunk boundary), another
         // prefill across the chunk boundary, then decode one token at a time.
-        let mut cache = model.new_cache(seq.len()).unwrap();
+        let mut cache = model.new_cache(&ctx, seq.len()).unwrap();
         let mut last = vec![0.0f32; vocab];
         model
             .prefill(&ctx, &mut cache, &seq[..7], None, &mut last)
@@ -404,7 +404,7 @@ fn a_cleared_cache_starts_a_new_sequence() {
     let ctx = ExecContext::with_threads(1);
     let (a, b) = (tokens(1, 9, c.vocab_size), tokens(2, 5, c.vocab_size));
     let want = prefill_all(&model, &ctx, &b);
-    let mut cache = model.new_cache(20).unwrap();
+    let mut cache = model.new_cache(&ctx, 20).unwrap();
     let mut last = vec![0.0f32; c.vocab_size];
     model
         .prefill(&ctx, &mut cache, &a, None, &mut last)
@@ -519,9 +519,13 @@ fn bad_requests_are_errors_that_change_nothing() {
     let ctx = ExecContext::with_threads(1);
     let vocab = c.vocab_size;
     let mut last = vec![0.0f32; vocab];
-    assert!(model.new_cache(0).is_err());
-    assert!(model.new_cache(c.max_position_embeddings + 1).is_err());
-    let mut cache = model.new_cache(6).unwrap();
+    assert!(model.new_cache(&ctx, 0).is_err());
+    assert!(
+        model
+            .new_cache(&ctx, c.max_position_embeddings + 1)
+            .is_err()
+    );
+    let mut cache = model.new_cache(&ctx, 6).unwrap();
     assert_eq!(cache.capacity(), 6);
     invalid(
         model.prefill(&ctx, &mut cache, &[], None, &mut last),
@@ -548,7 +552,7 @@ fn bad_requests_are_errors_that_change_nothing() {
         .prefill(&ctx, &mut cache, &[1, 2, 3, 4, 5], None, &mut last)
         .unwrap();
     let mut logits = vec![0.0f32; 2 * vocab];
-    let mut other = model.new_cache(6).unwrap();
+    let mut other = model.new_cache(&ctx, 6).unwrap();
     invalid(
         model.decode(&ctx, &mut [&mut cache], &[1, 2], &mut logits[..vocab]),
         "2 tokens for 1 caches",
@@ -581,7 +585,7 @@ fn bad_requests_are_errors_that_change_nothing() {
     let mut c2 = c.clone();
     c2.num_hidden_layers = 3;
     let model2 = model_support::model(&c2, WeightFormat::F32, 3);
-    let mut foreign: KvCache = model2.new_cache(6).unwrap();
+    let mut foreign: KvCache = model2.new_cache(&ctx, 6).unwrap();
     invalid(
         model.prefill(&ctx, &mut foreign, &[1], None, &mut last),
         "cache was made for",
@@ -594,4 +598,107 @@ fn the_model_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Model>();
     check::<KvCache>();
+}
+
+#[test]
+fn the_cache_comes_from_the_contexts_pool_and_returns_to_it() {
+    let c = llama(32);
+    let model = model_support::model(&c, WeightFormat::F32, 3);
+    let ctx = ExecContext::with_threads(1);
+    let pool = ctx.pool();
+    let outstanding = pool.outstanding_buffers();
+    let cache = model.new_cache(&ctx, 40).unwrap();
+    // Keys and values: two pooled buffers of 2 layers x 2 heads x 8 x 48 slots.
+    assert_eq!(pool.outstanding_buffers(), outstanding + 2);
+    assert_eq!(cache.bytes(), 2 * 4 * (2 * 2 * 8 * 48));
+    drop(cache);
+    assert_eq!(pool.outstanding_buffers(), outstanding);
+    // The next cache of the same size reuses the memory: hits, no miss.
+    let before = pool.stats();
+    let mut cache = model.new_cache(&ctx, 40).unwrap();
+    let after = pool.stats();
+    assert_eq!(after.misses, before.misses, "no new allocation");
+    assert_eq!(after.hits, before.hits + 2);
+    // Recycled memory holds the previous user's values: the results do not
+    // depend on it.
+    let prompt = model_support::tokens(4, 21, c.vocab_size);
+    let mut last = vec![0.0f32; c.vocab_size];
+    model
+        .prefill(&ctx, &mut cache, &prompt, None, &mut last)
+        .unwrap();
+    drop(cache);
+    let fresh_ctx = ExecContext::with_threads(1);
+    let mut fresh = model.new_cache(&fresh_ctx, 40).unwrap();
+    let mut want = vec![0.0f32; c.vocab_size];
+    model
+        .prefill(&ctx, &mut fresh, &prompt[..17], None, &mut want)
+        .unwrap();
+    let mut recycled = model.new_cache(&ctx, 40).unwrap();
+    model
+        .prefill(&ctx, &mut recycled, &prompt[..17], None, &mut last)
+        .unwrap();
+    assert_eq!(bits(&last), bits(&want));
+}
+
+#[test]
+fn a_cloned_cache_is_copied_on_its_first_write() {
+    let c = llama(32);
+    let model = model_support::model(&c, WeightFormat::F32, 3);
+    let ctx = ExecContext::with_threads(2);
+    let vocab = c.vocab_size;
+    let prompt = model_support::tokens(5, 9, vocab);
+    let mut last = vec![0.0f32; vocab];
+    let mut a = model.new_cache(&ctx, 16).unwrap();
+    model
+        .prefill(&ctx, &mut a, &prompt, None, &mut last)
+        .unwrap();
+    let outstanding = ctx.pool().outstanding_buffers();
+    let mut b = a.clone();
+    assert_eq!(ctx.pool().outstanding_buffers(), outstanding, "shared");
+    // Both continue the same prefix with different tokens, in one batch.
+    let mut logits = vec![0.0f32; 2 * vocab];
+    model
+        .decode(&ctx, &mut [&mut a, &mut b], &[7, 8], &mut logits)
+        .unwrap();
+    assert_eq!(ctx.pool().outstanding_buffers(), outstanding + 2, "copied");
+    for (i, t) in [7u32, 8].into_iter().enumerate() {
+        let mut seq = prompt.clone();
+        seq.push(t);
+        let mut alone = model.new_cache(&ctx, 16).unwrap();
+        model
+            .prefill(&ctx, &mut alone, &seq, None, &mut last)
+            .unwrap();
+        assert_eq!(
+            bits(&logits[i * vocab..(i + 1) * vocab]),
+            bits(&last),
+            "sequence {i}"
+        );
+    }
+    assert_eq!((a.len(), b.len()), (10, 10));
+}
+
+#[test]
+fn a_cache_the_pool_cannot_provide_is_an_error() {
+    // 2^60 f32 per buffer (2^62 bytes): within the address-space check, but
+    // no system allocator provides it.
+    let mut c = llama(8);
+    (
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+    ) = (1, 1, 1);
+    c.head_dim = 2;
+    c.max_position_embeddings = 1 << 59;
+    let model = model_support::model(&c, WeightFormat::F32, 3);
+    let ctx = ExecContext::with_threads(1);
+    match model.new_cache(&ctx, 1 << 59) {
+        Err(LlmError::InvalidRequest { op, reason }) => {
+            assert_eq!(op, "Model::new_cache");
+            assert!(reason.contains("pool cannot provide"), "{reason}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert_eq!(ctx.pool().outstanding_buffers(), 0);
+    // A cache that fits still works.
+    assert!(model.new_cache(&ctx, 64).is_ok());
 }

@@ -29,7 +29,7 @@ fn decode_steps(threads: usize) {
     let ctx = ExecContext::with_threads(threads);
     // Three sequences of different lengths; their attention (3 x 4 heads x
     // 40..60 positions x 32) is large enough to be split over the team.
-    let mut caches: Vec<KvCache> = (0..3).map(|_| model.new_cache(80).unwrap()).collect();
+    let mut caches: Vec<KvCache> = (0..3).map(|_| model.new_cache(&ctx, 80).unwrap()).collect();
     let mut last = vec![0.0f32; vocab];
     for (i, cache) in caches.iter_mut().enumerate() {
         let prompt = model_support::tokens(i as u64, 40 + 8 * i, vocab);
@@ -106,7 +106,7 @@ fn a_repeated_prefill_allocates_nothing() {
         for threads in [2, 4] {
             let ctx = ExecContext::with_threads(threads);
             let prompt = model_support::tokens(9, 100, c.vocab_size);
-            let mut cache = model.new_cache(100).unwrap();
+            let mut cache = model.new_cache(&ctx, 100).unwrap();
             let mut all = vec![0.0f32; 100 * c.vocab_size];
             let mut last = vec![0.0f32; c.vocab_size];
             model

@@ -82,7 +82,7 @@ pub(crate) fn generate(
     for (i, prompt) in prompts.iter().enumerate() {
         // The last generated token is never fed back, so prompt + max_new - 1
         // positions suffice.
-        let mut cache = model.new_cache(prompt.len() + max_new_tokens - 1)?;
+        let mut cache = model.new_cache(ctx, prompt.len() + max_new_tokens - 1)?;
         if i == 0 && want_logits {
             let mut all = vec![0f32; prompt.len() * vocab];
             model.prefill(ctx, &mut cache, prompt, Some(&mut all), &mut last)?;

@@ -4,8 +4,9 @@
 //! vector level: Rust never fuses or reassociates float operations, so a loop
 //! compiled for wider vectors computes every element with the same operations
 //! in the same order). The exponential is the crate's own ([`exp`], IEEE
-//! operations only); sines and cosines (of RoPE angles) are computed in f64 and
-//! rounded once.
+//! operations only); so are the sines, cosines and powers of the RoPE tables
+//! (`fmath`: correctly rounded f32 from double-double arithmetic, no C library
+//! call).
 //!
 //! # Vector levels
 //! The crate is built for the baseline target (SSE2 on x86_64). The two hot
@@ -153,15 +154,15 @@ pub(crate) fn add_into(acc: &mut [f32], x: &[f32]) {
 }
 
 /// The rotary inverse frequencies (`head_dim / 2` of them) of a RoPE base and
-/// scaling, computed in f32 as transformers does: `1 / base^(2i / head_dim)`,
-/// then divided by the factor (`linear`) or rescaled by wavelength band
+/// scaling, computed in f32 as transformers does: `1 / base^(2i / head_dim)`
+/// (the power is `fmath::pow_f32`'s correctly rounded f32), then divided by the factor (`linear`) or rescaled by wavelength band
 /// (`llama3`).
 pub(crate) fn inv_freq(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Vec<f32> {
     let half = head_dim / 2;
     (0..half)
         .map(|i| {
             let e = (2 * i) as f32 / head_dim as f32;
-            let inv = 1.0f32 / (theta as f64).powf(e as f64) as f32;
+            let inv = 1.0f32 / super::fmath::pow_f32(theta as f64, e as f64);
             match *scaling {
                 RopeScaling::None => inv,
                 RopeScaling::Linear { factor } => inv / factor,
@@ -196,12 +197,11 @@ pub(crate) fn inv_freq(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Ve
 
 /// The cosines and sines of position `pos` (`inv_freq.len()` each): angle
 /// `pos · inv_freq[i]` rounded to f32 (as transformers forms it), its cosine
-/// and sine computed in f64 and rounded to f32.
+/// and sine the correctly rounded f32 (`fmath::cos_sin`, the same bits on
+/// every platform).
 pub(crate) fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32]) {
     for ((&f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
-        let angle = (pos as f32 * f) as f64;
-        *c = angle.cos() as f32;
-        *s = angle.sin() as f32;
+        (*c, *s) = super::fmath::cos_sin(pos as f32 * f);
     }
 }
 
