@@ -111,12 +111,9 @@ pub(crate) fn daz16(h: u16) -> u16 {
 #[inline(always)]
 pub(crate) fn to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
-    let h = if x.is_nan() {
-        ((b >> 16) | 0x40) as u16
-    } else {
-        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-    };
-    daz16(h)
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = ((b >> 16) | 0x40) as u16;
+    daz16(if x.is_nan() { nan } else { rounded })
 }
 
 /// bf16 bits to f32 (exact).
@@ -222,21 +219,36 @@ pub(crate) fn pack_b(w: &[u8], n: usize, k: usize, lines: &mut [Line], spans: &m
 
 // ---------------------------------------------------------------- activations
 
-/// Rows `rows` of `x` (`[m, k]` f32) rounded to bf16 into AMX tiles: tile
-/// `(g, kb)` (16 rows × 32) at `(g * kblocks + kb) * TILE` of `out`, for the
-/// row groups `g` of `rows` (`out` starts at the first group). Padding is `+0`.
+/// Rows of `x` (`[m, k]` f32) rounded to bf16 into AMX tiles: tile
+/// `(g, kb)` (16 rows × 32) at `((g - g0) * kblocks + kb) * TILE` of `out`,
+/// for the row groups `g0 ..` that `out` holds. Padding is `+0`.
+#[inline(always)]
 pub(crate) fn pack_a_tiles(x: &[f32], k: usize, kblocks: usize, g0: usize, out: &mut [u16]) {
-    out.fill(0);
     let m = x.len() / k.max(1);
     for (gi, tiles) in out.chunks_exact_mut(kblocks * TILE).enumerate() {
         for r in 0..MT {
             let i = (g0 + gi) * MT + r;
             if i >= m {
-                break;
+                for kb in 0..kblocks {
+                    tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB].fill(0);
+                }
+                continue;
             }
             let row = &x[i * k..(i + 1) * k];
-            for (kk, &v) in row.iter().enumerate() {
-                tiles[(kk / KB) * TILE + r * KB + kk % KB] = to_bf16(v);
+            let mut chunks = row.chunks_exact(KB);
+            for (kb, c) in chunks.by_ref().enumerate() {
+                let o = &mut tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB];
+                for (o, &v) in o.iter_mut().zip(c) {
+                    *o = to_bf16(v);
+                }
+            }
+            let rest = chunks.remainder();
+            if !rest.is_empty() {
+                let kb = k / KB;
+                let o = &mut tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB];
+                for (q, o) in o.iter_mut().enumerate() {
+                    *o = rest.get(q).map_or(0, |&v| to_bf16(v));
+                }
             }
         }
     }
@@ -584,6 +596,9 @@ mod amx {
     use super::{MT, NT, TILE};
     use std::arch::asm;
 
+    /// Depth blocks per chunk (see `panel_pairs`).
+    const KC: usize = 8;
+
     /// The 64-byte tile configuration (palette 1): `tmm0-7` all 16 rows × 64
     /// bytes.
     #[repr(C, align(64))]
@@ -635,53 +650,81 @@ mod amx {
         // g·16 .. g·16 + 32 of panels j, j+1 in `t`).
         unsafe {
             asm!("ldtilecfg [{cfg}]", cfg = in(reg) &raw const cfg, options(nostack));
-            for (pi, tp) in pairs.zip(t.chunks_exact_mut(2 * m_pad * NT)) {
-                let bj = data.as_ptr().add(2 * pi * kb * TILE);
-                for gg in 0..groups / 2 {
-                    let ag = a.as_ptr().add(2 * gg * kb * TILE);
-                    asm!(
-                        "tilezero tmm0",
-                        "tilezero tmm1",
-                        "tilezero tmm2",
-                        "tilezero tmm3",
-                        "2:",
-                        "tileloadd tmm4, [{pa} + {s}*1]",
-                        "tileloadd tmm6, [{pb} + {s}*1]",
-                        "tdpbf16ps tmm0, tmm4, tmm6",
-                        "tileloadd tmm7, [{pb1} + {s}*1]",
-                        "tdpbf16ps tmm1, tmm4, tmm7",
-                        "tileloadd tmm5, [{pa1} + {s}*1]",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        "add {pa}, 1024",
-                        "add {pb}, 1024",
-                        "add {pa1}, 1024",
-                        "add {pb1}, 1024",
-                        "dec {n}",
-                        "jnz 2b",
-                        pa = inout(reg) ag => _,
-                        pb = inout(reg) bj => _,
-                        pa1 = inout(reg) ag.byte_add(step) => _,
-                        pb1 = inout(reg) bj.byte_add(step) => _,
-                        n = inout(reg) kb => _,
-                        s = in(reg) stride,
-                        options(nostack)
-                    );
-                    let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
-                    let c1 = c0.add(m_pad * NT);
-                    asm!(
-                        "tilestored [{c0} + {s}*1], tmm0",
-                        "tilestored [{c1} + {s}*1], tmm1",
-                        "tilestored [{c2} + {s}*1], tmm2",
-                        "tilestored [{c3} + {s}*1], tmm3",
-                        c0 = in(reg) c0,
-                        c1 = in(reg) c1,
-                        c2 = in(reg) c0.add(MT * NT),
-                        c3 = in(reg) c1.add(MT * NT),
-                        s = in(reg) stride,
-                        options(nostack)
-                    );
+            // Depth chunks of KC blocks: a chunk of the pair's weights (16 KiB)
+            // stays in L1 while every row group pair runs over it, and the
+            // activations' chunk (16 KiB per group pair) in L2. C goes through
+            // `t` between chunks as the f32 it is in the tile: the same bits.
+            let mut k0 = 0;
+            while k0 < kb {
+                let kn = KC.min(kb - k0);
+                for (pi, tp) in pairs.clone().zip(t.chunks_exact_mut(2 * m_pad * NT)) {
+                    let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
+                    for gg in 0..groups / 2 {
+                        let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
+                        let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
+                        let c1 = c0.add(m_pad * NT);
+                        let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
+                        if k0 == 0 {
+                            asm!(
+                                "tilezero tmm0",
+                                "tilezero tmm1",
+                                "tilezero tmm2",
+                                "tilezero tmm3",
+                                options(nostack, nomem)
+                            );
+                        } else {
+                            asm!(
+                                "tileloadd tmm0, [{c0} + {s}*1]",
+                                "tileloadd tmm1, [{c1} + {s}*1]",
+                                "tileloadd tmm2, [{c2} + {s}*1]",
+                                "tileloadd tmm3, [{c3} + {s}*1]",
+                                c0 = in(reg) c0,
+                                c1 = in(reg) c1,
+                                c2 = in(reg) c2,
+                                c3 = in(reg) c3,
+                                s = in(reg) stride,
+                                options(nostack)
+                            );
+                        }
+                        asm!(
+                            "2:",
+                            "tileloadd tmm4, [{pa} + {s}*1]",
+                            "tileloadd tmm6, [{pb} + {s}*1]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tileloadd tmm7, [{pb1} + {s}*1]",
+                            "tdpbf16ps tmm1, tmm4, tmm7",
+                            "tileloadd tmm5, [{pa1} + {s}*1]",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            "add {pa}, 1024",
+                            "add {pb}, 1024",
+                            "add {pa1}, 1024",
+                            "add {pb1}, 1024",
+                            "dec {n}",
+                            "jnz 2b",
+                            pa = inout(reg) ag => _,
+                            pb = inout(reg) bj => _,
+                            pa1 = inout(reg) ag.byte_add(step) => _,
+                            pb1 = inout(reg) bj.byte_add(step) => _,
+                            n = inout(reg) kn => _,
+                            s = in(reg) stride,
+                            options(nostack)
+                        );
+                        asm!(
+                            "tilestored [{c0} + {s}*1], tmm0",
+                            "tilestored [{c1} + {s}*1], tmm1",
+                            "tilestored [{c2} + {s}*1], tmm2",
+                            "tilestored [{c3} + {s}*1], tmm3",
+                            c0 = in(reg) c0,
+                            c1 = in(reg) c1,
+                            c2 = in(reg) c2,
+                            c3 = in(reg) c3,
+                            s = in(reg) stride,
+                            options(nostack)
+                        );
+                    }
                 }
+                k0 += kn;
             }
             asm!("tilerelease", options(nostack, nomem));
         }

@@ -249,7 +249,7 @@ impl ExecContext {
                 .ok_or_else(|| overflow(&[m_pad, ka]))?;
             tiles = pool.acquire_scratch::<u16>(len).map_err(lease)?;
             self.par_rows(&mut tiles[..], per_group, MT * ka, |g, o| {
-                k::pack_a_tiles(x, kk, kb, g.start, o)
+                crate::kernels::simd::vectorized!(k::pack_a_tiles(x, kk, kb, g.start, o))
             });
             Acts::Tiles(&tiles[..])
         } else {
