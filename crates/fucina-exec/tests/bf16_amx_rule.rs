@@ -164,6 +164,10 @@ enum Class {
     /// exponents straddle 142, where the AVX-512 emulation switches between
     /// its plain kernel and the portable one.
     Gate,
+    /// Activation exponent fields 64-67, weights 66-73 (sums 130-140, below
+    /// the AVX-512 emulation's 142): products of 2^-124 to 2^-114 whose
+    /// partial sums sometimes cancel to below 2^-126 and flush.
+    NearGate,
 }
 
 fn gen_bf16(r: &mut Rng, c: Class) -> u16 {
@@ -177,6 +181,7 @@ fn gen_bf16(r: &mut Rng, c: Class) -> u16 {
             sign | (e << 7) | m
         }
         Class::Gate => sign | ((70 + r.below(3) as u16) << 7) | man,
+        Class::NearGate => sign | ((64 + r.below(4) as u16) << 7) | man,
         Class::Special => match r.below(24) {
             0 => sign | 0x7f80,
             1 => sign | 0x7fc0 | (man & 0x3f),
@@ -216,7 +221,12 @@ impl Case {
     fn random(seed: u64, m: usize, k: usize, n: usize, class: Class) -> Case {
         let mut r = Rng(seed);
         let x: Vec<f32> = (0..m * k).map(|_| gen_x(&mut r, class)).collect();
-        let mut w: Vec<u16> = (0..n * k).map(|_| gen_bf16(&mut r, class)).collect();
+        let mut w: Vec<u16> = (0..n * k)
+            .map(|_| match class {
+                Class::NearGate => gen_bf16(&mut r, Class::Plain) & 0x807f | ((66 + r.below(8) as u16) << 7),
+                _ => gen_bf16(&mut r, class),
+            })
+            .collect();
         // Engineered cancellation: some weight pairs negate each other.
         for j in 0..n {
             if r.below(3) == 0 {
@@ -388,6 +398,10 @@ fn hand_computed_cases() {
         // weight and comes out quiet.
         (vec![f32::INFINITY, 1.0], vec![0.0, 1.0], DEFAULT_NAN),
         (vec![f32::from_bits(0x7f81_2345)], vec![f32::from_bits(0xffc1_0000)], 0x7fc1_0000),
+        // Denormals are zero: a subnormal bf16 weight (2^-133) or activation
+        // (1e-39 rounds to a subnormal bf16) contributes nothing.
+        (vec![p(100), 1.0], vec![f32::from_bits(0x0001_0000), 0.0], 0),
+        (vec![1e-39, 0.0], vec![p(100), 0.0], 0),
         // Activation rounding: 1 + 2^-8 is a tie (to 1), 1 + 3·2^-8 rounds up.
         (vec![1.0 + p(-8), 1.0 + 3.0 * p(-8)], vec![1.0, 1.0], (2.0f32 + p(-6)).to_bits()),
     ];
@@ -424,7 +438,7 @@ fn paths_agree_on_special_values() {
         .iter()
         .enumerate()
     {
-        for class in [Class::Boundary, Class::Special, Class::Gate] {
+        for class in [Class::Boundary, Class::Special, Class::Gate, Class::NearGate] {
             for rep in 0..3 {
                 let c = Case::random(1000 + 10 * s as u64 + rep, m, k, n, class);
                 check_all_paths(&ctx, &c, &format!("{class:?}"));
