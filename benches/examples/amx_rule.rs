@@ -5,6 +5,9 @@
 //! threads. Prints the median GFLOP/s (`2 m k n` per call) with the min-max
 //! spread of `PROBE_REPS` calls (default 7) after one warm-up call.
 //!
+//! `PROBE_THREADS=1` (or `2`) runs one thread count only; `PROBE_AMX_ONLY=1`
+//! times only the AMX path (for profiling).
+//!
 //! `cargo run --release -p fucina-benches --example amx_rule`
 
 use std::time::Instant;
@@ -51,7 +54,14 @@ fn main() {
         ("SmolLM2 up/gate", 128, 576, 1536),
         ("SmolLM2 up/gate", 512, 576, 1536),
     ];
+    let only: Option<usize> = std::env::var("PROBE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let amx_only = std::env::var("PROBE_AMX_ONLY").is_ok_and(|v| v == "1");
     for threads in [1usize, 2] {
+        if only.is_some_and(|t| t != threads) {
+            continue;
+        }
         let peak = fma_peak(FmaWidth::Avx512, threads, 3_000_000, 5).unwrap_or(0.0);
         println!("\n{threads} thread(s): AVX-512 f32 FMA peak {peak:.1} GFLOP/s");
         println!(
@@ -84,11 +94,16 @@ fn main() {
                 Some((r, path))
             };
             let amx = run_rule(true);
+            if amx_only {
+                println!("{name:20} {m}x{k}x{n}: AMX {:?}", amx.map(|r| r.0));
+                continue;
+            }
             let emu = run_rule(false);
             force_amx(amx_available());
             let mut out2 = vec![0.0f32; m * n];
             let wm = time(reps, flops, || {
-                ctx.weight_matmul(&x, m, &w, &mut out2).expect("weight_matmul");
+                ctx.weight_matmul(&x, m, &w, &mut out2)
+                    .expect("weight_matmul");
             });
             let fmt = |r: Option<((f64, f64, f64), &str)>| match r {
                 Some(((med, lo, hi), path)) => format!("{med:7.1} ({lo:.0}-{hi:.0}) [{path}]"),

@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use fucina_exec::{
-    ExecContext, ExecError, PackedBf16Matrix, SimdLevel, WeightFormat, WeightMatrix,
-    amx_available, amx_rule_path, detected_simd_level, force_amx, force_simd_level,
+    ExecContext, ExecError, PackedBf16Matrix, SimdLevel, WeightFormat, WeightMatrix, amx_available,
+    amx_rule_path, detected_simd_level, force_amx, force_simd_level,
 };
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
@@ -58,7 +58,11 @@ fn o_bf16(x: f32) -> u16 {
             lo
         } else {
             let (dl, dh) = ((v - vl).abs(), (vh - v).abs());
-            if dl < dh || (dl == dh && lo & 1 == 0) { lo } else { hi }
+            if dl < dh || (dl == dh && lo & 1 == 0) {
+                lo
+            } else {
+                hi
+            }
         }
     };
     if h & 0x7f80 == 0 { h & 0x8000 } else { h }
@@ -121,7 +125,10 @@ fn o_dot(a: &[f32], w: &[u16]) -> f32 {
     for (ab, wb) in a.chunks(32).zip(w.chunks(32)) {
         let (mut e, mut o) = (0.0f32, 0.0f32);
         for (kk, (&x, &y)) in ab.iter().zip(wb).enumerate() {
-            let (x, y) = (bf(o_bf16(x)), bf(if y & 0x7f80 == 0 { y & 0x8000 } else { y }));
+            let (x, y) = (
+                bf(o_bf16(x)),
+                bf(if y & 0x7f80 == 0 { y & 0x8000 } else { y }),
+            );
             if kk % 2 == 0 {
                 e = o_step(e, x, y);
             } else {
@@ -177,7 +184,11 @@ fn gen_bf16(r: &mut Rng, c: Class) -> u16 {
         Class::Plain => sign | ((121 + r.below(12) as u16) << 7) | (man & 0x70),
         Class::Boundary => {
             let e = [64u16, 63, 65, 52, 51, 53, 76, 75][r.below(8) as usize];
-            let m = if r.below(2) == 0 { man } else { [0, 0x7f, 0x40, 1][r.below(4) as usize] };
+            let m = if r.below(2) == 0 {
+                man
+            } else {
+                [0, 0x7f, 0x40, 1][r.below(4) as usize]
+            };
             sign | (e << 7) | m
         }
         Class::Gate => sign | ((70 + r.below(3) as u16) << 7) | man,
@@ -223,7 +234,9 @@ impl Case {
         let x: Vec<f32> = (0..m * k).map(|_| gen_x(&mut r, class)).collect();
         let mut w: Vec<u16> = (0..n * k)
             .map(|_| match class {
-                Class::NearGate => gen_bf16(&mut r, Class::Plain) & 0x807f | ((66 + r.below(8) as u16) << 7),
+                Class::NearGate => {
+                    gen_bf16(&mut r, Class::Plain) & 0x807f | ((66 + r.below(8) as u16) << 7)
+                }
                 _ => gen_bf16(&mut r, class),
             })
             .collect();
@@ -244,8 +257,10 @@ impl Case {
     }
     fn packed(&self) -> PackedBf16Matrix {
         let bytes = self.bytes();
-        PackedBf16Matrix::new(&WeightMatrix::new(WeightFormat::BF16, self.n, self.k, &bytes).unwrap())
-            .unwrap()
+        PackedBf16Matrix::new(
+            &WeightMatrix::new(WeightFormat::BF16, self.n, self.k, &bytes).unwrap(),
+        )
+        .unwrap()
     }
     fn oracle(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.m * self.n);
@@ -266,7 +281,11 @@ fn configs() -> Vec<(SimdLevel, bool, &'static str)> {
     let mut v = Vec::new();
     for level in SimdLevel::ALL {
         if level <= detected_simd_level() {
-            let name = if level == SimdLevel::Avx512 { "avx512" } else { "portable" };
+            let name = if level == SimdLevel::Avx512 {
+                "avx512"
+            } else {
+                "portable"
+            };
             v.push((level, false, name));
         }
     }
@@ -295,7 +314,13 @@ fn run(ctx: &ExecContext, c: &Case, w: &PackedBf16Matrix) -> Vec<u32> {
 
 fn first_diff(a: &[u32], b: &[u32], n: usize) -> String {
     match a.iter().zip(b).position(|(x, y)| x != y) {
-        Some(p) => format!("first difference at ({}, {}): {:08x} vs {:08x}", p / n, p % n, a[p], b[p]),
+        Some(p) => format!(
+            "first difference at ({}, {}): {:08x} vs {:08x}",
+            p / n,
+            p % n,
+            a[p],
+            b[p]
+        ),
         None => "same".into(),
     }
 }
@@ -342,7 +367,11 @@ fn hand_computed_cases() {
     // (x row, w row, expected bits)
     let cases: Vec<(Vec<f32>, Vec<f32>, u32)> = vec![
         // Even 2^24 - 2^24 = 0, odd 1 + 1 = 2 (left to right would give 1).
-        (vec![p(12), 1.0, -p(12), 1.0], vec![p(12), 1.0, p(12), 1.0], 2.0f32.to_bits()),
+        (
+            vec![p(12), 1.0, -p(12), 1.0],
+            vec![p(12), 1.0, p(12), 1.0],
+            2.0f32.to_bits(),
+        ),
         // Block 1 gives 2^24; block 2 (k = 32, 33) gives 1 + 1 = 2 before
         // it meets C: 2^24 + 2 (two separate adds of 1 would stay at 2^24).
         (
@@ -367,9 +396,17 @@ fn hand_computed_cases() {
         // ... one at 2^-120 does not.
         (vec![p(-60)], vec![p(-60)], p(-120).to_bits()),
         // 2^-126 - 2^-150 flushes (IEEE would round it to 2^-126).
-        (vec![p(-63), 0.0, p(-75), 0.0], vec![p(-63), 0.0, -p(-75), 0.0], 0),
+        (
+            vec![p(-63), 0.0, p(-75), 0.0],
+            vec![p(-63), 0.0, -p(-75), 0.0],
+            0,
+        ),
         // 2^-126 - 2^-152 rounds to 2^-126 with 24 bits and stays.
-        (vec![p(-63), 0.0, p(-76), 0.0], vec![p(-63), 0.0, -p(-76), 0.0], p(-126).to_bits()),
+        (
+            vec![p(-63), 0.0, p(-76), 0.0],
+            vec![p(-63), 0.0, -p(-76), 0.0],
+            p(-126).to_bits(),
+        ),
         // C = 1.5·2^-126, then C - 2^-125 = -2^-127 flushes to -0; the last,
         // short block's accumulators flush to -0 too: -0 + (-0 + -0) = -0.
         // (Padding the short block with +0 · +0 would give +0.)
@@ -397,18 +434,32 @@ fn hand_computed_cases() {
         // inf · 0 is the x86 default NaN; a NaN activation wins over a NaN
         // weight and comes out quiet.
         (vec![f32::INFINITY, 1.0], vec![0.0, 1.0], DEFAULT_NAN),
-        (vec![f32::from_bits(0x7f81_2345)], vec![f32::from_bits(0xffc1_0000)], 0x7fc1_0000),
+        (
+            vec![f32::from_bits(0x7f81_2345)],
+            vec![f32::from_bits(0xffc1_0000)],
+            0x7fc1_0000,
+        ),
         // Denormals are zero: a subnormal bf16 weight (2^-133) or activation
         // (1e-39 rounds to a subnormal bf16) contributes nothing.
         (vec![p(100), 1.0], vec![f32::from_bits(0x0001_0000), 0.0], 0),
         (vec![1e-39, 0.0], vec![p(100), 0.0], 0),
         // Activation rounding: 1 + 2^-8 is a tie (to 1), 1 + 3·2^-8 rounds up.
-        (vec![1.0 + p(-8), 1.0 + 3.0 * p(-8)], vec![1.0, 1.0], (2.0f32 + p(-6)).to_bits()),
+        (
+            vec![1.0 + p(-8), 1.0 + 3.0 * p(-8)],
+            vec![1.0, 1.0],
+            (2.0f32 + p(-6)).to_bits(),
+        ),
     ];
     for (ci, (x, wv, want)) in cases.iter().enumerate() {
         let k = x.len();
         let w: Vec<u16> = wv.iter().map(|&v| bfh(v)).collect();
-        let c = Case { m: 1, k, n: 1, x: x.clone(), w };
+        let c = Case {
+            m: 1,
+            k,
+            n: 1,
+            x: x.clone(),
+            w,
+        };
         assert_eq!(c.oracle()[0], *want, "case {ci}: the oracle");
         check_all_paths(&ctx, &c, &format!("hand case {ci}"));
     }
@@ -434,11 +485,22 @@ fn paths_agree_on_many_shapes() {
 fn paths_agree_on_special_values() {
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ctx = ExecContext::new();
-    for (s, &(m, k, n)) in [(5, 64, 16), (17, 96, 33), (32, 40, 32), (3, 161, 20), (40, 32, 17)]
-        .iter()
-        .enumerate()
+    for (s, &(m, k, n)) in [
+        (5, 64, 16),
+        (17, 96, 33),
+        (32, 40, 32),
+        (3, 161, 20),
+        (40, 32, 17),
+    ]
+    .iter()
+    .enumerate()
     {
-        for class in [Class::Boundary, Class::Special, Class::Gate, Class::NearGate] {
+        for class in [
+            Class::Boundary,
+            Class::Special,
+            Class::Gate,
+            Class::NearGate,
+        ] {
             for rep in 0..3 {
                 let c = Case::random(1000 + 10 * s as u64 + rep, m, k, n, class);
                 check_all_paths(&ctx, &c, &format!("{class:?}"));
@@ -470,7 +532,11 @@ fn every_thread_count_gives_the_same_bits() {
         for threads in 1..=4 {
             let ctx = ExecContext::with_threads(threads);
             let got = run(&ctx, &c, &w);
-            assert!(got == want, "{path} {threads} threads: {}", first_diff(&got, &want, c.n));
+            assert!(
+                got == want,
+                "{path} {threads} threads: {}",
+                first_diff(&got, &want, c.n)
+            );
         }
     }
     restore();
@@ -499,7 +565,11 @@ fn a_row_does_not_depend_on_the_other_rows() {
                 w: c.w.clone(),
             };
             let got = run(&ctx, &sub, &w);
-            assert_eq!(got, all[lo * c.n..hi * c.n], "{path}: rows {lo}..{hi} alone");
+            assert_eq!(
+                got,
+                all[lo * c.n..hi * c.n],
+                "{path}: rows {lo}..{hi} alone"
+            );
         }
     }
     restore();
@@ -532,7 +602,10 @@ fn close_to_an_f64_reference() {
                 // k / 32 blocks, each at most 2^-24 relative to the sum of
                 // magnitudes.
                 let tol = (16.0 + 2.0 + (k / 32) as f64) * 2f64.powi(-24) * abs;
-                assert!((g - s).abs() <= tol, "{path} ({i},{j}): {g} vs {s} (tol {tol})");
+                assert!(
+                    (g - s).abs() <= tol,
+                    "{path} ({i},{j}): {g} vs {s} (tol {tol})"
+                );
             }
         }
     }
@@ -542,7 +615,13 @@ fn close_to_an_f64_reference() {
 #[test]
 fn zero_depth_gives_positive_zeros() {
     let ctx = ExecContext::new();
-    let c = Case { m: 3, k: 0, n: 5, x: vec![], w: vec![] };
+    let c = Case {
+        m: 3,
+        k: 0,
+        n: 5,
+        x: vec![],
+        w: vec![],
+    };
     let got = run(&ctx, &c, &c.packed());
     assert!(got.iter().all(|&b| b == 0));
 }
@@ -553,20 +632,76 @@ fn bad_input_is_an_error_naming_the_op() {
     let c = Case::random(1, 2, 8, 3, Class::Plain);
     let w = c.packed();
     let mut out = vec![7.0f32; 6];
-    let e = ctx.bf16_matmul_amx_rule(&c.x[..15], 2, &w, &mut out).unwrap_err();
-    assert!(matches!(e, ExecError::InvalidDataLength { op: "bf16_matmul_amx_rule", .. }), "{e}");
-    let e = ctx.bf16_matmul_amx_rule(&c.x, 2, &w, &mut out[..5]).unwrap_err();
-    assert!(matches!(e, ExecError::InvalidDataLength { op: "bf16_matmul_amx_rule", .. }), "{e}");
-    let e = ctx.bf16_matmul_amx_rule(&c.x, usize::MAX, &w, &mut out).unwrap_err();
-    assert!(matches!(e, ExecError::Overflow { op: "bf16_matmul_amx_rule", .. }), "{e}");
+    let e = ctx
+        .bf16_matmul_amx_rule(&c.x[..15], 2, &w, &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ExecError::InvalidDataLength {
+                op: "bf16_matmul_amx_rule",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = ctx
+        .bf16_matmul_amx_rule(&c.x, 2, &w, &mut out[..5])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ExecError::InvalidDataLength {
+                op: "bf16_matmul_amx_rule",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = ctx
+        .bf16_matmul_amx_rule(&c.x, usize::MAX, &w, &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ExecError::Overflow {
+                op: "bf16_matmul_amx_rule",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(out.iter().all(|&v| v == 7.0), "nothing written on an error");
     let f32_bytes = vec![0u8; 3 * 8 * 4];
     let wf = WeightMatrix::new(WeightFormat::F32, 3, 8, &f32_bytes).unwrap();
     let e = PackedBf16Matrix::new(&wf).unwrap_err();
-    assert!(matches!(e, ExecError::InvalidArgument { op: "PackedBf16Matrix::new", .. }), "{e}");
-    let short = WeightMatrix { format: WeightFormat::BF16, rows: 3, cols: 8, bytes: &f32_bytes[..10] };
+    assert!(
+        matches!(
+            e,
+            ExecError::InvalidArgument {
+                op: "PackedBf16Matrix::new",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let short = WeightMatrix {
+        format: WeightFormat::BF16,
+        rows: 3,
+        cols: 8,
+        bytes: &f32_bytes[..10],
+    };
     let e = PackedBf16Matrix::new(&short).unwrap_err();
-    assert!(matches!(e, ExecError::InvalidDataLength { op: "PackedBf16Matrix::new", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ExecError::InvalidDataLength {
+                op: "PackedBf16Matrix::new",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!((w.rows(), w.cols()), (3, 8));
     assert_eq!(w.size_bytes(), 2 * 1024, "two panels of one 1 KiB tile");
 }

@@ -497,7 +497,13 @@ fn portable_rows(
     let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
     for i in rows {
         let fin = finite(spans[i], span_b);
-        portable_row(&a[i * ka..(i + 1) * ka], bt, kb, fin, &mut tj[i * NT..(i + 1) * NT]);
+        portable_row(
+            &a[i * ka..(i + 1) * ka],
+            bt,
+            kb,
+            fin,
+            &mut tj[i * NT..(i + 1) * NT],
+        );
     }
 }
 
@@ -763,7 +769,13 @@ fn detect_amx() -> bool {
     const XFEATURE_XTILEDATA: libc::c_long = 18;
     // SAFETY: a plain system call with integer arguments; it only changes
     // which state components this process may use.
-    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
     r == 0
 }
 
@@ -777,7 +789,10 @@ pub(crate) fn amx_on() -> bool {
     let mode = match AMX_MODE.load(Ordering::Relaxed) {
         AMX_UNSET => {
             let off = std::env::var("FUCINA_AMX").is_ok_and(|v| {
-                matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "false" | "no")
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "off" | "0" | "false" | "no"
+                )
             });
             let mode = if off { AMX_OFF } else { AMX_ON };
             let _ =

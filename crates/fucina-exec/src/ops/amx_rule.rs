@@ -234,9 +234,7 @@ impl ExecContext {
             m
         };
         let too_big = || overflow(&[m_pad, b.panels * NT]);
-        let nt = m_pad
-            .checked_mul(b.panels * NT)
-            .ok_or_else(too_big)?;
+        let nt = m_pad.checked_mul(b.panels * NT).ok_or_else(too_big)?;
         let lease = |e| ExecError::storage(OP, e);
         let pool = self.pool();
         let mut t = pool.acquire_scratch::<f32>(nt).map_err(lease)?;
