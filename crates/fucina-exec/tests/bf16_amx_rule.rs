@@ -736,3 +736,23 @@ fn steady_state_calls_allocate_nothing() {
 fn the_counter_counts() {
     counting::check_the_counter();
 }
+
+/// The AMX permission is asked by the first call, after the context's worker
+/// threads have started: it covers the whole process, so the workers' tile
+/// products work and give the rule's bits.
+#[test]
+fn amx_works_on_workers_started_before_the_permission() {
+    in_own_process("amx_works_on_workers_started_before_the_permission", || {
+        let ctx = ExecContext::with_threads(4);
+        // A parallel op first, so that the team's threads exist.
+        let big = ctx.from_slice(&[1 << 20], &vec![1.0f32; 1 << 20]).unwrap();
+        let _ = ctx.add(&big, &big).unwrap();
+        let c = Case::random(31, 64, 300, 256, Class::Plain);
+        let w = c.packed();
+        let got = run(&ctx, &c, &w);
+        assert_eq!(got, c.oracle(), "path {}", amx_rule_path());
+        if amx_available() && detected_simd_level() == SimdLevel::Avx512 {
+            assert_eq!(amx_rule_path(), "amx");
+        }
+    });
+}
