@@ -521,6 +521,16 @@ fn paths_agree_on_special_values() {
     check_all_paths(&ctx, &c, "mixed");
 }
 
+/// Deep and tall: the AMX path splits 300 rows at depth 2048 into row blocks
+/// (about 1 MiB of activation tiles each) and the depth into chunks.
+#[test]
+fn deep_and_tall_products() {
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let ctx = ExecContext::with_threads(2);
+    let c = Case::random(555, 300, 2048, 40, Class::Plain);
+    check_all_paths(&ctx, &c, "deep and tall");
+}
+
 #[test]
 fn every_thread_count_gives_the_same_bits() {
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());

@@ -604,6 +604,8 @@ mod amx {
 
     /// Depth blocks per chunk (see `panel_pairs`).
     const KC: usize = 8;
+    /// Bytes of activation tiles per row block (see `panel_pairs`).
+    const RB_BYTES: usize = 1 << 20;
 
     /// The 64-byte tile configuration (palette 1): `tmm0-7` all 16 rows × 64
     /// bytes.
@@ -656,34 +658,78 @@ mod amx {
         // g·16 .. g·16 + 32 of panels j, j+1 in `t`).
         unsafe {
             asm!("ldtilecfg [{cfg}]", cfg = in(reg) &raw const cfg, options(nostack));
-            // Depth chunks of KC blocks: a chunk of the pair's weights (16 KiB)
-            // stays in L1 while every row group pair runs over it, and the
-            // activations' chunk (16 KiB per group pair) in L2. C goes through
-            // `t` between chunks as the f32 it is in the tile: the same bits.
-            let mut k0 = 0;
-            while k0 < kb {
-                let kn = KC.min(kb - k0);
+            // Row blocks of `rb` group pairs whose activations (about 1 MiB)
+            // stay in L2 while every panel pair of the call runs over them;
+            // per panel pair, depth chunks of KC blocks: the pair's weights
+            // for the chunk (16 KiB) stay in L1 while the block's group pairs
+            // run over them. C goes through `t` between chunks (the pair's C
+            // for the block stays in L1/L2) as the f32 it is in the tile:
+            // the same bits.
+            let rb = (RB_BYTES / (2 * kb * TILE * 2)).max(1);
+            let mut g0 = 0;
+            while g0 < groups / 2 {
+                let g1 = (g0 + rb).min(groups / 2);
                 for (pi, tp) in pairs.clone().zip(t.chunks_exact_mut(2 * m_pad * NT)) {
-                    let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
-                    for gg in 0..groups / 2 {
-                        let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
-                        let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
-                        let c1 = c0.add(m_pad * NT);
-                        let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
-                        if k0 == 0 {
+                    let mut k0 = 0;
+                    while k0 < kb {
+                        let kn = KC.min(kb - k0);
+                        let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
+                        for gg in g0..g1 {
+                            let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
+                            let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
+                            let c1 = c0.add(m_pad * NT);
+                            let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
+                            if k0 == 0 {
+                                asm!(
+                                    "tilezero tmm0",
+                                    "tilezero tmm1",
+                                    "tilezero tmm2",
+                                    "tilezero tmm3",
+                                    options(nostack, nomem)
+                                );
+                            } else {
+                                asm!(
+                                    "tileloadd tmm0, [{c0} + {s}*1]",
+                                    "tileloadd tmm1, [{c1} + {s}*1]",
+                                    "tileloadd tmm2, [{c2} + {s}*1]",
+                                    "tileloadd tmm3, [{c3} + {s}*1]",
+                                    c0 = in(reg) c0,
+                                    c1 = in(reg) c1,
+                                    c2 = in(reg) c2,
+                                    c3 = in(reg) c3,
+                                    s = in(reg) stride,
+                                    options(nostack)
+                                );
+                            }
                             asm!(
-                                "tilezero tmm0",
-                                "tilezero tmm1",
-                                "tilezero tmm2",
-                                "tilezero tmm3",
-                                options(nostack, nomem)
+                                "2:",
+                                "tileloadd tmm4, [{pa} + {s}*1]",
+                                "tileloadd tmm6, [{pb} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tileloadd tmm7, [{pb1} + {s}*1]",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                "tileloadd tmm5, [{pa1} + {s}*1]",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                "tdpbf16ps tmm3, tmm5, tmm7",
+                                "add {pa}, 1024",
+                                "add {pb}, 1024",
+                                "add {pa1}, 1024",
+                                "add {pb1}, 1024",
+                                "dec {n}",
+                                "jnz 2b",
+                                pa = inout(reg) ag => _,
+                                pb = inout(reg) bj => _,
+                                pa1 = inout(reg) ag.byte_add(step) => _,
+                                pb1 = inout(reg) bj.byte_add(step) => _,
+                                n = inout(reg) kn => _,
+                                s = in(reg) stride,
+                                options(nostack)
                             );
-                        } else {
                             asm!(
-                                "tileloadd tmm0, [{c0} + {s}*1]",
-                                "tileloadd tmm1, [{c1} + {s}*1]",
-                                "tileloadd tmm2, [{c2} + {s}*1]",
-                                "tileloadd tmm3, [{c3} + {s}*1]",
+                                "tilestored [{c0} + {s}*1], tmm0",
+                                "tilestored [{c1} + {s}*1], tmm1",
+                                "tilestored [{c2} + {s}*1], tmm2",
+                                "tilestored [{c3} + {s}*1], tmm3",
                                 c0 = in(reg) c0,
                                 c1 = in(reg) c1,
                                 c2 = in(reg) c2,
@@ -692,45 +738,10 @@ mod amx {
                                 options(nostack)
                             );
                         }
-                        asm!(
-                            "2:",
-                            "tileloadd tmm4, [{pa} + {s}*1]",
-                            "tileloadd tmm6, [{pb} + {s}*1]",
-                            "tdpbf16ps tmm0, tmm4, tmm6",
-                            "tileloadd tmm7, [{pb1} + {s}*1]",
-                            "tdpbf16ps tmm1, tmm4, tmm7",
-                            "tileloadd tmm5, [{pa1} + {s}*1]",
-                            "tdpbf16ps tmm2, tmm5, tmm6",
-                            "tdpbf16ps tmm3, tmm5, tmm7",
-                            "add {pa}, 1024",
-                            "add {pb}, 1024",
-                            "add {pa1}, 1024",
-                            "add {pb1}, 1024",
-                            "dec {n}",
-                            "jnz 2b",
-                            pa = inout(reg) ag => _,
-                            pb = inout(reg) bj => _,
-                            pa1 = inout(reg) ag.byte_add(step) => _,
-                            pb1 = inout(reg) bj.byte_add(step) => _,
-                            n = inout(reg) kn => _,
-                            s = in(reg) stride,
-                            options(nostack)
-                        );
-                        asm!(
-                            "tilestored [{c0} + {s}*1], tmm0",
-                            "tilestored [{c1} + {s}*1], tmm1",
-                            "tilestored [{c2} + {s}*1], tmm2",
-                            "tilestored [{c3} + {s}*1], tmm3",
-                            c0 = in(reg) c0,
-                            c1 = in(reg) c1,
-                            c2 = in(reg) c2,
-                            c3 = in(reg) c3,
-                            s = in(reg) stride,
-                            options(nostack)
-                        );
+                        k0 += kn;
                     }
                 }
-                k0 += kn;
+                g0 = g1;
             }
             asm!("tilerelease", options(nostack, nomem));
         }
