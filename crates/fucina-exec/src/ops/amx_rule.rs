@@ -269,9 +269,17 @@ impl ExecContext {
         let t = &t[..];
         self.par_rows(out, n, n, |ri, o| {
             for (i, orow) in ri.zip(o.chunks_exact_mut(n)) {
-                for (j, oc) in orow.chunks_mut(NT).enumerate() {
-                    let src = &t[(j * m_pad + i) * NT..];
-                    oc.copy_from_slice(&src[..oc.len()]);
+                let mut full = orow.chunks_exact_mut(NT);
+                for (j, oc) in full.by_ref().enumerate() {
+                    // A whole panel: a fixed-length copy (no library call).
+                    let oc: &mut [f32; NT] = oc.try_into().expect("16 outputs");
+                    let src = &t[(j * m_pad + i) * NT..(j * m_pad + i + 1) * NT];
+                    *oc = src.try_into().expect("16 outputs");
+                }
+                let rest = full.into_remainder();
+                if !rest.is_empty() {
+                    let j = n / NT;
+                    rest.copy_from_slice(&t[(j * m_pad + i) * NT..][..rest.len()]);
                 }
             }
         });
