@@ -158,6 +158,7 @@ fn no_flush_possible(sa: u16, sb: u16) -> bool {
 /// 16 columns' pairs `(b[2p], b[2p + 1])` side by side. The depth is padded
 /// with `-0`, the columns past `n` (and a last panel added to make the count
 /// even) hold `-0` too. Tile `(j, kb)` is at `j * kblocks + kb`.
+#[derive(Clone)]
 pub(crate) struct PackedB {
     pub(crate) n: usize,
     pub(crate) k: usize,

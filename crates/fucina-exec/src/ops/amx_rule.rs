@@ -25,6 +25,7 @@ use crate::tensor::layout::Dims;
 /// This is the prepared form of a weight that lives for the process: make it
 /// once when the model is loaded, keep it with the model. Immutable, `Send`
 /// and `Sync`.
+#[derive(Clone)]
 pub struct PackedBf16Matrix {
     packed: PackedB,
 }
