@@ -45,7 +45,11 @@ fn main() {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into());
-    println!("CPU: {cpu}; AMX available: {}", amx_available());
+    println!(
+        "CPU: {cpu}; AMX available: {}; path before any switch: {}",
+        amx_available(),
+        amx_rule_path()
+    );
     let shapes = [
         ("TinyLlama q/o", 128, 2048, 2048),
         ("TinyLlama up/gate", 128, 2048, 5632),
