@@ -6,7 +6,9 @@
 //! spread of `PROBE_REPS` calls (default 7) after one warm-up call.
 //!
 //! `PROBE_THREADS=1` (or `2`) runs one thread count only; `PROBE_AMX_ONLY=1`
-//! times only the AMX path (for profiling).
+//! times only the AMX path (for profiling); `PROBE_SHAPES=0,4` picks shapes by
+//! index. Under `FUCINA_SIMD=avx2` (or `portable`) both rule columns time the
+//! portable emulation.
 //!
 //! `cargo run --release -p fucina-benches --example amx_rule`
 
@@ -73,7 +75,13 @@ fn main() {
             "shape", "m x k x n", "AMX", "AVX-512 emulation", "weight_matmul bf16"
         );
         let ctx = ExecContext::with_threads(threads);
-        for &(name, m, k, n) in &shapes {
+        let picked: Option<Vec<usize>> = std::env::var("PROBE_SHAPES")
+            .ok()
+            .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect());
+        for (si, &(name, m, k, n)) in shapes.iter().enumerate() {
+            if picked.as_ref().is_some_and(|p| !p.contains(&si)) {
+                continue;
+            }
             let x = rand_vec(1, m * k);
             let wf = rand_vec(2, n * k);
             let bytes: Vec<u8> = wf

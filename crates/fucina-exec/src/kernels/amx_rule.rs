@@ -352,10 +352,23 @@ fn add_finite(x: f32, y: f32) -> f32 {
     }
 }
 
+/// How [`portable_row`] computes a row against a panel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Any values: the scalar rule with the NaN rules spelled out.
+    Exact,
+    /// Finite values: the branch-free f64 steps.
+    Finite,
+    /// Finite values that cannot produce a result below `2^-126` (see the
+    /// module docs), on a level with fused multiply-add instructions: plain
+    /// `f32::mul_add`.
+    Fused,
+}
+
 /// Portable emulation of one row `a` (`kblocks · 32` widened values) against
 /// panel tiles `bt` (`kblocks` tiles): 16 outputs into `out`.
 #[inline(always)]
-fn portable_row(a: &[f32], bt: &[u16], kblocks: usize, finite_inputs: bool, out: &mut [f32]) {
+fn portable_row(a: &[f32], bt: &[u16], kblocks: usize, mode: Mode, out: &mut [f32]) {
     let mut c = [0.0f32; NT];
     for kb in 0..kblocks {
         let (mut e, mut o) = ([0.0f32; NT], [0.0f32; NT]);
@@ -363,24 +376,38 @@ fn portable_row(a: &[f32], bt: &[u16], kblocks: usize, finite_inputs: bool, out:
         let t = &bt[kb * TILE..(kb + 1) * TILE];
         for p in 0..KB / 2 {
             let (xe, xo) = (ak[2 * p], ak[2 * p + 1]);
-            let tp = &t[p * 32..(p + 1) * 32];
-            if finite_inputs {
-                for q in 0..NT {
-                    e[q] = step_finite(e[q], xe, bf(tp[2 * q]));
-                    o[q] = step_finite(o[q], xo, bf(tp[2 * q + 1]));
+            // A tile row as 16 words: the even element in the low half (so
+            // `w << 16` is its f32), the odd one in the high half.
+            let tw: &[u32] = bytemuck::cast_slice(&t[p * 32..(p + 1) * 32]);
+            let tw: &[u32; NT] = tw.try_into().expect("a tile row");
+            let even = |q: usize| f32::from_bits(tw[q] << 16);
+            let odd = |q: usize| f32::from_bits(tw[q] & 0xffff_0000);
+            match mode {
+                Mode::Fused => {
+                    for q in 0..NT {
+                        e[q] = xe.mul_add(even(q), e[q]);
+                        o[q] = xo.mul_add(odd(q), o[q]);
+                    }
                 }
-            } else {
-                for q in 0..NT {
-                    e[q] = step(e[q], xe, bf(tp[2 * q]));
-                    o[q] = step(o[q], xo, bf(tp[2 * q + 1]));
+                Mode::Finite => {
+                    for q in 0..NT {
+                        e[q] = step_finite(e[q], xe, even(q));
+                        o[q] = step_finite(o[q], xo, odd(q));
+                    }
+                }
+                Mode::Exact => {
+                    for q in 0..NT {
+                        e[q] = step(e[q], xe, even(q));
+                        o[q] = step(o[q], xo, odd(q));
+                    }
                 }
             }
         }
         for q in 0..NT {
-            c[q] = if finite_inputs {
-                add_finite(c[q], add_finite(e[q], o[q]))
-            } else {
+            c[q] = if mode == Mode::Exact {
                 add(c[q], add(e[q], o[q]))
+            } else {
+                add_finite(c[q], add_finite(e[q], o[q]))
             };
         }
     }
@@ -496,13 +523,22 @@ fn portable_rows(
     tj: &mut [f32],
 ) {
     let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
+    // Fused multiply-adds only where they are instructions (at the portable
+    // level `mul_add` is a library call, slower than the f64 steps).
+    let fma = super::simd::level() >= super::simd::SimdLevel::Avx2;
     for i in rows {
-        let fin = finite(spans[i], span_b);
+        let mode = if fma && no_flush_possible(spans[i], span_b) {
+            Mode::Fused
+        } else if finite(spans[i], span_b) {
+            Mode::Finite
+        } else {
+            Mode::Exact
+        };
         portable_row(
             &a[i * ka..(i + 1) * ka],
             bt,
             kb,
-            fin,
+            mode,
             &mut tj[i * NT..(i + 1) * NT],
         );
     }
