@@ -64,8 +64,12 @@
 //!   the sum rounds once to 53 bits, and double rounding to 24 bits is harmless
 //!   for a sum of two 24-bit numbers since `53 >= 2 · 24 + 2`); `|s| < 2^-126 -
 //!   2^-151` (the smallest value whose unbounded 24-bit rounding is `2^-126`)
-//!   gives a signed zero, else `s` rounded to f32. Panels or rows holding
+//!   gives a signed zero, else `s` rounded to f32. Rows and panels that pass
+//!   the AVX-512 emulation's no-flush check use plain `f32::mul_add` instead
+//!   at levels where it is an instruction (AVX2). Panels or rows holding
 //!   infinities or NaNs take a scalar form with the NaN rules spelled out.
+//!   (Under the no-flush check every bf16 product is exact in f32, so even an
+//!   unfused multiply and add would give the same bits.)
 //!
 //! The rule and both emulations were checked bit for bit against the hardware
 //! on this project's development machine (millions of random and exhaustive
