@@ -2,6 +2,7 @@
 //! [`crate::ops`] validate, allocate and split the work; kernels compute. The hot
 //! loops run at the vector level chosen at run time ([`simd`]).
 
+pub(crate) mod amx_rule;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod depthwise_avx512;

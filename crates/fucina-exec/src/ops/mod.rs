@@ -3,6 +3,7 @@
 //! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
+pub(crate) mod amx_rule;
 pub(crate) mod batch_norm;
 pub(crate) mod batch_norm_pool;
 pub(crate) mod conv;

@@ -375,7 +375,7 @@ struct Line([u8; 64]);
 /// fresh allocation, not touched yet) with huge pages: a repacked matrix is
 /// read as long sequential streams, and 4 KiB pages cost a page walk every
 /// 4 KiB. Advisory: a refusal (or another OS) changes nothing.
-fn advise_huge_pages(p: *const u8, len: usize) {
+pub(crate) fn advise_huge_pages(p: *const u8, len: usize) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;

@@ -1,0 +1,900 @@
+//! bf16 products with the AMX summation rule: the kernels (AMX tiles, an
+//! AVX-512 emulation and a portable emulation, the same bits) and the packed
+//! layouts they read.
+//!
+//! # The rule
+//!
+//! `out[i, j] = Σ_k a[i, k] · b[j, k]`, where `a` is an f32 activation rounded
+//! to bf16 and `b` a bf16 weight, is computed as Intel's `TDPBF16PS`
+//! instruction computes it when a tile product walks the depth in blocks of 32:
+//!
+//! 1. **Inputs.** Each activation is rounded from f32 to bf16 to nearest, ties
+//!    to even (a NaN stays a NaN: its upper half with the quiet bit set; a
+//!    value past the largest bf16 becomes an infinity). A bf16 input whose
+//!    exponent field is zero (a zero or a subnormal) counts as a zero of its
+//!    sign ("denormals are zero").
+//! 2. **Blocks.** The depth `K` is cut into consecutive blocks of 32 from
+//!    `k = 0`; the last block may be shorter.
+//! 3. **Two accumulators per block.** For each block an *even* accumulator
+//!    and an *odd* one start at `+0`; pair by pair, in increasing `k`, the even
+//!    one takes `a[2p] · b[2p]` and the odd one `a[2p + 1] · b[2p + 1]` (block
+//!    positions), each step `acc + x · y` computed exactly and rounded once to
+//!    f32 (a fused multiply-add; the bf16 product itself is never rounded).
+//! 4. **Flush.** Every step's result is rounded to 24 significant bits to
+//!    nearest-even *as if the exponent had no lower limit*; if that is below
+//!    `2^-126` in magnitude the result is a zero of the exact result's sign.
+//!    (So `2^-126 - 2^-150` flushes to zero although IEEE rounding would give
+//!    `2^-126`, while `2^-126 - 2^-152` gives `2^-126`.) The adds of step 5
+//!    flush the same way (their tiny results are exact, so they simply become
+//!    signed zeros).
+//! 5. **Combine.** `C = C + (even + odd)`, two rounded adds, `C` starting at
+//!    `+0` and carried from block to block as an f32.
+//! 6. **NaN.** A step whose inputs hold a NaN returns the first NaN in the
+//!    order `x` (activation), `y` (weight), accumulator, made quiet; an add
+//!    returns its first NaN operand (`C`, then the even sum), made quiet; an
+//!    invalid operation (`∞ · 0`, `∞ - ∞`) gives the NaN `0xFFC00000`.
+//!
+//! A short last block behaves as if padded with products that change nothing:
+//! the AMX path pads the activation with `+0` and the weight with `-0`, whose
+//! product `-0` leaves every accumulator as it is (`+0` times `+0` would turn
+//! a `-0` accumulator into `+0`). Each output is computed whole by one thread
+//! from its own row and column, so a row's result never depends on the other
+//! rows, the thread count or the path.
+//!
+//! # The paths
+//!
+//! * **AMX** (`amx_tile` + `amx_bf16`, Linux, at the AVX-512 level, unless
+//!   `FUCINA_AMX=off` or [`force_amx`](crate::force_amx) turned it off): the
+//!   hardware rule itself. Activations are packed to 64-byte aligned 16×32 bf16
+//!   tiles, weights to 16 pairs × 16 columns tiles ([`PackedB`]); a 2×2 block of
+//!   16×16 C tiles stays in `tmm0-3` over the whole depth.
+//! * **AVX-512 emulation**: plain `vfmadd231ps` steps, even and odd
+//!   accumulators per row, widened from the same packed weights. The float
+//!   environment is never changed. Instead each (row, 16-column panel) is
+//!   checked first: if both hold only finite values and the smallest nonzero
+//!   exponents `ea`, `eb` (bf16 exponent fields) satisfy `ea + eb >= 142`, every
+//!   product is a multiple of `2^(ea + eb - 268) >= 2^-126`, so are all partial
+//!   sums, and no step result can be nonzero and below `2^-126`: IEEE
+//!   arithmetic with gradual underflow then gives exactly the rule's bits
+//!   (and the only NaN possible, `∞ - ∞` in an add, is `0xFFC00000` on x86).
+//!   Real weights and activations always pass; a block of rows that does not
+//!   goes through the portable emulation.
+//! * **Portable emulation** (every level, vectorized by `vectorized!` at
+//!   AVX2/AVX-512): each step in f64, `s = acc + x · y` (the product is exact,
+//!   the sum rounds once to 53 bits, and double rounding to 24 bits is harmless
+//!   for a sum of two 24-bit numbers since `53 >= 2 · 24 + 2`); `|s| < 2^-126 -
+//!   2^-151` (the smallest value whose unbounded 24-bit rounding is `2^-126`)
+//!   gives a signed zero, else `s` rounded to f32. Rows and panels that pass
+//!   the AVX-512 emulation's no-flush check use plain `f32::mul_add` instead
+//!   at levels where it is an instruction (AVX2). Panels or rows holding
+//!   infinities or NaNs take a scalar form with the NaN rules spelled out.
+//!   (Under the no-flush check every bf16 product is exact in f32, so even an
+//!   unfused multiply and add would give the same bits.)
+//!
+//! The rule and both emulations were checked bit for bit against the hardware
+//! on this project's development machine (millions of random and exhaustive
+//! boundary cases, NaN payloads included); `tests/bf16_amx_rule.rs` compares
+//! the paths with each other and with an independent scalar model.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Depth of one block (one `TDPBF16PS` instruction).
+pub(crate) const KB: usize = 32;
+/// Columns of a weight panel (one tile's width in f32 outputs).
+pub(crate) const NT: usize = 16;
+/// Rows of an activation tile.
+pub(crate) const MT: usize = 16;
+/// bf16 elements in one 1 KiB tile (16 rows of 64 bytes).
+pub(crate) const TILE: usize = 512;
+/// The NaN an invalid operation gives on x86.
+const DEFAULT_NAN: u32 = 0xFFC0_0000;
+/// `2^-126 - 2^-151`: below it (in magnitude) a step result flushes to zero.
+const LIM: f64 = 1.175_494_350_822_287_5e-38 - 3.503_246_160_812_043e-46;
+/// The smallest sum of the two smallest nonzero exponent fields for which the
+/// AVX-512 emulation needs no flush (see the module docs).
+const FAST_EXP_SUM: u16 = 142;
+/// Bit of a span summary set when the values include an infinity or NaN.
+const SPAN_NONFINITE: u16 = 0x8000;
+
+/// 64 bytes, 64-byte aligned: the unit of packed storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u16; 32]);
+
+// ---------------------------------------------------------------- conversions
+
+/// A bf16 whose exponent field is zero becomes a zero of its sign (DAZ).
+#[inline(always)]
+pub(crate) fn daz16(h: u16) -> u16 {
+    if h & 0x7f80 == 0 { h & 0x8000 } else { h }
+}
+
+/// f32 to bf16, nearest-even; a NaN keeps its upper half with the quiet bit
+/// set; then DAZ.
+#[inline(always)]
+pub(crate) fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = ((b >> 16) | 0x40) as u16;
+    daz16(if x.is_nan() { nan } else { rounded })
+}
+
+/// bf16 bits to f32 (exact).
+#[inline(always)]
+pub(crate) fn bf(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// Folds `h` (already DAZ) into a span summary: the smallest nonzero exponent
+/// field in bits 0-8 (255 when none), [`SPAN_NONFINITE`] if non-finite.
+#[inline(always)]
+pub(crate) fn span_add(s: u16, h: u16) -> u16 {
+    let e = (h >> 7) & 0xff;
+    if e == 0xff {
+        s | SPAN_NONFINITE
+    } else if e != 0 && e < (s & 0x1ff) {
+        (s & SPAN_NONFINITE) | e
+    } else {
+        s
+    }
+}
+
+/// The summary of no values.
+pub(crate) const SPAN_EMPTY: u16 = 0xff;
+
+/// Whether a row with summary `sa` and a panel with `sb` are both finite.
+#[inline(always)]
+fn finite(sa: u16, sb: u16) -> bool {
+    (sa | sb) & SPAN_NONFINITE == 0
+}
+
+/// Whether the plain IEEE kernel gives the rule's bits for this row and panel.
+#[inline(always)]
+fn no_flush_possible(sa: u16, sb: u16) -> bool {
+    finite(sa, sb) && (sa & 0x1ff) + (sb & 0x1ff) >= FAST_EXP_SUM
+}
+
+// ---------------------------------------------------------------- packed weights
+
+/// Weights `[n, k]` (bf16 rows) in the AMX layout: for each panel of 16 output
+/// columns and each depth block of 32, one 1 KiB tile whose row `p` holds the
+/// 16 columns' pairs `(b[2p], b[2p + 1])` side by side. The depth is padded
+/// with `-0`, the columns past `n` (and a last panel added to make the count
+/// even) hold `-0` too. Tile `(j, kb)` is at `j * kblocks + kb`.
+#[derive(Clone)]
+pub(crate) struct PackedB {
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) kblocks: usize,
+    /// Panels, an even number.
+    pub(crate) panels: usize,
+    /// `panels * kblocks` tiles of 16 lines each.
+    pub(crate) lines: Vec<Line>,
+    /// One span summary per panel.
+    pub(crate) spans: Vec<u16>,
+}
+
+impl PackedB {
+    /// The tiles as bf16 elements.
+    pub(crate) fn data(&self) -> &[u16] {
+        // SAFETY: a Line is 32 u16 with no padding (repr(C)), so the memory of
+        // `lines` is `32 · len` initialized u16, borrowed as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.lines.len() * 32) }
+    }
+}
+
+/// The number of lines [`pack_b`] needs for `[n, k]`, or `None` on overflow.
+pub(crate) fn packed_b_lines(n: usize, k: usize) -> Option<usize> {
+    let panels = n.div_ceil(NT).next_multiple_of(2);
+    panels.checked_mul(k.div_ceil(KB))?.checked_mul(16)
+}
+
+/// Packs `w` (`n` rows of `k` little-endian bf16) into `lines` (zeroed, of
+/// [`packed_b_lines`] lines) and returns the panel summaries.
+pub(crate) fn pack_b(w: &[u8], n: usize, k: usize, lines: &mut [Line], spans: &mut Vec<u16>) {
+    let kblocks = k.div_ceil(KB);
+    let panels = n.div_ceil(NT).next_multiple_of(2);
+    assert_eq!(w.len(), 2 * n * k, "pack_b: weight bytes");
+    assert_eq!(lines.len(), panels * kblocks * 16, "pack_b: packed lines");
+    // SAFETY: as in `PackedB::data`, mutably (the borrow is exclusive; any
+    // u16 pattern is a valid Line).
+    let data: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 32) };
+    data.fill(0x8000);
+    spans.clear();
+    for j in 0..panels {
+        let mut span = SPAN_EMPTY;
+        for c in 0..NT {
+            let col = j * NT + c;
+            if col >= n {
+                continue;
+            }
+            let row = &w[2 * col * k..2 * (col + 1) * k];
+            for (kk, b) in row.chunks_exact(2).enumerate() {
+                let h = daz16(u16::from_le_bytes([b[0], b[1]]));
+                span = span_add(span, h);
+                let (kb, r) = (kk / KB, kk % KB);
+                data[(j * kblocks + kb) * TILE + (r / 2) * 32 + 2 * c + (r % 2)] = h;
+            }
+        }
+        spans.push(span);
+    }
+}
+
+// ---------------------------------------------------------------- activations
+
+/// Rows of `x` (`[m, k]` f32) rounded to bf16 into AMX tiles: tile
+/// `(g, kb)` (16 rows × 32) at `((g - g0) * kblocks + kb) * TILE` of `out`,
+/// for the row groups `g0 ..` that `out` holds. Padding is `+0`.
+#[inline(always)]
+pub(crate) fn pack_a_tiles(x: &[f32], k: usize, kblocks: usize, g0: usize, out: &mut [u16]) {
+    let m = x.len() / k.max(1);
+    for (gi, tiles) in out.chunks_exact_mut(kblocks * TILE).enumerate() {
+        for r in 0..MT {
+            let i = (g0 + gi) * MT + r;
+            if i >= m {
+                for kb in 0..kblocks {
+                    tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB].fill(0);
+                }
+                continue;
+            }
+            let row = &x[i * k..(i + 1) * k];
+            let mut chunks = row.chunks_exact(KB);
+            for (kb, c) in chunks.by_ref().enumerate() {
+                let o = &mut tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB];
+                for (o, &v) in o.iter_mut().zip(c) {
+                    *o = to_bf16(v);
+                }
+            }
+            let rest = chunks.remainder();
+            if !rest.is_empty() {
+                let kb = k / KB;
+                let o = &mut tiles[kb * TILE + r * KB..kb * TILE + (r + 1) * KB];
+                for (q, o) in o.iter_mut().enumerate() {
+                    *o = rest.get(q).map_or(0, |&v| to_bf16(v));
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `x` (`[m, k]`) rounded to bf16 and widened back to f32 (DAZ
+/// applied) into `out` (`m` rows of `ka = kblocks · 32`, padded with `+0`),
+/// with each row's span summary in `spans`.
+#[inline(always)]
+pub(crate) fn widen_a(x: &[f32], k: usize, ka: usize, out: &mut [f32], spans: &mut [u16]) {
+    for ((row, o), s) in x
+        .chunks_exact(k.max(1))
+        .zip(out.chunks_exact_mut(ka))
+        .zip(spans.iter_mut())
+    {
+        let mut span = SPAN_EMPTY;
+        for (o, &v) in o.iter_mut().zip(row) {
+            let h = to_bf16(v);
+            span = span_add(span, h);
+            *o = bf(h);
+        }
+        o[row.len()..].fill(0.0);
+        *s = span;
+    }
+}
+
+// ---------------------------------------------------------------- the scalar rule
+
+#[inline(always)]
+fn quiet(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() | 0x0040_0000)
+}
+
+#[inline(always)]
+fn signed_zero(negative: bool) -> f32 {
+    if negative { -0.0 } else { 0.0 }
+}
+
+/// One step `acc + x · y` of the rule with the NaN rules spelled out.
+#[inline(always)]
+pub(crate) fn step(acc: f32, x: f32, y: f32) -> f32 {
+    if x.is_nan() {
+        return quiet(x);
+    }
+    if y.is_nan() {
+        return quiet(y);
+    }
+    if acc.is_nan() {
+        return quiet(acc);
+    }
+    let s = f64::from(acc) + f64::from(x) * f64::from(y);
+    if s.is_nan() {
+        return f32::from_bits(DEFAULT_NAN);
+    }
+    if s.abs() < LIM {
+        return signed_zero(s.is_sign_negative());
+    }
+    s as f32
+}
+
+/// One add of the rule (`x` wins a NaN tie) with the NaN rules spelled out.
+#[inline(always)]
+pub(crate) fn add(x: f32, y: f32) -> f32 {
+    if x.is_nan() {
+        return quiet(x);
+    }
+    if y.is_nan() {
+        return quiet(y);
+    }
+    let r = x + y;
+    if r.is_nan() {
+        return f32::from_bits(DEFAULT_NAN);
+    }
+    if r.is_subnormal() {
+        return signed_zero(r.is_sign_negative());
+    }
+    r
+}
+
+/// [`step`] for finite inputs: branch-free, so that it vectorizes (an
+/// accumulator may have overflowed to an infinity, but `∞ + finite` is no NaN).
+#[inline(always)]
+fn step_finite(acc: f32, x: f32, y: f32) -> f32 {
+    let s = f64::from(acc) + f64::from(x) * f64::from(y);
+    let r = s as f32;
+    let z = f32::from_bits(r.to_bits() & 0x8000_0000);
+    if s.abs() < LIM { z } else { r }
+}
+
+/// [`add`] for operands without NaN (the sum may be `∞ - ∞`).
+#[inline(always)]
+fn add_finite(x: f32, y: f32) -> f32 {
+    let r = x + y;
+    let z = f32::from_bits(r.to_bits() & 0x8000_0000);
+    let r = if r.is_subnormal() { z } else { r };
+    if r.is_nan() {
+        f32::from_bits(DEFAULT_NAN)
+    } else {
+        r
+    }
+}
+
+/// How [`portable_row`] computes a row against a panel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Any values: the scalar rule with the NaN rules spelled out.
+    Exact,
+    /// Finite values: the branch-free f64 steps.
+    Finite,
+    /// Finite values that cannot produce a result below `2^-126` (see the
+    /// module docs), on a level with fused multiply-add instructions: plain
+    /// `f32::mul_add`.
+    Fused,
+}
+
+/// Portable emulation of one row `a` (`kblocks · 32` widened values) against
+/// panel tiles `bt` (`kblocks` tiles): 16 outputs into `out`.
+#[inline(always)]
+fn portable_row(a: &[f32], bt: &[u16], kblocks: usize, mode: Mode, out: &mut [f32]) {
+    let mut c = [0.0f32; NT];
+    for kb in 0..kblocks {
+        let (mut e, mut o) = ([0.0f32; NT], [0.0f32; NT]);
+        let ak = &a[kb * KB..(kb + 1) * KB];
+        let t = &bt[kb * TILE..(kb + 1) * TILE];
+        for p in 0..KB / 2 {
+            let (xe, xo) = (ak[2 * p], ak[2 * p + 1]);
+            // A tile row as 16 words: the even element in the low half (so
+            // `w << 16` is its f32), the odd one in the high half.
+            let tw: &[u32] = bytemuck::cast_slice(&t[p * 32..(p + 1) * 32]);
+            let tw: &[u32; NT] = tw.try_into().expect("a tile row");
+            let even = |q: usize| f32::from_bits(tw[q] << 16);
+            let odd = |q: usize| f32::from_bits(tw[q] & 0xffff_0000);
+            match mode {
+                Mode::Fused => {
+                    for q in 0..NT {
+                        e[q] = xe.mul_add(even(q), e[q]);
+                        o[q] = xo.mul_add(odd(q), o[q]);
+                    }
+                }
+                Mode::Finite => {
+                    for q in 0..NT {
+                        e[q] = step_finite(e[q], xe, even(q));
+                        o[q] = step_finite(o[q], xo, odd(q));
+                    }
+                }
+                Mode::Exact => {
+                    for q in 0..NT {
+                        e[q] = step(e[q], xe, even(q));
+                        o[q] = step(o[q], xo, odd(q));
+                    }
+                }
+            }
+        }
+        for q in 0..NT {
+            c[q] = if mode == Mode::Exact {
+                add(c[q], add(e[q], o[q]))
+            } else {
+                add_finite(c[q], add_finite(e[q], o[q]))
+            };
+        }
+    }
+    out[..NT].copy_from_slice(&c);
+}
+
+// ---------------------------------------------------------------- the drivers
+
+/// Which implementation an op call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// AMX tiles.
+    Amx,
+    /// The AVX-512 emulation.
+    Avx512,
+    /// The portable emulation (vectorized at the current level).
+    Portable,
+}
+
+/// The path of an op call starting now.
+pub(crate) fn path() -> Path {
+    use super::simd::{SimdLevel, level};
+    match level() {
+        SimdLevel::Avx512 if amx_on() => Path::Amx,
+        SimdLevel::Avx512 => Path::Avx512,
+        _ => Path::Portable,
+    }
+}
+
+/// The activations of one call, in the form its path reads.
+pub(crate) enum Acts<'a> {
+    /// AMX tiles, `groups` (even) row groups × `kblocks`.
+    Tiles(&'a [u16]),
+    /// Widened rows of `kblocks · 32` floats and their span summaries.
+    Rows { a: &'a [f32], spans: &'a [u16] },
+}
+
+/// Computes panels `2 · pairs.start ..` of the output into `t` (per panel,
+/// `m_pad` rows of 16 floats; `t` holds the panel pairs of `pairs`).
+pub(crate) fn panel_pairs(
+    path: Path,
+    acts: &Acts<'_>,
+    b: &PackedB,
+    m: usize,
+    m_pad: usize,
+    pairs: std::ops::Range<usize>,
+    t: &mut [f32],
+) {
+    let kb = b.kblocks;
+    debug_assert_eq!(t.len(), pairs.len() * 2 * m_pad * NT);
+    match (path, acts) {
+        #[cfg(target_arch = "x86_64")]
+        (Path::Amx, Acts::Tiles(a)) => {
+            // SAFETY: `path` is Amx only when the CPU and the OS let this
+            // process use AMX tiles (`amx_on`); the buffers hold the tiles the
+            // kernel reads (`m_pad / 16` groups of `a`, the pairs' panels of
+            // `b`) and `t` the floats it writes, as the asserts check.
+            unsafe { amx::panel_pairs(a, b, m_pad, pairs, t) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512, Acts::Rows { a, spans }) => {
+            for (pi, tp) in pairs.zip(t.chunks_exact_mut(2 * m_pad * NT)) {
+                for (h, tj) in tp.chunks_exact_mut(m_pad * NT).enumerate() {
+                    let j = 2 * pi + h;
+                    // SAFETY: `path` is Avx512 only when `level()` is, which
+                    // means the CPU has AVX-512 F/BW/DQ/VL.
+                    unsafe { avx512::panel(a, spans, b, j, m, kb, tj) }
+                }
+            }
+        }
+        (_, Acts::Rows { a, spans }) => {
+            super::simd::vectorized!(portable_panels(a, spans, b, m, m_pad, pairs.clone(), t))
+        }
+        _ => unreachable!("amx_rule: the activations do not match the path"),
+    }
+}
+
+/// The portable emulation over whole panel pairs.
+#[inline(always)]
+fn portable_panels(
+    a: &[f32],
+    spans: &[u16],
+    b: &PackedB,
+    m: usize,
+    m_pad: usize,
+    pairs: std::ops::Range<usize>,
+    t: &mut [f32],
+) {
+    let kb = b.kblocks;
+    let ka = kb * KB;
+    let data = b.data();
+    for (pi, tp) in pairs.zip(t.chunks_exact_mut(2 * m_pad * NT)) {
+        for (h, tj) in tp.chunks_exact_mut(m_pad * NT).enumerate() {
+            let j = 2 * pi + h;
+            portable_rows(a, spans, data, b.spans[j], j, kb, 0..m, ka, tj);
+        }
+    }
+}
+
+/// Rows `rows` of the portable emulation against panel `j` (outputs at row
+/// `i` of `tj`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn portable_rows(
+    a: &[f32],
+    spans: &[u16],
+    data: &[u16],
+    span_b: u16,
+    j: usize,
+    kb: usize,
+    rows: std::ops::Range<usize>,
+    ka: usize,
+    tj: &mut [f32],
+) {
+    let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
+    // Fused multiply-adds only where they are instructions (at the portable
+    // level `mul_add` is a library call, slower than the f64 steps).
+    let fma = super::simd::level() >= super::simd::SimdLevel::Avx2;
+    for i in rows {
+        let mode = if fma && no_flush_possible(spans[i], span_b) {
+            Mode::Fused
+        } else if finite(spans[i], span_b) {
+            Mode::Finite
+        } else {
+            Mode::Exact
+        };
+        portable_row(
+            &a[i * ka..(i + 1) * ka],
+            bt,
+            kb,
+            mode,
+            &mut tj[i * NT..(i + 1) * NT],
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{KB, NT, TILE, no_flush_possible, portable_rows};
+    use std::arch::x86_64::*;
+
+    /// Rows per register block.
+    const MR: usize = 8;
+
+    /// Panel `j` for every row: blocks of up to 8 rows that pass the no-flush
+    /// check run [`block`], the others the portable emulation.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) fn panel(
+        a: &[f32],
+        spans: &[u16],
+        b: &super::PackedB,
+        j: usize,
+        m: usize,
+        kb: usize,
+        tj: &mut [f32],
+    ) {
+        let ka = kb * KB;
+        let data = b.data();
+        let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
+        let sb = b.spans[j];
+        let mut i = 0;
+        while i < m {
+            let r = MR.min(m - i);
+            let fast = (i..i + r).all(|ii| no_flush_possible(spans[ii], sb));
+            if !fast {
+                portable_rows(a, spans, data, sb, j, kb, i..i + r, ka, tj);
+            } else {
+                let a = &a[i * ka..(i + r) * ka];
+                let o = &mut tj[i * NT..(i + r) * NT];
+                match r {
+                    8 => block::<8>(a, ka, bt, kb, o),
+                    7 => block::<7>(a, ka, bt, kb, o),
+                    6 => block::<6>(a, ka, bt, kb, o),
+                    5 => block::<5>(a, ka, bt, kb, o),
+                    4 => block::<4>(a, ka, bt, kb, o),
+                    3 => block::<3>(a, ka, bt, kb, o),
+                    2 => block::<2>(a, ka, bt, kb, o),
+                    _ => block::<1>(a, ka, bt, kb, o),
+                }
+            }
+            i += r;
+        }
+    }
+
+    /// `R` rows × 16 columns over the whole depth: even and odd accumulators
+    /// per row, `C` in registers. Plain IEEE fused multiply-adds; the caller
+    /// has checked that no step can produce a nonzero result below `2^-126`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    fn block<const R: usize>(a: &[f32], ka: usize, bt: &[u16], kb: usize, out: &mut [f32]) {
+        assert!(a.len() >= R * ka && ka >= kb * KB && bt.len() >= kb * TILE);
+        assert!(out.len() >= R * NT);
+        let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        let mut c = [_mm512_setzero_ps(); R];
+        let ap = a.as_ptr();
+        let bp = bt.as_ptr();
+        for k in 0..kb {
+            let mut e = [_mm512_setzero_ps(); R];
+            let mut o = [_mm512_setzero_ps(); R];
+            for p in 0..KB / 2 {
+                // SAFETY: tile `k` row `p` (64 bytes) lies inside `bt`, and
+                // row `r`'s elements `k·32 + 2p (+1)` inside `a` (asserted).
+                unsafe {
+                    let raw = _mm512_loadu_si512(bp.add(k * TILE + p * 32).cast());
+                    let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
+                    let bo = _mm512_castsi512_ps(_mm512_and_si512(raw, hi));
+                    for r in 0..R {
+                        let x = ap.add(r * ka + k * KB + 2 * p);
+                        e[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x), be, e[r]);
+                        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(1)), bo, o[r]);
+                    }
+                }
+            }
+            for r in 0..R {
+                c[r] = _mm512_add_ps(c[r], _mm512_add_ps(e[r], o[r]));
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            // SAFETY: row `r`'s 16 floats lie inside `out` (asserted).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(r * NT), *cr) };
+        }
+    }
+}
+
+// ---------------------------------------------------------------- AMX
+
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use super::{MT, NT, TILE};
+    use std::arch::asm;
+
+    /// Depth blocks per chunk (see `panel_pairs`).
+    const KC: usize = 8;
+    /// Bytes of activation tiles per row block (see `panel_pairs`).
+    const RB_BYTES: usize = 1 << 20;
+
+    /// The 64-byte tile configuration (palette 1): `tmm0-7` all 16 rows × 64
+    /// bytes.
+    #[repr(C, align(64))]
+    struct TileCfg {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// Panel pairs `pairs` for every row group pair: C tiles `tmm0-3` =
+    /// (g, j), (g, j+1), (g+1, j), (g+1, j+1), A tiles `tmm4-5`, B tiles
+    /// `tmm6-7`, one `TDPBF16PS` per tile pair and depth block.
+    ///
+    /// # Safety
+    /// AMX must be usable by this process ([`super::amx_on`]).
+    pub(super) unsafe fn panel_pairs(
+        a: &[u16],
+        b: &super::PackedB,
+        m_pad: usize,
+        pairs: std::ops::Range<usize>,
+        t: &mut [f32],
+    ) {
+        let kb = b.kblocks;
+        let groups = m_pad / MT;
+        assert!(groups.is_multiple_of(2) && a.len() >= groups * kb * TILE);
+        assert!(pairs.end * 2 <= b.panels && t.len() >= pairs.len() * 2 * m_pad * NT);
+        assert!(
+            (a.as_ptr() as usize).is_multiple_of(64) && (t.as_ptr() as usize).is_multiple_of(64)
+        );
+        let mut cfg = TileCfg {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for i in 0..8 {
+            cfg.colsb[i] = 64;
+            cfg.rows[i] = 16;
+        }
+        let data = b.data();
+        let stride = 64usize;
+        let step = kb * TILE * 2; // bytes from tile (g, kb) to (g + 1, kb)
+        // SAFETY: the configuration is a valid palette-1 layout; every tile
+        // access below reads or writes 16 rows of 64 bytes inside the asserted
+        // buffers (A tiles of groups g, g+1; B tiles of panels j, j+1; C rows
+        // g·16 .. g·16 + 32 of panels j, j+1 in `t`).
+        unsafe {
+            asm!("ldtilecfg [{cfg}]", cfg = in(reg) &raw const cfg, options(nostack));
+            // Row blocks of `rb` group pairs whose activations (about 1 MiB)
+            // stay in L2 while every panel pair of the call runs over them;
+            // per panel pair, depth chunks of KC blocks: the pair's weights
+            // for the chunk (16 KiB) stay in L1 while the block's group pairs
+            // run over them. C goes through `t` between chunks (the pair's C
+            // for the block stays in L1/L2) as the f32 it is in the tile:
+            // the same bits.
+            let rb = (RB_BYTES / (2 * kb * TILE * 2)).max(1);
+            let mut g0 = 0;
+            while g0 < groups / 2 {
+                let g1 = (g0 + rb).min(groups / 2);
+                for (pi, tp) in pairs.clone().zip(t.chunks_exact_mut(2 * m_pad * NT)) {
+                    let mut k0 = 0;
+                    while k0 < kb {
+                        let kn = KC.min(kb - k0);
+                        let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
+                        for gg in g0..g1 {
+                            let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
+                            let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
+                            let c1 = c0.add(m_pad * NT);
+                            let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
+                            if k0 == 0 {
+                                asm!(
+                                    "tilezero tmm0",
+                                    "tilezero tmm1",
+                                    "tilezero tmm2",
+                                    "tilezero tmm3",
+                                    options(nostack, nomem)
+                                );
+                            } else {
+                                asm!(
+                                    "tileloadd tmm0, [{c0} + {s}*1]",
+                                    "tileloadd tmm1, [{c1} + {s}*1]",
+                                    "tileloadd tmm2, [{c2} + {s}*1]",
+                                    "tileloadd tmm3, [{c3} + {s}*1]",
+                                    c0 = in(reg) c0,
+                                    c1 = in(reg) c1,
+                                    c2 = in(reg) c2,
+                                    c3 = in(reg) c3,
+                                    s = in(reg) stride,
+                                    options(nostack)
+                                );
+                            }
+                            asm!(
+                                "2:",
+                                "tileloadd tmm4, [{pa} + {s}*1]",
+                                "tileloadd tmm6, [{pb} + {s}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tileloadd tmm7, [{pb1} + {s}*1]",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                "tileloadd tmm5, [{pa1} + {s}*1]",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                "tdpbf16ps tmm3, tmm5, tmm7",
+                                "add {pa}, 1024",
+                                "add {pb}, 1024",
+                                "add {pa1}, 1024",
+                                "add {pb1}, 1024",
+                                "dec {n}",
+                                "jnz 2b",
+                                pa = inout(reg) ag => _,
+                                pb = inout(reg) bj => _,
+                                pa1 = inout(reg) ag.byte_add(step) => _,
+                                pb1 = inout(reg) bj.byte_add(step) => _,
+                                n = inout(reg) kn => _,
+                                s = in(reg) stride,
+                                options(nostack)
+                            );
+                            asm!(
+                                "tilestored [{c0} + {s}*1], tmm0",
+                                "tilestored [{c1} + {s}*1], tmm1",
+                                "tilestored [{c2} + {s}*1], tmm2",
+                                "tilestored [{c3} + {s}*1], tmm3",
+                                c0 = in(reg) c0,
+                                c1 = in(reg) c1,
+                                c2 = in(reg) c2,
+                                c3 = in(reg) c3,
+                                s = in(reg) stride,
+                                options(nostack)
+                            );
+                        }
+                        k0 += kn;
+                    }
+                }
+                g0 = g1;
+            }
+            asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- AMX availability
+
+/// `FUCINA_AMX` not read yet / AMX off / AMX on (when available).
+const AMX_UNSET: u8 = 0;
+const AMX_OFF: u8 = 1;
+const AMX_ON: u8 = 2;
+static AMX_MODE: AtomicU8 = AtomicU8::new(AMX_UNSET);
+
+/// Whether the CPU has `amx_tile` and `amx_bf16` and the kernel let this
+/// process use the tile data (asked once per process, with
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`).
+pub(crate) fn amx_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect_amx)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect_amx() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    // Leaf 7 exists when leaf 0 says so; EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+    let max = __cpuid_count(0, 0).eax;
+    if max < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain system call with integer arguments; it only changes
+    // which state components this process may use.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    r == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect_amx() -> bool {
+    false
+}
+
+/// Whether the AVX-512 level uses AMX now.
+pub(crate) fn amx_on() -> bool {
+    let mode = match AMX_MODE.load(Ordering::Relaxed) {
+        AMX_UNSET => {
+            let off = std::env::var("FUCINA_AMX").is_ok_and(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "off" | "0" | "false" | "no"
+                )
+            });
+            let mode = if off { AMX_OFF } else { AMX_ON };
+            let _ =
+                AMX_MODE.compare_exchange(AMX_UNSET, mode, Ordering::Relaxed, Ordering::Relaxed);
+            AMX_MODE.load(Ordering::Relaxed)
+        }
+        v => v,
+    };
+    mode == AMX_ON && amx_available()
+}
+
+/// Turns the AMX path on or off for later calls; `false` (and no change) when
+/// asked to turn it on where it is not available.
+pub(crate) fn force_amx(on: bool) -> bool {
+    if on && !amx_available() {
+        return false;
+    }
+    AMX_MODE.store(if on { AMX_ON } else { AMX_OFF }, Ordering::Relaxed);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lim_is_the_flush_threshold() {
+        assert_eq!(LIM, f64::from(f32::MIN_POSITIVE) - 2f64.powi(-151));
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 is a tie: to even (1.0); 1 + 3·2^-8 rounds up.
+        assert_eq!(to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        assert_eq!(to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+        assert_eq!(to_bf16(f32::MAX), 0x7f80);
+        assert_eq!(to_bf16(f32::from_bits(0x7f80_0001)), 0x7fc0);
+        assert_eq!(to_bf16(-1e-40), 0x8000); // subnormal: DAZ
+    }
+
+    #[test]
+    fn step_flushes_after_rounding() {
+        let t = f32::MIN_POSITIVE;
+        // x·y = 2^-126 - 2^-150 exactly: flushed (IEEE would give 2^-126).
+        let (x, y) = (bf(0x3f80), 0.0);
+        assert_eq!(step(t, x, y), t);
+        let a = 2f32.powi(-63);
+        let b = -(2f32.powi(-87)); // a·b = -2^-150
+        assert_eq!(step(t, a, b).to_bits(), 0);
+        assert_eq!(step(t, a, -(2f32.powi(-89))), t); // t - 2^-152 -> 2^-126
+    }
+}
