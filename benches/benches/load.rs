@@ -288,14 +288,7 @@ fn main() {
         return busy(secs);
     }
     let a = args();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".into());
+    let cpu = fucina_benches::cpu_model();
     let uptime = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "load bench: {} runs x {} steps, {} threads, CPU {cpu}, {} logical CPUs, loadavg at start {}",

@@ -252,6 +252,19 @@ pub fn report_fraction_of_peak(
     (gflops, frac)
 }
 
+/// The CPU's model name as `/proc/cpuinfo` gives it (`"unknown"` where that
+/// file or line is missing): what every figure is printed beside.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// `n` benchmark inputs uniform in `[-1, 1)` from the seed (the workspace's own
 /// counter-based generator; shared by the peer benchmarks).
 pub fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
