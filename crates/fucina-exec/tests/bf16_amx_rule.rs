@@ -766,3 +766,34 @@ fn amx_works_on_workers_started_before_the_permission() {
         }
     });
 }
+
+/// Set in the child process `fucina_amx_off_turns_the_amx_path_off` starts.
+const AMX_OFF_CHILD: &str = "FUCINA_EXEC_AMX_OFF_CHILD";
+
+/// `FUCINA_AMX=off` (read once per process) keeps the product off the AMX
+/// tiles: run in a child process of this binary with the variable set, the
+/// path is the AVX-512 or the portable emulation (on a CPU without AMX it
+/// never is AMX, so only an AMX machine can fail this).
+#[test]
+fn fucina_amx_off_turns_the_amx_path_off() {
+    if std::env::var_os(AMX_OFF_CHILD).is_some() {
+        assert_ne!(fucina_exec::amx_rule_path(), "amx", "FUCINA_AMX=off");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("current_exe"))
+        .args([
+            "--exact",
+            "fucina_amx_off_turns_the_amx_path_off",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(AMX_OFF_CHILD, "1")
+        .env("FUCINA_AMX", "off")
+        .output()
+        .expect("spawn the child test process");
+    assert!(
+        out.status.success(),
+        "the child with FUCINA_AMX=off failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
