@@ -608,6 +608,18 @@ pub(crate) fn depthwise_input_grad_plane(g: &ConvGeom, dy: &[f32], wk: &[f32], d
     }
 }
 
+/// A depthwise tap's weight gradient from its per-column sums (`OW` floats,
+/// zero outside the tap's columns): their sum in column order. Both the plain
+/// loops and the AVX-512 kernel end with it.
+#[inline(always)]
+pub(crate) fn tap_sum(acc: &[f32]) -> f32 {
+    let mut sum = 0.0f32;
+    for &v in acc {
+        sum += v;
+    }
+    sum
+}
+
 /// Direct depthwise weight gradient of one channel over the batch: for every tap
 /// `(r, s)`, `acc[ow]` collects `dy[n, oh, ow] * x[n, ih, iw]` over `(n, oh)` in
 /// increasing order (one accumulator per output column, so the loop vectorizes
@@ -657,11 +669,7 @@ pub(crate) fn depthwise_weight_grad<'a>(
                     }
                 }
             }
-            let mut sum = 0.0f32;
-            for &v in acc.iter() {
-                sum += v;
-            }
-            dw[r * g.kw + s] = sum;
+            dw[r * g.kw + s] = tap_sum(acc);
         }
     }
 }

@@ -20,6 +20,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::conv::ConvGeom;
+use crate::kernels::simd::first_lanes as first;
 
 /// The lanes `l < n` with `0 <= start + l < len`, as a mask.
 #[inline(always)]
@@ -31,12 +32,6 @@ fn lanes(start: isize, len: usize, n: usize) -> u16 {
     } else {
         (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16
     }
-}
-
-/// The mask of the first `n <= 16` lanes.
-#[inline(always)]
-fn first(n: usize) -> u16 {
-    (((1u32 << n) - 1) & 0xFFFF) as u16
 }
 
 /// Asserts what every kernel here needs of the geometry.
@@ -272,11 +267,7 @@ pub(crate) fn depthwise_weight_grad_avx512<'a>(
                 _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * c), m, sums[t * chunks + c])
             };
         }
-        let mut sum = 0.0f32;
-        for &v in acc.iter() {
-            sum += v;
-        }
-        dw[t] = sum;
+        dw[t] = super::conv::tap_sum(acc);
     }
     true
 }

@@ -32,6 +32,9 @@ pub(crate) struct Affine {
     pub(crate) b: f32,
 }
 
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::first_lanes;
+
 /// Lanes of the even (left) elements of the windows.
 #[cfg(target_arch = "x86_64")]
 const EVEN: u16 = 0x5555;
@@ -119,8 +122,7 @@ pub(crate) fn relu_max_2x2_forward_avx512(
         let orow = out[oi * ow..][..ow].as_mut_ptr();
         for j0 in (0..ow).step_by(8) {
             let n = (ow - j0).min(8);
-            let m16 = (((1u32 << (2 * n)) - 1) & 0xFFFF) as u16;
-            let m8 = ((1u32 << n) - 1) as u8;
+            let (m16, m8) = (first_lanes(2 * n), first_lanes(n) as u8);
             // SAFETY: the lanes `m16` enables read `2 * j0..2 * (j0 + n)` of a
             // covered row (`2 * ow <= w`, `2 * oh` rows asserted above).
             let ((_, rt), (_, rb)) = unsafe {
@@ -169,8 +171,7 @@ pub(crate) fn relu_max_2x2_backward_avx512(
         let grow = gy[oi * ow..][..ow].as_ptr();
         for j0 in (0..ow).step_by(8) {
             let n = (ow - j0).min(8);
-            let m16 = (((1u32 << (2 * n)) - 1) & 0xFFFF) as u16;
-            let m8 = ((1u32 << n) - 1) as u8;
+            let (m16, m8) = (first_lanes(2 * n), first_lanes(n) as u8);
             // SAFETY: as in the forward: covered rows, lanes `2 * j0..2 * (j0 + n)`.
             let ((zt, rt), (zb, rb)) = unsafe {
                 (

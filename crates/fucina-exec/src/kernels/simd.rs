@@ -188,6 +188,15 @@ pub unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The mask of the first `n` lanes of a 16-lane register (`n <= 16`), as the
+/// AVX-512 kernels' masked loads and stores of a row's last piece take it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn first_lanes(n: usize) -> u16 {
+    debug_assert!(n <= 16, "first_lanes: {n} > 16");
+    (((1u32 << n) - 1) & 0xFFFF) as u16
+}
+
 /// Evaluates `$body` (an expression whose loops are `#[inline(always)]` kernels)
 /// compiled for the current [`SimdLevel`]: the body is instantiated once per level,
 /// each in its own `#[inline(always)]` closure, which is inlined into the

@@ -180,6 +180,11 @@ mod tests {
     use super::*;
     use crate::kernels::simd;
 
+    /// Whether two results hold the same bits.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// Every vector level this CPU can run, lowest first.
     fn supported_levels() -> Vec<SimdLevel> {
         let best = simd::detected();
@@ -240,7 +245,7 @@ mod tests {
                 accumulate: false,
             };
             gemm(&args, &mut c, &mut scratch);
-            let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+            let same = same_bits(&c, &want);
             assert!(
                 same,
                 "{level:?} m={m} k={k} n={n} differs from the fma chain"
@@ -254,7 +259,7 @@ mod tests {
                     rs: n,
                 };
                 gemm(&GemmArgs { rhs, ..args }, &mut c, &mut scratch);
-                let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                let same = same_bits(&c, &want);
                 assert!(
                     same,
                     "{level:?} in place m={m} k={k} n={n} differs from the fma chain"
@@ -279,7 +284,7 @@ mod tests {
                 accumulate: false,
             };
             gemm(&args_t, &mut c, &mut scratch);
-            let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+            let same = same_bits(&c, &want);
             assert!(
                 same,
                 "{level:?} transposed lhs m={m} k={k} n={n} differs from the fma chain"
@@ -296,10 +301,7 @@ mod tests {
                 accumulate: true,
             };
             gemm(&acc, &mut c, &mut scratch);
-            let same = c
-                .iter()
-                .zip(&want_acc)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
+            let same = same_bits(&c, &want_acc);
             assert!(
                 same,
                 "{level:?} accumulate m={m} k={k} n={n} differs from the fma chain"
@@ -412,10 +414,7 @@ mod tests {
                 pack_lhs(level, &lhs, m, k, &mut pre);
                 let mut got = vec![7.0f32; m * ldc];
                 gemm_ldc_packed_lhs(&args, &pre, &mut got, ldc);
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                let same = same_bits(&got, &want);
                 assert!(same, "{level:?} m={m} k={k} n={n} transposed={transposed}");
             }
         }
