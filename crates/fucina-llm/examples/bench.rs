@@ -70,6 +70,10 @@ struct Args {
     /// kernels' repacked strips that `open_model` makes (`quant_matmul_packed`).
     #[arg(long)]
     in_place: bool,
+    /// Run the projections as bf16 products with the AMX rule
+    /// (`Model::use_bf16_products`; a bf16 model).
+    #[arg(long)]
+    bf16_products: bool,
 }
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -146,7 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    let (model, file_bytes) = if is_gguf {
+    let (mut model, file_bytes) = if is_gguf {
         let (config, mut store, _file) = load_llama(&args.model)?;
         // The GGUF file stays mapped through the weights that borrow it.
         let file_bytes = std::fs::metadata(&args.model)?.len() as usize;
@@ -161,6 +165,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let config = ModelConfig::from_file(args.model.join("config.json"))?;
         (Model::from_parts(config, store)?, file_bytes)
     };
+    if args.bf16_products {
+        model.use_bf16_products()?;
+        println!(
+            "bf16 products with the AMX rule ({} path)",
+            fucina::exec::amx_rule_path()
+        );
+    }
     let cfg = model.config().clone();
     let weight_bytes = model.weight_bytes_per_token();
     println!(

@@ -17,7 +17,9 @@
 //! or a `.gguf` file of the Llama architecture, whose tokenizer comes from its
 //! `tokenizer.ggml.*` metadata. `--dtype f32|f16|bf16|q8_0|q4_0|q4_k` converts the
 //! matrices at load (default: the file's own formats, read in place); see
-//! `fucina_llm::WeightStore::convert`.
+//! `fucina_llm::WeightStore::convert`. `--bf16-products` runs the projections
+//! as bf16 products with the AMX rule (`fucina_llm::Model::use_bf16_products`;
+//! the matrices must be bf16).
 //!
 //! Several prompts separated by `;` are decoded as one batch: each is prefilled
 //! into its own KV cache, then the unfinished sequences advance together, one
@@ -60,6 +62,11 @@ struct Args {
     /// file's own formats).
     #[arg(long)]
     dtype: Option<LoadDtype>,
+    /// Run the projections as bf16 products with the AMX rule (a bf16 model,
+    /// or `--dtype bf16`): activations rounded to bf16, AMX tiles where the
+    /// CPU has them, the same bits everywhere.
+    #[arg(long)]
+    bf16_products: bool,
     /// Prompt text (needs a tokenizer); several prompts separated by ';'.
     #[arg(
         long,
@@ -99,7 +106,10 @@ fn run(args: Args) -> Result<(), String> {
         Some(n) => ExecContext::with_threads(n),
         None => ExecContext::new(),
     };
-    let opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    let mut opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    if args.bf16_products {
+        opened.model.use_bf16_products().map_err(err)?;
+    }
     let (model, tokenizer) = (&opened.model, &opened.tokenizer);
     let prompts = match (&args.prompt, &args.prompt_ids) {
         (Some(text), None) => {

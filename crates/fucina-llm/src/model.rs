@@ -71,7 +71,7 @@ use crate::weights::{LoadDtype, Weight, WeightStore};
 
 /// Tokens a prefill processes per step (its chunks): bounds the activation
 /// memory of a long prompt. The logits do not depend on it.
-pub const PREFILL_CHUNK: usize = 64;
+pub const PREFILL_CHUNK: usize = 256;
 
 /// The context's team when `work` (in additions' worth) is large enough to be
 /// split: [`PARALLEL_THRESHOLD`] or more, on a context of several threads,
@@ -426,6 +426,75 @@ impl Model {
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Every projection matrix with its tensor name: the q, k, v, o and MLP
+    /// projections of each layer, then the output projection (the embedding
+    /// matrix when tied).
+    fn projections_mut(&mut self) -> impl Iterator<Item = (String, &mut Weight)> {
+        let layers = self.layers.iter_mut().enumerate().flat_map(|(i, l)| {
+            [
+                ("self_attn.q_proj", &mut l.q),
+                ("self_attn.k_proj", &mut l.k),
+                ("self_attn.v_proj", &mut l.v),
+                ("self_attn.o_proj", &mut l.o),
+                ("mlp.gate_proj", &mut l.gate),
+                ("mlp.up_proj", &mut l.up),
+                ("mlp.down_proj", &mut l.down),
+            ]
+            .into_iter()
+            .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
+        });
+        let head = match &mut self.lm_head {
+            Some(h) => ("lm_head.weight".to_string(), h),
+            None => ("model.embed_tokens.weight".to_string(), &mut self.embed),
+        };
+        layers.chain(std::iter::once(head))
+    }
+
+    /// Switches the model to **bf16 products**: every projection (and the
+    /// output projection) rounds its input activations to bf16 and sums with
+    /// the AMX rule ([`Weight::pack_bf16_products`]), on Intel's AMX tiles
+    /// where the CPU has them (many times the f32 rate of a prompt's
+    /// prefill) and by an emulation with the same bits elsewhere. Everything
+    /// else (norms, RoPE, attention, softmax, SwiGLU, residuals) stays f32.
+    ///
+    /// The logits are no longer those of f32 activations (each projection's
+    /// inputs lose their low 16 bits, as in a model run in bf16), but every
+    /// invariance of the module holds as before: the same bits for any batch,
+    /// thread count, vector level (AMX on or off) and prefill chunking, and a
+    /// position's logits are the same whether prefilled or decoded.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] naming the first projection that is not a
+    /// bf16 matrix (load the model with [`LoadDtype::BF16`] to convert it);
+    /// out of memory. The model is unchanged on an error.
+    pub fn use_bf16_products(&mut self) -> Result<(), LlmError> {
+        let mut packed = Vec::new();
+        for (name, w) in self.projections_mut() {
+            let mut w = w.clone();
+            w.pack_bf16_products().map_err(|e| match e {
+                LlmError::InvalidRequest { op, reason } => LlmError::InvalidRequest {
+                    op,
+                    reason: format!("{name}: {reason}"),
+                },
+                e => e,
+            })?;
+            packed.push(w);
+        }
+        for ((_, dst), w) in self.projections_mut().zip(packed) {
+            *dst = w;
+        }
+        Ok(())
+    }
+
+    /// Whether [`use_bf16_products`](Model::use_bf16_products) switched the
+    /// model to bf16 products.
+    pub fn uses_bf16_products(&self) -> bool {
+        self.lm_head
+            .as_ref()
+            .unwrap_or(&self.embed)
+            .has_bf16_products()
     }
 
     /// Bytes of weights one decode step reads for one token, in their file format:

@@ -35,7 +35,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use fucina::exec::{PackedQuantMatrix, QuantFormat, QuantMatrix, WeightFormat, WeightMatrix};
+use fucina::exec::{
+    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, WeightFormat, WeightMatrix,
+};
 
 use crate::error::LlmError;
 
@@ -71,6 +73,10 @@ pub struct Weight {
     /// The kernels' strip layout of a quantized matrix, once
     /// [`repack`](Weight::repack) made it (shared by clones of the weight).
     packed: Option<Arc<PackedQuantMatrix>>,
+    /// The AMX-rule tiles of a bf16 matrix, once
+    /// [`pack_bf16_products`](Weight::pack_bf16_products) made them (shared by
+    /// clones of the weight).
+    bf16: Option<Arc<PackedBf16Matrix>>,
 }
 
 impl Weight {
@@ -99,6 +105,7 @@ impl Weight {
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
+            bf16: None,
         })
     }
 
@@ -118,6 +125,7 @@ impl Weight {
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
+            bf16: None,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -138,6 +146,7 @@ impl Weight {
             shape,
             bytes: WeightBytes::Mapped { map, range },
             packed: None,
+            bf16: None,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -176,6 +185,10 @@ impl Weight {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), LlmError> {
+        if let Some(b) = &self.bf16 {
+            ctx.bf16_matmul_amx_rule(x, m, b, out)?;
+            return Ok(());
+        }
         match (&self.packed, self.quant) {
             (Some(p), _) => ctx.quant_matmul_packed(x, m, p, out)?,
             (None, None) => ctx.weight_matmul(x, m, &self.matrix()?, out)?,
@@ -231,6 +244,51 @@ impl Weight {
         }
     }
 
+    /// Switches [`matmul`](Weight::matmul) of a bf16 matrix to bf16 products
+    /// with the AMX rule ([`ExecContext::bf16_matmul_amx_rule`](fucina::ExecContext::bf16_matmul_amx_rule)):
+    /// the activations are rounded to bf16 and the depth is summed as Intel's
+    /// AMX tile product sums it, on the AMX tiles where the CPU has them and
+    /// by an emulation with the same bits elsewhere. Makes the op's packed
+    /// tiles (the matrix's bytes, rounded up to whole tiles) and, for a
+    /// weight mapped from a file, tells the kernel its pages are not needed
+    /// now (the tiles replace them; rows read later by
+    /// [`row_to_f32`](Weight::row_to_f32) page back in). Returns whether tiles
+    /// were made (`false` when they exist already).
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when the weight is not a bf16 matrix (a
+    /// quantized, f32 or f16 weight, or not rank 2); out of memory. The weight
+    /// is unchanged on an error.
+    pub fn pack_bf16_products(&mut self) -> Result<bool, LlmError> {
+        if self.bf16.is_some() {
+            return Ok(false);
+        }
+        if self.quant.is_some() || self.format != WeightFormat::BF16 || self.shape.len() != 2 {
+            let what = match self.quant {
+                Some(q) => format!("{q:?}"),
+                None => self.format.name().to_string(),
+            };
+            return Err(LlmError::InvalidRequest {
+                op: "Weight::pack_bf16_products",
+                reason: format!(
+                    "the weight is {what}, shape {:?}: bf16 products need a bf16 matrix \
+                     (convert the model to bf16 first)",
+                    self.shape
+                ),
+            });
+        }
+        let packed = PackedBf16Matrix::new(&self.matrix()?)?;
+        self.bf16 = Some(Arc::new(packed));
+        self.release_mapped_pages();
+        Ok(true)
+    }
+
+    /// Whether [`pack_bf16_products`](Weight::pack_bf16_products) made the
+    /// AMX-rule tiles that [`matmul`](Weight::matmul) reads.
+    pub fn has_bf16_products(&self) -> bool {
+        self.bf16.is_some()
+    }
+
     /// Whether [`repack`](Weight::repack) made the kernels' copy.
     pub fn is_repacked(&self) -> bool {
         self.packed.is_some()
@@ -280,6 +338,7 @@ impl Weight {
             shape: shape.to_vec(),
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
+            bf16: None,
         }
     }
 
@@ -296,6 +355,7 @@ impl Weight {
             shape,
             bytes: WeightBytes::Mapped { map, range },
             packed: None,
+            bf16: None,
         }
     }
 

@@ -1,14 +1,15 @@
 //! Batch, thread and vector-level invariance: a sequence's logits are the same
 //! bits decoded alone on one thread as decoded in a batch of three sequences of
 //! different lengths (one of which joins mid-way, in varying batch orders), on
-//! 1, 2, 3 and 4 threads, at every vector level the CPU has.
+//! 1, 2, 3 and 4 threads, at every vector level the CPU has; with bf16
+//! products also with and without the AMX tiles.
 
 #![allow(clippy::result_large_err)]
 
 mod model_support;
 
 use fucina::ExecContext;
-use fucina::exec::{SimdLevel, WeightFormat, detected_simd_level, force_simd_level};
+use fucina::exec::{SimdLevel, WeightFormat, detected_simd_level, force_amx, force_simd_level};
 use fucina_llm::{KvCache, Model, ModelConfig};
 use model_support::tokens;
 
@@ -113,12 +114,17 @@ fn batched(model: &Model, ctx: &ExecContext, seqs: &[Seq]) -> Trace {
 }
 
 fn check(c: &ModelConfig, format: WeightFormat) {
-    let model = model_support::model(c, format, 77);
+    check_model(&model_support::model(c, format, 77), c);
+}
+
+/// [`check`] of a given model; at the AVX-512 level also with the AMX tiles
+/// turned off, then on again where the CPU has them (bf16 products).
+fn check_model(model: &Model, c: &ModelConfig) {
     let seqs = sequences(c.vocab_size);
     let best = detected_simd_level();
     let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l <= best).collect();
     eprintln!("levels compared: {levels:?}");
-    let reference = alone(&model, &ExecContext::with_threads(1), &seqs);
+    let reference = alone(model, &ExecContext::with_threads(1), &seqs);
     for s in &reference {
         assert!(s.len() > 4);
     }
@@ -126,17 +132,24 @@ fn check(c: &ModelConfig, format: WeightFormat) {
         assert!(force_simd_level(level));
         for threads in 1..=4 {
             let ctx = ExecContext::with_threads(threads);
-            let got = batched(&model, &ctx, &seqs);
+            let got = batched(model, &ctx, &seqs);
             assert_eq!(
                 got, reference,
                 "batched decode at {level:?} on {threads} threads differs from alone"
             );
         }
-        let got = alone(&model, &ExecContext::with_threads(3), &seqs);
+        let got = alone(model, &ExecContext::with_threads(3), &seqs);
         assert_eq!(
             got, reference,
             "alone decode at {level:?} on 3 threads differs"
         );
+        if level == SimdLevel::Avx512 && model.uses_bf16_products() {
+            let amx = fucina::exec::amx_available();
+            force_amx(false);
+            let got = batched(model, &ExecContext::with_threads(2), &seqs);
+            force_amx(amx);
+            assert_eq!(got, reference, "batched decode without AMX tiles differs");
+        }
     }
     assert!(force_simd_level(best));
 }
@@ -159,4 +172,20 @@ fn decode_is_batch_thread_and_level_invariant_f32_with_a_window() {
     c.sliding_window = Some(25);
     c.tie_word_embeddings = true;
     check(&c, WeightFormat::F32);
+}
+
+#[test]
+fn bf16_products_are_batch_thread_level_and_amx_invariant() {
+    // Prompts of 20-42 rows: the projections of a prefill run on the AMX
+    // tiles where the CPU has them, those of a decode batch too or on the
+    // emulation; every path gives the same bits.
+    let mut c = model_support::llama(64);
+    c.head_dim = 32;
+    c.intermediate_size = 160;
+    c.vocab_size = 160;
+    c.qkv_bias = true;
+    let mut model = model_support::model(&c, WeightFormat::BF16, 77);
+    model.use_bf16_products().unwrap();
+    eprintln!("AMX-rule path: {}", fucina::exec::amx_rule_path());
+    check_model(&model, &c);
 }

@@ -23,6 +23,16 @@ use model_support::{llama, random_weights, tokens};
 struct Reference<'a> {
     c: &'a ModelConfig,
     w: HashMap<String, Vec<f64>>,
+    /// Round every projection's input to bf16 (nearest-even, through f32)
+    /// first: the model's bf16 products.
+    bf16_inputs: bool,
+}
+
+/// `x` rounded to f32, then to bf16 (nearest-even), as f64.
+fn to_bf16(x: f64) -> f64 {
+    let b = (x as f32).to_bits();
+    let r = (b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(r) as f64
 }
 
 impl<'a> Reference<'a> {
@@ -36,7 +46,11 @@ impl<'a> Reference<'a> {
                 )
             })
             .collect();
-        Reference { c, w }
+        Reference {
+            c,
+            w,
+            bf16_inputs: false,
+        }
     }
 
     fn t(&self, name: &str) -> &[f64] {
@@ -47,6 +61,14 @@ impl<'a> Reference<'a> {
     fn linear(&self, name: &str, x: &[f64]) -> Vec<f64> {
         let w = self.t(name);
         let cols = x.len();
+        let rounded: Vec<f64>;
+        let x = match self.bf16_inputs {
+            true => {
+                rounded = x.iter().map(|&v| to_bf16(v)).collect();
+                &rounded[..]
+            }
+            false => x,
+        };
         (0..w.len() / cols)
             .map(|j| (0..cols).map(|k| w[j * cols + k] * x[k]).sum())
             .collect()
@@ -323,6 +345,7 @@ fn mistral_sliding_window_matches_the_f64_reference() {
 fn a_prompt_of_several_chunks_matches_the_f64_reference() {
     let mut c = llama(32);
     c.num_hidden_layers = 1;
+    c.max_position_embeddings = 4 * PREFILL_CHUNK;
     check_against_reference(&c, WeightFormat::F32, 2 * PREFILL_CHUNK + 11, 7);
 }
 
@@ -340,11 +363,15 @@ fn one_kv_head_and_eight_query_heads_match_the_f64_reference() {
 
 fn prefill_then_decode_is_prefill_of_the_whole(c: &ModelConfig) {
     let model = model_support::model(c, WeightFormat::BF16, 11);
+    prefill_then_decode_is_prefill_of_the_whole_for(&model, c);
+}
+
+fn prefill_then_decode_is_prefill_of_the_whole_for(model: &Model, c: &ModelConfig) {
     let vocab = c.vocab_size;
     let seq = tokens(99, PREFILL_CHUNK + 20, vocab);
     for threads in [1, 3] {
         let ctx = ExecContext::with_threads(threads);
-        let whole = prefill_all(&model, &ctx, &seq);
+        let whole = prefill_all(model, &ctx, &seq);
         // Prefill of a prefix (odd length, across no chunk boundary), another
         // prefill across the chunk boundary, then decode one token at a time.
         let mut cache = model.new_cache(&ctx, seq.len()).unwrap();
@@ -395,6 +422,107 @@ fn prefill_then_decode_gives_the_bits_of_one_prefill_with_a_window() {
     c.sliding_window = Some(9);
     c.qkv_bias = true;
     prefill_then_decode_is_prefill_of_the_whole(&c);
+}
+
+// ---------------------------------------------------------------------------
+// bf16 products.
+
+/// The absolute differences between the logits `got` (`[n, vocab]`) and
+/// `want`, sorted, and the largest `|want|`.
+fn sorted_errors(got: &[f32], want: &[Vec<f64>]) -> (Vec<f64>, f64) {
+    let vocab = want[0].len();
+    let mut errors = Vec::new();
+    let mut scale = 0.0f64;
+    for (t, row) in want.iter().enumerate() {
+        for (j, &r) in row.iter().enumerate() {
+            errors.push((got[t * vocab + j] as f64 - r).abs());
+            scale = scale.max(r.abs());
+        }
+    }
+    errors.sort_by(f64::total_cmp);
+    (errors, scale)
+}
+
+/// The `q`-quantile of sorted values.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q) as usize]
+}
+
+#[test]
+fn bf16_products_match_the_reference_with_bf16_inputs() {
+    // Qwen2 biases, tied embeddings (the embedding matrix is the output
+    // projection) and a prompt across two chunks.
+    let mut c = llama(64);
+    c.architecture = Architecture::Qwen2;
+    c.qkv_bias = true;
+    c.tie_word_embeddings = true;
+    c.num_hidden_layers = 1;
+    c.max_position_embeddings = 4 * PREFILL_CHUNK;
+    let w = random_weights(&c, WeightFormat::BF16, 21);
+    let mut reference = Reference::new(&c, &w);
+    let mut model = Model::from_parts(c.clone(), WeightStore::from_tensors(w)).unwrap();
+    assert!(!model.uses_bf16_products());
+    model.use_bf16_products().unwrap();
+    assert!(model.uses_bf16_products());
+    let prompt = tokens(5, PREFILL_CHUNK + 30, c.vocab_size);
+    let got = prefill_all(&model, &ExecContext::with_threads(2), &prompt);
+    let (exact, scale) = sorted_errors(&got, &reference.forward(&prompt));
+    reference.bf16_inputs = true;
+    let (rounded, _) = sorted_errors(&got, &reference.forward(&prompt));
+    let (e90, r90) = (quantile(&exact, 0.9), quantile(&rounded, 0.9));
+    let r_max = quantile(&rounded, 1.0);
+    eprintln!(
+        "bf16 products: max |logit| {scale:.3}; 90th percentile error {e90:.2e} against f64 \
+         inputs, {r90:.2e} against bf16-rounded inputs (max {r_max:.2e})"
+    );
+    assert!(scale > 0.5, "the logits are not degenerate ({scale})");
+    // Against the reference that rounds the projections' inputs as the model
+    // does, only the f32 sums differ, except where an input lies within an
+    // f32 rounding of a bf16 rounding boundary and the two round it to
+    // neighbouring bf16 values (one bf16 step of one input: rare, bounded).
+    assert!(
+        r90 <= 1e-4,
+        "90th percentile error {r90:e} against bf16-rounded inputs"
+    );
+    assert!(
+        r_max <= 1e-3 * scale,
+        "max error {r_max:e} against bf16-rounded inputs"
+    );
+    // Against f64 inputs the rounding shows everywhere.
+    assert!(
+        e90 > 30.0 * r90,
+        "the inputs are not rounded ({e90:e} vs {r90:e})"
+    );
+}
+
+#[test]
+fn bf16_products_prefill_then_decode_gives_the_bits_of_one_prefill() {
+    let mut c = llama(64);
+    c.max_position_embeddings = 4 * PREFILL_CHUNK;
+    let mut model = model_support::model(&c, WeightFormat::BF16, 11);
+    model.use_bf16_products().unwrap();
+    prefill_then_decode_is_prefill_of_the_whole_for(&model, &c);
+}
+
+#[test]
+fn bf16_products_need_bf16_matrices() {
+    let c = llama(32);
+    let mut model = model_support::model(&c, WeightFormat::F16, 3);
+    let ctx = ExecContext::with_threads(1);
+    let prompt = tokens(8, 9, c.vocab_size);
+    let before = prefill_all(&model, &ctx, &prompt);
+    match model.use_bf16_products() {
+        Err(LlmError::InvalidRequest { op, reason }) => {
+            assert_eq!(op, "Weight::pack_bf16_products");
+            assert!(
+                reason.contains("model.layers.0.self_attn.q_proj.weight") && reason.contains("f16"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected an invalid request, got {other:?}"),
+    }
+    assert!(!model.uses_bf16_products());
+    assert_eq!(bits(&prefill_all(&model, &ctx, &prompt)), bits(&before));
 }
 
 #[test]

@@ -20,11 +20,14 @@ use counting::{Counting, allocations, check_the_counter, in_own_process};
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn decode_steps(threads: usize) {
+fn decode_steps(threads: usize, bf16_products: bool) {
     let mut c = model_support::llama(64);
     c.head_dim = 32;
     c.qkv_bias = true;
-    let model = model_support::model(&c, WeightFormat::BF16, 5);
+    let mut model = model_support::model(&c, WeightFormat::BF16, 5);
+    if bf16_products {
+        model.use_bf16_products().unwrap();
+    }
     let vocab = c.vocab_size;
     let ctx = ExecContext::with_threads(threads);
     // Three sequences of different lengths; their attention (3 x 4 heads x
@@ -92,18 +95,31 @@ fn the_counter_counts() {
 #[test]
 fn a_decode_step_allocates_nothing_at_steady_state() {
     in_own_process("a_decode_step_allocates_nothing_at_steady_state", || {
-        decode_steps(1);
-        decode_steps(2);
+        decode_steps(1, false);
+        decode_steps(2, false);
     });
+}
+
+#[test]
+fn a_decode_step_with_bf16_products_allocates_nothing_at_steady_state() {
+    in_own_process(
+        "a_decode_step_with_bf16_products_allocates_nothing_at_steady_state",
+        || {
+            decode_steps(1, true);
+            decode_steps(2, true);
+        },
+    );
 }
 
 #[test]
 fn a_repeated_prefill_allocates_nothing() {
     in_own_process("a_repeated_prefill_allocates_nothing", || {
         let c = model_support::llama(64);
-        let model = model_support::model(&c, WeightFormat::F32, 6);
+        let f32_model = model_support::model(&c, WeightFormat::F32, 6);
+        let mut bf16_model = model_support::model(&c, WeightFormat::BF16, 6);
+        bf16_model.use_bf16_products().unwrap();
         // 4 threads: each head's rows are split in two attention tasks.
-        for threads in [2, 4] {
+        for (model, threads) in [(&f32_model, 2), (&f32_model, 4), (&bf16_model, 2)] {
             let ctx = ExecContext::with_threads(threads);
             let prompt = model_support::tokens(9, 100, c.vocab_size);
             let mut cache = model.new_cache(&ctx, 100).unwrap();
