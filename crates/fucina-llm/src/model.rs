@@ -136,8 +136,8 @@ struct HeadTask {
     rows: std::ops::Range<usize>,
     /// `rows.len() * head_dim` outputs.
     out: Vec<f32>,
-    /// At least twice the longest attention span of the call (two rows at a
-    /// time).
+    /// At least four times the longest attention span of the call (four rows
+    /// at a time).
     scores: Vec<f32>,
 }
 
@@ -195,8 +195,8 @@ impl Scratch {
         }
         for t in &mut self.tasks[..tasks] {
             grow(&mut t.out, task_rows * hd);
-            // Two rows' scores (`kernels::attend_two_rows`).
-            grow(&mut t.scores, 2 * span);
+            // Four rows' scores (`kernels::attend_four_rows`).
+            grow(&mut t.scores, 4 * span);
         }
     }
 }
@@ -935,6 +935,33 @@ impl Model {
                 let pos = positions[r];
                 let lo = lo_of(pos);
                 let at = r * qd + t.head * hd;
+                // Four rows at once when the next three attend from the same
+                // first position to at least as far as the one before (prefill
+                // rows of one sequence): the same bits per row, shared loads.
+                if r + 3 < end
+                    && (1..4).all(|k| {
+                        lo_of(positions[r + k]) == lo && positions[r + k] >= positions[r + k - 1]
+                    })
+                {
+                    let p: [usize; 4] = std::array::from_fn(|k| positions[r + k]);
+                    let qs: [&[f32]; 4] =
+                        std::array::from_fn(|k| &q[at + k * qd..at + k * qd + hd]);
+                    let (o0, rest) = t.out[i * hd..(i + 4) * hd].split_at_mut(hd);
+                    let (o1, rest) = rest.split_at_mut(hd);
+                    let (o2, o3) = rest.split_at_mut(hd);
+                    kernels::attend_four_rows(
+                        qs,
+                        cache.keys_tiled(l, g),
+                        lo,
+                        cache.values(l, g, lo..p[3] + 1),
+                        p.map(|pos| pos + 1 - lo),
+                        scale,
+                        &mut t.scores,
+                        [o0, o1, o2, o3],
+                    );
+                    r += 4;
+                    continue;
+                }
                 // Two rows at once when the next row attends from the same
                 // first position to at least as far (prefill rows of one
                 // sequence): the same bits per row, shared loads.

@@ -478,6 +478,98 @@ mod avx512 {
         }
     }
 
+    /// [`score_tiles`] of four query rows: each key vector loaded once for
+    /// the four (sixteen independent sums at `G = 4`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tiles4<const G: usize>(
+        q: [&[f32]; 4],
+        keys: &[f32],
+        tile0: usize,
+        scale: f32,
+        out: [&mut [f32]; 4],
+    ) {
+        let d = q[0].len();
+        let q: [&[f32]; 4] = q.map(|r| &r[..d]);
+        let keys = &keys[tile0 * d * BLOCK..(tile0 + G) * d * BLOCK];
+        let out: [&mut [f32]; 4] = out.map(|o| &mut o[..G * BLOCK]);
+        let kp = keys.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); G]; 4];
+        for i in 0..d {
+            let x: [__m512; 4] = std::array::from_fn(|r| _mm512_set1_ps(q[r][i]));
+            for g in 0..G {
+                // SAFETY: row i of tile g is inside `keys` (sliced above).
+                let k = unsafe { _mm512_loadu_ps(kp.add((g * d + i) * BLOCK)) };
+                for r in 0..4 {
+                    acc[r][g] = _mm512_fmadd_ps(x[r], k, acc[r][g]);
+                }
+            }
+        }
+        let sv = _mm512_set1_ps(scale);
+        for (o, a) in out.into_iter().zip(acc) {
+            for (g, a) in a.iter().enumerate() {
+                // SAFETY: each output holds G blocks (sliced above).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * BLOCK), _mm512_mul_ps(*a, sv)) };
+            }
+        }
+    }
+
+    /// [`weigh_blocks`] of four rows of probabilities, each over a prefix of
+    /// the positions of the next: the positions of the shortest row for all
+    /// four together, then each longer row's last ones (each output's sum
+    /// still in increasing `j`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weigh_blocks4<const G: usize>(
+        p: [&[f32]; 4],
+        values: &[f32],
+        d: usize,
+        first: usize,
+        out: [&mut [f32]; 4],
+    ) {
+        let n = p.map(|r| r.len());
+        assert!(
+            n[0] <= n[1] && n[1] <= n[2] && n[2] <= n[3],
+            "weigh_blocks4: prefixes"
+        );
+        assert!(first + G * BLOCK <= d && values.len() >= n[3] * d);
+        let out: [&mut [f32]; 4] = out.map(|o| &mut o[first..first + G * BLOCK]);
+        let vp = values.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); G]; 4];
+        for j in 0..n[0] {
+            let x: [__m512; 4] = std::array::from_fn(|r| _mm512_set1_ps(p[r][j]));
+            for g in 0..G {
+                // SAFETY: j < n[3] and first + (g + 1) · BLOCK <= d (asserted).
+                let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
+                for r in 0..4 {
+                    acc[r][g] = _mm512_fmadd_ps(x[r], v, acc[r][g]);
+                }
+            }
+        }
+        for r in 1..4 {
+            for j in n[0]..n[r] {
+                let x = _mm512_set1_ps(p[r][j]);
+                for g in 0..G {
+                    // SAFETY: as above.
+                    let v = unsafe { _mm512_loadu_ps(vp.add(j * d + first + g * BLOCK)) };
+                    acc[r][g] = _mm512_fmadd_ps(x, v, acc[r][g]);
+                }
+            }
+        }
+        for (o, a) in out.into_iter().zip(acc) {
+            for (g, a) in a.iter().enumerate() {
+                // SAFETY: each output holds G blocks (sliced above).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * BLOCK), *a) };
+            }
+        }
+    }
+
     /// See [`super::weigh_blocks`].
     ///
     /// # Safety
@@ -783,6 +875,136 @@ fn attend_two_rows_body<const T: usize, const AVX512: bool>(
     weighted_rest(sb, values, d, first, out_b);
 }
 
+/// Four query rows of one head and sequence, all attending from `lo`: row
+/// `r` to the first `n[r]` of the `n[3] = values.len() / d` positions
+/// (`n` non-decreasing). Each row's scores, probabilities and outputs are
+/// the same bits as [`attend_row`]'s; at the AVX-512 level the four share
+/// the loads of the keys and values and their independent sums run side by
+/// side (other levels run two pairs of [`attend_two_rows`]).
+/// `scores[..4 · n[3]]` is scratch.
+#[allow(clippy::too_many_arguments)] // four rows' queries, outputs and lengths
+pub(crate) fn attend_four_rows(
+    q: [&[f32]; 4],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    n: [usize; 4],
+    scale: f32,
+    scores: &mut [f32],
+    out: [&mut [f32]; 4],
+) {
+    use fucina::exec::SimdLevel;
+    let d = q[0].len();
+    assert!(
+        n[0] <= n[1] && n[1] <= n[2] && n[2] <= n[3] && values.len() == n[3] * d,
+        "attend_four_rows: row lengths"
+    );
+    match fucina::exec::simd_level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx512 only when the CPU has every
+        // feature `with_avx512` enables.
+        SimdLevel::Avx512 => unsafe {
+            with_avx512(
+                #[inline(always)]
+                || attend_four_rows_avx512(q, keys_t, lo, values, n, scale, scores, out),
+            )
+        },
+        _ => {
+            let [o0, o1, o2, o3] = out;
+            let (s01, s23) = scores.split_at_mut(2 * n[3]);
+            let v01 = &values[..n[1] * d];
+            attend_two_rows(q[0], q[1], keys_t, lo, v01, n[0], scale, s01, o0, o1);
+            let v23 = &values[..n[3] * d];
+            attend_two_rows(q[2], q[3], keys_t, lo, v23, n[2], scale, s23, o2, o3);
+        }
+    }
+}
+
+/// [`attend_four_rows`]'s AVX-512 body (see [`attend_two_rows_body`]).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // as attend_four_rows
+#[inline(always)]
+fn attend_four_rows_avx512(
+    q: [&[f32]; 4],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    n: [usize; 4],
+    scale: f32,
+    scores: &mut [f32],
+    out: [&mut [f32]; 4],
+) {
+    const T: usize = 4;
+    let d = q[0].len();
+    let nmax = n[3];
+    let (s0, rest) = scores[..4 * nmax].split_at_mut(nmax);
+    let (s1, rest) = rest.split_at_mut(nmax);
+    let (s2, s3) = rest.split_at_mut(nmax);
+    let mut s = [
+        &mut s0[..n[0]],
+        &mut s1[..n[1]],
+        &mut s2[..n[2]],
+        &mut s3[..n[3]],
+    ];
+    let mut out = out;
+    let first = lo.next_multiple_of(BLOCK);
+    let last = (lo + n[0]) / BLOCK * BLOCK;
+    if first >= last {
+        for r in 0..4 {
+            let v = &values[..n[r] * d];
+            attend_row_body::<T, true>(q[r], keys_t, lo, v, scale, s[r], out[r]);
+        }
+        return;
+    }
+    // The whole key tiles all four rows attend to, together; the positions
+    // around them row by row.
+    for r in 0..4 {
+        scores_range::<T, true>(q[r], keys_t, lo, lo..first, scale, s[r]);
+    }
+    let mut start = first;
+    while start < last {
+        let g = if start + T * BLOCK <= last { T } else { 1 };
+        let span = start - lo..start - lo + g * BLOCK;
+        let [a, b, c, e] = &mut s;
+        let o = [
+            &mut a[span.clone()],
+            &mut b[span.clone()],
+            &mut c[span.clone()],
+            &mut e[span],
+        ];
+        // SAFETY: inside `with_avx512` (the CPU has AVX-512 F).
+        unsafe {
+            match g {
+                T => avx512::score_tiles4::<T>(q, keys_t, start / BLOCK, scale, o),
+                _ => avx512::score_tiles4::<1>(q, keys_t, start / BLOCK, scale, o),
+            }
+        }
+        start += g * BLOCK;
+    }
+    for r in 0..4 {
+        scores_range::<T, true>(q[r], keys_t, lo, last..lo + n[r], scale, s[r]);
+        softmax_in_place(s[r]);
+    }
+    let mut first = 0;
+    while first + BLOCK <= d {
+        let g = if first + T * BLOCK <= d { T } else { 1 };
+        let p = [&*s[0], &*s[1], &*s[2], &*s[3]];
+        let [a, b, c, e] = &mut out;
+        let o = [&mut **a, &mut **b, &mut **c, &mut **e];
+        // SAFETY: inside `with_avx512`.
+        unsafe {
+            match g {
+                T => avx512::weigh_blocks4::<T>(p, values, d, first, o),
+                _ => avx512::weigh_blocks4::<1>(p, values, d, first, o),
+            }
+        }
+        first += g * BLOCK;
+    }
+    for r in 0..4 {
+        weighted_rest(s[r], values, d, first, out[r]);
+    }
+}
+
 /// [`tiles_of_scores`] of two query rows over the same tiles.
 #[inline(always)]
 fn two_tiles_of_scores<const G: usize, const AVX512: bool>(
@@ -999,6 +1221,57 @@ mod tests {
                     (want_a, want_b),
                     "two rows AVX-512 d {d} na {na} nb {nb} lo {lo}"
                 );
+            }
+        }
+        // Four rows at once: each row the bits of `attend_row` alone, at the
+        // dispatched level and at the AVX-512 one.
+        for (d, n, lo) in [
+            (64usize, [200usize, 201, 202, 203], 0usize),
+            (64, [131, 132, 133, 134], 5),
+            (64, [64, 64, 65, 80], 0),
+            (80, [77, 80, 95, 96], 16),
+            (32, [3, 4, 5, 6], 1),
+            (64, [16, 17, 18, 19], 0),
+            (72, [150, 151, 152, 153], 33),
+            (48, [1, 1, 1, 2], 0),
+            (16, [40, 41, 42, 43], 3),
+        ] {
+            let cap = (lo + n[3]).next_multiple_of(BLOCK);
+            let q: Vec<Vec<f32>> = (0..4).map(|r| noise(d, 20 + r)).collect();
+            let kt = noise(d * cap, 30);
+            let v = noise(n[3] * d, 31);
+            let want: Vec<Vec<u32>> = (0..4)
+                .map(|r| {
+                    let (mut sc, mut out) = (vec![0.0f32; n[r]], vec![0.0f32; d]);
+                    let vr = &v[..n[r] * d];
+                    attend_row_body::<1, false>(&q[r], &kt, lo, vr, 0.125, &mut sc, &mut out);
+                    bits(&out)
+                })
+                .collect();
+            let qs: [&[f32]; 4] = std::array::from_fn(|r| &q[r][..]);
+            let four = |avx512: bool| {
+                let mut o = vec![vec![0.0f32; d]; 4];
+                let mut sc = vec![0.0f32; 4 * n[3]];
+                let [o0, o1, o2, o3] = &mut o[..] else {
+                    unreachable!()
+                };
+                let outs = [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]];
+                match avx512 {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: called only where the features were detected.
+                    true => unsafe {
+                        with_avx512(|| {
+                            attend_four_rows_avx512(qs, &kt, lo, &v, n, 0.125, &mut sc, outs)
+                        })
+                    },
+                    _ => attend_four_rows(qs, &kt, lo, &v, n, 0.125, &mut sc, outs),
+                }
+                o.iter().map(|r| bits(r)).collect::<Vec<_>>()
+            };
+            assert_eq!(four(false), want, "four rows d {d} n {n:?} lo {lo}");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx512() {
+                assert_eq!(four(true), want, "four rows AVX-512 d {d} n {n:?} lo {lo}");
             }
         }
         // SwiGLU over values that reach exp's range ends.
