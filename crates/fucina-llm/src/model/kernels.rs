@@ -483,6 +483,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must have AVX-512 F.
+    #[allow(clippy::needless_range_loop)] // by-value accumulators, kept in registers
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn score_tiles4<const G: usize>(
@@ -524,6 +525,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must have AVX-512 F.
+    #[allow(clippy::needless_range_loop)] // by-value accumulators, kept in registers
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn weigh_blocks4<const G: usize>(
