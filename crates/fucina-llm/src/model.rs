@@ -428,9 +428,11 @@ impl Model {
         &self.config
     }
 
-    /// Every projection matrix with its tensor name: the q, k, v, o and MLP
-    /// projections of each layer, then the output projection (the embedding
-    /// matrix when tied).
+    /// Every projection matrix with its tensor name: the output projection
+    /// (the embedding matrix when tied), then the q, k, v, o and MLP
+    /// projections of each layer. (The largest first: packing them in this
+    /// order keeps at most one large matrix resident twice, its file pages
+    /// and its copy, while the copies of the others are made.)
     fn projections_mut(&mut self) -> impl Iterator<Item = (String, &mut Weight)> {
         let layers = self.layers.iter_mut().enumerate().flat_map(|(i, l)| {
             [
@@ -449,7 +451,7 @@ impl Model {
             Some(h) => ("lm_head.weight".to_string(), h),
             None => ("model.embed_tokens.weight".to_string(), &mut self.embed),
         };
-        layers.chain(std::iter::once(head))
+        std::iter::once(head).chain(layers)
     }
 
     /// Switches the model to **bf16 products**: every projection (and the

@@ -77,6 +77,9 @@ pub struct Weight {
     /// [`pack_bf16_products`](Weight::pack_bf16_products) made them (shared by
     /// clones of the weight).
     bf16: Option<Arc<PackedBf16Matrix>>,
+    /// Whether the tiles hold exactly the file's values (no subnormal was
+    /// flushed), so that [`row_to_f32`](Weight::row_to_f32) reads them.
+    bf16_rows: bool,
 }
 
 impl Weight {
@@ -106,6 +109,7 @@ impl Weight {
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
             bf16: None,
+            bf16_rows: false,
         })
     }
 
@@ -126,6 +130,7 @@ impl Weight {
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
             bf16: None,
+            bf16_rows: false,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -147,6 +152,7 @@ impl Weight {
             bytes: WeightBytes::Mapped { map, range },
             packed: None,
             bf16: None,
+            bf16_rows: false,
         };
         w.quant_matrix(name)?;
         Ok(w)
@@ -251,9 +257,11 @@ impl Weight {
     /// by an emulation with the same bits elsewhere. Makes the op's packed
     /// tiles (the matrix's bytes, rounded up to whole tiles) and, for a
     /// weight mapped from a file, tells the kernel its pages are not needed
-    /// now (the tiles replace them; rows read later by
-    /// [`row_to_f32`](Weight::row_to_f32) page back in). Returns whether tiles
-    /// were made (`false` when they exist already).
+    /// now (the tiles replace them: [`row_to_f32`](Weight::row_to_f32) reads
+    /// its rows from the tiles too, unless the matrix holds subnormal values,
+    /// which the tiles read as zeros; then its rows page back in from the
+    /// file). Returns whether tiles were made (`false` when they exist
+    /// already).
     ///
     /// # Errors
     /// [`LlmError::InvalidRequest`] when the weight is not a bf16 matrix (a
@@ -278,6 +286,14 @@ impl Weight {
             });
         }
         let packed = PackedBf16Matrix::new(&self.matrix()?)?;
+        // The tiles read subnormals as zeros; without any, they are the
+        // file's values and serve single rows too (an embedding table that is
+        // also the output projection then stays resident once).
+        let subnormal = |b: &[u8]| {
+            let h = u16::from_le_bytes([b[0], b[1]]);
+            h & 0x7f80 == 0 && h & 0x007f != 0
+        };
+        self.bf16_rows = !self.bytes().chunks_exact(2).any(subnormal);
         self.bf16 = Some(Arc::new(packed));
         self.release_mapped_pages();
         Ok(true)
@@ -300,6 +316,18 @@ impl Weight {
     /// # Errors
     /// A weight that is not a matrix, `r` past its rows or `out` of the wrong length.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<(), LlmError> {
+        if let Some(b) = self.bf16.as_ref().filter(|_| self.bf16_rows) {
+            b.row_to_f32(r, out).map_err(|_| LlmError::InvalidRequest {
+                op: "Weight::row_to_f32",
+                reason: format!(
+                    "row {r} into {} values of a [{}, {}] matrix",
+                    out.len(),
+                    b.rows(),
+                    b.cols()
+                ),
+            })?;
+            return Ok(());
+        }
         match (&self.packed, self.quant) {
             (Some(p), _) => p.dequantize_row(r, out)?,
             (None, Some(_)) => self.quant_matrix("")?.dequantize_row(r, out)?,
@@ -339,6 +367,7 @@ impl Weight {
             bytes: WeightBytes::Owned(bytes.into()),
             packed: None,
             bf16: None,
+            bf16_rows: false,
         }
     }
 
@@ -356,6 +385,7 @@ impl Weight {
             bytes: WeightBytes::Mapped { map, range },
             packed: None,
             bf16: None,
+            bf16_rows: false,
         }
     }
 

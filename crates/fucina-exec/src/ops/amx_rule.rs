@@ -287,3 +287,35 @@ impl ExecContext {
         Ok(())
     }
 }
+
+impl PackedBf16Matrix {
+    /// Row `r` of the packed matrix (output feature `r`, `cols()` values)
+    /// widened to f32 into `out`: the matrix's own values, except that
+    /// subnormal values read as zeros of their sign (the tiles hold the
+    /// inputs as the AMX product reads them). Lets a caller that needs single
+    /// rows (an embedding table that is also the output projection) keep one
+    /// copy of the matrix.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] (naming `PackedBf16Matrix::row_to_f32`)
+    /// when `r >= rows()` or `out.len() != cols()`; nothing is written then.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<(), ExecError> {
+        const OP: &str = "PackedBf16Matrix::row_to_f32";
+        let b = &self.packed;
+        if r >= b.n || out.len() != b.k {
+            return Err(ExecError::InvalidArgument {
+                op: OP,
+                reason: "the row must be below rows() and out hold cols() values",
+            });
+        }
+        // Tile (panel j, block kb) row p holds the 16 columns' pairs side by
+        // side: element (column c, depth 2p + e) at p · 32 + 2c + e.
+        let data = b.data();
+        let (j, c) = (r / NT, r % NT);
+        for (kk, o) in out.iter_mut().enumerate() {
+            let (kb, q) = (kk / KB, kk % KB);
+            *o = k::bf(data[(j * b.kblocks + kb) * TILE + (q / 2) * 32 + 2 * c + (q % 2)]);
+        }
+        Ok(())
+    }
+}
