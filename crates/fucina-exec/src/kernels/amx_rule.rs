@@ -444,7 +444,7 @@ pub(crate) fn path() -> Path {
 /// Calls of fewer rows than this take the AVX-512 emulation even where AMX
 /// is on: the AMX path pads the rows to a multiple of 32, and below this the
 /// emulation reads the weights faster (see docs/BENCHMARKS.md, "decode").
-pub(crate) const AMX_MIN_ROWS: usize = 8;
+pub(crate) const AMX_MIN_ROWS: usize = 6;
 static AMX_MIN_ROWS_NOW: AtomicUsize = AtomicUsize::new(AMX_MIN_ROWS);
 
 /// The row threshold below which AMX calls take the AVX-512 emulation.
