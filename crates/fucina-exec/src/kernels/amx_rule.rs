@@ -442,9 +442,11 @@ pub(crate) fn path() -> Path {
 }
 
 /// Calls of fewer rows than this take the AVX-512 emulation even where AMX
-/// is on: the AMX path pads the rows to a multiple of 32, and below this the
-/// emulation reads the weights faster (see docs/BENCHMARKS.md, "decode").
-pub(crate) const AMX_MIN_ROWS: usize = 6;
+/// is on: up to 8 rows its multi-panel kernel reads weights that come from
+/// memory at about the streaming bandwidth, while the AMX path (rows padded
+/// to 32, tile loads whose latency a tile register cannot hide) reads them
+/// at about 0.75 of it (docs/BENCHMARKS.md, "decode-sized calls").
+pub(crate) const AMX_MIN_ROWS: usize = 9;
 static AMX_MIN_ROWS_NOW: AtomicUsize = AtomicUsize::new(AMX_MIN_ROWS);
 
 /// The row threshold below which AMX calls take the AVX-512 emulation.
@@ -628,7 +630,8 @@ mod avx512 {
         }
     }
 
-    /// Calls of at most this many rows take [`few_rows`].
+    /// Calls of at most this many rows take [`few_rows`] (the AMX row
+    /// threshold `AMX_MIN_ROWS` is one more).
     pub(super) const SMALL_ROWS: usize = 8;
 
     /// Panels read at once by [`few_rows`] (concurrent streams of weights).
