@@ -47,7 +47,13 @@
 //!   `FUCINA_AMX=off` or [`force_amx`](crate::force_amx) turned it off): the
 //!   hardware rule itself. Activations are packed to 64-byte aligned 16×32 bf16
 //!   tiles, weights to 16 pairs × 16 columns tiles ([`PackedB`]); a 2×2 block of
-//!   16×16 C tiles stays in `tmm0-3` over the whole depth.
+//!   16×16 C tiles stays in `tmm0-3` over a depth chunk. Tile registers are
+//!   not renamed, so a tile load's latency is not hidden by the products
+//!   before it: the driver prefetches the next block's activation tiles into
+//!   L1 and the next chunk's weights into L2. Calls of fewer than
+//!   `AMX_MIN_ROWS` (9) rows take the AVX-512 emulation instead: its
+//!   multi-panel kernel reads weights from memory at about the streaming
+//!   bandwidth, the tiles (rows padded to 32) at about 0.75 of it.
 //! * **AVX-512 emulation**: plain `vfmadd231ps` steps, even and odd
 //!   accumulators per row, widened from the same packed weights. The float
 //!   environment is never changed. Instead each (row, 16-column panel) is
@@ -58,7 +64,10 @@
 //!   arithmetic with gradual underflow then gives exactly the rule's bits
 //!   (and the only NaN possible, `∞ - ∞` in an add, is `0xFFC00000` on x86).
 //!   Real weights and activations always pass; a block of rows that does not
-//!   goes through the portable emulation.
+//!   goes through the portable emulation. Calls of up to 8 rows read four
+//!   (or two) panels at once, depth block by depth block, as concurrent
+//!   prefetched streams (one stream per panel runs at about 0.75 of the
+//!   memory bandwidth on the development machine, four at about all of it).
 //! * **Portable emulation** (every level, vectorized by `vectorized!` at
 //!   AVX2/AVX-512): each step in f64, `s = acc + x · y` (the product is exact,
 //!   the sum rounds once to 53 bits, and double rounding to 24 bits is harmless
