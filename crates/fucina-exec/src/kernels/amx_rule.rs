@@ -651,9 +651,10 @@ mod avx512 {
     const PF_TILES: usize = 2;
 
     /// All `m <= SMALL_ROWS` rows against panels `j0 ..` (as many as `t`
-    /// holds, `m` rows of 16 floats each): groups of [`SP`] panels (then
-    /// single panels) whose rows all pass the no-flush check run
-    /// [`streams`], the others [`panel`].
+    /// holds, `m` rows of 16 floats each): groups of [`SP`] panels, else of
+    /// two, whose rows all pass the no-flush check run [`streams`]; a panel
+    /// in neither runs [`panel`] (which sends the rows that fail the check
+    /// to the portable emulation).
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     pub(super) fn few_rows(
         a: &[f32],
@@ -938,14 +939,6 @@ mod amx {
                                     options(nostack)
                                 );
                             }
-                            // Tile registers are not renamed: a tile load
-                            // waits for the products reading the register
-                            // before, so every load should hit L1. Each
-                            // block prefetches the next block's activation
-                            // tiles (from L2); the first group pair of the
-                            // chunk, which reads the pair's weights from
-                            // memory, also prefetches them `PF_TILES` blocks
-                            // ahead (later group pairs find them in L1).
                             // Tile registers are not renamed: a tile load
                             // waits for the products that read the register
                             // before, so its latency is not hidden. Each
