@@ -70,7 +70,10 @@ pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::simd::{with_avx2, with_avx512};
-pub use ops::amx_rule::{PackedBf16Matrix, amx_available, amx_rule_path, force_amx};
+pub use ops::amx_rule::{
+    PackedBf16Matrix, amx_available, amx_rule_path, amx_rule_path_for, force_amx,
+    set_amx_rule_min_rows,
+};
 pub use ops::batch_norm::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};

@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 
 use fucina_exec::{
     ExecContext, ExecError, PackedBf16Matrix, SimdLevel, WeightFormat, WeightMatrix, amx_available,
-    amx_rule_path, detected_simd_level, force_amx, force_simd_level,
+    amx_rule_path, amx_rule_path_for, detected_simd_level, force_amx, force_simd_level,
+    set_amx_rule_min_rows,
 };
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
@@ -761,7 +762,11 @@ fn amx_works_on_workers_started_before_the_permission() {
         let w = c.packed();
         let got = run(&ctx, &c, &w);
         assert_eq!(got, c.oracle(), "path {}", amx_rule_path());
-        if amx_available() && detected_simd_level() == SimdLevel::Avx512 {
+        // (`FUCINA_SIMD` below avx512 or `FUCINA_AMX=off` keep it off the
+        // tiles: the bits are checked all the same.)
+        let overridden =
+            std::env::var_os("FUCINA_SIMD").is_some() || std::env::var_os("FUCINA_AMX").is_some();
+        if amx_available() && detected_simd_level() == SimdLevel::Avx512 && !overridden {
             assert_eq!(amx_rule_path(), "amx");
         }
     });
@@ -796,4 +801,151 @@ fn fucina_amx_off_turns_the_amx_path_off() {
         "the child with FUCINA_AMX=off failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ------------------------------------------------------------ small calls and blocking
+
+/// Decode-sized calls: below the row threshold the op takes the AVX-512
+/// emulation even with AMX on (its multi-panel kernel for up to 8 rows,
+/// the one-panel kernel and the portable emulation for rows and panels that
+/// fail the no-flush check); every `m` from 1 to 40 gives the bits of the
+/// AMX path (threshold 0: every call on the tiles) and of the portable
+/// emulation, on 1 and 2 threads (so that the panels of a thread's share
+/// come in groups of 4, 2 and 1).
+#[test]
+fn few_row_calls_give_the_bits_of_the_amx_and_portable_paths() {
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let amx = detected_simd_level() == SimdLevel::Avx512 && amx_available();
+    let threshold = set_amx_rule_min_rows(0);
+    set_amx_rule_min_rows(threshold);
+    assert!(
+        (2..=9).contains(&threshold),
+        "the default threshold {threshold}"
+    );
+    let mut seed = 9000;
+    for &(k, n, ms) in &[
+        (64usize, 48usize, &(1..=40).collect::<Vec<usize>>()),
+        (576, 192, &vec![1, 2, 3, 5, 7, 8, 9, 17, 33]),
+        (32, 16, &vec![1, 4, 8, 31]),
+        (100, 112, &vec![1, 2, 6, 8, 16]),
+    ] {
+        for &m in ms.iter() {
+            seed += 1;
+            let mut c = Case::random(seed, m, k, n, Class::Plain);
+            if m % 3 == 2 {
+                // One row and 16 weight rows below the emulation's no-flush
+                // gate, with products whose sums sometimes flush: the
+                // panels holding those weight rows take the portable
+                // emulation for this call, the others the fast kernels.
+                let mut r = Rng(seed);
+                for kk in 0..k {
+                    c.x[(m / 2) * k + kk] = gen_x(&mut r, Class::NearGate);
+                }
+                for j in (n / 3)..(n / 3 + 16).min(n) {
+                    for kk in 0..k {
+                        c.w[j * k + kk] = gen_bf16(&mut r, Class::Plain) & 0x807f
+                            | ((66 + r.below(8) as u16) << 7);
+                    }
+                }
+            }
+            let w = c.packed();
+            for threads in [1, 2] {
+                let ctx = ExecContext::with_threads(threads);
+                assert!(force_simd_level(SimdLevel::Portable));
+                let want = run(&ctx, &c, &w);
+                restore();
+                if detected_simd_level() == SimdLevel::Avx512 {
+                    assert!(force_amx(amx));
+                    let path = amx_rule_path_for(m);
+                    assert_eq!(
+                        path,
+                        if amx && m >= threshold {
+                            "amx"
+                        } else {
+                            "avx512"
+                        },
+                        "m = {m}"
+                    );
+                    let got = run(&ctx, &c, &w);
+                    assert!(
+                        got == want,
+                        "{path} m={m} k={k} n={n} {threads} threads vs portable: {}",
+                        first_diff(&got, &want, n)
+                    );
+                    if amx {
+                        set_amx_rule_min_rows(0);
+                        assert_eq!(amx_rule_path_for(m), "amx");
+                        let tiles = run(&ctx, &c, &w);
+                        set_amx_rule_min_rows(threshold);
+                        assert!(
+                            tiles == want,
+                            "amx m={m} k={k} n={n} {threads} threads vs portable: {}",
+                            first_diff(&tiles, &want, n)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    set_amx_rule_min_rows(threshold);
+    restore();
+}
+
+/// The blocking of the AMX driver and of the emulations at their edges:
+/// rows not a multiple of 16 or 32, 1 to 13 panels (odd counts padded to
+/// even), depths of one block, two blocks and 18 (two chunks and a short
+/// one), on 1 and 3 threads, every path against the scalar model.
+#[test]
+fn blocking_edge_cases() {
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seed = 7000;
+    for &(m, k, n) in &[
+        (33usize, 32usize, 16usize),
+        (47, 64, 48),
+        (64, 576, 192),
+        (100, 576, 80),
+        (31, 64, 208),
+        (16, 32, 192),
+        (65, 96, 16),
+    ] {
+        for threads in [1, 3] {
+            seed += 1;
+            let ctx = ExecContext::with_threads(threads);
+            let c = Case::random(seed, m, k, n, Class::Plain);
+            check_all_paths(&ctx, &c, &format!("blocking, {threads} threads"));
+        }
+    }
+}
+
+/// Decode-sized calls allocate nothing either, on the emulation's
+/// multi-panel kernel and on the AMX tiles.
+#[test]
+fn steady_state_few_row_calls_allocate_nothing() {
+    in_own_process("steady_state_few_row_calls_allocate_nothing", || {
+        for m in [1, 5, 8] {
+            let c = Case::random(80 + m as u64, m, 576, 192, Class::Plain);
+            let w = c.packed();
+            let mut out = vec![0.0f32; c.m * c.n];
+            for min_rows in [usize::MAX, 0] {
+                set_amx_rule_min_rows(min_rows);
+                for threads in [1, 2] {
+                    let ctx = ExecContext::with_threads(threads);
+                    for _ in 0..2 {
+                        ctx.bf16_matmul_amx_rule(&c.x, c.m, &w, &mut out).unwrap();
+                    }
+                    let before = ALLOCATIONS.load(Ordering::Relaxed);
+                    for _ in 0..3 {
+                        ctx.bf16_matmul_amx_rule(&c.x, c.m, &w, &mut out).unwrap();
+                    }
+                    let after = ALLOCATIONS.load(Ordering::Relaxed);
+                    assert_eq!(
+                        after - before,
+                        0,
+                        "allocations (m {m}, {} , {threads} threads)",
+                        amx_rule_path_for(m)
+                    );
+                }
+            }
+        }
+    });
 }

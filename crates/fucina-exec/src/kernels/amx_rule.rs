@@ -47,7 +47,13 @@
 //!   `FUCINA_AMX=off` or [`force_amx`](crate::force_amx) turned it off): the
 //!   hardware rule itself. Activations are packed to 64-byte aligned 16×32 bf16
 //!   tiles, weights to 16 pairs × 16 columns tiles ([`PackedB`]); a 2×2 block of
-//!   16×16 C tiles stays in `tmm0-3` over the whole depth.
+//!   16×16 C tiles stays in `tmm0-3` over a depth chunk. Tile registers are
+//!   not renamed, so a tile load's latency is not hidden by the products
+//!   before it: the driver prefetches the next block's activation tiles into
+//!   L1 and the next chunk's weights into L2. Calls of fewer than
+//!   `AMX_MIN_ROWS` (9) rows take the AVX-512 emulation instead: its
+//!   multi-panel kernel reads weights from memory at about the streaming
+//!   bandwidth, the tiles (rows padded to 32) at about 0.75 of it.
 //! * **AVX-512 emulation**: plain `vfmadd231ps` steps, even and odd
 //!   accumulators per row, widened from the same packed weights. The float
 //!   environment is never changed. Instead each (row, 16-column panel) is
@@ -58,7 +64,10 @@
 //!   arithmetic with gradual underflow then gives exactly the rule's bits
 //!   (and the only NaN possible, `∞ - ∞` in an add, is `0xFFC00000` on x86).
 //!   Real weights and activations always pass; a block of rows that does not
-//!   goes through the portable emulation.
+//!   goes through the portable emulation. Calls of up to 8 rows read four
+//!   (or two) panels at once, depth block by depth block, as concurrent
+//!   prefetched streams (one stream per panel runs at about 0.75 of the
+//!   memory bandwidth on the development machine, four at about all of it).
 //! * **Portable emulation** (every level, vectorized by `vectorized!` at
 //!   AVX2/AVX-512): each step in f64, `s = acc + x · y` (the product is exact,
 //!   the sum rounds once to 53 bits, and double rounding to 24 bits is harmless
@@ -77,7 +86,7 @@
 //! the paths with each other and with an independent scalar model.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 /// Depth of one block (one `TDPBF16PS` instruction).
 pub(crate) const KB: usize = 32;
@@ -431,13 +440,41 @@ pub(crate) enum Path {
     Portable,
 }
 
-/// The path of an op call starting now.
+/// The path of an op call of [`amx_min_rows`] rows or more starting now.
 pub(crate) fn path() -> Path {
     use super::simd::{SimdLevel, level};
     match level() {
         SimdLevel::Avx512 if amx_on() => Path::Amx,
         SimdLevel::Avx512 => Path::Avx512,
         _ => Path::Portable,
+    }
+}
+
+/// Calls of fewer rows than this take the AVX-512 emulation even where AMX
+/// is on: up to 8 rows its multi-panel kernel reads weights that come from
+/// memory at about the streaming bandwidth, while the AMX path (rows padded
+/// to 32, tile loads whose latency a tile register cannot hide) reads them
+/// at about 0.75 of it (docs/BENCHMARKS.md, "decode-sized calls").
+pub(crate) const AMX_MIN_ROWS: usize = 9;
+static AMX_MIN_ROWS_NOW: AtomicUsize = AtomicUsize::new(AMX_MIN_ROWS);
+
+/// The row threshold below which AMX calls take the AVX-512 emulation.
+pub(crate) fn amx_min_rows() -> usize {
+    AMX_MIN_ROWS_NOW.load(Ordering::Relaxed)
+}
+
+/// Sets [`amx_min_rows`] for later calls; returns the previous value.
+pub(crate) fn set_amx_min_rows(rows: usize) -> usize {
+    AMX_MIN_ROWS_NOW.swap(rows, Ordering::Relaxed)
+}
+
+/// The path of an op call of `m` rows starting now: [`path`], except that
+/// calls of fewer than [`amx_min_rows`] rows take the AVX-512 emulation
+/// instead of the AMX tiles (the same bits).
+pub(crate) fn path_for(m: usize) -> Path {
+    match path() {
+        Path::Amx if m < amx_min_rows() => Path::Avx512,
+        p => p,
     }
 }
 
@@ -470,6 +507,12 @@ pub(crate) fn panel_pairs(
             // kernel reads (`m_pad / 16` groups of `a`, the pairs' panels of
             // `b`) and `t` the floats it writes, as the asserts check.
             unsafe { amx::panel_pairs(a, b, m_pad, pairs, t) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512, Acts::Rows { a, spans }) if m <= avx512::SMALL_ROWS => {
+            // SAFETY: `path` is Avx512 only when `level()` is, which means the
+            // CPU has AVX-512 F/BW/DQ/VL.
+            unsafe { avx512::few_rows(a, spans, b, m, 2 * pairs.start, t) }
         }
         #[cfg(target_arch = "x86_64")]
         (Path::Avx512, Acts::Rows { a, spans }) => {
@@ -596,6 +639,145 @@ mod avx512 {
         }
     }
 
+    /// Calls of at most this many rows take [`few_rows`] (the AMX row
+    /// threshold `AMX_MIN_ROWS` is one more).
+    pub(super) const SMALL_ROWS: usize = 8;
+
+    /// Panels read at once by [`few_rows`] (concurrent streams of weights).
+    const SP: usize = 4;
+
+    /// Tiles ahead of the tile row being read that [`streams`] prefetches in
+    /// each panel's stream.
+    const PF_TILES: usize = 2;
+
+    /// All `m <= SMALL_ROWS` rows against panels `j0 ..` (as many as `t`
+    /// holds, `m` rows of 16 floats each): groups of [`SP`] panels, else of
+    /// two, whose rows all pass the no-flush check run [`streams`]; a panel
+    /// in neither runs [`panel`] (which sends the rows that fail the check
+    /// to the portable emulation).
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) fn few_rows(
+        a: &[f32],
+        spans: &[u16],
+        b: &super::PackedB,
+        m: usize,
+        j0: usize,
+        t: &mut [f32],
+    ) {
+        let kb = b.kblocks;
+        let ka = kb * KB;
+        let per = m * NT;
+        let np = t.len() / per;
+        let data = b.data();
+        let fast = |j: usize| (0..m).all(|i| no_flush_possible(spans[i], b.spans[j]));
+        let mut q = 0;
+        while q < np {
+            let g = [SP, 2]
+                .into_iter()
+                .find(|&g| np - q >= g && (q..q + g).all(|d| fast(j0 + d)))
+                .unwrap_or(1);
+            let tj = &mut t[q * per..(q + g) * per];
+            let j = j0 + q;
+            let bt = &data[j * kb * TILE..(j + g) * kb * TILE];
+            match g {
+                SP => streams_m::<SP>(m, a, ka, bt, kb, tj),
+                2 => streams_m::<2>(m, a, ka, bt, kb, tj),
+                _ => panel(a, spans, b, j, m, kb, tj),
+            }
+            q += g;
+        }
+    }
+
+    /// [`streams`] for `m` rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    fn streams_m<const P: usize>(
+        m: usize,
+        a: &[f32],
+        ka: usize,
+        bt: &[u16],
+        kb: usize,
+        tj: &mut [f32],
+    ) {
+        match m {
+            8 => streams::<8, P>(a, ka, bt, kb, tj),
+            7 => streams::<7, P>(a, ka, bt, kb, tj),
+            6 => streams::<6, P>(a, ka, bt, kb, tj),
+            5 => streams::<5, P>(a, ka, bt, kb, tj),
+            4 => streams::<4, P>(a, ka, bt, kb, tj),
+            3 => streams::<3, P>(a, ka, bt, kb, tj),
+            2 => streams::<2, P>(a, ka, bt, kb, tj),
+            _ => streams::<1, P>(a, ka, bt, kb, tj),
+        }
+    }
+
+    /// `R` rows against `P` consecutive panels (`bt`: their `P · kb` tiles),
+    /// the panels' tiles read depth block by depth block as `P` concurrent
+    /// streams, each prefetched [`PF_TILES`] tiles ahead: per panel and block the
+    /// even and odd accumulators of [`block`], `C` per row and panel. Outputs
+    /// `out[(q · R + r) · 16 ..]` for panel `q`, row `r`. The caller has
+    /// checked that no step can produce a nonzero result below `2^-126`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    fn streams<const R: usize, const P: usize>(
+        a: &[f32],
+        ka: usize,
+        bt: &[u16],
+        kb: usize,
+        out: &mut [f32],
+    ) {
+        assert!(a.len() >= R * ka && ka >= kb * KB && bt.len() >= P * kb * TILE);
+        assert!(out.len() >= P * R * NT);
+        let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        let mut c = [[_mm512_setzero_ps(); R]; P];
+        let ap = a.as_ptr();
+        let bp = bt.as_ptr();
+        for k in 0..kb {
+            // Near the end of the panels the prefetches run on into the same
+            // panels of the next group (`P · kb` tiles on), which the next
+            // call reads.
+            let skip = if (k + PF_TILES) < kb {
+                0
+            } else {
+                (P - 1) * kb * TILE
+            };
+            for (q, cq) in c.iter_mut().enumerate() {
+                let tile = (q * kb + k) * TILE;
+                let mut e = [_mm512_setzero_ps(); R];
+                let mut o = [_mm512_setzero_ps(); R];
+                for p in 0..KB / 2 {
+                    // A hint only: the address may lie past `bt` (it is
+                    // never dereferenced).
+                    let ahead = bp.wrapping_add(tile + p * 32 + PF_TILES * TILE + skip);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    // SAFETY: tile `(q, k)` row `p` (64 bytes) lies inside
+                    // `bt`, and row `r`'s elements `k·32 + 2p (+1)` inside `a`
+                    // (asserted).
+                    unsafe {
+                        let raw = _mm512_loadu_si512(bp.add(tile + p * 32).cast());
+                        let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
+                        let bo = _mm512_castsi512_ps(_mm512_and_si512(raw, hi));
+                        for r in 0..R {
+                            let x = ap.add(r * ka + k * KB + 2 * p);
+                            e[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x), be, e[r]);
+                            o[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(1)), bo, o[r]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    cq[r] = _mm512_add_ps(cq[r], _mm512_add_ps(e[r], o[r]));
+                }
+            }
+        }
+        for (q, cq) in c.iter().enumerate() {
+            for (r, cr) in cq.iter().enumerate() {
+                // SAFETY: panel `q` row `r`'s 16 floats lie inside `out`
+                // (asserted).
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((q * R + r) * NT), *cr) };
+            }
+        }
+    }
+
     /// `R` rows × 16 columns over the whole depth: even and odd accumulators
     /// per row, `C` in registers. Plain IEEE fused multiply-adds; the caller
     /// has checked that no step can produce a nonzero result below `2^-126`.
@@ -715,6 +897,21 @@ mod amx {
                     while k0 < kb {
                         let kn = KC.min(kb - k0);
                         let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
+                        // The next chunk: the pair's next depth chunk, else
+                        // the first of the next pair, else the first pair's
+                        // first chunk of the next row block (a hint only: the
+                        // prefetches may run past `data`).
+                        let nb = if k0 + kn < kb {
+                            bj.wrapping_add(kn * TILE)
+                        } else if pi + 1 < pairs.end {
+                            data.as_ptr().wrapping_add(2 * (pi + 1) * kb * TILE)
+                        } else {
+                            data.as_ptr().wrapping_add(2 * pairs.start * kb * TILE)
+                        };
+                        // Lines per panel each group pair prefetches, and
+                        // per block (at least one).
+                        let per_gp = (KC * 16).div_ceil(g1 - g0);
+                        let pl = per_gp.div_ceil(kn).max(1);
                         for gg in g0..g1 {
                             let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
                             let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
@@ -742,8 +939,56 @@ mod amx {
                                     options(nostack)
                                 );
                             }
+                            // Tile registers are not renamed: a tile load
+                            // waits for the products that read the register
+                            // before, so its latency is not hidden. Each
+                            // block prefetches the next block's activation
+                            // tiles into L1 (they come from L2), and `pl`
+                            // lines of the next chunk's weights of both
+                            // panels into L2 (they come from memory or L3;
+                            // the chunk's group pairs share that out).
+                            let q = nb.wrapping_byte_add((gg - g0) * per_gp * 64);
                             asm!(
                                 "2:",
+                                "prefetcht0 [{pa} + 1024]",
+                                "prefetcht0 [{pa1} + 1024]",
+                                "prefetcht0 [{pa} + 1088]",
+                                "prefetcht0 [{pa1} + 1088]",
+                                "prefetcht0 [{pa} + 1152]",
+                                "prefetcht0 [{pa1} + 1152]",
+                                "prefetcht0 [{pa} + 1216]",
+                                "prefetcht0 [{pa1} + 1216]",
+                                "prefetcht0 [{pa} + 1280]",
+                                "prefetcht0 [{pa1} + 1280]",
+                                "prefetcht0 [{pa} + 1344]",
+                                "prefetcht0 [{pa1} + 1344]",
+                                "prefetcht0 [{pa} + 1408]",
+                                "prefetcht0 [{pa1} + 1408]",
+                                "prefetcht0 [{pa} + 1472]",
+                                "prefetcht0 [{pa1} + 1472]",
+                                "prefetcht0 [{pa} + 1536]",
+                                "prefetcht0 [{pa1} + 1536]",
+                                "prefetcht0 [{pa} + 1600]",
+                                "prefetcht0 [{pa1} + 1600]",
+                                "prefetcht0 [{pa} + 1664]",
+                                "prefetcht0 [{pa1} + 1664]",
+                                "prefetcht0 [{pa} + 1728]",
+                                "prefetcht0 [{pa1} + 1728]",
+                                "prefetcht0 [{pa} + 1792]",
+                                "prefetcht0 [{pa1} + 1792]",
+                                "prefetcht0 [{pa} + 1856]",
+                                "prefetcht0 [{pa1} + 1856]",
+                                "prefetcht0 [{pa} + 1920]",
+                                "prefetcht0 [{pa1} + 1920]",
+                                "prefetcht0 [{pa} + 1984]",
+                                "prefetcht0 [{pa1} + 1984]",
+                                "mov {c}, {pl}",
+                                "3:",
+                                "prefetcht1 [{q}]",
+                                "prefetcht1 [{q} + {st}]",
+                                "add {q}, 64",
+                                "dec {c}",
+                                "jnz 3b",
                                 "tileloadd tmm4, [{pa} + {s}*1]",
                                 "tileloadd tmm6, [{pb} + {s}*1]",
                                 "tdpbf16ps tmm0, tmm4, tmm6",
@@ -762,6 +1007,10 @@ mod amx {
                                 pb = inout(reg) bj => _,
                                 pa1 = inout(reg) ag.byte_add(step) => _,
                                 pb1 = inout(reg) bj.byte_add(step) => _,
+                                q = inout(reg) q => _,
+                                st = in(reg) step,
+                                pl = in(reg) pl,
+                                c = out(reg) _,
                                 n = inout(reg) kn => _,
                                 s = in(reg) stride,
                                 options(nostack)

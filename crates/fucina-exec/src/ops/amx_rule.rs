@@ -134,15 +134,41 @@ pub fn force_amx(on: bool) -> bool {
     k::force_amx(on)
 }
 
-/// Which implementation [`ExecContext::bf16_matmul_amx_rule`] runs now:
-/// `"amx"`, `"avx512"` (the AVX-512 emulation) or `"portable"`.
-#[doc(hidden)]
-pub fn amx_rule_path() -> &'static str {
-    match k::path() {
+fn path_name(p: Path) -> &'static str {
+    match p {
         Path::Amx => "amx",
         Path::Avx512 => "avx512",
         Path::Portable => "portable",
     }
+}
+
+/// Which implementation [`ExecContext::bf16_matmul_amx_rule`] runs now for a
+/// call with many rows: `"amx"`, `"avx512"` (the AVX-512 emulation) or
+/// `"portable"`. Calls of few rows may take another path with the same bits
+/// (see [`amx_rule_path_for`]).
+#[doc(hidden)]
+pub fn amx_rule_path() -> &'static str {
+    path_name(k::path())
+}
+
+/// Which implementation [`ExecContext::bf16_matmul_amx_rule`] runs now for a
+/// call of `m` rows: as [`amx_rule_path`], except that where that is `"amx"`
+/// calls of fewer rows than the threshold of [`set_amx_rule_min_rows`] take
+/// the AVX-512 emulation (`"avx512"`), which reads the weights of a
+/// decode-sized call faster than tiles padded to 32 rows.
+#[doc(hidden)]
+pub fn amx_rule_path_for(m: usize) -> &'static str {
+    path_name(k::path_for(m))
+}
+
+/// Test and benchmark hook: calls of [`ExecContext::bf16_matmul_amx_rule`]
+/// with fewer than `rows` rows take the AVX-512 emulation even where the AMX
+/// path is on (`0`: every call takes the AMX tiles); returns the previous
+/// threshold. The default is the one measured on this project's development
+/// machine (docs/BENCHMARKS.md). The bits are the same either way.
+#[doc(hidden)]
+pub fn set_amx_rule_min_rows(rows: usize) -> usize {
+    k::set_amx_min_rows(rows)
 }
 
 impl ExecContext {
@@ -155,8 +181,10 @@ impl ExecContext {
     /// `C = C + (even + odd)`. See docs/DETERMINISM.md for the whole rule.
     ///
     /// Every path gives the same bits: AMX tiles where the CPU has them (at
-    /// the AVX-512 level, unless `FUCINA_AMX=off`), an AVX-512 emulation, and
-    /// a portable one at lower levels; so do all thread counts, and a row's
+    /// the AVX-512 level, unless `FUCINA_AMX=off`) for calls of 9 rows or
+    /// more, an AVX-512 emulation (also for calls of up to 8 rows where AMX
+    /// is on: decode-sized calls, whose weights it streams faster), and a
+    /// portable one at lower levels; so do all thread counts, and a row's
     /// result does not depend on the other rows. The output features are
     /// split over the team in panels of 32; each output is computed whole by
     /// one thread. No heap allocation: pooled scratch only (the rounded
@@ -225,7 +253,7 @@ impl ExecContext {
             out.fill(0.0);
             return Ok(());
         }
-        let path = k::path();
+        let path = k::path_for(m);
         let kb = b.kblocks;
         let ka = kb * KB;
         // AMX works on pairs of 16-row groups.
