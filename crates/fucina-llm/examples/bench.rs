@@ -74,6 +74,11 @@ struct Args {
     /// (`Model::use_bf16_products`; a bf16 model).
     #[arg(long)]
     bf16_products: bool,
+    /// With `--bf16-products`: calls of fewer rows than this take the AVX-512
+    /// emulation rather than the AMX tiles (the same bits; default: the
+    /// library's threshold).
+    #[arg(long)]
+    amx_min_rows: Option<usize>,
 }
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -166,6 +171,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (Model::from_parts(config, store)?, file_bytes)
     };
     if args.bf16_products {
+        if let Some(rows) = args.amx_min_rows {
+            fucina::exec::set_amx_rule_min_rows(rows);
+        }
         model.use_bf16_products()?;
         println!(
             "bf16 products with the AMX rule ({} path)",

@@ -51,7 +51,7 @@
 //!   not renamed, so a tile load's latency is not hidden by the products
 //!   before it: the driver prefetches the next block's activation tiles into
 //!   L1 and the next chunk's weights into L2. Calls of fewer than
-//!   `AMX_MIN_ROWS` (9) rows take the AVX-512 emulation instead: its
+//!   `AMX_MIN_ROWS` (6) rows take the AVX-512 emulation instead: its
 //!   multi-panel kernel reads weights from memory at about the streaming
 //!   bandwidth, the tiles (rows padded to 32) at about 0.75 of it.
 //! * **AVX-512 emulation**: plain `vfmadd231ps` steps, even and odd
@@ -451,11 +451,14 @@ pub(crate) fn path() -> Path {
 }
 
 /// Calls of fewer rows than this take the AVX-512 emulation even where AMX
-/// is on: up to 8 rows its multi-panel kernel reads weights that come from
+/// is on: at a few rows its multi-panel kernel reads weights that come from
 /// memory at about the streaming bandwidth, while the AMX path (rows padded
 /// to 32, tile loads whose latency a tile register cannot hide) reads them
-/// at about 0.75 of it (docs/BENCHMARKS.md, "decode-sized calls").
-pub(crate) const AMX_MIN_ROWS: usize = 9;
+/// at about 0.75 of it (docs/BENCHMARKS.md, "decode-sized calls"). From 6
+/// rows on the tiles win a whole model's decode step on the smaller
+/// matrices (SmolLM2 at batch 8: 10–14 % faster on the tiles; TinyLlama
+/// 2–3 % slower), hence 6.
+pub(crate) const AMX_MIN_ROWS: usize = 6;
 static AMX_MIN_ROWS_NOW: AtomicUsize = AtomicUsize::new(AMX_MIN_ROWS);
 
 /// The row threshold below which AMX calls take the AVX-512 emulation.

@@ -181,8 +181,8 @@ impl ExecContext {
     /// `C = C + (even + odd)`. See docs/DETERMINISM.md for the whole rule.
     ///
     /// Every path gives the same bits: AMX tiles where the CPU has them (at
-    /// the AVX-512 level, unless `FUCINA_AMX=off`) for calls of 9 rows or
-    /// more, an AVX-512 emulation (also for calls of up to 8 rows where AMX
+    /// the AVX-512 level, unless `FUCINA_AMX=off`) for calls of 6 rows or
+    /// more, an AVX-512 emulation (also for calls of up to 5 rows where AMX
     /// is on: decode-sized calls, whose weights it streams faster), and a
     /// portable one at lower levels; so do all thread counts, and a row's
     /// result does not depend on the other rows. The output features are
