@@ -603,7 +603,7 @@ mod avx512 {
     const MR: usize = 8;
 
     /// Panel `j` for every row: blocks of up to 8 rows that pass the no-flush
-    /// check run [`block`], the others the portable emulation.
+    /// check run [`streams`] (one panel), the others the portable emulation.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     pub(super) fn panel(
         a: &[f32],
@@ -627,16 +627,7 @@ mod avx512 {
             } else {
                 let a = &a[i * ka..(i + r) * ka];
                 let o = &mut tj[i * NT..(i + r) * NT];
-                match r {
-                    8 => block::<8>(a, ka, bt, kb, o),
-                    7 => block::<7>(a, ka, bt, kb, o),
-                    6 => block::<6>(a, ka, bt, kb, o),
-                    5 => block::<5>(a, ka, bt, kb, o),
-                    4 => block::<4>(a, ka, bt, kb, o),
-                    3 => block::<3>(a, ka, bt, kb, o),
-                    2 => block::<2>(a, ka, bt, kb, o),
-                    _ => block::<1>(a, ka, bt, kb, o),
-                }
+                streams_m::<1>(r, a, ka, bt, kb, o);
             }
             i += r;
         }
@@ -716,10 +707,12 @@ mod avx512 {
 
     /// `R` rows against `P` consecutive panels (`bt`: their `P · kb` tiles),
     /// the panels' tiles read depth block by depth block as `P` concurrent
-    /// streams, each prefetched [`PF_TILES`] tiles ahead: per panel and block the
-    /// even and odd accumulators of [`block`], `C` per row and panel. Outputs
-    /// `out[(q · R + r) · 16 ..]` for panel `q`, row `r`. The caller has
-    /// checked that no step can produce a nonzero result below `2^-126`.
+    /// streams, each prefetched [`PF_TILES`] tiles ahead: per panel and depth
+    /// block an even and an odd accumulator per row from `+0` (plain IEEE
+    /// fused multiply-adds), then `C = C + (even + odd)`, `C` per row and
+    /// panel in registers. Outputs `out[(q · R + r) · 16 ..]` for panel `q`,
+    /// row `r`. The caller has checked that no step can produce a nonzero
+    /// result below `2^-126`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     fn streams<const R: usize, const P: usize>(
@@ -778,45 +771,6 @@ mod avx512 {
                 // (asserted).
                 unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((q * R + r) * NT), *cr) };
             }
-        }
-    }
-
-    /// `R` rows × 16 columns over the whole depth: even and odd accumulators
-    /// per row, `C` in registers. Plain IEEE fused multiply-adds; the caller
-    /// has checked that no step can produce a nonzero result below `2^-126`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    fn block<const R: usize>(a: &[f32], ka: usize, bt: &[u16], kb: usize, out: &mut [f32]) {
-        assert!(a.len() >= R * ka && ka >= kb * KB && bt.len() >= kb * TILE);
-        assert!(out.len() >= R * NT);
-        let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-        let mut c = [_mm512_setzero_ps(); R];
-        let ap = a.as_ptr();
-        let bp = bt.as_ptr();
-        for k in 0..kb {
-            let mut e = [_mm512_setzero_ps(); R];
-            let mut o = [_mm512_setzero_ps(); R];
-            for p in 0..KB / 2 {
-                // SAFETY: tile `k` row `p` (64 bytes) lies inside `bt`, and
-                // row `r`'s elements `k·32 + 2p (+1)` inside `a` (asserted).
-                unsafe {
-                    let raw = _mm512_loadu_si512(bp.add(k * TILE + p * 32).cast());
-                    let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
-                    let bo = _mm512_castsi512_ps(_mm512_and_si512(raw, hi));
-                    for r in 0..R {
-                        let x = ap.add(r * ka + k * KB + 2 * p);
-                        e[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x), be, e[r]);
-                        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(1)), bo, o[r]);
-                    }
-                }
-            }
-            for r in 0..R {
-                c[r] = _mm512_add_ps(c[r], _mm512_add_ps(e[r], o[r]));
-            }
-        }
-        for (r, cr) in c.iter().enumerate() {
-            // SAFETY: row `r`'s 16 floats lie inside `out` (asserted).
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(r * NT), *cr) };
         }
     }
 }
