@@ -193,6 +193,16 @@ impl PackedB {
     }
 }
 
+/// Where [`pack_b`] puts weight `(col, kk)` (output column `col`, depth
+/// `kk`) in the packed bf16 elements of a matrix of `kblocks` depth blocks:
+/// tile `(col / 16, kk / 32)`, the line of the depth pair, the column's pair.
+#[inline(always)]
+pub(crate) fn b_index(kblocks: usize, col: usize, kk: usize) -> usize {
+    let (j, c) = (col / NT, col % NT);
+    let (kb, r) = (kk / KB, kk % KB);
+    (j * kblocks + kb) * TILE + (r / 2) * 32 + 2 * c + (r % 2)
+}
+
 /// The number of lines [`pack_b`] needs for `[n, k]`, or `None` on overflow.
 pub(crate) fn packed_b_lines(n: usize, k: usize) -> Option<usize> {
     let panels = n.div_ceil(NT).next_multiple_of(2);
@@ -223,8 +233,7 @@ pub(crate) fn pack_b(w: &[u8], n: usize, k: usize, lines: &mut [Line], spans: &m
             for (kk, b) in row.chunks_exact(2).enumerate() {
                 let h = daz16(u16::from_le_bytes([b[0], b[1]]));
                 span = span_add(span, h);
-                let (kb, r) = (kk / KB, kk % KB);
-                data[(j * kblocks + kb) * TILE + (r / 2) * 32 + 2 * c + (r % 2)] = h;
+                data[b_index(kblocks, col, kk)] = h;
             }
         }
         spans.push(span);

@@ -336,13 +336,9 @@ impl PackedBf16Matrix {
                 reason: "the row must be below rows() and out hold cols() values",
             });
         }
-        // Tile (panel j, block kb) row p holds the 16 columns' pairs side by
-        // side: element (column c, depth 2p + e) at p · 32 + 2c + e.
         let data = b.data();
-        let (j, c) = (r / NT, r % NT);
         for (kk, o) in out.iter_mut().enumerate() {
-            let (kb, q) = (kk / KB, kk % KB);
-            *o = k::bf(data[(j * b.kblocks + kb) * TILE + (q / 2) * 32 + 2 * c + (q % 2)]);
+            *o = k::bf(data[k::b_index(b.kblocks, r, kk)]);
         }
         Ok(())
     }
