@@ -138,6 +138,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let parse =
         |s: &str| -> Vec<usize> { s.split(',').filter_map(|v| v.trim().parse().ok()).collect() };
+    if args.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
     let ctx = ExecContext::with_threads(args.threads);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -103,6 +103,7 @@ struct Args {
 fn run(args: Args) -> Result<(), String> {
     let err = |e: LlmError| e.to_string();
     let ctx = match args.threads {
+        Some(0) => return Err("--threads must be at least 1".to_string()),
         Some(n) => ExecContext::with_threads(n),
         None => ExecContext::new(),
     };
@@ -176,7 +177,7 @@ fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("generate: {e}");
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -122,6 +122,43 @@ pub enum RopeScaling {
     },
 }
 
+impl RopeScaling {
+    /// Whether the parameters are usable: every factor finite and positive as
+    /// an f32, Llama 3's high-frequency bound above its low-frequency one and
+    /// its original context length positive. A description of the first
+    /// problem, if any.
+    pub(crate) fn problem(&self) -> Option<String> {
+        let usable = |x: f32| x.is_finite() && x > 0.0;
+        match *self {
+            RopeScaling::None => None,
+            RopeScaling::Linear { factor } if !usable(factor) => Some(format!(
+                "linear RoPE scaling factor {factor} is not positive and finite"
+            )),
+            RopeScaling::Linear { .. } => None,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                if !(usable(factor) && usable(low_freq_factor) && usable(high_freq_factor)) {
+                    Some(format!(
+                        "llama3 RoPE factors {factor} / {low_freq_factor} / {high_freq_factor} are not all positive and finite"
+                    ))
+                } else if high_freq_factor <= low_freq_factor {
+                    Some(format!(
+                        "llama3 RoPE high_freq_factor {high_freq_factor} is not above low_freq_factor {low_freq_factor}"
+                    ))
+                } else if original_max_position_embeddings == 0 {
+                    Some("llama3 RoPE original_max_position_embeddings is 0".to_string())
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
 /// A decoder's hyper-parameters, as `config.json` gives them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -304,10 +341,7 @@ impl GenerationConfig {
 }
 
 fn read_text(path: &Path) -> Result<String, LlmError> {
-    std::fs::read_to_string(path).map_err(|source| LlmError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::files::read_regular_text(path)
 }
 
 fn bad(path: &Path, reason: String) -> LlmError {
@@ -384,6 +418,20 @@ impl Obj<'_> {
             Some(x) if x <= 0.0 => Err(self.err(key, format!("must be positive, found {x}"))),
             x => Ok(x),
         }
+    }
+
+    /// A required number that is finite and positive once rounded to f32 (a
+    /// value positive as f64 may round to 0 or overflow to infinity).
+    fn positive_f32(&self, key: &str) -> Result<f32, LlmError> {
+        let x = self.positive(key)?;
+        let y = x as f32;
+        if !(y.is_finite() && y > 0.0) {
+            return Err(self.err(
+                key,
+                format!("{x} is not a positive finite f32 (it rounds to {y})"),
+            ));
+        }
+        Ok(y)
     }
 
     fn positive(&self, key: &str) -> Result<f64, LlmError> {
@@ -661,7 +709,21 @@ fn qwen2_sliding_window(o: &Obj<'_>, num_hidden_layers: usize) -> Result<Option<
     } else {
         Some(4096)
     };
-    let sliding: Vec<bool> = match o.get("layer_types") {
+    // A sliding layer without a window attends to everything.
+    let per_layer = |s: bool| if s { window } else { None };
+    let differs = |i: usize| {
+        o.err(
+            if o.has("layer_types") {
+                "layer_types"
+            } else {
+                "max_window_layers"
+            },
+            format!(
+                "sliding-window attention on some layers only (layer {i} differs from layer 0) is not supported"
+            ),
+        )
+    };
+    match o.get("layer_types") {
         Some(v) => {
             let Some(list) = v.as_array() else {
                 return Err(o.err("layer_types", format!("expected a list, found {v}")));
@@ -672,43 +734,40 @@ fn qwen2_sliding_window(o: &Obj<'_>, num_hidden_layers: usize) -> Result<Option<
                     format!("{} entries for {num_hidden_layers} layers", list.len()),
                 ));
             }
-            list.iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(false),
-                    Some("sliding_attention") => Ok(true),
-                    _ => Err(o.err(
-                        "layer_types",
-                        format!(
-                            "unsupported layer type {t} (supported: \"full_attention\", \"sliding_attention\")"
-                        ),
-                    )),
-                })
-                .collect::<Result<_, _>>()?
+            let mut first = None;
+            for (i, t) in list.iter().enumerate() {
+                let sliding = match t.as_str() {
+                    Some("full_attention") => false,
+                    Some("sliding_attention") => true,
+                    _ => {
+                        return Err(o.err(
+                            "layer_types",
+                            format!(
+                                "unsupported layer type {t} (supported: \"full_attention\", \"sliding_attention\")"
+                            ),
+                        ));
+                    }
+                };
+                match first {
+                    None => first = Some(per_layer(sliding)),
+                    Some(f) if f != per_layer(sliding) => return Err(differs(i)),
+                    Some(_) => {}
+                }
+            }
+            Ok(first.flatten())
         }
         None => {
+            // Layers from `max_window_layers` on slide: all of them (from 0),
+            // none (from the layer count on) or a mix. The count comes from the
+            // file, so it is compared, never iterated.
             let max_window_layers = o.usize_opt("max_window_layers")?.unwrap_or(28);
-            (0..num_hidden_layers)
-                .map(|i| window.is_some() && i >= max_window_layers)
-                .collect()
+            let first = per_layer(max_window_layers == 0);
+            if max_window_layers < num_hidden_layers && per_layer(true) != first {
+                return Err(differs(max_window_layers));
+            }
+            Ok(first)
         }
-    };
-    // A sliding layer without a window attends to everything.
-    let per_layer = |s: bool| if s { window } else { None };
-    let first = per_layer(sliding[0]);
-    if let Some(i) = sliding.iter().position(|&s| per_layer(s) != first) {
-        return Err(o.err(
-            if o.has("layer_types") {
-                "layer_types"
-            } else {
-                "max_window_layers"
-            },
-            format!(
-                "sliding-window attention on some layers only (layer {} differs from layer 0) is not supported",
-                i
-            ),
-        ));
     }
-    Ok(first)
 }
 
 /// The RoPE base and rescaling, from `rope_scaling` / `rope_parameters` and
@@ -768,12 +827,12 @@ fn parse_rope(o: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, RopeS
     let scaling = match rope_type {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
-            factor: p.positive("factor")? as f32,
+            factor: p.positive_f32("factor")?,
         },
         "llama3" => {
-            let factor = p.positive("factor")?;
-            let low_freq_factor = p.positive("low_freq_factor")?;
-            let high_freq_factor = p.positive("high_freq_factor")?;
+            let factor = p.positive_f32("factor")?;
+            let low_freq_factor = p.positive_f32("low_freq_factor")?;
+            let high_freq_factor = p.positive_f32("high_freq_factor")?;
             if high_freq_factor <= low_freq_factor {
                 return Err(p.err(
                     "high_freq_factor",
@@ -787,9 +846,9 @@ fn parse_rope(o: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, RopeS
                     .unwrap_or(max_position_embeddings),
             };
             RopeScaling::Llama3 {
-                factor: factor as f32,
-                low_freq_factor: low_freq_factor as f32,
-                high_freq_factor: high_freq_factor as f32,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
                 original_max_position_embeddings: original,
             }
         }

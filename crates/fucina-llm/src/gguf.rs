@@ -183,7 +183,9 @@ impl GgmlType {
         }
     }
 
-    /// The type's name as ggml spells it (`"q8_0"`), or `"type <code>"`.
+    /// The type's name as ggml spells it (`"q8_0"`), also for the types this
+    /// reader does not support (`"q4_1"`); `"type <code>"` for a code ggml
+    /// does not define.
     pub fn name(self) -> String {
         match self {
             GgmlType::F32 => "f32".into(),
@@ -193,8 +195,58 @@ impl GgmlType {
             GgmlType::Q4_K => "q4_k".into(),
             GgmlType::Q6_K => "q6_k".into(),
             GgmlType::BF16 => "bf16".into(),
-            GgmlType::Other(c) => format!("type {c}"),
+            GgmlType::Other(c) => match OTHER_GGML_NAMES.iter().find(|(code, _)| *code == c) {
+                Some((_, name)) => (*name).into(),
+                None => format!("type {c}"),
+            },
         }
+    }
+
+    /// The types this reader supports, as [`name`](GgmlType::name) spells them.
+    pub const SUPPORTED: [GgmlType; 7] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+}
+
+/// ggml's names of the type codes this reader does not support, so that an
+/// error names what a file holds (`q4_1`, not `type 3`).
+const OTHER_GGML_NAMES: [(u32, &str); 24] = [
+    (3, "q4_1"),
+    (6, "q5_0"),
+    (7, "q5_1"),
+    (9, "q8_1"),
+    (10, "q2_k"),
+    (11, "q3_k"),
+    (13, "q5_k"),
+    (15, "q8_k"),
+    (16, "iq2_xxs"),
+    (17, "iq2_xs"),
+    (18, "iq3_xxs"),
+    (19, "iq1_s"),
+    (20, "iq4_nl"),
+    (21, "iq3_s"),
+    (22, "iq2_s"),
+    (23, "iq4_xs"),
+    (24, "i8"),
+    (25, "i16"),
+    (26, "i32"),
+    (27, "i64"),
+    (28, "f64"),
+    (29, "iq1_m"),
+    (34, "tq1_0"),
+    (35, "tq2_0"),
+];
+
+impl GgmlType {
+    /// "the supported types: f32, f16, ..." for error messages.
+    pub(crate) fn supported_list() -> String {
+        GgmlType::SUPPORTED.map(GgmlType::name).join(", ")
     }
 }
 
@@ -242,10 +294,7 @@ impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, LlmError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|source| LlmError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = crate::files::open_regular(path)?;
         // SAFETY: the mapping is read-only and the crate never writes through it;
         // like every memory-mapped reader, it relies on the file not being truncated
         // or rewritten by another process while mapped (documented in docs/LLM.md).
@@ -329,9 +378,10 @@ impl GgufFile {
         let len = self.lengths[i].ok_or_else(|| LlmError::BadTensor {
             name: name.to_string(),
             reason: format!(
-                "unsupported GGUF tensor type {} in {}",
+                "unsupported GGUF tensor type {} in {} (supported: {})",
                 info.ggml_type.name(),
-                self.path.display()
+                self.path.display(),
+                GgmlType::supported_list()
             ),
         })?;
         // Checked in `parse_bytes`: the range lies inside the file.

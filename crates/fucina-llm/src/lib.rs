@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+mod files;
 pub mod gguf;
 pub mod model;
 pub mod open;

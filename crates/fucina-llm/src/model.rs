@@ -261,6 +261,7 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     let positive = [
         ("hidden_size", c.hidden_size),
         ("intermediate_size", c.intermediate_size),
+        ("num_hidden_layers", c.num_hidden_layers),
         ("num_attention_heads", c.num_attention_heads),
         ("num_key_value_heads", c.num_key_value_heads),
         ("head_dim", c.head_dim),
@@ -301,6 +302,9 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
                 c.rms_norm_eps, c.rope_theta
             ),
         ));
+    }
+    if let Some(problem) = c.rope_scaling.problem() {
+        return Err(invalid(op, format!("config: {problem}")));
     }
     // Every activation buffer's size must fit.
     let widest = c
@@ -367,6 +371,23 @@ impl Model {
         let (hid, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
         let embed = tensor(&weights, "model.embed_tokens.weight", &[c.vocab_size, hid])?;
+        // The layer count comes from a file: before anything is sized by it,
+        // its last layer must be there (a count of 2^40 is refused here, not by
+        // the allocator).
+        let last = format!(
+            "model.layers.{}.input_layernorm.weight",
+            c.num_hidden_layers - 1
+        );
+        if !weights.contains(&last) {
+            return Err(LlmError::BadTensor {
+                name: last,
+                reason: format!(
+                    "missing: the config declares {} layers, the weights hold {} tensors",
+                    c.num_hidden_layers,
+                    weights.len()
+                ),
+            });
+        }
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let n = |s: &str| format!("model.layers.{i}.{s}");
@@ -410,6 +431,23 @@ impl Model {
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
         let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
+        // Every rotary angle `pos · inv_freq[i]` of a position the model
+        // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
+        // its frequencies overflow; its cosines would be NaN).
+        let last_pos = (c.max_position_embeddings - 1) as f32;
+        if let Some(f) = inv_freq
+            .iter()
+            .find(|&&f| !(f >= 0.0 && (f * last_pos).is_finite() && f.is_finite()))
+        {
+            return Err(invalid(
+                "Model::from_parts",
+                format!(
+                    "config: rope_theta {} with RoPE scaling {:?} gives the rotary frequency {f}, \
+                     whose angles overflow f32 over {} positions",
+                    c.rope_theta, c.rope_scaling, c.max_position_embeddings
+                ),
+            ));
+        }
         let scale = fmath::pow_f32(hd as f64, -0.5);
         Ok(Model {
             config,
@@ -566,6 +604,18 @@ impl Model {
                 format!(
                     "the cache was made for (layers, kv_heads, head_dim) {:?}, the model has {want:?}",
                     cache.shape()
+                ),
+            ));
+        }
+        // A cache of another model of the same shape may hold more positions
+        // than this model supports.
+        if cache.capacity() > c.max_position_embeddings {
+            return Err(invalid(
+                op,
+                format!(
+                    "the cache holds {} positions, more than the model's max_position_embeddings {}",
+                    cache.capacity(),
+                    c.max_position_embeddings
                 ),
             ));
         }

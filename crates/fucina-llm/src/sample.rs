@@ -74,6 +74,8 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Penalty for tokens already in the history (divides positive logits,
     /// multiplies negative ones). Must be finite and `> 0`; 1 turns it off.
+    /// The penalized score saturates at `±f32::MAX`, so a finite logit stays
+    /// finite whatever the penalty (and a `-inf` one stays `-inf`).
     pub repetition_penalty: f32,
     /// Seed of the draws (unused by greedy decoding).
     pub seed: u64,
@@ -172,19 +174,39 @@ impl Sampler {
     /// allocates.
     ///
     /// # Errors
-    /// As [`SamplingParams::validate`].
+    /// As [`SamplingParams::validate`]; [`LlmError::InvalidRequest`] when
+    /// `vocab` is above `u32::MAX` (token ids are `u32`) or the scratch cannot
+    /// be allocated.
     pub fn with_vocab(params: SamplingParams, vocab: usize) -> Result<Sampler, LlmError> {
         let mut s = Sampler::new(params)?;
-        s.reserve(vocab);
+        if vocab > u32::MAX as usize {
+            return Err(LlmError::InvalidRequest {
+                op: "Sampler::with_vocab",
+                reason: format!("{vocab} tokens: more than u32 token ids"),
+            });
+        }
+        s.reserve(vocab)
+            .map_err(|reason| LlmError::InvalidRequest {
+                op: "Sampler::with_vocab",
+                reason,
+            })?;
         Ok(s)
     }
 
-    fn reserve(&mut self, vocab: usize) {
+    /// Sizes the scratch for `vocab` tokens, or says why it cannot be
+    /// allocated (nothing changes then).
+    fn reserve(&mut self, vocab: usize) -> Result<(), String> {
         if self.scores.len() != vocab {
+            let fail = |e| format!("cannot allocate the scratch for {vocab} tokens: {e}");
+            let more = vocab.saturating_sub(self.scores.len());
+            self.scores.try_reserve_exact(more).map_err(fail)?;
+            self.weights.try_reserve_exact(more).map_err(fail)?;
+            self.order.try_reserve_exact(more).map_err(fail)?;
             self.scores.resize(vocab, 0.0);
             self.weights.resize(vocab, 0.0);
             self.order.resize(vocab, 0);
         }
+        Ok(())
     }
 
     /// The parameters.
@@ -246,17 +268,28 @@ impl Sampler {
                 "history token {t} is not below the vocabulary size {vocab}"
             ));
         }
-        self.reserve(vocab);
+        if let Err(reason) = self.reserve(vocab) {
+            return bad(reason);
+        }
         let p = &self.params;
         let scores = &mut self.scores;
         scores.copy_from_slice(logits);
         // 1. Repetition penalty, computed from the original logit so a repeated
-        // token is penalized once.
+        // token is penalized once. The penalized score saturates at ±f32::MAX:
+        // a finite logit stays finite however large or small the penalty (an
+        // infinite score would make the softmax's inf - inf a NaN, and greedy
+        // decoding could pick a masked -inf token), and a -inf logit stays -inf.
         if p.repetition_penalty != 1.0 {
             let r = p.repetition_penalty;
             for &t in history {
                 let l = logits[t as usize];
-                scores[t as usize] = if l > 0.0 { l / r } else { l * r };
+                scores[t as usize] = if l > 0.0 {
+                    (l / r).min(f32::MAX)
+                } else if l.is_finite() {
+                    (l * r).max(f32::MIN)
+                } else {
+                    l
+                };
             }
         }
         let token = if p.is_greedy() {

@@ -41,10 +41,7 @@ impl Tokenizer {
     /// understands.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer, LlmError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| LlmError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = crate::files::read_regular(path)?;
         Tokenizer::from_bytes(&bytes, path)
     }
 

@@ -28,7 +28,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -91,7 +90,13 @@ impl Weight {
         shape: &[usize],
         bytes: Vec<u8>,
     ) -> Result<Weight, LlmError> {
-        let expected = shape.iter().product::<usize>() * format.size_bytes();
+        let expected = shape
+            .iter()
+            .try_fold(format.size_bytes(), |n, &d| n.checked_mul(d))
+            .ok_or_else(|| LlmError::BadTensor {
+                name: name.to_string(),
+                reason: format!("shape {shape:?}: the byte count overflows usize"),
+            })?;
         if bytes.len() != expected {
             return Err(LlmError::BadTensor {
                 name: name.to_string(),
@@ -352,15 +357,31 @@ impl Weight {
 
     /// An f32 weight of `shape` holding `values`, stored as `format` (values are
     /// rounded to nearest-even for f16 and bf16).
-    pub fn from_f32(format: WeightFormat, shape: &[usize], values: &[f32]) -> Weight {
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            values.len(),
-            "Weight::from_f32: length"
-        );
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when `values` does not hold exactly one
+    /// value per element of `shape` (or that count overflows).
+    pub fn from_f32(
+        format: WeightFormat,
+        shape: &[usize],
+        values: &[f32],
+    ) -> Result<Weight, LlmError> {
+        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elements != Some(values.len()) {
+            return Err(LlmError::InvalidRequest {
+                op: "Weight::from_f32",
+                reason: match elements {
+                    Some(n) => format!(
+                        "{} values for shape {shape:?} of {n} elements",
+                        values.len()
+                    ),
+                    None => format!("shape {shape:?}: the element count overflows usize"),
+                },
+            });
+        }
         let mut bytes = vec![0u8; values.len() * format.size_bytes()];
         encode_f32(format, values, &mut bytes);
-        Weight {
+        Ok(Weight {
             format,
             quant: None,
             shape: shape.to_vec(),
@@ -368,7 +389,7 @@ impl Weight {
             packed: None,
             bf16: None,
             bf16_rows: false,
-        }
+        })
     }
 
     /// A weight over `range` of a memory-mapped file.
@@ -533,10 +554,7 @@ impl WeightStore {
     }
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<WeightStore, LlmError> {
-        let text = std::fs::read(index).map_err(|source| LlmError::Io {
-            path: index.to_path_buf(),
-            source,
-        })?;
+        let text = crate::files::read_regular(index)?;
         let parsed: Index = serde_json::from_slice(&text).map_err(|e| LlmError::BadFile {
             path: index.to_path_buf(),
             reason: format!("not a valid index (a JSON object with a `weight_map`): {e}"),
@@ -991,7 +1009,15 @@ impl MappedFile {
                 source,
             },
         };
-        let file = File::open(path).map_err(io)?;
+        let file = crate::files::open_regular(path).map_err(|e| match (listed, e) {
+            (Some(_), LlmError::Io { source, .. }) => io(source),
+            (Some(name), LlmError::BadFile { reason, .. }) => LlmError::BadTensorInFile {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                reason: format!("{INDEX_FILE} assigns it to this file, which is {reason}"),
+            },
+            (_, e) => e,
+        })?;
         let len = file.metadata().map_err(io)?.len();
         if len < LEN_PREFIX as u64 {
             return Err(LlmError::BadFile {

@@ -109,10 +109,12 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
                     }
                     (None, LoadDtype::F16) => {
                         Weight::from_f32(WeightFormat::F16, w.shape(), &values)
+                            .unwrap()
                             .bytes()
                             .to_vec()
                     }
                     (None, _) => Weight::from_f32(WeightFormat::BF16, w.shape(), &values)
+                        .unwrap()
                         .bytes()
                         .to_vec(),
                 };
@@ -132,7 +134,7 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
     ] {
         t.insert(
             n.to_string(),
-            Weight::from_f32(WeightFormat::F32, &[64, 32], &v),
+            Weight::from_f32(WeightFormat::F32, &[64, 32], &v).unwrap(),
         );
     }
     let store = WeightStore::from_tensors(t);
@@ -161,7 +163,7 @@ fn a_large_matrix_converts_as_a_whole() {
         .map(|i| ((i * 7919 % 10007) as f32 - 5003.0) / 4000.0)
         .collect();
     let name = "model.layers.0.mlp.up_proj.weight";
-    let w = Weight::from_f32(WeightFormat::BF16, &[rows, cols], &v);
+    let w = Weight::from_f32(WeightFormat::BF16, &[rows, cols], &v).unwrap();
     let widened = w.to_f32_vec();
     let store = WeightStore::from_tensors(HashMap::from([(name.to_string(), w)]));
     let ctx = ExecContext::with_threads(2);
@@ -178,7 +180,9 @@ fn a_large_matrix_converts_as_a_whole() {
     let c = store.convert(&ctx, LoadDtype::F16, false).unwrap();
     assert!(
         c.get(name).unwrap().bytes()
-            == Weight::from_f32(WeightFormat::F16, &[rows, cols], &widened).bytes()
+            == Weight::from_f32(WeightFormat::F16, &[rows, cols], &widened)
+                .unwrap()
+                .bytes()
     );
 }
 
@@ -352,11 +356,11 @@ fn columns_not_a_multiple_of_32_are_refused_by_name() {
     let v: Vec<f32> = (0..8 * 40).map(|i| i as f32 / 100.0).collect();
     t.insert(
         "model.layers.0.mlp.down_proj.weight".to_string(),
-        Weight::from_f32(WeightFormat::F32, &[8, 40], &v),
+        Weight::from_f32(WeightFormat::F32, &[8, 40], &v).unwrap(),
     );
     t.insert(
         "model.layers.0.mlp.up_proj.weight".to_string(),
-        Weight::from_f32(WeightFormat::F32, &[10, 32], &v),
+        Weight::from_f32(WeightFormat::F32, &[10, 32], &v).unwrap(),
     );
     let store = WeightStore::from_tensors(t);
     for dtype in [LoadDtype::Q8_0, LoadDtype::Q4_0] {

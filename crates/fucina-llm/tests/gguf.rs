@@ -137,7 +137,7 @@ fn a_written_file_reads_back() {
     );
     assert!(
         err.to_string()
-            .contains("unsupported GGUF tensor type type 13"),
+            .contains("unsupported GGUF tensor type q5_k"),
         "{err}"
     );
     let err = f.tensor("nope").unwrap_err().to_string();

@@ -5,6 +5,7 @@
 //! `generate` example's library path (`open_model` and its batch loop) runs it
 //! with the tokenizer the file stores; a GGUF file of another architecture, with
 //! a missing key, or with `rope_freqs` is refused by name.
+#![allow(clippy::result_large_err)] // LlmError carries the execution layer's error, as in the crate.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_mode
 
 #[path = "../examples/common/batch.rs"]
 mod batch;
+#[macro_use]
+mod child_support;
 mod gguf_support;
 mod gguf_vocab;
 use gguf_support::{Writer, string};
@@ -310,6 +313,85 @@ fn bad_gguf_models_are_refused_by_name() {
         matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.0.attn_q.weight"),
         "{e}"
     );
+    // ... and its type by ggml's name, with the supported ones.
+    assert!(
+        e.to_string().contains("type q5_k (ggml type 13)")
+            && e.to_string().contains("supported: f32, f16, bf16, q8_0"),
+        "{e}"
+    );
+}
+
+fn u64v(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// Metadata a hostile file could hold: a layer count of 2^40 (once sized an
+/// allocation: an abort), a key length of 2^63 + 2 (once overflowed the row
+/// count), a RoPE factor positive as f64 but 0 as f32 (once loaded, then every
+/// logit was NaN), an architecture stored as a number (once reported missing).
+#[test]
+fn hostile_gguf_metadata_is_an_err() {
+    in_child!("hostile_gguf_metadata_is_an_err");
+    let dir = fixture("llama_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let load = |skip: &[&str], extra: &[(&str, u32, Vec<u8>)], tag: &str| {
+        let path = write(&convert(&cfg, &store, skip, extra), tag);
+        load_llama(&path).and_then(|(c, w, _)| Model::from_parts(c, w))
+    };
+    let e = load(
+        &["llama.block_count"],
+        &[("llama.block_count", 10, u64v(1 << 40))],
+        "layers",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("declares 1099511627776 layers"),
+        "{e}"
+    );
+    let huge = (1u64 << 63) + 2;
+    let e = load(
+        &["llama.attention.key_length", "llama.rope.dimension_count"],
+        &[
+            ("llama.attention.key_length", 10, u64v(huge)),
+            ("llama.rope.dimension_count", 10, u64v(huge)),
+        ],
+        "keylen",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("heads of 9223372036854775810 rows"),
+        "{e}"
+    );
+    let e = load(
+        &[],
+        &[
+            ("llama.rope.scaling.type", 8, str_v("linear")),
+            (
+                "llama.rope.scaling.factor",
+                12,
+                1e-300f64.to_le_bytes().to_vec(),
+            ),
+        ],
+        "ropefactor",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("llama.rope.scaling.factor = F64(1e-300) is not a positive finite f32"),
+        "{e}"
+    );
+    let e = load(
+        &["general.architecture"],
+        &[("general.architecture", 4, u32v(1))],
+        "archtype",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("general.architecture = U32(1) is not a string"),
+        "{e}"
+    );
 }
 
 /// Every prompt position's logits of `m` (a 12-token prompt).
@@ -358,7 +440,7 @@ fn quantized_gguf_models_run_close_to_f32() {
                 let v = w.to_f32_vec();
                 (
                     n.to_string(),
-                    fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v),
+                    fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
                 )
             })
             .collect();
@@ -526,7 +608,7 @@ fn wide_random_model() -> (ModelConfig, WeightStore) {
                 offset + scale * (2.0 * u - 1.0)
             })
             .collect();
-        fucina_llm::Weight::from_f32(WeightFormat::F32, shape, &values)
+        fucina_llm::Weight::from_f32(WeightFormat::F32, shape, &values).unwrap()
     };
     let mut t = std::collections::HashMap::new();
     t.insert(
@@ -599,7 +681,7 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
             let v = w.to_f32_vec();
             (
                 n.to_string(),
-                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v),
+                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
             )
         })
         .collect();

@@ -515,7 +515,7 @@ fn packed_rows_are_the_file_rows() {
     let mut with_subnormal = values.clone();
     with_subnormal[3 * 70 + 5] = f32::from_bits(0x0001_0000); // a bf16 subnormal
     for v in [values, with_subnormal] {
-        let w = Weight::from_f32(WeightFormat::BF16, &[40, 70], &v);
+        let w = Weight::from_f32(WeightFormat::BF16, &[40, 70], &v).unwrap();
         let mut packed = w.clone();
         assert!(packed.pack_bf16_products().unwrap());
         assert!(!packed.pack_bf16_products().unwrap(), "packed once");
@@ -538,7 +538,7 @@ fn bf16_products_need_bf16_matrices() {
     let mut w = random_weights(&c, WeightFormat::BF16, 3);
     let name = "model.layers.1.mlp.down_proj.weight";
     let down = &w[name];
-    let f16 = Weight::from_f32(WeightFormat::F16, down.shape(), &down.to_f32_vec());
+    let f16 = Weight::from_f32(WeightFormat::F16, down.shape(), &down.to_f32_vec()).unwrap();
     w.insert(name.to_string(), f16);
     let mut model = Model::from_parts(c.clone(), WeightStore::from_tensors(w)).unwrap();
     let ctx = ExecContext::with_threads(1);
@@ -619,7 +619,7 @@ fn a_wrong_shape_is_named_with_both_shapes() {
     let name = "model.layers.1.self_attn.k_proj.weight";
     w.insert(
         name.to_string(),
-        Weight::from_f32(WeightFormat::BF16, &[8, 32], &[0.0; 256]),
+        Weight::from_f32(WeightFormat::BF16, &[8, 32], &[0.0; 256]).unwrap(),
     );
     let e = from_parts_err(&c, w);
     assert!(
@@ -629,7 +629,7 @@ fn a_wrong_shape_is_named_with_both_shapes() {
     let mut w = random_weights(&c, WeightFormat::F32, 1);
     w.insert(
         "model.norm.weight".to_string(),
-        Weight::from_f32(WeightFormat::F32, &[2, 16], &[1.0; 32]),
+        Weight::from_f32(WeightFormat::F32, &[2, 16], &[1.0; 32]).unwrap(),
     );
     let e = from_parts_err(&c, w);
     assert!(

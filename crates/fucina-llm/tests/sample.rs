@@ -107,6 +107,39 @@ fn repetition_penalty_divides_positive_and_multiplies_negative_logits_once() {
     assert_frequencies(&c, &softmax(&[1.0, 0.0]));
 }
 
+/// A penalty that would push a penalized score past the f32 range saturates it
+/// at ±f32::MAX: sampling cannot meet inf - inf, and greedy decoding never
+/// picks a token whose logit was -inf over the one finite logit.
+#[test]
+fn extreme_repetition_penalties_saturate_instead_of_overflowing() {
+    let penalized = |r: f32, temperature: f32| SamplingParams {
+        repetition_penalty: r,
+        temperature,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    // 1e10 / 1e-30 overflows to +inf unsaturated.
+    let logits = [1e10f32, 5.0, 4.0];
+    for temperature in [0.0, 1.0, 1e-3] {
+        let mut s = Sampler::new(penalized(1e-30, temperature)).unwrap();
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits, &[0]).unwrap(), 0, "T = {temperature}");
+        }
+    }
+    // -1e30 · 1e30 overflows to -inf unsaturated, tying with the masked tokens.
+    let logits = [f32::NEG_INFINITY, -1e30, f32::NEG_INFINITY];
+    for temperature in [0.0, 1.0] {
+        let mut s = Sampler::new(penalized(1e30, temperature)).unwrap();
+        assert_eq!(s.sample(&logits, &[1]).unwrap(), 1, "T = {temperature}");
+        // A -inf logit in the history stays -inf (never unmasked).
+        assert_eq!(
+            s.sample(&logits, &[0, 1, 2]).unwrap(),
+            1,
+            "T = {temperature}"
+        );
+    }
+}
+
 #[test]
 fn temperature_scales_the_softmax() {
     let logits = [0.0f32, 1.0, 2.0, -1.0, 0.5];

@@ -57,7 +57,7 @@ fn required_u64(file: &GgufFile, key: &str) -> Result<usize, LlmError> {
         Some(v) => v
             .as_u64()
             .filter(|&n| n > 0)
-            .map(|n| n as usize)
+            .and_then(|n| usize::try_from(n).ok())
             .ok_or_else(|| {
                 bad(
                     file,
@@ -77,14 +77,17 @@ fn optional_u64(file: &GgufFile, key: &str) -> Result<Option<usize>, LlmError> {
 fn optional_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, LlmError> {
     match file.get(key) {
         None => Ok(None),
+        // Checked after the rounding to f32: an f64 of 1e-300 is positive, its
+        // f32 is 0.
         Some(v) => v
             .as_f64()
+            .map(|x| x as f32)
             .filter(|x| x.is_finite() && *x > 0.0)
-            .map(|x| Some(x as f32))
+            .map(Some)
             .ok_or_else(|| {
                 bad(
                     file,
-                    format!("metadata {key} = {v:?} is not a positive number"),
+                    format!("metadata {key} = {v:?} is not a positive finite f32"),
                 )
             }),
     }
@@ -92,12 +95,18 @@ fn optional_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, LlmError> {
 
 /// The [`ModelConfig`] of a Llama-architecture GGUF file.
 pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
-    match file.get("general.architecture").and_then(GgufValue::as_str) {
-        Some("llama") => {}
-        Some(other) => {
+    match file.get("general.architecture").map(|v| (v, v.as_str())) {
+        Some((_, Some("llama"))) => {}
+        Some((_, Some(other))) => {
             return Err(bad(
                 file,
                 format!("architecture {other:?} is not supported (llama is)"),
+            ));
+        }
+        Some((v, None)) => {
+            return Err(bad(
+                file,
+                format!("metadata general.architecture = {v:?} is not a string"),
             ));
         }
         None => return Err(bad(file, "metadata general.architecture is missing".into())),
@@ -227,7 +236,12 @@ fn format_of(name: &str, t: GgmlType) -> Result<Kept, LlmError> {
         GgmlType::Q6_K => Ok(Kept::Quant(QuantFormat::Q6_K)),
         other => Err(LlmError::BadTensor {
             name: name.to_string(),
-            reason: format!("GGUF tensor type {} is not supported", other.name()),
+            reason: format!(
+                "its GGUF type {} (ggml type {}) is not supported (supported: {})",
+                other.name(),
+                other.code(),
+                GgmlType::supported_list()
+            ),
         }),
     }
 }
@@ -296,9 +310,9 @@ pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStor
             } else {
                 config.num_key_value_heads
             };
-            let rows = shape[0];
+            let rows = shape.first().copied().unwrap_or(0);
             if shape.len() != 2
-                || rows != heads * config.head_dim
+                || heads.checked_mul(config.head_dim) != Some(rows)
                 || !config.head_dim.is_multiple_of(2)
             {
                 return Err(LlmError::BadTensor {

@@ -63,7 +63,7 @@ pub(crate) fn random_weights(
             // embedding
             _ => uniform(next, n, 1.0),
         };
-        t.insert(name, Weight::from_f32(format, shape, &v));
+        t.insert(name, Weight::from_f32(format, shape, &v).unwrap());
     };
     let (h, hd) = (c.hidden_size, c.head_dim);
     let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
