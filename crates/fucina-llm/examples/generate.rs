@@ -29,8 +29,11 @@
 //! with seed `--seed + i`.
 //!
 //! Output: the text of each sequence (prompt and continuation) when there is a
-//! tokenizer, one line `ids[i]: <generated ids>` per
-//! prompt, and a line with the prefill and decode throughput. `--logits-out`
+//! tokenizer (a single prompt's text streams as it is generated; a batch's
+//! texts are printed when the batch ends), one line `ids[i]: <generated ids>`
+//! per prompt, one line `stop[i]: ...` per prompt saying why it ended (the
+//! end-of-sequence token it produced, or `--max-new-tokens` reached), and a
+//! line with the prefill and decode throughput. `--logits-out`
 //! writes the logits of every position of the first prompt, `[T, vocab]`, as a
 //! little-endian f32 `.npy` file.
 
@@ -41,13 +44,14 @@ mod batch;
 #[path = "common/npy.rs"]
 mod npy;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use fucina_llm::fucina::ExecContext;
 use fucina_llm::sample::SamplingParams;
-use fucina_llm::{LlmError, LoadDtype, open_model};
+use fucina_llm::{LlmError, LoadDtype, Tokenizer, open_model};
 
 /// Generate text with a Hugging Face decoder model (Llama, Qwen2, Mistral) or a
 /// Llama GGUF file.
@@ -135,20 +139,39 @@ fn run(args: Args) -> Result<(), String> {
         ..SamplingParams::default()
     };
     params.validate().map_err(err)?;
-    let out = batch::generate(
+    // One prompt with a tokenizer: its text is printed as it is generated.
+    let mut stream = match (tokenizer, prompts.len()) {
+        (Some(tok), 1) => Some(TextStream::start(tok, &prompts[0]).map_err(err)?),
+        _ => None,
+    };
+    let mut decode_error = None;
+    let out = batch::generate_streaming(
         model,
         &ctx,
         &prompts,
         args.max_new_tokens,
         &params,
         args.logits_out.is_some(),
+        &mut |_, id| {
+            if let Some(s) = stream.as_mut()
+                && let Err(e) = s.push(id)
+            {
+                decode_error.get_or_insert(e);
+            }
+        },
     )
     .map_err(err)?;
+    if let Some(s) = stream {
+        s.finish().map_err(err)?;
+    }
+    if let Some(e) = decode_error {
+        return Err(err(e));
+    }
     if let (Some(path), Some(logits)) = (&args.logits_out, &out.first_prompt_logits) {
         let shape = [prompts[0].len(), model.config().vocab_size];
         npy::write_npy_f32(path, &shape, logits).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    if let Some(tok) = tokenizer {
+    if let (Some(tok), true) = (tokenizer, prompts.len() > 1) {
         for (i, (prompt, ids)) in prompts.iter().zip(&out.ids).enumerate() {
             let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
             println!("text[{i}]: {}", tok.decode(&all, true).map_err(err)?);
@@ -157,6 +180,22 @@ fn run(args: Args) -> Result<(), String> {
     for (i, ids) in out.ids.iter().enumerate() {
         let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
         println!("ids[{i}]: {}", ids.join(" "));
+    }
+    for (i, stop) in out.stops.iter().enumerate() {
+        let why = match *stop {
+            batch::Stop::StopToken(t) => {
+                let name = tokenizer
+                    .as_ref()
+                    .and_then(|tok| tok.id_to_token(t))
+                    .map(|s| format!(" {s:?}"))
+                    .unwrap_or_default();
+                format!("end-of-sequence token {t}{name}")
+            }
+            batch::Stop::MaxTokens => {
+                format!("--max-new-tokens {} reached", args.max_new_tokens)
+            }
+        };
+        println!("stop[{i}]: {why}");
     }
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     println!(
@@ -171,6 +210,58 @@ fn run(args: Args) -> Result<(), String> {
         ctx.threads(),
     );
     Ok(())
+}
+
+/// Prints one sequence's text as its ids arrive: the prompt's text, then each
+/// new piece of the decoded text. The whole sequence is decoded again at each
+/// id (a tokenizer may merge a new id with the text before it), and text is
+/// held back while it ends in an incomplete UTF-8 character.
+struct TextStream<'a> {
+    tok: &'a Tokenizer,
+    ids: Vec<u32>,
+    printed: String,
+}
+
+impl<'a> TextStream<'a> {
+    fn start(tok: &'a Tokenizer, prompt: &[u32]) -> Result<TextStream<'a>, LlmError> {
+        let mut s = TextStream {
+            tok,
+            ids: prompt.to_vec(),
+            printed: String::new(),
+        };
+        print!("text[0]: ");
+        s.flush_new()?;
+        Ok(s)
+    }
+
+    fn push(&mut self, id: u32) -> Result<(), LlmError> {
+        self.ids.push(id);
+        self.flush_new()
+    }
+
+    /// Prints what the decoded text adds to what was printed.
+    fn flush_new(&mut self) -> Result<(), LlmError> {
+        let text = self.tok.decode(&self.ids, true)?;
+        if !text.ends_with('\u{FFFD}')
+            && let Some(new) = text.strip_prefix(self.printed.as_str())
+        {
+            print!("{new}");
+            let _ = std::io::stdout().flush();
+            self.printed = text;
+        }
+        Ok(())
+    }
+
+    /// Ends the line; if a later id changed text already printed, the whole
+    /// text is printed again on a line of its own.
+    fn finish(self) -> Result<(), LlmError> {
+        let text = self.tok.decode(&self.ids, true)?;
+        match text.strip_prefix(self.printed.as_str()) {
+            Some(rest) => println!("{rest}"),
+            None => println!("\ntext[0]: {text}"),
+        }
+        Ok(())
+    }
 }
 
 fn main() -> ExitCode {

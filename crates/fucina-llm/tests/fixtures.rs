@@ -249,7 +249,24 @@ fn the_generate_loop_batches_and_drops_finished_sequences() {
         );
         let len = together.ids[i].len();
         assert!(len == 24 || (len < 24 && together.ids[i][len - 1] == stop));
+        // Why it ended, as the `generate` example reports it.
+        let why = if together.ids[i][len - 1] == stop {
+            batch::Stop::StopToken(stop)
+        } else {
+            batch::Stop::MaxTokens
+        };
+        assert_eq!(together.stops[i], why, "sequence {i}");
     }
+    assert_eq!(together.stops[0], batch::Stop::StopToken(stop));
+    // The tokens reach the streaming callback as they are chosen: in each
+    // sequence's order, every one of them.
+    let mut streamed = vec![Vec::new(); prompts.len()];
+    let out = batch::generate_streaming(&model, &ctx, &prompts, 24, &params, false, &mut |i, t| {
+        streamed[i].push(t)
+    })
+    .unwrap();
+    assert_eq!(streamed, out.ids);
+    assert_eq!(out.ids, together.ids);
     let total: usize = together.ids.iter().map(Vec::len).sum();
     assert_eq!(together.decode_tokens, total - prompts.len());
 

@@ -34,6 +34,18 @@ pub(crate) struct Generation {
     pub(crate) decode_secs: f64,
     /// Decode steps (batched calls).
     pub(crate) decode_steps: usize,
+    /// Why each sequence ended.
+    pub(crate) stops: Vec<Stop>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// It produced this stop token (one of the sampler's `stop_tokens`: the
+    /// model's end-of-sequence ids), its last id.
+    StopToken(u32),
+    /// It produced `max_new_tokens` tokens.
+    MaxTokens,
 }
 
 /// Generates up to `max_new_tokens` ids after each of `prompts` as one batch.
@@ -49,6 +61,29 @@ pub(crate) fn generate(
     max_new_tokens: usize,
     params: &SamplingParams,
     want_logits: bool,
+) -> Result<Generation, LlmError> {
+    generate_streaming(
+        model,
+        ctx,
+        prompts,
+        max_new_tokens,
+        params,
+        want_logits,
+        &mut |_, _| {},
+    )
+}
+
+/// [`generate`], calling `on_token(sequence, id)` for each id as soon as it is
+/// chosen (the first id of every sequence after its prefill, then one per
+/// sequence and decode step).
+pub(crate) fn generate_streaming(
+    model: &Model,
+    ctx: &ExecContext,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    params: &SamplingParams,
+    want_logits: bool,
+    on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<Generation, LlmError> {
     let invalid = |reason: String| LlmError::InvalidRequest {
         op: "generate",
@@ -69,6 +104,7 @@ pub(crate) fn generate(
         decode_tokens: 0,
         decode_secs: 0.0,
         decode_steps: 0,
+        stops: vec![Stop::MaxTokens; prompts.len()],
     };
     if max_new_tokens == 0 {
         return Ok(out);
@@ -100,6 +136,10 @@ pub(crate) fn generate(
         let t = sampler.sample(&last, &history)?;
         history.push(t);
         out.ids[i].push(t);
+        on_token(i, t);
+        if sampler.is_stop(t) {
+            out.stops[i] = Stop::StopToken(t);
+        }
         live.push(!sampler.is_stop(t) && max_new_tokens > 1);
         caches.push(cache);
         samplers.push(sampler);
@@ -134,7 +174,11 @@ pub(crate) fn generate(
             histories[i].push(t);
             out.ids[i].push(t);
             out.decode_tokens += 1;
-            if samplers[i].is_stop(t) || out.ids[i].len() >= max_new_tokens {
+            on_token(i, t);
+            if samplers[i].is_stop(t) {
+                out.stops[i] = Stop::StopToken(t);
+                live[i] = false;
+            } else if out.ids[i].len() >= max_new_tokens {
                 live[i] = false;
             }
         }
