@@ -474,23 +474,33 @@ fn facade_docs() -> Result<(), String> {
         workspace_root().join(target)
     };
     let broken = broken_doc_links(&target.join("doc"), "fucina")?;
-    if broken.is_empty() {
+    let unresolved = unresolved_doc_links(&target.join("doc"), "fucina")?;
+    if broken.is_empty() && unresolved.is_empty() {
         eprintln!("==> [facade docs] every link of target/doc/fucina resolves");
-        Ok(())
-    } else {
-        Err(format!(
-            "step `facade docs` FAILED: {} broken link(s) in target/doc/fucina:\n  {}",
+        return Ok(());
+    }
+    let mut report = Vec::new();
+    if !broken.is_empty() {
+        report.push(format!(
+            "{} broken link(s) in target/doc/fucina:\n  {}",
             broken.len(),
             broken.join("\n  ")
-        ))
+        ));
     }
+    if !unresolved.is_empty() {
+        report.push(format!(
+            "{} unresolved intra-doc link(s) in target/doc/fucina (rendered as text: \
+             rustdoc does not check the docs it inlines from other crates; link an \
+             item that is documented, by a path that resolves where the docs are written):\n  {}",
+            unresolved.len(),
+            unresolved.join("\n  ")
+        ));
+    }
+    Err(format!("step `facade docs` FAILED: {}", report.join("\n")))
 }
 
-/// The relative links of the pages under `doc/krate` that point to a missing
-/// file, or into the pages of another crate of the workspace (`doc/fucina_*`),
-/// as `page: link` lines. Links to the shared rustdoc files (`static.files`,
-/// `src`, `trait.impl`, `type.impl`, ...) only have to exist.
-fn broken_doc_links(doc: &Path, krate: &str) -> Result<Vec<String>, String> {
+/// The HTML pages under `doc/krate`, sorted.
+fn doc_pages(doc: &Path, krate: &str) -> Result<Vec<PathBuf>, String> {
     let mut pages = Vec::new();
     let mut dirs = vec![doc.join(krate)];
     while let Some(dir) = dirs.pop() {
@@ -506,6 +516,161 @@ fn broken_doc_links(doc: &Path, krate: &str) -> Result<Vec<String>, String> {
         }
     }
     pages.sort();
+    Ok(pages)
+}
+
+/// The intra-doc links of the pages under `doc/krate` that rustdoc left
+/// unresolved, as `page: text` lines. `-D rustdoc::broken_intra_doc_links`
+/// checks the crate's own docs, not those it inlines from other crates
+/// (`#[doc(inline)] pub use fucina_exec::*`): there rustdoc renders an
+/// unresolved ``[`item`]`` as the literal text `[<code>item</code>]` and an
+/// unresolved `[item]` as `[item]`, silently.
+fn unresolved_doc_links(doc: &Path, krate: &str) -> Result<Vec<String>, String> {
+    let mut found = Vec::new();
+    for page in doc_pages(doc, krate)? {
+        let html = std::fs::read_to_string(&page)
+            .map_err(|e| format!("reading {}: {e}", page.display()))?;
+        let shown = page
+            .strip_prefix(doc)
+            .unwrap_or(&page)
+            .display()
+            .to_string();
+        for text in unresolved_links_in(&html) {
+            found.push(format!("{shown}: {text}"));
+        }
+    }
+    Ok(found)
+}
+
+/// The unresolved intra-doc links of one rendered page, in page order: in its
+/// documentation blocks (`<div class="docblock">` and the one-line summaries
+/// `<dd>` of a module's item list), every `[<code>item</code>]`, and every
+/// `[path]` of plain text (outside code, examples and links) that reads as
+/// an item path (`Team`, `Team::new`, `simd_level()`) and is not part of an
+/// expression (`x[i]`, `U[lo, hi)`, `[a](b)`). Signatures are not docblocks,
+/// so their `&[usize]` never count.
+fn unresolved_links_in(html: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for block in doc_blocks(html) {
+        // `[<code>item</code>]`, the form of ``[`item`]``.
+        let mut rest = block;
+        while let Some(at) = rest.find("[<code>") {
+            rest = &rest[at + 7..];
+            if let Some(end) = rest.find("</code>")
+                && !rest[..end].contains('<')
+                && rest[end + 7..].starts_with(']')
+            {
+                found.push(format!("[`{}`]", &rest[..end]));
+            }
+        }
+        // `[item]` in the prose.
+        let mut text = block.to_string();
+        for (open, close) in [("<pre", "</pre>"), ("<a ", "</a>"), ("<code", "</code>")] {
+            text = strip_elements(&text, open, close);
+        }
+        let text = strip_elements(&text, "<", ">");
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while let Some(at) = text[i..].find('[') {
+            let start = i + at;
+            i = start + 1;
+            let Some(len) = text[start + 1..].find(']') else {
+                break;
+            };
+            let inner = &text[start + 1..start + 1 + len];
+            let before = start.checked_sub(1).map(|b| bytes[b]);
+            let after = bytes.get(start + len + 2).copied();
+            let in_expression = before
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b"_])".contains(&b))
+                || after.is_some_and(|a| b"([:".contains(&a));
+            if !in_expression && looks_like_a_path(inner) {
+                found.push(format!("[{inner}]"));
+            }
+        }
+    }
+    found
+}
+
+/// Whether `s` reads as an item path an intra-doc link would name: `Item`,
+/// `module::Item`, `Type::method`, optionally with `()` or a macro's `!`.
+fn looks_like_a_path(s: &str) -> bool {
+    let s = s
+        .strip_suffix("()")
+        .or_else(|| s.strip_suffix('!'))
+        .unwrap_or(s);
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        && !s.ends_with(':')
+}
+
+/// The documentation blocks of a rendered page: each `<div class="docblock...">`
+/// with everything nested in it, and each `<dd>` summary.
+fn doc_blocks(html: &str) -> Vec<&str> {
+    let mut blocks = Vec::new();
+    let mut from = 0;
+    while let Some(at) = html[from..].find("<div class=\"docblock") {
+        let start = from + at;
+        // Walk to the `</div>` that closes it.
+        let (mut depth, mut pos) = (0usize, start);
+        let end = loop {
+            let open = html[pos..].find("<div").map(|o| pos + o);
+            let Some(close) = html[pos..].find("</div>").map(|c| pos + c) else {
+                break html.len();
+            };
+            match open {
+                Some(o) if o < close => {
+                    depth += 1;
+                    pos = o + 4;
+                }
+                _ => {
+                    depth -= 1;
+                    pos = close + 6;
+                    if depth == 0 {
+                        break pos;
+                    }
+                }
+            }
+        };
+        blocks.push(&html[start..end]);
+        from = end;
+    }
+    let mut rest = html;
+    while let Some(at) = rest.find("<dd>") {
+        rest = &rest[at + 4..];
+        let end = rest.find("</dd>").unwrap_or(rest.len());
+        blocks.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    blocks
+}
+
+/// `s` without the elements that start with `open` and end at the next
+/// `close` (their content included; not nested).
+fn strip_elements(s: &str, open: &str, close: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(open) {
+        out.push_str(&rest[..at]);
+        match rest[at..].find(close) {
+            Some(end) => rest = &rest[at + end + close.len()..],
+            None => {
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The relative links of the pages under `doc/krate` that point to a missing
+/// file, or into the pages of another crate of the workspace (`doc/fucina_*`),
+/// as `page: link` lines. Links to the shared rustdoc files (`static.files`,
+/// `src`, `trait.impl`, `type.impl`, ...) only have to exist.
+fn broken_doc_links(doc: &Path, krate: &str) -> Result<Vec<String>, String> {
+    let pages = doc_pages(doc, krate)?;
     let mut broken = Vec::new();
     for page in &pages {
         let html = std::fs::read_to_string(page)
@@ -604,6 +769,55 @@ mod tests {
         assert!(
             broken[2].contains("up.html (leaves the doc directory)"),
             "{broken:#?}"
+        );
+    }
+
+    #[test]
+    fn unresolved_intra_doc_links_are_found_in_inlined_docs() {
+        let doc = std::env::temp_dir().join(format!("xtask-unresolved-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&doc);
+        std::fs::create_dir_all(doc.join("fucina/exec")).unwrap();
+        // What rustdoc made of `fucina_exec::simd_level`'s docs, inlined into
+        // `fucina::exec`, while `force_simd_level` was hidden.
+        std::fs::write(
+            doc.join("fucina/exec/fn.simd_level.html"),
+            concat!(
+                r#"<pre class="rust item-decl"><code>pub fn simd_level(x: &amp;[usize]) -&gt; [Level]</code></pre>"#,
+                r#"<details><div class="docblock"><p>Lowered by the <code>FUCINA_SIMD</code> variable or by"#,
+                "\n[<code>force_simd_level</code>]. See [Team] and <a href=\"struct.Team.html\">[Team]</a>.</p>",
+                r#"<div class="example-wrap"><pre class="rust"><code>let y = x[i] + v[Team];</code></pre></div>"#,
+                r#"<p>Also [`Team::new`] and [simd_level()].</p></div></details>"#,
+            ),
+        )
+        .unwrap();
+        // Brackets that are not links: intervals, indexing, citations, code,
+        // arrays of code, and signatures outside the docblocks.
+        std::fs::write(
+            doc.join("fucina/exec/index.html"),
+            concat!(
+                r#"<dl class="item-table"><dt><a href="fn.uniform.html">uniform</a></dt>"#,
+                r#"<dd>U[<code>lo</code>, <code>hi</code>) values, x[i], v[0], [1], [a b],"#,
+                r#" [<code>a</code>, <code>b</code>], <code>[Team]</code>, f(a)[k], [x](y)</dd></dl>"#,
+                r#"<div class="docblock"><p>Written as <code>[T]</code>, a slice of <a href="t">[Team]</a>.</p></div>"#,
+                r#"<h4 class="code-header">pub fn f(&amp;self) -&gt; &amp;[Team]</h4>"#,
+            ),
+        )
+        .unwrap();
+        let found = unresolved_doc_links(&doc, "fucina").unwrap();
+        let _ = std::fs::remove_dir_all(&doc);
+        assert_eq!(
+            found,
+            [
+                "fucina/exec/fn.simd_level.html: [`force_simd_level`]",
+                "fucina/exec/fn.simd_level.html: [Team]",
+                "fucina/exec/fn.simd_level.html: [simd_level()]",
+            ],
+            "{found:#?}"
+        );
+        // The form of [`Team::new`] that rustdoc leaves is `[<code>Team::new</code>]`.
+        assert_eq!(
+            unresolved_links_in(r#"<div class="docblock">[<code>Team::new</code>]</div>"#),
+            ["[`Team::new`]"]
         );
     }
 

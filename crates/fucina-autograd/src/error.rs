@@ -9,12 +9,18 @@ use fucina_exec::{Dims, ExecError};
 /// Errors of the exec layer (a wrong shape, axis, index, out of memory, a
 /// scope-owned operand given to a storage-consuming op) arrive wrapped in
 /// [`AutogradError::Exec`]; the other variants are the autograd layer's own.
+///
+/// The variants that carry shapes hold them boxed, so the error is small (40
+/// bytes on 64-bit targets): a `Result<T, AutogradError>` stays cheap to
+/// return, and clippy's `result_large_err` stays quiet in user code that
+/// returns one (a custom VJP's closures). Match the exec layer's error with
+/// `AutogradError::Exec(e)` and `*e`, or with [`AutogradError::as_exec`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AutogradError {
     /// An error of the exec layer (the op and the offending value are named in it).
     #[error(transparent)]
-    Exec(#[from] ExecError),
+    Exec(Box<ExecError>),
     /// `backward` was called on a tensor that records no graph (a constant, a
     /// detached tensor, or a result computed under `no_grad`).
     #[error(
@@ -31,7 +37,7 @@ pub enum AutogradError {
     )]
     NonScalarLoss {
         /// The shape of the output.
-        shape: Dims,
+        shape: Box<Dims>,
     },
     /// A gradient (a seed, or one returned by a custom backward) does not have the
     /// shape of the tensor it belongs to.
@@ -40,9 +46,9 @@ pub enum AutogradError {
         /// The operation.
         op: &'static str,
         /// The shape of the tensor.
-        expected: Dims,
+        expected: Box<Dims>,
         /// The shape of the gradient that was given.
-        got: Dims,
+        got: Box<Dims>,
     },
     /// A custom backward returned a number of gradients different from the number
     /// of inputs.
@@ -76,6 +82,22 @@ pub enum AutogradError {
     /// as they are.
     #[error(transparent)]
     External(ExternalError),
+}
+
+impl From<ExecError> for AutogradError {
+    fn from(e: ExecError) -> AutogradError {
+        AutogradError::Exec(Box::new(e))
+    }
+}
+
+impl AutogradError {
+    /// The exec layer's error inside, if this is one.
+    pub fn as_exec(&self) -> Option<&ExecError> {
+        match self {
+            AutogradError::Exec(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// An error of another type carried by [`AutogradError::External`]: shared,
@@ -116,3 +138,49 @@ impl PartialEq for ExternalError {
 
 /// The result type of this crate.
 pub type Result<T, E = AutogradError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Small enough that clippy's `result_large_err` (128 bytes) stays quiet in
+    // user code returning `Result<_, AutogradError>`, with room to spare: the
+    // shapes and the exec layer's error are boxed.
+    #[cfg(target_pointer_width = "64")]
+    static_assertions::const_assert!(std::mem::size_of::<AutogradError>() <= 40);
+
+    #[test]
+    fn the_error_is_small_and_its_messages_are_unchanged() {
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(std::mem::size_of::<AutogradError>(), 40);
+        let d = |v: &[usize]| Box::new(Dims::new(v));
+        let cases = [
+            (
+                AutogradError::NonScalarLoss { shape: d(&[2, 3]) },
+                "backward: the output has shape [2, 3], not one element; pass its gradient with backward_with_grad",
+            ),
+            (
+                AutogradError::GradientShapeMismatch {
+                    op: "set_grad",
+                    expected: d(&[4]),
+                    got: d(&[2, 2]),
+                },
+                "set_grad: gradient of shape [2, 2] for a tensor of shape [4]",
+            ),
+            (
+                AutogradError::from(ExecError::Overflow {
+                    op: "full",
+                    shape: Dims::new(&[usize::MAX, 2]),
+                }),
+                "full: the element count of shape [18446744073709551615, 2] overflows usize",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.to_string(), want);
+        }
+        let e = AutogradError::from(ExecError::LeakedBuffers { count: 1 });
+        assert_eq!(e.as_exec(), Some(&ExecError::LeakedBuffers { count: 1 }));
+        assert!(std::error::Error::source(&e).is_none());
+        assert_eq!(AutogradError::BackwardAlreadyRun.as_exec(), None);
+    }
+}

@@ -29,9 +29,6 @@
 //! See `docs/AUTOGRAD.md` in the repository for the gradient model, scopes versus
 //! drop-as-you-go, custom VJPs and gradcheck.
 #![forbid(unsafe_code)]
-// `AutogradError` wraps `ExecError`, which carries inline shapes (no heap on the
-// error path): boxing would allocate on every error and not shrink the `Ok` arm.
-#![allow(clippy::result_large_err)]
 
 mod custom;
 mod error;

@@ -958,8 +958,8 @@ fn propagate(
                 if gi.shape() != input.dims.as_slice() {
                     return Err(AutogradError::GradientShapeMismatch {
                         op: h.name,
-                        expected: input.dims,
-                        got: gi.dims(),
+                        expected: Box::new(input.dims),
+                        got: Box::new(gi.dims()),
                     });
                 }
                 slots[position(order, input)].add(ctx, gi)?;

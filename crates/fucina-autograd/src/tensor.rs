@@ -396,8 +396,8 @@ impl Tensor {
                 if g.shape() != self.shape() {
                     return Err(AutogradError::GradientShapeMismatch {
                         op: "backward",
-                        expected: self.raw.dims(),
-                        got: g.dims(),
+                        expected: Box::new(self.raw.dims()),
+                        got: Box::new(g.dims()),
                     });
                 }
                 g.clone()
@@ -405,7 +405,7 @@ impl Tensor {
             None => {
                 if self.numel() != 1 {
                     return Err(AutogradError::NonScalarLoss {
-                        shape: self.raw.dims(),
+                        shape: Box::new(self.raw.dims()),
                     });
                 }
                 ctx.ones(self.shape())?
@@ -589,8 +589,8 @@ impl Tensor {
         if g.shape() != self.shape() {
             return Err(AutogradError::GradientShapeMismatch {
                 op: "set_grad",
-                expected: self.raw.dims(),
-                got: g.raw.dims(),
+                expected: Box::new(self.raw.dims()),
+                got: Box::new(g.raw.dims()),
             });
         }
         // A copy of its own (the caller's tensor may change later), made before

@@ -3,7 +3,6 @@
 //! harness's first one, and the pool-miss counter is process-wide too, so each
 //! test runs alone in a process of its own (`counting::in_own_process`) under
 //! plain `cargo test` as under nextest.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use fucina_autograd::exec::ExecContext;
 use fucina_autograd::{Tensor, free_graph_nodes};

@@ -1,7 +1,6 @@
 //! Heap allocations of a pooling + batch-norm training step after warm-up,
 //! counted by a global allocator of this test binary (each test in a process of
 //! its own, see `allocations.rs`).
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
 use fucina_autograd::{Pool2dOptions, Tensor, free_graph_nodes};

@@ -2,7 +2,6 @@
 //! float64 references computed here with direct loops, gradcheck of every op and
 //! option, the max-pool tie rule, bad input, bit-identical results for 1-4
 //! threads, and batch invariance.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 mod support;
 

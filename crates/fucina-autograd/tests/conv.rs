@@ -3,7 +3,6 @@
 //! differentiable surface, and zero heap allocations per conv training step at
 //! steady state (the counting allocator sees the whole process, so that test runs
 //! alone in a process of its own).
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 mod support;
 

@@ -1,6 +1,5 @@
 //! `custom_vjp`: user ops inside and outside scopes, checked against finite
 //! differences, and the errors of a wrong backward.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 mod support;
 

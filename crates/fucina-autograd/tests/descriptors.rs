@@ -2,7 +2,6 @@
 //! descriptor: the node is named after the op, the gradients are the
 //! descriptor's backward kernel, and the generic apply gives the same bits,
 //! forward and backward, as the named method.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 mod support;
 

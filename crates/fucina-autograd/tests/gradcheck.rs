@@ -1,6 +1,5 @@
 //! A finite-difference check of every differentiable op, on shapes with
 //! broadcasting and on non-contiguous (transposed, narrowed) inputs.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 mod support;
 

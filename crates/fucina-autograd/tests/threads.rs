@@ -1,6 +1,5 @@
 //! Tensors cross threads: a graph built on one thread is differentiated on
 //! another (with the context moved along), and parameters are shared read-only.
-#![allow(clippy::result_large_err)] // `AutogradError` carries inline shapes
 
 use fucina_autograd::Tensor;
 use fucina_autograd::exec::ExecContext;

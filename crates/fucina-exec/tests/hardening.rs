@@ -1,7 +1,8 @@
 //! What a careless or hostile caller could once turn into an abort, a broken
 //! context or stale data: huge zero-copy views, panics and early returns inside
-//! exec scopes, foreign and stale scope tokens, views past a tensor's extent, and
-//! the texts of two errors. Cases that used to abort the process run in a child
+//! exec scopes, foreign and stale scope tokens, views past a tensor's extent,
+//! sizes from the caller that overflow in conv and pool geometry, and the texts
+//! of two errors. Cases that used to abort the process run in a child
 //! process with a timeout.
 #![allow(clippy::result_large_err)] // `ExecError` carries inline shapes
 
@@ -9,7 +10,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fucina_exec::{ExecContext, ExecError, RawTensor};
+use fucina_exec::{
+    Conv1dOptions, Conv2dOptions, ExecContext, ExecError, Pool2dOp, Pool2dOptions, RawTensor,
+};
 
 /// Set in the child processes this file starts.
 const CHILD: &str = "FUCINA_EXEC_HARDENING_CHILD";
@@ -365,6 +368,202 @@ fn a_strided_view_cannot_reach_past_the_tensor_into_stale_pool_data() {
     let r = RawTensor::from_buffer(buf, &[4]).unwrap();
     assert_eq!(r.storage_extent(), 4);
     assert!(r.view_with_strides(&[1], &[1], 4).is_err());
+}
+
+// ---- sizes from the caller in conv and pool geometry ----
+
+/// The message of an `Err`, asserting that it is one (a panic fails the test
+/// by itself: these ran into "attempt to multiply with overflow" in debug
+/// builds and wrapped in release ones).
+fn err_text<T: std::fmt::Debug>(r: Result<T, ExecError>) -> String {
+    r.expect_err("an impossible size must be an Err")
+        .to_string()
+}
+
+fn assert_mentions(msg: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(msg.contains(n), "`{msg}` should mention `{n}`");
+    }
+}
+
+const BIG: usize = 1 << 40;
+
+#[test]
+fn conv_sizes_that_overflow_are_errors_not_panics() {
+    let ctx = ExecContext::with_threads(2);
+    let one = |shape: &[usize]| ctx.ones(shape).unwrap();
+    let o2 = |stride, padding, dilation| Conv2dOptions {
+        stride,
+        padding,
+        dilation,
+        groups: 1,
+    };
+    let (x, w) = (one(&[1, 1, 1, 1]), one(&[1, 1, 1, 1]));
+    // The report: an output of 2^41 x 2^41 positions.
+    let e = err_text(ctx.conv2d(&x, &w, None, o2([1, 1], [BIG, BIG], [1, 1])));
+    assert_mentions(&e, &["conv2d", "overflows usize", "2199023255553"]);
+    // Stride 1 with a dilated kernel: a 1x1 output, but the GEMM paths would
+    // run over zero-padded planes of 2 x (2^32 + 1)^2 floats.
+    let dilated = o2([1, 1], [1 << 31, 1 << 31], [1 << 32, 1 << 32]);
+    let (x2, w2) = (one(&[1, 2, 1, 1]), one(&[1, 2, 2, 2]));
+    let planes = "[2, 4294967298, 4294967297]";
+    let e = err_text(ctx.conv2d(&x2, &w2, None, dilated));
+    assert_mentions(&e, &["conv2d", "overflows usize", planes]);
+    let e = err_text(ctx.conv2d_input_grad(&[1, 2, 1, 1], &w2, &w, dilated));
+    assert_mentions(&e, &["conv2d_input_grad", "overflows usize", planes]);
+    let e = err_text(ctx.conv2d_weight_grad(&x2, &[1, 2, 2, 2], &w, dilated));
+    assert_mentions(&e, &["conv2d_weight_grad", "overflows usize", planes]);
+    // The direct depthwise kernels read the image itself: that one computes
+    // (every tap but the first lies in the padding, and that one reads x).
+    let y = ctx.conv2d(&x, &one(&[1, 1, 2, 2]), None, dilated).unwrap();
+    assert_eq!(y.shape(), [1, 1, 1, 1]);
+    drop(y);
+    // A padded size past isize::MAX (the kernels' signed offsets).
+    let e = err_text(ctx.conv1d(
+        &one(&[1, 1, 1]),
+        &one(&[1, 1, 1]),
+        None,
+        Conv1dOptions {
+            padding: 1 << 62,
+            ..Default::default()
+        },
+    ));
+    assert_mentions(&e, &["conv1d", "padding", "overflows"]);
+    let e = err_text(ctx.conv1d(
+        &one(&[4, 1, 1]),
+        &one(&[1, 1, 1]),
+        None,
+        Conv1dOptions {
+            padding: 1 << 61,
+            ..Default::default()
+        },
+    ));
+    assert_mentions(
+        &e,
+        &["conv1d", "[4, 1, 4611686018427387905]", "overflows usize"],
+    );
+    // Huge options that give a small output still compute: a 3x3 output whose
+    // centre reads the one input element.
+    let y = ctx
+        .conv2d(&x, &w, None, o2([BIG, BIG], [BIG, BIG], [1, 1]))
+        .unwrap();
+    assert_eq!(y.shape(), [1, 1, 3, 3]);
+    assert_eq!(y.to_vec(), [0., 0., 0., 0., 1., 0., 0., 0., 0.]);
+    assert_eq!(ctx.outstanding_buffers(), 5, "x, w, x2, w2 and y only");
+}
+
+#[test]
+fn conv_backward_shapes_from_the_caller_are_checked() {
+    let ctx = ExecContext::with_threads(2);
+    let one = |shape: &[usize]| ctx.ones(shape).unwrap();
+    let strided = |s: usize, p: usize| Conv2dOptions {
+        stride: [s, s],
+        padding: [p, p],
+        ..Default::default()
+    };
+    let (x, w, dy) = (one(&[1, 1, 1, 1]), one(&[1, 1, 1, 1]), one(&[1, 1, 1, 1]));
+    // An input of 2^80 elements whose (strided) output is one element.
+    let e = err_text(ctx.conv2d_input_grad(&[1, 1, BIG, BIG], &w, &dy, strided(BIG, 0)));
+    assert_mentions(
+        &e,
+        &[
+            "conv2d_input_grad",
+            "[1, 1, 1099511627776, 1099511627776]",
+            "overflows usize",
+        ],
+    );
+    // 2^62 elements: a count that fits, memory that does not.
+    let huge = 1 << 31;
+    assert!(matches!(
+        ctx.conv2d_input_grad(&[1, 1, huge, huge], &w, &dy, strided(huge, 0)),
+        Err(ExecError::OutOfMemory {
+            op: "conv2d_input_grad",
+            ..
+        })
+    ));
+    // A zero in the weight's shape (it used to underflow at `kernel - 1`).
+    for w_shape in [[1, 1, 0, 1], [1, 1, 1, 0], [0, 1, 1, 1], [1, 0, 1, 1]] {
+        let e = err_text(ctx.conv2d_weight_grad(&x, &w_shape, &dy, Conv2dOptions::default()));
+        assert_mentions(&e, &["conv2d_weight_grad", "a dimension is zero"]);
+    }
+    let e = err_text(ctx.conv1d_weight_grad(
+        &one(&[1, 1, 1]),
+        &[1, 1, 0],
+        &one(&[1, 1, 1]),
+        Conv1dOptions::default(),
+    ));
+    assert_mentions(&e, &["conv1d_weight_grad", "a dimension is zero"]);
+    let e = err_text(ctx.conv2d_input_grad(&[1, 0, 1, 1], &w, &dy, Conv2dOptions::default()));
+    assert_mentions(&e, &["conv2d_input_grad", "a dimension is zero"]);
+    // A weight of 2^63 taps over a padded input: its column-matrix scratch
+    // (`K x 32` floats) overflows.
+    let x2 = one(&[1, 2, 1, 1]);
+    let e = err_text(ctx.conv2d_weight_grad(&x2, &[1, 2, huge, huge], &dy, strided(1 << 32, huge)));
+    assert_mentions(
+        &e,
+        &[
+            "conv2d_weight_grad",
+            "[9223372036854775808, 32]",
+            "overflows usize",
+        ],
+    );
+    assert_eq!(ctx.outstanding_buffers(), 4, "nothing left behind");
+}
+
+#[test]
+fn pool_sizes_that_overflow_are_errors_not_panics() {
+    let ctx = ExecContext::with_threads(2);
+    let x = ctx.from_slice(&[1, 1, 2, 2], &[1., 2., 3., 4.]).unwrap();
+    // The report: an adaptive output of 2^80 cells.
+    let e = err_text(ctx.adaptive_avg_pool2d(&x, [BIG, BIG]));
+    assert_mentions(
+        &e,
+        &[
+            "adaptive_avg_pool2d",
+            "[1, 1, 1099511627776, 1099511627776]",
+            "overflows usize",
+        ],
+    );
+    let (g, b) = (ctx.ones(&[1]).unwrap(), ctx.zeros(&[1]).unwrap());
+    let e = err_text(ctx.batch_norm_pool2d(&x, &g, &b, 1e-5, Pool2dOp::AdaptiveAvg([BIG, BIG])));
+    assert_mentions(&e, &["adaptive_avg_pool2d", "overflows usize"]);
+    // The adaptive windows' bounds `i * H` past usize (an output that could
+    // not be allocated anyway, but the check does not rely on that).
+    let e = err_text(ctx.adaptive_avg_pool2d(&x, [usize::MAX / 2 + 1, 1]));
+    assert_mentions(
+        &e,
+        &[
+            "adaptive_avg_pool2d",
+            "output size times its input size overflows",
+        ],
+    );
+    // A backward for an input shape of 2^80 elements whose strided output is
+    // one element, and one with a zero dimension.
+    let dy = ctx.ones(&[1, 1, 1, 1]).unwrap();
+    let strided = Pool2dOp::Avg(Pool2dOptions {
+        kernel: [2, 2],
+        stride: [BIG, BIG],
+        padding: [0, 0],
+    });
+    let e = err_text(ctx.pool2d_backward(strided, &[1, 1, BIG, BIG], None, &dy));
+    assert_mentions(&e, &["avg_pool2d", "overflows usize"]);
+    let e = err_text(ctx.pool2d_backward(Pool2dOp::AdaptiveAvg([1, 1]), &[1, 0, 2, 2], None, &dy));
+    assert_mentions(&e, &["adaptive_avg_pool2d", "a dimension is zero"]);
+    // A window of 2^80 elements: the average's divisor overflows, the max pool
+    // (which needs no area) still computes over the clipped window.
+    let wide = Pool2dOptions {
+        kernel: [BIG, BIG],
+        stride: [BIG, BIG],
+        padding: [BIG / 2, BIG / 2],
+    };
+    let one = ctx.full(&[1, 1, 1, 1], 5.0).unwrap();
+    let e = err_text(ctx.avg_pool2d(&one, wide));
+    assert_mentions(&e, &["avg_pool2d", "overflows usize"]);
+    assert_eq!(ctx.max_pool2d(&one, wide).unwrap().to_vec(), [5.0]);
+    let gx = ctx
+        .pool2d_backward(Pool2dOp::Max(wide), &[1, 1, 1, 1], Some(&one), &dy)
+        .unwrap();
+    assert_eq!(gx.to_vec(), [1.0]);
 }
 
 // ---- error texts ----

@@ -24,10 +24,15 @@ impl Team {
     /// `ceil((end - begin) / block)` entries (the call's only allocation), so
     /// choose blocks of a few thousand elements, not single ones.
     ///
+    /// Every range is exact up to `usize::MAX`: the block ends are computed
+    /// without overflow, so a range ending at `usize::MAX` loses no element.
+    ///
     /// # Panics
     /// If `map` panics, the other blocks still run and the first panic is
     /// resumed on the caller, as in [`parallel_chunks`](Team::parallel_chunks);
-    /// a panic of `combine` runs on the caller.
+    /// a panic of `combine` runs on the caller. If the vector of partials
+    /// cannot be allocated (a huge range in tiny blocks), with a message
+    /// naming the range and the block, not an abort.
     ///
     /// ```
     /// use fucina_thread::{Team, TeamOptions};
@@ -61,11 +66,20 @@ impl Team {
         let block = block.max(1);
         let len = end - begin;
         let blocks = len.div_ceil(block);
+        // `k < blocks`, so `k * block < len` and `lo < end`: neither overflows,
+        // and the block's end is `lo` plus what is left, at most `block`
+        // (`lo + block` itself may pass `usize::MAX` near the top).
         let range_of = |k: usize| {
             let lo = begin + k * block;
-            lo..(lo + block).min(end)
+            lo..lo + block.min(end - lo)
         };
         let mut partials: Vec<Option<T>> = Vec::new();
+        if partials.try_reserve_exact(blocks).is_err() {
+            panic!(
+                "parallel_reduce: cannot allocate the {blocks} partials of [{begin}, {end}) \
+                 in blocks of {block} (choose larger blocks)"
+            );
+        }
         partials.resize_with(blocks, || None);
         if blocks == 1 || in_parallel_region() {
             for (k, p) in partials.iter_mut().enumerate() {

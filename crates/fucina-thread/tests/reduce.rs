@@ -132,3 +132,41 @@ fn a_panicking_block_reaches_the_caller_and_the_team_stays_usable() {
         100
     );
 }
+
+#[test]
+fn ranges_near_usize_max_are_covered_exactly() {
+    const MAX: usize = usize::MAX;
+    let blocks = |team: &Team, begin, end, block| {
+        team.parallel_reduce(
+            begin,
+            end,
+            block,
+            Vec::new(),
+            |r| vec![(r.start, r.end)],
+            |mut a, b| {
+                a.extend(b);
+                a
+            },
+        )
+    };
+    for team in &teams() {
+        // The last block used to end at `(lo + block).min(end)`, which
+        // overflowed (wrapped in release, dropping the last element).
+        assert_eq!(
+            blocks(team, MAX - 10, MAX, 3),
+            [
+                (MAX - 10, MAX - 7),
+                (MAX - 7, MAX - 4),
+                (MAX - 4, MAX - 1),
+                (MAX - 1, MAX)
+            ]
+        );
+        assert_eq!(blocks(team, MAX - 1, MAX, MAX), [(MAX - 1, MAX)]);
+        assert_eq!(blocks(team, 5, MAX, MAX), [(5, MAX)]);
+        assert_eq!(blocks(team, 0, 10, MAX - 1), [(0, 10)]);
+        assert_eq!(
+            team.parallel_reduce(MAX - 1000, MAX, 7, 0usize, |r| r.len(), |a, b| a + b),
+            1000
+        );
+    }
+}

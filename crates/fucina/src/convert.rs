@@ -15,7 +15,7 @@ impl From<Error> for AutogradError {
     fn from(e: Error) -> AutogradError {
         match e {
             Error::Autograd(e) => *e,
-            Error::Exec(e) => AutogradError::Exec(*e),
+            Error::Exec(e) => AutogradError::Exec(e),
             e => AutogradError::External(ExternalError::new(e)),
         }
     }

@@ -70,18 +70,30 @@ pub fn multinomial(
             format!("probs of shape {shape:?} has rows of no categories"),
         ));
     }
+    // The result comes from the pool, fallibly and before anything is drawn:
+    // `B * n` draws that overflow or cannot be allocated are an `Err`, not an
+    // abort. The draws go through a fixed scratch block, so nothing else of
+    // that size is allocated.
+    let out_shape: &[usize] = if shape.len() == 1 { &[n] } else { &[rows, n] };
+    let mut result = ctx.empty_typed::<i64>(out_shape)?;
     let values = probs.try_to_vec()?;
-    let mut draws = vec![0usize; rows * n];
+    let out = result.data_mut()?;
+    let mut scratch = [0usize; 256];
     for (b, (row, out)) in values
         .chunks_exact(width)
-        .zip(draws.chunks_exact_mut(n))
+        .zip(out.chunks_exact_mut(n))
         .enumerate()
     {
-        let first = (b as u64) * (n as u64);
-        fucina_rng::categorical_fill(seed, first, row, out)
-            .map_err(|e| Error::invalid("multinomial", format!("row {b} of probs: {e}")))?;
+        let mut first = (b as u64) * (n as u64);
+        for block in out.chunks_mut(scratch.len()) {
+            let draws = &mut scratch[..block.len()];
+            fucina_rng::categorical_fill(seed, first, row, draws)
+                .map_err(|e| Error::invalid("multinomial", format!("row {b} of probs: {e}")))?;
+            for (o, &k) in block.iter_mut().zip(draws.iter()) {
+                *o = k as i64;
+            }
+            first += block.len() as u64;
+        }
     }
-    let out: Vec<i64> = draws.into_iter().map(|k| k as i64).collect();
-    let out_shape: &[usize] = if shape.len() == 1 { &[n] } else { &[rows, n] };
-    Ok(ctx.from_vec(out_shape, out)?)
+    Ok(result)
 }

@@ -231,6 +231,57 @@ fn batch_norm2d_trains_with_batch_statistics_and_evaluates_with_running_ones() {
     }
 }
 
+/// A non-finite `eps` (or momentum) is refused by the constructor, naming it,
+/// not accepted and then refused by every `forward`.
+#[test]
+fn batch_norm_options_refuse_non_finite_values_up_front() {
+    let ctx = ExecContext::new();
+    for (eps, m) in [
+        (f32::INFINITY, 0.1),
+        (f32::NEG_INFINITY, 0.1),
+        (1e-5, f32::INFINITY),
+        (1e-5, f32::NAN),
+    ] {
+        for r in [
+            BatchNorm2d::new(&ctx, 3)
+                .unwrap()
+                .with_options(eps, m)
+                .map(drop),
+            BatchNorm1d::new(&ctx, 3)
+                .unwrap()
+                .with_options(eps, m)
+                .map(drop),
+        ] {
+            match r {
+                Err(Error::InvalidArgument { what, reason }) => {
+                    assert!(what.ends_with("::with_options"), "{what}");
+                    let name = if eps.is_finite() { "momentum" } else { "eps" };
+                    assert!(reason.contains(name), "{reason}");
+                }
+                other => panic!("eps {eps}, momentum {m}: expected an error, got {other:?}"),
+            }
+        }
+    }
+    let e = BatchNorm2d::new(&ctx, 3)
+        .unwrap()
+        .with_options(f32::INFINITY, 0.1)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "BatchNorm2d::with_options: eps must be finite and >= 0 (got inf)"
+    );
+    // The extremes that are valid stay valid.
+    let bn = BatchNorm2d::new(&ctx, 3)
+        .unwrap()
+        .with_options(f32::MAX, 1.0)
+        .unwrap();
+    assert_eq!((bn.eps(), bn.momentum()), (f32::MAX, 1.0));
+    BatchNorm2d::new(&ctx, 3)
+        .unwrap()
+        .with_options(0.0, 0.0)
+        .unwrap();
+}
+
 #[test]
 fn batch_norm1d_takes_two_and_three_dimensional_input() {
     let ctx = ExecContext::new();

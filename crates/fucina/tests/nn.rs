@@ -110,6 +110,11 @@ fn bad_constructor_arguments_are_errors() {
     assert!(invalid(Linear::new(&ctx, 3, 0, 0).map(drop)));
     assert!(invalid(Embedding::new(&ctx, 0, 3, 0).map(drop)));
     assert!(invalid(LayerNorm::new(&ctx, 3, -1.0).map(drop)));
+    // A non-finite eps is refused up front, not by every forward.
+    for eps in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+        assert!(invalid(LayerNorm::new(&ctx, 3, eps).map(drop)), "{eps}");
+        assert!(invalid(RmsNorm::new(&ctx, 3, eps).map(drop)), "{eps}");
+    }
     assert!(invalid(RmsNorm::new(&ctx, 0, 1e-5).map(drop)));
     assert!(invalid(Dropout::new(1.0, 0).map(drop)));
     assert!(invalid(Dropout::new(-0.1, 0).map(drop)));

@@ -1,9 +1,6 @@
 //! One error type at the user level: `gradcheck` takes closures that return the
 //! facade's `Error` (so a layer can be checked), and the closures of
 //! `custom_vjp` can apply `?` to a layer's result.
-// The custom-VJP closures return `AutogradError`, which is large (inline
-// shapes); clippy flags every closure that returns it.
-#![allow(clippy::result_large_err)]
 
 use fucina::autograd::{AutogradError, CustomVjpArgs, GradcheckOptions, gradcheck};
 use fucina::nn::{Block, Linear};

@@ -26,7 +26,7 @@
 //! - the same bits on a re-run: the program runs twice, on a 1-thread and on a
 //!   2-thread context, and every op's outcome (its output bits or its error
 //!   text), the loss and every gradient agree.
-#![allow(dead_code, unreachable_pub, clippy::result_large_err)]
+#![allow(dead_code, unreachable_pub)]
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
 use fucina_autograd::{AutogradError, Tensor};

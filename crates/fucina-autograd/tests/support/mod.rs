@@ -1,5 +1,5 @@
 //! Shared helpers of the autograd integration tests.
-#![allow(dead_code, unreachable_pub, clippy::result_large_err)]
+#![allow(dead_code, unreachable_pub)]
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
 use fucina_autograd::{AutogradError, GradcheckOptions, Tensor, gradcheck};

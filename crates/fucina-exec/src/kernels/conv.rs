@@ -81,6 +81,12 @@ impl ConvGeom {
     pub(crate) fn is_wide(&self) -> bool {
         self.stride == [1, 1] && !self.is_pointwise()
     }
+    /// Whether the GEMM paths run over a group's zero-padded planes
+    /// ([`xpad_len`](Self::xpad_len)) and wide columns: stride 1, neither
+    /// pointwise nor depthwise (the direct depthwise kernels read the image).
+    pub(crate) fn uses_padded_planes(&self) -> bool {
+        self.is_wide() && !self.is_depthwise()
+    }
     /// Width of the zero-padded image.
     pub(crate) fn wp(&self) -> usize {
         self.w + 2 * self.pad[1]

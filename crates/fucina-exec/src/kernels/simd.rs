@@ -154,11 +154,20 @@ pub fn detected_simd_level() -> SimdLevel {
     detected()
 }
 
-/// Test hook: makes every later kernel call of the process use `level`, when the
-/// CPU supports it (returns `false` and changes nothing otherwise). Meant for tests
-/// that compare the levels' results; a level change while ops run on other threads
-/// is safe but those ops may mix levels.
-#[doc(hidden)]
+/// Makes every later kernel call of the process use `level`, when the CPU
+/// supports it (returns `false` and changes nothing otherwise): what
+/// [`simd_level`] reports from then on. Meant for tests and benchmarks that
+/// compare the levels' results (which are bitwise the same); a level change
+/// while ops run on other threads is safe but those ops may mix levels.
+///
+/// ```
+/// use fucina_exec::{SimdLevel, force_simd_level, simd_level};
+///
+/// let before = simd_level();
+/// assert!(force_simd_level(SimdLevel::Portable)); // every CPU has it
+/// assert_eq!(simd_level(), SimdLevel::Portable);
+/// assert!(force_simd_level(before));
+/// ```
 pub fn force_simd_level(level: SimdLevel) -> bool {
     force(level)
 }

@@ -210,7 +210,7 @@ impl ExecContext {
     ) -> Result<RawTensor, ExecError> {
         let m = (n * plane) as f32;
         self.new_tensor(op, &[ch, 2], |out| {
-            self.par_rows(out, 2, n * plane * STATS_WORK, |rows, o| {
+            self.par_rows(out, 2, (n * plane).saturating_mul(STATS_WORK), |rows, o| {
                 vectorized!(for (c, st) in rows.zip(o.chunks_exact_mut(2)) {
                     let mean = channel_sum(n, c, ch, plane, |off| match plane {
                         1 => xs[off],
@@ -488,7 +488,7 @@ impl ExecContext {
         );
         // Per channel: sum(grad_y) and sum(grad_y * (x - mean)).
         let sums = self.new_tensor(OP, &[ch, 2], |out| {
-            self.par_rows(out, 2, n * plane * STATS_WORK, |rows, o| {
+            self.par_rows(out, 2, (n * plane).saturating_mul(STATS_WORK), |rows, o| {
                 vectorized!(for (c, st) in rows.zip(o.chunks_exact_mut(2)) {
                     let mu = ms[c];
                     // Both sums in one pass over the gradient (the same bits as

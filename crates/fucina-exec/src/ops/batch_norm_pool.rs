@@ -99,7 +99,7 @@ impl ExecContext {
         let packed = self.training_stats(OP, xs, dims, eps)?;
         let ps = packed.contiguous_slice();
         let (mean, istd) = (&ps[..ch], &ps[2 * ch..]);
-        let work = plane_work(op, ip, opl) + NORM_WORK * ip;
+        let work = plane_work(op, ip, opl).saturating_add(NORM_WORK * ip);
         let fast = ReluMax2x2Avx512::new(op);
         let mut done = Ok(());
         let pooled = self.new_tensor(OP, os, |out| {
@@ -171,7 +171,8 @@ impl ExecContext {
             ic.contiguous_slice(),
             gpc.contiguous_slice(),
         );
-        let work = plane_work(op, ip, opl) + (NORM_WORK + 2) * ip;
+        let work = plane_work(op, ip, opl).saturating_add((NORM_WORK + 2) * ip);
+        let row_work = ch.saturating_mul(work);
         let fast = ReluMax2x2Avx512::new(op);
         let row = ch * ip;
         let mut done = Ok(());
@@ -183,7 +184,7 @@ impl ExecContext {
             // memory, and the plane's two backward sums.
             let mut partials = Ok(());
             let pt = self.new_tensor(OP, &[n, 2 * ch], |pt: &mut [f32]| {
-                partials = self.pool_grad_pass(OP, gx, pt, row, ch * work, ip, |r, gxr, ptr, z| {
+                partials = self.pool_grad_pass(OP, gx, pt, row, row_work, ip, |r, gxr, ptr, z| {
                     vectorized!(for c in 0..ch {
                         let p = r * ch + c;
                         let (mu, a, b) = (ms[c], gs[c] * is[c], bs[c]);

@@ -49,7 +49,7 @@ use crate::kernels::reduce;
 use crate::kernels::simd::{self, SimdLevel, vectorized};
 use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
-use crate::tensor::layout::Dims;
+use crate::tensor::layout::{Dims, check_shape};
 
 /// Options of [`ExecContext::conv2d`] (PyTorch's `conv2d` arguments, `[height,
 /// width]` each). `Default` is stride 1, no padding, dilation 1, one group.
@@ -146,6 +146,16 @@ impl Spec {
 /// Validates a convolution of an input of shape `x` with a weight of shape `w`
 /// (and a bias of shape `bias`): every bad input is an `Err` naming the op and
 /// the value, before anything is allocated.
+///
+/// The shapes may come straight from a caller (the backward kernels take the
+/// input's or the weight's shape as a slice), so every size the kernels derive
+/// from them is checked here, once: the element counts of the input, the weight
+/// and the output, the padded sizes (at most `isize::MAX`, the kernels' signed
+/// offsets), and for stride 1 the zero-padded planes and the wide columns. Past
+/// this point a size is at most one of these, so plain arithmetic cannot
+/// overflow; the scratch sizes, sums of such products, go through
+/// [`scratch_len`].
+#[warn(clippy::arithmetic_side_effects)]
 fn geometry(
     spec: Spec,
     x: &[usize],
@@ -176,6 +186,9 @@ fn geometry(
             },
         });
     }
+    // No zero dimension (a zero kernel would underflow below), counts that fit.
+    check_shape(op, x)?;
+    check_shape(op, w)?;
     let o = spec.o;
     let bad = |name, value, reason| {
         Err(ExecError::InvalidOption {
@@ -223,7 +236,7 @@ fn geometry(
             "must divide the output channels (the weight's first dimension)",
         );
     }
-    if wc != c_in / o.groups {
+    if c_in.checked_div(o.groups) != Some(wc) {
         return Err(ExecError::ShapeMismatch {
             op,
             lhs: Dims::new(x),
@@ -243,18 +256,27 @@ fn geometry(
     }
     let mut out = [0usize; 2];
     for (a, (size, kernel)) in [(h, kh), (wd, kw)].into_iter().enumerate() {
+        // At most `isize::MAX`: the kernels walk the padded input with signed
+        // offsets (`i * stride + r * dilation - padding`).
         let padded = o.padding[a]
             .checked_mul(2)
-            .and_then(|p| p.checked_add(size));
+            .and_then(|p| p.checked_add(size))
+            .filter(|&p| isize::try_from(p).is_ok());
         let Some(padded) = padded else {
             return bad(names[2][a], o.padding[a], "the padded input size overflows");
         };
-        let span = (kernel - 1)
-            .checked_mul(o.dilation[a])
-            .and_then(|s| s.checked_add(1));
-        match span {
-            Some(span) if span <= padded => out[a] = (padded - span) / o.stride[a] + 1,
-            _ => {
+        // `(padded - span) / stride + 1`, where `span = (kernel - 1) *
+        // dilation + 1` is the dilated kernel; `None` when it does not fit.
+        let size_out = kernel
+            .checked_sub(1)
+            .and_then(|k| k.checked_mul(o.dilation[a]))
+            .and_then(|k| k.checked_add(1))
+            .and_then(|span| padded.checked_sub(span))
+            .and_then(|room| room.checked_div(o.stride[a]))
+            .and_then(|steps| steps.checked_add(1));
+        match size_out {
+            Some(v) => out[a] = v,
+            None => {
                 return Err(ExecError::ShapeMismatch {
                     op,
                     lhs: Dims::new(x),
@@ -264,7 +286,7 @@ fn geometry(
             }
         }
     }
-    Ok(ConvGeom {
+    let g = ConvGeom {
         n,
         c_in,
         h,
@@ -278,6 +300,33 @@ fn geometry(
         dil: o.dilation,
         oh: out[0],
         ow: out[1],
+    };
+    // The output's element count (and so `OH * OW`, `N * C_out * OH * OW`).
+    check_shape(op, &spec.out_shape(&g))?;
+    if g.uses_padded_planes() {
+        // Stride 1 (but for the direct depthwise kernels) runs over a group's
+        // zero-padded planes (`Cg x Hp x Wp` plus a padded row of slack: at
+        // most `Cg x (Hp + 1) x Wp`) and over wide columns (`Og x OH x Wp`).
+        // `Hp + 1` fits (`Hp <= isize::MAX`), so saturating is exact.
+        check_shape(op, &[g.cg(), g.hp().saturating_add(1), g.wp()])?;
+        check_shape(op, &[g.og(), g.oh, g.wp()])?;
+    }
+    Ok(g)
+}
+
+/// The length of a scratch lease made of the blocks `blocks` (`[rows, cols]`
+/// each, in floats): their sizes added, or [`ExecError::Overflow`] naming the
+/// block whose size (or the running sum) overflows `usize`.
+#[warn(clippy::arithmetic_side_effects)]
+fn scratch_len(op: &'static str, blocks: &[[usize; 2]]) -> Result<usize, ExecError> {
+    blocks.iter().try_fold(0usize, |sum, b| {
+        Dims::new(b)
+            .checked_product()
+            .and_then(|n| sum.checked_add(n))
+            .ok_or(ExecError::Overflow {
+                op,
+                shape: Dims::new(b),
+            })
     })
 }
 
@@ -485,12 +534,26 @@ fn conv_forward(
     let bs = bias.as_ref().map(|b| b.contiguous_slice());
     let level = simd::level();
     let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let jb = g.col_block();
+    let wide = if g.uses_padded_planes() {
+        g.xpad_len()
+    } else {
+        0
+    };
+    // Each group's weight rows, packed once per chunk of units for every
+    // sample's products (after them in the scratch).
+    let wpk = gemm::packed_lhs_len(og, kk);
+    let scratch = if g.is_depthwise() {
+        0
+    } else {
+        scratch_len(op, &[[kk, jb], [1, wide], [g.groups, wpk]])?
+    };
     let mut done = Ok(());
     let out = ctx.new_tensor(op, &spec.out_shape(&g), |out: &mut [f32]| {
         if g.is_depthwise() {
             // One plane per (sample, channel).
             let taps = g.kh * g.kw;
-            ctx.par_rows(out, ohw, ohw * taps, |planes, o| {
+            ctx.par_rows(out, ohw, ohw.saturating_mul(taps), |planes, o| {
                 for (p, y) in planes.zip(o.chunks_exact_mut(ohw)) {
                     let ch = p % g.c_in;
                     let b = bs.map_or(0.0, |b| b[ch]);
@@ -501,30 +564,24 @@ fn conv_forward(
             });
             return;
         }
-        let jb = g.col_block();
-        let wide = if g.is_wide() { g.xpad_len() } else { 0 };
-        // Each group's weight rows, packed once per chunk of units for every
-        // sample's products (after them in the scratch).
-        let wpk = gemm::packed_lhs_len(og, kk);
-        let scratch = kk * jb + wide + g.groups * wpk;
-        done =
-            ctx.par_rows_with_scratch(op, out, og * ohw, og * kk * ohw, scratch, |units, o, sc| {
-                let (sc, wpacked) = sc.split_at_mut(kk * jb + wide);
-                for gi in 0..g.groups {
-                    let lhs = LhsRows {
-                        data: ws,
-                        row_off: |o| (gi * og + o) * kk,
-                        cs: 1,
-                    };
-                    gemm::pack_lhs(level, &lhs, og, kk, &mut wpacked[gi * wpk..][..wpk]);
-                }
-                for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
-                    let (ni, gi) = (u / g.groups, u % g.groups);
-                    let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
-                    let wg = &wpacked[gi * wpk..][..wpk];
-                    forward_unit(&g, xg, ws, wg, bs, gi, y, sc, level);
-                }
-            });
+        let work = og.saturating_mul(kk).saturating_mul(ohw);
+        done = ctx.par_rows_with_scratch(op, out, og * ohw, work, scratch, |units, o, sc| {
+            let (sc, wpacked) = sc.split_at_mut(kk * jb + wide);
+            for gi in 0..g.groups {
+                let lhs = LhsRows {
+                    data: ws,
+                    row_off: |o| (gi * og + o) * kk,
+                    cs: 1,
+                };
+                gemm::pack_lhs(level, &lhs, og, kk, &mut wpacked[gi * wpk..][..wpk]);
+            }
+            for (u, y) in units.zip(o.chunks_exact_mut(og * ohw)) {
+                let (ni, gi) = (u / g.groups, u % g.groups);
+                let xg = &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw];
+                let wg = &wpacked[gi * wpk..][..wpk];
+                forward_unit(&g, xg, ws, wg, bs, gi, y, sc, level);
+            }
+        });
     })?;
     done.map(|()| out)
 }
@@ -605,11 +662,33 @@ fn input_grad(
     let (ws, dys) = (w.contiguous_slice(), dy.contiguous_slice());
     let level = simd::level();
     let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
+    let jb = g.col_block();
+    let pointwise = g.is_pointwise();
+    let (wide_cols, xpad) = if g.uses_padded_planes() {
+        (g.wide_cols(), g.xpad_len())
+    } else {
+        (0, 0)
+    };
+    let cols_rows = if pointwise { 0 } else { kk };
+    let blocks = [[cols_rows, jb], [og, jb], [og, wide_cols], [1, xpad]];
+    let unit_scratch = if g.is_depthwise() {
+        0
+    } else {
+        scratch_len(op, &blocks)?
+    };
+    // Each group's `W_gᵀ`, packed once per chunk of units for every
+    // sample's products (after them in the scratch).
+    let wpk = gemm::packed_lhs_len(kk, og);
+    let scratch = if g.is_depthwise() {
+        0
+    } else {
+        scratch_len(op, &[[1, unit_scratch], [g.groups, wpk]])?
+    };
     let mut done = Ok(());
     let dx = ctx.new_tensor(op, x_shape, |dx: &mut [f32]| {
         if g.is_depthwise() {
             let taps = g.kh * g.kw;
-            ctx.par_rows(dx, hw, ohw * taps, |planes, o| {
+            ctx.par_rows(dx, hw, ohw.saturating_mul(taps), |planes, o| {
                 for (p, d) in planes.zip(o.chunks_exact_mut(hw)) {
                     let ch = p % g.c_in;
                     let dyp = &dys[p * ohw..][..ohw];
@@ -619,38 +698,26 @@ fn input_grad(
             });
             return;
         }
-        let jb = g.col_block();
-        let pointwise = g.is_pointwise();
-        let wide = if g.is_wide() {
-            og * g.wide_cols() + g.xpad_len()
-        } else {
-            0
-        };
-        // Each group's `W_gᵀ`, packed once per chunk of units for every
-        // sample's products (after them in the scratch).
-        let wpk = gemm::packed_lhs_len(kk, og);
-        let unit_scratch = if pointwise { 0 } else { kk * jb } + og * jb + wide;
-        let scratch = unit_scratch + g.groups * wpk;
-        done =
-            ctx.par_rows_with_scratch(op, dx, cg * hw, og * kk * ohw, scratch, |units, o, sc| {
-                let (sc, wpacked) = sc.split_at_mut(unit_scratch);
-                for gi in 0..g.groups {
-                    // `W_gᵀ`: row `kk` of the product is column `kk` of the
-                    // group's weight rows.
-                    let lhs = LhsRows {
-                        data: ws,
-                        row_off: |r| gi * og * kk + r,
-                        cs: kk,
-                    };
-                    gemm::pack_lhs(level, &lhs, kk, og, &mut wpacked[gi * wpk..][..wpk]);
-                }
-                for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
-                    let (ni, gi) = (u / g.groups, u % g.groups);
-                    let dy_off = (ni * g.c_out + gi * og) * ohw;
-                    let wg = &wpacked[gi * wpk..][..wpk];
-                    input_grad_unit(&g, dys, dy_off, ws, wg, gi, d, sc, level);
-                }
-            });
+        let work = og.saturating_mul(kk).saturating_mul(ohw);
+        done = ctx.par_rows_with_scratch(op, dx, cg * hw, work, scratch, |units, o, sc| {
+            let (sc, wpacked) = sc.split_at_mut(unit_scratch);
+            for gi in 0..g.groups {
+                // `W_gᵀ`: row `kk` of the product is column `kk` of the
+                // group's weight rows.
+                let lhs = LhsRows {
+                    data: ws,
+                    row_off: |r| gi * og * kk + r,
+                    cs: kk,
+                };
+                gemm::pack_lhs(level, &lhs, kk, og, &mut wpacked[gi * wpk..][..wpk]);
+            }
+            for (u, d) in units.zip(o.chunks_exact_mut(cg * hw)) {
+                let (ni, gi) = (u / g.groups, u % g.groups);
+                let dy_off = (ni * g.c_out + gi * og) * ohw;
+                let wg = &wpacked[gi * wpk..][..wpk];
+                input_grad_unit(&g, dys, dy_off, ws, wg, gi, d, sc, level);
+            }
+        });
     })?;
     done.map(|()| dx)
 }
@@ -757,7 +824,7 @@ fn weight_grad(
     if g.is_depthwise() {
         let dw = ctx.new_tensor(op, w_shape, |dw: &mut [f32]| {
             let taps = g.kh * g.kw;
-            let work = g.n * ohw * taps;
+            let work = g.n.saturating_mul(ohw).saturating_mul(taps);
             done = ctx.par_rows_with_scratch(op, dw, taps, work, g.ow, |chans, o, acc| {
                 for (ch, d) in chans.zip(o.chunks_exact_mut(taps)) {
                     let planes = |ni: usize| {
@@ -778,13 +845,16 @@ fn weight_grad(
     // `dW_gᵀ` (`[K, Og]` per group) `= B · dYᵀ`, its `K` rows split over the
     // team: each chunk builds only its own rows of the column matrix.
     let jd = g.col_block();
-    let op_ = og.div_ceil(NR) * NR;
     let wide = g.is_wide();
+    // The packed `dY'ᵀ` panels (`Og` rounded up to `NR` rows of `jd`), and the
+    // padded planes (stride 1) or a block of the column matrix (`K x jd`).
+    let panels = [og.div_ceil(NR), NR * jd];
     let scratch = if wide {
-        op_ * jd + g.xpad_len() + a_scratch_len(kk)
+        scratch_len(op, &[panels, [1, g.xpad_len()], [1, a_scratch_len(kk)]])?
     } else {
-        kk * jd + op_ * jd + a_scratch_len(kk)
+        scratch_len(op, &[[kk, jd], panels, [1, a_scratch_len(kk)]])?
     };
+    let op_ = og.div_ceil(NR) * NR;
     // Each chunk builds the whole batch's padded planes and `dY'` for its rows:
     // with few rows (a strided first layer; stride 1 splits over channels
     // above) the team would mostly repeat that, so those run on the caller
@@ -871,7 +941,15 @@ fn weight_grad_by_channel(
 ) -> Result<RawTensor, ExecError> {
     let (kk, ohw, hw) = (g.k(), g.ohw(), g.hw());
     let (jd, wc) = (g.col_block(), g.wide_cols());
-    let scratch = jd * NR + g.xpad_len() + kk * NR + a_scratch_len(kk);
+    let scratch = scratch_len(
+        op,
+        &[
+            [jd, NR],
+            [1, g.xpad_len()],
+            [kk, NR],
+            [1, a_scratch_len(kk)],
+        ],
+    )?;
     let total = kk.saturating_mul(g.c_out * g.n * ohw);
     let work = if total < PARALLEL_THRESHOLD {
         1

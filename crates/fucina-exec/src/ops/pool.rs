@@ -34,7 +34,7 @@ use crate::kernels::simd::vectorized;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::simd::{self, SimdLevel};
 use crate::tensor::RawTensor;
-use crate::tensor::layout::Dims;
+use crate::tensor::layout::{Dims, check_shape};
 
 /// The window of a 2-D pooling op: its size, its step and the implicit padding on
 /// each side, as `[height, width]`.
@@ -119,8 +119,15 @@ impl Pool2dOp {
 
     /// The output shape for an input of shape `x`.
     ///
+    /// `x` may come straight from a caller (the backward takes the input's
+    /// shape as a slice), so every size the kernels derive from it is checked
+    /// here: the element counts of the input and the output, the area of an
+    /// average window (its divisor) and the products of the adaptive windows'
+    /// bounds. Past this point the kernels' plain arithmetic cannot overflow.
+    ///
     /// # Errors
     /// As [`ExecContext::pool2d`] for the shape and the options.
+    #[warn(clippy::arithmetic_side_effects)]
     pub fn output_shape(self, x: &[usize]) -> Result<Dims, ExecError> {
         let op = self.name();
         if x.len() != 4 {
@@ -130,6 +137,8 @@ impl Pool2dOp {
                 reason: "the input must be [N, C, H, W] (rank 4)",
             });
         }
+        // No zero dimension, an element count that fits.
+        check_shape(op, x)?;
         let (h, w) = (x[2], x[3]);
         let (oh, ow) = match self {
             Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
@@ -154,25 +163,35 @@ impl Pool2dOp {
                     };
                     return bad(v, "a kernel or stride size is above 2^40");
                 }
+                if let Pool2dOp::Avg(_) = self {
+                    // The divisor `kernel[0] * kernel[1]`.
+                    check_shape(op, &o.kernel)?;
+                }
                 if o.padding[0] > o.kernel[0] / 2 || o.padding[1] > o.kernel[1] / 2 {
                     return bad(
                         o.padding,
                         "the padding must be at most half the kernel size",
                     );
                 }
-                // The kernel less both paddings (no overflow: padding <= kernel / 2).
-                let (eh, ew) = (
-                    o.kernel[0] - 2 * o.padding[0],
-                    o.kernel[1] - 2 * o.padding[1],
-                );
-                if eh > h || ew > w {
+                // `(size - (kernel - 2 * padding)) / stride + 1` per axis
+                // (the kernel less both paddings, which the check above keeps
+                // from underflowing); `None` when the kernel does not fit.
+                let axis = |a: usize, size: usize| {
+                    o.padding[a]
+                        .checked_mul(2)
+                        .and_then(|p| o.kernel[a].checked_sub(p))
+                        .and_then(|k| size.checked_sub(k))
+                        .and_then(|room| room.checked_div(o.stride[a]))
+                        .and_then(|steps| steps.checked_add(1))
+                };
+                let (Some(oh), Some(ow)) = (axis(0, h), axis(1, w)) else {
                     return Err(ExecError::InvalidShape {
                         op,
                         shape: Dims::new(x),
                         reason: "the kernel is larger than the padded input",
                     });
-                }
-                ((h - eh) / o.stride[0] + 1, (w - ew) / o.stride[1] + 1)
+                };
+                (oh, ow)
             }
             Pool2dOp::AdaptiveAvg(size) => {
                 if size.contains(&0) {
@@ -182,10 +201,21 @@ impl Pool2dOp {
                         reason: "the output size must be at least 1 on each axis",
                     });
                 }
+                // The windows' bounds `i * n / m` and `(i + 1) * n / m`, for
+                // `i < m`: at most `m * n`.
+                if size[0].checked_mul(h).is_none() || size[1].checked_mul(w).is_none() {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(&size),
+                        reason: "an output size times its input size overflows usize",
+                    });
+                }
                 (size[0], size[1])
             }
         };
-        Ok(Dims::new(&[x[0], x[1], oh, ow]))
+        let out = Dims::new(&[x[0], x[1], oh, ow]);
+        check_shape(op, &out)?;
+        Ok(out)
     }
 }
 
@@ -196,9 +226,9 @@ const MAX_WINDOW: usize = 1 << 40;
 /// Per-output-element work weight of a pooling plane (the window size).
 pub(crate) fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
     match op {
-        Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => {
-            out_plane * o.kernel[0] * o.kernel[1]
-        }
+        Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => out_plane
+            .saturating_mul(o.kernel[0])
+            .saturating_mul(o.kernel[1]),
         Pool2dOp::AdaptiveAvg(_) => in_plane.max(out_plane),
     }
 }
@@ -859,16 +889,21 @@ impl ExecContext {
         let gc = self.contiguous(grad)?;
         let gs = gc.contiguous_slice();
         self.new_tensor(op.name(), x_shape, |out| {
-            self.par_rows(out, ip, plane_work(op, ip, opl) + ip, |planes, o| {
-                vectorized!(for (p, gx) in planes.zip(o.chunks_exact_mut(ip)) {
-                    let xp = if xs.is_empty() {
-                        xs
-                    } else {
-                        &xs[p * ip..][..ip]
-                    };
-                    backward_plane(op, xp, &gs[p * opl..][..opl], gx, g);
-                })
-            });
+            self.par_rows(
+                out,
+                ip,
+                plane_work(op, ip, opl).saturating_add(ip),
+                |planes, o| {
+                    vectorized!(for (p, gx) in planes.zip(o.chunks_exact_mut(ip)) {
+                        let xp = if xs.is_empty() {
+                            xs
+                        } else {
+                            &xs[p * ip..][..ip]
+                        };
+                        backward_plane(op, xp, &gs[p * opl..][..opl], gx, g);
+                    })
+                },
+            );
         })
     }
 

@@ -382,12 +382,8 @@ impl BatchNorm {
     }
 
     fn check(what: &'static str, eps: f32, momentum: f32) -> Result<()> {
-        if eps.is_nan() || eps < 0.0 {
-            return Err(Error::invalid(
-                what,
-                format!("eps must be >= 0 (got {eps})"),
-            ));
-        }
+        super::layers::check_eps(what, eps)?;
+        // A range check: NaN and the infinities are outside it.
         if !(0.0..=1.0).contains(&momentum) {
             return Err(Error::invalid(
                 what,
@@ -475,8 +471,8 @@ macro_rules! batch_norm_layer {
             /// `running = momentum * batch + (1 - momentum) * running`).
             ///
             /// # Errors
-            /// [`Error::InvalidArgument`] for a negative or NaN `eps` or a
-            /// `momentum` outside `[0, 1]`.
+            /// [`Error::InvalidArgument`] for a negative, infinite or NaN `eps`
+            /// or a `momentum` outside `[0, 1]` (NaN included).
             pub fn with_options(mut self, eps: f32, momentum: f32) -> Result<$name> {
                 BatchNorm::check(concat!($what, "::with_options"), eps, momentum)?;
                 self.inner.eps = eps;

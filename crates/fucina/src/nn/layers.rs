@@ -153,7 +153,8 @@ impl LayerNorm {
     /// Normalization over a last axis of `dim` with `eps` (PyTorch: 1e-5).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero `dim` or a negative or NaN `eps`.
+    /// [`Error::InvalidArgument`] for a zero `dim` or a negative, infinite or
+    /// NaN `eps`.
     pub fn new(ctx: &ExecContext, dim: usize, eps: f32) -> Result<LayerNorm> {
         check_size("LayerNorm::new", "dim", dim)?;
         check_eps("LayerNorm::new", eps)?;
@@ -235,11 +236,13 @@ impl Forward for RmsNorm {
     }
 }
 
-fn check_eps(what: &'static str, eps: f32) -> Result<()> {
-    if eps.is_nan() || eps < 0.0 {
+/// Refuses an `eps` that the normalization ops would refuse on every call
+/// (negative, infinite or NaN), so a layer is never built unusable.
+pub(super) fn check_eps(what: &'static str, eps: f32) -> Result<()> {
+    if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::invalid(
             what,
-            format!("eps must be >= 0 (got {eps})"),
+            format!("eps must be finite and >= 0 (got {eps})"),
         ));
     }
     Ok(())
