@@ -8,7 +8,6 @@
 //! mpirun -np 4 target/debug/examples/dist_checks reductions # Tree = Allgather = local; bytes; refusals
 //! ```
 // The autograd error carries inline shapes (no heap on the error path).
-#![allow(clippy::result_large_err)]
 
 use std::process::ExitCode;
 

@@ -19,7 +19,6 @@
 //! `scripts/scale_sim.sh` runs it under Open MPI's traffic monitoring and
 //! compares what MPI really moved with both.
 // The autograd error carries inline shapes (no heap on the error path).
-#![allow(clippy::result_large_err)]
 
 use std::process::ExitCode;
 

@@ -55,8 +55,6 @@
 //! See `docs/DISTRIBUTED.md` in the repository for the model, the determinism
 //! argument and its cost, and how to run on several machines.
 #![forbid(unsafe_code)]
-// `DistError` wraps `AutogradError` (inline shapes, no heap on the error path).
-#![allow(clippy::result_large_err)]
 
 mod checkpoint;
 mod dp;

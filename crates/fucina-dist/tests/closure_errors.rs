@@ -4,7 +4,6 @@
 //! error closure over the layer's raw ops, and a layer's error comes back as
 //! the step's error with its message.
 // The autograd error carries inline shapes (no heap on the error path).
-#![allow(clippy::result_large_err)]
 
 use fucina::nn::{Linear, Module, Parameter};
 use fucina::{ExecContext, Tensor};

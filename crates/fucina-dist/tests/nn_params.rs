@@ -3,7 +3,6 @@
 //! over variable tensors holding the same values, and a step through the
 //! layer's optimizer.
 // The autograd error carries inline shapes (no heap on the error path).
-#![allow(clippy::result_large_err)]
 
 use fucina::nn::{Linear, Module, Parameter};
 use fucina::optim::Sgd;

@@ -32,8 +32,6 @@
 //!   decode at batch 1 as a fraction of the bandwidth limit (weight bytes read
 //!   per decoded token ÷ that bandwidth).
 
-#![allow(clippy::result_large_err)] // LlmError, as in the library
-
 use std::path::PathBuf;
 use std::time::Instant;
 

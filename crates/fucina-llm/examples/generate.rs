@@ -37,8 +37,6 @@
 //! writes the logits of every position of the first prompt, `[T, vocab]`, as a
 //! little-endian f32 `.npy` file.
 
-#![allow(clippy::result_large_err)] // LlmError, as in the library
-
 #[path = "common/batch.rs"]
 mod batch;
 #[path = "common/npy.rs"]

@@ -11,8 +11,6 @@
 //! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
 //! - [`open`]: a model directory or a GGUF file, converted at load if asked.
 
-#![allow(clippy::result_large_err)]
-
 pub mod cache;
 pub mod config;
 pub mod error;

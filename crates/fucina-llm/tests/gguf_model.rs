@@ -5,7 +5,6 @@
 //! `generate` example's library path (`open_model` and its batch loop) runs it
 //! with the tokenizer the file stores; a GGUF file of another architecture, with
 //! a missing key, or with `rope_freqs` is refused by name.
-#![allow(clippy::result_large_err)] // LlmError carries the execution layer's error, as in the crate.
 
 use std::io::Write;
 use std::path::PathBuf;

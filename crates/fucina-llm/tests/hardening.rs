@@ -5,7 +5,6 @@
 //! lengths that disagree with their shapes; and a sweep of `config.json` values
 //! at the edges of f32 and u64 through `Model::load` and one prefill. Cases that
 //! used to abort or hang run in a child process with a timeout.
-#![allow(clippy::result_large_err)] // `LlmError` carries `ExecError`'s inline shapes
 
 use std::path::{Path, PathBuf};
 

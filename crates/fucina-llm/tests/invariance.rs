@@ -4,8 +4,6 @@
 //! 1, 2, 3 and 4 threads, at every vector level the CPU has; with bf16
 //! products also with and without the AMX tiles.
 
-#![allow(clippy::result_large_err)]
-
 mod model_support;
 
 use fucina::ExecContext;

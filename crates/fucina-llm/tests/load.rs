@@ -2,8 +2,6 @@
 //! and every refusal) and memory-mapped safetensors files (single and sharded,
 //! every malformed file a specific error naming the file and the tensor).
 
-#![allow(clippy::result_large_err)] // LlmError carries the execution layer's error, as in the crate.
-
 use std::path::{Path, PathBuf};
 
 use fucina::exec::WeightFormat;

@@ -3,8 +3,6 @@
 //! each architecture, RoPE scaling, weight format and tying; prefill/decode
 //! consistency; and the errors of bad weights and bad requests.
 
-#![allow(clippy::result_large_err)]
-
 mod model_support;
 
 use std::collections::HashMap;

@@ -5,8 +5,6 @@
 //! either. Each test runs alone in a process of its own
 //! (`counting::in_own_process`), the counting allocator being process-wide.
 
-#![allow(clippy::result_large_err)]
-
 mod model_support;
 
 use fucina::ExecContext;

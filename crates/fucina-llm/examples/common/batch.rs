@@ -5,7 +5,6 @@
 //! sequence that produces a stop token or reaches its token budget drops out of
 //! the batch.
 #![allow(dead_code)] // not every including target uses every field
-#![allow(clippy::result_large_err)] // LlmError, as in the library
 
 use std::time::Instant;
 
