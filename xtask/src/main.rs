@@ -19,10 +19,18 @@
 //!   with AddressSanitizer on the stable toolchain, installing cargo-fuzz when
 //!   it is missing (`ci` runs each target briefly, only when it is installed).
 //!
+//! - `cargo xtask build-sharing`: checks that the README's commands share one
+//!   build (no workspace crate compiled differently by two of them; also part
+//!   of `ci`).
+//! - `cargo xtask first-hour [--ci]`: the README's commands on a fresh clone,
+//!   each build and run timed, failing when a crate is compiled twice.
+//!
 //! Deliberately dependency-free so that it builds in seconds on a fresh clone.
 
 mod doctest;
+mod first_hour;
 mod fuzz;
+mod json;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -45,6 +53,13 @@ commands:
   fuzz [TARGET] [SECONDS]
             run a fuzz target (default: each in turn) for SECONDS (default 180)
             with AddressSanitizer; installs cargo-fuzz when it is missing
+  build-sharing
+            check (from cargo's unit graphs, compiling nothing) that the README's
+            commands compile every workspace crate the same way, so they share one build
+  first-hour [--ci]
+            clone the repository to a temporary directory and run the README's
+            commands in order, timing each build and run (and `cargo xtask ci`
+            with --ci); fails when a crate is compiled twice
 ";
 
 fn main() -> ExitCode {
@@ -57,6 +72,8 @@ fn main() -> ExitCode {
         Some("miri") => miri(),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
+        Some("build-sharing") => first_hour::build_sharing(),
+        Some("first-hour") => first_hour::first_hour(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
@@ -141,6 +158,8 @@ fn ci() -> Result<(), String> {
     let start = Instant::now();
     let exclude = mpi_exclusion()?;
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    eprintln!("\n==> [build-sharing] the README's commands share one build");
+    first_hour::build_sharing().map_err(|e| format!("step `build-sharing` FAILED: {e}"))?;
     step(
         "clippy",
         cargo()
