@@ -2,6 +2,7 @@
 //! per-step times: a target for `perf record` and a quick A/B timer.
 //!
 //! `cargo run --release -p fucina --example fashion_step_loop -- [threads] [steps]`
+//! (defaults 1 and 200: a timing harness, so one thread unless asked).
 
 use std::time::Instant;
 
@@ -14,10 +15,31 @@ mod job;
 
 const BATCH: usize = 64;
 
+/// The positional argument `name` (`default` when absent): a whole number from
+/// 1 to `max`; exits with a message otherwise.
+fn arg(value: Option<String>, name: &str, default: usize, max: usize) -> usize {
+    let Some(v) = value else { return default };
+    match v.parse() {
+        Ok(n) if (1..=max).contains(&n) => n,
+        _ => {
+            let range = if max == usize::MAX {
+                "at least 1".to_string()
+            } else {
+                format!("in 1..={max}")
+            };
+            eprintln!(
+                "error: {name} must be a whole number {range} (got {v:?})\n\
+                 usage: fashion_step_loop [threads] [steps]"
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
-    let threads: usize = args.next().map_or(1, |s| s.parse().expect("threads"));
-    let steps: usize = args.next().map_or(200, |s| s.parse().expect("steps"));
+    let threads = arg(args.next(), "threads", 1, fucina::exec::MAX_THREADS);
+    let steps = arg(args.next(), "steps", 200, usize::MAX);
     let ctx = ExecContext::with_threads(threads);
     let x = Tensor::uniform(&ctx, &[BATCH, 1, 28, 28], -1.0, 2.0, 7).unwrap();
     let labels: Vec<i64> = (0..BATCH as i64).map(|i| i * 7 % 10).collect();

@@ -49,6 +49,56 @@ impl Digits {
     pub fn is_empty(&self) -> bool {
         self.y.is_empty()
     }
+
+    /// The images at `indices`, in that order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first index that is negative or
+    /// not below [`len`](Digits::len).
+    pub fn subset(&self, indices: &[i64]) -> Result<Digits> {
+        let mut s = Digits {
+            x: Vec::with_capacity(indices.len() * DIGITS_PIXELS),
+            y: Vec::with_capacity(indices.len()),
+        };
+        for &i in indices {
+            let k = usize::try_from(i)
+                .ok()
+                .filter(|&k| k < self.len())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "Digits::subset",
+                        format!("index {i} is out of range for {} images", self.len()),
+                    )
+                })?;
+            s.x.extend_from_slice(&self.x[k * DIGITS_PIXELS..(k + 1) * DIGITS_PIXELS]);
+            s.y.push(self.y[k]);
+        }
+        Ok(s)
+    }
+
+    /// A seeded split into `(train, test)`: a permutation of the images drawn
+    /// from `sub_seed(seed, 0)` (see [`crate::nn::sub_seed`]); its first `test`
+    /// images are the test set, the rest the training set, so a seed names
+    /// the same split in every program (`train_digits` and the distributed
+    /// example hold out the same 360 images).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `test` leaves at least one training
+    /// image.
+    pub fn split(&self, seed: u64, test: usize) -> Result<(Digits, Digits)> {
+        if test >= self.len() {
+            return Err(Error::invalid(
+                "Digits::split",
+                format!(
+                    "{test} test images leave none of {} to train on",
+                    self.len()
+                ),
+            ));
+        }
+        let mut perm = vec![0i64; self.len()];
+        crate::rng::randperm_fill(crate::nn::sub_seed(seed, 0), &mut perm);
+        Ok((self.subset(&perm[test..])?, self.subset(&perm[..test])?))
+    }
 }
 
 /// The path of the digits file shipped in the `fucina` crate

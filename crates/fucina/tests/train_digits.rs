@@ -22,7 +22,7 @@ fn digits() -> Digits {
 
 fn run(threads: usize, cfg: &TrainConfig) -> TrainReport {
     let data = digits();
-    let (train, test) = job::split(&data, cfg.seed);
+    let (train, test) = job::split(&data, cfg.seed).unwrap();
     let ctx = ExecContext::with_threads(threads);
     job::train_from(&ctx, &train, &test, cfg, None, None, &mut |_| {})
         .unwrap()
@@ -36,16 +36,26 @@ fn the_shipped_data_set_loads_and_splits() {
     assert_eq!(d.x.len(), 1797 * 64);
     assert!(d.x.iter().all(|v| (0.0..=1.0).contains(v)));
     assert_eq!(d.y[..3], [0, 1, 2]);
-    let (train, test) = job::split(&d, 5);
+    let (train, test) = job::split(&d, 5).unwrap();
     assert_eq!((train.len(), test.len()), (1437, 360));
-    assert_eq!(job::split(&d, 5), (train.clone(), test.clone()));
-    assert_ne!(job::split(&d, 6).1, test);
+    assert_eq!(job::split(&d, 5).unwrap(), (train.clone(), test.clone()));
+    assert_ne!(job::split(&d, 6).unwrap().1, test);
     // Every image lands in exactly one part.
     let mut labels: Vec<i64> = train.y.iter().chain(&test.y).copied().collect();
     let mut all = d.y.clone();
     labels.sort();
     all.sort();
     assert_eq!(labels, all);
+    // Bad indices and splits are errors naming them.
+    let e = d.subset(&[0, 1797]).unwrap_err().to_string();
+    assert!(
+        e.contains("index 1797 is out of range for 1797 images"),
+        "{e}"
+    );
+    assert!(d.subset(&[-1]).is_err());
+    assert_eq!(d.subset(&[2, 0]).unwrap().y, [d.y[2], d.y[0]]);
+    let e = d.split(5, 1797).unwrap_err().to_string();
+    assert!(e.contains("1797 test images leave none of 1797"), "{e}");
 }
 
 #[test]
@@ -198,6 +208,11 @@ fn flags() {
         assert!(e.to_string().contains("--stop-after"), "{e}");
     }
     assert!(parse(&["--threads", "0"]).unwrap().validate().is_err());
+    // The defaults decided at run time: every core, an SVG under the current
+    // directory.
+    let a = parse(&[]).unwrap();
+    assert_eq!(a.threads, ExecContext::new().threads());
+    assert_eq!(a.svg, Path::new("target/train_digits_loss.svg"));
     assert!(parse(&["--epochs", "0"]).unwrap().validate().is_err());
 }
 
@@ -208,7 +223,7 @@ fn a_resumed_run_continues_bit_identically() {
         ..TrainConfig::default()
     };
     let data = digits();
-    let (train, test) = job::split(&data, cfg.seed);
+    let (train, test) = job::split(&data, cfg.seed).unwrap();
     let ctx = ExecContext::with_threads(1);
     let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let (whole, end) = job::train_from(&ctx, &train, &test, &cfg, None, None, &mut |_| {}).unwrap();
@@ -295,7 +310,7 @@ fn args<S: AsRef<str>>(flags: &[S]) -> Args {
 /// tensors themselves die with the run's context).
 fn run_flags<S: AsRef<str>>(data: &Digits, flags: &[S]) -> fucina::Result<(TrainReport, Bits)> {
     let a = args(flags);
-    let (train, test) = job::split(data, a.seed);
+    let (train, test) = job::split(data, a.seed).unwrap();
     let ctx = ExecContext::with_threads(a.threads);
     let resume = job::resume_point(&ctx, &a, train.len())?;
     let (report, end) = job::run_job(&ctx, &a, &train, &test, resume, &mut |_| {})?;

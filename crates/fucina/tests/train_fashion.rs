@@ -57,8 +57,9 @@ fn flags_have_the_documented_defaults_and_are_checked() {
         (
             a.threads, a.epochs, a.batch, a.conv1, a.conv2, a.hidden, a.limit
         ),
-        (2, 5, 64, 32, 64, 128, 0)
+        (ExecContext::new().threads(), 5, 64, 32, 64, 128, 0)
     );
+    assert_eq!(a.svg, PathBuf::from("target/train_fashion.svg"));
     assert_eq!(a.data, PathBuf::from("/usr/share/datasets/fashion-mnist"));
     a.validate().unwrap();
     assert!(Args::try_parse_from(["train_fashion", "--bogus"]).is_err());

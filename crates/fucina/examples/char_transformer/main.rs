@@ -8,7 +8,8 @@
 //! Prints the loss every `--log-every` steps with the throughput in characters
 //! (tokens) per second, the held-out loss, and a seeded sample of
 //! `--sample-chars` characters. The same `--seed` gives the same losses and the
-//! same sample, bit for bit, for every `--threads`. `--help` lists the flags.
+//! same sample, bit for bit, for every `--threads` (default: every core, what
+//! `ExecContext::new()` picks). `--help` lists the flags.
 //! `--eval-quantized` also reports the held-out loss with the linear weights
 //! rounded through Q8_0 and Q4_0 (see `docs/QUANTIZATION.md`).
 

@@ -1,11 +1,13 @@
 //! What the `train_digits` and `train_fashion` mains share (each `main.rs`
 //! includes this file with `#[path]`): the allocation-counting global
-//! allocator, the exit code, the progress bar and the report lines.
+//! allocator, the exit code, the progress display and the report lines.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use fucina::storage::PoolStats;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -83,24 +85,114 @@ pub(crate) fn announce_resume<S>(
     Ok(resume)
 }
 
-/// A progress bar of `steps` steps showing the epoch and a message.
-pub(crate) fn progress_bar(steps: usize) -> ProgressBar {
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40.cyan/blue} {pos}/{len} steps  epoch {prefix}  {msg}")
-            .expect("a valid template"),
-    );
-    bar
+/// The progress display of a training run. On a terminal (stderr), an
+/// indicatif bar; otherwise (output piped or logged) a plain line on stderr
+/// every [`PLAIN_EVERY`] and at the end of every epoch, so that a logged run is
+/// never silent for minutes.
+pub(crate) struct StepDisplay {
+    /// The bar, when stderr is a terminal.
+    bar: Option<ProgressBar>,
+    /// Steps of the run (where the bar ends) and per epoch.
+    steps: usize,
+    steps_per_epoch: usize,
+    /// Whether the plain display prints a line at each epoch's end (the
+    /// example may print its own).
+    epoch_lines: bool,
+    /// When the display was made, and when it last printed a plain line.
+    start: Instant,
+    last: Instant,
 }
 
-/// Shows step `p` on `bar` (every `every` steps and the last): the epoch,
-/// the loss and the rate in `unit`s per second.
-pub(crate) fn show_step(bar: &ProgressBar, p: &crate::job::Progress, every: usize, unit: &str) {
-    if p.step.is_multiple_of(every) || p.step == p.steps {
+/// How often the plain (not a terminal) display prints a line.
+pub(crate) const PLAIN_EVERY: Duration = Duration::from_secs(5);
+
+impl StepDisplay {
+    /// A display of a run that ends at step `steps` (counted from the start
+    /// of the whole run), `steps_per_epoch` steps per epoch.
+    pub(crate) fn new(steps: usize, steps_per_epoch: usize) -> StepDisplay {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(steps as u64);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:40.cyan/blue} {pos}/{len} steps  epoch {prefix}  {msg}",
+                )
+                .expect("a valid template"),
+            );
+            bar
+        });
+        let now = Instant::now();
+        StepDisplay {
+            bar,
+            steps,
+            steps_per_epoch: steps_per_epoch.max(1),
+            epoch_lines: true,
+            start: now,
+            last: now,
+        }
+    }
+
+    /// Leaves the line at each epoch's end to the caller (plain display).
+    #[allow(dead_code)] // train_fashion's alone
+    pub(crate) fn without_epoch_lines(mut self) -> StepDisplay {
+        self.epoch_lines = false;
+        self
+    }
+
+    /// Starts the bar at `step` (a resumed run).
+    pub(crate) fn set_position(&self, step: usize) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(step as u64);
+        }
+    }
+
+    /// Shows step `p`: on the bar every `every` steps and the last (the
+    /// epoch, the loss and the rate in `unit`s per second); in plain lines
+    /// every [`PLAIN_EVERY`] and at each epoch's end (the epoch of the run's
+    /// `--epochs`, the step of the steps this run ends at, the loss, the rate
+    /// and the wall time since the display was made).
+    pub(crate) fn show(&mut self, p: &crate::job::Progress, every: usize, unit: &str) {
         let rate = p.examples as f64 / p.elapsed.as_secs_f64().max(1e-9);
-        bar.set_prefix(format!("{}", p.epoch + 1));
-        bar.set_message(format!("loss {:.4}  {:.0} {unit}/s", p.loss, rate));
-        bar.set_position(p.step as u64);
+        match &self.bar {
+            Some(bar) => {
+                if p.step.is_multiple_of(every) || p.step == self.steps {
+                    bar.set_prefix(format!("{}", p.epoch + 1));
+                    bar.set_message(format!("loss {:.4}  {:.0} {unit}/s", p.loss, rate));
+                    bar.set_position(p.step as u64);
+                }
+            }
+            None => {
+                let epoch_end = p.step.is_multiple_of(self.steps_per_epoch);
+                if (epoch_end && self.epoch_lines) || self.last.elapsed() >= PLAIN_EVERY {
+                    self.last = Instant::now();
+                    eprintln!(
+                        "epoch {}/{}  step {}/{}  loss {:.4}  {:.0} {unit}/s  elapsed {:.1} s",
+                        p.epoch + 1,
+                        p.steps / self.steps_per_epoch,
+                        p.step,
+                        self.steps,
+                        p.loss,
+                        rate,
+                        self.start.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs `f` (which prints) with the bar out of the way.
+    #[allow(dead_code)] // train_fashion's alone
+    pub(crate) fn suspend(&self, f: impl FnOnce()) {
+        match &self.bar {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+
+    /// Ends the bar (it stays on the terminal, full).
+    pub(crate) fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
     }
 }
 

@@ -1,7 +1,15 @@
-//! Flag checks both example jobs make (each `job.rs` includes this file with
-//! `#[path]`).
+//! Flag defaults and checks every example job shares (each `job.rs` includes
+//! this file with `#[path]`).
 
-use fucina::{Error, Result};
+use fucina::{Error, ExecContext, Result};
+
+/// The default of `--threads`: the team size [`ExecContext::new`] picks (one
+/// participant per physical core this process may run on, lowered by a cgroup
+/// CPU quota and by `FUCINA_MAX_THREADS`, at most [`fucina::exec::MAX_THREADS`]).
+/// Results never depend on it.
+pub(crate) fn default_threads() -> usize {
+    ExecContext::new().threads()
+}
 
 /// Checks `--threads`: 1 to [`fucina::exec::MAX_THREADS`] (the context would
 /// clamp anything else silently).

@@ -25,12 +25,21 @@ pub(crate) const TEST_IMAGES: usize = 360;
 
 /// Trains a 64-128-10 MLP on the 8x8 handwritten digits shipped with fucina and
 /// reports the test accuracy.
+///
+/// Holds out 360 of the 1,797 images (a split drawn from --seed) as the test
+/// set and trains on the rest with AdamW. Prints a progress bar (when stderr
+/// is not a terminal, a plain line every 5 s and at each epoch's end), the
+/// test accuracy, the buffer-pool and heap-allocation statistics, and writes
+/// the loss curve as an SVG (--svg). The same --seed gives the same losses,
+/// bit for bit, for every --threads.
 #[derive(Debug, Parser)]
-#[command(name = "train_digits", version, about)]
+#[command(name = "train_digits", version)]
 pub(crate) struct Args {
-    /// Worker threads of the execution context (results are bitwise identical for
-    /// every count).
-    #[arg(long, default_value_t = 1)]
+    /// Worker threads of the execution context. The default is what
+    /// ExecContext::new() picks: one per physical core this process may run
+    /// on (lowered by a cgroup CPU quota and by FUCINA_MAX_THREADS), at most
+    /// 64. The results are bitwise identical for every count.
+    #[arg(long, default_value_t = common::default_threads())]
     pub(crate) threads: usize,
     /// Passes over the training set.
     #[arg(long, default_value_t = 20)]
@@ -50,8 +59,9 @@ pub(crate) struct Args {
     /// The data set (gzip-compressed CSV: 64 pixels 0..=16, then the label).
     #[arg(long, default_value = default_data_path())]
     pub(crate) data: PathBuf,
-    /// Where to write the loss curve (SVG).
-    #[arg(long, default_value = default_svg_path())]
+    /// Where to write the loss curve (SVG). A relative path is relative to
+    /// the current directory; missing directories are created.
+    #[arg(long, default_value = DEFAULT_SVG)]
     pub(crate) svg: PathBuf,
     /// Save a checkpoint (parameters, optimizer state, epoch and configuration,
     /// in the safetensors format) when training stops.
@@ -74,13 +84,8 @@ pub(crate) fn default_data_path() -> &'static str {
     fucina::data::digits_path()
 }
 
-/// `target/train_digits_loss.svg` of the workspace.
-pub(crate) fn default_svg_path() -> &'static str {
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/train_digits_loss.svg"
-    )
-}
+/// The default of `--svg`, relative to the current directory.
+pub(crate) const DEFAULT_SVG: &str = "target/train_digits_loss.svg";
 
 impl Args {
     /// Checks what the flags cannot express in their types.
@@ -122,29 +127,10 @@ pub(crate) fn load_digits(path: &Path) -> Result<Digits> {
     Ok(d)
 }
 
-/// The rows of `d` at `idx`.
-pub(crate) fn subset(d: &Digits, idx: &[i64]) -> Digits {
-    let mut s = Digits {
-        x: Vec::with_capacity(idx.len() * PIXELS),
-        y: Vec::with_capacity(idx.len()),
-    };
-    for &i in idx {
-        let i = i as usize;
-        s.x.extend_from_slice(&d.x[i * PIXELS..(i + 1) * PIXELS]);
-        s.y.push(d.y[i]);
-    }
-    s
-}
-
-/// The seeded split: a permutation from `seed`; its first 360 images test, the
-/// rest train.
-pub(crate) fn split(d: &Digits, seed: u64) -> (Digits, Digits) {
-    let mut perm = vec![0i64; d.len()];
-    fucina::rng::randperm_fill(sub_seed(seed, 0), &mut perm);
-    (
-        subset(d, &perm[TEST_IMAGES..]),
-        subset(d, &perm[..TEST_IMAGES]),
-    )
+/// The seeded split ([`Digits::split`]): `TEST_IMAGES` images test, the rest
+/// train. `d` holds more than that ([`load_digits`] checks it).
+pub(crate) fn split(d: &Digits, seed: u64) -> Result<(Digits, Digits)> {
+    d.split(seed, TEST_IMAGES)
 }
 
 /// The training hyperparameters.

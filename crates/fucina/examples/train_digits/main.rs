@@ -4,9 +4,12 @@
 //! cargo run --release -p fucina --example train_digits
 //! ```
 //!
-//! Prints a progress bar (loss, examples/s), the test accuracy, the buffer-pool
+//! Prints a progress bar (loss, examples/s; a plain line every 5 s and per
+//! epoch when stderr is not a terminal), the test accuracy, the buffer-pool
 //! and heap-allocation statistics of the run, and writes the loss curve to
-//! `target/train_digits_loss.svg`. `--help` lists the flags.
+//! `target/train_digits_loss.svg` under the current directory. `--threads`
+//! defaults to every core (what `ExecContext::new()` picks); the results are
+//! the same bits for any count. `--help` lists the flags.
 //!
 //! Checkpoints: `--stop-after 10 --save ck.safetensors` stops after epoch 10 and
 //! saves the parameters, the optimizer state and the configuration;
@@ -32,7 +35,7 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> fucina::Result<()> {
     args.validate()?;
     let data = job::load_digits(&args.data)?;
-    let (train, test) = job::split(&data, args.seed);
+    let (train, test) = job::split(&data, args.seed)?;
     let cfg = args.config();
     println!(
         "digits: {} images ({} train / {} test), MLP 64-{}-10, AdamW lr {}, batch {}, {} epochs, {} thread(s), seed {}",
@@ -55,9 +58,10 @@ fn run(args: &Args) -> fucina::Result<()> {
     )?;
     let steps_per_epoch = train.len().div_ceil(cfg.batch);
     let last = args.stop_after.unwrap_or(cfg.epochs);
-    let bar = cli::progress_bar(steps_per_epoch * last);
-    // Allocations inside the training steps only (the progress bar's own are
-    // excluded): counted from the end of one callback to the start of the next.
+    let mut display = cli::StepDisplay::new(steps_per_epoch * last, steps_per_epoch);
+    display.set_position(steps_per_epoch * resume.as_ref().map_or(0, |s| s.epoch));
+    // Allocations inside the training steps only (the progress display's own
+    // are excluded): counted from the end of one callback to the start of the next.
     const WARMUP: usize = 5;
     let (mut in_steps, mut mark, mut after_warmup) = (0u64, allocations(), 0u64);
     let mut run_steps = 0;
@@ -68,11 +72,11 @@ fn run(args: &Args) -> fucina::Result<()> {
         if run_steps == WARMUP {
             after_warmup = in_steps;
         }
-        cli::show_step(&bar, p, 5, "examples");
+        display.show(p, 5, "examples");
         mark = allocations();
     };
     let (report, snapshot) = job::run_job(&ctx, args, &train, &test, resume, &mut on_step)?;
-    bar.finish();
+    display.finish();
     let steps = report.losses.len();
     let secs = report.train_time.as_secs_f64();
     println!(

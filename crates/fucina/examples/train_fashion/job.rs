@@ -32,12 +32,23 @@ pub(crate) const PIXEL_STD: f32 = 0.3530;
 
 /// Trains a small CNN (conv-bn-relu-pool twice, then two linear layers) on
 /// Fashion-MNIST and reports the test accuracy after every epoch.
+///
+/// Reads the 60,000 training and 10,000 test 28x28 images from --data
+/// (Debian: apt-get install dataset-fashion-mnist) and trains with AdamW
+/// (warmup + cosine schedule) on seeded batches; the defaults reach at least
+/// 91% test accuracy in 5 epochs. Prints a progress bar (when stderr is not a
+/// terminal, a plain line every 5 s), a line and the test accuracy per epoch,
+/// the buffer-pool and heap-allocation statistics, and writes the loss and
+/// accuracy curves as an SVG (--svg). The same --seed gives the same losses,
+/// bit for bit, for every --threads.
 #[derive(Debug, Parser)]
-#[command(name = "train_fashion", version, about)]
+#[command(name = "train_fashion", version)]
 pub(crate) struct Args {
-    /// Worker threads of the execution context (results are bitwise identical
-    /// for every count).
-    #[arg(long, default_value_t = 2)]
+    /// Worker threads of the execution context. The default is what
+    /// ExecContext::new() picks: one per physical core this process may run
+    /// on (lowered by a cgroup CPU quota and by FUCINA_MAX_THREADS), at most
+    /// 64. The results are bitwise identical for every count.
+    #[arg(long, default_value_t = common::default_threads())]
     pub(crate) threads: usize,
     /// Passes over the training set.
     #[arg(long, default_value_t = TrainConfig::default().epochs)]
@@ -69,8 +80,9 @@ pub(crate) struct Args {
     /// The directory of the four Fashion-MNIST files (*-idx?-ubyte.gz).
     #[arg(long, default_value = fucina::data::FASHION_MNIST_DIR)]
     pub(crate) data: PathBuf,
-    /// Where to write the loss and accuracy curves (SVG).
-    #[arg(long, default_value = default_svg_path())]
+    /// Where to write the loss and accuracy curves (SVG). A relative path is
+    /// relative to the current directory; missing directories are created.
+    #[arg(long, default_value = DEFAULT_SVG)]
     pub(crate) svg: PathBuf,
     /// Save a checkpoint (parameters, batch-norm statistics, optimizer state,
     /// epoch and configuration, in the safetensors format) when training
@@ -88,13 +100,8 @@ pub(crate) struct Args {
     pub(crate) stop_after: Option<usize>,
 }
 
-/// `target/train_fashion.svg` of the workspace.
-pub(crate) fn default_svg_path() -> &'static str {
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/train_fashion.svg"
-    )
-}
+/// The default of `--svg`, relative to the current directory.
+pub(crate) const DEFAULT_SVG: &str = "target/train_fashion.svg";
 
 impl Args {
     /// Checks what the flags cannot express in their types.

@@ -10,10 +10,13 @@
 //! -> batch norm -> ReLU -> max pool -> linear 128 -> ReLU -> linear 10, AdamW
 //! with a warmup + cosine schedule, batches of 64 from a seeded
 //! [`fucina::data::DataLoader`]. The defaults (5 epochs) reach at least 91 %
-//! test accuracy. Prints a progress bar, the test accuracy after every epoch,
-//! the pool and allocation statistics, and writes the loss and accuracy
-//! curves to `target/train_fashion.svg`. `--help` lists the flags; `--data DIR`
-//! reads the four `*-idx?-ubyte.gz` files from elsewhere.
+//! test accuracy. Prints a progress bar (a plain line every 5 s when stderr is
+//! not a terminal), the test accuracy after every epoch, the pool and
+//! allocation statistics, and writes the loss and accuracy curves to
+//! `target/train_fashion.svg` under the current directory. `--threads`
+//! defaults to every core (what `ExecContext::new()` picks); the results are
+//! the same bits for any count. `--help` lists the flags; `--data DIR` reads
+//! the four `*-idx?-ubyte.gz` files from elsewhere.
 //!
 //! Checkpoints: `--stop-after 2 --save ck.safetensors` stops after epoch 2 and
 //! saves the parameters, the batch-norm running statistics, the optimizer
@@ -66,9 +69,11 @@ fn run(args: &Args) -> fucina::Result<()> {
     let first_epoch = resume.as_ref().map_or(0, |s| s.epoch);
     let steps_per_epoch = job::train_loader(&train, &cfg)?.batches_per_epoch();
     let last = args.stop_after.unwrap_or(cfg.epochs);
-    let bar = cli::progress_bar(steps_per_epoch * last);
-    bar.set_position((steps_per_epoch * first_epoch) as u64);
-    // Allocations inside the training steps only (the progress bar's and the
+    // The example prints its own line at each epoch's end (below).
+    let mut display =
+        cli::StepDisplay::new(steps_per_epoch * last, steps_per_epoch).without_epoch_lines();
+    display.set_position(steps_per_epoch * first_epoch);
+    // Allocations inside the training steps only (the progress display's and the
     // evaluations' excluded): counted from the end of one callback to the start
     // of the next, skipping each epoch's first step (it follows an evaluation).
     const WARMUP: usize = 5;
@@ -83,10 +88,10 @@ fn run(args: &Args) -> fucina::Result<()> {
                 after_warmup = in_steps;
             }
         }
-        cli::show_step(&bar, p, 10, "images");
+        display.show(p, 10, "images");
         if p.step.is_multiple_of(steps_per_epoch) {
-            // Printed also when the bar is hidden (output not a terminal).
-            bar.suspend(|| {
+            // Printed on a terminal and off it alike.
+            display.suspend(|| {
                 println!(
                     "epoch {}: {:.1} s of training so far, loss {:.4}",
                     p.epoch + 1,
@@ -98,7 +103,7 @@ fn run(args: &Args) -> fucina::Result<()> {
         mark = allocations();
     };
     let (report, snapshot) = job::run_job(&ctx, args, &train, &test, resume, &mut on_step)?;
-    bar.finish();
+    display.finish();
     let steps = report.losses.len();
     let secs = report.train_time.as_secs_f64();
     let epochs_run = report.accuracies.len();
