@@ -23,7 +23,8 @@
 //!   build (no workspace crate compiled differently by two of them; also part
 //!   of `ci`).
 //! - `cargo xtask first-hour [--ci]`: the README's commands on a fresh clone,
-//!   each build and run timed, failing when a crate is compiled twice.
+//!   each build and run timed, failing when a workspace crate is compiled
+//!   twice.
 //!
 //! Deliberately dependency-free so that it builds in seconds on a fresh clone.
 
@@ -59,7 +60,7 @@ commands:
   first-hour [--ci]
             clone the repository to a temporary directory and run the README's
             commands in order, timing each build and run (and `cargo xtask ci`
-            with --ci); fails when a crate is compiled twice
+            with --ci); fails when a workspace crate is compiled twice
 ";
 
 fn main() -> ExitCode {
