@@ -549,6 +549,8 @@ fn parse_architecture(o: &Obj<'_>) -> Result<Architecture, LlmError> {
     }
 }
 
+/// (Every value comes from the file: the lint keeps the arithmetic checked.)
+#[warn(clippy::arithmetic_side_effects)]
 fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
     let architecture = parse_architecture(o)?;
 
@@ -571,7 +573,8 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
     let divides = hidden_size.is_multiple_of(num_attention_heads);
     let head_dim = match o.size_opt("head_dim")? {
         Some(d) => d,
-        None if divides => hidden_size / num_attention_heads,
+        // `num_attention_heads` is positive (`size`).
+        None if divides => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
         None => {
             return Err(o.err(
                 "num_attention_heads",
@@ -700,6 +703,7 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
 /// Qwen2's window: `sliding_window` when `use_sliding_window` is true, on the
 /// layers `layer_types` marks sliding (by default those from
 /// `max_window_layers` on). One window for every layer, or none.
+#[warn(clippy::arithmetic_side_effects)]
 fn qwen2_sliding_window(o: &Obj<'_>, num_hidden_layers: usize) -> Result<Option<usize>, LlmError> {
     let use_sliding = o.bool_opt("use_sliding_window")?.unwrap_or(false);
     let window = if !use_sliding {

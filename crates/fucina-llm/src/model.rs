@@ -256,6 +256,10 @@ fn vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>, LlmEr
 }
 
 /// Checks the sizes of a configuration the model can run.
+/// Every size the model derives from the config is checked here, once, with
+/// checked or saturating arithmetic (the lint keeps it so): past this point
+/// the products of sizes the decoder forms cannot overflow.
+#[warn(clippy::arithmetic_side_effects)]
 fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     let op = "Model::from_parts";
     let positive = [

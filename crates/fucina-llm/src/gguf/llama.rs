@@ -93,7 +93,9 @@ fn optional_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, LlmError> {
     }
 }
 
-/// The [`ModelConfig`] of a Llama-architecture GGUF file.
+/// The [`ModelConfig`] of a Llama-architecture GGUF file. (Every value comes
+/// from the file: the lint keeps its arithmetic checked.)
+#[warn(clippy::arithmetic_side_effects)]
 pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
     match file.get("general.architecture").map(|v| (v, v.as_str())) {
         Some((_, Some("llama"))) => {}
@@ -122,7 +124,9 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
             ),
         ));
     }
-    let head_dim = optional_u64(file, "llama.attention.key_length")?.unwrap_or(hidden_size / heads);
+    // `heads` is positive (required_u64); a 0 would be refused by the model.
+    let head_dim = optional_u64(file, "llama.attention.key_length")?
+        .unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
     if let Some(rot) = optional_u64(file, "llama.rope.dimension_count")?
         && rot != head_dim
     {
