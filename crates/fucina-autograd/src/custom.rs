@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, Grads};
+use crate::record::{GradList, Grads};
 use crate::tensor::Tensor;
 
 /// What the backward of a [`custom_vjp`] op receives.

@@ -37,13 +37,15 @@ mod grad_mode;
 mod gradcheck;
 mod node;
 mod ops;
+mod record;
 mod tensor;
 
 pub use custom::{CustomVjpArgs, custom_vjp};
 pub use error::{AutogradError, ExternalError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
 pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
-pub use node::{BackwardOptions, Grads, free_graph_nodes};
+pub use node::{BackwardOptions, free_graph_nodes};
+pub use record::Grads;
 pub use tensor::Tensor;
 
 /// The option and result types of the convolutional-network ops, re-exported

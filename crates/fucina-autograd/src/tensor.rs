@@ -7,9 +7,8 @@ use fucina_exec::{ExecContext, ExecError, RawTensor};
 use crate::error::{AutogradError, Result};
 use crate::fill::{par_fill, seed_at};
 use crate::grad_mode::is_grad_enabled;
-use crate::node::{
-    self, BackwardOptions, GradList, NodeRef, Saved, Small, Vjp, VjpFn, run_backward,
-};
+use crate::node::{self, BackwardOptions, NodeRef, Small, run_backward};
+use crate::record::{GradList, Saved, Vjp, VjpFn};
 
 /// A differentiable tensor: a [`RawTensor`] (shared, immutable storage plus a
 /// layout) and, when it takes part in a graph, a shared graph node.

@@ -3,7 +3,7 @@
 use fucina_exec::{BatchNormStats, ExecContext, Pool2dOp, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads, record};
+use crate::record::{GradList, grads, record};
 use crate::tensor::Tensor;
 
 /// The backward of both modes from the packed `[3, C]` parameters (`gamma`, the

@@ -4,7 +4,7 @@
 use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads, record};
+use crate::record::{GradList, grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

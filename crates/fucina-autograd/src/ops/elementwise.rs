@@ -4,8 +4,8 @@
 use fucina_exec::{BinaryOp, ExecContext, MaskOp, RawTensor, ScalarOp, UnaryOp};
 
 use crate::error::Result;
-use crate::node::{GradList, grads, record};
 use crate::ops::sum_to;
+use crate::record::{GradList, grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

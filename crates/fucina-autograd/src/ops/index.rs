@@ -6,7 +6,7 @@
 use fucina_exec::{Axis, Dims, ExecContext, IndexOp, JoinOp, MAX_RANK, RawTensor};
 
 use crate::error::Result;
-use crate::node::{GradList, grads, record};
+use crate::record::{GradList, grads, record};
 use crate::tensor::Tensor;
 
 /// The gradients of the parts of a join along `axis`: part `i` (of length

@@ -4,7 +4,7 @@
 use fucina_exec::{ExecContext, MatmulOptions, ProductOp};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

@@ -3,7 +3,7 @@
 use fucina_exec::{Axis, ClassLoss, ExecContext, NormOp, RawTensor, RegressionLoss, SoftmaxOp};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 /// The value of a one-element loss gradient.

@@ -3,7 +3,7 @@
 use fucina_exec::{Axis, ExecContext, Pool2dOp, Pool2dOptions};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

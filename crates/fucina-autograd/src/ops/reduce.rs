@@ -5,7 +5,7 @@
 use fucina_exec::{Axis, AxisReduction, AxisStatistic, ExecContext, FullReduction, RawTensor};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

@@ -3,7 +3,7 @@
 use fucina_exec::{Axis, ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {

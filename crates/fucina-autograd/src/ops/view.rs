@@ -6,7 +6,7 @@
 use fucina_exec::{Axis, Dims, ExecContext, ViewOp};
 
 use crate::error::Result;
-use crate::node::{grads, record};
+use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {
