@@ -48,12 +48,14 @@ mod axis;
 mod context;
 mod error;
 mod kernels;
+mod memory;
 mod ops;
 mod parallel;
 mod rhs_cache;
 mod scope;
 mod scope_stack;
 mod tensor;
+mod weight_format;
 
 pub use axis::Axis;
 
@@ -86,10 +88,10 @@ pub use ops::quant::{PackedQuantMatrix, QuantFormat, QuantMatrix, QuantizedWeigh
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
 pub use ops::view::ViewOp;
-pub use ops::weight_matmul::{WEIGHT_DOT_LANES, WeightFormat, WeightMatrix};
 pub use scope::{ExecScope, ScopeNode};
 pub use tensor::layout::{Dims, Layout, LayoutClass, MAX_RANK, broadcast_shapes};
 pub use tensor::{Element, RawTensor};
+pub use weight_format::{WEIGHT_DOT_LANES, WeightFormat, WeightMatrix};
 
 /// The lower layers, re-exported for users of the exec layer alone.
 pub use fucina_fpenv as fpenv;

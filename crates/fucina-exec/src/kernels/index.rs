@@ -1,6 +1,6 @@
 //! Row gathers and the deterministic row scatter-add of the indexing ops.
 //!
-//! Plain functions over slices: the ops in `crate::ops::index` validate every index
+//! Plain functions over slices: the gather ops validate every index
 //! before calling them, so an index here is always in range.
 
 /// Copies row `idx[r]` of `src` (rows of `row_len` elements) into row `r` of `dst`,

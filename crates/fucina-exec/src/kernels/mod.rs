@@ -1,5 +1,5 @@
-//! Kernels: plain functions over slices, free of shapes and pools. Ops in
-//! [`crate::ops`] validate, allocate and split the work; kernels compute. The hot
+//! Kernels: plain functions over slices, free of shapes and pools. The ops
+//! (`src/ops/`) validate, allocate and split the work; kernels compute. The hot
 //! loops run at the vector level chosen at run time ([`simd`]).
 
 pub(crate) mod amx_rule;

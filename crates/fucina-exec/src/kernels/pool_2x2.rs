@@ -3,8 +3,9 @@
 //! registers (the fused `batch_norm_pool2d` of a `conv -> batch norm -> relu ->
 //! max pool` block).
 //!
-//! The plain per-plane loops of `ops::pool` handle one window at a time and,
-//! for the backward, copy short row pieces in and out of fixed-size arrays.
+//! The plain per-plane loops of the pool op (`src/ops/pool.rs`) handle one
+//! window at a time and, for the backward, copy short row pieces in and out of
+//! fixed-size arrays.
 //! Here a 512-bit register holds 8 windows' top (or bottom) row: the two values
 //! of a window sit in adjacent lanes, so the window's maximum is two lane-pair
 //! maxima and one vertical one, and the backward's "first row-major element

@@ -160,7 +160,7 @@ pub(crate) fn dequantize_q6k(blk: &[u8], out: &mut [f32]) {
 }
 
 /// Quantizes 256 values into one Q4_K super-block (see
-/// `ops::quant`'s docs for the rule): per sub-block of 32, the range
+/// `src/ops/quant.rs`'s docs for the rule): per sub-block of 32, the range
 /// `[min(0, min x), max x]` is split into 15 steps; the step sizes and the
 /// mins are coded with 6 bits against the super-block's f16 `d = max step / 63`
 /// and `dmin = max min / 63`; each value then takes the nibble nearest to it
@@ -208,7 +208,7 @@ pub(crate) fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
     }
 }
 
-/// Quantizes 256 values into one Q6_K super-block (see `ops::quant`'s docs):
+/// Quantizes 256 values into one Q6_K super-block (see `src/ops/quant.rs`'s docs):
 /// per group of 16, the scale `g = max / −32` (`max` the signed value of largest
 /// magnitude); the group scales are coded as int8 against the super-block's f16
 /// `d = G / −128` (`G` the group scale of largest magnitude); each value then

@@ -1,7 +1,7 @@
 //! The kernels of [`ExecContext::weight_matmul`](crate::ExecContext::weight_matmul):
 //! dot products of f32 activation rows with weight rows kept in their file format
-//! (f32, f16, bf16), in the fixed 16-lane order of
-//! [`crate::ops::weight_matmul`], at every vector level.
+//! (f32, f16, bf16), in the fixed 16-lane order that the op documents
+//! (`src/ops/weight_matmul.rs`), at every vector level.
 //!
 //! # Blocking
 //! A call computes a range of output features `j` (weight rows) for all `m`
@@ -52,7 +52,7 @@
 //!
 //! # The partial step
 //! The order pads each row with `0 · 0` terms up to the next multiple of 16
-//! (see [`crate::ops::weight_matmul`]), which is what masked loads (AVX-512),
+//! (see `src/ops/weight_matmul.rs`), which is what masked loads (AVX-512),
 //! zero-padded copies (AVX2) and zero-filled lanes (portable) compute.
 //!
 //! # Prefetch
@@ -65,7 +65,7 @@
 use std::ops::Range;
 
 use crate::kernels::simd::{self, SimdLevel};
-use crate::ops::weight_matmul::{WEIGHT_DOT_LANES, WeightFormat, WeightMatrix};
+use crate::weight_format::{WEIGHT_DOT_LANES, WeightFormat, WeightMatrix};
 
 /// Lanes per chain.
 const L: usize = WEIGHT_DOT_LANES;
@@ -882,7 +882,24 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::weight_matmul::reference_dot;
+
+    /// The reference dot product of `x` with row `r` of `w`, in the fixed summation
+    /// order. Every fast kernel must return these bits (the tests below compare
+    /// them with it).
+    fn reference_dot(x: &[f32], w: &WeightMatrix<'_>, r: usize) -> f32 {
+        let row = &w.bytes[r * w.cols * w.format.size_bytes()..];
+        let mut acc = [0.0f32; WEIGHT_DOT_LANES];
+        // Up to the next multiple of 16: the missing terms are `0 · 0`.
+        for k in 0..w.cols.next_multiple_of(WEIGHT_DOT_LANES) {
+            let l = k % WEIGHT_DOT_LANES;
+            let (xk, wk) = match x.get(k).filter(|_| k < w.cols) {
+                Some(&xk) => (xk, w.format.element(row, k)),
+                None => (0.0, 0.0),
+            };
+            acc[l] = xk.mul_add(wk, acc[l]);
+        }
+        crate::kernels::reduce::fold_lanes(acc)
+    }
 
     /// Pseudo-random floats with varied exponents, some exact zeros.
     fn values(n: usize, seed: u32) -> Vec<f32> {

@@ -10,8 +10,9 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::amx_rule::{self as k, Acts, KB, Line, MT, NT, PackedB, Path, TILE};
-use crate::ops::weight_matmul::{WeightFormat, WeightMatrix};
+use crate::memory::advise_huge_pages;
 use crate::tensor::layout::Dims;
+use crate::weight_format::{WeightFormat, WeightMatrix};
 
 /// A bf16 weight matrix `[rows, cols]` (output features × input features, the
 /// layout of [`WeightMatrix`]) packed once for
@@ -83,7 +84,7 @@ impl PackedBf16Matrix {
                 },
             )
         })?;
-        crate::ops::quant::advise_huge_pages(lines.as_ptr().cast(), nlines * 64);
+        advise_huge_pages(lines.as_ptr().cast(), nlines * 64);
         lines.resize(nlines, Line([0; 32]));
         let mut spans = Vec::new();
         k::pack_b(w.bytes, n, kk, &mut lines, &mut spans);
