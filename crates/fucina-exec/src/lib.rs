@@ -76,7 +76,7 @@ pub use ops::amx_rule::{
     PackedBf16Matrix, amx_available, amx_rule_path, amx_rule_path_for, force_amx,
     set_amx_rule_min_rows,
 };
-pub use ops::batch_norm::BatchNormStats;
+pub use ops::common::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
 pub use ops::index::{IndexOp, JoinOp};

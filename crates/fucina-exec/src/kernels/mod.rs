@@ -3,6 +3,7 @@
 //! loops run at the vector level chosen at run time ([`simd`]).
 
 pub(crate) mod amx_rule;
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod depthwise_avx512;

@@ -13,91 +13,19 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::reduce::{sum_and_sum_map2, sum_map};
+use crate::kernels::batch_norm::{GradXCoefs, grad_x_plane, normalize_plane, plane_grad_sums};
+use crate::kernels::reduce::sum_map;
 use crate::kernels::simd::vectorized;
-use crate::ops::norm::check_param_shapes;
+use crate::ops::common::{BatchNormStats, check_batch_norm, check_batch_norm_training};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a statistics pass.
 const STATS_WORK: usize = 3;
 
-/// The per-channel statistics of a training-mode batch norm, each of shape `[C]`
-/// (views of one pooled `[3, C]` tensor).
-///
-/// `mean` and `unbiased_var` (the variance with Bessel's correction, `M / (M - 1)`
-/// times the biased one) are what a running estimate is updated with, PyTorch's
-/// way: `running = (1 - momentum) * running + momentum * batch`. `inv_std` is
-/// `1 / sqrt(biased_var + eps)`, the factor the output was normalized with
-/// (what [`ExecContext::batch_norm_backward`] reads).
-#[derive(Clone, Debug)]
-pub struct BatchNormStats {
-    /// The batch mean per channel.
-    pub mean: RawTensor,
-    /// The unbiased batch variance per channel.
-    pub unbiased_var: RawTensor,
-    /// `1 / sqrt(biased variance + eps)` per channel.
-    pub inv_std: RawTensor,
-}
-
-impl BatchNormStats {
-    /// The three rows of a packed `[3, C]` statistics tensor, as views.
-    pub(crate) fn unpack(packed: &RawTensor) -> Result<BatchNormStats, ExecError> {
-        let ch = packed.shape()[1];
-        let row =
-            |i: usize| -> Result<RawTensor, ExecError> { packed.narrow(0, i, 1)?.reshape(&[ch]) };
-        Ok(BatchNormStats {
-            mean: row(0)?,
-            unbiased_var: row(1)?,
-            inv_std: row(2)?,
-        })
-    }
-}
-
-/// [`check`] for training mode, which also needs more than one value per
-/// channel.
-pub(crate) fn check_training(
-    op: &'static str,
-    x: &RawTensor,
-    params: &[&RawTensor],
-    eps: f32,
-) -> Result<(usize, usize, usize), ExecError> {
-    let dims @ (n, _, plane) = check(op, x, params, eps)?;
-    if n * plane < 2 {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: x.dims(),
-            reason: "training mode needs more than one value per channel",
-        });
-    }
-    Ok(dims)
-}
-
 /// `1 / sqrt(var + eps)`, the one formula both modes use.
 #[inline(always)]
 fn inv_std(var: f32, eps: f32) -> f32 {
     1.0 / (var + eps).sqrt()
-}
-
-/// Checks rank, `eps` and that every parameter has shape `[C]`; returns
-/// `(N, C, plane)`.
-pub(crate) fn check(
-    op: &'static str,
-    x: &RawTensor,
-    params: &[&RawTensor],
-    eps: f32,
-) -> Result<(usize, usize, usize), ExecError> {
-    if x.rank() < 2 {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: x.dims(),
-            reason: "the input must be [N, C, ...] (rank at least 2)",
-        });
-    }
-    let s = x.shape();
-    let c = s[1];
-    let reason = "each per-channel parameter must have shape [C] (axis 1 of the input)";
-    check_param_shapes(op, x, c, params, eps, reason)?;
-    Ok((s[0], c, s[2..].iter().product()))
 }
 
 /// The fixed-order sum over channel `c`'s planes of `f` applied per plane.
@@ -108,73 +36,6 @@ fn channel_sum(n: usize, c: usize, ch: usize, plane: usize, f: impl Fn(usize) ->
         s += f((k * ch + c) * plane);
     }
     s
-}
-
-/// One plane of the training-mode normalization: `dst[i] = (x[i] - mu) * a +
-/// b` with `a = gamma * inv_std` (the one expression every path uses).
-#[inline(always)]
-pub(crate) fn normalize_plane(dst: &mut [f32], x: &[f32], mu: f32, a: f32, b: f32) {
-    for (d, &v) in dst.iter_mut().zip(x) {
-        *d = (v - mu) * a + b;
-    }
-}
-
-/// One plane's share of the backward sums: `(sum(gy), sum(gy * (x - mu)))`,
-/// each in its own fixed order (one pass).
-#[inline(always)]
-pub(crate) fn plane_grad_sums(gy: &[f32], x: &[f32], mu: f32) -> (f32, f32) {
-    match gy.len() {
-        1 => (gy[0], gy[0] * (x[0] - mu)),
-        _ => sum_and_sum_map2(gy, x, |g, v| g * (v - mu)),
-    }
-}
-
-/// The per-channel constants of the training-mode input gradient.
-#[derive(Clone, Copy)]
-pub(crate) struct GradXCoefs {
-    /// The channel mean.
-    pub(crate) mu: f32,
-    /// `1 / sqrt(var + eps)`.
-    pub(crate) istd: f32,
-    /// `sum(gy) / M`.
-    pub(crate) mdy: f32,
-    /// `sum(gy * (x - mu)) * istd / M`.
-    pub(crate) mdyx: f32,
-    /// `istd * gamma`.
-    pub(crate) k: f32,
-}
-
-impl GradXCoefs {
-    /// The constants of channel `c` from the `[C, 2]` sums, over `m` values.
-    #[inline(always)]
-    pub(crate) fn of(c: usize, ms: &[f32], is: &[f32], gs: &[f32], ss: &[f32], m: f32) -> Self {
-        let istd = is[c];
-        GradXCoefs {
-            mu: ms[c],
-            istd,
-            mdy: ss[2 * c] / m,
-            mdyx: ss[2 * c + 1] * istd / m,
-            k: istd * gs[c],
-        }
-    }
-}
-
-/// [`grad_x_plane`] in place: `d` holds the output gradient and receives the
-/// input gradient (the same expression, so the same bits).
-#[inline(always)]
-pub(crate) fn grad_x_plane_in_place(d: &mut [f32], x: &[f32], k: GradXCoefs) {
-    for (d, &v) in d.iter_mut().zip(x) {
-        *d = (*d - k.mdy - (v - k.mu) * k.istd * k.mdyx) * k.k;
-    }
-}
-
-/// One plane of the training-mode input gradient:
-/// `dst = (gy - mdy - (x - mu) * istd * mdyx) * k`.
-#[inline(always)]
-pub(crate) fn grad_x_plane(dst: &mut [f32], gy: &[f32], x: &[f32], k: GradXCoefs) {
-    for ((d, &g), &v) in dst.iter_mut().zip(gy).zip(x) {
-        *d = (g - k.mdy - (v - k.mu) * k.istd * k.mdyx) * k.k;
-    }
 }
 
 impl ExecContext {
@@ -301,7 +162,7 @@ impl ExecContext {
         eps: f32,
     ) -> Result<(RawTensor, BatchNormStats), ExecError> {
         const OP: &str = "batch_norm";
-        let dims @ (_, ch, plane) = check_training(OP, x, &[gamma, beta], eps)?;
+        let dims @ (_, ch, plane) = check_batch_norm_training(OP, x, &[gamma, beta], eps)?;
         let (xc, gc, bc) = (
             self.contiguous(x)?,
             self.contiguous(gamma)?,
@@ -380,7 +241,8 @@ impl ExecContext {
         eps: f32,
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "batch_norm_eval";
-        let (_, _, plane) = check(OP, x, &[running_mean, running_var, gamma, beta], eps)?;
+        let (_, _, plane) =
+            check_batch_norm(OP, x, &[running_mean, running_var, gamma, beta], eps)?;
         let istd = self.batch_norm_inv_std(running_var, eps)?;
         let (xc, mc, gc, bc) = (
             self.contiguous(x)?,
@@ -463,7 +325,7 @@ impl ExecContext {
         training: bool,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "batch_norm_backward";
-        let (n, ch, plane) = check(OP, x, &[gamma, mean, inv_std], 0.0)?;
+        let (n, ch, plane) = check_batch_norm(OP, x, &[gamma, mean, inv_std], 0.0)?;
         if grad_y.shape() != x.shape() {
             return Err(ExecError::ShapeMismatch {
                 op: OP,

@@ -13,69 +13,12 @@ use crate::error::ExecError;
 use crate::kernels::index::{gather_rows, invert_indices, positions_of, sum_rows_into};
 use crate::kernels::select::transpose_rows;
 use crate::kernels::simd::vectorized;
-use crate::kernels::strided::{Geom, seg1};
+use crate::ops::common::{
+    check_gather_index, check_index_values, copy_logical, for_each_sub_offset, remap_position,
+};
 use crate::parallel::for_each_run;
 use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
-
-/// The first index (in logical order) outside `0..bound`, as an error of `op`.
-/// Reads through the strides: allocates nothing.
-pub(crate) fn check_index_values(
-    op: &'static str,
-    idx: &RawTensor<i64>,
-    bound: usize,
-) -> Result<(), ExecError> {
-    // A negative index read as `u64` is above every bound.
-    let bad = |i: i64| i as u64 >= bound as u64;
-    let first_bad = if idx.is_contiguous() {
-        // A vectorizable maximum per block; the first offender of a failing block.
-        idx.contiguous_slice()
-            .chunks(256)
-            .find(|block| {
-                block
-                    .iter()
-                    .map(|&i| i as u64)
-                    .max()
-                    .is_some_and(|m| m >= bound as u64)
-            })
-            .and_then(|block| block.iter().copied().find(|&i| bad(i)))
-    } else {
-        let buf: &[i64] = idx.buffer();
-        let mut found = None;
-        idx.layout().for_each_index(|p| {
-            if found.is_none() && bad(buf[p]) {
-                found = Some(buf[p]);
-            }
-        });
-        found
-    };
-    match first_bad {
-        Some(index) => Err(ExecError::IndexOutOfBounds { op, index, bound }),
-        None => Ok(()),
-    }
-}
-
-/// Copies the elements `start..start + dst.len()` of `x` (in logical row-major
-/// order) into `dst`, reading through the strides when `x` is not contiguous.
-fn copy_logical<T: Element>(x: &RawTensor<T>, start: usize, dst: &mut [T]) {
-    let src: &[T] = x.buffer();
-    if x.is_contiguous() {
-        let o = x.offset() + start;
-        dst.copy_from_slice(&src[o..o + dst.len()]);
-        return;
-    }
-    let geom = Geom::new(x.shape(), [x.layout()]);
-    let [stride] = geom.inner_strides();
-    geom.for_segments(start..start + dst.len(), |pos, len, [base]| {
-        seg1(
-            &mut dst[pos - start..pos - start + len],
-            src,
-            base,
-            stride,
-            &|v| v,
-        );
-    });
-}
 
 /// One operand of a join: its block length per output row, and its elements when
 /// it is contiguous (read through the strides of `t` otherwise).
@@ -177,89 +120,6 @@ fn fill_joined<T: Element>(parts: &[Part<'_, T>], pos0: usize, dst: &mut [T]) {
             i = 0;
             o += 1;
         }
-    }
-}
-
-/// Calls `f(q, s)` for every element of the row-major block `sub` (`q` its linear
-/// position in `sub`, `s` its linear position in the enclosing block `full`, where
-/// `sub[d] <= full[d]` for every axis).
-pub(crate) fn for_each_sub_offset(sub: &[usize], full: &[usize], mut f: impl FnMut(usize, usize)) {
-    let n: usize = sub.iter().product();
-    if sub == full {
-        for q in 0..n {
-            f(q, q);
-        }
-        return;
-    }
-    let rank = sub.len();
-    // Strides of `full`.
-    let mut fstr = [0usize; MAX_RANK];
-    let mut acc = 1;
-    for ax in (0..rank).rev() {
-        fstr[ax] = acc;
-        acc *= full[ax];
-    }
-    let mut idx = [0usize; MAX_RANK];
-    let mut s = 0;
-    for q in 0..n {
-        f(q, s);
-        let mut ax = rank;
-        while ax > 0 {
-            ax -= 1;
-            idx[ax] += 1;
-            s += fstr[ax];
-            if idx[ax] < sub[ax] {
-                break;
-            }
-            s -= fstr[ax] * sub[ax];
-            idx[ax] = 0;
-        }
-    }
-}
-
-/// Position `r` of the row-major block `from`, re-expressed as a position of the
-/// row-major block `to` (same rank): `None` when one of its coordinates is not
-/// below `to`'s size on that axis.
-pub(crate) fn remap_position(r: usize, from: &[usize], to: &[usize]) -> Option<usize> {
-    let mut rem = r;
-    let mut pos = 0;
-    let mut mul = 1;
-    for ax in (0..from.len()).rev() {
-        let c = rem % from[ax];
-        rem /= from[ax];
-        if c >= to[ax] {
-            return None;
-        }
-        pos += c * mul;
-        mul *= to[ax];
-    }
-    Some(pos)
-}
-
-/// Checks a `gather` (or `scatter_add`) index against the source shape: same
-/// rank, no larger size off the axis.
-pub(crate) fn check_gather_index(
-    op: &'static str,
-    src: &[usize],
-    axis: usize,
-    index: &RawTensor<i64>,
-) -> Result<(), ExecError> {
-    let fits = index.rank() == src.len()
-        && index
-            .shape()
-            .iter()
-            .zip(src)
-            .enumerate()
-            .all(|(d, (&i, &s))| d == axis || i <= s);
-    if fits {
-        Ok(())
-    } else {
-        Err(ExecError::ShapeMismatch {
-            op,
-            lhs: Dims::new(src),
-            rhs: index.dims(),
-            reason: "the index must have the source's rank and no larger size off the axis",
-        })
     }
 }
 

@@ -5,7 +5,7 @@
 
 pub(crate) mod amx_rule;
 pub(crate) mod batch_norm;
-pub(crate) mod batch_norm_pool;
+pub(crate) mod common;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;

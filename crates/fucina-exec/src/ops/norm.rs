@@ -11,6 +11,7 @@ use crate::error::ExecError;
 use crate::kernels::reduce::{col_sum, col_sum_with, for_each_col_tile};
 use crate::kernels::simd::vectorized;
 use crate::kernels::{prefetch, rowwise};
+use crate::ops::common::check_param_shapes;
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a norm row (two statistics passes and the output).
@@ -26,35 +27,6 @@ fn check_params(
     let c = x.shape()[x.rank() - 1];
     let reason = "gamma and beta must have shape [size of the last axis]";
     check_param_shapes(op, x, c, params, eps, reason)
-}
-
-/// Checks `eps` (finite, non-negative) and that each parameter has shape `[c]`
-/// (`reason` names the axis), for the norms here and `batch_norm`.
-pub(crate) fn check_param_shapes(
-    op: &'static str,
-    x: &RawTensor,
-    c: usize,
-    params: &[&RawTensor],
-    eps: f32,
-    reason: &'static str,
-) -> Result<(), ExecError> {
-    for p in params {
-        if p.shape() != [c] {
-            return Err(ExecError::ShapeMismatch {
-                op,
-                lhs: x.dims(),
-                rhs: p.dims(),
-                reason,
-            });
-        }
-    }
-    if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(ExecError::InvalidArgument {
-            op,
-            reason: "eps must be finite and non-negative",
-        });
-    }
-    Ok(())
 }
 
 fn check_same(op: &'static str, x: &RawTensor, g: &RawTensor) -> Result<(), ExecError> {

@@ -25,9 +25,11 @@
 //! The backward kernels add each output's contribution into the input gradient
 //! in row-major output order, so overlapping windows sum in a fixed order.
 
+mod batch_norm_pool;
+
 use crate::context::ExecContext;
 use crate::error::ExecError;
-pub(crate) use crate::kernels::pool_2x2::Affine;
+use crate::kernels::pool_2x2::Affine;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::pool_2x2::{relu_max_2x2_backward_avx512, relu_max_2x2_forward_avx512};
 use crate::kernels::simd::vectorized;
@@ -224,7 +226,7 @@ impl Pool2dOp {
 const MAX_WINDOW: usize = 1 << 40;
 
 /// Per-output-element work weight of a pooling plane (the window size).
-pub(crate) fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
+fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usize {
     match op {
         Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) => out_plane
             .saturating_mul(o.kernel[0])
@@ -235,7 +237,7 @@ pub(crate) fn plane_work(op: Pool2dOp, in_plane: usize, out_plane: usize) -> usi
 
 /// The geometry of one pooled plane.
 #[derive(Clone, Copy)]
-pub(crate) struct Geo {
+struct Geo {
     h: usize,
     w: usize,
     oh: usize,
@@ -245,7 +247,7 @@ pub(crate) struct Geo {
 impl Geo {
     /// The geometry of pooling an input of shape `x` (`[N, C, H, W]`) into an
     /// output of shape `out` (`[N, C, OH, OW]`).
-    pub(crate) fn new(x: &[usize], out: &[usize]) -> Geo {
+    fn new(x: &[usize], out: &[usize]) -> Geo {
         Geo {
             h: x[2],
             w: x[3],
@@ -255,14 +257,14 @@ impl Geo {
     }
 
     /// Elements of an input plane and of an output plane.
-    pub(crate) fn planes(self) -> (usize, usize) {
+    fn planes(self) -> (usize, usize) {
         (self.h * self.w, self.oh * self.ow)
     }
 }
 
 /// The forward of one plane: `out` (`OH * OW`) from `x` (`H * W`).
 #[inline(always)]
-pub(crate) fn forward_plane(op: Pool2dOp, x: &[f32], out: &mut [f32], g: Geo) {
+fn forward_plane(op: Pool2dOp, x: &[f32], out: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(opts) if is_2x2(&opts) => plane_2x2(x, out, g, false),
         Pool2dOp::Avg(opts) if is_2x2(&opts) => plane_2x2(x, out, g, true),
@@ -559,7 +561,7 @@ fn adaptive_plane(x: &[f32], out: &mut [f32], g: Geo) {
 /// Zeroes the inputs of a plane that no 2x2, stride-2 window covers (an odd
 /// last row or column); the fast backward paths write every other input.
 #[inline(always)]
-pub(crate) fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
+fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
     let (rows, cols) = (2 * g.oh, 2 * g.ow);
     if cols < g.w {
         for r in gx[..rows * g.w].chunks_exact_mut(g.w) {
@@ -576,12 +578,12 @@ pub(crate) fn zero_uncovered_2x2(gx: &mut [f32], g: Geo) {
 /// bits as the plain per-plane loops (over the normalized plane when a
 /// normalization is given).
 #[derive(Clone, Copy)]
-pub(crate) struct ReluMax2x2Avx512(());
+struct ReluMax2x2Avx512(());
 
 impl ReluMax2x2Avx512 {
     /// The kernels for `op`, if they can run.
     #[inline(always)]
-    pub(crate) fn new(op: Pool2dOp) -> Option<ReluMax2x2Avx512> {
+    fn new(op: Pool2dOp) -> Option<ReluMax2x2Avx512> {
         #[cfg(target_arch = "x86_64")]
         if let Pool2dOp::ReluMax(o) = op
             && is_2x2(&o)
@@ -596,7 +598,7 @@ impl ReluMax2x2Avx512 {
     /// The forward of one plane (over `norm`'s normalization of `x` when
     /// given).
     #[inline(always)]
-    pub(crate) fn forward(self, x: &[f32], out: &mut [f32], g: Geo, norm: Option<Affine>) {
+    fn forward(self, x: &[f32], out: &mut [f32], g: Geo, norm: Option<Affine>) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `self` exists only at the AVX-512 level, selected only on
         // CPUs that have AVX-512 F.
@@ -613,14 +615,7 @@ impl ReluMax2x2Avx512 {
     /// The backward of one plane: every input of `gx` a window covers written
     /// (the others are not: see [`zero_uncovered_2x2`]).
     #[inline(always)]
-    pub(crate) fn backward(
-        self,
-        x: &[f32],
-        gy: &[f32],
-        gx: &mut [f32],
-        g: Geo,
-        norm: Option<Affine>,
-    ) {
+    fn backward(self, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo, norm: Option<Affine>) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `forward`.
         unsafe {
@@ -712,7 +707,7 @@ fn window_grads_2x2<const R: bool>(
 /// The input gradient of one plane (`gx`, zeroed here where no fast path
 /// writes) from the output gradient `gy`, adding in row-major output order.
 #[inline(always)]
-pub(crate) fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
+fn backward_plane(op: Pool2dOp, x: &[f32], gy: &[f32], gx: &mut [f32], g: Geo) {
     match op {
         Pool2dOp::Max(o) | Pool2dOp::Avg(o) | Pool2dOp::ReluMax(o) if is_2x2(&o) => {
             zero_uncovered_2x2(gx, g);

@@ -69,35 +69,7 @@ pub(crate) fn check_reduced_grad(
     Ok(())
 }
 
-/// `order` moving `axis` to the end, and its inverse.
-pub(crate) fn axis_last_order(rank: usize, axis: usize) -> (Dims, Dims) {
-    let mut order = Dims::default();
-    for i in (0..rank).filter(|&i| i != axis) {
-        order.push(i);
-    }
-    order.push(axis);
-    let mut inv = Dims::new(&[0; MAX_RANK][..rank]);
-    for (i, &o) in order.iter().enumerate() {
-        inv.as_mut_slice()[o] = i;
-    }
-    (order, inv)
-}
-
 impl ExecContext {
-    /// `x` with `axis` moved last, contiguous (`x` itself when `axis` is already last
-    /// and `x` is contiguous, else a pooled copy).
-    pub(crate) fn contiguous_axis_last<T: Element>(
-        &self,
-        x: &RawTensor<T>,
-        axis: usize,
-    ) -> Result<RawTensor<T>, ExecError> {
-        if axis + 1 == x.rank() {
-            return self.contiguous(x);
-        }
-        let (order, _) = axis_last_order(x.rank(), axis);
-        self.materialize(&x.permute(&order)?)
-    }
-
     /// Reduces each row along `axis` with `f` (rows gathered contiguously first).
     fn row_reduce<T: Element>(
         &self,

@@ -9,7 +9,7 @@
 use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::ops::index::{
+use crate::ops::common::{
     check_gather_index, check_index_values, for_each_sub_offset, remap_position,
 };
 use crate::tensor::RawTensor;

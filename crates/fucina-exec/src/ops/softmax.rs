@@ -11,7 +11,7 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::simd::vectorized;
 use crate::kernels::{prefetch, rowwise};
-use crate::ops::reduce::axis_last_order;
+use crate::ops::common::axis_last_order;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
 

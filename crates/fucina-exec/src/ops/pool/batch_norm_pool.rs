@@ -25,18 +25,23 @@
 //! `batch_norm` then `pool2d`, and its backward equals `pool2d_backward` then
 //! `batch_norm_backward`, bit for bit, for every team size and vector level
 //! (tests check it).
+//!
+//! The module is a child of the pool op's (`ops/pool.rs`), whose per-plane
+//! loops are private to it and its children; the batch norm's per-plane loops
+//! are kernels (`kernels/batch_norm.rs`) and its checks and statistics type
+//! are shared helpers (`ops/common.rs`).
 
+use super::{
+    Geo, Pool2dOp, ReluMax2x2Avx512, backward_plane, forward_plane, plane_work, zero_uncovered_2x2,
+};
 use crate::context::ExecContext;
 use crate::error::ExecError;
+use crate::kernels::batch_norm::{
+    GradXCoefs, grad_x_plane_in_place, normalize_plane, plane_grad_sums,
+};
+use crate::kernels::pool_2x2::Affine;
 use crate::kernels::simd::vectorized;
-use crate::ops::batch_norm::{
-    BatchNormStats, GradXCoefs, check, check_training, grad_x_plane_in_place, normalize_plane,
-    plane_grad_sums,
-};
-use crate::ops::pool::{
-    Affine, Geo, Pool2dOp, ReluMax2x2Avx512, backward_plane, forward_plane, plane_work,
-    zero_uncovered_2x2,
-};
+use crate::ops::common::{BatchNormStats, check_batch_norm, check_batch_norm_training};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of normalizing a plane into scratch.
@@ -82,7 +87,7 @@ impl ExecContext {
     ) -> Result<(RawTensor, BatchNormStats), ExecError> {
         const OP: &str = "batch_norm_pool2d";
         let out_dims = op.output_shape(x.shape())?;
-        let dims @ (_, ch, _) = check_training(OP, x, &[gamma, beta], eps)?;
+        let dims @ (_, ch, _) = check_batch_norm_training(OP, x, &[gamma, beta], eps)?;
         let os = out_dims.as_slice();
         let g = Geo::new(x.shape(), os);
         let (ip, opl) = g.planes();
@@ -149,7 +154,7 @@ impl ExecContext {
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "batch_norm_pool2d_backward";
         let out_dims = op.output_shape(x.shape())?;
-        let (n, ch, plane) = check(OP, x, &[gamma, beta, mean, inv_std], 0.0)?;
+        let (n, ch, plane) = check_batch_norm(OP, x, &[gamma, beta, mean, inv_std], 0.0)?;
         if grad.shape() != out_dims.as_slice() {
             return Err(ExecError::ShapeMismatch {
                 op: OP,
