@@ -79,7 +79,8 @@ pub use ops::amx_rule::{
 pub use ops::common::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
-pub use ops::index::{IndexOp, JoinOp};
+pub use ops::gather::IndexOp;
+pub use ops::join::JoinOp;
 pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;

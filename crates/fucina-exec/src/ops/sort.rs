@@ -1,4 +1,4 @@
-//! Selection ops: `topk` and `argsort`.
+//! Sorting ops: `topk` (the `k` first of each sorted line) and `argsort`.
 //!
 //! Both order the elements of every line along an axis by a total order: the
 //! numeric order of `f32`, with `-0.0` equal to `+0.0` and every NaN greater than
@@ -14,7 +14,8 @@
 use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::select::{key_position, line_keys, smallest_k, transpose_rows};
+use crate::kernels::sort::{key_position, line_keys, smallest_k};
+use crate::kernels::transpose::transpose_rows;
 use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
 use crate::tensor::layout::{Dims, check_axis};
