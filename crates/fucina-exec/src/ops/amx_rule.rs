@@ -9,7 +9,7 @@
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::amx_rule::{self as k, Acts, KB, Line, MT, NT, PackedB, Path, TILE};
+use crate::kernels::amx_rule::{self, Acts, KB, Line, MT, NT, PackedB, Path, TILE};
 use crate::memory::advise_huge_pages;
 use crate::tensor::layout::Dims;
 use crate::weight_format::{WeightFormat, WeightMatrix};
@@ -74,7 +74,7 @@ impl PackedBf16Matrix {
                 got: w.bytes.len(),
             });
         }
-        let nlines = k::packed_b_lines(n, kk).ok_or_else(overflow)?;
+        let nlines = amx_rule::packed_b_lines(n, kk).ok_or_else(overflow)?;
         let mut lines: Vec<Line> = Vec::new();
         lines.try_reserve_exact(nlines).map_err(|_| {
             ExecError::storage(
@@ -87,7 +87,7 @@ impl PackedBf16Matrix {
         advise_huge_pages(lines.as_ptr().cast(), nlines * 64);
         lines.resize(nlines, Line([0; 32]));
         let mut spans = Vec::new();
-        k::pack_b(w.bytes, n, kk, &mut lines, &mut spans);
+        amx_rule::pack_b(w.bytes, n, kk, &mut lines, &mut spans);
         Ok(PackedBf16Matrix {
             packed: PackedB {
                 n,
@@ -123,7 +123,7 @@ impl PackedBf16Matrix {
 /// unless the environment variable `FUCINA_AMX` is `off` (or `0`, `false`,
 /// `no`) when the op first runs. The results are the same bits either way.
 pub fn amx_available() -> bool {
-    k::amx_available()
+    amx_rule::amx_available()
 }
 
 /// Test hook: turns the AMX path of [`ExecContext::bf16_matmul_amx_rule`] on
@@ -132,7 +132,7 @@ pub fn amx_available() -> bool {
 /// for tests that compare the paths' bits.
 #[doc(hidden)]
 pub fn force_amx(on: bool) -> bool {
-    k::force_amx(on)
+    amx_rule::force_amx(on)
 }
 
 fn path_name(p: Path) -> &'static str {
@@ -149,7 +149,7 @@ fn path_name(p: Path) -> &'static str {
 /// (see [`amx_rule_path_for`]).
 #[doc(hidden)]
 pub fn amx_rule_path() -> &'static str {
-    path_name(k::path())
+    path_name(amx_rule::path())
 }
 
 /// Which implementation [`ExecContext::bf16_matmul_amx_rule`] runs now for a
@@ -159,7 +159,7 @@ pub fn amx_rule_path() -> &'static str {
 /// decode-sized call faster than tiles padded to 32 rows.
 #[doc(hidden)]
 pub fn amx_rule_path_for(m: usize) -> &'static str {
-    path_name(k::path_for(m))
+    path_name(amx_rule::path_for(m))
 }
 
 /// Test and benchmark hook: calls of [`ExecContext::bf16_matmul_amx_rule`]
@@ -169,7 +169,7 @@ pub fn amx_rule_path_for(m: usize) -> &'static str {
 /// machine (docs/BENCHMARKS.md). The bits are the same either way.
 #[doc(hidden)]
 pub fn set_amx_rule_min_rows(rows: usize) -> usize {
-    k::set_amx_min_rows(rows)
+    amx_rule::set_amx_min_rows(rows)
 }
 
 impl ExecContext {
@@ -254,7 +254,7 @@ impl ExecContext {
             out.fill(0.0);
             return Ok(());
         }
-        let path = k::path_for(m);
+        let path = amx_rule::path_for(m);
         let kb = b.kblocks;
         let ka = kb * KB;
         // AMX works on pairs of 16-row groups.
@@ -277,14 +277,14 @@ impl ExecContext {
                 .ok_or_else(|| overflow(&[m_pad, ka]))?;
             tiles = pool.acquire_scratch::<u16>(len).map_err(lease)?;
             self.par_rows(&mut tiles[..], per_group, MT * ka, |g, o| {
-                crate::kernels::simd::vectorized!(k::pack_a_tiles(x, kk, kb, g.start, o))
+                crate::kernels::simd::vectorized!(amx_rule::pack_a_tiles(x, kk, kb, g.start, o))
             });
             Acts::Tiles(&tiles[..])
         } else {
             let len = m.checked_mul(ka).ok_or_else(|| overflow(&[m, ka]))?;
             rows = pool.acquire_scratch::<f32>(len).map_err(lease)?;
             spans = pool.acquire_scratch::<u16>(m).map_err(lease)?;
-            k::widen_a(x, kk, ka, &mut rows, &mut spans);
+            amx_rule::widen_a(x, kk, ka, &mut rows, &mut spans);
             Acts::Rows {
                 a: &rows[..],
                 spans: &spans[..],
@@ -293,7 +293,7 @@ impl ExecContext {
         // Multiply-adds per panel pair.
         let work = m.saturating_mul(ka).saturating_mul(2 * NT);
         self.par_rows(&mut t[..], 2 * m_pad * NT, work, |pairs, tp| {
-            k::panel_pairs(path, &acts, b, m, m_pad, pairs, tp)
+            amx_rule::panel_pairs(path, &acts, b, m, m_pad, pairs, tp)
         });
         // Gather: out[i, j·16 + c] = t[j][i][c].
         let t = &t[..];
@@ -339,7 +339,7 @@ impl PackedBf16Matrix {
         }
         let data = b.data();
         for (kk, o) in out.iter_mut().enumerate() {
-            *o = k::bf(data[k::b_index(b.kblocks, r, kk)]);
+            *o = amx_rule::bf(data[amx_rule::b_index(b.kblocks, r, kk)]);
         }
         Ok(())
     }

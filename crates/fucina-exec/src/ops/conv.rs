@@ -43,7 +43,7 @@
 
 use crate::context::{ExecContext, PARALLEL_THRESHOLD};
 use crate::error::ExecError;
-use crate::kernels::conv::{self as k, ConvGeom};
+use crate::kernels::conv::{self, ConvGeom};
 use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
 use crate::kernels::reduce;
 use crate::kernels::simd::{self, SimdLevel, vectorized};
@@ -559,7 +559,7 @@ fn conv_forward(
                     let b = bs.map_or(0.0, |b| b[ch]);
                     let img = &xs[p * hw..][..hw];
                     let wk = &ws[ch * taps..][..taps];
-                    vectorized!(k::depthwise_plane(&g, img, wk, b, y));
+                    vectorized!(conv::depthwise_plane(&g, img, wk, b, y));
                 }
             });
             return;
@@ -613,7 +613,7 @@ fn forward_unit(
         // Stride 1: the image is first copied into zero-padded planes, from
         // which each packed row is one copy per output row it touches.
         let xpad = &mut rest[..g.xpad_len()];
-        k::pad_image(g, xg, xpad);
+        conv::pad_image(g, xg, xpad);
         Some(&*xpad)
     } else {
         None
@@ -627,11 +627,11 @@ fn forward_unit(
         let cols = jb.min(ohw - j0);
         let pk = &mut packed[..cols.div_ceil(NR) * kk * NR];
         if let Some(xpad) = xpad {
-            k::pack_valid(g, xpad, j0, cols, pk);
+            conv::pack_valid(g, xpad, j0, cols, pk);
         } else if g.is_pointwise() {
             gemm::pack_b_rows(pk, xg, j0, g.hw(), kk, cols);
         } else {
-            k::pack_cols(g, xg, j0, cols, pk);
+            conv::pack_cols(g, xg, j0, cols, pk);
         }
         let args = GemmArgs {
             level,
@@ -693,7 +693,7 @@ fn input_grad(
                     let ch = p % g.c_in;
                     let dyp = &dys[p * ohw..][..ohw];
                     let wk = &ws[ch * taps..][..taps];
-                    vectorized!(k::depthwise_input_grad_plane(&g, dyp, wk, d));
+                    vectorized!(conv::depthwise_input_grad_plane(&g, dyp, wk, d));
                 }
             });
             return;
@@ -755,7 +755,7 @@ fn input_grad_unit(
         let wc = g.wide_cols();
         let (dyw, rest) = rest.split_at_mut(og * wc);
         let dxpad = &mut rest[..g.xpad_len()];
-        k::widen(g, &dys[dy_off..][..og * ohw], dyw);
+        conv::widen(g, &dys[dy_off..][..og * ohw], dyw);
         dxpad.fill(0.0);
         for j0 in (0..wc).step_by(jb) {
             let cols = jb.min(wc - j0);
@@ -772,9 +772,9 @@ fn input_grad_unit(
             };
             let c = &mut cols_buf[..kk * cols];
             gemm::gemm_ldc_packed_lhs(&args, wg, c, cols);
-            k::col2im_wide(g, dxpad, j0, cols, c);
+            conv::col2im_wide(g, dxpad, j0, cols, c);
         }
-        k::unpad_image(g, dxpad, dxg);
+        conv::unpad_image(g, dxpad, dxg);
         return;
     }
     if !pointwise {
@@ -799,7 +799,7 @@ fn input_grad_unit(
         } else {
             let c = &mut cols_buf[..kk * cols];
             gemm::gemm_ldc_packed_lhs(&args, wg, c, cols);
-            k::col2im_block(g, dxg, j0, cols, c);
+            conv::col2im_block(g, dxg, j0, cols, c);
         }
     }
 }
@@ -831,7 +831,7 @@ fn weight_grad(
                         let p = ni * g.c_in + ch;
                         (&xs[p * hw..][..hw], &dys[p * ohw..][..ohw])
                     };
-                    vectorized!(k::depthwise_weight_grad(&g, planes, acc, d));
+                    vectorized!(conv::depthwise_weight_grad(&g, planes, acc, d));
                 }
             });
         })?;
@@ -884,7 +884,7 @@ fn weight_grad(
                     for j0 in (0..ohw).step_by(jd) {
                         let cols = jd.min(ohw - j0);
                         let t = &mut cols_buf[..run.len() * cols];
-                        k::im2col_rows(&g, xg, ka..ka + run.len(), j0, cols, t);
+                        conv::im2col_rows(&g, xg, ka..ka + run.len(), j0, cols, t);
                         // `dYᵀ` (`cols x Og`) into panels of NR output channels.
                         for p in 0..og.div_ceil(NR) {
                             let d = &mut packed[p * cols * NR..][..cols * NR];
@@ -967,12 +967,12 @@ fn weight_grad_by_channel(
                 let c = &mut cbuf[..kk * nr];
                 c.fill(0.0);
                 for ni in 0..g.n {
-                    k::pad_image(g, &xs[ni * g.c_in * hw..][..g.c_in * hw], xpad);
+                    conv::pad_image(g, &xs[ni * g.c_in * hw..][..g.c_in * hw], xpad);
                     let dy_off = (ni * g.c_out + p0) * ohw;
                     for j0 in (0..wc).step_by(jd) {
                         let cols = jd.min(wc - j0);
                         let d = &mut packed[..cols * NR];
-                        k::pack_wide_dyt(g, dys, dy_off, j0, cols, nr, d);
+                        conv::pack_wide_dyt(g, dys, dy_off, j0, cols, nr, d);
                         let lhs = LhsRows {
                             data: &*xpad,
                             row_off: |i| g.tap_off(i) + j0,
@@ -1044,14 +1044,14 @@ fn weight_grad_wide(
         c.fill(0.0);
         let ka = run.start - gi * kk;
         for ni in 0..g.n {
-            k::pad_image(g, &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw], xpad);
+            conv::pad_image(g, &xs[(ni * g.c_in + gi * cg) * hw..][..cg * hw], xpad);
             let dy_off = (ni * g.c_out + gi * og) * ohw;
             for j0 in (0..wc).step_by(jd) {
                 let cols = jd.min(wc - j0);
                 for p in 0..og.div_ceil(NR) {
                     let d = &mut packed[p * cols * NR..][..cols * NR];
                     let nr = NR.min(og - p * NR);
-                    k::pack_wide_dyt(g, dys, dy_off + p * NR * ohw, j0, cols, nr, d);
+                    conv::pack_wide_dyt(g, dys, dy_off + p * NR * ohw, j0, cols, nr, d);
                 }
                 let lhs = LhsRows {
                     data: &*xpad,

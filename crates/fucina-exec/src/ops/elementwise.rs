@@ -12,9 +12,9 @@ use crate::error::ExecError;
 use crate::kernels::simd::vectorized;
 use std::ops::Range;
 
-use crate::kernels::math as m;
+use crate::kernels::math;
 use crate::kernels::strided::{Geom, TILE, seg1, seg2, tiled_rows};
-use crate::kernels::unary as k;
+use crate::kernels::unary;
 use crate::tensor::layout::{broadcast_layout, broadcast_shapes};
 use crate::tensor::{Element, RawTensor};
 
@@ -405,30 +405,30 @@ unary_ops! {
     abs / Abs, abs_backward, CHEAP => |x| x.abs(), |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
     /// `e^x`, computed without libm so the loop vectorizes (relative error within
     /// `2 * 2^-23`; results in the subnormal range round gradually).
-    exp / Exp, exp_backward, TRANSCENDENTAL => |x| m::exp(x), |x| m::exp(x);
+    exp / Exp, exp_backward, TRANSCENDENTAL => |x| math::exp(x), |x| math::exp(x);
     /// Natural logarithm (`-inf` at 0, NaN below), computed without libm (relative
     /// error within `2^-23`).
-    log / Log, log_backward, TRANSCENDENTAL => |x| m::log(x), |x| 1.0 / x;
+    log / Log, log_backward, TRANSCENDENTAL => |x| math::log(x), |x| 1.0 / x;
     /// Square root.
     sqrt / Sqrt, sqrt_backward, TRANSCENDENTAL => |x| x.sqrt(), |x| 0.5 / x.sqrt();
     /// `1 / sqrt(x)`.
     rsqrt / Rsqrt, rsqrt_backward, TRANSCENDENTAL => |x| 1.0 / x.sqrt(), |x| -0.5 / (x * x.sqrt());
     /// The logistic function `1 / (1 + e^-x)`, computed without libm (relative
     /// error within `2 * 2^-23` where the result is normal).
-    sigmoid / Sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| m::sigmoid(x), |x| { let s = m::sigmoid(x); s * (1.0 - s) };
+    sigmoid / Sigmoid, sigmoid_backward, TRANSCENDENTAL => |x| math::sigmoid(x), |x| { let s = math::sigmoid(x); s * (1.0 - s) };
     /// Hyperbolic tangent, computed without libm (relative error within
     /// `2 * 2^-23`).
-    tanh / Tanh, tanh_backward, TRANSCENDENTAL => |x| m::tanh(x), |x| { let t = m::tanh(x); 1.0 - t * t };
+    tanh / Tanh, tanh_backward, TRANSCENDENTAL => |x| math::tanh(x), |x| { let t = math::tanh(x); 1.0 - t * t };
     /// `max(x, 0)` (derivative 0 at 0).
     relu / Relu, relu_backward, CHEAP => |x| if x > 0.0 { x } else { 0.0 }, |x| if x > 0.0 { 1.0 } else { 0.0 };
     /// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
-    gelu / Gelu, gelu_backward, TRANSCENDENTAL => |x| k::gelu(x), |x| k::gelu_grad(x);
+    gelu / Gelu, gelu_backward, TRANSCENDENTAL => |x| unary::gelu(x), |x| unary::gelu_grad(x);
     /// Exact GELU `0.5 x (1 + erf(x / sqrt 2))`.
-    gelu_erf / GeluErf, gelu_erf_backward, TRANSCENDENTAL => |x| k::gelu_erf(x), |x| k::gelu_erf_grad(x);
+    gelu_erf / GeluErf, gelu_erf_backward, TRANSCENDENTAL => |x| unary::gelu_erf(x), |x| unary::gelu_erf_grad(x);
     /// SiLU (swish) `x * sigmoid(x)`.
-    silu / Silu, silu_backward, TRANSCENDENTAL => |x| k::silu(x), |x| k::silu_grad(x);
+    silu / Silu, silu_backward, TRANSCENDENTAL => |x| unary::silu(x), |x| unary::silu_grad(x);
     /// Softplus `ln(1 + e^x)`, linear above 20 (PyTorch's threshold).
-    softplus / Softplus, softplus_backward, TRANSCENDENTAL => |x| k::softplus(x), |x| k::softplus_grad(x);
+    softplus / Softplus, softplus_backward, TRANSCENDENTAL => |x| unary::softplus(x), |x| unary::softplus_grad(x);
     /// Sine.
     sin / Sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
     /// Cosine.

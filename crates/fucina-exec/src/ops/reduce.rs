@@ -19,7 +19,7 @@ use std::ops::Range;
 use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
-use crate::kernels::reduce as k;
+use crate::kernels::reduce;
 use crate::kernels::rowwise;
 use crate::kernels::simd::vectorized;
 use crate::tensor::RawTensor;
@@ -107,15 +107,20 @@ impl ExecContext {
         self.par_rows(out, 1, n, |range, o| {
             if inner == 1 {
                 for (r, v) in range.zip(o.iter_mut()) {
-                    *v = finish(vectorized!(k::sum(&xs[r * n..][..n])));
+                    *v = finish(vectorized!(reduce::sum(&xs[r * n..][..n])));
                 }
             } else {
-                vectorized!(k::for_each_col_tile(range, inner, o, |row, i0, tile| {
-                    k::col_sum(&xs[row * n * inner..][..n * inner], inner, i0, tile);
-                    for v in tile.iter_mut() {
-                        *v = finish(*v);
+                vectorized!(reduce::for_each_col_tile(
+                    range,
+                    inner,
+                    o,
+                    |row, i0, tile| {
+                        reduce::col_sum(&xs[row * n * inner..][..n * inner], inner, i0, tile);
+                        for v in tile.iter_mut() {
+                            *v = finish(*v);
+                        }
                     }
-                }))
+                ))
             }
         });
     }
@@ -129,18 +134,18 @@ impl ExecContext {
         len: usize,
         chunk_sum: impl Fn(Range<usize>) -> f32 + Sync,
     ) -> Result<f32, ExecError> {
-        if len <= k::SUPER {
+        if len <= reduce::SUPER {
             return Ok(chunk_sum(0..len));
         }
-        let chunks = len.div_ceil(k::SUPER);
+        let chunks = len.div_ceil(reduce::SUPER);
         let partials = self.new_tensor(op, &[chunks], |p: &mut [f32]| {
-            self.par_rows(p, 1, k::SUPER, |range, o| {
+            self.par_rows(p, 1, reduce::SUPER, |range, o| {
                 for (c, v) in range.zip(o.iter_mut()) {
-                    *v = chunk_sum(c * k::SUPER..((c + 1) * k::SUPER).min(len));
+                    *v = chunk_sum(c * reduce::SUPER..((c + 1) * reduce::SUPER).min(len));
                 }
             });
         })?;
-        Ok(k::pairwise(partials.contiguous_slice()))
+        Ok(reduce::pairwise(partials.contiguous_slice()))
     }
 
     /// The sum along `axis`, each result passed through `finish(sum, n)` (`n`
@@ -219,7 +224,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("max", x, axis, keepdim, 1, |r| vectorized!(k::max(r)))
+        self.row_reduce("max", x, axis, keepdim, 1, |r| vectorized!(reduce::max(r)))
     }
 
     /// The smallest element along `axis`; NaN where the reduced elements hold a NaN.
@@ -232,7 +237,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("min", x, axis, keepdim, 1, |r| vectorized!(k::min(r)))
+        self.row_reduce("min", x, axis, keepdim, 1, |r| vectorized!(reduce::min(r)))
     }
 
     /// The index along `axis` of the largest element: the first one on ties, and
@@ -257,7 +262,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
-        self.row_reduce("argmax", x, axis, keepdim, 1, |r| k::argmax(r) as i64)
+        self.row_reduce("argmax", x, axis, keepdim, 1, |r| reduce::argmax(r) as i64)
     }
 
     /// The index along `axis` of the smallest element (first on ties, first NaN
@@ -271,7 +276,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
-        self.row_reduce("argmin", x, axis, keepdim, 1, |r| k::argmin(r) as i64)
+        self.row_reduce("argmin", x, axis, keepdim, 1, |r| reduce::argmin(r) as i64)
     }
 
     /// The variance along `axis`, two-pass: `sum((x - mean)^2) / (n - c)` with
@@ -335,7 +340,7 @@ impl ExecContext {
     fn sum_all_value(&self, op: &'static str, x: &RawTensor) -> Result<f32, ExecError> {
         let src = self.contiguous(x)?;
         let xs = src.contiguous_slice();
-        self.full_sum(op, xs.len(), |r| vectorized!(k::sum(&xs[r.clone()])))
+        self.full_sum(op, xs.len(), |r| vectorized!(reduce::sum(&xs[r.clone()])))
     }
 
     /// Sums `x` down to `shape`, the shape of an operand that was broadcast to
