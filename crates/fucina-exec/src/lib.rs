@@ -72,7 +72,7 @@ pub use error::ExecError;
 pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::simd::{with_avx2, with_avx512};
-pub use ops::amx_rule::{
+pub use ops::bf16_matmul::{
     PackedBf16Matrix, amx_available, amx_rule_path, amx_rule_path_for, force_amx,
     set_amx_rule_min_rows,
 };

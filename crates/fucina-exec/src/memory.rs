@@ -1,6 +1,6 @@
 //! Memory advice for long-lived, read-mostly allocations that are not tensor
 //! storage (the repacked quantized matrices of `ops/quant.rs`, the packed bf16
-//! matrices of `ops/amx_rule.rs`).
+//! matrices of `ops/bf16_matmul.rs`).
 
 /// Asks the kernel to back the whole 2 MiB pages inside `[p, p + len)` (a
 /// fresh allocation, not touched yet) with huge pages: a repacked matrix is

@@ -3,8 +3,8 @@
 //! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
-pub(crate) mod amx_rule;
 pub(crate) mod batch_norm;
+pub(crate) mod bf16_matmul;
 pub(crate) mod common;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
