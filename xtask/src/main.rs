@@ -22,6 +22,10 @@
 //! - `cargo xtask build-sharing`: checks that the README's commands share one
 //!   build (no workspace crate compiled differently by two of them; also part
 //!   of `ci`).
+//! - `cargo xtask layering`: the layering rules of `docs/ARCHITECTURE.md`
+//!   checked against the tree: no kernel of fucina-exec names its `ops`
+//!   module, the crate dependency table matches the manifests, and every
+//!   source file is on its package's module map (also part of `ci`).
 //! - `cargo xtask first-hour [--ci]`: the README's commands on a fresh clone,
 //!   each build and run timed, failing when a workspace crate is compiled
 //!   twice.
@@ -32,6 +36,7 @@ mod doctest;
 mod first_hour;
 mod fuzz;
 mod json;
+mod layering;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -41,7 +46,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci        fmt check, clippy, rustdoc, tests, fucina-rng no_std, loom models, Miri
+  ci        fmt check, layering, clippy, rustdoc, tests, fucina-rng no_std, loom models, Miri
             (if installed), doc examples, fuzz targets for 20 s each (if cargo-fuzz
             is installed), cargo-deny's bans, licenses and sources (if installed; .ci/run installs it)
   doctest   compile and run every ```rust block of README.md and docs/*.md
@@ -57,6 +62,9 @@ commands:
   build-sharing
             check (from cargo's unit graphs, compiling nothing) that the README's
             commands compile every workspace crate the same way, so they share one build
+  layering  check docs/ARCHITECTURE.md's layering against the tree: no fucina-exec kernel
+            names the ops module, the crate dependency table matches the Cargo.toml files,
+            every src/**/*.rs file is on its package's module map
   first-hour [--ci]
             clone the repository to a temporary directory and run the README's
             commands in order, timing each build and run (and `cargo xtask ci`
@@ -75,6 +83,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("build-sharing") => first_hour::build_sharing(),
         Some("first-hour") => first_hour::first_hour(&args[1..]),
+        Some("layering") => layering::run(&workspace_root()),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
@@ -159,6 +168,8 @@ fn ci() -> Result<(), String> {
     let start = Instant::now();
     let exclude = mpi_exclusion()?;
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    eprintln!("\n==> [layering] kernels below ops, the dependency table, the module maps");
+    layering::run(&workspace_root())?;
     eprintln!("\n==> [build-sharing] the README's commands share one build");
     first_hour::build_sharing().map_err(|e| format!("step `build-sharing` FAILED: {e}"))?;
     step(
