@@ -240,7 +240,7 @@ mod x86 {
 
     /// How far ahead of the block being read the values are prefetched (a
     /// strip is one sequential stream; measured on the AVX-512 machine of
-    /// `docs/BENCHMARKS.md`: 0, 768, 1536 and 3072 bytes gave 0.76–0.85,
+    /// `docs/BENCHMARKS-JOURNAL.md`: 0, 768, 1536 and 3072 bytes gave 0.76–0.85,
     /// 0.88–1.06, 0.91–1.10 and 0.94–0.99 of the streaming read for Q4_0 at
     /// `m = 1` on one thread; 1536 was best or within the spread everywhere).
     const PREFETCH_BYTES: usize = 1536;
@@ -260,7 +260,7 @@ mod x86 {
     /// of the next two strips, which this thread usually reads next (more
     /// streams in flight beside the one being read; a prefetch never faults,
     /// and the address is never dereferenced). Measured at batch-1 decode
-    /// (TinyLlama-shape Q4_0, 2 threads, `docs/BENCHMARKS.md`): no look-ahead
+    /// (TinyLlama-shape Q4_0, 2 threads, `docs/BENCHMARKS-JOURNAL.md`): no look-ahead
     /// 28–31 tokens/s, the next strip 38–39 in one window and 28–35 in a
     /// noisier one, the next two strips 29–38 against 30–31 in that window.
     #[inline(always)]

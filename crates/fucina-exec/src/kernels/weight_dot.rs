@@ -39,7 +39,7 @@
 //!   then read from L1 by the 8 weight blocks of the tile, where the untiled
 //!   walk read all `m` activation rows from L2 for each weight block
 //!   (m = 64, bf16, one thread: 1.06–1.30 × as fast on the SmolLM2 shapes,
-//!   see docs/BENCHMARKS.md). There the bf16 zeroing mask is made opaque to
+//!   see docs/BENCHMARKS-JOURNAL.md). There the bf16 zeroing mask is made opaque to
 //!   the compiler, which otherwise turns the zero-masked `vpermw` into
 //!   `vpermw` + `vpandq`.
 //! - AVX2 + FMA: a lane chain is two `ymm` (lanes 0–7 and 8–15); the fold starts
@@ -325,7 +325,7 @@ fn check_block(
 /// fixed distance ahead within each row would miss (bf16, 576 columns, one
 /// thread: 0.53–0.73 of the streaming bandwidth 1024 bytes ahead within the
 /// row, 0.69–0.85 512 bytes ahead, 0.71–0.87 with this scheme; see
-/// docs/BENCHMARKS.md).
+/// docs/BENCHMARKS-JOURNAL.md).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "sse")]

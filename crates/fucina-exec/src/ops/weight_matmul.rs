@@ -180,7 +180,7 @@ const TRANSPOSE_BLOCK: usize = 16;
 /// from it. The plain walk (all of `out` row by row) read one cache line of `t`
 /// per element: at `m = 64`, 2.6–2.9 × slower for 576 to 5632 features (30.7
 /// against 11.5 µs for 576, 376.6 against 142.2 µs for 5632, one thread;
-/// see docs/BENCHMARKS.md).
+/// see docs/BENCHMARKS-JOURNAL.md).
 fn transpose_into(t: &[f32], m: usize, rows: usize, out: &mut [f32]) {
     assert!(
         t.len() == m * rows && out.len() == m * rows,

@@ -22,7 +22,7 @@ pub(crate) const NR: usize = 32;
 /// NC = 512` ran the 1024³ product about 5% faster than `192 x 1024`, and the
 /// row-tile-major order (this one) about 10% faster than the panel-major one
 /// (each right-hand-side panel kept in L1 for a block's row tiles); see
-/// `docs/BENCHMARKS.md`.
+/// `docs/BENCHMARKS-JOURNAL.md`.
 pub(crate) const KC: usize = 512;
 
 /// Rows of a packed left-hand-side block: the rows packed at a time, once per
