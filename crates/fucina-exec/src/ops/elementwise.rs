@@ -136,8 +136,24 @@ macro_rules! op_enum {
     };
 }
 
+/// Defines the binary family from one line per op:
+/// `name / Variant => |x, y| forward, backward |ctx, g[, a, b]| grads;`. The
+/// backward binds the context, the output's gradient and, when it reads them,
+/// the forward operands (which makes `keeps_operands` true); `grads` is
+/// `each(ga, gb)` (each operand's gradient computed only when asked for) or
+/// `both(pair)` (one kernel that returns both).
 macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $name:ident / $variant:ident, keeps_operands: $keeps:expr => |$a:ident, $b:ident| $e:expr;)*) => {
+    (@keeps) => { false };
+    (@keeps $($operands:tt)+) => { true };
+    (@grads $want:ident, each($ga:expr, $gb:expr $(,)?)) => {
+        Ok(($want(0, &|| $ga)?, $want(1, &|| $gb)?))
+    };
+    (@grads $want:ident, both($pair:expr $(,)?)) => {{
+        let (ga, gb) = $pair?;
+        Ok((Some(ga), Some(gb)))
+    }};
+    ($($(#[$doc:meta])* $name:ident / $variant:ident => |$a:ident, $b:ident| $e:expr,
+       backward |$c:pat_param, $g:pat_param $(, $oa:pat_param, $ob:pat_param)?| $form:ident $args:tt;)*) => {
         op_enum! {
             /// The descriptor of the binary elementwise family (broadcasting as in
             /// numpy): one variant per op, naming its forward kernel
@@ -156,7 +172,7 @@ macro_rules! binary_ops {
             /// (`add` and `sub` need only their shapes, so a caller may drop the
             /// operands and pass `None` to [`ExecContext::binary_backward`]).
             pub fn keeps_operands(self) -> bool {
-                match self {$(BinaryOp::$variant => $keeps),*}
+                match self {$(BinaryOp::$variant => binary_ops!(@keeps $($oa)?)),*}
             }
         }
 
@@ -185,92 +201,75 @@ macro_rules! binary_ops {
                 self.map2(stringify!($name), a, b, CHEAP, |$a: f32, $b: f32| $e)
             }
         )*}
+
+        impl ExecContext {
+            /// Runs the backward kernel of the binary op `op`: the gradients of both
+            /// operands, each of the broadcast (output) shape (reduce them to the operand
+            /// shapes with `sum_to`). `operands` are the forward operands `(a, b)`; ops
+            /// whose [`keeps_operands`](BinaryOp::keeps_operands) is false ignore them.
+            /// `needs[i]` says whether operand `i`'s gradient is wanted; an unwanted one
+            /// is `None` (`pow`, `maximum` and `minimum` compute both in one pass and
+            /// return both).
+            ///
+            /// # Errors
+            /// [`ExecError::InvalidArgument`] if `op` reads its operands and `operands`
+            /// is `None`; [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
+            /// [`ExecError::OutOfMemory`].
+            pub fn binary_backward(
+                &self,
+                op: BinaryOp,
+                operands: Option<(&RawTensor, &RawTensor)>,
+                grad: &RawTensor,
+                needs: [bool; 2],
+            ) -> Result<(Option<RawTensor>, Option<RawTensor>), ExecError> {
+                let want = |i: usize, f: &dyn Fn() -> Result<RawTensor, ExecError>| {
+                    if needs[i] { f().map(Some) } else { Ok(None) }
+                };
+                let operands = || {
+                    operands.ok_or(ExecError::InvalidArgument {
+                        op: "binary_backward",
+                        reason: "this op's backward reads the forward operands; pass them",
+                    })
+                };
+                match op {$(
+                    BinaryOp::$variant => {
+                        let $c = self;
+                        let $g = grad;
+                        $(let ($oa, $ob) = operands()?;)?
+                        binary_ops!(@grads want, $form $args)
+                    }
+                )*}
+            }
+        }
     };
 }
 
 binary_ops! {
     /// `a + b`.
-    add / Add, keeps_operands: false => |x, y| x + y;
+    add / Add => |x, y| x + y,
+        backward |_, g| each(Ok(g.clone()), Ok(g.clone()));
     /// `a - b`.
-    sub / Sub, keeps_operands: false => |x, y| x - y;
+    sub / Sub => |x, y| x - y,
+        backward |ctx, g| each(Ok(g.clone()), ctx.neg(g));
     /// `a * b`.
-    mul / Mul, keeps_operands: true => |x, y| x * y;
+    mul / Mul => |x, y| x * y,
+        backward |ctx, g, a, b| each(ctx.mul(g, b), ctx.mul(g, a));
     /// `a / b` (IEEE: division by zero gives ±inf or NaN).
-    div / Div, keeps_operands: true => |x, y| x / y;
+    div / Div => |x, y| x / y,
+        backward |ctx, g, a, b| each(ctx.div(g, b), {
+            // d(a/b)/db = -a / b^2
+            let t = ctx.div(&ctx.div(a, b)?, b)?;
+            ctx.neg(&ctx.mul(g, &t)?)
+        });
     /// The larger of `a` and `b` (NaN if either is NaN, as `torch.maximum`).
-    maximum / Maximum, keeps_operands: true => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) };
+    maximum / Maximum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
+        backward |ctx, g, a, b| both(ctx.extremum_backward(a, b, g, true));
     /// The smaller of `a` and `b` (NaN if either is NaN, as `torch.minimum`).
-    minimum / Minimum, keeps_operands: true => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) };
+    minimum / Minimum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
+        backward |ctx, g, a, b| both(ctx.extremum_backward(a, b, g, false));
     /// `a` to the power `b` (`f32::powf`).
-    pow / Pow, keeps_operands: true => |x, y| x.powf(y);
-}
-
-impl ExecContext {
-    /// Runs the backward kernel of the binary op `op`: the gradients of both
-    /// operands, each of the broadcast (output) shape (reduce them to the operand
-    /// shapes with `sum_to`). `operands` are the forward operands `(a, b)`; ops
-    /// whose [`keeps_operands`](BinaryOp::keeps_operands) is false ignore them.
-    /// `needs[i]` says whether operand `i`'s gradient is wanted; an unwanted one
-    /// is `None` (`pow`, `maximum` and `minimum` compute both in one pass and
-    /// return both).
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidArgument`] if `op` reads its operands and `operands`
-    /// is `None`; [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
-    /// [`ExecError::OutOfMemory`].
-    pub fn binary_backward(
-        &self,
-        op: BinaryOp,
-        operands: Option<(&RawTensor, &RawTensor)>,
-        grad: &RawTensor,
-        needs: [bool; 2],
-    ) -> Result<(Option<RawTensor>, Option<RawTensor>), ExecError> {
-        let want = |i: usize, f: &dyn Fn() -> Result<RawTensor, ExecError>| {
-            if needs[i] { f().map(Some) } else { Ok(None) }
-        };
-        let operands = || {
-            operands.ok_or(ExecError::InvalidArgument {
-                op: "binary_backward",
-                reason: "this op's backward reads the forward operands; pass them",
-            })
-        };
-        match op {
-            BinaryOp::Add => Ok((
-                want(0, &|| Ok(grad.clone()))?,
-                want(1, &|| Ok(grad.clone()))?,
-            )),
-            BinaryOp::Sub => Ok((want(0, &|| Ok(grad.clone()))?, want(1, &|| self.neg(grad))?)),
-            BinaryOp::Mul => {
-                let (a, b) = operands()?;
-                Ok((
-                    want(0, &|| self.mul(grad, b))?,
-                    want(1, &|| self.mul(grad, a))?,
-                ))
-            }
-            BinaryOp::Div => {
-                let (a, b) = operands()?;
-                Ok((
-                    want(0, &|| self.div(grad, b))?,
-                    want(1, &|| {
-                        // d(a/b)/db = -a / b^2
-                        let t = self.div(&self.div(a, b)?, b)?;
-                        self.neg(&self.mul(grad, &t)?)
-                    })?,
-                ))
-            }
-            BinaryOp::Pow => {
-                let (a, b) = operands()?;
-                let (ga, gb) = self.pow_backward(a, b, grad)?;
-                Ok((Some(ga), Some(gb)))
-            }
-            BinaryOp::Maximum | BinaryOp::Minimum => {
-                let (a, b) = operands()?;
-                let max = op == BinaryOp::Maximum;
-                let (ga, gb) = self.extremum_backward(a, b, grad, max)?;
-                Ok((Some(ga), Some(gb)))
-            }
-        }
-    }
+    pow / Pow => |x, y| x.powf(y),
+        backward |ctx, g, a, b| both(ctx.pow_backward(a, b, g));
 }
 
 macro_rules! compare_ops {
