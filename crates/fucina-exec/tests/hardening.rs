@@ -7,54 +7,13 @@
 #![allow(clippy::result_large_err)] // `ExecError` carries inline shapes
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use fucina_exec::{
     Conv1dOptions, Conv2dOptions, ExecContext, ExecError, Pool2dOp, Pool2dOptions, RawTensor,
 };
 
-/// Set in the child processes this file starts.
-const CHILD: &str = "FUCINA_EXEC_HARDENING_CHILD";
-
-/// Runs the test `name` of this binary alone in a child process and asserts that
-/// it exits successfully within a minute (an abort or a hang fails the caller).
-/// Returns what it wrote to stderr.
-fn run_in_child(name: &str) -> String {
-    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the child test process");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{name}: the child process hung (killed after 60 s)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut stderr);
-    }
-    assert!(
-        status.success(),
-        "{name}: the child process failed ({status}):\n{stderr}"
-    );
-    stderr
-}
-
-fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
+mod child_process;
+use child_process::{is_child, run_in_child};
 
 /// Adopts a fresh one-element tensor into the innermost open scope.
 fn adopt_one(ctx: &ExecContext) {

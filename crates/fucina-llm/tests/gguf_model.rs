@@ -17,8 +17,9 @@ use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_mode
 
 #[path = "../examples/common/batch.rs"]
 mod batch;
+#[path = "../../fucina-exec/tests/child_process/mod.rs"]
 #[macro_use]
-mod child_support;
+mod child_process;
 mod gguf_support;
 mod gguf_vocab;
 use gguf_support::{Writer, string};

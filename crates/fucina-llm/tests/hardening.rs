@@ -14,8 +14,9 @@ use fucina_llm::sample::{Sampler, SamplingParams};
 use fucina_llm::{LlmError, Model, ModelConfig, RopeScaling, Tokenizer, Weight, WeightStore};
 use serde_json::{Value, json};
 
+#[path = "../../fucina-exec/tests/child_process/mod.rs"]
 #[macro_use]
-mod child_support;
+mod child_process;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

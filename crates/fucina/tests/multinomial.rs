@@ -1,6 +1,10 @@
 //! `fucina::sample::multinomial`: exact draws against `fucina_rng::categorical`,
 //! the distribution, and the errors naming the row.
 
+#[path = "../../fucina-exec/tests/child_process/mod.rs"]
+#[macro_use]
+mod child_process;
+
 use fucina::sample::multinomial;
 use fucina::{Error, ExecContext, Tensor};
 
@@ -125,60 +129,23 @@ fn bad_shapes_and_counts_are_errors() {
     // (A zero-sized `probs` cannot be made: the exec layer refuses zero dimensions.)
 }
 
-/// Set in the child process that `too_many_draws_are_an_error_not_an_abort`
-/// starts.
-const CHILD: &str = "FUCINA_MULTINOMIAL_CHILD";
-
 /// `n` draws per row whose result cannot be allocated (16 rows of 2^42 draws:
 /// 2^49 bytes, more than any user address space) or whose count overflows are
 /// an `Err`, not an abort. Run in a child process with a timeout: before the
 /// fix the draws went into a `Vec` whose allocation failure aborted.
 #[test]
 fn too_many_draws_are_an_error_not_an_abort() {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
-
-    if std::env::var_os(CHILD).is_some() {
-        let ctx = ExecContext::new();
-        let probs = Tensor::from_slice(&ctx, &[16, 2], &[1.0; 32]).unwrap();
-        match multinomial(&ctx, &probs, 1 << 42, 7) {
-            Err(e) if matches!(e.as_exec(), Some(fucina::ExecError::OutOfMemory { .. })) => {}
-            other => panic!("expected OutOfMemory, got {other:?}"),
-        }
-        match multinomial(&ctx, &probs, usize::MAX / 2, 7) {
-            Err(e) if matches!(e.as_exec(), Some(fucina::ExecError::Overflow { .. })) => {}
-            other => panic!("expected Overflow, got {other:?}"),
-        }
-        // The context is unharmed.
-        assert_eq!(multinomial(&ctx, &probs, 3, 7).unwrap().shape(), [16, 3]);
-        return;
+    in_child!("too_many_draws_are_an_error_not_an_abort");
+    let ctx = ExecContext::new();
+    let probs = Tensor::from_slice(&ctx, &[16, 2], &[1.0; 32]).unwrap();
+    match multinomial(&ctx, &probs, 1 << 42, 7) {
+        Err(e) if matches!(e.as_exec(), Some(fucina::ExecError::OutOfMemory { .. })) => {}
+        other => panic!("expected OutOfMemory, got {other:?}"),
     }
-    let name = "too_many_draws_are_an_error_not_an_abort";
-    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the child test process");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{name}: the child process hung (killed after 60 s)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (mut out, mut err) = (String::new(), String::new());
-    let _ = child.stdout.take().unwrap().read_to_string(&mut out);
-    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-    assert!(
-        status.success() && out.contains("1 passed"),
-        "{name}: the child process failed ({status}):\n{out}\n{err}"
-    );
+    match multinomial(&ctx, &probs, usize::MAX / 2, 7) {
+        Err(e) if matches!(e.as_exec(), Some(fucina::ExecError::Overflow { .. })) => {}
+        other => panic!("expected Overflow, got {other:?}"),
+    }
+    // The context is unharmed.
+    assert_eq!(multinomial(&ctx, &probs, 3, 7).unwrap().shape(), [16, 3]);
 }
