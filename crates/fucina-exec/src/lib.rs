@@ -80,6 +80,7 @@ pub use ops::common::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
 pub use ops::gather::IndexOp;
+pub use ops::group_norm::GroupNormOptions;
 pub use ops::join::JoinOp;
 pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};

@@ -1,4 +1,4 @@
-//! Pooling, batch norm, cumsum and scatter_add give the same bits at every
+//! Pooling, batch norm, group norm, cumsum and scatter_add give the same bits at every
 //! vector level the CPU supports (portable, AVX2, AVX-512), forward and
 //! backward, at 1 and 3 threads. One test function, because the level is a
 //! process-wide setting.
@@ -76,6 +76,29 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
                 out.push((
                     format!("bn backward {training} {name} {shape:?}"),
                     nan_bits(&t),
+                ));
+            }
+        }
+    }
+    // Group norm: rows of 3 * 37 * 41 (vector bodies and tails), of 2 (no
+    // spatial axis, tails only), and above one super-chunk of the sums.
+    for (shape, groups) in [(&s[..], 5), (&[64, 70][..], 35), (&[2, 6, 23000][..], 2)] {
+        let n: usize = shape.iter().product();
+        let c = shape[1];
+        let x = ctx.from_slice(shape, &values(n, 8))?;
+        let gy = ctx.from_slice(shape, &values(n, 9))?;
+        let w = ctx.from_slice(&[c], &values(c, 10))?;
+        let b = ctx.from_slice(&[c], &values(c, 11))?;
+        let opts = fucina_exec::GroupNormOptions::new(groups);
+        for (affine, (w, b)) in [(true, (Some(&w), Some(&b))), (false, (None, None))] {
+            let y = ctx.group_norm(&x, w, b, opts)?;
+            out.push((format!("gn {affine} {shape:?}"), nan_bits(&y)));
+            let grads = ctx.group_norm_backward(&x, w, &gy, opts, [true; 3])?;
+            for (name, t) in ["gx", "gw", "gb"].iter().zip(&grads) {
+                let t = t.as_ref().expect("asked for");
+                out.push((
+                    format!("gn backward {affine} {name} {shape:?}"),
+                    nan_bits(t),
                 ));
             }
         }

@@ -1,7 +1,8 @@
 //! The per-plane loops of training-mode batch normalization that the batch-norm
 //! op and the fused batch-norm + pool op share: the normalization of a plane,
 //! a plane's backward sums and the input gradient of a plane, each one fixed
-//! expression so that every path gives the same bits.
+//! expression so that every path gives the same bits. Group norm's parameter
+//! gradients take a plane's backward sums from here too.
 
 use crate::kernels::reduce::sum_and_sum_map2;
 

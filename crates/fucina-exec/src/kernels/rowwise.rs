@@ -1,5 +1,5 @@
-//! Row kernels: softmax, log-softmax, log-sum-exp, variance, layer norm, RMS norm
-//! and their backward rows. Each works on one row (a slice) and uses the fixed-order
+//! Row kernels: softmax, log-softmax, log-sum-exp, variance, layer norm, RMS norm,
+//! group norm (a row is one group of one sample) and their backward rows. Each works on one row (a slice) and uses the fixed-order
 //! sums of [`super::reduce`], so a row's result depends only on the row. All are
 //! `#[inline(always)]`: the ops call them inside [`super::simd::vectorized!`], so
 //! they compile at the dispatched vector level.
@@ -115,12 +115,20 @@ pub(crate) fn rms_norm(x: &[f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
 /// `g = gy * gamma`: `gx = rstd * (g - mean(g) - xhat * mean(g * xhat))`.
 #[inline(always)]
 pub(crate) fn layer_norm_backward(x: &[f32], gamma: &[f32], gy: &[f32], eps: f32, gx: &mut [f32]) {
-    let n = x.len() as f32;
-    let (mean, rstd) = layer_norm_stats(x, eps);
     // gx is scratch for g = gy * gamma first.
     for ((o, &a), &b) in gx.iter_mut().zip(gy).zip(gamma) {
         *o = a * b;
     }
+    layer_norm_backward_scaled(x, eps, gx);
+}
+
+/// [`layer_norm_backward`] once `g = gy * scale` is in `gx` (the scale per
+/// element for layer norm, per channel for group norm): replaces it with
+/// `rstd * (g - mean(g) - xhat * mean(g * xhat))`, the row statistics of `x`.
+#[inline(always)]
+pub(crate) fn layer_norm_backward_scaled(x: &[f32], eps: f32, gx: &mut [f32]) {
+    let n = x.len() as f32;
+    let (mean, rstd) = layer_norm_stats(x, eps);
     let mean_g = sum(gx) / n;
     let mean_gx = sum_map2(gx, x, |g, v| g * ((v - mean) * rstd)) / n;
     for (o, &v) in gx.iter_mut().zip(x) {
@@ -142,4 +150,57 @@ pub(crate) fn rms_norm_backward(x: &[f32], gamma: &[f32], gy: &[f32], eps: f32, 
     for (o, &v) in gx.iter_mut().zip(x) {
         *o = r * (*o - (v * r) * mean_gx);
     }
+}
+
+/// Group norm of one group of one sample: `x` holds `channels` planes of equal
+/// size, one per channel of the group (`weight` and `bias` hold the group's
+/// `channels` values); `out = (x - mean) * rstd * w[j] + b[j]` on plane `j`,
+/// with the layer-norm statistics of the whole row. A missing weight is `1`
+/// and a missing bias `0` (the same bits as ones and zeros).
+#[inline(always)]
+pub(crate) fn group_norm(
+    x: &[f32],
+    weight: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    channels: usize,
+    eps: f32,
+    out: &mut [f32],
+) {
+    let (mean, rstd) = layer_norm_stats(x, eps);
+    let plane = x.len() / channels;
+    let planes = out.chunks_exact_mut(plane).zip(x.chunks_exact(plane));
+    for (j, (o, xp)) in planes.enumerate() {
+        let w = weight.map_or(1.0, |w| w[j]);
+        let b = bias.map_or(0.0, |b| b[j]);
+        for (o, &v) in o.iter_mut().zip(xp) {
+            *o = (v - mean) * rstd * w + b;
+        }
+    }
+}
+
+/// Group-norm input gradient of one group of one sample (planes as in
+/// [`group_norm`]): [`layer_norm_backward_scaled`] of `g = gy * w[j]` on plane
+/// `j` (`g = gy` without a weight, the same bits as a weight of ones).
+#[inline(always)]
+pub(crate) fn group_norm_backward(
+    x: &[f32],
+    weight: Option<&[f32]>,
+    gy: &[f32],
+    channels: usize,
+    eps: f32,
+    gx: &mut [f32],
+) {
+    match weight {
+        Some(w) => {
+            let plane = x.len() / channels;
+            let planes = gx.chunks_exact_mut(plane).zip(gy.chunks_exact(plane));
+            for ((o, g), &wj) in planes.zip(w) {
+                for (o, &a) in o.iter_mut().zip(g) {
+                    *o = a * wj;
+                }
+            }
+        }
+        None => gx.copy_from_slice(gy),
+    }
+    layer_norm_backward_scaled(x, eps, gx);
 }

@@ -9,6 +9,7 @@ pub(crate) mod common;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
+pub(crate) mod group_norm;
 pub(crate) mod join;
 pub(crate) mod loss;
 pub(crate) mod matmul;
