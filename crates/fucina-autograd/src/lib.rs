@@ -50,7 +50,7 @@ pub use tensor::Tensor;
 
 /// The option and result types of the convolutional-network ops, re-exported
 /// from the exec layer.
-pub use fucina_exec::{BatchNormStats, Pool2dOp, Pool2dOptions};
+pub use fucina_exec::{BatchNormStats, GroupNormOptions, Pool2dOp, Pool2dOptions};
 
 /// The exec layer this crate is built on.
 pub use fucina_exec as exec;

@@ -9,8 +9,9 @@
 //! [`Vjp`] inline in every op node.
 
 use fucina_exec::{
-    AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, FullReduction, MaskOp,
-    NormOp, Pool2dOp, RawTensor, RegressionLoss, ScalarOp, SoftmaxOp, UnaryOp,
+    AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, FullReduction,
+    GroupNormOptions, MaskOp, NormOp, Pool2dOp, RawTensor, RegressionLoss, ScalarOp, SoftmaxOp,
+    UnaryOp,
 };
 use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
@@ -187,6 +188,15 @@ pub(crate) enum Saved {
         x: RawTensor,
         params: RawTensor,
         training: bool,
+    },
+    /// The input, the weight (when there is one) and the options of
+    /// `group_norm`, and whether a bias is an input (its gradient reads no
+    /// saved tensor).
+    GroupNorm {
+        x: RawTensor,
+        weight: Option<RawTensor>,
+        opts: GroupNormOptions,
+        bias: bool,
     },
     /// The input of a fused training-mode batch norm and pooling op, its
     /// per-channel `[4, C]` parameters (rows `gamma`, `beta`, the mean and

@@ -1,9 +1,9 @@
-//! Heap allocations of a pooling + batch-norm training step after warm-up,
+//! Heap allocations of a pooling + batch-norm + group-norm training step after warm-up,
 //! counted by a global allocator of this test binary (each test in a process of
 //! its own, see `allocations.rs`).
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
-use fucina_autograd::{Pool2dOptions, Tensor, free_graph_nodes};
+use fucina_autograd::{GroupNormOptions, Pool2dOptions, Tensor, free_graph_nodes};
 
 #[path = "support/alloc_count.rs"]
 mod alloc_count;
@@ -15,13 +15,15 @@ static GLOBAL: Counting = Counting;
 struct Params {
     gamma: Tensor,
     beta: Tensor,
+    gn_weight: Tensor,
+    gn_bias: Tensor,
     running_mean: Tensor,
     running_var: Tensor,
 }
 
-/// max pool -> batch norm (training, with the statistics) -> avg pool ->
-/// adaptive avg pool -> flatten -> cumsum -> scatter_add -> loss, backward,
-/// SGD; then an eval-mode forward. Returns the loss.
+/// max pool -> batch norm (training, with the statistics) -> group norm ->
+/// avg pool -> adaptive avg pool -> flatten -> cumsum -> scatter_add -> loss,
+/// backward, SGD; then an eval-mode forward. Returns the loss.
 fn step(
     ctx: &ExecContext,
     p: &mut Params,
@@ -35,6 +37,13 @@ fn step(
         .batch_norm_with_stats(ctx, &p.gamma, &p.beta, 1e-5)
         .unwrap();
     let h = h
+        .group_norm(
+            ctx,
+            Some(&p.gn_weight),
+            Some(&p.gn_bias),
+            GroupNormOptions::new(3),
+        )
+        .unwrap()
         .avg_pool2d(
             ctx,
             Pool2dOptions {
@@ -61,8 +70,12 @@ fn step(
     }
     p.gamma.sgd_step_(0.1).unwrap();
     p.beta.sgd_step_(0.1).unwrap();
+    p.gn_weight.sgd_step_(0.1).unwrap();
+    p.gn_bias.sgd_step_(0.1).unwrap();
     p.gamma.zero_grad();
     p.beta.zero_grad();
+    p.gn_weight.zero_grad();
+    p.gn_bias.zero_grad();
     assert!(x.grad_view().is_some(), "the max pool backward ran");
     x.zero_grad();
     // Running statistics, PyTorch's momentum convention (0.1).
@@ -107,6 +120,8 @@ fn run(threads: usize, scoped: bool) {
         beta: Tensor::zeros(&ctx, &[3]).unwrap().into_variable(),
         running_mean: Tensor::zeros(&ctx, &[3]).unwrap(),
         running_var: Tensor::ones(&ctx, &[3]).unwrap(),
+        gn_weight: Tensor::ones(&ctx, &[3]).unwrap().into_variable(),
+        gn_bias: Tensor::zeros(&ctx, &[3]).unwrap().into_variable(),
     };
     let idx: Vec<i64> = (0..16 * 12).map(|i| (i % 3) as i64).collect();
     let index = ctx.from_slice_typed::<i64>(&[16, 12], &idx).unwrap();
@@ -130,10 +145,10 @@ fn run(threads: usize, scoped: bool) {
         allocs, 0,
         "heap allocations per step ({threads} threads, scoped {scoped})"
     );
-    // max_pool, batch_norm, avg_pool, adaptive, reshape, cumsum, scatter_add,
-    // mul, mean_all: all released to the free list.
+    // max_pool, batch_norm, group_norm, avg_pool, adaptive, reshape, cumsum,
+    // scatter_add, mul, mean_all: all released to the free list.
     let free = free_graph_nodes(&ctx);
-    assert_eq!(free, 9, "graph nodes back in the free list");
+    assert_eq!(free, 10, "graph nodes back in the free list");
 }
 
 #[test]

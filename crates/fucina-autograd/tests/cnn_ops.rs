@@ -1,4 +1,4 @@
-//! Pooling, batch norm, flatten, cumsum and scatter_add: forward values against
+//! Pooling, batch norm, group norm, flatten, cumsum and scatter_add: forward values against
 //! float64 references computed here with direct loops, gradcheck of every op and
 //! option, the max-pool tie rule, bad input, bit-identical results for 1-4
 //! threads, and batch invariance.
@@ -6,8 +6,8 @@
 mod support;
 
 use fucina_autograd::exec::{ExecContext, ExecError, RawTensor};
-use fucina_autograd::{AutogradError, Pool2dOp, Pool2dOptions, Tensor};
-use support::{check, values};
+use fucina_autograd::{AutogradError, GroupNormOptions, Pool2dOp, Pool2dOptions, Tensor};
+use support::{check, check_layouts, values};
 
 fn opts(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Pool2dOptions {
     Pool2dOptions {
@@ -415,6 +415,131 @@ fn gradcheck_batch_norm_every_shape_and_mode() {
     }
 }
 
+/// Group norm's shapes and group counts: no spatial axis, one, two, three;
+/// one group, one channel per group, and between.
+const GN_CASES: [(&[usize], usize); 6] = [
+    (&[3, 4], 2),
+    (&[2, 6, 5], 3),
+    (&[2, 4, 3, 3], 1),
+    (&[2, 4, 3, 3], 4),
+    (&[1, 6, 2, 2, 3], 2),
+    (&[3, 2, 1, 7], 2),
+];
+
+#[test]
+fn group_norm_forward_matches_f64_reference() {
+    let ctx = ExecContext::new();
+    for (k, &(s, groups)) in GN_CASES.iter().enumerate() {
+        let n: usize = s.iter().product();
+        let c = s[1];
+        let plane: usize = s[2..].iter().product();
+        let len = c / groups * plane;
+        let xv = values(n, 61 + k as u64, -3.0, 5.0);
+        let (wv, bv) = (values(c, 62, 0.5, 2.0), values(c, 63, -1.0, 1.0));
+        let x = Tensor::from_slice(&ctx, s, &xv).unwrap();
+        let w = Tensor::from_slice(&ctx, &[c], &wv).unwrap();
+        let b = Tensor::from_slice(&ctx, &[c], &bv).unwrap();
+        for eps in [0.0f32, 1e-5, 0.1] {
+            let opts = GroupNormOptions {
+                num_groups: groups,
+                eps,
+            };
+            let mut want = vec![0.0; n];
+            for (r, row) in xv.chunks(len).enumerate() {
+                let m = row.iter().map(|&v| f64::from(v)).sum::<f64>() / len as f64;
+                let var = row.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / len as f64;
+                for (i, &v) in row.iter().enumerate() {
+                    let at = r * len + i;
+                    let ch = at / plane % c;
+                    want[at] = (f64::from(v) - m) / (var + f64::from(eps)).sqrt()
+                        * f64::from(wv[ch])
+                        + f64::from(bv[ch]);
+                }
+            }
+            let y = x.group_norm(&ctx, Some(&w), Some(&b), opts).unwrap();
+            assert_close(
+                &format!("group_norm {s:?} / {groups}"),
+                &y.to_vec(),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn gradcheck_group_norm_every_shape_layout_and_affine() {
+    let ctx = ExecContext::new();
+    for (k, &(s, groups)) in GN_CASES.iter().enumerate() {
+        let n: usize = s.iter().product();
+        let c = s[1];
+        let opts = GroupNormOptions::new(groups);
+        let xv = values(n, 71 + k as u64, -2.0, 2.0);
+        let (wv, bv) = (values(c, 72, 0.5, 1.5), values(c, 73, -0.5, 0.5));
+        let what = format!("group_norm {s:?} / {groups}");
+        // Every input contiguous, transposed and narrowed (one at a time).
+        check_layouts(
+            &ctx,
+            &format!("{what} affine"),
+            |ctx, t| t[0].group_norm(ctx, Some(&t[1]), Some(&t[2]), opts),
+            &[(s, xv.clone()), (&[c], wv.clone()), (&[c], bv.clone())],
+        );
+        check_layouts(
+            &ctx,
+            &format!("{what} weight only"),
+            |ctx, t| t[0].group_norm(ctx, Some(&t[1]), None, opts),
+            &[(s, xv.clone()), (&[c], wv.clone())],
+        );
+        check_layouts(
+            &ctx,
+            &format!("{what} bias only"),
+            |ctx, t| t[0].group_norm(ctx, None, Some(&t[1]), opts),
+            &[(s, xv.clone()), (&[c], bv.clone())],
+        );
+        check_layouts(
+            &ctx,
+            &format!("{what} no affine"),
+            |ctx, t| t[0].group_norm(ctx, None, None, opts),
+            &[(s, xv.clone())],
+        );
+    }
+}
+
+#[test]
+fn group_norm_gradients_reach_only_the_inputs_that_need_them() {
+    // A constant input with variable parameters, and the other way round: the
+    // node asks the exec backward only for the gradients its inputs need.
+    let ctx = ExecContext::new();
+    let s = [2, 4, 3];
+    let xv = values(24, 81, -2.0, 2.0);
+    let opts = GroupNormOptions::new(2);
+    let x = Tensor::from_slice(&ctx, &s, &xv).unwrap();
+    let w = Tensor::variable_from_slice(&ctx, &[4], &values(4, 82, 0.5, 1.5)).unwrap();
+    let b = Tensor::variable_from_slice(&ctx, &[4], &values(4, 83, -0.5, 0.5)).unwrap();
+    let y = x.group_norm(&ctx, Some(&w), Some(&b), opts).unwrap();
+    y.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
+    assert_eq!(b.grad(&ctx).unwrap().unwrap().to_vec(), [6.0; 4]);
+    // sum(xhat) over each channel's samples and plane.
+    let gw = w.grad(&ctx).unwrap().unwrap().to_vec();
+    let xhat = ctx.group_norm(x.raw(), None, None, opts).unwrap().to_vec();
+    for (ch, &got) in gw.iter().enumerate() {
+        let want: f32 = (0..2)
+            .flat_map(|k| (0..3).map(move |i| (k * 4 + ch) * 3 + i))
+            .map(|i| xhat[i])
+            .sum();
+        assert!((got - want).abs() < 1e-5, "channel {ch}: {got} vs {want}");
+    }
+    let xv = Tensor::variable_from_slice(&ctx, &s, &xv).unwrap();
+    let (ones, bc) = (Tensor::ones(&ctx, &[4]).unwrap(), b.detach());
+    let y = xv.group_norm(&ctx, Some(&ones), Some(&bc), opts).unwrap();
+    y.sum_all(&ctx).unwrap().backward(&ctx).unwrap();
+    // With a weight constant over each group, the output's sum is the bias's
+    // (the normalized values of a group sum to 0): no gradient reaches x.
+    for v in xv.grad(&ctx).unwrap().unwrap().to_vec() {
+        assert!(v.abs() < 1e-5, "{v}");
+    }
+}
+
 #[test]
 fn cumsum_forward_and_gradcheck() {
     let ctx = ExecContext::new();
@@ -604,6 +729,28 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() {
         "[3]",
     );
 
+    let gn = |x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, groups: usize, eps: f32| {
+        x.group_norm(
+            &ctx,
+            w,
+            b,
+            GroupNormOptions {
+                num_groups: groups,
+                eps,
+            },
+        )
+    };
+    assert_err(gn(&x, None, None, 0, 1e-5), "group_norm", "num_groups = 0");
+    assert_err(gn(&x, None, None, 3, 1e-5), "group_norm", "num_groups = 3");
+    assert_err(gn(&x, Some(&g3), None, 2, 1e-5), "group_norm", "[3]");
+    assert_err(gn(&x, Some(&g2), Some(&g3), 2, 1e-5), "group_norm", "[3]");
+    assert_err(gn(&x, None, Some(&g3), 1, 1e-5), "group_norm", "[3]");
+    assert_err(gn(&x, None, None, 1, f32::NAN), "group_norm", "eps");
+    assert_err(gn(&x, None, None, 1, f32::INFINITY), "group_norm", "eps");
+    assert_err(gn(&x, None, None, 1, -1.0), "group_norm", "eps");
+    assert_err(gn(&flat, None, None, 1, 1e-5), "group_norm", "[4]");
+    assert!(gn(&x, Some(&g2), Some(&b2), 2, 1e-5).is_ok());
+
     assert_err(x.flatten(&ctx, 4), "flatten", "axis 4");
     assert_err(x.cumsum(&ctx, -5), "cumsum", "axis -5");
 
@@ -722,6 +869,44 @@ fn all_bits(ctx: &ExecContext) -> Vec<(String, Vec<u32>)> {
             }
         }
     }
+    for (shape, groups) in [(&s[..], 3), (&[64, 40][..], 8), (&[8, 6, 300][..], 2)] {
+        let n: usize = shape.iter().product();
+        let c = shape[1];
+        let x = Tensor::variable_from_slice(ctx, shape, &values(n, 105, -2.0, 3.0)).unwrap();
+        let g = Tensor::variable_from_slice(ctx, &[c], &values(c, 106, 0.5, 1.5)).unwrap();
+        let b = Tensor::variable_from_slice(ctx, &[c], &values(c, 107, -1.0, 1.0)).unwrap();
+        let w = Tensor::from_slice(ctx, shape, &values(n, 108, 0.0, 1.0)).unwrap();
+        for affine in [true, false] {
+            let (gp, bp) = if affine {
+                (Some(&g), Some(&b))
+            } else {
+                (None, None)
+            };
+            let y = x
+                .group_norm(ctx, gp, bp, GroupNormOptions::new(groups))
+                .unwrap();
+            y.mul(ctx, &w)
+                .unwrap()
+                .sum_all(ctx)
+                .unwrap()
+                .backward(ctx)
+                .unwrap();
+            let tag = format!("gn {shape:?} affine {affine}");
+            out.push((tag.clone(), bits(y.raw())));
+            let params: &[(&str, &Tensor)] = if affine {
+                &[("x", &x), ("weight", &g), ("bias", &b)]
+            } else {
+                &[("x", &x)]
+            };
+            for (name, t) in params {
+                out.push((
+                    format!("{tag} grad {name}"),
+                    bits(t.grad(ctx).unwrap().unwrap().raw()),
+                ));
+                t.zero_grad();
+            }
+        }
+    }
     let x = ctx
         .from_slice(&[64, 300], &values(64 * 300, 99, -1.0, 1.0))
         .unwrap();
@@ -756,7 +941,7 @@ fn every_op_is_bit_identical_for_one_to_four_threads() {
 }
 
 #[test]
-fn pooling_eval_batch_norm_and_cumsum_are_batch_invariant() {
+fn pooling_eval_batch_norm_group_norm_and_cumsum_are_batch_invariant() {
     let ctx = ExecContext::with_threads(2);
     let s = [5, 3, 12, 14];
     let n: usize = s.iter().product();
@@ -789,6 +974,13 @@ fn pooling_eval_batch_norm_and_cumsum_are_batch_invariant() {
         Box::new(|x| ctx.batch_norm_eval(x, &rm, &rv, &g, &b, 1e-5).unwrap()),
     ));
     ops.push(("cumsum".into(), Box::new(|x| ctx.cumsum(x, 3).unwrap())));
+    ops.push((
+        "group_norm".into(),
+        Box::new(|x| {
+            let opts = GroupNormOptions::new(3);
+            ctx.group_norm(x, Some(&rv), Some(&rm), opts).unwrap()
+        }),
+    ));
     for (name, f) in &ops {
         let all = f(&x).to_vec();
         let out_per = all.len() / s[0];

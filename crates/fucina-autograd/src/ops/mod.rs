@@ -4,6 +4,7 @@
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
+pub(crate) mod group_norm;
 pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod nn;
