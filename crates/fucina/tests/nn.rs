@@ -1,10 +1,11 @@
 //! Layers: initialization, parameter names and sharing, shape errors, dropout
-//! determinism, causal attention.
+//! determinism, causal attention, group norm's defaults and state dict.
 
 use fucina::nn::{
-    Block, CausalSelfAttention, Dropout, Embedding, Forward, LayerNorm, Linear, Module, Parameter,
-    Relu, RmsNorm, Sequential, sub_seed,
+    Block, CausalSelfAttention, Dropout, Embedding, Forward, GroupNorm, LayerNorm, Linear, Module,
+    Parameter, Relu, RmsNorm, Sequential, sub_seed,
 };
+use fucina::prelude::GroupNormOptions;
 use fucina::{Error, ExecContext, Tensor};
 
 fn ramp(ctx: &ExecContext, shape: &[usize]) -> Tensor {
@@ -417,4 +418,128 @@ fn a_tensor_read_inside_its_own_update_sees_the_old_values() {
         assert_eq!(t.to_vec(), [20.0, 2.0]);
         assert_eq!(q.to_vec(), [1.0, 2.0]); // copy-on-write: q keeps the old values
     });
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn group_norm_has_pytorch_defaults_and_is_its_op() {
+    let ctx = ExecContext::new();
+    let gn = GroupNorm::new(&ctx, 3, 6).unwrap();
+    assert_eq!((gn.num_groups(), gn.num_channels()), (3, 6));
+    assert_eq!(gn.eps(), 1e-5);
+    assert!(gn.is_affine());
+    let (w, b) = (gn.weight.as_ref().unwrap(), gn.bias.as_ref().unwrap());
+    assert_eq!(w.shape().as_slice(), [6]);
+    assert_eq!(w.to_vec(), [1.0; 6]);
+    assert_eq!(b.to_vec(), [0.0; 6]);
+    let names: Vec<String> = gn.state_dict().names().map(String::from).collect();
+    assert_eq!(names, ["weight", "bias"]);
+    assert_eq!(gn.num_parameters(), 12);
+
+    // The layer is its op, with the parameters as inputs that get gradients.
+    w.copy_from_slice(&[0.5, 1.0, 1.5, 2.0, -1.0, 0.25])
+        .unwrap();
+    b.copy_from_slice(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).unwrap();
+    for shape in [&[2, 6][..], &[2, 6, 5][..], &[2, 6, 3, 4][..]] {
+        let x = Tensor::uniform(&ctx, shape, -1.0, 1.0, 5).unwrap();
+        let y = gn.forward(&ctx, &x).unwrap();
+        let opts = GroupNormOptions::new(3);
+        let want = x
+            .group_norm(&ctx, Some(&w.tensor()), Some(&b.tensor()), opts)
+            .unwrap();
+        assert_eq!(bits(&y), bits(&want), "{shape:?}");
+        let through_trait = Forward::forward(&gn, &ctx, &x).unwrap();
+        assert_eq!(bits(&through_trait), bits(&want));
+    }
+    let x = Tensor::uniform(&ctx, &[2, 6, 4], -1.0, 1.0, 6).unwrap();
+    let loss = gn
+        .forward(&ctx, &x)
+        .unwrap()
+        .mul(&ctx, &x)
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap();
+    loss.backward(&ctx).unwrap();
+    assert!(w.grad(&ctx).unwrap().is_some() && b.grad(&ctx).unwrap().is_some());
+    gn.zero_grad();
+
+    // A state dict round trip into a fresh layer gives the same outputs.
+    let other = GroupNorm::new(&ctx, 3, 6).unwrap();
+    other.load_state_dict(&gn.state_dict()).unwrap();
+    assert_eq!(
+        bits(&other.forward(&ctx, &x).unwrap()),
+        bits(&gn.forward(&ctx, &x).unwrap())
+    );
+}
+
+#[test]
+fn group_norm_without_affine_has_no_parameters() {
+    let ctx = ExecContext::new();
+    let gn = GroupNorm::with_options(&ctx, 2, 4, 1e-3, false).unwrap();
+    assert!(!gn.is_affine() && gn.weight.is_none() && gn.bias.is_none());
+    assert_eq!(gn.eps(), 1e-3);
+    assert!(gn.named_parameters().is_empty());
+    assert_eq!(gn.state_dict().names().count(), 0);
+    let x = Tensor::uniform(&ctx, &[3, 4, 7], -2.0, 2.0, 8).unwrap();
+    let opts = GroupNormOptions {
+        num_groups: 2,
+        eps: 1e-3,
+    };
+    let want = x.group_norm(&ctx, None, None, opts).unwrap();
+    assert_eq!(bits(&gn.forward(&ctx, &x).unwrap()), bits(&want));
+    // The defaults of an affine layer give the same bits.
+    let affine = GroupNorm::with_options(&ctx, 2, 4, 1e-3, true).unwrap();
+    assert_eq!(bits(&affine.forward(&ctx, &x).unwrap()), bits(&want));
+}
+
+#[derive(Module)]
+struct GnNet {
+    fc: Linear,
+    gn: GroupNorm,
+    plain: GroupNorm,
+}
+
+#[test]
+fn group_norm_parameters_are_named_in_derived_modules() {
+    let ctx = ExecContext::new();
+    let net = GnNet {
+        fc: Linear::new(&ctx, 3, 4, 1).unwrap(),
+        gn: GroupNorm::new(&ctx, 2, 4).unwrap(),
+        plain: GroupNorm::with_options(&ctx, 1, 4, 1e-5, false).unwrap(),
+    };
+    let names: Vec<String> = net.state_dict().names().map(String::from).collect();
+    assert_eq!(names, ["fc.weight", "fc.bias", "gn.weight", "gn.bias"]);
+    let seq = Sequential::new()
+        .push(Linear::new(&ctx, 3, 4, 1).unwrap())
+        .push_named("norm", GroupNorm::new(&ctx, 4, 4).unwrap());
+    let names: Vec<String> = seq.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "norm.weight", "norm.bias"]);
+    let x = Tensor::uniform(&ctx, &[5, 3], -1.0, 1.0, 2).unwrap();
+    assert_eq!(seq.forward(&ctx, &x).unwrap().shape(), [5, 4]);
+}
+
+#[test]
+fn group_norm_bad_arguments_and_inputs_are_errors() {
+    let ctx = ExecContext::new();
+    let invalid = |r: fucina::Result<GroupNorm>, what: &str| match r {
+        Err(e @ Error::InvalidArgument { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("GroupNorm") && m.contains(what), "{m}");
+        }
+        other => panic!("expected an invalid argument naming {what}, got {other:?}"),
+    };
+    invalid(GroupNorm::new(&ctx, 0, 4), "num_groups");
+    invalid(GroupNorm::new(&ctx, 2, 0), "num_channels");
+    invalid(GroupNorm::new(&ctx, 3, 4), "divisible");
+    for eps in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1e-5] {
+        invalid(GroupNorm::with_options(&ctx, 2, 4, eps, true), "eps");
+    }
+    let gn = GroupNorm::new(&ctx, 2, 4).unwrap();
+    assert_shape_err(gn.forward(&ctx, &ramp(&ctx, &[4])), "GroupNorm");
+    assert_shape_err(gn.forward(&ctx, &ramp(&ctx, &[2, 3, 5])), "GroupNorm");
+    assert_shape_err(gn.forward(&ctx, &ramp(&ctx, &[2, 5])), "GroupNorm");
+    assert!(gn.forward(&ctx, &ramp(&ctx, &[2, 4])).is_ok());
 }

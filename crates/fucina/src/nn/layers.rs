@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fucina_autograd::Tensor;
-use fucina_exec::{ExecContext, RawTensor};
+use fucina_exec::{ExecContext, GroupNormOptions, RawTensor};
 
 use super::{Forward, Module, Parameter, check_last_dim, check_size, sub_seed, weight_and_bias};
 use crate::error::{Error, Result};
@@ -233,6 +233,158 @@ impl Module for RmsNorm {
 impl Forward for RmsNorm {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
         RmsNorm::forward(self, ctx, x)
+    }
+}
+
+/// Group normalization over `[N, C, *]`, PyTorch's `nn.GroupNorm(num_groups,
+/// num_channels, eps=1e-5, affine=True)`: the `C` channels form `num_groups`
+/// groups of consecutive channels, each (sample, group) is normalized with its
+/// own mean and biased variance (so a sample's output depends on that sample
+/// alone, in training and evaluation alike), then scaled by `weight` (ones)
+/// and shifted by `bias` (zeros), both `[C]` and present only when the layer
+/// is affine. See [`Tensor::group_norm`] for the op.
+///
+/// ```
+/// use fucina::nn::{Forward, GroupNorm, Module};
+/// use fucina::{ExecContext, Tensor};
+///
+/// let ctx = ExecContext::new();
+/// let gn = GroupNorm::new(&ctx, 2, 4)?; // 2 groups of 2 channels
+/// let names: Vec<String> = gn.state_dict().names().map(String::from).collect();
+/// assert_eq!(names, ["weight", "bias"]);
+/// let x = Tensor::uniform(&ctx, &[3, 4, 5, 5], -1.0, 1.0, 7)?;
+/// assert_eq!(gn.forward(&ctx, &x)?.shape(), [3, 4, 5, 5]);
+/// // Not 4 channels: an error naming the layer.
+/// let err = gn.forward(&ctx, &Tensor::zeros(&ctx, &[3, 6, 5])?).unwrap_err();
+/// assert!(err.to_string().contains("GroupNorm(num_groups = 2, num_channels = 4)"));
+/// # Ok::<(), fucina::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GroupNorm {
+    /// The per-channel scale, `[C]` (ones; absent when not affine).
+    pub weight: Option<Parameter>,
+    /// The per-channel shift, `[C]` (zeros; absent when not affine).
+    pub bias: Option<Parameter>,
+    num_groups: usize,
+    num_channels: usize,
+    eps: f32,
+}
+
+impl GroupNorm {
+    /// `num_groups` groups over `num_channels` channels with PyTorch's
+    /// defaults: `eps = 1e-5`, affine (weight ones, bias zeros).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero count or a `num_groups` that does
+    /// not divide `num_channels`; out of memory.
+    pub fn new(ctx: &ExecContext, num_groups: usize, num_channels: usize) -> Result<GroupNorm> {
+        GroupNorm::with_options(ctx, num_groups, num_channels, 1e-5, true)
+    }
+
+    /// The same layer with `eps` and, when `affine` is false, no parameters
+    /// (PyTorch's `affine=False`: the normalized values themselves).
+    ///
+    /// # Errors
+    /// As [`new`](GroupNorm::new); [`Error::InvalidArgument`] for a negative,
+    /// infinite or NaN `eps`.
+    pub fn with_options(
+        ctx: &ExecContext,
+        num_groups: usize,
+        num_channels: usize,
+        eps: f32,
+        affine: bool,
+    ) -> Result<GroupNorm> {
+        const WHAT: &str = "GroupNorm::new";
+        check_size(WHAT, "num_groups", num_groups)?;
+        check_size(WHAT, "num_channels", num_channels)?;
+        if !num_channels.is_multiple_of(num_groups) {
+            return Err(Error::invalid(
+                WHAT,
+                format!(
+                    "num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+                ),
+            ));
+        }
+        check_eps(WHAT, eps)?;
+        let (weight, bias) = if affine {
+            (
+                Some(Parameter::new(Tensor::ones(ctx, &[num_channels])?)),
+                Some(Parameter::new(Tensor::zeros(ctx, &[num_channels])?)),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(GroupNorm {
+            weight,
+            bias,
+            num_groups,
+            num_channels,
+            eps,
+        })
+    }
+
+    /// The number of groups.
+    pub fn num_groups(&self) -> usize {
+        self.num_groups
+    }
+
+    /// The number of channels `C`.
+    pub fn num_channels(&self) -> usize {
+        self.num_channels
+    }
+
+    /// `eps`.
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+
+    /// Whether the layer was built with a weight and a bias.
+    pub fn is_affine(&self) -> bool {
+        self.weight.is_some()
+    }
+
+    /// Normalizes `x` (`[N, C, *]`, rank at least 2).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `x` has rank below 2 or not `C` channels
+    /// (axis 1).
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        let s = x.shape();
+        if s.len() < 2 || s[1] != self.num_channels {
+            return Err(Error::ShapeMismatch {
+                layer: format!(
+                    "GroupNorm(num_groups = {}, num_channels = {})",
+                    self.num_groups, self.num_channels
+                ),
+                got: s.to_vec(),
+                reason: format!(
+                    "the input must be [N, C, ...] with {} channels",
+                    self.num_channels
+                ),
+            });
+        }
+        let w = self.weight.as_ref().map(Parameter::tensor);
+        let b = self.bias.as_ref().map(Parameter::tensor);
+        let opts = GroupNormOptions {
+            num_groups: self.num_groups,
+            eps: self.eps,
+        };
+        Ok(x.group_norm(ctx, w.as_ref(), b.as_ref(), opts)?)
+    }
+}
+
+impl Module for GroupNorm {
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        [("weight", &self.weight), ("bias", &self.bias)]
+            .into_iter()
+            .filter_map(|(n, p)| p.as_ref().map(|p| (n.to_string(), p.clone())))
+            .collect()
+    }
+}
+
+impl Forward for GroupNorm {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        GroupNorm::forward(self, ctx, x)
     }
 }
 

@@ -1,5 +1,5 @@
-//! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`],
-//! activations, [`Sequential`] composition, a small transformer
+//! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
+//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`BatchNorm1d`], [`BatchNorm2d`],
 //! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`Flatten`]).
@@ -50,7 +50,7 @@ pub use conv::{
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
-pub use layers::{Dropout, Embedding, Gelu, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use parameter::Parameter;
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
