@@ -258,6 +258,34 @@ pub fn save_to_bytes(
     tensors: &[(&str, &Tensor)],
     metadata: &[(&str, &str)],
 ) -> Result<Vec<u8>, CheckpointError> {
+    check_names(tensors, metadata)?;
+    // The header is written here rather than by `safetensors::serialize`, whose
+    // metadata map is a `HashMap`: its iteration order would make the bytes of
+    // two saves of the same state differ. Keys are sorted, so equal states give
+    // equal files.
+    let mut sorted: Vec<(&str, &Tensor)> = tensors.to_vec();
+    sorted.sort_unstable_by_key(|&(name, _)| name);
+    let mut meta: Vec<(&str, &str)> = metadata.to_vec();
+    meta.sort_unstable();
+    let (ranges, data_bytes) = data_ranges(&sorted)?;
+    let header = header_json(&meta, &sorted, &ranges)?;
+    let mut out = reserve_file(header.len(), data_bytes, &sorted, &ranges)?;
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for (_, t) in &sorted {
+        write_values(&mut out, t);
+    }
+    debug_assert!(SafeTensors::read_metadata(&out).is_ok());
+    Ok(out)
+}
+
+/// The names' and metadata keys' checks of [`save_to_bytes`], in the order
+/// given: an empty or reserved tensor name, a tensor name or a metadata key
+/// given twice.
+fn check_names(
+    tensors: &[(&str, &Tensor)],
+    metadata: &[(&str, &str)],
+) -> Result<(), CheckpointError> {
     let mut names = HashSet::with_capacity(tensors.len());
     for &(name, _) in tensors {
         if name.is_empty() {
@@ -286,20 +314,19 @@ pub fn save_to_bytes(
             });
         }
     }
-    // The header is written here rather than by `safetensors::serialize`, whose
-    // metadata map is a `HashMap`: its iteration order would make the bytes of
-    // two saves of the same state differ. Keys are sorted, so equal states give
-    // equal files.
-    let mut sorted: Vec<(&str, &Tensor)> = tensors.to_vec();
-    sorted.sort_unstable_by_key(|&(name, _)| name);
-    let mut meta: Vec<(&str, &str)> = metadata.to_vec();
-    meta.sort_unstable();
-    // The size of every tensor's data, in checked arithmetic: a view can show
-    // more elements than memory holds (a broadcast), or more bytes than `usize`
-    // counts.
+    Ok(())
+}
+
+/// Each tensor's byte range in the data section (the tensors in `sorted`
+/// order, one after the other) and the section's size, in checked
+/// arithmetic: a view can show more elements than memory holds (a broadcast),
+/// or more bytes than `usize` counts.
+fn data_ranges(
+    sorted: &[(&str, &Tensor)],
+) -> Result<(Vec<(usize, usize)>, usize), CheckpointError> {
     let mut offset = 0usize;
     let mut ranges = Vec::with_capacity(sorted.len());
-    for &(name, t) in &sorted {
+    for &(name, t) in sorted {
         let len = t
             .shape()
             .iter()
@@ -318,6 +345,17 @@ pub fn save_to_bytes(
         ranges.push((offset, end));
         offset = end;
     }
+    Ok((ranges, offset))
+}
+
+/// The JSON header: the sorted metadata map, then each sorted tensor's dtype,
+/// shape and data offsets; padded with spaces so that the data starts 8-byte
+/// aligned, and refused above the format's limit.
+fn header_json(
+    meta: &[(&str, &str)],
+    sorted: &[(&str, &Tensor)],
+    ranges: &[(usize, usize)],
+) -> Result<String, CheckpointError> {
     let json = |s: &str| serde_json::to_string(s).map_err(format_error);
     let mut header = String::from("{");
     if !meta.is_empty() {
@@ -333,7 +371,7 @@ pub fn save_to_bytes(
         }
         header.push('}');
     }
-    for (i, ((name, t), (start, end))) in sorted.iter().zip(&ranges).enumerate() {
+    for (i, ((name, t), (start, end))) in sorted.iter().zip(ranges).enumerate() {
         if i > 0 || !meta.is_empty() {
             header.push(',');
         }
@@ -345,7 +383,6 @@ pub fn save_to_bytes(
         ));
     }
     header.push('}');
-    // Pad the header with spaces so that the data starts 8-byte aligned.
     while header.len() % LEN_PREFIX != 0 {
         header.push(' ');
     }
@@ -357,18 +394,19 @@ pub fn save_to_bytes(
             ),
         });
     }
-    // The whole file, reserved fallibly: a failure is an error naming the
-    // largest tensor, never an abort.
-    let largest = || {
-        let (name, t) = sorted
-            .iter()
-            .zip(&ranges)
-            .max_by_key(|&(&(name, _), &(s, e))| (e - s, std::cmp::Reverse(name)))
-            .map(|(nt, _)| *nt)
-            .expect("a failed reservation has data, so at least one tensor");
-        (name.to_string(), t.shape().to_vec())
-    };
-    let total = (LEN_PREFIX + header.len()).checked_add(offset);
+    Ok(header)
+}
+
+/// An empty buffer with room for the whole file (the length prefix, a header
+/// of `header_bytes` and `data_bytes` of data), reserved fallibly: a failure is
+/// an error naming the largest tensor, never an abort.
+fn reserve_file(
+    header_bytes: usize,
+    data_bytes: usize,
+    sorted: &[(&str, &Tensor)],
+    ranges: &[(usize, usize)],
+) -> Result<Vec<u8>, CheckpointError> {
+    let total = (LEN_PREFIX + header_bytes).checked_add(data_bytes);
     let mut out: Vec<u8> = Vec::new();
     let reserved = match total {
         Some(total) => out
@@ -380,36 +418,39 @@ pub fn save_to_bytes(
         )),
     };
     if let Err((bytes, why)) = reserved {
-        let (name, shape) = largest();
+        let (name, t) = sorted
+            .iter()
+            .zip(ranges)
+            .max_by_key(|&(&(name, _), &(s, e))| (e - s, std::cmp::Reverse(name)))
+            .map(|(nt, _)| *nt)
+            .expect("a failed reservation has data, so at least one tensor");
         return Err(CheckpointError::OutOfMemory {
-            name,
-            shape,
+            name: name.to_string(),
+            shape: t.shape().to_vec(),
             reason: format!(
                 "out of memory: the checkpoint takes {bytes} bytes, which cannot be allocated ({why}); this is its largest tensor"
             ),
         });
     }
-    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    for (_, t) in &sorted {
-        let raw = t.raw();
-        match raw.data() {
-            Ok(values) => {
-                for v in values {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-            // A non-contiguous view: its elements in logical order, read in place
-            // (no copy of the view is made).
-            Err(_) => {
-                let src: &[f32] = raw.buffer();
-                raw.layout()
-                    .for_each_index(|i| out.extend_from_slice(&src[i].to_le_bytes()));
+    Ok(out)
+}
+
+/// Appends `t`'s values, little-endian, in logical order (a non-contiguous
+/// view is read in place: no copy of the view is made).
+fn write_values(out: &mut Vec<u8>, t: &Tensor) {
+    let raw = t.raw();
+    match raw.data() {
+        Ok(values) => {
+            for v in values {
+                out.extend_from_slice(&v.to_le_bytes());
             }
         }
+        Err(_) => {
+            let src: &[f32] = raw.buffer();
+            raw.layout()
+                .for_each_index(|i| out.extend_from_slice(&src[i].to_le_bytes()));
+        }
     }
-    debug_assert!(SafeTensors::read_metadata(&out).is_ok());
-    Ok(out)
 }
 
 /// Saves `tensors` and `metadata` to `path` atomically: the bytes go to a
