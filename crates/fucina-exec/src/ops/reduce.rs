@@ -49,20 +49,30 @@ pub(crate) fn reduced_shape(shape: &[usize], axis: usize, keepdim: bool) -> Dims
     d
 }
 
-/// Checks that `g` (a gradient of a reduction's output) has the reduced shape.
+/// The output shape of a reduction of `input` along `axis`: the axis checked
+/// (errors name `op`), then [`reduced_shape`].
+fn axis_reduced_shape(
+    op: &'static str,
+    input: &[usize],
+    axis: impl Axis,
+    keepdim: bool,
+) -> Result<Dims, ExecError> {
+    let axis = check_axis(op, axis, input.len())?;
+    Ok(reduced_shape(input, axis, keepdim))
+}
+
+/// Checks that `g` (a gradient of a reduction's output) has the reduction's
+/// output shape `want` (from the op descriptor's `out_shape`).
 pub(crate) fn check_reduced_grad(
     op: &'static str,
     g: &[usize],
-    input: &[usize],
-    axis: usize,
-    keepdim: bool,
+    want: &[usize],
 ) -> Result<(), ExecError> {
-    let want = reduced_shape(input, axis, keepdim);
-    if g != want.as_slice() {
+    if g != want {
         return Err(ExecError::ShapeMismatch {
             op,
             lhs: Dims::new(g),
-            rhs: want,
+            rhs: Dims::new(want),
             reason: "the output gradient must have the reduction's output shape",
         });
     }
@@ -70,18 +80,19 @@ pub(crate) fn check_reduced_grad(
 }
 
 impl ExecContext {
-    /// Reduces each row along `axis` with `f` (rows gathered contiguously first).
+    /// Reduces each row along `axis` with `f` (rows gathered contiguously first)
+    /// into a tensor of `out_shape` (the op's output shape, which the caller
+    /// obtains from its descriptor, so the axis is already checked).
     fn row_reduce<T: Element>(
         &self,
         op: &'static str,
         x: &RawTensor,
         axis: impl Axis,
-        keepdim: bool,
+        out_shape: Dims,
         work: usize,
         f: impl Fn(&[f32]) -> T + Sync,
     ) -> Result<RawTensor<T>, ExecError> {
         let axis = check_axis(op, axis, x.rank())?;
-        let out_shape = reduced_shape(x.shape(), axis, keepdim);
         let n = x.shape()[axis];
         let src = self.contiguous_axis_last(x, axis)?;
         let xs = src.contiguous_slice();
@@ -148,18 +159,19 @@ impl ExecContext {
         Ok(reduce::pairwise(partials.contiguous_slice()))
     }
 
-    /// The sum along `axis`, each result passed through `finish(sum, n)` (`n`
-    /// the axis length, as `f32`).
+    /// The sum along `axis` (of the shape `op.out_shape` gives), each result
+    /// passed through `finish(sum, n)` (`n` the axis length, as `f32`).
     fn sum_impl(
         &self,
-        op: &'static str,
+        op: AxisReduction,
         x: &RawTensor,
         axis: impl Axis,
         keepdim: bool,
         finish: impl Fn(f32, f32) -> f32 + Sync,
     ) -> Result<RawTensor, ExecError> {
+        let out_shape = op.out_shape(x.shape(), axis, keepdim)?;
+        let op = op.name();
         let axis = check_axis(op, axis, x.rank())?;
-        let out_shape = reduced_shape(x.shape(), axis, keepdim);
         let split = axis_split(x.shape(), axis);
         let n = split.1 as f32;
         let src = self.contiguous(x)?;
@@ -196,7 +208,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.sum_impl("sum", x, axis, keepdim, |v, _| v)
+        self.sum_impl(AxisReduction::Sum, x, axis, keepdim, |v, _| v)
     }
 
     /// The mean along `axis`: the [`sum`](ExecContext::sum) divided by the axis
@@ -210,7 +222,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.sum_impl("mean", x, axis, keepdim, |v, n| v / n)
+        self.sum_impl(AxisReduction::Mean, x, axis, keepdim, |v, n| v / n)
     }
 
     /// The largest element along `axis`; NaN where the reduced elements hold a NaN
@@ -224,7 +236,10 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("max", x, axis, keepdim, 1, |r| vectorized!(reduce::max(r)))
+        let out_shape = AxisReduction::Max.out_shape(x.shape(), axis, keepdim)?;
+        self.row_reduce("max", x, axis, out_shape, 1, |r| {
+            vectorized!(reduce::max(r))
+        })
     }
 
     /// The smallest element along `axis`; NaN where the reduced elements hold a NaN.
@@ -237,7 +252,10 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("min", x, axis, keepdim, 1, |r| vectorized!(reduce::min(r)))
+        let out_shape = AxisReduction::Min.out_shape(x.shape(), axis, keepdim)?;
+        self.row_reduce("min", x, axis, out_shape, 1, |r| {
+            vectorized!(reduce::min(r))
+        })
     }
 
     /// The index along `axis` of the largest element: the first one on ties, and
@@ -262,7 +280,10 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
-        self.row_reduce("argmax", x, axis, keepdim, 1, |r| reduce::argmax(r) as i64)
+        let out_shape = axis_reduced_shape("argmax", x.shape(), axis, keepdim)?;
+        self.row_reduce("argmax", x, axis, out_shape, 1, |r| {
+            reduce::argmax(r) as i64
+        })
     }
 
     /// The index along `axis` of the smallest element (first on ties, first NaN
@@ -276,7 +297,10 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor<i64>, ExecError> {
-        self.row_reduce("argmin", x, axis, keepdim, 1, |r| reduce::argmin(r) as i64)
+        let out_shape = axis_reduced_shape("argmin", x.shape(), axis, keepdim)?;
+        self.row_reduce("argmin", x, axis, out_shape, 1, |r| {
+            reduce::argmin(r) as i64
+        })
     }
 
     /// The variance along `axis`, two-pass: `sum((x - mean)^2) / (n - c)` with
@@ -294,7 +318,8 @@ impl ExecContext {
         unbiased: bool,
     ) -> Result<RawTensor, ExecError> {
         let c = usize::from(unbiased);
-        self.row_reduce("variance", x, axis, keepdim, 3, |r| {
+        let out_shape = AxisStatistic::Variance { unbiased }.out_shape(x.shape(), axis, keepdim)?;
+        self.row_reduce("variance", x, axis, out_shape, 3, |r| {
             vectorized!(rowwise::variance(r, c))
         })
     }
@@ -311,7 +336,8 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.row_reduce("logsumexp", x, axis, keepdim, 8, |r| {
+        let out_shape = AxisStatistic::LogSumExp.out_shape(x.shape(), axis, keepdim)?;
+        self.row_reduce("logsumexp", x, axis, out_shape, 8, |r| {
             vectorized!(rowwise::logsumexp(r))
         })
     }
@@ -324,7 +350,8 @@ impl ExecContext {
     /// [`ExecError::OutOfMemory`].
     pub fn sum_all(&self, x: &RawTensor) -> Result<RawTensor, ExecError> {
         let s = self.sum_all_value("sum_all", x)?;
-        self.new_tensor("sum_all", &[1], |o| o[0] = s)
+        let out_shape = FullReduction::Sum.out_shape(x.shape());
+        self.new_tensor("sum_all", &out_shape, |o| o[0] = s)
     }
 
     /// The mean of every element (the [`sum_all`](ExecContext::sum_all) divided by
@@ -334,7 +361,8 @@ impl ExecContext {
     /// [`ExecError::OutOfMemory`].
     pub fn mean_all(&self, x: &RawTensor) -> Result<RawTensor, ExecError> {
         let s = self.sum_all_value("mean_all", x)? / x.numel() as f32;
-        self.new_tensor("mean_all", &[1], |o| o[0] = s)
+        let out_shape = FullReduction::Mean.out_shape(x.shape());
+        self.new_tensor("mean_all", &out_shape, |o| o[0] = s)
     }
 
     fn sum_all_value(&self, op: &'static str, x: &RawTensor) -> Result<f32, ExecError> {
@@ -439,7 +467,7 @@ impl ExecContext {
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
-        self.broadcast_grad("sum_backward", grad_y, axis, keepdim, input_shape, false)
+        self.broadcast_grad(AxisReduction::Sum, grad_y, axis, keepdim, input_shape)
     }
 
     /// The gradient of [`mean`](ExecContext::mean): `grad_y / n` broadcast along
@@ -454,23 +482,26 @@ impl ExecContext {
         keepdim: bool,
         input_shape: &[usize],
     ) -> Result<RawTensor, ExecError> {
-        self.broadcast_grad("mean_backward", grad_y, axis, keepdim, input_shape, true)
+        self.broadcast_grad(AxisReduction::Mean, grad_y, axis, keepdim, input_shape)
     }
 
     /// `grad_y` broadcast along `axis` to `input_shape`, divided by the axis
-    /// length when `mean` (the backward of `mean`), else copied (of `sum`).
+    /// length for [`AxisReduction::Mean`] (the backward of `mean`), else copied
+    /// (of `sum`).
     fn broadcast_grad(
         &self,
-        op: &'static str,
+        reduction: AxisReduction,
         grad_y: &RawTensor,
         axis: impl Axis,
         keepdim: bool,
         input_shape: &[usize],
-        mean: bool,
     ) -> Result<RawTensor, ExecError> {
+        let op = reduction.backward_name();
         check_shape(op, input_shape)?;
         let axis = check_axis(op, axis, input_shape.len())?;
-        check_reduced_grad(op, grad_y.shape(), input_shape, axis, keepdim)?;
+        let want = reduction.out_shape(input_shape, axis, keepdim)?;
+        check_reduced_grad(op, grad_y.shape(), &want)?;
+        let mean = reduction == AxisReduction::Mean;
         let (_, n, inner) = axis_split(input_shape, axis);
         // `check_shape` refuses zero dimensions, so `n >= 1`.
         let divide_by = mean.then_some(n as f32);
@@ -509,7 +540,7 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.arg_grad("max_backward", x, grad_y, axis, keepdim, true)
+        self.arg_grad(AxisReduction::Max, x, grad_y, axis, keepdim)
     }
 
     /// The gradient of [`min`](ExecContext::min) along `axis`: `grad_y` routed to the
@@ -524,21 +555,24 @@ impl ExecContext {
         axis: impl Axis,
         keepdim: bool,
     ) -> Result<RawTensor, ExecError> {
-        self.arg_grad("min_backward", x, grad_y, axis, keepdim, false)
+        self.arg_grad(AxisReduction::Min, x, grad_y, axis, keepdim)
     }
 
+    /// The backward of `reduction` (`max` or `min`): `grad_y` routed to the
+    /// position its arg-kernel picks.
     fn arg_grad(
         &self,
-        op: &'static str,
+        reduction: AxisReduction,
         x: &RawTensor,
         grad_y: &RawTensor,
         axis: impl Axis,
         keepdim: bool,
-        is_max: bool,
     ) -> Result<RawTensor, ExecError> {
+        let op = reduction.backward_name();
         let axis = check_axis(op, axis, x.rank())?;
-        check_reduced_grad(op, grad_y.shape(), x.shape(), axis, keepdim)?;
-        let idx = if is_max {
+        let want = reduction.out_shape(x.shape(), axis, keepdim)?;
+        check_reduced_grad(op, grad_y.shape(), &want)?;
+        let idx = if reduction == AxisReduction::Max {
             self.argmax(x, axis, keepdim)?
         } else {
             self.argmin(x, axis, keepdim)?
@@ -577,7 +611,8 @@ impl ExecContext {
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "variance_backward";
         let axis = check_axis(OP, axis, x.rank())?;
-        check_reduced_grad(OP, grad_y.shape(), x.shape(), axis, keepdim)?;
+        let want = AxisStatistic::Variance { unbiased }.out_shape(x.shape(), axis, keepdim)?;
+        check_reduced_grad(OP, grad_y.shape(), &want)?;
         let mean = self.mean(x, axis, keepdim)?;
         let d = x.shape()[axis].saturating_sub(usize::from(unbiased)) as f32;
         self.map_axis_bcast(OP, x, &mean, grad_y, axis, move |v, m, g| {
@@ -601,8 +636,9 @@ impl ExecContext {
     ) -> Result<RawTensor, ExecError> {
         const OP: &str = "logsumexp_backward";
         let axis = check_axis(OP, axis, x.rank())?;
-        check_reduced_grad(OP, y.shape(), x.shape(), axis, keepdim)?;
-        check_reduced_grad(OP, grad_y.shape(), x.shape(), axis, keepdim)?;
+        let want = AxisStatistic::LogSumExp.out_shape(x.shape(), axis, keepdim)?;
+        check_reduced_grad(OP, y.shape(), &want)?;
+        check_reduced_grad(OP, grad_y.shape(), &want)?;
         self.map_axis_bcast(OP, x, y, grad_y, axis, |v, l, g| {
             g * crate::kernels::math::exp(v - l)
         })
@@ -702,6 +738,31 @@ impl AxisReduction {
     pub fn keeps_input(self) -> bool {
         matches!(self, AxisReduction::Max | AxisReduction::Min)
     }
+
+    /// The op's output shape for an input of shape `input` reduced along
+    /// `axis`: the axis removed, or kept as size 1 with `keepdim` (`[1]` when
+    /// nothing is left; see the [module docs](self)). The forward kernels take
+    /// their output shape from here.
+    ///
+    /// ```
+    /// use fucina_exec::AxisReduction;
+    ///
+    /// assert_eq!(AxisReduction::Sum.out_shape(&[2, 3, 4], -1, false)?.as_slice(), [2, 3]);
+    /// assert_eq!(AxisReduction::Max.out_shape(&[2, 3], 0, true)?.as_slice(), [1, 3]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] naming the op if `axis` is outside
+    /// `-rank..rank`.
+    pub fn out_shape(
+        self,
+        input: &[usize],
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<Dims, ExecError> {
+        axis_reduced_shape(self.name(), input, axis, keepdim)
+    }
 }
 
 impl ExecContext {
@@ -799,6 +860,22 @@ impl AxisStatistic {
     pub fn keeps_output(self) -> bool {
         matches!(self, AxisStatistic::LogSumExp)
     }
+
+    /// The op's output shape for an input of shape `input` reduced along
+    /// `axis`, as [`AxisReduction::out_shape`]. The forward kernels take their
+    /// output shape from here.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] naming the op if `axis` is outside
+    /// `-rank..rank`.
+    pub fn out_shape(
+        self,
+        input: &[usize],
+        axis: impl Axis,
+        keepdim: bool,
+    ) -> Result<Dims, ExecError> {
+        axis_reduced_shape(self.name(), input, axis, keepdim)
+    }
 }
 
 impl ExecContext {
@@ -876,6 +953,12 @@ impl FullReduction {
             FullReduction::Sum => "sum_all",
             FullReduction::Mean => "mean_all",
         }
+    }
+
+    /// The op's output shape: `[1]` (one element) whatever the input's shape.
+    /// The forward kernels take their output shape from here.
+    pub fn out_shape(self, _input: &[usize]) -> Dims {
+        Dims::new(&[1])
     }
 }
 
