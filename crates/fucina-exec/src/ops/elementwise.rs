@@ -15,7 +15,7 @@ use std::ops::Range;
 use crate::kernels::math;
 use crate::kernels::strided::{Geom, TILE, seg1, seg2, tiled_rows};
 use crate::kernels::unary;
-use crate::tensor::layout::{broadcast_layout, broadcast_shapes};
+use crate::tensor::layout::{Dims, broadcast_layout, broadcast_shapes};
 use crate::tensor::{Element, RawTensor};
 
 /// Work weight of a cheap elementwise op (an add) per output element.
@@ -64,12 +64,26 @@ impl ExecContext {
         f: impl Fn(A, B) -> O + Sync,
     ) -> Result<RawTensor<O>, ExecError> {
         let shape = broadcast_shapes(op, a.shape(), b.shape())?;
-        let la = broadcast_layout(op, a.layout(), &shape)?;
-        let lb = broadcast_layout(op, b.layout(), &shape)?;
-        let geom = Geom::new(&shape, [&la, &lb]);
+        self.map2_to(op, &shape, a, b, cost, f)
+    }
+
+    /// [`map2`](Self::map2) into the output shape `shape`, which the caller
+    /// obtained from the op's descriptor (the broadcast of the operands').
+    pub(crate) fn map2_to<A: Element, B: Element, O: Element>(
+        &self,
+        op: &'static str,
+        shape: &[usize],
+        a: &RawTensor<A>,
+        b: &RawTensor<B>,
+        cost: usize,
+        f: impl Fn(A, B) -> O + Sync,
+    ) -> Result<RawTensor<O>, ExecError> {
+        let la = broadcast_layout(op, a.layout(), shape)?;
+        let lb = broadcast_layout(op, b.layout(), shape)?;
+        let geom = Geom::new(shape, [&la, &lb]);
         let [sa, sb] = geom.inner_strides();
         let (av, bv): (&[A], &[B]) = (a.buffer(), b.buffer());
-        self.new_tensor(op, &shape, |out| {
+        self.new_tensor(op, shape, |out| {
             self.par_rows(out, 1, cost, |r, o| {
                 let start = r.start;
                 geom.for_segments(r, |pos, len, [ba, bb]| {
@@ -80,24 +94,25 @@ impl ExecContext {
         })
     }
 
-    /// `out[i] = f(c[i], a[i], b[i])` with broadcasting of all three.
+    /// `out[i] = f(c[i], a[i], b[i])` with broadcasting of all three to
+    /// `shape` (the output shape, which the caller obtained from the op's
+    /// descriptor).
     fn map3<C: Element, A: Element, B: Element, O: Element>(
         &self,
         op: &'static str,
+        shape: &[usize],
         c: &RawTensor<C>,
         a: &RawTensor<A>,
         b: &RawTensor<B>,
         f: impl Fn(C, A, B) -> O + Sync,
     ) -> Result<RawTensor<O>, ExecError> {
-        let ab = broadcast_shapes(op, a.shape(), b.shape())?;
-        let shape = broadcast_shapes(op, c.shape(), &ab)?;
-        let lc = broadcast_layout(op, c.layout(), &shape)?;
-        let la = broadcast_layout(op, a.layout(), &shape)?;
-        let lb = broadcast_layout(op, b.layout(), &shape)?;
-        let geom = Geom::new(&shape, [&lc, &la, &lb]);
+        let lc = broadcast_layout(op, c.layout(), shape)?;
+        let la = broadcast_layout(op, a.layout(), shape)?;
+        let lb = broadcast_layout(op, b.layout(), shape)?;
+        let geom = Geom::new(shape, [&lc, &la, &lb]);
         let [sc, sa, sb] = geom.inner_strides();
         let (cv, av, bv): (&[C], &[A], &[B]) = (c.buffer(), a.buffer(), b.buffer());
-        self.new_tensor(op, &shape, |out| {
+        self.new_tensor(op, shape, |out| {
             self.par_rows(out, 1, CHEAP, |r, o| {
                 let start = r.start;
                 geom.for_segments(r, |pos, len, [bc, ba, bb]| {
@@ -174,6 +189,17 @@ macro_rules! binary_ops {
             pub fn keeps_operands(self) -> bool {
                 match self {$(BinaryOp::$variant => binary_ops!(@keeps $($oa)?)),*}
             }
+
+            /// The op's output shape for operands of shapes `a` and `b`: their
+            /// numpy broadcast (right-aligned; equal dims or 1). The forward
+            /// kernels take their output shape from here.
+            ///
+            /// # Errors
+            /// [`ExecError::ShapeMismatch`] naming the op if the shapes do not
+            /// broadcast.
+            pub fn out_shape(self, a: &[usize], b: &[usize]) -> Result<Dims, ExecError> {
+                broadcast_shapes(self.name(), a, b)
+            }
         }
 
         impl ExecContext {
@@ -198,7 +224,8 @@ macro_rules! binary_ops {
             /// [`ExecError::ShapeMismatch`] if the shapes do not broadcast;
             /// [`ExecError::OutOfMemory`].
             pub fn $name(&self, a: &RawTensor, b: &RawTensor) -> Result<RawTensor, ExecError> {
-                self.map2(stringify!($name), a, b, CHEAP, |$a: f32, $b: f32| $e)
+                let shape = BinaryOp::$variant.out_shape(a.shape(), b.shape())?;
+                self.map2_to(stringify!($name), &shape, a, b, CHEAP, |$a: f32, $b: f32| $e)
             }
         )*}
 
@@ -347,6 +374,12 @@ macro_rules! unary_ops {
             pub fn backward_name(self) -> &'static str {
                 match self {$(UnaryOp::$variant => stringify!($bwd)),*}
             }
+
+            /// The op's output shape for an input of shape `x`: `x` itself (the
+            /// unary family is shape-preserving; it accepts every shape).
+            pub fn out_shape(self, x: &[usize]) -> Dims {
+                Dims::new(x)
+            }
         }
 
         impl ExecContext {
@@ -476,6 +509,12 @@ impl ScalarOp {
             ScalarOp::Clamp { .. } => "clamp",
             ScalarOp::Dropout { .. } => "dropout",
         }
+    }
+
+    /// The op's output shape for an input of shape `x`: `x` itself (the
+    /// scalar-parameter family is shape-preserving; it accepts every shape).
+    pub fn out_shape(self, x: &[usize]) -> Dims {
+        Dims::new(x)
     }
 
     /// Whether the op's backward kernel reads the forward input (`scale`,
@@ -689,8 +728,10 @@ impl ExecContext {
         a: &RawTensor,
         b: &RawTensor,
     ) -> Result<RawTensor, ExecError> {
+        let shape = MaskOp::Where.out_shape(cond.shape(), a.shape(), Some(b.shape()))?;
         self.map3(
             "where_",
+            &shape,
             cond,
             a,
             b,
@@ -712,23 +753,11 @@ impl ExecContext {
         mask: &RawTensor<bool>,
         value: f32,
     ) -> Result<RawTensor, ExecError> {
-        let m = mask
-            .broadcast_to(x.shape())
-            .map_err(|_| ExecError::ShapeMismatch {
-                op: "masked_fill",
-                lhs: x.dims(),
-                rhs: mask.dims(),
-                reason: "the mask does not broadcast to the tensor's shape",
-            })?;
-        self.map2(
-            "masked_fill",
-            x,
-            &m,
-            CHEAP,
-            |v: f32, c: bool| {
-                if c { value } else { v }
-            },
-        )
+        let shape = MaskOp::MaskedFill(value).out_shape(mask.shape(), x.shape(), None)?;
+        let m = mask.broadcast_to(&shape)?;
+        self.map2_to("masked_fill", &shape, x, &m, CHEAP, |v: f32, c: bool| {
+            if c { value } else { v }
+        })
     }
 
     /// `x + y`, consuming `x`: when `x` is the only handle to its storage,
@@ -858,6 +887,12 @@ pub enum MaskOp {
     MaskedFill(f32),
 }
 
+/// The error of a mask op given the wrong number of operands.
+const MASK_ARITY_ERROR: ExecError = ExecError::InvalidArgument {
+    op: "mask_op",
+    reason: "where takes two operands, masked_fill one",
+};
+
 impl MaskOp {
     /// The op's name (`where` for [`where_`](ExecContext::where_), whose method
     /// name has a trailing underscore only because `where` is a Rust keyword;
@@ -866,6 +901,40 @@ impl MaskOp {
         match self {
             MaskOp::Where => "where",
             MaskOp::MaskedFill(_) => "masked_fill",
+        }
+    }
+
+    /// The op's output shape for a mask of shape `mask`, the operand `x` and
+    /// (for `where`) the second operand `other`: for `where` the broadcast of
+    /// all three; for `masked_fill` `x`'s shape, to which the mask must
+    /// broadcast. The forward kernels take their output shape from here.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidArgument`] if `other` is given to an op of
+    /// [`arity`](MaskOp::arity) 1 or missing for `where` (as
+    /// [`ExecContext::mask_op`]); [`ExecError::ShapeMismatch`] if the shapes
+    /// do not broadcast (naming `where_` or `masked_fill`).
+    pub fn out_shape(
+        self,
+        mask: &[usize],
+        x: &[usize],
+        other: Option<&[usize]>,
+    ) -> Result<Dims, ExecError> {
+        match (self, other) {
+            (MaskOp::Where, Some(other)) => {
+                let xy = broadcast_shapes("where_", x, other)?;
+                broadcast_shapes("where_", mask, &xy)
+            }
+            (MaskOp::MaskedFill(_), None) => match broadcast_shapes("masked_fill", mask, x) {
+                Ok(shape) if shape.as_slice() == x => Ok(shape),
+                _ => Err(ExecError::ShapeMismatch {
+                    op: "masked_fill",
+                    lhs: Dims::new(x),
+                    rhs: Dims::new(mask),
+                    reason: "the mask does not broadcast to the tensor's shape",
+                }),
+            },
+            _ => Err(MASK_ARITY_ERROR),
         }
     }
 
@@ -897,10 +966,7 @@ impl ExecContext {
         match (op, other) {
             (MaskOp::Where, Some(other)) => self.where_(mask, x, other),
             (MaskOp::MaskedFill(value), None) => self.masked_fill(x, mask, value),
-            _ => Err(ExecError::InvalidArgument {
-                op: "mask_op",
-                reason: "where takes two operands, masked_fill one",
-            }),
+            _ => Err(MASK_ARITY_ERROR),
         }
     }
 

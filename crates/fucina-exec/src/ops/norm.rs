@@ -13,6 +13,7 @@ use crate::kernels::simd::vectorized;
 use crate::kernels::{prefetch, rowwise};
 use crate::ops::common::check_param_shapes;
 use crate::tensor::RawTensor;
+use crate::tensor::layout::Dims;
 
 /// Per-element work weight of a norm row (two statistics passes and the output).
 const NORM_WORK: usize = 4;
@@ -225,6 +226,13 @@ impl NormOp {
             NormOp::LayerNorm { .. } => "layer_norm",
             NormOp::RmsNorm { .. } => "rms_norm",
         }
+    }
+
+    /// The op's output shape for an input of shape `x`: `x` itself (the
+    /// normalization family is shape-preserving; the forward checks the
+    /// parameters' shapes against `x`'s last axis).
+    pub fn out_shape(self, x: &[usize]) -> Dims {
+        Dims::new(x)
     }
 
     /// The name of the op's backward kernel.

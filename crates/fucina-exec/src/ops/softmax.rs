@@ -173,6 +173,13 @@ impl SoftmaxOp {
             SoftmaxOp::LogSoftmax => "log_softmax",
         }
     }
+
+    /// The op's output shape for an input of shape `x`: `x` itself (the
+    /// softmax family is shape-preserving: it normalizes along an axis, which
+    /// the forward checks, and keeps every axis).
+    pub fn out_shape(self, x: &[usize]) -> Dims {
+        Dims::new(x)
+    }
 }
 
 impl ExecContext {
