@@ -1,13 +1,15 @@
 //! The descriptors of the matrix-product, joining, gathering and view families
 //! run the same kernels as the named methods: the same bits forward and
-//! backward, and the same errors.
+//! backward, and the same errors. Each descriptor's `out_shape` gives the
+//! shape of its forward's result, and the same errors.
 #![allow(clippy::result_large_err)] // `ExecError` carries inline shapes
 
 mod support;
 
 use fucina_exec::{
-    Dims, ExecContext, ExecError, IndexOp, JoinOp, MatmulOptions, ProductOp, RawTensor,
-    RhsLifetime, ViewOp,
+    AxisReduction, AxisStatistic, BinaryOp, Dims, ExecContext, ExecError, FullReduction, IndexOp,
+    JoinOp, MaskOp, MatmulOptions, NormOp, ProductOp, RawTensor, RhsLifetime, ScalarOp, SoftmaxOp,
+    UnaryOp, ViewOp,
 };
 use support::values;
 
@@ -363,4 +365,167 @@ fn view_descriptor_errors() {
             "{op:?} {shape:?}"
         );
     }
+}
+
+/// The shape of a forward's result, or its error, as `out_shape` reports them.
+fn shape_of(r: Result<RawTensor, ExecError>) -> Result<Vec<usize>, ExecError> {
+    r.map(|t| t.shape().to_vec())
+}
+
+fn dims_of(r: Result<Dims, ExecError>) -> Result<Vec<usize>, ExecError> {
+    r.map(|d| d.as_slice().to_vec())
+}
+
+/// Shapes and axes (negative, out of range) for the axis-reduction families.
+const AXIS_CASES: &[(&[usize], i32)] = &[
+    (&[2, 3, 4], 0),
+    (&[2, 3, 4], 1),
+    (&[2, 3, 4], 2),
+    (&[2, 3, 4], -1),
+    (&[2, 3, 4], -3),
+    (&[2, 3, 4], 3),
+    (&[2, 3, 4], -4),
+    (&[5], 0),
+    (&[5], -1),
+    (&[5], 1),
+];
+
+#[test]
+fn reduction_out_shapes_match_the_forwards() -> R {
+    let ctx = ExecContext::with_threads(1);
+    for (seed, &(shape, axis)) in AXIS_CASES.iter().enumerate() {
+        let x = tensor(&ctx, shape, seed as u64);
+        for keepdim in [false, true] {
+            let case = format!("{shape:?} axis {axis} keepdim {keepdim}");
+            for &op in AxisReduction::ALL {
+                assert_eq!(
+                    shape_of(ctx.reduce(op, &x, axis, keepdim)),
+                    dims_of(op.out_shape(shape, axis, keepdim)),
+                    "{op:?} {case}"
+                );
+            }
+            for op in [
+                AxisStatistic::Variance { unbiased: true },
+                AxisStatistic::Variance { unbiased: false },
+                AxisStatistic::LogSumExp,
+            ] {
+                assert_eq!(
+                    shape_of(ctx.statistic(op, &x, axis, keepdim)),
+                    dims_of(op.out_shape(shape, axis, keepdim)),
+                    "{op:?} {case}"
+                );
+            }
+        }
+    }
+    // The gradient-shape checks use the same rule: a gradient of the forward's
+    // shape is accepted, one of the other keepdim's shape refused.
+    let x = tensor(&ctx, &[2, 3, 4], 1);
+    for &op in AxisReduction::ALL {
+        let g = tensor(&ctx, op.out_shape(x.shape(), -2, true)?.as_slice(), 2);
+        ctx.reduce_backward(op, Some(&x), x.shape(), &g, -2, true)?;
+        assert!(matches!(
+            ctx.reduce_backward(op, Some(&x), x.shape(), &g, -2, false),
+            Err(ExecError::ShapeMismatch { .. })
+        ));
+    }
+    for shape in [&[2, 3, 4][..], &[5], &[1, 1]] {
+        let x = tensor(&ctx, shape, 3);
+        for &op in FullReduction::ALL {
+            assert_eq!(
+                ctx.reduce_all(op, &x)?.shape(),
+                op.out_shape(shape).as_slice(),
+                "{op:?} {shape:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn elementwise_out_shapes_match_the_forwards() -> R {
+    let ctx = ExecContext::with_threads(1);
+    // Broadcasting on either side, equal shapes, and shapes that do not
+    // broadcast.
+    let pairs: &[(&[usize], &[usize])] = &[
+        (&[2, 3], &[2, 3]),
+        (&[2, 3], &[3]),
+        (&[3, 1], &[2, 1, 4]),
+        (&[1], &[4, 2]),
+        (&[2, 3], &[4]),
+        (&[2, 3], &[3, 2]),
+    ];
+    for (seed, &(sa, sb)) in pairs.iter().enumerate() {
+        let (a, b) = (tensor(&ctx, sa, 2 * seed as u64), tensor(&ctx, sb, 7));
+        for &op in BinaryOp::ALL {
+            assert_eq!(
+                shape_of(ctx.binary(op, &a, &b)),
+                dims_of(op.out_shape(sa, sb)),
+                "{op:?} {sa:?} {sb:?}"
+            );
+        }
+        // The mask as the first shape, the operands the second (and a third).
+        let mask = ctx.ones_typed::<bool>(sa)?;
+        let other = tensor(&ctx, &[1, 1], 3);
+        assert_eq!(
+            shape_of(ctx.mask_op(MaskOp::Where, &mask, &b, Some(&other))),
+            dims_of(MaskOp::Where.out_shape(sa, sb, Some(&[1, 1]))),
+            "where {sa:?} {sb:?}"
+        );
+        let fill = MaskOp::MaskedFill(9.0);
+        assert_eq!(
+            shape_of(ctx.mask_op(fill, &mask, &b, None)),
+            dims_of(fill.out_shape(sa, sb, None)),
+            "masked_fill {sa:?} {sb:?}"
+        );
+    }
+    // A wrong operand count is the same error from both.
+    let (mask, x) = (ctx.ones_typed::<bool>(&[2])?, tensor(&ctx, &[2], 1));
+    for (op, other) in [(MaskOp::Where, None), (MaskOp::MaskedFill(0.0), Some(&x))] {
+        assert_eq!(
+            shape_of(ctx.mask_op(op, &mask, &x, other)),
+            dims_of(op.out_shape(&[2], &[2], other.map(|t| t.shape()))),
+            "{op:?}"
+        );
+    }
+
+    // The shape-preserving families.
+    for shape in [&[2, 3][..], &[4], &[2, 1, 3]] {
+        let x = ctx.from_slice(
+            shape,
+            &support::uniform(5, shape.iter().product(), 0.5, 2.0),
+        )?;
+        for &op in UnaryOp::ALL {
+            assert_eq!(ctx.unary(op, &x)?.shape(), op.out_shape(shape).as_slice());
+        }
+        for op in [
+            ScalarOp::Scale(2.0),
+            ScalarOp::AddScalar(1.0),
+            ScalarOp::PowScalar(2.0),
+            ScalarOp::Clamp { min: 0.0, max: 1.0 },
+            ScalarOp::Dropout { p: 0.5, seed: 3 },
+        ] {
+            assert_eq!(
+                ctx.scalar_op(op, &x)?.shape(),
+                op.out_shape(shape).as_slice()
+            );
+        }
+        for &op in SoftmaxOp::ALL {
+            assert_eq!(
+                ctx.softmax_op(op, &x, -1)?.shape(),
+                op.out_shape(shape).as_slice()
+            );
+        }
+        let last = *shape.last().unwrap();
+        let (gamma, beta) = (tensor(&ctx, &[last], 8), tensor(&ctx, &[last], 9));
+        for (op, beta) in [
+            (NormOp::LayerNorm { eps: 1e-5 }, Some(&beta)),
+            (NormOp::RmsNorm { eps: 1e-5 }, None),
+        ] {
+            assert_eq!(
+                ctx.norm_op(op, &x, &gamma, beta)?.shape(),
+                op.out_shape(shape).as_slice()
+            );
+        }
+    }
+    Ok(())
 }

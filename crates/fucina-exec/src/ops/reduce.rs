@@ -741,7 +741,7 @@ impl AxisReduction {
 
     /// The op's output shape for an input of shape `input` reduced along
     /// `axis`: the axis removed, or kept as size 1 with `keepdim` (`[1]` when
-    /// nothing is left; see the [module docs](self)). The forward kernels take
+    /// nothing is left, as tensors have rank 1 to 8). The forward kernels take
     /// their output shape from here.
     ///
     /// ```
