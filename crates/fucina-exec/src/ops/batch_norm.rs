@@ -16,7 +16,9 @@ use crate::error::ExecError;
 use crate::kernels::batch_norm::{GradXCoefs, grad_x_plane, normalize_plane, plane_grad_sums};
 use crate::kernels::reduce::sum_map;
 use crate::kernels::simd::vectorized;
-use crate::ops::common::{BatchNormStats, check_batch_norm, check_batch_norm_training};
+use crate::ops::common::{
+    BatchNormStats, check_batch_norm, check_batch_norm_training, check_grad_shape,
+};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a statistics pass.
@@ -326,14 +328,7 @@ impl ExecContext {
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "batch_norm_backward";
         let (n, ch, plane) = check_batch_norm(OP, x, &[gamma, mean, inv_std], 0.0)?;
-        if grad_y.shape() != x.shape() {
-            return Err(ExecError::ShapeMismatch {
-                op: OP,
-                lhs: x.dims(),
-                rhs: grad_y.dims(),
-                reason: "the output gradient must have the input's shape",
-            });
-        }
+        check_grad_shape(OP, x, grad_y)?;
         let (xc, gc, mc, ic, gyc) = (
             self.contiguous(x)?,
             self.contiguous(gamma)?,

@@ -242,13 +242,11 @@ impl BatchNormStats {
     }
 }
 
-/// Checks rank, `eps` and that every parameter has shape `[C]`; returns
-/// `(N, C, plane)`.
-pub(crate) fn check_batch_norm(
+/// `(N, C, plane)` of a channels-first input `[N, C, ...]` (the batch and
+/// group norms), or an error naming `op` when its rank is below 2.
+pub(crate) fn channels_first(
     op: &'static str,
     x: &RawTensor,
-    params: &[&RawTensor],
-    eps: f32,
 ) -> Result<(usize, usize, usize), ExecError> {
     if x.rank() < 2 {
         return Err(ExecError::InvalidShape {
@@ -258,10 +256,39 @@ pub(crate) fn check_batch_norm(
         });
     }
     let s = x.shape();
-    let c = s[1];
+    Ok((s[0], s[1], s[2..].iter().product()))
+}
+
+/// Checks that an output gradient `g` has the input `x`'s shape (the norms'
+/// backward kernels).
+pub(crate) fn check_grad_shape(
+    op: &'static str,
+    x: &RawTensor,
+    g: &RawTensor,
+) -> Result<(), ExecError> {
+    if x.shape() != g.shape() {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: x.dims(),
+            rhs: g.dims(),
+            reason: "the output gradient must have the input's shape",
+        });
+    }
+    Ok(())
+}
+
+/// Checks rank, `eps` and that every parameter has shape `[C]`; returns
+/// `(N, C, plane)`.
+pub(crate) fn check_batch_norm(
+    op: &'static str,
+    x: &RawTensor,
+    params: &[&RawTensor],
+    eps: f32,
+) -> Result<(usize, usize, usize), ExecError> {
+    let dims @ (_, c, _) = channels_first(op, x)?;
     let reason = "each per-channel parameter must have shape [C] (axis 1 of the input)";
     check_param_shapes(op, x, c, params, eps, reason)?;
-    Ok((s[0], c, s[2..].iter().product()))
+    Ok(dims)
 }
 
 /// [`check_batch_norm`] for training mode, which also needs more than one value per

@@ -21,7 +21,7 @@ use crate::error::ExecError;
 use crate::kernels::batch_norm::plane_grad_sums;
 use crate::kernels::rowwise;
 use crate::kernels::simd::vectorized;
-use crate::ops::common::check_param_shapes;
+use crate::ops::common::{channels_first, check_grad_shape, check_param_shapes};
 use crate::tensor::RawTensor;
 
 /// Per-element work weight of a group row (two statistics passes and the output).
@@ -66,15 +66,7 @@ fn check(
     bias: Option<&RawTensor>,
     opts: GroupNormOptions,
 ) -> Result<GroupDims, ExecError> {
-    if x.rank() < 2 {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: x.dims(),
-            reason: "the input must be [N, C, ...] (rank at least 2)",
-        });
-    }
-    let s = x.shape();
-    let (n, c) = (s[0], s[1]);
+    let (n, c, plane) = channels_first(op, x)?;
     let g = opts.num_groups;
     let bad = |value, reason| ExecError::InvalidOption {
         op,
@@ -95,7 +87,7 @@ fn check(
         n,
         c,
         per_group: c / g,
-        plane: s[2..].iter().product(),
+        plane,
     })
 }
 
@@ -193,14 +185,7 @@ impl ExecContext {
     ) -> Result<[Option<RawTensor>; 3], ExecError> {
         const OP: &str = "group_norm_backward";
         let d = check(OP, x, weight, None, opts)?;
-        if grad_y.shape() != x.shape() {
-            return Err(ExecError::ShapeMismatch {
-                op: OP,
-                lhs: x.dims(),
-                rhs: grad_y.dims(),
-                reason: "the output gradient must have the input's shape",
-            });
-        }
+        check_grad_shape(OP, x, grad_y)?;
         let (xc, gyc) = (self.contiguous(x)?, self.contiguous(grad_y)?);
         let (xs, gys) = (xc.contiguous_slice(), gyc.contiguous_slice());
         let (k, len) = (d.per_group, d.per_group * d.plane);

@@ -11,7 +11,7 @@ use crate::error::ExecError;
 use crate::kernels::reduce::{col_sum, col_sum_with, for_each_col_tile};
 use crate::kernels::simd::vectorized;
 use crate::kernels::{prefetch, rowwise};
-use crate::ops::common::check_param_shapes;
+use crate::ops::common::{check_grad_shape, check_param_shapes};
 use crate::tensor::RawTensor;
 use crate::tensor::layout::Dims;
 
@@ -28,18 +28,6 @@ fn check_params(
     let c = x.shape()[x.rank() - 1];
     let reason = "gamma and beta must have shape [size of the last axis]";
     check_param_shapes(op, x, c, params, eps, reason)
-}
-
-fn check_same(op: &'static str, x: &RawTensor, g: &RawTensor) -> Result<(), ExecError> {
-    if x.shape() != g.shape() {
-        return Err(ExecError::ShapeMismatch {
-            op,
-            lhs: x.dims(),
-            rhs: g.dims(),
-            reason: "the output gradient must have the input's shape",
-        });
-    }
-    Ok(())
 }
 
 impl ExecContext {
@@ -321,7 +309,7 @@ impl ExecContext {
         row_stats: fn(&[f32], f32) -> (f32, f32),
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         check_params(op, x, &[gamma], eps)?;
-        check_same(op, x, grad_y)?;
+        check_grad_shape(op, x, grad_y)?;
         let c = x.shape()[x.rank() - 1];
         let rows = x.numel() / c;
         let (xc, gc, gyc) = (
