@@ -7,9 +7,9 @@
 mod support;
 
 use fucina_exec::{
-    AxisReduction, AxisStatistic, BinaryOp, Dims, ExecContext, ExecError, FullReduction, IndexOp,
-    JoinOp, MaskOp, MatmulOptions, NormOp, ProductOp, RawTensor, RhsLifetime, ScalarOp, SoftmaxOp,
-    UnaryOp, ViewOp,
+    AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, ExecError, FullReduction,
+    IndexOp, JoinOp, MaskOp, MatmulOptions, NormOp, ProductOp, RawTensor, RegressionLoss,
+    RhsLifetime, ScalarOp, SoftmaxOp, UnaryOp, ViewOp,
 };
 use support::values;
 
@@ -524,6 +524,173 @@ fn elementwise_out_shapes_match_the_forwards() -> R {
             assert_eq!(
                 ctx.norm_op(op, &x, &gamma, beta)?.shape(),
                 op.out_shape(shape).as_slice()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn product_out_shapes_match_the_forwards() -> R {
+    let ctx = ExecContext::with_threads(1);
+    // Vectors, matrices, broadcast batches, inner-dimension and batch mismatches.
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[3], &[3]),
+        (&[3], &[3, 4]),
+        (&[2, 3], &[3]),
+        (&[2, 3], &[3, 4]),
+        (&[5, 1, 2, 3], &[7, 3, 4]),
+        (&[2, 3], &[4, 5]),
+        (&[2, 2, 3], &[3, 3, 4]),
+        (&[3], &[4]),
+    ];
+    for (seed, &(sa, sb)) in cases.iter().enumerate() {
+        let (a, b) = (tensor(&ctx, sa, seed as u64), tensor(&ctx, sb, 9));
+        assert_eq!(
+            shape_of(ctx.matmul(&a, &b)),
+            dims_of(ProductOp::Matmul.out_shape(sa, sb)),
+            "matmul {sa:?} {sb:?}"
+        );
+    }
+    // linear: x [..., in] against w [out, in]; 1-D inputs, bad weights.
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[4], &[3, 4]),
+        (&[2, 4], &[3, 4]),
+        (&[2, 5, 4], &[3, 4]),
+        (&[2, 4], &[4, 3]),
+        (&[2, 4], &[3, 4, 1]),
+        (&[2, 4], &[4]),
+    ];
+    for (seed, &(sx, sw)) in cases.iter().enumerate() {
+        let (x, w) = (tensor(&ctx, sx, seed as u64), tensor(&ctx, sw, 8));
+        assert_eq!(
+            shape_of(ctx.linear(&x, &w, None)),
+            dims_of(ProductOp::Linear.out_shape(sx, sw)),
+            "linear {sx:?} {sw:?}"
+        );
+    }
+    // Shapes no tensor can have are errors, not panics.
+    assert!(ProductOp::Matmul.out_shape(&[], &[3]).is_err());
+    assert!(ProductOp::Linear.out_shape(&[0, 3], &[2, 3]).is_err());
+    Ok(())
+}
+
+#[test]
+fn join_and_index_out_shapes_match_the_forwards() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let part_cases: &[&[&[usize]]] = &[
+        &[&[2, 3], &[2, 1], &[2, 2]],
+        &[&[2, 3], &[2, 3]],
+        &[&[2, 3], &[4, 3]],
+        &[&[2, 3], &[2, 3, 1]],
+        &[&[4]],
+        &[],
+    ];
+    for parts_shapes in part_cases {
+        let parts: Vec<RawTensor> = parts_shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| tensor(&ctx, s, i as u64))
+            .collect();
+        let refs: Vec<&RawTensor> = parts.iter().collect();
+        for axis in [0, 1, -1, 2, -3, 3] {
+            for &op in JoinOp::ALL {
+                assert_eq!(
+                    shape_of(ctx.join(op, &refs, axis)),
+                    dims_of(op.out_shape(parts_shapes.iter().copied(), axis)),
+                    "{op:?} {parts_shapes:?} axis {axis}"
+                );
+            }
+        }
+    }
+    // Gathers: the index's shape decides, its values do not.
+    let x = tensor(&ctx, &[4, 5], 1);
+    let index_cases: &[&[usize]] = &[&[3], &[2, 2], &[4, 6], &[5, 5], &[2, 2, 1]];
+    for &ishape in index_cases {
+        let n: usize = ishape.iter().product();
+        let index = ctx.from_slice_typed::<i64>(ishape, &vec![0; n])?;
+        for axis in [0, 1, -1, 2] {
+            for &op in IndexOp::ALL {
+                assert_eq!(
+                    shape_of(ctx.index_op(op, &x, axis, &index)),
+                    dims_of(op.out_shape(x.shape(), axis, ishape)),
+                    "{op:?} index {ishape:?} axis {axis}"
+                );
+            }
+        }
+    }
+    assert!(IndexOp::Gather.out_shape(&[4, 5], 0, &[]).is_err());
+    Ok(())
+}
+
+#[test]
+fn view_and_loss_out_shapes_match_the_forwards() -> R {
+    let ctx = ExecContext::with_threads(1);
+    let x = tensor(&ctx, &[2, 3, 4], 1);
+    let views = [
+        ViewOp::Reshape(Dims::new(&[6, 4])),
+        ViewOp::Reshape(Dims::new(&[5, 4])),
+        ViewOp::Permute(Dims::new(&[2, 0, 1])),
+        ViewOp::Permute(Dims::new(&[0, 0, 1])),
+        ViewOp::Transpose(0, 2),
+        ViewOp::Transpose(0, 3),
+        ViewOp::Narrow {
+            axis: 1,
+            start: 1,
+            len: 2,
+        },
+        ViewOp::Narrow {
+            axis: 1,
+            start: 2,
+            len: 2,
+        },
+        ViewOp::Squeeze(0),
+        ViewOp::Unsqueeze(3),
+        ViewOp::Unsqueeze(4),
+        ViewOp::BroadcastTo(Dims::new(&[5, 2, 3, 4])),
+        ViewOp::BroadcastTo(Dims::new(&[2, 2, 4])),
+        ViewOp::Materialize,
+    ];
+    for op in views {
+        assert_eq!(
+            shape_of(ctx.view_op(op, &x)),
+            dims_of(op.out_shape(x.shape())),
+            "{op:?}"
+        );
+    }
+    // A transposed input: the rule is the same (reshape copies first).
+    let t = x.transpose(0, 2)?;
+    let op = ViewOp::Reshape(Dims::new(&[4, 6]));
+    assert_eq!(
+        shape_of(ctx.view_op(op, &t)),
+        dims_of(op.out_shape(t.shape()))
+    );
+
+    // Losses: [1], or the shape errors of the forwards.
+    let score_cases: &[(&[usize], &[usize])] = &[
+        (&[3, 4], &[3]),
+        (&[3, 4], &[4]),
+        (&[3, 4, 1], &[3]),
+        (&[12], &[3]),
+    ];
+    for &(ss, ls) in score_cases {
+        let scores = tensor(&ctx, ss, 2);
+        let labels = ctx.from_slice_typed::<i64>(ls, &vec![0; ls.iter().product()])?;
+        for &op in ClassLoss::ALL {
+            assert_eq!(
+                shape_of(ctx.class_loss(op, &scores, &labels)),
+                dims_of(op.out_shape(ss, ls)),
+                "{op:?} {ss:?} {ls:?}"
+            );
+        }
+    }
+    for (sa, sb) in [(&[2, 3][..], &[2, 3][..]), (&[2, 3][..], &[3, 2][..])] {
+        let (a, b) = (tensor(&ctx, sa, 3), tensor(&ctx, sb, 4));
+        for &op in RegressionLoss::ALL {
+            assert_eq!(
+                shape_of(ctx.regression_loss(op, &a, &b)),
+                dims_of(op.out_shape(sa, sb)),
+                "{op:?} {sa:?} {sb:?}"
             );
         }
     }

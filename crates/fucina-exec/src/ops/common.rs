@@ -111,11 +111,10 @@ pub(crate) fn check_gather_index(
     op: &'static str,
     src: &[usize],
     axis: usize,
-    index: &RawTensor<i64>,
+    index: &[usize],
 ) -> Result<(), ExecError> {
-    let fits = index.rank() == src.len()
+    let fits = index.len() == src.len()
         && index
-            .shape()
             .iter()
             .zip(src)
             .enumerate()
@@ -126,7 +125,7 @@ pub(crate) fn check_gather_index(
         Err(ExecError::ShapeMismatch {
             op,
             lhs: Dims::new(src),
-            rhs: index.dims(),
+            rhs: Dims::new(index),
             reason: "the index must have the source's rank and no larger size off the axis",
         })
     }

@@ -47,18 +47,10 @@ impl ExecContext {
         indices: &RawTensor<i64>,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "index_select";
+        let out_shape = IndexOp::IndexSelect.out_shape(x.shape(), axis, indices.shape())?;
         let axis = check_axis(OP, axis, x.rank())?;
-        if indices.rank() != 1 {
-            return Err(ExecError::InvalidShape {
-                op: OP,
-                shape: indices.dims(),
-                reason: "the indices must be 1-D",
-            });
-        }
         let d = x.shape()[axis];
         check_index_values(OP, indices, d)?;
-        let mut out_shape = x.dims();
-        out_shape.as_mut_slice()[axis] = indices.numel();
         let inner: usize = x.shape()[axis + 1..].iter().product();
         self.select_rows(OP, x, indices, d, inner, &out_shape)
     }
@@ -89,24 +81,9 @@ impl ExecContext {
         ids: &RawTensor<i64>,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "embedding";
-        if weight.rank() != 2 {
-            return Err(ExecError::InvalidShape {
-                op: OP,
-                shape: weight.dims(),
-                reason: "the weight must be 2-D [vocab, dim]",
-            });
-        }
-        if ids.rank() == MAX_RANK {
-            return Err(ExecError::InvalidShape {
-                op: OP,
-                shape: ids.dims(),
-                reason: "the result (ids shape plus the embedding axis) would have rank above 8",
-            });
-        }
+        let out_shape = IndexOp::Embedding.out_shape(weight.shape(), 0, ids.shape())?;
         let (v, dim) = (weight.shape()[0], weight.shape()[1]);
         check_index_values(OP, ids, v)?;
-        let mut out_shape = ids.dims();
-        out_shape.push(dim);
         self.select_rows(OP, weight, ids, v, dim, &out_shape)
     }
 
@@ -183,8 +160,8 @@ impl ExecContext {
         index: &RawTensor<i64>,
     ) -> Result<RawTensor<T>, ExecError> {
         const OP: &str = "gather";
+        IndexOp::Gather.out_shape(x.shape(), axis, index.shape())?;
         let axis = check_axis(OP, axis, x.rank())?;
-        check_gather_index(OP, x.shape(), axis, index)?;
         let dx = x.shape()[axis];
         check_index_values(OP, index, dx)?;
         let xs = self.contiguous(x)?;
@@ -393,7 +370,7 @@ impl ExecContext {
         const OP: &str = "gather_backward";
         check_shape(OP, src_shape)?;
         let axis = check_axis(OP, axis, src_shape.len())?;
-        check_gather_index(OP, src_shape, axis, index)?;
+        check_gather_index(OP, src_shape, axis, index.shape())?;
         if grad.shape() != index.shape() {
             return Err(ExecError::ShapeMismatch {
                 op: OP,
@@ -510,6 +487,81 @@ impl IndexOp {
             IndexOp::Gather => "gather_backward",
             IndexOp::Embedding => "embedding_backward",
         }
+    }
+
+    /// The shape of the op's result for a source of shape `x` (the table, for
+    /// `Embedding`, whose `axis` must be 0) and an index of shape `index`:
+    /// `x`'s shape with the index's length along `axis` (`IndexSelect`, a 1-D
+    /// index), the index's shape (`Gather`), or the index's shape followed by
+    /// the table's row length (`Embedding`). The index's values are not needed
+    /// (nor checked).
+    ///
+    /// ```
+    /// use fucina_exec::IndexOp;
+    ///
+    /// assert_eq!(IndexOp::IndexSelect.out_shape(&[4, 5], 1, &[3])?.as_slice(), [4, 3]);
+    /// assert_eq!(IndexOp::Embedding.out_shape(&[100, 8], 0, &[2, 7])?.as_slice(), [2, 7, 8]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The shape errors of the op's forward: [`ExecError::InvalidAxis`];
+    /// [`ExecError::InvalidShape`] for an `IndexSelect` index that is not 1-D, an
+    /// embedding table that is not 2-D, an `Embedding` index of rank 8 (or a shape
+    /// no tensor can have); [`ExecError::ShapeMismatch`] for a `Gather` index
+    /// that does not fit the source; [`ExecError::InvalidArgument`] for an
+    /// embedding along an axis other than 0; [`ExecError::Overflow`].
+    pub fn out_shape(
+        self,
+        x: &[usize],
+        axis: impl Axis,
+        index: &[usize],
+    ) -> Result<Dims, ExecError> {
+        let op = self.name();
+        check_shape(op, x)?;
+        check_shape(op, index)?;
+        let out = match self {
+            IndexOp::IndexSelect => {
+                let axis = check_axis(op, axis, x.len())?;
+                let &[m] = index else {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(index),
+                        reason: "the indices must be 1-D",
+                    });
+                };
+                let mut out = Dims::new(x);
+                out.as_mut_slice()[axis] = m;
+                out
+            }
+            IndexOp::Gather => {
+                let axis = check_axis(op, axis, x.len())?;
+                check_gather_index(op, x, axis, index)?;
+                Dims::new(index)
+            }
+            IndexOp::Embedding => {
+                let &[_, dim] = x else {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(x),
+                        reason: "the weight must be 2-D [vocab, dim]",
+                    });
+                };
+                embedding_axis(op, axis)?;
+                if index.len() == MAX_RANK {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(index),
+                        reason: "the result (ids shape plus the embedding axis) would have rank above 8",
+                    });
+                }
+                let mut out = Dims::new(index);
+                out.push(dim);
+                out
+            }
+        };
+        check_shape(op, &out)?;
+        Ok(out)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::axis::Axis;
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::ops::common::copy_logical;
-use crate::tensor::layout::{Dims, MAX_RANK, check_axis};
+use crate::tensor::layout::{Dims, MAX_RANK, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
 
 /// One operand of a join: its block length per output row, and its elements when
@@ -148,38 +148,10 @@ impl ExecContext {
         parts: &[&RawTensor<T>],
         axis: impl Axis,
     ) -> Result<RawTensor<T>, ExecError> {
-        const OP: &str = "concat";
-        let Some(first) = parts.first() else {
-            return Err(ExecError::InvalidArgument {
-                op: OP,
-                reason: "the list of tensors to concatenate is empty",
-            });
-        };
-        let rank = first.rank();
-        let axis = check_axis(OP, axis, rank)?;
-        let mut total = 0usize;
-        for p in parts {
-            let same = p.rank() == rank
-                && (0..rank).all(|d| d == axis || p.shape()[d] == first.shape()[d]);
-            if !same {
-                return Err(ExecError::ShapeMismatch {
-                    op: OP,
-                    lhs: first.dims(),
-                    rhs: p.dims(),
-                    reason: "the ranks or the sizes off the concatenation axis differ",
-                });
-            }
-            total = total
-                .checked_add(p.shape()[axis])
-                .ok_or(ExecError::Overflow {
-                    op: OP,
-                    shape: first.dims(),
-                })?;
-        }
-        let mut out_shape = first.dims();
-        out_shape.as_mut_slice()[axis] = total;
-        let outer: usize = first.shape()[..axis].iter().product();
-        joined(self, OP, parts, outer, &out_shape)
+        let out_shape = JoinOp::Concat.out_shape(parts.iter().map(|p| p.shape()), axis)?;
+        let axis = check_axis("concat", axis, out_shape.len())?;
+        let outer: usize = out_shape[..axis].iter().product();
+        joined(self, "concat", parts, outer, &out_shape)
     }
 
     /// Stacks `parts`, which all have the same shape, along a new axis inserted at
@@ -216,42 +188,10 @@ impl ExecContext {
         parts: &[&RawTensor<T>],
         axis: impl Axis,
     ) -> Result<RawTensor<T>, ExecError> {
-        const OP: &str = "stack";
-        let Some(first) = parts.first() else {
-            return Err(ExecError::InvalidArgument {
-                op: OP,
-                reason: "the list of tensors to stack is empty",
-            });
-        };
-        let rank = first.rank();
-        let axis = check_axis(OP, axis, rank + 1)?;
-        if rank == MAX_RANK {
-            return Err(ExecError::InvalidShape {
-                op: OP,
-                shape: first.dims(),
-                reason: "stacking adds an axis and the result would have rank above 8",
-            });
-        }
-        if let Some(p) = parts.iter().find(|p| p.shape() != first.shape()) {
-            return Err(ExecError::ShapeMismatch {
-                op: OP,
-                lhs: first.dims(),
-                rhs: p.dims(),
-                reason: "every stacked tensor must have the same shape",
-            });
-        }
-        let mut out_shape = Dims::default();
-        for (d, &s) in first.shape().iter().enumerate() {
-            if d == axis {
-                out_shape.push(parts.len());
-            }
-            out_shape.push(s);
-        }
-        if axis == rank {
-            out_shape.push(parts.len());
-        }
-        let outer: usize = first.shape()[..axis].iter().product();
-        joined(self, OP, parts, outer, &out_shape)
+        let out_shape = JoinOp::Stack.out_shape(parts.iter().map(|p| p.shape()), axis)?;
+        let axis = check_axis("stack", axis, out_shape.len())?;
+        let outer: usize = out_shape[..axis].iter().product();
+        joined(self, "stack", parts, outer, &out_shape)
     }
 
     /// Splits `x` along `axis` into consecutive zero-copy [`RawTensor::narrow`]
@@ -338,6 +278,103 @@ impl JoinOp {
         match self {
             JoinOp::Concat => rank,
             JoinOp::Stack => rank + 1,
+        }
+    }
+
+    /// The shape of the op's result for parts of the shapes `parts` joined along
+    /// `axis`: for `Concat`, the parts' common shape with the sum of their sizes
+    /// along `axis`; for `Stack`, their common shape with the number of parts
+    /// inserted at `axis` (an axis of the result). One pass over `parts`.
+    ///
+    /// ```
+    /// use fucina_exec::JoinOp;
+    ///
+    /// let parts: [&[usize]; 2] = [&[2, 1], &[2, 3]];
+    /// assert_eq!(JoinOp::Concat.out_shape(parts, 1)?.as_slice(), [2, 4]);
+    /// assert_eq!(JoinOp::Stack.out_shape([&[2, 3][..]; 4], -1)?.as_slice(), [2, 3, 4]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`concat`](ExecContext::concat) or [`stack`](ExecContext::stack):
+    /// [`ExecError::InvalidArgument`] for no parts, [`ExecError::InvalidAxis`],
+    /// [`ExecError::ShapeMismatch`] for a part whose shape does not fit the
+    /// first's, [`ExecError::InvalidShape`] for a stack of rank-8 parts (or a shape
+    /// no tensor can have), [`ExecError::Overflow`].
+    pub fn out_shape<'a>(
+        self,
+        parts: impl IntoIterator<Item = &'a [usize]>,
+        axis: impl Axis,
+    ) -> Result<Dims, ExecError> {
+        let op = self.name();
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Err(ExecError::InvalidArgument {
+                op,
+                reason: match self {
+                    JoinOp::Concat => "the list of tensors to concatenate is empty",
+                    JoinOp::Stack => "the list of tensors to stack is empty",
+                },
+            });
+        };
+        check_shape(op, first)?;
+        let rank = first.len();
+        let axis = check_axis(op, axis, self.axis_rank(rank))?;
+        match self {
+            JoinOp::Concat => {
+                let mut out = Dims::new(first);
+                for p in parts {
+                    let same = p.len() == rank && (0..rank).all(|d| d == axis || p[d] == first[d]);
+                    if !same {
+                        return Err(ExecError::ShapeMismatch {
+                            op,
+                            lhs: Dims::new(first),
+                            rhs: Dims::new(p),
+                            reason: "the ranks or the sizes off the concatenation axis differ",
+                        });
+                    }
+                    let d = &mut out.as_mut_slice()[axis];
+                    *d = d.checked_add(p[axis]).ok_or(ExecError::Overflow {
+                        op,
+                        shape: Dims::new(first),
+                    })?;
+                }
+                check_shape(op, &out)?;
+                Ok(out)
+            }
+            JoinOp::Stack => {
+                if rank == MAX_RANK {
+                    return Err(ExecError::InvalidShape {
+                        op,
+                        shape: Dims::new(first),
+                        reason: "stacking adds an axis and the result would have rank above 8",
+                    });
+                }
+                let mut count = 1usize;
+                for p in parts {
+                    if p != first {
+                        return Err(ExecError::ShapeMismatch {
+                            op,
+                            lhs: Dims::new(first),
+                            rhs: Dims::new(p),
+                            reason: "every stacked tensor must have the same shape",
+                        });
+                    }
+                    count += 1;
+                }
+                let mut out = Dims::default();
+                for (d, &s) in first.iter().enumerate() {
+                    if d == axis {
+                        out.push(count);
+                    }
+                    out.push(s);
+                }
+                if axis == rank {
+                    out.push(count);
+                }
+                check_shape(op, &out)?;
+                Ok(out)
+            }
         }
     }
 }

@@ -11,6 +11,33 @@ use crate::kernels::reduce::{sum, sum_map2};
 use crate::kernels::simd::vectorized;
 use crate::kernels::{prefetch, rowwise};
 use crate::tensor::RawTensor;
+use crate::tensor::layout::{Dims, check_shape};
+
+/// Checks the shapes `[N, C]` of scores and `[N]` of labels; returns `(N, C)`.
+fn label_shapes(
+    op: &'static str,
+    scores: &[usize],
+    labels: &[usize],
+) -> Result<(usize, usize), ExecError> {
+    check_shape(op, labels)?;
+    let &[n, c] = scores else {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: Dims::new(scores),
+            reason: "the scores must have shape [N, C]",
+        });
+    };
+    check_shape(op, scores)?;
+    if labels != [n] {
+        return Err(ExecError::ShapeMismatch {
+            op,
+            lhs: Dims::new(scores),
+            rhs: Dims::new(labels),
+            reason: "the labels must have shape [N] for scores of shape [N, C]",
+        });
+    }
+    Ok((n, c))
+}
 
 /// Checks `[N, C]` scores against `[N]` labels with values in `0..C`; returns
 /// `(N, C)` and the contiguous labels.
@@ -20,22 +47,7 @@ fn check_labels(
     scores: &RawTensor,
     labels: &RawTensor<i64>,
 ) -> Result<(usize, usize, RawTensor<i64>), ExecError> {
-    if scores.rank() != 2 {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: scores.dims(),
-            reason: "the scores must have shape [N, C]",
-        });
-    }
-    let (n, c) = (scores.shape()[0], scores.shape()[1]);
-    if labels.shape() != [n] {
-        return Err(ExecError::ShapeMismatch {
-            op,
-            lhs: scores.dims(),
-            rhs: labels.dims(),
-            reason: "the labels must have shape [N] for scores of shape [N, C]",
-        });
-    }
+    let (n, c) = label_shapes(op, scores.shape(), labels.shape())?;
     // Validate the values without allocating (read through the strides).
     let ls: &[i64] = labels.buffer();
     let mut bad = None;
@@ -296,6 +308,19 @@ impl ClassLoss {
             ClassLoss::NllLoss => "nll_loss_backward",
         }
     }
+
+    /// The shape of the loss for scores of shape `scores` (`[N, C]`) and labels of
+    /// shape `labels` (`[N]`): `[1]`, the batch mean. The labels' values are not
+    /// needed (nor checked).
+    ///
+    /// # Errors
+    /// The shape errors of the op's forward: [`ExecError::InvalidShape`] unless
+    /// the scores are rank 2 (or for a shape no tensor can have),
+    /// [`ExecError::ShapeMismatch`] unless the labels are `[N]`.
+    pub fn out_shape(self, scores: &[usize], labels: &[usize]) -> Result<Dims, ExecError> {
+        label_shapes(self.name(), scores, labels)?;
+        Ok(Dims::new(&[1]))
+    }
 }
 
 /// The descriptor of the losses between two tensors of one shape (`mse_loss`;
@@ -326,6 +351,17 @@ impl RegressionLoss {
         match self {
             RegressionLoss::Mse => "mse_loss_backward",
         }
+    }
+
+    /// The shape of the loss between operands of shapes `a` and `b`: `[1]`, the
+    /// mean over every element.
+    ///
+    /// # Errors
+    /// [`ExecError::ShapeMismatch`] unless the shapes are equal (no
+    /// broadcasting); [`ExecError::InvalidShape`] for a shape no tensor can have.
+    pub fn out_shape(self, a: &[usize], b: &[usize]) -> Result<Dims, ExecError> {
+        same_shape(self.name(), a, b)?;
+        Ok(Dims::new(&[1]))
     }
 }
 
@@ -400,11 +436,16 @@ impl ExecContext {
 }
 
 fn check_same_shape(op: &'static str, a: &RawTensor, b: &RawTensor) -> Result<(), ExecError> {
-    if a.shape() != b.shape() {
+    same_shape(op, a.shape(), b.shape())
+}
+
+fn same_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<(), ExecError> {
+    check_shape(op, a)?;
+    if a != b {
         return Err(ExecError::ShapeMismatch {
             op,
-            lhs: a.dims(),
-            rhs: b.dims(),
+            lhs: Dims::new(a),
+            rhs: Dims::new(b),
             reason: "the operands must have the same shape",
         });
     }

@@ -23,7 +23,7 @@ use crate::kernels::gemm::{self, GemmArgs, LhsRows, NR, Rhs, a_scratch_len};
 use crate::kernels::simd::{self, SimdLevel};
 use crate::parallel::for_each_run;
 use crate::tensor::RawTensor;
-use crate::tensor::layout::{Dims, MAX_RANK, broadcast_shapes};
+use crate::tensor::layout::{Dims, MAX_RANK, broadcast_shapes, check_shape};
 
 /// How long the bytes of a matmul right-hand side stay unchanged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -94,49 +94,98 @@ fn unravel_dot(mut idx: usize, dims: &[usize], strides: &[usize]) -> usize {
     acc
 }
 
+/// The shapes of `a · b` under numpy's rules (a 1-D left operand is a row
+/// `[1, k]`, a 1-D right operand a column `[k, 1]`, batch dims broadcast).
+struct ProductShape {
+    /// The broadcast batch dims.
+    batch: Dims,
+    m: usize,
+    k: usize,
+    n: usize,
+    /// `batch ++ [m, n]`.
+    out: Dims,
+    /// `out` without the dims of 1-D operands (`[1]` for two vectors).
+    result: Dims,
+}
+
+/// The matrix view of an operand's shape: a 1-D left operand is a row `[1, k]`,
+/// a 1-D right operand a column `[k, 1]`.
+fn matrix_shape(shape: &[usize], left: bool) -> Dims {
+    match shape {
+        [d] if left => Dims::new(&[1, *d]),
+        [d] => Dims::new(&[*d, 1]),
+        _ => Dims::new(shape),
+    }
+}
+
+/// Validates `a · b` (numpy rules: 1-D operands, broadcast batch dims) on the
+/// operands' shapes.
+fn product_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<ProductShape, ExecError> {
+    check_shape(op, a)?;
+    check_shape(op, b)?;
+    let mismatch = |reason| ExecError::ShapeMismatch {
+        op,
+        lhs: Dims::new(a),
+        rhs: Dims::new(b),
+        reason,
+    };
+    let (a_shape, b_shape) = (matrix_shape(a, true), matrix_shape(b, false));
+    let (ar, br) = (a_shape.len(), b_shape.len());
+    let (m, k) = (a_shape[ar - 2], a_shape[ar - 1]);
+    let (kb, n) = (b_shape[br - 2], b_shape[br - 1]);
+    if k != kb {
+        return Err(mismatch(
+            "inner dimensions differ (a's last dimension must equal b's second-to-last)",
+        ));
+    }
+    let batch = broadcast_shapes(op, &a_shape[..ar - 2], &b_shape[..br - 2])
+        .map_err(|_| mismatch("the batch dimensions do not broadcast"))?;
+    let mut out = batch;
+    if batch.len() + 2 > MAX_RANK {
+        return Err(mismatch("the output would have rank above 8"));
+    }
+    out.push(m);
+    out.push(n);
+    if out.checked_product().is_none() {
+        return Err(ExecError::Overflow { op, shape: out });
+    }
+    let mut result = batch;
+    if a.len() > 1 {
+        result.push(m);
+    }
+    if b.len() > 1 {
+        result.push(n);
+    }
+    if result.is_empty() {
+        result.push(1);
+    }
+    Ok(ProductShape {
+        batch,
+        m,
+        k,
+        n,
+        out,
+        result,
+    })
+}
+
 impl Plan {
     /// Validates `a · b` (numpy rules: 1-D operands, broadcast batch dims).
     fn new(op: &'static str, a: &RawTensor, b: &RawTensor) -> Result<Plan, ExecError> {
-        let mismatch = |reason| ExecError::ShapeMismatch {
-            op,
-            lhs: a.dims(),
-            rhs: b.dims(),
-            reason,
-        };
+        let ProductShape {
+            batch,
+            m,
+            k,
+            n,
+            out,
+            result,
+        } = product_shape(op, a.shape(), b.shape())?;
         // Matrix views of the operands: [k] -> [1, k] on the left, [k] -> [k, 1] on
         // the right.
         let (a_shape, a_str) = matrix_view(a, true);
         let (b_shape, b_str) = matrix_view(b, false);
         let (ar, br) = (a_shape.len(), b_shape.len());
-        let (m, k) = (a_shape[ar - 2], a_shape[ar - 1]);
-        let (kb, n) = (b_shape[br - 2], b_shape[br - 1]);
-        if k != kb {
-            return Err(mismatch(
-                "inner dimensions differ (a's last dimension must equal b's second-to-last)",
-            ));
-        }
-        let batch = broadcast_shapes(op, &a_shape[..ar - 2], &b_shape[..br - 2])
-            .map_err(|_| mismatch("the batch dimensions do not broadcast"))?;
         let bl = batch.len();
-        let mut out = batch;
-        if bl + 2 > MAX_RANK {
-            return Err(mismatch("the output would have rank above 8"));
-        }
-        out.push(m);
-        out.push(n);
-        if out.checked_product().is_none() {
-            return Err(ExecError::Overflow { op, shape: out });
-        }
-        let mut result = batch;
-        if a.rank() > 1 {
-            result.push(m);
-        }
-        if b.rank() > 1 {
-            result.push(n);
-        }
-        if result.is_empty() {
-            result.push(1);
-        }
         // Per output batch dim: a's stride (0 where a is broadcast), b's index stride.
         let (a_bl, b_bl) = (ar - 2, br - 2);
         let b_batch = Dims::new(&b_shape[..b_bl]);
@@ -765,9 +814,7 @@ fn check_linear_grad(
     w: &RawTensor,
     grad: &RawTensor,
 ) -> Result<(), ExecError> {
-    check_linear(op, x, w)?;
-    let mut want = Dims::new(&x.shape()[..x.rank() - 1]);
-    want.push(w.shape()[0]);
+    let want = linear_shape(op, x.shape(), w.shape())?;
     if grad.shape() != want.as_slice() {
         return Err(ExecError::ShapeMismatch {
             op,
@@ -779,23 +826,32 @@ fn check_linear_grad(
     Ok(())
 }
 
-/// Validates `linear(x, w)` and returns the `wᵀ` view `[in, out]`.
-fn check_linear(op: &'static str, x: &RawTensor, w: &RawTensor) -> Result<RawTensor, ExecError> {
-    if w.rank() != 2 {
+/// The shape of `linear(x, w)`: `[..., out]` with `x`'s leading dims (`[out]`
+/// for a 1-D `x`), after checking that `w` is `[out, in]` with `in` equal to
+/// `x`'s last dimension.
+fn linear_shape(op: &'static str, x: &[usize], w: &[usize]) -> Result<Dims, ExecError> {
+    check_shape(op, x)?;
+    let &[out, inn] = w else {
         return Err(ExecError::InvalidShape {
             op,
-            shape: w.dims(),
+            shape: Dims::new(w),
             reason: "the weight must be 2-D [out, in]",
         });
-    }
-    if x.shape()[x.rank() - 1] != w.shape()[1] {
+    };
+    if x[x.len() - 1] != inn {
         return Err(ExecError::ShapeMismatch {
             op,
-            lhs: x.dims(),
-            rhs: w.dims(),
+            lhs: Dims::new(x),
+            rhs: Dims::new(w),
             reason: "x's last dimension must equal the weight's second ([out, in])",
         });
     }
+    Ok(product_shape(op, x, &[inn, out])?.result)
+}
+
+/// Validates `linear(x, w)` and returns the `wᵀ` view `[in, out]`.
+fn check_linear(op: &'static str, x: &RawTensor, w: &RawTensor) -> Result<RawTensor, ExecError> {
+    linear_shape(op, x.shape(), w.shape())?;
     w.transpose(0, 1)
 }
 
@@ -837,6 +893,32 @@ impl ProductOp {
     /// Whether the op takes a bias operand (`linear`).
     pub fn takes_bias(self) -> bool {
         matches!(self, ProductOp::Linear)
+    }
+
+    /// The shape of the op's result for a left operand of shape `a` and a right
+    /// operand of shape `b` (the bias, when the op takes one, does not change it):
+    /// numpy's matrix-product rule for `Matmul` (1-D operands, broadcast batch
+    /// dims), `[..., out]` with `a`'s leading dims for `Linear` (`b` being the
+    /// weight `[out, in]`).
+    ///
+    /// ```
+    /// use fucina_exec::ProductOp;
+    ///
+    /// assert_eq!(ProductOp::Matmul.out_shape(&[2, 1, 3, 4], &[5, 4, 6])?.as_slice(), [2, 5, 3, 6]);
+    /// assert_eq!(ProductOp::Linear.out_shape(&[7, 4], &[3, 4])?.as_slice(), [7, 3]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The shape errors of the op's forward: [`ExecError::ShapeMismatch`] when
+    /// the inner dimensions differ or the batch dims do not broadcast,
+    /// [`ExecError::InvalidShape`] for a weight that is not 2-D (or a shape no
+    /// tensor can have), [`ExecError::Overflow`].
+    pub fn out_shape(self, a: &[usize], b: &[usize]) -> Result<Dims, ExecError> {
+        match self {
+            ProductOp::Matmul => Ok(product_shape(self.name(), a, b)?.result),
+            ProductOp::Linear => linear_shape(self.name(), a, b),
+        }
     }
 }
 

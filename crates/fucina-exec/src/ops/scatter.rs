@@ -59,7 +59,7 @@ impl ExecContext {
             });
         }
         let (xshape, ishape) = (x.shape(), index.shape());
-        check_gather_index(OP, xshape, axis, index)?;
+        check_gather_index(OP, xshape, axis, index.shape())?;
         let dx = xshape[axis];
         check_index_values(OP, index, dx)?;
         let (xc, ic, sc) = (

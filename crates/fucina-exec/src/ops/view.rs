@@ -6,7 +6,7 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::tensor::RawTensor;
-use crate::tensor::layout::Dims;
+use crate::tensor::layout::{Dims, Layout};
 
 /// The descriptor of the view family: one variant per op, holding the op's
 /// parameters (axes already resolved to `0..rank`) and naming its forward
@@ -57,6 +57,42 @@ impl ViewOp {
             ViewOp::BroadcastTo(_) => "broadcast_to",
             ViewOp::Materialize => "materialize",
         }
+    }
+
+    /// The shape of the op's result for an input of shape `x`: the view's layout
+    /// rule (the one the op's method applies, with the same checks) applied to
+    /// the contiguous layout of `x`.
+    ///
+    /// ```
+    /// use fucina_exec::ViewOp;
+    ///
+    /// assert_eq!(ViewOp::Transpose(0, 2).out_shape(&[2, 3, 4])?.as_slice(), [4, 3, 2]);
+    /// let window = ViewOp::Narrow { axis: 1, start: 1, len: 2 };
+    /// assert_eq!(window.out_shape(&[2, 3, 4])?.as_slice(), [2, 2, 4]);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The op's own errors, as [`ExecContext::view_op`] gives them (and
+    /// [`ExecError::InvalidShape`] for a shape no tensor can have).
+    pub fn out_shape(self, x: &[usize]) -> Result<Dims, ExecError> {
+        let l = Layout::contiguous(self.name(), x)?;
+        let out = match self {
+            ViewOp::Reshape(shape) => l.reshape(all_of("reshape", &shape, "rank above 8")?)?,
+            ViewOp::Permute(order) => {
+                let reason = "the order is not a permutation of the tensor's axes";
+                l.permute(all_of("permute", &order, reason)?)?
+            }
+            ViewOp::Transpose(a, b) => l.transpose(a, b)?,
+            ViewOp::Narrow { axis, start, len } => l.narrow(axis, start, len)?,
+            ViewOp::Squeeze(axis) => l.squeeze(axis)?,
+            ViewOp::Unsqueeze(axis) => l.unsqueeze(axis)?,
+            ViewOp::BroadcastTo(shape) => {
+                l.broadcast_to(all_of("broadcast_to", &shape, "rank above 8")?)?
+            }
+            ViewOp::Materialize => l,
+        };
+        Ok(out.dims())
     }
 }
 

@@ -6,14 +6,9 @@ use crate::error::ExecError;
 use crate::tensor::layout::{Dims, Layout, MAX_RANK, broadcast_layout, check_axis, check_shape};
 use crate::tensor::{Element, RawTensor};
 
-impl<T: Element> RawTensor<T> {
-    /// The same elements under a new shape (equal element count). Keeps the offset.
-    ///
-    /// # Errors
-    /// The shape errors of the constructors; [`ExecError::InvalidShape`] if the element
-    /// count differs; [`ExecError::UnsupportedView`] if the tensor is not contiguous
-    /// (materialize it first).
-    pub fn reshape(&self, shape: &[usize]) -> Result<RawTensor<T>, ExecError> {
+impl Layout {
+    /// The layout of [`RawTensor::reshape`] applied to this one (its checks, its errors).
+    pub(crate) fn reshape(&self, shape: &[usize]) -> Result<Layout, ExecError> {
         let n = check_shape("reshape", shape)?;
         if n != self.numel() {
             return Err(ExecError::InvalidShape {
@@ -29,14 +24,11 @@ impl<T: Element> RawTensor<T> {
             });
         }
         let l = Layout::contiguous_unchecked(shape);
-        Ok(self.view(Layout::from_parts(l.dims(), l.stride_dims(), self.offset())))
+        Ok(Layout::from_parts(l.dims(), l.stride_dims(), self.offset()))
     }
 
-    /// Axes reordered: axis `i` of the result is axis `order[i]` of `self`.
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidShape`] if `order` is not a permutation of `0..rank`.
-    pub fn permute(&self, order: &[usize]) -> Result<RawTensor<T>, ExecError> {
+    /// The layout of [`RawTensor::permute`] applied to this one (its checks, its errors).
+    pub(crate) fn permute(&self, order: &[usize]) -> Result<Layout, ExecError> {
         let rank = self.rank();
         let mut seen = [false; MAX_RANK];
         if order.len() != rank
@@ -55,33 +47,26 @@ impl<T: Element> RawTensor<T> {
             dims.push(self.shape()[a]);
             strides.push(self.strides()[a]);
         }
-        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+        Ok(Layout::from_parts(dims, strides, self.offset()))
     }
 
-    /// Axes `a` and `b` swapped.
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidAxis`] if an axis is outside `-rank..rank`.
-    pub fn transpose(&self, a: impl Axis, b: impl Axis) -> Result<RawTensor<T>, ExecError> {
+    /// The layout of [`RawTensor::transpose`] applied to this one (its checks, its errors).
+    pub(crate) fn transpose(&self, a: impl Axis, b: impl Axis) -> Result<Layout, ExecError> {
         let a = check_axis("transpose", a, self.rank())?;
         let b = check_axis("transpose", b, self.rank())?;
-        let (mut dims, mut strides) = (self.dims(), self.layout().stride_dims());
+        let (mut dims, mut strides) = (self.dims(), self.stride_dims());
         dims.as_mut_slice().swap(a, b);
         strides.as_mut_slice().swap(a, b);
-        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+        Ok(Layout::from_parts(dims, strides, self.offset()))
     }
 
-    /// Elements `start..start + len` along `axis`.
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] for `len == 0`;
-    /// [`ExecError::IndexOutOfBounds`] if the range does not fit the axis.
-    pub fn narrow(
+    /// The layout of [`RawTensor::narrow`] applied to this one (its checks, its errors).
+    pub(crate) fn narrow(
         &self,
         axis: impl Axis,
         start: usize,
         len: usize,
-    ) -> Result<RawTensor<T>, ExecError> {
+    ) -> Result<Layout, ExecError> {
         let axis = check_axis("narrow", axis, self.rank())?;
         let size = self.shape()[axis];
         if len == 0 {
@@ -111,19 +96,11 @@ impl<T: Element> RawTensor<T> {
         let mut dims = self.dims();
         dims.as_mut_slice()[axis] = len;
         let offset = self.offset() + start * self.strides()[axis];
-        Ok(self.view(Layout::from_parts(
-            dims,
-            self.layout().stride_dims(),
-            offset,
-        )))
+        Ok(Layout::from_parts(dims, self.stride_dims(), offset))
     }
 
-    /// Removes `axis`, which must have size 1. A rank-1 tensor cannot be squeezed.
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] if the axis is not of
-    /// size 1 or the tensor has rank 1.
-    pub fn squeeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
+    /// The layout of [`RawTensor::squeeze`] applied to this one (its checks, its errors).
+    pub(crate) fn squeeze(&self, axis: impl Axis) -> Result<Layout, ExecError> {
         let axis = check_axis("squeeze", axis, self.rank())?;
         if self.shape()[axis] != 1 || self.rank() == 1 {
             return Err(ExecError::InvalidShape {
@@ -137,18 +114,11 @@ impl<T: Element> RawTensor<T> {
             dims.push(self.shape()[i]);
             strides.push(self.strides()[i]);
         }
-        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+        Ok(Layout::from_parts(dims, strides, self.offset()))
     }
 
-    /// Inserts a size-1 axis at position `axis` (`0..=rank`, or `-rank - 1..0`
-    /// counted from the end of the result: `-1` appends it). The new axis gets the
-    /// stride that keeps a contiguous tensor contiguous.
-    ///
-    /// # Errors
-    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank - 1..=rank`;
-    /// [`ExecError::InvalidShape`] if the
-    /// result would have rank above 8.
-    pub fn unsqueeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
+    /// The layout of [`RawTensor::unsqueeze`] applied to this one (its checks, its errors).
+    pub(crate) fn unsqueeze(&self, axis: impl Axis) -> Result<Layout, ExecError> {
         let rank = self.rank();
         let axis = check_axis("unsqueeze", axis, rank + 1)?;
         if rank == MAX_RANK {
@@ -174,7 +144,75 @@ impl<T: Element> RawTensor<T> {
                 strides.push(self.strides()[i]);
             }
         }
-        Ok(self.view(Layout::from_parts(dims, strides, self.offset())))
+        Ok(Layout::from_parts(dims, strides, self.offset()))
+    }
+
+    /// The layout of [`RawTensor::broadcast_to`] applied to this one (its checks, its errors).
+    pub(crate) fn broadcast_to(&self, shape: &[usize]) -> Result<Layout, ExecError> {
+        broadcast_layout("broadcast_to", self, shape)
+    }
+}
+
+impl<T: Element> RawTensor<T> {
+    /// The same elements under a new shape (equal element count). Keeps the offset.
+    ///
+    /// # Errors
+    /// The shape errors of the constructors; [`ExecError::InvalidShape`] if the element
+    /// count differs; [`ExecError::UnsupportedView`] if the tensor is not contiguous
+    /// (materialize it first).
+    pub fn reshape(&self, shape: &[usize]) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.reshape(shape)?))
+    }
+
+    /// Axes reordered: axis `i` of the result is axis `order[i]` of `self`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `order` is not a permutation of `0..rank`.
+    pub fn permute(&self, order: &[usize]) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.permute(order)?))
+    }
+
+    /// Axes `a` and `b` swapped.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] if an axis is outside `-rank..rank`.
+    pub fn transpose(&self, a: impl Axis, b: impl Axis) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.transpose(a, b)?))
+    }
+
+    /// Elements `start..start + len` along `axis`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] for `len == 0`;
+    /// [`ExecError::IndexOutOfBounds`] if the range does not fit the axis.
+    pub fn narrow(
+        &self,
+        axis: impl Axis,
+        start: usize,
+        len: usize,
+    ) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.narrow(axis, start, len)?))
+    }
+
+    /// Removes `axis`, which must have size 1. A rank-1 tensor cannot be squeezed.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`]; [`ExecError::InvalidShape`] if the axis is not of
+    /// size 1 or the tensor has rank 1.
+    pub fn squeeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.squeeze(axis)?))
+    }
+
+    /// Inserts a size-1 axis at position `axis` (`0..=rank`, or `-rank - 1..0`
+    /// counted from the end of the result: `-1` appends it). The new axis gets the
+    /// stride that keeps a contiguous tensor contiguous.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidAxis`] if `axis` is outside `-rank - 1..=rank`;
+    /// [`ExecError::InvalidShape`] if the
+    /// result would have rank above 8.
+    pub fn unsqueeze(&self, axis: impl Axis) -> Result<RawTensor<T>, ExecError> {
+        Ok(self.view(self.layout.unsqueeze(axis)?))
     }
 
     /// A zero-copy broadcast to `shape` (numpy rules: shapes aligned on the right, a size-1 axis stretches).
@@ -182,7 +220,7 @@ impl<T: Element> RawTensor<T> {
     /// # Errors
     /// The shape errors; [`ExecError::ShapeMismatch`] if the shapes do not broadcast.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<RawTensor<T>, ExecError> {
-        Ok(self.view(broadcast_layout("broadcast_to", self.layout(), shape)?))
+        Ok(self.view(self.layout.broadcast_to(shape)?))
     }
 
     /// An arbitrary strided view of this tensor's storage: element `idx` of the
