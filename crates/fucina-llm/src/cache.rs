@@ -161,6 +161,15 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// Forgets the positions from `len` on and keeps the first `len`: the
+    /// sequence continues from that point (a chat whose new prompt shares only
+    /// a prefix with what the cache holds). A `len` at or past
+    /// [`len`](KvCache::len) changes nothing. What a later prefill or decode
+    /// computes is what it would compute after a prefill of the kept tokens.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// `(layers, kv_heads, head_dim)`: the model shape the cache was made for.
     pub(crate) fn shape(&self) -> (usize, usize, usize) {
         (self.layers, self.kv_heads, self.head_dim)

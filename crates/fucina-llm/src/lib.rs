@@ -9,9 +9,11 @@
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`sample`]: greedy and seeded sampling.
 //! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
+//! - [`chat`]: the model's chat template, rendering a conversation as its prompt text.
 //! - [`open`]: a model directory or a GGUF file, converted at load if asked.
 
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod error;
 mod files;
@@ -23,6 +25,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;

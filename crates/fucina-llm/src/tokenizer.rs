@@ -14,6 +14,11 @@
 //! let text = tok.decode(&ids, true)?; // without the special tokens
 //! # Ok::<(), fucina_llm::LlmError>(())
 //! ```
+//!
+//! A tokenizer also carries the model's chat templates, when its files give
+//! them: `tokenizer_config.json` (or `chat_template.jinja`) beside a
+//! `tokenizer.json`, or a GGUF file's `tokenizer.chat_template`. See
+//! [`crate::chat`] and [`Tokenizer::apply_chat_template`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +26,16 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::LlmError;
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::{GgufFile, GgufValue};
+
+/// The file beside `tokenizer.json` with the chat template and the special
+/// tokens' spellings.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// The file beside `tokenizer.json` that newer model directories keep the
+/// chat template in (it takes precedence over `tokenizer_config.json`'s, as in
+/// `transformers`).
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// A tokenizer read from a `tokenizer.json` file or a GGUF file's metadata.
 #[derive(Clone, Debug)]
@@ -30,19 +44,108 @@ pub struct Tokenizer {
     path: PathBuf,
     /// The special tokens, by id.
     special: Vec<(u32, String)>,
+    /// The chat templates, by name (`default` for a lone one).
+    chat_templates: Vec<(String, ChatTemplate)>,
 }
 
 impl Tokenizer {
-    /// Reads `path` (a `tokenizer.json` as Hugging Face writes it).
+    /// Reads `path` (a `tokenizer.json` as Hugging Face writes it), and the
+    /// chat templates of the `tokenizer_config.json` and `chat_template.jinja`
+    /// beside it when they exist ([`Tokenizer::read_tokenizer_config`]).
     ///
     /// # Errors
-    /// [`LlmError::Io`] when the file cannot be read, [`LlmError::BadFile`]
+    /// [`LlmError::Io`] when a file cannot be read, [`LlmError::BadFile`]
     /// (naming the file) when it is not a tokenizer the `tokenizers` crate
-    /// understands.
+    /// understands, or a `tokenizer_config.json` that
+    /// [`Tokenizer::read_tokenizer_config`] refuses.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer, LlmError> {
         let path = path.as_ref();
         let bytes = crate::files::read_regular(path)?;
-        Tokenizer::from_bytes(&bytes, path)
+        let mut tok = Tokenizer::from_bytes(&bytes, path)?;
+        if let Some(dir) = path.parent() {
+            let config = dir.join(TOKENIZER_CONFIG_FILE);
+            if config.is_file() {
+                tok.read_tokenizer_config(&config)?;
+            }
+            let jinja = dir.join(CHAT_TEMPLATE_FILE);
+            if jinja.is_file() {
+                let source = crate::files::read_regular_text(&jinja)?;
+                let (bos, eos) = tok.default_special_spellings();
+                let t = ChatTemplate::new(jinja.display().to_string(), source)
+                    .map_err(|e| bad_template(&jinja, e))?
+                    .with_special_tokens(bos, eos);
+                tok.set_chat_template("default", t);
+            }
+        }
+        Ok(tok)
+    }
+
+    /// Reads the chat templates and the `bos_token` and `eos_token` spellings
+    /// of a `tokenizer_config.json`: `chat_template` is a template, or a list
+    /// of `{"name": ..., "template": ...}` (a lone template is named
+    /// `default`); `bos_token` and `eos_token` are strings or
+    /// `{"content": ...}` objects. Templates already set with the same name are
+    /// replaced.
+    ///
+    /// # Errors
+    /// [`LlmError::Io`] when the file cannot be read; [`LlmError::BadFile`]
+    /// naming the file and the key for bad JSON, a value of the wrong type, or
+    /// a template that does not parse (with the template's name and
+    /// minijinja's message).
+    pub fn read_tokenizer_config(&mut self, path: impl AsRef<Path>) -> Result<(), LlmError> {
+        let path = path.as_ref();
+        let text = crate::files::read_regular_text(path)?;
+        let bad = |reason: String| LlmError::BadFile {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let Value::Object(map) = &value else {
+            return Err(bad("the file is not a JSON object".into()));
+        };
+        let spelling = |key: &str| -> Result<Option<String>, LlmError> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(Value::Object(o)) => match o.get("content") {
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    _ => Err(bad(format!(
+                        "{key}: an object without a string \"content\""
+                    ))),
+                },
+                Some(_) => Err(bad(format!("{key}: neither a string nor an object"))),
+            }
+        };
+        let (bos, eos) = (spelling("bos_token")?, spelling("eos_token")?);
+        let mut templates: Vec<(String, String)> = Vec::new();
+        match map.get("chat_template") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => templates.push(("default".into(), s.clone())),
+            Some(Value::Array(list)) => {
+                for (i, item) in list.iter().enumerate() {
+                    match (item.get("name"), item.get("template")) {
+                        (Some(Value::String(n)), Some(Value::String(t))) => {
+                            templates.push((n.clone(), t.clone()))
+                        }
+                        _ => {
+                            return Err(bad(format!(
+                                "chat_template[{i}]: not an object with string \"name\" and \"template\""
+                            )));
+                        }
+                    }
+                }
+            }
+            Some(_) => return Err(bad("chat_template: neither a string nor a list".into())),
+        }
+        for (name, source) in templates {
+            let label = format!("{} chat_template {name:?}", path.display());
+            let t = ChatTemplate::new(label, source)
+                .map_err(|e| bad_template(path, e))?
+                .with_special_tokens(bos.clone(), eos.clone());
+            self.set_chat_template(&name, t);
+        }
+        Ok(())
     }
 
     /// Parses a `tokenizer.json` held in memory; `path` only names it in errors.
@@ -66,6 +169,7 @@ impl Tokenizer {
             inner,
             path,
             special,
+            chat_templates: Vec::new(),
         })
     }
 
@@ -100,13 +204,153 @@ impl Tokenizer {
     /// `tokenizer.ggml.model` or `tokenizer.ggml.pre`, an array of the wrong
     /// element type or length, a merge that is not two vocabulary tokens, a
     /// token id past the vocabulary.
+    ///
+    /// The chat templates are `tokenizer.chat_template` (named `default`) and
+    /// `tokenizer.chat_template.NAME` for each name `tokenizer.chat_templates`
+    /// lists, as llama.cpp's converter writes them; their `bos_token` and
+    /// `eos_token` are the spellings of the bos and eos ids.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, LlmError> {
         let json = gguf_tokenizer_json(file)?;
         let bytes = serde_json::to_vec(&json).map_err(|e| LlmError::BadFile {
             path: file.path().to_path_buf(),
             reason: format!("tokenizer.ggml.*: {e}"),
         })?;
-        Tokenizer::from_bytes(&bytes, file.path())
+        let mut tok = Tokenizer::from_bytes(&bytes, file.path())?;
+        tok.read_gguf_chat_templates(file)?;
+        Ok(tok)
+    }
+
+    /// The chat templates of a GGUF file's metadata (see [`Tokenizer::from_gguf`]).
+    fn read_gguf_chat_templates(&mut self, file: &GgufFile) -> Result<(), LlmError> {
+        let bad = |key: &str, reason: String| LlmError::BadFile {
+            path: file.path().to_path_buf(),
+            reason: format!("metadata {key}: {reason}"),
+        };
+        let string = |key: &str| -> Result<Option<&str>, LlmError> {
+            match file.get(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_str()
+                    .map(Some)
+                    .ok_or_else(|| bad(key, format!("{} where a string was expected", kind(v)))),
+            }
+        };
+        let spelled = |key: &str| -> Option<String> {
+            let id = file.get(key)?.as_u64()?;
+            self.id_to_token(u32::try_from(id).ok()?)
+        };
+        let (bos, eos) = (
+            spelled("tokenizer.ggml.bos_token_id"),
+            spelled("tokenizer.ggml.eos_token_id"),
+        );
+        let mut keys = vec![("default".to_string(), "tokenizer.chat_template".to_string())];
+        if let Some(v) = file.get("tokenizer.chat_templates") {
+            let list = v.as_array().ok_or_else(|| {
+                bad(
+                    "tokenizer.chat_templates",
+                    format!("{} where an array was expected", kind(v)),
+                )
+            })?;
+            for item in list {
+                let name = item.as_str().ok_or_else(|| {
+                    bad(
+                        "tokenizer.chat_templates",
+                        "an element is not a string".into(),
+                    )
+                })?;
+                keys.push((name.to_string(), format!("tokenizer.chat_template.{name}")));
+            }
+        }
+        for (name, key) in keys {
+            if let Some(source) = string(&key)? {
+                let label = format!("{} {key}", file.path().display());
+                let t = ChatTemplate::new(label, source)
+                    .map_err(|e| bad_template(file.path(), e))?
+                    .with_special_tokens(bos.clone(), eos.clone());
+                self.set_chat_template(&name, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the chat template called `name` (`default` is the one
+    /// [`Tokenizer::apply_chat_template`] uses), replacing one of that name.
+    pub fn set_chat_template(&mut self, name: &str, template: ChatTemplate) {
+        match self.chat_templates.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = template,
+            None => self.chat_templates.push((name.to_string(), template)),
+        }
+    }
+
+    /// The default chat template: the one called `default` (a lone
+    /// `chat_template` string is), `None` when the files gave none.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template_named("default")
+    }
+
+    /// The chat template called `name` (such as `tool_use`).
+    pub fn chat_template_named(&self, name: &str) -> Option<&ChatTemplate> {
+        self.chat_templates
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+
+    /// The names of the chat templates, in the order the files give them.
+    pub fn chat_template_names(&self) -> impl Iterator<Item = &str> {
+        self.chat_templates.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// `messages` rendered by the default chat template
+    /// ([`ChatTemplate::apply`]): the prompt text, which
+    /// `encode(text, false)` turns into ids (the template writes the
+    /// beginning-of-sequence token itself where the model wants one, as
+    /// `transformers`' `apply_chat_template(tokenize=True)` does).
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when the tokenizer has no chat template, or
+    /// the template fails (naming it and its message).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, LlmError> {
+        let t = self.chat_template().ok_or_else(|| LlmError::InvalidRequest {
+            op: "chat template",
+            reason: format!(
+                "{} has no chat template (no tokenizer_config.json chat_template, chat_template.jinja or GGUF tokenizer.chat_template)",
+                self.path.display()
+            ),
+        })?;
+        t.apply(messages, add_generation_prompt)
+    }
+
+    /// The ids of the default chat template's end-of-turn markers
+    /// ([`ChatTemplate::end_of_turn_markers`]) that the vocabulary has, sorted;
+    /// empty without a template.
+    pub fn end_of_turn_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .chat_template()
+            .map(|t| t.end_of_turn_markers())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| self.token_to_id(m))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The spellings the templates of `tokenizer_config.json` got, for a
+    /// template read from elsewhere in the same directory.
+    fn default_special_spellings(&self) -> (Option<String>, Option<String>) {
+        match self.chat_templates.first() {
+            Some((_, t)) => (
+                t.bos_token().map(str::to_string),
+                t.eos_token().map(str::to_string),
+            ),
+            None => (None, None),
+        }
     }
 
     /// The file the tokenizer was read from.
@@ -180,6 +424,17 @@ impl Tokenizer {
     /// Whether `id` is a special token.
     pub fn is_special(&self, id: u32) -> bool {
         self.special.binary_search_by_key(&id, |&(i, _)| i).is_ok()
+    }
+}
+
+/// A template that does not parse, as an error of the file it came from.
+fn bad_template(path: &Path, e: LlmError) -> LlmError {
+    match e {
+        LlmError::InvalidRequest { reason, .. } => LlmError::BadFile {
+            path: path.to_path_buf(),
+            reason,
+        },
+        other => other,
     }
 }
 

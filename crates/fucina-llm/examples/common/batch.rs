@@ -208,3 +208,164 @@ pub(crate) fn parse_prompt_ids(text: &str) -> Result<Vec<Vec<u32>>, String> {
         })
         .collect()
 }
+
+/// One reply of a [`ChatSession`].
+#[derive(Debug)]
+pub(crate) struct Turn {
+    /// The generated ids (a stop token, when one ended the reply, is the last).
+    pub(crate) ids: Vec<u32>,
+    /// Why the reply ended.
+    pub(crate) stop: Stop,
+    /// Prompt tokens found in the cache from the turns before (not prefilled again).
+    pub(crate) reused: usize,
+    /// Prompt tokens prefilled.
+    pub(crate) prefilled: usize,
+    /// Seconds spent in prefill.
+    pub(crate) prefill_secs: f64,
+    /// Seconds spent in decode steps (sampling included).
+    pub(crate) decode_secs: f64,
+}
+
+/// A conversation with one sequence whose KV cache lives from turn to turn:
+/// each turn's prompt (the whole conversation rendered again, ending with the
+/// new user message) is prefilled from where it stops matching the cached
+/// tokens (the previous prompts and replies), so the earlier turns are not
+/// computed again. Where a prompt departs from the cached tokens (a template
+/// that rewrites earlier turns, such as Qwen3 dropping old reasoning, or a
+/// reply whose text encodes to other ids than were generated) the cache is
+/// truncated there ([`KvCache::truncate`]). The logits are the same bits
+/// either way: a prefill after cached positions gives what one prefill of the
+/// whole prompt gives.
+pub(crate) struct ChatSession<'m> {
+    model: &'m Model,
+    cache: KvCache,
+    /// The tokens whose positions the cache holds.
+    cached: Vec<u32>,
+    params: SamplingParams,
+    turns: u64,
+}
+
+impl<'m> ChatSession<'m> {
+    /// A session whose cache holds `capacity` positions (prompt and replies of
+    /// every turn together); turn `i` (from 0) samples with seed
+    /// `params.seed + i`.
+    pub(crate) fn new(
+        model: &'m Model,
+        ctx: &ExecContext,
+        capacity: usize,
+        params: SamplingParams,
+    ) -> Result<ChatSession<'m>, LlmError> {
+        Sampler::with_vocab(params.clone(), model.config().vocab_size)?;
+        Ok(ChatSession {
+            model,
+            cache: model.new_cache(ctx, capacity)?,
+            cached: Vec::new(),
+            params,
+            turns: 0,
+        })
+    }
+
+    /// The tokens the cache holds.
+    pub(crate) fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Generates up to `max_new_tokens` ids after `prompt` (the whole
+    /// conversation so far), calling `on_token` for each as it is chosen. After
+    /// an error the cache starts over at the next turn.
+    pub(crate) fn turn(
+        &mut self,
+        ctx: &ExecContext,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<Turn, LlmError> {
+        let out = self.turn_inner(ctx, prompt, max_new_tokens, on_token);
+        if out.is_err() {
+            self.cache.clear();
+            self.cached.clear();
+        }
+        out
+    }
+
+    fn turn_inner(
+        &mut self,
+        ctx: &ExecContext,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<Turn, LlmError> {
+        let invalid = |reason: String| LlmError::InvalidRequest { op: "chat", reason };
+        if prompt.is_empty() {
+            return Err(invalid("the prompt has no tokens".to_string()));
+        }
+        let need = prompt.len() + max_new_tokens.saturating_sub(1);
+        if need > self.cache.capacity() {
+            return Err(invalid(format!(
+                "the conversation ({} tokens) and --max-new-tokens {max_new_tokens} need {need} \
+                 positions, more than the cache's {} (--context)",
+                prompt.len(),
+                self.cache.capacity()
+            )));
+        }
+        let mut turn = Turn {
+            ids: Vec::new(),
+            stop: Stop::MaxTokens,
+            reused: 0,
+            prefilled: 0,
+            prefill_secs: 0.0,
+            decode_secs: 0.0,
+        };
+        if max_new_tokens == 0 {
+            return Ok(turn);
+        }
+        let common = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Keep the cached positions the prompt starts with, but at least the
+        // last prompt token is prefilled (its logits choose the first id).
+        let keep = common.min(prompt.len() - 1);
+        self.cache.truncate(keep);
+        self.cached.truncate(keep);
+        turn.reused = self.cached.len();
+        let fresh = &prompt[turn.reused..];
+        let vocab = self.model.config().vocab_size;
+        let mut last = vec![0f32; vocab];
+        let start = Instant::now();
+        self.model
+            .prefill(ctx, &mut self.cache, fresh, None, &mut last)?;
+        self.cached.extend_from_slice(fresh);
+        turn.prefilled = fresh.len();
+        turn.prefill_secs = start.elapsed().as_secs_f64();
+
+        let start = Instant::now();
+        let params = SamplingParams {
+            seed: self.params.seed.wrapping_add(self.turns),
+            ..self.params.clone()
+        };
+        self.turns += 1;
+        let mut sampler = Sampler::with_vocab(params, vocab)?;
+        let mut history = self.cached.clone();
+        loop {
+            let t = sampler.sample(&last, &history)?;
+            turn.ids.push(t);
+            history.push(t);
+            on_token(t);
+            if sampler.is_stop(t) {
+                turn.stop = Stop::StopToken(t);
+                break;
+            }
+            if turn.ids.len() >= max_new_tokens {
+                break;
+            }
+            self.model
+                .decode(ctx, &mut [&mut self.cache], &[t], &mut last)?;
+            self.cached.push(t);
+        }
+        turn.decode_secs = start.elapsed().as_secs_f64();
+        Ok(turn)
+    }
+}
