@@ -81,6 +81,9 @@ pub struct GenRequest {
     /// Log-probabilities of each chosen token and of this many most likely
     /// alternatives, when given.
     pub logprobs: Option<usize>,
+    /// Token ids that end the sequence besides the model's end-of-sequence
+    /// ids (a chat template's end-of-turn tokens).
+    pub stop_tokens: Vec<u32>,
 }
 
 /// A token the sequence produced, with its log-probabilities when asked.
@@ -176,6 +179,8 @@ pub struct ModelInfo {
     pub vocab: usize,
     /// The model's end-of-sequence ids.
     pub stop_tokens: Vec<u32>,
+    /// The chat template's end-of-turn ids (empty without a template).
+    pub end_of_turn: Vec<u32>,
 }
 
 struct Shared {
@@ -313,7 +318,11 @@ impl Engine {
                 ctx_len: info.ctx_len,
             });
         }
-        req.sampling.stop_tokens = info.stop_tokens.clone();
+        let mut stops = info.stop_tokens.clone();
+        stops.extend(req.stop_tokens.iter().copied());
+        stops.sort_unstable();
+        stops.dedup();
+        req.sampling.stop_tokens = stops;
         req.sampling
             .validate()
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
@@ -459,6 +468,7 @@ impl Scheduler {
         };
         let vocab = config.vocab_size;
         let info = ModelInfo {
+            end_of_turn: tokenizer.end_of_turn_ids(),
             tokenizer: tokenizer.clone(),
             ctx_len,
             vocab,

@@ -237,6 +237,7 @@ async fn start_completion(state: &AppState, req: Request) -> Result<Started, Api
         max_tokens,
         r.logprobs,
         &r.common,
+        Vec::new(),
     )
 }
 
@@ -246,6 +247,7 @@ async fn start_chat(state: &AppState, req: Request) -> Result<Started, ApiError>
     let prompt = crate::chat::render(state.engine(), &r.messages)?;
     // Without max_tokens a chat turn runs until its end or the context's.
     let max_tokens = r.common.max_tokens.unwrap_or(usize::MAX);
+    let end_of_turn = state.engine().info().end_of_turn.clone();
     submit(
         state,
         Endpoint::Chat,
@@ -253,6 +255,7 @@ async fn start_chat(state: &AppState, req: Request) -> Result<Started, ApiError>
         max_tokens,
         r.logprobs,
         &r.common,
+        end_of_turn,
     )
 }
 
@@ -263,6 +266,7 @@ fn submit(
     max_tokens: usize,
     logprobs: Option<usize>,
     c: &Common,
+    stop_tokens: Vec<u32>,
 ) -> Result<Started, ApiError> {
     let inner = &state.inner;
     if let Some(m) = &c.model
@@ -302,6 +306,7 @@ fn submit(
         },
         stop: c.stop.clone(),
         logprobs,
+        stop_tokens,
     };
     let rx = state.engine().submit(req).map_err(|e| match e {
         SubmitError::QueueFull(_) => ApiError::status(429, "rate_limit_error", e.to_string()),

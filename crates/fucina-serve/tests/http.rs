@@ -262,3 +262,60 @@ fn overload_gets_429_with_retry_after_and_the_server_returns_to_idle() {
     }
     server.wait_idle();
 }
+
+#[test]
+fn a_chat_turn_runs_through_the_models_template_and_streams_deltas() {
+    let dir = support::chat_fixture("chat");
+    let server = Server::start_for(dir.clone(), options(), 1 << 20);
+    // The prompt the template renders, as ids: the chat answer is the
+    // completion of exactly these ids.
+    // from_file reads the tokenizer_config.json beside tokenizer.json.
+    let tok = fucina_llm::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let messages = [
+        fucina_llm::chat::ChatMessage::system("be brief"),
+        fucina_llm::chat::ChatMessage::user("hello"),
+    ];
+    let text = tok.apply_chat_template(&messages, true).unwrap();
+    let ids = tok.encode(&text, false).unwrap();
+    let body = r#"{"messages": [{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": "hello"}], "max_tokens": 10, "temperature": 0}"#;
+    let r = server.post("/v1/chat/completions", body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["role"], "assistant");
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    let plain = server.post(
+        "/v1/completions",
+        &format!(r#"{{"prompt": {ids:?}, "max_tokens": 10, "temperature": 0}}"#),
+    );
+    assert_eq!(message["content"], plain.json()["choices"][0]["text"]);
+
+    // Streamed: the role first, then content deltas that add up to the same.
+    let s = server.post(
+        "/v1/chat/completions",
+        &body.replace("\"temperature\": 0", "\"temperature\": 0, \"stream\": true"),
+    );
+    let events = s.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, message["content"].as_str().unwrap());
+
+    // A model without a chat template: 400 naming `messages`.
+    let bare = Server::start(options(), 1 << 20);
+    let r = bare.post("/v1/chat/completions", body);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "messages");
+    server.wait_idle();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -37,6 +37,7 @@ fn request(i: usize) -> GenRequest {
             Vec::new()
         },
         logprobs: Some(3),
+        stop_tokens: Vec::new(),
     }
 }
 

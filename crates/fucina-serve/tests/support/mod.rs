@@ -18,9 +18,31 @@ pub(crate) fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fucina-llm/tests/fixtures/llama_f32")
 }
 
+/// A copy of the fixture with a ChatML-like chat template over its special
+/// tokens (`<|bos|>` opens a turn, `<|eos|>` ends it), in a fresh temporary
+/// directory named by `tag`.
+pub(crate) fn chat_fixture(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fucina-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(fixture()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let template = "{% for m in messages %}{{ bos_token + m.role + '\\n' + m.content + eos_token + '\\n' }}{% endfor %}\
+                    {% if add_generation_prompt %}{{ bos_token + 'assistant\\n' }}{% endif %}";
+    let config = serde_json::json!({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
 /// An engine over the fixture.
 pub(crate) fn engine(options: EngineOptions) -> Engine {
-    let path = fixture();
+    engine_for(fixture(), options)
+}
+
+/// An engine over the model at `path`.
+pub(crate) fn engine_for(path: PathBuf, options: EngineOptions) -> Engine {
     Engine::start(options, Arc::new(Metrics::default()), move |ctx| {
         fucina_llm::open_model(&path, ctx, None)
     })
@@ -37,7 +59,11 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(options: EngineOptions, max_body: usize) -> Server {
-        let state = AppState::new(engine(options), "fixture".into(), max_body);
+        Server::start_for(fixture(), options, max_body)
+    }
+
+    pub(crate) fn start_for(path: PathBuf, options: EngineOptions, max_body: usize) -> Server {
+        let state = AppState::new(engine_for(path, options), "fixture".into(), max_body);
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let served = state.clone();
