@@ -154,3 +154,50 @@ fn shutdown_lets_running_and_waiting_sequences_finish() {
         assert!(events.last().unwrap().starts_with("Done"), "{events:?}");
     }
 }
+
+#[test]
+fn a_kv_budget_for_one_sequence_runs_them_one_at_a_time_and_equal_to_solo() {
+    // Requests of 20 prompt tokens and 20 new ones: caches of 48 positions
+    // (rounded up to 16). With a context of 48 and a budget of one such
+    // cache, sequences run one at a time.
+    let req = |i: usize| GenRequest {
+        prompt: (0..20)
+            .map(|j| ((i * 13 + j * 7) % 300) as u32 + 3)
+            .collect(),
+        max_tokens: 20,
+        ..request(i)
+    };
+    let run = |engine: &Engine, concurrent: bool| -> Vec<Vec<String>> {
+        if !concurrent {
+            return (0..4)
+                .map(|i| collect(engine.submit(req(i)).unwrap()))
+                .collect();
+        }
+        let rxs: Vec<_> = (0..4).map(|i| engine.submit(req(i)).unwrap()).collect();
+        rxs.into_iter().map(collect).collect()
+    };
+    let reference = run(&support::engine(EngineOptions::default()), false);
+    // The fixture's caches: 2 layers x 2 kv heads x 16 x 2 (k and v) f32.
+    let per_position = 2 * 2 * 16 * 2 * 4;
+    let engine = support::engine(EngineOptions {
+        ctx_len: 48,
+        kv_budget_bytes: Some(48 * per_position),
+        ..EngineOptions::default()
+    });
+    assert_eq!(run(&engine, true), reference);
+    let m = engine.metrics();
+    // No decode step ran two sequences: one step per token after the first.
+    assert_eq!(m.decode_steps() + 4, m.generated_tokens());
+    // A budget below one sequence of the context is refused at start.
+    let path = support::fixture();
+    let e = Engine::start(
+        EngineOptions {
+            ctx_len: 48,
+            kv_budget_bytes: Some(47 * per_position),
+            ..EngineOptions::default()
+        },
+        std::sync::Arc::new(fucina_serve::metrics::Metrics::default()),
+        move |ctx| fucina_llm::open_model(&path, ctx, None),
+    );
+    assert!(e.is_err());
+}
