@@ -1,8 +1,9 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
 //! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
-//! networks ([`Conv1d`], [`Conv2d`], [`BatchNorm1d`], [`BatchNorm2d`],
-//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`Flatten`]).
+//! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
+//! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
+//! [`AdaptiveAvgPool2d`], [`Flatten`]).
 //!
 //! Non-trainable state a layer saves with its weights (batch norm's running
 //! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
@@ -37,6 +38,7 @@
 mod attention;
 mod buffer;
 mod conv;
+mod conv_transpose;
 mod layers;
 mod parameter;
 mod sequential;
@@ -47,6 +49,7 @@ pub use buffer::Buffer;
 pub use conv::{
     AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
 };
+pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
