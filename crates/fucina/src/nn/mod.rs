@@ -1,5 +1,6 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
-//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, a small transformer
+//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, the
+//! recurrent layers [`Lstm`] and [`Gru`], a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
@@ -41,6 +42,7 @@ mod conv;
 mod conv_transpose;
 mod layers;
 mod parameter;
+mod recurrent;
 mod sequential;
 mod state_dict;
 
@@ -55,6 +57,7 @@ pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 pub use fucina_derive::Module;
 pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use parameter::Parameter;
+pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
 
