@@ -1,6 +1,6 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
 //! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, the
-//! recurrent layers [`Lstm`] and [`Gru`], a small transformer
+//! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
@@ -41,6 +41,7 @@ mod buffer;
 mod conv;
 mod conv_transpose;
 mod layers;
+mod multihead_attention;
 mod parameter;
 mod recurrent;
 mod sequential;
@@ -56,6 +57,7 @@ pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
 pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
 pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
 pub use sequential::Sequential;
