@@ -56,6 +56,9 @@ pub use fucina_exec::{BatchNormStats, GroupNormOptions, Pool2dOp, Pool2dOptions}
 pub use fucina_exec as exec;
 /// The convolution options (`Tensor::conv1d`, `Tensor::conv2d`), from the exec layer.
 pub use fucina_exec::{Conv1dOptions, Conv2dOptions};
+/// The transposed-convolution options (`Tensor::conv_transpose1d`,
+/// `Tensor::conv_transpose2d`), from the exec layer.
+pub use fucina_exec::{ConvTranspose1dOptions, ConvTranspose2dOptions};
 
 #[cfg(test)]
 mod static_checks {

@@ -174,6 +174,25 @@ pub(crate) enum Saved {
         padding: usize,
         dilation: usize,
     },
+    /// The input, the weight and the options of `conv_transpose2d` (as
+    /// `conv2d`: the groups and the output padding follow from the shapes of
+    /// the input, the weight and the output gradient, so they are not stored).
+    ConvTranspose2d {
+        x: RawTensor,
+        w: RawTensor,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    },
+    /// The input, the weight and the options of `conv_transpose1d` (as
+    /// `conv_transpose2d`).
+    ConvTranspose1d {
+        x: RawTensor,
+        w: RawTensor,
+        stride: usize,
+        padding: usize,
+        dilation: usize,
+    },
     /// The descriptor, the input shape and (for `Max` only) the input of a 2-D
     /// pooling op.
     Pool2d {

@@ -78,6 +78,7 @@ pub use ops::bf16_matmul::{
 };
 pub use ops::common::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
+pub use ops::conv_transpose::{ConvTranspose1dOptions, ConvTranspose2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
 pub use ops::gather::IndexOp;
 pub use ops::group_norm::GroupNormOptions;

@@ -192,11 +192,14 @@ pub use fucina_thread::{Team, TeamOptions};
 
 /// The names a training program uses, for `use fucina::prelude::*`.
 pub mod prelude {
-    pub use crate::exec::{Conv1dOptions, Conv2dOptions, GroupNormOptions, Pool2dOptions};
+    pub use crate::exec::{
+        Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, GroupNormOptions, Pool2dOptions,
+    };
     pub use crate::nn::{
         AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Block, Buffer, CausalSelfAttention,
-        Conv1d, Conv2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm, LayerNorm, Linear,
-        MaxPool2d, Module, Parameter, Relu, RmsNorm, Sequential, StateDict,
+        Conv1d, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm,
+        Gru, LayerNorm, Linear, Lstm, MaxPool2d, Module, MultiheadAttention, Parameter, Relu,
+        RmsNorm, RnnOptions, Sequential, StateDict,
     };
     pub use crate::optim::{
         Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,

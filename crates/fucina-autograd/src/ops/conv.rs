@@ -146,8 +146,9 @@ impl Tensor {
 }
 
 /// The gradients of a convolution (inputs `x`, `w` and, when `needs` has three
-/// entries, a bias), each computed only when needed.
-fn conv_vjp(
+/// entries, a bias), each computed only when needed (also the transposed
+/// convolutions' in `ops::conv_transpose`).
+pub(super) fn conv_vjp(
     ctx: &ExecContext,
     g: &RawTensor,
     needs: &[bool],

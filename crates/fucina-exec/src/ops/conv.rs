@@ -104,14 +104,14 @@ impl Default for Conv1dOptions {
 /// One convolution call: the op name, whether it is 1-D (`[N, C, L]`, computed
 /// as 2-D with `H = KH = 1`) and the options as 2-D.
 #[derive(Clone, Copy)]
-struct Spec {
+pub(super) struct Spec {
     op: &'static str,
     one_d: bool,
     o: Conv2dOptions,
 }
 
 impl Spec {
-    fn d1(op: &'static str, o: Conv1dOptions) -> Spec {
+    pub(super) fn d1(op: &'static str, o: Conv1dOptions) -> Spec {
         Spec {
             op,
             one_d: true,
@@ -123,7 +123,7 @@ impl Spec {
             },
         }
     }
-    fn d2(op: &'static str, o: Conv2dOptions) -> Spec {
+    pub(super) fn d2(op: &'static str, o: Conv2dOptions) -> Spec {
         Spec {
             op,
             one_d: false,
@@ -431,7 +431,14 @@ impl ExecContext {
         grad: &RawTensor,
         opts: Conv2dOptions,
     ) -> Result<RawTensor, ExecError> {
-        input_grad(self, Spec::d2("conv2d_input_grad", opts), x_shape, w, grad)
+        input_grad(
+            self,
+            Spec::d2("conv2d_input_grad", opts),
+            x_shape,
+            w,
+            grad,
+            None,
+        )
     }
 
     /// The gradient of [`conv2d`](ExecContext::conv2d) with respect to its weight
@@ -498,7 +505,14 @@ impl ExecContext {
         grad: &RawTensor,
         opts: Conv1dOptions,
     ) -> Result<RawTensor, ExecError> {
-        input_grad(self, Spec::d1("conv1d_input_grad", opts), x_shape, w, grad)
+        input_grad(
+            self,
+            Spec::d1("conv1d_input_grad", opts),
+            x_shape,
+            w,
+            grad,
+            None,
+        )
     }
 
     /// The gradient of [`conv1d`](ExecContext::conv1d) with respect to its weight;
@@ -517,8 +531,9 @@ impl ExecContext {
     }
 }
 
-/// The forward of both convolutions.
-fn conv_forward(
+/// The forward of both convolutions (and the input gradient of the transposed
+/// convolutions, `ops::conv_transpose`).
+pub(super) fn conv_forward(
     ctx: &ExecContext,
     spec: Spec,
     x: &RawTensor,
@@ -646,19 +661,25 @@ fn forward_unit(
     }
 }
 
-/// The input gradient of both convolutions.
-fn input_grad(
+/// The input gradient of both convolutions, plus `bias[c]` on every element of
+/// its channel `c` when there is a bias (`[C_in]`, the transposed
+/// convolutions' bias: their forward, in `ops::conv_transpose`, is this
+/// gradient).
+pub(super) fn input_grad(
     ctx: &ExecContext,
     spec: Spec,
     x_shape: &[usize],
     w: &RawTensor,
     grad: &RawTensor,
+    bias: Option<&RawTensor>,
 ) -> Result<RawTensor, ExecError> {
     let op = spec.op;
     let g = geometry(spec, x_shape, w.shape(), None)?;
     check_grad(spec, &g, grad)?;
     let w = ctx.contiguous(w)?;
     let dy = ctx.contiguous(grad)?;
+    let bias = bias.map(|b| ctx.contiguous(b)).transpose()?;
+    let bs = bias.as_ref().map(|b| b.contiguous_slice());
     let (ws, dys) = (w.contiguous_slice(), dy.contiguous_slice());
     let level = simd::level();
     let (og, cg, kk, ohw, hw) = (g.og(), g.cg(), g.k(), g.ohw(), g.hw());
@@ -694,6 +715,9 @@ fn input_grad(
                     let dyp = &dys[p * ohw..][..ohw];
                     let wk = &ws[ch * taps..][..taps];
                     vectorized!(conv::depthwise_input_grad_plane(&g, dyp, wk, d));
+                    if let Some(b) = bs {
+                        add_bias(d, b[ch]);
+                    }
                 }
             });
             return;
@@ -716,10 +740,23 @@ fn input_grad(
                 let dy_off = (ni * g.c_out + gi * og) * ohw;
                 let wg = &wpacked[gi * wpk..][..wpk];
                 input_grad_unit(&g, dys, dy_off, ws, wg, gi, d, sc, level);
+                if let Some(b) = bs {
+                    for (c, plane) in d.chunks_exact_mut(hw).enumerate() {
+                        add_bias(plane, b[gi * cg + c]);
+                    }
+                }
             }
         });
     })?;
     done.map(|()| dx)
+}
+
+/// `plane[i] += b` for every element (one rounding each, the same at every
+/// vector level and team size).
+fn add_bias(plane: &mut [f32], b: f32) {
+    for v in plane {
+        *v += b;
+    }
 }
 
 /// The input gradient of one sample and group into `dxg` (`[Cg, H*W]`), from the
@@ -804,8 +841,9 @@ fn input_grad_unit(
     }
 }
 
-/// The weight gradient of both convolutions.
-fn weight_grad(
+/// The weight gradient of both convolutions (and, with the roles of the input
+/// and the output gradient exchanged, of the transposed convolutions).
+pub(super) fn weight_grad(
     ctx: &ExecContext,
     spec: Spec,
     x: &RawTensor,

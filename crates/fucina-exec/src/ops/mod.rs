@@ -7,6 +7,7 @@ pub(crate) mod batch_norm;
 pub(crate) mod bf16_matmul;
 pub(crate) mod common;
 pub(crate) mod conv;
+pub(crate) mod conv_transpose;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
 pub(crate) mod group_norm;

@@ -14,12 +14,12 @@ use crate::error::{Error, Result};
 /// `kaiming_uniform_(a = sqrt(5))` weights and `U(±1/sqrt(fan_in))` bias both
 /// come to `U(-b, b)` with this `b` (as `fucina::rng::kaiming_uniform_fill`
 /// computes it).
-fn init_bound(fan_in: usize) -> f32 {
+pub(super) fn init_bound(fan_in: usize) -> f32 {
     (1.0 / fan_in as f64).sqrt() as f32
 }
 
 /// Checks that `x` has rank `rank` (one of `ranks`) and `channels` at axis 1.
-fn check_channels(
+pub(super) fn check_channels(
     layer: impl FnOnce() -> String,
     x: &Tensor,
     ranks: &[usize],
@@ -38,7 +38,7 @@ fn check_channels(
 }
 
 /// Checks the channel and group counts of a convolution constructor.
-fn check_conv(
+pub(super) fn check_conv(
     what: &'static str,
     in_channels: usize,
     out_channels: usize,

@@ -1,8 +1,13 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
-//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, a small transformer
+//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, the
+//! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], the losses
+//! [`l1_loss`], [`smooth_l1_loss`], [`huber_loss`], [`binary_cross_entropy`],
+//! [`binary_cross_entropy_with_logits`], [`kl_div`], [`cross_entropy_with`] and
+//! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
-//! networks ([`Conv1d`], [`Conv2d`], [`BatchNorm1d`], [`BatchNorm2d`],
-//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`Flatten`]).
+//! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
+//! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
+//! [`AdaptiveAvgPool2d`], [`Flatten`]).
 //!
 //! Non-trainable state a layer saves with its weights (batch norm's running
 //! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
@@ -37,8 +42,12 @@
 mod attention;
 mod buffer;
 mod conv;
+mod conv_transpose;
 mod layers;
+mod losses;
+mod multihead_attention;
 mod parameter;
+mod recurrent;
 mod sequential;
 mod state_dict;
 
@@ -47,11 +56,18 @@ pub use buffer::Buffer;
 pub use conv::{
     AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
 };
+pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
 pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use losses::{
+    ClassLossOptions, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
+    cross_entropy_with, huber_loss, kl_div, l1_loss, nll_loss_with, smooth_l1_loss,
+};
+pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
+pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
 

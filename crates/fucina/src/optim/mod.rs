@@ -1,6 +1,8 @@
 //! Optimizers with PyTorch's update formulas ([`Sgd`], [`Adam`], [`AdamW`]),
 //! gradient clipping ([`clip_grad_norm`]) and a warmup + cosine learning-rate
-//! schedule ([`WarmupCosine`]).
+//! schedule ([`WarmupCosine`]), with PyTorch's schedulers ([`StepLr`],
+//! [`MultiStepLr`], [`ExponentialLr`], [`LinearLr`], [`OneCycleLr`],
+//! [`WithWarmup`], [`ReduceLrOnPlateau`]; see [`LrSchedule`]).
 //!
 //! An optimizer holds [`Parameter`] handles (the same parameters the model
 //! reads) and updates them in place with [`step`](Optimizer::step); parameters
@@ -55,6 +57,7 @@
 mod adam;
 mod clip;
 mod groups;
+mod lr_schedules;
 mod schedule;
 mod sgd;
 mod state;
@@ -62,6 +65,10 @@ mod state;
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
 pub use clip::clip_grad_norm;
 pub use groups::{ParamGroup, decay_groups};
+pub use lr_schedules::{
+    Anneal, ExponentialLr, LinearLr, LrSchedule, MultiStepLr, OneCycleLr, PlateauMode,
+    ReduceLrOnPlateau, StepLr, WithWarmup,
+};
 pub use schedule::WarmupCosine;
 pub use sgd::{Sgd, SgdConfig};
 

@@ -1,0 +1,323 @@
+//! `nn::MultiheadAttention`: outputs, attention weights and every gradient
+//! against PyTorch's `nn.MultiheadAttention` run in float64
+//! (fixtures/attention.txt, written by fixtures/attention.py: self- and
+//! cross-attention, batch-first and sequence-first, with and without biases,
+//! key-padding masks, boolean, additive and per-head attention masks,
+//! averaged and per-head weights), loaded through a state dict by
+//! PyTorch's names; gradcheck; init; bad input as errors.
+
+use std::collections::HashMap;
+
+use fucina::autograd::{GradcheckOptions, gradcheck};
+use fucina::nn::{AttentionOptions, AttnMask, Forward, Module, MultiheadAttention, StateDict};
+use fucina::{Error, ExecContext, RawTensor, Tensor};
+
+struct Case {
+    kv: HashMap<String, String>,
+    tensors: HashMap<String, (Vec<usize>, Vec<f64>)>,
+    params: Vec<String>,
+}
+
+fn parse() -> Vec<Case> {
+    let text = include_str!("fixtures/attention.txt");
+    let mut cases = Vec::new();
+    let mut cur: Option<Case> = None;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("case") => {
+                let kv = words
+                    .map(|w| {
+                        let (k, v) = w.split_once('=').unwrap();
+                        (k.to_string(), v.to_string())
+                    })
+                    .collect();
+                cur = Some(Case {
+                    kv,
+                    tensors: HashMap::new(),
+                    params: Vec::new(),
+                });
+            }
+            Some("tensor") => {
+                let c = cur.as_mut().unwrap();
+                let name = words.next().unwrap().to_string();
+                let shape: Vec<usize> = words
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|d| d.parse().unwrap())
+                    .collect();
+                let vals: Vec<f64> = words.map(|v| v.parse().unwrap()).collect();
+                if (name.starts_with("in_proj") || name.starts_with("out_proj"))
+                    && !c.tensors.contains_key(&name)
+                {
+                    c.params.push(name.clone());
+                }
+                c.tensors.insert(name, (shape, vals));
+            }
+            Some("end") => cases.push(cur.take().unwrap()),
+            _ => {}
+        }
+    }
+    assert_eq!(cases.len(), 4);
+    cases
+}
+
+impl Case {
+    fn n(&self, k: &str) -> usize {
+        self.kv[k].parse().unwrap()
+    }
+    fn flag(&self, k: &str) -> bool {
+        self.kv[k] == "1"
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn tensor(&self, ctx: &ExecContext, name: &str) -> Tensor {
+        let (shape, vals) = &self.tensors[name];
+        let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+        Tensor::variable_from_slice(ctx, shape, &v).unwrap()
+    }
+    fn mask(&self, ctx: &ExecContext, name: &str) -> RawTensor<bool> {
+        let (shape, vals) = &self.tensors[name];
+        let v: Vec<bool> = vals.iter().map(|&x| x != 0.0).collect();
+        ctx.from_slice_typed::<bool>(shape, &v).unwrap()
+    }
+    fn want(&self, name: &str) -> &[f64] {
+        &self.tensors[name].1
+    }
+    fn layer(&self, ctx: &ExecContext) -> MultiheadAttention {
+        let mha = MultiheadAttention::new(
+            ctx,
+            self.n("embed"),
+            self.n("heads"),
+            self.flag("bias"),
+            self.flag("batch_first"),
+            3,
+        )
+        .unwrap();
+        let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, self.params, "PyTorch's names, in its order");
+        let mut sd = StateDict::new();
+        for n in &self.params {
+            sd.insert(n.clone(), self.tensor(ctx, n).detach()).unwrap();
+        }
+        mha.load_state_dict(&sd).unwrap();
+        mha
+    }
+}
+
+fn close(what: &str, got: &Tensor, want: &[f64]) {
+    let g = got.to_vec();
+    assert_eq!(g.len(), want.len(), "{what}: length");
+    for (i, (&a, &b)) in g.iter().zip(want).enumerate() {
+        assert!(
+            (a as f64 - b).abs() <= 2e-4 * (1.0 + b.abs()),
+            "{what}[{i}]: got {a}, PyTorch {b}"
+        );
+    }
+}
+
+#[test]
+fn values_weights_and_gradients_match_pytorch() {
+    let ctx = ExecContext::with_threads(2);
+    for c in parse() {
+        let what = format!("{:?}", c.kv);
+        let mha = c.layer(&ctx);
+        let q = c.tensor(&ctx, "query");
+        let (k, v) = if c.flag("self") {
+            (q.clone(), q.clone())
+        } else {
+            (c.tensor(&ctx, "key"), c.tensor(&ctx, "value"))
+        };
+        let kpm = c
+            .has("key_padding_mask")
+            .then(|| c.mask(&ctx, "key_padding_mask"));
+        let bool_mask = c.has("attn_mask").then(|| c.mask(&ctx, "attn_mask"));
+        let float_mask = c
+            .has("attn_mask")
+            .then(|| c.tensor(&ctx, "attn_mask").detach());
+        let attn_mask = match c.kv["mask"].as_str() {
+            "none" => None,
+            "float" => Some(AttnMask::Additive(float_mask.as_ref().unwrap())),
+            _ => Some(AttnMask::Bool(bool_mask.as_ref().unwrap())),
+        };
+        let opts = AttentionOptions {
+            key_padding_mask: kpm.as_ref(),
+            attn_mask,
+            need_weights: c.flag("need_weights"),
+            average_attn_weights: c.flag("average"),
+        };
+        let (y, w) = mha.forward(&ctx, &q, &k, &v, opts).unwrap();
+        close(&format!("{what} y"), &y, c.want("y"));
+        let dot = |t: &Tensor, name: &str| {
+            t.mul(&ctx, &c.tensor(&ctx, name).detach())
+                .unwrap()
+                .sum_all(&ctx)
+                .unwrap()
+        };
+        let mut loss = dot(&y, "gy");
+        assert_eq!(w.is_some(), c.flag("need_weights"));
+        if let Some(w) = &w {
+            close(&format!("{what} weights"), w, c.want("w"));
+            loss = loss.add(&ctx, &dot(w, "gw")).unwrap();
+        }
+        loss.backward(&ctx).unwrap();
+        let grad = |t: &Tensor| t.grad(&ctx).unwrap().expect("a variable");
+        close(
+            &format!("{what} grad query"),
+            &grad(&q),
+            c.want("grad_query"),
+        );
+        if !c.flag("self") {
+            close(&format!("{what} grad key"), &grad(&k), c.want("grad_key"));
+            close(
+                &format!("{what} grad value"),
+                &grad(&v),
+                c.want("grad_value"),
+            );
+        }
+        for (n, p) in mha.named_parameters() {
+            let g = p.grad(&ctx).unwrap().expect("a gradient");
+            close(
+                &format!("{what} grad {n}"),
+                &g,
+                c.want(&format!("grad_{n}")),
+            );
+        }
+    }
+}
+
+#[test]
+fn gradcheck_cross_attention_with_masks() {
+    let ctx = ExecContext::new();
+    let mha = MultiheadAttention::new(&ctx, 4, 2, true, true, 5).unwrap();
+    // Non-zero biases, so their gradients are checked away from the init.
+    for (_, p) in mha.named_parameters() {
+        p.update_(|w| {
+            for (i, x) in w.iter_mut().enumerate() {
+                *x += 0.1 * ((i % 5) as f32 - 2.0);
+            }
+        })
+        .unwrap();
+    }
+    let pad = ctx
+        .from_slice_typed::<bool>(&[2, 3], &[false, false, true, false, false, false])
+        .unwrap();
+    let am = ctx
+        .from_slice_typed::<bool>(&[2, 3], &[false, true, false, false, false, false])
+        .unwrap();
+    let q = Tensor::uniform(&ctx, &[2, 2, 4], -1.0, 1.0, 1).unwrap();
+    let kv = Tensor::uniform(&ctx, &[2, 3, 4], -1.0, 1.0, 2).unwrap();
+    let raw = [q.raw().clone(), kv.raw().clone()];
+    let f = |ctx: &ExecContext, t: &[Tensor]| -> fucina::Result<Tensor> {
+        let opts = AttentionOptions {
+            key_padding_mask: Some(&pad),
+            attn_mask: Some(AttnMask::Bool(&am)),
+            ..Default::default()
+        };
+        let (y, w) = mha.forward(ctx, &t[0], &t[1], &t[1], opts)?;
+        let w = w.unwrap().reshape(ctx, &[2, 6])?;
+        Ok(Tensor::concat(ctx, &[&y.reshape(ctx, &[2, 8])?, &w], 1)?)
+    };
+    let r = gradcheck(&ctx, f, &raw, &GradcheckOptions::default()).unwrap();
+    assert!(r.passed, "{r:?}");
+}
+
+#[test]
+fn init_and_forward_trait() {
+    let ctx = ExecContext::new();
+    let mha = MultiheadAttention::new(&ctx, 16, 4, true, false, 9).unwrap();
+    let b = (6.0f64 / 64.0).sqrt() as f32;
+    let w = mha.in_proj_weight.to_vec();
+    assert_eq!(mha.in_proj_weight.shape().as_slice(), [48, 16]);
+    assert!(w.iter().all(|x| x.abs() <= b));
+    assert!(w.iter().any(|x| x.abs() > b / 2.0));
+    assert!(
+        mha.in_proj_bias
+            .as_ref()
+            .unwrap()
+            .to_vec()
+            .iter()
+            .all(|&x| x == 0.0)
+    );
+    assert!(
+        mha.out_proj
+            .bias
+            .as_ref()
+            .unwrap()
+            .to_vec()
+            .iter()
+            .all(|&x| x == 0.0)
+    );
+    assert_eq!(
+        (mha.embed_dim(), mha.num_heads(), mha.batch_first()),
+        (16, 4, false)
+    );
+    let no_bias = MultiheadAttention::new(&ctx, 16, 4, false, false, 9).unwrap();
+    let names: Vec<String> = no_bias
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["in_proj_weight", "out_proj.weight"]);
+    // Forward: unmasked self-attention, the output alone.
+    let x = Tensor::uniform(&ctx, &[5, 2, 16], -1.0, 1.0, 1).unwrap();
+    let a = Forward::forward(&mha, &ctx, &x).unwrap();
+    let (b2, _) = mha
+        .forward(&ctx, &x, &x, &x, AttentionOptions::default())
+        .unwrap();
+    assert_eq!(a.to_vec(), b2.to_vec());
+    assert_eq!(a.shape(), [5, 2, 16]);
+}
+
+#[test]
+fn bad_arguments_and_inputs_are_errors() {
+    let ctx = ExecContext::new();
+    assert!(matches!(
+        MultiheadAttention::new(&ctx, 6, 4, true, true, 1),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(MultiheadAttention::new(&ctx, 0, 1, true, true, 1).is_err());
+    let mha = MultiheadAttention::new(&ctx, 8, 2, true, true, 1).unwrap();
+    let t = |s: &[usize]| Tensor::zeros(&ctx, s).unwrap();
+    let d = AttentionOptions::default;
+    let bad = |r: fucina::Result<(Tensor, Option<Tensor>)>, needle: &str| {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        assert!(
+            e.to_string().contains(needle),
+            "`{e}` should mention `{needle}`"
+        );
+    };
+    let (q, kv) = (t(&[2, 3, 8]), t(&[2, 5, 8]));
+    bad(mha.forward(&ctx, &t(&[2, 3, 7]), &kv, &kv, d()), "query");
+    bad(
+        mha.forward(&ctx, &q, &t(&[3, 5, 8]), &t(&[3, 5, 8]), d()),
+        "batch",
+    );
+    bad(mha.forward(&ctx, &q, &kv, &t(&[2, 4, 8]), d()), "value");
+    let pad = ctx.from_slice_typed::<bool>(&[2, 4], &[false; 8]).unwrap();
+    let opts = AttentionOptions {
+        key_padding_mask: Some(&pad),
+        ..d()
+    };
+    bad(mha.forward(&ctx, &q, &kv, &kv, opts), "key padding mask");
+    let m = ctx.from_slice_typed::<bool>(&[3, 4], &[false; 12]).unwrap();
+    let opts = AttentionOptions {
+        attn_mask: Some(AttnMask::Bool(&m)),
+        ..d()
+    };
+    bad(mha.forward(&ctx, &q, &kv, &kv, opts), "attention mask");
+    // Per-head masks: [N * heads, L, S].
+    let m = ctx
+        .from_slice_typed::<bool>(&[4, 3, 5], &[false; 60])
+        .unwrap();
+    let opts = AttentionOptions {
+        attn_mask: Some(AttnMask::Bool(&m)),
+        ..d()
+    };
+    let (y, w) = mha.forward(&ctx, &q, &kv, &kv, opts).unwrap();
+    assert_eq!(y.shape(), [2, 3, 8]);
+    assert_eq!(w.unwrap().shape(), [2, 3, 5]);
+}
