@@ -154,6 +154,7 @@ count={{ ns.count }} first={{ messages[0].role }} last={{ (messages | last).role
 {{ data.get('missing', 'dflt') }} {{ data.get('name') }} {{ data.keys() | list }}
 {{ 'Hello World'.lower() }} {{ 'abc'.upper() }} {{ '  pad  '.lstrip() }}| {{ 'x,y,,z'.split(',') }} {{ 'a-b'.replace('-', '+') }} {{ 'title me'.title() }} {{ 'abc'.startswith('ab') }} {{ 'abc'.endswith('x') }} {{ '\n\nx\n'.lstrip('\n') }}
 {{ messages | map(attribute='role') | join(', ') }}
+{{ [1, true, none, 'x', 2.0] | join('-') }} {{ messages | join('/', attribute='role') }} {{ 'abc' | join('.') }} {{ [[1, 2]] | join(attribute='1') }}
 {{ messages | selectattr('role', 'equalto', 'user') | list | length }}
 {{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='content') | list }}
 {{ 'x' ~ 1 ~ 'y' }} {{ 'ab' + 'cd' }} {{ [1, 2] + [3] }} {{ 'na' * 3 }}
@@ -399,7 +400,9 @@ def main():
 
     for name, (model, bos, eos, repo, commit, path, how, note) in SOURCES.items():
         jinja = os.path.join(OUT, f"{name}.jinja")
-        if args.extract and (repo in clones or repo is None) or not os.path.exists(jinja) and repo is None:
+        # The quoted and synthetic templates live in this script; the others
+        # are copied only with --extract.
+        if repo is None or repo in clones:
             with open(jinja, "w", encoding="utf-8", newline="") as f:
                 f.write(extract(name, clones))
         with open(jinja, encoding="utf-8", newline="") as f:

@@ -173,6 +173,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_filter("string", |v: &Value| python_str(v));
+        env.add_filter("join", join);
         env.set_formatter(|out, _state, value| {
             out.write_str(&python_str(value))
                 .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
@@ -512,6 +513,24 @@ fn python_str_repr(s: &str) -> String {
     }
     out.push(quote);
     out
+}
+
+/// `value | join(d='', attribute=None)` as Jinja's: the items (or their
+/// `attribute`, a dotted path) as Python's `str()` writes them, separated by `d`.
+fn join(value: &Value, d: Option<String>, kwargs: Kwargs) -> Result<String, Error> {
+    let attribute: Option<String> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    let mut parts = Vec::new();
+    for mut item in value.try_iter()? {
+        for key in attribute.iter().flat_map(|a| a.split('.')) {
+            item = match key.parse::<i64>() {
+                Ok(i) => item.get_item(&Value::from(i))?,
+                Err(_) => item.get_attr(key)?,
+            };
+        }
+        parts.push(python_str(&item));
+    }
+    Ok(parts.join(d.as_deref().unwrap_or("")))
 }
 
 /// `raise_exception(message)`: the template's own error.

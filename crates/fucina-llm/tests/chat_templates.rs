@@ -325,6 +325,16 @@ fn tokenizer_reads_tokenizer_config_templates() {
             .unwrap(),
         "T2"
     );
+    // With tools, the tool_use template is chosen, as transformers chooses it.
+    assert_eq!(
+        tok.apply_chat_template_with(&[], false, &opts).unwrap(),
+        "T2"
+    );
+    assert_eq!(
+        tok.apply_chat_template_with(&[], false, &ChatOptions::default())
+            .unwrap(),
+        "D</s>"
+    );
     fs::write(dir.join("chat_template.jinja"), "J{{ eos_token }}").unwrap();
     let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     assert_eq!(tok.apply_chat_template(&[], false).unwrap(), "J</s>");
