@@ -181,24 +181,11 @@ def git_show(clone, commit, path):
     ).stdout.decode("utf-8")
 
 
-def rust_string(text, start):
-    """The value of the Rust string literal that opens at text[start] ('"')."""
-    out, i = [], start + 1
-    esc = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
-    while text[i] != '"':
-        if text[i] == "\\":
-            out.append(esc[text[i + 1]])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def js_string(text, start):
-    """The value of the JavaScript string literal that opens at text[start]."""
+def string_literal(text, start):
+    """The value of the Rust or JavaScript string literal whose quote opens at
+    text[start] (the escapes those sources use: \\n \\t \\r \\0 \\\\ \\' \\" \\uXXXX)."""
     quote, out, i = text[start], [], start + 1
-    esc = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+    esc = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
     while text[i] != quote:
         if text[i] == "\\":
             if text[i + 1] == "u":
@@ -238,10 +225,10 @@ def extract(name, clones):
         at = text.index("chat_template:", at) + len("chat_template:")
         while text[at] not in "'\"":
             at += 1
-        return js_string(text, at)
+        return string_literal(text, at)
     at = text.index(f'name: "{entry}"')
     key = 'chat_template: "'
-    return rust_string(text, text.index(key, at) + len(key) - 1)
+    return string_literal(text, text.index(key, at) + len(key) - 1)
 
 
 def conversations(name):
