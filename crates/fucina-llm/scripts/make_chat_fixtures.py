@@ -21,6 +21,7 @@ tiny word-level vocabulary, so only the template and the special tokens matter.
 
 import argparse
 import ast
+import datetime
 import json
 import os
 import subprocess
@@ -32,13 +33,20 @@ OUT = os.path.join(HERE, "..", "tests", "chat_fixtures")
 LLAMACPP = ("ye-NX/llama.cpp", "1eeb523c3e0c7ffbd59469f5463dcbdecba3535e")
 TGI = ("huggingface/text-generation-inference", "db931fcf42da018a3657580c64bf2720f167f9ab")
 GORILLA = ("ShishirPatil/gorilla", "6ea57973c7a6097fd7c5915698c54c17c5b1b6c8")
+HFJS = ("huggingface/huggingface.js", "fe42e68017ffc76d09922ea8f9b38a6964345710")
+
+# The time strftime_now reports in every case (transformers' clock is patched
+# to it, in UTC): 2025-03-14 15:09:26 UTC, a Friday.
+NOW_UNIX = 1741964966
 
 # name: (model, bos, eos, source). A source is (repo, commit, path, how):
 # "file" (the file is the template, as llama.cpp's scripts/get_chat_template.py
 # writes it), ("rust-test", NAME) (the `chat_template:` string of TGI's test
-# entry called NAME), "gemma3-docstring" (the chat_template member of the
-# tokenizer_config.json excerpt in the handler's docstring), or "quoted"
-# (no file: see the note).
+# entry called NAME), ("js-test", NAME) (the chat_template string of the
+# huggingface.js Jinja test entry NAME), "gemma3-docstring" (the
+# chat_template member of the tokenizer_config.json excerpt in the handler's
+# docstring), "quoted" (no file: see the note) or "synthetic" (a template
+# written for these tests, no model's: FEATURES below).
 SOURCES = {
     "smollm2_instruct": (
         "HuggingFaceTB/SmolLM2-135M-Instruct", None, "<|im_end|>",
@@ -95,6 +103,20 @@ SOURCES = {
         *LLAMACPP, "models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "file",
         "llama.cpp's copy (scripts/get_chat_template.py mistralai/Mistral-Nemo-Instruct-2407).",
     ),
+    "smollm3": (
+        "HuggingFaceTB/SmolLM3-3B", None, "<|im_end|>",
+        *HFJS, "packages/jinja/test/e2e.test.js", ("js-test", "HuggingFaceTB/SmolLM3-3B"),
+        "Hugging Face's huggingface.js Jinja tests' copy of the model's template (reasoning modes, "
+        "strftime_now, tools printed with |string, {% generation %} blocks).",
+    ),
+    "jinja_features": (
+        "(none: a synthetic template)", "<s>", "</s>",
+        None, None, None, "synthetic",
+        "Not a model's template: written for these tests to exercise the Jinja features chat "
+        "templates use (loop controls, namespaces, Python printing of values, tojson options, "
+        "string and dict methods, filters, tests, slices, arithmetic, generation blocks, "
+        "strftime_now, raise_exception).",
+    ),
     "tinyllama_chat": (
         "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "<s>", "</s>",
         *TGI, "router/src/infer/chat_template.rs",
@@ -113,18 +135,63 @@ SMOLLM2 = (
 )
 
 
+FEATURES = """{#- Not a model's template: the Jinja features chat templates use. -#}
+{%- set ns = namespace(count=0) -%}
+{%- for m in messages -%}
+{%- if m.role == 'skip' %}{% continue %}{% endif -%}
+{%- if m.content == 'STOP' %}{% break %}{% endif -%}
+{%- set ns.count = ns.count + 1 -%}
+[{{ loop.index }}/{{ loop.length }} {{ m.role | upper }}|{{ m.content | trim }}|{{ m.content.strip().split(' ') | length }}|{{ loop.first }}{{ loop.last }}]
+{% endfor %}
+count={{ ns.count }} first={{ messages[0].role }} last={{ (messages | last).role }} n={{ messages | length }}
+{{ true }} {{ false }} {{ none }} {{ 1.0 }} {{ 2.5e-7 }} {{ 10 / 4 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 10 }} {{ -3 }}
+{{ [1, 'a', none, true, 0.5] }} {{ {'k': 'v', 'n': [1.5]} }} {{ {'k': "it's"} | string }} {{ ['say "hi"'] }}
+{{ data | tojson }}
+{{ data | tojson(indent=2) }}
+{{ data | tojson(indent=4, sort_keys=true) }}
+{{ data | tojson(separators=(',', ':')) }}
+{{ data.items() | list | length }} {% for k, v in data.items() %}{{ k }}:{{ v | string }};{% endfor %}
+{{ data.get('missing', 'dflt') }} {{ data.get('name') }} {{ data.keys() | list }}
+{{ 'Hello World'.lower() }} {{ 'abc'.upper() }} {{ '  pad  '.lstrip() }}| {{ 'x,y,,z'.split(',') }} {{ 'a-b'.replace('-', '+') }} {{ 'title me'.title() }} {{ 'abc'.startswith('ab') }} {{ 'abc'.endswith('x') }} {{ '\n\nx\n'.lstrip('\n') }}
+{{ messages | map(attribute='role') | join(', ') }}
+{{ [1, true, none, 'x', 2.0] | join('-') }} {{ messages | join('/', attribute='role') }} {{ 'abc' | join('.') }} {{ [[1, 2]] | join(attribute='1') }}
+{{ messages | selectattr('role', 'equalto', 'user') | list | length }}
+{{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='content') | list }}
+{{ 'x' ~ 1 ~ 'y' }} {{ 'ab' + 'cd' }} {{ [1, 2] + [3] }} {{ 'na' * 3 }}
+{{ range(3) | list }} {{ (range(5) | list)[1:4] }} {{ 'hello'[::-1] }} {{ 'hello'[1:-1] }} {{ messages[-1].role }}
+{{ undefined_var is defined }} {{ data is mapping }} {{ messages is iterable }} {{ 'x' is string }} {{ 3 is number }} {{ none is none }} {{ 'a' in 'cat' }} {{ 'name' in data }}
+{{ undefined_var | default('fallback') }} {{ '' | default('empty', true) }} {{ undefined_var }}|
+{{ bos_token }}{{ eos_token }} {{ add_generation_prompt }}
+{%- if add_generation_prompt %}
+{% generation %}GEN {{ messages | length }}{% endgeneration %}
+{%- endif %}
+{{ strftime_now('%Y-%m-%d %H:%M:%S %a %A %b %B %d %j') }}
+    {% if true %}
+indented block
+    {% endif %}
+{# a comment #}
+{%- macro shout(x) %}{{ x | upper }}!{% endmacro %}
+{{ shout('hey') }}
+{{ raise_exception('boom: ' ~ reason) if reason is defined else 'no raise' }}"""
+
+
 def git_show(clone, commit, path):
     return subprocess.run(
         ["git", "--git-dir", clone, "show", f"{commit}:{path}"], check=True, capture_output=True
     ).stdout.decode("utf-8")
 
 
-def rust_string(text, start):
-    """The value of the Rust string literal that opens at text[start] ('"')."""
-    out, i = [], start + 1
-    esc = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
-    while text[i] != '"':
+def string_literal(text, start):
+    """The value of the Rust or JavaScript string literal whose quote opens at
+    text[start] (the escapes those sources use: \\n \\t \\r \\0 \\\\ \\' \\" \\uXXXX)."""
+    quote, out, i = text[start], [], start + 1
+    esc = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+    while text[i] != quote:
         if text[i] == "\\":
+            if text[i + 1] == "u":
+                out.append(chr(int(text[i + 2 : i + 6], 16)))
+                i += 6
+                continue
             out.append(esc[text[i + 1]])
             i += 2
         else:
@@ -136,6 +203,8 @@ def rust_string(text, start):
 def extract(name, clones):
     if name == "smollm2_instruct":
         return SMOLLM2
+    if name == "jinja_features":
+        return FEATURES
     _, _, _, repo, commit, path, how, _ = SOURCES[name]
     text = git_show(clones[repo], commit, path)
     if how == "file":
@@ -150,10 +219,16 @@ def extract(name, clones):
         end = sum(map(len, lines[: node.end_lineno - 1])) + node.end_col_offset
         doc = text[start:end].strip('"').strip().rstrip(",")
         return json.loads("{" + doc + "}")["chat_template"]
-    _, entry = how
+    kind, entry = how
+    if kind == "js-test":
+        at = text.index(f'"{entry}": {{')
+        at = text.index("chat_template:", at) + len("chat_template:")
+        while text[at] not in "'\"":
+            at += 1
+        return string_literal(text, at)
     at = text.index(f'name: "{entry}"')
     key = 'chat_template: "'
-    return rust_string(text, text.index(key, at) + len(key) - 1)
+    return string_literal(text, text.index(key, at) + len(key) - 1)
 
 
 def conversations(name):
@@ -210,8 +285,33 @@ def conversations(name):
             {"role": "user", "content": "2+2?"},
             {"role": "assistant", "content": "4", "reasoning_content": "add"},
         ], False, None, {}))
+    if name == "jinja_features":
+        data = {"name": "fucina", "version": 1.5, "tags": ["a", "b"], "nested": {"z": None, "t": True, "q": "é\"<"}}
+        skip = [
+            {"role": "system", "content": "  Be brief.  "},
+            {"role": "skip", "content": "not counted"},
+            {"role": "user", "content": "one two three"},
+            {"role": "assistant", "content": "STOP"},
+            {"role": "user", "content": "after the break"},
+        ]
+        return [
+            ("features_gen", skip, True, None, {"data": data}),
+            ("features_nogen", skip[:3], False, None, {"data": data}),
+            ("raises", skip[:3], True, None, {"data": data, "reason": "asked to"}),
+        ]
+    if name == "smollm3":
+        cases.append(("no_think", sys_user[:1] + [{"role": "user", "content": "Hi /no_think"}], True, None, {}))
+        cases.append(("enable_thinking_false", [{"role": "user", "content": "Hi"}], True, None, {"enable_thinking": False}))
+        cases.append(("tools", sys_user, True, weather, {}))
+        cases.append(("python_tools", sys_user, True, None, {"python_tools": weather}))
+    if name == "llama3_2_instruct":
+        # Today's date from strftime_now (the fixed clock).
+        cases.append(("strftime_now", sys_user, True, None, {}))
     if name.startswith("llama3"):
-        cases = [(l, m, g, t, {"date_string": "26 Jul 2024", **k}) for (l, m, g, t, k) in cases]
+        cases = [
+            (l, m, g, t, k if l == "strftime_now" else {"date_string": "26 Jul 2024", **k})
+            for (l, m, g, t, k) in cases
+        ]
         cases.append(("tools_in_user", sys_user, True, weather, {"date_string": "26 Jul 2024"}))
         cases.append(("tools_in_system", sys_user, True, weather,
                       {"date_string": "26 Jul 2024", "tools_in_user_message": False}))
@@ -234,6 +334,14 @@ def conversations(name):
 def render_cases(name, template, bos, eos):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
+    from transformers.utils import chat_template_utils
+
+    class FixedClock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime.fromtimestamp(NOW_UNIX, datetime.timezone.utc).replace(tzinfo=None)
+
+    chat_template_utils.datetime = FixedClock
 
     vocab = {"[UNK]": 0}
     for t in (bos, eos):
@@ -253,7 +361,7 @@ def render_cases(name, template, bos, eos):
         # JSON text, so a reader whose JSON objects do not keep their key order
         # (serde_json's default) still gets the order the template sees.
         case = {"label": label, "messages_json": json.dumps(messages, ensure_ascii=False),
-                "add_generation_prompt": gen}
+                "add_generation_prompt": gen, "now_unix": NOW_UNIX}
         if tools is not None:
             case["tools_json"] = json.dumps(tools, ensure_ascii=False)
         if extra:
@@ -279,7 +387,9 @@ def main():
 
     for name, (model, bos, eos, repo, commit, path, how, note) in SOURCES.items():
         jinja = os.path.join(OUT, f"{name}.jinja")
-        if args.extract and (repo in clones or repo is None):
+        # The quoted and synthetic templates live in this script; the others
+        # are copied only with --extract.
+        if repo is None or repo in clones:
             with open(jinja, "w", encoding="utf-8", newline="") as f:
                 f.write(extract(name, clones))
         with open(jinja, encoding="utf-8", newline="") as f:

@@ -7,10 +7,15 @@
 //! The renderer is `minijinja` set up as `transformers` sets up Jinja:
 //! `trim_blocks` and `lstrip_blocks` on, loop controls (`break`, `continue`),
 //! `raise_exception(message)` (an error naming the template and the message),
-//! `strftime_now(format)` (the current time, UTC), a `tojson` filter that
-//! writes what Python's `json.dumps` writes (`ensure_ascii`, `indent`,
-//! `separators` and `sort_keys` as keyword arguments), and Python's string and
-//! dict methods (`.strip()`, `.split()`, `.startswith()`, `.items()`, ...).
+//! `strftime_now(format)` (the current time, UTC, or the time
+//! [`ChatOptions::now_unix`] gives), a `tojson` filter that writes what
+//! Python's `json.dumps` writes (`ensure_ascii`, `indent`, `separators` and
+//! `sort_keys` as keyword arguments), Python's string and dict methods
+//! (`.strip()`, `.split()`, `.startswith()`, `.items()`, ...), and the
+//! `{% generation %}` block of `transformers`' assistant-mask extension (its
+//! body renders as it is). Values print as Python prints them (`{{ x }}` and
+//! `x | string`): `True`, `None`, `{'a': [1, 2.0]}`. (Concatenation with `~`
+//! spells booleans and none as minijinja does: `true`, `none`.)
 //! The variables a template sees are those `transformers` passes: `messages`,
 //! `tools` and `documents` (none unless given), `add_generation_prompt`,
 //! `bos_token` and `eos_token` (when known), and any extra variables given
@@ -30,6 +35,7 @@
 //! # Ok::<(), fucina_llm::LlmError>(())
 //! ```
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -104,6 +110,15 @@ pub struct ChatOptions {
     /// 2024"}` for Llama 3.x); they override `bos_token` and `eos_token`, as
     /// keyword arguments do in `transformers`.
     pub variables_json: Option<String>,
+    /// The time `strftime_now` formats, in seconds since the Unix epoch (UTC);
+    /// `None` is the current time. A fixed time makes the text of a template
+    /// that prints today's date (Llama 3.2, SmolLM3) reproducible.
+    pub now_unix: Option<i64>,
+}
+
+thread_local! {
+    /// The time `strftime_now` reports during a rendering on this thread.
+    static NOW_UNIX: Cell<Option<i64>> = const { Cell::new(None) };
 }
 
 /// A compiled chat template.
@@ -157,7 +172,13 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE, source.clone())
+        env.add_filter("string", |v: &Value| python_str(v));
+        env.add_filter("join", join);
+        env.set_formatter(|out, _state, value| {
+            out.write_str(&python_str(value))
+                .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
+        });
+        env.add_template_owned(TEMPLATE, generation_blocks_as_ifs(&source))
             .map_err(|e| template_error(&name, "does not parse", &e))?;
         Ok(ChatTemplate {
             name,
@@ -350,8 +371,10 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE)
             .map_err(|e| template_error(&self.name, "does not parse", &e))?;
-        tmpl.render(Value::from_pairs(vars))
-            .map_err(|e| template_error(&self.name, "failed", &e))
+        let before = NOW_UNIX.with(|c| c.replace(options.now_unix));
+        let out = tmpl.render(Value::from_pairs(vars));
+        NOW_UNIX.with(|c| c.set(before));
+        out.map_err(|e| template_error(&self.name, "failed", &e))
     }
 }
 
@@ -372,6 +395,142 @@ fn template_error(name: &str, what: &str, e: &Error) -> LlmError {
         source = s.source();
     }
     invalid(name, format!("{what}: {msg}"))
+}
+
+/// `source` with the `{% generation %}` and `{% endgeneration %}` tags of
+/// `transformers`' assistant-mask extension (which renders the body as it is)
+/// spelled `{% if true %}` and `{% endif %}`, whitespace control kept, so the
+/// text is the same and minijinja, which has no such tag, parses it.
+fn generation_blocks_as_ifs(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        let word = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match word {
+            Some(w) => out.push_str(&format!("{{%{open} {w} {close}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A value as Python's `str()` writes it (strings as they are).
+fn python_str(v: &Value) -> String {
+    match v.kind() {
+        ValueKind::String => v.as_str().unwrap_or_default().to_string(),
+        ValueKind::Undefined => String::new(),
+        _ => python_repr(v),
+    }
+}
+
+/// A value as Python's `repr()` writes it: `'text'`, `True`, `None`, `1.0`,
+/// `[1, 'a']`, `{'k': None}`.
+fn python_repr(v: &Value) -> String {
+    match v.kind() {
+        ValueKind::String => python_str_repr(v.as_str().unwrap_or_default()),
+        ValueKind::None => "None".into(),
+        ValueKind::Undefined => String::new(),
+        ValueKind::Bool => (if v.is_true() { "True" } else { "False" }).into(),
+        ValueKind::Number if !v.is_integer() => match f64::try_from(v.clone()) {
+            Ok(x) if x.is_nan() => "nan".into(),
+            Ok(x) if x.is_infinite() => (if x > 0.0 { "inf" } else { "-inf" }).into(),
+            Ok(x) => python_float(x),
+            Err(_) => v.to_string(),
+        },
+        ValueKind::Seq => match v.try_iter() {
+            Ok(items) => format!(
+                "[{}]",
+                items
+                    .map(|i| python_repr(&i))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(_) => v.to_string(),
+        },
+        ValueKind::Map => match v.try_iter() {
+            Ok(keys) => {
+                let items: Vec<String> = keys
+                    .map(|k| {
+                        let val = v.get_item(&k).unwrap_or_default();
+                        format!("{}: {}", python_repr(&k), python_repr(&val))
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            Err(_) => v.to_string(),
+        },
+        _ => v.to_string(),
+    }
+}
+
+/// A string as Python's `repr()` quotes it: single quotes unless the text has
+/// a single quote and no double quote; `\\`, `\n`, `\r`, `\t` and `\xNN`
+/// escapes for the rest of the control characters.
+fn python_str_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32)) => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// `value | join(d='', attribute=None)` as Jinja's: the items (or their
+/// `attribute`, a dotted path) as Python's `str()` writes them, separated by `d`.
+fn join(value: &Value, d: Option<String>, kwargs: Kwargs) -> Result<String, Error> {
+    let attribute: Option<String> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    let mut parts = Vec::new();
+    for mut item in value.try_iter()? {
+        for key in attribute.iter().flat_map(|a| a.split('.')) {
+            item = match key.parse::<i64>() {
+                Ok(i) => item.get_item(&Value::from(i))?,
+                Err(_) => item.get_attr(key)?,
+            };
+        }
+        parts.push(python_str(&item));
+    }
+    Ok(parts.join(d.as_deref().unwrap_or("")))
 }
 
 /// `raise_exception(message)`: the template's own error.
@@ -669,13 +828,15 @@ fn python_float(x: f64) -> String {
 // ---------------------------------------------------------------------------
 // strftime_now.
 
-/// `strftime_now(format)`: the current time (UTC) formatted by `format`'s
-/// `%` directives.
+/// `strftime_now(format)`: the current time (UTC), or the rendering's
+/// [`ChatOptions::now_unix`], formatted by `format`'s `%` directives.
 fn strftime_now(format: String) -> Result<String, Error> {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = NOW_UNIX.with(Cell::get).unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    });
     strftime(&format, secs)
 }
 
@@ -800,6 +961,43 @@ mod tests {
         assert_eq!(strftime("%Y-%m-%d %a", -86_400).unwrap(), "1969-12-31 Wed");
         assert!(strftime("%Q", t).is_err());
         assert!(strftime("50%", t).is_err());
+    }
+
+    #[test]
+    fn generation_tags_become_ifs() {
+        assert_eq!(
+            generation_blocks_as_ifs(
+                "a{% generation %}b{%- endgeneration -%}c{{ x }}{% if y %}{% endif %}"
+            ),
+            "a{% if true %}b{%- endif -%}c{{ x }}{% if y %}{% endif %}"
+        );
+        assert_eq!(
+            generation_blocks_as_ifs("{%+ generation+%}{% raw %}"),
+            "{%+ if true +%}{% raw %}"
+        );
+        assert_eq!(
+            generation_blocks_as_ifs("tail {% unterminated"),
+            "tail {% unterminated"
+        );
+    }
+
+    #[test]
+    fn python_reprs() {
+        let v = Value::from_pairs([
+            ("s", Value::from("it's \"x\"\n")),
+            ("b", Value::from(true)),
+            ("n", Value::from(())),
+            (
+                "l",
+                Value::from(vec![Value::from(1), Value::from(2.5), Value::from("a'")]),
+            ),
+        ]);
+        assert_eq!(
+            python_str(&v),
+            r#"{'s': 'it\'s "x"\n', 'b': True, 'n': None, 'l': [1, 2.5, "a'"]}"#
+        );
+        assert_eq!(python_str(&Value::from("plain")), "plain");
+        assert_eq!(python_str(&Value::from(1.0)), "1.0");
     }
 
     #[test]

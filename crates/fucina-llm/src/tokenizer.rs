@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::LlmError;
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::gguf::{GgufFile, GgufValue};
 
 /// The file beside `tokenizer.json` with the chat template and the special
@@ -315,14 +315,44 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, LlmError> {
-        let t = self.chat_template().ok_or_else(|| LlmError::InvalidRequest {
+        let t = self.chat_template().ok_or_else(|| self.no_template())?;
+        t.apply(messages, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with tools and extra variables
+    /// ([`ChatTemplate::apply_with`]), choosing the template as `transformers`
+    /// does: the one named `tool_use` when tools are given and there is one,
+    /// else the default.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::apply_chat_template`] and [`ChatTemplate::apply_with`].
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String, LlmError> {
+        let tool_use = options
+            .tools_json
+            .as_ref()
+            .and_then(|_| self.chat_template_named("tool_use"));
+        match tool_use {
+            Some(t) => t.apply_with(messages, add_generation_prompt, options),
+            None => self
+                .chat_template()
+                .ok_or_else(|| self.no_template())?
+                .apply_with(messages, add_generation_prompt, options),
+        }
+    }
+
+    fn no_template(&self) -> LlmError {
+        LlmError::InvalidRequest {
             op: "chat template",
             reason: format!(
                 "{} has no chat template (no tokenizer_config.json chat_template, chat_template.jinja or GGUF tokenizer.chat_template)",
                 self.path.display()
             ),
-        })?;
-        t.apply(messages, add_generation_prompt)
+        }
     }
 
     /// The ids of the default chat template's end-of-turn markers

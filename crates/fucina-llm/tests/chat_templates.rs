@@ -1,8 +1,10 @@
-//! Chat templates against transformers: every real template stored under
-//! tests/chat_fixtures/ (NAME.jinja, with where it came from in NAME.json)
-//! renders each stored conversation to exactly the text transformers'
-//! `apply_chat_template(tokenize=False)` rendered (scripts/make_chat_fixtures.py),
-//! and fails where it raised, with its message.
+//! Chat templates against transformers: every template stored under
+//! tests/chat_fixtures/ (NAME.jinja, with where it came from in NAME.json:
+//! twelve real models' templates, and one synthetic template of the Jinja
+//! features templates use) renders each stored conversation to exactly the
+//! text transformers' `apply_chat_template(tokenize=False)` rendered
+//! (scripts/make_chat_fixtures.py, with strftime_now's clock fixed), and fails
+//! where it raised, with its message.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,7 @@ fn every_stored_template_renders_as_transformers_does() {
             let options = ChatOptions {
                 tools_json: case["tools_json"].as_str().map(str::to_string),
                 variables_json: case["variables_json"].as_str().map(str::to_string),
+                now_unix: case["now_unix"].as_i64(),
             };
             let got = t.apply_json(messages_json, add_gen, &options);
             // The plain-message entry point renders the same where it applies.
@@ -110,7 +113,7 @@ fn every_stored_template_renders_as_transformers_does() {
             checked += 1;
         }
     }
-    assert!(checked >= 80, "{checked} cases");
+    assert!(checked >= 100, "{checked} cases");
 }
 
 #[test]
@@ -125,6 +128,7 @@ fn end_of_turn_markers_of_the_real_templates() {
         ("qwen2_5_instruct", &["<|im_end|>"]),
         ("qwen3", &["<|im_end|>"]),
         ("smollm2_instruct", &["<|im_end|>"]),
+        ("smollm3", &["<|im_end|>"]),
         ("tinyllama_chat", &["</s>"]),
     ];
     for (name, markers) in want {
@@ -188,6 +192,7 @@ fn jinja_features_templates_use() {
                 &ChatOptions {
                     tools_json: None,
                     variables_json: Some(vars.to_string()),
+                    now_unix: None,
                 },
             )
             .unwrap()
@@ -261,6 +266,7 @@ fn jinja_features_templates_use() {
     let opts = ChatOptions {
         tools_json: None,
         variables_json: Some(r#"{"eos_token": "E"}"#.into()),
+        now_unix: None,
     };
     assert_eq!(t.apply_with(&[], false, &opts).unwrap(), "<s>|E");
 }
@@ -310,6 +316,7 @@ fn tokenizer_reads_tokenizer_config_templates() {
     let opts = ChatOptions {
         tools_json: Some("[{}, {}]".into()),
         variables_json: None,
+        now_unix: None,
     };
     assert_eq!(
         tok.chat_template_named("tool_use")
@@ -317,6 +324,16 @@ fn tokenizer_reads_tokenizer_config_templates() {
             .apply_with(&[], false, &opts)
             .unwrap(),
         "T2"
+    );
+    // With tools, the tool_use template is chosen, as transformers chooses it.
+    assert_eq!(
+        tok.apply_chat_template_with(&[], false, &opts).unwrap(),
+        "T2"
+    );
+    assert_eq!(
+        tok.apply_chat_template_with(&[], false, &ChatOptions::default())
+            .unwrap(),
+        "D</s>"
     );
     fs::write(dir.join("chat_template.jinja"), "J{{ eos_token }}").unwrap();
     let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
