@@ -3,14 +3,18 @@
 //! count, the vector level and the other sequences decoded in the same batch.
 //!
 //! The layers of the crate, bottom up:
+//! - [`arch`]: one spec per architecture (what differs from Llama), and the
+//!   GGUF loader they make generic.
 //! - [`config`]: `config.json` (architecture, sizes, RoPE parameters).
 //! - [`weights`]: memory-mapped safetensors tensors kept in their file format.
-//! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+//! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU
+//!   or GeGLU), reading its architecture's spec.
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`sample`]: greedy and seeded sampling.
 //! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
 //! - [`open`]: a model directory or a GGUF file, converted at load if asked.
 
+pub mod arch;
 pub mod cache;
 pub mod config;
 pub mod error;
@@ -22,6 +26,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use arch::{Activation, ArchParams, ArchSpec, NormStyle};
 pub use cache::KvCache;
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};

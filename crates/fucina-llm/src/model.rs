@@ -64,6 +64,7 @@ use std::sync::Mutex;
 use fucina::exec::PARALLEL_THRESHOLD;
 use fucina::{ExecContext, Team};
 
+use crate::arch::{Activation, ArchSpec, NormStyle};
 pub use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::LlmError;
@@ -84,10 +85,24 @@ fn team_for(ctx: &ExecContext, work: usize) -> Option<&Team> {
     }
 }
 
-/// The weights of one decoder layer (norm weights and biases widened to f32).
+/// The weights of one decoder layer (norm weights and biases widened to f32;
+/// a `1 + w` norm's sum formed at load).
 struct Layer {
     input_norm: Vec<f32>,
+    /// The MLP's input norm (`post_attention_layernorm`, or Gemma's
+    /// `pre_feedforward_layernorm`).
     post_norm: Vec<f32>,
+    /// Gemma's norm of the attention output (`post_attention_layernorm`).
+    attn_out_norm: Option<Vec<f32>>,
+    /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
+    mlp_out_norm: Option<Vec<f32>>,
+    /// The RMSNorms over each q and k head (`[head_dim]`).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// The layer's sliding window.
+    window: Option<usize>,
+    /// The layer rotates with the local RoPE table (Gemma 3's sliding layers).
+    local_rope: bool,
     q: Weight,
     k: Weight,
     v: Weight,
@@ -105,12 +120,17 @@ struct Layer {
 /// format) and a reusable activation workspace. `Send + Sync`.
 pub struct Model {
     config: ModelConfig,
+    spec: &'static ArchSpec,
+    /// Embedding rows are multiplied by it (Gemma's `sqrt(hidden)`).
+    embed_scale: Option<f32>,
     embed: Weight,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     /// `None` when the embeddings are tied.
     lm_head: Option<Weight>,
     inv_freq: Vec<f32>,
+    /// The local layers' inverse frequencies, when they have their own base.
+    local_inv_freq: Option<Vec<f32>>,
     scale: f32,
     scratch: Mutex<Scratch>,
 }
@@ -155,6 +175,9 @@ struct Scratch {
     up: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The local layers' angles (when they have their own RoPE base).
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
     positions: Vec<usize>,
     tasks: Vec<HeadTask>,
 }
@@ -189,6 +212,10 @@ impl Scratch {
         grow(&mut self.up, rows * c.intermediate_size);
         grow(&mut self.cos, rows * hd / 2);
         grow(&mut self.sin, rows * hd / 2);
+        if c.params.local_rope_theta.is_some() {
+            grow(&mut self.cos_local, rows * hd / 2);
+            grow(&mut self.sin_local, rows * hd / 2);
+        }
         grow(&mut self.positions, rows);
         if self.tasks.len() < tasks {
             self.tasks.resize_with(tasks, HeadTask::default);
@@ -310,6 +337,7 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     if let Some(problem) = c.rope_scaling.problem() {
         return Err(invalid(op, format!("config: {problem}")));
     }
+    check_params(c)?;
     // Every activation buffer's size must fit.
     let widest = c
         .hidden_size
@@ -323,6 +351,67 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
         ));
     }
     Ok(())
+}
+
+/// Checks the [`ArchParams`](crate::ArchParams) of a configuration.
+fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
+    let op = "Model::from_parts";
+    let p = &c.params;
+    if !p.sliding_layers.is_empty() && p.sliding_layers.len() != c.num_hidden_layers {
+        return Err(invalid(
+            op,
+            format!(
+                "config: sliding_layers has {} entries for {} layers",
+                p.sliding_layers.len(),
+                c.num_hidden_layers
+            ),
+        ));
+    }
+    let positive = [
+        ("attn_logit_softcapping", p.attn_logit_softcapping),
+        ("final_logit_softcapping", p.final_logit_softcapping),
+        ("query_pre_attn_scalar", p.query_pre_attn_scalar),
+        ("local_rope_theta", p.local_rope_theta),
+    ];
+    for (name, v) in positive {
+        if let Some(x) = v
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(invalid(
+                op,
+                format!("config: {name} {x} is not positive and finite"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rotary inverse frequencies of base `theta` and `scaling`, checked to
+/// give finite angles over the model's positions.
+fn checked_inv_freq(
+    c: &ModelConfig,
+    theta: f32,
+    scaling: &crate::config::RopeScaling,
+) -> Result<Vec<f32>, LlmError> {
+    let inv_freq = kernels::inv_freq(c.head_dim, theta, scaling);
+    // Every rotary angle `pos · inv_freq[i]` of a position the model
+    // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
+    // its frequencies overflow; its cosines would be NaN).
+    let last_pos = (c.max_position_embeddings - 1) as f32;
+    if let Some(f) = inv_freq
+        .iter()
+        .find(|&&f| !(f >= 0.0 && (f * last_pos).is_finite() && f.is_finite()))
+    {
+        return Err(invalid(
+            "Model::from_parts",
+            format!(
+                "config: rope_theta {theta} with RoPE scaling {scaling:?} gives the rotary frequency {f}, \
+                 whose angles overflow f32 over {} positions",
+                c.max_position_embeddings
+            ),
+        ));
+    }
+    Ok(inv_freq)
 }
 
 impl Model {
@@ -392,6 +481,17 @@ impl Model {
                 ),
             });
         }
+        let spec = c.architecture.spec();
+        // A `1 + w` norm's sum, formed in f32 (as transformers forms it) unless
+        // the file holds it already.
+        let one_plus = spec.norm == NormStyle::RmsOnePlus && !c.params.norms_include_one;
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>, LlmError> {
+            let mut w = vector(&weights, name, len)?;
+            if one_plus {
+                w.iter_mut().for_each(|x| *x += 1.0);
+            }
+            Ok(w)
+        };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let n = |s: &str| format!("model.layers.{i}.{s}");
@@ -401,8 +501,22 @@ impl Model {
                     false => Ok(None),
                 }
             };
+            let opt_norm = |s: &str, on: bool, len: usize| -> Result<Option<Vec<f32>>, LlmError> {
+                match on {
+                    true => Ok(Some(norm(&n(s), len)?)),
+                    false => Ok(None),
+                }
+            };
+            let sandwich = spec.sandwich_norms;
+            let sliding = c.params.sliding_layers.get(i).copied().unwrap_or(true);
             layers.push(Layer {
-                input_norm: vector(&weights, &n("input_layernorm.weight"), hid)?,
+                input_norm: norm(&n("input_layernorm.weight"), hid)?,
+                attn_out_norm: opt_norm("post_attention_layernorm.weight", sandwich, hid)?,
+                mlp_out_norm: opt_norm("post_feedforward_layernorm.weight", sandwich, hid)?,
+                q_norm: opt_norm("self_attn.q_norm.weight", spec.qk_norm, hd)?,
+                k_norm: opt_norm("self_attn.k_norm.weight", spec.qk_norm, hd)?,
+                window: c.sliding_window.filter(|_| sliding),
+                local_rope: sliding && c.params.local_rope_theta.is_some(),
                 q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
                 k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
                 v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
@@ -411,7 +525,10 @@ impl Model {
                 k_bias: bias("self_attn.k_proj.bias", c.qkv_bias, kvd)?,
                 v_bias: bias("self_attn.v_proj.bias", c.qkv_bias, kvd)?,
                 o_bias: bias("self_attn.o_proj.bias", c.o_bias, hid)?,
-                post_norm: vector(&weights, &n("post_attention_layernorm.weight"), hid)?,
+                post_norm: match sandwich {
+                    true => norm(&n("pre_feedforward_layernorm.weight"), hid)?,
+                    false => norm(&n("post_attention_layernorm.weight"), hid)?,
+                },
                 gate: tensor(
                     &weights,
                     &n("mlp.gate_proj.weight"),
@@ -429,37 +546,36 @@ impl Model {
                 )?,
             });
         }
-        let final_norm = vector(&weights, "model.norm.weight", hid)?;
+        let final_norm = norm("model.norm.weight", hid)?;
         let lm_head = match c.tie_word_embeddings {
             true => None,
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
-        let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
-        // Every rotary angle `pos · inv_freq[i]` of a position the model
-        // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
-        // its frequencies overflow; its cosines would be NaN).
-        let last_pos = (c.max_position_embeddings - 1) as f32;
-        if let Some(f) = inv_freq
-            .iter()
-            .find(|&&f| !(f >= 0.0 && (f * last_pos).is_finite() && f.is_finite()))
-        {
-            return Err(invalid(
-                "Model::from_parts",
-                format!(
-                    "config: rope_theta {} with RoPE scaling {:?} gives the rotary frequency {f}, \
-                     whose angles overflow f32 over {} positions",
-                    c.rope_theta, c.rope_scaling, c.max_position_embeddings
-                ),
-            ));
-        }
-        let scale = fmath::pow_f32(hd as f64, -0.5);
+        let inv_freq = checked_inv_freq(c, c.rope_theta, &c.rope_scaling)?;
+        let local_inv_freq = match c.params.local_rope_theta {
+            Some(theta) => Some(checked_inv_freq(
+                c,
+                theta,
+                &crate::config::RopeScaling::None,
+            )?),
+            None => None,
+        };
+        let scale = match c.params.query_pre_attn_scalar {
+            Some(q) => fmath::pow_f32(q as f64, -0.5),
+            None => fmath::pow_f32(hd as f64, -0.5),
+        };
+        // transformers rounds `sqrt(hidden)` to the activations' dtype.
+        let embed_scale = spec.embed_scale.then(|| (hid as f64).sqrt() as f32);
         Ok(Model {
             config,
+            spec,
+            embed_scale,
             embed,
             layers,
             final_norm,
             lm_head,
             inv_freq,
+            local_inv_freq,
             scale,
             scratch: Mutex::new(Scratch::default()),
         })
@@ -557,6 +673,10 @@ impl Model {
                     .map(|w| w.bytes().len())
                     .sum::<usize>()
                     + 4 * (l.input_norm.len() + l.post_norm.len())
+                    + f32s(&l.attn_out_norm)
+                    + f32s(&l.mlp_out_norm)
+                    + f32s(&l.q_norm)
+                    + f32s(&l.k_norm)
                     + f32s(&l.q_bias)
                     + f32s(&l.k_bias)
                     + f32s(&l.v_bias)
@@ -885,14 +1005,25 @@ impl Model {
         let hid = self.config.hidden_size;
         let half = self.config.head_dim / 2;
         for (r, &t) in tokens.iter().enumerate() {
-            self.embed
-                .row_to_f32(t as usize, &mut s.x[r * hid..(r + 1) * hid])?;
+            let x = &mut s.x[r * hid..(r + 1) * hid];
+            self.embed.row_to_f32(t as usize, x)?;
+            if let Some(k) = self.embed_scale {
+                x.iter_mut().for_each(|v| *v *= k);
+            }
             kernels::rope_angles(
                 s.positions[r],
                 &self.inv_freq,
                 &mut s.cos[r * half..(r + 1) * half],
                 &mut s.sin[r * half..(r + 1) * half],
             );
+            if let Some(inv) = &self.local_inv_freq {
+                kernels::rope_angles(
+                    s.positions[r],
+                    inv,
+                    &mut s.cos_local[r * half..(r + 1) * half],
+                    &mut s.sin_local[r * half..(r + 1) * half],
+                );
+            }
         }
         Ok(())
     }
@@ -931,10 +1062,20 @@ impl Model {
                 kernels::add_bias(out, b);
             }
         }
+        if let Some(w) = &layer.q_norm {
+            kernels::rms_norm_heads(&mut s.q[..rows * qd], w, c.rms_norm_eps);
+        }
+        if let Some(w) = &layer.k_norm {
+            kernels::rms_norm_heads(&mut s.k[..rows * kvd], w, c.rms_norm_eps);
+        }
+        let (cos, sin) = match layer.local_rope {
+            true => (&s.cos_local, &s.sin_local),
+            false => (&s.cos, &s.sin),
+        };
         for r in 0..rows {
             let (cos, sin) = (
-                &s.cos[r * half..(r + 1) * half],
-                &s.sin[r * half..(r + 1) * half],
+                &cos[r * half..(r + 1) * half],
+                &sin[r * half..(r + 1) * half],
             );
             kernels::apply_rope(&mut s.q[r * qd..(r + 1) * qd], cos, sin);
             kernels::apply_rope(&mut s.k[r * kvd..(r + 1) * kvd], cos, sin);
@@ -970,7 +1111,8 @@ impl Model {
         let hd = c.head_dim;
         let qd = c.num_attention_heads * hd;
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let (window, scale) = (c.sliding_window, self.scale);
+        let (window, scale) = (self.layers[l].window, self.scale);
+        let cap = c.params.attn_logit_softcapping;
         let Scratch {
             q,
             attn,
@@ -991,6 +1133,20 @@ impl Model {
                 let pos = positions[r];
                 let lo = lo_of(pos);
                 let at = r * qd + t.head * hd;
+                if let Some(cap) = cap {
+                    kernels::attend_row_capped(
+                        &q[at..at + hd],
+                        cache.keys_tiled(l, g),
+                        lo,
+                        cache.values(l, g, lo..pos + 1),
+                        scale,
+                        cap,
+                        &mut t.scores,
+                        &mut t.out[i * hd..(i + 1) * hd],
+                    );
+                    r += 1;
+                    continue;
+                }
                 // Four rows at once when the next three attend from the same
                 // first position to at least as far as the one before (prefill
                 // rows of one sequence): the same bits per row, shared loads.
@@ -1096,6 +1252,9 @@ impl Model {
         if let Some(b) = &layer.o_bias {
             kernels::add_bias(o, b);
         }
+        if let Some(w) = &layer.attn_out_norm {
+            kernels::rms_norm_heads(o, w, c.rms_norm_eps);
+        }
         kernels::add_into(x, o);
         let xn = &mut s.xn[..rows * hid];
         for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
@@ -1106,13 +1265,20 @@ impl Model {
         layer.up.matmul(ctx, xn, rows, up)?;
         // Element-wise: any split gives the same bits. An exponential costs
         // about as much as 16 additions.
+        let act = match self.spec.activation {
+            Activation::Silu => kernels::swiglu,
+            Activation::GeluTanh => kernels::geglu,
+        };
         match team_for(ctx, gate.len() * 16) {
-            Some(team) => team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| {
-                kernels::swiglu(g, &up[r])
-            }),
-            None => kernels::swiglu(gate, up),
+            Some(team) => {
+                team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| act(g, &up[r]))
+            }
+            None => act(gate, up),
         }
         layer.down.matmul(ctx, gate, rows, o)?;
+        if let Some(w) = &layer.mlp_out_norm {
+            kernels::rms_norm_heads(o, w, c.rms_norm_eps);
+        }
         kernels::add_into(x, o);
         Ok(())
     }
@@ -1132,6 +1298,9 @@ impl Model {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         head.matmul(ctx, xn, x.len() / hid, out)?;
+        if let Some(cap) = self.config.params.final_logit_softcapping {
+            kernels::softcap(out, cap);
+        }
         Ok(())
     }
 }

@@ -88,6 +88,7 @@ fn llama_defaults_are_those_of_transformers() {
             sliding_window: None,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            params: Default::default(),
         }
     );
 }

@@ -30,6 +30,7 @@ pub(crate) fn llama(hidden: usize) -> ModelConfig {
         sliding_window: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        params: Default::default(),
     }
 }
 
