@@ -37,12 +37,18 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 GEN_TOKENS = 32
@@ -69,17 +75,22 @@ TOKENIZER_CASES = [
 ]
 
 
-def init_weights(model, seed, head_scale=4.0, mix=1.0):
+def init_weights(model, seed, head_scale=4.0, mix=1.0, one_plus=False):
     """Weights of unit-scale activations, so logits are O(1..10) and greedy choices
     are far from ties (the default 0.02 initialization gives near-uniform logits).
-    `mix` scales what the layers add to the residual stream (o_proj, down_proj):
-    above 1 the layers outweigh the token's own embedding, which keeps tied models
-    from predicting their input token again and again."""
+    `mix` scales what the layers add to the residual stream (o_proj, down_proj, or
+    with Gemma's sandwich norms the post norms, which undo any scale of the
+    projections before them): above 1 the layers outweigh the token's own embedding,
+    which keeps tied models from predicting their input token again and again.
+    `one_plus`: the norms multiply by 1 + w (Gemma), so w is drawn around 0."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                w = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+                if one_plus and ("post_attention" in name or "post_feedforward" in name):
+                    w = mix * w
+                p.copy_(w - 1.0 if one_plus else w)
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
@@ -198,9 +209,14 @@ def reference(model_dir, prompt_ids, dtype_name):
 
 
 def check_features(name, spec, model, prompt, logits_path):
-    """Checks that the feature a fixture is for changes its logits (a sliding window
+    """Runs `spec["check"]` (a fixture-specific feature check) when it has one, else
+    the check below.
+
+    Checks that the feature a fixture is for changes its logits (a sliding window
     shorter than the prompt, RoPE rescaling) and that the older config keys give
     the model built from the newer ones."""
+    if "check" in spec:
+        return spec["check"](name, spec, model, prompt, logits_path)
     ref = np.load(logits_path)
     ids = torch.tensor([prompt], dtype=torch.long)
     model = model.float().eval()
@@ -227,6 +243,27 @@ def check_features(name, spec, model, prompt, logits_path):
     diff = float(np.abs(plain - ref).max())
     assert diff > 1e-2, (name, diff)
     print(f"  {name}: without its feature the logits move by up to {diff:.3f}")
+
+
+def check_changed(name, spec, model, prompt, logits_path):
+    """Checks that each feature the fixture is for moves its logits: the model is
+    rebuilt with the config keys of `spec["features"]` replaced (e.g. a sliding
+    window of None, soft-capping off) and the same weights."""
+    ref = np.load(logits_path)
+    ids = torch.tensor([prompt], dtype=torch.long)
+    state = model.float().state_dict()
+    for keys in spec["features"]:
+        cfg = dict(spec["cfg"])
+        cfg.update(keys)
+        other = spec["cls"][1](spec["cls"][0](**cfg))
+        other.load_state_dict(state)
+        other.eval()
+        other.config._attn_implementation = "eager"
+        with torch.no_grad():
+            plain = other(ids).logits[0].numpy()
+        diff = float(np.abs(plain - ref).max())
+        assert diff > 1e-3, (name, keys, diff)
+        print(f"  {name}: with {keys} the logits move by up to {diff:.3f}")
 
 
 SPECS = {
@@ -296,6 +333,64 @@ SPECS = {
                  rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=6, bos_token_id=1,
                  eos_token_id=2, tie_word_embeddings=False),
     ),
+    # Qwen3: q/k RMSNorm per head, head_dim (16) not hidden / heads (12), untied.
+    "qwen3_f32": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM),
+        dtype=torch.float32,
+        seed=7,
+        mix=4.0,
+        check=check_changed,
+        features=[{"rms_norm_eps": 10.0}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 bos_token_id=None, eos_token_id=3, tie_word_embeddings=False),
+    ),
+    # Gemma 2: GeGLU, 1 + w norms, sandwich norms, embedding x sqrt(hidden), attention
+    # and final soft-capping (small caps, so that they bite), a query scale other than
+    # head_dim, a window of 4 on the even layers (the prompt is 12 long), tied.
+    "gemma2_f32": dict(
+        cls=(Gemma2Config, Gemma2ForCausalLM),
+        dtype=torch.float32,
+        seed=10,
+        mix=6.0,
+        one_plus=True,
+        prompt_len=12,
+        check=check_changed,
+        features=[{"sliding_window": 64}, {"attn_logit_softcapping": None},
+                  {"final_logit_softcapping": None}, {"query_pre_attn_scalar": 16}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                 query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=3.0,
+                 final_logit_softcapping=8.0, bos_token_id=2, eos_token_id=1,
+                 pad_token_id=0, tie_word_embeddings=True),
+    ),
+    # Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, sliding
+    # (local) layers with their own RoPE base and global ones with linear scaling, in
+    # the 5:1 pattern of sliding_window_pattern over 6 layers.
+    "gemma3_f32": dict(
+        cls=(Gemma3TextConfig, Gemma3ForCausalLM),
+        dtype=torch.float32,
+        seed=9,
+        mix=6.0,
+        one_plus=True,
+        prompt_len=12,
+        check=check_changed,
+        features=[{"sliding_window": 64},
+                  {"rope_parameters": {
+                      "full_attention": {"rope_type": "default", "rope_theta": 50.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}}],
+        cfg=dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, query_pre_attn_scalar=16,
+                 sliding_window=4, sliding_window_pattern=6, bos_token_id=2, eos_token_id=1,
+                 pad_token_id=0, tie_word_embeddings=True,
+                 rope_parameters={
+                     "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0,
+                                        "factor": 2.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    ),
 }
 
 
@@ -325,7 +420,8 @@ def build(name, out_root, built):
     config = cfg_cls(**spec["cfg"])
     torch.manual_seed(spec["seed"])
     model = model_cls(config)
-    init_weights(model, spec["seed"], mix=spec.get("mix", 1.0))
+    init_weights(model, spec["seed"], mix=spec.get("mix", 1.0),
+                 one_plus=spec.get("one_plus", False))
     model = model.to(spec["dtype"])
     model.config.dtype = spec["dtype"]
     model_dir = os.path.join(out_root, name)

@@ -18,7 +18,7 @@ use fucina_llm::sample::{Sampler, SamplingParams};
 use serde_json::Value;
 
 /// Every fixture model directory.
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 10] = [
     "llama_f32",
     "llama_bf16",
     "llama_f16",
@@ -26,6 +26,9 @@ const MODELS: [&str; 7] = [
     "llama_linear_f32",
     "qwen2_f32",
     "mistral_f32",
+    "qwen3_f32",
+    "gemma2_f32",
+    "gemma3_f32",
 ];
 
 /// The tolerance on logits: f32 weights, and bf16/f16 weights whose reference
@@ -168,7 +171,14 @@ fn prefill_in_pieces_gives_the_reference_rows() {
     // A prompt prefilled in two calls: the second call's rows are the
     // reference's rows for those positions (positions continue from the cache).
     let ctx = ExecContext::with_threads(1);
-    for name in ["llama_f32", "mistral_f32", "qwen2_f32"] {
+    for name in [
+        "llama_f32",
+        "mistral_f32",
+        "qwen2_f32",
+        "qwen3_f32",
+        "gemma2_f32",
+        "gemma3_f32",
+    ] {
         let model = Model::load(fixture(name)).unwrap();
         let vocab = model.config().vocab_size;
         let r = reference(name, vocab);
