@@ -8,8 +8,9 @@
 //! `rope_local_base_freq`, 1e4), unscaled.
 //!
 //! In GGUF (llama.cpp's `gemma3`): `gemma3.rope.freq_base` is the global
-//! base, the local one is 1e4 and every sixth layer is global (as llama.cpp
-//! fixes them); the rest as for Gemma 2.
+//! base, `gemma3.rope.freq_base_swa` the local one (1e4 when absent, as
+//! llama.cpp fixes it), and every sixth layer is global (as llama.cpp fixes
+//! it); the rest as for Gemma 2.
 
 use serde_json::Map;
 
@@ -121,6 +122,9 @@ fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
 
 fn gguf_config(m: &GgufMeta<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
     gguf_gemma(m, c, 6)?;
-    c.params.local_rope_theta = Some(LOCAL_THETA as f32);
+    c.params.local_rope_theta = Some(
+        m.f32_opt("rope.freq_base_swa")?
+            .unwrap_or(LOCAL_THETA as f32),
+    );
     Ok(())
 }

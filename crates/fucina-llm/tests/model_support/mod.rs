@@ -85,6 +85,15 @@ pub(crate) fn random_weights(
             add(p("self_attn.o_proj.bias"), &[h], 2);
         }
         add(p("post_attention_layernorm.weight"), &[h], 1);
+        let spec = c.architecture.spec();
+        if spec.qk_norm {
+            add(p("self_attn.q_norm.weight"), &[hd], 1);
+            add(p("self_attn.k_norm.weight"), &[hd], 1);
+        }
+        if spec.sandwich_norms {
+            add(p("pre_feedforward_layernorm.weight"), &[h], 1);
+            add(p("post_feedforward_layernorm.weight"), &[h], 1);
+        }
         add(p("mlp.gate_proj.weight"), &[c.intermediate_size, h], 0);
         add(p("mlp.up_proj.weight"), &[c.intermediate_size, h], 0);
         add(p("mlp.down_proj.weight"), &[h, c.intermediate_size], 0);
