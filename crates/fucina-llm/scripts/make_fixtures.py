@@ -47,6 +47,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -163,12 +165,31 @@ def npy_save(path, array):
     np.save(path, np.ascontiguousarray(array, dtype="<f4"))
 
 
-def reference(model_dir, prompt_ids, dtype_name):
+def force_long_rope(model):
+    """Makes a LongRoPE model rotate every position with its long factors, as a
+    runtime does for a context longer than the original one (llama.cpp and fucina
+    choose the factors by the context's length; transformers' generate switches
+    when the sequence crosses the original length and then recomputes it all)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    re = model.model.rotary_emb
+    original = model.config.rope_parameters["original_max_position_embeddings"]
+    long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](model.config, None, seq_len=original + 1)
+    re.original_inv_freq = long_inv.clone()
+    re.inv_freq.copy_(long_inv)
+    re.long_inv_freq = long_inv.clone()
+
+
+def reference(model_dir, prompt_ids, dtype_name, full_check=True, prepare=None):
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
     )
     model.eval()
     ids = torch.tensor([prompt_ids], dtype=torch.long)
+    if prepare is not None:
+        with torch.no_grad():
+            plain = model(ids).logits[0].float().numpy()
+        prepare(model, model_dir, plain)
     with torch.no_grad():
         logits = model(ids).logits[0].float().numpy()
         gen = model.generate(
@@ -186,11 +207,14 @@ def reference(model_dir, prompt_ids, dtype_name):
     gen_logits = torch.stack([s[0] for s in gen.logits]).float().numpy()
     # The greedy ids are the argmax of the logits they were chosen from.
     assert new_ids == gen_logits.argmax(axis=1).tolist()
-    # Cross-check generate's cache against a full forward of the whole sequence.
-    with torch.no_grad():
-        full = model(gen.sequences).logits[0].float().numpy()
-    n = len(prompt_ids)
-    assert np.abs(full[n - 1 : n - 1 + GEN_TOKENS] - gen_logits).max() < 1e-4
+    # Cross-check generate's cache against a full forward of the whole sequence
+    # (not for LongRoPE past the original context: transformers rotates a forward
+    # by its length, so the full forward uses the long factors for every row).
+    if full_check:
+        with torch.no_grad():
+            full = model(gen.sequences).logits[0].float().numpy()
+        n = len(prompt_ids)
+        assert np.abs(full[n - 1 : n - 1 + GEN_TOKENS] - gen_logits).max() < 1e-4
     top2 = np.sort(gen_logits, axis=1)[:, -2:]
     min_gap = float((top2[:, 1] - top2[:, 0]).min())
     npy_save(os.path.join(model_dir, "logits.npy"), logits)
@@ -264,6 +288,11 @@ def check_changed(name, spec, model, prompt, logits_path):
         diff = float(np.abs(plain - ref).max())
         assert diff > 1e-3, (name, keys, diff)
         print(f"  {name}: with {keys} the logits move by up to {diff:.3f}")
+
+
+# Phi-3's LongRoPE factors (head_dim 16: 8 of each).
+SHORT_FACTOR = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8]
+LONG_FACTOR = [1.0, 1.4, 2.2, 3.5, 5.0, 8.0, 12.0, 16.0]
 
 
 SPECS = {
@@ -391,6 +420,28 @@ SPECS = {
                                         "factor": 2.0},
                      "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
     ),
+    # Phi-3: fused qkv_proj and gate_up_proj, grouped-query attention, a sliding
+    # window of 9, LongRoPE with an original context of 16: the reference (logits,
+    # greedy ids) rotates every position with the long factors (the 42 positions of
+    # the test exceed 16; see force_long_rope), and short_logits.npy holds the
+    # prompt's logits with the short factors (a context of at most 16).
+    "phi3_f32": dict(
+        cls=(Phi3Config, Phi3ForCausalLM),
+        dtype=torch.float32,
+        seed=11,
+        prepare=lambda model, model_dir, plain: (
+            npy_save(os.path.join(model_dir, "short_logits.npy"), plain), force_long_rope(model)),
+        check=check_changed,
+        features=[{"sliding_window": None},
+                  {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0] * 8, "long_factor": LONG_FACTOR}}],
+        cfg=dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 original_max_position_embeddings=16, rms_norm_eps=1e-5, sliding_window=9,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": SHORT_FACTOR, "long_factor": LONG_FACTOR}),
+    ),
 }
 
 
@@ -445,7 +496,8 @@ def build(name, out_root, built):
         g = torch.Generator().manual_seed(100 + spec["seed"])
         prompt = torch.randint(0, vocab, (spec.get("prompt_len", 10),), generator=g).tolist()
     dtype_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[spec["dtype"]]
-    ref = reference(model_dir, prompt, dtype_name)
+    ref = reference(model_dir, prompt, dtype_name, full_check=spec.get("full_check", True),
+                    prepare=spec.get("prepare"))
     check_features(name, spec, model, prompt, os.path.join(model_dir, "logits.npy"))
     size = sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir))
     print(f"{name}: {size / 1024:.0f} KB, prompt {len(prompt)} ids, "

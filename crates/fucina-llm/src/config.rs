@@ -77,6 +77,8 @@ pub enum Architecture {
     /// `Gemma3ForCausalLM` (Gemma 2's layers with q/k norms and local layers
     /// of their own RoPE base instead of soft-capping).
     Gemma3,
+    /// `Phi3ForCausalLM` (fused q/k/v and gate/up projections, LongRoPE).
+    Phi3,
 }
 
 /// How rotary position frequencies are rescaled for long contexts.

@@ -103,17 +103,66 @@ struct Layer {
     window: Option<usize>,
     /// The layer rotates with the local RoPE table (Gemma 3's sliding layers).
     local_rope: bool,
-    q: Weight,
-    k: Weight,
-    v: Weight,
+    qkv: Qkv,
     o: Weight,
     q_bias: Option<Vec<f32>>,
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
     o_bias: Option<Vec<f32>>,
-    gate: Weight,
-    up: Weight,
+    gate_up: GateUp,
     down: Weight,
+}
+
+/// The q, k and v projections of a layer: three matrices, or one whose rows
+/// are q's, then k's, then v's (Phi-3's `qkv_proj`).
+enum Qkv {
+    Split { q: Weight, k: Weight, v: Weight },
+    Fused(Weight),
+}
+
+/// The gate and up projections of an MLP: two matrices, or one whose rows are
+/// the gate's, then up's (Phi-3's `gate_up_proj`).
+enum GateUp {
+    Split { gate: Weight, up: Weight },
+    Fused(Weight),
+}
+
+impl Qkv {
+    /// The matrices with their Hugging Face names (without the layer prefix).
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Weight)> {
+        match self {
+            Qkv::Split { q, k, v } => vec![
+                ("self_attn.q_proj", q),
+                ("self_attn.k_proj", k),
+                ("self_attn.v_proj", v),
+            ],
+            Qkv::Fused(w) => vec![("self_attn.qkv_proj", w)],
+        }
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        match self {
+            Qkv::Split { q, k, v } => vec![q, k, v],
+            Qkv::Fused(w) => vec![w],
+        }
+    }
+}
+
+impl GateUp {
+    /// The matrices with their Hugging Face names (without the layer prefix).
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Weight)> {
+        match self {
+            GateUp::Split { gate, up } => vec![("mlp.gate_proj", gate), ("mlp.up_proj", up)],
+            GateUp::Fused(w) => vec![("mlp.gate_up_proj", w)],
+        }
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        match self {
+            GateUp::Split { gate, up } => vec![gate, up],
+            GateUp::Fused(w) => vec![w],
+        }
+    }
 }
 
 /// A loaded decoder: its configuration, its weights (shared, in their file
@@ -131,6 +180,10 @@ pub struct Model {
     inv_freq: Vec<f32>,
     /// The local layers' inverse frequencies, when they have their own base.
     local_inv_freq: Option<Vec<f32>>,
+    /// LongRoPE: the original context (a cache of more positions rotates with
+    /// the long frequencies), those frequencies, and the factor on the
+    /// cosines and sines (`inv_freq` holds the short ones).
+    long_rope: Option<(usize, Vec<f32>, f32)>,
     scale: f32,
     scratch: Mutex<Scratch>,
 }
@@ -173,12 +226,17 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// The output of a fused projection (`qkv_proj`, `gate_up_proj`).
+    fused: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     /// The local layers' angles (when they have their own RoPE base).
     cos_local: Vec<f32>,
     sin_local: Vec<f32>,
     positions: Vec<usize>,
+    /// Per row: its cache holds more positions than LongRoPE's original
+    /// context (the long factors apply).
+    long_context: Vec<bool>,
     tasks: Vec<HeadTask>,
 }
 
@@ -210,6 +268,11 @@ impl Scratch {
         grow(&mut self.v, rows * c.num_key_value_heads * hd);
         grow(&mut self.gate, rows * c.intermediate_size);
         grow(&mut self.up, rows * c.intermediate_size);
+        let spec = c.architecture.spec();
+        if spec.fused_qkv || spec.fused_gate_up {
+            let qkv = (h + 2 * c.num_key_value_heads) * hd;
+            grow(&mut self.fused, rows * qkv.max(2 * c.intermediate_size));
+        }
         grow(&mut self.cos, rows * hd / 2);
         grow(&mut self.sin, rows * hd / 2);
         if c.params.local_rope_theta.is_some() {
@@ -217,6 +280,7 @@ impl Scratch {
             grow(&mut self.sin_local, rows * hd / 2);
         }
         grow(&mut self.positions, rows);
+        grow(&mut self.long_context, rows);
         if self.tasks.len() < tasks {
             self.tasks.resize_with(tasks, HeadTask::default);
         }
@@ -373,13 +437,36 @@ fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
         ("query_pre_attn_scalar", p.query_pre_attn_scalar),
         ("local_rope_theta", p.local_rope_theta),
     ];
-    for (name, v) in positive {
+    let longrope_factor = p.longrope.as_ref().map(|lr| lr.attention_factor);
+    for (name, v) in positive
+        .into_iter()
+        .chain([("longrope.attention_factor", longrope_factor)])
+    {
         if let Some(x) = v
             && !(x.is_finite() && x > 0.0)
         {
             return Err(invalid(
                 op,
                 format!("config: {name} {x} is not positive and finite"),
+            ));
+        }
+    }
+    if let Some(lr) = &p.longrope {
+        let half = c.head_dim / 2;
+        if lr.short_factor.len() != half || lr.long_factor.len() != half {
+            return Err(invalid(
+                op,
+                format!(
+                    "config: LongRoPE has {} short and {} long factors, expected head_dim / 2 = {half}",
+                    lr.short_factor.len(),
+                    lr.long_factor.len()
+                ),
+            ));
+        }
+        if c.rope_scaling != crate::config::RopeScaling::None {
+            return Err(invalid(
+                op,
+                "config: LongRoPE and another RoPE scaling at once".to_string(),
             ));
         }
     }
@@ -517,9 +604,18 @@ impl Model {
                 k_norm: opt_norm("self_attn.k_norm.weight", spec.qk_norm, hd)?,
                 window: c.sliding_window.filter(|_| sliding),
                 local_rope: sliding && c.params.local_rope_theta.is_some(),
-                q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
-                k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
-                v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
+                qkv: match spec.fused_qkv {
+                    true => Qkv::Fused(tensor(
+                        &weights,
+                        &n("self_attn.qkv_proj.weight"),
+                        &[qd + 2 * kvd, hid],
+                    )?),
+                    false => Qkv::Split {
+                        q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
+                        k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
+                        v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
+                    },
+                },
                 o: tensor(&weights, &n("self_attn.o_proj.weight"), &[hid, qd])?,
                 q_bias: bias("self_attn.q_proj.bias", c.qkv_bias, qd)?,
                 k_bias: bias("self_attn.k_proj.bias", c.qkv_bias, kvd)?,
@@ -529,16 +625,25 @@ impl Model {
                     true => norm(&n("pre_feedforward_layernorm.weight"), hid)?,
                     false => norm(&n("post_attention_layernorm.weight"), hid)?,
                 },
-                gate: tensor(
-                    &weights,
-                    &n("mlp.gate_proj.weight"),
-                    &[c.intermediate_size, hid],
-                )?,
-                up: tensor(
-                    &weights,
-                    &n("mlp.up_proj.weight"),
-                    &[c.intermediate_size, hid],
-                )?,
+                gate_up: match spec.fused_gate_up {
+                    true => GateUp::Fused(tensor(
+                        &weights,
+                        &n("mlp.gate_up_proj.weight"),
+                        &[2 * c.intermediate_size, hid],
+                    )?),
+                    false => GateUp::Split {
+                        gate: tensor(
+                            &weights,
+                            &n("mlp.gate_proj.weight"),
+                            &[c.intermediate_size, hid],
+                        )?,
+                        up: tensor(
+                            &weights,
+                            &n("mlp.up_proj.weight"),
+                            &[c.intermediate_size, hid],
+                        )?,
+                    },
+                },
                 down: tensor(
                     &weights,
                     &n("mlp.down_proj.weight"),
@@ -551,7 +656,23 @@ impl Model {
             true => None,
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
-        let inv_freq = checked_inv_freq(c, c.rope_theta, &c.rope_scaling)?;
+        let (inv_freq, long_rope) = match &c.params.longrope {
+            None => (checked_inv_freq(c, c.rope_theta, &c.rope_scaling)?, None),
+            Some(lr) => {
+                let short = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.short_factor);
+                let long = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.long_factor);
+                for f in short.iter().chain(&long) {
+                    if !(f.is_finite() && *f >= 0.0) {
+                        return Err(invalid(
+                            "Model::from_parts",
+                            format!("config: LongRoPE gives the rotary frequency {f}"),
+                        ));
+                    }
+                }
+                let from = lr.original_max_position_embeddings;
+                (short, Some((from, long, lr.attention_factor)))
+            }
+        };
         let local_inv_freq = match c.params.local_rope_theta {
             Some(theta) => Some(checked_inv_freq(
                 c,
@@ -576,6 +697,7 @@ impl Model {
             lm_head,
             inv_freq,
             local_inv_freq,
+            long_rope,
             scale,
             scratch: Mutex::new(Scratch::default()),
         })
@@ -593,17 +715,12 @@ impl Model {
     /// and its copy, while the copies of the others are made.)
     fn projections_mut(&mut self) -> impl Iterator<Item = (String, &mut Weight)> {
         let layers = self.layers.iter_mut().enumerate().flat_map(|(i, l)| {
-            [
-                ("self_attn.q_proj", &mut l.q),
-                ("self_attn.k_proj", &mut l.k),
-                ("self_attn.v_proj", &mut l.v),
-                ("self_attn.o_proj", &mut l.o),
-                ("mlp.gate_proj", &mut l.gate),
-                ("mlp.up_proj", &mut l.up),
-                ("mlp.down_proj", &mut l.down),
-            ]
-            .into_iter()
-            .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
+            let mut all = l.qkv.named_mut();
+            all.push(("self_attn.o_proj", &mut l.o));
+            all.extend(l.gate_up.named_mut());
+            all.push(("mlp.down_proj", &mut l.down));
+            all.into_iter()
+                .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
         });
         let head = match &mut self.lm_head {
             Some(h) => ("lm_head.weight".to_string(), h),
@@ -668,8 +785,11 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
+                l.qkv
+                    .weights()
+                    .into_iter()
+                    .chain([&l.o, &l.down])
+                    .chain(l.gate_up.weights())
                     .map(|w| w.bytes().len())
                     .sum::<usize>()
                     + 4 * (l.input_norm.len() + l.post_norm.len())
@@ -744,6 +864,16 @@ impl Model {
             ));
         }
         Ok(())
+    }
+
+    /// Whether `cache` rotates with LongRoPE's long factors: it holds more
+    /// positions than the original context (llama.cpp's rule, by the context's
+    /// size, so that a position's rotation never changes as the sequence
+    /// grows).
+    fn long_context(&self, cache: &KvCache) -> bool {
+        self.long_rope
+            .as_ref()
+            .is_some_and(|(original, _, _)| cache.capacity() > *original)
     }
 
     /// Checks that `token` is in the vocabulary.
@@ -860,6 +990,7 @@ impl Model {
             for (r, p) in s.positions[..rows].iter_mut().enumerate() {
                 *p = first + r;
             }
+            s.long_context[..rows].fill(self.long_context(cache));
             let mut n_tasks = 0;
             for h in 0..heads {
                 for piece in balanced_row_blocks(first, rows, blocks) {
@@ -976,6 +1107,9 @@ impl Model {
         for (p, cache) in s.positions.iter_mut().zip(caches.iter()) {
             *p = cache.len();
         }
+        for (l, cache) in s.long_context.iter_mut().zip(caches.iter()) {
+            *l = self.long_context(cache);
+        }
         for (i, t) in s.tasks[..batch * heads].iter_mut().enumerate() {
             let b = i / heads;
             (t.seq, t.head, t.rows) = (b, i % heads, b..b + 1);
@@ -1010,12 +1144,24 @@ impl Model {
             if let Some(k) = self.embed_scale {
                 x.iter_mut().for_each(|v| *v *= k);
             }
-            kernels::rope_angles(
-                s.positions[r],
-                &self.inv_freq,
+            let pos = s.positions[r];
+            let (cos, sin) = (
                 &mut s.cos[r * half..(r + 1) * half],
                 &mut s.sin[r * half..(r + 1) * half],
             );
+            match &self.long_rope {
+                None => kernels::rope_angles(pos, &self.inv_freq, cos, sin),
+                Some((_, long, factor)) => {
+                    let inv = match s.long_context[r] {
+                        true => long,
+                        false => &self.inv_freq,
+                    };
+                    kernels::rope_angles(pos, inv, cos, sin);
+                    cos.iter_mut()
+                        .chain(sin.iter_mut())
+                        .for_each(|v| *v *= factor);
+                }
+            }
             if let Some(inv) = &self.local_inv_freq {
                 kernels::rope_angles(
                     s.positions[r],
@@ -1051,13 +1197,31 @@ impl Model {
             kernels::rms_norm(x, &layer.input_norm, c.rms_norm_eps, xn);
         }
         let xn = &s.xn[..rows * hid];
-        let projections = [
-            (&layer.q, &layer.q_bias, &mut s.q[..rows * qd]),
-            (&layer.k, &layer.k_bias, &mut s.k[..rows * kvd]),
-            (&layer.v, &layer.v_bias, &mut s.v[..rows * kvd]),
+        match &layer.qkv {
+            Qkv::Split { q, k, v } => {
+                q.matmul(ctx, xn, rows, &mut s.q[..rows * qd])?;
+                k.matmul(ctx, xn, rows, &mut s.k[..rows * kvd])?;
+                v.matmul(ctx, xn, rows, &mut s.v[..rows * kvd])?;
+            }
+            Qkv::Fused(w) => {
+                // Each output row is fixed by its input row: the same bits as
+                // three products.
+                let width = qd + 2 * kvd;
+                let fused = &mut s.fused[..rows * width];
+                w.matmul(ctx, xn, rows, fused)?;
+                for (r, row) in fused.chunks_exact(width).enumerate() {
+                    s.q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
+                    s.k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
+                    s.v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
+                }
+            }
+        }
+        let biases = [
+            (&layer.q_bias, &mut s.q[..rows * qd]),
+            (&layer.k_bias, &mut s.k[..rows * kvd]),
+            (&layer.v_bias, &mut s.v[..rows * kvd]),
         ];
-        for (w, bias, out) in projections {
-            w.matmul(ctx, xn, rows, out)?;
+        for (bias, out) in biases {
             if let Some(b) = bias {
                 kernels::add_bias(out, b);
             }
@@ -1261,8 +1425,20 @@ impl Model {
             kernels::rms_norm(xr, &layer.post_norm, c.rms_norm_eps, xnr);
         }
         let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
-        layer.gate.matmul(ctx, xn, rows, gate)?;
-        layer.up.matmul(ctx, xn, rows, up)?;
+        match &layer.gate_up {
+            GateUp::Split { gate: g, up: u } => {
+                g.matmul(ctx, xn, rows, gate)?;
+                u.matmul(ctx, xn, rows, up)?;
+            }
+            GateUp::Fused(w) => {
+                let fused = &mut s.fused[..rows * 2 * inter];
+                w.matmul(ctx, xn, rows, fused)?;
+                for (r, row) in fused.chunks_exact(2 * inter).enumerate() {
+                    gate[r * inter..(r + 1) * inter].copy_from_slice(&row[..inter]);
+                    up[r * inter..(r + 1) * inter].copy_from_slice(&row[inter..]);
+                }
+            }
+        }
         // Element-wise: any split gives the same bits. An exponential costs
         // about as much as 16 additions.
         let act = match self.spec.activation {

@@ -1,9 +1,10 @@
-//! The Qwen3, Gemma 2 and Gemma 3 fixtures converted to GGUF the way llama.cpp's
-//! converter writes those architectures (`general.architecture` `qwen3`,
-//! `gemma2`, `gemma3`; their `{arch}.*` keys; llama.cpp's tensor names, Gemma's
-//! norms stored as `1 + w`; no q/k row reordering, as llama.cpp rotates these
-//! architectures' halves) load through the generic loader and give the same
-//! logit bits as the safetensors originals.
+//! The Qwen3, Gemma 2, Gemma 3 and Phi-3 fixtures converted to GGUF the way
+//! llama.cpp's converter writes those architectures (`general.architecture`
+//! `qwen3`, `gemma2`, `gemma3`, `phi3`; their `{arch}.*` keys; llama.cpp's
+//! tensor names, Gemma's norms stored as `1 + w`, Phi-3's fused `attn_qkv` and
+//! `ffn_up` and its LongRoPE factors as tensors; no q/k row reordering, as
+//! llama.cpp rotates these architectures' halves) load through the generic
+//! loader and give the same logit bits as the safetensors originals.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ fn gguf_name(hf: &str) -> String {
     let (layer, tail) = rest.split_once('.').unwrap();
     let part = [
         ("input_layernorm.weight", "attn_norm.weight"),
+        ("self_attn.qkv_proj.weight", "attn_qkv.weight"),
+        ("mlp.gate_up_proj.weight", "ffn_up.weight"),
         ("self_attn.q_proj.weight", "attn_q.weight"),
         ("self_attn.k_proj.weight", "attn_k.weight"),
         ("self_attn.v_proj.weight", "attn_v.weight"),
@@ -115,6 +118,14 @@ fn convert(arch: &str, cfg: &ModelConfig, store: &WeightStore) -> Vec<u8> {
     if let Some(t) = p.local_rope_theta {
         meta.push((k("rope.freq_base_swa"), 6, f32v(t)));
     }
+    if let Some(lr) = &p.longrope {
+        meta.push((
+            k("rope.scaling.original_context_length"),
+            4,
+            u32v(lr.original_max_position_embeddings),
+        ));
+        meta.push((k("rope.scaling.attn_factor"), 6, f32v(lr.attention_factor)));
+    }
     if let fucina_llm::RopeScaling::Linear { factor } = cfg.rope_scaling {
         meta.push((k("rope.scaling.type"), 8, str_v("linear")));
         meta.push((k("rope.scaling.factor"), 6, f32v(factor)));
@@ -122,6 +133,17 @@ fn convert(arch: &str, cfg: &ModelConfig, store: &WeightStore) -> Vec<u8> {
     let mut w = Writer::default();
     for (key, t, v) in &meta {
         w.kv(key, *t, v);
+    }
+    if let Some(lr) = &p.longrope {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let n = lr.short_factor.len() as u64;
+        w.tensor(
+            "rope_factors_short.weight",
+            &[n],
+            0,
+            &f32s(&lr.short_factor),
+        );
+        w.tensor("rope_factors_long.weight", &[n], 0, &f32s(&lr.long_factor));
     }
     for (name, weight) in store.iter() {
         assert_eq!(weight.format(), WeightFormat::F32);
@@ -166,6 +188,7 @@ fn write(bytes: &[u8], tag: &str) -> PathBuf {
 fn logit_bits(m: &Model, ctx: &ExecContext) -> Vec<u32> {
     let vocab = m.config().vocab_size;
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    // 20 positions: past Phi-3's original context of 16 (its long factors).
     let mut cache = m.new_cache(ctx, prompt.len() + 8).unwrap();
     let mut all = vec![0.0f32; prompt.len() * vocab];
     let mut last = vec![0.0f32; vocab];
@@ -186,12 +209,13 @@ fn logit_bits(m: &Model, ctx: &ExecContext) -> Vec<u32> {
 }
 
 #[test]
-fn converted_qwen3_and_gemma_give_the_same_logit_bits() {
+fn converted_qwen3_gemma_and_phi3_give_the_same_logit_bits() {
     let ctx = ExecContext::with_threads(2);
     for (name, arch, want) in [
         ("qwen3_f32", "qwen3", Architecture::Qwen3),
         ("gemma2_f32", "gemma2", Architecture::Gemma2),
         ("gemma3_f32", "gemma3", Architecture::Gemma3),
+        ("phi3_f32", "phi3", Architecture::Phi3),
     ] {
         let dir = fixture(name);
         let mut cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
@@ -203,14 +227,16 @@ fn converted_qwen3_and_gemma_give_the_same_logit_bits() {
         let store = WeightStore::open(&dir).unwrap();
         let path = write(&convert(arch, &cfg, &store), name);
         let (gcfg, gstore, file) = load_gguf(&path).unwrap();
-        assert_eq!(file.tensors().len(), store.len(), "{name}");
+        let extra = if want == Architecture::Phi3 { 2 } else { 0 };
+        assert_eq!(file.tensors().len(), store.len() + extra, "{name}");
         assert_eq!(gcfg.architecture, want, "{name}");
         assert_eq!(gcfg.head_dim, cfg.head_dim, "{name}");
         assert_eq!(gcfg.sliding_window, cfg.sliding_window, "{name}");
         assert_eq!(gcfg.rope_scaling, cfg.rope_scaling, "{name}");
         let (mut p, mut gp) = (cfg.params.clone(), gcfg.params.clone());
         // The safetensors norms hold w, the GGUF ones 1 + w.
-        assert_eq!(gp.norms_include_one, want != Architecture::Qwen3, "{name}");
+        let gemma = matches!(want, Architecture::Gemma2 | Architecture::Gemma3);
+        assert_eq!(gp.norms_include_one, gemma, "{name}");
         (p.norms_include_one, gp.norms_include_one) = (false, false);
         assert_eq!(gp, p, "{name}");
         let reference = Model::from_parts(cfg, store).unwrap();

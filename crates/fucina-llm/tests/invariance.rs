@@ -173,7 +173,7 @@ fn decode_is_batch_thread_and_level_invariant_f32_with_a_window() {
 }
 
 #[test]
-fn qwen3_and_gemma_decode_is_batch_thread_and_level_invariant() {
+fn qwen3_gemma_and_phi3_decode_is_batch_thread_and_level_invariant() {
     // Qwen3: q/k norms. Gemma 2: GeGLU, sandwich norms, soft-capped attention
     // (the one-row path) and logits, a window on every other layer, a query
     // scale. Gemma 3: q/k norms and local layers with their own RoPE base.
@@ -200,6 +200,19 @@ fn qwen3_and_gemma_decode_is_batch_thread_and_level_invariant() {
     gemma3.params.sliding_layers = vec![true, true, false];
     gemma3.params.local_rope_theta = Some(100.0);
     check(&gemma3, WeightFormat::F32);
+
+    // Phi-3: fused projections, LongRoPE (the caches of 64 positions exceed
+    // the original context of 32: the long factors), a window.
+    let mut phi3 = model_support::llama(64);
+    phi3.architecture = fucina_llm::Architecture::Phi3;
+    phi3.sliding_window = Some(30);
+    phi3.params.longrope = Some(fucina_llm::LongRope {
+        short_factor: (0..8).map(|i| 1.0 + i as f32 / 4.0).collect(),
+        long_factor: (0..8).map(|i| 1.0 + i as f32).collect(),
+        original_max_position_embeddings: 32,
+        attention_factor: 1.2,
+    });
+    check(&phi3, WeightFormat::BF16);
 }
 
 #[test]

@@ -1366,3 +1366,35 @@ fn qwen3_and_gemma_defaults_are_those_of_transformers() {
     let r = config_err(&with(cfg, "hidden_activation", Some(json!("silu"))));
     assert!(r.contains("hidden_activation") && r.contains("silu"), "{r}");
 }
+
+#[test]
+fn phi3_longrope_is_read_with_transformers_defaults() {
+    let mut cfg = base("Phi3ForCausalLM");
+    cfg["max_position_embeddings"] = json!(4096);
+    cfg["original_max_position_embeddings"] = json!(1024);
+    cfg["rope_scaling"] = json!({
+        "type": "longrope",
+        "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+        "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+    });
+    let c = parse(&cfg).unwrap();
+    assert_eq!(c.architecture, Architecture::Phi3);
+    assert_eq!(c.rope_scaling, RopeScaling::None);
+    let lr = c.params.longrope.clone().unwrap();
+    assert_eq!(lr.original_max_position_embeddings, 1024);
+    assert_eq!(lr.short_factor[1], 1.5);
+    assert_eq!(lr.long_factor[7], 9.0);
+    // sqrt(1 + ln(4096 / 1024) / ln(1024))
+    let want = (1.0 + 4f64.ln() / 1024f64.ln()).sqrt() as f32;
+    assert_eq!(lr.attention_factor, want);
+    // The factors must number head_dim / 2 (here 8).
+    cfg["rope_scaling"]["long_factor"] = json!([1.0, 2.0]);
+    let r = config_err(&cfg);
+    assert!(
+        r.contains("rope_scaling.long_factor") && r.contains("2 factors"),
+        "{r}"
+    );
+    // Without longrope, Phi-3 reads RoPE as Llama does.
+    let c = parse(&with(cfg, "rope_scaling", None)).unwrap();
+    assert_eq!(c.params.longrope, None);
+}

@@ -63,6 +63,8 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     qk_norm: true,
     sandwich_norms: true,
     embed_scale: true,
+    fused_qkv: false,
+    fused_gate_up: false,
     gguf_permuted_qk: false,
     gguf_layer_names: &NAMES,
     rope,

@@ -27,6 +27,8 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     qk_norm: false,
     sandwich_norms: false,
     embed_scale: false,
+    fused_qkv: false,
+    fused_gate_up: false,
     gguf_permuted_qk: true,
     gguf_layer_names: &COMMON_LAYER_NAMES,
     rope: parse_rope,

@@ -18,12 +18,14 @@
 //! | `Qwen3ForCausalLM` | `qwen3.rs` | SwiGLU | RMSNorm | per head | |
 //! | `Gemma2ForCausalLM` | `gemma2.rs` | GeGLU (tanh) | `1 + w` | no | sandwich norms, √hidden embedding scale, soft-capping, alternating windows |
 //! | `Gemma3ForCausalLM` | `gemma3.rs` | GeGLU (tanh) | `1 + w` | per head | sandwich norms, √hidden embedding scale, local/global layers with their own RoPE bases |
+//! | `Phi3ForCausalLM` | `phi3.rs` | SwiGLU | RMSNorm | no | fused `qkv_proj` and `gate_up_proj`, `longrope` |
 
 mod gemma2;
 mod gemma3;
 pub mod gguf;
 mod llama;
 mod mistral;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -90,10 +92,31 @@ pub struct ArchParams {
     /// The RoPE base of the sliding layers, when it differs from
     /// [`ModelConfig::rope_theta`] (Gemma 3's local layers; without scaling).
     pub local_rope_theta: Option<f32>,
+    /// LongRoPE (Phi-3's `longrope`): per-frequency divisors of the inverse
+    /// frequencies, short or long by position, and a factor on the cosines
+    /// and sines.
+    pub longrope: Option<LongRope>,
     /// The stored norm weights already hold the `1` of a
     /// [`NormStyle::RmsOnePlus`] norm (llama.cpp's converter adds it to the
     /// norms of Gemma models).
     pub norms_include_one: bool,
+}
+
+/// LongRoPE's parameters (`rope_type: "longrope"`): the inverse frequency `i`
+/// of a position `p` is `1 / (factor[i] · theta^(2i / head_dim))`, with the
+/// short factors while `p + 1 <= original_max_position_embeddings` and the
+/// long ones after (as transformers chooses them for the token it decodes),
+/// and every cosine and sine is multiplied by `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// The divisors within the original context (`head_dim / 2` of them).
+    pub short_factor: Vec<f32>,
+    /// The divisors past it (`head_dim / 2` of them).
+    pub long_factor: Vec<f32>,
+    /// The context length the model was trained with.
+    pub original_max_position_embeddings: usize,
+    /// The factor on the cosines and sines.
+    pub attention_factor: f32,
 }
 
 /// Reads the RoPE base and scaling of a `config.json`.
@@ -138,6 +161,12 @@ pub struct ArchSpec {
     pub sandwich_norms: bool,
     /// Embedding rows are multiplied by `sqrt(hidden_size)` (rounded to f32).
     pub embed_scale: bool,
+    /// The q, k and v projections are one matrix, `self_attn.qkv_proj`
+    /// (`[q; k; v]` rows), split after the product.
+    pub fused_qkv: bool,
+    /// The MLP's gate and up projections are one matrix, `mlp.gate_up_proj`
+    /// (`[gate; up]` rows), split after the product.
+    pub fused_gate_up: bool,
     /// llama.cpp's converter reorders the rows of each q and k head (its
     /// rotary embedding rotates adjacent pairs); the loader puts them back.
     pub gguf_permuted_qk: bool,
@@ -171,13 +200,14 @@ pub(crate) const COMMON_LAYER_NAMES: [(&str, &str); 9] = [
 ];
 
 /// Every architecture the crate runs, in the order errors list them.
-pub const ARCHITECTURES: [Architecture; 6] = [
+pub const ARCHITECTURES: [Architecture; 7] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Mistral,
     Architecture::Qwen3,
     Architecture::Gemma2,
     Architecture::Gemma3,
+    Architecture::Phi3,
 ];
 
 impl Architecture {
@@ -190,6 +220,7 @@ impl Architecture {
             Architecture::Qwen3 => &qwen3::SPEC,
             Architecture::Gemma2 => &gemma2::SPEC,
             Architecture::Gemma3 => &gemma3::SPEC,
+            Architecture::Phi3 => &phi3::SPEC,
         }
     }
 

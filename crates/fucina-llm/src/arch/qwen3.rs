@@ -46,6 +46,8 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     qk_norm: true,
     sandwich_norms: false,
     embed_scale: false,
+    fused_qkv: false,
+    fused_gate_up: false,
     gguf_permuted_qk: false,
     gguf_layer_names: &NAMES,
     rope: parse_rope,

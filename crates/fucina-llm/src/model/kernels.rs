@@ -236,6 +236,19 @@ pub(crate) fn inv_freq(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Ve
         .collect()
 }
 
+/// LongRoPE's inverse frequencies, computed in f32 as transformers does:
+/// `1 / (factors[i] · base^(2i / head_dim))` (`head_dim / 2` of them).
+pub(crate) fn inv_freq_with_factors(head_dim: usize, theta: f32, factors: &[f32]) -> Vec<f32> {
+    factors
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let e = (2 * i) as f32 / head_dim as f32;
+            1.0f32 / (f * super::fmath::pow_f32(theta as f64, e as f64))
+        })
+        .collect()
+}
+
 /// The cosines and sines of position `pos` (`inv_freq.len()` each): angle
 /// `pos · inv_freq[i]` rounded to f32 (as transformers forms it), its cosine
 /// and sine the correctly rounded f32 (`fmath::cos_sin`, the same bits on
