@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use fucina_llm::gguf::GgufFile;
-use fucina_llm::gguf::llama::{llama_config, llama_weights};
+use fucina_llm::arch::gguf::{gguf_config, gguf_weights};
 use fucina_llm::tokenizer::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 
@@ -29,8 +29,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(file) = GgufFile::parse(Path::new("fuzz.gguf"), Arc::new(map)) else {
         return;
     };
-    if let Ok(config) = llama_config(&file) {
-        let _ = llama_weights(&file, &config);
+    if let Ok(config) = gguf_config(&file) {
+        let _ = gguf_weights(&file, &config);
     }
     let _ = Tokenizer::from_gguf(&file);
 });

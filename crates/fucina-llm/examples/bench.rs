@@ -8,7 +8,7 @@
 //!
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
 //! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
-//! `fucina_llm::gguf::llama::load_llama`: F32/F16/BF16 tensors and
+//! `fucina_llm::arch::gguf::load_gguf`: F32/F16/BF16 tensors and
 //! Q8_0/Q4_0/Q4_K/Q6_K matrices kept in llama.cpp's blocks, the Q8_0 and Q4_0
 //! ones then repacked once for the kernels as `open_model` does, unless
 //! `--in-place`; Q4_K and Q6_K are always read in place), so the very files
@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use fucina::ExecContext;
-use fucina_llm::gguf::llama::load_llama;
+use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::{KvCache, Model, ModelConfig, WeightStore};
 
 #[derive(Parser)]
@@ -157,7 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (mut model, file_bytes) = if is_gguf {
-        let (config, mut store, _file) = load_llama(&args.model)?;
+        let (config, mut store, _file) = load_gguf(&args.model)?;
         // The GGUF file stays mapped through the weights that borrow it.
         let file_bytes = std::fs::metadata(&args.model)?.len() as usize;
         if !args.in_place {

@@ -37,12 +37,20 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 GEN_TOKENS = 32
@@ -69,17 +77,22 @@ TOKENIZER_CASES = [
 ]
 
 
-def init_weights(model, seed, head_scale=4.0, mix=1.0):
+def init_weights(model, seed, head_scale=4.0, mix=1.0, one_plus=False):
     """Weights of unit-scale activations, so logits are O(1..10) and greedy choices
     are far from ties (the default 0.02 initialization gives near-uniform logits).
-    `mix` scales what the layers add to the residual stream (o_proj, down_proj):
-    above 1 the layers outweigh the token's own embedding, which keeps tied models
-    from predicting their input token again and again."""
+    `mix` scales what the layers add to the residual stream (o_proj, down_proj, or
+    with Gemma's sandwich norms the post norms, which undo any scale of the
+    projections before them): above 1 the layers outweigh the token's own embedding,
+    which keeps tied models from predicting their input token again and again.
+    `one_plus`: the norms multiply by 1 + w (Gemma), so w is drawn around 0."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                w = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+                if one_plus and ("post_attention" in name or "post_feedforward" in name):
+                    w = mix * w
+                p.copy_(w - 1.0 if one_plus else w)
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
@@ -152,12 +165,31 @@ def npy_save(path, array):
     np.save(path, np.ascontiguousarray(array, dtype="<f4"))
 
 
-def reference(model_dir, prompt_ids, dtype_name):
+def force_long_rope(model):
+    """Makes a LongRoPE model rotate every position with its long factors, as a
+    runtime does for a context longer than the original one (llama.cpp and fucina
+    choose the factors by the context's length; transformers' generate switches
+    when the sequence crosses the original length and then recomputes it all)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    re = model.model.rotary_emb
+    original = model.config.rope_parameters["original_max_position_embeddings"]
+    long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](model.config, None, seq_len=original + 1)
+    re.original_inv_freq = long_inv.clone()
+    re.inv_freq.copy_(long_inv)
+    re.long_inv_freq = long_inv.clone()
+
+
+def reference(model_dir, prompt_ids, dtype_name, full_check=True, prepare=None):
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
     )
     model.eval()
     ids = torch.tensor([prompt_ids], dtype=torch.long)
+    if prepare is not None:
+        with torch.no_grad():
+            plain = model(ids).logits[0].float().numpy()
+        prepare(model, model_dir, plain)
     with torch.no_grad():
         logits = model(ids).logits[0].float().numpy()
         gen = model.generate(
@@ -175,11 +207,14 @@ def reference(model_dir, prompt_ids, dtype_name):
     gen_logits = torch.stack([s[0] for s in gen.logits]).float().numpy()
     # The greedy ids are the argmax of the logits they were chosen from.
     assert new_ids == gen_logits.argmax(axis=1).tolist()
-    # Cross-check generate's cache against a full forward of the whole sequence.
-    with torch.no_grad():
-        full = model(gen.sequences).logits[0].float().numpy()
-    n = len(prompt_ids)
-    assert np.abs(full[n - 1 : n - 1 + GEN_TOKENS] - gen_logits).max() < 1e-4
+    # Cross-check generate's cache against a full forward of the whole sequence
+    # (not for LongRoPE past the original context: transformers rotates a forward
+    # by its length, so the full forward uses the long factors for every row).
+    if full_check:
+        with torch.no_grad():
+            full = model(gen.sequences).logits[0].float().numpy()
+        n = len(prompt_ids)
+        assert np.abs(full[n - 1 : n - 1 + GEN_TOKENS] - gen_logits).max() < 1e-4
     top2 = np.sort(gen_logits, axis=1)[:, -2:]
     min_gap = float((top2[:, 1] - top2[:, 0]).min())
     npy_save(os.path.join(model_dir, "logits.npy"), logits)
@@ -198,9 +233,14 @@ def reference(model_dir, prompt_ids, dtype_name):
 
 
 def check_features(name, spec, model, prompt, logits_path):
-    """Checks that the feature a fixture is for changes its logits (a sliding window
+    """Runs `spec["check"]` (a fixture-specific feature check) when it has one, else
+    the check below.
+
+    Checks that the feature a fixture is for changes its logits (a sliding window
     shorter than the prompt, RoPE rescaling) and that the older config keys give
     the model built from the newer ones."""
+    if "check" in spec:
+        return spec["check"](name, spec, model, prompt, logits_path)
     ref = np.load(logits_path)
     ids = torch.tensor([prompt], dtype=torch.long)
     model = model.float().eval()
@@ -227,6 +267,32 @@ def check_features(name, spec, model, prompt, logits_path):
     diff = float(np.abs(plain - ref).max())
     assert diff > 1e-2, (name, diff)
     print(f"  {name}: without its feature the logits move by up to {diff:.3f}")
+
+
+def check_changed(name, spec, model, prompt, logits_path):
+    """Checks that each feature the fixture is for moves its logits: the model is
+    rebuilt with the config keys of `spec["features"]` replaced (e.g. a sliding
+    window of None, soft-capping off) and the same weights."""
+    ref = np.load(logits_path)
+    ids = torch.tensor([prompt], dtype=torch.long)
+    state = model.float().state_dict()
+    for keys in spec["features"]:
+        cfg = dict(spec["cfg"])
+        cfg.update(keys)
+        other = spec["cls"][1](spec["cls"][0](**cfg))
+        other.load_state_dict(state)
+        other.eval()
+        other.config._attn_implementation = "eager"
+        with torch.no_grad():
+            plain = other(ids).logits[0].numpy()
+        diff = float(np.abs(plain - ref).max())
+        assert diff > 1e-3, (name, keys, diff)
+        print(f"  {name}: with {keys} the logits move by up to {diff:.3f}")
+
+
+# Phi-3's LongRoPE factors (head_dim 16: 8 of each).
+SHORT_FACTOR = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8]
+LONG_FACTOR = [1.0, 1.4, 2.2, 3.5, 5.0, 8.0, 12.0, 16.0]
 
 
 SPECS = {
@@ -296,6 +362,86 @@ SPECS = {
                  rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=6, bos_token_id=1,
                  eos_token_id=2, tie_word_embeddings=False),
     ),
+    # Qwen3: q/k RMSNorm per head, head_dim (16) not hidden / heads (12), untied.
+    "qwen3_f32": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM),
+        dtype=torch.float32,
+        seed=7,
+        mix=4.0,
+        check=check_changed,
+        features=[{"rms_norm_eps": 10.0}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 bos_token_id=None, eos_token_id=3, tie_word_embeddings=False),
+    ),
+    # Gemma 2: GeGLU, 1 + w norms, sandwich norms, embedding x sqrt(hidden), attention
+    # and final soft-capping (small caps, so that they bite), a query scale other than
+    # head_dim, a window of 4 on the even layers (the prompt is 12 long), tied.
+    "gemma2_f32": dict(
+        cls=(Gemma2Config, Gemma2ForCausalLM),
+        dtype=torch.float32,
+        seed=10,
+        mix=6.0,
+        one_plus=True,
+        prompt_len=12,
+        check=check_changed,
+        features=[{"sliding_window": 64}, {"attn_logit_softcapping": None},
+                  {"final_logit_softcapping": None}, {"query_pre_attn_scalar": 16}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                 query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=3.0,
+                 final_logit_softcapping=8.0, bos_token_id=2, eos_token_id=1,
+                 pad_token_id=0, tie_word_embeddings=True),
+    ),
+    # Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, sliding
+    # (local) layers with their own RoPE base and global ones with linear scaling, in
+    # the 5:1 pattern of sliding_window_pattern over 6 layers.
+    "gemma3_f32": dict(
+        cls=(Gemma3TextConfig, Gemma3ForCausalLM),
+        dtype=torch.float32,
+        seed=9,
+        mix=6.0,
+        one_plus=True,
+        prompt_len=12,
+        check=check_changed,
+        features=[{"sliding_window": 64},
+                  {"rope_parameters": {
+                      "full_attention": {"rope_type": "default", "rope_theta": 50.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}}],
+        cfg=dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                 max_position_embeddings=128, rms_norm_eps=1e-6, query_pre_attn_scalar=16,
+                 sliding_window=4, sliding_window_pattern=6, bos_token_id=2, eos_token_id=1,
+                 pad_token_id=0, tie_word_embeddings=True,
+                 rope_parameters={
+                     "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0,
+                                        "factor": 2.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    ),
+    # Phi-3: fused qkv_proj and gate_up_proj, grouped-query attention, a sliding
+    # window of 9, LongRoPE with an original context of 16: the reference (logits,
+    # greedy ids) rotates every position with the long factors (the 42 positions of
+    # the test exceed 16; see force_long_rope), and short_logits.npy holds the
+    # prompt's logits with the short factors (a context of at most 16).
+    "phi3_f32": dict(
+        cls=(Phi3Config, Phi3ForCausalLM),
+        dtype=torch.float32,
+        seed=11,
+        prepare=lambda model, model_dir, plain: (
+            npy_save(os.path.join(model_dir, "short_logits.npy"), plain), force_long_rope(model)),
+        check=check_changed,
+        features=[{"sliding_window": None},
+                  {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0] * 8, "long_factor": LONG_FACTOR}}],
+        cfg=dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 original_max_position_embeddings=16, rms_norm_eps=1e-5, sliding_window=9,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": SHORT_FACTOR, "long_factor": LONG_FACTOR}),
+    ),
 }
 
 
@@ -325,7 +471,8 @@ def build(name, out_root, built):
     config = cfg_cls(**spec["cfg"])
     torch.manual_seed(spec["seed"])
     model = model_cls(config)
-    init_weights(model, spec["seed"], mix=spec.get("mix", 1.0))
+    init_weights(model, spec["seed"], mix=spec.get("mix", 1.0),
+                 one_plus=spec.get("one_plus", False))
     model = model.to(spec["dtype"])
     model.config.dtype = spec["dtype"]
     model_dir = os.path.join(out_root, name)
@@ -349,7 +496,8 @@ def build(name, out_root, built):
         g = torch.Generator().manual_seed(100 + spec["seed"])
         prompt = torch.randint(0, vocab, (spec.get("prompt_len", 10),), generator=g).tolist()
     dtype_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[spec["dtype"]]
-    ref = reference(model_dir, prompt, dtype_name)
+    ref = reference(model_dir, prompt, dtype_name, full_check=spec.get("full_check", True),
+                    prepare=spec.get("prepare"))
     check_features(name, spec, model, prompt, os.path.join(model_dir, "logits.npy"))
     size = sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir))
     print(f"{name}: {size / 1024:.0f} KB, prompt {len(prompt)} ids, "

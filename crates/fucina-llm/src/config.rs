@@ -56,9 +56,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::arch::ArchParams;
 use crate::error::LlmError;
 
-/// The decoder families the crate runs.
+/// The decoder families the crate runs; each one's differences from Llama
+/// are its [`ArchSpec`](crate::arch::ArchSpec) ([`Architecture::spec`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     /// `LlamaForCausalLM`.
@@ -67,36 +69,16 @@ pub enum Architecture {
     Qwen2,
     /// `MistralForCausalLM` (sliding-window attention).
     Mistral,
-}
-
-impl Architecture {
-    /// The architecture's name in `config.json`'s `architectures` list.
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-            Architecture::Mistral => "MistralForCausalLM",
-        }
-    }
-
-    fn from_hf_name(name: &str) -> Option<Architecture> {
-        [
-            Architecture::Llama,
-            Architecture::Qwen2,
-            Architecture::Mistral,
-        ]
-        .into_iter()
-        .find(|a| a.hf_name() == name)
-    }
-
-    fn from_model_type(model_type: &str) -> Option<Architecture> {
-        match model_type {
-            "llama" => Some(Architecture::Llama),
-            "qwen2" => Some(Architecture::Qwen2),
-            "mistral" => Some(Architecture::Mistral),
-            _ => None,
-        }
-    }
+    /// `Qwen3ForCausalLM` (an RMSNorm over each q and k head).
+    Qwen3,
+    /// `Gemma2ForCausalLM` (GeGLU, `1 + w` norms, sandwich norms,
+    /// soft-capping, alternating sliding-window layers).
+    Gemma2,
+    /// `Gemma3ForCausalLM` (Gemma 2's layers with q/k norms and local layers
+    /// of their own RoPE base instead of soft-capping).
+    Gemma3,
+    /// `Phi3ForCausalLM` (fused q/k/v and gate/up projections, LongRoPE).
+    Phi3,
 }
 
 /// How rotary position frequencies are rescaled for long contexts.
@@ -199,6 +181,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (`eos_token_id` may be one id or a list).
     pub eos_token_ids: Vec<u32>,
+    /// What the architecture adds to the Llama decoder (all off for Llama,
+    /// Qwen2 and Mistral).
+    pub params: ArchParams,
 }
 
 /// The file beside `config.json` whose special tokens replace its own.
@@ -353,23 +338,23 @@ fn bad(path: &Path, reason: String) -> LlmError {
 
 /// A JSON object of a file, with typed getters whose errors name the file and
 /// the key (`at` prefixes nested keys: `rope_scaling.factor`).
-struct Obj<'a> {
-    map: &'a Map<String, Value>,
-    path: &'a Path,
-    at: &'a str,
+pub(crate) struct Obj<'a> {
+    pub(crate) map: &'a Map<String, Value>,
+    pub(crate) path: &'a Path,
+    pub(crate) at: &'a str,
 }
 
 impl Obj<'_> {
-    fn err(&self, key: &str, what: String) -> LlmError {
+    pub(crate) fn err(&self, key: &str, what: String) -> LlmError {
         bad(self.path, format!("key `{}{key}`: {what}", self.at))
     }
 
     /// The value of `key`, `None` when absent or `null`.
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn u64_opt(&self, key: &str) -> Result<Option<u64>, LlmError> {
+    pub(crate) fn u64_opt(&self, key: &str) -> Result<Option<u64>, LlmError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
@@ -378,7 +363,7 @@ impl Obj<'_> {
         }
     }
 
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>, LlmError> {
+    pub(crate) fn usize_opt(&self, key: &str) -> Result<Option<usize>, LlmError> {
         match self.u64_opt(key)? {
             None => Ok(None),
             Some(n) => usize::try_from(n)
@@ -388,7 +373,7 @@ impl Obj<'_> {
     }
 
     /// A positive integer, `None` when absent or `null`.
-    fn size_opt(&self, key: &str) -> Result<Option<usize>, LlmError> {
+    pub(crate) fn size_opt(&self, key: &str) -> Result<Option<usize>, LlmError> {
         match self.usize_opt(key)? {
             Some(0) => Err(self.err(key, "must be positive, found 0".to_string())),
             n => Ok(n),
@@ -396,13 +381,13 @@ impl Obj<'_> {
     }
 
     /// A required positive integer.
-    fn size(&self, key: &str) -> Result<usize, LlmError> {
+    pub(crate) fn size(&self, key: &str) -> Result<usize, LlmError> {
         self.size_opt(key)?
             .ok_or_else(|| self.err(key, "missing or null (required)".to_string()))
     }
 
     /// A finite number, `None` when absent or `null`.
-    fn f64_opt(&self, key: &str) -> Result<Option<f64>, LlmError> {
+    pub(crate) fn f64_opt(&self, key: &str) -> Result<Option<f64>, LlmError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => match v.as_f64() {
@@ -413,7 +398,7 @@ impl Obj<'_> {
     }
 
     /// A finite positive number, `None` when absent or `null`.
-    fn positive_opt(&self, key: &str) -> Result<Option<f64>, LlmError> {
+    pub(crate) fn positive_opt(&self, key: &str) -> Result<Option<f64>, LlmError> {
         match self.f64_opt(key)? {
             Some(x) if x <= 0.0 => Err(self.err(key, format!("must be positive, found {x}"))),
             x => Ok(x),
@@ -422,7 +407,7 @@ impl Obj<'_> {
 
     /// A required number that is finite and positive once rounded to f32 (a
     /// value positive as f64 may round to 0 or overflow to infinity).
-    fn positive_f32(&self, key: &str) -> Result<f32, LlmError> {
+    pub(crate) fn positive_f32(&self, key: &str) -> Result<f32, LlmError> {
         let x = self.positive(key)?;
         let y = x as f32;
         if !(y.is_finite() && y > 0.0) {
@@ -434,12 +419,12 @@ impl Obj<'_> {
         Ok(y)
     }
 
-    fn positive(&self, key: &str) -> Result<f64, LlmError> {
+    pub(crate) fn positive(&self, key: &str) -> Result<f64, LlmError> {
         self.positive_opt(key)?
             .ok_or_else(|| self.err(key, "missing or null (required)".to_string()))
     }
 
-    fn bool_opt(&self, key: &str) -> Result<Option<bool>, LlmError> {
+    pub(crate) fn bool_opt(&self, key: &str) -> Result<Option<bool>, LlmError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -449,7 +434,7 @@ impl Obj<'_> {
         }
     }
 
-    fn str_opt(&self, key: &str) -> Result<Option<&str>, LlmError> {
+    pub(crate) fn str_opt(&self, key: &str) -> Result<Option<&str>, LlmError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -459,7 +444,7 @@ impl Obj<'_> {
         }
     }
 
-    fn token(&self, key: &str, v: &Value) -> Result<u32, LlmError> {
+    pub(crate) fn token(&self, key: &str, v: &Value) -> Result<u32, LlmError> {
         v.as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .ok_or_else(|| {
@@ -470,12 +455,12 @@ impl Obj<'_> {
             })
     }
 
-    fn token_opt(&self, key: &str) -> Result<Option<u32>, LlmError> {
+    pub(crate) fn token_opt(&self, key: &str) -> Result<Option<u32>, LlmError> {
         self.get(key).map(|v| self.token(key, v)).transpose()
     }
 
     /// One token id or a list of them, `None` when absent or `null`.
-    fn tokens_opt(&self, key: &str) -> Result<Option<Vec<u32>>, LlmError> {
+    pub(crate) fn tokens_opt(&self, key: &str) -> Result<Option<Vec<u32>>, LlmError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items
@@ -488,20 +473,16 @@ impl Obj<'_> {
     }
 
     /// A key present, even as `null`.
-    fn has(&self, key: &str) -> bool {
+    pub(crate) fn has(&self, key: &str) -> bool {
         self.map.contains_key(key)
     }
 }
 
 /// The names of the architectures the crate runs, for error messages.
 fn supported_architectures() -> String {
-    [
-        Architecture::Llama,
-        Architecture::Qwen2,
-        Architecture::Mistral,
-    ]
-    .map(Architecture::hf_name)
-    .join(", ")
+    crate::arch::ARCHITECTURES
+        .map(Architecture::hf_name)
+        .join(", ")
 }
 
 fn parse_architecture(o: &Obj<'_>) -> Result<Architecture, LlmError> {
@@ -538,7 +519,10 @@ fn parse_architecture(o: &Obj<'_>) -> Result<Architecture, LlmError> {
             o.err(
                 "model_type",
                 format!(
-                    "unsupported model type `{t}` and no `architectures` list (supported: llama, qwen2, mistral)"
+                    "unsupported model type `{t}` and no `architectures` list (supported: {})",
+                    crate::arch::ARCHITECTURES
+                        .map(|a| a.spec().model_type)
+                        .join(", ")
                 ),
             )
         }),
@@ -553,6 +537,8 @@ fn parse_architecture(o: &Obj<'_>) -> Result<Architecture, LlmError> {
 #[warn(clippy::arithmetic_side_effects)]
 fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
     let architecture = parse_architecture(o)?;
+    let spec = architecture.spec();
+    let defaults = &spec.defaults;
 
     let hidden_size = o.size("hidden_size")?;
     let intermediate_size = o.size("intermediate_size")?;
@@ -564,15 +550,12 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
     let num_key_value_heads = match o.size_opt("num_key_value_heads")? {
         Some(n) => n,
         None if o.has("num_key_value_heads") => num_attention_heads,
-        None => match architecture {
-            Architecture::Llama => num_attention_heads,
-            Architecture::Qwen2 => 32,
-            Architecture::Mistral => 8,
-        },
+        None => defaults.num_key_value_heads.unwrap_or(num_attention_heads),
     };
     let divides = hidden_size.is_multiple_of(num_attention_heads);
     let head_dim = match o.size_opt("head_dim")? {
         Some(d) => d,
+        None if !o.has("head_dim") && defaults.head_dim.is_some() => defaults.head_dim.unwrap_or(0),
         // `num_attention_heads` is positive (`size`).
         None if divides => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
         None => {
@@ -585,7 +568,7 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
         }
     };
     // `transformers` checks this for Llama even when `head_dim` is given.
-    if architecture == Architecture::Llama && !divides {
+    if spec.heads_divide_hidden && !divides {
         return Err(o.err(
             "num_attention_heads",
             format!("{num_attention_heads} heads do not divide hidden_size {hidden_size}"),
@@ -608,77 +591,35 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
         ));
     }
 
-    let max_position_embeddings = match o.size_opt("max_position_embeddings")? {
-        Some(n) => n,
-        None => match architecture {
-            Architecture::Llama => 2048,
-            Architecture::Qwen2 => 32768,
-            Architecture::Mistral => 4096 * 32,
-        },
-    };
+    let max_position_embeddings = o
+        .size_opt("max_position_embeddings")?
+        .unwrap_or(defaults.max_position_embeddings);
     let rms_norm_eps = match o.f64_opt("rms_norm_eps")? {
         Some(e) if e < 0.0 => {
             return Err(o.err("rms_norm_eps", format!("must not be negative, found {e}")));
         }
         Some(e) => e,
-        None => 1e-6,
+        None => defaults.rms_norm_eps,
     };
-    if let Some(act) = o.str_opt("hidden_act")?
-        && act != "silu"
-        && act != "swish"
-    {
-        return Err(o.err(
-            "hidden_act",
-            format!("activation `{act}` is not supported (the MLP is SwiGLU: silu)"),
-        ));
-    }
-    let tie_word_embeddings = o.bool_opt("tie_word_embeddings")?.unwrap_or(false);
+    crate::arch::check_activation(o, spec.activation)?;
+    let tie_word_embeddings = o
+        .bool_opt("tie_word_embeddings")?
+        .unwrap_or(defaults.tie_word_embeddings);
 
-    let (qkv_bias, o_bias) = match architecture {
-        Architecture::Llama => {
-            if o.bool_opt("mlp_bias")? == Some(true) {
-                return Err(o.err(
-                    "mlp_bias",
-                    "a bias on the MLP projections is not supported".to_string(),
-                ));
-            }
-            let b = o.bool_opt("attention_bias")?.unwrap_or(false);
-            (b, b)
-        }
-        Architecture::Qwen2 => (true, false),
-        Architecture::Mistral => (false, false),
-    };
+    let (rope_theta, rope_scaling) = (spec.rope)(o, max_position_embeddings, defaults.rope_theta)?;
 
-    let sliding_window = match architecture {
-        Architecture::Llama => None,
-        Architecture::Mistral => {
-            if o.has("sliding_window") {
-                o.size_opt("sliding_window")?
-            } else {
-                Some(4096)
-            }
-        }
-        Architecture::Qwen2 => qwen2_sliding_window(o, num_hidden_layers)?,
-    };
-
-    let (rope_theta, rope_scaling) = parse_rope(o, max_position_embeddings)?;
-
-    let (default_bos, default_eos) = match architecture {
-        Architecture::Llama | Architecture::Mistral => (Some(1), vec![2]),
-        Architecture::Qwen2 => (None, Vec::new()),
-    };
     let bos_token_id = if o.has("bos_token_id") {
         o.token_opt("bos_token_id")?
     } else {
-        default_bos
+        defaults.bos_token_id
     };
     let eos_token_ids = if o.has("eos_token_id") {
         o.tokens_opt("eos_token_id")?.unwrap_or_default()
     } else {
-        default_eos
+        defaults.eos_token_ids.to_vec()
     };
 
-    Ok(ModelConfig {
+    let mut config = ModelConfig {
         architecture,
         hidden_size,
         intermediate_size,
@@ -692,91 +633,24 @@ fn parse_config(o: &Obj<'_>) -> Result<ModelConfig, LlmError> {
         rope_theta: rope_theta as f32,
         rope_scaling,
         tie_word_embeddings,
-        qkv_bias,
-        o_bias,
-        sliding_window,
+        qkv_bias: false,
+        o_bias: false,
+        sliding_window: None,
         bos_token_id,
         eos_token_ids,
-    })
-}
-
-/// Qwen2's window: `sliding_window` when `use_sliding_window` is true, on the
-/// layers `layer_types` marks sliding (by default those from
-/// `max_window_layers` on). One window for every layer, or none.
-#[warn(clippy::arithmetic_side_effects)]
-fn qwen2_sliding_window(o: &Obj<'_>, num_hidden_layers: usize) -> Result<Option<usize>, LlmError> {
-    let use_sliding = o.bool_opt("use_sliding_window")?.unwrap_or(false);
-    let window = if !use_sliding {
-        None
-    } else if o.has("sliding_window") {
-        o.size_opt("sliding_window")?
-    } else {
-        Some(4096)
+        params: ArchParams::default(),
     };
-    // A sliding layer without a window attends to everything.
-    let per_layer = |s: bool| if s { window } else { None };
-    let differs = |i: usize| {
-        o.err(
-            if o.has("layer_types") {
-                "layer_types"
-            } else {
-                "max_window_layers"
-            },
-            format!(
-                "sliding-window attention on some layers only (layer {i} differs from layer 0) is not supported"
-            ),
-        )
-    };
-    match o.get("layer_types") {
-        Some(v) => {
-            let Some(list) = v.as_array() else {
-                return Err(o.err("layer_types", format!("expected a list, found {v}")));
-            };
-            if list.len() != num_hidden_layers {
-                return Err(o.err(
-                    "layer_types",
-                    format!("{} entries for {num_hidden_layers} layers", list.len()),
-                ));
-            }
-            let mut first = None;
-            for (i, t) in list.iter().enumerate() {
-                let sliding = match t.as_str() {
-                    Some("full_attention") => false,
-                    Some("sliding_attention") => true,
-                    _ => {
-                        return Err(o.err(
-                            "layer_types",
-                            format!(
-                                "unsupported layer type {t} (supported: \"full_attention\", \"sliding_attention\")"
-                            ),
-                        ));
-                    }
-                };
-                match first {
-                    None => first = Some(per_layer(sliding)),
-                    Some(f) if f != per_layer(sliding) => return Err(differs(i)),
-                    Some(_) => {}
-                }
-            }
-            Ok(first.flatten())
-        }
-        None => {
-            // Layers from `max_window_layers` on slide: all of them (from 0),
-            // none (from the layer count on) or a mix. The count comes from the
-            // file, so it is compared, never iterated.
-            let max_window_layers = o.usize_opt("max_window_layers")?.unwrap_or(28);
-            let first = per_layer(max_window_layers == 0);
-            if max_window_layers < num_hidden_layers && per_layer(true) != first {
-                return Err(differs(max_window_layers));
-            }
-            Ok(first)
-        }
-    }
+    (spec.parse)(o, &mut config)?;
+    Ok(config)
 }
 
 /// The RoPE base and rescaling, from `rope_scaling` / `rope_parameters` and
 /// `rope_theta` (see the module docs for the precedence).
-fn parse_rope(o: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, RopeScaling), LlmError> {
+pub(crate) fn parse_rope(
+    o: &Obj<'_>,
+    max_position_embeddings: usize,
+    default_theta: f64,
+) -> Result<(f64, RopeScaling), LlmError> {
     let top_theta = o.positive_opt("rope_theta")?;
     if let Some(f) = o.f64_opt("partial_rotary_factor")?
         && f != 1.0
@@ -795,7 +669,7 @@ fn parse_rope(o: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, RopeS
     let (key, value) = match (nonempty("rope_scaling"), nonempty("rope_parameters")) {
         (Some(v), _) => ("rope_scaling", v),
         (None, Some(v)) => ("rope_parameters", v),
-        (None, None) => return Ok((top_theta.unwrap_or(10_000.0), RopeScaling::None)),
+        (None, None) => return Ok((top_theta.unwrap_or(default_theta), RopeScaling::None)),
     };
     let Some(map) = value.as_object() else {
         return Err(o.err(key, format!("expected an object, found {value}")));
@@ -812,10 +686,23 @@ fn parse_rope(o: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, RopeS
             "RoPE parameters per layer type are not supported".to_string(),
         ));
     }
+    rope_object(o, &p, top_theta, default_theta, max_position_embeddings)
+}
+
+/// The RoPE base and rescaling an object of RoPE parameters `p` (found in
+/// `o`) gives: its `rope_theta`, else `top_theta`, else `default_theta`, and
+/// its `rope_type` (or `type`).
+pub(crate) fn rope_object(
+    o: &Obj<'_>,
+    p: &Obj<'_>,
+    top_theta: Option<f64>,
+    default_theta: f64,
+    max_position_embeddings: usize,
+) -> Result<(f64, RopeScaling), LlmError> {
     let theta = p
         .positive_opt("rope_theta")?
         .or(top_theta)
-        .unwrap_or(10_000.0);
+        .unwrap_or(default_theta);
     if let Some(f) = p.f64_opt("partial_rotary_factor")?
         && f != 1.0
     {

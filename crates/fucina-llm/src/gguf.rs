@@ -27,8 +27,6 @@ use std::sync::Arc;
 
 use crate::error::LlmError;
 
-pub mod llama;
-
 /// The magic number at the start of every GGUF file (`"GGUF"`).
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 

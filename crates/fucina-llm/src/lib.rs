@@ -3,15 +3,19 @@
 //! count, the vector level and the other sequences decoded in the same batch.
 //!
 //! The layers of the crate, bottom up:
+//! - [`arch`]: one spec per architecture (what differs from Llama), and the
+//!   GGUF loader they make generic.
 //! - [`config`]: `config.json` (architecture, sizes, RoPE parameters).
 //! - [`weights`]: memory-mapped safetensors tensors kept in their file format.
-//! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+//! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU
+//!   or GeGLU), reading its architecture's spec.
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`sample`]: greedy and seeded sampling.
 //! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
 //! - [`chat`]: the model's chat template, rendering a conversation as its prompt text.
 //! - [`open`]: a model directory or a GGUF file, converted at load if asked.
 
+pub mod arch;
 pub mod cache;
 pub mod chat;
 pub mod config;
@@ -24,6 +28,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use arch::{Activation, ArchParams, ArchSpec, LongRope, NormStyle};
 pub use cache::KvCache;
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::GenerationConfig;

@@ -64,6 +64,7 @@ use std::sync::Mutex;
 use fucina::exec::PARALLEL_THRESHOLD;
 use fucina::{ExecContext, Team};
 
+use crate::arch::{Activation, ArchSpec, NormStyle};
 pub use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::LlmError;
@@ -84,33 +85,105 @@ fn team_for(ctx: &ExecContext, work: usize) -> Option<&Team> {
     }
 }
 
-/// The weights of one decoder layer (norm weights and biases widened to f32).
+/// The weights of one decoder layer (norm weights and biases widened to f32;
+/// a `1 + w` norm's sum formed at load).
 struct Layer {
     input_norm: Vec<f32>,
+    /// The MLP's input norm (`post_attention_layernorm`, or Gemma's
+    /// `pre_feedforward_layernorm`).
     post_norm: Vec<f32>,
-    q: Weight,
-    k: Weight,
-    v: Weight,
+    /// Gemma's norm of the attention output (`post_attention_layernorm`).
+    attn_out_norm: Option<Vec<f32>>,
+    /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
+    mlp_out_norm: Option<Vec<f32>>,
+    /// The RMSNorms over each q and k head (`[head_dim]`).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// The layer's sliding window.
+    window: Option<usize>,
+    /// The layer rotates with the local RoPE table (Gemma 3's sliding layers).
+    local_rope: bool,
+    qkv: Qkv,
     o: Weight,
     q_bias: Option<Vec<f32>>,
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
     o_bias: Option<Vec<f32>>,
-    gate: Weight,
-    up: Weight,
+    gate_up: GateUp,
     down: Weight,
+}
+
+/// The q, k and v projections of a layer: three matrices, or one whose rows
+/// are q's, then k's, then v's (Phi-3's `qkv_proj`).
+enum Qkv {
+    Split { q: Weight, k: Weight, v: Weight },
+    Fused(Weight),
+}
+
+/// The gate and up projections of an MLP: two matrices, or one whose rows are
+/// the gate's, then up's (Phi-3's `gate_up_proj`).
+enum GateUp {
+    Split { gate: Weight, up: Weight },
+    Fused(Weight),
+}
+
+impl Qkv {
+    /// The matrices with their Hugging Face names (without the layer prefix).
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Weight)> {
+        match self {
+            Qkv::Split { q, k, v } => vec![
+                ("self_attn.q_proj", q),
+                ("self_attn.k_proj", k),
+                ("self_attn.v_proj", v),
+            ],
+            Qkv::Fused(w) => vec![("self_attn.qkv_proj", w)],
+        }
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        match self {
+            Qkv::Split { q, k, v } => vec![q, k, v],
+            Qkv::Fused(w) => vec![w],
+        }
+    }
+}
+
+impl GateUp {
+    /// The matrices with their Hugging Face names (without the layer prefix).
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Weight)> {
+        match self {
+            GateUp::Split { gate, up } => vec![("mlp.gate_proj", gate), ("mlp.up_proj", up)],
+            GateUp::Fused(w) => vec![("mlp.gate_up_proj", w)],
+        }
+    }
+
+    fn weights(&self) -> Vec<&Weight> {
+        match self {
+            GateUp::Split { gate, up } => vec![gate, up],
+            GateUp::Fused(w) => vec![w],
+        }
+    }
 }
 
 /// A loaded decoder: its configuration, its weights (shared, in their file
 /// format) and a reusable activation workspace. `Send + Sync`.
 pub struct Model {
     config: ModelConfig,
+    spec: &'static ArchSpec,
+    /// Embedding rows are multiplied by it (Gemma's `sqrt(hidden)`).
+    embed_scale: Option<f32>,
     embed: Weight,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     /// `None` when the embeddings are tied.
     lm_head: Option<Weight>,
     inv_freq: Vec<f32>,
+    /// The local layers' inverse frequencies, when they have their own base.
+    local_inv_freq: Option<Vec<f32>>,
+    /// LongRoPE: the original context (a cache of more positions rotates with
+    /// the long frequencies), those frequencies, and the factor on the
+    /// cosines and sines (`inv_freq` holds the short ones).
+    long_rope: Option<(usize, Vec<f32>, f32)>,
     scale: f32,
     scratch: Mutex<Scratch>,
 }
@@ -153,9 +226,17 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// The output of a fused projection (`qkv_proj`, `gate_up_proj`).
+    fused: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The local layers' angles (when they have their own RoPE base).
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
     positions: Vec<usize>,
+    /// Per row: its cache holds more positions than LongRoPE's original
+    /// context (the long factors apply).
+    long_context: Vec<bool>,
     tasks: Vec<HeadTask>,
 }
 
@@ -187,9 +268,19 @@ impl Scratch {
         grow(&mut self.v, rows * c.num_key_value_heads * hd);
         grow(&mut self.gate, rows * c.intermediate_size);
         grow(&mut self.up, rows * c.intermediate_size);
+        let spec = c.architecture.spec();
+        if spec.fused_qkv || spec.fused_gate_up {
+            let qkv = (h + 2 * c.num_key_value_heads) * hd;
+            grow(&mut self.fused, rows * qkv.max(2 * c.intermediate_size));
+        }
         grow(&mut self.cos, rows * hd / 2);
         grow(&mut self.sin, rows * hd / 2);
+        if c.params.local_rope_theta.is_some() {
+            grow(&mut self.cos_local, rows * hd / 2);
+            grow(&mut self.sin_local, rows * hd / 2);
+        }
         grow(&mut self.positions, rows);
+        grow(&mut self.long_context, rows);
         if self.tasks.len() < tasks {
             self.tasks.resize_with(tasks, HeadTask::default);
         }
@@ -310,6 +401,7 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     if let Some(problem) = c.rope_scaling.problem() {
         return Err(invalid(op, format!("config: {problem}")));
     }
+    check_params(c)?;
     // Every activation buffer's size must fit.
     let widest = c
         .hidden_size
@@ -323,6 +415,90 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
         ));
     }
     Ok(())
+}
+
+/// Checks the [`ArchParams`](crate::ArchParams) of a configuration.
+fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
+    let op = "Model::from_parts";
+    let p = &c.params;
+    if !p.sliding_layers.is_empty() && p.sliding_layers.len() != c.num_hidden_layers {
+        return Err(invalid(
+            op,
+            format!(
+                "config: sliding_layers has {} entries for {} layers",
+                p.sliding_layers.len(),
+                c.num_hidden_layers
+            ),
+        ));
+    }
+    let positive = [
+        ("attn_logit_softcapping", p.attn_logit_softcapping),
+        ("final_logit_softcapping", p.final_logit_softcapping),
+        ("query_pre_attn_scalar", p.query_pre_attn_scalar),
+        ("local_rope_theta", p.local_rope_theta),
+    ];
+    let longrope_factor = p.longrope.as_ref().map(|lr| lr.attention_factor);
+    for (name, v) in positive
+        .into_iter()
+        .chain([("longrope.attention_factor", longrope_factor)])
+    {
+        if let Some(x) = v
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(invalid(
+                op,
+                format!("config: {name} {x} is not positive and finite"),
+            ));
+        }
+    }
+    if let Some(lr) = &p.longrope {
+        let half = c.head_dim / 2;
+        if lr.short_factor.len() != half || lr.long_factor.len() != half {
+            return Err(invalid(
+                op,
+                format!(
+                    "config: LongRoPE has {} short and {} long factors, expected head_dim / 2 = {half}",
+                    lr.short_factor.len(),
+                    lr.long_factor.len()
+                ),
+            ));
+        }
+        if c.rope_scaling != crate::config::RopeScaling::None {
+            return Err(invalid(
+                op,
+                "config: LongRoPE and another RoPE scaling at once".to_string(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rotary inverse frequencies of base `theta` and `scaling`, checked to
+/// give finite angles over the model's positions.
+fn checked_inv_freq(
+    c: &ModelConfig,
+    theta: f32,
+    scaling: &crate::config::RopeScaling,
+) -> Result<Vec<f32>, LlmError> {
+    let inv_freq = kernels::inv_freq(c.head_dim, theta, scaling);
+    // Every rotary angle `pos · inv_freq[i]` of a position the model
+    // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
+    // its frequencies overflow; its cosines would be NaN).
+    let last_pos = (c.max_position_embeddings - 1) as f32;
+    if let Some(f) = inv_freq
+        .iter()
+        .find(|&&f| !(f >= 0.0 && (f * last_pos).is_finite() && f.is_finite()))
+    {
+        return Err(invalid(
+            "Model::from_parts",
+            format!(
+                "config: rope_theta {theta} with RoPE scaling {scaling:?} gives the rotary frequency {f}, \
+                 whose angles overflow f32 over {} positions",
+                c.max_position_embeddings
+            ),
+        ));
+    }
+    Ok(inv_freq)
 }
 
 impl Model {
@@ -392,6 +568,17 @@ impl Model {
                 ),
             });
         }
+        let spec = c.architecture.spec();
+        // A `1 + w` norm's sum, formed in f32 (as transformers forms it) unless
+        // the file holds it already.
+        let one_plus = spec.norm == NormStyle::RmsOnePlus && !c.params.norms_include_one;
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>, LlmError> {
+            let mut w = vector(&weights, name, len)?;
+            if one_plus {
+                w.iter_mut().for_each(|x| *x += 1.0);
+            }
+            Ok(w)
+        };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let n = |s: &str| format!("model.layers.{i}.{s}");
@@ -401,27 +588,62 @@ impl Model {
                     false => Ok(None),
                 }
             };
+            let opt_norm = |s: &str, on: bool, len: usize| -> Result<Option<Vec<f32>>, LlmError> {
+                match on {
+                    true => Ok(Some(norm(&n(s), len)?)),
+                    false => Ok(None),
+                }
+            };
+            let sandwich = spec.sandwich_norms;
+            let sliding = c.params.sliding_layers.get(i).copied().unwrap_or(true);
             layers.push(Layer {
-                input_norm: vector(&weights, &n("input_layernorm.weight"), hid)?,
-                q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
-                k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
-                v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
+                input_norm: norm(&n("input_layernorm.weight"), hid)?,
+                attn_out_norm: opt_norm("post_attention_layernorm.weight", sandwich, hid)?,
+                mlp_out_norm: opt_norm("post_feedforward_layernorm.weight", sandwich, hid)?,
+                q_norm: opt_norm("self_attn.q_norm.weight", spec.qk_norm, hd)?,
+                k_norm: opt_norm("self_attn.k_norm.weight", spec.qk_norm, hd)?,
+                window: c.sliding_window.filter(|_| sliding),
+                local_rope: sliding && c.params.local_rope_theta.is_some(),
+                qkv: match spec.fused_qkv {
+                    true => Qkv::Fused(tensor(
+                        &weights,
+                        &n("self_attn.qkv_proj.weight"),
+                        &[qd + 2 * kvd, hid],
+                    )?),
+                    false => Qkv::Split {
+                        q: tensor(&weights, &n("self_attn.q_proj.weight"), &[qd, hid])?,
+                        k: tensor(&weights, &n("self_attn.k_proj.weight"), &[kvd, hid])?,
+                        v: tensor(&weights, &n("self_attn.v_proj.weight"), &[kvd, hid])?,
+                    },
+                },
                 o: tensor(&weights, &n("self_attn.o_proj.weight"), &[hid, qd])?,
                 q_bias: bias("self_attn.q_proj.bias", c.qkv_bias, qd)?,
                 k_bias: bias("self_attn.k_proj.bias", c.qkv_bias, kvd)?,
                 v_bias: bias("self_attn.v_proj.bias", c.qkv_bias, kvd)?,
                 o_bias: bias("self_attn.o_proj.bias", c.o_bias, hid)?,
-                post_norm: vector(&weights, &n("post_attention_layernorm.weight"), hid)?,
-                gate: tensor(
-                    &weights,
-                    &n("mlp.gate_proj.weight"),
-                    &[c.intermediate_size, hid],
-                )?,
-                up: tensor(
-                    &weights,
-                    &n("mlp.up_proj.weight"),
-                    &[c.intermediate_size, hid],
-                )?,
+                post_norm: match sandwich {
+                    true => norm(&n("pre_feedforward_layernorm.weight"), hid)?,
+                    false => norm(&n("post_attention_layernorm.weight"), hid)?,
+                },
+                gate_up: match spec.fused_gate_up {
+                    true => GateUp::Fused(tensor(
+                        &weights,
+                        &n("mlp.gate_up_proj.weight"),
+                        &[2 * c.intermediate_size, hid],
+                    )?),
+                    false => GateUp::Split {
+                        gate: tensor(
+                            &weights,
+                            &n("mlp.gate_proj.weight"),
+                            &[c.intermediate_size, hid],
+                        )?,
+                        up: tensor(
+                            &weights,
+                            &n("mlp.up_proj.weight"),
+                            &[c.intermediate_size, hid],
+                        )?,
+                    },
+                },
                 down: tensor(
                     &weights,
                     &n("mlp.down_proj.weight"),
@@ -429,37 +651,53 @@ impl Model {
                 )?,
             });
         }
-        let final_norm = vector(&weights, "model.norm.weight", hid)?;
+        let final_norm = norm("model.norm.weight", hid)?;
         let lm_head = match c.tie_word_embeddings {
             true => None,
             false => Some(tensor(&weights, "lm_head.weight", &[c.vocab_size, hid])?),
         };
-        let inv_freq = kernels::inv_freq(hd, c.rope_theta, &c.rope_scaling);
-        // Every rotary angle `pos · inv_freq[i]` of a position the model
-        // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
-        // its frequencies overflow; its cosines would be NaN).
-        let last_pos = (c.max_position_embeddings - 1) as f32;
-        if let Some(f) = inv_freq
-            .iter()
-            .find(|&&f| !(f >= 0.0 && (f * last_pos).is_finite() && f.is_finite()))
-        {
-            return Err(invalid(
-                "Model::from_parts",
-                format!(
-                    "config: rope_theta {} with RoPE scaling {:?} gives the rotary frequency {f}, \
-                     whose angles overflow f32 over {} positions",
-                    c.rope_theta, c.rope_scaling, c.max_position_embeddings
-                ),
-            ));
-        }
-        let scale = fmath::pow_f32(hd as f64, -0.5);
+        let (inv_freq, long_rope) = match &c.params.longrope {
+            None => (checked_inv_freq(c, c.rope_theta, &c.rope_scaling)?, None),
+            Some(lr) => {
+                let short = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.short_factor);
+                let long = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.long_factor);
+                for f in short.iter().chain(&long) {
+                    if !(f.is_finite() && *f >= 0.0) {
+                        return Err(invalid(
+                            "Model::from_parts",
+                            format!("config: LongRoPE gives the rotary frequency {f}"),
+                        ));
+                    }
+                }
+                let from = lr.original_max_position_embeddings;
+                (short, Some((from, long, lr.attention_factor)))
+            }
+        };
+        let local_inv_freq = match c.params.local_rope_theta {
+            Some(theta) => Some(checked_inv_freq(
+                c,
+                theta,
+                &crate::config::RopeScaling::None,
+            )?),
+            None => None,
+        };
+        let scale = match c.params.query_pre_attn_scalar {
+            Some(q) => fmath::pow_f32(q as f64, -0.5),
+            None => fmath::pow_f32(hd as f64, -0.5),
+        };
+        // transformers rounds `sqrt(hidden)` to the activations' dtype.
+        let embed_scale = spec.embed_scale.then(|| (hid as f64).sqrt() as f32);
         Ok(Model {
             config,
+            spec,
+            embed_scale,
             embed,
             layers,
             final_norm,
             lm_head,
             inv_freq,
+            local_inv_freq,
+            long_rope,
             scale,
             scratch: Mutex::new(Scratch::default()),
         })
@@ -477,17 +715,12 @@ impl Model {
     /// and its copy, while the copies of the others are made.)
     fn projections_mut(&mut self) -> impl Iterator<Item = (String, &mut Weight)> {
         let layers = self.layers.iter_mut().enumerate().flat_map(|(i, l)| {
-            [
-                ("self_attn.q_proj", &mut l.q),
-                ("self_attn.k_proj", &mut l.k),
-                ("self_attn.v_proj", &mut l.v),
-                ("self_attn.o_proj", &mut l.o),
-                ("mlp.gate_proj", &mut l.gate),
-                ("mlp.up_proj", &mut l.up),
-                ("mlp.down_proj", &mut l.down),
-            ]
-            .into_iter()
-            .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
+            let mut all = l.qkv.named_mut();
+            all.push(("self_attn.o_proj", &mut l.o));
+            all.extend(l.gate_up.named_mut());
+            all.push(("mlp.down_proj", &mut l.down));
+            all.into_iter()
+                .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
         });
         let head = match &mut self.lm_head {
             Some(h) => ("lm_head.weight".to_string(), h),
@@ -552,11 +785,18 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
+                l.qkv
+                    .weights()
+                    .into_iter()
+                    .chain([&l.o, &l.down])
+                    .chain(l.gate_up.weights())
                     .map(|w| w.bytes().len())
                     .sum::<usize>()
                     + 4 * (l.input_norm.len() + l.post_norm.len())
+                    + f32s(&l.attn_out_norm)
+                    + f32s(&l.mlp_out_norm)
+                    + f32s(&l.q_norm)
+                    + f32s(&l.k_norm)
                     + f32s(&l.q_bias)
                     + f32s(&l.k_bias)
                     + f32s(&l.v_bias)
@@ -624,6 +864,16 @@ impl Model {
             ));
         }
         Ok(())
+    }
+
+    /// Whether `cache` rotates with LongRoPE's long factors: it holds more
+    /// positions than the original context (llama.cpp's rule, by the context's
+    /// size, so that a position's rotation never changes as the sequence
+    /// grows).
+    fn long_context(&self, cache: &KvCache) -> bool {
+        self.long_rope
+            .as_ref()
+            .is_some_and(|(original, _, _)| cache.capacity() > *original)
     }
 
     /// Checks that `token` is in the vocabulary.
@@ -740,6 +990,7 @@ impl Model {
             for (r, p) in s.positions[..rows].iter_mut().enumerate() {
                 *p = first + r;
             }
+            s.long_context[..rows].fill(self.long_context(cache));
             let mut n_tasks = 0;
             for h in 0..heads {
                 for piece in balanced_row_blocks(first, rows, blocks) {
@@ -856,6 +1107,9 @@ impl Model {
         for (p, cache) in s.positions.iter_mut().zip(caches.iter()) {
             *p = cache.len();
         }
+        for (l, cache) in s.long_context.iter_mut().zip(caches.iter()) {
+            *l = self.long_context(cache);
+        }
         for (i, t) in s.tasks[..batch * heads].iter_mut().enumerate() {
             let b = i / heads;
             (t.seq, t.head, t.rows) = (b, i % heads, b..b + 1);
@@ -885,14 +1139,37 @@ impl Model {
         let hid = self.config.hidden_size;
         let half = self.config.head_dim / 2;
         for (r, &t) in tokens.iter().enumerate() {
-            self.embed
-                .row_to_f32(t as usize, &mut s.x[r * hid..(r + 1) * hid])?;
-            kernels::rope_angles(
-                s.positions[r],
-                &self.inv_freq,
+            let x = &mut s.x[r * hid..(r + 1) * hid];
+            self.embed.row_to_f32(t as usize, x)?;
+            if let Some(k) = self.embed_scale {
+                x.iter_mut().for_each(|v| *v *= k);
+            }
+            let pos = s.positions[r];
+            let (cos, sin) = (
                 &mut s.cos[r * half..(r + 1) * half],
                 &mut s.sin[r * half..(r + 1) * half],
             );
+            match &self.long_rope {
+                None => kernels::rope_angles(pos, &self.inv_freq, cos, sin),
+                Some((_, long, factor)) => {
+                    let inv = match s.long_context[r] {
+                        true => long,
+                        false => &self.inv_freq,
+                    };
+                    kernels::rope_angles(pos, inv, cos, sin);
+                    cos.iter_mut()
+                        .chain(sin.iter_mut())
+                        .for_each(|v| *v *= factor);
+                }
+            }
+            if let Some(inv) = &self.local_inv_freq {
+                kernels::rope_angles(
+                    s.positions[r],
+                    inv,
+                    &mut s.cos_local[r * half..(r + 1) * half],
+                    &mut s.sin_local[r * half..(r + 1) * half],
+                );
+            }
         }
         Ok(())
     }
@@ -920,21 +1197,49 @@ impl Model {
             kernels::rms_norm(x, &layer.input_norm, c.rms_norm_eps, xn);
         }
         let xn = &s.xn[..rows * hid];
-        let projections = [
-            (&layer.q, &layer.q_bias, &mut s.q[..rows * qd]),
-            (&layer.k, &layer.k_bias, &mut s.k[..rows * kvd]),
-            (&layer.v, &layer.v_bias, &mut s.v[..rows * kvd]),
+        match &layer.qkv {
+            Qkv::Split { q, k, v } => {
+                q.matmul(ctx, xn, rows, &mut s.q[..rows * qd])?;
+                k.matmul(ctx, xn, rows, &mut s.k[..rows * kvd])?;
+                v.matmul(ctx, xn, rows, &mut s.v[..rows * kvd])?;
+            }
+            Qkv::Fused(w) => {
+                // Each output row is fixed by its input row: the same bits as
+                // three products.
+                let width = qd + 2 * kvd;
+                let fused = &mut s.fused[..rows * width];
+                w.matmul(ctx, xn, rows, fused)?;
+                for (r, row) in fused.chunks_exact(width).enumerate() {
+                    s.q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
+                    s.k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
+                    s.v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
+                }
+            }
+        }
+        let biases = [
+            (&layer.q_bias, &mut s.q[..rows * qd]),
+            (&layer.k_bias, &mut s.k[..rows * kvd]),
+            (&layer.v_bias, &mut s.v[..rows * kvd]),
         ];
-        for (w, bias, out) in projections {
-            w.matmul(ctx, xn, rows, out)?;
+        for (bias, out) in biases {
             if let Some(b) = bias {
                 kernels::add_bias(out, b);
             }
         }
+        if let Some(w) = &layer.q_norm {
+            kernels::rms_norm_heads(&mut s.q[..rows * qd], w, c.rms_norm_eps);
+        }
+        if let Some(w) = &layer.k_norm {
+            kernels::rms_norm_heads(&mut s.k[..rows * kvd], w, c.rms_norm_eps);
+        }
+        let (cos, sin) = match layer.local_rope {
+            true => (&s.cos_local, &s.sin_local),
+            false => (&s.cos, &s.sin),
+        };
         for r in 0..rows {
             let (cos, sin) = (
-                &s.cos[r * half..(r + 1) * half],
-                &s.sin[r * half..(r + 1) * half],
+                &cos[r * half..(r + 1) * half],
+                &sin[r * half..(r + 1) * half],
             );
             kernels::apply_rope(&mut s.q[r * qd..(r + 1) * qd], cos, sin);
             kernels::apply_rope(&mut s.k[r * kvd..(r + 1) * kvd], cos, sin);
@@ -970,7 +1275,8 @@ impl Model {
         let hd = c.head_dim;
         let qd = c.num_attention_heads * hd;
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let (window, scale) = (c.sliding_window, self.scale);
+        let (window, scale) = (self.layers[l].window, self.scale);
+        let cap = c.params.attn_logit_softcapping;
         let Scratch {
             q,
             attn,
@@ -991,6 +1297,20 @@ impl Model {
                 let pos = positions[r];
                 let lo = lo_of(pos);
                 let at = r * qd + t.head * hd;
+                if let Some(cap) = cap {
+                    kernels::attend_row_capped(
+                        &q[at..at + hd],
+                        cache.keys_tiled(l, g),
+                        lo,
+                        cache.values(l, g, lo..pos + 1),
+                        scale,
+                        cap,
+                        &mut t.scores,
+                        &mut t.out[i * hd..(i + 1) * hd],
+                    );
+                    r += 1;
+                    continue;
+                }
                 // Four rows at once when the next three attend from the same
                 // first position to at least as far as the one before (prefill
                 // rows of one sequence): the same bits per row, shared loads.
@@ -1096,23 +1416,45 @@ impl Model {
         if let Some(b) = &layer.o_bias {
             kernels::add_bias(o, b);
         }
+        if let Some(w) = &layer.attn_out_norm {
+            kernels::rms_norm_heads(o, w, c.rms_norm_eps);
+        }
         kernels::add_into(x, o);
         let xn = &mut s.xn[..rows * hid];
         for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
             kernels::rms_norm(xr, &layer.post_norm, c.rms_norm_eps, xnr);
         }
         let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
-        layer.gate.matmul(ctx, xn, rows, gate)?;
-        layer.up.matmul(ctx, xn, rows, up)?;
+        match &layer.gate_up {
+            GateUp::Split { gate: g, up: u } => {
+                g.matmul(ctx, xn, rows, gate)?;
+                u.matmul(ctx, xn, rows, up)?;
+            }
+            GateUp::Fused(w) => {
+                let fused = &mut s.fused[..rows * 2 * inter];
+                w.matmul(ctx, xn, rows, fused)?;
+                for (r, row) in fused.chunks_exact(2 * inter).enumerate() {
+                    gate[r * inter..(r + 1) * inter].copy_from_slice(&row[..inter]);
+                    up[r * inter..(r + 1) * inter].copy_from_slice(&row[inter..]);
+                }
+            }
+        }
         // Element-wise: any split gives the same bits. An exponential costs
         // about as much as 16 additions.
+        let act = match self.spec.activation {
+            Activation::Silu => kernels::swiglu,
+            Activation::GeluTanh => kernels::geglu,
+        };
         match team_for(ctx, gate.len() * 16) {
-            Some(team) => team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| {
-                kernels::swiglu(g, &up[r])
-            }),
-            None => kernels::swiglu(gate, up),
+            Some(team) => {
+                team.parallel_for_slices(gate, PARALLEL_THRESHOLD / 16, |r, g| act(g, &up[r]))
+            }
+            None => act(gate, up),
         }
         layer.down.matmul(ctx, gate, rows, o)?;
+        if let Some(w) = &layer.mlp_out_norm {
+            kernels::rms_norm_heads(o, w, c.rms_norm_eps);
+        }
         kernels::add_into(x, o);
         Ok(())
     }
@@ -1132,6 +1474,9 @@ impl Model {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         head.matmul(ctx, xn, x.len() / hid, out)?;
+        if let Some(cap) = self.config.params.final_logit_softcapping {
+            kernels::softcap(out, cap);
+        }
         Ok(())
     }
 }

@@ -19,9 +19,9 @@ use std::path::Path;
 
 use fucina::ExecContext;
 
+use crate::arch::gguf::load_gguf;
 use crate::config::{GENERATION_CONFIG_FILE, GenerationConfig, ModelConfig};
 use crate::error::LlmError;
-use crate::gguf::llama::load_llama;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{LoadDtype, WeightStore};
@@ -41,15 +41,15 @@ pub struct OpenedModel {
     pub stop_tokens: Vec<u32>,
 }
 
-/// Opens `path` — a GGUF file (a path whose name ends in `.gguf`; the Llama
-/// architecture, read by [`load_llama`], its tokenizer by
+/// Opens `path` — a GGUF file (a path whose name ends in `.gguf`; the
+/// architectures the specs name, read by [`load_gguf`], its tokenizer by
 /// [`Tokenizer::from_gguf`] when the file stores one) or a Hugging Face model
 /// directory (`config.json`, safetensors weights, optional `tokenizer.json` and
 /// `generation_config.json`) — and converts its matrices to `dtype` when given
 /// ([`WeightStore::convert`]; `None` keeps the file's own formats, mapped).
 ///
 /// # Errors
-/// Those of the loaders ([`Model::load`], [`load_llama`],
+/// Those of the loaders ([`Model::load`], [`load_gguf`],
 /// [`Tokenizer::from_file`], [`Tokenizer::from_gguf`],
 /// [`GenerationConfig::from_file`]) and of [`WeightStore::convert`], each naming
 /// the file, key or tensor at fault.
@@ -73,7 +73,7 @@ pub fn open_model(
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     if is_gguf {
-        let (config, weights, file) = load_llama(path)?;
+        let (config, weights, file) = load_gguf(path)?;
         let weights = convert(&config, weights)?;
         let tokenizer = if file.get("tokenizer.ggml.model").is_some() {
             Some(Tokenizer::from_gguf(&file)?)

@@ -18,7 +18,7 @@ use fucina_llm::sample::{Sampler, SamplingParams};
 use serde_json::Value;
 
 /// Every fixture model directory.
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 11] = [
     "llama_f32",
     "llama_bf16",
     "llama_f16",
@@ -26,6 +26,10 @@ const MODELS: [&str; 7] = [
     "llama_linear_f32",
     "qwen2_f32",
     "mistral_f32",
+    "qwen3_f32",
+    "gemma2_f32",
+    "gemma3_f32",
+    "phi3_f32",
 ];
 
 /// The tolerance on logits: f32 weights, and bf16/f16 weights whose reference
@@ -168,13 +172,22 @@ fn prefill_in_pieces_gives_the_reference_rows() {
     // A prompt prefilled in two calls: the second call's rows are the
     // reference's rows for those positions (positions continue from the cache).
     let ctx = ExecContext::with_threads(1);
-    for name in ["llama_f32", "mistral_f32", "qwen2_f32"] {
+    for name in [
+        "llama_f32",
+        "mistral_f32",
+        "qwen2_f32",
+        "qwen3_f32",
+        "gemma2_f32",
+        "gemma3_f32",
+        "phi3_f32",
+    ] {
         let model = Model::load(fixture(name)).unwrap();
         let vocab = model.config().vocab_size;
         let r = reference(name, vocab);
         let t = r.prompt.len();
         let split = t / 2;
-        let mut cache = model.new_cache(&ctx, t).unwrap();
+        // The capacity of the main test (LongRoPE's factors follow it).
+        let mut cache = model.new_cache(&ctx, t + 32).unwrap();
         let mut last = vec![0f32; vocab];
         model
             .prefill(&ctx, &mut cache, &r.prompt[..split], None, &mut last)
@@ -350,4 +363,34 @@ fn npy_writer_gives_numpys_bytes() {
     let at = be.windows(5).position(|w| w == b"'<f4'").unwrap();
     be[at + 1] = b'>';
     assert!(npy::parse_npy_f32(&be).is_err());
+}
+
+#[test]
+fn phi3_rotates_a_short_context_with_the_short_factors() {
+    // The reference of `phi3_f32` rotates with LongRoPE's long factors (the
+    // test's cache of 42 positions exceeds the original context of 16); a
+    // cache of at most 16 positions takes the short ones, whose prompt logits
+    // transformers wrote to short_logits.npy.
+    let ctx = ExecContext::with_threads(2);
+    let name = "phi3_f32";
+    let model = Model::load(fixture(name)).unwrap();
+    let vocab = model.config().vocab_size;
+    let r = reference(name, vocab);
+    let (shape, short) = npy::read_npy_f32(&fixture(name).join("short_logits.npy")).unwrap();
+    assert_eq!(shape, [r.prompt.len(), vocab]);
+    let run = |max_len: usize| {
+        let mut cache = model.new_cache(&ctx, max_len).unwrap();
+        let mut all = vec![0f32; r.prompt.len() * vocab];
+        let mut last = vec![0f32; vocab];
+        model
+            .prefill(&ctx, &mut cache, &r.prompt, Some(&mut all), &mut last)
+            .unwrap();
+        all
+    };
+    let d = max_abs_diff(&run(16), &short);
+    assert!(d <= TOL, "{name}: short-context logits differ by {d}");
+    let d = max_abs_diff(&run(17), &r.logits);
+    assert!(d <= TOL, "{name}: long-context logits differ by {d}");
+    // The two differ: the factors matter on this prompt.
+    assert!(max_abs_diff(&short, &r.logits) > 1e-2);
 }

@@ -1,7 +1,7 @@
 //! A Llama model converted to GGUF the way llama.cpp's converter does it (tensor
 //! names, the q/k row order of its rotary embedding, dims innermost first,
 //! metadata keys, the tokenizer in `tokenizer.ggml.*`) loads through
-//! `gguf::llama` and gives the same logit bits as the safetensors original; the
+//! `arch::gguf` and gives the same logit bits as the safetensors original; the
 //! `generate` example's library path (`open_model` and its batch loop) runs it
 //! with the tokenizer the file stores; a GGUF file of another architecture, with
 //! a missing key, or with `rope_freqs` is refused by name.
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use fucina::ExecContext;
 use fucina::exec::{QuantFormat, WeightFormat};
-use fucina_llm::gguf::llama::load_llama;
+use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::sample::SamplingParams;
 use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
 
@@ -218,7 +218,7 @@ fn a_converted_llama_gives_the_same_logit_bits() {
     let store = WeightStore::open(&dir).unwrap();
     let path = write(&convert(&cfg, &store, &[], &[]), "ok");
 
-    let (gcfg, gstore, file) = load_llama(&path).unwrap();
+    let (gcfg, gstore, file) = load_gguf(&path).unwrap();
     assert_eq!(file.tensors().len(), store.len());
     assert_eq!(gcfg.hidden_size, cfg.hidden_size);
     assert_eq!(gcfg.num_key_value_heads, cfg.num_key_value_heads);
@@ -255,7 +255,7 @@ fn bad_gguf_models_are_refused_by_name() {
     let dir = fixture("llama_f32");
     let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
     let store = WeightStore::open(&dir).unwrap();
-    let err = |bytes: Vec<u8>, tag: &str| load_llama(write(&bytes, tag)).unwrap_err().to_string();
+    let err = |bytes: Vec<u8>, tag: &str| load_gguf(write(&bytes, tag)).unwrap_err().to_string();
 
     let e = err(convert(&cfg, &store, &["llama.block_count"], &[]), "nokey");
     assert!(
@@ -308,7 +308,7 @@ fn bad_gguf_models_are_refused_by_name() {
     w.tensor("blk.0.attn_q.weight", &[256, 1], 13, &[0u8; 176]); // Q5_K
     let path = write(&w.bytes(), "type");
     let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
-    let e = fucina_llm::gguf::llama::llama_weights(&file, &cfg).unwrap_err();
+    let e = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap_err();
     assert!(
         matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.0.attn_q.weight"),
         "{e}"
@@ -337,7 +337,7 @@ fn hostile_gguf_metadata_is_an_err() {
     let store = WeightStore::open(&dir).unwrap();
     let load = |skip: &[&str], extra: &[(&str, u32, Vec<u8>)], tag: &str| {
         let path = write(&convert(&cfg, &store, skip, extra), tag);
-        load_llama(&path).and_then(|(c, w, _)| Model::from_parts(c, w))
+        load_gguf(&path).and_then(|(c, w, _)| Model::from_parts(c, w))
     };
     let e = load(
         &["llama.block_count"],
@@ -427,7 +427,7 @@ fn quantized_gguf_models_run_close_to_f32() {
         (QuantFormat::Q4_0, "q4", 0.35, 6),
     ] {
         let path = write(&convert_as(&cfg, &store, &[], &[], Some(q)), tag);
-        let (gcfg, gstore, _file) = load_llama(&path).unwrap();
+        let (gcfg, gstore, _file) = load_gguf(&path).unwrap();
         let w = gstore.get("model.layers.0.mlp.up_proj.weight").unwrap();
         assert_eq!(w.quant_format(), Some(q));
         assert!(w.is_mapped(), "quantized weights are read in place");
@@ -658,7 +658,7 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
         })
     };
     let path = write(&convert_with(&cfg, &store, &[], &[], &quant_of), "k");
-    let (gcfg, gstore, _file) = load_llama(&path).unwrap();
+    let (gcfg, gstore, _file) = load_gguf(&path).unwrap();
     for (name, f) in [
         ("model.layers.0.mlp.up_proj.weight", QuantFormat::Q4_K),
         ("model.layers.1.mlp.down_proj.weight", QuantFormat::Q6_K),

@@ -173,6 +173,49 @@ fn decode_is_batch_thread_and_level_invariant_f32_with_a_window() {
 }
 
 #[test]
+fn qwen3_gemma_and_phi3_decode_is_batch_thread_and_level_invariant() {
+    // Qwen3: q/k norms. Gemma 2: GeGLU, sandwich norms, soft-capped attention
+    // (the one-row path) and logits, a window on every other layer, a query
+    // scale. Gemma 3: q/k norms and local layers with their own RoPE base.
+    let mut qwen3 = model_support::llama(64);
+    qwen3.architecture = fucina_llm::Architecture::Qwen3;
+    qwen3.head_dim = 32;
+    check(&qwen3, WeightFormat::F32);
+
+    let mut gemma2 = model_support::llama(64);
+    gemma2.architecture = fucina_llm::Architecture::Gemma2;
+    gemma2.num_hidden_layers = 3;
+    gemma2.tie_word_embeddings = true;
+    gemma2.sliding_window = Some(9);
+    gemma2.params.sliding_layers = vec![true, false, true];
+    gemma2.params.attn_logit_softcapping = Some(2.0);
+    gemma2.params.final_logit_softcapping = Some(10.0);
+    gemma2.params.query_pre_attn_scalar = Some(20.0);
+    check(&gemma2, WeightFormat::BF16);
+
+    let mut gemma3 = gemma2.clone();
+    gemma3.architecture = fucina_llm::Architecture::Gemma3;
+    gemma3.params.attn_logit_softcapping = None;
+    gemma3.params.final_logit_softcapping = None;
+    gemma3.params.sliding_layers = vec![true, true, false];
+    gemma3.params.local_rope_theta = Some(100.0);
+    check(&gemma3, WeightFormat::F32);
+
+    // Phi-3: fused projections, LongRoPE (the caches of 64 positions exceed
+    // the original context of 32: the long factors), a window.
+    let mut phi3 = model_support::llama(64);
+    phi3.architecture = fucina_llm::Architecture::Phi3;
+    phi3.sliding_window = Some(30);
+    phi3.params.longrope = Some(fucina_llm::LongRope {
+        short_factor: (0..8).map(|i| 1.0 + i as f32 / 4.0).collect(),
+        long_factor: (0..8).map(|i| 1.0 + i as f32).collect(),
+        original_max_position_embeddings: 32,
+        attention_factor: 1.2,
+    });
+    check(&phi3, WeightFormat::BF16);
+}
+
+#[test]
 fn bf16_products_are_batch_thread_level_and_amx_invariant() {
     // Prompts of 20-42 rows: the projections of a prefill run on the AMX
     // tiles where the CPU has them, those of a decode batch too or on the

@@ -88,6 +88,7 @@ fn llama_defaults_are_those_of_transformers() {
             sliding_window: None,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            params: Default::default(),
         }
     );
 }
@@ -1304,4 +1305,96 @@ fn bad_shards_name_the_shard_and_the_tensor() {
     assert_file_err(&open_err(&dir), &index(&dir), &["index"]);
     std::fs::write(index(&dir), r#"{"weight_map": []}"#).unwrap();
     assert_file_err(&open_err(&dir), &index(&dir), &["weight_map"]);
+}
+
+#[test]
+fn qwen3_and_gemma_defaults_are_those_of_transformers() {
+    let mut cfg = base("Qwen3ForCausalLM");
+    cfg["num_attention_heads"] = json!(32);
+    let q = parse(&cfg).unwrap();
+    assert_eq!(q.architecture, Architecture::Qwen3);
+    assert_eq!((q.num_key_value_heads, q.head_dim), (32, 128));
+    assert_eq!((q.qkv_bias, q.sliding_window), (false, None));
+    assert_eq!(q.params, Default::default());
+
+    let mut cfg = base("Gemma2ForCausalLM");
+    cfg["num_hidden_layers"] = json!(4);
+    let g = parse(&cfg).unwrap();
+    assert_eq!((g.num_key_value_heads, g.head_dim), (4, 256));
+    assert_eq!(g.max_position_embeddings, 8192);
+    assert!(g.tie_word_embeddings);
+    assert_eq!(
+        (g.bos_token_id, g.eos_token_ids.clone()),
+        (Some(2), vec![1])
+    );
+    assert_eq!(g.sliding_window, Some(4096));
+    assert_eq!(g.params.sliding_layers, [true, false, true, false]);
+    assert_eq!(g.params.attn_logit_softcapping, Some(50.0));
+    assert_eq!(g.params.final_logit_softcapping, Some(30.0));
+    assert_eq!(g.params.query_pre_attn_scalar, Some(256.0));
+    // `null` turns a cap off.
+    let g = parse(&with(cfg, "final_logit_softcapping", Some(Value::Null))).unwrap();
+    assert_eq!(g.params.final_logit_softcapping, None);
+
+    let mut cfg = base("Gemma3ForCausalLM");
+    cfg["num_hidden_layers"] = json!(7);
+    let g = parse(&cfg).unwrap();
+    assert_eq!(g.rope_theta, 1e6);
+    assert_eq!(g.params.local_rope_theta, Some(1e4));
+    assert_eq!(
+        g.params.sliding_layers,
+        [true, true, true, true, true, false, true]
+    );
+    assert_eq!(g.params.attn_logit_softcapping, None);
+    // The older keys: rope_local_base_freq and sliding_window_pattern.
+    cfg["rope_local_base_freq"] = json!(500.0);
+    cfg["sliding_window_pattern"] = json!(2);
+    let g = parse(&cfg).unwrap();
+    assert_eq!(g.params.local_rope_theta, Some(500.0));
+    assert_eq!(
+        g.params.sliding_layers,
+        [true, false, true, false, true, false, true]
+    );
+    // RoPE scaling on the local layers is refused by name.
+    cfg["rope_parameters"] = json!({
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+    });
+    let r = config_err(&cfg);
+    assert!(r.contains("rope_parameters.sliding_attention"), "{r}");
+    // Gemma's activation is GeGLU: silu is refused.
+    let r = config_err(&with(cfg, "hidden_activation", Some(json!("silu"))));
+    assert!(r.contains("hidden_activation") && r.contains("silu"), "{r}");
+}
+
+#[test]
+fn phi3_longrope_is_read_with_transformers_defaults() {
+    let mut cfg = base("Phi3ForCausalLM");
+    cfg["max_position_embeddings"] = json!(4096);
+    cfg["original_max_position_embeddings"] = json!(1024);
+    cfg["rope_scaling"] = json!({
+        "type": "longrope",
+        "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+        "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+    });
+    let c = parse(&cfg).unwrap();
+    assert_eq!(c.architecture, Architecture::Phi3);
+    assert_eq!(c.rope_scaling, RopeScaling::None);
+    let lr = c.params.longrope.clone().unwrap();
+    assert_eq!(lr.original_max_position_embeddings, 1024);
+    assert_eq!(lr.short_factor[1], 1.5);
+    assert_eq!(lr.long_factor[7], 9.0);
+    // sqrt(1 + ln(4096 / 1024) / ln(1024))
+    let want = (1.0 + 4f64.ln() / 1024f64.ln()).sqrt() as f32;
+    assert_eq!(lr.attention_factor, want);
+    // The factors must number head_dim / 2 (here 8).
+    cfg["rope_scaling"]["long_factor"] = json!([1.0, 2.0]);
+    let r = config_err(&cfg);
+    assert!(
+        r.contains("rope_scaling.long_factor") && r.contains("2 factors"),
+        "{r}"
+    );
+    // Without longrope, Phi-3 reads RoPE as Llama does.
+    let c = parse(&with(cfg, "rope_scaling", None)).unwrap();
+    assert_eq!(c.params.longrope, None);
 }

@@ -124,6 +124,47 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// RMSNorm in place of each piece of `weight.len()` elements of `rows` (the
+/// heads of q or k rows): the same operations as [`rms_norm`].
+pub(crate) fn rms_norm_heads(rows: &mut [f32], weight: &[f32], eps: f32) {
+    for x in rows.chunks_exact_mut(weight.len()) {
+        let mean = sum_squares(x) / x.len() as f32;
+        let r = 1.0 / (mean + eps).sqrt();
+        for (o, &w) in x.iter_mut().zip(weight) {
+            *o = w * (*o * r);
+        }
+    }
+}
+
+/// `tanh(x)` from the runtime's exponential: `±(1 - e) / (1 + e)` with
+/// `e = exp(-2|x|)` (IEEE operations only, the same bits everywhere; within a
+/// few units of `1e-7` of the exact value).
+#[inline(always)]
+pub(crate) fn tanh(x: f32) -> f32 {
+    let e = exp(-2.0 * x.abs());
+    let t = (1.0 - e) / (1.0 + e);
+    if x < 0.0 { -t } else { t }
+}
+
+/// Soft-capping: `cap · tanh(x / cap)` of every element, in place.
+pub(crate) fn softcap(xs: &mut [f32], cap: f32) {
+    for x in xs {
+        *x = cap * tanh(*x / cap);
+    }
+}
+
+/// `gelu_tanh(gate) · up` in place in `gate`, with PyTorch's tanh
+/// approximation `gelu(g) = 0.5 · g · (1 + tanh(sqrt(2/π) · (g + 0.044715 g³)))`.
+pub(crate) fn geglu(gate: &mut [f32], up: &[f32]) {
+    const BETA: f32 = 0.797_884_6; // sqrt(2 / π)
+    const KAPPA: f32 = 0.044715;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = BETA * (x + KAPPA * (x * x * x));
+        *g = 0.5 * x * (1.0 + tanh(inner)) * u;
+    }
+}
+
 /// `silu(gate) · up` in place in `gate`, `silu(g) = g / (1 + exp(-g))`, at
 /// the process's vector level (the same bits at each).
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
@@ -191,6 +232,19 @@ pub(crate) fn inv_freq(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Ve
                     }
                 }
             }
+        })
+        .collect()
+}
+
+/// LongRoPE's inverse frequencies, computed in f32 as transformers does:
+/// `1 / (factors[i] · base^(2i / head_dim))` (`head_dim / 2` of them).
+pub(crate) fn inv_freq_with_factors(head_dim: usize, theta: f32, factors: &[f32]) -> Vec<f32> {
+    factors
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let e = (2 * i) as f32 / head_dim as f32;
+            1.0f32 / (f * super::fmath::pow_f32(theta as f64, e as f64))
         })
         .collect()
 }
@@ -651,6 +705,30 @@ pub(crate) fn attend_row(
         },
         _ => attend_row_body::<TILES, false>(q, keys_t, lo, values, scale, scores, out),
     }
+}
+
+/// [`attend_row`] with soft-capped scores: each scaled score `s` becomes
+/// `cap · tanh(s / cap)` before the softmax ([`softcap`]); the rest as
+/// [`attend_row`], compiled for the baseline level only (every level of
+/// [`attend_row`] gives these bits).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_row_capped(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    scale: f32,
+    cap: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = q.len();
+    let n = values.len() / d;
+    let scores = &mut scores[..n];
+    scores_range::<TILES, false>(q, keys_t, lo, lo..lo + n, scale, scores);
+    softcap(scores, cap);
+    softmax_in_place(scores);
+    weighted_sums::<TILES, false>(scores, values, d, out);
 }
 
 /// [`attend_row`]'s body, `T` key tiles (and output blocks) at a time;

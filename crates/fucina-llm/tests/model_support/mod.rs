@@ -30,6 +30,7 @@ pub(crate) fn llama(hidden: usize) -> ModelConfig {
         sliding_window: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        params: Default::default(),
     }
 }
 
@@ -71,9 +72,14 @@ pub(crate) fn random_weights(
     for i in 0..c.num_hidden_layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         add(p("input_layernorm.weight"), &[h], 1);
-        add(p("self_attn.q_proj.weight"), &[qd, h], 0);
-        add(p("self_attn.k_proj.weight"), &[kvd, h], 0);
-        add(p("self_attn.v_proj.weight"), &[kvd, h], 0);
+        let spec = c.architecture.spec();
+        if spec.fused_qkv {
+            add(p("self_attn.qkv_proj.weight"), &[qd + 2 * kvd, h], 0);
+        } else {
+            add(p("self_attn.q_proj.weight"), &[qd, h], 0);
+            add(p("self_attn.k_proj.weight"), &[kvd, h], 0);
+            add(p("self_attn.v_proj.weight"), &[kvd, h], 0);
+        }
         add(p("self_attn.o_proj.weight"), &[h, qd], 0);
         if c.qkv_bias {
             add(p("self_attn.q_proj.bias"), &[qd], 2);
@@ -84,8 +90,24 @@ pub(crate) fn random_weights(
             add(p("self_attn.o_proj.bias"), &[h], 2);
         }
         add(p("post_attention_layernorm.weight"), &[h], 1);
-        add(p("mlp.gate_proj.weight"), &[c.intermediate_size, h], 0);
-        add(p("mlp.up_proj.weight"), &[c.intermediate_size, h], 0);
+        if spec.qk_norm {
+            add(p("self_attn.q_norm.weight"), &[hd], 1);
+            add(p("self_attn.k_norm.weight"), &[hd], 1);
+        }
+        if spec.sandwich_norms {
+            add(p("pre_feedforward_layernorm.weight"), &[h], 1);
+            add(p("post_feedforward_layernorm.weight"), &[h], 1);
+        }
+        if spec.fused_gate_up {
+            add(
+                p("mlp.gate_up_proj.weight"),
+                &[2 * c.intermediate_size, h],
+                0,
+            );
+        } else {
+            add(p("mlp.gate_proj.weight"), &[c.intermediate_size, h], 0);
+            add(p("mlp.up_proj.weight"), &[c.intermediate_size, h], 0);
+        }
         add(p("mlp.down_proj.weight"), &[h, c.intermediate_size], 0);
     }
     add("model.norm.weight".into(), &[h], 1);

@@ -1,22 +1,26 @@
-//! A GGUF file of the Llama architecture as a [`ModelConfig`] and a
-//! [`WeightStore`] under Hugging Face's tensor names, so the same model code runs
-//! it.
+//! A GGUF file as a [`ModelConfig`] and a [`WeightStore`] under Hugging Face's
+//! tensor names, so the same model code runs it, for every architecture whose
+//! [`ArchSpec`] names its `general.architecture`
+//! (`llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`).
 //!
-//! - **Metadata → config**: `llama.embedding_length`, `llama.feed_forward_length`,
-//!   `llama.block_count`, `llama.attention.head_count(_kv)`,
-//!   `llama.context_length`, `llama.attention.layer_norm_rms_epsilon`,
-//!   `llama.rope.freq_base`, `llama.rope.scaling.{type,factor}` (linear only),
-//!   `tokenizer.ggml.{bos,eos}_token_id`. The output projection is tied to the
-//!   embedding when `output.weight` is absent.
-//! - **Names**: `token_embd` → `model.embed_tokens`, `blk.N.attn_q` →
-//!   `model.layers.N.self_attn.q_proj`, `attn_norm` → `input_layernorm`,
-//!   `ffn_norm` → `post_attention_layernorm`, `ffn_{gate,up,down}` →
-//!   `mlp.{gate,up,down}_proj`, `output_norm` → `model.norm`, `output` →
-//!   `lm_head`.
-//! - **Rotary layout**: llama.cpp's converter reorders the rows of every head of
-//!   the q and k projections so that its rotary embedding can rotate adjacent
-//!   pairs; the rows are put back in Hugging Face's order here (a copy of those
-//!   two projections; every other tensor stays mapped).
+//! - **Metadata → config**: under the architecture's prefix `{arch}`:
+//!   `{arch}.embedding_length`, `{arch}.feed_forward_length`,
+//!   `{arch}.block_count`, `{arch}.attention.head_count(_kv)`,
+//!   `{arch}.attention.key_length`, `{arch}.context_length`,
+//!   `{arch}.attention.layer_norm_rms_epsilon`, `{arch}.rope.freq_base`,
+//!   `{arch}.rope.scaling.{type,factor}` (linear only),
+//!   `tokenizer.ggml.{bos,eos}_token_id`, then the architecture's own keys
+//!   (its spec's hook: Gemma's window and caps). The output projection is tied
+//!   to the embedding when `output.weight` is absent.
+//! - **Names**: `token_embd` → `model.embed_tokens`, `output_norm` →
+//!   `model.norm`, `output` → `lm_head`, and `blk.N.{part}` →
+//!   `model.layers.N.{hf}` by the spec's table (`attn_q` →
+//!   `self_attn.q_proj`, `attn_norm` → `input_layernorm`, ...).
+//! - **Rotary layout**: for the architectures whose spec says so (`llama`),
+//!   llama.cpp's converter reorders the rows of every head of the q and k
+//!   projections so that its rotary embedding can rotate adjacent pairs; the
+//!   rows are put back in Hugging Face's order here (a copy of those two
+//!   projections; every other tensor stays mapped).
 //! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; Q8_0, Q4_0,
 //!   Q4_K and Q6_K matrices stay in llama.cpp's blocks (read by
 //!   [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)); any other
@@ -29,18 +33,20 @@ use std::path::Path;
 
 use fucina::exec::{QuantFormat, WeightFormat};
 
+use super::{ArchParams, ArchSpec, GgufMeta};
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::LlmError;
 use crate::gguf::{GgmlType, GgufFile, GgufValue};
 use crate::weights::{Weight, WeightStore};
 
-/// Reads the config and the weights of the Llama-architecture GGUF file `path`.
-pub fn load_llama(
-    path: impl AsRef<Path>,
-) -> Result<(ModelConfig, WeightStore, GgufFile), LlmError> {
+/// Reads the config and the weights of the GGUF file `path`.
+///
+/// # Errors
+/// Those of [`GgufFile::open`], [`gguf_config`] and [`gguf_weights`].
+pub fn load_gguf(path: impl AsRef<Path>) -> Result<(ModelConfig, WeightStore, GgufFile), LlmError> {
     let file = GgufFile::open(path)?;
-    let config = llama_config(&file)?;
-    let weights = llama_weights(&file, &config)?;
+    let config = gguf_config(&file)?;
+    let weights = gguf_weights(&file, &config)?;
     Ok((config, weights, file))
 }
 
@@ -93,30 +99,76 @@ fn optional_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, LlmError> {
     }
 }
 
-/// The [`ModelConfig`] of a Llama-architecture GGUF file. (Every value comes
-/// from the file: the lint keeps its arithmetic checked.)
-#[warn(clippy::arithmetic_side_effects)]
-pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
-    match file.get("general.architecture").map(|v| (v, v.as_str())) {
-        Some((_, Some("llama"))) => {}
-        Some((_, Some(other))) => {
-            return Err(bad(
-                file,
-                format!("architecture {other:?} is not supported (llama is)"),
-            ));
-        }
-        Some((v, None)) => {
-            return Err(bad(
-                file,
-                format!("metadata general.architecture = {v:?} is not a string"),
-            ));
-        }
-        None => return Err(bad(file, "metadata general.architecture is missing".into())),
+impl GgufMeta<'_> {
+    /// The full key of `suffix` under the architecture's prefix.
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
     }
-    let hidden_size = required_u64(file, "llama.embedding_length")?;
-    let heads = required_u64(file, "llama.attention.head_count")?;
-    let kv_heads = optional_u64(file, "llama.attention.head_count_kv")?.unwrap_or(heads);
-    if !hidden_size.is_multiple_of(heads) || !heads.is_multiple_of(kv_heads) {
+
+    /// `{arch}.{suffix}`, a positive integer, if present.
+    pub(crate) fn u64_opt(&self, suffix: &str) -> Result<Option<usize>, LlmError> {
+        optional_u64(self.file, &self.key(suffix))
+    }
+
+    /// `{arch}.{suffix}`, a positive integer.
+    fn u64(&self, suffix: &str) -> Result<usize, LlmError> {
+        required_u64(self.file, &self.key(suffix))
+    }
+
+    /// `{arch}.{suffix}`, a positive finite f32, if present.
+    pub(crate) fn f32_opt(&self, suffix: &str) -> Result<Option<f32>, LlmError> {
+        optional_f32(self.file, &self.key(suffix))
+    }
+}
+
+/// The architecture a GGUF file declares (`general.architecture`).
+fn architecture(file: &GgufFile) -> Result<(&'static ArchSpec, &str), LlmError> {
+    match file.get("general.architecture").map(|v| (v, v.as_str())) {
+        Some((_, Some(name))) => match Architecture::from_gguf_name(name) {
+            Some(a) => Ok((a.spec(), name)),
+            None => Err(bad(
+                file,
+                format!(
+                    "architecture {name:?} is not supported (supported: {})",
+                    super::ARCHITECTURES
+                        .iter()
+                        .map(|a| a.spec().gguf_arch)
+                        .filter(|&g| Architecture::from_gguf_name(g).is_some())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        },
+        Some((v, None)) => Err(bad(
+            file,
+            format!("metadata general.architecture = {v:?} is not a string"),
+        )),
+        None => Err(bad(file, "metadata general.architecture is missing".into())),
+    }
+}
+
+/// The [`ModelConfig`] of a GGUF file. (Every value comes from the file: the
+/// lint keeps its arithmetic checked.)
+///
+/// # Errors
+/// [`LlmError::BadFile`] naming the key for an architecture no spec names, a
+/// missing required key, a value of the wrong type or range, heads that do not
+/// divide the hidden size, partial rotary embeddings, a RoPE scaling other than
+/// linear, or `rope_freqs.weight`; [`LlmError::BadTensor`] when
+/// `token_embd.weight` is missing.
+#[warn(clippy::arithmetic_side_effects)]
+pub fn gguf_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
+    let (spec, arch) = architecture(file)?;
+    let m = GgufMeta { file, arch };
+    let hidden_size = m.u64("embedding_length")?;
+    let heads = m.u64("attention.head_count")?;
+    let kv_heads = m.u64_opt("attention.head_count_kv")?.unwrap_or(heads);
+    let key_length = m.u64_opt("attention.key_length")?;
+    if (key_length.is_none() && !hidden_size.is_multiple_of(heads))
+        || !heads.is_multiple_of(kv_heads)
+    {
         return Err(bad(
             file,
             format!(
@@ -125,15 +177,14 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
         ));
     }
     // `heads` is positive (required_u64); a 0 would be refused by the model.
-    let head_dim = optional_u64(file, "llama.attention.key_length")?
-        .unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
-    if let Some(rot) = optional_u64(file, "llama.rope.dimension_count")?
+    let head_dim = key_length.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
+    if let Some(rot) = m.u64_opt("rope.dimension_count")?
         && rot != head_dim
     {
         return Err(bad(
             file,
             format!(
-                "llama.rope.dimension_count = {rot}: partial rotary embeddings are not supported (head dim {head_dim})"
+                "{arch}.rope.dimension_count = {rot}: partial rotary embeddings are not supported (head dim {head_dim})"
             ),
         ));
     }
@@ -145,13 +196,14 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
         ));
     }
     let rope_scaling = match file
-        .get("llama.rope.scaling.type")
+        .get(&m.key("rope.scaling.type"))
         .and_then(GgufValue::as_str)
     {
         None | Some("none") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear {
-            factor: optional_f32(file, "llama.rope.scaling.factor")?
-                .ok_or_else(|| bad(file, "llama.rope.scaling.factor is missing".into()))?,
+            factor: m
+                .f32_opt("rope.scaling.factor")?
+                .ok_or_else(|| bad(file, format!("{arch}.rope.scaling.factor is missing")))?,
         },
         Some(other) => {
             return Err(bad(
@@ -168,7 +220,7 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
             name: "token_embd.weight".into(),
             reason: format!("missing from {}", file.path().display()),
         })?;
-    let vocab_size = match optional_u64(file, "llama.vocab_size")? {
+    let vocab_size = match m.u64_opt("vocab_size")? {
         Some(v) => v,
         None => *embed.shape().first().unwrap_or(&0),
     };
@@ -182,25 +234,22 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
                 .ok_or_else(|| bad(file, format!("metadata {key} = {v:?} is not a token id"))),
         }
     };
-    Ok(ModelConfig {
-        architecture: Architecture::Llama,
+    let eps_key = m.key("attention.layer_norm_rms_epsilon");
+    let mut config = ModelConfig {
+        architecture: spec.architecture,
         hidden_size,
-        intermediate_size: required_u64(file, "llama.feed_forward_length")?,
-        num_hidden_layers: required_u64(file, "llama.block_count")?,
+        intermediate_size: m.u64("feed_forward_length")?,
+        num_hidden_layers: m.u64("block_count")?,
         num_attention_heads: heads,
         num_key_value_heads: kv_heads,
         head_dim,
         vocab_size,
-        max_position_embeddings: required_u64(file, "llama.context_length")?,
-        rms_norm_eps: optional_f32(file, "llama.attention.layer_norm_rms_epsilon")?.ok_or_else(
-            || {
-                bad(
-                    file,
-                    "metadata llama.attention.layer_norm_rms_epsilon is missing".into(),
-                )
-            },
-        )?,
-        rope_theta: optional_f32(file, "llama.rope.freq_base")?.unwrap_or(10000.0),
+        max_position_embeddings: m.u64("context_length")?,
+        rms_norm_eps: optional_f32(file, &eps_key)?
+            .ok_or_else(|| bad(file, format!("metadata {eps_key} is missing")))?,
+        rope_theta: m
+            .f32_opt("rope.freq_base")?
+            .unwrap_or(spec.defaults.rope_theta as f32),
         rope_scaling,
         tie_word_embeddings: !file.tensors().iter().any(|t| t.name == "output.weight"),
         qkv_bias: false,
@@ -208,7 +257,10 @@ pub fn llama_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
         sliding_window: None,
         bos_token_id: token("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
-    })
+        params: ArchParams::default(),
+    };
+    (spec.gguf_config)(&m, &mut config)?;
+    Ok(config)
 }
 
 /// How a GGUF tensor type is kept: a float format or a block-quantized one.
@@ -250,8 +302,9 @@ fn format_of(name: &str, t: GgmlType) -> Result<Kept, LlmError> {
     }
 }
 
-/// Hugging Face's name of the GGUF tensor `name`, if it is one the model uses.
-fn hf_name(name: &str) -> Option<String> {
+/// Hugging Face's name of the GGUF tensor `name` of an architecture of
+/// `spec`, if it is one the model uses.
+fn hf_name(spec: &ArchSpec, name: &str) -> Option<String> {
     let fixed = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -265,18 +318,7 @@ fn hf_name(name: &str) -> Option<String> {
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = tail.rsplit_once('.')?;
-    let hf = match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
-    };
+    let (_, hf) = spec.gguf_layer_names.iter().find(|(g, _)| *g == part)?;
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
 }
 
@@ -296,11 +338,18 @@ fn unpermute_rows(bytes: &[u8], rows: usize, row_bytes: usize, head_dim: usize) 
     out
 }
 
-/// The weights of a Llama-architecture GGUF file under Hugging Face's names.
-pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStore, LlmError> {
+/// The weights of a GGUF file under Hugging Face's names (the names of
+/// `config`'s architecture).
+///
+/// # Errors
+/// [`LlmError::BadTensor`] naming a tensor of an unsupported type, of bytes
+/// that do not match its shape, or a q/k projection that does not hold whole
+/// heads.
+pub fn gguf_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStore, LlmError> {
+    let spec = config.architecture.spec();
     let mut tensors = HashMap::new();
     for info in file.tensors() {
-        let Some(hf) = hf_name(&info.name) else {
+        let Some(hf) = hf_name(spec, &info.name) else {
             continue;
         };
         let format = format_of(&info.name, info.ggml_type)?;
@@ -308,7 +357,7 @@ pub fn llama_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStor
         let shape = info.shape();
         let is_q = hf.ends_with("q_proj.weight");
         let is_k = hf.ends_with("k_proj.weight");
-        let weight = if is_q || is_k {
+        let weight = if spec.gguf_permuted_qk && (is_q || is_k) {
             let heads = if is_q {
                 config.num_attention_heads
             } else {
@@ -350,6 +399,7 @@ mod tests {
 
     #[test]
     fn names_map_to_hugging_face() {
+        let hf_name = |n: &str| hf_name(Architecture::Llama.spec(), n);
         assert_eq!(
             hf_name("blk.3.attn_q.weight").unwrap(),
             "model.layers.3.self_attn.q_proj.weight"
@@ -365,6 +415,15 @@ mod tests {
         assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
         assert_eq!(hf_name("rope_freqs.weight"), None);
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+        let gemma = |n: &str| super::hf_name(Architecture::Gemma2.spec(), n);
+        assert_eq!(
+            gemma("blk.1.ffn_norm.weight").unwrap(),
+            "model.layers.1.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            gemma("blk.1.post_ffw_norm.weight").unwrap(),
+            "model.layers.1.post_feedforward_layernorm.weight"
+        );
     }
 
     #[test]
