@@ -86,7 +86,11 @@ pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;
 pub use ops::pool::{Pool2dOp, Pool2dOptions};
-pub use ops::quant::{PackedQuantMatrix, QuantFormat, QuantMatrix, QuantizedWeights};
+pub use ops::quant_format::{
+    FORMATS, FormatRow, QuantFormat, Storage, TensorFormat, UnknownFormatName,
+};
+pub use ops::quant_matrix::{QuantMatrix, QuantizedWeights};
+pub use ops::quant_packed::PackedQuantMatrix;
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
 pub use ops::view::ViewOp;

@@ -35,7 +35,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use fucina::exec::{
-    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, WeightFormat, WeightMatrix,
+    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, Storage, TensorFormat,
+    WeightFormat, WeightMatrix,
 };
 
 use crate::error::LlmError;
@@ -701,106 +702,23 @@ impl WeightStore {
 }
 
 /// The format [`WeightStore::convert`] turns a model's matrices into
-/// (`generate --dtype`).
+/// (`generate --dtype`): any [`TensorFormat`]
+/// (parsed from its lower-case name, case-insensitive: `"q4_k".parse()`).
 ///
 /// The float formats round each value once (to nearest-even for f16 and
 /// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
 /// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
 /// quantizer, so the bytes are those `llama-quantize` writes for the same f32
-/// values); Q4_K is llama.cpp's super-block format, made by `quantize`'s
-/// simpler K rule (its bytes differ from `llama-quantize`'s). The variants are
-/// spelled as llama.cpp spells its types.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LoadDtype {
-    /// IEEE binary32.
-    F32,
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// Blocks of 32 int8 values and an f16 scale (8.5 bits per weight).
-    Q8_0,
-    /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
-    Q4_0,
-    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins
-    /// (4.5 bits per weight); the output projection becomes Q6_K (see
-    /// [`WeightStore::convert`]).
-    Q4_K,
-}
-
-impl LoadDtype {
-    /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
-    pub const ALL: [LoadDtype; 6] = [
-        LoadDtype::F32,
-        LoadDtype::F16,
-        LoadDtype::BF16,
-        LoadDtype::Q8_0,
-        LoadDtype::Q4_0,
-        LoadDtype::Q4_K,
-    ];
-
-    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`,
-    /// `"q4_k"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            LoadDtype::F32 => "f32",
-            LoadDtype::F16 => "f16",
-            LoadDtype::BF16 => "bf16",
-            LoadDtype::Q8_0 => "q8_0",
-            LoadDtype::Q4_0 => "q4_0",
-            LoadDtype::Q4_K => "q4_k",
-        }
-    }
-
-    /// How a weight of this dtype is kept.
-    fn kind(self) -> Kind {
-        match self {
-            LoadDtype::F32 => Kind::Float(WeightFormat::F32),
-            LoadDtype::F16 => Kind::Float(WeightFormat::F16),
-            LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
-            LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
-            LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
-            LoadDtype::Q4_K => Kind::Quant(QuantFormat::Q4_K),
-        }
-    }
-}
-
-impl fmt::Display for LoadDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for LoadDtype {
-    type Err = LlmError;
-
-    /// Parses a [`name`](LoadDtype::name) (case-insensitive).
-    fn from_str(s: &str) -> Result<LoadDtype, LlmError> {
-        LoadDtype::ALL
-            .into_iter()
-            .find(|d| d.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| LlmError::InvalidRequest {
-                op: "LoadDtype::from_str",
-                reason: format!(
-                    "unknown dtype {s:?} (f32, f16, bf16, q8_0, q4_0 and q4_k are known)"
-                ),
-            })
-    }
-}
-
-/// A weight's storage kind.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Float(WeightFormat),
-    Quant(QuantFormat),
-}
+/// values); the K formats are llama.cpp's super-block formats, made by
+/// `quantize`'s simpler K rules (their bytes differ from `llama-quantize`'s).
+pub type LoadDtype = TensorFormat;
 
 impl Weight {
-    fn kind(&self) -> Kind {
+    /// How the weight is kept.
+    fn storage(&self) -> Storage {
         match self.quant {
-            Some(q) => Kind::Quant(q),
-            None => Kind::Float(self.format),
+            Some(q) => Storage::Quant(q),
+            None => Storage::Float(self.format),
         }
     }
 }
@@ -863,21 +781,21 @@ impl WeightStore {
                 continue;
             };
             let target = match dtype {
-                LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
-                LoadDtype::Q4_K if name == output => Kind::Quant(QuantFormat::Q6_K),
-                d => d.kind(),
+                LoadDtype::Q4_0 if name == output => Storage::Quant(QuantFormat::Q8_0),
+                LoadDtype::Q4_K if name == output => Storage::Quant(QuantFormat::Q6_K),
+                d => d.storage(),
             };
             // The K formats need whole super-blocks along the columns.
             let target = match target {
-                Kind::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
-                    Kind::Quant(QuantFormat::Q4_0)
+                Storage::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
+                    Storage::Quant(QuantFormat::Q4_0)
                 }
-                Kind::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
-                    Kind::Quant(QuantFormat::Q8_0)
+                Storage::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
+                    Storage::Quant(QuantFormat::Q8_0)
                 }
                 t => t,
             };
-            if w.kind() == target {
+            if w.storage() == target {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             }
@@ -885,7 +803,7 @@ impl WeightStore {
                 name: name.clone(),
                 reason: format!("shape [{rows}, {cols}]: {reason}"),
             };
-            if let Kind::Quant(q) = target
+            if let Storage::Quant(q) = target
                 && !cols.is_multiple_of(q.block_elements())
             {
                 return Err(bad(format!(
@@ -898,8 +816,8 @@ impl WeightStore {
             // matrix is never widened whole (every format works per row, so the
             // bytes do not depend on the block size).
             let row_bytes = match target {
-                Kind::Float(f) => cols * f.size_bytes(),
-                Kind::Quant(q) => cols / q.block_elements() * q.block_bytes(),
+                Storage::Float(f) => cols * f.size_bytes(),
+                Storage::Quant(q) => cols / q.block_elements() * q.block_bytes(),
             };
             let total = rows
                 .checked_mul(row_bytes)
@@ -917,12 +835,12 @@ impl WeightStore {
                     w.row_to_f32(r0 + i, row)?;
                 }
                 match target {
-                    Kind::Float(f) => {
+                    Storage::Float(f) => {
                         let start = bytes.len();
                         bytes.resize(start + n * row_bytes, 0);
                         encode_f32(f, buf, &mut bytes[start..]);
                     }
-                    Kind::Quant(q) => bytes.extend_from_slice(
+                    Storage::Quant(q) => bytes.extend_from_slice(
                         ctx.quantize(q, n, cols, buf)
                             .map_err(|e| bad(e.to_string()))?
                             .bytes(),
@@ -930,8 +848,8 @@ impl WeightStore {
                 }
             }
             let converted = match target {
-                Kind::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
-                Kind::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
+                Storage::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
+                Storage::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
             };
             tensors.insert(name.clone(), converted);
         }

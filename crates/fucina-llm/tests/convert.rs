@@ -95,6 +95,8 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
                     LoadDtype::Q4_K if name == "lm_head.weight" => Some(QuantFormat::Q8_0),
                     LoadDtype::Q4_K => Some(QuantFormat::Q4_0),
                     LoadDtype::Q8_0 => Some(QuantFormat::Q8_0),
+                    // Q6_K falls back to Q8_0 as well
+                    LoadDtype::Q6_K => Some(QuantFormat::Q8_0),
                     _ => None,
                 };
                 assert_eq!(c.quant_format(), quant, "{fix} {dtype} {name}");

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use fucina::exec::TensorFormat;
 use fucina_llm::LlmError;
 use fucina_llm::gguf::{GgmlType, GgufFile, GgufValue, parse_header};
 
@@ -109,7 +110,7 @@ fn a_written_file_reads_back() {
     );
     let (info, data) = f.tensor("token_embd.weight").unwrap();
     assert_eq!(info.shape(), vec![2, 3]);
-    assert_eq!(info.ggml_type, GgmlType::F32);
+    assert_eq!(info.ggml_type, GgmlType::from(TensorFormat::F32));
     let vals: Vec<f32> = data
         .chunks(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -118,7 +119,7 @@ fn a_written_file_reads_back() {
     let (info, data) = f.tensor("blk.0.attn_q.weight").unwrap();
     assert_eq!(
         (info.ggml_type, info.numel(), data),
-        (GgmlType::Q8_0, 64, &[7u8; 68][..])
+        (GgmlType::from(TensorFormat::Q8_0), 64, &[7u8; 68][..])
     );
     assert_eq!(f.tensor("blk.0.ffn_up.weight").unwrap().1, &[9u8; 18]);
     assert_eq!(f.tensor("bf").unwrap().1, &[1, 2, 3, 4, 5, 6, 7, 8]);
@@ -281,5 +282,5 @@ fn the_fuzz_seed_parses() {
     let (meta, tensors) = parse_header(seed).unwrap();
     assert_eq!(meta["general.architecture"].as_str(), Some("llama"));
     assert_eq!(tensors.len(), 3);
-    assert_eq!(tensors[1].ggml_type, GgmlType::Q8_0);
+    assert_eq!(tensors[1].ggml_type, GgmlType::from(TensorFormat::Q8_0));
 }
