@@ -69,7 +69,9 @@ pub mod math {
 }
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
-pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
+pub use kernels::simd::{
+    CpuFeatures, SimdLevel, detected_simd_level, force_simd_level, simd_level,
+};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::simd::{with_avx2, with_avx512};
 pub use ops::bf16_matmul::{

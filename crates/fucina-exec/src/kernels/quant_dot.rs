@@ -128,21 +128,24 @@ pub(crate) enum Path {
     Vnni,
 }
 
-/// The path for the current vector level ([`super::simd::level`]): VNNI at the
-/// AVX-512 level when the CPU has it, AVX2 at the AVX2 level (or at AVX-512
-/// without VNNI), portable otherwise.
+/// The path for the features the current vector level enables
+/// ([`super::simd::CpuFeatures::enabled`]): VNNI where AVX-512 F/BW/VL/VNNI,
+/// AVX2, FMA and F16C are all enabled, AVX2 where AVX2, FMA and F16C are,
+/// portable otherwise.
 pub(crate) fn path() -> Path {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::simd::SimdLevel;
-        let level = super::simd::level();
-        let f16c = std::arch::is_x86_feature_detected!("f16c");
-        if level == SimdLevel::Avx512 && f16c && std::arch::is_x86_feature_detected!("avx512vnni") {
-            return Path::Vnni;
-        }
-        if level >= SimdLevel::Avx2 && f16c {
-            return Path::Avx2;
-        }
+    use super::simd::CpuFeatures as F;
+    let f = F::enabled();
+    let base = F::AVX2.with(F::FMA).with(F::F16C);
+    let vnni = base
+        .with(F::AVX512F)
+        .with(F::AVX512BW)
+        .with(F::AVX512VL)
+        .with(F::AVX512VNNI);
+    if cfg!(target_arch = "x86_64") && f.has(vnni) {
+        return Path::Vnni;
+    }
+    if cfg!(target_arch = "x86_64") && f.has(base) {
+        return Path::Avx2;
     }
     Path::Portable
 }
