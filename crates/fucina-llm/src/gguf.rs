@@ -169,14 +169,10 @@ impl From<TensorFormat> for GgmlType {
 
 /// ggml's names of the type codes this reader does not support, so that an
 /// error names what a file holds (`q4_1`, not `type 3`).
-const OTHER_GGML_NAMES: [(u32, &str); 24] = [
-    (3, "q4_1"),
-    (6, "q5_0"),
-    (7, "q5_1"),
+const OTHER_GGML_NAMES: [(u32, &str); 20] = [
     (9, "q8_1"),
     (10, "q2_k"),
     (11, "q3_k"),
-    (13, "q5_k"),
     (15, "q8_k"),
     (16, "iq2_xxs"),
     (17, "iq2_xs"),

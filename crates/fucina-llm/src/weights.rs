@@ -723,6 +723,18 @@ impl Weight {
     }
 }
 
+/// The block format llama.cpp's `llama-quantize` takes for a tensor whose rows
+/// are not whole super-blocks of a K format (a format of blocks of 32: Q4_K →
+/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0); the format itself for the others.
+pub fn k_fallback(q: QuantFormat) -> QuantFormat {
+    match q {
+        QuantFormat::Q4_K => QuantFormat::Q5_0,
+        QuantFormat::Q5_K => QuantFormat::Q5_1,
+        QuantFormat::Q6_K => QuantFormat::Q8_0,
+        other => other,
+    }
+}
+
 impl WeightStore {
     /// A copy of the store with every matrix (rank-2 tensor) stored as `dtype`,
     /// for running a model at another precision than its file's
@@ -734,19 +746,16 @@ impl WeightStore {
     ///   embedding table and `lm_head.weight` — becomes `dtype`; tensors of
     ///   other ranks (the norms, the biases) are kept as they are (the decoder
     ///   widens them to f32 when it builds, whatever their format);
-    /// - for [`LoadDtype::Q4_0`] the output projection keeps more bits: it is
-    ///   stored as Q8_0. llama.cpp stores it as Q6_K, a format this crate does
-    ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
-    ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
-    ///   (llama.cpp's rule for models that share the two);
-    /// - for [`LoadDtype::Q4_K`] every matrix becomes Q4_K and the output
-    ///   projection Q6_K (as llama.cpp's `Q4_K_S` and `Q4_K_M` do; `Q4_K_M`
-    ///   also gives Q6_K to some of the v and down projections, which this
-    ///   conversion does not). The K formats need whole super-blocks of 256
-    ///   along the columns; a matrix whose column count is not a multiple of
-    ///   256 falls back, as llama.cpp's does: Q6_K to Q8_0 (llama.cpp's own
-    ///   fallback), Q4_K to Q4_0 (llama.cpp takes Q5_0, which this crate does
-    ///   not have);
+    /// - for every block format but Q8_0 and Q6_K the output projection keeps
+    ///   more bits: it is stored as Q6_K, as llama.cpp's presets store it. The
+    ///   output projection is `lm_head.weight`, or the embedding table when
+    ///   `tie_word_embeddings` (llama.cpp's rule for models that share the
+    ///   two); `Q4_K_M` and `Q5_K_M` also give Q6_K to some of the v and down
+    ///   projections, which this conversion does not;
+    /// - the K formats need whole super-blocks of 256 along the columns; a
+    ///   matrix whose column count is not a multiple of 256 falls back per
+    ///   tensor, as llama.cpp's does ([`k_fallback`]): Q4_K to Q5_0, Q5_K to
+    ///   Q5_1, Q6_K to Q8_0;
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an
@@ -759,9 +768,9 @@ impl WeightStore {
     /// # Errors
     /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
     /// be quantized has a column count (its input features, the dimension the
-    /// blocks run along) that is not a multiple of 32 (for Q4_K too: its
-    /// fallbacks, Q4_0 and Q8_0, need whole blocks of 32): llama.cpp refuses
-    /// such a tensor for Q8_0 and Q4_0 too ("Unsupported tensor size").
+    /// blocks run along) that is not a multiple of 32 (for the K formats too:
+    /// their fallbacks need whole blocks of 32): llama.cpp refuses such a
+    /// tensor too ("Unsupported tensor size").
     /// Nothing is returned half-converted.
     pub fn convert(
         &self,
@@ -780,18 +789,16 @@ impl WeightStore {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             };
-            let target = match dtype {
-                LoadDtype::Q4_0 if name == output => Storage::Quant(QuantFormat::Q8_0),
-                LoadDtype::Q4_K if name == output => Storage::Quant(QuantFormat::Q6_K),
-                d => d.storage(),
+            let target = match dtype.storage() {
+                Storage::Quant(q) if name == output && q != QuantFormat::Q8_0 => {
+                    Storage::Quant(QuantFormat::Q6_K)
+                }
+                t => t,
             };
             // The K formats need whole super-blocks along the columns.
             let target = match target {
-                Storage::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
-                    Storage::Quant(QuantFormat::Q4_0)
-                }
-                Storage::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
-                    Storage::Quant(QuantFormat::Q8_0)
+                Storage::Quant(q) if !cols.is_multiple_of(q.block_elements()) => {
+                    Storage::Quant(k_fallback(q))
                 }
                 t => t,
             };

@@ -44,7 +44,7 @@ fn sample() -> Writer {
     w.tensor("blk.0.attn_q.weight", &[32, 2], 8, &[7u8; 68]); // two Q8_0 blocks
     w.tensor("blk.0.ffn_up.weight", &[32], 2, &[9u8; 18]); // one Q4_0 block
     w.tensor("bf", &[4], 30, &[1, 2, 3, 4, 5, 6, 7, 8]);
-    w.tensor("odd", &[4], 13, &[0u8; 64]); // Q5_K: listed, refused on read
+    w.tensor("odd", &[4], 16, &[0u8; 64]); // IQ2_XXS: listed, refused on read
     w
 }
 
@@ -138,7 +138,7 @@ fn a_written_file_reads_back() {
     );
     assert!(
         err.to_string()
-            .contains("unsupported GGUF tensor type q5_k"),
+            .contains("unsupported GGUF tensor type iq2_xxs"),
         "{err}"
     );
     let err = f.tensor("nope").unwrap_err().to_string();

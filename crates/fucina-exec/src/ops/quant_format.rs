@@ -29,8 +29,24 @@ macro_rules! with_block_format {
                 type $F = qb::Q4_0;
                 $body
             }
+            $crate::ops::quant_format::QuantFormat::Q4_1 => {
+                type $F = qb::Q4_1;
+                $body
+            }
+            $crate::ops::quant_format::QuantFormat::Q5_0 => {
+                type $F = qb::Q5_0;
+                $body
+            }
+            $crate::ops::quant_format::QuantFormat::Q5_1 => {
+                type $F = qb::Q5_1;
+                $body
+            }
             $crate::ops::quant_format::QuantFormat::Q4_K => {
                 type $F = qb::Q4_K;
+                $body
+            }
+            $crate::ops::quant_format::QuantFormat::Q5_K => {
+                type $F = qb::Q5_K;
                 $body
             }
             $crate::ops::quant_format::QuantFormat::Q6_K => {
@@ -52,10 +68,19 @@ pub enum QuantFormat {
     Q8_0,
     /// 32 4-bit values and an f16 scale per block (18 bytes).
     Q4_0,
+    /// 32 4-bit values, an f16 scale and an f16 min per block (20 bytes).
+    Q4_1,
+    /// 32 5-bit values and an f16 scale per block (22 bytes).
+    Q5_0,
+    /// 32 5-bit values, an f16 scale and an f16 min per block (24 bytes).
+    Q5_1,
     /// Super-blocks of 256: eight sub-blocks of 32 4-bit values, each with a
     /// 6-bit scale and a 6-bit min, under an f16 scale and an f16 min scale
     /// (144 bytes, 4.5 bits per weight).
     Q4_K,
+    /// Super-blocks of 256: Q4_K's scales and mins over 5-bit values (176
+    /// bytes, 5.5 bits per weight).
+    Q5_K,
     /// Super-blocks of 256: 6-bit values, an int8 scale per 16 values, an f16
     /// scale (210 bytes, 6.5625 bits per weight).
     Q6_K,
@@ -63,28 +88,34 @@ pub enum QuantFormat {
 
 impl QuantFormat {
     /// Every format, in declaration order.
-    pub const ALL: [QuantFormat; 4] = [
+    pub const ALL: [QuantFormat; 8] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
         QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
         QuantFormat::Q6_K,
     ];
 
-    /// Elements per block: 32 for Q8_0 and Q4_0, 256 (a super-block) for Q4_K
-    /// and Q6_K. A matrix's column count must be a multiple of it.
+    /// Elements per block: 32 for the legacy formats (Q8_0, Q4_0, Q4_1, Q5_0,
+    /// Q5_1), 256 (a super-block) for the K formats. A matrix's column count
+    /// must be a multiple of it.
     pub const fn block_elements(self) -> usize {
         use crate::kernels::quant_block::BlockFormat;
         with_block_format!(self, F => F::ELEMS)
     }
 
-    /// Bytes per block: 34 for Q8_0, 18 for Q4_0, 144 for Q4_K, 210 for Q6_K.
+    /// Bytes per block: 34 for Q8_0, 18 for Q4_0, 20 for Q4_1, 22 for Q5_0,
+    /// 24 for Q5_1, 144 for Q4_K, 176 for Q5_K, 210 for Q6_K.
     pub const fn block_bytes(self) -> usize {
         use crate::kernels::quant_block::BlockFormat;
         with_block_format!(self, F => F::BYTES)
     }
 
     /// The format's name as llama.cpp spells it, lower-case (`"q8_0"`,
-    /// `"q4_0"`, `"q4_k"`, `"q6_k"`).
+    /// `"q4_k"`).
     pub fn name(self) -> &'static str {
         TensorFormat::from(self).name()
     }
@@ -158,8 +189,16 @@ pub enum TensorFormat {
     Q8_0,
     /// [`QuantFormat::Q4_0`] (4.5 bits per weight).
     Q4_0,
+    /// [`QuantFormat::Q4_1`] (5 bits per weight).
+    Q4_1,
+    /// [`QuantFormat::Q5_0`] (5.5 bits per weight).
+    Q5_0,
+    /// [`QuantFormat::Q5_1`] (6 bits per weight).
+    Q5_1,
     /// [`QuantFormat::Q4_K`] (4.5 bits per weight).
     Q4_K,
+    /// [`QuantFormat::Q5_K`] (5.5 bits per weight).
+    Q5_K,
     /// [`QuantFormat::Q6_K`] (6.5625 bits per weight).
     Q6_K,
 }
@@ -189,7 +228,7 @@ pub struct FormatRow {
 }
 
 /// Every format: the one table of ggml codes and names.
-pub const FORMATS: [FormatRow; 7] = {
+pub const FORMATS: [FormatRow; 11] = {
     use QuantFormat as Q;
     use TensorFormat as T;
     use WeightFormat as W;
@@ -214,7 +253,11 @@ pub const FORMATS: [FormatRow; 7] = {
         row(T::BF16, 30, "bf16", "BF16", Storage::Float(W::BF16)),
         row(T::Q8_0, 8, "q8_0", "Q8_0", Storage::Quant(Q::Q8_0)),
         row(T::Q4_0, 2, "q4_0", "Q4_0", Storage::Quant(Q::Q4_0)),
+        row(T::Q4_1, 3, "q4_1", "Q4_1", Storage::Quant(Q::Q4_1)),
+        row(T::Q5_0, 6, "q5_0", "Q5_0", Storage::Quant(Q::Q5_0)),
+        row(T::Q5_1, 7, "q5_1", "Q5_1", Storage::Quant(Q::Q5_1)),
         row(T::Q4_K, 12, "q4_k", "Q4_K", Storage::Quant(Q::Q4_K)),
+        row(T::Q5_K, 13, "q5_k", "Q5_K", Storage::Quant(Q::Q5_K)),
         row(T::Q6_K, 14, "q6_k", "Q6_K", Storage::Quant(Q::Q6_K)),
     ]
 };

@@ -1,6 +1,6 @@
 //! A block-quantized weight format as a type: [`BlockFormat`], one
-//! implementation per format (one file each: `q8_0.rs`, `q4_0.rs`, `q4_k.rs`,
-//! `q6_k.rs`), and the format-generic pieces built on it (row quantize and
+//! implementation per format (one file each: `q8_0.rs`, `q4_0.rs`, `q4_1.rs`,
+//! `q5_0.rs`, `q5_1.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`), and the format-generic pieces built on it (row quantize and
 //! dequantize, the portable fixed-order dot product, the bounds checks of the
 //! tiled drivers).
 //!
@@ -19,12 +19,20 @@ use super::quant_dot::{Acts, LANES, QK, f16_to_f32};
 use crate::kernels::reduce::fold_lanes;
 
 pub(crate) mod q4_0;
+pub(crate) mod q4_1;
 pub(crate) mod q4_k;
+pub(crate) mod q5_0;
+pub(crate) mod q5_1;
+pub(crate) mod q5_k;
 pub(crate) mod q6_k;
 pub(crate) mod q8_0;
 
 pub(crate) use q4_0::Q4_0;
+pub(crate) use q4_1::Q4_1;
 pub(crate) use q4_k::Q4_K;
+pub(crate) use q5_0::Q5_0;
+pub(crate) use q5_1::Q5_1;
+pub(crate) use q5_k::Q5_K;
 pub(crate) use q6_k::Q6_K;
 pub(crate) use q8_0::Q8_0;
 
@@ -228,6 +236,13 @@ pub(crate) fn f16_bytes(v: f32) -> [u8; 2] {
 /// The f32 value of `v` after a round trip through f16 (what a reader sees).
 pub(crate) fn via_f16(v: f32) -> f32 {
     fucina_storage::half::f16::from_f32(v).to_f32()
+}
+
+/// The min term of a block format with a per-block min `m` (Q4_1, Q5_1):
+/// `acc[0] = fma(m · dx, S, acc[0])`, `S = Σ x̂` over the activation block.
+#[inline(always)]
+pub(crate) fn min_term(m: f32, dx: f32, sum: f32, acc: &mut LaneAcc) {
+    acc[0] = (m * dx).mul_add(sum, acc[0]);
 }
 
 /// Rounds to the nearest integer, ties away from zero, saturating.

@@ -59,9 +59,95 @@ fn pack_q4k_scales(sc: &[u8; 8], mn: &[u8; 8], p: &mut [u8]) {
     }
 }
 
+/// The K rule's sub-block coding, shared by Q4_K and Q5_K (`levels` 15 or
+/// 31): per sub-block of 32, the range `[min(0, min x), max x]` in `levels`
+/// steps; the steps and the mins are coded in 6 bits against
+/// `d = max step / 63` and `dmin = max min / 63` (stored as f16), each rounded
+/// to the nearest code. Writes `d`, `dmin` and the 12 scale bytes into
+/// `blk[0..16]`; returns `d` and `dmin` as a reader sees them, and the codes.
+pub(crate) fn code_sub_blocks(
+    x: &[f32],
+    levels: f32,
+    blk: &mut [u8],
+) -> (f32, f32, [u8; 8], [u8; 8]) {
+    let (mut step, mut mins) = ([0.0f32; SUB], [0.0f32; SUB]);
+    for (j, xs) in x.chunks_exact(QK).enumerate().take(SUB) {
+        let lo = xs.iter().fold(0.0f32, |a, &v| a.min(v));
+        let hi = xs.iter().fold(lo, |a, &v| a.max(v));
+        step[j] = (hi - lo) / levels;
+        mins[j] = -lo;
+    }
+    let max_step = step.iter().fold(0.0f32, |a, &v| a.max(v));
+    let max_min = mins.iter().fold(0.0f32, |a, &v| a.max(v));
+    let d = via_f16(max_step / 63.0);
+    let dmin = via_f16(max_min / 63.0);
+    let code = |v: f32, unit: f32| -> u8 {
+        if unit > 0.0 {
+            nearest(v / unit).clamp(0, 63) as u8
+        } else {
+            0
+        }
+    };
+    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+    for j in 0..SUB {
+        sc[j] = code(step[j], d);
+        mn[j] = code(mins[j], dmin);
+    }
+    blk[0..2].copy_from_slice(&f16_bytes(max_step / 63.0));
+    blk[2..4].copy_from_slice(&f16_bytes(max_min / 63.0));
+    pack_q4k_scales(&sc, &mn, &mut blk[4..16]);
+    (d, dmin, sc, mn)
+}
+
+/// The code `0..=top` nearest to `v` under the coded scale `dq` and min `dm`
+/// (0 where the scale is 0).
+#[inline]
+pub(crate) fn nearest_code(v: f32, dq: f32, dm: f32, top: i32) -> u8 {
+    if dq > 0.0 {
+        nearest((v + dm) / dq).clamp(0, top) as u8
+    } else {
+        0
+    }
+}
+
+/// The fixed-order dot product part of one super-block with 6-bit scales and
+/// mins in Q4_K's header (`blk[0..16]`) and the unsigned values
+/// `value(j, k)` (element `k` of sub-block `j`), shared by Q4_K and Q5_K:
+/// sub-block `j`'s lanes `acc[8 · (j mod 2) + l] = fma((d · sc[j]) · dx,
+/// Σ q · x̂, ·)` for `j` in increasing order, then the min term
+/// `acc[l] = fma(−((dmin · mn[l]) · dx), S, acc[l])` (`S = Σ x̂` over
+/// activation block `l`) for `l < 8`.
+#[inline(always)]
+pub(crate) fn dot_scaled_min(
+    blk: &[u8],
+    value: impl Fn(usize, usize) -> u8,
+    xq: &[i8],
+    xs: &[f32],
+    sums: &[f32],
+    acc: &mut LaneAcc,
+) {
+    let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
+    let (sc, mn) = q4k_scales(&blk[4..16]);
+    for j in 0..SUB {
+        let s = (d * f32::from(sc[j])) * xs[j];
+        let xb = &xq[j * QK..(j + 1) * QK];
+        let half = &mut acc[LANES * (j % 2)..][..LANES];
+        for (l, a) in half.iter_mut().enumerate() {
+            let p: i32 = (4 * l..4 * l + 4)
+                .map(|k| i32::from(value(j, k)) * i32::from(xb[k]))
+                .sum();
+            *a = s.mul_add(p as f32, *a);
+        }
+    }
+    for (l, a) in acc[..LANES].iter_mut().enumerate() {
+        let t = (dmin * f32::from(mn[l])) * xs[l];
+        *a = (-t).mul_add(sums[l], *a);
+    }
+}
+
 /// The nibble of element `k` of Q4_K sub-block `j` (`qs` the 128 value bytes).
 #[inline(always)]
-fn q4k_value(qs: &[u8], j: usize, k: usize) -> u8 {
+pub(crate) fn q4k_value(qs: &[u8], j: usize, k: usize) -> u8 {
     let b = qs[32 * (j / 2) + k];
     if j.is_multiple_of(2) {
         b & 0x0f
@@ -80,49 +166,20 @@ impl BlockFormat for Q4_K {
     const PAIRED_LANES: bool = true;
 
     /// Quantizes 256 values into one Q4_K super-block (see
-    /// `src/ops/quant.rs`'s docs for the rule): per sub-block of 32, the range
+    /// `docs/QUANTIZATION.md` for the rule): per sub-block of 32, the range
     /// `[min(0, min x), max x]` is split into 15 steps; the step sizes and the
     /// mins are coded with 6 bits against the super-block's f16 `d = max step / 63`
     /// and `dmin = max min / 63`; each value then takes the nibble nearest to it
     /// under the coded (f16-rounded) scale and min.
     fn quantize(x: &[f32], blk: &mut [u8]) {
-        let (mut step, mut mins) = ([0.0f32; SUB], [0.0f32; SUB]);
-        for (j, xs) in x.chunks_exact(QK).enumerate().take(SUB) {
-            let lo = xs.iter().fold(0.0f32, |a, &v| a.min(v));
-            let hi = xs.iter().fold(lo, |a, &v| a.max(v));
-            step[j] = (hi - lo) / 15.0;
-            mins[j] = -lo;
-        }
-        let max_step = step.iter().fold(0.0f32, |a, &v| a.max(v));
-        let max_min = mins.iter().fold(0.0f32, |a, &v| a.max(v));
-        let d = via_f16(max_step / 63.0);
-        let dmin = via_f16(max_min / 63.0);
-        let code = |v: f32, unit: f32| -> u8 {
-            if unit > 0.0 {
-                nearest(v / unit).clamp(0, 63) as u8
-            } else {
-                0
-            }
-        };
-        let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-        for j in 0..SUB {
-            sc[j] = code(step[j], d);
-            mn[j] = code(mins[j], dmin);
-        }
-        blk[0..2].copy_from_slice(&f16_bytes(max_step / 63.0));
-        blk[2..4].copy_from_slice(&f16_bytes(max_min / 63.0));
-        pack_q4k_scales(&sc, &mn, &mut blk[4..16]);
+        let (d, dmin, sc, mn) = code_sub_blocks(x, 15.0, blk);
         let qs = &mut blk[16..Q4K_BYTES];
         qs.fill(0);
         for (j, xs) in x.chunks_exact(QK).enumerate().take(SUB) {
             let dq = d * f32::from(sc[j]);
             let dm = dmin * f32::from(mn[j]);
             for (k, &v) in xs.iter().enumerate() {
-                let n = if dq > 0.0 {
-                    nearest((v + dm) / dq).clamp(0, 15) as u8
-                } else {
-                    0
-                };
+                let n = nearest_code(v, dq, dm, 15);
                 qs[32 * (j / 2) + k] |= if j.is_multiple_of(2) { n } else { n << 4 };
             }
         }
@@ -148,24 +205,8 @@ impl BlockFormat for Q4_K {
     /// `acc[l] = fma(−((dmin · mn[l]) · dx), S, acc[l])` (`S = Σ x̂` over
     /// activation block `l`) for `l < 8`.
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
-        let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
-        let (sc, mn) = q4k_scales(&blk[4..16]);
         let qs = &blk[16..];
-        for j in 0..SUB {
-            let s = (d * f32::from(sc[j])) * xs[j];
-            let xb = &xq[j * QK..(j + 1) * QK];
-            let half = &mut acc[LANES * (j % 2)..][..LANES];
-            for (l, a) in half.iter_mut().enumerate() {
-                let p: i32 = (4 * l..4 * l + 4)
-                    .map(|k| i32::from(q4k_value(qs, j, k)) * i32::from(xb[k]))
-                    .sum();
-                *a = s.mul_add(p as f32, *a);
-            }
-        }
-        for (l, a) in acc[..LANES].iter_mut().enumerate() {
-            let t = (dmin * f32::from(mn[l])) * xs[l];
-            *a = (-t).mul_add(sums[l], *a);
-        }
+        dot_scaled_min(blk, |j, k| q4k_value(qs, j, k), xq, xs, sums, acc);
     }
 
     fn rows(

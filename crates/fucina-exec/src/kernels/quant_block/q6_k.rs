@@ -44,7 +44,7 @@ impl BlockFormat for Q6_K {
     const NEEDS_SUMS: bool = false;
     const PAIRED_LANES: bool = true;
 
-    /// Quantizes 256 values into one Q6_K super-block (see `src/ops/quant.rs`'s docs):
+    /// Quantizes 256 values into one Q6_K super-block (see `docs/QUANTIZATION.md`):
     /// per group of 16, the scale `g = max / −32` (`max` the signed value of largest
     /// magnitude); the group scales are coded as int8 against the super-block's f16
     /// `d = G / −128` (`G` the group scale of largest magnitude); each value then
