@@ -1,4 +1,5 @@
-//! The block formats Q4_1, Q5_0, Q5_1 and Q5_K (llama.cpp's layouts): each
+//! The block formats Q4_1, Q5_0, Q5_1, Q5_K, IQ4_NL and IQ4_XS (llama.cpp's
+//! layouts): each
 //! element of arbitrary blocks decoded by hand from the layout against
 //! `dequantize`, quantize round-trip bounds, bad input, and `quant_matmul`
 //! against a scalar reference of the documented order (bit for bit, every
@@ -14,11 +15,18 @@ use fucina_exec::{
 };
 use fucina_storage::half::f16;
 
-const FORMATS: [QuantFormat; 4] = [
+const FORMATS: [QuantFormat; 6] = [
     QuantFormat::Q4_1,
     QuantFormat::Q5_0,
     QuantFormat::Q5_1,
     QuantFormat::Q5_K,
+    QuantFormat::IQ4_NL,
+    QuantFormat::IQ4_XS,
+];
+
+/// llama.cpp's `kvalues_iq4nl`.
+const KV: [i32; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// Deterministic pseudo-random values in [-scale, scale).
@@ -47,7 +55,7 @@ fn random_blocks(format: QuantFormat, n: usize, seed: u64) -> Vec<u8> {
         .map(|i| (fucina_exec::rng::at(seed, i) >> 33) as u8)
         .collect();
     let f16_fields: &[usize] = match format {
-        QuantFormat::Q5_0 => &[0],
+        QuantFormat::Q5_0 | QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => &[0],
         _ => &[0, 2],
     };
     for (k, blk) in b.chunks_mut(bb).enumerate() {
@@ -95,6 +103,22 @@ fn parts(format: QuantFormat, blk: &[u8], e: usize) -> (f32, f32, i32) {
                 (f16_val(blk), f16_val(&blk[2..]), q)
             }
         }
+        QuantFormat::IQ4_NL => {
+            let byte = blk[2 + e % 16];
+            let n = if e < 16 { byte & 15 } else { byte >> 4 };
+            (f16_val(blk), 0.0, KV[usize::from(n)])
+        }
+        QuantFormat::IQ4_XS => {
+            // sub-block j's 16 bytes at 8 + 16 j; its 6-bit scale from
+            // scales_l (a nibble per sub-block) and scales_h (2 bits each)
+            let (j, k) = (e / 32, e % 32);
+            let h = u16::from_le_bytes([blk[2], blk[3]]);
+            let ls = i32::from((blk[4 + j / 2] >> (4 * (j % 2))) & 15)
+                | (i32::from((h >> (2 * j)) & 3) << 4);
+            let byte = blk[8 + 16 * j + k % 16];
+            let n = if k < 16 { byte & 15 } else { byte >> 4 };
+            (f16_val(blk) * (ls - 32) as f32, 0.0, KV[usize::from(n)])
+        }
         _ => {
             // Q5_K: sub-block j, element k; nibbles as Q4_K's at 48.., the
             // fifth bit is bit j of qh[k] at 16..
@@ -124,9 +148,12 @@ fn arbitrary_blocks_dequantize_as_the_layout_says() {
         for (i, &o) in out.iter().enumerate() {
             let blk = &bytes[i / be * bb..][..bb];
             let (s, off, q) = parts(format, blk, i % be);
-            // Q5_0 is `(q − 16) · d` alone (a zero value keeps the sign of
-            // `d`); the others add their offset
-            let want = if format == QuantFormat::Q5_0 {
+            // Q5_0 and the IQ4 formats are a product alone (a zero value
+            // keeps the sign of `d`); the others add their offset
+            let want = if matches!(
+                format,
+                QuantFormat::Q5_0 | QuantFormat::IQ4_NL | QuantFormat::IQ4_XS
+            ) {
                 s * q as f32
             } else {
                 s * q as f32 + off
@@ -143,6 +170,8 @@ fn the_table_knows_the_formats_by_ggml_code() {
         (QuantFormat::Q5_0, 6),
         (QuantFormat::Q5_1, 7),
         (QuantFormat::Q5_K, 13),
+        (QuantFormat::IQ4_NL, 20),
+        (QuantFormat::IQ4_XS, 23),
     ] {
         let t = TensorFormat::from_ggml_code(code).unwrap();
         assert_eq!(t.quant(), Some(format));
@@ -152,6 +181,8 @@ fn the_table_knows_the_formats_by_ggml_code() {
     assert_eq!(QuantFormat::Q5_0.block_bytes(), 22);
     assert_eq!(QuantFormat::Q5_1.block_bytes(), 24);
     assert_eq!(QuantFormat::Q5_K.block_bytes(), 176);
+    assert_eq!(QuantFormat::IQ4_NL.block_bytes(), 18);
+    assert_eq!(QuantFormat::IQ4_XS.block_bytes(), 136);
 }
 
 /// Each value comes back within the format's step: for the blocks of 32 half
@@ -173,6 +204,21 @@ fn round_trip_errors_are_within_the_format_bounds() {
         let be = format.block_elements();
         for (b, (xs, ys)) in w.chunks(be).zip(back.chunks(be)).enumerate() {
             let bound = match format {
+                QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => {
+                    // d = amax / 127 takes the largest magnitude to the
+                    // table's −127 exactly; the other end of the table is 113,
+                    // so a value opposite it is clipped by up to 14 steps
+                    // (more than half the widest gap, 23). IQ4_XS: each
+                    // sub-block's scale is coded in 6 bits against the largest,
+                    // off by up to half a code, amax / 64 at the table's end.
+                    let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let coded = if format == QuantFormat::IQ4_XS {
+                        1.02 * 14.0 * amax / 127.0 + amax / 64.0
+                    } else {
+                        14.0 * amax / 127.0
+                    };
+                    coded + amax / 512.0
+                }
                 QuantFormat::Q5_K => {
                     let (mut step, mut min) = (0.0f32, 0.0f32);
                     for s in xs.chunks(32) {
@@ -277,7 +323,8 @@ fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// `acc[l] = fma(d · dx, p[l], acc[l])` (`p` the exact integer sum of value ×
 /// x̂), then for Q4_1/Q5_1 `acc[0] = fma(m · dx, Σ x̂, acc[0])`; the lanes fold
 /// in halves. Q5_K: as Q4_K (sixteen lanes, even sub-blocks in 0..8, the min
-/// term per super-block on lanes 0..8, `acc[l] += acc[l + 8]`, fold).
+/// term per super-block on lanes 0..8, `acc[l] += acc[l + 8]`, fold); IQ4_XS
+/// the same sixteen lanes without a min term.
 fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
     let f = w.format();
     let (bb, be) = (f.block_bytes(), f.block_elements());

@@ -169,7 +169,7 @@ impl From<TensorFormat> for GgmlType {
 
 /// ggml's names of the type codes this reader does not support, so that an
 /// error names what a file holds (`q4_1`, not `type 3`).
-const OTHER_GGML_NAMES: [(u32, &str); 20] = [
+const OTHER_GGML_NAMES: [(u32, &str); 18] = [
     (9, "q8_1"),
     (10, "q2_k"),
     (11, "q3_k"),
@@ -178,10 +178,8 @@ const OTHER_GGML_NAMES: [(u32, &str); 20] = [
     (17, "iq2_xs"),
     (18, "iq3_xxs"),
     (19, "iq1_s"),
-    (20, "iq4_nl"),
     (21, "iq3_s"),
     (22, "iq2_s"),
-    (23, "iq4_xs"),
     (24, "i8"),
     (25, "i16"),
     (26, "i32"),

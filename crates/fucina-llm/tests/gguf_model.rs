@@ -300,7 +300,7 @@ fn bad_gguf_models_are_refused_by_name() {
     // A tensor of an unsupported type names the tensor.
     let mut w = Writer::default();
     w.kv("general.architecture", 8, &str_v("llama"));
-    w.tensor("blk.0.attn_q.weight", &[256, 1], 23, &[0u8; 136]); // IQ4_XS
+    w.tensor("blk.0.attn_q.weight", &[256, 1], 21, &[0u8; 110]); // IQ3_S
     let path = write(&w.bytes(), "type");
     let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
     let e = fucina_llm::gguf::llama::llama_weights(&file, &cfg).unwrap_err();
@@ -310,7 +310,7 @@ fn bad_gguf_models_are_refused_by_name() {
     );
     // ... and its type by ggml's name, with the supported ones.
     assert!(
-        e.to_string().contains("type iq4_xs (ggml type 23)")
+        e.to_string().contains("type iq3_s (ggml type 21)")
             && e.to_string().contains("supported: f32, f16, bf16, q8_0"),
         "{e}"
     );
@@ -721,8 +721,9 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
     assert!(max_diff <= 0.35 * scale, "{max_diff}");
 }
 
-/// A GGUF file mixing the formats of llama.cpp's `Q5_K_M`, `Q4_1`, `Q5_0` and
-/// `Q5_1` presets per tensor (Q5_K, Q6_K, Q4_1, Q5_0, Q5_1 and Q8_0) loads with
+/// A GGUF file mixing the formats of llama.cpp's `Q5_K_M`, `Q4_1`, `Q5_0`,
+/// `Q5_1`, `IQ4_NL` and `IQ4_XS` presets per tensor (Q5_K, Q6_K, Q4_1, Q5_0,
+/// Q5_1, Q8_0, IQ4_NL, IQ4_XS) loads with
 /// every tensor in its format, and gives logits close to the same model with
 /// its weights dequantized to f32 (the same greedy ids), the same bits for 1
 /// and 3 threads.
@@ -741,6 +742,10 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
             QuantFormat::Q4_1
         } else if n.ends_with("k_proj.weight") {
             QuantFormat::Q8_0
+        } else if n.ends_with("o_proj.weight") {
+            QuantFormat::IQ4_XS
+        } else if n.ends_with("gate_proj.weight") {
+            QuantFormat::IQ4_NL
         } else {
             QuantFormat::Q5_K
         })

@@ -53,6 +53,14 @@ macro_rules! with_block_format {
                 type $F = qb::Q6_K;
                 $body
             }
+            $crate::ops::quant_format::QuantFormat::IQ4_NL => {
+                type $F = qb::IQ4_NL;
+                $body
+            }
+            $crate::ops::quant_format::QuantFormat::IQ4_XS => {
+                type $F = qb::IQ4_XS;
+                $body
+            }
         }
     }};
 }
@@ -84,11 +92,17 @@ pub enum QuantFormat {
     /// Super-blocks of 256: 6-bit values, an int8 scale per 16 values, an f16
     /// scale (210 bytes, 6.5625 bits per weight).
     Q6_K,
+    /// 32 4-bit indices into a fixed non-linear table and an f16 scale per
+    /// block (18 bytes, 4.5 bits per weight).
+    IQ4_NL,
+    /// Super-blocks of 256: IQ4_NL's indices with a 6-bit scale per sub-block
+    /// of 32 under an f16 scale (136 bytes, 4.25 bits per weight).
+    IQ4_XS,
 }
 
 impl QuantFormat {
     /// Every format, in declaration order.
-    pub const ALL: [QuantFormat; 8] = [
+    pub const ALL: [QuantFormat; 10] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
@@ -97,18 +111,21 @@ impl QuantFormat {
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
+        QuantFormat::IQ4_NL,
+        QuantFormat::IQ4_XS,
     ];
 
     /// Elements per block: 32 for the legacy formats (Q8_0, Q4_0, Q4_1, Q5_0,
-    /// Q5_1), 256 (a super-block) for the K formats. A matrix's column count
+    /// Q5_1) and IQ4_NL, 256 (a super-block) for the K formats and IQ4_XS. A matrix's column count
     /// must be a multiple of it.
     pub const fn block_elements(self) -> usize {
         use crate::kernels::quant_block::BlockFormat;
         with_block_format!(self, F => F::ELEMS)
     }
 
-    /// Bytes per block: 34 for Q8_0, 18 for Q4_0, 20 for Q4_1, 22 for Q5_0,
-    /// 24 for Q5_1, 144 for Q4_K, 176 for Q5_K, 210 for Q6_K.
+    /// Bytes per block: 34 for Q8_0, 18 for Q4_0 and IQ4_NL, 20 for Q4_1, 22
+    /// for Q5_0, 24 for Q5_1, 144 for Q4_K, 176 for Q5_K, 210 for Q6_K, 136
+    /// for IQ4_XS.
     pub const fn block_bytes(self) -> usize {
         use crate::kernels::quant_block::BlockFormat;
         with_block_format!(self, F => F::BYTES)
@@ -201,6 +218,10 @@ pub enum TensorFormat {
     Q5_K,
     /// [`QuantFormat::Q6_K`] (6.5625 bits per weight).
     Q6_K,
+    /// [`QuantFormat::IQ4_NL`] (4.5 bits per weight).
+    IQ4_NL,
+    /// [`QuantFormat::IQ4_XS`] (4.25 bits per weight).
+    IQ4_XS,
 }
 
 /// How the runtime keeps a tensor of a [`TensorFormat`].
@@ -228,7 +249,7 @@ pub struct FormatRow {
 }
 
 /// Every format: the one table of ggml codes and names.
-pub const FORMATS: [FormatRow; 11] = {
+pub const FORMATS: [FormatRow; 13] = {
     use QuantFormat as Q;
     use TensorFormat as T;
     use WeightFormat as W;
@@ -259,6 +280,8 @@ pub const FORMATS: [FormatRow; 11] = {
         row(T::Q4_K, 12, "q4_k", "Q4_K", Storage::Quant(Q::Q4_K)),
         row(T::Q5_K, 13, "q5_k", "Q5_K", Storage::Quant(Q::Q5_K)),
         row(T::Q6_K, 14, "q6_k", "Q6_K", Storage::Quant(Q::Q6_K)),
+        row(T::IQ4_NL, 20, "iq4_nl", "IQ4_NL", Storage::Quant(Q::IQ4_NL)),
+        row(T::IQ4_XS, 23, "iq4_xs", "IQ4_XS", Storage::Quant(Q::IQ4_XS)),
     ]
 };
 
