@@ -85,6 +85,7 @@ impl BlockFormat for IQ4_NL {
 
     /// `acc[l] = fma(d · dx, Σ_{4 l..4 l + 4} KVALUES[n] · x̂, acc[l])` for
     /// the eight lanes.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         dot_indices(&blk[2..18], xq, f16_at(blk) * xs[0], &mut acc[..LANES]);
     }

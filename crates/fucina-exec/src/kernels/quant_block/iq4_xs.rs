@@ -76,6 +76,7 @@ impl BlockFormat for IQ4_XS {
 
     /// Sub-block `j`'s lanes `acc[8 · (j mod 2) + l] = fma((d · (ls − 32)) ·
     /// dx, Σ KVALUES[n] · x̂, ·)` for `j` in increasing order.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let d = f16_at(blk);
         for j in 0..SUB {

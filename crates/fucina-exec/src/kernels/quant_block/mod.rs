@@ -77,8 +77,10 @@ pub(crate) trait BlockFormat: Sized {
 
     /// The outputs of weight rows `rows` for all `m` activation rows
     /// (`out_t[(j - rows.start) * m + i]`), at the current vector level. The
-    /// default is the portable [`portable_rows`]. Called only after
-    /// [`check_rows`] passed for the same arguments.
+    /// default is [`portable_rows`] compiled for the current level
+    /// (`vectorized!`: the same operations, integer sums and fused
+    /// multiply-adds, so the same bits). Called only after [`check_rows`]
+    /// passed for the same arguments.
     #[allow(clippy::too_many_arguments)]
     fn rows(
         w: &[u8],
@@ -89,7 +91,9 @@ pub(crate) trait BlockFormat: Sized {
         m: usize,
         out_t: &mut [f32],
     ) {
-        portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
+        super::simd::vectorized!(portable_rows::<Self>(
+            w, row_bytes, rows, acts, sums, m, out_t
+        ));
     }
 }
 
@@ -114,6 +118,7 @@ pub(crate) fn dequantize_row<F: BlockFormat>(blocks: &[u8], out: &mut [f32]) {
 /// activation row (`xq`, its block scales `xs`, its block sums `sums`, empty
 /// unless `F::NEEDS_SUMS`): [`BlockFormat::dot_block`] block after block, then
 /// the lanes folded (the two sets added first for paired lanes).
+#[inline(always)]
 pub(crate) fn dot_row<F: BlockFormat>(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
     let sub = F::ELEMS / QK;
     let mut acc = [0.0f32; 2 * LANES];
@@ -142,6 +147,7 @@ pub(crate) fn dot_row<F: BlockFormat>(wrow: &[u8], xq: &[i8], xs: &[f32], sums: 
 
 /// The portable [`BlockFormat::rows`]: [`dot_row`] for every (weight row,
 /// activation row) pair.
+#[inline(always)]
 pub(crate) fn portable_rows<F: BlockFormat>(
     w: &[u8],
     row_bytes: usize,

@@ -51,6 +51,7 @@ impl BlockFormat for Q4_0 {
 
     /// `acc[l] = fma(d · dx, Σ_{4 l..4 l + 4} (n − 8) · x̂, acc[l])` for the
     /// eight lanes.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let s = f16_at(blk) * xs[0];
         let qs = &blk[2..18];

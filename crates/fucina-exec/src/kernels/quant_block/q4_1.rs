@@ -52,6 +52,7 @@ impl BlockFormat for Q4_1 {
     /// `acc[l] = fma(d · dx, Σ_{4 l..4 l + 4} n · x̂, acc[l])` for the eight
     /// lanes, then the min term `acc[0] = fma(m · dx, S, acc[0])` (`S = Σ x̂`
     /// over the block).
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         let s = f16_at(blk) * xs[0];
         let qs = &blk[4..20];

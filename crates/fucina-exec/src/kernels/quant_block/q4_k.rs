@@ -204,6 +204,7 @@ impl BlockFormat for Q4_K {
     /// Σ q · x̂, ·)` for `j` in increasing order, then the min term
     /// `acc[l] = fma(−((dmin · mn[l]) · dx), S, acc[l])` (`S = Σ x̂` over
     /// activation block `l`) for `l < 8`.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         let qs = &blk[16..];
         dot_scaled_min(blk, |j, k| q4k_value(qs, j, k), xq, xs, sums, acc);

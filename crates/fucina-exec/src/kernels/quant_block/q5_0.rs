@@ -65,6 +65,7 @@ impl BlockFormat for Q5_0 {
 
     /// `acc[l] = fma(d · dx, Σ_{4 l..4 l + 4} (q − 16) · x̂, acc[l])` for the
     /// eight lanes.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let s = f16_at(blk) * xs[0];
         let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);

@@ -49,6 +49,7 @@ impl BlockFormat for Q5_1 {
     /// `acc[l] = fma(d · dx, Σ_{4 l..4 l + 4} q · x̂, acc[l])` for the eight
     /// lanes, then the min term `acc[0] = fma(m · dx, S, acc[0])` (`S = Σ x̂`
     /// over the block).
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         let s = f16_at(blk) * xs[0];
         let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);

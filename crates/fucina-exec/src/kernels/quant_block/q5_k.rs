@@ -64,6 +64,7 @@ impl BlockFormat for Q5_K {
 
     /// As Q4_K's (the lanes of sub-block `j`, then the min term), with the
     /// 5-bit values.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         dot_scaled_min(blk, |j, k| value(blk, j, k), xq, xs, sums, acc);
     }

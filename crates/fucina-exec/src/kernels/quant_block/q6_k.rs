@@ -97,6 +97,7 @@ impl BlockFormat for Q6_K {
     /// Sub-block `j`'s lanes `acc[8 · (j mod 2) + l] = fma((d · scales[g]) ·
     /// dx, Σ (q − 32) · x̂, ·)` (`g` the lane's group of 16) for `j` in
     /// increasing order.
+    #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let d = f16_at(&blk[208..]);
         for j in 0..SUB {
