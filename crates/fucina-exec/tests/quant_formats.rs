@@ -1,5 +1,5 @@
-//! The block formats Q4_1, Q5_0, Q5_1, Q5_K, IQ4_NL and IQ4_XS (llama.cpp's
-//! layouts): each
+//! The block formats Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS
+//! (llama.cpp's layouts): each
 //! element of arbitrary blocks decoded by hand from the layout against
 //! `dequantize`, quantize round-trip bounds, bad input, and `quant_matmul`
 //! against a scalar reference of the documented order (bit for bit, every
@@ -15,10 +15,12 @@ use fucina_exec::{
 };
 use fucina_storage::half::f16;
 
-const FORMATS: [QuantFormat; 6] = [
+const FORMATS: [QuantFormat; 8] = [
     QuantFormat::Q4_1,
     QuantFormat::Q5_0,
     QuantFormat::Q5_1,
+    QuantFormat::Q2_K,
+    QuantFormat::Q3_K,
     QuantFormat::Q5_K,
     QuantFormat::IQ4_NL,
     QuantFormat::IQ4_XS,
@@ -56,6 +58,8 @@ fn random_blocks(format: QuantFormat, n: usize, seed: u64) -> Vec<u8> {
         .collect();
     let f16_fields: &[usize] = match format {
         QuantFormat::Q5_0 | QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => &[0],
+        QuantFormat::Q2_K => &[80, 82],
+        QuantFormat::Q3_K => &[108],
         _ => &[0, 2],
     };
     for (k, blk) in b.chunks_mut(bb).enumerate() {
@@ -102,6 +106,37 @@ fn parts(format: QuantFormat, blk: &[u8], e: usize) -> (f32, f32, i32) {
             } else {
                 (f16_val(blk), f16_val(&blk[2..]), q)
             }
+        }
+        QuantFormat::Q2_K => {
+            // scales[e / 16]: low nibble the scale, high the min; the 2-bit
+            // code of run j of half h in bits 2j of byte 16 + 32 h + l
+            let (h, w) = (e / 128, e % 128);
+            let q = (blk[16 + 32 * h + w % 32] >> (2 * (w / 32))) & 3;
+            let sm = blk[e / 16];
+            let d = f16_val(&blk[80..]) * f32::from(sm & 15);
+            let m = f16_val(&blk[82..]) * f32::from(sm >> 4);
+            (d, -m, i32::from(q))
+        }
+        QuantFormat::Q3_K => {
+            let (h, w) = (e / 128, e % 128);
+            let (j, l) = (w / 32, w % 32);
+            let low = i32::from((blk[32 + 32 * h + l] >> (2 * j)) & 3);
+            let high = (blk[l] >> (4 * h + j)) & 1;
+            let q = if high == 1 { low } else { low - 4 };
+            // llama.cpp's unpacking of the 12 scale bytes into 16 6-bit codes
+            let sb = &blk[96..108];
+            let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
+            let (a0, a1, a2) = (word(0), word(4), word(8));
+            let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+            let r = [
+                (a0 & k2) | ((a2 & k1) << 4),
+                (a1 & k2) | (((a2 >> 2) & k1) << 4),
+                ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4),
+                ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4),
+            ];
+            let g = e / 16;
+            let ls = (r[g / 4] >> (8 * (g % 4))) & 0xff;
+            (f16_val(&blk[108..]) * (ls as i32 - 32) as f32, 0.0, q)
         }
         QuantFormat::IQ4_NL => {
             let byte = blk[2 + e % 16];
@@ -152,7 +187,7 @@ fn arbitrary_blocks_dequantize_as_the_layout_says() {
             // keeps the sign of `d`); the others add their offset
             let want = if matches!(
                 format,
-                QuantFormat::Q5_0 | QuantFormat::IQ4_NL | QuantFormat::IQ4_XS
+                QuantFormat::Q5_0 | QuantFormat::Q3_K | QuantFormat::IQ4_NL | QuantFormat::IQ4_XS
             ) {
                 s * q as f32
             } else {
@@ -170,6 +205,8 @@ fn the_table_knows_the_formats_by_ggml_code() {
         (QuantFormat::Q5_0, 6),
         (QuantFormat::Q5_1, 7),
         (QuantFormat::Q5_K, 13),
+        (QuantFormat::Q2_K, 10),
+        (QuantFormat::Q3_K, 11),
         (QuantFormat::IQ4_NL, 20),
         (QuantFormat::IQ4_XS, 23),
     ] {
@@ -181,6 +218,8 @@ fn the_table_knows_the_formats_by_ggml_code() {
     assert_eq!(QuantFormat::Q5_0.block_bytes(), 22);
     assert_eq!(QuantFormat::Q5_1.block_bytes(), 24);
     assert_eq!(QuantFormat::Q5_K.block_bytes(), 176);
+    assert_eq!(QuantFormat::Q2_K.block_bytes(), 84);
+    assert_eq!(QuantFormat::Q3_K.block_bytes(), 110);
     assert_eq!(QuantFormat::IQ4_NL.block_bytes(), 18);
     assert_eq!(QuantFormat::IQ4_XS.block_bytes(), 136);
 }
@@ -203,7 +242,27 @@ fn round_trip_errors_are_within_the_format_bounds() {
         ctx.dequantize(&q.matrix(), &mut back).unwrap();
         let be = format.block_elements();
         for (b, (xs, ys)) in w.chunks(be).zip(back.chunks(be)).enumerate() {
+            let amax_b = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let bound = match format {
+                QuantFormat::Q2_K => {
+                    // half a step of 3 per group, the 4-bit coding of the
+                    // scale (half a code of d = max step / 15, 3 codes) and
+                    // of the min: bounded by a whole step and a min code
+                    let (mut step, mut min) = (0.0f32, 0.0f32);
+                    for s in xs.chunks(16) {
+                        let lo = s.iter().fold(0.0f32, |a, &v| a.min(v));
+                        let hi = s.iter().fold(lo, |a, &v| a.max(v));
+                        step = step.max((hi - lo) / 3.0);
+                        min = min.max(-lo);
+                    }
+                    step + min / 15.0
+                }
+                QuantFormat::Q3_K => {
+                    // a value opposite the group's largest is clipped by a
+                    // step (codes −4..=3); the 6-bit scale is off by up to
+                    // half a code of the largest group scale, times 4
+                    1.1 * amax_b / 4.0 + amax_b / 512.0
+                }
                 QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => {
                     // d = amax / 127 takes the largest magnitude to the
                     // table's −127 exactly; the other end of the table is 113,
@@ -283,7 +342,13 @@ fn bad_input_is_an_error_and_a_nan_scale_gives_nan() {
         assert!(matches!(e, ExecError::InvalidDataLength { .. }), "{e}");
         // a NaN scale in row 0's block: row 0's outputs NaN, row 1's finite
         let mut bytes = random_blocks(format, 2, 9);
-        bytes[0..2].copy_from_slice(&f16::NAN.to_bits().to_le_bytes());
+        // the f16 super-block scale `d` (at the block's end for Q2_K, Q3_K)
+        let d_at = match format {
+            QuantFormat::Q2_K => 80,
+            QuantFormat::Q3_K => 108,
+            _ => 0,
+        };
+        bytes[d_at..d_at + 2].copy_from_slice(&f16::NAN.to_bits().to_le_bytes());
         let w = QuantMatrix::new(format, 2, be, &bytes).unwrap();
         let x = values(be, 4, 1.0);
         let mut out = vec![0.0; 2];
@@ -324,7 +389,9 @@ fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// x̂), then for Q4_1/Q5_1 `acc[0] = fma(m · dx, Σ x̂, acc[0])`; the lanes fold
 /// in halves. Q5_K: as Q4_K (sixteen lanes, even sub-blocks in 0..8, the min
 /// term per super-block on lanes 0..8, `acc[l] += acc[l + 8]`, fold); IQ4_XS
-/// the same sixteen lanes without a min term.
+/// and Q3_K the same sixteen lanes without a min term (the lane scale that of
+/// its group); Q2_K the sixteen lanes, then each group of 16's min term on
+/// lane `g`.
 fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
     let f = w.format();
     let (bb, be) = (f.block_bytes(), f.block_elements());
@@ -346,6 +413,19 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
             let sum: i32 = xq[32 * b..32 * b + 32].iter().map(|&v| i32::from(v)).sum();
             if matches!(f, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
                 acc[0] = (f16_val(&blk[2..]) * xs[b]).mul_add(sum as f32, acc[0]);
+            }
+        }
+        if f == QuantFormat::Q2_K {
+            // each group of 16's min term on lane g, groups in order
+            for g in 0..16 {
+                let b = 8 * bi + g / 2;
+                let (_, off, _) = parts(f, blk, 16 * g);
+                let t = -off * xs[b];
+                let sum: i32 = xq[256 * bi + 16 * g..256 * bi + 16 * g + 16]
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .sum();
+                acc[g] = (-t).mul_add(sum as f32, acc[g]);
             }
         }
         if f == QuantFormat::Q5_K {

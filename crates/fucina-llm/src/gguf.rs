@@ -169,10 +169,8 @@ impl From<TensorFormat> for GgmlType {
 
 /// ggml's names of the type codes this reader does not support, so that an
 /// error names what a file holds (`q4_1`, not `type 3`).
-const OTHER_GGML_NAMES: [(u32, &str); 18] = [
+const OTHER_GGML_NAMES: [(u32, &str); 16] = [
     (9, "q8_1"),
-    (10, "q2_k"),
-    (11, "q3_k"),
     (15, "q8_k"),
     (16, "iq2_xxs"),
     (17, "iq2_xs"),

@@ -725,14 +725,14 @@ impl Weight {
 
 /// The block format llama.cpp's `llama-quantize` takes for a tensor whose rows
 /// are not whole super-blocks of a K format (a format of blocks of 32: Q4_K →
-/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL); the format itself for
-/// the others.
+/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K, Q3_K and IQ4_XS → IQ4_NL); the
+/// format itself for the others.
 pub fn k_fallback(q: QuantFormat) -> QuantFormat {
     match q {
         QuantFormat::Q4_K => QuantFormat::Q5_0,
         QuantFormat::Q5_K => QuantFormat::Q5_1,
         QuantFormat::Q6_K => QuantFormat::Q8_0,
-        QuantFormat::IQ4_XS => QuantFormat::IQ4_NL,
+        QuantFormat::Q2_K | QuantFormat::Q3_K | QuantFormat::IQ4_XS => QuantFormat::IQ4_NL,
         other => other,
     }
 }
@@ -757,7 +757,7 @@ impl WeightStore {
     /// - the K formats need whole super-blocks of 256 along the columns; a
     ///   matrix whose column count is not a multiple of 256 falls back per
     ///   tensor, as llama.cpp's does ([`k_fallback`]): Q4_K to Q5_0, Q5_K to
-    ///   Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL;
+    ///   Q5_1, Q6_K to Q8_0, Q2_K, Q3_K and IQ4_XS to IQ4_NL;
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an

@@ -97,7 +97,9 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
                     Some(QuantFormat::Q4_K) => Some(QuantFormat::Q5_0),
                     Some(QuantFormat::Q5_K) => Some(QuantFormat::Q5_1),
                     Some(QuantFormat::Q6_K) => Some(QuantFormat::Q8_0),
-                    Some(QuantFormat::IQ4_XS) => Some(QuantFormat::IQ4_NL),
+                    Some(QuantFormat::Q2_K | QuantFormat::Q3_K | QuantFormat::IQ4_XS) => {
+                        Some(QuantFormat::IQ4_NL)
+                    }
                     q => q,
                 };
                 assert_eq!(c.quant_format(), quant, "{fix} {dtype} {name}");

@@ -722,8 +722,8 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
 }
 
 /// A GGUF file mixing the formats of llama.cpp's `Q5_K_M`, `Q4_1`, `Q5_0`,
-/// `Q5_1`, `IQ4_NL` and `IQ4_XS` presets per tensor (Q5_K, Q6_K, Q4_1, Q5_0,
-/// Q5_1, Q8_0, IQ4_NL, IQ4_XS) loads with
+/// `Q5_1`, `Q2_K`, `Q3_K_M`, `IQ4_NL` and `IQ4_XS` presets per tensor (Q5_K,
+/// Q6_K, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, IQ4_NL, IQ4_XS) loads with
 /// every tensor in its format, and gives logits close to the same model with
 /// its weights dequantized to f32 (the same greedy ids), the same bits for 1
 /// and 3 threads.
@@ -739,13 +739,17 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
         } else if n.ends_with("down_proj.weight") {
             QuantFormat::Q5_1
         } else if n.ends_with("up_proj.weight") {
-            QuantFormat::Q4_1
+            QuantFormat::Q2_K
         } else if n.ends_with("k_proj.weight") {
             QuantFormat::Q8_0
         } else if n.ends_with("o_proj.weight") {
             QuantFormat::IQ4_XS
         } else if n.ends_with("gate_proj.weight") {
             QuantFormat::IQ4_NL
+        } else if n.ends_with("q_proj.weight") {
+            QuantFormat::Q3_K
+        } else if n == "model.embed_tokens.weight" {
+            QuantFormat::Q4_1
         } else {
             QuantFormat::Q5_K
         })

@@ -41,6 +41,14 @@ macro_rules! with_block_format {
                 type $F = qb::Q5_1;
                 $body
             }
+            $crate::ops::quant_format::QuantFormat::Q2_K => {
+                type $F = qb::Q2_K;
+                $body
+            }
+            $crate::ops::quant_format::QuantFormat::Q3_K => {
+                type $F = qb::Q3_K;
+                $body
+            }
             $crate::ops::quant_format::QuantFormat::Q4_K => {
                 type $F = qb::Q4_K;
                 $body
@@ -82,6 +90,13 @@ pub enum QuantFormat {
     Q5_0,
     /// 32 5-bit values, an f16 scale and an f16 min per block (24 bytes).
     Q5_1,
+    /// Super-blocks of 256: 2-bit values with a 4-bit scale and a 4-bit min
+    /// per 16, under an f16 scale and an f16 min scale (84 bytes, 2.625 bits
+    /// per weight).
+    Q2_K,
+    /// Super-blocks of 256: 3-bit values with a 6-bit scale per 16 under an
+    /// f16 scale (110 bytes, 3.4375 bits per weight).
+    Q3_K,
     /// Super-blocks of 256: eight sub-blocks of 32 4-bit values, each with a
     /// 6-bit scale and a 6-bit min, under an f16 scale and an f16 min scale
     /// (144 bytes, 4.5 bits per weight).
@@ -102,12 +117,14 @@ pub enum QuantFormat {
 
 impl QuantFormat {
     /// Every format, in declaration order.
-    pub const ALL: [QuantFormat; 10] = [
+    pub const ALL: [QuantFormat; 12] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q5_0,
         QuantFormat::Q5_1,
+        QuantFormat::Q2_K,
+        QuantFormat::Q3_K,
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
@@ -124,8 +141,8 @@ impl QuantFormat {
     }
 
     /// Bytes per block: 34 for Q8_0, 18 for Q4_0 and IQ4_NL, 20 for Q4_1, 22
-    /// for Q5_0, 24 for Q5_1, 144 for Q4_K, 176 for Q5_K, 210 for Q6_K, 136
-    /// for IQ4_XS.
+    /// for Q5_0, 24 for Q5_1, 84 for Q2_K, 110 for Q3_K, 144 for Q4_K, 176
+    /// for Q5_K, 210 for Q6_K, 136 for IQ4_XS.
     pub const fn block_bytes(self) -> usize {
         use crate::kernels::quant_block::BlockFormat;
         with_block_format!(self, F => F::BYTES)
@@ -212,6 +229,10 @@ pub enum TensorFormat {
     Q5_0,
     /// [`QuantFormat::Q5_1`] (6 bits per weight).
     Q5_1,
+    /// [`QuantFormat::Q2_K`] (2.625 bits per weight).
+    Q2_K,
+    /// [`QuantFormat::Q3_K`] (3.4375 bits per weight).
+    Q3_K,
     /// [`QuantFormat::Q4_K`] (4.5 bits per weight).
     Q4_K,
     /// [`QuantFormat::Q5_K`] (5.5 bits per weight).
@@ -249,7 +270,7 @@ pub struct FormatRow {
 }
 
 /// Every format: the one table of ggml codes and names.
-pub const FORMATS: [FormatRow; 13] = {
+pub const FORMATS: [FormatRow; 15] = {
     use QuantFormat as Q;
     use TensorFormat as T;
     use WeightFormat as W;
@@ -277,6 +298,8 @@ pub const FORMATS: [FormatRow; 13] = {
         row(T::Q4_1, 3, "q4_1", "Q4_1", Storage::Quant(Q::Q4_1)),
         row(T::Q5_0, 6, "q5_0", "Q5_0", Storage::Quant(Q::Q5_0)),
         row(T::Q5_1, 7, "q5_1", "Q5_1", Storage::Quant(Q::Q5_1)),
+        row(T::Q2_K, 10, "q2_k", "Q2_K", Storage::Quant(Q::Q2_K)),
+        row(T::Q3_K, 11, "q3_k", "Q3_K", Storage::Quant(Q::Q3_K)),
         row(T::Q4_K, 12, "q4_k", "Q4_K", Storage::Quant(Q::Q4_K)),
         row(T::Q5_K, 13, "q5_k", "Q5_K", Storage::Quant(Q::Q5_K)),
         row(T::Q6_K, 14, "q6_k", "Q6_K", Storage::Quant(Q::Q6_K)),

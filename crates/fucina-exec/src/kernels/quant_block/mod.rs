@@ -1,7 +1,7 @@
 //! A block-quantized weight format as a type: [`BlockFormat`], one
 //! implementation per format (one file each: `q8_0.rs`, `q4_0.rs`, `q4_1.rs`,
-//! `q5_0.rs`, `q5_1.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`, `iq4_nl.rs`,
-//! `iq4_xs.rs`), and the format-generic pieces built on it (row quantize and
+//! `q5_0.rs`, `q5_1.rs`, `q2_k.rs`, `q3_k.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`,
+//! `iq4_nl.rs`, `iq4_xs.rs`), and the format-generic pieces built on it (row quantize and
 //! dequantize, the portable fixed-order dot product, the bounds checks of the
 //! tiled drivers).
 //!
@@ -21,6 +21,8 @@ use crate::kernels::reduce::fold_lanes;
 
 pub(crate) mod iq4_nl;
 pub(crate) mod iq4_xs;
+pub(crate) mod q2_k;
+pub(crate) mod q3_k;
 pub(crate) mod q4_0;
 pub(crate) mod q4_1;
 pub(crate) mod q4_k;
@@ -32,6 +34,8 @@ pub(crate) mod q8_0;
 
 pub(crate) use iq4_nl::IQ4_NL;
 pub(crate) use iq4_xs::IQ4_XS;
+pub(crate) use q2_k::Q2_K;
+pub(crate) use q3_k::Q3_K;
 pub(crate) use q4_0::Q4_0;
 pub(crate) use q4_1::Q4_1;
 pub(crate) use q4_k::Q4_K;
