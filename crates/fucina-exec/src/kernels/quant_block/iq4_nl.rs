@@ -2,7 +2,10 @@
 //! int8 values, under an f16 scale (18 bytes: `d`, then 16 bytes of nibbles
 //! laid out as Q4_0's); value `k` is `d · KVALUES[n[k]]`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, signed_amax, via_f16};
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax, unpack_nibbles,
+    via_f16,
+};
 use crate::kernels::quant_dot::LANES;
 
 /// llama.cpp's IQ4_NL (ggml type 20).
@@ -49,12 +52,12 @@ pub(crate) fn code_indices(x: &[f32], d: f32, qs: &mut [u8]) {
 /// KVALUES[n] · x̂, acc[l])` (the shared dot of IQ4_NL and IQ4_XS).
 #[inline(always)]
 pub(crate) fn dot_indices(qs: &[u8], xq: &[i8], s: f32, acc: &mut [f32]) {
-    for (l, a) in acc.iter_mut().enumerate().take(LANES) {
-        let p: i32 = (4 * l..4 * l + 4)
-            .map(|k| i32::from(KVALUES[index(qs, k)]) * i32::from(xq[k]))
-            .sum();
-        *a = s.mul_add(p as f32, *a);
+    let mut v = [0i8; 32];
+    unpack_nibbles(qs, &mut v);
+    for v in v.iter_mut() {
+        *v = KVALUES[*v as usize];
     }
+    fma_lanes(s, &lane_sums(&v, xq), acc);
 }
 
 impl BlockFormat for IQ4_NL {

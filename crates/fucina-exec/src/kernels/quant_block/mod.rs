@@ -253,6 +253,43 @@ pub(crate) fn via_f16(v: f32) -> f32 {
     fucina_storage::half::f16::from_f32(v).to_f32()
 }
 
+/// The eight exact integer lane sums of a block of 32 values `v` (the
+/// weights' integer codes) with 32 quantized activations `x`:
+/// `p[l] = Σ_{k = 4l..4l+4} v[k] · x[k]` (at most `4 · 128 · 127` in
+/// magnitude, exact in i32). Fixed sizes, so the loop vectorizes.
+#[inline(always)]
+pub(crate) fn lane_sums(v: &[i8; 32], x: &[i8]) -> [i32; LANES] {
+    let x: &[i8; 32] = x[..32].try_into().expect("a block of 32");
+    let mut prod = [0i32; 32];
+    for ((p, &a), &b) in prod.iter_mut().zip(v).zip(x) {
+        *p = i32::from(a) * i32::from(b);
+    }
+    let mut out = [0i32; LANES];
+    for (o, c) in out.iter_mut().zip(prod.chunks_exact(4)) {
+        *o = c[0] + c[1] + c[2] + c[3];
+    }
+    out
+}
+
+/// `acc[l] = fma(s, p[l], acc[l])` for the eight lanes of `acc`.
+#[inline(always)]
+pub(crate) fn fma_lanes(s: f32, p: &[i32; LANES], acc: &mut [f32]) {
+    for (a, &p) in acc.iter_mut().zip(p) {
+        *a = s.mul_add(p as f32, *a);
+    }
+}
+
+/// Unpacks 16 bytes of nibbles laid out as Q4_0's (element `k` in the low
+/// nibble of byte `k`, element `k + 16` in its high nibble) into `v`.
+#[inline(always)]
+pub(crate) fn unpack_nibbles(qs: &[u8], v: &mut [i8; 32]) {
+    let qs: &[u8; 16] = qs[..16].try_into().expect("16 nibble bytes");
+    for k in 0..16 {
+        v[k] = (qs[k] & 0x0f) as i8;
+        v[k + 16] = (qs[k] >> 4) as i8;
+    }
+}
+
 /// The min term of a block format with a per-block min `m` (Q4_1, Q5_1):
 /// `acc[0] = fma(m · dx, S, acc[0])`, `S = Σ x̂` over the activation block.
 #[inline(always)]

@@ -5,7 +5,7 @@
 //! bits `2j, 2j + 1` of those bytes (weight `l` of the run in byte `l`).
 //! Weight `e` is `(d · sc[e / 16]) · q − dmin · mn[e / 16]`, `q` in `0..=3`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, via_f16};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, via_f16};
 use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q2_K (ggml type 10).
@@ -92,13 +92,18 @@ impl BlockFormat for Q2_K {
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let (d, dmin) = (f16_at(&blk[80..]), f16_at(&blk[82..]));
+        let mut v = [0i8; 32];
         for j in 0..8 {
-            for l in 0..LANES {
-                let g = 2 * j + l / 4;
-                let s = (d * f32::from(blk[g] & 15)) * xs[j];
-                let p: i32 = (4 * l..4 * l + 4)
-                    .map(|k| i32::from(code(blk, QK * j + k)) * i32::from(xq[QK * j + k]))
-                    .sum();
+            // sub-block j is run j % 4 of half j / 4
+            let codes: &[u8; 32] = blk[16 + 32 * (j / 4)..48 + 32 * (j / 4)]
+                .try_into()
+                .expect("32 code bytes");
+            for (v, &c) in v.iter_mut().zip(codes) {
+                *v = ((c >> (2 * (j % 4))) & 3) as i8;
+            }
+            let p = lane_sums(&v, &xq[QK * j..QK * (j + 1)]);
+            for (l, &p) in p.iter().enumerate() {
+                let s = (d * f32::from(blk[2 * j + l / 4] & 15)) * xs[j];
                 let a = &mut acc[LANES * (j % 2) + l];
                 *a = s.mul_add(p as f32, *a);
             }

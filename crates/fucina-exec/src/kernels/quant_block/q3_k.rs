@@ -8,7 +8,7 @@
 //! nibble for `g < 8`, high for `g ≥ 8`) and its top two from bits
 //! `2 (g / 4)..` of byte `8 + g mod 4`. Weight `e` is `(d · (ls[e / 16] − 32)) · q`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, signed_amax, via_f16};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, signed_amax, via_f16};
 use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q3_K (ggml type 11).
@@ -101,12 +101,21 @@ impl BlockFormat for Q3_K {
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         let d = f16_at(&blk[108..]);
+        let hmask: &[u8; 32] = blk[..32].try_into().expect("32 hmask bytes");
+        let mut v = [0i8; 32];
         for j in 0..8 {
-            for l in 0..LANES {
+            // sub-block j is run j % 4 of half j / 4; its high bits are bit j
+            // of hmask
+            let codes: &[u8; 32] = blk[32 + 32 * (j / 4)..64 + 32 * (j / 4)]
+                .try_into()
+                .expect("32 code bytes");
+            for ((v, &c), &h) in v.iter_mut().zip(codes).zip(hmask) {
+                let low = ((c >> (2 * (j % 4))) & 3) as i8;
+                *v = low - 4 * (1 - ((h >> j) & 1) as i8);
+            }
+            let p = lane_sums(&v, &xq[QK * j..QK * (j + 1)]);
+            for (l, &p) in p.iter().enumerate() {
                 let s = (d * (scale_code(blk, 2 * j + l / 4) - 32) as f32) * xs[j];
-                let p: i32 = (4 * l..4 * l + 4)
-                    .map(|k| value(blk, QK * j + k) * i32::from(xq[QK * j + k]))
-                    .sum();
                 let a = &mut acc[LANES * (j % 2) + l];
                 *a = s.mul_add(p as f32, *a);
             }

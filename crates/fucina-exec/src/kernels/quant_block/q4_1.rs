@@ -2,7 +2,9 @@
 //! bytes: `d`, `m`, then 16 bytes of nibbles laid out as Q4_0's); value `k` is
 //! `n[k] · d + m`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, min_term};
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, min_term, unpack_nibbles,
+};
 use crate::kernels::quant_dot::LANES;
 
 /// llama.cpp's Q4_1 (ggml type 3).
@@ -54,14 +56,9 @@ impl BlockFormat for Q4_1 {
     /// over the block).
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
-        let s = f16_at(blk) * xs[0];
-        let qs = &blk[4..20];
-        for (l, a) in acc[..LANES].iter_mut().enumerate() {
-            let p: i32 = (4 * l..4 * l + 4)
-                .map(|k| i32::from(nibble(qs, k)) * i32::from(xq[k]))
-                .sum();
-            *a = s.mul_add(p as f32, *a);
-        }
+        let mut v = [0i8; 32];
+        unpack_nibbles(&blk[4..20], &mut v);
+        fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
         min_term(f16_at(&blk[2..]), xs[0], sums[0], acc);
     }
 }

@@ -11,7 +11,9 @@
 
 use std::ops::Range;
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, portable_rows, via_f16};
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, nearest, portable_rows, via_f16,
+};
 use crate::kernels::quant_dot::{Acts, LANES, QK};
 use crate::kernels::quant_k;
 
@@ -111,8 +113,8 @@ pub(crate) fn nearest_code(v: f32, dq: f32, dm: f32, top: i32) -> u8 {
 }
 
 /// The fixed-order dot product part of one super-block with 6-bit scales and
-/// mins in Q4_K's header (`blk[0..16]`) and the unsigned values
-/// `value(j, k)` (element `k` of sub-block `j`), shared by Q4_K and Q5_K:
+/// mins in Q4_K's header (`blk[0..16]`) and the unsigned values that
+/// `unpack(j, v)` writes for sub-block `j`, shared by Q4_K and Q5_K:
 /// sub-block `j`'s lanes `acc[8 · (j mod 2) + l] = fma((d · sc[j]) · dx,
 /// Σ q · x̂, ·)` for `j` in increasing order, then the min term
 /// `acc[l] = fma(−((dmin · mn[l]) · dx), S, acc[l])` (`S = Σ x̂` over
@@ -120,7 +122,7 @@ pub(crate) fn nearest_code(v: f32, dq: f32, dm: f32, top: i32) -> u8 {
 #[inline(always)]
 pub(crate) fn dot_scaled_min(
     blk: &[u8],
-    value: impl Fn(usize, usize) -> u8,
+    unpack: impl Fn(usize, &mut [i8; 32]),
     xq: &[i8],
     xs: &[f32],
     sums: &[f32],
@@ -128,20 +130,28 @@ pub(crate) fn dot_scaled_min(
 ) {
     let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
     let (sc, mn) = q4k_scales(&blk[4..16]);
+    let mut v = [0i8; 32];
     for j in 0..SUB {
         let s = (d * f32::from(sc[j])) * xs[j];
-        let xb = &xq[j * QK..(j + 1) * QK];
-        let half = &mut acc[LANES * (j % 2)..][..LANES];
-        for (l, a) in half.iter_mut().enumerate() {
-            let p: i32 = (4 * l..4 * l + 4)
-                .map(|k| i32::from(value(j, k)) * i32::from(xb[k]))
-                .sum();
-            *a = s.mul_add(p as f32, *a);
-        }
+        unpack(j, &mut v);
+        let p = lane_sums(&v, &xq[j * QK..(j + 1) * QK]);
+        fma_lanes(s, &p, &mut acc[LANES * (j % 2)..LANES * (j % 2) + LANES]);
     }
     for (l, a) in acc[..LANES].iter_mut().enumerate() {
         let t = (dmin * f32::from(mn[l])) * xs[l];
         *a = (-t).mul_add(sums[l], *a);
+    }
+}
+
+/// Sub-block `j`'s 32 nibbles (`qs` the 128 value bytes) into `v`.
+#[inline(always)]
+pub(crate) fn unpack_q4k(qs: &[u8], j: usize, v: &mut [i8; 32]) {
+    let run: &[u8; 32] = qs[32 * (j / 2)..32 * (j / 2) + 32]
+        .try_into()
+        .expect("a run of 32");
+    let shift = 4 * (j % 2);
+    for (v, &b) in v.iter_mut().zip(run) {
+        *v = ((b >> shift) & 0x0f) as i8;
     }
 }
 
@@ -207,7 +217,7 @@ impl BlockFormat for Q4_K {
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         let qs = &blk[16..];
-        dot_scaled_min(blk, |j, k| q4k_value(qs, j, k), xq, xs, sums, acc);
+        dot_scaled_min(blk, |j, v| unpack_q4k(qs, j, v), xq, xs, sums, acc);
     }
 
     fn rows(

@@ -4,7 +4,9 @@
 //! holding the low four bits of element `k` and its high nibble those of
 //! element `k + 16`); value `k` is `(q[k] − 16) · d`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, signed_amax};
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax, unpack_nibbles,
+};
 use crate::kernels::quant_dot::LANES;
 
 /// llama.cpp's Q5_0 (ggml type 6).
@@ -18,6 +20,16 @@ pub(crate) fn q5_value(qh: u32, qs: &[u8], k: usize) -> u8 {
     let byte = qs[k % 16];
     let lo = if k < 16 { byte & 0x0f } else { byte >> 4 };
     lo | ((((qh >> k) & 1) as u8) << 4)
+}
+
+/// Unpacks the 32 values `0..=31` of high bits `qh` and nibbles `qs` into `v`,
+/// minus `offset` (16 for Q5_0's signed values, 0 for Q5_1).
+#[inline(always)]
+pub(crate) fn unpack_q5(qh: u32, qs: &[u8], offset: i8, v: &mut [i8; 32]) {
+    unpack_nibbles(qs, v);
+    for (k, v) in v.iter_mut().enumerate() {
+        *v = (*v | ((((qh >> k) & 1) as i8) << 4)) - offset;
+    }
 }
 
 /// Packs 32 values `0..=31` into `qh` (returned) and the 16 nibble bytes `qs`.
@@ -67,14 +79,9 @@ impl BlockFormat for Q5_0 {
     /// eight lanes.
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
-        let s = f16_at(blk) * xs[0];
         let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-        let qs = &blk[6..22];
-        for (l, a) in acc[..LANES].iter_mut().enumerate() {
-            let p: i32 = (4 * l..4 * l + 4)
-                .map(|k| (i32::from(q5_value(qh, qs, k)) - 16) * i32::from(xq[k]))
-                .sum();
-            *a = s.mul_add(p as f32, *a);
-        }
+        let mut v = [0i8; 32];
+        unpack_q5(qh, &blk[6..22], 16, &mut v);
+        fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
     }
 }

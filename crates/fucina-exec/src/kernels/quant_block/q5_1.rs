@@ -2,8 +2,8 @@
 //! bytes: `d`, `m`, then `qh` and 16 bytes of nibbles laid out as Q5_0's);
 //! value `k` is `q[k] · d + m`.
 
-use super::q5_0::{pack_q5, q5_value};
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, min_term};
+use super::q5_0::{pack_q5, q5_value, unpack_q5};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, min_term};
 use crate::kernels::quant_dot::LANES;
 
 /// llama.cpp's Q5_1 (ggml type 7).
@@ -51,15 +51,10 @@ impl BlockFormat for Q5_1 {
     /// over the block).
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
-        let s = f16_at(blk) * xs[0];
         let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
-        let qs = &blk[8..24];
-        for (l, a) in acc[..LANES].iter_mut().enumerate() {
-            let p: i32 = (4 * l..4 * l + 4)
-                .map(|k| i32::from(q5_value(qh, qs, k)) * i32::from(xq[k]))
-                .sum();
-            *a = s.mul_add(p as f32, *a);
-        }
+        let mut v = [0i8; 32];
+        unpack_q5(qh, &blk[8..24], 0, &mut v);
+        fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
         min_term(f16_at(&blk[2..]), xs[0], sums[0], acc);
     }
 }

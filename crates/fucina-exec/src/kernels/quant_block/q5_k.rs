@@ -4,7 +4,9 @@
 //! element `k` of sub-block `j`. Weight `k` of sub-block `j` is
 //! `(d · sc[j]) · q − dmin · mn[j]` with `q` in `0..=31`.
 
-use super::q4_k::{code_sub_blocks, dot_scaled_min, nearest_code, q4k_scales, q4k_value};
+use super::q4_k::{
+    code_sub_blocks, dot_scaled_min, nearest_code, q4k_scales, q4k_value, unpack_q4k,
+};
 use super::{BlockFormat, LaneAcc, f16_at};
 use crate::kernels::quant_dot::QK;
 
@@ -66,6 +68,13 @@ impl BlockFormat for Q5_K {
     /// 5-bit values.
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
-        dot_scaled_min(blk, |j, k| value(blk, j, k), xq, xs, sums, acc);
+        let unpack = |j: usize, v: &mut [i8; 32]| {
+            unpack_q4k(&blk[48..176], j, v);
+            let qh: &[u8; 32] = blk[16..48].try_into().expect("32 high-bit bytes");
+            for (v, &h) in v.iter_mut().zip(qh) {
+                *v |= (((h >> j) & 1) << 4) as i8;
+            }
+        };
+        dot_scaled_min(blk, unpack, xq, xs, sums, acc);
     }
 }
