@@ -2,7 +2,9 @@
 //! run, and its accuracy against the f32 product.
 //!
 //! `cargo bench -p fucina-exec --bench quant_matmul` (`QUANT_BENCH_QUICK=1`
-//! for a short smoke run; `QUANT_BENCH_THREADS=1,2` to pick team sizes).
+//! for a short smoke run; `QUANT_BENCH_THREADS=1,2` to pick team sizes;
+//! `QUANT_BENCH_FORMATS=q8_0,q4_0,q4_k,q6_k` to pick formats, default q8_0 and
+//! q4_0; the formats that are not repacked have no packed column).
 //!
 //! - **Bandwidth**: a buffer of 640 MiB (larger than the 480 MiB last-level
 //!   cache of the machine the figures were taken on) summed as `u64` words by
@@ -115,6 +117,14 @@ fn main() {
     }
     let pool: &[u8] = bytemuck::cast_slice(&words);
     let samples = if quick { 3 } else { 15 };
+    let formats: Vec<QuantFormat> = std::env::var("QUANT_BENCH_FORMATS")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|n| QuantFormat::ALL.into_iter().find(|f| f.name() == n.trim()))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![QuantFormat::Q8_0, QuantFormat::Q4_0]);
 
     for &t in &threads {
         let ctx = ExecContext::with_threads(t);
@@ -133,8 +143,11 @@ fn main() {
             if only.as_ref().is_some_and(|o| !o.contains(&si)) {
                 continue;
             }
-            for format in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
-                let mbytes = rows * cols / 32 * format.block_bytes();
+            for &format in &formats {
+                if !cols.is_multiple_of(format.block_elements()) {
+                    continue;
+                }
+                let mbytes = rows * cols / format.block_elements() * format.block_bytes();
                 let copies = (pool_bytes / mbytes).max(1);
                 let mats: Vec<QuantMatrix<'_>> = (0..copies)
                     .map(|c| {
@@ -142,8 +155,11 @@ fn main() {
                             .unwrap()
                     })
                     .collect();
-                let packed: Vec<PackedQuantMatrix> =
-                    mats.iter().map(|w| ctx.repack_quant(w).unwrap()).collect();
+                let packed: Vec<PackedQuantMatrix> = if format.repackable() {
+                    mats.iter().map(|w| ctx.repack_quant(w).unwrap()).collect()
+                } else {
+                    Vec::new()
+                };
                 for m in [1usize, 8] {
                     let mut x = vec![0.0f32; m * cols];
                     fucina_exec::rng::uniform_fill(7, &mut x, -1.0, 1.0);
@@ -162,6 +178,9 @@ fn main() {
                         let a = t0.elapsed().as_secs_f64() / calls as f64;
                         let t0 = Instant::now();
                         for _ in 0..calls {
+                            if packed.is_empty() {
+                                break;
+                            }
                             ctx.quant_matmul_packed(&x, m, &packed[next_p], &mut out_p)
                                 .unwrap();
                             next_p = (next_p + 1) % copies;

@@ -69,7 +69,9 @@ pub mod math {
 }
 pub use context::{ExecContext, MAX_THREADS, PARALLEL_THRESHOLD};
 pub use error::ExecError;
-pub use kernels::simd::{SimdLevel, detected_simd_level, force_simd_level, simd_level};
+pub use kernels::simd::{
+    CpuFeatures, SimdLevel, detected_simd_level, force_simd_level, simd_level,
+};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::simd::{with_avx2, with_avx512};
 pub use ops::bf16_matmul::{
@@ -87,7 +89,11 @@ pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;
 pub use ops::pool::{Pool2dOp, Pool2dOptions};
-pub use ops::quant::{PackedQuantMatrix, QuantFormat, QuantMatrix, QuantizedWeights};
+pub use ops::quant_format::{
+    FORMATS, FormatRow, QuantFormat, Storage, TensorFormat, UnknownFormatName,
+};
+pub use ops::quant_matrix::{QuantMatrix, QuantizedWeights};
+pub use ops::quant_packed::PackedQuantMatrix;
 pub use ops::reduce::{AxisReduction, AxisStatistic, FullReduction};
 pub use ops::softmax::SoftmaxOp;
 pub use ops::view::ViewOp;

@@ -64,6 +64,16 @@ impl From<fucina::ExecError> for LlmError {
     }
 }
 
+impl From<fucina::exec::UnknownFormatName> for LlmError {
+    /// An unknown `--dtype` name ([`LoadDtype`](crate::LoadDtype)'s parse).
+    fn from(e: fucina::exec::UnknownFormatName) -> LlmError {
+        LlmError::InvalidRequest {
+            op: "LoadDtype::from_str",
+            reason: e.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     // Small enough that clippy's `result_large_err` (128 bytes) stays quiet in

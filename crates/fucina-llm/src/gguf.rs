@@ -25,6 +25,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use fucina::exec::TensorFormat;
+
 use crate::error::LlmError;
 
 /// The magic number at the start of every GGUF file (`"GGUF"`).
@@ -113,124 +115,67 @@ impl GgufValue {
     }
 }
 
-/// The element type of a GGUF tensor (ggml's type codes; the variants are
-/// spelled as ggml spells them).
-#[allow(non_camel_case_types)]
+/// The element type of a GGUF tensor: ggml's type code, read as
+/// [`TensorFormat`]'s table
+/// ([`FORMATS`](fucina::exec::FORMATS)) reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    /// IEEE binary32 (code 0).
-    F32,
-    /// IEEE binary16 (code 1).
-    F16,
-    /// Blocks of 32 4-bit values and an f16 scale, 18 bytes (code 2).
-    Q4_0,
-    /// Blocks of 32 int8 values and an f16 scale, 34 bytes (code 8).
-    Q8_0,
-    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins,
-    /// 144 bytes (code 12).
-    Q4_K,
-    /// Super-blocks of 256 6-bit values with int8 scales per 16, 210 bytes
-    /// (code 14).
-    Q6_K,
-    /// bfloat16 (code 30).
-    BF16,
-    /// Any other ggml type: listed in the directory, refused when its data is read.
-    Other(u32),
-}
+pub struct GgmlType(u32);
 
 impl GgmlType {
     /// The type of ggml's code `code`.
     pub fn from_code(code: u32) -> GgmlType {
-        match code {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            8 => GgmlType::Q8_0,
-            12 => GgmlType::Q4_K,
-            14 => GgmlType::Q6_K,
-            30 => GgmlType::BF16,
-            c => GgmlType::Other(c),
-        }
+        GgmlType(code)
     }
 
     /// ggml's code of the type.
     pub fn code(self) -> u32 {
-        match self {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q4_K => 12,
-            GgmlType::Q6_K => 14,
-            GgmlType::BF16 => 30,
-            GgmlType::Other(c) => c,
-        }
+        self.0
+    }
+
+    /// The format of the type, `None` for a type this reader does not
+    /// support.
+    pub fn format(self) -> Option<TensorFormat> {
+        TensorFormat::from_ggml_code(self.0)
     }
 
     /// `(elements per block, bytes per block)`, or `None` for a type this reader
     /// does not support.
     pub fn block(self) -> Option<(u64, u64)> {
-        match self {
-            GgmlType::F32 => Some((1, 4)),
-            GgmlType::F16 | GgmlType::BF16 => Some((1, 2)),
-            GgmlType::Q4_0 => Some((32, 18)),
-            GgmlType::Q8_0 => Some((32, 34)),
-            GgmlType::Q4_K => Some((256, 144)),
-            GgmlType::Q6_K => Some((256, 210)),
-            GgmlType::Other(_) => None,
-        }
+        let (e, b) = self.format()?.block();
+        Some((e as u64, b as u64))
     }
 
-    /// The type's name as ggml spells it (`"q8_0"`), also for the types this
-    /// reader does not support (`"q4_1"`); `"type <code>"` for a code ggml
-    /// does not define.
+    /// The type's name as ggml spells it, lower-case (`"q8_0"`), also for the
+    /// types this reader does not support (`"iq2_xs"`); `"type <code>"` for a
+    /// code ggml does not define.
     pub fn name(self) -> String {
-        match self {
-            GgmlType::F32 => "f32".into(),
-            GgmlType::F16 => "f16".into(),
-            GgmlType::Q4_0 => "q4_0".into(),
-            GgmlType::Q8_0 => "q8_0".into(),
-            GgmlType::Q4_K => "q4_k".into(),
-            GgmlType::Q6_K => "q6_k".into(),
-            GgmlType::BF16 => "bf16".into(),
-            GgmlType::Other(c) => match OTHER_GGML_NAMES.iter().find(|(code, _)| *code == c) {
+        match self.format() {
+            Some(f) => f.name().into(),
+            None => match OTHER_GGML_NAMES.iter().find(|(code, _)| *code == self.0) {
                 Some((_, name)) => (*name).into(),
-                None => format!("type {c}"),
+                None => format!("type {}", self.0),
             },
         }
     }
+}
 
-    /// The types this reader supports, as [`name`](GgmlType::name) spells them.
-    pub const SUPPORTED: [GgmlType; 7] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
+impl From<TensorFormat> for GgmlType {
+    fn from(f: TensorFormat) -> GgmlType {
+        GgmlType(f.ggml_code())
+    }
 }
 
 /// ggml's names of the type codes this reader does not support, so that an
 /// error names what a file holds (`q4_1`, not `type 3`).
-const OTHER_GGML_NAMES: [(u32, &str); 24] = [
-    (3, "q4_1"),
-    (6, "q5_0"),
-    (7, "q5_1"),
+const OTHER_GGML_NAMES: [(u32, &str); 16] = [
     (9, "q8_1"),
-    (10, "q2_k"),
-    (11, "q3_k"),
-    (13, "q5_k"),
     (15, "q8_k"),
     (16, "iq2_xxs"),
     (17, "iq2_xs"),
     (18, "iq3_xxs"),
     (19, "iq1_s"),
-    (20, "iq4_nl"),
     (21, "iq3_s"),
     (22, "iq2_s"),
-    (23, "iq4_xs"),
     (24, "i8"),
     (25, "i16"),
     (26, "i32"),
@@ -242,9 +187,9 @@ const OTHER_GGML_NAMES: [(u32, &str); 24] = [
 ];
 
 impl GgmlType {
-    /// "the supported types: f32, f16, ..." for error messages.
+    /// "f32, f16, ..." (the supported types) for error messages.
     pub(crate) fn supported_list() -> String {
-        GgmlType::SUPPORTED.map(GgmlType::name).join(", ")
+        TensorFormat::name_list()
     }
 }
 

@@ -38,6 +38,6 @@ pub use model::{Model, PREFILL_CHUNK};
 pub use open::{OpenedModel, open_model};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;
-pub use weights::{LoadDtype, Weight, WeightStore};
+pub use weights::{LoadDtype, Weight, WeightStore, k_fallback};
 
 pub use fucina;

@@ -35,7 +35,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use fucina::exec::{
-    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, WeightFormat, WeightMatrix,
+    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, Storage, TensorFormat,
+    WeightFormat, WeightMatrix,
 };
 
 use crate::error::LlmError;
@@ -701,107 +702,38 @@ impl WeightStore {
 }
 
 /// The format [`WeightStore::convert`] turns a model's matrices into
-/// (`generate --dtype`).
+/// (`generate --dtype`): any [`TensorFormat`]
+/// (parsed from its lower-case name, case-insensitive: `"q4_k".parse()`).
 ///
 /// The float formats round each value once (to nearest-even for f16 and
 /// bf16); Q8_0 and Q4_0 are llama.cpp's blocks of 32, made by
 /// [`ExecContext::quantize`](fucina::ExecContext::quantize) (its reference
 /// quantizer, so the bytes are those `llama-quantize` writes for the same f32
-/// values); Q4_K is llama.cpp's super-block format, made by `quantize`'s
-/// simpler K rule (its bytes differ from `llama-quantize`'s). The variants are
-/// spelled as llama.cpp spells its types.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LoadDtype {
-    /// IEEE binary32.
-    F32,
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// Blocks of 32 int8 values and an f16 scale (8.5 bits per weight).
-    Q8_0,
-    /// Blocks of 32 4-bit values and an f16 scale (4.5 bits per weight).
-    Q4_0,
-    /// Super-blocks of 256 4-bit values with 6-bit sub-block scales and mins
-    /// (4.5 bits per weight); the output projection becomes Q6_K (see
-    /// [`WeightStore::convert`]).
-    Q4_K,
-}
-
-impl LoadDtype {
-    /// Every dtype, in the order of [`name`](LoadDtype::name)'s list.
-    pub const ALL: [LoadDtype; 6] = [
-        LoadDtype::F32,
-        LoadDtype::F16,
-        LoadDtype::BF16,
-        LoadDtype::Q8_0,
-        LoadDtype::Q4_0,
-        LoadDtype::Q4_K,
-    ];
-
-    /// The lower-case name (`"f32"`, `"f16"`, `"bf16"`, `"q8_0"`, `"q4_0"`,
-    /// `"q4_k"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            LoadDtype::F32 => "f32",
-            LoadDtype::F16 => "f16",
-            LoadDtype::BF16 => "bf16",
-            LoadDtype::Q8_0 => "q8_0",
-            LoadDtype::Q4_0 => "q4_0",
-            LoadDtype::Q4_K => "q4_k",
-        }
-    }
-
-    /// How a weight of this dtype is kept.
-    fn kind(self) -> Kind {
-        match self {
-            LoadDtype::F32 => Kind::Float(WeightFormat::F32),
-            LoadDtype::F16 => Kind::Float(WeightFormat::F16),
-            LoadDtype::BF16 => Kind::Float(WeightFormat::BF16),
-            LoadDtype::Q8_0 => Kind::Quant(QuantFormat::Q8_0),
-            LoadDtype::Q4_0 => Kind::Quant(QuantFormat::Q4_0),
-            LoadDtype::Q4_K => Kind::Quant(QuantFormat::Q4_K),
-        }
-    }
-}
-
-impl fmt::Display for LoadDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for LoadDtype {
-    type Err = LlmError;
-
-    /// Parses a [`name`](LoadDtype::name) (case-insensitive).
-    fn from_str(s: &str) -> Result<LoadDtype, LlmError> {
-        LoadDtype::ALL
-            .into_iter()
-            .find(|d| d.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| LlmError::InvalidRequest {
-                op: "LoadDtype::from_str",
-                reason: format!(
-                    "unknown dtype {s:?} (f32, f16, bf16, q8_0, q4_0 and q4_k are known)"
-                ),
-            })
-    }
-}
-
-/// A weight's storage kind.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Float(WeightFormat),
-    Quant(QuantFormat),
-}
+/// values); the K formats are llama.cpp's super-block formats, made by
+/// `quantize`'s simpler K rules (their bytes differ from `llama-quantize`'s).
+pub type LoadDtype = TensorFormat;
 
 impl Weight {
-    fn kind(&self) -> Kind {
+    /// How the weight is kept.
+    fn storage(&self) -> Storage {
         match self.quant {
-            Some(q) => Kind::Quant(q),
-            None => Kind::Float(self.format),
+            Some(q) => Storage::Quant(q),
+            None => Storage::Float(self.format),
         }
+    }
+}
+
+/// The block format llama.cpp's `llama-quantize` takes for a tensor whose rows
+/// are not whole super-blocks of a K format (a format of blocks of 32: Q4_K →
+/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K, Q3_K and IQ4_XS → IQ4_NL); the
+/// format itself for the others.
+pub fn k_fallback(q: QuantFormat) -> QuantFormat {
+    match q {
+        QuantFormat::Q4_K => QuantFormat::Q5_0,
+        QuantFormat::Q5_K => QuantFormat::Q5_1,
+        QuantFormat::Q6_K => QuantFormat::Q8_0,
+        QuantFormat::Q2_K | QuantFormat::Q3_K | QuantFormat::IQ4_XS => QuantFormat::IQ4_NL,
+        other => other,
     }
 }
 
@@ -816,19 +748,16 @@ impl WeightStore {
     ///   embedding table and `lm_head.weight` — becomes `dtype`; tensors of
     ///   other ranks (the norms, the biases) are kept as they are (the decoder
     ///   widens them to f32 when it builds, whatever their format);
-    /// - for [`LoadDtype::Q4_0`] the output projection keeps more bits: it is
-    ///   stored as Q8_0. llama.cpp stores it as Q6_K, a format this crate does
-    ///   not have; Q8_0 is its own fallback for Q6_K. The output projection is
-    ///   `lm_head.weight`, or the embedding table when `tie_word_embeddings`
-    ///   (llama.cpp's rule for models that share the two);
-    /// - for [`LoadDtype::Q4_K`] every matrix becomes Q4_K and the output
-    ///   projection Q6_K (as llama.cpp's `Q4_K_S` and `Q4_K_M` do; `Q4_K_M`
-    ///   also gives Q6_K to some of the v and down projections, which this
-    ///   conversion does not). The K formats need whole super-blocks of 256
-    ///   along the columns; a matrix whose column count is not a multiple of
-    ///   256 falls back, as llama.cpp's does: Q6_K to Q8_0 (llama.cpp's own
-    ///   fallback), Q4_K to Q4_0 (llama.cpp takes Q5_0, which this crate does
-    ///   not have);
+    /// - for every block format but Q8_0 and Q6_K the output projection keeps
+    ///   more bits: it is stored as Q6_K, as llama.cpp's presets store it. The
+    ///   output projection is `lm_head.weight`, or the embedding table when
+    ///   `tie_word_embeddings` (llama.cpp's rule for models that share the
+    ///   two); `Q4_K_M` and `Q5_K_M` also give Q6_K to some of the v and down
+    ///   projections, which this conversion does not;
+    /// - the K formats need whole super-blocks of 256 along the columns; a
+    ///   matrix whose column count is not a multiple of 256 falls back per
+    ///   tensor, as llama.cpp's does ([`k_fallback`]): Q4_K to Q5_0, Q5_K to
+    ///   Q5_1, Q6_K to Q8_0, Q2_K, Q3_K and IQ4_XS to IQ4_NL;
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an
@@ -841,9 +770,9 @@ impl WeightStore {
     /// # Errors
     /// [`LlmError::BadTensor`] naming the tensor and its shape when a matrix to
     /// be quantized has a column count (its input features, the dimension the
-    /// blocks run along) that is not a multiple of 32 (for Q4_K too: its
-    /// fallbacks, Q4_0 and Q8_0, need whole blocks of 32): llama.cpp refuses
-    /// such a tensor for Q8_0 and Q4_0 too ("Unsupported tensor size").
+    /// blocks run along) that is not a multiple of 32 (for the K formats too:
+    /// their fallbacks need whole blocks of 32): llama.cpp refuses such a
+    /// tensor too ("Unsupported tensor size").
     /// Nothing is returned half-converted.
     pub fn convert(
         &self,
@@ -862,22 +791,20 @@ impl WeightStore {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             };
-            let target = match dtype {
-                LoadDtype::Q4_0 if name == output => Kind::Quant(QuantFormat::Q8_0),
-                LoadDtype::Q4_K if name == output => Kind::Quant(QuantFormat::Q6_K),
-                d => d.kind(),
-            };
-            // The K formats need whole super-blocks along the columns.
-            let target = match target {
-                Kind::Quant(QuantFormat::Q4_K) if !cols.is_multiple_of(256) => {
-                    Kind::Quant(QuantFormat::Q4_0)
-                }
-                Kind::Quant(QuantFormat::Q6_K) if !cols.is_multiple_of(256) => {
-                    Kind::Quant(QuantFormat::Q8_0)
+            let target = match dtype.storage() {
+                Storage::Quant(q) if name == output && q != QuantFormat::Q8_0 => {
+                    Storage::Quant(QuantFormat::Q6_K)
                 }
                 t => t,
             };
-            if w.kind() == target {
+            // The K formats need whole super-blocks along the columns.
+            let target = match target {
+                Storage::Quant(q) if !cols.is_multiple_of(q.block_elements()) => {
+                    Storage::Quant(k_fallback(q))
+                }
+                t => t,
+            };
+            if w.storage() == target {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             }
@@ -885,7 +812,7 @@ impl WeightStore {
                 name: name.clone(),
                 reason: format!("shape [{rows}, {cols}]: {reason}"),
             };
-            if let Kind::Quant(q) = target
+            if let Storage::Quant(q) = target
                 && !cols.is_multiple_of(q.block_elements())
             {
                 return Err(bad(format!(
@@ -898,8 +825,8 @@ impl WeightStore {
             // matrix is never widened whole (every format works per row, so the
             // bytes do not depend on the block size).
             let row_bytes = match target {
-                Kind::Float(f) => cols * f.size_bytes(),
-                Kind::Quant(q) => cols / q.block_elements() * q.block_bytes(),
+                Storage::Float(f) => cols * f.size_bytes(),
+                Storage::Quant(q) => cols / q.block_elements() * q.block_bytes(),
             };
             let total = rows
                 .checked_mul(row_bytes)
@@ -917,12 +844,12 @@ impl WeightStore {
                     w.row_to_f32(r0 + i, row)?;
                 }
                 match target {
-                    Kind::Float(f) => {
+                    Storage::Float(f) => {
                         let start = bytes.len();
                         bytes.resize(start + n * row_bytes, 0);
                         encode_f32(f, buf, &mut bytes[start..]);
                     }
-                    Kind::Quant(q) => bytes.extend_from_slice(
+                    Storage::Quant(q) => bytes.extend_from_slice(
                         ctx.quantize(q, n, cols, buf)
                             .map_err(|e| bad(e.to_string()))?
                             .bytes(),
@@ -930,8 +857,8 @@ impl WeightStore {
                 }
             }
             let converted = match target {
-                Kind::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
-                Kind::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
+                Storage::Float(f) => Weight::from_bytes(name, f, w.shape(), bytes)?,
+                Storage::Quant(q) => Weight::quantized(name, q, w.shape(), bytes)?,
             };
             tensors.insert(name.clone(), converted);
         }

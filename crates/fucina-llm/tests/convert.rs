@@ -61,8 +61,8 @@ fn dtype_names_parse_and_print() {
     }
     assert_eq!("Q4_0".parse::<LoadDtype>().unwrap(), LoadDtype::Q4_0);
     assert_eq!("Q4_K".parse::<LoadDtype>().unwrap(), LoadDtype::Q4_K);
-    let e = "q5_k".parse::<LoadDtype>().unwrap_err().to_string();
-    assert!(e.contains("\"q5_k\"") && e.contains("q4_k"), "{e}");
+    let e = "q7_k".parse::<LoadDtype>().unwrap_err().to_string();
+    assert!(e.contains("\"q7_k\"") && e.contains("q4_k"), "{e}");
 }
 
 /// Each converted matrix holds exactly the bytes the runtime's quantizer (or
@@ -87,15 +87,20 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
                     continue;
                 };
                 let values = w.to_f32_vec();
-                let quant = match dtype {
-                    LoadDtype::Q4_0 if name == "lm_head.weight" => Some(QuantFormat::Q8_0),
-                    LoadDtype::Q4_0 => Some(QuantFormat::Q4_0),
-                    // the fixtures' 64 and 128 columns are not whole
-                    // super-blocks: Q6_K falls back to Q8_0, Q4_K to Q4_0
-                    LoadDtype::Q4_K if name == "lm_head.weight" => Some(QuantFormat::Q8_0),
-                    LoadDtype::Q4_K => Some(QuantFormat::Q4_0),
-                    LoadDtype::Q8_0 => Some(QuantFormat::Q8_0),
-                    _ => None,
+                // the output projection is Q6_K but for Q8_0; the fixtures'
+                // 64 and 128 columns are not whole super-blocks, so the K
+                // formats fall back: Q6_K to Q8_0, Q4_K to Q5_0, Q5_K to Q5_1
+                let quant = match dtype.quant() {
+                    Some(q) if name == "lm_head.weight" && q != QuantFormat::Q8_0 => {
+                        Some(QuantFormat::Q8_0)
+                    }
+                    Some(QuantFormat::Q4_K) => Some(QuantFormat::Q5_0),
+                    Some(QuantFormat::Q5_K) => Some(QuantFormat::Q5_1),
+                    Some(QuantFormat::Q6_K) => Some(QuantFormat::Q8_0),
+                    Some(QuantFormat::Q2_K | QuantFormat::Q3_K | QuantFormat::IQ4_XS) => {
+                        Some(QuantFormat::IQ4_NL)
+                    }
+                    q => q,
                 };
                 assert_eq!(c.quant_format(), quant, "{fix} {dtype} {name}");
                 let want = match (quant, dtype) {

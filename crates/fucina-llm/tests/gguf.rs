@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use fucina::exec::TensorFormat;
 use fucina_llm::LlmError;
 use fucina_llm::gguf::{GgmlType, GgufFile, GgufValue, parse_header};
 
@@ -43,7 +44,7 @@ fn sample() -> Writer {
     w.tensor("blk.0.attn_q.weight", &[32, 2], 8, &[7u8; 68]); // two Q8_0 blocks
     w.tensor("blk.0.ffn_up.weight", &[32], 2, &[9u8; 18]); // one Q4_0 block
     w.tensor("bf", &[4], 30, &[1, 2, 3, 4, 5, 6, 7, 8]);
-    w.tensor("odd", &[4], 13, &[0u8; 64]); // Q5_K: listed, refused on read
+    w.tensor("odd", &[4], 16, &[0u8; 64]); // IQ2_XXS: listed, refused on read
     w
 }
 
@@ -109,7 +110,7 @@ fn a_written_file_reads_back() {
     );
     let (info, data) = f.tensor("token_embd.weight").unwrap();
     assert_eq!(info.shape(), vec![2, 3]);
-    assert_eq!(info.ggml_type, GgmlType::F32);
+    assert_eq!(info.ggml_type, GgmlType::from(TensorFormat::F32));
     let vals: Vec<f32> = data
         .chunks(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -118,7 +119,7 @@ fn a_written_file_reads_back() {
     let (info, data) = f.tensor("blk.0.attn_q.weight").unwrap();
     assert_eq!(
         (info.ggml_type, info.numel(), data),
-        (GgmlType::Q8_0, 64, &[7u8; 68][..])
+        (GgmlType::from(TensorFormat::Q8_0), 64, &[7u8; 68][..])
     );
     assert_eq!(f.tensor("blk.0.ffn_up.weight").unwrap().1, &[9u8; 18]);
     assert_eq!(f.tensor("bf").unwrap().1, &[1, 2, 3, 4, 5, 6, 7, 8]);
@@ -137,7 +138,7 @@ fn a_written_file_reads_back() {
     );
     assert!(
         err.to_string()
-            .contains("unsupported GGUF tensor type q5_k"),
+            .contains("unsupported GGUF tensor type iq2_xxs"),
         "{err}"
     );
     let err = f.tensor("nope").unwrap_err().to_string();
@@ -281,5 +282,5 @@ fn the_fuzz_seed_parses() {
     let (meta, tensors) = parse_header(seed).unwrap();
     assert_eq!(meta["general.architecture"].as_str(), Some("llama"));
     assert_eq!(tensors.len(), 3);
-    assert_eq!(tensors[1].ggml_type, GgmlType::Q8_0);
+    assert_eq!(tensors[1].ggml_type, GgmlType::from(TensorFormat::Q8_0));
 }

@@ -115,12 +115,7 @@ fn convert_as(
 
 /// ggml's type code of a block format.
 fn ggml_code(q: QuantFormat) -> u32 {
-    match q {
-        QuantFormat::Q8_0 => 8,
-        QuantFormat::Q4_0 => 2,
-        QuantFormat::Q4_K => 12,
-        QuantFormat::Q6_K => 14,
-    }
+    fucina::exec::TensorFormat::from(q).ggml_code()
 }
 
 /// [`convert_as`] with each matrix's format chosen by its Hugging Face name.
@@ -305,7 +300,7 @@ fn bad_gguf_models_are_refused_by_name() {
     // A tensor of an unsupported type names the tensor.
     let mut w = Writer::default();
     w.kv("general.architecture", 8, &str_v("llama"));
-    w.tensor("blk.0.attn_q.weight", &[256, 1], 13, &[0u8; 176]); // Q5_K
+    w.tensor("blk.0.attn_q.weight", &[256, 1], 21, &[0u8; 110]); // IQ3_S
     let path = write(&w.bytes(), "type");
     let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
     let e = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap_err();
@@ -315,7 +310,7 @@ fn bad_gguf_models_are_refused_by_name() {
     );
     // ... and its type by ggml's name, with the supported ones.
     assert!(
-        e.to_string().contains("type q5_k (ggml type 13)")
+        e.to_string().contains("type iq3_s (ggml type 21)")
             && e.to_string().contains("supported: f32, f16, bf16, q8_0"),
         "{e}"
     );
@@ -724,6 +719,84 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
         100.0 * max_diff / scale
     );
     assert!(max_diff <= 0.35 * scale, "{max_diff}");
+}
+
+/// A GGUF file mixing the formats of llama.cpp's `Q5_K_M`, `Q4_1`, `Q5_0`,
+/// `Q5_1`, `Q2_K`, `Q3_K_M`, `IQ4_NL` and `IQ4_XS` presets per tensor (Q5_K,
+/// Q6_K, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, IQ4_NL, IQ4_XS) loads with
+/// every tensor in its format, and gives logits close to the same model with
+/// its weights dequantized to f32 (the same greedy ids), the same bits for 1
+/// and 3 threads.
+#[test]
+fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
+    let (cfg, store) = wide_random_model();
+    let vocab = cfg.vocab_size;
+    let quant_of = |n: &str| -> Option<QuantFormat> {
+        Some(if n == "lm_head.weight" {
+            QuantFormat::Q6_K
+        } else if n.ends_with("v_proj.weight") {
+            QuantFormat::Q5_0
+        } else if n.ends_with("down_proj.weight") {
+            QuantFormat::Q5_1
+        } else if n.ends_with("up_proj.weight") {
+            QuantFormat::Q2_K
+        } else if n.ends_with("k_proj.weight") {
+            QuantFormat::Q8_0
+        } else if n.ends_with("o_proj.weight") {
+            QuantFormat::IQ4_XS
+        } else if n.ends_with("gate_proj.weight") {
+            QuantFormat::IQ4_NL
+        } else if n.ends_with("q_proj.weight") {
+            QuantFormat::Q3_K
+        } else if n == "model.embed_tokens.weight" {
+            QuantFormat::Q4_1
+        } else {
+            QuantFormat::Q5_K
+        })
+    };
+    let path = write(&convert_with(&cfg, &store, &[], &[], &quant_of), "k5");
+    let (gcfg, gstore, _file) = load_gguf(&path).unwrap();
+    for (name, w) in gstore.iter() {
+        if w.shape().len() == 2 {
+            assert_eq!(w.quant_format(), quant_of(name), "{name}");
+        }
+    }
+    let dequantized: std::collections::HashMap<String, fucina_llm::Weight> = gstore
+        .iter()
+        .map(|(n, w)| {
+            let v = w.to_f32_vec();
+            (
+                n.to_string(),
+                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
+            )
+        })
+        .collect();
+    let deq = logits(
+        &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
+        1,
+    );
+    let model = Model::from_parts(gcfg, gstore).unwrap();
+    let one = logits(&model, 1);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&logits(&model, 3)), bits(&one), "1 and 3 threads");
+    let deq_diff = one
+        .iter()
+        .zip(&deq)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    let deq_scale = deq.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    eprintln!(
+        "mixed model: max |logit - dequantized-f32 logit| = {deq_diff:.3e} (largest {deq_scale:.3})"
+    );
+    assert!(
+        deq_diff <= 0.03 * deq_scale,
+        "against its dequantized weights: {deq_diff}"
+    );
+    let ids = |v: &[f32]| v.chunks(vocab).map(argmax).collect::<Vec<_>>();
+    assert_eq!(
+        ids(&one),
+        ids(&deq),
+        "greedy ids against the dequantized model"
+    );
 }
 
 /// A K-quant tensor whose rows are not whole super-blocks, or whose data is

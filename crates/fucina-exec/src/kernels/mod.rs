@@ -12,6 +12,7 @@ pub(crate) mod gemm;
 pub(crate) mod math;
 pub(crate) mod pool_2x2;
 pub(crate) mod prefetch;
+pub(crate) mod quant_block;
 pub(crate) mod quant_dot;
 pub(crate) mod quant_k;
 pub(crate) mod quant_packed;

@@ -1,12 +1,13 @@
-//! Integer block dot products of block-quantized weights (llama.cpp's Q8_0 and
-//! Q4_0 layouts, read in place) with activations quantized to int8 blocks.
+//! The activations of the quantized products (int8 blocks of 32) and the
+//! vector kernels of the block formats Q8_0 and Q4_0 (llama.cpp's layouts, read
+//! in place; their block coding and portable dot are in `quant_block`).
 //!
 //! # The activations
 //! Each activation row is cut into blocks of 32 and quantized once per call
 //! ([`quantize_row`]): `d = amax / 127` (an f32, not rounded to f16),
 //! `q = round(x / d)` (half away from zero, clamped to `-127..=127`). For every
 //! lane of four elements the kernels also get `-offset · Σ q` over the lane
-//! (`offset` 128 for Q8_0, 8 for Q4_0: see below), so that an unsigned × signed
+//! (`offset` the weight format's `BlockFormat::ACT_OFFSET`: 128 for Q8_0, 8 for Q4_0), so that an unsigned × signed
 //! byte product (`vpdpbusd`, `vpmaddubsw`) gives the signed sum.
 //!
 //! # The order (the same bits on every path)
@@ -40,13 +41,6 @@ pub(crate) struct Acts<'a> {
     pub bias: &'a [i32],
     /// Elements per row (a multiple of 32).
     pub cols: usize,
-}
-
-/// The byte offset that makes a weight byte unsigned for the unsigned × signed
-/// products: Q8_0 values `w` are read as `w + 128` (`w ^ 0x80`), Q4_0 nibbles
-/// `n = w + 8` are unsigned already.
-pub(crate) fn bias_offset(q4: bool) -> i32 {
-    if q4 { 8 } else { 128 }
 }
 
 /// Quantizes one activation row `x` (a multiple of 32 long) into `q`, `scale` and
@@ -123,35 +117,6 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     fucina_storage::half::f16::from_bits(bits).to_f32()
 }
 
-// Folds the eight lane accumulators in halves (the fixed order's last step).
-use crate::kernels::reduce::fold_lanes as fold;
-
-/// The fixed-order dot product of one weight row (`nb` blocks of `bb` bytes in
-/// `wrow`) with one quantized activation row, plainly: the portable path.
-fn dot_portable(q4: bool, wrow: &[u8], xq: &[i8], xs: &[f32]) -> f32 {
-    let bb = if q4 { 18 } else { 34 };
-    let mut acc = [0.0f32; LANES];
-    for ((blk, xq), &dx) in wrow.chunks_exact(bb).zip(xq.chunks_exact(QK)).zip(xs) {
-        let s = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])) * dx;
-        let qs = &blk[2..];
-        for (l, a) in acc.iter_mut().enumerate() {
-            let mut p = 0i32;
-            for k in 4 * l..4 * l + 4 {
-                let w = if q4 {
-                    let byte = qs[k % 16];
-                    let n = if k < 16 { byte & 0x0f } else { byte >> 4 };
-                    i32::from(n) - 8
-                } else {
-                    i32::from(qs[k] as i8)
-                };
-                p += w * i32::from(xq[k]);
-            }
-            *a = s.mul_add(p as f32, *a);
-        }
-    }
-    fold(acc)
-}
-
 /// Which kernel a call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
@@ -163,94 +128,62 @@ pub(crate) enum Path {
     Vnni,
 }
 
-/// The path for the current vector level ([`super::simd::level`]): VNNI at the
-/// AVX-512 level when the CPU has it, AVX2 at the AVX2 level (or at AVX-512
-/// without VNNI), portable otherwise.
+/// The path for the features the current vector level enables
+/// ([`super::simd::CpuFeatures::enabled`]): VNNI where AVX-512 F/BW/VL/VNNI,
+/// AVX2, FMA and F16C are all enabled, AVX2 where AVX2, FMA and F16C are,
+/// portable otherwise.
 pub(crate) fn path() -> Path {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::simd::SimdLevel;
-        let level = super::simd::level();
-        let f16c = std::arch::is_x86_feature_detected!("f16c");
-        if level == SimdLevel::Avx512 && f16c && std::arch::is_x86_feature_detected!("avx512vnni") {
-            return Path::Vnni;
-        }
-        if level >= SimdLevel::Avx2 && f16c {
-            return Path::Avx2;
-        }
+    use super::simd::CpuFeatures as F;
+    let f = F::enabled();
+    let base = F::AVX2.with(F::FMA).with(F::F16C);
+    let vnni = base
+        .with(F::AVX512F)
+        .with(F::AVX512BW)
+        .with(F::AVX512VL)
+        .with(F::AVX512VNNI);
+    if cfg!(target_arch = "x86_64") && f.has(vnni) {
+        return Path::Vnni;
+    }
+    if cfg!(target_arch = "x86_64") && f.has(base) {
+        return Path::Avx2;
     }
     Path::Portable
 }
 
-/// Computes the outputs of weight rows `rows` for all `m` activation rows:
-/// `out_t[(j - rows.start) * m + i] = dot(w row j, activation row i)` in the fixed
-/// order. `w` holds whole rows of `row_bytes` (llama.cpp blocks, Q4_0 when `q4`).
+/// Computes the outputs of weight rows `rows` for all `m` activation rows
+/// with the vector kernels of the current level, for Q4_0 (`Q4`) or Q8_0
+/// weights: `out_t[(j - rows.start) * m + i] = dot(w row j, activation row i)`
+/// in the fixed order; `false` (nothing written) at the portable level.
 ///
-/// # Panics
-/// If `w`, `acts` or `out_t` are too short for `rows` and `m` (a caller bug).
-pub(crate) fn quant_rows(
-    q4: bool,
+/// The operands must pass `quant_block::quant_rows`'s bounds checks (its
+/// callers' contract).
+pub(crate) fn simd_rows<const Q4: bool>(
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &Acts<'_>,
     m: usize,
     out_t: &mut [f32],
-) {
-    let nb = acts.cols / QK;
-    assert_eq!(
-        row_bytes,
-        nb * if q4 { 18 } else { 34 },
-        "quant_rows: row bytes"
-    );
-    assert!(rows.end * row_bytes <= w.len(), "quant_rows: weight rows");
-    assert!(
-        acts.q.len() >= m * acts.cols,
-        "quant_rows: activation values"
-    );
-    assert!(acts.scale.len() >= m * nb, "quant_rows: activation scales");
-    assert!(
-        acts.bias.len() >= m * nb * LANES,
-        "quant_rows: activation biases"
-    );
-    assert!(out_t.len() >= rows.len() * m, "quant_rows: output");
+) -> bool {
     match path() {
         #[cfg(target_arch = "x86_64")]
         Path::Vnni => {
             // SAFETY: `path` returns Vnni only when the CPU has every feature
-            // `x86::rows_vnni` enables; the asserts above are its bounds contract.
-            unsafe {
-                if q4 {
-                    x86::rows_vnni::<true>(w, row_bytes, rows, acts, m, out_t)
-                } else {
-                    x86::rows_vnni::<false>(w, row_bytes, rows, acts, m, out_t)
-                }
-            }
+            // `x86::rows_vnni` enables; `quant_block::quant_rows` checked the
+            // bounds contract.
+            unsafe { x86::rows_vnni::<Q4>(w, row_bytes, rows, acts, m, out_t) };
+            true
         }
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
-            // F16C; the asserts above are `x86::rows_avx2`'s bounds contract.
-            unsafe {
-                if q4 {
-                    x86::rows_avx2::<true>(w, row_bytes, rows, acts, m, out_t)
-                } else {
-                    x86::rows_avx2::<false>(w, row_bytes, rows, acts, m, out_t)
-                }
-            }
+            // F16C; `quant_block::quant_rows` checked the bounds contract.
+            unsafe { x86::rows_avx2::<Q4>(w, row_bytes, rows, acts, m, out_t) };
+            true
         }
         _ => {
-            for (jj, j) in rows.enumerate() {
-                let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-                for i in 0..m {
-                    out_t[jj * m + i] = dot_portable(
-                        q4,
-                        wrow,
-                        &acts.q[i * acts.cols..(i + 1) * acts.cols],
-                        &acts.scale[i * nb..(i + 1) * nb],
-                    );
-                }
-            }
+            let _ = (w, row_bytes, rows, acts, m, out_t);
+            false
         }
     }
 }

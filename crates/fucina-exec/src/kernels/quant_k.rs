@@ -1,24 +1,7 @@
-//! The super-block ("K") formats Q4_K and Q6_K in llama.cpp's layouts: block
-//! coding (quantize, dequantize) and their integer dot products with
-//! activations quantized to int8 blocks of 32 (see `quant_dot`), read in place.
-//!
-//! # The layouts (256 weights per super-block, little-endian)
-//! - **Q4_K** (144 bytes): f16 `d`, f16 `dmin`, 12 bytes holding eight 6-bit
-//!   scales `sc[j]` and eight 6-bit mins `mn[j]` (one pair per sub-block of 32),
-//!   then 128 bytes of nibbles. Bytes `0..4` carry `sc[0..4]` in their low six
-//!   bits, bytes `4..8` `mn[0..4]`; sub-blocks 4..8 take their low four bits from
-//!   bytes `8..12` (scale in the low nibble, min in the high one) and their top
-//!   two bits from the spare top bits of bytes `0..4` (scales) and `4..8` (mins).
-//!   The nibbles run in four 32-byte groups: group `c` holds sub-block `2c` in
-//!   its low nibbles and sub-block `2c + 1` in its high nibbles, element `k` of
-//!   the sub-block in byte `k`. Weight `k` of sub-block `j` is
-//!   `(d · sc[j]) · q − dmin · mn[j]`.
-//! - **Q6_K** (210 bytes): 128 bytes `ql` (low four bits), 64 bytes `qh` (high
-//!   two bits), 16 signed scales (one per 16 weights), f16 `d`. Each half of 128
-//!   weights uses 64 bytes of `ql` and 32 of `qh`; its four groups of 32 weights
-//!   `g = 0..4` take the low (`g < 2`) or high (`g ≥ 2`) nibbles of
-//!   `ql[32 · (g % 2)..][..32]` and bits `2g..2g + 2` of `qh[..32]`. Weight `e`
-//!   is `(d · scales[e / 16]) · (q − 32)`.
+//! The vector kernels of the super-block ("K") formats Q4_K and Q6_K (their
+//! layouts and block coding are in `quant_block::q4_k` and
+//! `quant_block::q6_k`): integer dot products with activations quantized to
+//! int8 blocks of 32 (see `quant_dot`), read in place.
 //!
 //! # The order of a dot product (the same bits on every path)
 //! An activation block of 32 (scale `dx`, int8 values) meets one sub-block of
@@ -40,244 +23,25 @@
 
 use std::ops::Range;
 
-use super::quant_dot::{self, Acts, LANES, QK, f16_to_f32};
-use crate::kernels::reduce::fold_lanes as fold;
+use super::quant_block::q4_k::{Q4K_BYTES, q4k_scales_u64};
+use super::quant_block::q6_k::Q6K_BYTES;
+use super::quant_dot::{self, Acts, LANES, QK};
 
 /// Weights per super-block.
 pub(crate) const QK_K: usize = 256;
-/// Bytes of a Q4_K super-block.
-pub(crate) const Q4K_BYTES: usize = 144;
-/// Bytes of a Q6_K super-block.
-pub(crate) const Q6K_BYTES: usize = 210;
 /// Sub-blocks of 32 per super-block.
 const SUB: usize = QK_K / QK;
 
-/// The eight 6-bit scales and eight 6-bit mins of a Q4_K super-block's
-/// 12 packed bytes (see the module docs).
-#[inline(always)]
-pub(crate) fn q4k_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (sc, mn) = q4k_scales_u64(p);
-    (sc.to_le_bytes(), mn.to_le_bytes())
-}
-
-/// [`q4k_scales`] as two little-endian words of eight bytes, computed four
-/// bytes at a time: a byte's top two bits (`>> 6`, masked to `0b11`, then
-/// `<< 4`) never cross into its neighbour.
-#[inline(always)]
-pub(crate) fn q4k_scales_u64(p: &[u8]) -> (u64, u64) {
-    let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
-    let (w0, w1, w2) = (word(0), word(4), word(8));
-    let sc_lo = w0 & 0x3f3f_3f3f;
-    let mn_lo = w1 & 0x3f3f_3f3f;
-    let sc_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
-    let mn_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
-    (
-        u64::from(sc_lo) | (u64::from(sc_hi) << 32),
-        u64::from(mn_lo) | (u64::from(mn_hi) << 32),
-    )
-}
-
-/// Packs eight 6-bit scales and mins into a Q4_K super-block's 12 bytes (the
-/// inverse of [`q4k_scales`]).
-fn pack_q4k_scales(sc: &[u8; 8], mn: &[u8; 8], p: &mut [u8]) {
-    for j in 0..4 {
-        p[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
-        p[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
-        p[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
-    }
-}
-
-/// The f16 at `p[0..2]`, widened.
-#[inline(always)]
-fn f16_at(p: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([p[0], p[1]]))
-}
-
-/// `v` as f16 bytes (round to nearest even).
-fn f16_bytes(v: f32) -> [u8; 2] {
-    fucina_storage::half::f16::from_f32(v)
-        .to_bits()
-        .to_le_bytes()
-}
-
-/// The f32 value of `v` after a round trip through f16 (what a reader sees).
-fn via_f16(v: f32) -> f32 {
-    fucina_storage::half::f16::from_f32(v).to_f32()
-}
-
-/// Rounds to the nearest integer, ties away from zero, saturating.
-#[inline(always)]
-fn nearest(v: f32) -> i32 {
-    v.round() as i32
-}
-
-/// The nibble of element `k` of Q4_K sub-block `j` (`qs` the 128 value bytes).
-#[inline(always)]
-fn q4k_value(qs: &[u8], j: usize, k: usize) -> u8 {
-    let b = qs[32 * (j / 2) + k];
-    if j.is_multiple_of(2) {
-        b & 0x0f
-    } else {
-        b >> 4
-    }
-}
-
-/// The unsigned 6-bit value (`q`, stored as `q − 32 + 32`) of weight `e` of a
-/// Q6_K super-block.
-#[inline(always)]
-fn q6k_value(blk: &[u8], e: usize) -> u8 {
-    let (half, w) = (e / 128, e % 128);
-    let (g, l) = (w / 32, w % 32);
-    let ql = blk[64 * half + 32 * (g % 2) + l];
-    let qh = blk[128 + 32 * half + l];
-    let lo = if g < 2 { ql & 0x0f } else { ql >> 4 };
-    lo | (((qh >> (2 * g)) & 3) << 4)
-}
-
-/// Dequantizes one Q4_K super-block into 256 values:
-/// `(d · sc[j]) · q − dmin · mn[j]` (the two products are exact, the
-/// difference is one rounding).
-pub(crate) fn dequantize_q4k(blk: &[u8], out: &mut [f32]) {
-    let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
-    let (sc, mn) = q4k_scales(&blk[4..16]);
-    let qs = &blk[16..Q4K_BYTES];
-    for (j, o) in out.chunks_exact_mut(QK).enumerate().take(SUB) {
-        let (dj, mj) = (d * f32::from(sc[j]), dmin * f32::from(mn[j]));
-        for (k, o) in o.iter_mut().enumerate() {
-            *o = dj * f32::from(q4k_value(qs, j, k)) - mj;
-        }
-    }
-}
-
-/// Dequantizes one Q6_K super-block into 256 values:
-/// `(d · scales[e / 16]) · (q − 32)` (exact: at most 23 significant bits).
-pub(crate) fn dequantize_q6k(blk: &[u8], out: &mut [f32]) {
-    let d = f16_at(&blk[208..]);
-    for (e, o) in out.iter_mut().enumerate().take(QK_K) {
-        let sc = f32::from(blk[192 + e / 16] as i8);
-        *o = (d * sc) * f32::from(i16::from(q6k_value(blk, e)) - 32);
-    }
-}
-
-/// Quantizes 256 values into one Q4_K super-block (see
-/// `src/ops/quant.rs`'s docs for the rule): per sub-block of 32, the range
-/// `[min(0, min x), max x]` is split into 15 steps; the step sizes and the
-/// mins are coded with 6 bits against the super-block's f16 `d = max step / 63`
-/// and `dmin = max min / 63`; each value then takes the nibble nearest to it
-/// under the coded (f16-rounded) scale and min.
-pub(crate) fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
-    let (mut step, mut mins) = ([0.0f32; SUB], [0.0f32; SUB]);
-    for (j, xs) in x.chunks_exact(QK).enumerate().take(SUB) {
-        let lo = xs.iter().fold(0.0f32, |a, &v| a.min(v));
-        let hi = xs.iter().fold(lo, |a, &v| a.max(v));
-        step[j] = (hi - lo) / 15.0;
-        mins[j] = -lo;
-    }
-    let max_step = step.iter().fold(0.0f32, |a, &v| a.max(v));
-    let max_min = mins.iter().fold(0.0f32, |a, &v| a.max(v));
-    let d = via_f16(max_step / 63.0);
-    let dmin = via_f16(max_min / 63.0);
-    let code = |v: f32, unit: f32| -> u8 {
-        if unit > 0.0 {
-            nearest(v / unit).clamp(0, 63) as u8
-        } else {
-            0
-        }
-    };
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..SUB {
-        sc[j] = code(step[j], d);
-        mn[j] = code(mins[j], dmin);
-    }
-    blk[0..2].copy_from_slice(&f16_bytes(max_step / 63.0));
-    blk[2..4].copy_from_slice(&f16_bytes(max_min / 63.0));
-    pack_q4k_scales(&sc, &mn, &mut blk[4..16]);
-    let qs = &mut blk[16..Q4K_BYTES];
-    qs.fill(0);
-    for (j, xs) in x.chunks_exact(QK).enumerate().take(SUB) {
-        let dq = d * f32::from(sc[j]);
-        let dm = dmin * f32::from(mn[j]);
-        for (k, &v) in xs.iter().enumerate() {
-            let n = if dq > 0.0 {
-                nearest((v + dm) / dq).clamp(0, 15) as u8
-            } else {
-                0
-            };
-            qs[32 * (j / 2) + k] |= if j.is_multiple_of(2) { n } else { n << 4 };
-        }
-    }
-}
-
-/// Quantizes 256 values into one Q6_K super-block (see `src/ops/quant.rs`'s docs):
-/// per group of 16, the scale `g = max / −32` (`max` the signed value of largest
-/// magnitude); the group scales are coded as int8 against the super-block's f16
-/// `d = G / −128` (`G` the group scale of largest magnitude); each value then
-/// takes the 6-bit code nearest to it under its coded (f16-rounded) scale,
-/// clamped to `−32..=31`.
-pub(crate) fn quantize_q6k(x: &[f32], blk: &mut [u8]) {
-    let mut gs = [0.0f32; 16];
-    for (i, xs) in x.chunks_exact(16).enumerate().take(16) {
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for &v in xs {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        gs[i] = max / -32.0;
-    }
-    let (mut gmax, mut gbig) = (0.0f32, 0.0f32);
-    for &g in &gs {
-        if gmax < g.abs() {
-            gmax = g.abs();
-            gbig = g;
-        }
-    }
-    let d = via_f16(gbig / -128.0);
-    blk.fill(0);
-    blk[208..210].copy_from_slice(&f16_bytes(gbig / -128.0));
-    let mut l = [32u8; QK_K];
-    if d != 0.0 && d.is_finite() {
-        for (i, xs) in x.chunks_exact(16).enumerate().take(16) {
-            let sc = nearest(gs[i] / d).clamp(-128, 127);
-            blk[192 + i] = sc as i8 as u8;
-            let dq = d * sc as f32;
-            if dq == 0.0 {
-                continue;
-            }
-            for (k, &v) in xs.iter().enumerate() {
-                l[16 * i + k] = (nearest(v / dq).clamp(-32, 31) + 32) as u8;
-            }
-        }
-    }
-    for half in 0..2 {
-        for k in 0..32 {
-            let e = |g: usize| l[128 * half + 32 * g + k];
-            blk[64 * half + k] = (e(0) & 0x0f) | ((e(2) & 0x0f) << 4);
-            blk[64 * half + 32 + k] = (e(1) & 0x0f) | ((e(3) & 0x0f) << 4);
-            blk[128 + 32 * half + k] =
-                (e(0) >> 4) | ((e(1) >> 4) << 2) | ((e(2) >> 4) << 4) | ((e(3) >> 4) << 6);
-        }
-    }
-}
-
-/// The activation offset a K format's kernels need in [`Acts::bias`]: Q6_K
-/// values are read unsigned (`q`, not `q − 32`), so each lane starts from
-/// `−32 · Σ x`; Q4_K nibbles are unsigned values already (no bias).
-pub(crate) fn bias_offset(q6: bool) -> i32 {
-    if q6 { 32 } else { 0 }
-}
-
 /// Quantizes the `m` activation rows of `x` for a K-format product: as
-/// `quant_dot::quantize_row` (blocks of 32, f32 scale), with
-/// [`bias_offset`], plus `sums[i * nb + b] = Σ x̂` over each block (exact, for
+/// `quant_dot::quantize_row` (blocks of 32, f32 scale), with the format's
+/// `offset` (its `BlockFormat::ACT_OFFSET`), plus `sums[i * nb + b] = Σ x̂` over each block (exact, for
 /// Q4_K's min term).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quantize_acts(
     x: &[f32],
     m: usize,
     cols: usize,
-    q6: bool,
+    offset: i32,
     xq: &mut [i8],
     xs: &mut [f32],
     xb: &mut [i32],
@@ -288,7 +52,7 @@ pub(crate) fn quantize_acts(
         let q = &mut xq[i * cols..(i + 1) * cols];
         quant_dot::quantize_row(
             &x[i * cols..(i + 1) * cols],
-            bias_offset(q6),
+            offset,
             q,
             &mut xs[i * nb..(i + 1) * nb],
             &mut xb[i * nb * LANES..(i + 1) * nb * LANES],
@@ -302,68 +66,16 @@ pub(crate) fn quantize_acts(
     }
 }
 
-/// The fixed-order dot product of one Q4_K weight row with one activation row
-/// (the portable path; see the module docs).
-fn dot_q4k(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 2 * LANES];
-    for (sb, blk) in wrow.chunks_exact(Q4K_BYTES).enumerate() {
-        let (d, dmin) = (f16_at(&blk[0..]), f16_at(&blk[2..]));
-        let (sc, mn) = q4k_scales(&blk[4..16]);
-        let qs = &blk[16..];
-        for j in 0..SUB {
-            let b = sb * SUB + j;
-            let s = (d * f32::from(sc[j])) * xs[b];
-            let xb = &xq[b * QK..(b + 1) * QK];
-            let half = &mut acc[LANES * (j % 2)..][..LANES];
-            for (l, a) in half.iter_mut().enumerate() {
-                let p: i32 = (4 * l..4 * l + 4)
-                    .map(|k| i32::from(q4k_value(qs, j, k)) * i32::from(xb[k]))
-                    .sum();
-                *a = s.mul_add(p as f32, *a);
-            }
-        }
-        for (l, a) in acc[..LANES].iter_mut().enumerate() {
-            let b = sb * SUB + l;
-            let t = (dmin * f32::from(mn[l])) * xs[b];
-            *a = (-t).mul_add(sums[b], *a);
-        }
-    }
-    fold(acc)
-}
-
-/// The fixed-order dot product of one Q6_K weight row with one activation row
-/// (the portable path; see the module docs).
-fn dot_q6k(wrow: &[u8], xq: &[i8], xs: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 2 * LANES];
-    for (sb, blk) in wrow.chunks_exact(Q6K_BYTES).enumerate() {
-        let d = f16_at(&blk[208..]);
-        for j in 0..SUB {
-            let b = sb * SUB + j;
-            let xb = &xq[b * QK..(b + 1) * QK];
-            let half = &mut acc[LANES * (j % 2)..][..LANES];
-            for (l, a) in half.iter_mut().enumerate() {
-                let sc = f32::from(blk[192 + 2 * j + l / 4] as i8);
-                let s = (d * sc) * xs[b];
-                let p: i32 = (4 * l..4 * l + 4)
-                    .map(|k| (i32::from(q6k_value(blk, 32 * j + k)) - 32) * i32::from(xb[k]))
-                    .sum();
-                *a = s.mul_add(p as f32, *a);
-            }
-        }
-    }
-    fold(acc)
-}
-
-/// Computes the outputs of weight rows `rows` for all `m` activation rows, as
-/// `quant_dot::quant_rows` does, for Q6_K (`q6`) or Q4_K weights. `acts` and
-/// `sums` come from [`quantize_acts`] with the same `q6`.
+/// Computes the outputs of weight rows `rows` for all `m` activation rows
+/// with the vector kernels of the current level, for Q6_K (`Q6`) or Q4_K
+/// weights, as [`BlockFormat::rows`](super::quant_block::BlockFormat::rows)
+/// does; `false` (nothing written) at the portable level. `acts` and `sums`
+/// come from [`quantize_acts`] with the format's offset.
 ///
-/// # Panics
-/// If `w`, `acts`, `sums` or `out_t` are too short for `rows` and `m` (a
-/// caller bug).
+/// The operands must pass `quant_block::quant_rows`'s bounds checks (its
+/// callers' contract).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn quant_rows(
-    q6: bool,
+pub(crate) fn simd_rows<const Q6: bool>(
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
@@ -371,59 +83,24 @@ pub(crate) fn quant_rows(
     sums: &[f32],
     m: usize,
     out_t: &mut [f32],
-) {
-    let nb = acts.cols / QK;
-    let bb = if q6 { Q6K_BYTES } else { Q4K_BYTES };
-    assert!(acts.cols.is_multiple_of(QK_K), "quant_k: columns");
-    assert_eq!(row_bytes, acts.cols / QK_K * bb, "quant_k: row bytes");
-    assert!(rows.end * row_bytes <= w.len(), "quant_k: weight rows");
-    assert!(acts.q.len() >= m * acts.cols, "quant_k: activation values");
-    assert!(acts.scale.len() >= m * nb, "quant_k: activation scales");
-    assert!(
-        acts.bias.len() >= m * nb * LANES,
-        "quant_k: activation biases"
-    );
-    assert!(sums.len() >= m * nb, "quant_k: activation sums");
-    assert!(out_t.len() >= rows.len() * m, "quant_k: output");
+) -> bool {
     match quant_dot::path() {
         #[cfg(target_arch = "x86_64")]
         quant_dot::Path::Vnni => {
             // SAFETY: `path` returns Vnni only when the CPU has every feature
-            // `x86::rows_vnni` enables; the asserts above are its bounds contract.
-            unsafe {
-                if q6 {
-                    x86::rows_vnni::<true>(w, row_bytes, rows, acts, sums, m, out_t)
-                } else {
-                    x86::rows_vnni::<false>(w, row_bytes, rows, acts, sums, m, out_t)
-                }
-            }
+            // `x86::rows_vnni` enables; `quant_block::quant_rows` checked the
+            // bounds contract.
+            unsafe { x86::rows_vnni::<Q6>(w, row_bytes, rows, acts, sums, m, out_t) };
+            true
         }
         #[cfg(target_arch = "x86_64")]
         quant_dot::Path::Avx2 => {
             // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
-            // F16C; the asserts above are `x86::rows_avx2`'s bounds contract.
-            unsafe {
-                if q6 {
-                    x86::rows_avx2::<true>(w, row_bytes, rows, acts, sums, m, out_t)
-                } else {
-                    x86::rows_avx2::<false>(w, row_bytes, rows, acts, sums, m, out_t)
-                }
-            }
+            // F16C; `quant_block::quant_rows` checked the bounds contract.
+            unsafe { x86::rows_avx2::<Q6>(w, row_bytes, rows, acts, sums, m, out_t) };
+            true
         }
-        _ => {
-            for (jj, j) in rows.enumerate() {
-                let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-                for i in 0..m {
-                    let xq = &acts.q[i * acts.cols..(i + 1) * acts.cols];
-                    let xs = &acts.scale[i * nb..(i + 1) * nb];
-                    out_t[jj * m + i] = if q6 {
-                        dot_q6k(wrow, xq, xs)
-                    } else {
-                        dot_q4k(wrow, xq, xs, &sums[i * nb..(i + 1) * nb])
-                    };
-                }
-            }
-        }
+        _ => false,
     }
 }
 
@@ -439,7 +116,7 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Acts, LANES, Q4K_BYTES, Q6K_BYTES, QK, QK_K, SUB};
+    use super::{Acts, LANES, Q4K_BYTES, Q6K_BYTES, QK, QK_K, SUB, q4k_scales_u64};
 
     /// Weight rows per tile.
     const R_TILE: usize = 4;
@@ -522,7 +199,7 @@ mod x86 {
 
     /// Checks a tile's reads against the slices (once per tile).
     #[inline(always)]
-    fn check_tile<const R: usize, const M: usize>(
+    fn check_tile<const Q6: bool, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -541,7 +218,10 @@ mod x86 {
             (i0 + M) * nb * LANES <= acts.bias.len(),
             "quant_k tile: biases"
         );
-        assert!((i0 + M) * nb <= sums.len(), "quant_k tile: sums");
+        // Q6_K has no min term: its tiles never read the sums
+        if !Q6 {
+            assert!((i0 + M) * nb <= sums.len(), "quant_k tile: sums");
+        }
     }
 
     /// The eight lanes folded in halves (l + 4, l + 2, l + 1).
@@ -591,7 +271,7 @@ mod x86 {
         sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<R, M>(w, row_bytes, j0, acts, sums, i0);
+        check_tile::<Q6, R, M>(w, row_bytes, j0, acts, sums, i0);
         let nb = acts.cols / QK;
         let nsb = acts.cols / QK_K;
         let bb = if Q6 { Q6K_BYTES } else { Q4K_BYTES };
@@ -634,7 +314,7 @@ mod x86 {
                     // SAFETY: bytes 0..16 of the super-block.
                     let (head, (d, dmin)) =
                         unsafe { (std::slice::from_raw_parts(blk, 16), f16_pair(blk)) };
-                    let (sc, mn) = super::q4k_scales_u64(&head[4..16]);
+                    let (sc, mn) = q4k_scales_u64(&head[4..16]);
                     ds[r][0] = _mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_f32(sc));
                     dm[r] = _mm256_mul_ps(_mm256_set1_ps(dmin), u8x8_to_f32(mn));
                 }
@@ -758,7 +438,7 @@ mod x86 {
         sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<R, M>(w, row_bytes, j0, acts, sums, i0);
+        check_tile::<Q6, R, M>(w, row_bytes, j0, acts, sums, i0);
         let nb = acts.cols / QK;
         let nsb = acts.cols / QK_K;
         let bb = if Q6 { Q6K_BYTES } else { Q4K_BYTES };
@@ -804,7 +484,7 @@ mod x86 {
                     // SAFETY: bytes 0..16 of the super-block.
                     let (head, (d, dmin)) =
                         unsafe { (std::slice::from_raw_parts(blk, 16), f16_pair(blk)) };
-                    let (sc, mn) = super::q4k_scales_u64(&head[4..16]);
+                    let (sc, mn) = q4k_scales_u64(&head[4..16]);
                     ds[r] =
                         _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_f32(sc)));
                     dm[r] = _mm512_zextps256_ps512(_mm256_mul_ps(

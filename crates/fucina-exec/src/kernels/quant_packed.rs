@@ -29,8 +29,25 @@
 
 use std::ops::Range;
 
-use super::quant_dot::{Acts, LANES, Path, QK, f16_to_f32, path};
+use super::quant_block::{BlockFormat, LaneAcc, Q4_0, Q8_0};
+use super::quant_dot::{Acts, LANES, Path, QK, path};
 use crate::kernels::reduce::fold_lanes;
+
+/// A block format the strip layout takes: blocks of 32 that are an f16 scale
+/// followed by the values (Q8_0, Q4_0).
+pub(crate) trait StripFormat: BlockFormat {
+    /// Whether the values are Q4_0's nibbles (16 bytes) rather than Q8_0's
+    /// bytes (32): picks the vector strip kernel.
+    const NIBBLES: bool;
+}
+
+impl StripFormat for Q8_0 {
+    const NIBBLES: bool = false;
+}
+
+impl StripFormat for Q4_0 {
+    const NIBBLES: bool = true;
+}
 
 /// Weight rows per strip.
 pub(crate) const G: usize = 8;
@@ -39,7 +56,7 @@ pub(crate) const G: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StripLayout {
     /// Q4_0 (else Q8_0).
-    pub q4: bool,
+    q4: bool,
     /// Blocks per row.
     pub nb: usize,
     /// Bytes of a strip's scale region (a multiple of 64).
@@ -49,8 +66,10 @@ pub(crate) struct StripLayout {
 }
 
 impl StripLayout {
-    /// The layout for `nb` blocks per row, `None` on a size overflow.
-    pub(crate) fn new(q4: bool, nb: usize) -> Option<StripLayout> {
+    /// The layout of format `F` for `nb` blocks per row, `None` on a size
+    /// overflow.
+    pub(crate) fn new<F: StripFormat>(nb: usize) -> Option<StripLayout> {
+        let q4 = F::NIBBLES;
         let scale_bytes = nb.checked_mul(2 * G)?.checked_next_multiple_of(64)?;
         let strip_bytes = nb
             .checked_mul(values_block_bytes(q4))?
@@ -67,6 +86,11 @@ impl StripLayout {
     fn row_values(&self) -> usize {
         if self.q4 { 16 } else { 32 }
     }
+
+    /// Bytes of one llama.cpp block (34 for Q8_0, 18 for Q4_0).
+    pub(crate) fn block_bytes(&self) -> usize {
+        2 + self.row_values()
+    }
 }
 
 /// Bytes of a strip's values of one block (the `G` rows').
@@ -78,7 +102,7 @@ fn values_block_bytes(q4: bool) -> usize {
 /// into `dst` (`lay.strip_bytes` long): rows past `rows` get scale 0 and
 /// values 0.
 pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize, dst: &mut [u8]) {
-    let bb = if lay.q4 { 18 } else { 34 };
+    let bb = lay.block_bytes();
     let rv = lay.row_values();
     let row_bytes = lay.nb * bb;
     dst.fill(0);
@@ -114,7 +138,7 @@ pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk:
 /// # Panics
 /// If `data`, `acts` or `out_t` are too short for `strips` and `m`, or `data`
 /// is not 64-byte aligned (caller bugs).
-pub(crate) fn packed_rows(
+pub(crate) fn packed_rows<F: StripFormat>(
     lay: &StripLayout,
     data: &[u8],
     strips: Range<usize>,
@@ -123,6 +147,7 @@ pub(crate) fn packed_rows(
     out_t: &mut [f32],
 ) {
     let nb = lay.nb;
+    assert_eq!(lay.q4, F::NIBBLES, "packed_rows: format");
     assert_eq!(acts.cols, nb * QK, "packed_rows: columns");
     assert!(
         strips.end * lay.strip_bytes <= data.len(),
@@ -150,7 +175,7 @@ pub(crate) fn packed_rows(
                             // above bound the strip, the activation rows
                             // i..i + mm and the alignment.
                             let res = unsafe {
-                                if lay.q4 {
+                                if F::NIBBLES {
                                     x86::strip_vnni_q4::<$mm>(lay, strip, acts, i)
                                 } else {
                                     x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
@@ -179,7 +204,7 @@ pub(crate) fn packed_rows(
                     // FMA and F16C; the asserts above bound the strip and the
                     // activation row i, and the alignment.
                     let res = unsafe {
-                        if lay.q4 {
+                        if F::NIBBLES {
                             x86::strip_avx2_q4(lay, strip, acts, i)
                         } else {
                             x86::strip_avx2_q8(lay, strip, acts, i)
@@ -190,7 +215,7 @@ pub(crate) fn packed_rows(
             }
             _ => {
                 for i in 0..m {
-                    let res = strip_portable(lay, strip, acts, i);
+                    let res = strip_portable::<F>(lay, strip, acts, i);
                     out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
             }
@@ -198,36 +223,31 @@ pub(crate) fn packed_rows(
     }
 }
 
-/// One strip times activation row `i`, plainly: the portable path.
-fn strip_portable(lay: &StripLayout, strip: &[u8], acts: &Acts<'_>, i: usize) -> [f32; G] {
+/// One strip times activation row `i`, plainly: the portable path (each row's
+/// blocks rebuilt and taken through the format's `dot_block`).
+fn strip_portable<F: StripFormat>(
+    lay: &StripLayout,
+    strip: &[u8],
+    acts: &Acts<'_>,
+    i: usize,
+) -> [f32; G] {
     let nb = lay.nb;
-    let rv = lay.row_values();
-    let (scales, values) = strip.split_at(lay.scale_bytes);
-    let mut acc = [[0.0f32; LANES]; G];
+    let bb = lay.block_bytes();
+    let mut acc: [LaneAcc; G] = [[0.0; 2 * LANES]; G];
+    let mut blk = [0u8; 34];
     for b in 0..nb {
-        let dx = acts.scale[i * nb + b];
+        let xs = &acts.scale[i * nb + b..][..1];
         let xq = &acts.q[i * acts.cols + b * QK..][..QK];
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let sb = &scales[b * 2 * G + 2 * r..][..2];
-            let s = f16_to_f32(u16::from_le_bytes([sb[0], sb[1]])) * dx;
-            let qs = &values[b * G * rv + r * rv..][..rv];
-            for (l, a) in acc_r.iter_mut().enumerate() {
-                let mut p = 0i32;
-                for k in 4 * l..4 * l + 4 {
-                    let w = if lay.q4 {
-                        let byte = qs[k % 16];
-                        let n = if k < 16 { byte & 0x0f } else { byte >> 4 };
-                        i32::from(n) - 8
-                    } else {
-                        i32::from(qs[k] as i8)
-                    };
-                    p += w * i32::from(xq[k]);
-                }
-                *a = s.mul_add(p as f32, *a);
-            }
+            block_of(lay, strip, r, b, &mut blk[..bb]);
+            F::dot_block(&blk[..bb], xq, xs, &[], acc_r);
         }
     }
-    acc.map(fold_lanes)
+    acc.map(|a| {
+        let mut lo = [0.0f32; LANES];
+        lo.copy_from_slice(&a[..LANES]);
+        fold_lanes(lo)
+    })
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -69,25 +69,112 @@ const UNSET: u8 = u8::MAX;
 /// The level every kernel call uses (`UNSET` until the first call).
 static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
 
-/// The best level this CPU supports.
-pub(crate) fn detected() -> SimdLevel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return SimdLevel::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return SimdLevel::Avx2;
+/// A set of CPU features the kernels use: the one place the process asks the
+/// CPU what it has ([`CpuFeatures::detected`], cached), and what each kernel
+/// family asks before it picks its path ([`CpuFeatures::enabled`]: the
+/// detected set cut to the current [`SimdLevel`]). A set, not an order: a
+/// family needs some features (VNNI with AVX-512, F16C with AVX2) and runs
+/// where the enabled set holds them, whatever else is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CpuFeatures(u32);
+
+impl CpuFeatures {
+    /// None.
+    pub const NONE: CpuFeatures = CpuFeatures(0);
+    /// x86_64 AVX2.
+    pub const AVX2: CpuFeatures = CpuFeatures(1);
+    /// x86_64 FMA3.
+    pub const FMA: CpuFeatures = CpuFeatures(1 << 1);
+    /// x86_64 F16C (f16 ↔ f32 conversions).
+    pub const F16C: CpuFeatures = CpuFeatures(1 << 2);
+    /// x86_64 AVX-512 F.
+    pub const AVX512F: CpuFeatures = CpuFeatures(1 << 3);
+    /// x86_64 AVX-512 BW.
+    pub const AVX512BW: CpuFeatures = CpuFeatures(1 << 4);
+    /// x86_64 AVX-512 DQ.
+    pub const AVX512DQ: CpuFeatures = CpuFeatures(1 << 5);
+    /// x86_64 AVX-512 VL.
+    pub const AVX512VL: CpuFeatures = CpuFeatures(1 << 6);
+    /// x86_64 AVX-512 VNNI (`vpdpbusd`).
+    pub const AVX512VNNI: CpuFeatures = CpuFeatures(1 << 7);
+
+    /// The features of the [`SimdLevel::Avx2`] level: AVX2 and FMA.
+    pub const LEVEL_AVX2: CpuFeatures = CpuFeatures::AVX2.with(CpuFeatures::FMA);
+    /// The features of the [`SimdLevel::Avx512`] level: AVX-512 F/BW/DQ/VL
+    /// and the AVX2 level's.
+    pub const LEVEL_AVX512: CpuFeatures = CpuFeatures::LEVEL_AVX2
+        .with(CpuFeatures::AVX512F)
+        .with(CpuFeatures::AVX512BW)
+        .with(CpuFeatures::AVX512DQ)
+        .with(CpuFeatures::AVX512VL);
+
+    /// The union of `self` and `other`.
+    pub const fn with(self, other: CpuFeatures) -> CpuFeatures {
+        CpuFeatures(self.0 | other.0)
+    }
+
+    /// Whether `self` holds every feature of `other`.
+    pub const fn has(self, other: CpuFeatures) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The features of this CPU (detected once per process).
+    pub fn detected() -> CpuFeatures {
+        static DETECTED: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(detect_features)
+    }
+
+    /// The detected features the kernels may use at the current
+    /// [`simd_level`] (`FUCINA_SIMD`, [`force_simd_level`]): at the portable
+    /// level none, at the AVX2 level none of the AVX-512 ones.
+    pub fn enabled() -> CpuFeatures {
+        let d = CpuFeatures::detected();
+        match level() {
+            SimdLevel::Avx512 => d,
+            SimdLevel::Avx2 => {
+                CpuFeatures(d.0 & (CpuFeatures::AVX2.0 | CpuFeatures::FMA.0 | CpuFeatures::F16C.0))
+            }
+            SimdLevel::Portable => CpuFeatures::NONE,
         }
     }
-    SimdLevel::Portable
+}
+
+/// Asks the CPU (the only `is_x86_feature_detected!` calls of the kernels'
+/// dispatch).
+fn detect_features() -> CpuFeatures {
+    #[allow(unused_mut)]
+    let mut f = CpuFeatures::NONE;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        for (yes, feature) in [
+            (has!("avx2"), CpuFeatures::AVX2),
+            (has!("fma"), CpuFeatures::FMA),
+            (has!("f16c"), CpuFeatures::F16C),
+            (has!("avx512f"), CpuFeatures::AVX512F),
+            (has!("avx512bw"), CpuFeatures::AVX512BW),
+            (has!("avx512dq"), CpuFeatures::AVX512DQ),
+            (has!("avx512vl"), CpuFeatures::AVX512VL),
+            (has!("avx512vnni"), CpuFeatures::AVX512VNNI),
+        ] {
+            if yes {
+                f = f.with(feature);
+            }
+        }
+    }
+    f
+}
+
+/// The best level this CPU supports.
+pub(crate) fn detected() -> SimdLevel {
+    let f = CpuFeatures::detected();
+    if f.has(CpuFeatures::LEVEL_AVX512) {
+        SimdLevel::Avx512
+    } else if f.has(CpuFeatures::LEVEL_AVX2) {
+        SimdLevel::Avx2
+    } else {
+        SimdLevel::Portable
+    }
 }
 
 /// The detected level, lowered by `FUCINA_SIMD` (`portable`, `avx2`, `avx512`) when
@@ -145,6 +232,7 @@ pub(crate) fn force(level: SimdLevel) -> bool {
 /// assert_eq!(y.shape(), [2, 3]);
 /// # Ok::<(), fucina_exec::ExecError>(())
 /// ```
+#[inline]
 pub fn simd_level() -> SimdLevel {
     level()
 }
@@ -206,29 +294,42 @@ pub(crate) fn first_lanes(n: usize) -> u16 {
     (((1u32 << n) - 1) & 0xFFFF) as u16
 }
 
-/// Evaluates `$body` (an expression whose loops are `#[inline(always)]` kernels)
-/// compiled for the current [`SimdLevel`]: the body is instantiated once per level,
-/// each in its own `#[inline(always)]` closure, which is inlined into the
-/// target-feature wrapper and vectorized there.
+/// Evaluates `$body` (an expression whose loops are `#[inline(always)]`
+/// kernels) compiled for the process's [`simd_level`]: the body is
+/// instantiated once per level, each in its own `#[inline(always)]` closure,
+/// which is inlined into the target-feature wrapper ([`with_avx512`],
+/// [`with_avx2`]) and vectorized there. The crates above use it for their own
+/// hot loops.
+///
+/// ```
+/// #[inline(always)]
+/// fn sum(x: &[f32]) -> f32 {
+///     x.iter().sum()
+/// }
+/// let x = [1.0f32, 2.0, 3.0];
+/// assert_eq!(fucina_exec::vectorized!(sum(&x)), 6.0);
+/// ```
+#[macro_export]
 macro_rules! vectorized {
     ($body:expr) => {{
-        match $crate::kernels::simd::level() {
+        match $crate::simd_level() {
             #[cfg(target_arch = "x86_64")]
-            $crate::kernels::simd::SimdLevel::Avx512 => {
-                // SAFETY: `level` returns Avx512 only when the CPU has every
-                // feature `with_avx512` enables.
+            $crate::SimdLevel::Avx512 => {
+                // SAFETY: `simd_level` returns Avx512 only when the CPU has
+                // every feature `with_avx512` enables.
                 unsafe {
-                    $crate::kernels::simd::with_avx512(
+                    $crate::with_avx512(
                         #[inline(always)]
                         || $body,
                     )
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            $crate::kernels::simd::SimdLevel::Avx2 => {
-                // SAFETY: `level` returns Avx2 only when the CPU has AVX2 and FMA.
+            $crate::SimdLevel::Avx2 => {
+                // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2
+                // and FMA.
                 unsafe {
-                    $crate::kernels::simd::with_avx2(
+                    $crate::with_avx2(
                         #[inline(always)]
                         || $body,
                     )
@@ -238,7 +339,7 @@ macro_rules! vectorized {
         }
     }};
 }
-pub(crate) use vectorized;
+pub(crate) use crate::vectorized;
 
 #[cfg(test)]
 mod tests {

@@ -98,13 +98,18 @@ fn kern_for(format: WeightFormat) -> Kern {
         SimdLevel::Avx512 => Kern::Avx512,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2
-            if format != WeightFormat::F16 || std::arch::is_x86_feature_detected!("f16c") =>
+            if format != WeightFormat::F16
+                || simd::CpuFeatures::detected().has(simd::CpuFeatures::F16C) =>
         {
             Kern::Avx2
         }
         _ => Kern::Portable,
     }
 }
+
+/// The features of the AVX2 kernels: AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+const AVX2_F16C: simd::CpuFeatures = simd::CpuFeatures::LEVEL_AVX2.with(simd::CpuFeatures::F16C);
 
 /// The kernel family a call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,11 +127,7 @@ impl Kern {
         match self {
             Kern::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Kern::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c")
-            }
+            Kern::Avx2 => simd::CpuFeatures::detected().has(AVX2_F16C),
             #[cfg(target_arch = "x86_64")]
             Kern::Avx512 => simd::detected() == SimdLevel::Avx512,
         }
@@ -937,10 +938,7 @@ mod tests {
         let mut k = vec![Kern::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            if simd::CpuFeatures::detected().has(super::AVX2_F16C) {
                 k.push(Kern::Avx2);
             }
             if simd::detected() == SimdLevel::Avx512 {

@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use fucina::exec::{QuantFormat, WeightFormat};
+use fucina::exec::{Storage, TensorFormat};
 
 use super::{ArchParams, ArchSpec, GgufMeta};
 use crate::config::{Architecture, ModelConfig, RopeScaling};
@@ -263,43 +263,17 @@ pub fn gguf_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
     Ok(config)
 }
 
-/// How a GGUF tensor type is kept: a float format or a block-quantized one.
-#[derive(Clone, Copy)]
-enum Kept {
-    Float(WeightFormat),
-    Quant(QuantFormat),
-}
-
-impl Kept {
-    /// Bytes of one row of `cols` elements.
-    fn row_bytes(self, cols: usize) -> usize {
-        match self {
-            Kept::Float(f) => cols * f.size_bytes(),
-            Kept::Quant(q) => cols / q.block_elements() * q.block_bytes(),
-        }
-    }
-}
-
-/// How a GGUF tensor type is kept, or an error naming the tensor.
-fn format_of(name: &str, t: GgmlType) -> Result<Kept, LlmError> {
-    match t {
-        GgmlType::F32 => Ok(Kept::Float(WeightFormat::F32)),
-        GgmlType::F16 => Ok(Kept::Float(WeightFormat::F16)),
-        GgmlType::BF16 => Ok(Kept::Float(WeightFormat::BF16)),
-        GgmlType::Q8_0 => Ok(Kept::Quant(QuantFormat::Q8_0)),
-        GgmlType::Q4_0 => Ok(Kept::Quant(QuantFormat::Q4_0)),
-        GgmlType::Q4_K => Ok(Kept::Quant(QuantFormat::Q4_K)),
-        GgmlType::Q6_K => Ok(Kept::Quant(QuantFormat::Q6_K)),
-        other => Err(LlmError::BadTensor {
-            name: name.to_string(),
-            reason: format!(
-                "its GGUF type {} (ggml type {}) is not supported (supported: {})",
-                other.name(),
-                other.code(),
-                GgmlType::supported_list()
-            ),
-        }),
-    }
+/// The format of a GGUF tensor type, or an error naming the tensor.
+fn format_of(name: &str, t: GgmlType) -> Result<TensorFormat, LlmError> {
+    t.format().ok_or_else(|| LlmError::BadTensor {
+        name: name.to_string(),
+        reason: format!(
+            "its GGUF type {} (ggml type {}) is not supported (supported: {})",
+            t.name(),
+            t.code(),
+            GgmlType::supported_list()
+        ),
+    })
 }
 
 /// Hugging Face's name of the GGUF tensor `name` of an architecture of
@@ -376,16 +350,24 @@ pub fn gguf_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStore
                     ),
                 });
             }
-            let row_bytes = format.row_bytes(shape[1]);
+            let row_bytes = format
+                .row_bytes(shape[1])
+                .ok_or_else(|| LlmError::BadTensor {
+                    name: info.name.clone(),
+                    reason: format!(
+                        "a row of {} elements is not whole {format} blocks",
+                        shape[1]
+                    ),
+                })?;
             let bytes = unpermute_rows(&map[range], rows, row_bytes, config.head_dim);
-            match format {
-                Kept::Float(f) => Weight::from_bytes(&info.name, f, &shape, bytes)?,
-                Kept::Quant(q) => Weight::quantized(&info.name, q, &shape, bytes)?,
+            match format.storage() {
+                Storage::Float(f) => Weight::from_bytes(&info.name, f, &shape, bytes)?,
+                Storage::Quant(q) => Weight::quantized(&info.name, q, &shape, bytes)?,
             }
         } else {
-            match format {
-                Kept::Float(f) => Weight::mapped(f, shape, map, range),
-                Kept::Quant(q) => Weight::mapped_quantized(&info.name, q, shape, map, range)?,
+            match format.storage() {
+                Storage::Float(f) => Weight::mapped(f, shape, map, range),
+                Storage::Quant(q) => Weight::mapped_quantized(&info.name, q, shape, map, range)?,
             }
         };
         tensors.insert(hf, weight);

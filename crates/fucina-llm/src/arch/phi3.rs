@@ -172,7 +172,7 @@ fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
 /// The f32 values of the GGUF tensor `name` (F32, `len` of them).
 fn f32_tensor(m: &GgufMeta<'_>, name: &str, len: usize) -> Result<Vec<f32>, LlmError> {
     let (info, bytes) = m.file.tensor(name)?;
-    if info.ggml_type != crate::gguf::GgmlType::F32 || bytes.len() != 4 * len {
+    if info.ggml_type.format() != Some(fucina::exec::TensorFormat::F32) || bytes.len() != 4 * len {
         return Err(LlmError::BadTensor {
             name: name.to_string(),
             reason: format!(

@@ -27,41 +27,9 @@ use crate::config::RopeScaling;
 #[cfg(target_arch = "x86_64")]
 use fucina::exec::{with_avx2, with_avx512};
 
-/// Evaluates `$body` compiled for the process's vector level
-/// (`fucina::exec::simd_level()`): the body is instantiated once per level,
-/// each in an `#[inline(always)]` closure inlined into the matching
-/// target-feature wrapper. `$body`'s loops must be `#[inline(always)]` to be
-/// compiled for the level.
-macro_rules! with_simd_level {
-    ($body:expr) => {{
-        use fucina::exec::SimdLevel;
-        match fucina::exec::simd_level() {
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => {
-                // SAFETY: `simd_level` returns Avx512 only when the CPU has
-                // every feature `with_avx512` enables.
-                unsafe {
-                    fucina::exec::with_avx512(
-                        #[inline(always)]
-                        || $body,
-                    )
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => {
-                // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2
-                // and FMA.
-                unsafe {
-                    fucina::exec::with_avx2(
-                        #[inline(always)]
-                        || $body,
-                    )
-                }
-            }
-            _ => $body,
-        }
-    }};
-}
+// Evaluates its body compiled for the process's vector level (fucina-exec's
+// dispatch macro).
+use fucina::exec::vectorized as with_simd_level;
 
 /// Lanes of the fixed summation order of [`dot`] and [`sum_squares`]: lane `l`
 /// takes the terms `i ≡ l (mod 8)` in increasing `i`, then the lanes are folded

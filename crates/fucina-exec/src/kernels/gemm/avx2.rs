@@ -26,7 +26,9 @@ impl MicroKernel for Avx2 {
     /// The kernel, when the CPU has AVX2 and FMA.
     #[inline]
     fn detect() -> Option<Avx2> {
-        (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+        use crate::kernels::simd::CpuFeatures;
+        CpuFeatures::detected()
+            .has(CpuFeatures::LEVEL_AVX2)
             .then_some(Avx2 { _proof: () })
     }
 

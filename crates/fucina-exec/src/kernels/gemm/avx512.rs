@@ -62,7 +62,10 @@ impl MicroKernel for Avx512 {
     /// The kernel, when the CPU has avx512f.
     #[inline]
     fn detect() -> Option<Avx512> {
-        std::arch::is_x86_feature_detected!("avx512f").then_some(Avx512 { _proof: () })
+        use crate::kernels::simd::CpuFeatures;
+        CpuFeatures::detected()
+            .has(CpuFeatures::AVX512F)
+            .then_some(Avx512 { _proof: () })
     }
     const READS_RHS_IN_PLACE: bool = true;
     const PREFETCHES_C: bool = true;

@@ -1,0 +1,317 @@
+//! A block-quantized weight format as a type: [`BlockFormat`], one
+//! implementation per format (one file each: `q8_0.rs`, `q4_0.rs`, `q4_1.rs`,
+//! `q5_0.rs`, `q5_1.rs`, `q2_k.rs`, `q3_k.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`,
+//! `iq4_nl.rs`, `iq4_xs.rs`), and the format-generic pieces built on it (row quantize and
+//! dequantize, the portable fixed-order dot product, the bounds checks of the
+//! tiled drivers).
+//!
+//! A format states its block (elements, bytes), codes and decodes a block, and
+//! adds one block's part of a dot product with an activation row quantized to
+//! int8 blocks of 32 (`quant_dot::quantize_row`) to sixteen f32 lane
+//! accumulators in its fixed order. Its [`rows`](BlockFormat::rows) computes a
+//! tile of outputs at the current vector level: the default is the portable
+//! loop over [`dot_row`]; a format with vector kernels (`quant_dot`,
+//! `quant_k`) overrides it, and those kernels perform exactly the operations of
+//! its `dot_block` in the same order, so every path gives the same bits.
+
+use std::ops::Range;
+
+use super::quant_dot::{Acts, LANES, QK, f16_to_f32};
+use crate::kernels::reduce::fold_lanes;
+
+pub(crate) mod iq4_nl;
+pub(crate) mod iq4_xs;
+pub(crate) mod q2_k;
+pub(crate) mod q3_k;
+pub(crate) mod q4_0;
+pub(crate) mod q4_1;
+pub(crate) mod q4_k;
+pub(crate) mod q5_0;
+pub(crate) mod q5_1;
+pub(crate) mod q5_k;
+pub(crate) mod q6_k;
+pub(crate) mod q8_0;
+
+pub(crate) use iq4_nl::IQ4_NL;
+pub(crate) use iq4_xs::IQ4_XS;
+pub(crate) use q2_k::Q2_K;
+pub(crate) use q3_k::Q3_K;
+pub(crate) use q4_0::Q4_0;
+pub(crate) use q4_1::Q4_1;
+pub(crate) use q4_k::Q4_K;
+pub(crate) use q5_0::Q5_0;
+pub(crate) use q5_1::Q5_1;
+pub(crate) use q5_k::Q5_K;
+pub(crate) use q6_k::Q6_K;
+pub(crate) use q8_0::Q8_0;
+
+/// Lane accumulators of a dot product: eight lanes of four elements, twice
+/// (formats with [`PAIRED_LANES`](BlockFormat::PAIRED_LANES) put their even
+/// and odd sub-blocks of 32 in the two sets).
+pub(crate) type LaneAcc = [f32; 2 * LANES];
+
+/// A block-quantized weight format in llama.cpp's layout.
+pub(crate) trait BlockFormat: Sized {
+    /// Weights per block (a multiple of 32).
+    const ELEMS: usize;
+    /// Bytes per block.
+    const BYTES: usize;
+    /// The offset its vector kernels need in [`Acts::bias`]: each lane's bias
+    /// is `-ACT_OFFSET · Σ x` over the lane (the weight read unsigned as
+    /// `w + ACT_OFFSET`).
+    const ACT_OFFSET: i32;
+    /// Whether the dot product needs each activation block's sum `Σ x̂` (a
+    /// format whose values carry a min or an offset term).
+    const NEEDS_SUMS: bool;
+    /// Whether the lanes run in two sets of eight (even and odd sub-blocks),
+    /// added together before the final fold; otherwise one set of eight.
+    const PAIRED_LANES: bool;
+
+    /// Codes the `ELEMS` values `x` into one block `blk` (`BYTES` long).
+    fn quantize(x: &[f32], blk: &mut [u8]);
+
+    /// Decodes one block `blk` into `ELEMS` values `out`.
+    fn dequantize(blk: &[u8], out: &mut [f32]);
+
+    /// Adds block `blk`'s part of the fixed-order dot product to `acc`:
+    /// `xq` the block's `ELEMS` quantized activations, `xs` their `ELEMS / 32`
+    /// scales, `sums` their block sums (empty unless
+    /// [`NEEDS_SUMS`](Self::NEEDS_SUMS)).
+    fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc);
+
+    /// The outputs of weight rows `rows` for all `m` activation rows
+    /// (`out_t[(j - rows.start) * m + i]`), at the current vector level. The
+    /// default is [`portable_rows`] compiled for the current level
+    /// (`vectorized!`: the same operations, integer sums and fused
+    /// multiply-adds, so the same bits). Called only after [`check_rows`]
+    /// passed for the same arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        super::simd::vectorized!(portable_rows::<Self>(
+            w, row_bytes, rows, acts, sums, m, out_t
+        ));
+    }
+}
+
+/// Quantizes one row `x` (a multiple of `F::ELEMS` long) into its blocks `out`.
+pub(crate) fn quantize_row<F: BlockFormat>(x: &[f32], out: &mut [u8]) {
+    for (xb, blk) in x.chunks_exact(F::ELEMS).zip(out.chunks_exact_mut(F::BYTES)) {
+        F::quantize(xb, blk);
+    }
+}
+
+/// Dequantizes one row of blocks `blocks` into `out`.
+pub(crate) fn dequantize_row<F: BlockFormat>(blocks: &[u8], out: &mut [f32]) {
+    for (blk, ob) in blocks
+        .chunks_exact(F::BYTES)
+        .zip(out.chunks_exact_mut(F::ELEMS))
+    {
+        F::dequantize(blk, ob);
+    }
+}
+
+/// The fixed-order dot product of one weight row `wrow` with one quantized
+/// activation row (`xq`, its block scales `xs`, its block sums `sums`, empty
+/// unless `F::NEEDS_SUMS`): [`BlockFormat::dot_block`] block after block, then
+/// the lanes folded (the two sets added first for paired lanes).
+#[inline(always)]
+pub(crate) fn dot_row<F: BlockFormat>(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
+    let sub = F::ELEMS / QK;
+    let mut acc = [0.0f32; 2 * LANES];
+    for (b, blk) in wrow.chunks_exact(F::BYTES).enumerate() {
+        let s = if F::NEEDS_SUMS {
+            &sums[b * sub..(b + 1) * sub]
+        } else {
+            &[][..]
+        };
+        F::dot_block(
+            blk,
+            &xq[b * F::ELEMS..(b + 1) * F::ELEMS],
+            &xs[b * sub..(b + 1) * sub],
+            s,
+            &mut acc,
+        );
+    }
+    if F::PAIRED_LANES {
+        fold_lanes(acc)
+    } else {
+        let mut lo = [0.0f32; LANES];
+        lo.copy_from_slice(&acc[..LANES]);
+        fold_lanes(lo)
+    }
+}
+
+/// The portable [`BlockFormat::rows`]: [`dot_row`] for every (weight row,
+/// activation row) pair.
+#[inline(always)]
+pub(crate) fn portable_rows<F: BlockFormat>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &Acts<'_>,
+    sums: &[f32],
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let nb = acts.cols / QK;
+    for (jj, j) in rows.enumerate() {
+        let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
+        for i in 0..m {
+            let s = if F::NEEDS_SUMS {
+                &sums[i * nb..(i + 1) * nb]
+            } else {
+                &[][..]
+            };
+            out_t[jj * m + i] = dot_row::<F>(
+                wrow,
+                &acts.q[i * acts.cols..(i + 1) * acts.cols],
+                &acts.scale[i * nb..(i + 1) * nb],
+                s,
+            );
+        }
+    }
+}
+
+/// Checks the operands of [`BlockFormat::rows`] (the bounds contract of every
+/// path), then runs it.
+///
+/// # Panics
+/// If `w`, `acts`, `sums` or `out_t` are too short for `rows` and `m`, or
+/// `row_bytes` is not a whole number of blocks of `acts.cols` columns (caller
+/// bugs).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quant_rows<F: BlockFormat>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &Acts<'_>,
+    sums: &[f32],
+    m: usize,
+    out_t: &mut [f32],
+) {
+    check_rows::<F>(w, row_bytes, &rows, acts, sums, m, out_t);
+    F::rows(w, row_bytes, rows, acts, sums, m, out_t);
+}
+
+/// The bounds [`quant_rows`] checks.
+#[allow(clippy::too_many_arguments)]
+fn check_rows<F: BlockFormat>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: &Range<usize>,
+    acts: &Acts<'_>,
+    sums: &[f32],
+    m: usize,
+    out_t: &[f32],
+) {
+    let nb = acts.cols / QK;
+    assert!(acts.cols.is_multiple_of(F::ELEMS), "quant_rows: columns");
+    assert_eq!(
+        row_bytes,
+        acts.cols / F::ELEMS * F::BYTES,
+        "quant_rows: row bytes"
+    );
+    assert!(rows.end * row_bytes <= w.len(), "quant_rows: weight rows");
+    assert!(
+        acts.q.len() >= m * acts.cols,
+        "quant_rows: activation values"
+    );
+    assert!(acts.scale.len() >= m * nb, "quant_rows: activation scales");
+    assert!(
+        acts.bias.len() >= m * nb * LANES,
+        "quant_rows: activation biases"
+    );
+    if F::NEEDS_SUMS {
+        assert!(sums.len() >= m * nb, "quant_rows: activation sums");
+    }
+    assert!(out_t.len() >= rows.len() * m, "quant_rows: output");
+}
+
+/// The f16 at `p[0..2]`, widened (exact).
+#[inline(always)]
+pub(crate) fn f16_at(p: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([p[0], p[1]]))
+}
+
+/// `v` as f16 bytes (round to nearest even).
+pub(crate) fn f16_bytes(v: f32) -> [u8; 2] {
+    fucina_storage::half::f16::from_f32(v)
+        .to_bits()
+        .to_le_bytes()
+}
+
+/// The f32 value of `v` after a round trip through f16 (what a reader sees).
+pub(crate) fn via_f16(v: f32) -> f32 {
+    fucina_storage::half::f16::from_f32(v).to_f32()
+}
+
+/// The eight exact integer lane sums of a block of 32 values `v` (the
+/// weights' integer codes) with 32 quantized activations `x`:
+/// `p[l] = Σ_{k = 4l..4l+4} v[k] · x[k]` (at most `4 · 128 · 127` in
+/// magnitude, exact in i32). Fixed sizes, so the loop vectorizes.
+#[inline(always)]
+pub(crate) fn lane_sums(v: &[i8; 32], x: &[i8]) -> [i32; LANES] {
+    let x: &[i8; 32] = x[..32].try_into().expect("a block of 32");
+    let mut prod = [0i32; 32];
+    for ((p, &a), &b) in prod.iter_mut().zip(v).zip(x) {
+        *p = i32::from(a) * i32::from(b);
+    }
+    let mut out = [0i32; LANES];
+    for (o, c) in out.iter_mut().zip(prod.chunks_exact(4)) {
+        *o = c[0] + c[1] + c[2] + c[3];
+    }
+    out
+}
+
+/// `acc[l] = fma(s, p[l], acc[l])` for the eight lanes of `acc`.
+#[inline(always)]
+pub(crate) fn fma_lanes(s: f32, p: &[i32; LANES], acc: &mut [f32]) {
+    for (a, &p) in acc.iter_mut().zip(p) {
+        *a = s.mul_add(p as f32, *a);
+    }
+}
+
+/// Unpacks 16 bytes of nibbles laid out as Q4_0's (element `k` in the low
+/// nibble of byte `k`, element `k + 16` in its high nibble) into `v`.
+#[inline(always)]
+pub(crate) fn unpack_nibbles(qs: &[u8], v: &mut [i8; 32]) {
+    let qs: &[u8; 16] = qs[..16].try_into().expect("16 nibble bytes");
+    for k in 0..16 {
+        v[k] = (qs[k] & 0x0f) as i8;
+        v[k + 16] = (qs[k] >> 4) as i8;
+    }
+}
+
+/// The min term of a block format with a per-block min `m` (Q4_1, Q5_1):
+/// `acc[0] = fma(m · dx, S, acc[0])`, `S = Σ x̂` over the activation block.
+#[inline(always)]
+pub(crate) fn min_term(m: f32, dx: f32, sum: f32, acc: &mut LaneAcc) {
+    acc[0] = (m * dx).mul_add(sum, acc[0]);
+}
+
+/// Rounds to the nearest integer, ties away from zero, saturating.
+#[inline(always)]
+pub(crate) fn nearest(v: f32) -> i32 {
+    v.round() as i32
+}
+
+/// The signed value of largest magnitude in `x` (the first one on a tie; 0 for
+/// an empty or all-zero `x`).
+pub(crate) fn signed_amax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
