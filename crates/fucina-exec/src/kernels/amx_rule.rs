@@ -827,17 +827,7 @@ mod amx {
         assert!(
             (a.as_ptr() as usize).is_multiple_of(64) && (t.as_ptr() as usize).is_multiple_of(64)
         );
-        let mut cfg = TileCfg {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
-        for i in 0..8 {
-            cfg.colsb[i] = 64;
-            cfg.rows[i] = 16;
-        }
+        let cfg = tile_config();
         let data = b.data();
         let stride = 64usize;
         let step = kb * TILE * 2; // bytes from tile (g, kb) to (g + 1, kb)
@@ -883,116 +873,10 @@ mod amx {
                             let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
                             let c1 = c0.add(m_pad * NT);
                             let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
-                            if k0 == 0 {
-                                asm!(
-                                    "tilezero tmm0",
-                                    "tilezero tmm1",
-                                    "tilezero tmm2",
-                                    "tilezero tmm3",
-                                    options(nostack, nomem)
-                                );
-                            } else {
-                                asm!(
-                                    "tileloadd tmm0, [{c0} + {s}*1]",
-                                    "tileloadd tmm1, [{c1} + {s}*1]",
-                                    "tileloadd tmm2, [{c2} + {s}*1]",
-                                    "tileloadd tmm3, [{c3} + {s}*1]",
-                                    c0 = in(reg) c0,
-                                    c1 = in(reg) c1,
-                                    c2 = in(reg) c2,
-                                    c3 = in(reg) c3,
-                                    s = in(reg) stride,
-                                    options(nostack)
-                                );
-                            }
-                            // Tile registers are not renamed: a tile load
-                            // waits for the products that read the register
-                            // before, so its latency is not hidden. Each
-                            // block prefetches the next block's activation
-                            // tiles into L1 (they come from L2), and `pl`
-                            // lines of the next chunk's weights of both
-                            // panels into L2 (they come from memory or L3;
-                            // the chunk's group pairs share that out).
+                            load_c(k0 == 0, [c0, c1, c2, c3], stride);
                             let q = nb.wrapping_byte_add((gg - g0) * per_gp * 64);
-                            asm!(
-                                "2:",
-                                "prefetcht0 [{pa} + 1024]",
-                                "prefetcht0 [{pa1} + 1024]",
-                                "prefetcht0 [{pa} + 1088]",
-                                "prefetcht0 [{pa1} + 1088]",
-                                "prefetcht0 [{pa} + 1152]",
-                                "prefetcht0 [{pa1} + 1152]",
-                                "prefetcht0 [{pa} + 1216]",
-                                "prefetcht0 [{pa1} + 1216]",
-                                "prefetcht0 [{pa} + 1280]",
-                                "prefetcht0 [{pa1} + 1280]",
-                                "prefetcht0 [{pa} + 1344]",
-                                "prefetcht0 [{pa1} + 1344]",
-                                "prefetcht0 [{pa} + 1408]",
-                                "prefetcht0 [{pa1} + 1408]",
-                                "prefetcht0 [{pa} + 1472]",
-                                "prefetcht0 [{pa1} + 1472]",
-                                "prefetcht0 [{pa} + 1536]",
-                                "prefetcht0 [{pa1} + 1536]",
-                                "prefetcht0 [{pa} + 1600]",
-                                "prefetcht0 [{pa1} + 1600]",
-                                "prefetcht0 [{pa} + 1664]",
-                                "prefetcht0 [{pa1} + 1664]",
-                                "prefetcht0 [{pa} + 1728]",
-                                "prefetcht0 [{pa1} + 1728]",
-                                "prefetcht0 [{pa} + 1792]",
-                                "prefetcht0 [{pa1} + 1792]",
-                                "prefetcht0 [{pa} + 1856]",
-                                "prefetcht0 [{pa1} + 1856]",
-                                "prefetcht0 [{pa} + 1920]",
-                                "prefetcht0 [{pa1} + 1920]",
-                                "prefetcht0 [{pa} + 1984]",
-                                "prefetcht0 [{pa1} + 1984]",
-                                "mov {c}, {pl}",
-                                "3:",
-                                "prefetcht1 [{q}]",
-                                "prefetcht1 [{q} + {st}]",
-                                "add {q}, 64",
-                                "dec {c}",
-                                "jnz 3b",
-                                "tileloadd tmm4, [{pa} + {s}*1]",
-                                "tileloadd tmm6, [{pb} + {s}*1]",
-                                "tdpbf16ps tmm0, tmm4, tmm6",
-                                "tileloadd tmm7, [{pb1} + {s}*1]",
-                                "tdpbf16ps tmm1, tmm4, tmm7",
-                                "tileloadd tmm5, [{pa1} + {s}*1]",
-                                "tdpbf16ps tmm2, tmm5, tmm6",
-                                "tdpbf16ps tmm3, tmm5, tmm7",
-                                "add {pa}, 1024",
-                                "add {pb}, 1024",
-                                "add {pa1}, 1024",
-                                "add {pb1}, 1024",
-                                "dec {n}",
-                                "jnz 2b",
-                                pa = inout(reg) ag => _,
-                                pb = inout(reg) bj => _,
-                                pa1 = inout(reg) ag.byte_add(step) => _,
-                                pb1 = inout(reg) bj.byte_add(step) => _,
-                                q = inout(reg) q => _,
-                                st = in(reg) step,
-                                pl = in(reg) pl,
-                                c = out(reg) _,
-                                n = inout(reg) kn => _,
-                                s = in(reg) stride,
-                                options(nostack)
-                            );
-                            asm!(
-                                "tilestored [{c0} + {s}*1], tmm0",
-                                "tilestored [{c1} + {s}*1], tmm1",
-                                "tilestored [{c2} + {s}*1], tmm2",
-                                "tilestored [{c3} + {s}*1], tmm3",
-                                c0 = in(reg) c0,
-                                c1 = in(reg) c1,
-                                c2 = in(reg) c2,
-                                c3 = in(reg) c3,
-                                s = in(reg) stride,
-                                options(nostack)
-                            );
+                            block_products(ag, bj, step, q, pl, kn, stride);
+                            store_c([c0, c1, c2, c3], stride);
                         }
                         k0 += kn;
                     }
@@ -1000,6 +884,189 @@ mod amx {
                 g0 = g1;
             }
             asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+
+    /// Palette 1 with tiles 0-7 of 16 rows of 64 bytes (the C, A and B tiles
+    /// of [`panel_pairs`]).
+    fn tile_config() -> TileCfg {
+        let mut cfg = TileCfg {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for i in 0..8 {
+            cfg.colsb[i] = 64;
+            cfg.rows[i] = 16;
+        }
+        cfg
+    }
+
+    /// Starts the four C tiles of a group pair and panel pair: zeroed for the
+    /// first depth chunk (`first`), else loaded from the f32 rows at `c` (the
+    /// sums of the chunks before, as the tiles held them).
+    ///
+    /// # Safety
+    /// [`panel_pairs`]' configuration is loaded, and each `c[i]` points to 16
+    /// rows of `stride` bytes that may be read.
+    #[inline(always)]
+    unsafe fn load_c(first: bool, c: [*mut f32; 4], stride: usize) {
+        let [c0, c1, c2, c3] = c;
+        // SAFETY: the caller's contract: a loaded configuration and readable
+        // C rows.
+        unsafe {
+            if first {
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            } else {
+                asm!(
+                    "tileloadd tmm0, [{c0} + {s}*1]",
+                    "tileloadd tmm1, [{c1} + {s}*1]",
+                    "tileloadd tmm2, [{c2} + {s}*1]",
+                    "tileloadd tmm3, [{c3} + {s}*1]",
+                    c0 = in(reg) c0,
+                    c1 = in(reg) c1,
+                    c2 = in(reg) c2,
+                    c3 = in(reg) c3,
+                    s = in(reg) stride,
+                    options(nostack)
+                );
+            }
+        }
+    }
+
+    /// One depth chunk of `kn` blocks: A tiles from `ag` (and the next group,
+    /// `step` bytes on), B tiles from `bj` (and the next panel), the four
+    /// products per block into `tmm0-3`, with the prefetches of the next
+    /// block's activations and of `pl` lines from `q` of the next chunk's
+    /// weights (hints only).
+    ///
+    /// # Safety
+    /// [`panel_pairs`]' configuration is loaded; the `kn` blocks of A tiles at
+    /// `ag` and `ag + step` and of B tiles at `bj` and `bj + step` (16 rows of
+    /// `stride` bytes each, 1024 bytes apart) may be read; `kn` and `pl` are
+    /// at least 1.
+    #[inline(always)]
+    unsafe fn block_products(
+        ag: *const u16,
+        bj: *const u16,
+        step: usize,
+        q: *const u16,
+        pl: usize,
+        kn: usize,
+        stride: usize,
+    ) {
+        // SAFETY: the caller's contract: a loaded configuration, readable A
+        // and B tiles, non-zero counts (prefetches never fault).
+        unsafe {
+            // Tile registers are not renamed: a tile load
+            // waits for the products that read the register
+            // before, so its latency is not hidden. Each
+            // block prefetches the next block's activation
+            // tiles into L1 (they come from L2), and `pl`
+            // lines of the next chunk's weights of both
+            // panels into L2 (they come from memory or L3;
+            // the chunk's group pairs share that out).
+            asm!(
+                "2:",
+                "prefetcht0 [{pa} + 1024]",
+                "prefetcht0 [{pa1} + 1024]",
+                "prefetcht0 [{pa} + 1088]",
+                "prefetcht0 [{pa1} + 1088]",
+                "prefetcht0 [{pa} + 1152]",
+                "prefetcht0 [{pa1} + 1152]",
+                "prefetcht0 [{pa} + 1216]",
+                "prefetcht0 [{pa1} + 1216]",
+                "prefetcht0 [{pa} + 1280]",
+                "prefetcht0 [{pa1} + 1280]",
+                "prefetcht0 [{pa} + 1344]",
+                "prefetcht0 [{pa1} + 1344]",
+                "prefetcht0 [{pa} + 1408]",
+                "prefetcht0 [{pa1} + 1408]",
+                "prefetcht0 [{pa} + 1472]",
+                "prefetcht0 [{pa1} + 1472]",
+                "prefetcht0 [{pa} + 1536]",
+                "prefetcht0 [{pa1} + 1536]",
+                "prefetcht0 [{pa} + 1600]",
+                "prefetcht0 [{pa1} + 1600]",
+                "prefetcht0 [{pa} + 1664]",
+                "prefetcht0 [{pa1} + 1664]",
+                "prefetcht0 [{pa} + 1728]",
+                "prefetcht0 [{pa1} + 1728]",
+                "prefetcht0 [{pa} + 1792]",
+                "prefetcht0 [{pa1} + 1792]",
+                "prefetcht0 [{pa} + 1856]",
+                "prefetcht0 [{pa1} + 1856]",
+                "prefetcht0 [{pa} + 1920]",
+                "prefetcht0 [{pa1} + 1920]",
+                "prefetcht0 [{pa} + 1984]",
+                "prefetcht0 [{pa1} + 1984]",
+                "mov {c}, {pl}",
+                "3:",
+                "prefetcht1 [{q}]",
+                "prefetcht1 [{q} + {st}]",
+                "add {q}, 64",
+                "dec {c}",
+                "jnz 3b",
+                "tileloadd tmm4, [{pa} + {s}*1]",
+                "tileloadd tmm6, [{pb} + {s}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{pb1} + {s}*1]",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{pa1} + {s}*1]",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {pa}, 1024",
+                "add {pb}, 1024",
+                "add {pa1}, 1024",
+                "add {pb1}, 1024",
+                "dec {n}",
+                "jnz 2b",
+                pa = inout(reg) ag => _,
+                pb = inout(reg) bj => _,
+                pa1 = inout(reg) ag.byte_add(step) => _,
+                pb1 = inout(reg) bj.byte_add(step) => _,
+                q = inout(reg) q => _,
+                st = in(reg) step,
+                pl = in(reg) pl,
+                c = out(reg) _,
+                n = inout(reg) kn => _,
+                s = in(reg) stride,
+                options(nostack)
+            );
+        }
+    }
+
+    /// Stores the four C tiles to the f32 rows at `c`.
+    ///
+    /// # Safety
+    /// [`panel_pairs`]' configuration is loaded, and each `c[i]` points to 16
+    /// rows of `stride` bytes that may be written.
+    #[inline(always)]
+    unsafe fn store_c(c: [*mut f32; 4], stride: usize) {
+        let [c0, c1, c2, c3] = c;
+        // SAFETY: the caller's contract: a loaded configuration and writable
+        // C rows.
+        unsafe {
+            asm!(
+                "tilestored [{c0} + {s}*1], tmm0",
+                "tilestored [{c1} + {s}*1], tmm1",
+                "tilestored [{c2} + {s}*1], tmm2",
+                "tilestored [{c3} + {s}*1], tmm3",
+                c0 = in(reg) c0,
+                c1 = in(reg) c1,
+                c2 = in(reg) c2,
+                c3 = in(reg) c3,
+                s = in(reg) stride,
+                options(nostack)
+            );
         }
     }
 }
