@@ -290,6 +290,23 @@ pub(crate) fn unpack_nibbles(qs: &[u8], v: &mut [i8; 32]) {
     }
 }
 
+/// llama.cpp's reference coding of a block with a min (Q4_1, Q5_1) in codes
+/// `0..=top`: `d = (max − min) / top` and `m = min` (f32; written as f16 into
+/// `dm[0..4]`), each value's code `trunc((x − min) / d + 0.5)` (clamped)
+/// with the f32 `d` and `min`, into `q`.
+pub(crate) fn code_with_min(x: &[f32], top: u8, dm: &mut [u8], q: &mut [u8; 32]) {
+    let (lo, hi) = x
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let scale = (hi - lo) / f32::from(top);
+    let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (((v - lo) * id + 0.5) as i8).clamp(0, top as i8) as u8;
+    }
+    dm[0..2].copy_from_slice(&f16_bytes(scale));
+    dm[2..4].copy_from_slice(&f16_bytes(lo));
+}
+
 /// The min term of a block format with a per-block min `m` (Q4_1, Q5_1):
 /// `acc[0] = fma(m · dx, S, acc[0])`, `S = Σ x̂` over the activation block.
 #[inline(always)]
