@@ -2,7 +2,8 @@
 //! (`GgufFile::parse`, over an in-memory mapping of the bytes), the Llama
 //! loader (`llama_config`, `llama_weights`) and the tokenizer built from the
 //! metadata (`Tokenizer::from_gguf`) return `Ok` or `Err`, never panic and never
-//! allocate what a hostile count claims. Their checks are tested in
+//! allocate what a hostile count claims; the weights it loads dequantize
+//! without a panic, in every block format. Their checks are tested in
 //! `crates/fucina-llm/tests/{gguf,gguf_model,tokenizer}.rs`; this target looks
 //! for the inputs those tests did not think of.
 #![no_main]
@@ -29,8 +30,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(file) = GgufFile::parse(Path::new("fuzz.gguf"), Arc::new(map)) else {
         return;
     };
-    if let Ok(config) = gguf_config(&file) {
-        let _ = gguf_weights(&file, &config);
+    if let Ok(config) = gguf_config(&file)
+        && let Ok(store) = gguf_weights(&file, &config)
+    {
+        // every tensor decoded: each block format's dequantize on arbitrary
+        // block bytes (NaN and infinite scales included)
+        for (_, w) in store.iter() {
+            let _ = w.to_f32_vec();
+        }
     }
     let _ = Tokenizer::from_gguf(&file);
 });

@@ -749,11 +749,15 @@ impl WeightStore {
     ///   other ranks (the norms, the biases) are kept as they are (the decoder
     ///   widens them to f32 when it builds, whatever their format);
     /// - for every block format but Q8_0 and Q6_K the output projection keeps
-    ///   more bits: it is stored as Q6_K, as llama.cpp's presets store it. The
-    ///   output projection is `lm_head.weight`, or the embedding table when
-    ///   `tie_word_embeddings` (llama.cpp's rule for models that share the
-    ///   two); `Q4_K_M` and `Q5_K_M` also give Q6_K to some of the v and down
-    ///   projections, which this conversion does not;
+    ///   more bits: the super-block formats store it as Q6_K, as llama.cpp's
+    ///   presets do; the formats of blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1,
+    ///   IQ4_NL) as Q8_0 (llama.cpp takes Q6_K; Q8_0 is repacked by
+    ///   `open_model` and read at the packed kernel's speed, where a Q6_K
+    ///   matrix is read in place). The output projection is `lm_head.weight`,
+    ///   or the embedding table when `tie_word_embeddings` (llama.cpp's rule
+    ///   for models that share the two); `Q4_K_M` and `Q5_K_M` also give Q6_K
+    ///   to some of the v and down projections, which this conversion does
+    ///   not;
     /// - the K formats need whole super-blocks of 256 along the columns; a
     ///   matrix whose column count is not a multiple of 256 falls back per
     ///   tensor, as llama.cpp's does ([`k_fallback`]): Q4_K to Q5_0, Q5_K to
@@ -792,8 +796,13 @@ impl WeightStore {
                 continue;
             };
             let target = match dtype.storage() {
+                // the output projection keeps more bits
                 Storage::Quant(q) if name == output && q != QuantFormat::Q8_0 => {
-                    Storage::Quant(QuantFormat::Q6_K)
+                    Storage::Quant(if q.block_elements() == 32 {
+                        QuantFormat::Q8_0
+                    } else {
+                        QuantFormat::Q6_K
+                    })
                 }
                 t => t,
             };

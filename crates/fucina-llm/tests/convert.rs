@@ -87,9 +87,10 @@ fn converted_matrices_are_the_runtime_quantizer_bits() {
                     continue;
                 };
                 let values = w.to_f32_vec();
-                // the output projection is Q6_K but for Q8_0; the fixtures'
-                // 64 and 128 columns are not whole super-blocks, so the K
-                // formats fall back: Q6_K to Q8_0, Q4_K to Q5_0, Q5_K to Q5_1
+                // the output projection is Q8_0 (the formats of blocks of 32)
+                // or Q6_K; the fixtures' 64 and 128 columns are not whole
+                // super-blocks, so the K formats fall back: Q6_K to Q8_0, Q4_K
+                // to Q5_0, Q5_K to Q5_1
                 let quant = match dtype.quant() {
                     Some(q) if name == "lm_head.weight" && q != QuantFormat::Q8_0 => {
                         Some(QuantFormat::Q8_0)

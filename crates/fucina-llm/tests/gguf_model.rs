@@ -631,6 +631,22 @@ fn wide_random_model() -> (ModelConfig, WeightStore) {
     (cfg, WeightStore::from_tensors(t))
 }
 
+/// `store` with every tensor widened to f32.
+fn dequantized(store: &WeightStore) -> WeightStore {
+    WeightStore::from_tensors(
+        store
+            .iter()
+            .map(|(n, w)| {
+                let v = w.to_f32_vec();
+                (
+                    n.to_string(),
+                    fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
+                )
+            })
+            .collect(),
+    )
+}
+
 /// A GGUF file with Q4_K and Q6_K matrices (llama.cpp's Q4_K_M choice: Q6_K for
 /// the output projection, the v and down projections; Q4_K elsewhere) loads
 /// with its blocks mapped, is not repacked, and gives logits close to the same
@@ -670,18 +686,8 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
     // The K formats are read in place: nothing is repacked.
     let mut repacked = gstore.clone();
     assert_eq!(repacked.repack_quantized(&ExecContext::new()).unwrap(), 0);
-    let dequantized: std::collections::HashMap<String, fucina_llm::Weight> = gstore
-        .iter()
-        .map(|(n, w)| {
-            let v = w.to_f32_vec();
-            (
-                n.to_string(),
-                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
-            )
-        })
-        .collect();
     let deq = logits(
-        &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
+        &Model::from_parts(gcfg.clone(), dequantized(&gstore)).unwrap(),
         1,
     );
     let model = Model::from_parts(gcfg, gstore).unwrap();
@@ -761,18 +767,8 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
             assert_eq!(w.quant_format(), quant_of(name), "{name}");
         }
     }
-    let dequantized: std::collections::HashMap<String, fucina_llm::Weight> = gstore
-        .iter()
-        .map(|(n, w)| {
-            let v = w.to_f32_vec();
-            (
-                n.to_string(),
-                fucina_llm::Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
-            )
-        })
-        .collect();
     let deq = logits(
-        &Model::from_parts(gcfg.clone(), WeightStore::from_tensors(dequantized)).unwrap(),
+        &Model::from_parts(gcfg.clone(), dequantized(&gstore)).unwrap(),
         1,
     );
     let model = Model::from_parts(gcfg, gstore).unwrap();

@@ -10,7 +10,7 @@
 //! int8 blocks of 32 (`quant_dot::quantize_row`) to sixteen f32 lane
 //! accumulators in its fixed order. Its [`rows`](BlockFormat::rows) computes a
 //! tile of outputs at the current vector level: the default is the portable
-//! loop over [`dot_row`]; a format with vector kernels (`quant_dot`,
+//! loop over `dot_block`; a format with vector kernels (`quant_dot`,
 //! `quant_k`) overrides it, and those kernels perform exactly the operations of
 //! its `dot_block` in the same order, so every path gives the same bits.
 
@@ -118,28 +118,10 @@ pub(crate) fn dequantize_row<F: BlockFormat>(blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The fixed-order dot product of one weight row `wrow` with one quantized
-/// activation row (`xq`, its block scales `xs`, its block sums `sums`, empty
-/// unless `F::NEEDS_SUMS`): [`BlockFormat::dot_block`] block after block, then
-/// the lanes folded (the two sets added first for paired lanes).
+/// The end of the fixed order: the lanes folded in halves (the two sets of
+/// eight added first for paired lanes).
 #[inline(always)]
-pub(crate) fn dot_row<F: BlockFormat>(wrow: &[u8], xq: &[i8], xs: &[f32], sums: &[f32]) -> f32 {
-    let sub = F::ELEMS / QK;
-    let mut acc = [0.0f32; 2 * LANES];
-    for (b, blk) in wrow.chunks_exact(F::BYTES).enumerate() {
-        let s = if F::NEEDS_SUMS {
-            &sums[b * sub..(b + 1) * sub]
-        } else {
-            &[][..]
-        };
-        F::dot_block(
-            blk,
-            &xq[b * F::ELEMS..(b + 1) * F::ELEMS],
-            &xs[b * sub..(b + 1) * sub],
-            s,
-            &mut acc,
-        );
-    }
+fn finish<F: BlockFormat>(acc: LaneAcc) -> f32 {
     if F::PAIRED_LANES {
         fold_lanes(acc)
     } else {
@@ -149,8 +131,9 @@ pub(crate) fn dot_row<F: BlockFormat>(wrow: &[u8], xq: &[i8], xs: &[f32], sums: 
     }
 }
 
-/// The portable [`BlockFormat::rows`]: [`dot_row`] for every (weight row,
-/// activation row) pair.
+/// The portable [`BlockFormat::rows`]: for every (weight row, activation row)
+/// pair, [`BlockFormat::dot_block`] block after block, then the lanes folded
+/// (the two sets added first for paired lanes).
 #[inline(always)]
 pub(crate) fn portable_rows<F: BlockFormat>(
     w: &[u8],
@@ -161,21 +144,33 @@ pub(crate) fn portable_rows<F: BlockFormat>(
     m: usize,
     out_t: &mut [f32],
 ) {
+    // Up to four activation rows at a time, block by block, so that each
+    // weight block is read (and its codes decoded) while it is in L1 for all
+    // of them; each output keeps its own accumulators in the fixed order.
+    const T: usize = 4;
     let nb = acts.cols / QK;
+    let sub = F::ELEMS / QK;
     for (jj, j) in rows.enumerate() {
         let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-        for i in 0..m {
-            let s = if F::NEEDS_SUMS {
-                &sums[i * nb..(i + 1) * nb]
-            } else {
-                &[][..]
-            };
-            out_t[jj * m + i] = dot_row::<F>(
-                wrow,
-                &acts.q[i * acts.cols..(i + 1) * acts.cols],
-                &acts.scale[i * nb..(i + 1) * nb],
-                s,
-            );
+        for i0 in (0..m).step_by(T) {
+            let tt = T.min(m - i0);
+            let mut acc = [[0.0f32; 2 * LANES]; T];
+            for (b, blk) in wrow.chunks_exact(F::BYTES).enumerate() {
+                for (t, acc) in acc.iter_mut().enumerate().take(tt) {
+                    let i = i0 + t;
+                    let bs = i * nb + b * sub;
+                    let s = if F::NEEDS_SUMS {
+                        &sums[bs..bs + sub]
+                    } else {
+                        &[][..]
+                    };
+                    let xq = &acts.q[i * acts.cols + b * F::ELEMS..][..F::ELEMS];
+                    F::dot_block(blk, xq, &acts.scale[bs..bs + sub], s, acc);
+                }
+            }
+            for (t, acc) in acc.into_iter().enumerate().take(tt) {
+                out_t[jj * m + i0 + t] = finish::<F>(acc);
+            }
         }
     }
 }
@@ -288,6 +283,23 @@ pub(crate) fn unpack_nibbles(qs: &[u8], v: &mut [i8; 32]) {
         v[k] = (qs[k] & 0x0f) as i8;
         v[k + 16] = (qs[k] >> 4) as i8;
     }
+}
+
+/// llama.cpp's reference coding of a block with a min (Q4_1, Q5_1) in codes
+/// `0..=top`: `d = (max − min) / top` and `m = min` (f32; written as f16 into
+/// `dm[0..4]`), each value's code `trunc((x − min) / d + 0.5)` (clamped)
+/// with the f32 `d` and `min`, into `q`.
+pub(crate) fn code_with_min(x: &[f32], top: u8, dm: &mut [u8], q: &mut [u8; 32]) {
+    let (lo, hi) = x
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let scale = (hi - lo) / f32::from(top);
+    let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (((v - lo) * id + 0.5) as i8).clamp(0, top as i8) as u8;
+    }
+    dm[0..2].copy_from_slice(&f16_bytes(scale));
+    dm[2..4].copy_from_slice(&f16_bytes(lo));
 }
 
 /// The min term of a block format with a per-block min `m` (Q4_1, Q5_1):

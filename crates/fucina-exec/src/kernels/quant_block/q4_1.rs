@@ -3,7 +3,7 @@
 //! `n[k] · d + m`.
 
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, min_term, unpack_nibbles,
+    BlockFormat, LaneAcc, code_with_min, f16_at, fma_lanes, lane_sums, min_term, unpack_nibbles,
 };
 use crate::kernels::quant_dot::LANES;
 
@@ -30,16 +30,10 @@ impl BlockFormat for Q4_1 {
     /// (f32, stored rounded to f16), `n = min(15, trunc((x − min) / d + 0.5))`
     /// with the f32 `d` and `min`.
     fn quantize(x: &[f32], blk: &mut [u8]) {
-        let (lo, hi) = x
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let scale = (hi - lo) / 15.0;
-        let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let nib = |v: f32| (((v - lo) * id + 0.5) as i8).clamp(0, 15) as u8;
-        blk[0..2].copy_from_slice(&f16_bytes(scale));
-        blk[2..4].copy_from_slice(&f16_bytes(lo));
+        let mut q = [0u8; 32];
+        code_with_min(x, 15, &mut blk[0..4], &mut q);
         for k in 0..16 {
-            blk[4 + k] = nib(x[k]) | (nib(x[k + 16]) << 4);
+            blk[4 + k] = q[k] | (q[k + 16] << 4);
         }
     }
 

@@ -3,7 +3,7 @@
 //! value `k` is `q[k] · d + m`.
 
 use super::q5_0::{pack_q5, q5_value, unpack_q5};
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, min_term};
+use super::{BlockFormat, LaneAcc, code_with_min, f16_at, fma_lanes, lane_sums, min_term};
 use crate::kernels::quant_dot::LANES;
 
 /// llama.cpp's Q5_1 (ggml type 7).
@@ -22,17 +22,8 @@ impl BlockFormat for Q5_1 {
     /// (f32, stored rounded to f16), `q = trunc((x − min) / d + 0.5)` with the
     /// f32 `d` and `min`.
     fn quantize(x: &[f32], blk: &mut [u8]) {
-        let (lo, hi) = x
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let scale = (hi - lo) / 31.0;
-        let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         let mut q = [0u8; 32];
-        for (q, &v) in q.iter_mut().zip(x) {
-            *q = (((v - lo) * id + 0.5) as i8).clamp(0, 31) as u8;
-        }
-        blk[0..2].copy_from_slice(&f16_bytes(scale));
-        blk[2..4].copy_from_slice(&f16_bytes(lo));
+        code_with_min(x, 31, &mut blk[0..4], &mut q);
         let qh = pack_q5(&q, &mut blk[8..24]);
         blk[4..8].copy_from_slice(&qh.to_le_bytes());
     }
