@@ -394,33 +394,6 @@ pub fn gru(
     Ok((out, h))
 }
 
-/// The parameters of a recurrent layer, in PyTorch's order, each `U(-k, k)`
-/// with `k = 1/sqrt(hidden)` (PyTorch's default), drawn from `sub_seed(seed,
-/// i)` for the `i`-th.
-fn init_parameters(
-    ctx: &ExecContext,
-    cell: Cell,
-    what: &'static str,
-    input: usize,
-    hidden: usize,
-    opts: RnnOptions,
-    seed: u64,
-) -> Result<Vec<(String, Parameter)>> {
-    check_size(what, "input_size", input)?;
-    check_size(what, "hidden_size", hidden)?;
-    check_size(what, "num_layers", opts.num_layers)?;
-    let k = (1.0 / hidden as f64).sqrt() as f32;
-    parameter_names(opts)
-        .into_iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let shape = parameter_shape(cell, input, hidden, opts, i);
-            let t = Tensor::uniform(ctx, &shape, -k, k, sub_seed(seed, i as u64))?;
-            Ok((name, Parameter::new(t)))
-        })
-        .collect()
-}
-
 /// The state and forward shared by [`Lstm`] and [`Gru`].
 #[derive(Debug, Clone)]
 struct Recurrent {
@@ -432,6 +405,39 @@ struct Recurrent {
 }
 
 impl Recurrent {
+    /// A layer of kind `cell` with its parameters in PyTorch's order, each
+    /// `U(-k, k)` with `k = 1/sqrt(hidden)` (PyTorch's default), drawn from
+    /// `sub_seed(seed, i)` for the `i`-th.
+    fn new(
+        ctx: &ExecContext,
+        cell: Cell,
+        what: &'static str,
+        input: usize,
+        hidden: usize,
+        opts: RnnOptions,
+        seed: u64,
+    ) -> Result<Recurrent> {
+        check_size(what, "input_size", input)?;
+        check_size(what, "hidden_size", hidden)?;
+        check_size(what, "num_layers", opts.num_layers)?;
+        let k = (1.0 / hidden as f64).sqrt() as f32;
+        let params = parameter_names(opts)
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let shape = parameter_shape(cell, input, hidden, opts, i);
+                let t = Tensor::uniform(ctx, &shape, -k, k, sub_seed(seed, i as u64))?;
+                Ok((name, Parameter::new(t)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Recurrent {
+            cell,
+            params,
+            input,
+            hidden,
+            opts,
+        })
+    }
     fn weights(&self) -> Vec<Tensor> {
         self.params.iter().map(|(_, p)| p.tensor()).collect()
     }
@@ -463,6 +469,35 @@ impl Recurrent {
         }
         Ok(())
     }
+}
+
+/// The accessors and the `Module` impl that [`Lstm`] and [`Gru`] share
+/// (both wrap a [`Recurrent`]).
+macro_rules! recurrent_common {
+    ($t:ident) => {
+        impl $t {
+            /// The input features.
+            pub fn input_size(&self) -> usize {
+                self.inner.input
+            }
+
+            /// The hidden state size (for the LSTM, also the cell state's).
+            pub fn hidden_size(&self) -> usize {
+                self.inner.hidden
+            }
+
+            /// The layers, biases, layout and directions.
+            pub fn options(&self) -> RnnOptions {
+                self.inner.opts
+            }
+        }
+
+        impl Module for $t {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                self.inner.params.clone()
+            }
+        }
+    };
 }
 
 /// A multi-layer LSTM, PyTorch's `nn.LSTM(input_size, hidden_size,
@@ -510,7 +545,7 @@ impl Lstm {
         opts: RnnOptions,
         seed: u64,
     ) -> Result<Lstm> {
-        let params = init_parameters(
+        let inner = Recurrent::new(
             ctx,
             Cell::Lstm,
             "Lstm::new",
@@ -519,30 +554,7 @@ impl Lstm {
             opts,
             seed,
         )?;
-        Ok(Lstm {
-            inner: Recurrent {
-                cell: Cell::Lstm,
-                params,
-                input: input_size,
-                hidden: hidden_size,
-                opts,
-            },
-        })
-    }
-
-    /// The input features.
-    pub fn input_size(&self) -> usize {
-        self.inner.input
-    }
-
-    /// The hidden (and cell) state size.
-    pub fn hidden_size(&self) -> usize {
-        self.inner.hidden
-    }
-
-    /// The layers, biases, layout and directions.
-    pub fn options(&self) -> RnnOptions {
-        self.inner.opts
+        Ok(Lstm { inner })
     }
 
     /// Runs the LSTM over `x` (`[T, B, input]`, or `[B, T, input]` with
@@ -567,11 +579,7 @@ impl Lstm {
     }
 }
 
-impl Module for Lstm {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        self.inner.params.clone()
-    }
-}
+recurrent_common!(Lstm);
 
 /// The output sequence alone, from zero initial states (as `nn.Sequential`
 /// would use it with a module that returns only the output).
@@ -617,7 +625,7 @@ impl Gru {
         opts: RnnOptions,
         seed: u64,
     ) -> Result<Gru> {
-        let params = init_parameters(
+        let inner = Recurrent::new(
             ctx,
             Cell::Gru,
             "Gru::new",
@@ -626,30 +634,7 @@ impl Gru {
             opts,
             seed,
         )?;
-        Ok(Gru {
-            inner: Recurrent {
-                cell: Cell::Gru,
-                params,
-                input: input_size,
-                hidden: hidden_size,
-                opts,
-            },
-        })
-    }
-
-    /// The input features.
-    pub fn input_size(&self) -> usize {
-        self.inner.input
-    }
-
-    /// The hidden state size.
-    pub fn hidden_size(&self) -> usize {
-        self.inner.hidden
-    }
-
-    /// The layers, biases, layout and directions.
-    pub fn options(&self) -> RnnOptions {
-        self.inner.opts
+        Ok(Gru { inner })
     }
 
     /// Runs the GRU over `x` from the initial state `h0` (`[layers *
@@ -670,11 +655,7 @@ impl Gru {
     }
 }
 
-impl Module for Gru {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        self.inner.params.clone()
-    }
-}
+recurrent_common!(Gru);
 
 /// The output sequence alone, from a zero initial state.
 impl Forward for Gru {
