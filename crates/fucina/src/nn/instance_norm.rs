@@ -96,7 +96,7 @@ macro_rules! instance_norm {
             /// (zeros) per channel.
             ///
             /// # Errors
-            /// As [`new`]($t::new); [`Error::InvalidArgument`] for a
+            /// As [`new`](Self::new); [`Error::InvalidArgument`] for a
             /// negative, infinite or NaN `eps`.
             pub fn with_options(
                 ctx: &ExecContext,
