@@ -198,8 +198,8 @@ pub mod prelude {
     pub use crate::nn::{
         AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Block, Buffer, CausalSelfAttention,
         Conv1d, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm,
-        Gru, LayerNorm, Linear, Lstm, MaxPool2d, Module, MultiheadAttention, Parameter, Relu,
-        RmsNorm, RnnOptions, Sequential, StateDict,
+        Gru, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, MaxPool2d, Module,
+        MultiheadAttention, Parameter, Relu, RmsNorm, RnnOptions, Sequential, StateDict,
     };
     pub use crate::optim::{
         Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,

@@ -8,6 +8,9 @@
 
 use std::collections::HashMap;
 
+#[path = "fixtures/parse.rs"]
+mod parse;
+
 use fucina::autograd::{GradcheckOptions, gradcheck};
 use fucina::nn::{AttentionOptions, AttnMask, Forward, Module, MultiheadAttention, StateDict};
 use fucina::{Error, ExecContext, RawTensor, Tensor};
@@ -19,46 +22,19 @@ struct Case {
 }
 
 fn parse() -> Vec<Case> {
-    let text = include_str!("fixtures/attention.txt");
-    let mut cases = Vec::new();
-    let mut cur: Option<Case> = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("case") => {
-                let kv = words
-                    .map(|w| {
-                        let (k, v) = w.split_once('=').unwrap();
-                        (k.to_string(), v.to_string())
-                    })
-                    .collect();
-                cur = Some(Case {
-                    kv,
-                    tensors: HashMap::new(),
-                    params: Vec::new(),
-                });
-            }
-            Some("tensor") => {
-                let c = cur.as_mut().unwrap();
-                let name = words.next().unwrap().to_string();
-                let shape: Vec<usize> = words
-                    .next()
-                    .unwrap()
-                    .split(',')
-                    .map(|d| d.parse().unwrap())
-                    .collect();
-                let vals: Vec<f64> = words.map(|v| v.parse().unwrap()).collect();
-                if (name.starts_with("in_proj") || name.starts_with("out_proj"))
-                    && !c.tensors.contains_key(&name)
-                {
-                    c.params.push(name.clone());
-                }
-                c.tensors.insert(name, (shape, vals));
-            }
-            Some("end") => cases.push(cur.take().unwrap()),
-            _ => {}
-        }
-    }
+    let cases: Vec<Case> = parse::blocks(include_str!("fixtures/attention.txt"))
+        .into_iter()
+        .map(|b| Case {
+            kv: b.keys(),
+            params: b
+                .order
+                .iter()
+                .filter(|n| n.starts_with("in_proj") || n.starts_with("out_proj"))
+                .cloned()
+                .collect(),
+            tensors: b.tensors,
+        })
+        .collect();
     assert_eq!(cases.len(), 4);
     cases
 }

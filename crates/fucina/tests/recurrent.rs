@@ -7,6 +7,9 @@
 
 use std::collections::HashMap;
 
+#[path = "fixtures/parse.rs"]
+mod parse;
+
 use fucina::autograd::{GradcheckOptions, gradcheck};
 use fucina::nn::{Gru, Lstm, Module, RnnOptions, StateDict, gru, lstm};
 use fucina::{Error, ExecContext, Tensor};
@@ -24,57 +27,32 @@ struct Case {
 }
 
 fn parse() -> Vec<Case> {
-    let text = include_str!("fixtures/recurrent.txt");
-    let mut cases = Vec::new();
-    let mut cur: Option<Case> = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("case") => {
-                let kind = words.next().unwrap().to_string();
-                let kv: HashMap<&str, usize> = words
-                    .map(|w| {
-                        let (k, v) = w.split_once('=').unwrap();
-                        (k, v.parse().unwrap())
-                    })
-                    .collect();
-                cur = Some(Case {
-                    kind,
-                    input: kv["input"],
-                    hidden: kv["hidden"],
-                    opts: RnnOptions {
-                        num_layers: kv["layers"],
-                        bias: kv["bias"] == 1,
-                        batch_first: kv["batch_first"] == 1,
-                        bidirectional: kv["bidirectional"] == 1,
-                    },
-                    state: kv["state"] == 1,
-                    tensors: HashMap::new(),
-                    params: Vec::new(),
-                });
+    let cases: Vec<Case> = parse::blocks(include_str!("fixtures/recurrent.txt"))
+        .into_iter()
+        .map(|b| {
+            let kv: HashMap<String, usize> = b.keys();
+            Case {
+                kind: b.header[0].clone(),
+                input: kv["input"],
+                hidden: kv["hidden"],
+                opts: RnnOptions {
+                    num_layers: kv["layers"],
+                    bias: kv["bias"] == 1,
+                    batch_first: kv["batch_first"] == 1,
+                    bidirectional: kv["bidirectional"] == 1,
+                },
+                state: kv["state"] == 1,
+                // The parameters come first among the tensors named like them.
+                params: b
+                    .order
+                    .iter()
+                    .filter(|n| n.starts_with("weight_") || n.starts_with("bias_"))
+                    .cloned()
+                    .collect(),
+                tensors: b.tensors,
             }
-            Some("tensor") => {
-                let c = cur.as_mut().unwrap();
-                let name = words.next().unwrap().to_string();
-                let shape: Vec<usize> = words
-                    .next()
-                    .unwrap()
-                    .split(',')
-                    .map(|d| d.parse().unwrap())
-                    .collect();
-                let vals: Vec<f64> = words.map(|v| v.parse().unwrap()).collect();
-                assert_eq!(vals.len(), shape.iter().product::<usize>(), "{name}");
-                if (name.starts_with("weight_") || name.starts_with("bias_"))
-                    && !c.tensors.contains_key(&name)
-                {
-                    c.params.push(name.clone());
-                }
-                c.tensors.insert(name, (shape, vals));
-            }
-            Some("end") => cases.push(cur.take().unwrap()),
-            _ => {}
-        }
-    }
+        })
+        .collect();
     assert_eq!(cases.len(), 4);
     cases
 }

@@ -130,9 +130,6 @@ impl Spec {
             o,
         }
     }
-    fn rank(self) -> usize {
-        if self.one_d { 3 } else { 4 }
-    }
     /// The output shape of geometry `g`.
     fn out_shape(self, g: &ConvGeom) -> Dims {
         if self.one_d {
@@ -141,6 +138,42 @@ impl Spec {
             Dims::new(&[g.n, g.c_out, g.oh, g.ow])
         }
     }
+}
+
+/// The checks every convolution (and transposed convolution) starts with: an
+/// input of rank 3 (`one_d`) or 4 and a weight of the same rank (`weight`
+/// says its layout, 1-D then 2-D), with no zero dimension and element counts
+/// that fit.
+pub(super) fn check_operands(
+    op: &'static str,
+    one_d: bool,
+    x: &[usize],
+    w: &[usize],
+    weight: [&'static str; 2],
+) -> Result<(), ExecError> {
+    let rank = if one_d { 3 } else { 4 };
+    if x.len() != rank {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: Dims::new(x),
+            reason: if one_d {
+                "the input must be 3-D [batch, channels, length]"
+            } else {
+                "the input must be 4-D [batch, channels, height, width]"
+            },
+        });
+    }
+    if w.len() != rank {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: Dims::new(w),
+            reason: weight[usize::from(!one_d)],
+        });
+    }
+    // No zero dimension (a zero kernel would underflow below), counts that fit.
+    check_shape(op, x)?;
+    check_shape(op, w)?;
+    Ok(())
 }
 
 /// Validates a convolution of an input of shape `x` with a weight of shape `w`
@@ -163,32 +196,16 @@ fn geometry(
     bias: Option<&[usize]>,
 ) -> Result<ConvGeom, ExecError> {
     let op = spec.op;
-    let rank = spec.rank();
-    if x.len() != rank {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: Dims::new(x),
-            reason: if spec.one_d {
-                "the input must be 3-D [batch, channels, length]"
-            } else {
-                "the input must be 4-D [batch, channels, height, width]"
-            },
-        });
-    }
-    if w.len() != rank {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: Dims::new(w),
-            reason: if spec.one_d {
-                "the weight must be 3-D [out_channels, in_channels / groups, kernel]"
-            } else {
-                "the weight must be 4-D [out_channels, in_channels / groups, kh, kw]"
-            },
-        });
-    }
-    // No zero dimension (a zero kernel would underflow below), counts that fit.
-    check_shape(op, x)?;
-    check_shape(op, w)?;
+    check_operands(
+        op,
+        spec.one_d,
+        x,
+        w,
+        [
+            "the weight must be 3-D [out_channels, in_channels / groups, kernel]",
+            "the weight must be 4-D [out_channels, in_channels / groups, kh, kw]",
+        ],
+    )?;
     let o = spec.o;
     let bad = |name, value, reason| {
         Err(ExecError::InvalidOption {

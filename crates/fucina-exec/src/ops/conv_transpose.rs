@@ -201,31 +201,16 @@ fn out_geometry(
     bias: Option<&[usize]>,
 ) -> Result<Dims, ExecError> {
     let op = spec.op;
-    let rank = if spec.one_d { 3 } else { 4 };
-    if x.len() != rank {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: Dims::new(x),
-            reason: if spec.one_d {
-                "the input must be 3-D [batch, channels, length]"
-            } else {
-                "the input must be 4-D [batch, channels, height, width]"
-            },
-        });
-    }
-    if w.len() != rank {
-        return Err(ExecError::InvalidShape {
-            op,
-            shape: Dims::new(w),
-            reason: if spec.one_d {
-                "the weight must be 3-D [in_channels, out_channels / groups, kernel]"
-            } else {
-                "the weight must be 4-D [in_channels, out_channels / groups, kh, kw]"
-            },
-        });
-    }
-    check_shape(op, x)?;
-    check_shape(op, w)?;
+    conv::check_operands(
+        op,
+        spec.one_d,
+        x,
+        w,
+        [
+            "the weight must be 3-D [in_channels, out_channels / groups, kernel]",
+            "the weight must be 4-D [in_channels, out_channels / groups, kh, kw]",
+        ],
+    )?;
     let o = spec.o;
     let bad = |name, value, reason| {
         Err(ExecError::InvalidOption {

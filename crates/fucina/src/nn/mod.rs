@@ -1,5 +1,5 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
-//! [`GroupNorm`], [`Dropout`], activations, [`Sequential`] composition, the
+//! [`GroupNorm`], [`InstanceNorm1d`], [`InstanceNorm2d`], [`Dropout`], [`Identity`], activations, [`Sequential`] composition, the
 //! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], the losses
 //! [`l1_loss`], [`smooth_l1_loss`], [`huber_loss`], [`binary_cross_entropy`],
 //! [`binary_cross_entropy_with_logits`], [`kl_div`], [`cross_entropy_with`] and
@@ -43,6 +43,7 @@ mod attention;
 mod buffer;
 mod conv;
 mod conv_transpose;
+mod instance_norm;
 mod layers;
 mod losses;
 mod multihead_attention;
@@ -60,6 +61,7 @@ pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
+pub use instance_norm::{Identity, InstanceNorm1d, InstanceNorm2d};
 pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
 pub use losses::{
     ClassLossOptions, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,

@@ -4,10 +4,14 @@
 //! [`gru`], built from the differentiable ops (`linear`, `sigmoid`, `tanh`,
 //! products and sums), so that autograd records every step.
 //!
-//! Each layer and direction projects the whole input sequence through
-//! `weight_ih` in one product (`[T * B, in] · W_ihᵀ + b_ih`), then runs the
-//! steps one after the other, each with one product by `W_hh` and the gate
-//! arithmetic.
+//! Each layer and direction runs the steps one after the other, each with
+//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the gate
+//! arithmetic; the steps pass from layer to layer as separate `[B, features]`
+//! tensors, so the backward's cost is linear in the sequence length (one
+//! sequence tensor sliced at every step would give every step's backward a
+//! gradient of the whole sequence to add up). The input's own steps are
+//! slices of it: when the input requires a gradient, that part of the
+//! backward is still quadratic in `T` (in the input's size, `T * B * in`).
 
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
@@ -272,18 +276,23 @@ fn run(
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let sz = check_forward(cell, x, &[h0, c0], weights, hidden, opts)?;
     let (steps, batch) = (sz.steps, sz.batch);
-    let mut input = if opts.batch_first {
+    let seq = if opts.batch_first {
         x.transpose(ctx, 0, 1)?.materialize(ctx)?
     } else {
         x.clone()
     };
+    // The layers pass their steps on as separate `[B, features]` tensors:
+    // slicing one sequence tensor per step would give each step's backward
+    // a gradient of the whole sequence to add up (quadratic in `T`). Only
+    // the input's own steps are slices of it (their gradients reach `x`
+    // only when it requires one).
+    let mut input: Vec<Tensor> = (0..steps)
+        .map(|t| Ok(seq.narrow(ctx, 0, t, 1)?.squeeze(ctx, 0)?))
+        .collect::<Result<_>>()?;
     let dirs = opts.directions();
-    let rows = cell.gates() * hidden;
     let (mut hs, mut cs) = (Vec::new(), Vec::new());
     for layer in 0..opts.num_layers {
-        let in_k = input.shape()[2];
-        let flat = input.reshape(ctx, &[steps * batch, in_k])?;
-        let mut outs = Vec::with_capacity(dirs);
+        let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(dirs);
         for d in 0..dirs {
             let idx = layer * dirs + d;
             let w = &weights[idx * opts.per_cell()..][..opts.per_cell()];
@@ -292,37 +301,36 @@ fn run(
             } else {
                 (None, None)
             };
-            let gx = flat
-                .linear(ctx, &w[0], b_ih)?
-                .reshape(ctx, &[steps, batch, rows])?;
             let mut h = initial(ctx, h0, idx, batch, hidden)?;
             let mut c = initial(ctx, c0, idx, batch, hidden)?;
             let mut out: Vec<Option<Tensor>> = vec![None; steps];
             for s in 0..steps {
                 let t = if d == 0 { s } else { steps - 1 - s };
-                let g = gx.narrow(ctx, 0, t, 1)?.squeeze(ctx, 0)?;
+                let g = input[t].linear(ctx, &w[0], b_ih)?;
                 match cell {
                     Cell::Lstm => (h, c) = lstm_step(ctx, &g, &h, &c, &w[1], b_hh)?,
                     Cell::Gru => h = gru_step(ctx, &g, &h, &w[1], b_hh)?,
                 }
                 out[t] = Some(h.clone());
             }
-            let out: Vec<Tensor> = out.into_iter().flatten().collect();
-            let refs: Vec<&Tensor> = out.iter().collect();
-            outs.push(Tensor::stack(ctx, &refs, 0)?);
+            outs.push(out.into_iter().flatten().collect());
             hs.push(h);
             cs.push(c);
         }
         input = if dirs == 2 {
-            Tensor::concat(ctx, &[&outs[0], &outs[1]], 2)?
+            (0..steps)
+                .map(|t| Ok(Tensor::concat(ctx, &[&outs[0][t], &outs[1][t]], 1)?))
+                .collect::<Result<_>>()?
         } else {
             outs.swap_remove(0)
         };
     }
+    let refs: Vec<&Tensor> = input.iter().collect();
+    let output = Tensor::stack(ctx, &refs, 0)?;
     let output = if opts.batch_first {
-        input.transpose(ctx, 0, 1)?.materialize(ctx)?
+        output.transpose(ctx, 0, 1)?.materialize(ctx)?
     } else {
-        input
+        output
     };
     let stack = |v: &[Tensor]| -> Result<Tensor> {
         let refs: Vec<&Tensor> = v.iter().collect();
@@ -386,33 +394,6 @@ pub fn gru(
     Ok((out, h))
 }
 
-/// The parameters of a recurrent layer, in PyTorch's order, each `U(-k, k)`
-/// with `k = 1/sqrt(hidden)` (PyTorch's default), drawn from `sub_seed(seed,
-/// i)` for the `i`-th.
-fn init_parameters(
-    ctx: &ExecContext,
-    cell: Cell,
-    what: &'static str,
-    input: usize,
-    hidden: usize,
-    opts: RnnOptions,
-    seed: u64,
-) -> Result<Vec<(String, Parameter)>> {
-    check_size(what, "input_size", input)?;
-    check_size(what, "hidden_size", hidden)?;
-    check_size(what, "num_layers", opts.num_layers)?;
-    let k = (1.0 / hidden as f64).sqrt() as f32;
-    parameter_names(opts)
-        .into_iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let shape = parameter_shape(cell, input, hidden, opts, i);
-            let t = Tensor::uniform(ctx, &shape, -k, k, sub_seed(seed, i as u64))?;
-            Ok((name, Parameter::new(t)))
-        })
-        .collect()
-}
-
 /// The state and forward shared by [`Lstm`] and [`Gru`].
 #[derive(Debug, Clone)]
 struct Recurrent {
@@ -424,6 +405,39 @@ struct Recurrent {
 }
 
 impl Recurrent {
+    /// A layer of kind `cell` with its parameters in PyTorch's order, each
+    /// `U(-k, k)` with `k = 1/sqrt(hidden)` (PyTorch's default), drawn from
+    /// `sub_seed(seed, i)` for the `i`-th.
+    fn new(
+        ctx: &ExecContext,
+        cell: Cell,
+        what: &'static str,
+        input: usize,
+        hidden: usize,
+        opts: RnnOptions,
+        seed: u64,
+    ) -> Result<Recurrent> {
+        check_size(what, "input_size", input)?;
+        check_size(what, "hidden_size", hidden)?;
+        check_size(what, "num_layers", opts.num_layers)?;
+        let k = (1.0 / hidden as f64).sqrt() as f32;
+        let params = parameter_names(opts)
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let shape = parameter_shape(cell, input, hidden, opts, i);
+                let t = Tensor::uniform(ctx, &shape, -k, k, sub_seed(seed, i as u64))?;
+                Ok((name, Parameter::new(t)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Recurrent {
+            cell,
+            params,
+            input,
+            hidden,
+            opts,
+        })
+    }
     fn weights(&self) -> Vec<Tensor> {
         self.params.iter().map(|(_, p)| p.tensor()).collect()
     }
@@ -455,6 +469,35 @@ impl Recurrent {
         }
         Ok(())
     }
+}
+
+/// The accessors and the `Module` impl that [`Lstm`] and [`Gru`] share
+/// (both wrap a [`Recurrent`]).
+macro_rules! recurrent_common {
+    ($t:ident) => {
+        impl $t {
+            /// The input features.
+            pub fn input_size(&self) -> usize {
+                self.inner.input
+            }
+
+            /// The hidden state size (for the LSTM, also the cell state's).
+            pub fn hidden_size(&self) -> usize {
+                self.inner.hidden
+            }
+
+            /// The layers, biases, layout and directions.
+            pub fn options(&self) -> RnnOptions {
+                self.inner.opts
+            }
+        }
+
+        impl Module for $t {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                self.inner.params.clone()
+            }
+        }
+    };
 }
 
 /// A multi-layer LSTM, PyTorch's `nn.LSTM(input_size, hidden_size,
@@ -502,7 +545,7 @@ impl Lstm {
         opts: RnnOptions,
         seed: u64,
     ) -> Result<Lstm> {
-        let params = init_parameters(
+        let inner = Recurrent::new(
             ctx,
             Cell::Lstm,
             "Lstm::new",
@@ -511,30 +554,7 @@ impl Lstm {
             opts,
             seed,
         )?;
-        Ok(Lstm {
-            inner: Recurrent {
-                cell: Cell::Lstm,
-                params,
-                input: input_size,
-                hidden: hidden_size,
-                opts,
-            },
-        })
-    }
-
-    /// The input features.
-    pub fn input_size(&self) -> usize {
-        self.inner.input
-    }
-
-    /// The hidden (and cell) state size.
-    pub fn hidden_size(&self) -> usize {
-        self.inner.hidden
-    }
-
-    /// The layers, biases, layout and directions.
-    pub fn options(&self) -> RnnOptions {
-        self.inner.opts
+        Ok(Lstm { inner })
     }
 
     /// Runs the LSTM over `x` (`[T, B, input]`, or `[B, T, input]` with
@@ -559,11 +579,7 @@ impl Lstm {
     }
 }
 
-impl Module for Lstm {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        self.inner.params.clone()
-    }
-}
+recurrent_common!(Lstm);
 
 /// The output sequence alone, from zero initial states (as `nn.Sequential`
 /// would use it with a module that returns only the output).
@@ -609,7 +625,7 @@ impl Gru {
         opts: RnnOptions,
         seed: u64,
     ) -> Result<Gru> {
-        let params = init_parameters(
+        let inner = Recurrent::new(
             ctx,
             Cell::Gru,
             "Gru::new",
@@ -618,30 +634,7 @@ impl Gru {
             opts,
             seed,
         )?;
-        Ok(Gru {
-            inner: Recurrent {
-                cell: Cell::Gru,
-                params,
-                input: input_size,
-                hidden: hidden_size,
-                opts,
-            },
-        })
-    }
-
-    /// The input features.
-    pub fn input_size(&self) -> usize {
-        self.inner.input
-    }
-
-    /// The hidden state size.
-    pub fn hidden_size(&self) -> usize {
-        self.inner.hidden
-    }
-
-    /// The layers, biases, layout and directions.
-    pub fn options(&self) -> RnnOptions {
-        self.inner.opts
+        Ok(Gru { inner })
     }
 
     /// Runs the GRU over `x` from the initial state `h0` (`[layers *
@@ -662,11 +655,7 @@ impl Gru {
     }
 }
 
-impl Module for Gru {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        self.inner.params.clone()
-    }
-}
+recurrent_common!(Gru);
 
 /// The output sequence alone, from a zero initial state.
 impl Forward for Gru {
