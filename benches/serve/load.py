@@ -37,6 +37,7 @@ def one_request(url, prompt, max_tokens, timeout, model):
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     if model:
         body["model"] = model
@@ -67,7 +68,7 @@ def one_request(url, prompt, max_tokens, timeout, model):
     total = time.perf_counter() - t0
     conn.close()
     tokens = usage["completion_tokens"] if usage else chunks
-    return (ttft if ttft is not None else total), tokens, total
+    return (ttft if ttft is not None else total), tokens, total, (usage or {}).get("prompt_tokens")
 
 
 def run_level(args, clients):
@@ -81,7 +82,13 @@ def run_level(args, clients):
         for r in range(args.requests):
             if time.monotonic() > deadline:
                 return
-            prompt = [rng.randrange(3, args.vocab) for _ in range(args.prompt_tokens)]
+            if args.prompt_kind == "ids":
+                prompt = [rng.randrange(3, args.vocab) for _ in range(args.prompt_tokens)]
+            else:
+                # Letters: with the bench files' placeholder vocabulary each one is a
+                # byte token, so the prompt has about --prompt-tokens tokens.
+                prompt = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                                 for _ in range(args.prompt_tokens))
             try:
                 res = one_request(args.url, prompt, args.max_tokens, args.timeout, args.model)
                 with lock:
@@ -101,6 +108,7 @@ def run_level(args, clients):
         print(f"clients {clients}: no result ({len(errors)} errors: {errors[:2]})")
         return
     ttfts = sorted(r[0] for r in results)
+    prompt_tokens = sorted({r[3] for r in results if r[3] is not None})
     tokens = sum(r[1] for r in results)
     per_stream = statistics.median(
         (r[1] - 1) / (r[2] - r[0]) for r in results if r[1] > 1 and r[2] > r[0])
@@ -108,7 +116,9 @@ def run_level(args, clients):
     print(f"clients {clients}: {len(results)} requests, {tokens} output tokens in "
           f"{wall:.2f} s = {tokens / wall:.1f} tok/s aggregate; ttft p50 "
           f"{statistics.median(ttfts):.3f} s p99 {p99:.3f} s; per-stream decode "
-          f"{per_stream:.1f} tok/s (median)" + (f"; {len(errors)} errors" if errors else ""),
+          f"{per_stream:.1f} tok/s (median)"
+          + (f"; prompt tokens {prompt_tokens}" if prompt_tokens else "")
+          + (f"; {len(errors)} errors" if errors else ""),
           flush=True)
 
 
@@ -120,6 +130,8 @@ def main():
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--prompt-kind", choices=["ids", "text"], default="ids",
+                   help="token ids (fucina-serve) or random letters (servers that take text only)")
     p.add_argument("--model", default=None)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--deadline", type=float, default=600, help="seconds per level")
