@@ -51,6 +51,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 GEN_TOKENS = 32
@@ -441,6 +443,22 @@ SPECS = {
                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                   "short_factor": SHORT_FACTOR, "long_factor": LONG_FACTOR}),
+    ),
+    # Qwen3-MoE: 4 experts, 2 per token, normalized probabilities; layers 0 and 2
+    # sparse, layer 1 dense (mlp_only_layers).
+    "qwen3_moe_f32": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        dtype=torch.float32,
+        seed=12,
+        mix=4.0,
+        check=check_changed,
+        features=[{"norm_topk_prob": False}, {"num_experts_per_tok": 1}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=64, moe_intermediate_size=32,
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[1], max_position_embeddings=128,
+                 rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=None, eos_token_id=3,
+                 tie_word_embeddings=False),
     ),
 }
 

@@ -79,6 +79,8 @@ pub enum Architecture {
     Gemma3,
     /// `Phi3ForCausalLM` (fused q/k/v and gate/up projections, LongRoPE).
     Phi3,
+    /// `Qwen3MoeForCausalLM` (Qwen3's attention, a mixture of experts).
+    Qwen3Moe,
 }
 
 /// How rotary position frequencies are rescaled for long contexts.

@@ -19,6 +19,7 @@
 //! | `Gemma2ForCausalLM` | `gemma2.rs` | GeGLU (tanh) | `1 + w` | no | sandwich norms, √hidden embedding scale, soft-capping, alternating windows |
 //! | `Gemma3ForCausalLM` | `gemma3.rs` | GeGLU (tanh) | `1 + w` | per head | sandwich norms, √hidden embedding scale, local/global layers with their own RoPE bases |
 //! | `Phi3ForCausalLM` | `phi3.rs` | SwiGLU | RMSNorm | no | fused `qkv_proj` and `gate_up_proj`, `longrope` |
+//! | `Qwen3MoeForCausalLM` | `qwen3_moe.rs` | SwiGLU experts | RMSNorm | per head | top-k routed experts |
 
 mod gemma2;
 mod gemma3;
@@ -28,6 +29,7 @@ mod mistral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use crate::config::{Architecture, ModelConfig, Obj, RopeScaling};
 use crate::error::LlmError;
@@ -92,6 +94,8 @@ pub struct ArchParams {
     /// The RoPE base of the sliding layers, when it differs from
     /// [`ModelConfig::rope_theta`] (Gemma 3's local layers; without scaling).
     pub local_rope_theta: Option<f32>,
+    /// A mixture of experts in place of the MLP (Qwen3-MoE).
+    pub moe: Option<MoeParams>,
     /// LongRoPE (Phi-3's `longrope`): per-frequency divisors of the inverse
     /// frequencies, short or long by position, and a factor on the cosines
     /// and sines.
@@ -100,6 +104,24 @@ pub struct ArchParams {
     /// [`NormStyle::RmsOnePlus`] norm (llama.cpp's converter adds it to the
     /// norms of Gemma models).
     pub norms_include_one: bool,
+}
+
+/// A mixture-of-experts MLP: each token's `num_experts_per_tok` most likely
+/// experts (softmax of the router's logits), weighted by their probabilities
+/// (divided by their sum when `norm_topk_prob`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeParams {
+    /// Experts per sparse layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub num_experts_per_tok: usize,
+    /// Width of an expert's MLP.
+    pub moe_intermediate_size: usize,
+    /// The chosen probabilities are normalized to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Which layers are sparse (empty: all; the others have the dense MLP of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
 }
 
 /// LongRoPE's parameters (`rope_type: "longrope"`): the inverse frequency `i`
@@ -200,7 +222,7 @@ pub(crate) const COMMON_LAYER_NAMES: [(&str, &str); 9] = [
 ];
 
 /// Every architecture the crate runs, in the order errors list them.
-pub const ARCHITECTURES: [Architecture; 7] = [
+pub const ARCHITECTURES: [Architecture; 8] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Mistral,
@@ -208,6 +230,7 @@ pub const ARCHITECTURES: [Architecture; 7] = [
     Architecture::Gemma2,
     Architecture::Gemma3,
     Architecture::Phi3,
+    Architecture::Qwen3Moe,
 ];
 
 impl Architecture {
@@ -221,6 +244,7 @@ impl Architecture {
             Architecture::Gemma2 => &gemma2::SPEC,
             Architecture::Gemma3 => &gemma3::SPEC,
             Architecture::Phi3 => &phi3::SPEC,
+            Architecture::Qwen3Moe => &qwen3_moe::SPEC,
         }
     }
 

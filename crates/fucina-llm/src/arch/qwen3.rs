@@ -8,7 +8,7 @@ use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
 use crate::error::LlmError;
 
 /// Qwen3's tensors: the common ones and the q/k norms.
-const NAMES: [(&str, &str); 11] = {
+pub(super) const NAMES: [(&str, &str); 11] = {
     let c = COMMON_LAYER_NAMES;
     [
         c[0],
