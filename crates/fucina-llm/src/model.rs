@@ -1,6 +1,11 @@
-//! The decoder: Llama-family models (Llama, Qwen2, Mistral) computed as
-//! transformers computes them, with f32 activations and weights read in their
-//! file format by [`ExecContext::weight_matmul`].
+//! The decoder: Llama-family models computed as transformers computes them,
+//! with f32 activations and weights read in their file format by
+//! [`ExecContext::weight_matmul`]. What an architecture changes (q/k norms,
+//! Gemma's `1 + w` and sandwich norms, GeGLU, embedding scale, soft-capping,
+//! per-layer windows and RoPE bases, fused projections, LongRoPE, a mixture
+//! of experts in `moe`) comes from its [`ArchSpec`]
+//! and the config's [`ArchParams`](crate::arch::ArchParams); the pass below is
+//! the Llama one.
 //!
 //! # The forward pass
 //!

@@ -9,12 +9,35 @@
 //! `qwen3moe.expert_used_count`, `qwen3moe.expert_feed_forward_length`, the
 //! router `ffn_gate_inp` and the experts stacked in `ffn_gate_exps`,
 //! `ffn_up_exps`, `ffn_down_exps` (`[experts, out, in]`, each expert's slice
-//! kept mapped); every layer sparse and the probabilities normalized, as
-//! llama.cpp runs it.
+//! kept mapped); a layer without a router has the dense `ffn_gate`,
+//! `ffn_up`, `ffn_down`; the probabilities are normalized, as llama.cpp runs
+//! them.
 
 use super::{Activation, ArchSpec, Defaults, GgufMeta, MoeParams, NormStyle, qwen3};
 use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
 use crate::error::LlmError;
+
+/// Qwen3's tensors and the experts' (`*` stands for the expert index).
+const NAMES: [(&str, &str); 15] = {
+    let q = qwen3::NAMES;
+    [
+        q[0],
+        q[1],
+        q[2],
+        q[3],
+        q[4],
+        q[5],
+        q[6],
+        q[7],
+        q[8],
+        q[9],
+        q[10],
+        ("ffn_gate_inp", "mlp.gate"),
+        ("ffn_gate_exps", "mlp.experts.*.gate_proj"),
+        ("ffn_up_exps", "mlp.experts.*.up_proj"),
+        ("ffn_down_exps", "mlp.experts.*.down_proj"),
+    ]
+};
 
 pub(super) static SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Qwen3Moe,
@@ -40,7 +63,7 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     fused_qkv: false,
     fused_gate_up: false,
     gguf_permuted_qk: false,
-    gguf_layer_names: &qwen3::NAMES,
+    gguf_layer_names: &NAMES,
     rope: parse_rope,
     parse,
     gguf_config,
@@ -96,7 +119,13 @@ fn gguf_config(m: &GgufMeta<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
         num_experts_per_tok: need("expert_used_count")?,
         moe_intermediate_size: need("expert_feed_forward_length")?,
         norm_topk_prob: true,
-        sparse_layers: Vec::new(),
+        // A layer with a router is sparse; the others have a dense MLP.
+        sparse_layers: (0..c.num_hidden_layers)
+            .map(|i| {
+                let router = format!("blk.{i}.ffn_gate_inp.weight");
+                m.file.tensors().iter().any(|t| t.name == router)
+            })
+            .collect(),
     });
     Ok(())
 }
