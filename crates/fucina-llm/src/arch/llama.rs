@@ -6,7 +6,7 @@ use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, NormStyle, no_gg
 use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
 use crate::error::LlmError;
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Llama,
     hf_class: "LlamaForCausalLM",
     model_type: "llama",

@@ -13,8 +13,8 @@
 //! `ffn_up`, `ffn_down`; the probabilities are normalized, as llama.cpp runs
 //! them.
 
-use super::{Activation, ArchSpec, Defaults, GgufMeta, MoeParams, NormStyle, qwen3};
-use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
+use super::{ArchSpec, Defaults, GgufMeta, MoeParams, qwen3};
+use crate::config::{Architecture, ModelConfig, Obj};
 use crate::error::LlmError;
 
 /// Qwen3's tensors and the experts' (`*` stands for the expert index).
@@ -39,7 +39,7 @@ const NAMES: [(&str, &str); 15] = {
     ]
 };
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Qwen3Moe,
     hf_class: "Qwen3MoeForCausalLM",
     model_type: "qwen3_moe",
@@ -54,19 +54,10 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         bos_token_id: None,
         eos_token_ids: &[],
     },
-    heads_divide_hidden: false,
-    activation: Activation::Silu,
-    norm: NormStyle::Rms,
-    qk_norm: true,
-    sandwich_norms: false,
-    embed_scale: false,
-    fused_qkv: false,
-    fused_gate_up: false,
-    gguf_permuted_qk: false,
-    gguf_layer_names: &NAMES,
-    rope: parse_rope,
     parse,
     gguf_config,
+    gguf_layer_names: &NAMES,
+    ..super::qwen3::SPEC
 };
 
 fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
