@@ -83,6 +83,8 @@ pub enum Architecture {
     Phi3,
     /// `Qwen3MoeForCausalLM` (Qwen3's attention, a mixture of experts).
     Qwen3Moe,
+    /// `MixtralForCausalLM` (Mistral's attention, a mixture of experts).
+    Mixtral,
 }
 
 /// How rotary position frequencies are rescaled for long contexts.

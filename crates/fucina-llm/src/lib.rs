@@ -26,7 +26,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
-pub use arch::{Activation, ArchParams, ArchSpec, LongRope, MoeParams, NormStyle};
+pub use arch::{Activation, ArchParams, ArchSpec, ExpertNames, LongRope, MoeParams, NormStyle};
 pub use cache::KvCache;
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};

@@ -438,22 +438,25 @@ fn ffn(weights: &WeightStore, c: &ModelConfig, i: usize) -> Result<Ffn, LlmError
         && m.sparse_layers.get(i).copied().unwrap_or(true)
     {
         let inter = m.moe_intermediate_size;
+        let names = c.architecture.spec().expert_names;
         let experts = (0..m.num_experts)
             .map(|e| {
-                let x = |s: &str| n(&format!("mlp.experts.{e}.{s}.weight"));
+                let x = |s: &str| n(&format!("{}.{e}.{s}.weight", names.experts));
                 Ok(moe::Expert {
-                    gate: tensor(weights, &x("gate_proj"), &[inter, hid])?,
-                    up: tensor(weights, &x("up_proj"), &[inter, hid])?,
-                    down: tensor(weights, &x("down_proj"), &[hid, inter])?,
+                    gate: tensor(weights, &x(names.gate), &[inter, hid])?,
+                    up: tensor(weights, &x(names.up), &[inter, hid])?,
+                    down: tensor(weights, &x(names.down), &[hid, inter])?,
                 })
             })
             .collect::<Result<Vec<_>, LlmError>>()?;
+        let router = n(&format!("{}.weight", names.router));
         return Ok(Ffn::Moe(moe::Moe {
-            router: tensor(weights, &n("mlp.gate.weight"), &[m.num_experts, hid])?,
+            router: tensor(weights, &router, &[m.num_experts, hid])?,
             experts,
             top_k: m.num_experts_per_tok,
             norm_topk_prob: m.norm_topk_prob,
             inter,
+            names,
         }));
     }
     let inter = c.intermediate_size;

@@ -29,6 +29,7 @@ pub(super) const SPEC: ArchSpec = ArchSpec {
     embed_scale: false,
     fused_qkv: false,
     fused_gate_up: false,
+    expert_names: super::MLP_EXPERTS,
     gguf_permuted_qk: true,
     gguf_layer_names: &COMMON_LAYER_NAMES,
     rope: parse_rope,

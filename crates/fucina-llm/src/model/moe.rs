@@ -14,6 +14,7 @@
 use fucina::ExecContext;
 
 use super::kernels;
+use crate::arch::ExpertNames;
 use crate::error::LlmError;
 use crate::weights::Weight;
 
@@ -34,6 +35,8 @@ pub(super) struct Moe {
     pub(super) norm_topk_prob: bool,
     /// The experts' MLP width.
     pub(super) inter: usize,
+    /// The tensors' names.
+    pub(super) names: ExpertNames,
 }
 
 /// The MoE activations of one call, reused across calls.
@@ -71,11 +74,12 @@ impl Moe {
 
     /// Every matrix with its Hugging Face name (without the layer prefix).
     pub(super) fn named_mut(&mut self) -> Vec<(String, &mut Weight)> {
-        let mut all = vec![("mlp.gate".to_string(), &mut self.router)];
+        let n = self.names;
+        let mut all = vec![(n.router.to_string(), &mut self.router)];
         for (i, e) in self.experts.iter_mut().enumerate() {
-            all.push((format!("mlp.experts.{i}.gate_proj"), &mut e.gate));
-            all.push((format!("mlp.experts.{i}.up_proj"), &mut e.up));
-            all.push((format!("mlp.experts.{i}.down_proj"), &mut e.down));
+            all.push((format!("{}.{i}.{}", n.experts, n.gate), &mut e.gate));
+            all.push((format!("{}.{i}.{}", n.experts, n.up), &mut e.up));
+            all.push((format!("{}.{i}.{}", n.experts, n.down), &mut e.down));
         }
         all
     }
