@@ -451,7 +451,7 @@ SPECS = {
     "qwen3_moe_f32": dict(
         cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM),
         dtype=torch.float32,
-        seed=12,
+        seed=14,
         mix=4.0,
         check=check_changed,
         features=[{"norm_topk_prob": False}, {"num_experts_per_tok": 1}],
