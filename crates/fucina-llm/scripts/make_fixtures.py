@@ -43,6 +43,8 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -51,6 +53,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 GEN_TOKENS = 32
@@ -441,6 +445,38 @@ SPECS = {
                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                   "short_factor": SHORT_FACTOR, "long_factor": LONG_FACTOR}),
+    ),
+    # Qwen3-MoE: 4 experts, 2 per token, normalized probabilities; layers 0 and 2
+    # sparse, layer 1 dense (mlp_only_layers).
+    "qwen3_moe_f32": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        dtype=torch.float32,
+        seed=14,
+        mix=4.0,
+        check=check_changed,
+        features=[{"norm_topk_prob": False}, {"num_experts_per_tok": 1}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=64, moe_intermediate_size=32,
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[1], max_position_embeddings=128,
+                 rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=None, eos_token_id=3,
+                 tie_word_embeddings=False),
+    ),
+    # Mixtral: Mistral's attention with a window of 6 (the prompt is 12 long), 4
+    # experts of the MLP's width, 2 per token (always normalized), in every layer.
+    "mixtral_f32": dict(
+        cls=(MixtralConfig, MixtralForCausalLM),
+        dtype=torch.float32,
+        seed=13,
+        mix=4.0,
+        prompt_len=12,
+        check=check_changed,
+        features=[{"num_experts_per_tok": 1}, {"sliding_window": None}],
+        cfg=dict(vocab_size=96, hidden_size=48, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                 num_experts_per_tok=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                 rope_theta=1000000.0, sliding_window=6, bos_token_id=1, eos_token_id=2,
+                 tie_word_embeddings=False),
     ),
 }
 

@@ -1,10 +1,12 @@
 //! `config.json` and `generation_config.json`: the architecture, its sizes, its
 //! RoPE parameters and its special tokens.
 //!
-//! [`ModelConfig::from_file`] reads a Hugging Face `config.json` of a
-//! `LlamaForCausalLM`, `Qwen2ForCausalLM` or `MistralForCausalLM` model and
-//! fills in what the file leaves out with the defaults `transformers` gives the
-//! same architecture, so that a file means here what it means there:
+//! [`ModelConfig::from_file`] reads a Hugging Face `config.json` of an
+//! architecture the crate runs (each one's keys and defaults are its
+//! [`ArchSpec`](crate::arch::ArchSpec)'s, in `arch/`) and fills in what the
+//! file leaves out with the defaults `transformers` gives the same
+//! architecture, so that a file means here what it means there. For Llama,
+//! Qwen2 and Mistral:
 //!
 //! | key | when absent |
 //! | --- | --- |
@@ -79,6 +81,10 @@ pub enum Architecture {
     Gemma3,
     /// `Phi3ForCausalLM` (fused q/k/v and gate/up projections, LongRoPE).
     Phi3,
+    /// `Qwen3MoeForCausalLM` (Qwen3's attention, a mixture of experts).
+    Qwen3Moe,
+    /// `MixtralForCausalLM` (Mistral's attention, a mixture of experts).
+    Mixtral,
 }
 
 /// How rotary position frequencies are rescaled for long contexts.

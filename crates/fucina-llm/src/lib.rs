@@ -28,7 +28,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
-pub use arch::{Activation, ArchParams, ArchSpec, LongRope, NormStyle};
+pub use arch::{Activation, ArchParams, ArchSpec, ExpertNames, LongRope, MoeParams, NormStyle};
 pub use cache::KvCache;
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::GenerationConfig;

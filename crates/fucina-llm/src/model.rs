@@ -1,6 +1,11 @@
-//! The decoder: Llama-family models (Llama, Qwen2, Mistral) computed as
-//! transformers computes them, with f32 activations and weights read in their
-//! file format by [`ExecContext::weight_matmul`].
+//! The decoder: Llama-family models computed as transformers computes them,
+//! with f32 activations and weights read in their file format by
+//! [`ExecContext::weight_matmul`]. What an architecture changes (q/k norms,
+//! Gemma's `1 + w` and sandwich norms, GeGLU, embedding scale, soft-capping,
+//! per-layer windows and RoPE bases, fused projections, LongRoPE, a mixture
+//! of experts in `moe`) comes from its [`ArchSpec`]
+//! and the config's [`ArchParams`](crate::arch::ArchParams); the pass below is
+//! the Llama one.
 //!
 //! # The forward pass
 //!
@@ -57,6 +62,7 @@
 
 mod fmath;
 mod kernels;
+mod moe;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -109,8 +115,7 @@ struct Layer {
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
     o_bias: Option<Vec<f32>>,
-    gate_up: GateUp,
-    down: Weight,
+    ffn: Ffn,
 }
 
 /// The q, k and v projections of a layer: three matrices, or one whose rows
@@ -163,6 +168,12 @@ impl GateUp {
             GateUp::Fused(w) => vec![w],
         }
     }
+}
+
+/// A layer's MLP: dense, or a mixture of experts.
+enum Ffn {
+    Dense { gate_up: GateUp, down: Weight },
+    Moe(moe::Moe),
 }
 
 /// A loaded decoder: its configuration, its weights (shared, in their file
@@ -238,6 +249,7 @@ struct Scratch {
     /// context (the long factors apply).
     long_context: Vec<bool>,
     tasks: Vec<HeadTask>,
+    moe: moe::MoeScratch,
 }
 
 /// Grows `v` to at least `n` elements (never shrinks).
@@ -417,6 +429,52 @@ fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     Ok(())
 }
 
+/// The MLP of layer `i`: the experts when the config makes the layer sparse,
+/// else the dense MLP (fused or not, as the spec says).
+fn ffn(weights: &WeightStore, c: &ModelConfig, i: usize) -> Result<Ffn, LlmError> {
+    let n = |s: &str| format!("model.layers.{i}.{s}");
+    let hid = c.hidden_size;
+    if let Some(m) = &c.params.moe
+        && m.sparse_layers.get(i).copied().unwrap_or(true)
+    {
+        let inter = m.moe_intermediate_size;
+        let names = c.architecture.spec().expert_names;
+        let experts = (0..m.num_experts)
+            .map(|e| {
+                let x = |s: &str| n(&format!("{}.{e}.{s}.weight", names.experts));
+                Ok(moe::Expert {
+                    gate: tensor(weights, &x(names.gate), &[inter, hid])?,
+                    up: tensor(weights, &x(names.up), &[inter, hid])?,
+                    down: tensor(weights, &x(names.down), &[hid, inter])?,
+                })
+            })
+            .collect::<Result<Vec<_>, LlmError>>()?;
+        let router = n(&format!("{}.weight", names.router));
+        return Ok(Ffn::Moe(moe::Moe {
+            router: tensor(weights, &router, &[m.num_experts, hid])?,
+            experts,
+            top_k: m.num_experts_per_tok,
+            norm_topk_prob: m.norm_topk_prob,
+            inter,
+            names,
+        }));
+    }
+    let inter = c.intermediate_size;
+    let gate_up = match c.architecture.spec().fused_gate_up {
+        true => GateUp::Fused(tensor(
+            weights,
+            &n("mlp.gate_up_proj.weight"),
+            &[2 * inter, hid],
+        )?),
+        false => GateUp::Split {
+            gate: tensor(weights, &n("mlp.gate_proj.weight"), &[inter, hid])?,
+            up: tensor(weights, &n("mlp.up_proj.weight"), &[inter, hid])?,
+        },
+    };
+    let down = tensor(weights, &n("mlp.down_proj.weight"), &[hid, inter])?;
+    Ok(Ffn::Dense { gate_up, down })
+}
+
 /// Checks the [`ArchParams`](crate::ArchParams) of a configuration.
 fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
     let op = "Model::from_parts";
@@ -449,6 +507,34 @@ fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
                 op,
                 format!("config: {name} {x} is not positive and finite"),
             ));
+        }
+    }
+    if let Some(m) = &p.moe {
+        let bad = if m.num_experts == 0 || m.moe_intermediate_size == 0 {
+            Some("no experts or experts of width 0".to_string())
+        } else if m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+            Some(format!(
+                "{} experts per token of {}",
+                m.num_experts_per_tok, m.num_experts
+            ))
+        } else if !m.sparse_layers.is_empty() && m.sparse_layers.len() != c.num_hidden_layers {
+            Some(format!(
+                "sparse_layers has {} entries for {} layers",
+                m.sparse_layers.len(),
+                c.num_hidden_layers
+            ))
+        } else if m
+            .moe_intermediate_size
+            .checked_mul(PREFILL_CHUNK * 4)
+            .is_none()
+            || m.num_experts.checked_mul(PREFILL_CHUNK * 4).is_none()
+        {
+            Some("sizes overflow the address space".to_string())
+        } else {
+            None
+        };
+        if let Some(b) = bad {
+            return Err(invalid(op, format!("config: mixture of experts: {b}")));
         }
     }
     if let Some(lr) = &p.longrope {
@@ -625,30 +711,7 @@ impl Model {
                     true => norm(&n("pre_feedforward_layernorm.weight"), hid)?,
                     false => norm(&n("post_attention_layernorm.weight"), hid)?,
                 },
-                gate_up: match spec.fused_gate_up {
-                    true => GateUp::Fused(tensor(
-                        &weights,
-                        &n("mlp.gate_up_proj.weight"),
-                        &[2 * c.intermediate_size, hid],
-                    )?),
-                    false => GateUp::Split {
-                        gate: tensor(
-                            &weights,
-                            &n("mlp.gate_proj.weight"),
-                            &[c.intermediate_size, hid],
-                        )?,
-                        up: tensor(
-                            &weights,
-                            &n("mlp.up_proj.weight"),
-                            &[c.intermediate_size, hid],
-                        )?,
-                    },
-                },
-                down: tensor(
-                    &weights,
-                    &n("mlp.down_proj.weight"),
-                    &[hid, c.intermediate_size],
-                )?,
+                ffn: ffn(&weights, c, i)?,
             });
         }
         let final_norm = norm("model.norm.weight", hid)?;
@@ -717,8 +780,20 @@ impl Model {
         let layers = self.layers.iter_mut().enumerate().flat_map(|(i, l)| {
             let mut all = l.qkv.named_mut();
             all.push(("self_attn.o_proj", &mut l.o));
-            all.extend(l.gate_up.named_mut());
-            all.push(("mlp.down_proj", &mut l.down));
+            let mut all: Vec<(String, &mut Weight)> =
+                all.into_iter().map(|(n, w)| (n.to_string(), w)).collect();
+            match &mut l.ffn {
+                Ffn::Dense { gate_up, down } => {
+                    all.extend(
+                        gate_up
+                            .named_mut()
+                            .into_iter()
+                            .map(|(n, w)| (n.to_string(), w)),
+                    );
+                    all.push(("mlp.down_proj".to_string(), down));
+                }
+                Ffn::Moe(m) => all.extend(m.named_mut()),
+            }
             all.into_iter()
                 .map(move |(n, w)| (format!("model.layers.{i}.{n}.weight"), w))
         });
@@ -785,13 +860,24 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
+                let ffn = match &l.ffn {
+                    Ffn::Dense { gate_up, down } => {
+                        down.bytes().len()
+                            + gate_up
+                                .weights()
+                                .iter()
+                                .map(|w| w.bytes().len())
+                                .sum::<usize>()
+                    }
+                    Ffn::Moe(m) => m.bytes_per_token(),
+                };
                 l.qkv
                     .weights()
                     .into_iter()
-                    .chain([&l.o, &l.down])
-                    .chain(l.gate_up.weights())
+                    .chain([&l.o])
                     .map(|w| w.bytes().len())
                     .sum::<usize>()
+                    + ffn
                     + 4 * (l.input_norm.len() + l.post_norm.len())
                     + f32s(&l.attn_out_norm)
                     + f32s(&l.mlp_out_norm)
@@ -1424,8 +1510,16 @@ impl Model {
         for (xr, xnr) in x.chunks_exact(hid).zip(xn.chunks_exact_mut(hid)) {
             kernels::rms_norm(xr, &layer.post_norm, c.rms_norm_eps, xnr);
         }
+        let (gate_up, down) = match &layer.ffn {
+            Ffn::Dense { gate_up, down } => (gate_up, down),
+            Ffn::Moe(m) => {
+                m.forward(ctx, xn, rows, o, &mut s.moe)?;
+                kernels::add_into(x, o);
+                return Ok(());
+            }
+        };
         let (gate, up) = (&mut s.gate[..rows * inter], &mut s.up[..rows * inter]);
-        match &layer.gate_up {
+        match gate_up {
             GateUp::Split { gate: g, up: u } => {
                 g.matmul(ctx, xn, rows, gate)?;
                 u.matmul(ctx, xn, rows, up)?;
@@ -1451,7 +1545,7 @@ impl Model {
             }
             None => act(gate, up),
         }
-        layer.down.matmul(ctx, gate, rows, o)?;
+        down.matmul(ctx, gate, rows, o)?;
         if let Some(w) = &layer.mlp_out_norm {
             kernels::rms_norm_heads(o, w, c.rms_norm_eps);
         }

@@ -18,7 +18,7 @@ use fucina_llm::sample::{Sampler, SamplingParams};
 use serde_json::Value;
 
 /// Every fixture model directory.
-const MODELS: [&str; 11] = [
+const MODELS: [&str; 13] = [
     "llama_f32",
     "llama_bf16",
     "llama_f16",
@@ -30,6 +30,8 @@ const MODELS: [&str; 11] = [
     "gemma2_f32",
     "gemma3_f32",
     "phi3_f32",
+    "qwen3_moe_f32",
+    "mixtral_f32",
 ];
 
 /// The tolerance on logits: f32 weights, and bf16/f16 weights whose reference
@@ -180,6 +182,8 @@ fn prefill_in_pieces_gives_the_reference_rows() {
         "gemma2_f32",
         "gemma3_f32",
         "phi3_f32",
+        "qwen3_moe_f32",
+        "mixtral_f32",
     ] {
         let model = Model::load(fixture(name)).unwrap();
         let vocab = model.config().vocab_size;

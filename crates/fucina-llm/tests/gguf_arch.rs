@@ -15,7 +15,7 @@ use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::{Architecture, Model, ModelConfig, WeightStore};
 
 mod gguf_support;
-use gguf_support::{Writer, string};
+use gguf_support::{Writer, f32v, str_v, u32v};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,6 +37,7 @@ fn gguf_name(hf: &str) -> String {
     let (layer, tail) = rest.split_once('.').unwrap();
     let part = [
         ("input_layernorm.weight", "attn_norm.weight"),
+        ("mlp.gate.weight", "ffn_gate_inp.weight"),
         ("self_attn.qkv_proj.weight", "attn_qkv.weight"),
         ("mlp.gate_up_proj.weight", "ffn_up.weight"),
         ("self_attn.q_proj.weight", "attn_q.weight"),
@@ -58,20 +59,6 @@ fn gguf_name(hf: &str) -> String {
     .unwrap_or_else(|| panic!("unmapped tensor {hf}"))
     .1;
     format!("blk.{layer}.{part}")
-}
-
-fn u32v(v: usize) -> Vec<u8> {
-    (v as u32).to_le_bytes().to_vec()
-}
-
-fn f32v(v: f32) -> Vec<u8> {
-    v.to_le_bytes().to_vec()
-}
-
-fn str_v(s: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    string(&mut out, s);
-    out
 }
 
 /// The GGUF image of a Hugging Face model of `arch`, as llama.cpp writes it.
@@ -118,6 +105,15 @@ fn convert(arch: &str, cfg: &ModelConfig, store: &WeightStore) -> Vec<u8> {
     if let Some(t) = p.local_rope_theta {
         meta.push((k("rope.freq_base_swa"), 6, f32v(t)));
     }
+    if let Some(m) = &p.moe {
+        meta.push((k("expert_count"), 4, u32v(m.num_experts)));
+        meta.push((k("expert_used_count"), 4, u32v(m.num_experts_per_tok)));
+        meta.push((
+            k("expert_feed_forward_length"),
+            4,
+            u32v(m.moe_intermediate_size),
+        ));
+    }
     if let Some(lr) = &p.longrope {
         meta.push((
             k("rope.scaling.original_context_length"),
@@ -145,7 +141,36 @@ fn convert(arch: &str, cfg: &ModelConfig, store: &WeightStore) -> Vec<u8> {
         );
         w.tensor("rope_factors_long.weight", &[n], 0, &f32s(&lr.long_factor));
     }
+    // The experts of a layer, stacked as llama.cpp stores them.
+    if let Some(m) = &p.moe {
+        for l in 0..cfg.num_hidden_layers {
+            let e0 = format!("model.layers.{l}.mlp.experts.0.gate_proj.weight");
+            if !store.contains(&e0) {
+                continue;
+            }
+            for (part, gguf) in [
+                ("gate_proj", "ffn_gate_exps"),
+                ("up_proj", "ffn_up_exps"),
+                ("down_proj", "ffn_down_exps"),
+            ] {
+                let mut bytes = Vec::new();
+                let mut dims = Vec::new();
+                for e in 0..m.num_experts {
+                    let w = store
+                        .get(&format!("model.layers.{l}.mlp.experts.{e}.{part}.weight"))
+                        .unwrap();
+                    bytes.extend_from_slice(w.bytes());
+                    dims = w.shape().iter().rev().map(|&d| d as u64).collect();
+                }
+                dims.push(m.num_experts as u64);
+                w.tensor(&format!("blk.{l}.{gguf}.weight"), &dims, 0, &bytes);
+            }
+        }
+    }
     for (name, weight) in store.iter() {
+        if name.contains(".experts.") {
+            continue;
+        }
         assert_eq!(weight.format(), WeightFormat::F32);
         let shape = weight.shape();
         let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
@@ -216,6 +241,7 @@ fn converted_qwen3_gemma_and_phi3_give_the_same_logit_bits() {
         ("gemma2_f32", "gemma2", Architecture::Gemma2),
         ("gemma3_f32", "gemma3", Architecture::Gemma3),
         ("phi3_f32", "phi3", Architecture::Phi3),
+        ("qwen3_moe_f32", "qwen3moe", Architecture::Qwen3Moe),
     ] {
         let dir = fixture(name);
         let mut cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
@@ -228,7 +254,15 @@ fn converted_qwen3_gemma_and_phi3_give_the_same_logit_bits() {
         let path = write(&convert(arch, &cfg, &store), name);
         let (gcfg, gstore, file) = load_gguf(&path).unwrap();
         let extra = if want == Architecture::Phi3 { 2 } else { 0 };
-        assert_eq!(file.tensors().len(), store.len() + extra, "{name}");
+        let experts = store.names().filter(|n| n.contains(".experts.")).count();
+        // Each layer's experts in three stacked tensors.
+        let stacked = if experts > 0 { 3 * 2 } else { 0 };
+        assert_eq!(
+            file.tensors().len(),
+            store.len() + extra + stacked - experts,
+            "{name}"
+        );
+        assert_eq!(gstore.len(), store.len(), "{name}");
         assert_eq!(gcfg.architecture, want, "{name}");
         assert_eq!(gcfg.head_dim, cfg.head_dim, "{name}");
         assert_eq!(gcfg.sliding_window, cfg.sliding_window, "{name}");

@@ -22,7 +22,7 @@ mod batch;
 mod child_process;
 mod gguf_support;
 mod gguf_vocab;
-use gguf_support::{Writer, string};
+use gguf_support::{Writer, f32v, str_v, u32v};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -74,20 +74,6 @@ fn gguf_name(hf: &str) -> String {
     .unwrap_or_else(|| panic!("unmapped tensor {hf}"))
     .1;
     format!("blk.{layer}.{part}")
-}
-
-fn u32v(v: usize) -> Vec<u8> {
-    (v as u32).to_le_bytes().to_vec()
-}
-
-fn f32v(v: f32) -> Vec<u8> {
-    v.to_le_bytes().to_vec()
-}
-
-fn str_v(s: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    string(&mut out, s);
-    out
 }
 
 /// The GGUF image of a Hugging Face Llama model, with `skip` metadata keys left out

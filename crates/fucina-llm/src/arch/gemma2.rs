@@ -11,7 +11,7 @@
 //! and 9B models; a 27B model's `hidden / heads` is not recorded in the file).
 
 use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, GgufMeta, NormStyle, layer_types};
-use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
+use crate::config::{Architecture, ModelConfig, Obj};
 use crate::error::LlmError;
 
 /// Gemma's tensors: the common ones, with llama.cpp's `ffn_norm` the
@@ -33,7 +33,7 @@ pub(super) const NAMES: [(&str, &str); 11] = {
     ]
 };
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Gemma2,
     hf_class: "Gemma2ForCausalLM",
     model_type: "gemma2",
@@ -51,16 +51,13 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     heads_divide_hidden: false,
     activation: Activation::GeluTanh,
     norm: NormStyle::RmsOnePlus,
-    qk_norm: false,
     sandwich_norms: true,
     embed_scale: true,
-    fused_qkv: false,
-    fused_gate_up: false,
     gguf_permuted_qk: false,
     gguf_layer_names: &NAMES,
-    rope: parse_rope,
     parse,
     gguf_config,
+    ..super::llama::SPEC
 };
 
 /// A positive number that is absent (`default`) or `null` (none).

@@ -15,7 +15,7 @@
 use serde_json::Map;
 
 use super::gemma2::{f32_or, gguf_gemma, parse_gemma};
-use super::{Activation, ArchSpec, Defaults, GgufMeta, NormStyle, layer_types};
+use super::{ArchSpec, Defaults, GgufMeta, layer_types};
 use crate::config::{Architecture, ModelConfig, Obj, RopeScaling, parse_rope, rope_object};
 use crate::error::LlmError;
 
@@ -42,7 +42,7 @@ const NAMES: [(&str, &str); 13] = {
 /// The local layers' RoPE base when the config does not give it.
 const LOCAL_THETA: f64 = 10_000.0;
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Gemma3,
     hf_class: "Gemma3ForCausalLM",
     model_type: "gemma3_text",
@@ -57,19 +57,12 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         bos_token_id: Some(2),
         eos_token_ids: &[1],
     },
-    heads_divide_hidden: false,
-    activation: Activation::GeluTanh,
-    norm: NormStyle::RmsOnePlus,
     qk_norm: true,
-    sandwich_norms: true,
-    embed_scale: true,
-    fused_qkv: false,
-    fused_gate_up: false,
-    gguf_permuted_qk: false,
-    gguf_layer_names: &NAMES,
     rope,
     parse,
     gguf_config,
+    gguf_layer_names: &NAMES,
+    ..super::gemma2::SPEC
 };
 
 /// `rope_parameters`' object for `layer` (`full_attention` or

@@ -1,7 +1,7 @@
 //! A GGUF file as a [`ModelConfig`] and a [`WeightStore`] under Hugging Face's
 //! tensor names, so the same model code runs it, for every architecture whose
 //! [`ArchSpec`] names its `general.architecture`
-//! (`llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`).
+//! (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`).
 //!
 //! - **Metadata → config**: under the architecture's prefix `{arch}`:
 //!   `{arch}.embedding_length`, `{arch}.feed_forward_length`,
@@ -15,7 +15,9 @@
 //! - **Names**: `token_embd` → `model.embed_tokens`, `output_norm` →
 //!   `model.norm`, `output` → `lm_head`, and `blk.N.{part}` →
 //!   `model.layers.N.{hf}` by the spec's table (`attn_q` →
-//!   `self_attn.q_proj`, `attn_norm` → `input_layernorm`, ...).
+//!   `self_attn.q_proj`, `attn_norm` → `input_layernorm`, ...); a mixture of
+//!   experts' stacked tensors (`ffn_gate_exps`, `[experts, out, in]`) become
+//!   one mapped matrix per expert (`mlp.experts.{e}.gate_proj`).
 //! - **Rotary layout**: for the architectures whose spec says so (`llama`),
 //!   llama.cpp's converter reorders the rows of every head of the q and k
 //!   projections so that its rotary embedding can rotate adjacent pairs; the
@@ -329,6 +331,45 @@ pub fn gguf_weights(file: &GgufFile, config: &ModelConfig) -> Result<WeightStore
         let format = format_of(&info.name, info.ggml_type)?;
         let (info, map, range) = file.tensor_range(&info.name)?;
         let shape = info.shape();
+        if hf.contains(".experts.*.") {
+            // llama.cpp stacks a layer's experts: `[experts, out, in]`; each
+            // expert's matrix is its slice, kept mapped.
+            let (&[n, rows, cols], Some(rest)) = (shape.as_slice(), hf.split_once('*')) else {
+                return Err(LlmError::BadTensor {
+                    name: info.name.clone(),
+                    reason: format!("shape {shape:?} is not [experts, rows, cols]"),
+                });
+            };
+            let (before, after) = rest;
+            let size = format
+                .row_bytes(cols)
+                .and_then(|r| r.checked_mul(rows))
+                .ok_or_else(|| LlmError::BadTensor {
+                    name: info.name.clone(),
+                    reason: format!("a row of {cols} elements is not whole {format} blocks"),
+                })?;
+            if n.checked_mul(size) != Some(range.len()) {
+                return Err(LlmError::BadTensor {
+                    name: info.name.clone(),
+                    reason: format!(
+                        "{} bytes do not hold {n} experts of {size} bytes",
+                        range.len()
+                    ),
+                });
+            }
+            for e in 0..n {
+                let at = range.start + e * size..range.start + (e + 1) * size;
+                let shape = vec![rows, cols];
+                let w = match format.storage() {
+                    Storage::Float(f) => Weight::mapped(f, shape, map.clone(), at),
+                    Storage::Quant(q) => {
+                        Weight::mapped_quantized(&info.name, q, shape, map.clone(), at)?
+                    }
+                };
+                tensors.insert(format!("{before}{e}{after}"), w);
+            }
+            continue;
+        }
         let is_q = hf.ends_with("q_proj.weight");
         let is_k = hf.ends_with("k_proj.weight");
         let weight = if spec.gguf_permuted_qk && (is_q || is_k) {

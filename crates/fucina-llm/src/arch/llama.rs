@@ -6,7 +6,7 @@ use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, NormStyle, no_gg
 use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
 use crate::error::LlmError;
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Llama,
     hf_class: "LlamaForCausalLM",
     model_type: "llama",
@@ -29,6 +29,7 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     embed_scale: false,
     fused_qkv: false,
     fused_gate_up: false,
+    expert_names: super::MLP_EXPERTS,
     gguf_permuted_qk: true,
     gguf_layer_names: &COMMON_LAYER_NAMES,
     rope: parse_rope,

@@ -1,17 +1,16 @@
 //! `MistralForCausalLM`: Llama with one sliding window for every layer
 //! (`sliding_window`, 4096 when absent, none when `null`). No biases.
 
-use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, NormStyle, no_gguf_keys};
-use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
+use super::{ArchSpec, Defaults};
+use crate::config::{Architecture, ModelConfig, Obj};
 use crate::error::LlmError;
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Mistral,
     hf_class: "MistralForCausalLM",
     model_type: "mistral",
-    // llama.cpp converts Mistral models to its `llama` architecture (a GGUF
-    // `llama` file loads as Llama, without a window).
-    gguf_arch: "llama",
+    // GGUF: Llama's `llama` (llama.cpp converts Mistral models to it; such a
+    // file loads as Llama, without a window).
     defaults: Defaults {
         num_key_value_heads: Some(8),
         head_dim: None,
@@ -23,18 +22,8 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         eos_token_ids: &[2],
     },
     heads_divide_hidden: false,
-    activation: Activation::Silu,
-    norm: NormStyle::Rms,
-    qk_norm: false,
-    sandwich_norms: false,
-    embed_scale: false,
-    fused_qkv: false,
-    fused_gate_up: false,
-    gguf_permuted_qk: true,
-    gguf_layer_names: &COMMON_LAYER_NAMES,
-    rope: parse_rope,
     parse,
-    gguf_config: no_gguf_keys,
+    ..super::llama::SPEC
 };
 
 fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {

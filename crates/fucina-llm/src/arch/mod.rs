@@ -19,15 +19,19 @@
 //! | `Gemma2ForCausalLM` | `gemma2.rs` | GeGLU (tanh) | `1 + w` | no | sandwich norms, √hidden embedding scale, soft-capping, alternating windows |
 //! | `Gemma3ForCausalLM` | `gemma3.rs` | GeGLU (tanh) | `1 + w` | per head | sandwich norms, √hidden embedding scale, local/global layers with their own RoPE bases |
 //! | `Phi3ForCausalLM` | `phi3.rs` | SwiGLU | RMSNorm | no | fused `qkv_proj` and `gate_up_proj`, `longrope` |
+//! | `Qwen3MoeForCausalLM` | `qwen3_moe.rs` | SwiGLU experts | RMSNorm | per head | top-k routed experts |
+//! | `MixtralForCausalLM` | `mixtral.rs` | SwiGLU experts | RMSNorm | no | Mistral's attention, top-k routed experts (normalized) |
 
 mod gemma2;
 mod gemma3;
 pub mod gguf;
 mod llama;
 mod mistral;
+mod mixtral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use crate::config::{Architecture, ModelConfig, Obj, RopeScaling};
 use crate::error::LlmError;
@@ -92,6 +96,8 @@ pub struct ArchParams {
     /// The RoPE base of the sliding layers, when it differs from
     /// [`ModelConfig::rope_theta`] (Gemma 3's local layers; without scaling).
     pub local_rope_theta: Option<f32>,
+    /// A mixture of experts in place of the MLP (Qwen3-MoE).
+    pub moe: Option<MoeParams>,
     /// LongRoPE (Phi-3's `longrope`): per-frequency divisors of the inverse
     /// frequencies, short or long by position, and a factor on the cosines
     /// and sines.
@@ -100,6 +106,24 @@ pub struct ArchParams {
     /// [`NormStyle::RmsOnePlus`] norm (llama.cpp's converter adds it to the
     /// norms of Gemma models).
     pub norms_include_one: bool,
+}
+
+/// A mixture-of-experts MLP: each token's `num_experts_per_tok` most likely
+/// experts (softmax of the router's logits), weighted by their probabilities
+/// (divided by their sum when `norm_topk_prob`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeParams {
+    /// Experts per sparse layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub num_experts_per_tok: usize,
+    /// Width of an expert's MLP.
+    pub moe_intermediate_size: usize,
+    /// The chosen probabilities are normalized to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Which layers are sparse (empty: all; the others have the dense MLP of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
 }
 
 /// LongRoPE's parameters (`rope_type: "longrope"`): the inverse frequency `i`
@@ -167,6 +191,10 @@ pub struct ArchSpec {
     /// The MLP's gate and up projections are one matrix, `mlp.gate_up_proj`
     /// (`[gate; up]` rows), split after the product.
     pub fused_gate_up: bool,
+    /// Hugging Face's names of a mixture of experts' tensors, under
+    /// `model.layers.N.`: the router, the experts' prefix (`{prefix}.{e}.`),
+    /// and each expert's gate, up and down projections.
+    pub expert_names: ExpertNames,
     /// llama.cpp's converter reorders the rows of each q and k head (its
     /// rotary embedding rotates adjacent pairs); the loader puts them back.
     pub gguf_permuted_qk: bool,
@@ -185,6 +213,31 @@ pub struct ArchSpec {
     pub(crate) gguf_config: fn(&GgufMeta<'_>, &mut ModelConfig) -> Result<(), LlmError>,
 }
 
+/// Hugging Face's names of a mixture of experts' tensors (see
+/// [`ArchSpec::expert_names`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertNames {
+    /// The router (`[experts, hidden]`).
+    pub router: &'static str,
+    /// The experts' prefix.
+    pub experts: &'static str,
+    /// An expert's gate, up and down projections.
+    pub gate: &'static str,
+    /// See `gate`.
+    pub up: &'static str,
+    /// See `gate`.
+    pub down: &'static str,
+}
+
+/// Qwen-MoE's expert names (`mlp.gate`, `mlp.experts.{e}.gate_proj`, ...).
+pub(crate) const MLP_EXPERTS: ExpertNames = ExpertNames {
+    router: "mlp.gate",
+    experts: "mlp.experts",
+    gate: "gate_proj",
+    up: "up_proj",
+    down: "down_proj",
+};
+
 /// llama.cpp's names of the tensors every Llama-like layer has.
 pub(crate) const COMMON_LAYER_NAMES: [(&str, &str); 9] = [
     ("attn_norm", "input_layernorm"),
@@ -200,7 +253,7 @@ pub(crate) const COMMON_LAYER_NAMES: [(&str, &str); 9] = [
 ];
 
 /// Every architecture the crate runs, in the order errors list them.
-pub const ARCHITECTURES: [Architecture; 7] = [
+pub const ARCHITECTURES: [Architecture; 9] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Mistral,
@@ -208,6 +261,8 @@ pub const ARCHITECTURES: [Architecture; 7] = [
     Architecture::Gemma2,
     Architecture::Gemma3,
     Architecture::Phi3,
+    Architecture::Qwen3Moe,
+    Architecture::Mixtral,
 ];
 
 impl Architecture {
@@ -221,6 +276,8 @@ impl Architecture {
             Architecture::Gemma2 => &gemma2::SPEC,
             Architecture::Gemma3 => &gemma3::SPEC,
             Architecture::Phi3 => &phi3::SPEC,
+            Architecture::Qwen3Moe => &qwen3_moe::SPEC,
+            Architecture::Mixtral => &mixtral::SPEC,
         }
     }
 

@@ -15,7 +15,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, GgufMeta, LongRope, NormStyle};
+use super::{ArchSpec, COMMON_LAYER_NAMES, Defaults, GgufMeta, LongRope};
 use crate::config::{Architecture, ModelConfig, Obj, RopeScaling, parse_rope};
 use crate::error::LlmError;
 
@@ -32,7 +32,7 @@ const NAMES: [(&str, &str); 6] = {
     ]
 };
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Phi3,
     hf_class: "Phi3ForCausalLM",
     model_type: "phi3",
@@ -48,11 +48,6 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         eos_token_ids: &[32000],
     },
     heads_divide_hidden: false,
-    activation: Activation::Silu,
-    norm: NormStyle::Rms,
-    qk_norm: false,
-    sandwich_norms: false,
-    embed_scale: false,
     fused_qkv: true,
     fused_gate_up: true,
     gguf_permuted_qk: false,
@@ -60,6 +55,7 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
     rope,
     parse,
     gguf_config,
+    ..super::llama::SPEC
 };
 
 /// The RoPE object of the config when its type is `longrope`, with its key.

@@ -4,11 +4,11 @@
 //! `layer_types` marks `"sliding_attention"`): a configuration where some
 //! layers slide and others do not is refused.
 
-use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, NormStyle};
-use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
+use super::{ArchSpec, Defaults};
+use crate::config::{Architecture, ModelConfig, Obj};
 use crate::error::LlmError;
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Qwen2,
     hf_class: "Qwen2ForCausalLM",
     model_type: "qwen2",
@@ -24,18 +24,10 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         eos_token_ids: &[],
     },
     heads_divide_hidden: false,
-    activation: Activation::Silu,
-    norm: NormStyle::Rms,
-    qk_norm: false,
-    sandwich_norms: false,
-    embed_scale: false,
-    fused_qkv: false,
-    fused_gate_up: false,
     gguf_permuted_qk: false,
-    gguf_layer_names: &COMMON_LAYER_NAMES,
-    rope: parse_rope,
     parse,
     gguf_config: qkv_bias,
+    ..super::llama::SPEC
 };
 
 fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {

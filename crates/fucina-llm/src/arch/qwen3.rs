@@ -3,12 +3,12 @@
 //! `attn_k_norm`) before RoPE, no biases unless `attention_bias` (then on q,
 //! k, v and o), and Qwen2's sliding-window keys.
 
-use super::{Activation, ArchSpec, COMMON_LAYER_NAMES, Defaults, NormStyle, no_gguf_keys};
-use crate::config::{Architecture, ModelConfig, Obj, parse_rope};
+use super::{ArchSpec, COMMON_LAYER_NAMES, Defaults, no_gguf_keys};
+use crate::config::{Architecture, ModelConfig, Obj};
 use crate::error::LlmError;
 
 /// Qwen3's tensors: the common ones and the q/k norms.
-const NAMES: [(&str, &str); 11] = {
+pub(super) const NAMES: [(&str, &str); 11] = {
     let c = COMMON_LAYER_NAMES;
     [
         c[0],
@@ -25,7 +25,7 @@ const NAMES: [(&str, &str); 11] = {
     ]
 };
 
-pub(super) static SPEC: ArchSpec = ArchSpec {
+pub(super) const SPEC: ArchSpec = ArchSpec {
     architecture: Architecture::Qwen3,
     hf_class: "Qwen3ForCausalLM",
     model_type: "qwen3",
@@ -41,18 +41,12 @@ pub(super) static SPEC: ArchSpec = ArchSpec {
         eos_token_ids: &[],
     },
     heads_divide_hidden: false,
-    activation: Activation::Silu,
-    norm: NormStyle::Rms,
     qk_norm: true,
-    sandwich_norms: false,
-    embed_scale: false,
-    fused_qkv: false,
-    fused_gate_up: false,
     gguf_permuted_qk: false,
     gguf_layer_names: &NAMES,
-    rope: parse_rope,
     parse,
     gguf_config: no_gguf_keys,
+    ..super::llama::SPEC
 };
 
 fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {

@@ -18,6 +18,23 @@ pub(crate) fn string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// A u32 metadata value's bytes.
+pub(crate) fn u32v(v: usize) -> Vec<u8> {
+    (v as u32).to_le_bytes().to_vec()
+}
+
+/// An f32 metadata value's bytes.
+pub(crate) fn f32v(v: f32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// A string metadata value's bytes.
+pub(crate) fn str_v(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    string(&mut out, s);
+    out
+}
+
 impl Writer {
     pub(crate) fn kv(&mut self, key: &str, ty: u32, value: &[u8]) -> &mut Self {
         string(&mut self.meta, key);

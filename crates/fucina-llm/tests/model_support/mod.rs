@@ -98,7 +98,32 @@ pub(crate) fn random_weights(
             add(p("pre_feedforward_layernorm.weight"), &[h], 1);
             add(p("post_feedforward_layernorm.weight"), &[h], 1);
         }
-        if spec.fused_gate_up {
+        let sparse = c
+            .params
+            .moe
+            .as_ref()
+            .filter(|m| m.sparse_layers.get(i).copied().unwrap_or(true));
+        if let Some(m) = sparse {
+            let inter = m.moe_intermediate_size;
+            add(p("mlp.gate.weight"), &[m.num_experts, h], 0);
+            for e in 0..m.num_experts {
+                add(
+                    p(&format!("mlp.experts.{e}.gate_proj.weight")),
+                    &[inter, h],
+                    0,
+                );
+                add(
+                    p(&format!("mlp.experts.{e}.up_proj.weight")),
+                    &[inter, h],
+                    0,
+                );
+                add(
+                    p(&format!("mlp.experts.{e}.down_proj.weight")),
+                    &[h, inter],
+                    0,
+                );
+            }
+        } else if spec.fused_gate_up {
             add(
                 p("mlp.gate_up_proj.weight"),
                 &[2 * c.intermediate_size, h],
