@@ -18,10 +18,10 @@
 //! ```
 //!
 //! `--model` is a directory (config.json, safetensors, optional tokenizer.json,
-//! tokenizer_config.json and generation_config.json) or a `.gguf` file of the
-//! Llama architecture, whose tokenizer and chat template come from its
-//! metadata. `--dtype f32|f16|bf16|q8_0|q4_0|q4_k` converts the
-//! matrices at load (default: the file's own formats, read in place); see
+//! tokenizer_config.json and generation_config.json) or a `.gguf` file (any
+//! architecture `fucina_llm::arch` names), whose tokenizer and chat template
+//! come from its metadata. `--dtype` (`f32`, `f16`, `bf16` or a block format
+//! such as `q8_0`, `q4_0`, `q4_k`, `q5_k`) converts the matrices at load (default: the file's own formats, read in place); see
 //! `fucina_llm::WeightStore::convert`. `--bf16-products` runs the projections
 //! as bf16 products with the AMX rule (`fucina_llm::Model::use_bf16_products`;
 //! the matrices must be bf16).
@@ -71,8 +71,8 @@ use fucina_llm::model::Model;
 use fucina_llm::sample::SamplingParams;
 use fucina_llm::{LlmError, LoadDtype, Tokenizer, open_model};
 
-/// Generate text with a Hugging Face decoder model (Llama, Qwen2, Mistral) or a
-/// Llama GGUF file.
+/// Generate text with a Hugging Face decoder model (any architecture of
+/// `fucina_llm::arch`) or a GGUF file.
 #[derive(Parser, Debug)]
 #[command(name = "generate")]
 #[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_ids", "prompt_file", "chat"])))]
