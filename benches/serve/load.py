@@ -71,7 +71,7 @@ def one_request(url, prompt, max_tokens, timeout, model):
     return (ttft if ttft is not None else total), tokens, total, (usage or {}).get("prompt_tokens")
 
 
-def run_level(args, clients):
+def run_level(args, clients, requests):
     results = []
     errors = []
     lock = threading.Lock()
@@ -79,7 +79,7 @@ def run_level(args, clients):
 
     def client(c):
         rng = random.Random(1000 * c + 7)
-        for r in range(args.requests):
+        for r in range(requests):
             if time.monotonic() > deadline:
                 return
             if args.prompt_kind == "ids":
@@ -126,7 +126,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--clients", default="1,4,16")
-    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--requests", default="4",
+                   help="requests per client: one number, or one per --clients level")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=32000)
@@ -136,8 +137,14 @@ def main():
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--deadline", type=float, default=600, help="seconds per level")
     args = p.parse_args()
-    for c in [int(x) for x in args.clients.split(",")]:
-        run_level(args, c)
+    levels = [int(x) for x in args.clients.split(",")]
+    requests = [int(x) for x in args.requests.split(",")]
+    if len(requests) == 1:
+        requests = requests * len(levels)
+    if len(requests) != len(levels):
+        p.error("--requests needs one number or one per --clients level")
+    for c, r in zip(levels, requests):
+        run_level(args, c, r)
 
 
 if __name__ == "__main__":
