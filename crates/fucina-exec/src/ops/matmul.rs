@@ -120,9 +120,10 @@ fn matrix_shape(shape: &[usize], left: bool) -> Dims {
 
 /// Validates `a · b` (numpy rules: 1-D operands, broadcast batch dims) on the
 /// operands' shapes.
+/// The operands must be shapes a tensor can have (rank 1 to 8, no zero
+/// dimension): `Plan::new` passes tensors' shapes, `ProductOp::out_shape`
+/// checks its arguments first.
 fn product_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<ProductShape, ExecError> {
-    check_shape(op, a)?;
-    check_shape(op, b)?;
     let mismatch = |reason| ExecError::ShapeMismatch {
         op,
         lhs: Dims::new(a),
@@ -828,9 +829,19 @@ fn check_linear_grad(
 
 /// The shape of `linear(x, w)`: `[..., out]` with `x`'s leading dims (`[out]`
 /// for a 1-D `x`), after checking that `w` is `[out, in]` with `in` equal to
-/// `x`'s last dimension.
+/// `x`'s last dimension. `x` and `w` must be shapes a tensor can have.
 fn linear_shape(op: &'static str, x: &[usize], w: &[usize]) -> Result<Dims, ExecError> {
-    check_shape(op, x)?;
+    let (out, inn) = linear_operands(op, x, w)?;
+    Ok(product_shape(op, x, &[inn, out])?.result)
+}
+
+/// Checks that `w` is `[out, in]` with `in` equal to `x`'s last dimension;
+/// returns `(out, in)`.
+fn linear_operands(
+    op: &'static str,
+    x: &[usize],
+    w: &[usize],
+) -> Result<(usize, usize), ExecError> {
     let &[out, inn] = w else {
         return Err(ExecError::InvalidShape {
             op,
@@ -846,12 +857,12 @@ fn linear_shape(op: &'static str, x: &[usize], w: &[usize]) -> Result<Dims, Exec
             reason: "x's last dimension must equal the weight's second ([out, in])",
         });
     }
-    Ok(product_shape(op, x, &[inn, out])?.result)
+    Ok((out, inn))
 }
 
 /// Validates `linear(x, w)` and returns the `wᵀ` view `[in, out]`.
 fn check_linear(op: &'static str, x: &RawTensor, w: &RawTensor) -> Result<RawTensor, ExecError> {
-    linear_shape(op, x.shape(), w.shape())?;
+    linear_operands(op, x.shape(), w.shape())?;
     w.transpose(0, 1)
 }
 
@@ -915,6 +926,8 @@ impl ProductOp {
     /// [`ExecError::InvalidShape`] for a weight that is not 2-D (or a shape no
     /// tensor can have), [`ExecError::Overflow`].
     pub fn out_shape(self, a: &[usize], b: &[usize]) -> Result<Dims, ExecError> {
+        check_shape(self.name(), a)?;
+        check_shape(self.name(), b)?;
         match self {
             ProductOp::Matmul => Ok(product_shape(self.name(), a, b)?.result),
             ProductOp::Linear => linear_shape(self.name(), a, b),
