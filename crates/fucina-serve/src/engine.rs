@@ -29,7 +29,7 @@ use fucina_llm::{KvCache, LlmError, Model, OpenedModel, Sampler, SamplingParams,
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::metrics::Metrics;
-use crate::text::{Advance, TextStream};
+use crate::text::{Advance, Detokenizer, TextStream};
 
 /// How the engine schedules: batch size, queue length, context length, KV
 /// memory.
@@ -91,7 +91,8 @@ pub struct GenRequest {
 pub struct TokenInfo {
     /// The token's id.
     pub id: u32,
-    /// Its text (the tokenizer's decoding of the id alone).
+    /// Its text (the tokenizer's decoding of the id alone) when
+    /// log-probabilities were asked, else empty.
     pub text: String,
     /// `log p(id)` under the model's distribution (the softmax of the raw
     /// logits, before sampling's penalties and temperature).
@@ -401,8 +402,8 @@ struct Seq {
     sampler: Sampler,
     /// The token to feed to the next decode step.
     next: Option<u32>,
-    /// Generated ids, stop token excluded (the text).
-    text_ids: Vec<u32>,
+    /// The generated ids' text (stop token excluded), decoded incrementally.
+    decoded: Detokenizer,
     text: TextStream,
     pending: Vec<TokenInfo>,
     finished: bool,
@@ -589,7 +590,7 @@ impl Scheduler {
             history,
             sampler,
             next: None,
-            text_ids: Vec::new(),
+            decoded: Detokenizer::default(),
             pending: Vec::new(),
             finished: false,
             arrived: s.arrived,
@@ -699,14 +700,15 @@ impl Scheduler {
         } else {
             None
         };
-        if !stop_token {
-            seq.text_ids.push(id);
-        }
-        let full = match self.tokenizer.decode(&seq.text_ids, true) {
+        let last = reason.is_some();
+        let full = match seq
+            .decoded
+            .push(&self.tokenizer, (!stop_token).then_some(id), last)
+        {
             Ok(t) => t,
             Err(e) => return fail(seq, &e, metrics),
         };
-        let text = match seq.text.advance(&full, reason.is_some()) {
+        let text = match seq.text.advance(full, last) {
             Advance::More(t) => t,
             Advance::Stopped(t) => {
                 reason = Some(FinishReason::Stop);
@@ -735,15 +737,15 @@ impl Scheduler {
         }
     }
 
-    /// The chosen token's text and, when asked, its log-probability and the
-    /// `top` most likely alternatives: the log-softmax of the raw logits, its
-    /// sum in f64 in id order (the same bits for the same logits).
+    /// The chosen token and, when asked, its text, its log-probability and
+    /// the `top` most likely alternatives: the log-softmax of the raw logits,
+    /// its sum in f64 in id order (the same bits for the same logits).
     fn token_info(&self, id: u32, logits: &[f32], top: Option<usize>) -> TokenInfo {
         let text = |t: u32| self.tokenizer.decode(&[t], false).unwrap_or_default();
         let Some(n) = top else {
             return TokenInfo {
                 id,
-                text: text(id),
+                text: String::new(),
                 logprob: None,
                 top: Vec::new(),
             };

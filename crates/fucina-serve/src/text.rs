@@ -1,7 +1,59 @@
-//! Turning a growing list of generated ids into text deltas: incomplete UTF-8
-//! is held back until the bytes that complete it arrive, and so is any tail
-//! of the text that could be the start of a stop string, so a stop string
-//! split across tokens is found and never sent.
+//! Turning a growing list of generated ids into text deltas: the ids are
+//! decoded incrementally ([`Detokenizer`]: a few tokens per step, not the
+//! whole sequence), incomplete UTF-8 is held back until the bytes that
+//! complete it arrive, and so is any tail of the text that could be the start
+//! of a stop string, so a stop string split across tokens is found and never
+//! sent ([`TextStream`]).
+
+use fucina_llm::{LlmError, Tokenizer};
+
+/// The text of a sequence's generated ids, decoded a few tokens at a time.
+///
+/// Decoding the ids from a token in the middle can differ from the whole
+/// sequence's text at its start (a tokenizer may drop the leading space of the
+/// first token it decodes), so each step decodes the ids from `prefix` twice,
+/// without and with the ids not yet turned into text, and appends the
+/// difference; `prefix` moves up once the new text is whole characters.
+#[derive(Debug, Default)]
+pub(crate) struct Detokenizer {
+    ids: Vec<u32>,
+    /// The first id of the window decoded each step.
+    prefix: usize,
+    /// The first id whose text is not in `text` yet.
+    read: usize,
+    text: String,
+}
+
+impl Detokenizer {
+    /// Appends `id` and returns the text decoded so far (special tokens left
+    /// out). Text that ends in an incomplete UTF-8 character waits for the
+    /// next ids, unless `last`.
+    pub(crate) fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: Option<u32>,
+        last: bool,
+    ) -> Result<&str, LlmError> {
+        self.ids.extend(id);
+        if self.read < self.ids.len() {
+            let before = tokenizer.decode(&self.ids[self.prefix..self.read], true)?;
+            let after = tokenizer.decode(&self.ids[self.prefix..], true)?;
+            let whole = !after.ends_with('\u{FFFD}');
+            if after.len() > before.len() && after.is_char_boundary(before.len()) && (whole || last)
+            {
+                self.text.push_str(&after[before.len()..]);
+                self.prefix = self.read;
+                self.read = self.ids.len();
+            } else if last && after.len() > before.len() {
+                // A decoder that rewrote the window's start: keep what it
+                // says now.
+                self.text
+                    .push_str(&String::from_utf8_lossy(&after.as_bytes()[before.len()..]));
+            }
+        }
+        Ok(&self.text)
+    }
+}
 
 /// The text state of one sequence: how much of its decoded text was sent, and
 /// the stop strings it watches for.
@@ -59,11 +111,6 @@ impl TextStream {
         }
         let mut end = full.len();
         if !last {
-            // Hold back a replacement character at the end: the bytes that
-            // complete it may still come.
-            if full.ends_with('\u{FFFD}') {
-                end -= '\u{FFFD}'.len_utf8();
-            }
             // Hold back the longest tail that begins a stop string.
             let tail = self
                 .stops
@@ -150,14 +197,35 @@ mod tests {
     }
 
     #[test]
-    fn incomplete_utf8_waits_for_its_bytes() {
-        let mut s = TextStream::new(Vec::new());
-        assert_eq!(s.advance("a\u{FFFD}", false), Advance::More("a".into()));
-        assert_eq!(s.advance("aé", false), Advance::More("é".into()));
-        // At the end it is sent as it is.
+    fn the_detokenizer_waits_for_whole_characters_and_keeps_leading_spaces() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fucina-llm/tests/fixtures/llama_f32/tokenizer.json");
+        let tok = Tokenizer::from_file(path).unwrap();
+        let id = |s: &str| tok.token_to_id(s).unwrap();
+        // "a", " b", then "é" as its two byte tokens (0xC3 0xA9), then " b".
+        let ids = [id("a"), id("Ġb"), id("Ã"), id("©"), id("Ġb")];
+        let mut d = Detokenizer::default();
+        let mut seen = Vec::new();
+        for (i, &t) in ids.iter().enumerate() {
+            seen.push(
+                d.push(&tok, Some(t), i + 1 == ids.len())
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        assert_eq!(seen, ["a", "a b", "a b", "a bé", "a bé b"]);
+        assert_eq!(seen[4], tok.decode(&ids, true).unwrap());
+        // At the end, an incomplete character is released as it decodes.
+        let mut d = Detokenizer::default();
+        d.push(&tok, Some(id("a")), false).unwrap();
         assert_eq!(
-            s.advance("aé\u{FFFD}", true),
-            Advance::More("\u{FFFD}".into())
+            d.push(&tok, Some(id("Ã")), true).unwrap(),
+            tok.decode(&[id("a"), id("Ã")], true).unwrap()
+        );
+        // No id (a stop token) with `last` flushes nothing new.
+        assert_eq!(
+            d.push(&tok, None, true).unwrap(),
+            tok.decode(&[id("a"), id("Ã")], true).unwrap()
         );
     }
 
