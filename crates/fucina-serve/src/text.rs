@@ -9,6 +9,9 @@ use fucina_llm::{LlmError, Tokenizer};
 
 /// The text of a sequence's generated ids, decoded a few tokens at a time.
 ///
+/// Text that ends in U+FFFD waits for up to 4 ids (the bytes that may
+/// complete its last character), then goes out as it decodes.
+///
 /// Decoding the ids from a token in the middle can differ from the whole
 /// sequence's text at its start (a tokenizer may drop the leading space of the
 /// first token it decodes), so each step decodes the ids from `prefix` twice,
@@ -38,7 +41,9 @@ impl Detokenizer {
         if self.read < self.ids.len() {
             let before = tokenizer.decode(&self.ids[self.prefix..self.read], true)?;
             let after = tokenizer.decode(&self.ids[self.prefix..], true)?;
-            let whole = !after.ends_with('\u{FFFD}');
+            // A character is at most 4 bytes: after 4 unsettled ids a
+            // trailing U+FFFD is invalid bytes, not a character in progress.
+            let whole = !after.ends_with('\u{FFFD}') || self.ids.len() - self.read >= 4;
             if after.len() > before.len() && after.is_char_boundary(before.len()) && (whole || last)
             {
                 self.text.push_str(&after[before.len()..]);
@@ -227,6 +232,14 @@ mod tests {
             d.push(&tok, None, true).unwrap(),
             tok.decode(&[id("a"), id("Ã")], true).unwrap()
         );
+        // Bytes that never become a character wait for 4 ids, then go out.
+        let mut d = Detokenizer::default();
+        let lone = id("©"); // a continuation byte alone
+        let seen: Vec<String> = (0..5)
+            .map(|_| d.push(&tok, Some(lone), false).unwrap().to_string())
+            .collect();
+        assert_eq!(&seen[..3], ["", "", ""]);
+        assert_eq!(seen[3], tok.decode(&[lone; 4], true).unwrap());
     }
 
     #[test]
