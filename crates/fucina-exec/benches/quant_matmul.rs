@@ -198,19 +198,30 @@ fn main() {
                     let (mp, fp, sp) = stats(&mut t_pk);
                     let (rm, rlo, rhi) = stats(&mut ratio);
                     let g = |s: f64| mbytes as f64 / s / 1e9;
-                    println!(
-                        "| {rows}x{cols} | {} | {m} | {:.1} | {:.2} ({:.2}–{:.2}) | {:.2} | {:.1} | {:.2} ({:.2}–{:.2}) | **{:.2}** | {rm:.2} ({rlo:.2}–{rhi:.2}) |",
-                        format.name(),
+                    let in_place = format!(
+                        "{:.1} | {:.2} ({:.2}–{:.2}) | {:.2}",
                         mi * 1e6,
                         g(mi),
                         g(si_),
                         g(fi),
-                        g(mi) / bw,
-                        mp * 1e6,
-                        g(mp),
-                        g(sp),
-                        g(fp),
-                        g(mp) / bw,
+                        g(mi) / bw
+                    );
+                    // a format without a packed layout has no packed columns
+                    let packed_cols = if packed.is_empty() {
+                        "— | — | — | —".to_string()
+                    } else {
+                        format!(
+                            "{:.1} | {:.2} ({:.2}–{:.2}) | **{:.2}** | {rm:.2} ({rlo:.2}–{rhi:.2})",
+                            mp * 1e6,
+                            g(mp),
+                            g(sp),
+                            g(fp),
+                            g(mp) / bw
+                        )
+                    };
+                    println!(
+                        "| {rows}x{cols} | {} | {m} | {in_place} | {packed_cols} |",
+                        format.name()
                     );
                 }
             }

@@ -1,6 +1,8 @@
 //! The activations of the quantized products (int8 blocks of 32) and the
-//! vector kernels of the block formats Q8_0 and Q4_0 (llama.cpp's layouts, read
-//! in place; their block coding and portable dot are in `quant_block`).
+//! vector kernels of the block-of-32 formats Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and
+//! IQ4_NL (llama.cpp's layouts, read in place; their block coding and portable
+//! dot are in `quant_block`, and the formats with a min add its term to lane 0
+//! after each block, as their `dot_block` does).
 //!
 //! # The activations
 //! Each activation row is cut into blocks of 32 and quantized once per call
@@ -150,18 +152,108 @@ pub(crate) fn path() -> Path {
     Path::Portable
 }
 
+/// The block-of-32 formats the vector kernels of this module take, as the
+/// `const K: u8` of [`simd_rows`] (each format's file names its own).
+pub(crate) mod kind {
+    /// Q8_0: an f16 scale, 32 signed bytes.
+    pub(crate) const Q8_0: u8 = 0;
+    /// Q4_0: an f16 scale, 16 bytes of nibbles (`n − 8`).
+    pub(crate) const Q4_0: u8 = 1;
+    /// Q5_0: an f16 scale, 32 high bits, 16 bytes of nibbles (`q − 16`).
+    pub(crate) const Q5_0: u8 = 2;
+    /// Q4_1: f16 scale and min, 16 bytes of nibbles.
+    pub(crate) const Q4_1: u8 = 3;
+    /// Q5_1: f16 scale and min, 32 high bits, 16 bytes of nibbles.
+    pub(crate) const Q5_1: u8 = 4;
+    /// IQ4_NL: an f16 scale, 16 bytes of nibbles indexing the non-linear table.
+    pub(crate) const IQ4_NL: u8 = 5;
+}
+
+/// What the vector kernels need to know of a block-of-32 format.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Shape {
+    /// Bytes per block.
+    bytes: usize,
+    /// Offset of the values (Q8_0's bytes or the nibbles).
+    values: usize,
+    /// Offset of the 32 high bits (the Q5 formats).
+    high: Option<usize>,
+    /// Whether an f16 min follows the scale (its term takes the block sum).
+    min: bool,
+    /// Whether the values are signed bytes (Q8_0, the table values of
+    /// IQ4_NL), else unsigned codes with the activations' lane bias.
+    signed: bool,
+    /// Whether the nibbles index the non-linear table (IQ4_NL).
+    table: bool,
+    /// Whether the lane bias is nonzero for the unsigned codes (the
+    /// format's offset: Q4_0 8, Q5_0 16; 0 for the formats with a min).
+    bias: bool,
+}
+
+/// The shape of format `k` (a [`kind`] constant).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const fn shape(k: u8) -> Shape {
+    let base = Shape {
+        bytes: 18,
+        values: 2,
+        high: None,
+        min: false,
+        signed: false,
+        table: false,
+        bias: true,
+    };
+    match k {
+        kind::Q8_0 => Shape {
+            bytes: 34,
+            signed: true,
+            ..base
+        },
+        kind::Q5_0 => Shape {
+            bytes: 22,
+            values: 6,
+            high: Some(2),
+            ..base
+        },
+        kind::Q4_1 => Shape {
+            bytes: 20,
+            values: 4,
+            min: true,
+            bias: false,
+            ..base
+        },
+        kind::Q5_1 => Shape {
+            bytes: 24,
+            values: 8,
+            high: Some(4),
+            min: true,
+            bias: false,
+            ..base
+        },
+        kind::IQ4_NL => Shape {
+            signed: true,
+            table: true,
+            ..base
+        },
+        _ => base,
+    }
+}
+
 /// Computes the outputs of weight rows `rows` for all `m` activation rows
-/// with the vector kernels of the current level, for Q4_0 (`Q4`) or Q8_0
-/// weights: `out_t[(j - rows.start) * m + i] = dot(w row j, activation row i)`
-/// in the fixed order; `false` (nothing written) at the portable level.
+/// with the vector kernels of the current level, for the block-of-32 format
+/// `K` (a [`kind`] constant): `out_t[(j - rows.start) * m + i] = dot(w row j,
+/// activation row i)` in the format's fixed order (its `dot_block`); `false`
+/// (nothing written) at the portable level. `sums` are the activation block
+/// sums (read only by the formats with a min).
 ///
 /// The operands must pass `quant_block::quant_rows`'s bounds checks (its
 /// callers' contract).
-pub(crate) fn simd_rows<const Q4: bool>(
+pub(crate) fn simd_rows<const K: u8>(
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
     acts: &Acts<'_>,
+    sums: &[f32],
     m: usize,
     out_t: &mut [f32],
 ) -> bool {
@@ -171,18 +263,18 @@ pub(crate) fn simd_rows<const Q4: bool>(
             // SAFETY: `path` returns Vnni only when the CPU has every feature
             // `x86::rows_vnni` enables; `quant_block::quant_rows` checked the
             // bounds contract.
-            unsafe { x86::rows_vnni::<Q4>(w, row_bytes, rows, acts, m, out_t) };
+            unsafe { x86::rows_vnni::<K>(w, row_bytes, rows, acts, sums, m, out_t) };
             true
         }
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
             // F16C; `quant_block::quant_rows` checked the bounds contract.
-            unsafe { x86::rows_avx2::<Q4>(w, row_bytes, rows, acts, m, out_t) };
+            unsafe { x86::rows_avx2::<K>(w, row_bytes, rows, acts, sums, m, out_t) };
             true
         }
         _ => {
-            let _ = (w, row_bytes, rows, acts, m, out_t);
+            let _ = (w, row_bytes, rows, acts, sums, m, out_t);
             false
         }
     }
@@ -191,23 +283,26 @@ pub(crate) fn simd_rows<const Q4: bool>(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The x86-64 kernels: tiles of `R` weight rows × `M` activation rows, each
-    //! weight block loaded (and, for Q4_0, unpacked) once for the `M` rows, each
+    //! weight block loaded (and unpacked) once for the `M` rows, each
     //! activation block once for the `R` rows; one 8-lane f32 accumulator per
-    //! output, in the fixed order of the module documentation.
+    //! output, in the fixed order of the module documentation (plus, for the
+    //! formats with a min, the min term on lane 0 after each block, as their
+    //! `dot_block`).
 
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Acts, LANES, QK};
+    use super::{Acts, LANES, QK, shape};
+    use crate::kernels::quant_block::iq4_nl::KVALUES;
 
     /// Weight rows per tile.
     const R_TILE: usize = 4;
 
-    /// Runs `$tile::<Q4, R, M>` over `rows` × `0..m` in tiles (weight rows
+    /// Runs `$tile::<K, R, M>` over `rows` × `0..m` in tiles (weight rows
     /// outermost, so a tile's weight rows stay in cache across the activation
-    /// rows), writing `out_t` as [`super::quant_rows`] does.
+    /// rows), writing `out_t` as [`super::simd_rows`] does.
     macro_rules! drive {
-        ($tile:ident, $mt:expr, $q4:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $m:ident, $out_t:ident) => {{
+        ($tile:ident, $mt:expr, $k:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $sums:ident, $m:ident, $out_t:ident) => {{
             let start = $rows.start;
             let mut j = $rows.start;
             while j < $rows.end {
@@ -217,7 +312,7 @@ mod x86 {
                     let mm = ($m - i).min($mt);
                     macro_rules! run {
                         ($r:literal, $mm:literal) => {{
-                            let res = $tile::<$q4, $r, $mm>($w, $row_bytes, j, $acts, i);
+                            let res = $tile::<$k, $r, $mm>($w, $row_bytes, j, $acts, $sums, i);
                             for (rr, row) in res.iter().enumerate() {
                                 let o = (j - start + rr) * $m + i;
                                 $out_t[o..o + $mm].copy_from_slice(row);
@@ -241,40 +336,42 @@ mod x86 {
         }};
     }
 
-    /// The AVX2 kernel over `rows` (see [`super::quant_rows`]).
+    /// The AVX2 kernel over `rows` (see [`super::simd_rows`]).
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C; the slices must satisfy
     /// `quant_rows`'s asserted bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows_avx2<const Q4: bool>(
+    pub(super) unsafe fn rows_avx2<const K: u8>(
         w: &[u8],
         row_bytes: usize,
         rows: Range<usize>,
         acts: &Acts<'_>,
+        sums: &[f32],
         m: usize,
         out_t: &mut [f32],
     ) {
         // Two activation rows per tile: 8 accumulators, the weights, the
         // activations and temporaries fit the 16 registers.
-        drive!(tile_avx2, 2, Q4, w, row_bytes, rows, acts, m, out_t)
+        drive!(tile_avx2, 2, K, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
-    /// The AVX-512 VNNI kernel over `rows` (see [`super::quant_rows`]).
+    /// The AVX-512 VNNI kernel over `rows` (see [`super::simd_rows`]).
     ///
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the slices must
     /// satisfy `quant_rows`'s asserted bounds.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn rows_vnni<const Q4: bool>(
+    pub(super) unsafe fn rows_vnni<const K: u8>(
         w: &[u8],
         row_bytes: usize,
         rows: Range<usize>,
         acts: &Acts<'_>,
+        sums: &[f32],
         m: usize,
         out_t: &mut [f32],
     ) {
-        drive!(tile_vnni, 4, Q4, w, row_bytes, rows, acts, m, out_t)
+        drive!(tile_vnni, 4, K, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
     /// How far ahead of the block being read the weights are prefetched.
@@ -289,39 +386,77 @@ mod x86 {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast()) };
     }
 
-    /// The f16 scale at `p`, widened to f32.
+    /// The block's f16 scale and (lane 1) the f16 that follows it (the min
+    /// of the formats with one), widened to f32.
     ///
     /// # Safety
     /// `p` must be valid for reading eight bytes (a block is at least 18).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn scale_at(p: *const u8) -> f32 {
-        // SAFETY: the caller guarantees eight readable bytes; lane 0 is the
-        // scale (the other three lanes, the block's first values, are unused).
-        _mm_cvtss_f32(_mm_cvtph_ps(unsafe { _mm_loadl_epi64(p.cast()) }))
+    unsafe fn scale_min_at(p: *const u8) -> (f32, f32) {
+        // SAFETY: the caller guarantees eight readable bytes; lanes 2 and 3
+        // (the block's next bytes) are unused.
+        let v = _mm_cvtph_ps(unsafe { _mm_loadl_epi64(p.cast()) });
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
     }
 
     /// A block's 32 weight values in element order as bytes: Q8_0 values as
-    /// they are (signed), Q4_0 nibbles unpacked (low nibbles = elements 0..15,
-    /// high nibbles = 16..31, unsigned 0..=15).
+    /// they are (signed); nibbles unpacked (low nibbles = elements 0..15, high
+    /// nibbles = 16..31), with the fifth bits of the Q5 formats (unsigned
+    /// `0..=31`), or looked up in IQ4_NL's table (signed).
     ///
     /// # Safety
-    /// `p` (the block's values, past its scale) must be valid for 32 (Q8_0) or
-    /// 16 (Q4_0) bytes.
+    /// `blk` must be valid for reading one block of format `K`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn block_values<const Q4: bool>(p: *const u8) -> __m256i {
-        if Q4 {
-            // SAFETY: 16 readable bytes (the caller's contract).
-            let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.cast()) });
-            // the upper copy shifted by 4 within each 32-bit lane: after the
-            // mask, byte k of it holds byte k's high nibble
-            let both = _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-            _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
-        } else {
-            // SAFETY: 32 readable bytes (the caller's contract).
-            unsafe { _mm256_loadu_si256(p.cast()) }
+    unsafe fn block_values<const K: u8>(blk: *const u8) -> __m256i {
+        let sh = shape(K);
+        if sh.signed && !sh.table {
+            // SAFETY: 32 readable value bytes (the caller's contract).
+            return unsafe { _mm256_loadu_si256(blk.add(sh.values).cast()) };
         }
+        // SAFETY: 16 readable nibble bytes (the caller's contract).
+        let raw =
+            _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(blk.add(sh.values).cast()) });
+        // the upper copy shifted by 4 within each 32-bit lane: after the
+        // mask, byte k of it holds byte k's high nibble
+        let both = _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+        if sh.table {
+            let mut t = [0u8; 16];
+            for (t, &v) in t.iter_mut().zip(&KVALUES) {
+                *t = v as u8;
+            }
+            // SAFETY: `t` is 16 bytes.
+            let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) });
+            return _mm256_shuffle_epi8(table, nib);
+        }
+        match sh.high {
+            Some(off) => {
+                // SAFETY: the four bytes of high bits are inside the block.
+                let qh = unsafe { blk.add(off).cast::<u32>().read_unaligned() };
+                _mm256_or_si256(nib, high_bits(qh))
+            }
+            None => nib,
+        }
+    }
+
+    /// Byte `k` = 16 where bit `k` of `qh` is set, else 0.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn high_bits(qh: u32) -> __m256i {
+        let v = _mm256_set1_epi32(qh as i32);
+        // byte k takes byte k / 8 of qh
+        let spread = _mm256_shuffle_epi8(
+            v,
+            _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
     }
 
     /// The eight lanes folded in halves (l + 4, l + 2, l + 1), as in the
@@ -336,14 +471,16 @@ mod x86 {
 
     /// Checks a tile's reads against the slices (once per tile, not per block).
     #[inline(always)]
-    fn check_tile<const R: usize, const M: usize>(
+    fn check_tile<const K: u8, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
         acts: &Acts<'_>,
+        sums: &[f32],
         i0: usize,
     ) {
         let nb = acts.cols / QK;
+        assert!(row_bytes == nb * shape(K).bytes, "quant tile: row bytes");
         assert!((j0 + R) * row_bytes <= w.len(), "quant tile: weight rows");
         assert!(
             (i0 + M) * acts.cols <= acts.q.len(),
@@ -354,128 +491,187 @@ mod x86 {
             (i0 + M) * nb * LANES <= acts.bias.len(),
             "quant tile: biases"
         );
+        if shape(K).min {
+            assert!((i0 + M) * nb <= sums.len(), "quant tile: sums");
+        }
+    }
+
+    /// One activation block for the tile's `M` rows: the values, the lane
+    /// biases (when `bias`), the scales and (for a min) the block sums.
+    struct ActBlock<const M: usize> {
+        values: [__m256i; M],
+        bias: [__m256i; M],
+        scale: [f32; M],
+        sum: [f32; M],
+    }
+
+    /// Loads block `b` of activation rows `i0..i0 + M`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn act_block<const K: u8, const M: usize>(
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+        b: usize,
+        bias: bool,
+    ) -> ActBlock<M> {
+        let nb = acts.cols / QK;
+        let mut a = ActBlock {
+            values: [_mm256_setzero_si256(); M],
+            bias: [_mm256_setzero_si256(); M],
+            scale: [0.0; M],
+            sum: [0.0; M],
+        };
+        for i in 0..M {
+            let row = i0 + i;
+            // SAFETY: check_tile: row < i0 + M, so the 32 values at
+            // row * cols + 32 b and the 8 biases at (row * nb + b) * 8 are in bounds.
+            unsafe {
+                a.values[i] =
+                    _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
+                if bias {
+                    a.bias[i] =
+                        _mm256_loadu_si256(acts.bias.as_ptr().add((row * nb + b) * LANES).cast());
+                }
+            }
+            a.scale[i] = acts.scale[row * nb + b];
+            if shape(K).min {
+                a.sum[i] = sums[row * nb + b];
+            }
+        }
+        a
+    }
+
+    /// `acc = fma(dw · dx, p, acc)`, then for a format with a min its term on
+    /// lane 0: `acc[0] = fma(mw · dx, S, acc[0])`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn accumulate<const K: u8>(
+        acc: __m256,
+        p: __m256i,
+        dw: f32,
+        mw: f32,
+        dx: f32,
+        sum: f32,
+    ) -> __m256 {
+        let acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(p), acc);
+        if shape(K).min {
+            let t = _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), _mm256_set1_ps(sum), acc);
+            _mm256_blend_ps::<0b1>(acc, t)
+        } else {
+            acc
+        }
+    }
+
+    /// The tile's outputs: each accumulator folded.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn fold_tile<const R: usize, const M: usize>(acc: &[[__m256; M]; R]) -> [[f32; M]; R] {
+        let mut out = [[0.0f32; M]; R];
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = fold(a);
+            }
+        }
+        out
     }
 
     /// Outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M`
-    /// with `vpmaddubsw` + `vpmaddwd`: Q8_0 through the sign trick
-    /// (`|w| · (x · sign w)`, at most 128 · 127 per product so the 16-bit pair
-    /// sums never saturate), Q4_0 nibbles directly plus the lane bias.
+    /// with `vpmaddubsw` + `vpmaddwd`: signed values (Q8_0, IQ4_NL) through
+    /// the sign trick (`|w| · (x · sign w)`, at most 128 · 127 per product so
+    /// the 16-bit pair sums never saturate), unsigned codes (at most 31)
+    /// directly plus the lane bias where the format has an offset.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn tile_avx2<const Q4: bool, const R: usize, const M: usize>(
+    // `i` indexes the accumulators and the activation block alike
+    #[allow(clippy::needless_range_loop)]
+    fn tile_avx2<const K: u8, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
         acts: &Acts<'_>,
+        sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<R, M>(w, row_bytes, j0, acts, i0);
+        check_tile::<K, R, M>(w, row_bytes, j0, acts, sums, i0);
+        let sh = shape(K);
         let nb = acts.cols / QK;
-        let bb = if Q4 { 18 } else { 34 };
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); M]; R];
         for b in 0..nb {
-            let mut xv = [_mm256_setzero_si256(); M];
-            let mut xb = [_mm256_setzero_si256(); M];
-            let mut xs = [0.0f32; M];
-            for i in 0..M {
-                let row = i0 + i;
-                // SAFETY: check_tile: row < i0 + M, so the 32 values at
-                // row * cols + 32 b and the 8 biases at (row * nb + b) * 8 are in bounds.
-                unsafe {
-                    xv[i] =
-                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
-                    if Q4 {
-                        xb[i] = _mm256_loadu_si256(
-                            acts.bias.as_ptr().add((row * nb + b) * LANES).cast(),
-                        );
-                    }
-                }
-                xs[i] = acts.scale[row * nb + b];
-            }
+            let x = act_block::<K, M>(acts, sums, i0, b, !sh.signed && sh.bias);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: check_tile: row j0 + r is inside `w`; block b of it
-                // spans bb bytes from `blk`.
-                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
-                // SAFETY: as above (2 scale bytes, then 32 or 16 value bytes).
-                let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                // spans `sh.bytes` bytes from `blk`.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
+                // SAFETY: as above (a whole block is readable).
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
                 prefetch(blk);
-                let aw = if Q4 { wv } else { _mm256_sign_epi8(wv, wv) };
+                let aw = if sh.signed {
+                    _mm256_sign_epi8(wv, wv)
+                } else {
+                    wv
+                };
                 for i in 0..M {
-                    let p = if Q4 {
-                        let pairs = _mm256_maddubs_epi16(wv, xv[i]);
-                        _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), xb[i])
-                    } else {
-                        let pairs = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[i], wv));
+                    let p = if sh.signed {
+                        let pairs = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x.values[i], wv));
                         _mm256_madd_epi16(pairs, ones)
+                    } else {
+                        let pairs = _mm256_maddubs_epi16(wv, x.values[i]);
+                        let p = _mm256_madd_epi16(pairs, ones);
+                        if sh.bias {
+                            _mm256_add_epi32(p, x.bias[i])
+                        } else {
+                            p
+                        }
                     };
-                    let s = _mm256_set1_ps(dw * xs[i]);
-                    acc_r[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc_r[i]);
+                    acc_r[i] = accumulate::<K>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
                 }
             }
         }
-        let mut out = [[0.0f32; M]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (o, &a) in o.iter_mut().zip(a) {
-                *o = fold(a);
-            }
-        }
-        out
+        fold_tile(&acc)
     }
 
     /// [`tile_avx2`] with `vpdpbusd`: the lane bias (`-offset · Σ x` per lane)
-    /// is the accumulator's start, and the unsigned operand is the Q4_0 nibble
-    /// or the Q8_0 value `+ 128` (`^ 0x80`).
+    /// is the accumulator's start, and the unsigned operand is the code or
+    /// the signed value `+ 128` (`^ 0x80`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn tile_vnni<const Q4: bool, const R: usize, const M: usize>(
+    // `i` indexes the accumulators and the activation block alike
+    #[allow(clippy::needless_range_loop)]
+    fn tile_vnni<const K: u8, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
         acts: &Acts<'_>,
+        sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<R, M>(w, row_bytes, j0, acts, i0);
+        check_tile::<K, R, M>(w, row_bytes, j0, acts, sums, i0);
+        let sh = shape(K);
         let nb = acts.cols / QK;
-        let bb = if Q4 { 18 } else { 34 };
         let flip = _mm256_set1_epi8(-128);
         let mut acc = [[_mm256_setzero_ps(); M]; R];
         for b in 0..nb {
-            let mut xv = [_mm256_setzero_si256(); M];
-            let mut xb = [_mm256_setzero_si256(); M];
-            let mut xs = [0.0f32; M];
-            for i in 0..M {
-                let row = i0 + i;
-                // SAFETY: as in tile_avx2 (check_tile bounds the tile's rows).
-                unsafe {
-                    xv[i] =
-                        _mm256_loadu_si256(acts.q.as_ptr().add(row * acts.cols + b * QK).cast());
-                    xb[i] =
-                        _mm256_loadu_si256(acts.bias.as_ptr().add((row * nb + b) * LANES).cast());
-                }
-                xs[i] = acts.scale[row * nb + b];
-            }
+            let x = act_block::<K, M>(acts, sums, i0, b, sh.bias);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: as in tile_avx2.
-                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * bb) };
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
                 // SAFETY: as in tile_avx2.
-                let (dw, wv) = unsafe { (scale_at(blk), block_values::<Q4>(blk.add(2))) };
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
                 prefetch(blk);
-                let wu = if Q4 { wv } else { _mm256_xor_si256(wv, flip) };
+                let wu = if sh.signed {
+                    _mm256_xor_si256(wv, flip)
+                } else {
+                    wv
+                };
                 for i in 0..M {
-                    let p = _mm256_dpbusd_epi32(xb[i], wu, xv[i]);
-                    let s = _mm256_set1_ps(dw * xs[i]);
-                    acc_r[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc_r[i]);
+                    let p = _mm256_dpbusd_epi32(x.bias[i], wu, x.values[i]);
+                    acc_r[i] = accumulate::<K>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
                 }
             }
         }
-        let mut out = [[0.0f32; M]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (o, &a) in o.iter_mut().zip(a) {
-                *o = fold(a);
-            }
-        }
-        out
+        fold_tile(&acc)
     }
 }
 

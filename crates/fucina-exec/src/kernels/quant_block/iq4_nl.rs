@@ -2,11 +2,13 @@
 //! int8 values, under an f16 scale (18 bytes: `d`, then 16 bytes of nibbles
 //! laid out as Q4_0's); value `k` is `d · KVALUES[n[k]]`.
 
+use std::ops::Range;
+
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax, unpack_nibbles,
-    via_f16,
+    BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax,
+    unpack_nibbles, via_f16,
 };
-use crate::kernels::quant_dot::LANES;
+use crate::kernels::quant_dot::{Acts, LANES, kind};
 
 /// llama.cpp's IQ4_NL (ggml type 20).
 #[allow(non_camel_case_types)]
@@ -91,5 +93,17 @@ impl BlockFormat for IQ4_NL {
     #[inline(always)]
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], _sums: &[f32], acc: &mut LaneAcc) {
         dot_indices(&blk[2..18], xq, f16_at(blk) * xs[0], &mut acc[..LANES]);
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        block32_rows::<Self, { kind::IQ4_NL }>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -175,6 +175,24 @@ pub(crate) fn portable_rows<F: BlockFormat>(
     }
 }
 
+/// [`BlockFormat::rows`] of a block-of-32 format with vector kernels in
+/// `quant_dot` (`K` its `quant_dot::kind`): those kernels at a vector level,
+/// [`portable_rows`] otherwise.
+#[inline(always)]
+pub(crate) fn block32_rows<F: BlockFormat, const K: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &Acts<'_>,
+    sums: &[f32],
+    m: usize,
+    out_t: &mut [f32],
+) {
+    if !super::quant_dot::simd_rows::<K>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
+        portable_rows::<F>(w, row_bytes, rows, acts, sums, m, out_t);
+    }
+}
+
 /// Checks the operands of [`BlockFormat::rows`] (the bounds contract of every
 /// path), then runs it.
 ///

@@ -4,8 +4,8 @@
 
 use std::ops::Range;
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, portable_rows, signed_amax};
-use crate::kernels::quant_dot::{self, Acts, LANES};
+use super::{BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, signed_amax};
+use crate::kernels::quant_dot::{Acts, LANES, kind};
 
 /// llama.cpp's Q4_0 (ggml type 2).
 #[allow(non_camel_case_types)]
@@ -72,8 +72,6 @@ impl BlockFormat for Q4_0 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_dot::simd_rows::<true>(w, row_bytes, rows.clone(), acts, m, out_t) {
-            portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
-        }
+        block32_rows::<Self, { kind::Q4_0 }>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

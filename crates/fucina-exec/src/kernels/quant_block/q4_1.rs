@@ -2,10 +2,13 @@
 //! bytes: `d`, `m`, then 16 bytes of nibbles laid out as Q4_0's); value `k` is
 //! `n[k] · d + m`.
 
+use std::ops::Range;
+
 use super::{
-    BlockFormat, LaneAcc, code_with_min, f16_at, fma_lanes, lane_sums, min_term, unpack_nibbles,
+    BlockFormat, LaneAcc, block32_rows, code_with_min, f16_at, fma_lanes, lane_sums, min_term,
+    unpack_nibbles,
 };
-use crate::kernels::quant_dot::LANES;
+use crate::kernels::quant_dot::{Acts, LANES, kind};
 
 /// llama.cpp's Q4_1 (ggml type 3).
 #[allow(non_camel_case_types)]
@@ -54,5 +57,17 @@ impl BlockFormat for Q4_1 {
         unpack_nibbles(&blk[4..20], &mut v);
         fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
         min_term(f16_at(&blk[2..]), xs[0], sums[0], acc);
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        block32_rows::<Self, { kind::Q4_1 }>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -4,10 +4,13 @@
 //! holding the low four bits of element `k` and its high nibble those of
 //! element `k + 16`); value `k` is `(q[k] − 16) · d`.
 
+use std::ops::Range;
+
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax, unpack_nibbles,
+    BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax,
+    unpack_nibbles,
 };
-use crate::kernels::quant_dot::LANES;
+use crate::kernels::quant_dot::{Acts, LANES, kind};
 
 /// llama.cpp's Q5_0 (ggml type 6).
 #[allow(non_camel_case_types)]
@@ -83,5 +86,17 @@ impl BlockFormat for Q5_0 {
         let mut v = [0i8; 32];
         unpack_q5(qh, &blk[6..22], 16, &mut v);
         fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        block32_rows::<Self, { kind::Q5_0 }>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -2,9 +2,13 @@
 //! bytes: `d`, `m`, then `qh` and 16 bytes of nibbles laid out as Q5_0's);
 //! value `k` is `q[k] · d + m`.
 
+use std::ops::Range;
+
 use super::q5_0::{pack_q5, q5_value, unpack_q5};
-use super::{BlockFormat, LaneAcc, code_with_min, f16_at, fma_lanes, lane_sums, min_term};
-use crate::kernels::quant_dot::LANES;
+use super::{
+    BlockFormat, LaneAcc, block32_rows, code_with_min, f16_at, fma_lanes, lane_sums, min_term,
+};
+use crate::kernels::quant_dot::{Acts, LANES, kind};
 
 /// llama.cpp's Q5_1 (ggml type 7).
 #[allow(non_camel_case_types)]
@@ -47,5 +51,17 @@ impl BlockFormat for Q5_1 {
         unpack_q5(qh, &blk[8..24], 0, &mut v);
         fma_lanes(f16_at(blk) * xs[0], &lane_sums(&v, xq), &mut acc[..LANES]);
         min_term(f16_at(&blk[2..]), xs[0], sums[0], acc);
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        block32_rows::<Self, { kind::Q5_1 }>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }
