@@ -9,9 +9,9 @@
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
 //! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
 //! `fucina_llm::arch::gguf::load_gguf`: F32/F16/BF16 tensors and
-//! Q8_0/Q4_0/Q4_K/Q6_K matrices kept in llama.cpp's blocks, the Q8_0 and Q4_0
-//! ones then repacked once for the kernels as `open_model` does, unless
-//! `--in-place`; Q4_K and Q6_K are always read in place), so the very files
+//! block-quantized matrices kept in llama.cpp's blocks, the Q8_0, Q4_0, Q5_0
+//! and IQ4_NL ones then repacked once for the kernels as `open_model` does,
+//! unless `--in-place`; the other formats are always read in place), so the very files
 //! llama.cpp runs can be measured here (`benches/llm/llamacpp_compare.py` does
 //! both).
 //!
@@ -64,8 +64,8 @@ struct Args {
     /// Size of the streaming-read buffer in MiB.
     #[arg(long, default_value_t = 1024)]
     stream_mib: usize,
-    /// Read Q8_0/Q4_0 weights in place (`quant_matmul`) instead of from the
-    /// kernels' repacked strips that `open_model` makes (`quant_matmul_packed`).
+    /// Read the repackable formats (Q8_0, Q4_0, Q5_0, IQ4_NL) in place
+    /// (`quant_matmul`) instead of from the kernels' repacked strips that `open_model` makes (`quant_matmul_packed`).
     #[arg(long)]
     in_place: bool,
     /// Run the projections as bf16 products with the AMX rule

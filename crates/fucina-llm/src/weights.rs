@@ -217,7 +217,7 @@ impl Weight {
     /// memory bandwidth). The copy lives as long as the weight (and its
     /// clones); the original bytes stay for [`bytes`](Weight::bytes). Returns
     /// whether a copy was made (`false` for a float weight, one already
-    /// repacked, or a Q4_K or Q6_K matrix: those are read in place, see
+    /// repacked, or a matrix of a format read in place, see
     /// [`QuantFormat::repackable`]).
     ///
     /// # Errors

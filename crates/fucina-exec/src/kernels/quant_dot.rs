@@ -172,28 +172,27 @@ pub(crate) mod kind {
 /// What the vector kernels need to know of a block-of-32 format.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct Shape {
+pub(crate) struct Shape {
     /// Bytes per block.
-    bytes: usize,
+    pub bytes: usize,
     /// Offset of the values (Q8_0's bytes or the nibbles).
-    values: usize,
+    pub values: usize,
     /// Offset of the 32 high bits (the Q5 formats).
-    high: Option<usize>,
+    pub high: Option<usize>,
     /// Whether an f16 min follows the scale (its term takes the block sum).
-    min: bool,
+    pub min: bool,
     /// Whether the values are signed bytes (Q8_0, the table values of
     /// IQ4_NL), else unsigned codes with the activations' lane bias.
-    signed: bool,
+    pub signed: bool,
     /// Whether the nibbles index the non-linear table (IQ4_NL).
-    table: bool,
+    pub table: bool,
     /// Whether the lane bias is nonzero for the unsigned codes (the
     /// format's offset: Q4_0 8, Q5_0 16; 0 for the formats with a min).
-    bias: bool,
+    pub bias: bool,
 }
 
 /// The shape of format `k` (a [`kind`] constant).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const fn shape(k: u8) -> Shape {
+pub(crate) const fn shape(k: u8) -> Shape {
     let base = Shape {
         bytes: 18,
         values: 2,
@@ -281,7 +280,7 @@ pub(crate) fn simd_rows<const K: u8>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     //! The x86-64 kernels: tiles of `R` weight rows × `M` activation rows, each
     //! weight block loaded (and unpacked) once for the `M` rows, each
     //! activation block once for the `R` rows; one 8-lane f32 accumulator per
@@ -441,10 +440,11 @@ mod x86 {
         }
     }
 
-    /// Byte `k` = 16 where bit `k` of `qh` is set, else 0.
+    /// Byte `k` = 16 where bit `k` of `qh` is set, else 0 (the Q5 formats'
+    /// fifth bits, ready to be or-ed into their nibbles).
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn high_bits(qh: u32) -> __m256i {
+    pub(crate) fn high_bits(qh: u32) -> __m256i {
         let v = _mm256_set1_epi32(qh as i32);
         // byte k takes byte k / 8 of qh
         let spread = _mm256_shuffle_epi8(

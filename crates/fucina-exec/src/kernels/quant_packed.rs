@@ -8,16 +8,19 @@
 //! rows of scale 0). A strip is 64-byte aligned and holds
 //! - the scales: for each block `b`, the eight rows' f16 scales side by side
 //!   (16 bytes), the region padded to a multiple of 64 bytes;
+//! - for Q5_0, the fifth bits: for each block `b`, the eight rows' bits of
+//!   elements 0..16 (a u16 each), then of elements 16..32 (32 bytes), the
+//!   region padded to a multiple of 64 bytes;
 //! - the values: for each block `b`, the eight rows' values one after the
-//!   other, each exactly as in llama.cpp's block (Q8_0: 32 signed bytes; Q4_0:
-//!   16 bytes of nibbles, element `k` in the low nibble of byte `k`, element
-//!   `k + 16` in its high nibble) — 256 (Q8_0) or 128 (Q4_0) bytes per block,
-//!   aligned to 64.
+//!   other, each exactly as in llama.cpp's block (Q8_0: 32 signed bytes; Q4_0,
+//!   Q5_0, IQ4_NL: 16 bytes of nibbles, element `k` in the low nibble of byte
+//!   `k`, element `k + 16` in its high nibble) — 256 (Q8_0) or 128 bytes per
+//!   block, aligned to 64.
 //!
 //! A strip is therefore one sequential stream of the same bytes as the eight
 //! rows (the f16 scales are kept, so the copy is no larger), and per block one
 //! conversion gives the eight rows' scales, a 64-byte load feeds two (Q8_0) or
-//! four (Q4_0) rows.
+//! four (the nibble formats) rows.
 //!
 //! # The same bits
 //! For each output, block `b` gives the same eight exact integer lane sums
@@ -29,24 +32,33 @@
 
 use std::ops::Range;
 
-use super::quant_block::{BlockFormat, LaneAcc, Q4_0, Q8_0};
-use super::quant_dot::{Acts, LANES, Path, QK, path};
+use super::quant_block::{BlockFormat, IQ4_NL, LaneAcc, Q4_0, Q5_0, Q8_0};
+use super::quant_dot::{Acts, LANES, Path, QK, kind, path, shape};
 use crate::kernels::reduce::fold_lanes;
 
 /// A block format the strip layout takes: blocks of 32 that are an f16 scale
-/// followed by the values (Q8_0, Q4_0).
+/// followed by the values, and for Q5_0 their fifth bits (Q8_0, Q4_0, Q5_0,
+/// IQ4_NL).
 pub(crate) trait StripFormat: BlockFormat {
-    /// Whether the values are Q4_0's nibbles (16 bytes) rather than Q8_0's
-    /// bytes (32): picks the vector strip kernel.
-    const NIBBLES: bool;
+    /// The format's `quant_dot::kind`: picks the layout's regions and the
+    /// vector strip kernel.
+    const KIND: u8;
 }
 
 impl StripFormat for Q8_0 {
-    const NIBBLES: bool = false;
+    const KIND: u8 = kind::Q8_0;
 }
 
 impl StripFormat for Q4_0 {
-    const NIBBLES: bool = true;
+    const KIND: u8 = kind::Q4_0;
+}
+
+impl StripFormat for Q5_0 {
+    const KIND: u8 = kind::Q5_0;
+}
+
+impl StripFormat for IQ4_NL {
+    const KIND: u8 = kind::IQ4_NL;
 }
 
 /// Weight rows per strip.
@@ -55,12 +67,14 @@ pub(crate) const G: usize = 8;
 /// The sizes of the strip layout of a matrix with `nb` blocks per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StripLayout {
-    /// Q4_0 (else Q8_0).
-    q4: bool,
+    /// The format's `quant_dot::kind`.
+    kind: u8,
     /// Blocks per row.
     pub nb: usize,
     /// Bytes of a strip's scale region (a multiple of 64).
     pub scale_bytes: usize,
+    /// Bytes of a strip's high-bit region (Q5_0; a multiple of 64, else 0).
+    pub high_bytes: usize,
     /// Bytes of a strip (a multiple of 64).
     pub strip_bytes: usize,
 }
@@ -69,44 +83,66 @@ impl StripLayout {
     /// The layout of format `F` for `nb` blocks per row, `None` on a size
     /// overflow.
     pub(crate) fn new<F: StripFormat>(nb: usize) -> Option<StripLayout> {
-        let q4 = F::NIBBLES;
+        let kind = F::KIND;
         let scale_bytes = nb.checked_mul(2 * G)?.checked_next_multiple_of(64)?;
+        let high_bytes = match shape(kind).high {
+            Some(_) => nb.checked_mul(4 * G)?.checked_next_multiple_of(64)?,
+            None => 0,
+        };
         let strip_bytes = nb
-            .checked_mul(values_block_bytes(q4))?
-            .checked_add(scale_bytes)?;
+            .checked_mul(G * row_values(kind))?
+            .checked_add(scale_bytes)?
+            .checked_add(high_bytes)?;
         Some(StripLayout {
-            q4,
+            kind,
             nb,
             scale_bytes,
+            high_bytes,
             strip_bytes,
         })
     }
 
-    /// Bytes of one row's values in a block (32 for Q8_0, 16 for Q4_0).
+    /// Bytes of one row's values in a block (32 for Q8_0, 16 for the nibbles).
     fn row_values(&self) -> usize {
-        if self.q4 { 16 } else { 32 }
+        row_values(self.kind)
     }
 
-    /// Bytes of one llama.cpp block (34 for Q8_0, 18 for Q4_0).
+    /// Bytes of one llama.cpp block (34 for Q8_0, 18 for Q4_0, 22 for Q5_0).
     pub(crate) fn block_bytes(&self) -> usize {
-        2 + self.row_values()
+        shape(self.kind).bytes
+    }
+
+    /// Where the values start in a strip.
+    fn values_offset(&self) -> usize {
+        self.scale_bytes + self.high_bytes
     }
 }
 
-/// Bytes of a strip's values of one block (the `G` rows').
-fn values_block_bytes(q4: bool) -> usize {
-    G * if q4 { 16 } else { 32 }
+/// Bytes of one row's values in a block of format `kind`.
+fn row_values(kind: u8) -> usize {
+    if kind == kind::Q8_0 { 32 } else { 16 }
+}
+
+/// The offsets in a strip's high-bit region of row `r`'s low and high halves
+/// of block `b`'s 32 fifth bits: per block 32 bytes, the eight rows' bits of
+/// elements 0..16 (a u16 each, row after row), then of elements 16..32; so
+/// four rows' halves are one little-endian u64 (a 64-bit mask over four rows'
+/// 16 nibbles) and two rows' one u32.
+fn high_offsets(b: usize, r: usize) -> (usize, usize) {
+    (b * 4 * G + 2 * r, b * 4 * G + 2 * G + 2 * r)
 }
 
 /// Writes strip `s` of the matrix `src` (`rows` rows of `nb` llama.cpp blocks)
 /// into `dst` (`lay.strip_bytes` long): rows past `rows` get scale 0 and
 /// values 0.
 pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize, dst: &mut [u8]) {
-    let bb = lay.block_bytes();
+    let sh = shape(lay.kind);
+    let bb = sh.bytes;
     let rv = lay.row_values();
     let row_bytes = lay.nb * bb;
     dst.fill(0);
-    let (scales, values) = dst.split_at_mut(lay.scale_bytes);
+    let (scales, rest) = dst.split_at_mut(lay.scale_bytes);
+    let (high, values) = rest.split_at_mut(lay.high_bytes);
     for r in 0..G {
         let row = s * G + r;
         if row >= rows {
@@ -115,18 +151,58 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
         let src_row = &src[row * row_bytes..(row + 1) * row_bytes];
         for (b, blk) in src_row.chunks_exact(bb).enumerate() {
             scales[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[..2]);
-            values[b * G * rv + r * rv..][..rv].copy_from_slice(&blk[2..]);
+            values[b * G * rv + r * rv..][..rv].copy_from_slice(&blk[sh.values..][..rv]);
+            if let Some(h) = sh.high {
+                let (lo, hi) = high_offsets(b, r);
+                high[lo..lo + 2].copy_from_slice(&blk[h..h + 2]);
+                high[hi..hi + 2].copy_from_slice(&blk[h + 2..h + 4]);
+            }
         }
     }
 }
 
 /// Copies block `b` of row `r` (`r < G`) of `strip` back into llama.cpp's
-/// block layout `blk` (18 or 34 bytes): the inverse of [`repack_strip`].
+/// block layout `blk` (`lay.block_bytes()` long): the inverse of
+/// [`repack_strip`].
 pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk: &mut [u8]) {
+    let sh = shape(lay.kind);
     let rv = lay.row_values();
-    let (scales, values) = strip.split_at(lay.scale_bytes);
+    let (scales, rest) = strip.split_at(lay.scale_bytes);
+    let (high, values) = rest.split_at(lay.high_bytes);
     blk[..2].copy_from_slice(&scales[b * 2 * G + 2 * r..][..2]);
-    blk[2..2 + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
+    blk[sh.values..sh.values + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
+    if let Some(h) = sh.high {
+        let (lo, hi) = high_offsets(b, r);
+        blk[h..h + 2].copy_from_slice(&high[lo..lo + 2]);
+        blk[h + 2..h + 4].copy_from_slice(&high[hi..hi + 2]);
+    }
+}
+
+/// Runs `$body` with the const `$K` equal to `$kind` (one of the strip
+/// formats' `quant_dot::kind` constants), so a kernel generic over the kind
+/// can be named from a format's associated constant.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_kind {
+    ($kind:expr, $K:ident => $body:expr) => {{
+        match $kind {
+            kind::Q8_0 => {
+                const $K: u8 = kind::Q8_0;
+                $body
+            }
+            kind::Q4_0 => {
+                const $K: u8 = kind::Q4_0;
+                $body
+            }
+            kind::Q5_0 => {
+                const $K: u8 = kind::Q5_0;
+                $body
+            }
+            _ => {
+                const $K: u8 = kind::IQ4_NL;
+                $body
+            }
+        }
+    }};
 }
 
 /// Computes the outputs of strips `strips` of the packed matrix `data` for all
@@ -147,7 +223,7 @@ pub(crate) fn packed_rows<F: StripFormat>(
     out_t: &mut [f32],
 ) {
     let nb = lay.nb;
-    assert_eq!(lay.q4, F::NIBBLES, "packed_rows: format");
+    assert_eq!(lay.kind, F::KIND, "packed_rows: format");
     assert_eq!(acts.cols, nb * QK, "packed_rows: columns");
     assert!(
         strips.end * lay.strip_bytes <= data.len(),
@@ -175,11 +251,11 @@ pub(crate) fn packed_rows<F: StripFormat>(
                             // above bound the strip, the activation rows
                             // i..i + mm and the alignment.
                             let res = unsafe {
-                                if F::NIBBLES {
-                                    x86::strip_vnni_q4::<$mm>(lay, strip, acts, i)
-                                } else {
+                                by_kind!(F::KIND, K => if K == kind::Q8_0 {
                                     x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
-                                }
+                                } else {
+                                    x86::strip_vnni_nibbles::<K, $mm>(lay, strip, acts, i)
+                                })
                             };
                             for (r, row) in res.iter().enumerate() {
                                 for (k, &v) in row.iter().enumerate() {
@@ -204,11 +280,11 @@ pub(crate) fn packed_rows<F: StripFormat>(
                     // FMA and F16C; the asserts above bound the strip and the
                     // activation row i, and the alignment.
                     let res = unsafe {
-                        if F::NIBBLES {
-                            x86::strip_avx2_q4(lay, strip, acts, i)
-                        } else {
+                        by_kind!(F::KIND, K => if K == kind::Q8_0 {
                             x86::strip_avx2_q8(lay, strip, acts, i)
-                        }
+                        } else {
+                            x86::strip_avx2_nibbles::<K>(lay, strip, acts, i)
+                        })
                     };
                     out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
@@ -256,7 +332,22 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes};
+    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes, kind};
+    use crate::kernels::quant_block::iq4_nl::KVALUES;
+    use crate::kernels::quant_dot::x86::high_bits;
+
+    /// IQ4_NL's table as 16 bytes, `+ 128` (`unsigned`: the unsigned operand
+    /// of `vpdpbusd`) or as the signed values.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn iq4_table(unsigned: bool) -> __m128i {
+        let mut t = [0u8; 16];
+        for (t, &v) in t.iter_mut().zip(&KVALUES) {
+            *t = if unsigned { (v as u8) ^ 0x80 } else { v as u8 };
+        }
+        // SAFETY: `t` is 16 bytes.
+        unsafe { _mm_loadu_si128(t.as_ptr().cast()) }
+    }
 
     /// How far ahead of the block being read the values are prefetched (a
     /// strip is one sequential stream; measured on the AVX-512 machine of
@@ -441,15 +532,18 @@ mod x86 {
         out
     }
 
-    /// Q4_0 strip × activation rows `i0..i0 + M` with `vpdpbusd` on 512-bit
-    /// vectors: a vector holds four rows' low (elements 0..15) or high (16..31)
-    /// nibbles, 16 per 128-bit part; its accumulator the four rows' lanes 0..3
-    /// (low) or 4..7 (high).
+    /// Nibble strip (Q4_0, Q5_0, IQ4_NL: `K`) × activation rows `i0..i0 + M`
+    /// with `vpdpbusd` on 512-bit vectors: a vector holds four rows' low
+    /// (elements 0..15) or high (16..31) nibbles, 16 per 128-bit part; its
+    /// accumulator the four rows' lanes 0..3 (low) or 4..7 (high). Q5_0's
+    /// fifth bits are four rows' 64-bit mask adding 16 to their bytes;
+    /// IQ4_NL's nibbles index its table `+ 128` (`vpshufb`), the lane bias
+    /// `-128 · Σ x` taking the offset back.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn strip_vnni_q4<const M: usize>(
+    pub(super) unsafe fn strip_vnni_nibbles<const K: u8, const M: usize>(
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
@@ -458,9 +552,12 @@ mod x86 {
         check_acts::<M>(lay, acts, i0, strip);
         let nb = lay.nb;
         let sp = strip.as_ptr();
-        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
-        let vp = unsafe { sp.add(lay.scale_bytes) };
+        // SAFETY: the values start values_offset (< strip_bytes) into the
+        // strip, the high bits (Q5_0) scale_bytes into it.
+        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.scale_bytes)) };
         let m4 = _mm512_set1_epi8(0x0f);
+        let sixteen = _mm512_set1_epi8(16);
+        let table = _mm512_broadcast_i32x4(iq4_table(true));
         let quad = |g: i32| {
             let r = 4 * g;
             _mm512_setr_epi32(
@@ -506,11 +603,31 @@ mod x86 {
                 _mm512_permutexvar_ps(idx[0], dw),
                 _mm512_permutexvar_ps(idx[1], dw),
             ];
-            let lo = [_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4)];
-            let hi = [
+            let mut lo = [_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4)];
+            let mut hi = [
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
             ];
+            if K == kind::Q5_0 {
+                for g in 0..2 {
+                    // SAFETY: check_acts: block b's 32 high-bit bytes are in
+                    // the strip's high region (high_offsets).
+                    let (kl, kh) = unsafe {
+                        let q = hp.add(b * 4 * G + 8 * g);
+                        (
+                            q.cast::<u64>().read_unaligned(),
+                            q.add(2 * G).cast::<u64>().read_unaligned(),
+                        )
+                    };
+                    lo[g] = _mm512_mask_add_epi8(lo[g], kl, lo[g], sixteen);
+                    hi[g] = _mm512_mask_add_epi8(hi[g], kh, hi[g], sixteen);
+                }
+            } else if K == kind::IQ4_NL {
+                for g in 0..2 {
+                    lo[g] = _mm512_shuffle_epi8(table, lo[g]);
+                    hi[g] = _mm512_shuffle_epi8(table, hi[g]);
+                }
+            }
             for i in 0..M {
                 let row = i0 + i;
                 // SAFETY: as in strip_vnni_q8.
@@ -604,13 +721,16 @@ mod x86 {
         out
     }
 
-    /// Q4_0 strip × activation row `i` with `vpmaddubsw` + `vpmaddwd` on
-    /// 256-bit vectors, two rows' low or high nibbles per vector.
+    /// Nibble strip (Q4_0, Q5_0, IQ4_NL: `K`) × activation row `i` with
+    /// `vpmaddubsw` + `vpmaddwd` on 256-bit vectors, two rows' low or high
+    /// nibbles per vector: the unsigned codes (Q5_0's fifth bits spread from
+    /// two rows' 32-bit mask) plus the lane bias, IQ4_NL's signed table values
+    /// through the sign trick as Q8_0's.
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn strip_avx2_q4(
+    pub(super) unsafe fn strip_avx2_nibbles<const K: u8>(
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
@@ -619,10 +739,12 @@ mod x86 {
         check_acts::<1>(lay, acts, i, strip);
         let nb = lay.nb;
         let sp = strip.as_ptr();
-        // SAFETY: the values start scale_bytes (< strip_bytes) into the strip.
-        let vp = unsafe { sp.add(lay.scale_bytes) };
+        // SAFETY: the values start values_offset (< strip_bytes) into the
+        // strip, the high bits (Q5_0) scale_bytes into it.
+        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.scale_bytes)) };
         let ones = _mm256_set1_epi16(1);
         let m4 = _mm256_set1_epi8(0x0f);
+        let table = _mm256_broadcastsi128_si256(iq4_table(false));
         let mut lo_acc = [_mm256_setzero_ps(); 4];
         let mut hi_acc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
@@ -642,12 +764,36 @@ mod x86 {
             for g in 0..4 {
                 // SAFETY: as above (128 value bytes per block, 32-aligned).
                 let v = unsafe { _mm256_load_si256(vp.add(b * 128 + g * 32).cast()) };
-                let lo = _mm256_and_si256(v, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                let pl =
-                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xlo), ones), blo);
-                let ph =
-                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, xhi), ones), bhi);
+                let mut lo = _mm256_and_si256(v, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                let (pl, ph) = if K == kind::IQ4_NL {
+                    lo = _mm256_shuffle_epi8(table, lo);
+                    hi = _mm256_shuffle_epi8(table, hi);
+                    let dot = |w: __m256i, x: __m256i| {
+                        let pairs =
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                        _mm256_madd_epi16(pairs, ones)
+                    };
+                    (dot(lo, xlo), dot(hi, xhi))
+                } else {
+                    if K == kind::Q5_0 {
+                        // SAFETY: check_acts: block b's 32 high-bit bytes are
+                        // in the strip's high region (high_offsets).
+                        let (ml, mh) = unsafe {
+                            let q = hp.add(b * 4 * G + 4 * g);
+                            (
+                                q.cast::<u32>().read_unaligned(),
+                                q.add(2 * G).cast::<u32>().read_unaligned(),
+                            )
+                        };
+                        lo = _mm256_or_si256(lo, high_bits(ml));
+                        hi = _mm256_or_si256(hi, high_bits(mh));
+                    }
+                    let dot = |w: __m256i, x: __m256i, bias: __m256i| {
+                        _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones), bias)
+                    };
+                    (dot(lo, xlo, blo), dot(hi, xhi, bhi))
+                };
                 let r = 2 * g as i32;
                 let s = _mm256_permutevar8x32_ps(
                     sv,

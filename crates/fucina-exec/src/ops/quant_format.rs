@@ -155,10 +155,13 @@ impl QuantFormat {
     }
 
     /// Whether [`ExecContext::repack_quant`](crate::ExecContext::repack_quant)
-    /// accepts the format: Q8_0 and Q4_0 are repacked, the others are read in
-    /// place only.
+    /// accepts the format: Q8_0, Q4_0, Q5_0 and IQ4_NL are repacked, the
+    /// others are read in place only.
     pub const fn repackable(self) -> bool {
-        matches!(self, QuantFormat::Q8_0 | QuantFormat::Q4_0)
+        matches!(
+            self,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::IQ4_NL
+        )
     }
 
     /// The offset of the activations' lane biases the format's kernels need

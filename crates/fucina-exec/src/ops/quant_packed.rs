@@ -1,4 +1,4 @@
-//! [`PackedQuantMatrix`]: a Q8_0 or Q4_0 matrix repacked once into the
+//! [`PackedQuantMatrix`]: a Q8_0, Q4_0, Q5_0 or IQ4_NL matrix repacked once into the
 //! kernels' strip layout (`kernels::quant_packed`) for a weight that lives for
 //! the process, [`ExecContext::repack_quant`] that makes it and
 //! [`ExecContext::quant_matmul_packed`] that reads it (the same bits as
@@ -30,6 +30,14 @@ macro_rules! with_strip_format {
             }
             QuantFormat::Q4_0 => {
                 type $F = qb::Q4_0;
+                $body
+            }
+            QuantFormat::Q5_0 => {
+                type $F = qb::Q5_0;
+                $body
+            }
+            QuantFormat::IQ4_NL => {
+                type $F = qb::IQ4_NL;
                 $body
             }
             f => panic!("{f:?} is not a repackable format (repack_quant checks it)"),
@@ -131,7 +139,7 @@ impl PackedQuantMatrix {
         let sb = lay.strip_bytes;
         let strip = &line_bytes(&self.lines)[r / G * sb..(r / G + 1) * sb];
         let mut blk = [0u8; 34];
-        let bb = self.format.block_bytes();
+        let bb = lay.block_bytes();
         for (b, ob) in out.chunks_exact_mut(QK).enumerate() {
             quant_packed::block_of(lay, strip, r % G, b, &mut blk[..bb]);
             dequantize_row(self.format, &blk[..bb], ob);
@@ -161,7 +169,7 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] for a Q4_K or Q6_K matrix (see
+    /// [`ExecError::InvalidArgument`] for a matrix of another format (see
     /// [`QuantFormat::repackable`]: those are read in place by
     /// [`quant_matmul`](Self::quant_matmul)), [`ExecError::Overflow`] if the
     /// size overflows, [`ExecError::OutOfMemory`] if the copy cannot be
@@ -171,7 +179,7 @@ impl ExecContext {
         if !w.format.repackable() {
             return Err(ExecError::InvalidArgument {
                 op,
-                reason: "only q8_0 and q4_0 matrices are repacked; the others are read in place by quant_matmul",
+                reason: "only q8_0, q4_0, q5_0 and iq4_nl matrices are repacked; the others are read in place by quant_matmul",
             });
         }
         let overflow = || ExecError::Overflow {
