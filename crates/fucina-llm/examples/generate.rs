@@ -22,7 +22,11 @@
 //! architecture `fucina_llm::arch` names), whose tokenizer and chat template
 //! come from its metadata. `--dtype` (`f32`, `f16`, `bf16` or a block format
 //! such as `q8_0`, `q4_0`, `q4_k`, `q5_k`) converts the matrices at load (default: the file's own formats, read in place); see
-//! `fucina_llm::WeightStore::convert`. `--bf16-products` runs the projections
+//! `fucina_llm::WeightStore::convert`. At load it prints to stderr what the
+//! tensors are stored as: the count per format, and the matrices that fell
+//! back to a format of blocks of 32 because their rows are not whole
+//! super-blocks (`fucina_llm::FormatReport`); `--verbose` lists every tensor.
+//! `--bf16-products` runs the projections
 //! as bf16 products with the AMX rule (`fucina_llm::Model::use_bf16_products`;
 //! the matrices must be bf16).
 //!
@@ -81,10 +85,15 @@ struct Args {
     /// optional tokenizer.json), or a .gguf file (Llama architecture).
     #[arg(long)]
     model: PathBuf,
-    /// Convert the matrices at load: f32, f16, bf16, q8_0, q4_0 or q4_k (default: the
-    /// file's own formats).
+    /// Convert the matrices at load: f32, f16, bf16 or a block format (q8_0,
+    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
+    /// default: the file's own formats).
     #[arg(long)]
     dtype: Option<LoadDtype>,
+    /// Print every tensor's format at load (name, shape, format, why), not
+    /// only the count per format and the fallbacks.
+    #[arg(long)]
+    verbose: bool,
     /// Run the projections as bf16 products with the AMX rule (a bf16 model,
     /// or `--dtype bf16`): activations rounded to bf16, AMX tiles where the
     /// CPU has them, the same bits everywhere.
@@ -164,6 +173,11 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         None => ExecContext::new(),
     };
     let mut opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    // What each tensor became, on stderr (stdout holds the generated text).
+    eprintln!("{}", opened.model.formats());
+    if args.verbose {
+        eprint!("{}", opened.model.formats().listing());
+    }
     if args.bf16_products {
         opened.model.use_bf16_products().map_err(err)?;
     }

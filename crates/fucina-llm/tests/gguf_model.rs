@@ -10,10 +10,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use fucina::ExecContext;
-use fucina::exec::{QuantFormat, WeightFormat};
+use fucina::exec::{QuantFormat, TensorFormat, WeightFormat};
 use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::sample::SamplingParams;
-use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
+use fucina_llm::{FormatChoice, LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
 
 #[path = "../examples/common/batch.rs"]
 mod batch;
@@ -518,6 +518,15 @@ fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
 
     let opened = open_model(&path, &ctx, None).unwrap();
     assert_eq!(opened.stop_tokens, cfg.eos_token_ids);
+    // An f32 file read as it is: every tensor the file's, in f32.
+    assert_eq!(
+        opened.model.formats().counts(),
+        vec![(TensorFormat::F32, store.len())]
+    );
+    assert_eq!(
+        opened.model.formats().to_string(),
+        format!("formats: {} f32", store.len())
+    );
     let tok = opened
         .tokenizer
         .as_ref()
@@ -574,11 +583,17 @@ fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
 /// every matrix's rows are whole super-blocks), with the `llama_f32`
 /// fixture's vocabulary and tokenizer.
 fn wide_random_model() -> (ModelConfig, WeightStore) {
+    random_model(512)
+}
+
+/// [`wide_random_model`] with an MLP width of `f` (the down projection's
+/// column count).
+fn random_model(f: usize) -> (ModelConfig, WeightStore) {
     let mut cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
     cfg.hidden_size = 256;
-    cfg.intermediate_size = 512;
+    cfg.intermediate_size = f;
     cfg.head_dim = 64;
-    let (h, f, v, kv) = (256, 512, cfg.vocab_size, cfg.num_key_value_heads * 64);
+    let (h, v, kv) = (256, cfg.vocab_size, cfg.num_key_value_heads * 64);
     let mut seed = 0u64;
     let mut tensor = |shape: &[usize], scale: f32, offset: f32| {
         seed += 1;
@@ -753,6 +768,30 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
             assert_eq!(w.quant_format(), quant_of(name), "{name}");
         }
     }
+    // The file's mix of types is reported as it is, tensor by tensor.
+    let report = gstore.format_report();
+    assert_eq!(report.entries().len(), gstore.len());
+    for (name, w) in gstore.iter() {
+        let e = report.get(name).unwrap();
+        assert_eq!(
+            (e.shape.as_slice(), e.choice),
+            (w.shape(), FormatChoice::File)
+        );
+        let want = match w.shape().len() {
+            2 => TensorFormat::from(quant_of(name).unwrap()),
+            _ => TensorFormat::F32,
+        };
+        assert_eq!(e.format, want, "{name}");
+    }
+    let layers = cfg.num_hidden_layers;
+    assert_eq!(
+        report.summary(),
+        format!(
+            "formats: {} f32, {layers} q8_0, 1 q4_1, {layers} q5_0, {layers} q5_1, {layers} q2_k, \
+             {layers} q3_k, 1 q6_k, {layers} iq4_nl, {layers} iq4_xs",
+            2 * layers + 1
+        )
+    );
     let deq = logits(
         &Model::from_parts(gcfg.clone(), dequantized(&gstore)).unwrap(),
         1,
@@ -779,6 +818,93 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
         ids(&deq),
         "greedy ids against the dequantized model"
     );
+}
+
+/// `convert(Q4_K)` of a model whose down projections' rows (320 columns) are
+/// not whole super-blocks: those fall back to Q5_0 (llama.cpp's rule,
+/// `conversion_target`), the other matrices take Q4_K, the output projection
+/// Q6_K; the converted store and the model built from it report each tensor's
+/// format and why, the summary groups the fallbacks by name, and the model
+/// runs close to f32.
+#[test]
+fn q4_k_conversion_falls_back_per_tensor_and_reports_it() {
+    let (cfg, store) = random_model(320);
+    let ctx = ExecContext::with_threads(2);
+    assert!(
+        store
+            .format_report()
+            .entries()
+            .iter()
+            .all(|e| e.choice == FormatChoice::File && e.format == TensorFormat::F32)
+    );
+    let conv = store.convert(&ctx, LoadDtype::Q4_K, false).unwrap();
+    let report = conv.format_report();
+    assert_eq!(report.entries().len(), store.len());
+    for (name, w) in store.iter() {
+        let e = report.get(name).unwrap();
+        assert_eq!(e.shape, w.shape(), "{name}");
+        assert_eq!(e.format, conv.get(name).unwrap().tensor_format(), "{name}");
+        let (format, choice) = match name {
+            _ if w.shape().len() == 1 => (TensorFormat::F32, FormatChoice::File),
+            "lm_head.weight" => (TensorFormat::Q6_K, FormatChoice::Output),
+            _ if name.ends_with("down_proj.weight") => (
+                TensorFormat::Q5_0,
+                FormatChoice::Fallback {
+                    wanted: QuantFormat::Q4_K,
+                },
+            ),
+            _ => (TensorFormat::Q4_K, FormatChoice::Asked),
+        };
+        assert_eq!((e.format, e.choice), (format, choice), "{name}");
+        if let (Some(q), &[rows, cols]) = (format.quant(), w.shape()) {
+            let want = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+            assert!(
+                conv.get(name).unwrap().bytes() == want.bytes(),
+                "{name}: bytes"
+            );
+        }
+    }
+    let layers = cfg.num_hidden_layers;
+    assert_eq!(
+        report.counts(),
+        vec![
+            (TensorFormat::F32, 2 * layers + 1),
+            (TensorFormat::Q5_0, layers),
+            (TensorFormat::Q4_K, 6 * layers + 1),
+            (TensorFormat::Q6_K, 1),
+        ]
+    );
+    assert_eq!(report.fallbacks().count(), layers);
+    assert_eq!(
+        report.to_string(),
+        format!(
+            "formats: {} f32, {layers} q5_0, {} q4_k, 1 q6_k ({layers} fell back)\n  \
+             model.layers.*.mlp.down_proj.weight ×{layers}: 320 columns, q4_k → q5_0",
+            2 * layers + 1,
+            6 * layers + 1
+        )
+    );
+    let listing = report.listing();
+    assert_eq!(listing.lines().count(), store.len());
+    assert!(
+        listing
+            .contains("model.layers.0.mlp.down_proj.weight [256, 320] q5_0 (fallback of q4_k)\n")
+            && listing.contains("lm_head.weight [320, 256] q6_k (output projection)\n")
+            && listing.contains("model.norm.weight [256] f32 (file)\n")
+            && listing.contains("model.layers.1.mlp.up_proj.weight [320, 256] q4_k (asked)\n"),
+        "{listing}"
+    );
+    // The model keeps the report of the store it was built from.
+    let reference = logits(&Model::from_parts(cfg.clone(), store).unwrap(), 1);
+    let model = Model::from_parts(cfg, conv).unwrap();
+    assert_eq!(model.formats(), &report);
+    let one = logits(&model, 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let max_diff = one
+        .iter()
+        .zip(&reference)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(max_diff <= 0.35 * scale, "{max_diff} of {scale}");
 }
 
 /// A K-quant tensor whose rows are not whole super-blocks, or whose data is
