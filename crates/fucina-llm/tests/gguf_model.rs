@@ -981,3 +981,135 @@ fn q4_k_conversion_keeps_the_output_projection_in_q6_k() {
     );
     assert!(max_diff <= 0.35 * scale, "{max_diff}");
 }
+
+/// The offset of the f16 scale `d` in a block of `q` (llama.cpp's layouts,
+/// `docs/QUANTIZATION.md`).
+fn scale_offset(q: QuantFormat) -> usize {
+    match q {
+        QuantFormat::Q2_K => 80,
+        QuantFormat::Q3_K => 108,
+        QuantFormat::Q6_K => 208,
+        _ => 0,
+    }
+}
+
+/// f16 NaN, +inf and -inf.
+const NON_FINITE_F16: [u16; 3] = [0x7e00, 0x7c00, 0xfc00];
+
+/// A block scale that is NaN or infinite, in every block format, read from a
+/// GGUF file: the file loads (the loader does not read the blocks, as
+/// llama.cpp's does not unless asked to check them); the block's values
+/// dequantize to NaN (a NaN scale) or to non-finite values (an infinite one),
+/// every other value to the same bits as without it; a product reading that
+/// row gives NaN (resp. non-finite) outputs in that column only, at every
+/// activation row, in place and from the repacked strips (Q8_0, Q4_0).
+#[test]
+fn non_finite_block_scales_load_and_poison_only_their_outputs() {
+    let cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    let ctx = ExecContext::with_threads(2);
+    let (rows, cols, m) = (4usize, 512usize, 3usize);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 29 % 89) as f32 - 44.0) / 300.0)
+        .collect();
+    let x: Vec<f32> = (0..m * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    for q in QuantFormat::ALL {
+        let good = ctx.quantize(q, rows, cols, &w).unwrap().bytes().to_vec();
+        let good = fucina_llm::Weight::quantized("good", q, &[rows, cols], good).unwrap();
+        let good_values = good.to_f32_vec();
+        let mut good_out = vec![0.0f32; m * rows];
+        good.matmul(&ctx, &x, m, &mut good_out).unwrap();
+        let row_bytes = cols / q.block_elements() * q.block_bytes();
+        for bits in NON_FINITE_F16 {
+            let mut bytes = good.bytes().to_vec();
+            let at = row_bytes + scale_offset(q); // row 1, block 0
+            bytes[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+            let code = TensorFormat::from(q).ggml_code();
+            let mut gguf = Writer::default();
+            gguf.kv("general.architecture", 8, &str_v("llama"));
+            gguf.tensor("output.weight", &[cols as u64, rows as u64], code, &bytes);
+            let path = write(&gguf.bytes(), &format!("nan-{}-{bits:x}", q.name()));
+            let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+            let store = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap();
+            let mut wt = store.get("lm_head.weight").unwrap().clone();
+            let nan = bits == 0x7e00;
+            let what = format!("{q:?}, scale {bits:#x}");
+            let values = wt.to_f32_vec();
+            for (i, (v, g)) in values.iter().zip(&good_values).enumerate() {
+                if i / cols == 1 && i % cols < q.block_elements() {
+                    assert!(
+                        !v.is_finite() && (!nan || v.is_nan()),
+                        "{what}: value {i} = {v}"
+                    );
+                } else {
+                    assert_eq!(v.to_bits(), g.to_bits(), "{what}: value {i}");
+                }
+            }
+            for repack in [false, true] {
+                if repack && !wt.repack(&ctx).unwrap() {
+                    continue;
+                }
+                let mut out = vec![0.0f32; m * rows];
+                wt.matmul(&ctx, &x, m, &mut out).unwrap();
+                for (i, (o, g)) in out.iter().zip(&good_out).enumerate() {
+                    if i % rows == 1 {
+                        assert!(
+                            !o.is_finite() && (!nan || o.is_nan()),
+                            "{what}, repacked {repack}: output {i} = {o}"
+                        );
+                    } else {
+                        assert_eq!(
+                            o.to_bits(),
+                            g.to_bits(),
+                            "{what}, repacked {repack}: output {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A model whose output projection has a NaN block scale (Q5_0, a format of
+/// blocks of 32, and Q4_K, a super-block format) builds and prefills; that
+/// token's logit is NaN at every position, the others finite; sampling such
+/// logits is an error, not a token.
+#[test]
+fn a_nan_scale_in_the_output_projection_gives_nan_logits_that_sampling_refuses() {
+    let (cfg, store) = wide_random_model();
+    let ctx = ExecContext::with_threads(2);
+    let vocab = cfg.vocab_size;
+    let token = 7usize;
+    for q in [QuantFormat::Q5_0, QuantFormat::Q4_K] {
+        let head = store.get("lm_head.weight").unwrap();
+        let &[rows, cols] = head.shape() else {
+            unreachable!()
+        };
+        let mut bytes = ctx
+            .quantize(q, rows, cols, &head.to_f32_vec())
+            .unwrap()
+            .bytes()
+            .to_vec();
+        let at = token * (cols / q.block_elements() * q.block_bytes()) + scale_offset(q);
+        bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        let mut tensors: std::collections::HashMap<String, fucina_llm::Weight> = store
+            .iter()
+            .map(|(n, w)| (n.to_string(), w.clone()))
+            .collect();
+        tensors.insert(
+            "lm_head.weight".into(),
+            fucina_llm::Weight::quantized("lm_head.weight", q, &[rows, cols], bytes).unwrap(),
+        );
+        let model = Model::from_parts(cfg.clone(), WeightStore::from_tensors(tensors)).unwrap();
+        let all = logits(&model, 2);
+        for (i, l) in all.iter().enumerate() {
+            assert_eq!(l.is_nan(), i % vocab == token, "{q:?}: logit {i} = {l}");
+            assert!(l.is_nan() || l.is_finite(), "{q:?}: logit {i} = {l}");
+        }
+        let mut sampler = fucina_llm::Sampler::new(SamplingParams::default()).unwrap();
+        let e = sampler.sample(&all[..vocab], &[]).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("logit {token} is NaN")),
+            "{q:?}: {e}"
+        );
+    }
+}
