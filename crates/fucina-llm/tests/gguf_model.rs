@@ -1113,3 +1113,85 @@ fn a_nan_scale_in_the_output_projection_gives_nan_logits_that_sampling_refuses()
         );
     }
 }
+
+/// The committed fuzz seed with a tensor in every block format.
+const BLOCK_FORMAT_SEEDS: [&str; 2] = [
+    "../../fuzz/seeds/gguf_header/llama_block_formats.gguf",
+    "../../fuzz/seeds/gguf_model/llama_block_formats.gguf",
+];
+
+/// A Llama GGUF image whose layer `i` holds an up projection (2 rows of 256
+/// columns) in the `i`-th block format, with a narrow Q4_0 embedding table
+/// and the `llama_f32` fixture's tokenizer: the fuzz seed of `gguf_header` and
+/// `gguf_model`.
+fn block_format_seed() -> Vec<u8> {
+    let mut cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    cfg.hidden_size = 256;
+    cfg.head_dim = 64;
+    cfg.num_hidden_layers = QuantFormat::ALL.len();
+    let mut t = std::collections::HashMap::new();
+    let values: Vec<f32> = (0..512)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    for l in 0..QuantFormat::ALL.len() {
+        let w = fucina_llm::Weight::from_f32(WeightFormat::F32, &[2, 256], &values).unwrap();
+        t.insert(format!("model.layers.{l}.mlp.up_proj.weight"), w);
+    }
+    let norm = fucina_llm::Weight::from_f32(WeightFormat::F32, &[256], &[1.0; 256]).unwrap();
+    t.insert("model.norm.weight".to_string(), norm);
+    // The embedding table gives the vocabulary size: narrow, in Q4_0.
+    let v = cfg.vocab_size;
+    let embed: Vec<f32> = (0..v * 32).map(|i| (i % 7) as f32 - 3.0).collect();
+    let embed = fucina_llm::Weight::from_f32(WeightFormat::F32, &[v, 32], &embed).unwrap();
+    t.insert("model.embed_tokens.weight".to_string(), embed);
+    let store = WeightStore::from_tensors(t);
+    convert_with(&cfg, &store, &[], &[], &|name: &str| {
+        if name == "model.embed_tokens.weight" {
+            return Some(QuantFormat::Q4_0);
+        }
+        let layer: usize = name.split('.').nth(2)?.parse().ok()?;
+        QuantFormat::ALL.get(layer).copied()
+    })
+}
+
+/// Writes the seeds of [`BLOCK_FORMAT_SEEDS`] (run with `--ignored` after a
+/// change to the test writer or the quantizers).
+#[test]
+#[ignore = "writes the committed fuzz seeds"]
+fn write_block_format_fuzz_seeds() {
+    let bytes = block_format_seed();
+    for p in BLOCK_FORMAT_SEEDS {
+        std::fs::write(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p), &bytes).unwrap();
+    }
+}
+
+/// The committed seeds load as the `gguf_model` target loads them: the
+/// config, the weights with a matrix in every block format (each
+/// dequantizing to the values it was quantized from, within 0.4 of their
+/// range ±0.78: Q2_K has four levels), and
+/// the tokenizer.
+#[test]
+fn the_block_format_fuzz_seeds_load() {
+    let values: Vec<f32> = (0..512)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    for p in BLOCK_FORMAT_SEEDS {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p);
+        let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+        let config = fucina_llm::arch::gguf::gguf_config(&file).unwrap();
+        let store = fucina_llm::arch::gguf::gguf_weights(&file, &config).unwrap();
+        for (l, q) in QuantFormat::ALL.into_iter().enumerate() {
+            let w = store
+                .get(&format!("model.layers.{l}.mlp.up_proj.weight"))
+                .unwrap();
+            assert_eq!(w.quant_format(), Some(q), "{}", path.display());
+            let worst = w
+                .to_f32_vec()
+                .iter()
+                .zip(&values)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst < 0.4, "{q:?}: {worst}");
+        }
+        fucina_llm::Tokenizer::from_gguf(&file).unwrap();
+    }
+}
