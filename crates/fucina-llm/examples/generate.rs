@@ -26,6 +26,9 @@
 //! tensors are stored as: the count per format, and the matrices that fell
 //! back to a format of blocks of 32 because their rows are not whole
 //! super-blocks (`fucina_llm::FormatReport`); `--verbose` lists every tensor.
+//! `--check-tensors` first checks that every value in the model's files is
+//! finite (`fucina_llm::WeightStore::check_finite`, an error naming the tensor,
+//! row and block otherwise), as llama.cpp's `--check-tensors` does.
 //! `--bf16-products` runs the projections
 //! as bf16 products with the AMX rule (`fucina_llm::Model::use_bf16_products`;
 //! the matrices must be bf16).
@@ -94,6 +97,11 @@ struct Args {
     /// only the count per format and the fallbacks.
     #[arg(long)]
     verbose: bool,
+    /// Check that every value of the model's files is finite before loading
+    /// (a NaN or infinite block scale is otherwise loaded, and the logits it
+    /// reaches are NaN): one pass over the whole model.
+    #[arg(long)]
+    check_tensors: bool,
     /// Run the projections as bf16 products with the AMX rule (a bf16 model,
     /// or `--dtype bf16`): activations rounded to bf16, AMX tiles where the
     /// CPU has them, the same bits everywhere.
@@ -172,6 +180,9 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         Some(n) => ExecContext::with_threads(n),
         None => ExecContext::new(),
     };
+    if args.check_tensors {
+        check_tensors(&args.model).map_err(err)?;
+    }
     let mut opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
     // What each tensor became, on stderr (stdout holds the generated text).
     eprintln!("{}", opened.model.formats());
@@ -232,6 +243,20 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         }
     };
     run_batch(&args, model, tokenizer, &ctx, &params, &prompts, out)
+}
+
+/// `WeightStore::check_finite` of the tensors of the file or directory
+/// `model`, as they are stored.
+fn check_tensors(model: &std::path::Path) -> Result<(), LlmError> {
+    let is_gguf = !model.is_dir()
+        && model
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let store = match is_gguf {
+        true => fucina_llm::arch::gguf::load_gguf(model)?.1,
+        false => fucina_llm::WeightStore::open(model)?,
+    };
+    store.check_finite()
 }
 
 /// Decodes `prompts` as one batch and prints the texts, ids, stops and

@@ -609,8 +609,8 @@ impl Model {
     ///
     /// # Errors
     /// Those of [`load`](Model::load), and [`LlmError::BadTensor`] naming a
-    /// matrix whose column count is not a multiple of 32 when `dtype` is Q8_0
-    /// or Q4_0.
+    /// matrix whose column count is not a multiple of 32 when `dtype` is a
+    /// block format (see [`WeightStore::convert`]).
     pub fn load_as(
         dir: impl AsRef<Path>,
         ctx: &ExecContext,

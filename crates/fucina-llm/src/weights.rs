@@ -719,6 +719,59 @@ impl WeightStore {
         self.tensors.values().map(|w| w.bytes().len()).sum()
     }
 
+    /// Checks that every value of every tensor is finite, as llama.cpp's
+    /// `--check-tensors` does (`generate --check-tensors`): the loaders do not
+    /// read the tensors' bytes, so a block whose f16 scale is NaN or infinite,
+    /// or a float tensor holding one, loads, and the outputs it reaches are
+    /// not finite (see [`arch::gguf`](crate::arch::gguf)). This reads and
+    /// widens every tensor once (dequantizing the block formats), a pass over
+    /// the whole model.
+    ///
+    /// # Errors
+    /// [`LlmError::BadTensor`] naming the first tensor (in name order) holding
+    /// a NaN or infinite value, with the row, the block (for a block format)
+    /// and the value.
+    pub fn check_finite(&self) -> Result<(), LlmError> {
+        for (name, w) in &self.tensors {
+            let bad = |reason: String| LlmError::BadTensor {
+                name: name.clone(),
+                reason,
+            };
+            let &[rows, cols] = w.shape() else {
+                if let Some((i, v)) = w
+                    .to_f32_vec()
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite())
+                {
+                    return Err(bad(format!("element {i} is {v}")));
+                }
+                continue;
+            };
+            let mut row = vec![0.0f32; cols];
+            for r in 0..rows {
+                w.row_to_f32(r, &mut row)?;
+                let Some((c, v)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) else {
+                    continue;
+                };
+                return Err(bad(match w.quant_format() {
+                    Some(q) => {
+                        let e = q.block_elements();
+                        format!(
+                            "row {r}, column {c} is {v}: block {} of the row ({} values of {}) \
+                             has a scale or min that is not finite",
+                            c / e,
+                            e,
+                            TensorFormat::from(q),
+                        )
+                    }
+                    None => format!("row {r}, column {c} is {v}"),
+                }));
+            }
+        }
+        Ok(())
+    }
+
     /// What every tensor is stored as, and why: for a store read from files
     /// as they are (a GGUF file's mix of types), every tensor is
     /// [`FormatChoice::File`]; for one made by [`convert`](WeightStore::convert),

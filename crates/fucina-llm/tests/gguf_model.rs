@@ -998,7 +998,9 @@ const NON_FINITE_F16: [u16; 3] = [0x7e00, 0x7c00, 0xfc00];
 
 /// A block scale that is NaN or infinite, in every block format, read from a
 /// GGUF file: the file loads (the loader does not read the blocks, as
-/// llama.cpp's does not unless asked to check them); the block's values
+/// llama.cpp's does not unless asked to check them), and
+/// `WeightStore::check_finite` (that check) is an error naming the tensor, the
+/// row and the block; the block's values
 /// dequantize to NaN (a NaN scale) or to non-finite values (an infinite one),
 /// every other value to the same bits as without it; a product reading that
 /// row gives NaN (resp. non-finite) outputs in that column only, at every
@@ -1033,6 +1035,19 @@ fn non_finite_block_scales_load_and_poison_only_their_outputs() {
             let mut wt = store.get("lm_head.weight").unwrap().clone();
             let nan = bits == 0x7e00;
             let what = format!("{q:?}, scale {bits:#x}");
+            // The opt-in check (`--check-tensors`) names the tensor, the row
+            // and the block.
+            let e = store.check_finite().unwrap_err();
+            assert!(
+                matches!(e, LlmError::BadTensor { ref name, .. } if name == "lm_head.weight")
+                    && e.to_string().contains("row 1, column 0 is ")
+                    && e.to_string().contains(&format!(
+                        "block 0 of the row ({} values of {})",
+                        q.block_elements(),
+                        q.name()
+                    )),
+                "{what}: {e}"
+            );
             let values = wt.to_f32_vec();
             for (i, (v, g)) in values.iter().zip(&good_values).enumerate() {
                 if i / cols == 1 && i % cols < q.block_elements() {
@@ -1067,6 +1082,62 @@ fn non_finite_block_scales_load_and_poison_only_their_outputs() {
             }
         }
     }
+}
+
+/// `WeightStore::check_finite` passes a store of finite values, quantized or
+/// not, and names a float tensor's first non-finite value.
+#[test]
+fn check_finite_passes_finite_stores_and_names_float_nans() {
+    let (_, store) = wide_random_model();
+    store.check_finite().unwrap();
+    let ctx = ExecContext::with_threads(2);
+    for dtype in [LoadDtype::Q4_K, LoadDtype::IQ4_NL, LoadDtype::BF16] {
+        store
+            .convert(&ctx, dtype, false)
+            .unwrap()
+            .check_finite()
+            .unwrap();
+    }
+    let mut tensors: std::collections::HashMap<String, fucina_llm::Weight> = store
+        .iter()
+        .map(|(n, w)| (n.to_string(), w.clone()))
+        .collect();
+    let mut norm = vec![1.0f32; 256];
+    norm[9] = f32::INFINITY;
+    tensors.insert(
+        "model.norm.weight".into(),
+        fucina_llm::Weight::from_f32(WeightFormat::F16, &[256], &norm).unwrap(),
+    );
+    let mut v = store
+        .get("model.layers.1.mlp.up_proj.weight")
+        .unwrap()
+        .to_f32_vec();
+    v[3 * 256 + 17] = f32::NAN;
+    tensors.insert(
+        "model.layers.1.mlp.up_proj.weight".into(),
+        fucina_llm::Weight::from_f32(WeightFormat::F32, &[512, 256], &v).unwrap(),
+    );
+    let store = WeightStore::from_tensors(tensors);
+    let e = store.check_finite().unwrap_err().to_string();
+    // Name order: the layer's matrix comes before the final norm.
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("row 3, column 17 is NaN"),
+        "{e}"
+    );
+    let mut only_norm: std::collections::HashMap<String, fucina_llm::Weight> =
+        std::collections::HashMap::new();
+    only_norm.insert(
+        "model.norm.weight".into(),
+        store.get("model.norm.weight").unwrap().clone(),
+    );
+    let e = WeightStore::from_tensors(only_norm)
+        .check_finite()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.norm.weight") && e.contains("element 9 is inf"),
+        "{e}"
+    );
 }
 
 /// A model whose output projection has a NaN block scale (Q5_0, a format of

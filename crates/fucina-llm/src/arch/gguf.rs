@@ -41,6 +41,8 @@
 //!   that column only; the model's logits then hold NaN where that row
 //!   reaches, and [`Sampler::sample`](crate::Sampler::sample) refuses them
 //!   with an error rather than choosing a token.
+//!   [`WeightStore::check_finite`] reads every block and names the first
+//!   tensor, row and block that is not finite.
 
 use std::collections::HashMap;
 use std::path::Path;
