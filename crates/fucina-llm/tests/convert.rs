@@ -500,3 +500,77 @@ fn a_fixture_loaded_as_q4_k_reports_its_fallbacks() {
         "{summary}"
     );
 }
+
+/// `convert` at SmolLM2-135M's widths (hidden 576, MLP 1536, tied
+/// embeddings), for every super-block format: the matrices of 576 columns
+/// fall back, the down projection (1536 columns) keeps the asked format, the
+/// tied embedding table (the output projection) takes Q8_0, Q6_K's fallback;
+/// each converted matrix holds the runtime quantizer's bytes of its format.
+#[test]
+fn smollm2_widths_fall_back_per_tensor() {
+    use fucina::exec::TensorFormat;
+    use fucina_llm::FormatChoice;
+    let ctx = ExecContext::with_threads(2);
+    let shapes = [
+        ("model.embed_tokens.weight", [16, 576]),
+        ("model.layers.0.self_attn.q_proj.weight", [8, 576]),
+        ("model.layers.0.mlp.up_proj.weight", [8, 576]),
+        ("model.layers.0.mlp.down_proj.weight", [8, 1536]),
+    ];
+    let mut tensors = HashMap::new();
+    for (i, (name, shape)) in shapes.iter().enumerate() {
+        let n = shape[0] * shape[1];
+        let v: Vec<f32> = (0..n)
+            .map(|k| (((k * 31 + i * 7) % 97) as f32 - 48.0) / 200.0)
+            .collect();
+        tensors.insert(
+            name.to_string(),
+            Weight::from_f32(WeightFormat::F32, shape, &v).unwrap(),
+        );
+    }
+    let norm = Weight::from_f32(WeightFormat::F32, &[576], &[1.0; 576]).unwrap();
+    tensors.insert("model.norm.weight".to_string(), norm);
+    let store = WeightStore::from_tensors(tensors);
+    for (asked, fallback) in [
+        (QuantFormat::Q4_K, QuantFormat::Q5_0),
+        (QuantFormat::Q5_K, QuantFormat::Q5_1),
+        (QuantFormat::Q6_K, QuantFormat::Q8_0),
+        (QuantFormat::Q2_K, QuantFormat::IQ4_NL),
+        (QuantFormat::Q3_K, QuantFormat::IQ4_NL),
+        (QuantFormat::IQ4_XS, QuantFormat::IQ4_NL),
+    ] {
+        let conv = store.convert(&ctx, asked.into(), true).unwrap();
+        let report = conv.format_report();
+        for (name, w) in store.iter() {
+            let e = report.get(name).unwrap();
+            let want = match name {
+                "model.norm.weight" => (TensorFormat::F32, FormatChoice::File),
+                "model.embed_tokens.weight" => (
+                    TensorFormat::Q8_0,
+                    FormatChoice::Fallback {
+                        wanted: QuantFormat::Q6_K,
+                    },
+                ),
+                "model.layers.0.mlp.down_proj.weight" => (asked.into(), FormatChoice::Asked),
+                _ => (fallback.into(), FormatChoice::Fallback { wanted: asked }),
+            };
+            assert_eq!((e.format, e.choice), want, "{asked:?}: {name}");
+            if let (Some(q), &[rows, cols]) = (e.format.quant(), w.shape()) {
+                let bytes = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+                assert!(
+                    conv.get(name).unwrap().bytes() == bytes.bytes(),
+                    "{asked:?}: {name}"
+                );
+            }
+        }
+        let summary = report.summary();
+        let (a, f) = (TensorFormat::from(asked), TensorFormat::from(fallback));
+        assert!(
+            summary.contains(&format!(
+                "\n  model.layers.*.self_attn.q_proj.weight: 576 columns, {a} → {f}"
+            )) && summary.contains("\n  model.embed_tokens.weight: 576 columns, q6_k → q8_0")
+                && !summary.contains("down_proj"),
+            "{summary}"
+        );
+    }
+}
