@@ -155,13 +155,14 @@ impl FormatReport {
     }
 
     /// The compact summary: the count per format, then the fallbacks grouped by
-    /// name with the layer index written `*` (one line per group: the name,
-    /// how many layers, the columns, the wanted and the taken format). For
-    /// example:
+    /// name with the layer (and expert) index written `*` (one line per group:
+    /// the name, how many tensors, the columns, the wanted and the taken
+    /// format). For example, a two-layer model of hidden size 256 and MLP
+    /// width 320 converted to Q4_K:
     ///
     /// ```text
-    /// formats: 9 f32, 6 q5_0, 1 q6_k, 2 q4_k (6 fell back)
-    ///   model.layers.*.self_attn.q_proj.weight ×2: 64 columns, q4_k → q5_0
+    /// formats: 5 f32, 2 q5_0, 13 q4_k, 1 q6_k (2 fell back)
+    ///   model.layers.*.mlp.down_proj.weight ×2: 320 columns, q4_k → q5_0
     /// ```
     pub fn summary(&self) -> String {
         let counts: Vec<String> = self
@@ -233,19 +234,19 @@ impl fmt::Display for FormatReport {
     }
 }
 
-/// `name` with its layer index written `*` (`model.layers.3.mlp.up_proj.weight`
-/// → `model.layers.*.mlp.up_proj.weight`); other names as they are.
+/// `name` with every numeric part (a layer's, an expert's index) written `*`
+/// (`model.layers.3.mlp.experts.5.up_proj.weight` →
+/// `model.layers.*.mlp.experts.*.up_proj.weight`); other names as they are.
 fn layer_pattern(name: &str) -> String {
-    let mut parts: Vec<&str> = name.split('.').collect();
-    for i in 1..parts.len() {
-        if parts[i - 1] == "layers"
-            && !parts[i].is_empty()
-            && parts[i].bytes().all(|b| b.is_ascii_digit())
-        {
-            parts[i] = "*";
-        }
-    }
-    parts.join(".")
+    name.split('.')
+        .map(
+            |p| match !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                true => "*",
+                false => p,
+            },
+        )
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 #[cfg(test)]
@@ -258,7 +259,11 @@ mod tests {
             layer_pattern("model.layers.12.mlp.up_proj.weight"),
             "model.layers.*.mlp.up_proj.weight"
         );
+        assert_eq!(
+            layer_pattern("model.layers.0.mlp.experts.17.down_proj.weight"),
+            "model.layers.*.mlp.experts.*.down_proj.weight"
+        );
         assert_eq!(layer_pattern("lm_head.weight"), "lm_head.weight");
-        assert_eq!(layer_pattern("layers.x.y"), "layers.x.y");
+        assert_eq!(layer_pattern("layers.x1.y"), "layers.x1.y");
     }
 }
