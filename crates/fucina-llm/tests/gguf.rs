@@ -335,11 +335,27 @@ fn every_block_format_refuses_partial_blocks_and_short_data() {
 /// error naming it and its type.
 #[test]
 fn unknown_type_codes_are_named_when_the_tensor_is_read() {
-    for (code, name) in [
-        (9u32, "q8_1".to_string()),
-        (15, "q8_k".to_string()),
-        (99, "type 99".to_string()),
-        (u32::MAX, format!("type {}", u32::MAX)),
+    for (code, name, described) in [
+        (
+            9u32,
+            "q8_1".to_string(),
+            "type q8_1 (ggml type 9)".to_string(),
+        ),
+        (
+            15,
+            "q8_k".to_string(),
+            "type q8_k (ggml type 15)".to_string(),
+        ),
+        (
+            99,
+            "type 99".to_string(),
+            "ggml type 99, which ggml does not define,".to_string(),
+        ),
+        (
+            u32::MAX,
+            format!("type {}", u32::MAX),
+            format!("ggml type {}, which ggml does not define,", u32::MAX),
+        ),
     ] {
         let mut w = Writer::default();
         w.tensor("blk.0.attn_q.weight", &[256, 2], code, &[0u8; 64]);
@@ -356,7 +372,7 @@ fn unknown_type_codes_are_named_when_the_tensor_is_read() {
         );
         assert!(
             e.to_string()
-                .contains(&format!("unsupported GGUF tensor type {name}")),
+                .contains(&format!("unsupported GGUF tensor {described} in ")),
             "{e}"
         );
     }

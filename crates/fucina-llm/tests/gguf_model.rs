@@ -300,6 +300,22 @@ fn bad_gguf_models_are_refused_by_name() {
             && e.to_string().contains("supported: f32, f16, bf16, q8_0"),
         "{e}"
     );
+    // A code ggml does not define, and the largest u32.
+    for code in [99u32, u32::MAX] {
+        let mut w = Writer::default();
+        w.kv("general.architecture", 8, &str_v("llama"));
+        w.tensor("blk.1.ffn_down.weight", &[256, 1], code, &[0u8; 64]);
+        let path = write(&w.bytes(), &format!("code-{code}"));
+        let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+        let e = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap_err();
+        assert!(
+            matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.1.ffn_down.weight")
+                && e.to_string().contains(&format!(
+                    "its GGUF ggml type {code}, which ggml does not define, is not supported"
+                )),
+            "{e}"
+        );
+    }
 }
 
 fn u64v(v: u64) -> Vec<u8> {

@@ -284,9 +284,8 @@ fn format_of(name: &str, t: GgmlType) -> Result<TensorFormat, LlmError> {
     t.format().ok_or_else(|| LlmError::BadTensor {
         name: name.to_string(),
         reason: format!(
-            "its GGUF type {} (ggml type {}) is not supported (supported: {})",
-            t.name(),
-            t.code(),
+            "its GGUF {} is not supported (supported: {})",
+            t.describe(),
             GgmlType::supported_list()
         ),
     })
