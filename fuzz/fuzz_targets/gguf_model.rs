@@ -1,9 +1,10 @@
 //! Arbitrary bytes as a whole GGUF model: when the header parses
-//! (`GgufFile::parse`, over an in-memory mapping of the bytes), the Llama
-//! loader (`llama_config`, `llama_weights`) and the tokenizer built from the
-//! metadata (`Tokenizer::from_gguf`) return `Ok` or `Err`, never panic and never
-//! allocate what a hostile count claims; the weights it loads dequantize
-//! without a panic, in every block format. Their checks are tested in
+//! (`GgufFile::parse`, over an in-memory mapping of the bytes), the
+//! architecture loader (`gguf_config`, `gguf_weights`) and the tokenizer built
+//! from the metadata (`Tokenizer::from_gguf`) return `Ok` or `Err`, never panic
+//! and never allocate what a hostile count claims; the weights it loads
+//! dequantize without a panic, in every block format (the seed
+//! `llama_block_formats.gguf` holds a matrix in each). Their checks are tested in
 //! `crates/fucina-llm/tests/{gguf,gguf_model,tokenizer}.rs`; this target looks
 //! for the inputs those tests did not think of.
 #![no_main]

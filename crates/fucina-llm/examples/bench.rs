@@ -7,13 +7,16 @@
 //! ```
 //!
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
-//! Llama-architecture GGUF file (a path ending in `.gguf`, loaded through
-//! `fucina_llm::arch::gguf::load_gguf`: F32/F16/BF16 tensors and
-//! block-quantized matrices kept in llama.cpp's blocks, the Q8_0, Q4_0, Q5_0
-//! and IQ4_NL ones then repacked once for the kernels as `open_model` does,
-//! unless `--in-place`; the other formats are always read in place), so the very files
-//! llama.cpp runs can be measured here (`benches/llm/llamacpp_compare.py` does
-//! both).
+//! GGUF file (a path ending in `.gguf`, loaded through
+//! `fucina_llm::arch::gguf::load_gguf`: float tensors and block-quantized
+//! matrices kept in llama.cpp's blocks, the Q8_0, Q4_0, Q5_0 and IQ4_NL ones
+//! then repacked once for the kernels as `open_model` does, unless
+//! `--in-place`; the other block formats are always read in place), so the
+//! very files llama.cpp runs can be measured here
+//! (`benches/llm/llamacpp_compare.py` does both).
+//! `--dtype` converts the matrices at load as `generate --dtype` does. The
+//! count of tensors per format, and the matrices that fell back, are printed
+//! after loading (`--verbose`: every tensor).
 //!
 //! Measures, in this order and in one process:
 //! - prefill tokens/s for each prompt length of `--prefill` (random ids, a fresh
@@ -38,7 +41,7 @@ use std::time::Instant;
 use clap::Parser;
 use fucina::ExecContext;
 use fucina_llm::arch::gguf::load_gguf;
-use fucina_llm::{KvCache, Model, ModelConfig, WeightStore};
+use fucina_llm::{KvCache, LoadDtype, Model, ModelConfig, WeightStore};
 
 #[derive(Parser)]
 #[command(about = "fucina-llm prefill/decode throughput against the bandwidth limit")]
@@ -64,8 +67,18 @@ struct Args {
     /// Size of the streaming-read buffer in MiB.
     #[arg(long, default_value_t = 1024)]
     stream_mib: usize,
+    /// Convert the matrices at load (`WeightStore::convert`, as `generate
+    /// --dtype`): f32, f16, bf16 or a block format (default: the file's own
+    /// formats).
+    #[arg(long)]
+    dtype: Option<LoadDtype>,
+    /// Print every tensor's format at load, not only the count per format and
+    /// the fallbacks.
+    #[arg(long)]
+    verbose: bool,
     /// Read the repackable formats (Q8_0, Q4_0, Q5_0, IQ4_NL) in place
-    /// (`quant_matmul`) instead of from the kernels' repacked strips that `open_model` makes (`quant_matmul_packed`).
+    /// (`quant_matmul`) instead of from the kernels' repacked strips that
+    /// `open_model` makes (`quant_matmul_packed`).
     #[arg(long)]
     in_place: bool,
     /// Run the projections as bf16 products with the AMX rule
@@ -156,21 +169,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    let (mut model, file_bytes) = if is_gguf {
-        let (config, mut store, _file) = load_gguf(&args.model)?;
+    let (config, store, file_bytes) = if is_gguf {
+        let (config, store, _file) = load_gguf(&args.model)?;
         // The GGUF file stays mapped through the weights that borrow it.
         let file_bytes = std::fs::metadata(&args.model)?.len() as usize;
-        if !args.in_place {
-            let n = store.repack_quantized(&ctx)?;
-            println!("repacked {n} quantized matrices for the kernels (--in-place: read in place)");
-        }
-        (Model::from_parts(config, store)?, file_bytes)
+        (config, store, file_bytes)
     } else {
         let store = WeightStore::open(&args.model)?;
         let file_bytes = store.file_bytes() as usize;
         let config = ModelConfig::from_file(args.model.join("config.json"))?;
-        (Model::from_parts(config, store)?, file_bytes)
+        (config, store, file_bytes)
     };
+    let mut store = match args.dtype {
+        Some(d) => store.convert(&ctx, d, config.tie_word_embeddings)?,
+        None => store,
+    };
+    if !args.in_place {
+        let n = store.repack_quantized(&ctx)?;
+        println!("repacked {n} quantized matrices for the kernels (--in-place: read in place)");
+    }
+    let mut model = Model::from_parts(config, store)?;
+    println!("{}", model.formats());
+    if args.verbose {
+        print!("{}", model.formats().listing());
+    }
     if args.bf16_products {
         if let Some(rows) = args.amx_min_rows {
             fucina::exec::set_amx_rule_min_rows(rows);

@@ -22,7 +22,14 @@
 //! architecture `fucina_llm::arch` names), whose tokenizer and chat template
 //! come from its metadata. `--dtype` (`f32`, `f16`, `bf16` or a block format
 //! such as `q8_0`, `q4_0`, `q4_k`, `q5_k`) converts the matrices at load (default: the file's own formats, read in place); see
-//! `fucina_llm::WeightStore::convert`. `--bf16-products` runs the projections
+//! `fucina_llm::WeightStore::convert`. At load it prints to stderr what the
+//! tensors are stored as: the count per format, and the matrices that fell
+//! back to a format of blocks of 32 because their rows are not whole
+//! super-blocks (`fucina_llm::FormatReport`); `--verbose` lists every tensor.
+//! `--check-tensors` first checks that every value in the model's files is
+//! finite (`fucina_llm::WeightStore::check_finite`, an error naming the tensor,
+//! row and block otherwise), as llama.cpp's `--check-tensors` does.
+//! `--bf16-products` runs the projections
 //! as bf16 products with the AMX rule (`fucina_llm::Model::use_bf16_products`;
 //! the matrices must be bf16).
 //!
@@ -81,10 +88,20 @@ struct Args {
     /// optional tokenizer.json), or a .gguf file (Llama architecture).
     #[arg(long)]
     model: PathBuf,
-    /// Convert the matrices at load: f32, f16, bf16, q8_0, q4_0 or q4_k (default: the
-    /// file's own formats).
+    /// Convert the matrices at load: f32, f16, bf16 or a block format (q8_0,
+    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
+    /// default: the file's own formats).
     #[arg(long)]
     dtype: Option<LoadDtype>,
+    /// Print every tensor's format at load (name, shape, format, why), not
+    /// only the count per format and the fallbacks.
+    #[arg(long)]
+    verbose: bool,
+    /// Check that every value of the model's files is finite before loading
+    /// (a NaN or infinite block scale is otherwise loaded, and the logits it
+    /// reaches are NaN): one pass over the whole model.
+    #[arg(long)]
+    check_tensors: bool,
     /// Run the projections as bf16 products with the AMX rule (a bf16 model,
     /// or `--dtype bf16`): activations rounded to bf16, AMX tiles where the
     /// CPU has them, the same bits everywhere.
@@ -163,7 +180,15 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         Some(n) => ExecContext::with_threads(n),
         None => ExecContext::new(),
     };
+    if args.check_tensors {
+        check_tensors(&args.model).map_err(err)?;
+    }
     let mut opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    // What each tensor became, on stderr (stdout holds the generated text).
+    eprintln!("{}", opened.model.formats());
+    if args.verbose {
+        eprint!("{}", opened.model.formats().listing());
+    }
     if args.bf16_products {
         opened.model.use_bf16_products().map_err(err)?;
     }
@@ -218,6 +243,20 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         }
     };
     run_batch(&args, model, tokenizer, &ctx, &params, &prompts, out)
+}
+
+/// `WeightStore::check_finite` of the tensors of the file or directory
+/// `model`, as they are stored.
+fn check_tensors(model: &std::path::Path) -> Result<(), LlmError> {
+    let is_gguf = !model.is_dir()
+        && model
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let store = match is_gguf {
+        true => fucina_llm::arch::gguf::load_gguf(model)?.1,
+        false => fucina_llm::WeightStore::open(model)?,
+    };
+    store.check_finite()
 }
 
 /// Decodes `prompts` as one batch and prints the texts, ids, stops and

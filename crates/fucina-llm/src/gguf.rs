@@ -187,6 +187,21 @@ const OTHER_GGML_NAMES: [(u32, &str); 16] = [
 ];
 
 impl GgmlType {
+    /// Whether ggml defines the type's code (a type this reader supports, or
+    /// one of [`name`](GgmlType::name)'s other ggml types).
+    pub fn is_defined_by_ggml(self) -> bool {
+        self.format().is_some() || OTHER_GGML_NAMES.iter().any(|(code, _)| *code == self.0)
+    }
+
+    /// The type as an error message names it: `type q8_1 (ggml type 9)`, or
+    /// `ggml type 99, which ggml does not define,`.
+    pub(crate) fn describe(self) -> String {
+        match self.is_defined_by_ggml() {
+            true => format!("type {} (ggml type {})", self.name(), self.0),
+            false => format!("ggml type {}, which ggml does not define,", self.0),
+        }
+    }
+
     /// "f32, f16, ..." (the supported types) for error messages.
     pub(crate) fn supported_list() -> String {
         TensorFormat::name_list()
@@ -321,8 +336,8 @@ impl GgufFile {
         let len = self.lengths[i].ok_or_else(|| LlmError::BadTensor {
             name: name.to_string(),
             reason: format!(
-                "unsupported GGUF tensor type {} in {} (supported: {})",
-                info.ggml_type.name(),
+                "unsupported GGUF tensor {} in {} (supported: {})",
+                info.ggml_type.describe(),
                 self.path.display(),
                 GgmlType::supported_list()
             ),

@@ -7,6 +7,8 @@
 //!   GGUF loader they make generic.
 //! - [`config`]: `config.json` (architecture, sizes, RoPE parameters).
 //! - [`weights`]: memory-mapped safetensors tensors kept in their file format.
+//! - [`format_report`]: what each tensor is stored as, and the rule converting
+//!   at load follows.
 //! - [`model`]: the decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU
 //!   or GeGLU), reading its architecture's spec.
 //! - [`cache`]: the per-sequence KV cache.
@@ -21,6 +23,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 mod files;
+pub mod format_report;
 pub mod gguf;
 pub mod model;
 pub mod open;
@@ -34,6 +37,7 @@ pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
+pub use format_report::{FormatChoice, FormatReport, TensorFormatEntry, conversion_target};
 pub use model::{Model, PREFILL_CHUNK};
 pub use open::{OpenedModel, open_model};
 pub use sample::{Sampler, SamplingParams};

@@ -74,6 +74,7 @@ use crate::arch::{Activation, ArchSpec, NormStyle};
 pub use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::LlmError;
+use crate::format_report::FormatReport;
 use crate::weights::{LoadDtype, Weight, WeightStore};
 
 /// Tokens a prefill processes per step (its chunks): bounds the activation
@@ -197,6 +198,8 @@ pub struct Model {
     long_rope: Option<(usize, Vec<f32>, f32)>,
     scale: f32,
     scratch: Mutex<Scratch>,
+    /// What each tensor of the weights was stored as, and why.
+    formats: FormatReport,
 }
 
 impl std::fmt::Debug for Model {
@@ -606,8 +609,8 @@ impl Model {
     ///
     /// # Errors
     /// Those of [`load`](Model::load), and [`LlmError::BadTensor`] naming a
-    /// matrix whose column count is not a multiple of 32 when `dtype` is Q8_0
-    /// or Q4_0.
+    /// matrix whose column count is not a multiple of 32 when `dtype` is a
+    /// block format (see [`WeightStore::convert`]).
     pub fn load_as(
         dir: impl AsRef<Path>,
         ctx: &ExecContext,
@@ -633,6 +636,7 @@ impl Model {
     /// key/value heads, an odd `head_dim`).
     pub fn from_parts(config: ModelConfig, weights: WeightStore) -> Result<Model, LlmError> {
         check_config(&config)?;
+        let formats = weights.format_report();
         let c = &config;
         let (hid, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
@@ -763,12 +767,22 @@ impl Model {
             long_rope,
             scale,
             scratch: Mutex::new(Scratch::default()),
+            formats,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// What each tensor of the weights the model was built from is stored as,
+    /// and why ([`WeightStore::format_report`]): a GGUF file's own mix of
+    /// types, or what converting at load made of each matrix (the asked
+    /// format, the output projection's, or a fallback). Tensors the model does
+    /// not read (a tied model's `lm_head.weight`) are listed too.
+    pub fn formats(&self) -> &FormatReport {
+        &self.formats
     }
 
     /// Every projection matrix with its tensor name: the output projection

@@ -40,6 +40,7 @@ use fucina::exec::{
 };
 
 use crate::error::LlmError;
+use crate::format_report::{FormatChoice, FormatReport, TensorFormatEntry, conversion_target};
 
 /// Where a weight's bytes live.
 #[derive(Clone, Debug)]
@@ -183,6 +184,15 @@ impl Weight {
     /// The block-quantized format, or `None` for a float weight.
     pub fn quant_format(&self) -> Option<QuantFormat> {
         self.quant
+    }
+
+    /// The format the weight is stored in: its block format, or its float
+    /// format.
+    pub fn tensor_format(&self) -> TensorFormat {
+        match self.quant {
+            Some(q) => q.into(),
+            None => self.format.into(),
+        }
     }
 
     /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for the `m` rows of `x`, through the
@@ -517,6 +527,9 @@ pub struct WeightStore {
     tensors: BTreeMap<String, Weight>,
     /// The mapped files and their sizes in bytes, sorted by path.
     files: Vec<(PathBuf, u64)>,
+    /// Why [`convert`](WeightStore::convert) gave each matrix its format
+    /// (empty for a store that was not converted: every tensor is the file's).
+    choices: BTreeMap<String, FormatChoice>,
 }
 
 impl WeightStore {
@@ -542,6 +555,7 @@ impl WeightStore {
             return Ok(WeightStore {
                 files: vec![(single, file.map.len() as u64)],
                 tensors: file.into_weights(),
+                choices: BTreeMap::new(),
             });
         }
         let index = dir.join(INDEX_FILE);
@@ -612,7 +626,11 @@ impl WeightStore {
                 tensors.insert(name, w);
             }
         }
-        Ok(WeightStore { tensors, files })
+        Ok(WeightStore {
+            tensors,
+            files,
+            choices: BTreeMap::new(),
+        })
     }
 
     /// A store over tensors already in memory.
@@ -620,6 +638,7 @@ impl WeightStore {
         WeightStore {
             tensors: tensors.into_iter().collect(),
             files: Vec::new(),
+            choices: BTreeMap::new(),
         }
     }
 
@@ -699,6 +718,82 @@ impl WeightStore {
     pub fn tensor_bytes(&self) -> usize {
         self.tensors.values().map(|w| w.bytes().len()).sum()
     }
+
+    /// Checks that every value of every tensor is finite, as llama.cpp's
+    /// `--check-tensors` does (`generate --check-tensors`): the loaders do not
+    /// read the tensors' bytes, so a block whose f16 scale is NaN or infinite,
+    /// or a float tensor holding one, loads, and the outputs it reaches are
+    /// not finite (see [`arch::gguf`](crate::arch::gguf)). This reads and
+    /// widens every tensor once (dequantizing the block formats), a pass over
+    /// the whole model.
+    ///
+    /// # Errors
+    /// [`LlmError::BadTensor`] naming the first tensor (in name order) holding
+    /// a NaN or infinite value, with the row, the block (for a block format)
+    /// and the value.
+    pub fn check_finite(&self) -> Result<(), LlmError> {
+        for (name, w) in &self.tensors {
+            let bad = |reason: String| LlmError::BadTensor {
+                name: name.clone(),
+                reason,
+            };
+            let &[rows, cols] = w.shape() else {
+                if let Some((i, v)) = w
+                    .to_f32_vec()
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite())
+                {
+                    return Err(bad(format!("element {i} is {v}")));
+                }
+                continue;
+            };
+            let mut row = vec![0.0f32; cols];
+            for r in 0..rows {
+                w.row_to_f32(r, &mut row)?;
+                let Some((c, v)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) else {
+                    continue;
+                };
+                return Err(bad(match w.quant_format() {
+                    Some(q) => {
+                        let e = q.block_elements();
+                        format!(
+                            "row {r}, column {c} is {v}: block {} of the row ({} values of {}) \
+                             has a scale or min that is not finite",
+                            c / e,
+                            e,
+                            TensorFormat::from(q),
+                        )
+                    }
+                    None => format!("row {r}, column {c} is {v}"),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// What every tensor is stored as, and why: for a store read from files
+    /// as they are (a GGUF file's mix of types), every tensor is
+    /// [`FormatChoice::File`]; for one made by [`convert`](WeightStore::convert),
+    /// each matrix says whether it took the asked format, the output
+    /// projection's, or a fallback ([`conversion_target`]).
+    pub fn format_report(&self) -> FormatReport {
+        FormatReport::new(
+            self.tensors
+                .iter()
+                .map(|(name, w)| TensorFormatEntry {
+                    name: name.clone(),
+                    shape: w.shape().to_vec(),
+                    format: w.tensor_format(),
+                    choice: self
+                        .choices
+                        .get(name)
+                        .copied()
+                        .unwrap_or(FormatChoice::File),
+                })
+                .collect(),
+        )
+    }
 }
 
 /// The format [`WeightStore::convert`] turns a model's matrices into
@@ -726,7 +821,7 @@ impl Weight {
 /// The block format llama.cpp's `llama-quantize` takes for a tensor whose rows
 /// are not whole super-blocks of a K format (a format of blocks of 32: Q4_K →
 /// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K, Q3_K and IQ4_XS → IQ4_NL); the
-/// format itself for the others.
+/// format itself for the others. [`conversion_target`] applies it.
 pub fn k_fallback(q: QuantFormat) -> QuantFormat {
     match q {
         QuantFormat::Q4_K => QuantFormat::Q5_0,
@@ -761,7 +856,10 @@ impl WeightStore {
     /// - the K formats need whole super-blocks of 256 along the columns; a
     ///   matrix whose column count is not a multiple of 256 falls back per
     ///   tensor, as llama.cpp's does ([`k_fallback`]): Q4_K to Q5_0, Q5_K to
-    ///   Q5_1, Q6_K to Q8_0, Q2_K, Q3_K and IQ4_XS to IQ4_NL;
+    ///   Q5_1, Q6_K to Q8_0, Q2_K, Q3_K and IQ4_XS to IQ4_NL (the output
+    ///   projection's Q6_K too: to Q8_0). [`conversion_target`] is this rule
+    ///   for one matrix; what each tensor became, and why, is the converted
+    ///   store's [`format_report`](WeightStore::format_report);
     /// - a tensor already in its target format is kept as it is (still mapped,
     ///   no copy); any other is widened to f32 (a quantized one dequantized) and
     ///   converted, so the result owns its bytes in memory. Re-quantizing an
@@ -790,29 +888,15 @@ impl WeightStore {
             "lm_head.weight"
         };
         let mut tensors = BTreeMap::new();
+        let mut choices = BTreeMap::new();
         for (name, w) in &self.tensors {
             let &[rows, cols] = w.shape() else {
                 tensors.insert(name.clone(), w.clone());
                 continue;
             };
-            let target = match dtype.storage() {
-                // the output projection keeps more bits
-                Storage::Quant(q) if name == output && q != QuantFormat::Q8_0 => {
-                    Storage::Quant(if q.block_elements() == 32 {
-                        QuantFormat::Q8_0
-                    } else {
-                        QuantFormat::Q6_K
-                    })
-                }
-                t => t,
-            };
-            // The K formats need whole super-blocks along the columns.
-            let target = match target {
-                Storage::Quant(q) if !cols.is_multiple_of(q.block_elements()) => {
-                    Storage::Quant(k_fallback(q))
-                }
-                t => t,
-            };
+            let (target, choice) = conversion_target(dtype, cols, name == output);
+            choices.insert(name.clone(), choice);
+            let target = target.storage();
             if w.storage() == target {
                 tensors.insert(name.clone(), w.clone());
                 continue;
@@ -874,6 +958,7 @@ impl WeightStore {
         Ok(WeightStore {
             tensors,
             files: self.files.clone(),
+            choices,
         })
     }
 }

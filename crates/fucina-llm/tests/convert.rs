@@ -411,3 +411,166 @@ fn columns_not_a_multiple_of_32_are_refused_by_name() {
         Model::load_as(fixture(fix), &ctx, LoadDtype::BF16).unwrap();
     }
 }
+
+/// `conversion_target`, the rule `convert` follows (llama.cpp's): the output
+/// projection keeps more bits, and a super-block format on rows that are not
+/// whole super-blocks falls back per tensor, at SmolLM2-135M's shapes (hidden
+/// 576, MLP 1536) and the fixtures' (64, 128).
+#[test]
+fn conversion_targets_follow_llama_quantizes_rule() {
+    use fucina::exec::TensorFormat as T;
+    use fucina_llm::FormatChoice::{Asked, Fallback, Output};
+    use fucina_llm::conversion_target;
+    let fb = |wanted| Fallback { wanted };
+    for (dtype, cols, output, want) in [
+        (T::Q4_K, 576, false, (T::Q5_0, fb(QuantFormat::Q4_K))),
+        (T::Q4_K, 1536, false, (T::Q4_K, Asked)),
+        (T::Q4_K, 576, true, (T::Q8_0, fb(QuantFormat::Q6_K))),
+        (T::Q4_K, 1536, true, (T::Q6_K, Output)),
+        (T::Q5_K, 576, false, (T::Q5_1, fb(QuantFormat::Q5_K))),
+        (T::Q5_K, 512, false, (T::Q5_K, Asked)),
+        (T::Q6_K, 576, false, (T::Q8_0, fb(QuantFormat::Q6_K))),
+        (T::Q6_K, 1536, true, (T::Q6_K, Asked)),
+        (T::Q2_K, 64, false, (T::IQ4_NL, fb(QuantFormat::Q2_K))),
+        (T::Q3_K, 128, false, (T::IQ4_NL, fb(QuantFormat::Q3_K))),
+        (T::IQ4_XS, 576, false, (T::IQ4_NL, fb(QuantFormat::IQ4_XS))),
+        (T::IQ4_XS, 768, true, (T::Q6_K, Output)),
+        (T::Q4_0, 576, false, (T::Q4_0, Asked)),
+        (T::Q4_0, 576, true, (T::Q8_0, Output)),
+        (T::Q5_1, 64, true, (T::Q8_0, Output)),
+        (T::IQ4_NL, 576, true, (T::Q8_0, Output)),
+        (T::Q8_0, 576, true, (T::Q8_0, Asked)),
+        (T::F16, 576, true, (T::F16, Asked)),
+        (T::BF16, 48, false, (T::BF16, Asked)),
+    ] {
+        assert_eq!(
+            conversion_target(dtype, cols, output),
+            want,
+            "{dtype}, {cols} columns, output {output}"
+        );
+    }
+    // Whatever is asked, a matrix whose columns are whole blocks of 32 gets a
+    // format whose blocks fit them.
+    for dtype in LoadDtype::ALL {
+        for cols in [32, 64, 96, 576, 960, 1536, 2048] {
+            for output in [false, true] {
+                let (f, _) = conversion_target(dtype, cols, output);
+                assert!(f.row_bytes(cols).is_some(), "{dtype}, {cols}: {f}");
+            }
+        }
+    }
+}
+
+/// `Model::load_as(Q4_K)` of the `llama_f32` fixture (64 and 128 columns, no
+/// whole super-block anywhere): every matrix falls back (to Q5_0, the output
+/// projection to Q8_0), and the model's report says so tensor by tensor.
+#[test]
+fn a_fixture_loaded_as_q4_k_reports_its_fallbacks() {
+    use fucina::exec::TensorFormat;
+    use fucina_llm::FormatChoice;
+    let ctx = ExecContext::with_threads(2);
+    let model = Model::load_as(fixture("llama_f32"), &ctx, LoadDtype::Q4_K).unwrap();
+    let report = model.formats();
+    let store = WeightStore::open(fixture("llama_f32")).unwrap();
+    assert_eq!(report.entries().len(), store.len());
+    for e in report.entries() {
+        let want = match (e.name.as_str(), e.shape.len()) {
+            (_, 1) => (TensorFormat::F32, FormatChoice::File),
+            ("lm_head.weight", _) => (
+                TensorFormat::Q8_0,
+                FormatChoice::Fallback {
+                    wanted: QuantFormat::Q6_K,
+                },
+            ),
+            _ => (
+                TensorFormat::Q5_0,
+                FormatChoice::Fallback {
+                    wanted: QuantFormat::Q4_K,
+                },
+            ),
+        };
+        assert_eq!((e.format, e.choice), want, "{}", e.name);
+    }
+    let summary = report.summary();
+    assert!(
+        summary.contains("  lm_head.weight: 64 columns, q6_k → q8_0")
+            && summary
+                .contains("  model.layers.*.mlp.down_proj.weight ×2: 128 columns, q4_k → q5_0")
+            && summary.contains("  model.embed_tokens.weight: 64 columns, q4_k → q5_0"),
+        "{summary}"
+    );
+}
+
+/// `convert` at SmolLM2-135M's widths (hidden 576, MLP 1536, tied
+/// embeddings), for every super-block format: the matrices of 576 columns
+/// fall back, the down projection (1536 columns) keeps the asked format, the
+/// tied embedding table (the output projection) takes Q8_0, Q6_K's fallback;
+/// each converted matrix holds the runtime quantizer's bytes of its format.
+#[test]
+fn smollm2_widths_fall_back_per_tensor() {
+    use fucina::exec::TensorFormat;
+    use fucina_llm::FormatChoice;
+    let ctx = ExecContext::with_threads(2);
+    let shapes = [
+        ("model.embed_tokens.weight", [16, 576]),
+        ("model.layers.0.self_attn.q_proj.weight", [8, 576]),
+        ("model.layers.0.mlp.up_proj.weight", [8, 576]),
+        ("model.layers.0.mlp.down_proj.weight", [8, 1536]),
+    ];
+    let mut tensors = HashMap::new();
+    for (i, (name, shape)) in shapes.iter().enumerate() {
+        let n = shape[0] * shape[1];
+        let v: Vec<f32> = (0..n)
+            .map(|k| (((k * 31 + i * 7) % 97) as f32 - 48.0) / 200.0)
+            .collect();
+        tensors.insert(
+            name.to_string(),
+            Weight::from_f32(WeightFormat::F32, shape, &v).unwrap(),
+        );
+    }
+    let norm = Weight::from_f32(WeightFormat::F32, &[576], &[1.0; 576]).unwrap();
+    tensors.insert("model.norm.weight".to_string(), norm);
+    let store = WeightStore::from_tensors(tensors);
+    for (asked, fallback) in [
+        (QuantFormat::Q4_K, QuantFormat::Q5_0),
+        (QuantFormat::Q5_K, QuantFormat::Q5_1),
+        (QuantFormat::Q6_K, QuantFormat::Q8_0),
+        (QuantFormat::Q2_K, QuantFormat::IQ4_NL),
+        (QuantFormat::Q3_K, QuantFormat::IQ4_NL),
+        (QuantFormat::IQ4_XS, QuantFormat::IQ4_NL),
+    ] {
+        let conv = store.convert(&ctx, asked.into(), true).unwrap();
+        let report = conv.format_report();
+        for (name, w) in store.iter() {
+            let e = report.get(name).unwrap();
+            let want = match name {
+                "model.norm.weight" => (TensorFormat::F32, FormatChoice::File),
+                "model.embed_tokens.weight" => (
+                    TensorFormat::Q8_0,
+                    FormatChoice::Fallback {
+                        wanted: QuantFormat::Q6_K,
+                    },
+                ),
+                "model.layers.0.mlp.down_proj.weight" => (asked.into(), FormatChoice::Asked),
+                _ => (fallback.into(), FormatChoice::Fallback { wanted: asked }),
+            };
+            assert_eq!((e.format, e.choice), want, "{asked:?}: {name}");
+            if let (Some(q), &[rows, cols]) = (e.format.quant(), w.shape()) {
+                let bytes = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+                assert!(
+                    conv.get(name).unwrap().bytes() == bytes.bytes(),
+                    "{asked:?}: {name}"
+                );
+            }
+        }
+        let summary = report.summary();
+        let (a, f) = (TensorFormat::from(asked), TensorFormat::from(fallback));
+        assert!(
+            summary.contains(&format!(
+                "\n  model.layers.*.self_attn.q_proj.weight: 576 columns, {a} → {f}"
+            )) && summary.contains("\n  model.embed_tokens.weight: 576 columns, q6_k → q8_0")
+                && !summary.contains("down_proj"),
+            "{summary}"
+        );
+    }
+}

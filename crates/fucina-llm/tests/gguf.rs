@@ -284,3 +284,96 @@ fn the_fuzz_seed_parses() {
     assert_eq!(tensors.len(), 3);
     assert_eq!(tensors[1].ggml_type, GgmlType::from(TensorFormat::Q8_0));
 }
+
+/// For every block format: a tensor whose rows are not whole blocks (also
+/// when its element count is: two rows of half a block), or whose element
+/// count is not, is refused naming the tensor, the block size and the type;
+/// data one byte short of its blocks is refused naming the tensor; the exact
+/// size reads back with its type.
+#[test]
+fn every_block_format_refuses_partial_blocks_and_short_data() {
+    use fucina::exec::QuantFormat;
+    for q in QuantFormat::ALL {
+        let f = TensorFormat::from(q);
+        let (e, b) = (q.block_elements() as u64, q.block_bytes());
+        let code = f.ggml_code();
+        let one = |dims: &[u64], len: usize| {
+            let mut w = Writer::default();
+            w.tensor("blk.3.ffn_down.weight", dims, code, &vec![0u8; len]);
+            w.bytes()
+        };
+        let want = format!(
+            "tensor blk.3.ffn_down.weight: {} innermost elements are not a multiple of the {e}-element blocks of {}",
+            e / 2,
+            f.name()
+        );
+        // Half a block per row: one row (not a whole number of blocks), and
+        // two rows (a whole block in all, but no row is).
+        for dims in [&[e / 2][..], &[e / 2, 2]] {
+            let msg = err_of(&one(dims, 2 * b));
+            assert!(msg.contains(&want), "{q:?} {dims:?}: {msg}");
+        }
+        // A block and a half per row.
+        let msg = err_of(&one(&[e + e / 2, 2], 4 * b));
+        assert!(msg.contains("not a multiple of the"), "{q:?}: {msg}");
+        // Two rows of one block each, one byte short (the file ends there).
+        let msg = err_of(&one(&[e, 2], 2 * b - 1));
+        assert!(
+            msg.contains("tensor blk.3.ffn_down.weight: data [0, +")
+                && msg.contains(&format!("+{})", 2 * b))
+                && msg.contains("past the end"),
+            "{q:?}: {msg}"
+        );
+        let (_, tensors) = parse_header(&one(&[e, 2], 2 * b)).unwrap();
+        assert_eq!(tensors[0].ggml_type.format(), Some(f), "{q:?}");
+        assert_eq!(tensors[0].shape(), vec![2, e as usize]);
+    }
+}
+
+/// A ggml type code this reader does not read (one ggml defines, one it does
+/// not, the largest u32): the header parses, and reading the tensor is an
+/// error naming it and its type.
+#[test]
+fn unknown_type_codes_are_named_when_the_tensor_is_read() {
+    for (code, name, described) in [
+        (
+            9u32,
+            "q8_1".to_string(),
+            "type q8_1 (ggml type 9)".to_string(),
+        ),
+        (
+            15,
+            "q8_k".to_string(),
+            "type q8_k (ggml type 15)".to_string(),
+        ),
+        (
+            99,
+            "type 99".to_string(),
+            "ggml type 99, which ggml does not define,".to_string(),
+        ),
+        (
+            u32::MAX,
+            format!("type {}", u32::MAX),
+            format!("ggml type {}, which ggml does not define,", u32::MAX),
+        ),
+    ] {
+        let mut w = Writer::default();
+        w.tensor("blk.0.attn_q.weight", &[256, 2], code, &[0u8; 64]);
+        let bytes = w.bytes();
+        let (_, tensors) = parse_header(&bytes).unwrap();
+        assert_eq!(tensors[0].ggml_type.format(), None);
+        assert_eq!(tensors[0].ggml_type.name(), name);
+        let path = write_temp(&bytes, &format!("unknown-{code}"));
+        let file = GgufFile::open(&path).unwrap();
+        let e = file.tensor("blk.0.attn_q.weight").unwrap_err();
+        assert!(
+            matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.0.attn_q.weight"),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains(&format!("unsupported GGUF tensor {described} in ")),
+            "{e}"
+        );
+    }
+}

@@ -10,10 +10,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use fucina::ExecContext;
-use fucina::exec::{QuantFormat, WeightFormat};
+use fucina::exec::{QuantFormat, TensorFormat, WeightFormat};
 use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::sample::SamplingParams;
-use fucina_llm::{LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
+use fucina_llm::{FormatChoice, LlmError, LoadDtype, Model, ModelConfig, WeightStore, open_model};
 
 #[path = "../examples/common/batch.rs"]
 mod batch;
@@ -300,6 +300,22 @@ fn bad_gguf_models_are_refused_by_name() {
             && e.to_string().contains("supported: f32, f16, bf16, q8_0"),
         "{e}"
     );
+    // A code ggml does not define, and the largest u32.
+    for code in [99u32, u32::MAX] {
+        let mut w = Writer::default();
+        w.kv("general.architecture", 8, &str_v("llama"));
+        w.tensor("blk.1.ffn_down.weight", &[256, 1], code, &[0u8; 64]);
+        let path = write(&w.bytes(), &format!("code-{code}"));
+        let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+        let e = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap_err();
+        assert!(
+            matches!(e, LlmError::BadTensor { ref name, .. } if name == "blk.1.ffn_down.weight")
+                && e.to_string().contains(&format!(
+                    "its GGUF ggml type {code}, which ggml does not define, is not supported"
+                )),
+            "{e}"
+        );
+    }
 }
 
 fn u64v(v: u64) -> Vec<u8> {
@@ -518,6 +534,15 @@ fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
 
     let opened = open_model(&path, &ctx, None).unwrap();
     assert_eq!(opened.stop_tokens, cfg.eos_token_ids);
+    // An f32 file read as it is: every tensor the file's, in f32.
+    assert_eq!(
+        opened.model.formats().counts(),
+        vec![(TensorFormat::F32, store.len())]
+    );
+    assert_eq!(
+        opened.model.formats().to_string(),
+        format!("formats: {} f32", store.len())
+    );
     let tok = opened
         .tokenizer
         .as_ref()
@@ -574,11 +599,17 @@ fn generate_runs_a_gguf_file_with_its_own_tokenizer() {
 /// every matrix's rows are whole super-blocks), with the `llama_f32`
 /// fixture's vocabulary and tokenizer.
 fn wide_random_model() -> (ModelConfig, WeightStore) {
+    random_model(512)
+}
+
+/// [`wide_random_model`] with an MLP width of `f` (the down projection's
+/// column count).
+fn random_model(f: usize) -> (ModelConfig, WeightStore) {
     let mut cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
     cfg.hidden_size = 256;
-    cfg.intermediate_size = 512;
+    cfg.intermediate_size = f;
     cfg.head_dim = 64;
-    let (h, f, v, kv) = (256, 512, cfg.vocab_size, cfg.num_key_value_heads * 64);
+    let (h, v, kv) = (256, cfg.vocab_size, cfg.num_key_value_heads * 64);
     let mut seed = 0u64;
     let mut tensor = |shape: &[usize], scale: f32, offset: f32| {
         seed += 1;
@@ -753,6 +784,30 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
             assert_eq!(w.quant_format(), quant_of(name), "{name}");
         }
     }
+    // The file's mix of types is reported as it is, tensor by tensor.
+    let report = gstore.format_report();
+    assert_eq!(report.entries().len(), gstore.len());
+    for (name, w) in gstore.iter() {
+        let e = report.get(name).unwrap();
+        assert_eq!(
+            (e.shape.as_slice(), e.choice),
+            (w.shape(), FormatChoice::File)
+        );
+        let want = match w.shape().len() {
+            2 => TensorFormat::from(quant_of(name).unwrap()),
+            _ => TensorFormat::F32,
+        };
+        assert_eq!(e.format, want, "{name}");
+    }
+    let layers = cfg.num_hidden_layers;
+    assert_eq!(
+        report.summary(),
+        format!(
+            "formats: {} f32, {layers} q8_0, 1 q4_1, {layers} q5_0, {layers} q5_1, {layers} q2_k, \
+             {layers} q3_k, 1 q6_k, {layers} iq4_nl, {layers} iq4_xs",
+            2 * layers + 1
+        )
+    );
     let deq = logits(
         &Model::from_parts(gcfg.clone(), dequantized(&gstore)).unwrap(),
         1,
@@ -779,6 +834,93 @@ fn mixed_legacy_and_k5_gguf_models_match_their_dequantized_weights() {
         ids(&deq),
         "greedy ids against the dequantized model"
     );
+}
+
+/// `convert(Q4_K)` of a model whose down projections' rows (320 columns) are
+/// not whole super-blocks: those fall back to Q5_0 (llama.cpp's rule,
+/// `conversion_target`), the other matrices take Q4_K, the output projection
+/// Q6_K; the converted store and the model built from it report each tensor's
+/// format and why, the summary groups the fallbacks by name, and the model
+/// runs close to f32.
+#[test]
+fn q4_k_conversion_falls_back_per_tensor_and_reports_it() {
+    let (cfg, store) = random_model(320);
+    let ctx = ExecContext::with_threads(2);
+    assert!(
+        store
+            .format_report()
+            .entries()
+            .iter()
+            .all(|e| e.choice == FormatChoice::File && e.format == TensorFormat::F32)
+    );
+    let conv = store.convert(&ctx, LoadDtype::Q4_K, false).unwrap();
+    let report = conv.format_report();
+    assert_eq!(report.entries().len(), store.len());
+    for (name, w) in store.iter() {
+        let e = report.get(name).unwrap();
+        assert_eq!(e.shape, w.shape(), "{name}");
+        assert_eq!(e.format, conv.get(name).unwrap().tensor_format(), "{name}");
+        let (format, choice) = match name {
+            _ if w.shape().len() == 1 => (TensorFormat::F32, FormatChoice::File),
+            "lm_head.weight" => (TensorFormat::Q6_K, FormatChoice::Output),
+            _ if name.ends_with("down_proj.weight") => (
+                TensorFormat::Q5_0,
+                FormatChoice::Fallback {
+                    wanted: QuantFormat::Q4_K,
+                },
+            ),
+            _ => (TensorFormat::Q4_K, FormatChoice::Asked),
+        };
+        assert_eq!((e.format, e.choice), (format, choice), "{name}");
+        if let (Some(q), &[rows, cols]) = (format.quant(), w.shape()) {
+            let want = ctx.quantize(q, rows, cols, &w.to_f32_vec()).unwrap();
+            assert!(
+                conv.get(name).unwrap().bytes() == want.bytes(),
+                "{name}: bytes"
+            );
+        }
+    }
+    let layers = cfg.num_hidden_layers;
+    assert_eq!(
+        report.counts(),
+        vec![
+            (TensorFormat::F32, 2 * layers + 1),
+            (TensorFormat::Q5_0, layers),
+            (TensorFormat::Q4_K, 6 * layers + 1),
+            (TensorFormat::Q6_K, 1),
+        ]
+    );
+    assert_eq!(report.fallbacks().count(), layers);
+    assert_eq!(
+        report.to_string(),
+        format!(
+            "formats: {} f32, {layers} q5_0, {} q4_k, 1 q6_k ({layers} fell back)\n  \
+             model.layers.*.mlp.down_proj.weight ×{layers}: 320 columns, q4_k → q5_0",
+            2 * layers + 1,
+            6 * layers + 1
+        )
+    );
+    let listing = report.listing();
+    assert_eq!(listing.lines().count(), store.len());
+    assert!(
+        listing
+            .contains("model.layers.0.mlp.down_proj.weight [256, 320] q5_0 (fallback of q4_k)\n")
+            && listing.contains("lm_head.weight [320, 256] q6_k (output projection)\n")
+            && listing.contains("model.norm.weight [256] f32 (file)\n")
+            && listing.contains("model.layers.1.mlp.up_proj.weight [320, 256] q4_k (asked)\n"),
+        "{listing}"
+    );
+    // The model keeps the report of the store it was built from.
+    let reference = logits(&Model::from_parts(cfg.clone(), store).unwrap(), 1);
+    let model = Model::from_parts(cfg, conv).unwrap();
+    assert_eq!(model.formats(), &report);
+    let one = logits(&model, 1);
+    let scale = reference.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let max_diff = one
+        .iter()
+        .zip(&reference)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(max_diff <= 0.35 * scale, "{max_diff} of {scale}");
 }
 
 /// A K-quant tensor whose rows are not whole super-blocks, or whose data is
@@ -854,4 +996,289 @@ fn q4_k_conversion_keeps_the_output_projection_in_q6_k() {
         100.0 * max_diff / scale
     );
     assert!(max_diff <= 0.35 * scale, "{max_diff}");
+}
+
+/// The offset of the f16 scale `d` in a block of `q` (llama.cpp's layouts,
+/// `docs/QUANTIZATION.md`).
+fn scale_offset(q: QuantFormat) -> usize {
+    match q {
+        QuantFormat::Q2_K => 80,
+        QuantFormat::Q3_K => 108,
+        QuantFormat::Q6_K => 208,
+        _ => 0,
+    }
+}
+
+/// f16 NaN, +inf and -inf.
+const NON_FINITE_F16: [u16; 3] = [0x7e00, 0x7c00, 0xfc00];
+
+/// A block scale that is NaN or infinite, in every block format, read from a
+/// GGUF file: the file loads (the loader does not read the blocks, as
+/// llama.cpp's does not unless asked to check them), and
+/// `WeightStore::check_finite` (that check) is an error naming the tensor, the
+/// row and the block; the block's values
+/// dequantize to NaN (a NaN scale) or to non-finite values (an infinite one),
+/// every other value to the same bits as without it; a product reading that
+/// row gives NaN (resp. non-finite) outputs in that column only, at every
+/// activation row, in place and from the repacked strips (Q8_0, Q4_0).
+#[test]
+fn non_finite_block_scales_load_and_poison_only_their_outputs() {
+    let cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    let ctx = ExecContext::with_threads(2);
+    let (rows, cols, m) = (4usize, 512usize, 3usize);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 29 % 89) as f32 - 44.0) / 300.0)
+        .collect();
+    let x: Vec<f32> = (0..m * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    for q in QuantFormat::ALL {
+        let good = ctx.quantize(q, rows, cols, &w).unwrap().bytes().to_vec();
+        let good = fucina_llm::Weight::quantized("good", q, &[rows, cols], good).unwrap();
+        let good_values = good.to_f32_vec();
+        let mut good_out = vec![0.0f32; m * rows];
+        good.matmul(&ctx, &x, m, &mut good_out).unwrap();
+        let row_bytes = cols / q.block_elements() * q.block_bytes();
+        for bits in NON_FINITE_F16 {
+            let mut bytes = good.bytes().to_vec();
+            let at = row_bytes + scale_offset(q); // row 1, block 0
+            bytes[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+            let code = TensorFormat::from(q).ggml_code();
+            let mut gguf = Writer::default();
+            gguf.kv("general.architecture", 8, &str_v("llama"));
+            gguf.tensor("output.weight", &[cols as u64, rows as u64], code, &bytes);
+            let path = write(&gguf.bytes(), &format!("nan-{}-{bits:x}", q.name()));
+            let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+            let store = fucina_llm::arch::gguf::gguf_weights(&file, &cfg).unwrap();
+            let mut wt = store.get("lm_head.weight").unwrap().clone();
+            let nan = bits == 0x7e00;
+            let what = format!("{q:?}, scale {bits:#x}");
+            // The opt-in check (`--check-tensors`) names the tensor, the row
+            // and the block.
+            let e = store.check_finite().unwrap_err();
+            assert!(
+                matches!(e, LlmError::BadTensor { ref name, .. } if name == "lm_head.weight")
+                    && e.to_string().contains("row 1, column 0 is ")
+                    && e.to_string().contains(&format!(
+                        "block 0 of the row ({} values of {})",
+                        q.block_elements(),
+                        q.name()
+                    )),
+                "{what}: {e}"
+            );
+            let values = wt.to_f32_vec();
+            for (i, (v, g)) in values.iter().zip(&good_values).enumerate() {
+                if i / cols == 1 && i % cols < q.block_elements() {
+                    assert!(
+                        !v.is_finite() && (!nan || v.is_nan()),
+                        "{what}: value {i} = {v}"
+                    );
+                } else {
+                    assert_eq!(v.to_bits(), g.to_bits(), "{what}: value {i}");
+                }
+            }
+            for repack in [false, true] {
+                if repack && !wt.repack(&ctx).unwrap() {
+                    continue;
+                }
+                let mut out = vec![0.0f32; m * rows];
+                wt.matmul(&ctx, &x, m, &mut out).unwrap();
+                for (i, (o, g)) in out.iter().zip(&good_out).enumerate() {
+                    if i % rows == 1 {
+                        assert!(
+                            !o.is_finite() && (!nan || o.is_nan()),
+                            "{what}, repacked {repack}: output {i} = {o}"
+                        );
+                    } else {
+                        assert_eq!(
+                            o.to_bits(),
+                            g.to_bits(),
+                            "{what}, repacked {repack}: output {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `WeightStore::check_finite` passes a store of finite values, quantized or
+/// not, and names a float tensor's first non-finite value.
+#[test]
+fn check_finite_passes_finite_stores_and_names_float_nans() {
+    let (_, store) = wide_random_model();
+    store.check_finite().unwrap();
+    let ctx = ExecContext::with_threads(2);
+    for dtype in [LoadDtype::Q4_K, LoadDtype::IQ4_NL, LoadDtype::BF16] {
+        store
+            .convert(&ctx, dtype, false)
+            .unwrap()
+            .check_finite()
+            .unwrap();
+    }
+    let mut tensors: std::collections::HashMap<String, fucina_llm::Weight> = store
+        .iter()
+        .map(|(n, w)| (n.to_string(), w.clone()))
+        .collect();
+    let mut norm = vec![1.0f32; 256];
+    norm[9] = f32::INFINITY;
+    tensors.insert(
+        "model.norm.weight".into(),
+        fucina_llm::Weight::from_f32(WeightFormat::F16, &[256], &norm).unwrap(),
+    );
+    let mut v = store
+        .get("model.layers.1.mlp.up_proj.weight")
+        .unwrap()
+        .to_f32_vec();
+    v[3 * 256 + 17] = f32::NAN;
+    tensors.insert(
+        "model.layers.1.mlp.up_proj.weight".into(),
+        fucina_llm::Weight::from_f32(WeightFormat::F32, &[512, 256], &v).unwrap(),
+    );
+    let store = WeightStore::from_tensors(tensors);
+    let e = store.check_finite().unwrap_err().to_string();
+    // Name order: the layer's matrix comes before the final norm.
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("row 3, column 17 is NaN"),
+        "{e}"
+    );
+    let mut only_norm: std::collections::HashMap<String, fucina_llm::Weight> =
+        std::collections::HashMap::new();
+    only_norm.insert(
+        "model.norm.weight".into(),
+        store.get("model.norm.weight").unwrap().clone(),
+    );
+    let e = WeightStore::from_tensors(only_norm)
+        .check_finite()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.norm.weight") && e.contains("element 9 is inf"),
+        "{e}"
+    );
+}
+
+/// A model whose output projection has a NaN block scale (Q5_0, a format of
+/// blocks of 32, and Q4_K, a super-block format) builds and prefills; that
+/// token's logit is NaN at every position, the others finite; sampling such
+/// logits is an error, not a token.
+#[test]
+fn a_nan_scale_in_the_output_projection_gives_nan_logits_that_sampling_refuses() {
+    let (cfg, store) = wide_random_model();
+    let ctx = ExecContext::with_threads(2);
+    let vocab = cfg.vocab_size;
+    let token = 7usize;
+    for q in [QuantFormat::Q5_0, QuantFormat::Q4_K] {
+        let head = store.get("lm_head.weight").unwrap();
+        let &[rows, cols] = head.shape() else {
+            unreachable!()
+        };
+        let mut bytes = ctx
+            .quantize(q, rows, cols, &head.to_f32_vec())
+            .unwrap()
+            .bytes()
+            .to_vec();
+        let at = token * (cols / q.block_elements() * q.block_bytes()) + scale_offset(q);
+        bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        let mut tensors: std::collections::HashMap<String, fucina_llm::Weight> = store
+            .iter()
+            .map(|(n, w)| (n.to_string(), w.clone()))
+            .collect();
+        tensors.insert(
+            "lm_head.weight".into(),
+            fucina_llm::Weight::quantized("lm_head.weight", q, &[rows, cols], bytes).unwrap(),
+        );
+        let model = Model::from_parts(cfg.clone(), WeightStore::from_tensors(tensors)).unwrap();
+        let all = logits(&model, 2);
+        for (i, l) in all.iter().enumerate() {
+            assert_eq!(l.is_nan(), i % vocab == token, "{q:?}: logit {i} = {l}");
+            assert!(l.is_nan() || l.is_finite(), "{q:?}: logit {i} = {l}");
+        }
+        let mut sampler = fucina_llm::Sampler::new(SamplingParams::default()).unwrap();
+        let e = sampler.sample(&all[..vocab], &[]).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("logit {token} is NaN")),
+            "{q:?}: {e}"
+        );
+    }
+}
+
+/// The committed fuzz seed with a tensor in every block format.
+const BLOCK_FORMAT_SEEDS: [&str; 2] = [
+    "../../fuzz/seeds/gguf_header/llama_block_formats.gguf",
+    "../../fuzz/seeds/gguf_model/llama_block_formats.gguf",
+];
+
+/// A Llama GGUF image whose layer `i` holds an up projection (2 rows of 256
+/// columns) in the `i`-th block format, with a narrow Q4_0 embedding table
+/// and the `llama_f32` fixture's tokenizer: the fuzz seed of `gguf_header` and
+/// `gguf_model`.
+fn block_format_seed() -> Vec<u8> {
+    let mut cfg = ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    cfg.hidden_size = 256;
+    cfg.head_dim = 64;
+    cfg.num_hidden_layers = QuantFormat::ALL.len();
+    let mut t = std::collections::HashMap::new();
+    let values: Vec<f32> = (0..512)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    for l in 0..QuantFormat::ALL.len() {
+        let w = fucina_llm::Weight::from_f32(WeightFormat::F32, &[2, 256], &values).unwrap();
+        t.insert(format!("model.layers.{l}.mlp.up_proj.weight"), w);
+    }
+    let norm = fucina_llm::Weight::from_f32(WeightFormat::F32, &[256], &[1.0; 256]).unwrap();
+    t.insert("model.norm.weight".to_string(), norm);
+    // The embedding table gives the vocabulary size: narrow, in Q4_0.
+    let v = cfg.vocab_size;
+    let embed: Vec<f32> = (0..v * 32).map(|i| (i % 7) as f32 - 3.0).collect();
+    let embed = fucina_llm::Weight::from_f32(WeightFormat::F32, &[v, 32], &embed).unwrap();
+    t.insert("model.embed_tokens.weight".to_string(), embed);
+    let store = WeightStore::from_tensors(t);
+    convert_with(&cfg, &store, &[], &[], &|name: &str| {
+        if name == "model.embed_tokens.weight" {
+            return Some(QuantFormat::Q4_0);
+        }
+        let layer: usize = name.split('.').nth(2)?.parse().ok()?;
+        QuantFormat::ALL.get(layer).copied()
+    })
+}
+
+/// Writes the seeds of [`BLOCK_FORMAT_SEEDS`] (run with `--ignored` after a
+/// change to the test writer or the quantizers).
+#[test]
+#[ignore = "writes the committed fuzz seeds"]
+fn write_block_format_fuzz_seeds() {
+    let bytes = block_format_seed();
+    for p in BLOCK_FORMAT_SEEDS {
+        std::fs::write(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p), &bytes).unwrap();
+    }
+}
+
+/// The committed seeds load as the `gguf_model` target loads them: the
+/// config, the weights with a matrix in every block format (each
+/// dequantizing to the values it was quantized from, within 0.4 of their
+/// range ±0.78: Q2_K has four levels), and
+/// the tokenizer.
+#[test]
+fn the_block_format_fuzz_seeds_load() {
+    let values: Vec<f32> = (0..512)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    for p in BLOCK_FORMAT_SEEDS {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p);
+        let file = fucina_llm::gguf::GgufFile::open(&path).unwrap();
+        let config = fucina_llm::arch::gguf::gguf_config(&file).unwrap();
+        let store = fucina_llm::arch::gguf::gguf_weights(&file, &config).unwrap();
+        for (l, q) in QuantFormat::ALL.into_iter().enumerate() {
+            let w = store
+                .get(&format!("model.layers.{l}.mlp.up_proj.weight"))
+                .unwrap();
+            assert_eq!(w.quant_format(), Some(q), "{}", path.display());
+            let worst = w
+                .to_f32_vec()
+                .iter()
+                .zip(&values)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst < 0.4, "{q:?}: {worst}");
+        }
+        fucina_llm::Tokenizer::from_gguf(&file).unwrap();
+    }
 }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use fucina::ExecContext;
-use fucina::exec::WeightFormat;
+use fucina::exec::{QuantFormat, WeightFormat};
 use fucina_llm::sample::{Sampler, SamplingParams};
 use fucina_llm::{LlmError, Model, ModelConfig, RopeScaling, Tokenizer, Weight, WeightStore};
 use serde_json::{Value, json};
@@ -285,6 +285,35 @@ fn weight_constructors_check_lengths_against_shapes() {
     assert!(e.to_string().contains("overflows usize"), "{e}");
     let e = Weight::from_bytes("w", WeightFormat::F32, &[2, 2], vec![0; 15]).unwrap_err();
     assert!(e.to_string().contains("15 bytes"), "{e}");
+}
+
+/// `Weight::quantized` in every block format: bytes one short of the shape's
+/// blocks, columns that are not whole blocks, and a shape that is not a
+/// matrix are each an error naming the weight; the exact size is accepted.
+#[test]
+fn quantized_weight_constructors_check_every_format() {
+    for q in QuantFormat::ALL {
+        let (e, b) = (q.block_elements(), q.block_bytes());
+        let ok = Weight::quantized("w", q, &[3, 2 * e], vec![0; 6 * b]).unwrap();
+        assert_eq!(ok.quant_format(), Some(q));
+        let short = Weight::quantized("w.short", q, &[3, 2 * e], vec![0; 6 * b - 1]).unwrap_err();
+        assert!(
+            matches!(short, LlmError::BadTensor { ref name, .. } if name == "w.short")
+                && short.to_string().contains(&(6 * b).to_string()),
+            "{q:?}: {short}"
+        );
+        let cols = Weight::quantized("w.cols", q, &[2, e / 2], vec![0; b]).unwrap_err();
+        assert!(
+            matches!(cols, LlmError::BadTensor { ref name, .. } if name == "w.cols")
+                && cols.to_string().contains(&e.to_string()),
+            "{q:?}: {cols}"
+        );
+        let rank = Weight::quantized("w.rank", q, &[e], vec![0; b]).unwrap_err();
+        assert!(
+            matches!(rank, LlmError::BadTensor { ref name, .. } if name == "w.rank"),
+            "{q:?}: {rank}"
+        );
+    }
 }
 
 // ---- a sweep of config.json values at the edges ----

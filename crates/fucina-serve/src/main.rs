@@ -85,7 +85,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (path, dtype) = (args.model.clone(), args.dtype);
     eprintln!("fucina-serve: loading {}", path.display());
     let engine = Engine::start(options, Arc::new(Metrics::default()), move |ctx| {
-        fucina_llm::open_model(&path, ctx, dtype)
+        let opened = fucina_llm::open_model(&path, ctx, dtype)?;
+        // What each tensor is stored as (the fallbacks of --dtype by name).
+        eprintln!("fucina-serve: {}", opened.model.formats());
+        Ok(opened)
     })?;
     let info = engine.info();
     eprintln!(

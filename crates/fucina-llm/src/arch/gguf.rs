@@ -23,12 +23,26 @@
 //!   projections so that its rotary embedding can rotate adjacent pairs; the
 //!   rows are put back in Hugging Face's order here (a copy of those two
 //!   projections; every other tensor stays mapped).
-//! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; Q8_0, Q4_0,
-//!   Q4_K and Q6_K matrices stay in llama.cpp's blocks (read by
-//!   [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)); any other
-//!   type is an error naming the tensor, and so is a quantized tensor whose
-//!   rows are not whole blocks (32 weights, or 256 for Q4_K and Q6_K) or whose
-//!   bytes do not match its shape.
+//! - **Types**: F32, F16 and BF16 tensors become float [`Weight`]s; matrices
+//!   in the block formats ([`FORMATS`](fucina::exec::FORMATS): Q8_0, Q4_0,
+//!   Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) stay in
+//!   llama.cpp's blocks (read by
+//!   [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)); any
+//!   other type code (one ggml defines, such as `q8_1`, or one it does not) is
+//!   an error naming the tensor and the type, and so is a quantized tensor
+//!   whose rows are not whole blocks (32 weights, or 256 for the super-block
+//!   formats) or whose data runs past the end of the file
+//!   ([`GgufFile::open`] checks both).
+//! - **Block contents are not read at load**: a block whose f16 scale (or min)
+//!   is NaN or infinite loads, as in llama.cpp (which checks them only when
+//!   asked, `--check-tensors`). Its values dequantize to NaN (a NaN scale) or
+//!   to non-finite values (an infinite one), every other block as it would
+//!   without it, and a product reading that row gives non-finite outputs in
+//!   that column only; the model's logits then hold NaN where that row
+//!   reaches, and [`Sampler::sample`](crate::Sampler::sample) refuses them
+//!   with an error rather than choosing a token.
+//!   [`WeightStore::check_finite`] reads every block and names the first
+//!   tensor, row and block that is not finite.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -270,9 +284,8 @@ fn format_of(name: &str, t: GgmlType) -> Result<TensorFormat, LlmError> {
     t.format().ok_or_else(|| LlmError::BadTensor {
         name: name.to_string(),
         reason: format!(
-            "its GGUF type {} (ggml type {}) is not supported (supported: {})",
-            t.name(),
-            t.code(),
+            "its GGUF {} is not supported (supported: {})",
+            t.describe(),
             GgmlType::supported_list()
         ),
     })
