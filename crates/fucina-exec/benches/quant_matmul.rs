@@ -3,6 +3,7 @@
 //!
 //! `cargo bench -p fucina-exec --bench quant_matmul` (`QUANT_BENCH_QUICK=1`
 //! for a short smoke run; `QUANT_BENCH_THREADS=1,2` to pick team sizes;
+//! `QUANT_BENCH_MS=1,8,512` to pick activation rows per call;
 //! `QUANT_BENCH_FORMATS=q8_0,q4_0,q4_k,q6_k` to pick formats, default q8_0 and
 //! q4_0; the formats that are not repacked have no packed column).
 //!
@@ -117,6 +118,14 @@ fn main() {
     }
     let pool: &[u8] = bytemuck::cast_slice(&words);
     let samples = if quick { 3 } else { 15 };
+    // activation rows per call: decode (1), a batch (8), prefill-sized (e.g. 512)
+    let ms: Vec<usize> = std::env::var("QUANT_BENCH_MS")
+        .map(|s| {
+            s.split(',')
+                .map(|v| v.trim().parse().expect("QUANT_BENCH_MS"))
+                .collect()
+        })
+        .unwrap_or_else(|_| vec![1, 8]);
     let formats: Vec<QuantFormat> = std::env::var("QUANT_BENCH_FORMATS")
         .ok()
         .map(|s| {
@@ -160,7 +169,7 @@ fn main() {
                 } else {
                     Vec::new()
                 };
-                for m in [1usize, 8] {
+                for &m in &ms {
                     let mut x = vec![0.0f32; m * cols];
                     fucina_exec::rng::uniform_fill(7, &mut x, -1.0, 1.0);
                     let mut out = vec![0.0f32; m * rows];

@@ -504,3 +504,37 @@ fn every_path_matches_the_reference_bit_for_bit() {
         }
     }
 }
+
+/// A prefill-sized call (more activation rows than the kernels take in one
+/// cache-sized chunk: 97 rows of 1024 columns) gives each row the bits of the
+/// same row computed alone, for every format, at every level.
+#[test]
+fn a_prefill_sized_call_gives_each_row_its_own_bits() {
+    let best = detected_simd_level();
+    let (rows, cols, m) = (9usize, 1024usize, 97usize);
+    for format in FORMATS {
+        let w = values(rows * cols, 5, 0.5);
+        let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+        let wm = q.matrix();
+        let x = values(m * cols, 6, 2.0);
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            assert!(force_simd_level(level));
+            let ctx = ExecContext::with_threads(2);
+            let mut all = vec![f32::NAN; m * rows];
+            ctx.quant_matmul(&x, m, &wm, &mut all).unwrap();
+            for i in 0..m {
+                let mut one = vec![f32::NAN; rows];
+                ctx.quant_matmul(&x[i * cols..(i + 1) * cols], 1, &wm, &mut one)
+                    .unwrap();
+                assert_eq!(
+                    bits(&all[i * rows..(i + 1) * rows]),
+                    bits(&one),
+                    "{} row {i} level={}",
+                    format.name(),
+                    level.name()
+                );
+            }
+        }
+        assert!(force_simd_level(best));
+    }
+}

@@ -303,34 +303,42 @@ pub(crate) mod x86 {
     macro_rules! drive {
         ($tile:ident, $mt:expr, $k:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $sums:ident, $m:ident, $out_t:ident) => {{
             let start = $rows.start;
-            let mut j = $rows.start;
-            while j < $rows.end {
-                let r = if $rows.end - j >= R_TILE { R_TILE } else { 1 };
-                let mut i = 0;
-                while i < $m {
-                    let mm = ($m - i).min($mt);
-                    macro_rules! run {
-                        ($r:literal, $mm:literal) => {{
-                            let res = $tile::<$k, $r, $mm>($w, $row_bytes, j, $acts, $sums, i);
-                            for (rr, row) in res.iter().enumerate() {
-                                let o = (j - start + rr) * $m + i;
-                                $out_t[o..o + $mm].copy_from_slice(row);
-                            }
-                        }};
+            // activation rows in chunks that stay in L2 while every weight
+            // row of the range passes over them
+            let chunk = act_chunk($acts.cols);
+            let mut c0 = 0;
+            while c0 < $m {
+                let c1 = ($m - c0).min(chunk) + c0;
+                let mut j = $rows.start;
+                while j < $rows.end {
+                    let r = if $rows.end - j >= R_TILE { R_TILE } else { 1 };
+                    let mut i = c0;
+                    while i < c1 {
+                        let mm = (c1 - i).min($mt);
+                        macro_rules! run {
+                            ($r:literal, $mm:literal) => {{
+                                let res = $tile::<$k, $r, $mm>($w, $row_bytes, j, $acts, $sums, i);
+                                for (rr, row) in res.iter().enumerate() {
+                                    let o = (j - start + rr) * $m + i;
+                                    $out_t[o..o + $mm].copy_from_slice(row);
+                                }
+                            }};
+                        }
+                        match (r, mm) {
+                            (R_TILE, 1) => run!(4, 1),
+                            (R_TILE, 2) => run!(4, 2),
+                            (R_TILE, 3) => run!(4, 3),
+                            (R_TILE, _) => run!(4, 4),
+                            (_, 1) => run!(1, 1),
+                            (_, 2) => run!(1, 2),
+                            (_, 3) => run!(1, 3),
+                            (_, _) => run!(1, 4),
+                        }
+                        i += mm;
                     }
-                    match (r, mm) {
-                        (R_TILE, 1) => run!(4, 1),
-                        (R_TILE, 2) => run!(4, 2),
-                        (R_TILE, 3) => run!(4, 3),
-                        (R_TILE, _) => run!(4, 4),
-                        (_, 1) => run!(1, 1),
-                        (_, 2) => run!(1, 2),
-                        (_, 3) => run!(1, 3),
-                        (_, _) => run!(1, 4),
-                    }
-                    i += mm;
+                    j += r;
                 }
-                j += r;
+                c0 = c1;
             }
         }};
     }
@@ -373,8 +381,48 @@ pub(crate) mod x86 {
         drive!(tile_vnni, 4, K, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
+    /// [`tile_vnni`] for an even `M`: the pairs of activation rows on 512-bit
+    /// vectors (its [`tile_vnni_pairs`]); an odd `M` on 256-bit ones.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn tile_vnni<const K: u8, const R: usize, const M: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+    ) -> [[f32; M]; R] {
+        let mut out = [[0.0f32; M]; R];
+        match M {
+            4 => {
+                let t = tile_vnni_pairs::<K, R, 2>(w, row_bytes, j0, acts, sums, i0);
+                for (o, t) in out.iter_mut().zip(&t) {
+                    o.copy_from_slice(&t[..M]);
+                }
+            }
+            2 => {
+                let t = tile_vnni_pairs::<K, R, 1>(w, row_bytes, j0, acts, sums, i0);
+                for (o, t) in out.iter_mut().zip(&t) {
+                    o.copy_from_slice(&t[..M]);
+                }
+            }
+            _ => out = tile_vnni_256::<K, R, M>(w, row_bytes, j0, acts, sums, i0),
+        }
+        out
+    }
+
     /// How far ahead of the block being read the weights are prefetched.
     const PREFETCH_BYTES: usize = 640;
+
+    /// Activation rows per chunk of a prefill-sized call: about 192 KiB of
+    /// their values, lane biases and scales (`2.125 · cols` bytes a row), so
+    /// that a chunk stays in L2 while the range's weight rows pass over it; a
+    /// multiple of 4 (the widest tile), at least 4.
+    pub(crate) fn act_chunk(cols: usize) -> usize {
+        let per_row = cols * 2 + cols / 8;
+        ((192 << 10) / per_row.max(1)).max(4) / 4 * 4
+    }
 
     /// A hint to bring the weight line [`PREFETCH_BYTES`] past `blk` into L1
     /// (the rows are read in streams; the hint keeps several misses in flight).
@@ -632,14 +680,14 @@ pub(crate) mod x86 {
         fold_tile(&acc)
     }
 
-    /// [`tile_avx2`] with `vpdpbusd`: the lane bias (`-offset · Σ x` per lane)
+    /// [`tile_avx2`] with `vpdpbusd` on 256-bit vectors: the lane bias (`-offset · Σ x` per lane)
     /// is the accumulator's start, and the unsigned operand is the code or
     /// the signed value `+ 128` (`^ 0x80`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     // `i` indexes the accumulators and the activation block alike
     #[allow(clippy::needless_range_loop)]
-    fn tile_vnni<const K: u8, const R: usize, const M: usize>(
+    fn tile_vnni_256<const K: u8, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -672,6 +720,90 @@ pub(crate) mod x86 {
             }
         }
         fold_tile(&acc)
+    }
+
+    /// The `2 P` activation rows from `i0` as `P` pairs on 512-bit vectors:
+    /// [`tile_vnni_256`]'s operations, two outputs' eight lanes per vector
+    /// (the lower half row `i0 + 2 p`, the upper `i0 + 2 p + 1`), so that one
+    /// `vpdpbusd`, conversion, scale product and multiply-add serve two
+    /// outputs; the scale products `dw · dx` are the same IEEE products,
+    /// taken lane by lane. Returns `[[f32; 4]; R]` with the first `2 P` of
+    /// each row used.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn tile_vnni_pairs<const K: u8, const R: usize, const P: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        j0: usize,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+    ) -> [[f32; 4]; R] {
+        // 2 P rows from i0 (P is 1 or 2)
+        if P == 2 {
+            check_tile::<K, R, 4>(w, row_bytes, j0, acts, sums, i0);
+        } else {
+            check_tile::<K, R, 2>(w, row_bytes, j0, acts, sums, i0);
+        }
+        let sh = shape(K);
+        let nb = acts.cols / QK;
+        let flip = _mm256_set1_epi8(-128);
+        let join = |a: __m256i, b: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+        let halves =
+            |a: f32, b: f32| _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        for b in 0..nb {
+            let mut xv = [_mm512_setzero_si512(); P];
+            let mut xb = [_mm512_setzero_si512(); P];
+            let mut dx = [_mm512_setzero_ps(); P];
+            let mut sum = [_mm512_setzero_ps(); P];
+            for p in 0..P {
+                let x = act_block::<K, 2>(acts, sums, i0 + 2 * p, b, sh.bias);
+                xv[p] = join(x.values[0], x.values[1]);
+                xb[p] = join(x.bias[0], x.bias[1]);
+                dx[p] = halves(x.scale[0], x.scale[1]);
+                sum[p] = halves(x.sum[0], x.sum[1]);
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                // SAFETY: as in tile_avx2.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
+                // SAFETY: as in tile_avx2.
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
+                prefetch(blk);
+                let wu = if sh.signed {
+                    _mm256_xor_si256(wv, flip)
+                } else {
+                    wv
+                };
+                let wu = _mm512_broadcast_i64x4(wu);
+                let (dw, mw) = (_mm512_set1_ps(dw), _mm512_set1_ps(mw));
+                for (a, ((xv, xb), (dx, sum))) in acc_r
+                    .iter_mut()
+                    .zip(xv.iter().zip(&xb).zip(dx.iter().zip(&sum)))
+                {
+                    let p = _mm512_dpbusd_epi32(*xb, wu, *xv);
+                    let s = _mm512_mul_ps(dw, *dx);
+                    let t = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *a);
+                    *a = if sh.min {
+                        // each half's lane 0: acc[0] = fma(mw · dx, S, acc[0])
+                        let u = _mm512_fmadd_ps(_mm512_mul_ps(mw, *dx), *sum, t);
+                        _mm512_mask_blend_ps(0x0101, t, u)
+                    } else {
+                        t
+                    };
+                }
+            }
+        }
+        let mut out = [[0.0f32; 4]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (p, &a) in a.iter().enumerate() {
+                o[2 * p] = fold(_mm512_castps512_ps256(a));
+                o[2 * p + 1] = fold(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(a),
+                )));
+            }
+        }
+        out
     }
 }
 
