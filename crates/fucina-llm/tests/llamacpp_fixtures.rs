@@ -15,6 +15,7 @@
 //! element, and a different float summation order comes on top. The F32 file
 //! has no activation rounding: there the two agree to float summation order.
 
+mod gguf_support;
 #[path = "../examples/common/npy.rs"]
 mod npy;
 
@@ -25,6 +26,7 @@ use fucina_llm::fucina::ExecContext;
 use fucina_llm::fucina::exec::WeightFormat;
 use fucina_llm::gguf::GgufFile;
 use fucina_llm::{Model, Weight, WeightStore, open_model};
+use gguf_support::llama_hf_name;
 use serde_json::Value;
 
 /// One fixture and what it must meet.
@@ -145,36 +147,6 @@ fn tensor_types(path: &Path) -> Vec<(String, usize)> {
     types
 }
 
-/// fucina's name of llama.cpp's tensor `gguf` (a Llama model's).
-fn hf_name(gguf: &str) -> String {
-    let fixed = [
-        ("token_embd.weight", "model.embed_tokens.weight"),
-        ("output_norm.weight", "model.norm.weight"),
-        ("output.weight", "lm_head.weight"),
-    ];
-    if let Some((_, h)) = fixed.iter().find(|(g, _)| *g == gguf) {
-        return h.to_string();
-    }
-    let rest = gguf.strip_prefix("blk.").expect("a blk.N tensor");
-    let (layer, tail) = rest.split_once('.').expect("blk.N.name");
-    let part = [
-        ("attn_norm.weight", "input_layernorm.weight"),
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-        ("attn_q.weight", "self_attn.q_proj.weight"),
-        ("attn_k.weight", "self_attn.k_proj.weight"),
-        ("attn_v.weight", "self_attn.v_proj.weight"),
-        ("attn_output.weight", "self_attn.o_proj.weight"),
-        ("ffn_gate.weight", "mlp.gate_proj.weight"),
-        ("ffn_up.weight", "mlp.up_proj.weight"),
-        ("ffn_down.weight", "mlp.down_proj.weight"),
-    ]
-    .iter()
-    .find(|(g, _)| *g == tail)
-    .unwrap_or_else(|| panic!("unmapped tensor {gguf}"))
-    .1;
-    format!("model.layers.{layer}.{part}")
-}
-
 /// `[sum x, sum x², sum over rows of Σ_j j·x_j, max |x|]` of a `[rows, cols]`
 /// tensor's values, in f64: the script's fingerprint of gguf-py's dequantized
 /// values (independent of the order of the rows, which fucina's loader changes
@@ -213,7 +185,7 @@ fn dequantized(path: &Path, r: &Value) -> (Vec<String>, WeightStore) {
     let mut bad = Vec::new();
     let mut dense = std::collections::HashMap::new();
     for (gguf, want) in fps {
-        let w = store.get(&hf_name(gguf)).expect("every tensor loads");
+        let w = store.get(&llama_hf_name(gguf)).expect("every tensor loads");
         let v = w.to_f32_vec();
         let cols = *w.shape().last().unwrap();
         let (got, abs) = fingerprint(&v, cols);
@@ -232,7 +204,7 @@ fn dequantized(path: &Path, r: &Value) -> (Vec<String>, WeightStore) {
             }
         }
         dense.insert(
-            hf_name(gguf),
+            llama_hf_name(gguf),
             Weight::from_f32(WeightFormat::F32, w.shape(), &v).unwrap(),
         );
     }
