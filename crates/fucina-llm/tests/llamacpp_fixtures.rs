@@ -276,6 +276,30 @@ fn agreement(
     }
 }
 
+/// How many of `model`'s own greedy ids (free-running from `prompt`) equal
+/// llama.cpp's `greedy` before the first that differs.
+fn same_continuation(model: &Model, ctx: &ExecContext, prompt: &[u32], greedy: &[u32]) -> usize {
+    let mut cache = model
+        .new_cache(ctx, prompt.len() + greedy.len())
+        .expect("a cache");
+    let mut logits = vec![0f32; model.config().vocab_size];
+    model
+        .prefill(ctx, &mut cache, prompt, None, &mut logits)
+        .expect("prefill");
+    for (step, &tok) in greedy.iter().enumerate() {
+        let own = argmax(&logits);
+        if own != tok {
+            return step;
+        }
+        if step + 1 < greedy.len() {
+            model
+                .decode(ctx, &mut [&mut cache], &[own], &mut logits)
+                .expect("decode");
+        }
+    }
+    greedy.len()
+}
+
 /// A fixture's prompt, llama.cpp's greedy ids and logits rows, and reference.json.
 struct Reference {
     prompt: Vec<u32>,
@@ -321,6 +345,9 @@ struct Measured {
     /// The file with every weight dequantized to f32 by fucina (no activation
     /// rounding on fucina's side): how much of the difference is llama.cpp's.
     dense: Agreement,
+    /// How many of fucina's own greedy ids equal llama.cpp's before the first
+    /// that differs (a near-tie decided the other way ends it).
+    same: usize,
     /// The reference logits' standard deviation and range (max - min).
     std: f32,
     range: f32,
@@ -354,6 +381,7 @@ fn measure(name: &str, ctx: &ExecContext) -> Measured {
     Measured {
         quant: agreement(&model, ctx, &r.prompt, &r.greedy, &r.logits),
         dense: agreement(&dense, ctx, &r.prompt, &r.greedy, &r.logits),
+        same: same_continuation(&model, ctx, &r.prompt, &r.greedy),
         std: var.sqrt(),
         range: hi - lo,
         types,
@@ -370,7 +398,7 @@ fn llamacpp_files_match_llamacpp_logits() {
         let (q, d) = (&m.quant, &m.dense);
         let types: Vec<String> = m.types.iter().map(|(n, c)| format!("{c} {n}")).collect();
         eprintln!(
-            "{:13} max |fucina - llama.cpp| prefill {:.2e}, decode {:.2e} ({:.2} % of the std {:.2}, {:.2} % of the range {:.1}), rms {:.2e}; top-1 {}/32; \
+            "{:13} max |fucina - llama.cpp| prefill {:.2e}, decode {:.2e} ({:.2} % of the std {:.2}, {:.2} % of the range {:.1}), rms {:.2e}; top-1 {}/32, free-running the same {} ids; \
              weights dequantized to f32: max {:.2e}, rms {:.2e}, top-1 {}/32; {}",
             case.name,
             q.prefill,
@@ -381,6 +409,7 @@ fn llamacpp_files_match_llamacpp_logits() {
             m.range,
             q.rms,
             q.top1,
+            m.same,
             d.max(),
             d.rms,
             d.top1,
