@@ -1,19 +1,23 @@
 //! GGUF files written by llama.cpp itself (tests/fixtures/llamacpp/, made by
 //! scripts/make_llamacpp_fixtures.py with `llama_model_quantize`, one per
-//! preset) against the logits llama.cpp computed for them: every tensor's ggml
-//! type is one fucina reads, the prompt's logits and those of 31 decode steps
-//! (teacher-forced with llama.cpp's greedy ids) agree within a tolerance per
-//! fixture, and fucina's argmax agrees with llama.cpp's greedy id at least
-//! `top1_floor` times of 32.
+//! preset) against what llama.cpp computed for them: every tensor's ggml type is
+//! one fucina reads; every tensor, dequantized by fucina, has the fingerprint of
+//! gguf-py's dequantization of the same bytes (its block layout read alike); the
+//! logits of the prompt and of 31 decode steps (teacher-forced with llama.cpp's
+//! greedy ids) agree with llama.cpp's within a tolerance per fixture; and
+//! fucina's argmax agrees with llama.cpp's greedy id at least `top1_floor` times
+//! of 32. A second test shows these checks fail on a misread block and on
+//! another preset's logits.
 //!
 //! Why the quantized files cannot agree exactly: both runtimes read the same
 //! weight bits, but each quantizes the activations before the integer dot
 //! product, differently. llama.cpp rounds them to Q8_0 blocks of 32 with an f16
-//! scale (the legacy formats and IQ4_NL) or to Q8_K blocks of 256 with an f32
-//! scale (the K formats and IQ4_XS); fucina rounds them to int8 blocks of 32
-//! with an f32 scale. The two roundings differ by up to half a step of int8 per
-//! element, and a different float summation order comes on top. The F32 file
-//! has no activation rounding: there the two agree to float summation order.
+//! scale (Q8_1, the same values and a block sum, for Q4_1 and Q5_1; the formats
+//! of blocks of 32) or to Q8_K blocks of 256 with an f32 scale (the K formats
+//! and IQ4_XS); fucina rounds them to int8 blocks of 32 with an f32 scale. The
+//! two roundings differ by up to half a step of int8 per element, and a
+//! different float summation order comes on top. The F32 file has no activation
+//! rounding: there the two agree to float summation order.
 
 mod gguf_support;
 #[path = "../examples/common/npy.rs"]
