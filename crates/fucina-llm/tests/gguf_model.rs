@@ -22,7 +22,7 @@ mod batch;
 mod child_process;
 mod gguf_support;
 mod gguf_vocab;
-use gguf_support::{Writer, f32v, str_v, u32v};
+use gguf_support::{Writer, f32v, llama_gguf_name, str_v, u32v};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -45,35 +45,6 @@ fn permute(bytes: &[u8], rows: usize, row_bytes: usize, head_dim: usize) -> Vec<
         }
     }
     out
-}
-
-fn gguf_name(hf: &str) -> String {
-    let fixed = [
-        ("model.embed_tokens.weight", "token_embd.weight"),
-        ("model.norm.weight", "output_norm.weight"),
-        ("lm_head.weight", "output.weight"),
-    ];
-    if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
-        return g.to_string();
-    }
-    let rest = hf.strip_prefix("model.layers.").unwrap();
-    let (layer, tail) = rest.split_once('.').unwrap();
-    let part = [
-        ("input_layernorm.weight", "attn_norm.weight"),
-        ("post_attention_layernorm.weight", "ffn_norm.weight"),
-        ("self_attn.q_proj.weight", "attn_q.weight"),
-        ("self_attn.k_proj.weight", "attn_k.weight"),
-        ("self_attn.v_proj.weight", "attn_v.weight"),
-        ("self_attn.o_proj.weight", "attn_output.weight"),
-        ("mlp.gate_proj.weight", "ffn_gate.weight"),
-        ("mlp.up_proj.weight", "ffn_up.weight"),
-        ("mlp.down_proj.weight", "ffn_down.weight"),
-    ]
-    .iter()
-    .find(|(h, _)| *h == tail)
-    .unwrap_or_else(|| panic!("unmapped tensor {hf}"))
-    .1;
-    format!("blk.{layer}.{part}")
 }
 
 /// The GGUF image of a Hugging Face Llama model, with `skip` metadata keys left out
@@ -179,7 +150,7 @@ fn convert_with(
         if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
             bytes = permute(&bytes, shape[0], row_bytes, cfg.head_dim);
         }
-        w.tensor(&gguf_name(name), &dims, code, &bytes);
+        w.tensor(&llama_gguf_name(name), &dims, code, &bytes);
     }
     w.bytes()
 }

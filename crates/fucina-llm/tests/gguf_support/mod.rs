@@ -3,6 +3,59 @@
 
 #![allow(dead_code)]
 
+/// Hugging Face's and llama.cpp's names of a Llama model's whole-model tensors.
+pub(crate) const LLAMA_MODEL_NAMES: [(&str, &str); 3] = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// Hugging Face's and llama.cpp's names of a Llama layer's tensors, after
+/// `model.layers.N.` and `blk.N.`.
+pub(crate) const LLAMA_LAYER_NAMES: [(&str, &str); 9] = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// The name of a Llama tensor translated by the tables above, from the side
+/// `from` (0: Hugging Face, 1: llama.cpp) to the other; panics on a name they
+/// do not hold.
+fn llama_name(name: &str, from: usize) -> String {
+    let side = |p: &(&'static str, &'static str)| if from == 0 { (p.0, p.1) } else { (p.1, p.0) };
+    if let Some((_, to)) = LLAMA_MODEL_NAMES.iter().map(side).find(|(f, _)| *f == name) {
+        return to.to_string();
+    }
+    let (prefix, to_prefix) = [("model.layers.", "blk."), ("blk.", "model.layers.")][from];
+    let (layer, tail) = name
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.split_once('.'))
+        .unwrap_or_else(|| panic!("unmapped tensor {name}"));
+    let to = LLAMA_LAYER_NAMES
+        .iter()
+        .map(side)
+        .find(|(f, _)| *f == tail)
+        .unwrap_or_else(|| panic!("unmapped tensor {name}"))
+        .1;
+    format!("{to_prefix}{layer}.{to}")
+}
+
+/// llama.cpp's name of the Hugging Face Llama tensor `hf`.
+pub(crate) fn llama_gguf_name(hf: &str) -> String {
+    llama_name(hf, 0)
+}
+
+/// Hugging Face's name of the llama.cpp Llama tensor `gguf`.
+pub(crate) fn llama_hf_name(gguf: &str) -> String {
+    llama_name(gguf, 1)
+}
+
 /// Builds GGUF images field by field.
 #[derive(Default)]
 pub(crate) struct Writer {
