@@ -481,11 +481,26 @@ fn quantized_types_are_send_and_sync() {
 
 // ---------------------------------------------------------------- repacked
 
+/// The bits of `v` with every NaN as the canonical quiet NaN.
+fn bits_nan_as_one(v: &[f32]) -> Vec<u32> {
+    v.iter()
+        .map(|x| {
+            if x.is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                x.to_bits()
+            }
+        })
+        .collect()
+}
+
 /// The formats `repack_quant` takes.
-const REPACKABLE: [QuantFormat; 4] = [
+const REPACKABLE: [QuantFormat; 6] = [
     QuantFormat::Q8_0,
     QuantFormat::Q4_0,
     QuantFormat::Q5_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q5_1,
     QuantFormat::IQ4_NL,
 ];
 
@@ -594,7 +609,10 @@ fn packed_arbitrary_block_bytes_match_the_reference() {
             if reference {
                 assert_eq!(bits(&out[..3 * rows]), bits(&want[..3 * rows]), "{what}");
             }
-            assert_eq!(bits(&out), bits(&in_place), "{what}");
+            // a NaN is a NaN on both paths; its payload is not promised (when
+            // two NaNs meet, x86 passes on the one the compiler's operand order
+            // names: a NaN weight scale's or the NaN activation scale's)
+            assert_eq!(bits_nan_as_one(&out), bits_nan_as_one(&in_place), "{what}");
             assert!(out[3 * rows..].iter().all(|v| v.is_nan()), "{what}");
         }
         assert!(force_simd_level(best));

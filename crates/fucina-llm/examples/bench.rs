@@ -9,8 +9,8 @@
 //! `--model` is a Hugging Face model directory (config.json + safetensors) or a
 //! GGUF file (a path ending in `.gguf`, loaded through
 //! `fucina_llm::arch::gguf::load_gguf`: float tensors and block-quantized
-//! matrices kept in llama.cpp's blocks, the Q8_0, Q4_0, Q5_0 and IQ4_NL ones
-//! then repacked once for the kernels as `open_model` does, unless
+//! matrices kept in llama.cpp's blocks, the blocks of 32 (Q8_0, Q4_0, Q5_0,
+//! Q4_1, Q5_1, IQ4_NL) then repacked once for the kernels as `open_model` does, unless
 //! `--in-place`; the other block formats are always read in place), so the
 //! very files llama.cpp runs can be measured here
 //! (`benches/llm/llamacpp_compare.py` does both).
@@ -76,7 +76,7 @@ struct Args {
     /// the fallbacks.
     #[arg(long)]
     verbose: bool,
-    /// Read the repackable formats (Q8_0, Q4_0, Q5_0, IQ4_NL) in place
+    /// Read the repackable formats (the blocks of 32) in place
     /// (`quant_matmul`) instead of from the kernels' repacked strips that
     /// `open_model` makes (`quant_matmul_packed`).
     #[arg(long)]

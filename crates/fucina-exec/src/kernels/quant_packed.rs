@@ -8,12 +8,13 @@
 //! rows of scale 0). A strip is 64-byte aligned and holds
 //! - the scales: for each block `b`, the eight rows' f16 scales side by side
 //!   (16 bytes), the region padded to a multiple of 64 bytes;
-//! - for Q5_0, the fifth bits: for each block `b`, the eight rows' bits of
+//! - for Q4_1 and Q5_1, the mins: laid out as the scales;
+//! - for Q5_0 and Q5_1, the fifth bits: for each block `b`, the eight rows' bits of
 //!   elements 0..16 (a u16 each), then of elements 16..32 (32 bytes), the
 //!   region padded to a multiple of 64 bytes;
 //! - the values: for each block `b`, the eight rows' values one after the
-//!   other, each exactly as in llama.cpp's block (Q8_0: 32 signed bytes; Q4_0,
-//!   Q5_0, IQ4_NL: 16 bytes of nibbles, element `k` in the low nibble of byte
+//!   other, each exactly as in llama.cpp's block (Q8_0: 32 signed bytes; the
+//!   others: 16 bytes of nibbles, element `k` in the low nibble of byte
 //!   `k`, element `k + 16` in its high nibble) — 256 (Q8_0) or 128 bytes per
 //!   block, aligned to 64.
 //!
@@ -32,13 +33,13 @@
 
 use std::ops::Range;
 
-use super::quant_block::{BlockFormat, IQ4_NL, LaneAcc, Q4_0, Q5_0, Q8_0};
+use super::quant_block::{BlockFormat, IQ4_NL, LaneAcc, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::quant_dot::{Acts, LANES, Path, QK, kind, path, shape};
 use crate::kernels::reduce::fold_lanes;
 
 /// A block format the strip layout takes: blocks of 32 that are an f16 scale
-/// followed by the values, and for Q5_0 their fifth bits (Q8_0, Q4_0, Q5_0,
-/// IQ4_NL).
+/// (and for Q4_1 and Q5_1 an f16 min) followed by the values, and for the Q5
+/// formats their fifth bits (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL).
 pub(crate) trait StripFormat: BlockFormat {
     /// The format's `quant_dot::kind`: picks the layout's regions and the
     /// vector strip kernel.
@@ -57,6 +58,14 @@ impl StripFormat for Q5_0 {
     const KIND: u8 = kind::Q5_0;
 }
 
+impl StripFormat for Q4_1 {
+    const KIND: u8 = kind::Q4_1;
+}
+
+impl StripFormat for Q5_1 {
+    const KIND: u8 = kind::Q5_1;
+}
+
 impl StripFormat for IQ4_NL {
     const KIND: u8 = kind::IQ4_NL;
 }
@@ -73,6 +82,9 @@ pub(crate) struct StripLayout {
     pub nb: usize,
     /// Bytes of a strip's scale region (a multiple of 64).
     pub scale_bytes: usize,
+    /// Bytes of a strip's min region (Q4_1, Q5_1: laid out as the scales; a
+    /// multiple of 64, else 0).
+    pub min_bytes: usize,
     /// Bytes of a strip's high-bit region (Q5_0; a multiple of 64, else 0).
     pub high_bytes: usize,
     /// Bytes of a strip (a multiple of 64).
@@ -85,6 +97,7 @@ impl StripLayout {
     pub(crate) fn new<F: StripFormat>(nb: usize) -> Option<StripLayout> {
         let kind = F::KIND;
         let scale_bytes = nb.checked_mul(2 * G)?.checked_next_multiple_of(64)?;
+        let min_bytes = if shape(kind).min { scale_bytes } else { 0 };
         let high_bytes = match shape(kind).high {
             Some(_) => nb.checked_mul(4 * G)?.checked_next_multiple_of(64)?,
             None => 0,
@@ -92,11 +105,13 @@ impl StripLayout {
         let strip_bytes = nb
             .checked_mul(G * row_values(kind))?
             .checked_add(scale_bytes)?
+            .checked_add(min_bytes)?
             .checked_add(high_bytes)?;
         Some(StripLayout {
             kind,
             nb,
             scale_bytes,
+            min_bytes,
             high_bytes,
             strip_bytes,
         })
@@ -112,9 +127,14 @@ impl StripLayout {
         shape(self.kind).bytes
     }
 
+    /// Where the high bits start in a strip.
+    fn high_offset(&self) -> usize {
+        self.scale_bytes + self.min_bytes
+    }
+
     /// Where the values start in a strip.
     fn values_offset(&self) -> usize {
-        self.scale_bytes + self.high_bytes
+        self.scale_bytes + self.min_bytes + self.high_bytes
     }
 }
 
@@ -142,6 +162,7 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
     let row_bytes = lay.nb * bb;
     dst.fill(0);
     let (scales, rest) = dst.split_at_mut(lay.scale_bytes);
+    let (mins, rest) = rest.split_at_mut(lay.min_bytes);
     let (high, values) = rest.split_at_mut(lay.high_bytes);
     for r in 0..G {
         let row = s * G + r;
@@ -151,6 +172,9 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
         let src_row = &src[row * row_bytes..(row + 1) * row_bytes];
         for (b, blk) in src_row.chunks_exact(bb).enumerate() {
             scales[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[..2]);
+            if sh.min {
+                mins[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[2..4]);
+            }
             values[b * G * rv + r * rv..][..rv].copy_from_slice(&blk[sh.values..][..rv]);
             if let Some(h) = sh.high {
                 let (lo, hi) = high_offsets(b, r);
@@ -168,8 +192,12 @@ pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk:
     let sh = shape(lay.kind);
     let rv = lay.row_values();
     let (scales, rest) = strip.split_at(lay.scale_bytes);
+    let (mins, rest) = rest.split_at(lay.min_bytes);
     let (high, values) = rest.split_at(lay.high_bytes);
     blk[..2].copy_from_slice(&scales[b * 2 * G + 2 * r..][..2]);
+    if sh.min {
+        blk[2..4].copy_from_slice(&mins[b * 2 * G + 2 * r..][..2]);
+    }
     blk[sh.values..sh.values + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
     if let Some(h) = sh.high {
         let (lo, hi) = high_offsets(b, r);
@@ -197,6 +225,14 @@ macro_rules! by_kind {
                 const $K: u8 = kind::Q5_0;
                 $body
             }
+            kind::Q4_1 => {
+                const $K: u8 = kind::Q4_1;
+                $body
+            }
+            kind::Q5_1 => {
+                const $K: u8 = kind::Q5_1;
+                $body
+            }
             _ => {
                 const $K: u8 = kind::IQ4_NL;
                 $body
@@ -209,16 +245,18 @@ macro_rules! by_kind {
 /// `m` activation rows: `out_t[((s - strips.start) * m + i) * G + r]` is the
 /// dot product of row `s · G + r` with activation row `i`, in the fixed order
 /// (each strip's outputs activation row by activation row, so that a row of
-/// the result is gathered in runs of `G`).
+/// the result is gathered in runs of `G`). `sums` are the activation block
+/// sums (read by the formats with a min only).
 ///
 /// # Panics
-/// If `data`, `acts` or `out_t` are too short for `strips` and `m`, or `data`
-/// is not 64-byte aligned (caller bugs).
+/// If `data`, `acts`, `sums` (for a format with a min) or `out_t` are too
+/// short for `strips` and `m`, or `data` is not 64-byte aligned (caller bugs).
 pub(crate) fn packed_rows<F: StripFormat>(
     lay: &StripLayout,
     data: &[u8],
     strips: Range<usize>,
     acts: &Acts<'_>,
+    sums: &[f32],
     m: usize,
     out_t: &mut [f32],
 ) {
@@ -234,6 +272,9 @@ pub(crate) fn packed_rows<F: StripFormat>(
     assert!(acts.scale.len() >= m * nb, "packed_rows: scales");
     assert!(acts.bias.len() >= m * nb * LANES, "packed_rows: biases");
     assert!(out_t.len() >= strips.len() * G * m, "packed_rows: output");
+    if F::NEEDS_SUMS {
+        assert!(sums.len() >= m * nb, "packed_rows: sums");
+    }
     let p = path();
     for (ss, s) in strips.enumerate() {
         let strip = &data[s * lay.strip_bytes..(s + 1) * lay.strip_bytes];
@@ -254,7 +295,7 @@ pub(crate) fn packed_rows<F: StripFormat>(
                                 by_kind!(F::KIND, K => if K == kind::Q8_0 {
                                     x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
                                 } else {
-                                    x86::strip_vnni_nibbles::<K, $mm>(lay, strip, acts, i)
+                                    x86::strip_vnni_nibbles::<K, $mm>(lay, strip, acts, sums, i)
                                 })
                             };
                             for (r, row) in res.iter().enumerate() {
@@ -283,7 +324,7 @@ pub(crate) fn packed_rows<F: StripFormat>(
                         by_kind!(F::KIND, K => if K == kind::Q8_0 {
                             x86::strip_avx2_q8(lay, strip, acts, i)
                         } else {
-                            x86::strip_avx2_nibbles::<K>(lay, strip, acts, i)
+                            x86::strip_avx2_nibbles::<K>(lay, strip, acts, sums, i)
                         })
                     };
                     out[i * G..(i + 1) * G].copy_from_slice(&res);
@@ -291,7 +332,7 @@ pub(crate) fn packed_rows<F: StripFormat>(
             }
             _ => {
                 for i in 0..m {
-                    let res = strip_portable::<F>(lay, strip, acts, i);
+                    let res = strip_portable::<F>(lay, strip, acts, sums, i);
                     out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
             }
@@ -305,6 +346,7 @@ fn strip_portable<F: StripFormat>(
     lay: &StripLayout,
     strip: &[u8],
     acts: &Acts<'_>,
+    sums: &[f32],
     i: usize,
 ) -> [f32; G] {
     let nb = lay.nb;
@@ -316,7 +358,12 @@ fn strip_portable<F: StripFormat>(
         let xq = &acts.q[i * acts.cols + b * QK..][..QK];
         for (r, acc_r) in acc.iter_mut().enumerate() {
             block_of(lay, strip, r, b, &mut blk[..bb]);
-            F::dot_block(&blk[..bb], xq, xs, &[], acc_r);
+            let sum = if F::NEEDS_SUMS {
+                &sums[i * nb + b..][..1]
+            } else {
+                &[][..]
+            };
+            F::dot_block(&blk[..bb], xq, xs, sum, acc_r);
         }
     }
     acc.map(|a| {
@@ -332,7 +379,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes, kind};
+    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes, kind, shape};
     use crate::kernels::quant_block::iq4_nl::KVALUES;
     use crate::kernels::quant_dot::x86::high_bits;
 
@@ -547,14 +594,19 @@ mod x86 {
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
+        sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; G] {
         check_acts::<M>(lay, acts, i0, strip);
+        let min = shape(K).min;
+        assert!(!min || (i0 + M) * lay.nb <= sums.len(), "quant strip: sums");
+        // SAFETY: the mins (Q4_1, Q5_1) start scale_bytes into the strip.
+        let mp = unsafe { strip.as_ptr().add(lay.scale_bytes) };
         let nb = lay.nb;
         let sp = strip.as_ptr();
         // SAFETY: the values start values_offset (< strip_bytes) into the
         // strip, the high bits (Q5_0) scale_bytes into it.
-        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.scale_bytes)) };
+        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.high_offset())) };
         let m4 = _mm512_set1_epi8(0x0f);
         let sixteen = _mm512_set1_epi8(16);
         let table = _mm512_broadcast_i32x4(iq4_table(true));
@@ -603,12 +655,22 @@ mod x86 {
                 _mm512_permutexvar_ps(idx[0], dw),
                 _mm512_permutexvar_ps(idx[1], dw),
             ];
+            let mwg = if min {
+                // SAFETY: as the scales (the min region has their layout).
+                let mw = _mm512_castps256_ps512(unsafe { widen_scales(mp, b) });
+                [
+                    _mm512_permutexvar_ps(idx[0], mw),
+                    _mm512_permutexvar_ps(idx[1], mw),
+                ]
+            } else {
+                [_mm512_setzero_ps(); 2]
+            };
             let mut lo = [_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4)];
             let mut hi = [
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
             ];
-            if K == kind::Q5_0 {
+            if shape(K).high.is_some() {
                 for g in 0..2 {
                     // SAFETY: check_acts: block b's 32 high-bit bytes are in
                     // the strip's high region (high_offsets).
@@ -648,6 +710,12 @@ mod x86 {
                     let ph = _mm512_dpbusd_epi32(bhi, hi[g], xhi);
                     lo_acc[i][g] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pl), lo_acc[i][g]);
                     hi_acc[i][g] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(ph), hi_acc[i][g]);
+                    if min {
+                        // each row's lane 0: acc[0] = fma(m · dx, S, acc[0])
+                        let sum = _mm512_set1_ps(sums[row * nb + b]);
+                        let t = _mm512_mul_ps(mwg[g], dx);
+                        lo_acc[i][g] = _mm512_mask3_fmadd_ps(t, sum, lo_acc[i][g], 0x1111);
+                    }
                 }
             }
         }
@@ -734,14 +802,19 @@ mod x86 {
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
+        sums: &[f32],
         i: usize,
     ) -> [f32; G] {
         check_acts::<1>(lay, acts, i, strip);
+        let min = shape(K).min;
+        assert!(!min || (i + 1) * lay.nb <= sums.len(), "quant strip: sums");
+        // SAFETY: the mins (Q4_1, Q5_1) start scale_bytes into the strip.
+        let mp = unsafe { strip.as_ptr().add(lay.scale_bytes) };
         let nb = lay.nb;
         let sp = strip.as_ptr();
         // SAFETY: the values start values_offset (< strip_bytes) into the
         // strip, the high bits (Q5_0) scale_bytes into it.
-        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.scale_bytes)) };
+        let (vp, hp) = unsafe { (sp.add(lay.values_offset()), sp.add(lay.high_offset())) };
         let ones = _mm256_set1_epi16(1);
         let m4 = _mm256_set1_epi8(0x0f);
         let table = _mm256_broadcastsi128_si256(iq4_table(false));
@@ -761,6 +834,13 @@ mod x86 {
                     _mm256_broadcastsi128_si256(_mm_loadu_si128(bp.add(4).cast())),
                 )
             };
+            let (mv, sum) = if min {
+                // SAFETY: as the scales (the min region has their layout).
+                let mv = unsafe { scales8(mp, b, acts.scale[i * nb + b]) };
+                (mv, _mm256_set1_ps(sums[i * nb + b]))
+            } else {
+                (_mm256_setzero_ps(), _mm256_setzero_ps())
+            };
             for g in 0..4 {
                 // SAFETY: as above (128 value bytes per block, 32-aligned).
                 let v = unsafe { _mm256_load_si256(vp.add(b * 128 + g * 32).cast()) };
@@ -776,7 +856,7 @@ mod x86 {
                     };
                     (dot(lo, xlo), dot(hi, xhi))
                 } else {
-                    if K == kind::Q5_0 {
+                    if shape(K).high.is_some() {
                         // SAFETY: check_acts: block b's 32 high-bit bytes are
                         // in the strip's high region (high_offsets).
                         let (ml, mh) = unsafe {
@@ -795,12 +875,15 @@ mod x86 {
                     (dot(lo, xlo, blo), dot(hi, xhi, bhi))
                 };
                 let r = 2 * g as i32;
-                let s = _mm256_permutevar8x32_ps(
-                    sv,
-                    _mm256_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1, r + 1),
-                );
+                let spread = _mm256_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1, r + 1);
+                let s = _mm256_permutevar8x32_ps(sv, spread);
                 lo_acc[g] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pl), lo_acc[g]);
                 hi_acc[g] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(ph), hi_acc[g]);
+                if min {
+                    // the two rows' lane 0: acc[0] = fma(m · dx, S, acc[0])
+                    let t = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mv, spread), sum, lo_acc[g]);
+                    lo_acc[g] = _mm256_blend_ps::<0x11>(lo_acc[g], t);
+                }
             }
         }
         let mut out = [0.0f32; G];

@@ -155,12 +155,17 @@ impl QuantFormat {
     }
 
     /// Whether [`ExecContext::repack_quant`](crate::ExecContext::repack_quant)
-    /// accepts the format: Q8_0, Q4_0, Q5_0 and IQ4_NL are repacked, the
-    /// others are read in place only.
+    /// accepts the format: the blocks of 32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1,
+    /// IQ4_NL) are repacked, the super-block formats are read in place only.
     pub const fn repackable(self) -> bool {
         matches!(
             self,
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::IQ4_NL
+            QuantFormat::Q8_0
+                | QuantFormat::Q4_0
+                | QuantFormat::Q5_0
+                | QuantFormat::Q4_1
+                | QuantFormat::Q5_1
+                | QuantFormat::IQ4_NL
         )
     }
 

@@ -1,4 +1,5 @@
-//! [`PackedQuantMatrix`]: a Q8_0, Q4_0, Q5_0 or IQ4_NL matrix repacked once into the
+//! [`PackedQuantMatrix`]: a block-of-32 matrix (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1,
+//! IQ4_NL) repacked once into the
 //! kernels' strip layout (`kernels::quant_packed`) for a weight that lives for
 //! the process, [`ExecContext::repack_quant`] that makes it and
 //! [`ExecContext::quant_matmul_packed`] that reads it (the same bits as
@@ -7,6 +8,7 @@
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::quant_dot::{Acts, LANES, QK};
+use crate::kernels::quant_k;
 use crate::kernels::quant_packed::{self, G, StripLayout};
 use crate::memory::advise_huge_pages;
 use crate::ops::quant::check_product;
@@ -34,6 +36,14 @@ macro_rules! with_strip_format {
             }
             QuantFormat::Q5_0 => {
                 type $F = qb::Q5_0;
+                $body
+            }
+            QuantFormat::Q4_1 => {
+                type $F = qb::Q4_1;
+                $body
+            }
+            QuantFormat::Q5_1 => {
+                type $F = qb::Q5_1;
                 $body
             }
             QuantFormat::IQ4_NL => {
@@ -179,7 +189,7 @@ impl ExecContext {
         if !w.format.repackable() {
             return Err(ExecError::InvalidArgument {
                 op,
-                reason: "only q8_0, q4_0, q5_0 and iq4_nl matrices are repacked; the others are read in place by quant_matmul",
+                reason: "only q8_0, q4_0, q5_0, q4_1, q5_1 and iq4_nl matrices are repacked; the others are read in place by quant_matmul",
             });
         }
         let overflow = || ExecError::Overflow {
@@ -246,7 +256,19 @@ impl ExecContext {
         let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
         let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
         let mut t = pool.acquire_scratch::<f32>(strips * G * m).map_err(lease)?;
-        self.quantize_acts(x, cols, w.format.act_offset(), &mut xq, &mut xs, &mut xb);
+        // A format with a min term (Q4_1, Q5_1) needs each activation block's sum.
+        let mut sums = match w.format.needs_sums() {
+            true => Some(pool.acquire_scratch::<f32>(m * nb).map_err(lease)?),
+            false => None,
+        };
+        let offset = w.format.act_offset();
+        match sums.as_deref_mut() {
+            Some(sums) => {
+                quant_k::quantize_acts(x, m, cols, offset, &mut xq, &mut xs, &mut xb, sums)
+            }
+            None => self.quantize_acts(x, cols, offset, &mut xq, &mut xs, &mut xb),
+        }
+        let sums = sums.as_deref().unwrap_or(&[]);
         let acts = Acts {
             q: &xq,
             scale: &xs,
@@ -256,7 +278,7 @@ impl ExecContext {
         let data = line_bytes(&w.lines);
         let lay = w.layout;
         self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
-            with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, m, o));
+            with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, sums, m, o));
         });
         debug_assert_eq!(out.len(), no);
         if m == 1 {
