@@ -579,7 +579,7 @@ mod x86 {
         out
     }
 
-    /// Nibble strip (Q4_0, Q5_0, IQ4_NL: `K`) × activation rows `i0..i0 + M`
+    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `K`) × activation rows `i0..i0 + M`
     /// with `vpdpbusd` on 512-bit vectors: a vector holds four rows' low
     /// (elements 0..15) or high (16..31) nibbles, 16 per 128-bit part; its
     /// accumulator the four rows' lanes 0..3 (low) or 4..7 (high). Q5_0's
@@ -789,7 +789,7 @@ mod x86 {
         out
     }
 
-    /// Nibble strip (Q4_0, Q5_0, IQ4_NL: `K`) × activation row `i` with
+    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `K`) × activation row `i` with
     /// `vpmaddubsw` + `vpmaddwd` on 256-bit vectors, two rows' low or high
     /// nibbles per vector: the unsigned codes (Q5_0's fifth bits spread from
     /// two rows' 32-bit mask) plus the lane bias, IQ4_NL's signed table values
