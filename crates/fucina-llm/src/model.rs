@@ -64,6 +64,11 @@ mod fmath;
 mod kernels;
 mod moe;
 
+// The RoPE tables and the attention scale, for the trainable decoder of
+// `crate::finetune` (the same values as this decoder's).
+pub(crate) use fmath::pow_f32;
+pub(crate) use kernels::{inv_freq, rope_angles};
+
 use std::path::Path;
 use std::sync::Mutex;
 

@@ -1,0 +1,229 @@
+//! Training data: JSONL records tokenized into examples, and batches of them.
+//!
+//! One JSON object per line (blank lines are skipped):
+//! - `{"prompt": "...", "completion": "..."}`: the prompt is encoded with the
+//!   tokenizer's special tokens (a BOS where the tokenizer adds one), the
+//!   completion without, and the end-of-sequence id follows; only the
+//!   completion's tokens (and the end) are predicted by the loss;
+//! - `{"text": "..."}`: the text encoded with special tokens, then the
+//!   end-of-sequence id; every token after the first is predicted.
+//!
+//! An example is truncated to the job's sequence length. A malformed line
+//! (not JSON, not an object, another shape, a value that is not a string) is
+//! an error naming the file and the line.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::error::FinetuneError;
+use crate::tokenizer::Tokenizer;
+
+/// One tokenized example.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Example {
+    /// The token ids.
+    pub ids: Vec<u32>,
+    /// The first `prompt_len` ids are not predicted (the loss covers the ids
+    /// at positions `prompt_len.max(1)..`).
+    pub prompt_len: usize,
+}
+
+impl Example {
+    /// How many tokens the loss predicts.
+    pub fn targets(&self) -> usize {
+        self.ids.len().saturating_sub(self.prompt_len.max(1))
+    }
+}
+
+/// The text of one record: a prompt (masked) and a completion, or a text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// `{"prompt", "completion"}`.
+    PromptCompletion {
+        /// The prompt (not predicted).
+        prompt: String,
+        /// The completion (predicted).
+        completion: String,
+    },
+    /// `{"text"}`.
+    Text(String),
+}
+
+/// The record of one JSONL line, or why it is malformed.
+pub fn parse_record(line: &str) -> Result<Record, String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
+    let Value::Object(o) = v else {
+        return Err(format!("expected a JSON object, found {v}"));
+    };
+    let string = |k: &str| -> Result<String, String> {
+        match o.get(k) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(format!("`{k}` must be a string, found {other}")),
+            None => Err(format!("`{k}` is missing")),
+        }
+    };
+    let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    match keys.as_slice() {
+        ["completion", "prompt"] => Ok(Record::PromptCompletion {
+            prompt: string("prompt")?,
+            completion: string("completion")?,
+        }),
+        ["text"] => Ok(Record::Text(string("text")?)),
+        _ => Err(format!(
+            "expected {{\"prompt\", \"completion\"}} or {{\"text\"}}, found the keys {keys:?}"
+        )),
+    }
+}
+
+/// Tokenizes `record`: see the [module documentation](self).
+///
+/// # Errors
+/// The tokenizer's.
+pub fn tokenize(
+    tok: &Tokenizer,
+    record: &Record,
+    eos: Option<u32>,
+    seq_len: usize,
+) -> Result<Example, crate::LlmError> {
+    let (mut ids, prompt_len) = match record {
+        Record::PromptCompletion { prompt, completion } => {
+            let mut ids = tok.encode(prompt, true)?;
+            let p = ids.len();
+            ids.extend(tok.encode(completion, false)?);
+            (ids, p)
+        }
+        Record::Text(t) => (tok.encode(t, true)?, 0),
+    };
+    ids.extend(eos);
+    ids.truncate(seq_len);
+    Ok(Example { ids, prompt_len })
+}
+
+/// The examples of the JSONL file `path`, tokenized by `tok` and truncated to
+/// `seq_len` tokens, `eos` appended to each; examples left with nothing to
+/// predict (a prompt as long as `seq_len`) are dropped.
+///
+/// # Errors
+/// [`FinetuneError::Io`] when the file cannot be read;
+/// [`FinetuneError::Data`] naming the line of a malformed record (or of a
+/// text the tokenizer refuses).
+pub fn read_jsonl(
+    path: impl AsRef<Path>,
+    tok: &Tokenizer,
+    eos: Option<u32>,
+    seq_len: usize,
+) -> Result<Vec<Example>, FinetuneError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| FinetuneError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let data_err = |reason: String| FinetuneError::Data {
+            path: path.to_path_buf(),
+            line: i + 1,
+            reason,
+        };
+        let record = parse_record(line).map_err(data_err)?;
+        let ex = tokenize(tok, &record, eos, seq_len).map_err(|e| data_err(e.to_string()))?;
+        if ex.targets() > 0 {
+            out.push(ex);
+        }
+    }
+    Ok(out)
+}
+
+/// A batch: `b` rows of `t` ids (right-padded), and the rows of the loss.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// `[b, t]` ids, row-major (padding after each example).
+    pub ids: Vec<u32>,
+    /// Rows.
+    pub b: usize,
+    /// Tokens per row (the longest example).
+    pub t: usize,
+    /// The flat positions `row · t + i` whose logits predict a target.
+    pub positions: Vec<i64>,
+    /// The id each of `positions` predicts.
+    pub labels: Vec<i64>,
+}
+
+impl Batch {
+    /// The batch of `examples` (padded with `pad` after each, to the longest),
+    /// or `None` for no example.
+    pub fn new(examples: &[&Example], pad: u32) -> Option<Batch> {
+        let t = examples.iter().map(|e| e.ids.len()).max()?;
+        let b = examples.len();
+        let mut ids = vec![pad; b * t];
+        let (mut positions, mut labels) = (Vec::new(), Vec::new());
+        for (r, e) in examples.iter().enumerate() {
+            ids[r * t..r * t + e.ids.len()].copy_from_slice(&e.ids);
+            for i in e.prompt_len.max(1)..e.ids.len() {
+                positions.push((r * t + i - 1) as i64);
+                labels.push(i64::from(e.ids[i]));
+            }
+        }
+        Some(Batch {
+            ids,
+            b,
+            t,
+            positions,
+            labels,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_and_malformed_ones_say_why() {
+        assert_eq!(
+            parse_record(r#"{"prompt": "a", "completion": "b"}"#),
+            Ok(Record::PromptCompletion {
+                prompt: "a".into(),
+                completion: "b".into()
+            })
+        );
+        assert_eq!(
+            parse_record(r#"{"text": "x"}"#),
+            Ok(Record::Text("x".into()))
+        );
+        for (bad, why) in [
+            ("{", "not valid JSON"),
+            ("[1]", "expected a JSON object"),
+            (r#"{"prompt": "a"}"#, "found the keys [\"prompt\"]"),
+            (r#"{"text": 3}"#, "`text` must be a string"),
+            (r#"{"text": "a", "extra": 1}"#, "found the keys"),
+        ] {
+            let e = parse_record(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_batch_pads_and_predicts_only_the_completion() {
+        let a = Example {
+            ids: vec![5, 6, 7, 8],
+            prompt_len: 2,
+        };
+        let b = Example {
+            ids: vec![1, 2],
+            prompt_len: 0,
+        };
+        let batch = Batch::new(&[&a, &b], 0).unwrap();
+        assert_eq!((batch.b, batch.t), (2, 4));
+        assert_eq!(batch.ids, [5, 6, 7, 8, 1, 2, 0, 0]);
+        // Row 0 predicts 7 (from position 1) and 8; row 1 predicts 2.
+        assert_eq!(batch.positions, [1, 2, 4]);
+        assert_eq!(batch.labels, [7, 8, 2]);
+        assert_eq!((a.targets(), b.targets()), (2, 1));
+    }
+}

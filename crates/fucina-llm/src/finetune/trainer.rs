@@ -1,0 +1,256 @@
+//! The job: the causal-LM loss of a batch (the mean cross-entropy over its
+//! predicted tokens, as transformers' `ForCausalLMLoss` with prompt labels at
+//! -100), AdamW on the adapters, a warmup-cosine learning rate, gradient
+//! clipping, and the evaluation loss of a held-out split.
+
+use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
+use fucina::{ExecContext, Tensor, no_grad};
+
+use super::data::{Batch, Example};
+use super::decoder::TrainableDecoder;
+use super::error::{FinetuneError, invalid};
+
+/// The hyperparameters of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainOptions {
+    /// The peak learning rate.
+    pub lr: f32,
+    /// The learning rate at the end of the cosine (0 by default).
+    pub min_lr: f32,
+    /// Steps of linear warmup.
+    pub warmup_steps: u64,
+    /// AdamW's decoupled weight decay (0 by default, as transformers'
+    /// `Trainer`).
+    pub weight_decay: f32,
+    /// AdamW's betas.
+    pub betas: (f32, f32),
+    /// AdamW's epsilon.
+    pub eps: f32,
+    /// The gradients' global norm is clipped to it (`None`: no clipping;
+    /// transformers' `Trainer` clips to 1).
+    pub max_grad_norm: Option<f32>,
+    /// Examples per step.
+    pub batch: usize,
+    /// Passes over the training split.
+    pub epochs: usize,
+    /// The seed of the shuffles and of the adapters' dropout.
+    pub seed: u64,
+    /// The padding id of a batch (never attended by a real token, never
+    /// predicted).
+    pub pad_id: u32,
+}
+
+impl Default for TrainOptions {
+    fn default() -> TrainOptions {
+        TrainOptions {
+            lr: 2e-4,
+            min_lr: 0.0,
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            max_grad_norm: Some(1.0),
+            batch: 4,
+            epochs: 1,
+            seed: 0,
+            pad_id: 0,
+        }
+    }
+}
+
+/// The causal-LM loss of `batch`: the mean cross-entropy of its predicted
+/// tokens (only those rows go through the output projection). `train` (the
+/// step's seed) turns the adapters' dropout on.
+///
+/// # Errors
+/// [`FinetuneError::Invalid`] for a batch that predicts nothing; the
+/// decoder's errors.
+pub fn batch_loss(
+    ctx: &ExecContext,
+    model: &TrainableDecoder,
+    batch: &Batch,
+    train: Option<u64>,
+) -> Result<Tensor, FinetuneError> {
+    if batch.positions.is_empty() {
+        return Err(invalid("batch_loss", "the batch predicts no token"));
+    }
+    let h = model.hidden(ctx, &batch.ids, batch.b, batch.t, train)?;
+    let n = batch.positions.len();
+    let rows = ctx.from_slice_typed::<i64>(&[n], &batch.positions)?;
+    let labels = ctx.from_slice_typed::<i64>(&[n], &batch.labels)?;
+    let h = h.index_select(ctx, 0, &rows)?;
+    let logits = model.project(ctx, &h)?;
+    Ok(logits.cross_entropy(ctx, &labels)?)
+}
+
+/// A running job: the model, its optimizer and schedule, and the step count.
+#[derive(Debug)]
+pub struct Trainer {
+    model: TrainableDecoder,
+    opt: AdamW,
+    schedule: WarmupCosine,
+    opts: TrainOptions,
+    step: u64,
+}
+
+impl Trainer {
+    /// A job of `total_steps` optimizer steps over `model`'s adapters.
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for a batch of 0 or a schedule the options
+    /// do not make (`min_lr > lr`, more warmup steps than steps); the
+    /// optimizer's refusals of its hyperparameters.
+    pub fn new(
+        model: TrainableDecoder,
+        opts: TrainOptions,
+        total_steps: u64,
+    ) -> Result<Trainer, FinetuneError> {
+        if opts.batch == 0 {
+            return Err(invalid("Trainer::new", "a batch of 0 examples"));
+        }
+        let schedule = WarmupCosine::new(
+            opts.lr,
+            opts.min_lr,
+            opts.warmup_steps.min(total_steps),
+            total_steps,
+        )?;
+        let opt = AdamW::new(
+            model.parameters(),
+            AdamWConfig {
+                lr: schedule.lr(0),
+                betas: opts.betas,
+                eps: opts.eps,
+                weight_decay: opts.weight_decay,
+            },
+        )?;
+        Ok(Trainer {
+            model,
+            opt,
+            schedule,
+            opts,
+            step: 0,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &TrainableDecoder {
+        &self.model
+    }
+
+    /// The model, giving the job up.
+    pub fn into_model(self) -> TrainableDecoder {
+        self.model
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// One optimizer step on `batch`: the loss (dropout seeded by the job's
+    /// seed and the step), backward, clipping, the scheduled learning rate,
+    /// AdamW. Returns the loss before the step.
+    ///
+    /// # Errors
+    /// Those of [`batch_loss`], backward and the optimizer; on an error the
+    /// adapters are unchanged and their gradients cleared.
+    pub fn step(&mut self, ctx: &ExecContext, batch: &Batch) -> Result<f32, FinetuneError> {
+        let seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
+        let run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
+            let scope = ctx.open_exec_scope();
+            let res = (|| {
+                let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
+                let value = loss.item()?;
+                loss.backward(ctx)?;
+                Ok::<f32, FinetuneError>(value)
+            })();
+            ctx.close_exec_scope(scope);
+            let value = res?;
+            if let Some(max) = me.opts.max_grad_norm {
+                clip_grad_norm(ctx, me.opt.parameters(), max)?;
+            }
+            me.opt.set_lr(me.schedule.lr(me.step))?;
+            me.opt.step(ctx)?;
+            Ok(value)
+        };
+        let res = run(self);
+        self.opt.zero_grad();
+        let value = res?;
+        self.step += 1;
+        Ok(value)
+    }
+
+    /// The mean loss over every predicted token of `examples` (in batches of
+    /// the job's size, without dropout or gradients).
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] when `examples` predict nothing; the
+    /// decoder's errors.
+    pub fn eval(&self, ctx: &ExecContext, examples: &[Example]) -> Result<f32, FinetuneError> {
+        let _g = no_grad();
+        let (mut sum, mut count) = (0f64, 0usize);
+        for chunk in examples.chunks(self.opts.batch) {
+            let refs: Vec<&Example> = chunk.iter().collect();
+            let Some(batch) = Batch::new(&refs, self.opts.pad_id) else {
+                continue;
+            };
+            if batch.positions.is_empty() {
+                continue;
+            }
+            let loss = batch_loss(ctx, &self.model, &batch, None)?.item()?;
+            sum += f64::from(loss) * batch.positions.len() as f64;
+            count += batch.positions.len();
+        }
+        if count == 0 {
+            return Err(invalid("Trainer::eval", "the examples predict no token"));
+        }
+        Ok((sum / count as f64) as f32)
+    }
+
+    /// The order of `n` examples in epoch `epoch`: a permutation seeded by
+    /// the job's seed and the epoch.
+    pub fn epoch_order(&self, n: usize, epoch: usize) -> Vec<usize> {
+        shuffled(n, fucina::rng::at(self.opts.seed, epoch as u64))
+    }
+
+    /// The batches of one epoch of `examples`, in [`epoch_order`](Trainer::epoch_order)
+    /// (the last one may be smaller).
+    pub fn epoch_batches(&self, examples: &[Example], epoch: usize) -> Vec<Batch> {
+        let order = self.epoch_order(examples.len(), epoch);
+        order
+            .chunks(self.opts.batch)
+            .filter_map(|c| {
+                let refs: Vec<&Example> = c.iter().map(|&i| &examples[i]).collect();
+                Batch::new(&refs, self.opts.pad_id)
+            })
+            .collect()
+    }
+}
+
+/// A permutation of `0..n` from `seed`.
+pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut p = vec![0i64; n];
+    fucina::rng::randperm_fill(seed, &mut p);
+    p.into_iter().map(|i| i as usize).collect()
+}
+
+/// Splits `examples` into a training and a held-out split: a seeded shuffle,
+/// then the first `max(1, round(n · fraction))` examples held out (none when
+/// `fraction` is 0 or there are fewer than 2 examples).
+pub fn split_eval(
+    examples: Vec<Example>,
+    fraction: f32,
+    seed: u64,
+) -> (Vec<Example>, Vec<Example>) {
+    let n = examples.len();
+    if fraction <= 0.0 || n < 2 {
+        return (examples, Vec::new());
+    }
+    let k = ((n as f32 * fraction).round() as usize).clamp(1, n - 1);
+    let order = shuffled(n, fucina::rng::at(seed, u64::MAX));
+    let mut slots: Vec<Option<Example>> = examples.into_iter().map(Some).collect();
+    let mut take = |i: usize| slots[i].take().expect("a permutation");
+    let eval: Vec<Example> = order[..k].iter().map(|&i| take(i)).collect();
+    let train: Vec<Example> = order[k..].iter().map(|&i| take(i)).collect();
+    (train, eval)
+}

@@ -1,0 +1,337 @@
+//! The trainable decoder of `fucina_llm::finetune` on the fixture models:
+//! its logits against the inference decoder's, the adapters (fresh ones leave
+//! the logits unchanged, only they receive gradients), a few training steps
+//! that lower the loss, the PEFT files, the data errors, and the same bits for
+//! 1, 2 and 4 threads.
+
+use std::path::{Path, PathBuf};
+
+use fucina_llm::finetune::data::{Batch, Example};
+use fucina_llm::finetune::trainer::batch_loss;
+use fucina_llm::finetune::{
+    FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, peft, read_jsonl,
+};
+use fucina_llm::fucina::ExecContext;
+use fucina_llm::model::Model;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn prompt(name: &str) -> Vec<u32> {
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn all_targets(r: usize) -> LoraConfig {
+    LoraConfig {
+        r,
+        alpha: 2.0 * r as f32,
+        dropout: 0.0,
+        targets: Target::ALL.to_vec(),
+        seed: 7,
+    }
+}
+
+/// The tolerance on logits against the inference decoder: the same weights
+/// and tables, sums in other orders (f32 logits of magnitude up to ~14).
+const LOGIT_TOL: f32 = 5e-5;
+
+/// The trainable decoder's logits equal the inference decoder's within
+/// [`LOGIT_TOL`] on every architecture it builds, with fresh adapters
+/// (`B = 0`) on all seven projections.
+#[test]
+fn logits_match_the_inference_decoder() {
+    let ctx = ExecContext::new();
+    for name in [
+        "llama_f32",
+        "llama_bf16",
+        "llama_f16",
+        "llama3_rope_f32",
+        "llama_linear_f32",
+        "qwen2_f32",
+        "mistral_f32",
+        "qwen3_f32",
+    ] {
+        let dir = fixture(name);
+        let ids = prompt(name);
+        let model = Model::load(&dir).unwrap();
+        let vocab = model.config().vocab_size;
+        let mut cache = model.new_cache(&ctx, ids.len()).unwrap();
+        let mut all = vec![0f32; ids.len() * vocab];
+        let mut last = vec![0f32; vocab];
+        model
+            .prefill(&ctx, &mut cache, &ids, Some(&mut all), &mut last)
+            .unwrap();
+        let train = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+        let got = train.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+        let diff = got
+            .iter()
+            .zip(&all)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff <= LOGIT_TOL, "{name}: max |logit diff| {diff}");
+        eprintln!("{name}: max |trainable - inference logit| {diff:.2e}");
+    }
+}
+
+/// Two rows of a batch give the logits each gives alone (right padding is
+/// never attended by a real token).
+#[test]
+fn a_padded_batch_row_equals_the_row_alone() {
+    let ctx = ExecContext::new();
+    let dir = fixture("llama_f32");
+    let ids = prompt("llama_f32");
+    let train = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+    let short = &ids[..7];
+    let v = train.config().vocab_size;
+    let t = ids.len();
+    let mut both = ids.clone();
+    both.extend(short);
+    both.extend(std::iter::repeat_n(0, t - short.len()));
+    let batched = train.logits(&ctx, &both, 2, t).unwrap().to_vec();
+    let alone = train.logits(&ctx, short, 1, short.len()).unwrap().to_vec();
+    let row1 = &batched[t * v..(t + short.len()) * v];
+    let diff = row1
+        .iter()
+        .zip(&alone)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff <= 1e-5, "{diff}");
+}
+
+/// The architectures the trainable decoder does not build are refused by
+/// name.
+#[test]
+fn unsupported_architectures_are_refused() {
+    let ctx = ExecContext::new();
+    for name in ["gemma2_f32", "phi3_f32", "qwen3_moe_f32"] {
+        let e = TrainableDecoder::load(&ctx, fixture(name), &all_targets(2)).unwrap_err();
+        assert!(
+            matches!(e, FinetuneError::Invalid { .. }) && e.to_string().contains("not supported"),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// Six examples of 9 to 14 tokens from the cycled `ids`, prompts of 0 to 2.
+fn examples(ids: &[u32]) -> Vec<Example> {
+    let ids: Vec<u32> = ids.iter().copied().cycle().take(40).collect();
+    (0..6)
+        .map(|k| Example {
+            ids: ids[k..k + 9 + k].to_vec(),
+            prompt_len: k % 3,
+        })
+        .collect()
+}
+
+/// Training moves only the adapters (the base weights get no gradient: the
+/// logits of a model with the adapters zeroed again are the base's), and a
+/// few steps on a repeated batch lower its loss.
+#[test]
+fn training_lowers_the_loss_and_changes_only_the_adapters() {
+    let ctx = ExecContext::new();
+    let dir = fixture("llama_f32");
+    let ids = prompt("llama_f32");
+    let lora = LoraConfig {
+        targets: vec![Target::QProj, Target::VProj, Target::DownProj],
+        ..all_targets(4)
+    };
+    let model = TrainableDecoder::load(&ctx, &dir, &lora).unwrap();
+    let before = model.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    let ex = examples(&ids);
+    let refs: Vec<&Example> = ex.iter().collect();
+    let batch = Batch::new(&refs, 0).unwrap();
+    let opts = TrainOptions {
+        lr: 1e-2,
+        batch: 6,
+        ..TrainOptions::default()
+    };
+    let mut trainer = Trainer::new(model, opts, 10).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..10 {
+        losses.push(trainer.step(&ctx, &batch).unwrap());
+    }
+    assert!(
+        losses[9] < losses[0] - 0.05,
+        "the loss did not fall: {losses:?}"
+    );
+    let model = trainer.into_model();
+    // Every B moved off zero (the A's got gradients through them).
+    for (name, p) in model.named_parameters() {
+        if name.contains("lora_B") {
+            assert!(p.to_vec().iter().any(|&v| v != 0.0), "{name} unchanged");
+        }
+    }
+    // B = 0 again: the base model's logits, bit for bit (the base never
+    // changed).
+    for (name, p) in model.named_parameters() {
+        if name.contains("lora_B") {
+            p.copy_from_slice(&vec![0.0; p.numel()]).unwrap();
+        }
+    }
+    let after = model.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    assert_eq!(before, after);
+}
+
+/// Saved adapters are PEFT's files, and they load back bit for bit.
+#[test]
+fn adapters_round_trip_through_peft_files() {
+    let ctx = ExecContext::new();
+    let dir = fixture("qwen2_f32");
+    let lora = LoraConfig {
+        targets: vec![Target::KProj, Target::OProj, Target::UpProj],
+        ..all_targets(3)
+    };
+    let model = TrainableDecoder::load(&ctx, &dir, &lora).unwrap();
+    for (_, p) in model.named_parameters() {
+        let v: Vec<f32> = (0..p.numel()).map(|i| (i as f32 * 0.37).sin()).collect();
+        p.copy_from_slice(&v).unwrap();
+    }
+    let out = std::env::temp_dir().join(format!("fucina-lora-rt-{}", std::process::id()));
+    peft::save_adapter(&model, &out, "qwen2_f32").unwrap();
+    let cfg = peft::read_adapter_config(&out).unwrap();
+    assert_eq!((cfg.r, cfg.alpha, cfg.dropout), (3, 6.0, 0.0));
+    assert_eq!(cfg.targets, lora.targets);
+    let (tensors, _) =
+        fucina_llm::fucina::checkpoint::read(&ctx, out.join(peft::ADAPTER_WEIGHTS)).unwrap();
+    let mut names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names.len(), 2 * 3 * model.config().num_hidden_layers);
+    assert!(names.contains(&"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"));
+    assert!(names.contains(&"base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"));
+    let fresh = TrainableDecoder::load(&ctx, &dir, &cfg).unwrap();
+    peft::load_adapter_weights(&ctx, &fresh, &out).unwrap();
+    for ((n, a), (_, b)) in model
+        .named_parameters()
+        .iter()
+        .zip(fresh.named_parameters())
+    {
+        assert_eq!(a.to_vec(), b.to_vec(), "{n}");
+    }
+    // A model with other targets refuses the file, naming the tensor.
+    let other = TrainableDecoder::load(&ctx, &dir, &all_targets(3)).unwrap();
+    let e = peft::load_adapter_weights(&ctx, &other, &out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing"), "{e}");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// A malformed JSONL record is an error naming the file and the line.
+#[test]
+fn a_malformed_record_names_its_line() {
+    let tok =
+        fucina_llm::Tokenizer::from_file(fixture("llama_f32").join("tokenizer.json")).unwrap();
+    let path = std::env::temp_dir().join(format!("fucina-lora-data-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &path,
+        "{\"prompt\": \"ab\", \"completion\": \"cd\"}\n\n{\"text\": \"hello\"}\n{\"prompt\": 1, \"completion\": \"x\"}\n",
+    )
+    .unwrap();
+    let e = read_jsonl(&path, &tok, Some(1), 64).unwrap_err();
+    assert!(matches!(e, FinetuneError::Data { line: 4, .. }), "{e}");
+    assert!(
+        e.to_string().contains(":4: `prompt` must be a string"),
+        "{e}"
+    );
+    std::fs::write(
+        &path,
+        "{\"prompt\": \"ab\", \"completion\": \"cd\"}\n{\"text\": \"hello\"}\n",
+    )
+    .unwrap();
+    let ex = read_jsonl(&path, &tok, Some(1), 64).unwrap();
+    assert_eq!(ex.len(), 2);
+    let p = tok.encode("ab", true).unwrap();
+    assert_eq!(ex[0].prompt_len, p.len());
+    assert_eq!(ex[0].ids[..p.len()], p[..]);
+    assert_eq!(*ex[0].ids.last().unwrap(), 1);
+    assert_eq!(ex[1].prompt_len, 0);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The loss and every adapter bit after three steps (dropout on) are the
+/// same for 1, 2 and 4 threads.
+#[test]
+fn training_is_the_same_bits_for_1_2_and_4_threads() {
+    let dir = fixture("llama_bf16");
+    let ids = prompt("llama_bf16");
+    let ex = examples(&ids);
+    let run = |threads: usize| {
+        let ctx = ExecContext::with_threads(threads);
+        let lora = LoraConfig {
+            dropout: 0.1,
+            ..all_targets(4)
+        };
+        let model = TrainableDecoder::load(&ctx, &dir, &lora).unwrap();
+        let opts = TrainOptions {
+            lr: 1e-2,
+            batch: 3,
+            ..TrainOptions::default()
+        };
+        let mut trainer = Trainer::new(model, opts, 4).unwrap();
+        let mut losses = Vec::new();
+        for batch in trainer.epoch_batches(&ex, 0) {
+            losses.push(trainer.step(&ctx, &batch).unwrap().to_bits());
+        }
+        let eval = trainer.eval(&ctx, &ex).unwrap().to_bits();
+        let bits: Vec<u32> = trainer
+            .model()
+            .parameters()
+            .iter()
+            .flat_map(|p| p.to_vec())
+            .map(f32::to_bits)
+            .collect();
+        (losses, eval, bits)
+    };
+    let one = run(1);
+    assert_eq!(one.0.len(), 2);
+    for threads in [2, 4] {
+        assert_eq!(run(threads), one, "{threads} threads");
+    }
+}
+
+/// The loss of a batch is transformers' causal-LM loss: the mean over the
+/// predicted tokens of the cross-entropy of the logits one position earlier.
+#[test]
+fn the_batch_loss_is_the_mean_over_predicted_tokens() {
+    let ctx = ExecContext::new();
+    let dir = fixture("mistral_f32");
+    let ids = prompt("mistral_f32");
+    let model = TrainableDecoder::load(&ctx, &dir, &all_targets(2)).unwrap();
+    let ex = examples(&ids);
+    let refs: Vec<&Example> = ex[..2].iter().collect();
+    let batch = Batch::new(&refs, 0).unwrap();
+    let loss = batch_loss(&ctx, &model, &batch, None)
+        .unwrap()
+        .item()
+        .unwrap();
+    let v = model.config().vocab_size;
+    let logits = model
+        .logits(&ctx, &batch.ids, batch.b, batch.t)
+        .unwrap()
+        .to_vec();
+    let mut sum = 0f64;
+    for (&p, &l) in batch.positions.iter().zip(&batch.labels) {
+        let row = &logits[p as usize * v..(p as usize + 1) * v];
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+        sum += lse - row[l as usize] as f64;
+    }
+    let want = sum / batch.positions.len() as f64;
+    assert!(
+        (loss as f64 - want).abs() <= 1e-5 * want.abs(),
+        "{loss} vs {want}"
+    );
+}
