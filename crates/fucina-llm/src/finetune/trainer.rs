@@ -254,3 +254,66 @@ pub fn split_eval(
     let train: Vec<Example> = order[k..].iter().map(|&i| take(i)).collect();
     (train, eval)
 }
+
+/// What [`Trainer::fit`] reports as it goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event {
+    /// An optimizer step (`step` counts from 1) and its batch's loss.
+    Step {
+        /// The step.
+        step: u64,
+        /// The loss before the step.
+        loss: f32,
+        /// Tokens the loss predicted.
+        tokens: usize,
+    },
+    /// The end of an epoch (from 1) and the loss of the held-out split
+    /// (`None` without one).
+    Epoch {
+        /// The epoch.
+        epoch: usize,
+        /// The held-out loss.
+        eval_loss: Option<f32>,
+    },
+}
+
+/// Optimizer steps of `epochs` passes over `n` examples in batches of `batch`.
+pub fn total_steps(n: usize, batch: usize, epochs: usize) -> u64 {
+    (n.div_ceil(batch.max(1)) * epochs) as u64
+}
+
+impl Trainer {
+    /// Trains for the job's epochs over `train` (shuffled per epoch, see
+    /// [`epoch_batches`](Trainer::epoch_batches)), evaluating on `eval` after
+    /// each epoch when it is not empty; `on` hears every step and epoch.
+    ///
+    /// # Errors
+    /// Those of [`step`](Trainer::step) and [`eval`](Trainer::eval).
+    pub fn fit(
+        &mut self,
+        ctx: &ExecContext,
+        train: &[Example],
+        eval: &[Example],
+        mut on: impl FnMut(Event),
+    ) -> Result<(), FinetuneError> {
+        for epoch in 0..self.opts.epochs {
+            for batch in self.epoch_batches(train, epoch) {
+                let loss = self.step(ctx, &batch)?;
+                on(Event::Step {
+                    step: self.step,
+                    loss,
+                    tokens: batch.positions.len(),
+                });
+            }
+            let eval_loss = match eval.is_empty() {
+                true => None,
+                false => Some(self.eval(ctx, eval)?),
+            };
+            on(Event::Epoch {
+                epoch: epoch + 1,
+                eval_loss,
+            });
+        }
+        Ok(())
+    }
+}
