@@ -4,6 +4,7 @@
 //! that lower the loss, the PEFT files and the data errors. (The same bits
 //! for every thread count and vector level: `finetune_invariance.rs`.)
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fucina_llm::finetune::data::{Batch, Example};
@@ -12,7 +13,9 @@ use fucina_llm::finetune::{
     FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, peft, read_jsonl,
 };
 use fucina_llm::fucina::ExecContext;
+use fucina_llm::fucina::exec::WeightFormat;
 use fucina_llm::model::Model;
+use fucina_llm::{LoadDtype, Weight, WeightStore};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
@@ -292,5 +295,138 @@ fn the_batch_loss_is_the_mean_over_predicted_tokens() {
     assert!(
         (loss as f64 - want).abs() <= 1e-5 * want.abs(),
         "{loss} vs {want}"
+    );
+}
+
+/// `store` with every tensor widened to f32 (the same values).
+fn widened(store: &WeightStore) -> WeightStore {
+    WeightStore::from_tensors(
+        store
+            .iter()
+            .map(|(n, w)| {
+                let v = Weight::from_f32(WeightFormat::F32, w.shape(), &w.to_f32_vec()).unwrap();
+                (n.to_string(), v)
+            })
+            .collect::<HashMap<_, _>>(),
+    )
+}
+
+/// Logits and the adapters' gradients of one backward, with `B` set non-zero.
+fn logits_and_grads(
+    ctx: &ExecContext,
+    model: &TrainableDecoder,
+    batch: &Batch,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    for (n, p) in model.named_parameters() {
+        if n.contains("lora_B") {
+            let v: Vec<f32> = (0..p.numel())
+                .map(|i| 0.05 * (i as f32 * 0.71).sin())
+                .collect();
+            p.copy_from_slice(&v).unwrap();
+        }
+    }
+    let logits = model
+        .logits(ctx, &batch.ids, batch.b, batch.t)
+        .unwrap()
+        .to_vec();
+    batch_loss(ctx, model, batch, None)
+        .unwrap()
+        .backward(ctx)
+        .unwrap();
+    let grads = model
+        .parameters()
+        .iter()
+        .map(|p| p.grad(ctx).unwrap().unwrap().to_vec())
+        .collect();
+    (logits, grads)
+}
+
+/// A bf16 or f16 base (read in its format; the backward through the
+/// transposed copy) gives the logits and the adapters' gradients of the same
+/// values widened to f32, within rounding.
+#[test]
+fn bf16_and_f16_bases_train_as_their_f32_values() {
+    let ctx = ExecContext::new();
+    let ids = prompt("llama_f32");
+    let ex = examples(&ids);
+    let refs: Vec<&Example> = ex.iter().collect();
+    let batch = Batch::new(&refs, 0).unwrap();
+    let config =
+        fucina_llm::ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    for name in ["llama_bf16", "llama_f16"] {
+        let store = WeightStore::open(fixture(name)).unwrap();
+        let lora = all_targets(4);
+        let a = TrainableDecoder::from_parts(&ctx, config.clone(), &store, &lora).unwrap();
+        let b =
+            TrainableDecoder::from_parts(&ctx, config.clone(), &widened(&store), &lora).unwrap();
+        let (la, ga) = logits_and_grads(&ctx, &a, &batch);
+        let (lb, gb) = logits_and_grads(&ctx, &b, &batch);
+        let dl = max_diff(&la, &lb);
+        assert!(dl <= 2e-5, "{name}: logits differ by {dl}");
+        let worst = worst_relative(&ga, &gb);
+        assert!(
+            worst <= 1e-4,
+            "{name}: gradients differ by {worst:.2e} relative"
+        );
+        eprintln!("{name}: logits {dl:.2e}, gradients {worst:.2e} relative");
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// The largest `max |a - b| / max |b|` over the pairs of tensors.
+fn worst_relative(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| max_diff(x, y) / y.iter().fold(0f32, |m, v| m.max(v.abs())))
+        .fold(0f32, f32::max)
+}
+
+/// A Q8_0 base (`WeightStore::convert`) runs the inference kernel forward
+/// (its logits are the inference decoder's on the same store, whose products
+/// quantize the activations to 8 bits as llama.cpp's do), and its backward
+/// widens the matrices: the gradients are those of the dequantized f32 model
+/// up to the activations' 8-bit rounding in the forward.
+#[test]
+fn a_q8_0_base_trains_through_the_quantized_kernel() {
+    let ctx = ExecContext::new();
+    let ids = prompt("llama_f32");
+    let ex = examples(&ids);
+    let refs: Vec<&Example> = ex.iter().collect();
+    let batch = Batch::new(&refs, 0).unwrap();
+    let config =
+        fucina_llm::ModelConfig::from_file(fixture("llama_f32").join("config.json")).unwrap();
+    let q8 = WeightStore::open(fixture("llama_f32"))
+        .unwrap()
+        .convert(&ctx, LoadDtype::Q8_0, config.tie_word_embeddings)
+        .unwrap();
+    let lora = all_targets(4);
+    let a = TrainableDecoder::from_parts(&ctx, config.clone(), &q8, &lora).unwrap();
+    // Fresh adapters: the inference decoder's logits.
+    let inference = Model::from_parts(config.clone(), q8.clone()).unwrap();
+    let mut cache = inference.new_cache(&ctx, ids.len()).unwrap();
+    let v = config.vocab_size;
+    let (mut all, mut last) = (vec![0f32; ids.len() * v], vec![0f32; v]);
+    inference
+        .prefill(&ctx, &mut cache, &ids, Some(&mut all), &mut last)
+        .unwrap();
+    let got = a.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    let dl = max_diff(&got, &all);
+    assert!(
+        dl <= LOGIT_TOL,
+        "logits differ from the inference decoder's by {dl}"
+    );
+    let b = TrainableDecoder::from_parts(&ctx, config, &widened(&q8), &lora).unwrap();
+    let (_, ga) = logits_and_grads(&ctx, &a, &batch);
+    let (_, gb) = logits_and_grads(&ctx, &b, &batch);
+    let worst = worst_relative(&ga, &gb);
+    assert!(worst <= 5e-2, "gradients differ by {worst:.2e} relative");
+    eprintln!(
+        "Q8_0: logits {dl:.2e} from inference, gradients {worst:.2e} relative to the dequantized f32 model"
     );
 }

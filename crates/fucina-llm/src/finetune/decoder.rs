@@ -21,12 +21,15 @@
 //!
 //! The base projections are constants: backward computes the gradient of
 //! their input only, never of the weight. An f32 matrix is copied once at load
-//! into a runtime tensor and multiplied by the runtime's `linear`. A matrix
-//! stored in another format (bf16, f16, block-quantized) stays in that format
-//! (memory-mapped, as inference reads it): the forward is the inference
-//! kernel ([`Weight::matmul`]), and the backward's `dx = g · W` widens the one
-//! matrix it needs to f32 into a pooled buffer, released as soon as the
-//! product is done (so at most one projection is widened at a time).
+//! into a runtime tensor and multiplied by the runtime's `linear`. A bf16 or
+//! f16 matrix stays in its format (memory-mapped, as inference reads it) and
+//! gets a transposed copy in the same format, made once at load: the forward
+//! `x · Wᵀ` is the inference kernel ([`Weight::matmul`]) over the matrix, the
+//! backward's `dx = g · W` the same kernel over the transpose, so nothing is
+//! widened or copied per step (the base costs twice its file size in memory,
+//! half of an f32 copy). A block-quantized matrix (a base loaded with
+//! [`WeightStore::convert`]) has no transpose: its backward widens it into a
+//! pooled f32 matrix for the one product (one projection at a time).
 //!
 //! # Differences from the inference decoder
 //!
@@ -50,23 +53,50 @@ use crate::weights::{Weight, WeightStore};
 enum Frozen {
     /// An f32 matrix, as a runtime tensor.
     Dense(RawTensor),
-    /// Another format, read in place.
-    File(Weight),
+    /// Another format, read in place, with its transpose `[in, out]` in the
+    /// same format for the backward (`None` for a block-quantized matrix,
+    /// whose backward widens it).
+    File(Weight, Option<Weight>),
+}
+
+/// `w` (`[rows, cols]` of a 2- or 4-byte float format) transposed, in the same
+/// format.
+fn transposed(w: &Weight) -> Result<Weight, FinetuneError> {
+    let (rows, cols) = (w.shape()[0], w.shape()[1]);
+    let size = w.format().size_bytes();
+    let src = w.bytes();
+    let mut out = vec![0u8; src.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (s, d) = ((r * cols + c) * size, (c * rows + r) * size);
+            out[d..d + size].copy_from_slice(&src[s..s + size]);
+        }
+    }
+    Ok(Weight::from_bytes(
+        "transposed base weight",
+        w.format(),
+        &[cols, rows],
+        out,
+    )?)
 }
 
 impl Frozen {
+    /// The frozen form of `w`: an f32 matrix copied into a runtime tensor, a
+    /// bf16 or f16 matrix kept with its transpose, a quantized one as it is.
     fn new(ctx: &ExecContext, w: &Weight) -> Result<Frozen, FinetuneError> {
-        if w.quant_format().is_none() && w.format() == WeightFormat::F32 {
+        if w.quant_format().is_some() {
+            Ok(Frozen::File(w.clone(), None))
+        } else if w.format() == WeightFormat::F32 {
             Ok(Frozen::Dense(ctx.from_slice(w.shape(), &w.to_f32_vec())?))
         } else {
-            Ok(Frozen::File(w.clone()))
+            Ok(Frozen::File(w.clone(), Some(transposed(w)?)))
         }
     }
 
     fn shape(&self) -> [usize; 2] {
         let s = match self {
             Frozen::Dense(t) => t.shape(),
-            Frozen::File(w) => w.shape(),
+            Frozen::File(w, _) => w.shape(),
         };
         [s[0], s[1]]
     }
@@ -75,7 +105,7 @@ impl Frozen {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor, FinetuneError> {
         match self {
             Frozen::Dense(w) => Ok(x.linear(ctx, &Tensor::constant(w.clone()), None)?),
-            Frozen::File(w) => frozen_file_linear(ctx, w, x),
+            Frozen::File(w, wt) => frozen_file_linear(ctx, w, wt.as_ref(), x),
         }
     }
 
@@ -97,7 +127,7 @@ impl Frozen {
                     o.copy_from_slice(&src[i as usize * cols..(i as usize + 1) * cols]);
                 }
             }
-            Frozen::File(w) => {
+            Frozen::File(w, _) => {
                 for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
                     w.row_to_f32(i as usize, o)?;
                 }
@@ -107,13 +137,21 @@ impl Frozen {
     }
 }
 
-/// `x · Wᵀ` with `W` read in its file format: the forward is the inference
-/// kernel, the backward widens `W` into a pooled f32 matrix for `g · W`.
-fn frozen_file_linear(ctx: &ExecContext, w: &Weight, x: &Tensor) -> Result<Tensor, FinetuneError> {
+/// `x · Wᵀ` with `W` read in its file format by the inference kernel; the
+/// backward's `g · W` is the same kernel over the transpose `wt` when there is
+/// one, else (a quantized matrix) a product with `W` widened into a pooled f32
+/// matrix for the call.
+fn frozen_file_linear(
+    ctx: &ExecContext,
+    w: &Weight,
+    wt: Option<&Weight>,
+    x: &Tensor,
+) -> Result<Tensor, FinetuneError> {
     let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
     let n = x.shape()[0];
     let fw = w.clone();
     let bw = w.clone();
+    let bwt = wt.cloned();
     let y = custom_vjp(
         ctx,
         "frozen_linear",
@@ -129,12 +167,18 @@ fn frozen_file_linear(ctx: &ExecContext, w: &Weight, x: &Tensor) -> Result<Tenso
             if !a.needs[0] {
                 return Ok(vec![None]);
             }
+            let g = ctx.contiguous(a.grad)?;
+            if let Some(wt) = &bwt {
+                let mut dx = ctx.empty(&[n, in_f])?;
+                wt.matmul(ctx, g.data()?, n, dx.data_mut()?)
+                    .map_err(external)?;
+                return Ok(vec![Some(dx)]);
+            }
             let mut wf = ctx.empty(&[out_f, in_f])?;
             let data = wf.data_mut()?;
             for (r, row) in data.chunks_exact_mut(in_f).enumerate() {
                 bw.row_to_f32(r, row).map_err(external)?;
             }
-            let g = ctx.contiguous(a.grad)?;
             Ok(vec![Some(ctx.matmul(&g, &wf)?)])
         },
     )?;
