@@ -157,15 +157,12 @@ impl Trainer {
     pub fn step(&mut self, ctx: &ExecContext, batch: &Batch) -> Result<f32, FinetuneError> {
         let seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
         let run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
-            let scope = ctx.open_exec_scope();
-            let res = (|| {
-                let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
-                let value = loss.item()?;
-                loss.backward(ctx)?;
-                Ok::<f32, FinetuneError>(value)
-            })();
-            ctx.close_exec_scope(scope);
-            let value = res?;
+            // No exec scope: drop-as-you-go keeps only what the backward
+            // reads (a scope would hold every intermediate to the end).
+            let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
+            let value = loss.item()?;
+            loss.backward(ctx)?;
+            drop(loss);
             if let Some(max) = me.opts.max_grad_norm {
                 clip_grad_norm(ctx, me.opt.parameters(), max)?;
             }
