@@ -141,6 +141,12 @@ impl Frozen {
 /// backward's `g · W` is the same kernel over the transpose `wt` when there is
 /// one, else (a quantized matrix) a product with `W` widened into a pooled f32
 /// matrix for the call.
+///
+/// The product is a constant computed without a graph, plus a zero-storage
+/// gradient hook: a custom op of `x` whose output is a broadcast view of one
+/// zero (`[n, out]` with strides 0) and whose backward is `g · W`. The graph
+/// thus keeps `x` (shared with the adapter) and four bytes, not the
+/// product's `[n, out]` (which a custom op would keep as its output).
 fn frozen_file_linear(
     ctx: &ExecContext,
     w: &Weight,
@@ -149,20 +155,22 @@ fn frozen_file_linear(
 ) -> Result<Tensor, FinetuneError> {
     let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
     let n = x.shape()[0];
-    let fw = w.clone();
+    let y = {
+        let xc = ctx.contiguous(x.raw())?;
+        let mut y = ctx.empty(&[n, out_f])?;
+        w.matmul(ctx, xc.data()?, n, y.data_mut()?)?;
+        Tensor::constant(y)
+    };
+    if !x.requires_grad() || !fucina::is_grad_enabled() {
+        return Ok(y);
+    }
     let bw = w.clone();
     let bwt = wt.cloned();
-    let y = custom_vjp(
+    let hook = custom_vjp(
         ctx,
         "frozen_linear",
         &[x],
-        move |ctx, xs| {
-            let x = ctx.contiguous(&xs[0])?;
-            let mut y = ctx.empty(&[n, out_f])?;
-            fw.matmul(ctx, x.data()?, n, y.data_mut()?)
-                .map_err(external)?;
-            Ok(y)
-        },
+        move |ctx, _| Ok(ctx.zeros(&[1, 1])?.broadcast_to(&[n, out_f])?),
         move |ctx, a| {
             if !a.needs[0] {
                 return Ok(vec![None]);
@@ -182,7 +190,7 @@ fn frozen_file_linear(
             Ok(vec![Some(ctx.matmul(&g, &wf)?)])
         },
     )?;
-    Ok(y)
+    Ok(y.add(ctx, &hook)?)
 }
 
 /// An error of the loader's types inside an op's closure.
