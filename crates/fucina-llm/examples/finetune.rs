@@ -19,7 +19,11 @@
 //! Output on stdout: `step {n} loss {x}` after each optimizer step and
 //! `eval loss {x}` after each epoch (scripts parse these lines); then the
 //! adapters are written to `--out` (`adapter_model.safetensors`,
-//! `adapter_config.json`), which `peft.PeftModel.from_pretrained` loads. The
+//! `adapter_config.json`), which `peft.PeftModel.from_pretrained` loads, with
+//! the optimizer's state (`trainer_state.safetensors`): `--resume DIR`
+//! continues a job from such a directory (also written every `--save-every`
+//! steps) with the same bits as a run that never stopped. `--grad-accum K`
+//! takes an optimizer step every `K` micro-batches of `--batch`. The
 //! same arguments give the same bits for any `--threads`. `--logits-ids 1,2,3
 //! --logits-out FILE.npy` also writes the logits of those ids with the trained
 //! adapters, which `scripts/peft_roundtrip.py` compares with what PEFT
@@ -36,8 +40,8 @@ use clap::Parser;
 use fucina_llm::Tokenizer;
 use fucina_llm::finetune::trainer::Event;
 use fucina_llm::finetune::{
-    FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, peft, read_jsonl,
-    split_eval, total_steps,
+    FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, read_jsonl,
+    split_eval,
 };
 use fucina_llm::fucina::ExecContext;
 
@@ -70,6 +74,18 @@ struct Args {
     /// Examples per optimizer step.
     #[arg(long, default_value_t = 4)]
     batch: usize,
+    /// Micro-batches of `--batch` examples per optimizer step (gradient
+    /// accumulation).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Write a checkpoint (the adapters and the optimizer's state) to `--out`
+    /// every this many steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    save_every: u64,
+    /// Resume from the checkpoint in this directory (written by a run with the
+    /// same arguments): the same bits as a run that never stopped.
+    #[arg(long)]
+    resume: Option<PathBuf>,
     /// Passes over the training examples.
     #[arg(long, default_value_t = 1)]
     epochs: usize,
@@ -148,15 +164,14 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
             reason: format!("{}: no training example", args.data.display()),
         });
     }
-    let steps = total_steps(train.len(), args.batch, args.epochs);
-    eprintln!(
-        "{} training and {} held-out examples, {steps} steps, {} adapter values on {} threads",
-        train.len(),
-        eval.len(),
-        model.parameters().iter().map(|p| p.numel()).sum::<usize>(),
-        ctx.threads()
-    );
+    if args.batch == 0 || args.grad_accum == 0 {
+        return Err(FinetuneError::Invalid {
+            op: "finetune",
+            reason: "--batch and --grad-accum must be at least 1".to_string(),
+        });
+    }
     let opts = TrainOptions {
+        grad_accum: args.grad_accum,
         lr: args.lr,
         warmup_steps: args.warmup,
         weight_decay: args.weight_decay,
@@ -166,30 +181,48 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         seed: args.seed,
         ..TrainOptions::default()
     };
+    let steps = opts.total_steps(train.len());
+    eprintln!(
+        "{} training and {} held-out examples, {steps} steps, {} adapter values on {} threads",
+        train.len(),
+        eval.len(),
+        model.parameters().iter().map(|p| p.numel()).sum::<usize>(),
+        ctx.threads()
+    );
     let mut trainer = Trainer::new(model, opts, steps)?;
+    if let Some(dir) = &args.resume {
+        trainer.load_checkpoint(&ctx, dir)?;
+        eprintln!("resumed at step {} from {}", trainer.steps(), dir.display());
+    }
+    let base = args.model.to_string_lossy().into_owned();
     let start = Instant::now();
     let mut tokens = 0usize;
-    trainer.fit(&ctx, &train, &eval, |e| match e {
-        Event::Step {
-            step,
-            loss,
-            tokens: t,
-        } => {
-            tokens += t;
-            println!("step {step} loss {loss}");
-            eprintln!(
-                "  {step}/{steps}  {:.0} predicted tokens/s",
-                tokens as f64 / start.elapsed().as_secs_f64()
-            );
-        }
-        Event::Epoch { eval_loss, .. } => {
-            if let Some(l) = eval_loss {
-                println!("eval loss {l}");
+    trainer.fit(&ctx, &train, &eval, |trainer, e| {
+        match e {
+            Event::Step {
+                step,
+                loss,
+                tokens: t,
+            } => {
+                tokens += t;
+                println!("step {step} loss {loss}");
+                eprintln!(
+                    "  {step}/{steps}  {:.0} predicted tokens/s",
+                    tokens as f64 / start.elapsed().as_secs_f64()
+                );
+                if args.save_every > 0 && step % args.save_every == 0 {
+                    trainer.save_checkpoint(&args.out, &base)?;
+                }
+            }
+            Event::Epoch { eval_loss, .. } => {
+                if let Some(l) = eval_loss {
+                    println!("eval loss {l}");
+                }
             }
         }
+        Ok(())
     })?;
-    let base = args.model.to_string_lossy();
-    peft::save_adapter(trainer.model(), &args.out, &base)?;
+    trainer.save_checkpoint(&args.out, &base)?;
     eprintln!("adapters written to {}", args.out.display());
     if let (Some(ids), Some(path)) = (&args.logits_ids, &args.logits_out) {
         let ids = parse_ids(ids)?;
@@ -218,6 +251,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fucina_llm::finetune::peft;
 
     fn fixture() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_f32")

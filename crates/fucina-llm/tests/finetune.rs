@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fucina_llm::finetune::data::{Batch, Example};
-use fucina_llm::finetune::trainer::batch_loss;
+use fucina_llm::finetune::trainer::{Event, batch_loss};
 use fucina_llm::finetune::{
     FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, peft, read_jsonl,
 };
@@ -429,4 +429,145 @@ fn a_q8_0_base_trains_through_the_quantized_kernel() {
     eprintln!(
         "Q8_0: logits {dl:.2e} from inference, gradients {worst:.2e} relative to the dequantized f32 model"
     );
+}
+
+/// An optimizer step over two micro-batches of two examples takes the
+/// gradient of one batch of the four: the same loss and update within
+/// rounding (AdamW with a large epsilon, so the update is close to linear in
+/// the gradient).
+#[test]
+fn gradient_accumulation_equals_one_larger_batch() {
+    let ctx = ExecContext::new();
+    let dir = fixture("llama_f32");
+    let ex = examples(&prompt("llama_f32"));
+    let lora = LoraConfig {
+        targets: vec![Target::QProj, Target::VProj, Target::UpProj],
+        ..all_targets(4)
+    };
+    let run = |parts: &[&[Example]]| {
+        let model = TrainableDecoder::load(&ctx, &dir, &lora).unwrap();
+        for (n, p) in model.named_parameters() {
+            if n.contains("lora_B") {
+                let v: Vec<f32> = (0..p.numel()).map(|i| 0.05 * (i as f32).cos()).collect();
+                p.copy_from_slice(&v).unwrap();
+            }
+        }
+        let before: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec()).collect();
+        let opts = TrainOptions {
+            lr: 1e-2,
+            eps: 1.0,
+            max_grad_norm: None,
+            ..TrainOptions::default()
+        };
+        let mut trainer = Trainer::new(model, opts, 1).unwrap();
+        let batches: Vec<Batch> = parts
+            .iter()
+            .map(|p| Batch::new(&p.iter().collect::<Vec<_>>(), 0).unwrap())
+            .collect();
+        let loss = trainer.step_accumulated(&ctx, &batches).unwrap();
+        let deltas: Vec<Vec<f32>> = trainer
+            .model()
+            .parameters()
+            .iter()
+            .zip(&before)
+            .map(|(p, b)| p.to_vec().iter().zip(b).map(|(x, y)| x - y).collect())
+            .collect();
+        (loss, deltas)
+    };
+    let (one_loss, one) = run(&[&ex[..4]]);
+    let (acc_loss, acc) = run(&[&ex[..2], &ex[2..4]]);
+    assert!(
+        (one_loss - acc_loss).abs() <= 1e-6 * one_loss,
+        "{one_loss} vs {acc_loss}"
+    );
+    let worst = worst_relative(&acc, &one);
+    assert!(worst <= 1e-4, "updates differ by {worst:.2e} relative");
+}
+
+/// A job stopped after its third step (a checkpoint written there) and
+/// resumed from the checkpoint in a fresh process state gives the losses and
+/// adapter bits of the job that never stopped (dropout, warmup-cosine,
+/// clipping, accumulation and an epoch boundary on the way).
+#[test]
+fn a_resumed_job_is_the_same_bits_as_an_uninterrupted_one() {
+    let ctx = ExecContext::with_threads(2);
+    let dir = fixture("llama_f32");
+    let ex = examples(&prompt("llama_f32"));
+    let lora = LoraConfig {
+        dropout: 0.1,
+        ..all_targets(4)
+    };
+    let opts = TrainOptions {
+        lr: 1e-2,
+        warmup_steps: 1,
+        batch: 2,
+        grad_accum: 2,
+        epochs: 3,
+        ..TrainOptions::default()
+    };
+    let (train, eval) = (&ex[..5], &ex[5..]);
+    let steps = opts.total_steps(train.len());
+    assert_eq!(steps, 6);
+    let trainer = |seed: u64| {
+        let model = TrainableDecoder::load(
+            &ctx,
+            &dir,
+            &LoraConfig {
+                seed,
+                ..lora.clone()
+            },
+        )
+        .unwrap();
+        Trainer::new(model, opts.clone(), steps).unwrap()
+    };
+    let bits = |t: &Trainer| -> Vec<u32> {
+        t.model()
+            .parameters()
+            .iter()
+            .flat_map(|p| p.to_vec())
+            .map(f32::to_bits)
+            .collect()
+    };
+    let record = |losses: &mut Vec<(u64, u32)>, e: Event| match e {
+        Event::Step { step, loss, .. } => losses.push((step, loss.to_bits())),
+        Event::Epoch { epoch, eval_loss } => {
+            losses.push((1000 + epoch as u64, eval_loss.unwrap().to_bits()))
+        }
+    };
+    let mut whole = Vec::new();
+    let mut t = trainer(5);
+    t.fit(&ctx, train, eval, |_, e| {
+        record(&mut whole, e);
+        Ok(())
+    })
+    .unwrap();
+    let want = bits(&t);
+
+    let ckpt = std::env::temp_dir().join(format!("fucina-lora-resume-{}", std::process::id()));
+    let mut first = Vec::new();
+    let mut t = trainer(5);
+    let stop = t.fit(&ctx, train, eval, |t, e| {
+        record(&mut first, e);
+        if let Event::Step { step: 3, .. } = e {
+            t.save_checkpoint(&ckpt, "llama_f32")?;
+            return Err(FinetuneError::Invalid {
+                op: "test",
+                reason: "stop".into(),
+            });
+        }
+        Ok(())
+    });
+    assert!(stop.is_err());
+    // Another seed: the checkpoint replaces the adapters' initialization.
+    let mut t = trainer(6);
+    t.load_checkpoint(&ctx, &ckpt).unwrap();
+    assert_eq!(t.steps(), 3);
+    t.fit(&ctx, train, eval, |_, e| {
+        record(&mut first, e);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(first, whole);
+    assert_eq!(bits(&t), want);
+    std::fs::remove_dir_all(&ckpt).unwrap();
 }

@@ -19,4 +19,4 @@ pub use data::{Example, read_jsonl};
 pub use decoder::TrainableDecoder;
 pub use error::FinetuneError;
 pub use lora::{LoraAdapter, LoraConfig, Target};
-pub use trainer::{Event, TrainOptions, Trainer, split_eval, total_steps};
+pub use trainer::{Event, TrainOptions, Trainer, split_eval};

@@ -3,6 +3,8 @@
 //! -100), AdamW on the adapters, a warmup-cosine learning rate, gradient
 //! clipping, and the evaluation loss of a held-out split.
 
+use std::path::Path;
+
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
 use fucina::{ExecContext, Tensor, no_grad};
 
@@ -29,8 +31,12 @@ pub struct TrainOptions {
     /// The gradients' global norm is clipped to it (`None`: no clipping;
     /// transformers' `Trainer` clips to 1).
     pub max_grad_norm: Option<f32>,
-    /// Examples per step.
+    /// Examples per micro-batch (one forward and backward).
     pub batch: usize,
+    /// Micro-batches per optimizer step (gradient accumulation; 1: none).
+    /// The step's gradient is that of the mean loss over every predicted
+    /// token of its micro-batches, as one batch of them all would give.
+    pub grad_accum: usize,
     /// Passes over the training split.
     pub epochs: usize,
     /// The seed of the shuffles and of the adapters' dropout.
@@ -38,6 +44,23 @@ pub struct TrainOptions {
     /// The padding id of a batch (never attended by a real token, never
     /// predicted).
     pub pad_id: u32,
+}
+
+impl TrainOptions {
+    /// Micro-batches of one epoch over `n` examples.
+    pub fn batches_per_epoch(&self, n: usize) -> usize {
+        n.div_ceil(self.batch.max(1))
+    }
+
+    /// Optimizer steps of one epoch over `n` examples.
+    pub fn steps_per_epoch(&self, n: usize) -> u64 {
+        self.batches_per_epoch(n).div_ceil(self.grad_accum.max(1)) as u64
+    }
+
+    /// Optimizer steps of the whole job over `n` examples.
+    pub fn total_steps(&self, n: usize) -> u64 {
+        self.steps_per_epoch(n) * self.epochs as u64
+    }
 }
 
 impl Default for TrainOptions {
@@ -51,6 +74,7 @@ impl Default for TrainOptions {
             eps: 1e-8,
             max_grad_norm: Some(1.0),
             batch: 4,
+            grad_accum: 1,
             epochs: 1,
             seed: 0,
             pad_id: 0,
@@ -147,28 +171,60 @@ impl Trainer {
         self.step
     }
 
-    /// One optimizer step on `batch`: the loss (dropout seeded by the job's
-    /// seed and the step), backward, clipping, the scheduled learning rate,
-    /// AdamW. Returns the loss before the step.
+    /// One optimizer step on `batch`: [`step_accumulated`](Trainer::step_accumulated)
+    /// of the one batch.
     ///
     /// # Errors
-    /// Those of [`batch_loss`], backward and the optimizer; on an error the
-    /// adapters are unchanged and their gradients cleared.
+    /// As [`step_accumulated`](Trainer::step_accumulated).
     pub fn step(&mut self, ctx: &ExecContext, batch: &Batch) -> Result<f32, FinetuneError> {
-        let seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
+        self.step_accumulated(ctx, std::slice::from_ref(batch))
+    }
+
+    /// One optimizer step over the micro-batches `batches`: for each, the
+    /// loss (dropout seeded by the job's seed, the step and the micro-batch)
+    /// weighted by its share of the predicted tokens, and its backward (the
+    /// gradients accumulate); then clipping, the scheduled learning rate,
+    /// AdamW. Returns the loss before the step (the mean over every predicted
+    /// token of the micro-batches).
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for no micro-batch; those of
+    /// [`batch_loss`], backward and the optimizer. On an error the adapters
+    /// are unchanged and their gradients cleared.
+    pub fn step_accumulated(
+        &mut self,
+        ctx: &ExecContext,
+        batches: &[Batch],
+    ) -> Result<f32, FinetuneError> {
+        let total: usize = batches.iter().map(|b| b.positions.len()).sum();
+        if batches.is_empty() || total == 0 {
+            return Err(invalid(
+                "Trainer::step_accumulated",
+                "the micro-batches predict no token",
+            ));
+        }
+        let step_seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
         let run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
-            // No exec scope: drop-as-you-go keeps only what the backward
-            // reads (a scope would hold every intermediate to the end).
-            let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
-            let value = loss.item()?;
-            loss.backward(ctx)?;
-            drop(loss);
+            let mut sum = 0f64;
+            for (k, batch) in batches.iter().enumerate() {
+                // No exec scope: drop-as-you-go keeps only what the backward
+                // reads (a scope would hold every intermediate to the end).
+                let seed = fucina::rng::at(step_seed, k as u64);
+                let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
+                let share = batch.positions.len() as f64 / total as f64;
+                sum += f64::from(loss.item()?) * share;
+                let loss = match batches.len() {
+                    1 => loss,
+                    _ => loss.scale(ctx, share as f32)?,
+                };
+                loss.backward(ctx)?;
+            }
             if let Some(max) = me.opts.max_grad_norm {
                 clip_grad_norm(ctx, me.opt.parameters(), max)?;
             }
             me.opt.set_lr(me.schedule.lr(me.step))?;
             me.opt.step(ctx)?;
-            Ok(value)
+            Ok(sum as f32)
         };
         let res = run(self);
         self.opt.zero_grad();
@@ -274,43 +330,120 @@ pub enum Event {
     },
 }
 
-/// Optimizer steps of `epochs` passes over `n` examples in batches of `batch`.
-pub fn total_steps(n: usize, batch: usize, epochs: usize) -> u64 {
-    (n.div_ceil(batch.max(1)) * epochs) as u64
-}
-
 impl Trainer {
-    /// Trains for the job's epochs over `train` (shuffled per epoch, see
-    /// [`epoch_batches`](Trainer::epoch_batches)), evaluating on `eval` after
-    /// each epoch when it is not empty; `on` hears every step and epoch.
+    /// Trains over `train` from the trainer's current step to the end of the
+    /// job's epochs (each epoch shuffled by [`epoch_batches`](Trainer::epoch_batches),
+    /// `grad_accum` micro-batches per step), evaluating on `eval` after each
+    /// epoch when it is not empty; `on` hears every step and epoch, with the
+    /// trainer (to save a checkpoint, say; an error from it stops the job). A trainer
+    /// restored by [`load_checkpoint`](Trainer::load_checkpoint) resumes at
+    /// the micro-batch where the saved one stopped, with the same bits as a
+    /// run that never stopped.
     ///
     /// # Errors
-    /// Those of [`step`](Trainer::step) and [`eval`](Trainer::eval).
+    /// Those of [`step_accumulated`](Trainer::step_accumulated) and
+    /// [`eval`](Trainer::eval).
     pub fn fit(
         &mut self,
         ctx: &ExecContext,
         train: &[Example],
         eval: &[Example],
-        mut on: impl FnMut(Event),
+        mut on: impl FnMut(&Trainer, Event) -> Result<(), FinetuneError>,
     ) -> Result<(), FinetuneError> {
-        for epoch in 0..self.opts.epochs {
-            for batch in self.epoch_batches(train, epoch) {
-                let loss = self.step(ctx, &batch)?;
-                on(Event::Step {
+        let per_epoch = self.opts.steps_per_epoch(train.len());
+        if per_epoch == 0 {
+            return Err(invalid("Trainer::fit", "no training example"));
+        }
+        let accum = self.opts.grad_accum.max(1);
+        let first_epoch = (self.step / per_epoch) as usize;
+        for epoch in first_epoch..self.opts.epochs {
+            let batches = self.epoch_batches(train, epoch);
+            let done = (self.step - epoch as u64 * per_epoch) as usize;
+            for group in batches.chunks(accum).skip(done) {
+                let loss = self.step_accumulated(ctx, group)?;
+                let event = Event::Step {
                     step: self.step,
                     loss,
-                    tokens: batch.positions.len(),
-                });
+                    tokens: group.iter().map(|b| b.positions.len()).sum(),
+                };
+                on(self, event)?;
             }
             let eval_loss = match eval.is_empty() {
                 true => None,
                 false => Some(self.eval(ctx, eval)?),
             };
-            on(Event::Epoch {
+            let event = Event::Epoch {
                 epoch: epoch + 1,
                 eval_loss,
-            });
+            };
+            on(self, event)?;
         }
         Ok(())
     }
+
+    /// Saves the job's state in directory `dir` (created if absent): the
+    /// adapters as PEFT writes them ([`peft::save_adapter`](super::peft::save_adapter))
+    /// and `trainer_state.safetensors` (AdamW's moments and step count, with
+    /// the trainer's step in the metadata). [`load_checkpoint`](Trainer::load_checkpoint)
+    /// restores it.
+    ///
+    /// # Errors
+    /// I/O and checkpoint errors.
+    pub fn save_checkpoint(&self, dir: impl AsRef<Path>, base: &str) -> Result<(), FinetuneError> {
+        let dir = dir.as_ref();
+        super::peft::save_adapter(&self.model, dir, base)?;
+        let step = self.step.to_string();
+        fucina::checkpoint::save_state_dict(
+            dir.join(TRAINER_STATE),
+            &self.opt.state_dict(),
+            &[("fucina_trainer_step", &step)],
+        )?;
+        Ok(())
+    }
+
+    /// Restores a state saved by [`save_checkpoint`](Trainer::save_checkpoint)
+    /// into this trainer (built with the same model, options and step count):
+    /// the adapters, AdamW's state and the step. Nothing changes on an error.
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for a state that does not fit (another
+    /// model's adapters, a missing step); I/O and checkpoint errors.
+    pub fn load_checkpoint(
+        &mut self,
+        ctx: &ExecContext,
+        dir: impl AsRef<Path>,
+    ) -> Result<(), FinetuneError> {
+        const OP: &str = "Trainer::load_checkpoint";
+        let dir = dir.as_ref();
+        let path = dir.join(TRAINER_STATE);
+        let state = fucina::checkpoint::read_state_dict(ctx, &path)?;
+        let step: u64 = state
+            .metadata()
+            .get("fucina_trainer_step")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                invalid(
+                    OP,
+                    format!("{}: no `fucina_trainer_step` metadata", path.display()),
+                )
+            })?;
+        // Checked first (the optimizer's load and the adapters' both refuse
+        // a misfit before they change anything): the adapters' file against
+        // the model, then the optimizer's state, then both written.
+        let saved_params: Vec<Vec<f32>> =
+            self.model.parameters().iter().map(|p| p.to_vec()).collect();
+        super::peft::load_adapter_weights(ctx, &self.model, dir)?;
+        let entries: Vec<(String, fucina::Tensor)> = state.into_entries();
+        if let Err(e) = self.opt.load_state_dict(ctx, &entries) {
+            for (p, v) in self.model.parameters().iter().zip(&saved_params) {
+                p.copy_from_slice(v)?;
+            }
+            return Err(e.into());
+        }
+        self.step = step;
+        Ok(())
+    }
 }
+
+/// The optimizer state file of a checkpoint directory.
+pub const TRAINER_STATE: &str = "trainer_state.safetensors";
