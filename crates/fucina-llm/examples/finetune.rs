@@ -23,7 +23,11 @@
 //! the optimizer's state (`trainer_state.safetensors`): `--resume DIR`
 //! continues a job from such a directory (also written every `--save-every`
 //! steps) with the same bits as a run that never stopped. `--grad-accum K`
-//! takes an optimizer step every `K` micro-batches of `--batch`. The
+//! takes an optimizer step every `K` micro-batches of `--batch`.
+//! `--merge-lora DIR` also writes the model with the adapters merged into its
+//! matrices (f32) as a Hugging Face directory, which transformers and
+//! `generate --model DIR` load (`generate --lora` applies the adapters
+//! without writing a model). The
 //! same arguments give the same bits for any `--threads`. `--logits-ids 1,2,3
 //! --logits-out FILE.npy` also writes the logits of those ids with the trained
 //! adapters, which `scripts/peft_roundtrip.py` compares with what PEFT
@@ -40,7 +44,7 @@ use clap::Parser;
 use fucina_llm::Tokenizer;
 use fucina_llm::finetune::trainer::Event;
 use fucina_llm::finetune::{
-    FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, read_jsonl,
+    FinetuneError, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer, peft, read_jsonl,
     split_eval,
 };
 use fucina_llm::fucina::ExecContext;
@@ -113,6 +117,10 @@ struct Args {
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// After training, also write the model with the adapters merged into
+    /// its matrices (f32) as a Hugging Face directory here.
+    #[arg(long)]
+    merge_lora: Option<PathBuf>,
     /// After training, write the logits of these comma-separated token ids
     /// (`[T, vocab]`, little-endian f32 `.npy`) to `--logits-out`, computed
     /// with the adapters (for `scripts/peft_roundtrip.py`).
@@ -224,6 +232,12 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     })?;
     trainer.save_checkpoint(&args.out, &base)?;
     eprintln!("adapters written to {}", args.out.display());
+    if let Some(dir) = &args.merge_lora {
+        let store = fucina_llm::WeightStore::open(&args.model)?;
+        let merged = peft::merge_adapter(&ctx, &store, &args.out)?;
+        peft::write_model_dir(&ctx, &merged, &args.model, dir)?;
+        eprintln!("merged model written to {}", dir.display());
+    }
     if let (Some(ids), Some(path)) = (&args.logits_ids, &args.logits_out) {
         let ids = parse_ids(ids)?;
         let _g = fucina_llm::fucina::no_grad();
@@ -251,7 +265,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fucina_llm::finetune::peft;
 
     fn fixture() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_f32")

@@ -17,7 +17,9 @@ It loads the base model in float32, applies the adapters with
 model holds the file's values (none silently left at PEFT's initialization)
 and that no tensor of the file went unused, then compares the logits of the
 ids with fucina's: it prints the largest absolute difference and exits 1 when
-it exceeds --tol (default 1e-4).
+it exceeds --tol (default 1e-4). With `--merged DIR` (the fine-tune's
+`--merge-lora DIR`) it also loads that directory with transformers alone and
+compares its logits with PEFT's.
 """
 
 import argparse
@@ -37,6 +39,7 @@ def main():
     ap.add_argument("--ids", required=True)
     ap.add_argument("--logits", required=True)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--merged", help="a directory written by finetune --merge-lora")
     args = ap.parse_args()
 
     base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -67,7 +70,18 @@ def main():
         return 1
     diff = float(np.abs(ours - logits).max())
     print(f"max |fucina - PEFT| logit difference {diff:.3e} (max |logit| {np.abs(logits).max():.2f})")
-    return 0 if diff <= args.tol else 1
+    if diff > args.tol:
+        return 1
+    if args.merged:
+        merged = AutoModelForCausalLM.from_pretrained(args.merged, dtype=torch.float32)
+        merged.eval()
+        with torch.no_grad():
+            m = merged(input_ids=ids).logits[0].numpy()
+        mdiff = float(np.abs(m - logits).max())
+        print(f"max |merged model (transformers) - PEFT| logit difference {mdiff:.3e}")
+        if mdiff > args.tol:
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -571,3 +571,81 @@ fn a_resumed_job_is_the_same_bits_as_an_uninterrupted_one() {
     assert_eq!(bits(&t), want);
     std::fs::remove_dir_all(&ckpt).unwrap();
 }
+
+/// The inference decoder's logits on prompt `ids` of `model`.
+fn inference_logits(ctx: &ExecContext, model: &Model, ids: &[u32]) -> Vec<f32> {
+    let v = model.config().vocab_size;
+    let mut cache = model.new_cache(ctx, ids.len()).unwrap();
+    let (mut all, mut last) = (vec![0f32; ids.len() * v], vec![0f32; v]);
+    model
+        .prefill(ctx, &mut cache, ids, Some(&mut all), &mut last)
+        .unwrap();
+    all
+}
+
+/// Trained adapters merged into the base (`peft::merge_adapter`) give the
+/// inference decoder the trainable decoder's logits; the merged model written
+/// as a directory (`peft::write_model_dir`) loads back to the same bits.
+#[test]
+fn merged_adapters_give_the_inference_decoder_the_trained_logits() {
+    let ctx = ExecContext::new();
+    for name in ["llama_f32", "llama_bf16"] {
+        let dir = fixture(name);
+        let ids = prompt(name);
+        let model = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+        let ex = examples(&ids);
+        let refs: Vec<&Example> = ex.iter().collect();
+        let batch = Batch::new(&refs, 0).unwrap();
+        let opts = TrainOptions {
+            lr: 1e-2,
+            batch: 6,
+            ..TrainOptions::default()
+        };
+        let mut trainer = Trainer::new(model, opts, 3).unwrap();
+        for _ in 0..3 {
+            trainer.step(&ctx, &batch).unwrap();
+        }
+        let trained = trainer
+            .model()
+            .logits(&ctx, &ids, 1, ids.len())
+            .unwrap()
+            .to_vec();
+        let tmp =
+            std::env::temp_dir().join(format!("fucina-lora-merge-{name}-{}", std::process::id()));
+        let adapter = tmp.join("adapter");
+        peft::save_adapter(trainer.model(), &adapter, name).unwrap();
+        let config = fucina_llm::ModelConfig::from_file(dir.join("config.json")).unwrap();
+        let merged =
+            peft::merge_adapter(&ctx, &WeightStore::open(&dir).unwrap(), &adapter).unwrap();
+        let inference = Model::from_parts(config.clone(), merged.clone()).unwrap();
+        let got = inference_logits(&ctx, &inference, &ids);
+        let base = inference_logits(&ctx, &Model::load(&dir).unwrap(), &ids);
+        assert!(
+            max_diff(&trained, &base) > 1e-2,
+            "{name}: training changed nothing"
+        );
+        let d = max_diff(&got, &trained);
+        assert!(d <= LOGIT_TOL, "{name}: merged logits differ by {d}");
+        let out = tmp.join("merged");
+        peft::write_model_dir(&ctx, &merged, &dir, &out).unwrap();
+        let reloaded = Model::load(&out).unwrap();
+        assert_eq!(inference_logits(&ctx, &reloaded, &ids), got, "{name}");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}
+
+/// An adapter file that does not fit the model is refused by name.
+#[test]
+fn merging_a_misfit_adapter_is_refused() {
+    let ctx = ExecContext::new();
+    let tmp = std::env::temp_dir().join(format!("fucina-lora-misfit-{}", std::process::id()));
+    // qwen2_f32's adapters (hidden 48) against llama_f32 (hidden 64).
+    let model = TrainableDecoder::load(&ctx, fixture("qwen2_f32"), &all_targets(2)).unwrap();
+    peft::save_adapter(&model, &tmp, "qwen2_f32").unwrap();
+    let store = WeightStore::open(fixture("llama_f32")).unwrap();
+    let e = peft::merge_adapter(&ctx, &store, &tmp)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("do not fit the matrix"), "{e}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
