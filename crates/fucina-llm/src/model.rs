@@ -368,7 +368,7 @@ fn vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>, LlmEr
 /// checked or saturating arithmetic (the lint keeps it so): past this point
 /// the products of sizes the decoder forms cannot overflow.
 #[warn(clippy::arithmetic_side_effects)]
-fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
+pub(crate) fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     let op = "Model::from_parts";
     let positive = [
         ("hidden_size", c.hidden_size),

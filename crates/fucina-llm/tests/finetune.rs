@@ -649,3 +649,60 @@ fn merging_a_misfit_adapter_is_refused() {
     assert!(e.contains("do not fit the matrix"), "{e}");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// A configuration the decoder cannot run, a token past the vocabulary and a
+/// bad LoRA configuration are errors naming what is wrong.
+#[test]
+fn bad_configurations_and_inputs_are_errors() {
+    let ctx = ExecContext::new();
+    let dir = fixture("llama_f32");
+    let store = WeightStore::open(&dir).unwrap();
+    let config = fucina_llm::ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let mut odd = config.clone();
+    odd.num_key_value_heads = 3;
+    let e = TrainableDecoder::from_parts(&ctx, odd, &store, &all_targets(2)).unwrap_err();
+    assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+    for (lora, want) in [
+        (
+            LoraConfig {
+                r: 0,
+                ..all_targets(2)
+            },
+            "rank r is 0",
+        ),
+        (
+            LoraConfig {
+                dropout: 1.0,
+                ..all_targets(2)
+            },
+            "dropout 1",
+        ),
+        (
+            LoraConfig {
+                targets: vec![],
+                ..all_targets(2)
+            },
+            "no target",
+        ),
+    ] {
+        let e = TrainableDecoder::from_parts(&ctx, config.clone(), &store, &lora).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    let e = Target::parse_list("q_proj,qkv").unwrap_err();
+    assert!(e.to_string().contains("unknown target `qkv`"), "{e}");
+    let model = TrainableDecoder::from_parts(&ctx, config, &store, &all_targets(2)).unwrap();
+    let e = model.logits(&ctx, &[1, 2, 320], 1, 3).unwrap_err();
+    assert!(e.to_string().contains("token id 320"), "{e}");
+    let e = model.logits(&ctx, &[1, 2, 3], 2, 2).unwrap_err();
+    assert!(e.to_string().contains("3 ids for a batch of 2 rows"), "{e}");
+    let e = Trainer::new(
+        model,
+        TrainOptions {
+            batch: 0,
+            ..TrainOptions::default()
+        },
+        1,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("batch of 0"), "{e}");
+}

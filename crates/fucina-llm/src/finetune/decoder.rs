@@ -345,8 +345,10 @@ impl TrainableDecoder {
         lora: &LoraConfig,
     ) -> Result<TrainableDecoder, FinetuneError> {
         lora.check()?;
-        // The inference decoder's checks of the sizes (and its tables).
         check_supported(&config)?;
+        // The inference decoder's checks of the sizes (none zero, heads
+        // grouping evenly, an even head dimension, no overflow).
+        crate::model::check_config(&config)?;
         let c = &config;
         let (hid, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
