@@ -69,21 +69,10 @@ fn logits_match_the_inference_decoder() {
     ] {
         let dir = fixture(name);
         let ids = prompt(name);
-        let model = Model::load(&dir).unwrap();
-        let vocab = model.config().vocab_size;
-        let mut cache = model.new_cache(&ctx, ids.len()).unwrap();
-        let mut all = vec![0f32; ids.len() * vocab];
-        let mut last = vec![0f32; vocab];
-        model
-            .prefill(&ctx, &mut cache, &ids, Some(&mut all), &mut last)
-            .unwrap();
+        let all = inference_logits(&ctx, &Model::load(&dir).unwrap(), &ids);
         let train = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
         let got = train.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
-        let diff = got
-            .iter()
-            .zip(&all)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let diff = max_diff(&got, &all);
         assert!(diff <= LOGIT_TOL, "{name}: max |logit diff| {diff}");
         eprintln!("{name}: max |trainable - inference logit| {diff:.2e}");
     }
@@ -408,13 +397,11 @@ fn a_q8_0_base_trains_through_the_quantized_kernel() {
     let lora = all_targets(4);
     let a = TrainableDecoder::from_parts(&ctx, config.clone(), &q8, &lora).unwrap();
     // Fresh adapters: the inference decoder's logits.
-    let inference = Model::from_parts(config.clone(), q8.clone()).unwrap();
-    let mut cache = inference.new_cache(&ctx, ids.len()).unwrap();
-    let v = config.vocab_size;
-    let (mut all, mut last) = (vec![0f32; ids.len() * v], vec![0f32; v]);
-    inference
-        .prefill(&ctx, &mut cache, &ids, Some(&mut all), &mut last)
-        .unwrap();
+    let all = inference_logits(
+        &ctx,
+        &Model::from_parts(config.clone(), q8.clone()).unwrap(),
+        &ids,
+    );
     let got = a.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
     let dl = max_diff(&got, &all);
     assert!(
