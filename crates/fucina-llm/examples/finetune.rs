@@ -11,7 +11,9 @@
 //! `--model` is a Hugging Face directory (config.json, safetensors weights,
 //! tokenizer.json) of a Llama, Qwen2, Mistral or Qwen3 model. `--data` is a
 //! JSONL file of `{"prompt", "completion"}` records (the loss covers the
-//! completion only) or `{"text"}` records (see `fucina_llm::finetune::data`);
+//! completion only), `{"text"}` records or `{"messages"}` conversations
+//! through the tokenizer's chat template (the loss covers the last, assistant
+//! message; see `fucina_llm::finetune::data`);
 //! a malformed line stops the job with an error naming it. A seeded
 //! `--eval-fraction` of the examples (default 0.1, at least one when there
 //! are two or more) is held out.

@@ -693,3 +693,51 @@ fn bad_configurations_and_inputs_are_errors() {
     .unwrap_err();
     assert!(e.to_string().contains("batch of 0"), "{e}");
 }
+
+/// A `{"messages"}` record is rendered by the tokenizer's chat template; the
+/// loss predicts the last (assistant) message's tokens, the template's end
+/// of turn included.
+#[test]
+fn a_conversation_record_predicts_the_last_message() {
+    use fucina_llm::finetune::data::{Record, tokenize};
+    let dir = std::env::temp_dir().join(format!("fucina-lora-chat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixture("llama_f32").join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    let template = "{% for m in messages %}{{ bos_token + m.role + '\\n' + m.content + eos_token + '\\n' }}{% endfor %}\
+                    {% if add_generation_prompt %}{{ bos_token + 'assistant\\n' }}{% endif %}";
+    let config = serde_json::json!({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let tok = fucina_llm::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let m = |r: &str, c: &str| fucina_llm::ChatMessage::new(r, c);
+    let conv = vec![m("user", "Name a color."), m("assistant", "Blue.")];
+    let ex = tokenize(&tok, &Record::Messages(conv.clone()), Some(1), 256).unwrap();
+    let all = tok
+        .encode(&tok.apply_chat_template(&conv, false).unwrap(), false)
+        .unwrap();
+    let prompt = tok
+        .encode(&tok.apply_chat_template(&conv[..1], true).unwrap(), false)
+        .unwrap();
+    assert_eq!(ex.ids, all);
+    assert_eq!(ex.prompt_len, prompt.len());
+    let predicted = tok.decode(&ex.ids[ex.prompt_len..], false).unwrap();
+    assert_eq!(predicted, "Blue.<|eos|>\n");
+    // Through a file, and a malformed conversation names its line.
+    let path = dir.join("chat.jsonl");
+    std::fs::write(
+        &path,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}\n{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n",
+    )
+    .unwrap();
+    let e = read_jsonl(&path, &tok, Some(1), 256)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("chat.jsonl:2: the last message is the user's"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

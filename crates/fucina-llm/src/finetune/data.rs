@@ -6,7 +6,13 @@
 //!   completion without, and the end-of-sequence id follows; only the
 //!   completion's tokens (and the end) are predicted by the loss;
 //! - `{"text": "..."}`: the text encoded with special tokens, then the
-//!   end-of-sequence id; every token after the first is predicted.
+//!   end-of-sequence id; every token after the first is predicted;
+//! - `{"messages": [{"role": "...", "content": "..."}, ...]}`: a conversation
+//!   whose last message is the assistant's, rendered by the tokenizer's chat
+//!   template (the template writes the special tokens and the end of turn; no
+//!   end-of-sequence id is added); the loss predicts the tokens of the last
+//!   message (those past the rendering of the conversation before it with the
+//!   generation prompt).
 //!
 //! An example is truncated to the job's sequence length. A malformed line
 //! (not JSON, not an object, another shape, a value that is not a string) is
@@ -48,6 +54,8 @@ pub enum Record {
     },
     /// `{"text"}`.
     Text(String),
+    /// `{"messages"}`: a conversation ending with the assistant's message.
+    Messages(Vec<crate::chat::ChatMessage>),
 }
 
 /// The record of one JSONL line, or why it is malformed.
@@ -71,9 +79,39 @@ pub fn parse_record(line: &str) -> Result<Record, String> {
             completion: string("completion")?,
         }),
         ["text"] => Ok(Record::Text(string("text")?)),
+        ["messages"] => messages(&o["messages"]).map(Record::Messages),
         _ => Err(format!(
-            "expected {{\"prompt\", \"completion\"}} or {{\"text\"}}, found the keys {keys:?}"
+            "expected {{\"prompt\", \"completion\"}}, {{\"text\"}} or {{\"messages\"}}, found the keys {keys:?}"
         )),
+    }
+}
+
+/// The messages of a `messages` value: a non-empty list of `{"role",
+/// "content"}` objects of strings, the last one the assistant's.
+fn messages(v: &Value) -> Result<Vec<crate::chat::ChatMessage>, String> {
+    let Value::Array(list) = v else {
+        return Err(format!("`messages` must be a list, found {v}"));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let field = |k: &str| match m.get(k) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(format!(
+                "`messages[{i}]` must be an object with string `role` and `content`, found {m}"
+            )),
+        };
+        out.push(crate::chat::ChatMessage::new(
+            field("role")?,
+            field("content")?,
+        ));
+    }
+    match out.last() {
+        Some(last) if last.role == "assistant" => Ok(out),
+        Some(last) => Err(format!(
+            "the last message is the {}'s; it must be the assistant's (the one the loss predicts)",
+            last.role
+        )),
+        None => Err("`messages` is empty".to_string()),
     }
 }
 
@@ -95,6 +133,16 @@ pub fn tokenize(
             (ids, p)
         }
         Record::Text(t) => (tok.encode(t, true)?, 0),
+        Record::Messages(m) => {
+            let (context, _) = m.split_at(m.len() - 1);
+            let prompt = tok.encode(&tok.apply_chat_template(context, true)?, false)?;
+            let mut ids = tok.encode(&tok.apply_chat_template(m, false)?, false)?;
+            // The prompt's tokens as far as the whole rendering starts with
+            // them (a template may tokenize differently at the seam).
+            let p = prompt.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+            ids.truncate(seq_len);
+            return Ok(Example { ids, prompt_len: p });
+        }
     };
     ids.extend(eos);
     ids.truncate(seq_len);
@@ -196,12 +244,30 @@ mod tests {
             parse_record(r#"{"text": "x"}"#),
             Ok(Record::Text("x".into()))
         );
+        let m = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#;
+        assert_eq!(
+            parse_record(m),
+            Ok(Record::Messages(vec![
+                crate::chat::ChatMessage::new("user", "hi"),
+                crate::chat::ChatMessage::new("assistant", "yo")
+            ]))
+        );
         for (bad, why) in [
             ("{", "not valid JSON"),
             ("[1]", "expected a JSON object"),
             (r#"{"prompt": "a"}"#, "found the keys [\"prompt\"]"),
             (r#"{"text": 3}"#, "`text` must be a string"),
             (r#"{"text": "a", "extra": 1}"#, "found the keys"),
+            (r#"{"messages": {}}"#, "must be a list"),
+            (r#"{"messages": []}"#, "is empty"),
+            (
+                r#"{"messages": [{"role": "user"}]}"#,
+                "`messages[0]` must be an object",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}]}"#,
+                "the last message is the user's",
+            ),
         ] {
             let e = parse_record(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
