@@ -25,7 +25,8 @@
 //! the optimizer's state (`trainer_state.safetensors`): `--resume DIR`
 //! continues a job from such a directory (also written every `--save-every`
 //! steps) with the same bits as a run that never stopped. `--grad-accum K`
-//! takes an optimizer step every `K` micro-batches of `--batch`.
+//! takes an optimizer step every `K` micro-batches of `--batch` rows;
+//! `--pack` packs several examples into each row of `--seq-len` tokens.
 //! `--merge-lora DIR` also writes the model with the adapters merged into its
 //! matrices (f32) as a Hugging Face directory, which transformers and
 //! `generate --model DIR` load (`generate --lora` applies the adapters
@@ -80,7 +81,11 @@ struct Args {
     /// Examples per optimizer step.
     #[arg(long, default_value_t = 4)]
     batch: usize,
-    /// Micro-batches of `--batch` examples per optimizer step (gradient
+    /// Pack several examples into each row of `--seq-len` tokens (each
+    /// attends only to itself, from position 0): fewer, fuller rows.
+    #[arg(long)]
+    pack: bool,
+    /// Micro-batches of `--batch` rows per optimizer step (gradient
     /// accumulation).
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
@@ -181,6 +186,7 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         });
     }
     let opts = TrainOptions {
+        pack: args.pack.then_some(args.seq_len),
         grad_accum: args.grad_accum,
         lr: args.lr,
         warmup_steps: args.warmup,
@@ -191,7 +197,7 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         seed: args.seed,
         ..TrainOptions::default()
     };
-    let steps = opts.total_steps(train.len());
+    let steps = opts.total_steps_for(&train);
     eprintln!(
         "{} training and {} held-out examples, {steps} steps, {} adapter values on {} threads",
         train.len(),

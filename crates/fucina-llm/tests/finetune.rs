@@ -741,3 +741,86 @@ fn a_conversation_record_predicts_the_last_message() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A packed row gives each of its examples the logits it has alone (its own
+/// positions, attention within itself), on a sliding-window model too; the
+/// packed batch's loss is the token-weighted loss of the examples; a packed
+/// job trains (fewer, fuller rows).
+#[test]
+fn packed_rows_give_each_example_its_own_logits() {
+    use fucina_llm::finetune::data::pack;
+    let ctx = ExecContext::new();
+    for name in ["llama_f32", "mistral_f32"] {
+        let dir = fixture(name);
+        let model = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+        let v = model.config().vocab_size;
+        let ex = examples(&prompt(name));
+        // Rows [0 | 1], [2 | 3], [4], [5] of at most 24 tokens.
+        let rows_idx = pack(&ex, 24);
+        assert_eq!(
+            rows_idx,
+            [vec![0, 1], vec![2, 3], vec![4], vec![5]],
+            "{name}"
+        );
+        let rows: Vec<Vec<&Example>> = rows_idx
+            .iter()
+            .map(|r| r.iter().map(|&i| &ex[i]).collect())
+            .collect();
+        let batch = Batch::from_rows(&rows, 0).unwrap();
+        let p = batch.packing.as_ref().unwrap();
+        let packing = Some((&p.positions[..], &p.segments[..]));
+        let h = model
+            .hidden_packed(&ctx, &batch.ids, batch.b, batch.t, packing, None)
+            .unwrap();
+        let logits = model.project(&ctx, &h).unwrap().to_vec();
+        for (r, row) in rows.iter().enumerate() {
+            let mut start = r * batch.t;
+            for e in row {
+                let alone = model.logits(&ctx, &e.ids, 1, e.ids.len()).unwrap().to_vec();
+                let got = &logits[start * v..(start + e.ids.len()) * v];
+                let d = max_diff(got, &alone);
+                assert!(d <= 1e-5, "{name}: row {r}: {d}");
+                start += e.ids.len();
+            }
+        }
+        let packed_loss = batch_loss(&ctx, &model, &batch, None)
+            .unwrap()
+            .item()
+            .unwrap();
+        let refs: Vec<&Example> = ex.iter().collect();
+        let plain = Batch::new(&refs, 0).unwrap();
+        let plain_loss = batch_loss(&ctx, &model, &plain, None)
+            .unwrap()
+            .item()
+            .unwrap();
+        assert_eq!(batch.positions.len(), plain.positions.len());
+        assert!(
+            (packed_loss - plain_loss).abs() <= 1e-6 * plain_loss,
+            "{name}: {packed_loss} vs {plain_loss}"
+        );
+    }
+    // A packed job: 4 rows in batches of 2, so 2 steps per epoch.
+    let model = TrainableDecoder::load(&ctx, fixture("llama_f32"), &all_targets(4)).unwrap();
+    let ex = examples(&prompt("llama_f32"));
+    let opts = TrainOptions {
+        lr: 1e-2,
+        batch: 2,
+        pack: Some(24),
+        epochs: 2,
+        ..TrainOptions::default()
+    };
+    let steps = opts.total_steps_for(&ex);
+    assert_eq!(steps, 4);
+    let mut trainer = Trainer::new(model, opts, steps).unwrap();
+    let mut losses = Vec::new();
+    trainer
+        .fit(&ctx, &ex, &[], |_, e| {
+            if let Event::Step { loss, .. } = e {
+                losses.push(loss);
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(losses.len(), 4);
+    assert!(losses[3] < losses[0], "{losses:?}");
+}

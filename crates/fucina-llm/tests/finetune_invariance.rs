@@ -1,6 +1,7 @@
 //! A LoRA fine-tune gives the same bits — every loss, the evaluation loss and
 //! every adapter value — for 1, 2 and 4 threads and at every vector level the
-//! CPU has, with the adapters' dropout on, on f32 and bf16 base weights.
+//! CPU has, with the adapters' dropout on, on f32 and bf16 base weights (the
+//! bf16 job with packed rows).
 //! (One test binary of its own: it switches the process's vector level.)
 
 mod model_support;
@@ -28,7 +29,12 @@ fn examples(vocab: usize) -> Vec<Example> {
 
 /// Losses, evaluation loss and adapter values (as bits) of two steps of
 /// batch 4.
-fn run(c: &ModelConfig, store: &WeightStore, threads: usize) -> (Vec<u32>, u32, Vec<u32>) {
+fn run(
+    c: &ModelConfig,
+    store: &WeightStore,
+    pack: Option<usize>,
+    threads: usize,
+) -> (Vec<u32>, u32, Vec<u32>) {
     let ctx = ExecContext::with_threads(threads);
     let lora = LoraConfig {
         r: 8,
@@ -42,6 +48,7 @@ fn run(c: &ModelConfig, store: &WeightStore, threads: usize) -> (Vec<u32>, u32, 
         lr: 1e-2,
         warmup_steps: 1,
         batch: 4,
+        pack,
         ..TrainOptions::default()
     };
     let ex = examples(c.vocab_size);
@@ -68,15 +75,17 @@ fn a_fine_tune_is_the_same_bits_for_every_thread_count_and_vector_level() {
     let best = detected_simd_level();
     let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l <= best).collect();
     eprintln!("levels compared: {levels:?}");
-    for format in [WeightFormat::F32, WeightFormat::BF16] {
+    // The f32 base one example per row, the bf16 base packed (six rows of
+    // one or two examples).
+    for (format, pack) in [(WeightFormat::F32, None), (WeightFormat::BF16, Some(48))] {
         let store = WeightStore::from_tensors(model_support::random_weights(&c, format, 11));
-        let reference = run(&c, &store, 1);
+        let reference = run(&c, &store, pack, 1);
         assert_eq!(reference.0.len(), 2);
         for &level in &levels {
             assert!(force_simd_level(level));
             for threads in [1, 2, 4] {
                 assert_eq!(
-                    run(&c, &store, threads),
+                    run(&c, &store, pack, threads),
                     reference,
                     "{format:?} at {level:?} on {threads} threads"
                 );

@@ -48,6 +48,7 @@ fn batch(dir: &Path) -> Batch {
         t,
         positions: Vec::new(),
         labels: Vec::new(),
+        packing: None,
     };
     for (r, row) in labels.iter().enumerate() {
         for (i, &l) in row.iter().enumerate().skip(1) {

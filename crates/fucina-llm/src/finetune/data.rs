@@ -190,31 +190,69 @@ pub fn read_jsonl(
 /// A batch: `b` rows of `t` ids (right-padded), and the rows of the loss.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
-    /// `[b, t]` ids, row-major (padding after each example).
+    /// `[b, t]` ids, row-major (padding after each row's examples).
     pub ids: Vec<u32>,
     /// Rows.
     pub b: usize,
-    /// Tokens per row (the longest example).
+    /// Tokens per row (the longest row).
     pub t: usize,
     /// The flat positions `row · t + i` whose logits predict a target.
     pub positions: Vec<i64>,
     /// The id each of `positions` predicts.
     pub labels: Vec<i64>,
+    /// For rows packing several examples: each token's position in its
+    /// example and its segment (`[b · t]` each); `None` when every row holds
+    /// one example (its tokens at positions `0..`).
+    pub packing: Option<Packing>,
+}
+
+/// The layout of a packed [`Batch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packing {
+    /// Each token's position within its own example (`[b · t]`).
+    pub positions: Vec<u32>,
+    /// Each token's example within its row (`[b · t]`; padding gets a
+    /// segment of its own).
+    pub segments: Vec<u32>,
 }
 
 impl Batch {
-    /// The batch of `examples` (padded with `pad` after each, to the longest),
-    /// or `None` for no example.
+    /// The batch of `examples`, one per row (padded with `pad` after each, to
+    /// the longest), or `None` for no example.
     pub fn new(examples: &[&Example], pad: u32) -> Option<Batch> {
-        let t = examples.iter().map(|e| e.ids.len()).max()?;
-        let b = examples.len();
+        let rows: Vec<Vec<&Example>> = examples.iter().map(|e| vec![*e]).collect();
+        Batch::from_rows(&rows, pad)
+    }
+
+    /// The batch of `rows`, each the concatenation of its examples (a packed
+    /// row: every example attends only to itself, from position 0), padded
+    /// with `pad` to the longest row; `None` for no row.
+    pub fn from_rows(rows: &[Vec<&Example>], pad: u32) -> Option<Batch> {
+        let len = |r: &Vec<&Example>| r.iter().map(|e| e.ids.len()).sum::<usize>();
+        let t = rows.iter().map(len).max()?;
+        let b = rows.len();
+        let packed = rows.iter().any(|r| r.len() > 1);
         let mut ids = vec![pad; b * t];
         let (mut positions, mut labels) = (Vec::new(), Vec::new());
-        for (r, e) in examples.iter().enumerate() {
-            ids[r * t..r * t + e.ids.len()].copy_from_slice(&e.ids);
-            for i in e.prompt_len.max(1)..e.ids.len() {
-                positions.push((r * t + i - 1) as i64);
-                labels.push(i64::from(e.ids[i]));
+        let mut pos = vec![0u32; b * t];
+        let mut seg = vec![0u32; b * t];
+        for (r, row) in rows.iter().enumerate() {
+            let mut start = r * t;
+            for (k, e) in row.iter().enumerate() {
+                ids[start..start + e.ids.len()].copy_from_slice(&e.ids);
+                for i in 0..e.ids.len() {
+                    pos[start + i] = i as u32;
+                    seg[start + i] = k as u32;
+                }
+                for i in e.prompt_len.max(1)..e.ids.len() {
+                    positions.push((start + i - 1) as i64);
+                    labels.push(i64::from(e.ids[i]));
+                }
+                start += e.ids.len();
+            }
+            for (i, p) in (start..(r + 1) * t).enumerate() {
+                pos[p] = i as u32;
+                seg[p] = row.len() as u32;
             }
         }
         Some(Batch {
@@ -223,8 +261,33 @@ impl Batch {
             t,
             positions,
             labels,
+            packing: packed.then_some(Packing {
+                positions: pos,
+                segments: seg,
+            }),
         })
     }
+}
+
+/// Packs `examples` into rows of at most `len` tokens, in order: a row takes
+/// the next example while it fits (an example longer than `len` gets a row of
+/// its own). Returns the examples' indices per row.
+pub fn pack(examples: &[Example], len: usize) -> Vec<Vec<usize>> {
+    let mut rows: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0;
+    for (i, e) in examples.iter().enumerate() {
+        match rows.last_mut() {
+            Some(row) if used + e.ids.len() <= len => {
+                row.push(i);
+                used += e.ids.len();
+            }
+            _ => {
+                rows.push(vec![i]);
+                used = e.ids.len();
+            }
+        }
+    }
+    rows
 }
 
 #[cfg(test)]
@@ -291,5 +354,24 @@ mod tests {
         assert_eq!(batch.positions, [1, 2, 4]);
         assert_eq!(batch.labels, [7, 8, 2]);
         assert_eq!((a.targets(), b.targets()), (2, 1));
+        assert_eq!(batch.packing, None);
+        // Packed: [a | b] in one row, b's tokens at positions 0, 1 of
+        // segment 1, then two pads (segment 2).
+        let c = Example {
+            ids: vec![9, 9],
+            prompt_len: 0,
+        };
+        let rows = [vec![&a, &b], vec![&c]];
+        let packed = Batch::from_rows(&rows, 0).unwrap();
+        assert_eq!((packed.b, packed.t), (2, 6));
+        assert_eq!(packed.ids, [5, 6, 7, 8, 1, 2, 9, 9, 0, 0, 0, 0]);
+        assert_eq!(packed.positions, [1, 2, 4, 6]);
+        assert_eq!(packed.labels, [7, 8, 2, 9]);
+        let p = packed.packing.unwrap();
+        assert_eq!(p.positions, [0, 1, 2, 3, 0, 1, 0, 1, 0, 1, 2, 3]);
+        assert_eq!(p.segments, [0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]);
+        let ex = [a.clone(), b.clone(), c.clone(), a.clone()];
+        assert_eq!(pack(&ex, 8), [vec![0, 1, 2], vec![3]]);
+        assert_eq!(pack(&ex, 3), [vec![0], vec![1], vec![2], vec![3]]);
     }
 }

@@ -475,36 +475,65 @@ impl TrainableDecoder {
             .collect()
     }
 
-    /// The RoPE tables of positions `0..t`: `[t, 1, head_dim / 2]` cosines
-    /// and sines (broadcast over the heads).
-    fn rope_tables(&self, ctx: &ExecContext, t: usize) -> Result<(Tensor, Tensor), FinetuneError> {
+    /// The RoPE tables: `[t, 1, head_dim / 2]` cosines and sines of positions
+    /// `0..t` (broadcast over the rows and heads), or with `positions`
+    /// (`[b · t]`, a packed batch) `[b, t, 1, head_dim / 2]`.
+    fn rope_tables(
+        &self,
+        ctx: &ExecContext,
+        b: usize,
+        t: usize,
+        positions: Option<&[u32]>,
+    ) -> Result<(Tensor, Tensor), FinetuneError> {
         let half = self.config.head_dim / 2;
-        let (mut cos, mut sin) = (vec![0f32; t * half], vec![0f32; t * half]);
-        for (p, (c, s)) in cos
+        let n = positions.map_or(t, <[u32]>::len);
+        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]);
+        for (i, (c, s)) in cos
             .chunks_exact_mut(half)
             .zip(sin.chunks_exact_mut(half))
             .enumerate()
         {
+            let p = positions.map_or(i, |p| p[i] as usize);
             crate::model::rope_angles(p, &self.inv_freq, c, s);
         }
+        let shape: &[usize] = match positions {
+            Some(_) => &[b, t, 1, half],
+            None => &[t, 1, half],
+        };
         Ok((
-            Tensor::from_slice(ctx, &[t, 1, half], &cos)?,
-            Tensor::from_slice(ctx, &[t, 1, half], &sin)?,
+            Tensor::from_slice(ctx, shape, &cos)?,
+            Tensor::from_slice(ctx, shape, &sin)?,
         ))
     }
 
-    /// The additive attention mask `[t, t]`: `0` where query `i` sees key `j`
-    /// (`j <= i`, and `i - j < window` with a window), `-inf` elsewhere.
-    fn mask(ctx: &ExecContext, t: usize, window: Option<usize>) -> Result<Tensor, FinetuneError> {
-        let mut m = vec![f32::NEG_INFINITY; t * t];
-        for i in 0..t {
-            for j in 0..=i {
-                if window.is_none_or(|w| i - j < w) {
-                    m[i * t + j] = 0.0;
+    /// The additive attention mask: `0` where query `i` sees key `j` (`j <=
+    /// i`, `i - j < window` with a window, and with `segments` (`[b · t]`, a
+    /// packed batch) both in the same segment of their row), `-inf`
+    /// elsewhere; `[t, t]`, or `[b, 1, 1, t, t]` with segments.
+    fn mask(
+        ctx: &ExecContext,
+        b: usize,
+        t: usize,
+        window: Option<usize>,
+        segments: Option<&[u32]>,
+    ) -> Result<Tensor, FinetuneError> {
+        let rows = if segments.is_some() { b } else { 1 };
+        let mut m = vec![f32::NEG_INFINITY; rows * t * t];
+        for r in 0..rows {
+            for i in 0..t {
+                for j in 0..=i {
+                    let same = segments.is_none_or(|s| s[r * t + i] == s[r * t + j]);
+                    if same && window.is_none_or(|w| i - j < w) {
+                        m[(r * t + i) * t + j] = 0.0;
+                    }
                 }
             }
         }
-        Ok(Tensor::from_slice(ctx, &[t, t], &m)?)
+        let shape: &[usize] = match segments {
+            Some(_) => &[b, 1, 1, t, t],
+            None => &[t, t],
+        };
+        Ok(Tensor::from_slice(ctx, shape, &m)?)
     }
 
     /// The final hidden states (after the final norm) of a batch of `b` rows
@@ -520,6 +549,29 @@ impl TrainableDecoder {
         ids: &[u32],
         b: usize,
         t: usize,
+        train: Option<u64>,
+    ) -> Result<Tensor, FinetuneError> {
+        self.hidden_packed(ctx, ids, b, t, None, train)
+    }
+
+    /// [`hidden`](TrainableDecoder::hidden) of a packed batch: `packing`
+    /// gives each token's position in its own sequence and its segment (the
+    /// sequence it belongs to, within its row; `[b · t]` each). A token attends
+    /// only to the earlier tokens of its segment and rotates with its own
+    /// position, so each packed sequence's hidden states are those it has
+    /// alone, within rounding.
+    ///
+    /// # Errors
+    /// As [`hidden`](TrainableDecoder::hidden), and
+    /// [`FinetuneError::Invalid`] for packing lists that are not `b · t` long
+    /// or a position past `max_position_embeddings`.
+    pub fn hidden_packed(
+        &self,
+        ctx: &ExecContext,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        packing: Option<(&[u32], &[u32])>,
         train: Option<u64>,
     ) -> Result<Tensor, FinetuneError> {
         const OP: &str = "TrainableDecoder::hidden";
@@ -542,12 +594,38 @@ impl TrainableDecoder {
         let (h, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let rep = h / kvh;
         let eps = c.rms_norm_eps;
-        let (cos, sin) = self.rope_tables(ctx, t)?;
+        if let Some((pos, seg)) = packing {
+            if pos.len() != b * t || seg.len() != b * t {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{} positions and {} segments for {} tokens",
+                        pos.len(),
+                        seg.len(),
+                        b * t
+                    ),
+                ));
+            }
+            if let Some(&p) = pos
+                .iter()
+                .find(|&&p| p as usize >= c.max_position_embeddings)
+            {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "position {p} is past max_position_embeddings {}",
+                        c.max_position_embeddings
+                    ),
+                ));
+            }
+        }
+        let (positions, segments) = (packing.map(|p| p.0), packing.map(|p| p.1));
+        let (cos, sin) = self.rope_tables(ctx, b, t, positions)?;
         let masks: Vec<(Option<usize>, Tensor)> = {
             let mut v: Vec<(Option<usize>, Tensor)> = Vec::new();
             for l in &self.layers {
                 if !v.iter().any(|(w, _)| *w == l.window) {
-                    v.push((l.window, Self::mask(ctx, t, l.window)?));
+                    v.push((l.window, Self::mask(ctx, b, t, l.window, segments)?));
                 }
             }
             v

@@ -33,6 +33,11 @@ pub struct TrainOptions {
     pub max_grad_norm: Option<f32>,
     /// Examples per micro-batch (one forward and backward).
     pub batch: usize,
+    /// Pack the training examples into rows of at most this many tokens
+    /// ([`pack`](super::data::pack), once, in the order given; each epoch
+    /// then shuffles the rows), `batch` rows per micro-batch; `None`: one
+    /// example per row.
+    pub pack: Option<usize>,
     /// Micro-batches per optimizer step (gradient accumulation; 1: none).
     /// The step's gradient is that of the mean loss over every predicted
     /// token of its micro-batches, as one batch of them all would give.
@@ -47,17 +52,31 @@ pub struct TrainOptions {
 }
 
 impl TrainOptions {
-    /// Micro-batches of one epoch over `n` examples.
+    /// The rows of `train`: the examples' indices per row (packed when
+    /// [`pack`](TrainOptions::pack) is set, else one example per row).
+    pub fn rows(&self, train: &[Example]) -> Vec<Vec<usize>> {
+        match self.pack {
+            Some(len) => super::data::pack(train, len),
+            None => (0..train.len()).map(|i| vec![i]).collect(),
+        }
+    }
+
+    /// Optimizer steps of the whole job over `train`.
+    pub fn total_steps_for(&self, train: &[Example]) -> u64 {
+        self.total_steps(self.rows(train).len())
+    }
+
+    /// Micro-batches of one epoch over `n` rows (examples, when not packing).
     pub fn batches_per_epoch(&self, n: usize) -> usize {
         n.div_ceil(self.batch.max(1))
     }
 
-    /// Optimizer steps of one epoch over `n` examples.
+    /// Optimizer steps of one epoch over `n` rows.
     pub fn steps_per_epoch(&self, n: usize) -> u64 {
         self.batches_per_epoch(n).div_ceil(self.grad_accum.max(1)) as u64
     }
 
-    /// Optimizer steps of the whole job over `n` examples.
+    /// Optimizer steps of the whole job over `n` rows.
     pub fn total_steps(&self, n: usize) -> u64 {
         self.steps_per_epoch(n) * self.epochs as u64
     }
@@ -74,6 +93,7 @@ impl Default for TrainOptions {
             eps: 1e-8,
             max_grad_norm: Some(1.0),
             batch: 4,
+            pack: None,
             grad_accum: 1,
             epochs: 1,
             seed: 0,
@@ -98,7 +118,11 @@ pub fn batch_loss(
     if batch.positions.is_empty() {
         return Err(invalid("batch_loss", "the batch predicts no token"));
     }
-    let h = model.hidden(ctx, &batch.ids, batch.b, batch.t, train)?;
+    let packing = batch
+        .packing
+        .as_ref()
+        .map(|p| (&p.positions[..], &p.segments[..]));
+    let h = model.hidden_packed(ctx, &batch.ids, batch.b, batch.t, packing, train)?;
     let n = batch.positions.len();
     let rows = ctx.from_slice_typed::<i64>(&[n], &batch.positions)?;
     let labels = ctx.from_slice_typed::<i64>(&[n], &batch.labels)?;
@@ -260,21 +284,26 @@ impl Trainer {
         Ok((sum / count as f64) as f32)
     }
 
-    /// The order of `n` examples in epoch `epoch`: a permutation seeded by
-    /// the job's seed and the epoch.
+    /// The order of `n` rows in epoch `epoch`: a permutation seeded by the
+    /// job's seed and the epoch.
     pub fn epoch_order(&self, n: usize, epoch: usize) -> Vec<usize> {
         shuffled(n, fucina::rng::at(self.opts.seed, epoch as u64))
     }
 
-    /// The batches of one epoch of `examples`, in [`epoch_order`](Trainer::epoch_order)
-    /// (the last one may be smaller).
+    /// The micro-batches of one epoch of `examples`: their rows
+    /// ([`TrainOptions::rows`]) in [`epoch_order`](Trainer::epoch_order),
+    /// `batch` rows each (the last one may be smaller).
     pub fn epoch_batches(&self, examples: &[Example], epoch: usize) -> Vec<Batch> {
-        let order = self.epoch_order(examples.len(), epoch);
+        let rows = self.opts.rows(examples);
+        let order = self.epoch_order(rows.len(), epoch);
         order
             .chunks(self.opts.batch)
             .filter_map(|c| {
-                let refs: Vec<&Example> = c.iter().map(|&i| &examples[i]).collect();
-                Batch::new(&refs, self.opts.pad_id)
+                let picked: Vec<Vec<&Example>> = c
+                    .iter()
+                    .map(|&r| rows[r].iter().map(|&i| &examples[i]).collect())
+                    .collect();
+                Batch::from_rows(&picked, self.opts.pad_id)
             })
             .collect()
     }
@@ -350,7 +379,7 @@ impl Trainer {
         eval: &[Example],
         mut on: impl FnMut(&Trainer, Event) -> Result<(), FinetuneError>,
     ) -> Result<(), FinetuneError> {
-        let per_epoch = self.opts.steps_per_epoch(train.len());
+        let per_epoch = self.opts.steps_per_epoch(self.opts.rows(train).len());
         if per_epoch == 0 {
             return Err(invalid("Trainer::fit", "no training example"));
         }
