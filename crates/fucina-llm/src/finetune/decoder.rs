@@ -4,7 +4,8 @@
 //! # The forward
 //!
 //! For a batch of `B` rows of `T` tokens (right-padded; every row starts at
-//! position 0): embedding rows (frozen, no gradient), then per layer RMSNorm
+//! position 0, or, packed, each of its sequences does: see
+//! [`TrainableDecoder::hidden_packed`]): embedding rows (frozen, no gradient), then per layer RMSNorm
 //! (`rms_norm`), the q, k, v projections (each `base(x) + bias + adapter(x)`),
 //! per-head q/k RMSNorm where the architecture has it (Qwen3), RoPE in the
 //! rotate-half convention with the inference decoder's own cosine and sine
