@@ -27,6 +27,7 @@
 //! steps) with the same bits as a run that never stopped. `--grad-accum K`
 //! takes an optimizer step every `K` micro-batches of `--batch` rows;
 //! `--pack` packs several examples into each row of `--seq-len` tokens.
+//! `--loss-svg PATH` draws the loss of every step as an SVG chart.
 //! `--merge-lora DIR` also writes the model with the adapters merged into its
 //! matrices (f32) as a Hugging Face directory, which transformers and
 //! `generate --model DIR` load (`generate --lora` applies the adapters
@@ -38,6 +39,11 @@
 
 #[path = "common/npy.rs"]
 mod npy;
+// The loss chart of fucina's training examples (the rest of the file serves
+// them only).
+#[allow(dead_code)]
+#[path = "../../fucina/examples/common/train.rs"]
+mod train;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -124,6 +130,9 @@ struct Args {
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// Write the training loss of every step as an SVG chart here.
+    #[arg(long)]
+    loss_svg: Option<PathBuf>,
     /// After training, also write the model with the adapters merged into
     /// its matrices (f32) as a Hugging Face directory here.
     #[arg(long)]
@@ -198,6 +207,7 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         ..TrainOptions::default()
     };
     let steps = opts.total_steps_for(&train);
+    let opts_steps_per_epoch = opts.steps_per_epoch(opts.rows(&train).len());
     eprintln!(
         "{} training and {} held-out examples, {steps} steps, {} adapter values on {} threads",
         train.len(),
@@ -213,6 +223,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     let base = args.model.to_string_lossy().into_owned();
     let start = Instant::now();
     let mut tokens = 0usize;
+    let mut losses = Vec::new();
+    let first_epoch = (trainer.steps() / opts_steps_per_epoch.max(1)) as usize;
     trainer.fit(&ctx, &train, &eval, |trainer, e| {
         match e {
             Event::Step {
@@ -221,6 +233,7 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
                 tokens: t,
             } => {
                 tokens += t;
+                losses.push(loss);
                 println!("step {step} loss {loss}");
                 eprintln!(
                     "  {step}/{steps}  {:.0} predicted tokens/s",
@@ -240,6 +253,18 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     })?;
     trainer.save_checkpoint(&args.out, &base)?;
     eprintln!("adapters written to {}", args.out.display());
+    if let Some(path) = &args.loss_svg {
+        let svg = train::loss_svg(
+            "finetune: training loss per step",
+            &losses,
+            opts_steps_per_epoch as usize,
+            first_epoch,
+        );
+        std::fs::write(path, svg).map_err(|source| FinetuneError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
     if let Some(dir) = &args.merge_lora {
         let store = fucina_llm::WeightStore::open(&args.model)?;
         let merged = peft::merge_adapter(&ctx, &store, &args.out)?;
@@ -322,7 +347,15 @@ mod tests {
         lines += "{\"text\": \"The quick brown fox jumps over the lazy dog.\"}\n";
         std::fs::write(&data, lines).unwrap();
         let out = tmp.join("adapter");
-        run(&args(&data, &out)).unwrap();
+        let mut a = args(&data, &out);
+        let svg = tmp.join("loss.svg");
+        a.loss_svg = Some(svg.clone());
+        run(&a).unwrap();
+        let chart = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            chart.starts_with("<svg") && chart.contains("<polyline"),
+            "{chart}"
+        );
         let cfg = peft::read_adapter_config(&out).unwrap();
         assert_eq!((cfg.r, cfg.alpha), (4, 8.0));
         assert_eq!(
