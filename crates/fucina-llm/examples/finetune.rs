@@ -26,7 +26,9 @@
 //! continues a job from such a directory (also written every `--save-every`
 //! steps) with the same bits as a run that never stopped. `--grad-accum K`
 //! takes an optimizer step every `K` micro-batches of `--batch` rows;
-//! `--pack` packs several examples into each row of `--seq-len` tokens.
+//! `--pack` packs several examples into each row of `--seq-len` tokens;
+//! `--grad-checkpoint` recomputes each layer in the backward instead of
+//! keeping its activations.
 //! `--loss-svg PATH` draws the loss of every step as an SVG chart.
 //! `--merge-lora DIR` also writes the model with the adapters merged into its
 //! matrices (f32) as a Hugging Face directory, which transformers and
@@ -87,6 +89,10 @@ struct Args {
     /// Examples per optimizer step.
     #[arg(long, default_value_t = 4)]
     batch: usize,
+    /// Gradient checkpointing per layer: keep only each layer's input for the
+    /// backward, which runs the layer again (less memory, more compute).
+    #[arg(long)]
+    grad_checkpoint: bool,
     /// Pack several examples into each row of `--seq-len` tokens (each
     /// attends only to itself, from position 0): fewer, fuller rows.
     #[arg(long)]
@@ -177,7 +183,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
             reason: format!("--seq-len {} leaves nothing to predict", args.seq_len),
         });
     }
-    let model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
+    let mut model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
+    model.set_checkpointing(args.grad_checkpoint);
     let tok = Tokenizer::from_file(args.model.join("tokenizer.json"))?;
     let eos = model.config().eos_token_ids.first().copied();
     let examples = read_jsonl(&args.data, &tok, eos, args.seq_len)?;

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo run --release -p fucina-llm --example finetune_bench -- \
-//!     --model DIR --batch 4 --seq-len 256 --lora-r 8 --target all --steps 5 --threads 2
+//!     --model DIR --batch 4 --seq-len 256 --lora-r 8 --target all --steps 5 --threads 2 \
+//!     [--grad-checkpoint]
 //! ```
 //!
 //! Each step is a full optimizer step (forward, backward, clipping, AdamW) on
@@ -51,6 +52,9 @@ struct Args {
     /// Steps to run (the first is a warm-up).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Gradient checkpointing per layer.
+    #[arg(long)]
+    grad_checkpoint: bool,
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
@@ -85,7 +89,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         seed: 0,
     };
     let t = Instant::now();
-    let model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
+    let mut model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
+    model.set_checkpointing(args.grad_checkpoint);
     eprintln!("loaded in {:.2} s", t.elapsed().as_secs_f64());
     let vocab = model.config().vocab_size;
     let examples: Vec<Example> = (0..args.batch)

@@ -250,6 +250,8 @@ pub struct TrainableDecoder {
     lm_head: Option<Frozen>,
     inv_freq: Vec<f32>,
     scale: f32,
+    /// Gradient checkpointing per layer.
+    checkpointing: bool,
 }
 
 /// Refuses an architecture the trainable decoder does not build.
@@ -437,7 +439,22 @@ impl TrainableDecoder {
             lm_head,
             inv_freq,
             scale,
+            checkpointing: false,
         })
+    }
+
+    /// Turns gradient checkpointing per layer on or off: with it, a training
+    /// forward keeps only each layer's input and output for the backward,
+    /// which runs each layer's forward again (about a third more compute for
+    /// the memory of the activations inside the layers). The gradients are
+    /// the same values.
+    pub fn set_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether gradient checkpointing is on.
+    pub fn checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// The model's configuration.
@@ -593,7 +610,6 @@ impl TrainableDecoder {
             ));
         }
         let (h, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let rep = h / kvh;
         let eps = c.rms_norm_eps;
         if let Some((pos, seg)) = packing {
             if pos.len() != b * t || seg.len() != b * t {
@@ -633,52 +649,26 @@ impl TrainableDecoder {
         };
         let mut x = self.embed.rows(ctx, ids)?;
         for (li, l) in self.layers.iter().enumerate() {
-            // Each projection's dropout mask from its own seed.
-            let seed = |p: usize| train.map(|s| fucina::rng::at(s, (li * 7 + p) as u64));
-            let xn = x.rms_norm(ctx, &l.input_norm, eps)?;
-            let q = l.projs[0].forward(ctx, &xn, seed(0))?;
-            let k = l.projs[1].forward(ctx, &xn, seed(1))?;
-            let v = l.projs[2].forward(ctx, &xn, seed(2))?;
-            let mut q = q.reshape(ctx, &[b, t, h, hd])?;
-            let mut k = k.reshape(ctx, &[b, t, kvh, hd])?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                q = q.rms_norm(ctx, qn, eps)?;
-                k = k.rms_norm(ctx, kn, eps)?;
-            }
-            let q = rope(ctx, &q, &cos, &sin)?;
-            let k = rope(ctx, &k, &cos, &sin)?;
-            // [b, kvh, rep · t, hd]: the query heads of a group stacked.
-            let q = q
-                .permute(ctx, &[0, 2, 1, 3])?
-                .materialize(ctx)?
-                .reshape(ctx, &[b, kvh, rep * t, hd])?;
-            let k = k.permute(ctx, &[0, 2, 3, 1])?; // [b, kvh, hd, t]
-            let v = v
-                .reshape(ctx, &[b, t, kvh, hd])?
-                .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
-            let mask = &masks.iter().find(|(w, _)| *w == l.window).expect("made").1;
-            let scores = q
-                .matmul(ctx, &k)?
-                .scale(ctx, self.scale)?
-                .reshape(ctx, &[b, kvh, rep, t, t])?
-                .add(ctx, mask)?;
-            let p = scores
-                .softmax(ctx, -1)?
-                .reshape(ctx, &[b, kvh, rep * t, t])?;
-            let attn = p
-                .matmul(ctx, &v)? // [b, kvh, rep · t, hd] = [b, h, t, hd]
-                .reshape(ctx, &[b, h, t, hd])?
-                .permute(ctx, &[0, 2, 1, 3])?
-                .materialize(ctx)?
-                .reshape(ctx, &[b * t, h * hd])?;
-            let o = l.projs[3].forward(ctx, &attn, seed(3))?;
-            x = x.add(ctx, &o)?;
-            let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
-            let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
-            let up = l.projs[5].forward(ctx, &xn, seed(5))?;
-            let act = gate.silu(ctx)?.mul(ctx, &up)?;
-            let down = l.projs[6].forward(ctx, &act, seed(6))?;
-            x = x.add(ctx, &down)?;
+            let args = LayerArgs {
+                b,
+                t,
+                heads: (h, kvh, hd),
+                eps,
+                scale: self.scale,
+                cos: cos.clone(),
+                sin: sin.clone(),
+                mask: masks
+                    .iter()
+                    .find(|(w, _)| *w == l.window)
+                    .expect("made")
+                    .1
+                    .clone(),
+                seeds: train.map(|s| (s, li)),
+            };
+            x = match self.checkpointing {
+                true => checkpointed_layer(ctx, l, &x, args)?,
+                false => layer_forward(ctx, l, &x, &args)?,
+            };
         }
         Ok(x.rms_norm(ctx, &self.final_norm, eps)?)
     }
@@ -709,6 +699,140 @@ impl TrainableDecoder {
         let h = self.hidden(ctx, ids, b, t, None)?;
         self.project(ctx, &h)
     }
+}
+
+/// What a layer's forward needs besides its weights: the batch's shape, the
+/// heads `(query, key/value, head_dim)`, the norms' epsilon, the attention
+/// scale, the RoPE tables, the layer's mask, and the dropout seeds (the
+/// step's seed and the layer's index; `None` without dropout).
+#[derive(Clone, Debug)]
+struct LayerArgs {
+    b: usize,
+    t: usize,
+    heads: (usize, usize, usize),
+    eps: f32,
+    scale: f32,
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+    seeds: Option<(u64, usize)>,
+}
+
+/// One decoder layer on the residual stream `x` (`[b · t, hidden]`).
+fn layer_forward(
+    ctx: &ExecContext,
+    l: &Layer,
+    x: &Tensor,
+    a: &LayerArgs,
+) -> Result<Tensor, FinetuneError> {
+    let (b, t, eps) = (a.b, a.t, a.eps);
+    let (h, kvh, hd) = a.heads;
+    let rep = h / kvh;
+    // Each projection's dropout mask from its own seed.
+    let seed = |p: usize| {
+        a.seeds
+            .map(|(s, li)| fucina::rng::at(s, (li * 7 + p) as u64))
+    };
+    let xn = x.rms_norm(ctx, &l.input_norm, eps)?;
+    let q = l.projs[0].forward(ctx, &xn, seed(0))?;
+    let k = l.projs[1].forward(ctx, &xn, seed(1))?;
+    let v = l.projs[2].forward(ctx, &xn, seed(2))?;
+    let mut q = q.reshape(ctx, &[b, t, h, hd])?;
+    let mut k = k.reshape(ctx, &[b, t, kvh, hd])?;
+    if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+        q = q.rms_norm(ctx, qn, eps)?;
+        k = k.rms_norm(ctx, kn, eps)?;
+    }
+    let q = rope(ctx, &q, &a.cos, &a.sin)?;
+    let k = rope(ctx, &k, &a.cos, &a.sin)?;
+    // [b, kvh, rep · t, hd]: the query heads of a group stacked.
+    let q = q
+        .permute(ctx, &[0, 2, 1, 3])?
+        .materialize(ctx)?
+        .reshape(ctx, &[b, kvh, rep * t, hd])?;
+    let k = k.permute(ctx, &[0, 2, 3, 1])?; // [b, kvh, hd, t]
+    let v = v
+        .reshape(ctx, &[b, t, kvh, hd])?
+        .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
+    let scores = q
+        .matmul(ctx, &k)?
+        .scale(ctx, a.scale)?
+        .reshape(ctx, &[b, kvh, rep, t, t])?
+        .add(ctx, &a.mask)?;
+    let p = scores
+        .softmax(ctx, -1)?
+        .reshape(ctx, &[b, kvh, rep * t, t])?;
+    let attn = p
+        .matmul(ctx, &v)? // [b, kvh, rep · t, hd] = [b, h, t, hd]
+        .reshape(ctx, &[b, h, t, hd])?
+        .permute(ctx, &[0, 2, 1, 3])?
+        .materialize(ctx)?
+        .reshape(ctx, &[b * t, h * hd])?;
+    let o = l.projs[3].forward(ctx, &attn, seed(3))?;
+    let x = x.add(ctx, &o)?;
+    let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
+    let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
+    let up = l.projs[5].forward(ctx, &xn, seed(5))?;
+    let act = gate.silu(ctx)?.mul(ctx, &up)?;
+    let down = l.projs[6].forward(ctx, &act, seed(6))?;
+    Ok(x.add(ctx, &down)?)
+}
+
+/// [`layer_forward`] with gradient checkpointing: the forward runs without
+/// a graph, and one op keeps only the layer's input (and output); its
+/// backward runs the layer again with a graph and backpropagates through it
+/// (a backward inside the backward), which adds the adapters' gradients to
+/// them directly and returns the input's.
+fn checkpointed_layer(
+    ctx: &ExecContext,
+    l: &Layer,
+    x: &Tensor,
+    args: LayerArgs,
+) -> Result<Tensor, FinetuneError> {
+    let params: Vec<Tensor> = l
+        .projs
+        .iter()
+        .filter_map(|p| p.lora.as_ref())
+        .flat_map(|a| [a.a.tensor(), a.b.tensor()])
+        .collect();
+    if !fucina::is_grad_enabled() || (params.is_empty() && !x.requires_grad()) {
+        return layer_forward(ctx, l, x, &args);
+    }
+    let y = {
+        let _g = fucina::no_grad();
+        layer_forward(ctx, l, &x.detach(), &args)?
+    };
+    let mut inputs: Vec<&Tensor> = vec![x];
+    inputs.extend(params.iter());
+    let layer = l.clone();
+    let out = custom_vjp(
+        ctx,
+        "checkpointed_layer",
+        &inputs,
+        move |_, _| Ok(y.raw().clone()),
+        move |ctx, a| {
+            let xv = Tensor::constant(a.inputs[0].clone()).into_variable();
+            let y = layer_forward(ctx, &layer, &xv, &args).map_err(|e| {
+                fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
+            })?;
+            y.backward_with_grad(ctx, a.grad)?;
+            let mut grads = Vec::with_capacity(a.inputs.len());
+            grads.push(match a.needs[0] {
+                true => xv.grad(ctx)?.map(|g| g.raw().clone()),
+                false => None,
+            });
+            // The adapters' gradients are already theirs (the inner
+            // backward added them); the outer pass adds zeros.
+            for (p, &need) in a.inputs[1..].iter().zip(&a.needs[1..]) {
+                grads.push(match need {
+                    true => Some(ctx.zeros(p.shape())?),
+                    false => None,
+                });
+            }
+            Ok(grads)
+        },
+    )?;
+    Ok(out)
 }
 
 /// RoPE in the rotate-half convention on `x` `[b, t, heads, hd]` with tables
