@@ -20,7 +20,9 @@
 //! `--model` is a directory (config.json, safetensors, optional tokenizer.json,
 //! tokenizer_config.json and generation_config.json) or a `.gguf` file (any
 //! architecture `fucina_llm::arch` names), whose tokenizer and chat template
-//! come from its metadata. `--dtype` (`f32`, `f16`, `bf16` or a block format
+//! come from its metadata. `--lora DIR` applies LoRA adapters saved as PEFT
+//! saves them (the `finetune` example's `--out`), merged into the matrices of
+//! a model directory at load (before `--dtype`). `--dtype` (`f32`, `f16`, `bf16` or a block format
 //! such as `q8_0`, `q4_0`, `q4_k`, `q5_k`) converts the matrices at load (default: the file's own formats, read in place); see
 //! `fucina_llm::WeightStore::convert`. At load it prints to stderr what the
 //! tensors are stored as: the count per format, and the matrices that fell
@@ -68,15 +70,17 @@ mod batch;
 mod npy;
 
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{ArgGroup, Parser};
 use fucina_llm::chat::ChatMessage;
+use fucina_llm::finetune::FinetuneError;
+use fucina_llm::finetune::peft::merge_adapter;
 use fucina_llm::fucina::ExecContext;
 use fucina_llm::model::Model;
 use fucina_llm::sample::SamplingParams;
-use fucina_llm::{LlmError, LoadDtype, Tokenizer, open_model};
+use fucina_llm::{LlmError, LoadDtype, ModelConfig, Tokenizer, WeightStore, open_model};
 
 /// Generate text with a Hugging Face decoder model (any architecture of
 /// `fucina_llm::arch`) or a GGUF file.
@@ -102,6 +106,11 @@ struct Args {
     /// reaches are NaN): one pass over the whole model.
     #[arg(long)]
     check_tensors: bool,
+    /// Apply the LoRA adapters of this directory (PEFT's
+    /// `adapter_model.safetensors` and `adapter_config.json`, as the
+    /// `finetune` example writes them), merged into the matrices at load.
+    #[arg(long)]
+    lora: Option<PathBuf>,
     /// Run the projections as bf16 products with the AMX rule (a bf16 model,
     /// or `--dtype bf16`): activations rounded to bf16, AMX tiles where the
     /// CPU has them, the same bits everywhere.
@@ -173,6 +182,26 @@ fn check_args(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The model directory of `args` with the adapters of `lora` merged into its
+/// matrices (`fucina_llm::finetune::peft::merge_adapter`), converted to
+/// `--dtype` after the merge when given.
+fn with_lora(args: &Args, lora: &Path, ctx: &ExecContext) -> Result<Model, FinetuneError> {
+    if !args.model.is_dir() {
+        return Err(FinetuneError::Invalid {
+            op: "generate",
+            reason: "--lora needs a model directory (not a GGUF file)".to_string(),
+        });
+    }
+    let config = ModelConfig::from_file(args.model.join("config.json"))?;
+    let merged = merge_adapter(ctx, &WeightStore::open(&args.model)?, lora)?;
+    let mut merged = match args.dtype {
+        Some(d) => merged.convert(ctx, d, config.tie_word_embeddings)?,
+        None => merged,
+    };
+    merged.repack_quantized(ctx)?;
+    Ok(Model::from_parts(config, merged)?)
+}
+
 fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), String> {
     check_args(&args)?;
     let ctx = match args.threads {
@@ -184,6 +213,9 @@ fn run(args: Args, input: &mut dyn BufRead, out: &mut dyn Write) -> Result<(), S
         check_tensors(&args.model).map_err(err)?;
     }
     let mut opened = open_model(&args.model, &ctx, args.dtype).map_err(err)?;
+    if let Some(lora) = &args.lora {
+        opened.model = with_lora(&args, lora, &ctx).map_err(|e| e.to_string())?;
+    }
     // What each tensor became, on stderr (stdout holds the generated text).
     eprintln!("{}", opened.model.formats());
     if args.verbose {

@@ -16,6 +16,8 @@
 //! - [`tokenizer`]: `tokenizer.json` (or a GGUF file's tokenizer) through the `tokenizers` crate.
 //! - [`chat`]: the model's chat template, rendering a conversation as its prompt text.
 //! - [`open`]: a model directory or a GGUF file, converted at load if asked.
+//! - [`finetune`]: LoRA fine-tuning: the decoder as a differentiable module,
+//!   adapters saved as PEFT writes them.
 
 pub mod arch;
 pub mod cache;
@@ -23,6 +25,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 mod files;
+pub mod finetune;
 pub mod format_report;
 pub mod gguf;
 pub mod model;

@@ -64,6 +64,11 @@ mod fmath;
 mod kernels;
 mod moe;
 
+// The RoPE tables and the attention scale, for the trainable decoder of
+// `crate::finetune` (the same values as this decoder's).
+pub(crate) use fmath::pow_f32;
+pub(crate) use kernels::{inv_freq, rope_angles};
+
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -366,7 +371,7 @@ fn vector(store: &WeightStore, name: &str, len: usize) -> Result<Vec<f32>, LlmEr
 /// checked or saturating arithmetic (the lint keeps it so): past this point
 /// the products of sizes the decoder forms cannot overflow.
 #[warn(clippy::arithmetic_side_effects)]
-fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
+pub(crate) fn check_config(c: &ModelConfig) -> Result<(), LlmError> {
     let op = "Model::from_parts";
     let positive = [
         ("hidden_size", c.hidden_size),

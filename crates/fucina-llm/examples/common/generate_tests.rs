@@ -356,3 +356,69 @@ fn stop_reasons_name_end_of_turn_tokens() {
         "--max-new-tokens 8 reached"
     );
 }
+
+/// `--lora DIR` generates with the adapters merged: the first prompt's logits
+/// are those of the trainable decoder with the adapters, and differ from the
+/// base's; `--lora` with a GGUF file is refused.
+#[test]
+fn lora_adapters_apply_at_load() {
+    use fucina_llm::finetune::{LoraConfig, Target, TrainableDecoder, peft};
+    let ctx = ExecContext::new();
+    let tmp = std::env::temp_dir().join(format!("fucina-generate-lora-{}", std::process::id()));
+    let lora = LoraConfig {
+        targets: Target::ALL.to_vec(),
+        ..LoraConfig::default()
+    };
+    let model = TrainableDecoder::load(&ctx, fixture(), &lora).unwrap();
+    for (_, p) in model.named_parameters() {
+        let v: Vec<f32> = (0..p.numel())
+            .map(|i| 0.1 * (i as f32 * 0.3).sin())
+            .collect();
+        p.copy_from_slice(&v).unwrap();
+    }
+    let adapter = tmp.join("adapter");
+    peft::save_adapter(&model, &adapter, "llama_f32").unwrap();
+    let ids = [0u32, 299, 223, 83, 87];
+    let want = model.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    let dir = fixture();
+    let logits_of = |extra: &[&str]| {
+        let out = tmp.join("logits.npy");
+        let mut args = vec![
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "0,299,223,83,87",
+            "--max-new-tokens",
+            "1",
+            "--logits-out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        run_to_string(&args, "").unwrap();
+        super::npy::read_npy_f32(&out).unwrap().1
+    };
+    let with = logits_of(&["--lora", adapter.to_str().unwrap()]);
+    let base = logits_of(&[]);
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(diff(&with, &want) <= 5e-5, "{}", diff(&with, &want));
+    assert!(diff(&base, &want) > 1e-2);
+    let e = run_to_string(
+        &[
+            "--model",
+            "m.gguf",
+            "--prompt-ids",
+            "1",
+            "--lora",
+            adapter.to_str().unwrap(),
+        ],
+        "",
+    )
+    .unwrap_err();
+    assert!(e.contains("model directory") || e.contains("m.gguf"), "{e}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -1,6 +1,7 @@
 //! What the `train_digits` and `train_fashion` jobs share (each `job.rs`
 //! includes this file with `#[path]`): the `--stop-after` and resume checks,
-//! the checkpoint with its metadata checks, and pieces of the SVG.
+//! the checkpoint with its metadata checks, and the SVG pieces and loss chart
+//! (fucina-llm's `finetune` example includes it too, for the chart).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -248,6 +249,47 @@ pub(crate) fn svg_loss_points(
     for (i, &l) in losses.iter().enumerate() {
         let _ = write!(s, "{:.1},{:.1} ", px(i), py(l));
     }
+}
+
+/// A line chart of `losses` (one point per step, the y axis from 0 to the
+/// largest loss) as a standalone SVG titled `title`, the epoch axis labelled
+/// from `first_epoch` for epochs of `steps_per_epoch` steps (the
+/// `train_digits` job's chart, and the `finetune` example's of fucina-llm).
+#[allow(dead_code)] // train_fashion draws its own chart (two curves)
+pub(crate) fn loss_svg(
+    title: &str,
+    losses: &[f32],
+    steps_per_epoch: usize,
+    first_epoch: usize,
+) -> String {
+    let (w, h, pad) = (720.0f32, 360.0f32, 48.0f32);
+    let max = losses.iter().copied().fold(f32::MIN, f32::max).max(1e-6);
+    let n = losses.len().max(2) as f32 - 1.0;
+    let px = |i: usize| pad + (w - 2.0 * pad) * i as f32 / n;
+    let py = |v: f32| h - pad - (h - 2.0 * pad) * (v / max).clamp(0.0, 1.0);
+    let mut s = String::new();
+    svg_open(&mut s, w, h, pad, title);
+    for k in 0..=4 {
+        let v = max * k as f32 / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.2}</text>",
+            pad - 4.0,
+            py(v) + 4.0
+        );
+    }
+    svg_epoch_axis(
+        &mut s,
+        (w, h, pad),
+        losses.len(),
+        steps_per_epoch,
+        first_epoch,
+        px,
+    );
+    s.push_str("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"");
+    svg_loss_points(&mut s, losses, px, py);
+    s.push_str("\"/>\n</svg>\n");
+    s
 }
 
 /// Writes `contents` to `path`, creating the directory if needed.

@@ -2,7 +2,6 @@
 //! them): the command line, the data set loader, the seeded split, the training
 //! loop, the checkpoints and the SVG loss curve.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -427,37 +426,16 @@ pub(crate) fn accuracy(ctx: &ExecContext, net: &Sequential, d: &Digits) -> Resul
     Ok(correct as f32 / d.len() as f32)
 }
 
-/// A line chart of `losses` (one point per step) as a standalone SVG.
-/// The epoch axis is labelled from `first_epoch` (a resumed run's first epoch).
+/// A line chart of `losses` (one point per step) as a standalone SVG
+/// ([`train::loss_svg`]). The epoch axis is labelled from `first_epoch` (a
+/// resumed run's first epoch).
 pub(crate) fn loss_svg(losses: &[f32], steps_per_epoch: usize, first_epoch: usize) -> String {
-    let (w, h, pad) = (720.0f32, 360.0f32, 48.0f32);
-    let max = losses.iter().copied().fold(f32::MIN, f32::max).max(1e-6);
-    let n = losses.len().max(2) as f32 - 1.0;
-    let px = |i: usize| pad + (w - 2.0 * pad) * i as f32 / n;
-    let py = |v: f32| h - pad - (h - 2.0 * pad) * (v / max).clamp(0.0, 1.0);
-    let mut s = String::new();
-    train::svg_open(&mut s, w, h, pad, "train_digits: training loss per step");
-    for k in 0..=4 {
-        let v = max * k as f32 / 4.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.2}</text>",
-            pad - 4.0,
-            py(v) + 4.0
-        );
-    }
-    train::svg_epoch_axis(
-        &mut s,
-        (w, h, pad),
-        losses.len(),
+    train::loss_svg(
+        "train_digits: training loss per step",
+        losses,
         steps_per_epoch,
         first_epoch,
-        px,
-    );
-    s.push_str("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"");
-    train::svg_loss_points(&mut s, losses, px, py);
-    s.push_str("\"/>\n</svg>\n");
-    s
+    )
 }
 
 /// Writes the SVG, creating the directory if needed.

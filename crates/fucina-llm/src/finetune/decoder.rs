@@ -1,0 +1,852 @@
+//! The trainable decoder: the Llama-family forward of [`crate::model`] built
+//! from autograd ops, over frozen base weights, with LoRA adapters.
+//!
+//! # The forward
+//!
+//! For a batch of `B` rows of `T` tokens (right-padded; every row starts at
+//! position 0, or, packed, each of its sequences does: see
+//! [`TrainableDecoder::hidden_packed`]): embedding rows (frozen, no gradient), then per layer RMSNorm
+//! (`rms_norm`), the q, k, v projections (each `base(x) + bias + adapter(x)`),
+//! per-head q/k RMSNorm where the architecture has it (Qwen3), RoPE in the
+//! rotate-half convention with the inference decoder's own cosine and sine
+//! tables (`x1 · cos − x2 · sin`, `x2 · cos + x1 · sin`: `narrow`, `mul`,
+//! `sub`, `add`, `concat`), grouped-query causal attention (the query heads
+//! sharing a key/value head are stacked along the rows, so one batched
+//! `matmul` serves a group without repeating k and v; scores scaled by the
+//! inference decoder's `head_dim^-0.5`, a constant `0 / −inf` mask of the
+//! causal and sliding-window rule added, `softmax`), `o_proj`, the residual,
+//! RMSNorm, SwiGLU (`silu(gate) · up`, `down_proj`), the residual, the final
+//! RMSNorm and the output projection (the embedding matrix when tied).
+//!
+//! # Frozen base weights
+//!
+//! The base projections are constants: backward computes the gradient of
+//! their input only, never of the weight. An f32 matrix is copied once at load
+//! into a runtime tensor and multiplied by the runtime's `linear`. A bf16 or
+//! f16 matrix stays in its format (memory-mapped, as inference reads it) and
+//! gets a transposed copy in the same format, made once at load: the forward
+//! `x · Wᵀ` is the inference kernel ([`Weight::matmul`]) over the matrix, the
+//! backward's `dx = g · W` the same kernel over the transpose, so nothing is
+//! widened or copied per step (the base costs twice its file size in memory,
+//! half of an f32 copy). A block-quantized matrix (a base loaded with
+//! [`WeightStore::convert`]) has no transpose: its backward widens it into a
+//! pooled f32 matrix for the one product (one projection at a time).
+//!
+//! # Differences from the inference decoder
+//!
+//! The same weights, RoPE tables and scale; the sums run in the runtime's
+//! orders (its `linear`, `rms_norm`, `softmax`) rather than the inference
+//! kernels', so the logits agree within rounding (`tests/finetune.rs` bounds
+//! the difference) rather than bit for bit.
+
+use fucina::exec::WeightFormat;
+use fucina::nn::Parameter;
+use fucina::{ExecContext, RawTensor, Tensor, custom_vjp};
+
+use super::error::{FinetuneError, invalid};
+use super::lora::{LoraAdapter, LoraConfig, Target, adapter_seed};
+use crate::arch::{Activation, NormStyle};
+use crate::config::ModelConfig;
+use crate::weights::{Weight, WeightStore};
+
+/// A frozen base matrix `[out, in]`.
+#[derive(Clone, Debug)]
+enum Frozen {
+    /// An f32 matrix, as a runtime tensor.
+    Dense(RawTensor),
+    /// Another format, read in place, with its transpose `[in, out]` in the
+    /// same format for the backward (`None` for a block-quantized matrix,
+    /// whose backward widens it).
+    File(Weight, Option<Weight>),
+}
+
+/// `w` (`[rows, cols]` of a 2- or 4-byte float format) transposed, in the same
+/// format.
+fn transposed(w: &Weight) -> Result<Weight, FinetuneError> {
+    let (rows, cols) = (w.shape()[0], w.shape()[1]);
+    let size = w.format().size_bytes();
+    let src = w.bytes();
+    let mut out = vec![0u8; src.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (s, d) = ((r * cols + c) * size, (c * rows + r) * size);
+            out[d..d + size].copy_from_slice(&src[s..s + size]);
+        }
+    }
+    Ok(Weight::from_bytes(
+        "transposed base weight",
+        w.format(),
+        &[cols, rows],
+        out,
+    )?)
+}
+
+impl Frozen {
+    /// The frozen form of `w`: an f32 matrix copied into a runtime tensor, a
+    /// bf16 or f16 matrix kept with its transpose, a quantized one as it is.
+    fn new(ctx: &ExecContext, w: &Weight) -> Result<Frozen, FinetuneError> {
+        if w.quant_format().is_some() {
+            Ok(Frozen::File(w.clone(), None))
+        } else if w.format() == WeightFormat::F32 {
+            Ok(Frozen::Dense(ctx.from_slice(w.shape(), &w.to_f32_vec())?))
+        } else {
+            Ok(Frozen::File(w.clone(), Some(transposed(w)?)))
+        }
+    }
+
+    fn shape(&self) -> [usize; 2] {
+        let s = match self {
+            Frozen::Dense(t) => t.shape(),
+            Frozen::File(w, _) => w.shape(),
+        };
+        [s[0], s[1]]
+    }
+
+    /// `x · Wᵀ` for `x` `[n, in]`, differentiable in `x` only.
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor, FinetuneError> {
+        match self {
+            Frozen::Dense(w) => Ok(x.linear(ctx, &Tensor::constant(w.clone()), None)?),
+            Frozen::File(w, wt) => frozen_file_linear(ctx, w, wt.as_ref(), x),
+        }
+    }
+
+    /// Rows `ids` of the matrix (an embedding lookup), a constant `[n, in]`.
+    fn rows(&self, ctx: &ExecContext, ids: &[u32]) -> Result<Tensor, FinetuneError> {
+        let [rows, cols] = self.shape();
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= rows) {
+            return Err(invalid(
+                "TrainableDecoder",
+                format!("token id {bad} is past the vocabulary ({rows} ids)"),
+            ));
+        }
+        let mut out = ctx.empty(&[ids.len(), cols])?;
+        let data = out.data_mut()?;
+        match self {
+            Frozen::Dense(w) => {
+                let src = w.data()?;
+                for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
+                    o.copy_from_slice(&src[i as usize * cols..(i as usize + 1) * cols]);
+                }
+            }
+            Frozen::File(w, _) => {
+                for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
+                    w.row_to_f32(i as usize, o)?;
+                }
+            }
+        }
+        Ok(Tensor::constant(out))
+    }
+}
+
+/// `x · Wᵀ` with `W` read in its file format by the inference kernel; the
+/// backward's `g · W` is the same kernel over the transpose `wt` when there is
+/// one, else (a quantized matrix) a product with `W` widened into a pooled f32
+/// matrix for the call.
+///
+/// The product is a constant computed without a graph, plus a zero-storage
+/// gradient hook: a custom op of `x` whose output is a broadcast view of one
+/// zero (`[n, out]` with strides 0) and whose backward is `g · W`. The graph
+/// thus keeps `x` (shared with the adapter) and four bytes, not the
+/// product's `[n, out]` (which a custom op would keep as its output).
+fn frozen_file_linear(
+    ctx: &ExecContext,
+    w: &Weight,
+    wt: Option<&Weight>,
+    x: &Tensor,
+) -> Result<Tensor, FinetuneError> {
+    let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
+    let n = x.shape()[0];
+    let y = {
+        let xc = ctx.contiguous(x.raw())?;
+        let mut y = ctx.empty(&[n, out_f])?;
+        w.matmul(ctx, xc.data()?, n, y.data_mut()?)?;
+        Tensor::constant(y)
+    };
+    if !x.requires_grad() || !fucina::is_grad_enabled() {
+        return Ok(y);
+    }
+    let bw = w.clone();
+    let bwt = wt.cloned();
+    let hook = custom_vjp(
+        ctx,
+        "frozen_linear",
+        &[x],
+        move |ctx, _| Ok(ctx.zeros(&[1, 1])?.broadcast_to(&[n, out_f])?),
+        move |ctx, a| {
+            if !a.needs[0] {
+                return Ok(vec![None]);
+            }
+            let g = ctx.contiguous(a.grad)?;
+            if let Some(wt) = &bwt {
+                let mut dx = ctx.empty(&[n, in_f])?;
+                wt.matmul(ctx, g.data()?, n, dx.data_mut()?)
+                    .map_err(external)?;
+                return Ok(vec![Some(dx)]);
+            }
+            let mut wf = ctx.empty(&[out_f, in_f])?;
+            let data = wf.data_mut()?;
+            for (r, row) in data.chunks_exact_mut(in_f).enumerate() {
+                bw.row_to_f32(r, row).map_err(external)?;
+            }
+            Ok(vec![Some(ctx.matmul(&g, &wf)?)])
+        },
+    )?;
+    Ok(y.add(ctx, &hook)?)
+}
+
+/// An error of the loader's types inside an op's closure.
+fn external(e: crate::error::LlmError) -> fucina::AutogradError {
+    fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
+}
+
+/// A projection: the frozen base, its frozen bias, and an adapter.
+#[derive(Clone, Debug)]
+struct Proj {
+    base: Frozen,
+    bias: Option<Tensor>,
+    lora: Option<LoraAdapter>,
+}
+
+impl Proj {
+    fn forward(
+        &self,
+        ctx: &ExecContext,
+        x: &Tensor,
+        dropout_seed: Option<u64>,
+    ) -> Result<Tensor, FinetuneError> {
+        let mut y = self.base.forward(ctx, x)?;
+        if let Some(b) = &self.bias {
+            y = y.add(ctx, b)?;
+        }
+        if let Some(l) = &self.lora {
+            y = y.add(ctx, &l.forward(ctx, x, dropout_seed)?)?;
+        }
+        Ok(y)
+    }
+}
+
+/// One decoder layer.
+#[derive(Clone, Debug)]
+struct Layer {
+    input_norm: Tensor,
+    post_norm: Tensor,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    window: Option<usize>,
+    /// q, k, v, o, gate, up, down (the order of [`Target::ALL`]).
+    projs: [Proj; 7],
+}
+
+/// The Llama-family decoder as a differentiable module with LoRA adapters
+/// (see the [module documentation](self)).
+#[derive(Debug)]
+pub struct TrainableDecoder {
+    config: ModelConfig,
+    lora: LoraConfig,
+    embed: Frozen,
+    layers: Vec<Layer>,
+    final_norm: Tensor,
+    /// `None` when tied to the embeddings.
+    lm_head: Option<Frozen>,
+    inv_freq: Vec<f32>,
+    scale: f32,
+    /// Gradient checkpointing per layer.
+    checkpointing: bool,
+}
+
+/// Refuses an architecture the trainable decoder does not build.
+fn check_supported(c: &ModelConfig) -> Result<(), FinetuneError> {
+    let spec = c.architecture.spec();
+    let p = &c.params;
+    let unsupported = if spec.activation != Activation::Silu || spec.norm != NormStyle::Rms {
+        Some("a GeGLU MLP or `1 + w` norms")
+    } else if spec.sandwich_norms || spec.embed_scale {
+        Some("sandwich norms or an embedding scale")
+    } else if spec.fused_qkv || spec.fused_gate_up {
+        Some("fused projections")
+    } else if p.moe.is_some() {
+        Some("a mixture of experts")
+    } else if p.longrope.is_some() || p.local_rope_theta.is_some() {
+        Some("LongRoPE or per-layer RoPE bases")
+    } else if p.attn_logit_softcapping.is_some()
+        || p.final_logit_softcapping.is_some()
+        || p.query_pre_attn_scalar.is_some()
+    {
+        Some("soft-capping or a query scale")
+    } else {
+        None
+    };
+    match unsupported {
+        Some(what) => Err(invalid(
+            "TrainableDecoder::from_parts",
+            format!(
+                "{}: {what} is not supported by the trainable decoder (Llama, Qwen2, Mistral, Qwen3)",
+                spec.hf_class
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The frozen f32 vector `name` of length `len`.
+fn vector(
+    ctx: &ExecContext,
+    store: &WeightStore,
+    name: &str,
+    len: usize,
+) -> Result<Tensor, FinetuneError> {
+    let w = matrix_or_vector(store, name, &[len])?;
+    Ok(Tensor::from_slice(ctx, &[len], &w.to_f32_vec())?)
+}
+
+/// The tensor `name`, checked to have `shape`.
+fn matrix_or_vector<'a>(
+    store: &'a WeightStore,
+    name: &str,
+    shape: &[usize],
+) -> Result<&'a Weight, FinetuneError> {
+    let w = store.get(name)?;
+    if w.shape() != shape {
+        return Err(crate::error::LlmError::BadTensor {
+            name: name.to_string(),
+            reason: format!("shape {:?}, expected {shape:?} from the config", w.shape()),
+        }
+        .into());
+    }
+    Ok(w)
+}
+
+impl TrainableDecoder {
+    /// Loads the model in `dir` (`config.json` and its safetensors weights)
+    /// with fresh adapters of `lora`.
+    ///
+    /// # Errors
+    /// Those of [`ModelConfig::from_file`], [`WeightStore::open`] and
+    /// [`from_parts`](TrainableDecoder::from_parts).
+    pub fn load(
+        ctx: &ExecContext,
+        dir: impl AsRef<std::path::Path>,
+        lora: &LoraConfig,
+    ) -> Result<TrainableDecoder, FinetuneError> {
+        let dir = dir.as_ref();
+        let config = ModelConfig::from_file(dir.join("config.json"))?;
+        let weights = WeightStore::open(dir)?;
+        TrainableDecoder::from_parts(ctx, config, &weights, lora)
+    }
+
+    /// The decoder of `config` over `weights` (Hugging Face names), with fresh
+    /// adapters of `lora` (`A` Kaiming-uniform, `B` zero).
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for an architecture it does not build (see
+    /// [`TrainableDecoder`]) or a bad `lora`; [`LlmError::BadTensor`](crate::LlmError::BadTensor)
+    /// for a missing tensor or one of the wrong shape; out of memory.
+    pub fn from_parts(
+        ctx: &ExecContext,
+        config: ModelConfig,
+        weights: &WeightStore,
+        lora: &LoraConfig,
+    ) -> Result<TrainableDecoder, FinetuneError> {
+        lora.check()?;
+        check_supported(&config)?;
+        // The inference decoder's checks of the sizes (none zero, heads
+        // grouping evenly, an even head dimension, no overflow).
+        crate::model::check_config(&config)?;
+        let c = &config;
+        let (hid, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let embed = Frozen::new(
+            ctx,
+            matrix_or_vector(weights, "model.embed_tokens.weight", &[c.vocab_size, hid])?,
+        )?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut k = 0u64;
+        for i in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("model.layers.{i}.{s}");
+            let shapes = [
+                [qd, hid],
+                [kvd, hid],
+                [kvd, hid],
+                [hid, qd],
+                [inter, hid],
+                [inter, hid],
+                [hid, inter],
+            ];
+            let mut projs = Vec::with_capacity(7);
+            for (t, shape) in Target::ALL.into_iter().zip(shapes) {
+                let w = matrix_or_vector(weights, &n(&format!("{}.weight", t.module())), &shape)?;
+                let has_bias = match t {
+                    Target::QProj | Target::KProj | Target::VProj => c.qkv_bias,
+                    Target::OProj => c.o_bias,
+                    _ => false,
+                };
+                let bias = match has_bias {
+                    true => Some(vector(
+                        ctx,
+                        weights,
+                        &n(&format!("{}.bias", t.module())),
+                        shape[0],
+                    )?),
+                    false => None,
+                };
+                let adapter = match lora.targets.contains(&t) {
+                    true => {
+                        let seed = adapter_seed(lora.seed, k);
+                        k += 1;
+                        Some(LoraAdapter::new(ctx, lora, shape[0], shape[1], seed)?)
+                    }
+                    false => None,
+                };
+                projs.push(Proj {
+                    base: Frozen::new(ctx, w)?,
+                    bias,
+                    lora: adapter,
+                });
+            }
+            let qk_norm = c.architecture.spec().qk_norm;
+            let opt = |s: &str| -> Result<Option<Tensor>, FinetuneError> {
+                match qk_norm {
+                    true => Ok(Some(vector(ctx, weights, &n(s), hd)?)),
+                    false => Ok(None),
+                }
+            };
+            let sliding = c.params.sliding_layers.get(i).copied().unwrap_or(true);
+            layers.push(Layer {
+                input_norm: vector(ctx, weights, &n("input_layernorm.weight"), hid)?,
+                post_norm: vector(ctx, weights, &n("post_attention_layernorm.weight"), hid)?,
+                q_norm: opt("self_attn.q_norm.weight")?,
+                k_norm: opt("self_attn.k_norm.weight")?,
+                window: c.sliding_window.filter(|_| sliding),
+                projs: projs.try_into().expect("seven projections"),
+            });
+        }
+        let final_norm = vector(ctx, weights, "model.norm.weight", hid)?;
+        let lm_head = match c.tie_word_embeddings {
+            true => None,
+            false => Some(Frozen::new(
+                ctx,
+                matrix_or_vector(weights, "lm_head.weight", &[c.vocab_size, hid])?,
+            )?),
+        };
+        let inv_freq = crate::model::inv_freq(hd, c.rope_theta, &c.rope_scaling);
+        let scale = crate::model::pow_f32(hd as f64, -0.5);
+        Ok(TrainableDecoder {
+            config,
+            lora: lora.clone(),
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            inv_freq,
+            scale,
+            checkpointing: false,
+        })
+    }
+
+    /// Turns gradient checkpointing per layer on or off: with it, a training
+    /// forward keeps only each layer's input and output for the backward,
+    /// which runs each layer's forward again (about a third more compute for
+    /// the memory of the activations inside the layers). The gradients are
+    /// the same values.
+    pub fn set_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether gradient checkpointing is on.
+    pub fn checkpointing(&self) -> bool {
+        self.checkpointing
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The adapters' configuration.
+    pub fn lora_config(&self) -> &LoraConfig {
+        &self.lora
+    }
+
+    /// Every adapter matrix with its PEFT name
+    /// (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), in
+    /// layer order, `A` before `B`.
+    pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            for (t, p) in Target::ALL.into_iter().zip(&l.projs) {
+                if let Some(a) = &p.lora {
+                    let prefix = format!("base_model.model.model.layers.{i}.{}", t.module());
+                    out.push((format!("{prefix}.lora_A.weight"), a.a.clone()));
+                    out.push((format!("{prefix}.lora_B.weight"), a.b.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The trainable parameters (the adapters), in the order of
+    /// [`named_parameters`](TrainableDecoder::named_parameters).
+    pub fn parameters(&self) -> Vec<Parameter> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    /// The RoPE tables: `[t, 1, head_dim / 2]` cosines and sines of positions
+    /// `0..t` (broadcast over the rows and heads), or with `positions`
+    /// (`[b · t]`, a packed batch) `[b, t, 1, head_dim / 2]`.
+    fn rope_tables(
+        &self,
+        ctx: &ExecContext,
+        b: usize,
+        t: usize,
+        positions: Option<&[u32]>,
+    ) -> Result<(Tensor, Tensor), FinetuneError> {
+        let half = self.config.head_dim / 2;
+        let n = positions.map_or(t, <[u32]>::len);
+        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]);
+        for (i, (c, s)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
+            let p = positions.map_or(i, |p| p[i] as usize);
+            crate::model::rope_angles(p, &self.inv_freq, c, s);
+        }
+        let shape: &[usize] = match positions {
+            Some(_) => &[b, t, 1, half],
+            None => &[t, 1, half],
+        };
+        Ok((
+            Tensor::from_slice(ctx, shape, &cos)?,
+            Tensor::from_slice(ctx, shape, &sin)?,
+        ))
+    }
+
+    /// The additive attention mask: `0` where query `i` sees key `j` (`j <=
+    /// i`, `i - j < window` with a window, and with `segments` (`[b · t]`, a
+    /// packed batch) both in the same segment of their row), `-inf`
+    /// elsewhere; `[t, t]`, or `[b, 1, 1, t, t]` with segments.
+    fn mask(
+        ctx: &ExecContext,
+        b: usize,
+        t: usize,
+        window: Option<usize>,
+        segments: Option<&[u32]>,
+    ) -> Result<Tensor, FinetuneError> {
+        let rows = if segments.is_some() { b } else { 1 };
+        let mut m = vec![f32::NEG_INFINITY; rows * t * t];
+        for r in 0..rows {
+            for i in 0..t {
+                for j in 0..=i {
+                    let same = segments.is_none_or(|s| s[r * t + i] == s[r * t + j]);
+                    if same && window.is_none_or(|w| i - j < w) {
+                        m[(r * t + i) * t + j] = 0.0;
+                    }
+                }
+            }
+        }
+        let shape: &[usize] = match segments {
+            Some(_) => &[b, 1, 1, t, t],
+            None => &[t, t],
+        };
+        Ok(Tensor::from_slice(ctx, shape, &m)?)
+    }
+
+    /// The final hidden states (after the final norm) of a batch of `b` rows
+    /// of `t` tokens each (`ids`, row-major): `[b · t, hidden]`. `train`
+    /// (the step's seed) turns the adapters' dropout on.
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for an id past the vocabulary, `ids` not
+    /// `b · t` long, `t` past `max_position_embeddings` or 0; op errors.
+    pub fn hidden(
+        &self,
+        ctx: &ExecContext,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        train: Option<u64>,
+    ) -> Result<Tensor, FinetuneError> {
+        self.hidden_packed(ctx, ids, b, t, None, train)
+    }
+
+    /// [`hidden`](TrainableDecoder::hidden) of a packed batch: `packing`
+    /// gives each token's position in its own sequence and its segment (the
+    /// sequence it belongs to, within its row; `[b · t]` each). A token attends
+    /// only to the earlier tokens of its segment and rotates with its own
+    /// position, so each packed sequence's hidden states are those it has
+    /// alone, within rounding.
+    ///
+    /// # Errors
+    /// As [`hidden`](TrainableDecoder::hidden), and
+    /// [`FinetuneError::Invalid`] for packing lists that are not `b · t` long
+    /// or a position past `max_position_embeddings`.
+    pub fn hidden_packed(
+        &self,
+        ctx: &ExecContext,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        packing: Option<(&[u32], &[u32])>,
+        train: Option<u64>,
+    ) -> Result<Tensor, FinetuneError> {
+        const OP: &str = "TrainableDecoder::hidden";
+        let c = &self.config;
+        if t == 0 || b == 0 || ids.len() != b * t {
+            return Err(invalid(
+                OP,
+                format!("{} ids for a batch of {b} rows of {t} tokens", ids.len()),
+            ));
+        }
+        if t > c.max_position_embeddings {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{t} tokens exceed max_position_embeddings {}",
+                    c.max_position_embeddings
+                ),
+            ));
+        }
+        let (h, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        if let Some((pos, seg)) = packing {
+            if pos.len() != b * t || seg.len() != b * t {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{} positions and {} segments for {} tokens",
+                        pos.len(),
+                        seg.len(),
+                        b * t
+                    ),
+                ));
+            }
+            if let Some(&p) = pos
+                .iter()
+                .find(|&&p| p as usize >= c.max_position_embeddings)
+            {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "position {p} is past max_position_embeddings {}",
+                        c.max_position_embeddings
+                    ),
+                ));
+            }
+        }
+        let (positions, segments) = (packing.map(|p| p.0), packing.map(|p| p.1));
+        let (cos, sin) = self.rope_tables(ctx, b, t, positions)?;
+        let masks: Vec<(Option<usize>, Tensor)> = {
+            let mut v: Vec<(Option<usize>, Tensor)> = Vec::new();
+            for l in &self.layers {
+                if !v.iter().any(|(w, _)| *w == l.window) {
+                    v.push((l.window, Self::mask(ctx, b, t, l.window, segments)?));
+                }
+            }
+            v
+        };
+        let mut x = self.embed.rows(ctx, ids)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let args = LayerArgs {
+                b,
+                t,
+                heads: (h, kvh, hd),
+                eps,
+                scale: self.scale,
+                cos: cos.clone(),
+                sin: sin.clone(),
+                mask: masks
+                    .iter()
+                    .find(|(w, _)| *w == l.window)
+                    .expect("made")
+                    .1
+                    .clone(),
+                seeds: train.map(|s| (s, li)),
+            };
+            x = match self.checkpointing {
+                true => checkpointed_layer(ctx, l, &x, args)?,
+                false => layer_forward(ctx, l, &x, &args)?,
+            };
+        }
+        Ok(x.rms_norm(ctx, &self.final_norm, eps)?)
+    }
+
+    /// The logits of hidden rows `[n, hidden]`: `[n, vocab]`.
+    ///
+    /// # Errors
+    /// Op errors.
+    pub fn project(&self, ctx: &ExecContext, hidden: &Tensor) -> Result<Tensor, FinetuneError> {
+        self.lm_head
+            .as_ref()
+            .unwrap_or(&self.embed)
+            .forward(ctx, hidden)
+    }
+
+    /// The logits of every position of a batch (`[b · t, vocab]`), without
+    /// dropout.
+    ///
+    /// # Errors
+    /// As [`hidden`](TrainableDecoder::hidden).
+    pub fn logits(
+        &self,
+        ctx: &ExecContext,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+    ) -> Result<Tensor, FinetuneError> {
+        let h = self.hidden(ctx, ids, b, t, None)?;
+        self.project(ctx, &h)
+    }
+}
+
+/// What a layer's forward needs besides its weights: the batch's shape, the
+/// heads `(query, key/value, head_dim)`, the norms' epsilon, the attention
+/// scale, the RoPE tables, the layer's mask, and the dropout seeds (the
+/// step's seed and the layer's index; `None` without dropout).
+#[derive(Clone, Debug)]
+struct LayerArgs {
+    b: usize,
+    t: usize,
+    heads: (usize, usize, usize),
+    eps: f32,
+    scale: f32,
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+    seeds: Option<(u64, usize)>,
+}
+
+/// One decoder layer on the residual stream `x` (`[b · t, hidden]`).
+fn layer_forward(
+    ctx: &ExecContext,
+    l: &Layer,
+    x: &Tensor,
+    a: &LayerArgs,
+) -> Result<Tensor, FinetuneError> {
+    let (b, t, eps) = (a.b, a.t, a.eps);
+    let (h, kvh, hd) = a.heads;
+    let rep = h / kvh;
+    // Each projection's dropout mask from its own seed.
+    let seed = |p: usize| {
+        a.seeds
+            .map(|(s, li)| fucina::rng::at(s, (li * 7 + p) as u64))
+    };
+    let xn = x.rms_norm(ctx, &l.input_norm, eps)?;
+    let q = l.projs[0].forward(ctx, &xn, seed(0))?;
+    let k = l.projs[1].forward(ctx, &xn, seed(1))?;
+    let v = l.projs[2].forward(ctx, &xn, seed(2))?;
+    let mut q = q.reshape(ctx, &[b, t, h, hd])?;
+    let mut k = k.reshape(ctx, &[b, t, kvh, hd])?;
+    if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+        q = q.rms_norm(ctx, qn, eps)?;
+        k = k.rms_norm(ctx, kn, eps)?;
+    }
+    let q = rope(ctx, &q, &a.cos, &a.sin)?;
+    let k = rope(ctx, &k, &a.cos, &a.sin)?;
+    // [b, kvh, rep · t, hd]: the query heads of a group stacked.
+    let q = q
+        .permute(ctx, &[0, 2, 1, 3])?
+        .materialize(ctx)?
+        .reshape(ctx, &[b, kvh, rep * t, hd])?;
+    let k = k.permute(ctx, &[0, 2, 3, 1])?; // [b, kvh, hd, t]
+    let v = v
+        .reshape(ctx, &[b, t, kvh, hd])?
+        .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
+    let scores = q
+        .matmul(ctx, &k)?
+        .scale(ctx, a.scale)?
+        .reshape(ctx, &[b, kvh, rep, t, t])?
+        .add(ctx, &a.mask)?;
+    let p = scores
+        .softmax(ctx, -1)?
+        .reshape(ctx, &[b, kvh, rep * t, t])?;
+    let attn = p
+        .matmul(ctx, &v)? // [b, kvh, rep · t, hd] = [b, h, t, hd]
+        .reshape(ctx, &[b, h, t, hd])?
+        .permute(ctx, &[0, 2, 1, 3])?
+        .materialize(ctx)?
+        .reshape(ctx, &[b * t, h * hd])?;
+    let o = l.projs[3].forward(ctx, &attn, seed(3))?;
+    let x = x.add(ctx, &o)?;
+    let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
+    let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
+    let up = l.projs[5].forward(ctx, &xn, seed(5))?;
+    let act = gate.silu(ctx)?.mul(ctx, &up)?;
+    let down = l.projs[6].forward(ctx, &act, seed(6))?;
+    Ok(x.add(ctx, &down)?)
+}
+
+/// [`layer_forward`] with gradient checkpointing: the forward runs without
+/// a graph, and one op keeps only the layer's input (and output); its
+/// backward runs the layer again with a graph and backpropagates through it
+/// (a backward inside the backward), which adds the adapters' gradients to
+/// them directly and returns the input's.
+fn checkpointed_layer(
+    ctx: &ExecContext,
+    l: &Layer,
+    x: &Tensor,
+    args: LayerArgs,
+) -> Result<Tensor, FinetuneError> {
+    let params: Vec<Tensor> = l
+        .projs
+        .iter()
+        .filter_map(|p| p.lora.as_ref())
+        .flat_map(|a| [a.a.tensor(), a.b.tensor()])
+        .collect();
+    if !fucina::is_grad_enabled() || (params.is_empty() && !x.requires_grad()) {
+        return layer_forward(ctx, l, x, &args);
+    }
+    let y = {
+        let _g = fucina::no_grad();
+        layer_forward(ctx, l, &x.detach(), &args)?
+    };
+    let mut inputs: Vec<&Tensor> = vec![x];
+    inputs.extend(params.iter());
+    let layer = l.clone();
+    let out = custom_vjp(
+        ctx,
+        "checkpointed_layer",
+        &inputs,
+        move |_, _| Ok(y.raw().clone()),
+        move |ctx, a| {
+            let xv = Tensor::constant(a.inputs[0].clone()).into_variable();
+            let y = layer_forward(ctx, &layer, &xv, &args).map_err(|e| {
+                fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
+            })?;
+            y.backward_with_grad(ctx, a.grad)?;
+            let mut grads = Vec::with_capacity(a.inputs.len());
+            grads.push(match a.needs[0] {
+                true => xv.grad(ctx)?.map(|g| g.raw().clone()),
+                false => None,
+            });
+            // The adapters' gradients are already theirs (the inner
+            // backward added them); the outer pass adds zeros.
+            for (p, &need) in a.inputs[1..].iter().zip(&a.needs[1..]) {
+                grads.push(match need {
+                    true => Some(ctx.zeros(p.shape())?),
+                    false => None,
+                });
+            }
+            Ok(grads)
+        },
+    )?;
+    Ok(out)
+}
+
+/// RoPE in the rotate-half convention on `x` `[b, t, heads, hd]` with tables
+/// `[t, 1, hd / 2]`.
+fn rope(
+    ctx: &ExecContext,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor, FinetuneError> {
+    let half = x.shape()[3] / 2;
+    let x1 = x.narrow(ctx, 3, 0, half)?;
+    let x2 = x.narrow(ctx, 3, half, half)?;
+    let lo = x1.mul(ctx, cos)?.sub(ctx, &x2.mul(ctx, sin)?)?;
+    let hi = x2.mul(ctx, cos)?.add(ctx, &x1.mul(ctx, sin)?)?;
+    Ok(Tensor::concat(ctx, &[&lo, &hi], 3)?)
+}
