@@ -8,8 +8,15 @@
 //! nibble for `g < 8`, high for `g ≥ 8`) and its top two from bits
 //! `2 (g / 4)..` of byte `8 + g mod 4`. Weight `e` is `(d · (ls[e / 16] − 32)) · q`.
 
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, signed_amax, via_f16};
-use crate::kernels::quant_dot::{LANES, QK};
+use std::ops::Range;
+
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, portable_rows, signed_amax,
+    via_f16,
+};
+use crate::kernels::quant_dot::{Acts, LANES, QK};
+use crate::kernels::quant_k;
+use crate::kernels::simd::vectorized;
 
 /// llama.cpp's Q3_K (ggml type 11).
 #[allow(non_camel_case_types)]
@@ -119,6 +126,22 @@ impl BlockFormat for Q3_K {
                 let a = &mut acc[LANES * (j % 2) + l];
                 *a = s.mul_add(p as f32, *a);
             }
+        }
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
+            vectorized!(portable_rows::<Self>(
+                w, row_bytes, rows, acts, sums, m, out_t
+            ));
         }
     }
 }

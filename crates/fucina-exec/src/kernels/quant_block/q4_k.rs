@@ -229,7 +229,7 @@ impl BlockFormat for Q4_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<false>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
+        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
             portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
         }
     }

@@ -123,7 +123,7 @@ impl BlockFormat for Q6_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<true>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
+        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
             portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
         }
     }
