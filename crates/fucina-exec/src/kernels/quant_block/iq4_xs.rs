@@ -8,11 +8,9 @@ use std::ops::Range;
 
 use super::iq4_nl::{KVALUES, code_indices, dot_indices, index};
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, portable_rows, signed_amax, via_f16,
+    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, nearest, signed_amax, via_f16,
 };
 use crate::kernels::quant_dot::{Acts, LANES, QK};
-use crate::kernels::quant_k;
-use crate::kernels::simd::vectorized;
 
 /// llama.cpp's IQ4_XS (ggml type 23).
 #[allow(non_camel_case_types)]
@@ -105,10 +103,6 @@ impl BlockFormat for IQ4_XS {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-            vectorized!(portable_rows::<Self>(
-                w, row_bytes, rows, acts, sums, m, out_t
-            ));
-        }
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -11,12 +11,10 @@
 use std::ops::Range;
 
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, portable_rows, signed_amax,
+    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, lane_sums, nearest, signed_amax,
     via_f16,
 };
 use crate::kernels::quant_dot::{Acts, LANES, QK};
-use crate::kernels::quant_k;
-use crate::kernels::simd::vectorized;
 
 /// llama.cpp's Q3_K (ggml type 11).
 #[allow(non_camel_case_types)]
@@ -138,10 +136,6 @@ impl BlockFormat for Q3_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-            vectorized!(portable_rows::<Self>(
-                w, row_bytes, rows, acts, sums, m, out_t
-            ));
-        }
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -9,10 +9,8 @@ use std::ops::Range;
 use super::q4_k::{
     code_sub_blocks, dot_scaled_min, nearest_code, q4k_scales, q4k_value, unpack_q4k,
 };
-use super::{BlockFormat, LaneAcc, f16_at, portable_rows};
+use super::{BlockFormat, LaneAcc, f16_at, k_vector_rows};
 use crate::kernels::quant_dot::{Acts, QK};
-use crate::kernels::quant_k;
-use crate::kernels::simd::vectorized;
 
 /// llama.cpp's Q5_K (ggml type 13).
 #[allow(non_camel_case_types)]
@@ -91,10 +89,6 @@ impl BlockFormat for Q5_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<Self>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-            vectorized!(portable_rows::<Self>(
-                w, row_bytes, rows, acts, sums, m, out_t
-            ));
-        }
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -81,6 +81,35 @@ pub(super) fn check_tile<F: KVector, const R: usize, const M: usize>(
     }
 }
 
+/// The addresses of super-block `sb` of weight rows `j0..j0 + R`, the weights
+/// [`PREFETCH_BYTES`] ahead of each prefetched. Each address is valid for
+/// reading `F::BYTES` bytes when [`check_tile`] passed for the tile.
+#[inline(always)]
+pub(super) fn super_blocks<F: KVector, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    j0: usize,
+    sb: usize,
+) -> [*const u8; R] {
+    let mut blks = [std::ptr::null::<u8>(); R];
+    for (r, b) in blks.iter_mut().enumerate() {
+        // wrapping arithmetic: computing the address reads nothing (the tile's
+        // check_tile bounds every read through it)
+        let blk = w
+            .as_ptr()
+            .wrapping_add((j0 + r) * row_bytes + sb * F::BYTES);
+        *b = blk;
+        for l in 0..F::BYTES.div_ceil(64) {
+            // SAFETY: SSE is part of the x86-64 baseline, and a prefetch never
+            // faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast())
+            };
+        }
+    }
+    blks
+}
+
 /// The eight lanes folded in halves (l + 4, l + 2, l + 1).
 #[inline]
 #[target_feature(enable = "avx2")]

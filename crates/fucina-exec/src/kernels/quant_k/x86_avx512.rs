@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::x86::{KVALUES_U8, PREFETCH_BYTES, check_tile, drive, fold, group_sums};
+use super::x86::{KVALUES_U8, check_tile, drive, fold, group_sums, super_blocks};
 use super::x86_avx2::{Avx2Sub, Head};
 use super::{Acts, IQ4_XS, KVector, LANES, MinTerm, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK, QK_K, SUB};
 
@@ -337,19 +337,11 @@ fn tile<F: KVector, const R: usize, const M: usize>(
     let mut acc = [[z; M]; R];
     for sb in 0..nsb {
         let mut heads = [Head512 { ds: z, dm: z }; R];
-        let mut blks = [std::ptr::null::<u8>(); R];
+        let blks = super_blocks::<F, R>(w, row_bytes, j0, sb);
         for r in 0..R {
-            // SAFETY: check_tile: row j0 + r is inside `w`, and super-block
-            // sb of it spans F::BYTES bytes from `blk`.
-            let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + sb * F::BYTES) };
-            blks[r] = blk;
-            // A prefetch never faults; the addresses are computed with
-            // wrapping arithmetic, never dereferenced.
-            for l in 0..F::BYTES.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast());
-            }
-            // SAFETY: as above; the CPU has the features this function enables.
-            heads[r] = unsafe { head::<F>(blk) };
+            // SAFETY: super_blocks: F::BYTES readable bytes at blks[r]; the CPU
+            // has the features this function enables.
+            heads[r] = unsafe { head::<F>(blks[r]) };
         }
         for c in 0..SUB / 2 {
             let (xv, xb, dx) = load_acts::<M>(acts, i0, sb * SUB + 2 * c, bias);
