@@ -191,7 +191,10 @@ impl Avx2Sub for Q6_K {
     unsafe fn head(blk: *const u8) -> Head {
         // SAFETY: bytes 192..210 of the super-block (the caller's contract).
         let ds = unsafe { group_scales(f16_pair(blk.add(206)).1, blk.add(192)) };
-        Head { ds, dm: ds }
+        Head {
+            ds,
+            dm: [_mm256_setzero_ps(); 2],
+        }
     }
 
     #[inline]
@@ -232,7 +235,10 @@ impl Avx2Sub for Q3_K {
         let codes = q3k_scales(s);
         // SAFETY: `codes` is 16 bytes.
         let ds = unsafe { group_scales(d, codes.as_ptr()) };
-        Head { ds, dm: ds }
+        Head {
+            ds,
+            dm: [_mm256_setzero_ps(); 2],
+        }
     }
 
     #[inline]

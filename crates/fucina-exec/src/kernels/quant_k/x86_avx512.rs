@@ -46,12 +46,19 @@ fn join(lo: __m256, hi: __m256) -> __m512 {
 /// As [`VnniPair::pair`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn head<F: VnniPair>(blk: *const u8) -> Head512 {
+unsafe fn head<F: KVector>(blk: *const u8) -> Head512 {
     // SAFETY: the caller's contract is Avx2Sub::head's.
     let h: Head = unsafe { F::head(blk) };
+    // the upper halves are zero for a format with per sub-block scales (and
+    // mins), which `join` makes sure of anyway
+    let dm = match F::MIN {
+        MinTerm::None => _mm512_setzero_ps(),
+        MinTerm::Sub => _mm512_zextps256_ps512(h.dm[0]),
+        MinTerm::Group => join(h.dm[0], h.dm[1]),
+    };
     Head512 {
         ds: join(h.ds[0], h.ds[1]),
-        dm: join(h.dm[0], h.dm[1]),
+        dm,
     }
 }
 
@@ -163,8 +170,20 @@ impl VnniPair for Q6_K {
         };
         // sub-blocks 2c, 2c + 1 are groups 2p, 2p + 1 of the half: the low
         // (p = 0) or high nibbles of ql, bits 2g, 2g + 1 of qh
-        let lo = shr_mask(ql, 4 * p, 4 * p, 0x0f);
-        let hi = _mm512_slli_epi64::<4>(shr_mask(qh, 4 * p, 4 * p + 2, 3));
+        // (in the fewest instructions: each shift moves no bit that the
+        // masks keep across bytes)
+        let low4 = _mm512_set1_epi8(0x0f);
+        let (lo, hi) = if p == 0 {
+            let to_4 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+            (_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, to_4))
+        } else {
+            let to_4 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+            (
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
+                _mm512_srlv_epi64(qh, to_4),
+            )
+        };
+        let hi = _mm512_and_si512(hi, _mm512_set1_epi8(0x30));
         (_mm512_or_si512(lo, hi), group_scales(h.ds, c))
     }
 }
