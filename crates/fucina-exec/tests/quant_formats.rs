@@ -3,8 +3,10 @@
 //! element of arbitrary blocks decoded by hand from the layout against
 //! `dequantize`, quantize round-trip bounds, bad input, and `quant_matmul`
 //! against a scalar reference of the documented order (bit for bit, every
-//! vector level, 1-3 threads, several batch sizes; the reference computes each
-//! activation row alone, so a row does not depend on the rest of the batch).
+//! vector level, 1-4 threads, batch sizes 1..=9, extreme codes and
+//! activations; the reference computes each activation row alone, so a row
+//! does not depend on the rest of the batch) and, for the formats with vector
+//! kernels, against the f64 product within a derived bound.
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes
 #![allow(clippy::needless_range_loop)] // element indices name layout positions
@@ -460,10 +462,13 @@ fn ref_matmul(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
     out
 }
 
-const MS: [usize; 5] = [1, 2, 3, 5, 8];
+/// Batch sizes 1..=9: every split of a batch into the vector kernels' tiles of
+/// up to four activation rows (4 + 4 + 1, 4 + 3, …).
+const MS: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 9];
 
-/// Quantized and arbitrary blocks, every vector level this CPU has, 1-3
-/// threads, batch sizes {1, 2, 3, 5, 8}: the reference's bits.
+/// Quantized and arbitrary blocks, every vector level this CPU has, 1-4
+/// threads (odd row counts, so the threads' parts mix tiles of four weight
+/// rows and single rows), batch sizes 1..=9: the reference's bits.
 #[test]
 fn every_path_matches_the_reference_bit_for_bit() {
     let best = detected_simd_level();
@@ -477,14 +482,14 @@ fn every_path_matches_the_reference_bit_for_bit() {
             let arbitrary = random_blocks(format, rows * cols / format.block_elements(), 21);
             for bytes in [quantized.bytes(), &arbitrary[..]] {
                 let wm = QuantMatrix::new(format, rows, cols, bytes).unwrap();
-                let x = values(8 * cols, 99 + si as u64, 2.0);
+                let x = values(9 * cols, 99 + si as u64, 2.0);
                 let want: Vec<Vec<f32>> = MS
                     .iter()
                     .map(|&m| ref_matmul(&x[..m * cols], m, &wm))
                     .collect();
                 for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
                     assert!(force_simd_level(level));
-                    for threads in 1..=3 {
+                    for threads in 1..=4 {
                         let ctx = ExecContext::with_threads(threads);
                         for (mi, &m) in MS.iter().enumerate() {
                             let mut out = vec![f32::NAN; m * rows];
@@ -502,6 +507,156 @@ fn every_path_matches_the_reference_bit_for_bit() {
                 assert!(force_simd_level(best));
             }
         }
+    }
+}
+
+/// The formats with vector kernels (`kernels::quant_k`).
+const K_VECTOR: [QuantFormat; 4] = [
+    QuantFormat::Q5_K,
+    QuantFormat::IQ4_XS,
+    QuantFormat::Q3_K,
+    QuantFormat::Q2_K,
+];
+
+/// Weight bytes at the ends of the ranges (every byte 0x00: the most negative
+/// value of each format, IQ4_XS's −127; every byte 0xff: the largest codes,
+/// scales and mins) under normal f16 scales of either sign, with activations at
+/// the ends of theirs (blocks of ±127, alternating signs, a zero block, a single
+/// huge value): the reference's bits at every level, where the 16-bit pair sums
+/// of `vpmaddubsw` are closest to saturating.
+#[test]
+fn extreme_codes_and_activations_match_the_reference() {
+    let best = detected_simd_level();
+    let (rows, cols) = (6, 512);
+    let mut x = vec![0.0f32; 4 * cols];
+    for (k, v) in x.iter_mut().enumerate() {
+        *v = match (k / cols, k % cols) {
+            (0, _) => -1.0,
+            (1, c) if c < 32 => 0.0,
+            (1, 40) => 1e30,
+            (1, c) => {
+                if c % 2 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                }
+            }
+            (2, c) => {
+                if c % 64 < 32 {
+                    1.0
+                } else {
+                    -1.0
+                }
+            }
+            _ => 1.0,
+        };
+    }
+    for format in K_VECTOR {
+        let bb = format.block_bytes();
+        let mut bytes = vec![0u8; rows * cols / format.block_elements() * bb];
+        let d_at: &[usize] = match format {
+            QuantFormat::Q2_K => &[80, 82],
+            QuantFormat::Q3_K => &[108],
+            QuantFormat::IQ4_XS => &[0],
+            _ => &[0, 2],
+        };
+        for (b, blk) in bytes.chunks_mut(bb).enumerate() {
+            // rows 0, 1 all 0x00; rows 2, 3 all 0xff; rows 4, 5 mixed
+            let fill = match (b * format.block_elements() / cols) / 2 {
+                0 => 0x00,
+                1 => 0xff,
+                _ => {
+                    if b % 2 == 0 {
+                        0x0f
+                    } else {
+                        0xf0
+                    }
+                }
+            };
+            blk.fill(fill);
+            for (f, &o) in d_at.iter().enumerate() {
+                let v = if (b + f) % 3 == 0 { -0.75 } else { 0.5 };
+                blk[o..o + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+            }
+        }
+        let w = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
+        let want = ref_matmul(&x, 4, &w);
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            assert!(force_simd_level(level));
+            for threads in [1, 2] {
+                let mut out = vec![0.0; 4 * rows];
+                ExecContext::with_threads(threads)
+                    .quant_matmul(&x, 4, &w, &mut out)
+                    .unwrap();
+                assert_eq!(
+                    bits(&out),
+                    bits(&want),
+                    "{} {} threads={threads}",
+                    format.name(),
+                    level.name()
+                );
+            }
+        }
+        assert!(force_simd_level(best));
+    }
+}
+
+/// Against the f64 product of the format's exact weight values
+/// `ŵ = scale · q + offset` and the f32 activations, at every vector level:
+/// `|y − Σ x ŵ| ≤ Σ |ŵ| |x − x̂| + (nb + 24) · 2^−22 · Σ |x̂| (|scale · q| + |offset|)`
+/// (the activations' int8 rounding, plus the f32 rounding of the fixed order:
+/// per sub-block and lane a rounded scale product and a fused multiply-add,
+/// per super-block up to two more per lane for a min term, and the fold; the
+/// magnitudes are the scale and min parts', which a min term can make larger
+/// than `|ŵ|`).
+#[test]
+fn accuracy_against_the_f64_product_is_within_the_bound() {
+    let best = detected_simd_level();
+    let ctx = ExecContext::with_threads(2);
+    let (rows, cols, m) = (24, 2048, 3);
+    let w: Vec<f32> = values(rows * cols, 21, 0.1)
+        .iter()
+        .map(|v| v + 0.03)
+        .collect();
+    let x = values(m * cols, 22, 1.0);
+    for format in K_VECTOR {
+        let q = ctx.quantize(format, rows, cols, &w).unwrap();
+        let wm = q.matrix();
+        let (bb, be) = (format.block_bytes(), format.block_elements());
+        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            assert!(force_simd_level(level));
+            let mut out = vec![0.0; m * rows];
+            ctx.quant_matmul(&x, m, &wm, &mut out).unwrap();
+            let mut worst = 0.0f64;
+            for i in 0..m {
+                let xi = &x[i * cols..(i + 1) * cols];
+                let (xq, xs) = ref_quantize_acts(xi);
+                for j in 0..rows {
+                    let row = &wm.bytes()[j * wm.row_bytes()..(j + 1) * wm.row_bytes()];
+                    let (mut exact, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
+                    for k in 0..cols {
+                        let (s, off, qv) = parts(format, &row[k / be * bb..][..bb], k % be);
+                        let (sq, off) = (f64::from(s) * f64::from(qv), f64::from(off));
+                        let what = sq + off;
+                        let xhat = f64::from(xq[k]) * f64::from(xs[k / 32]);
+                        exact += f64::from(xi[k]) * what;
+                        bound += what.abs() * (f64::from(xi[k]) - xhat).abs();
+                        mag += xhat.abs() * (sq.abs() + off.abs());
+                    }
+                    bound += (cols / 32 + 24) as f64 * 2f64.powi(-22) * mag;
+                    let err = (f64::from(out[i * rows + j]) - exact).abs();
+                    assert!(
+                        err <= bound,
+                        "{} {} ({i},{j}): error {err} above bound {bound}",
+                        format.name(),
+                        level.name()
+                    );
+                    worst = worst.max(err / mag.max(1e-30));
+                }
+            }
+            assert!(worst > 0.0, "the activations' rounding changes something");
+        }
+        assert!(force_simd_level(best));
     }
 }
 

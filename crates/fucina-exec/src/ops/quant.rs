@@ -23,7 +23,7 @@
 //!   of high 2-bit pairs, 16 int8 scales (one per 16 values), f16 `d`; value
 //!   `(d · sc) · (q − 32)`.
 //!
-//! (The K layouts bit by bit are in `kernels::quant_k` and in
+//! (The K layouts bit by bit are in `kernels::quant_block` and in
 //! `docs/QUANTIZATION.md`.) The Q8_0 and Q4_0 scales are computed in f32 and
 //! rounded to f16 for storage (the values are quantized with the f32 scale), as
 //! llama.cpp's reference quantizer does. The K quantizer is simpler than

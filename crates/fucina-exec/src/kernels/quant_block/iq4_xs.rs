@@ -4,9 +4,13 @@
 //! `ls = (scales_l[j / 2] >> 4 (j mod 2)) & 15 | ((scales_h >> 2 j) & 3) << 4`;
 //! weight `k` of sub-block `j` is `(d · (ls − 32)) · KVALUES[n]`.
 
+use std::ops::Range;
+
 use super::iq4_nl::{KVALUES, code_indices, dot_indices, index};
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, signed_amax, via_f16};
-use crate::kernels::quant_dot::{LANES, QK};
+use super::{
+    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, nearest, signed_amax, via_f16,
+};
+use crate::kernels::quant_dot::{Acts, LANES, QK};
 
 /// llama.cpp's IQ4_XS (ggml type 23).
 #[allow(non_camel_case_types)]
@@ -88,5 +92,17 @@ impl BlockFormat for IQ4_XS {
                 &mut acc[LANES * (j % 2)..LANES * (j % 2) + LANES],
             );
         }
+    }
+
+    fn rows(
+        w: &[u8],
+        row_bytes: usize,
+        rows: Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -12,10 +12,9 @@
 use std::ops::Range;
 
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, nearest, portable_rows, via_f16,
+    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, k_vector_rows, lane_sums, nearest, via_f16,
 };
 use crate::kernels::quant_dot::{Acts, LANES, QK};
-use crate::kernels::quant_k;
 
 /// llama.cpp's Q4_K (ggml type 12).
 #[allow(non_camel_case_types)]
@@ -229,8 +228,6 @@ impl BlockFormat for Q4_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<false>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-            portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
-        }
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -8,10 +8,9 @@
 use std::ops::Range;
 
 use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, portable_rows, signed_amax, via_f16,
+    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, nearest, signed_amax, via_f16,
 };
 use crate::kernels::quant_dot::{Acts, LANES, QK};
-use crate::kernels::quant_k;
 
 /// llama.cpp's Q6_K (ggml type 14).
 #[allow(non_camel_case_types)]
@@ -123,8 +122,6 @@ impl BlockFormat for Q6_K {
         m: usize,
         out_t: &mut [f32],
     ) {
-        if !quant_k::simd_rows::<true>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-            portable_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
-        }
+        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }
