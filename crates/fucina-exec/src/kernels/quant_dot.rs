@@ -426,11 +426,17 @@ pub(crate) mod x86 {
 
     /// A hint to bring the weight line [`PREFETCH_BYTES`] past `blk` into L1
     /// (the rows are read in streams; the hint keeps several misses in flight).
+    /// With it, a hint to bring the same place `ahead` bytes on (the next
+    /// tile's row) into L2: a tile's rows are short streams that the hardware
+    /// prefetcher does not run ahead of.
     #[inline(always)]
-    fn prefetch(blk: *const u8) {
+    fn prefetch(blk: *const u8, ahead: usize) {
         // SAFETY: a prefetch never faults and reads nothing observable; the
-        // address is computed with wrapping arithmetic, never dereferenced.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast()) };
+        // addresses are computed with wrapping arithmetic, never dereferenced.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES).cast());
+            _mm_prefetch::<_MM_HINT_T1>(blk.wrapping_add(ahead).cast());
+        }
     }
 
     /// The block's f16 scale and (lane 1) the f16 that follows it (the min
@@ -654,7 +660,7 @@ pub(crate) mod x86 {
                 let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
                 // SAFETY: as above (a whole block is readable).
                 let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
-                prefetch(blk);
+                prefetch(blk, R * row_bytes);
                 let aw = if sh.signed {
                     _mm256_sign_epi8(wv, wv)
                 } else {
@@ -707,7 +713,7 @@ pub(crate) mod x86 {
                 let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
                 // SAFETY: as in tile_avx2.
                 let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
-                prefetch(blk);
+                prefetch(blk, R * row_bytes);
                 let wu = if sh.signed {
                     _mm256_xor_si256(wv, flip)
                 } else {
@@ -769,7 +775,7 @@ pub(crate) mod x86 {
                 let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
                 // SAFETY: as in tile_avx2.
                 let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
-                prefetch(blk);
+                prefetch(blk, R * row_bytes);
                 let wu = if sh.signed {
                     _mm256_xor_si256(wv, flip)
                 } else {

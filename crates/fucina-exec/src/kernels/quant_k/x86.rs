@@ -103,7 +103,11 @@ pub(super) fn super_blocks<F: KVector, const R: usize>(
             // SAFETY: SSE is part of the x86-64 baseline, and a prefetch never
             // faults, whatever the address.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast())
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BYTES + 64 * l).cast());
+                // the same super-block of the next tile's row into L2: the
+                // tile's rows are short streams the hardware prefetcher
+                // does not run ahead of
+                _mm_prefetch::<_MM_HINT_T1>(blk.wrapping_add(R * row_bytes + 64 * l).cast());
             };
         }
     }
