@@ -295,16 +295,20 @@ pub(crate) mod x86 {
     use crate::kernels::quant_block::iq4_nl::KVALUES;
 
     /// Weight rows per tile.
-    const R_TILE: usize = 4;
+    pub(crate) const R_TILE: usize = 4;
 
-    /// Runs `$tile::<K, R, M>` over `rows` × `0..m` in tiles (weight rows
-    /// outermost, so a tile's weight rows stay in cache across the activation
-    /// rows), writing `out_t` as [`super::simd_rows`] does.
+    /// Runs `$tile::<$k, R, M>` over `rows` × `0..m` in tiles of up to `$mt`
+    /// activation rows and [`R_TILE`] weight rows (single rows at the end),
+    /// writing `out_t[(j - rows.start) * m + i]`: weight rows outermost, so a
+    /// tile's weight rows stay in cache across the activation rows, and the
+    /// activation rows of a prefill-sized call in chunks of [`act_chunk`] that
+    /// stay in L2 while the range's weight rows pass over them. `$k` is the
+    /// format parameter of `$tile` (a `kind` constant here, a format type in
+    /// `quant_k`): the driver of every in-place quantized tile.
     macro_rules! drive {
         ($tile:ident, $mt:expr, $k:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $sums:ident, $m:ident, $out_t:ident) => {{
+            use $crate::kernels::quant_dot::x86::{R_TILE, act_chunk};
             let start = $rows.start;
-            // activation rows in chunks that stay in L2 while every weight
-            // row of the range passes over them
             let chunk = act_chunk($acts.cols);
             let mut c0 = 0;
             while c0 < $m {
@@ -342,6 +346,7 @@ pub(crate) mod x86 {
             }
         }};
     }
+    pub(crate) use drive;
 
     /// The AVX2 kernel over `rows` (see [`super::simd_rows`]).
     ///

@@ -1,58 +1,21 @@
-//! What the x86-64 K kernels share: the tile driver (tiles of `R` weight rows
-//! × `M` activation rows; each sub-block's weights are decoded once for the
-//! `M` rows and each activation block loaded once for the `R` rows, in the
-//! fixed order of the module docs), the tile's bounds checks, the final lane
-//! fold, and the group sums of Q2_K's min term.
+//! What the x86-64 K kernels share: the tile driver (`quant_dot`'s: tiles of
+//! `R` weight rows × `M` activation rows; each sub-block's weights are decoded
+//! once for the `M` rows and each activation block loaded once for the `R`
+//! rows, in the fixed order of the module docs), the tile's bounds checks, the
+//! final lane fold, and the group sums of Q2_K's min term.
 
 use std::arch::x86_64::*;
 
 use super::{Acts, KVector, LANES, MinTerm, QK};
 use crate::kernels::quant_block::iq4_nl::KVALUES;
 
-/// Weight rows per tile.
-pub(super) const R_TILE: usize = 4;
 /// How far ahead of the super-block being read the weights are prefetched.
 pub(super) const PREFETCH_BYTES: usize = 768;
 
-/// Runs `$tile::<F, R, M>` over `rows` × `0..m` in tiles of up to `$mt`
-/// activation rows and [`R_TILE`] weight rows (single rows at the end),
-/// writing `out_t` as `quant_block::quant_rows` does.
-macro_rules! drive {
-    ($tile:ident, $mt:expr, $f:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $sums:ident, $m:ident, $out_t:ident) => {{
-        use $crate::kernels::quant_k::x86::R_TILE;
-        let start = $rows.start;
-        let mut j = $rows.start;
-        while j < $rows.end {
-            let r = if $rows.end - j >= R_TILE { R_TILE } else { 1 };
-            let mut i = 0;
-            while i < $m {
-                let mm = ($m - i).min($mt);
-                macro_rules! run {
-                    ($r:literal, $mm:literal) => {{
-                        let res = $tile::<$f, $r, $mm>($w, $row_bytes, j, $acts, $sums, i);
-                        for (rr, row) in res.iter().enumerate() {
-                            let o = (j - start + rr) * $m + i;
-                            $out_t[o..o + $mm].copy_from_slice(row);
-                        }
-                    }};
-                }
-                match (r, mm) {
-                    (R_TILE, 1) => run!(4, 1),
-                    (R_TILE, 2) => run!(4, 2),
-                    (R_TILE, 3) => run!(4, 3),
-                    (R_TILE, _) => run!(4, 4),
-                    (_, 1) => run!(1, 1),
-                    (_, 2) => run!(1, 2),
-                    (_, 3) => run!(1, 3),
-                    (_, _) => run!(1, 4),
-                }
-                i += mm;
-            }
-            j += r;
-        }
-    }};
-}
-pub(super) use drive;
+/// The tile driver of every in-place quantized kernel (`quant_dot`'s): tiles
+/// of up to `$mt` activation rows and four weight rows, prefill-sized calls
+/// in L2-sized chunks of activation rows.
+pub(super) use crate::kernels::quant_dot::x86::drive;
 
 /// Checks a tile's reads against the slices (once per tile).
 #[inline(always)]
