@@ -58,6 +58,11 @@ struct Args {
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// The context pool's cache cap in MiB, both tiers (default: the pool's,
+    /// 1 GiB shared and 256 MiB local): a step whose buffers are freed past the
+    /// cap maps (and the kernel zeroes) fresh pages for them the next step.
+    #[arg(long)]
+    pool_cache_mib: Option<usize>,
 }
 
 /// `VmHWM` of `/proc/self/status` in kB, where there is one.
@@ -81,6 +86,11 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         Some(n) => ExecContext::with_threads(n.max(1)),
         None => ExecContext::new(),
     };
+    if let Some(mib) = args.pool_cache_mib {
+        let bytes = mib.saturating_mul(1 << 20);
+        ctx.pool().pool().set_max_cached_bytes(bytes);
+        ctx.pool().set_max_cached_bytes(bytes);
+    }
     let lora = LoraConfig {
         r: args.lora_r,
         alpha: args.lora_alpha,
