@@ -25,6 +25,8 @@
 
 use std::ops::Range;
 
+use super::quant_block::BlockFormat;
+
 /// Elements per block.
 pub(crate) const QK: usize = 32;
 /// Lane accumulators of the fixed order (four elements per lane).
@@ -152,102 +154,46 @@ pub(crate) fn path() -> Path {
     Path::Portable
 }
 
-/// The block-of-32 formats the vector kernels of this module take, as the
-/// `const K: u8` of [`simd_rows`] (each format's file names its own).
-pub(crate) mod kind {
-    /// Q8_0: an f16 scale, 32 signed bytes.
-    pub(crate) const Q8_0: u8 = 0;
-    /// Q4_0: an f16 scale, 16 bytes of nibbles (`n − 8`).
-    pub(crate) const Q4_0: u8 = 1;
-    /// Q5_0: an f16 scale, 32 high bits, 16 bytes of nibbles (`q − 16`).
-    pub(crate) const Q5_0: u8 = 2;
-    /// Q4_1: f16 scale and min, 16 bytes of nibbles.
-    pub(crate) const Q4_1: u8 = 3;
-    /// Q5_1: f16 scale and min, 32 high bits, 16 bytes of nibbles.
-    pub(crate) const Q5_1: u8 = 4;
-    /// IQ4_NL: an f16 scale, 16 bytes of nibbles indexing the non-linear table.
-    pub(crate) const IQ4_NL: u8 = 5;
-}
-
-/// What the vector kernels need to know of a block-of-32 format.
-#[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// Where a block-of-32 format's fields sit, for the vector kernels (its
+/// bytes, activation offset and min are its `BlockFormat` constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {
-    /// Bytes per block.
-    pub bytes: usize,
     /// Offset of the values (Q8_0's bytes or the nibbles).
     pub values: usize,
     /// Offset of the 32 high bits (the Q5 formats).
     pub high: Option<usize>,
-    /// Whether an f16 min follows the scale (its term takes the block sum).
-    pub min: bool,
     /// Whether the values are signed bytes (Q8_0, the table values of
     /// IQ4_NL), else unsigned codes with the activations' lane bias.
     pub signed: bool,
     /// Whether the nibbles index the non-linear table (IQ4_NL).
     pub table: bool,
-    /// Whether the lane bias is nonzero for the unsigned codes (the
-    /// format's offset: Q4_0 8, Q5_0 16; 0 for the formats with a min).
-    pub bias: bool,
 }
 
-/// The shape of format `k` (a [`kind`] constant).
-pub(crate) const fn shape(k: u8) -> Shape {
-    let base = Shape {
-        bytes: 18,
-        values: 2,
-        high: None,
-        min: false,
-        signed: false,
-        table: false,
-        bias: true,
-    };
-    match k {
-        kind::Q8_0 => Shape {
-            bytes: 34,
-            signed: true,
-            ..base
-        },
-        kind::Q5_0 => Shape {
-            bytes: 22,
-            values: 6,
-            high: Some(2),
-            ..base
-        },
-        kind::Q4_1 => Shape {
-            bytes: 20,
-            values: 4,
-            min: true,
-            bias: false,
-            ..base
-        },
-        kind::Q5_1 => Shape {
-            bytes: 24,
-            values: 8,
-            high: Some(4),
-            min: true,
-            bias: false,
-            ..base
-        },
-        kind::IQ4_NL => Shape {
-            signed: true,
-            table: true,
-            ..base
-        },
-        _ => base,
+impl Shape {
+    /// Whether the values are 16 bytes of nibbles (every format but Q8_0).
+    pub(crate) const fn nibbles(self) -> bool {
+        !self.signed || self.table
     }
+}
+
+/// A block-of-32 format the vector kernels of this module and the strip
+/// layout (`quant_packed`) take: an f16 scale first, then (for Q4_1, Q5_1,
+/// `NEEDS_SUMS`) an f16 min, and the fields its [`Shape`] places.
+pub(crate) trait Block32: BlockFormat {
+    /// Where its fields sit.
+    const SHAPE: Shape;
 }
 
 /// Computes the outputs of weight rows `rows` for all `m` activation rows
 /// with the vector kernels of the current level, for the block-of-32 format
-/// `K` (a [`kind`] constant): `out_t[(j - rows.start) * m + i] = dot(w row j,
+/// `F`: `out_t[(j - rows.start) * m + i] = dot(w row j,
 /// activation row i)` in the format's fixed order (its `dot_block`); `false`
 /// (nothing written) at the portable level. `sums` are the activation block
 /// sums (read only by the formats with a min).
 ///
 /// The operands must pass `quant_block::quant_rows`'s bounds checks (its
 /// callers' contract).
-pub(crate) fn simd_rows<const K: u8>(
+pub(crate) fn simd_rows<F: Block32>(
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
@@ -262,14 +208,14 @@ pub(crate) fn simd_rows<const K: u8>(
             // SAFETY: `path` returns Vnni only when the CPU has every feature
             // `x86::rows_vnni` enables; `quant_block::quant_rows` checked the
             // bounds contract.
-            unsafe { x86::rows_vnni::<K>(w, row_bytes, rows, acts, sums, m, out_t) };
+            unsafe { x86::rows_vnni::<F>(w, row_bytes, rows, acts, sums, m, out_t) };
             true
         }
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => {
             // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
             // F16C; `quant_block::quant_rows` checked the bounds contract.
-            unsafe { x86::rows_avx2::<K>(w, row_bytes, rows, acts, sums, m, out_t) };
+            unsafe { x86::rows_avx2::<F>(w, row_bytes, rows, acts, sums, m, out_t) };
             true
         }
         _ => {
@@ -291,7 +237,7 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Acts, LANES, QK, shape};
+    use super::{Acts, Block32, LANES, QK};
     use crate::kernels::quant_block::iq4_nl::KVALUES;
 
     /// Weight rows per tile.
@@ -303,7 +249,7 @@ pub(crate) mod x86 {
     /// tile's weight rows stay in cache across the activation rows, and the
     /// activation rows of a prefill-sized call in chunks of [`act_chunk`] that
     /// stay in L2 while the range's weight rows pass over them. `$k` is the
-    /// format parameter of `$tile` (a `kind` constant here, a format type in
+    /// format type parameter of `$tile` (a [`Block32`] here, a `KVector` in
     /// `quant_k`): the driver of every in-place quantized tile.
     macro_rules! drive {
         ($tile:ident, $mt:expr, $k:ident, $w:ident, $row_bytes:ident, $rows:ident, $acts:ident, $sums:ident, $m:ident, $out_t:ident) => {{
@@ -354,7 +300,7 @@ pub(crate) mod x86 {
     /// The CPU must have AVX2, FMA and F16C; the slices must satisfy
     /// `quant_rows`'s asserted bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows_avx2<const K: u8>(
+    pub(super) unsafe fn rows_avx2<F: Block32>(
         w: &[u8],
         row_bytes: usize,
         rows: Range<usize>,
@@ -365,7 +311,7 @@ pub(crate) mod x86 {
     ) {
         // Two activation rows per tile: 8 accumulators, the weights, the
         // activations and temporaries fit the 16 registers.
-        drive!(tile_avx2, 2, K, w, row_bytes, rows, acts, sums, m, out_t)
+        drive!(tile_avx2, 2, F, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
     /// The AVX-512 VNNI kernel over `rows` (see [`super::simd_rows`]).
@@ -374,7 +320,7 @@ pub(crate) mod x86 {
     /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the slices must
     /// satisfy `quant_rows`'s asserted bounds.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn rows_vnni<const K: u8>(
+    pub(super) unsafe fn rows_vnni<F: Block32>(
         w: &[u8],
         row_bytes: usize,
         rows: Range<usize>,
@@ -383,14 +329,14 @@ pub(crate) mod x86 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        drive!(tile_vnni, 4, K, w, row_bytes, rows, acts, sums, m, out_t)
+        drive!(tile_vnni, 4, F, w, row_bytes, rows, acts, sums, m, out_t)
     }
 
     /// [`tile_vnni`] for an even `M`: the pairs of activation rows on 512-bit
     /// vectors (its [`tile_vnni_pairs`]); an odd `M` on 256-bit ones.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn tile_vnni<const K: u8, const R: usize, const M: usize>(
+    fn tile_vnni<F: Block32, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -401,18 +347,18 @@ pub(crate) mod x86 {
         let mut out = [[0.0f32; M]; R];
         match M {
             4 => {
-                let t = tile_vnni_pairs::<K, R, 2>(w, row_bytes, j0, acts, sums, i0);
+                let t = tile_vnni_pairs::<F, R, 2>(w, row_bytes, j0, acts, sums, i0);
                 for (o, t) in out.iter_mut().zip(&t) {
                     o.copy_from_slice(&t[..M]);
                 }
             }
             2 => {
-                let t = tile_vnni_pairs::<K, R, 1>(w, row_bytes, j0, acts, sums, i0);
+                let t = tile_vnni_pairs::<F, R, 1>(w, row_bytes, j0, acts, sums, i0);
                 for (o, t) in out.iter_mut().zip(&t) {
                     o.copy_from_slice(&t[..M]);
                 }
             }
-            _ => out = tile_vnni_256::<K, R, M>(w, row_bytes, j0, acts, sums, i0),
+            _ => out = tile_vnni_256::<F, R, M>(w, row_bytes, j0, acts, sums, i0),
         }
         out
     }
@@ -467,8 +413,8 @@ pub(crate) mod x86 {
     /// `blk` must be valid for reading one block of format `K`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn block_values<const K: u8>(blk: *const u8) -> __m256i {
-        let sh = shape(K);
+    unsafe fn block_values<F: Block32>(blk: *const u8) -> __m256i {
+        let sh = F::SHAPE;
         if sh.signed && !sh.table {
             // SAFETY: 32 readable value bytes (the caller's contract).
             return unsafe { _mm256_loadu_si256(blk.add(sh.values).cast()) };
@@ -530,7 +476,7 @@ pub(crate) mod x86 {
 
     /// Checks a tile's reads against the slices (once per tile, not per block).
     #[inline(always)]
-    fn check_tile<const K: u8, const R: usize, const M: usize>(
+    fn check_tile<F: Block32, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -539,7 +485,7 @@ pub(crate) mod x86 {
         i0: usize,
     ) {
         let nb = acts.cols / QK;
-        assert!(row_bytes == nb * shape(K).bytes, "quant tile: row bytes");
+        assert!(row_bytes == nb * F::BYTES, "quant tile: row bytes");
         assert!((j0 + R) * row_bytes <= w.len(), "quant tile: weight rows");
         assert!(
             (i0 + M) * acts.cols <= acts.q.len(),
@@ -550,7 +496,7 @@ pub(crate) mod x86 {
             (i0 + M) * nb * LANES <= acts.bias.len(),
             "quant tile: biases"
         );
-        if shape(K).min {
+        if F::NEEDS_SUMS {
             assert!((i0 + M) * nb <= sums.len(), "quant tile: sums");
         }
     }
@@ -567,7 +513,7 @@ pub(crate) mod x86 {
     /// Loads block `b` of activation rows `i0..i0 + M`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn act_block<const K: u8, const M: usize>(
+    fn act_block<F: Block32, const M: usize>(
         acts: &Acts<'_>,
         sums: &[f32],
         i0: usize,
@@ -594,7 +540,7 @@ pub(crate) mod x86 {
                 }
             }
             a.scale[i] = acts.scale[row * nb + b];
-            if shape(K).min {
+            if F::NEEDS_SUMS {
                 a.sum[i] = sums[row * nb + b];
             }
         }
@@ -605,7 +551,7 @@ pub(crate) mod x86 {
     /// lane 0: `acc[0] = fma(mw · dx, S, acc[0])`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn accumulate<const K: u8>(
+    fn accumulate<F: Block32>(
         acc: __m256,
         p: __m256i,
         dw: f32,
@@ -614,7 +560,7 @@ pub(crate) mod x86 {
         sum: f32,
     ) -> __m256 {
         let acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(p), acc);
-        if shape(K).min {
+        if F::NEEDS_SUMS {
             let t = _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), _mm256_set1_ps(sum), acc);
             _mm256_blend_ps::<0b1>(acc, t)
         } else {
@@ -644,7 +590,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     // `i` indexes the accumulators and the activation block alike
     #[allow(clippy::needless_range_loop)]
-    fn tile_avx2<const K: u8, const R: usize, const M: usize>(
+    fn tile_avx2<F: Block32, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -652,19 +598,19 @@ pub(crate) mod x86 {
         sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<K, R, M>(w, row_bytes, j0, acts, sums, i0);
-        let sh = shape(K);
+        check_tile::<F, R, M>(w, row_bytes, j0, acts, sums, i0);
+        let sh = F::SHAPE;
         let nb = acts.cols / QK;
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); M]; R];
         for b in 0..nb {
-            let x = act_block::<K, M>(acts, sums, i0, b, !sh.signed && sh.bias);
+            let x = act_block::<F, M>(acts, sums, i0, b, !sh.signed && F::ACT_OFFSET != 0);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: check_tile: row j0 + r is inside `w`; block b of it
-                // spans `sh.bytes` bytes from `blk`.
-                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
+                // spans `F::BYTES` bytes from `blk`.
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * F::BYTES) };
                 // SAFETY: as above (a whole block is readable).
-                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<F>(blk)) };
                 prefetch(blk, R * row_bytes);
                 let aw = if sh.signed {
                     _mm256_sign_epi8(wv, wv)
@@ -678,13 +624,13 @@ pub(crate) mod x86 {
                     } else {
                         let pairs = _mm256_maddubs_epi16(wv, x.values[i]);
                         let p = _mm256_madd_epi16(pairs, ones);
-                        if sh.bias {
+                        if F::ACT_OFFSET != 0 {
                             _mm256_add_epi32(p, x.bias[i])
                         } else {
                             p
                         }
                     };
-                    acc_r[i] = accumulate::<K>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
+                    acc_r[i] = accumulate::<F>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
                 }
             }
         }
@@ -698,7 +644,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     // `i` indexes the accumulators and the activation block alike
     #[allow(clippy::needless_range_loop)]
-    fn tile_vnni_256<const K: u8, const R: usize, const M: usize>(
+    fn tile_vnni_256<F: Block32, const R: usize, const M: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -706,18 +652,18 @@ pub(crate) mod x86 {
         sums: &[f32],
         i0: usize,
     ) -> [[f32; M]; R] {
-        check_tile::<K, R, M>(w, row_bytes, j0, acts, sums, i0);
-        let sh = shape(K);
+        check_tile::<F, R, M>(w, row_bytes, j0, acts, sums, i0);
+        let sh = F::SHAPE;
         let nb = acts.cols / QK;
         let flip = _mm256_set1_epi8(-128);
         let mut acc = [[_mm256_setzero_ps(); M]; R];
         for b in 0..nb {
-            let x = act_block::<K, M>(acts, sums, i0, b, sh.bias);
+            let x = act_block::<F, M>(acts, sums, i0, b, F::ACT_OFFSET != 0);
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: as in tile_avx2.
-                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * F::BYTES) };
                 // SAFETY: as in tile_avx2.
-                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<F>(blk)) };
                 prefetch(blk, R * row_bytes);
                 let wu = if sh.signed {
                     _mm256_xor_si256(wv, flip)
@@ -726,7 +672,7 @@ pub(crate) mod x86 {
                 };
                 for i in 0..M {
                     let p = _mm256_dpbusd_epi32(x.bias[i], wu, x.values[i]);
-                    acc_r[i] = accumulate::<K>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
+                    acc_r[i] = accumulate::<F>(acc_r[i], p, dw, mw, x.scale[i], x.sum[i]);
                 }
             }
         }
@@ -742,7 +688,7 @@ pub(crate) mod x86 {
     /// each row used.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn tile_vnni_pairs<const K: u8, const R: usize, const P: usize>(
+    fn tile_vnni_pairs<F: Block32, const R: usize, const P: usize>(
         w: &[u8],
         row_bytes: usize,
         j0: usize,
@@ -752,11 +698,11 @@ pub(crate) mod x86 {
     ) -> [[f32; 4]; R] {
         // 2 P rows from i0 (P is 1 or 2)
         if P == 2 {
-            check_tile::<K, R, 4>(w, row_bytes, j0, acts, sums, i0);
+            check_tile::<F, R, 4>(w, row_bytes, j0, acts, sums, i0);
         } else {
-            check_tile::<K, R, 2>(w, row_bytes, j0, acts, sums, i0);
+            check_tile::<F, R, 2>(w, row_bytes, j0, acts, sums, i0);
         }
-        let sh = shape(K);
+        let sh = F::SHAPE;
         let nb = acts.cols / QK;
         let flip = _mm256_set1_epi8(-128);
         let join = |a: __m256i, b: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
@@ -769,7 +715,7 @@ pub(crate) mod x86 {
             let mut dx = [_mm512_setzero_ps(); P];
             let mut sum = [_mm512_setzero_ps(); P];
             for p in 0..P {
-                let x = act_block::<K, 2>(acts, sums, i0 + 2 * p, b, sh.bias);
+                let x = act_block::<F, 2>(acts, sums, i0 + 2 * p, b, F::ACT_OFFSET != 0);
                 xv[p] = join(x.values[0], x.values[1]);
                 xb[p] = join(x.bias[0], x.bias[1]);
                 dx[p] = halves(x.scale[0], x.scale[1]);
@@ -777,9 +723,9 @@ pub(crate) mod x86 {
             }
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: as in tile_avx2.
-                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * sh.bytes) };
+                let blk = unsafe { w.as_ptr().add((j0 + r) * row_bytes + b * F::BYTES) };
                 // SAFETY: as in tile_avx2.
-                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<K>(blk)) };
+                let ((dw, mw), wv) = unsafe { (scale_min_at(blk), block_values::<F>(blk)) };
                 prefetch(blk, R * row_bytes);
                 let wu = if sh.signed {
                     _mm256_xor_si256(wv, flip)
@@ -795,7 +741,7 @@ pub(crate) mod x86 {
                     let p = _mm512_dpbusd_epi32(*xb, wu, *xv);
                     let s = _mm512_mul_ps(dw, *dx);
                     let t = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *a);
-                    *a = if sh.min {
+                    *a = if F::NEEDS_SUMS {
                         // each half's lane 0: acc[0] = fma(mw · dx, S, acc[0])
                         let u = _mm512_fmadd_ps(_mm512_mul_ps(mw, *dx), *sum, t);
                         _mm512_mask_blend_ps(0x0101, t, u)

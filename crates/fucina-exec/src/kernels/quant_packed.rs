@@ -33,42 +33,9 @@
 
 use std::ops::Range;
 
-use super::quant_block::{BlockFormat, IQ4_NL, LaneAcc, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::quant_dot::{Acts, LANES, Path, QK, kind, path, shape};
+use super::quant_block::LaneAcc;
+use super::quant_dot::{Acts, Block32, LANES, Path, QK, Shape, path};
 use crate::kernels::reduce::fold_lanes;
-
-/// A block format the strip layout takes: blocks of 32 that are an f16 scale
-/// (and for Q4_1 and Q5_1 an f16 min) followed by the values, and for the Q5
-/// formats their fifth bits (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL).
-pub(crate) trait StripFormat: BlockFormat {
-    /// The format's `quant_dot::kind`: picks the layout's regions and the
-    /// vector strip kernel.
-    const KIND: u8;
-}
-
-impl StripFormat for Q8_0 {
-    const KIND: u8 = kind::Q8_0;
-}
-
-impl StripFormat for Q4_0 {
-    const KIND: u8 = kind::Q4_0;
-}
-
-impl StripFormat for Q5_0 {
-    const KIND: u8 = kind::Q5_0;
-}
-
-impl StripFormat for Q4_1 {
-    const KIND: u8 = kind::Q4_1;
-}
-
-impl StripFormat for Q5_1 {
-    const KIND: u8 = kind::Q5_1;
-}
-
-impl StripFormat for IQ4_NL {
-    const KIND: u8 = kind::IQ4_NL;
-}
 
 /// Weight rows per strip.
 pub(crate) const G: usize = 8;
@@ -76,8 +43,12 @@ pub(crate) const G: usize = 8;
 /// The sizes of the strip layout of a matrix with `nb` blocks per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StripLayout {
-    /// The format's `quant_dot::kind`.
-    kind: u8,
+    /// Where the format's fields sit.
+    shape: Shape,
+    /// Bytes of one llama.cpp block.
+    block_bytes: usize,
+    /// Whether the format has a min (Q4_1, Q5_1).
+    min: bool,
     /// Blocks per row.
     pub nb: usize,
     /// Bytes of a strip's scale region (a multiple of 64).
@@ -94,21 +65,23 @@ pub(crate) struct StripLayout {
 impl StripLayout {
     /// The layout of format `F` for `nb` blocks per row, `None` on a size
     /// overflow.
-    pub(crate) fn new<F: StripFormat>(nb: usize) -> Option<StripLayout> {
-        let kind = F::KIND;
+    pub(crate) fn new<F: Block32>(nb: usize) -> Option<StripLayout> {
+        let shape = F::SHAPE;
         let scale_bytes = nb.checked_mul(2 * G)?.checked_next_multiple_of(64)?;
-        let min_bytes = if shape(kind).min { scale_bytes } else { 0 };
-        let high_bytes = match shape(kind).high {
+        let min_bytes = if F::NEEDS_SUMS { scale_bytes } else { 0 };
+        let high_bytes = match shape.high {
             Some(_) => nb.checked_mul(4 * G)?.checked_next_multiple_of(64)?,
             None => 0,
         };
         let strip_bytes = nb
-            .checked_mul(G * row_values(kind))?
+            .checked_mul(G * row_values(shape))?
             .checked_add(scale_bytes)?
             .checked_add(min_bytes)?
             .checked_add(high_bytes)?;
         Some(StripLayout {
-            kind,
+            shape,
+            block_bytes: F::BYTES,
+            min: F::NEEDS_SUMS,
             nb,
             scale_bytes,
             min_bytes,
@@ -119,12 +92,12 @@ impl StripLayout {
 
     /// Bytes of one row's values in a block (32 for Q8_0, 16 for the nibbles).
     fn row_values(&self) -> usize {
-        row_values(self.kind)
+        row_values(self.shape)
     }
 
     /// Bytes of one llama.cpp block (34 for Q8_0, 18 for Q4_0, 22 for Q5_0).
     pub(crate) fn block_bytes(&self) -> usize {
-        shape(self.kind).bytes
+        self.block_bytes
     }
 
     /// Where the high bits start in a strip.
@@ -138,9 +111,9 @@ impl StripLayout {
     }
 }
 
-/// Bytes of one row's values in a block of format `kind`.
-fn row_values(kind: u8) -> usize {
-    if kind == kind::Q8_0 { 32 } else { 16 }
+/// Bytes of one row's values in a block of a format of shape `shape`.
+fn row_values(shape: Shape) -> usize {
+    if shape.nibbles() { 16 } else { 32 }
 }
 
 /// The offsets in a strip's high-bit region of row `r`'s low and high halves
@@ -156,8 +129,8 @@ fn high_offsets(b: usize, r: usize) -> (usize, usize) {
 /// into `dst` (`lay.strip_bytes` long): rows past `rows` get scale 0 and
 /// values 0.
 pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize, dst: &mut [u8]) {
-    let sh = shape(lay.kind);
-    let bb = sh.bytes;
+    let sh = lay.shape;
+    let bb = lay.block_bytes;
     let rv = lay.row_values();
     let row_bytes = lay.nb * bb;
     dst.fill(0);
@@ -172,7 +145,7 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
         let src_row = &src[row * row_bytes..(row + 1) * row_bytes];
         for (b, blk) in src_row.chunks_exact(bb).enumerate() {
             scales[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[..2]);
-            if sh.min {
+            if lay.min {
                 mins[b * 2 * G + 2 * r..][..2].copy_from_slice(&blk[2..4]);
             }
             values[b * G * rv + r * rv..][..rv].copy_from_slice(&blk[sh.values..][..rv]);
@@ -189,13 +162,13 @@ pub(crate) fn repack_strip(lay: &StripLayout, src: &[u8], rows: usize, s: usize,
 /// block layout `blk` (`lay.block_bytes()` long): the inverse of
 /// [`repack_strip`].
 pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk: &mut [u8]) {
-    let sh = shape(lay.kind);
+    let sh = lay.shape;
     let rv = lay.row_values();
     let (scales, rest) = strip.split_at(lay.scale_bytes);
     let (mins, rest) = rest.split_at(lay.min_bytes);
     let (high, values) = rest.split_at(lay.high_bytes);
     blk[..2].copy_from_slice(&scales[b * 2 * G + 2 * r..][..2]);
-    if sh.min {
+    if lay.min {
         blk[2..4].copy_from_slice(&mins[b * 2 * G + 2 * r..][..2]);
     }
     blk[sh.values..sh.values + rv].copy_from_slice(&values[b * G * rv + r * rv..][..rv]);
@@ -204,41 +177,6 @@ pub(crate) fn block_of(lay: &StripLayout, strip: &[u8], r: usize, b: usize, blk:
         blk[h..h + 2].copy_from_slice(&high[lo..lo + 2]);
         blk[h + 2..h + 4].copy_from_slice(&high[hi..hi + 2]);
     }
-}
-
-/// Runs `$body` with the const `$K` equal to `$kind` (one of the strip
-/// formats' `quant_dot::kind` constants), so a kernel generic over the kind
-/// can be named from a format's associated constant.
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_kind {
-    ($kind:expr, $K:ident => $body:expr) => {{
-        match $kind {
-            kind::Q8_0 => {
-                const $K: u8 = kind::Q8_0;
-                $body
-            }
-            kind::Q4_0 => {
-                const $K: u8 = kind::Q4_0;
-                $body
-            }
-            kind::Q5_0 => {
-                const $K: u8 = kind::Q5_0;
-                $body
-            }
-            kind::Q4_1 => {
-                const $K: u8 = kind::Q4_1;
-                $body
-            }
-            kind::Q5_1 => {
-                const $K: u8 = kind::Q5_1;
-                $body
-            }
-            _ => {
-                const $K: u8 = kind::IQ4_NL;
-                $body
-            }
-        }
-    }};
 }
 
 /// Computes the outputs of strips `strips` of the packed matrix `data` for all
@@ -251,7 +189,7 @@ macro_rules! by_kind {
 /// # Panics
 /// If `data`, `acts`, `sums` (for a format with a min) or `out_t` are too
 /// short for `strips` and `m`, or `data` is not 64-byte aligned (caller bugs).
-pub(crate) fn packed_rows<F: StripFormat>(
+pub(crate) fn packed_rows<F: Block32>(
     lay: &StripLayout,
     data: &[u8],
     strips: Range<usize>,
@@ -261,7 +199,10 @@ pub(crate) fn packed_rows<F: StripFormat>(
     out_t: &mut [f32],
 ) {
     let nb = lay.nb;
-    assert_eq!(lay.kind, F::KIND, "packed_rows: format");
+    assert!(
+        lay.shape == F::SHAPE && lay.block_bytes == F::BYTES,
+        "packed_rows: format"
+    );
     assert_eq!(acts.cols, nb * QK, "packed_rows: columns");
     assert!(
         strips.end * lay.strip_bytes <= data.len(),
@@ -292,11 +233,11 @@ pub(crate) fn packed_rows<F: StripFormat>(
                             // above bound the strip, the activation rows
                             // i..i + mm and the alignment.
                             let res = unsafe {
-                                by_kind!(F::KIND, K => if K == kind::Q8_0 {
-                                    x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
+                                if F::SHAPE.nibbles() {
+                                    x86::strip_vnni_nibbles::<F, $mm>(lay, strip, acts, sums, i)
                                 } else {
-                                    x86::strip_vnni_nibbles::<K, $mm>(lay, strip, acts, sums, i)
-                                })
+                                    x86::strip_vnni_q8::<$mm>(lay, strip, acts, i)
+                                }
                             };
                             for (r, row) in res.iter().enumerate() {
                                 for (k, &v) in row.iter().enumerate() {
@@ -321,11 +262,11 @@ pub(crate) fn packed_rows<F: StripFormat>(
                     // FMA and F16C; the asserts above bound the strip and the
                     // activation row i, and the alignment.
                     let res = unsafe {
-                        by_kind!(F::KIND, K => if K == kind::Q8_0 {
-                            x86::strip_avx2_q8(lay, strip, acts, i)
+                        if F::SHAPE.nibbles() {
+                            x86::strip_avx2_nibbles::<F>(lay, strip, acts, sums, i)
                         } else {
-                            x86::strip_avx2_nibbles::<K>(lay, strip, acts, sums, i)
-                        })
+                            x86::strip_avx2_q8(lay, strip, acts, i)
+                        }
                     };
                     out[i * G..(i + 1) * G].copy_from_slice(&res);
                 }
@@ -342,7 +283,7 @@ pub(crate) fn packed_rows<F: StripFormat>(
 
 /// One strip times activation row `i`, plainly: the portable path (each row's
 /// blocks rebuilt and taken through the format's `dot_block`).
-fn strip_portable<F: StripFormat>(
+fn strip_portable<F: Block32>(
     lay: &StripLayout,
     strip: &[u8],
     acts: &Acts<'_>,
@@ -379,7 +320,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{Acts, G, LANES, QK, StripLayout, fold_lanes, kind, shape};
+    use super::{Acts, Block32, G, LANES, QK, StripLayout, fold_lanes};
     use crate::kernels::quant_block::iq4_nl::KVALUES;
     use crate::kernels::quant_dot::x86::high_bits;
 
@@ -579,7 +520,7 @@ mod x86 {
         out
     }
 
-    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `K`) × activation rows `i0..i0 + M`
+    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `F`) × activation rows `i0..i0 + M`
     /// with `vpdpbusd` on 512-bit vectors: a vector holds four rows' low
     /// (elements 0..15) or high (16..31) nibbles, 16 per 128-bit part; its
     /// accumulator the four rows' lanes 0..3 (low) or 4..7 (high). Q5_0's
@@ -590,7 +531,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn strip_vnni_nibbles<const K: u8, const M: usize>(
+    pub(super) unsafe fn strip_vnni_nibbles<F: Block32, const M: usize>(
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
@@ -598,7 +539,7 @@ mod x86 {
         i0: usize,
     ) -> [[f32; M]; G] {
         check_acts::<M>(lay, acts, i0, strip);
-        let min = shape(K).min;
+        let min = F::NEEDS_SUMS;
         assert!(!min || (i0 + M) * lay.nb <= sums.len(), "quant strip: sums");
         // SAFETY: the mins (Q4_1, Q5_1) start scale_bytes into the strip.
         let mp = unsafe { strip.as_ptr().add(lay.scale_bytes) };
@@ -670,7 +611,7 @@ mod x86 {
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
             ];
-            if shape(K).high.is_some() {
+            if F::SHAPE.high.is_some() {
                 for g in 0..2 {
                     // SAFETY: check_acts: block b's 32 high-bit bytes are in
                     // the strip's high region (high_offsets).
@@ -684,7 +625,7 @@ mod x86 {
                     lo[g] = _mm512_mask_add_epi8(lo[g], kl, lo[g], sixteen);
                     hi[g] = _mm512_mask_add_epi8(hi[g], kh, hi[g], sixteen);
                 }
-            } else if K == kind::IQ4_NL {
+            } else if F::SHAPE.table {
                 for g in 0..2 {
                     lo[g] = _mm512_shuffle_epi8(table, lo[g]);
                     hi[g] = _mm512_shuffle_epi8(table, hi[g]);
@@ -789,7 +730,7 @@ mod x86 {
         out
     }
 
-    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `K`) × activation row `i` with
+    /// Nibble strip (Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: `F`) × activation row `i` with
     /// `vpmaddubsw` + `vpmaddwd` on 256-bit vectors, two rows' low or high
     /// nibbles per vector: the unsigned codes (Q5_0's fifth bits spread from
     /// two rows' 32-bit mask) plus the lane bias, IQ4_NL's signed table values
@@ -798,7 +739,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn strip_avx2_nibbles<const K: u8>(
+    pub(super) unsafe fn strip_avx2_nibbles<F: Block32>(
         lay: &StripLayout,
         strip: &[u8],
         acts: &Acts<'_>,
@@ -806,7 +747,7 @@ mod x86 {
         i: usize,
     ) -> [f32; G] {
         check_acts::<1>(lay, acts, i, strip);
-        let min = shape(K).min;
+        let min = F::NEEDS_SUMS;
         assert!(!min || (i + 1) * lay.nb <= sums.len(), "quant strip: sums");
         // SAFETY: the mins (Q4_1, Q5_1) start scale_bytes into the strip.
         let mp = unsafe { strip.as_ptr().add(lay.scale_bytes) };
@@ -846,7 +787,7 @@ mod x86 {
                 let v = unsafe { _mm256_load_si256(vp.add(b * 128 + g * 32).cast()) };
                 let mut lo = _mm256_and_si256(v, m4);
                 let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                let (pl, ph) = if K == kind::IQ4_NL {
+                let (pl, ph) = if F::SHAPE.table {
                     lo = _mm256_shuffle_epi8(table, lo);
                     hi = _mm256_shuffle_epi8(table, hi);
                     let dot = |w: __m256i, x: __m256i| {
@@ -856,7 +797,7 @@ mod x86 {
                     };
                     (dot(lo, xlo), dot(hi, xhi))
                 } else {
-                    if shape(K).high.is_some() {
+                    if F::SHAPE.high.is_some() {
                         // SAFETY: check_acts: block b's 32 high-bit bytes are
                         // in the strip's high region (high_offsets).
                         let (ml, mh) = unsafe {

@@ -17,7 +17,7 @@ use crate::ops::quant_matrix::{QuantMatrix, check_row, dequantize_row};
 use crate::tensor::layout::Dims;
 
 /// Runs `$body` with `$F` the `kernels::quant_block` type of a repackable
-/// [`QuantFormat`] (a `quant_packed::StripFormat`).
+/// [`QuantFormat`] (a `quant_dot::Block32`).
 ///
 /// # Panics
 /// For a format that is not [`QuantFormat::repackable`] (checked by

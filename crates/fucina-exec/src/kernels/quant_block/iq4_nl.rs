@@ -8,7 +8,7 @@ use super::{
     BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax,
     unpack_nibbles, via_f16,
 };
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's IQ4_NL (ggml type 20).
 #[allow(non_camel_case_types)]
@@ -104,6 +104,16 @@ impl BlockFormat for IQ4_NL {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::IQ4_NL }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for IQ4_NL {
+    // the table indices after the scale
+    const SHAPE: Shape = Shape {
+        values: 2,
+        high: None,
+        signed: true,
+        table: true,
+    };
 }

@@ -177,10 +177,10 @@ pub(crate) fn portable_rows<F: BlockFormat>(
 }
 
 /// [`BlockFormat::rows`] of a block-of-32 format with vector kernels in
-/// `quant_dot` (`K` its `quant_dot::kind`): those kernels at a vector level,
-/// [`portable_rows`] otherwise.
+/// `quant_dot`: those kernels at a vector level, or where it has none
+/// [`portable_rows`] compiled for it (the same bits either way).
 #[inline(always)]
-pub(crate) fn block32_rows<F: BlockFormat, const K: u8>(
+pub(crate) fn block32_rows<F: super::quant_dot::Block32>(
     w: &[u8],
     row_bytes: usize,
     rows: Range<usize>,
@@ -189,8 +189,8 @@ pub(crate) fn block32_rows<F: BlockFormat, const K: u8>(
     m: usize,
     out_t: &mut [f32],
 ) {
-    if !super::quant_dot::simd_rows::<K>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-        portable_rows::<F>(w, row_bytes, rows, acts, sums, m, out_t);
+    if !super::quant_dot::simd_rows::<F>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
+        super::simd::vectorized!(portable_rows::<F>(w, row_bytes, rows, acts, sums, m, out_t));
     }
 }
 

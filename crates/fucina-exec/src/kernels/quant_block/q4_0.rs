@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::{BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, signed_amax};
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's Q4_0 (ggml type 2).
 #[allow(non_camel_case_types)]
@@ -72,6 +72,16 @@ impl BlockFormat for Q4_0 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::Q4_0 }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for Q4_0 {
+    // 16 bytes of nibbles after the scale
+    const SHAPE: Shape = Shape {
+        values: 2,
+        high: None,
+        signed: false,
+        table: false,
+    };
 }

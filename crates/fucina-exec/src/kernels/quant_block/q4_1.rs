@@ -8,7 +8,7 @@ use super::{
     BlockFormat, LaneAcc, block32_rows, code_with_min, f16_at, fma_lanes, lane_sums, min_term,
     unpack_nibbles,
 };
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's Q4_1 (ggml type 3).
 #[allow(non_camel_case_types)]
@@ -68,6 +68,16 @@ impl BlockFormat for Q4_1 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::Q4_1 }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for Q4_1 {
+    // the nibbles after the scale and the min
+    const SHAPE: Shape = Shape {
+        values: 4,
+        high: None,
+        signed: false,
+        table: false,
+    };
 }

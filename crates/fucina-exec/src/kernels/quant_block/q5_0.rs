@@ -10,7 +10,7 @@ use super::{
     BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes, fma_lanes, lane_sums, signed_amax,
     unpack_nibbles,
 };
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's Q5_0 (ggml type 6).
 #[allow(non_camel_case_types)]
@@ -97,6 +97,16 @@ impl BlockFormat for Q5_0 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::Q5_0 }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for Q5_0 {
+    // the fifth bits after the scale, then the nibbles
+    const SHAPE: Shape = Shape {
+        values: 6,
+        high: Some(2),
+        signed: false,
+        table: false,
+    };
 }

@@ -8,7 +8,7 @@ use super::q5_0::{pack_q5, q5_value, unpack_q5};
 use super::{
     BlockFormat, LaneAcc, block32_rows, code_with_min, f16_at, fma_lanes, lane_sums, min_term,
 };
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's Q5_1 (ggml type 7).
 #[allow(non_camel_case_types)]
@@ -62,6 +62,16 @@ impl BlockFormat for Q5_1 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::Q5_1 }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for Q5_1 {
+    // the fifth bits after the scale and the min, then the nibbles
+    const SHAPE: Shape = Shape {
+        values: 8,
+        high: Some(4),
+        signed: false,
+        table: false,
+    };
 }

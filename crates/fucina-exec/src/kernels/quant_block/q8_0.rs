@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::{BlockFormat, LaneAcc, block32_rows, f16_at, f16_bytes};
-use crate::kernels::quant_dot::{Acts, LANES, kind};
+use crate::kernels::quant_dot::{Acts, Block32, LANES, Shape};
 
 /// llama.cpp's Q8_0 (ggml type 8).
 #[allow(non_camel_case_types)]
@@ -62,6 +62,16 @@ impl BlockFormat for Q8_0 {
         m: usize,
         out_t: &mut [f32],
     ) {
-        block32_rows::<Self, { kind::Q8_0 }>(w, row_bytes, rows, acts, sums, m, out_t);
+        block32_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
+}
+
+impl Block32 for Q8_0 {
+    // 32 signed bytes after the scale
+    const SHAPE: Shape = Shape {
+        values: 2,
+        high: None,
+        signed: true,
+        table: false,
+    };
 }
