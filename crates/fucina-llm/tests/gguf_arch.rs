@@ -4,7 +4,9 @@
 //! tensor names, Gemma's norms stored as `1 + w`, Phi-3's fused `attn_qkv` and
 //! `ffn_up` and its LongRoPE factors as tensors; no q/k row reordering, as
 //! llama.cpp rotates these architectures' halves) load through the generic
-//! loader and give the same logit bits as the safetensors originals.
+//! loader and give the same logit bits as the safetensors originals; so does
+//! the Mixtral fixture written as llama.cpp writes Mixtral (a `llama` file
+//! with experts, q/k rows reordered).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,7 +17,7 @@ use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::{Architecture, Model, ModelConfig, WeightStore};
 
 mod gguf_support;
-use gguf_support::{Writer, f32v, str_v, u32v};
+use gguf_support::{Writer, f32v, llama_gguf_name, permute, str_v, u32v};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -280,4 +282,130 @@ fn converted_qwen3_gemma_and_phi3_give_the_same_logit_bits() {
             "{name}: the GGUF model's logits differ from the safetensors model's"
         );
     }
+}
+
+/// The Mixtral fixture as llama.cpp writes it: `general.architecture`
+/// `llama` with `llama.expert_count`, the router `ffn_gate_inp`, the experts
+/// stacked per layer, the q and k rows in llama.cpp's rotary order.
+/// `per_expert` writes one tensor per expert instead (llama.cpp's older
+/// layout); `skip` leaves a metadata key out.
+fn mixtral_gguf(cfg: &ModelConfig, store: &WeightStore, per_expert: bool, skip: &str) -> Vec<u8> {
+    let moe = cfg.params.moe.clone().unwrap();
+    let mut w = Writer::default();
+    w.kv("general.architecture", 8, &str_v("llama"));
+    for (key, v) in [
+        ("embedding_length", cfg.hidden_size),
+        ("feed_forward_length", cfg.intermediate_size),
+        ("block_count", cfg.num_hidden_layers),
+        ("attention.head_count", cfg.num_attention_heads),
+        ("attention.head_count_kv", cfg.num_key_value_heads),
+        ("context_length", cfg.max_position_embeddings),
+        ("expert_count", moe.num_experts),
+        ("expert_used_count", moe.num_experts_per_tok),
+        ("attention.sliding_window", cfg.sliding_window.unwrap()),
+    ] {
+        if key != skip {
+            w.kv(&format!("llama.{key}"), 4, &u32v(v));
+        }
+    }
+    w.kv(
+        "llama.attention.layer_norm_rms_epsilon",
+        6,
+        &f32v(cfg.rms_norm_eps),
+    );
+    w.kv("llama.rope.freq_base", 6, &f32v(cfg.rope_theta));
+    w.kv(
+        "tokenizer.ggml.eos_token_id",
+        4,
+        &u32v(cfg.eos_token_ids[0] as usize),
+    );
+    let expert = |l: usize, e: usize, part: &str| {
+        store
+            .get(&format!(
+                "model.layers.{l}.block_sparse_moe.experts.{e}.{part}.weight"
+            ))
+            .unwrap()
+    };
+    for l in 0..cfg.num_hidden_layers {
+        for (part, gguf) in [("w1", "ffn_gate"), ("w3", "ffn_up"), ("w2", "ffn_down")] {
+            let dims: Vec<u64> = expert(l, 0, part)
+                .shape()
+                .iter()
+                .rev()
+                .map(|&d| d as u64)
+                .collect();
+            if per_expert {
+                for e in 0..moe.num_experts {
+                    w.tensor(
+                        &format!("blk.{l}.{gguf}.{e}.weight"),
+                        &dims,
+                        0,
+                        expert(l, e, part).bytes(),
+                    );
+                }
+            } else {
+                let bytes: Vec<u8> = (0..moe.num_experts)
+                    .flat_map(|e| expert(l, e, part).bytes().to_vec())
+                    .collect();
+                let mut dims = dims.clone();
+                dims.push(moe.num_experts as u64);
+                w.tensor(&format!("blk.{l}.{gguf}_exps.weight"), &dims, 0, &bytes);
+            }
+        }
+    }
+    for (name, weight) in store.iter() {
+        if name.contains(".experts.") {
+            continue;
+        }
+        let shape = weight.shape();
+        let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let gguf = match name.strip_suffix("block_sparse_moe.gate.weight") {
+            Some(layer) => format!(
+                "{}ffn_gate_inp.weight",
+                layer.replace("model.layers.", "blk.")
+            ),
+            None => llama_gguf_name(name),
+        };
+        let mut bytes = weight.bytes().to_vec();
+        if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
+            bytes = permute(&bytes, shape[0], bytes.len() / shape[0], cfg.head_dim);
+        }
+        w.tensor(&gguf, &dims, 0, &bytes);
+    }
+    w.bytes()
+}
+
+#[test]
+fn a_llama_file_with_experts_is_mixtral_with_the_safetensors_logit_bits() {
+    let ctx = ExecContext::with_threads(2);
+    let dir = fixture("mixtral_f32");
+    let cfg = ModelConfig::from_file(dir.join("config.json")).unwrap();
+    let store = WeightStore::open(&dir).unwrap();
+    let path = write(&mixtral_gguf(&cfg, &store, false, ""), "mixtral");
+    let (gcfg, gstore, _file) = load_gguf(&path).unwrap();
+    assert_eq!(gcfg.architecture, Architecture::Mixtral);
+    assert_eq!(gstore.len(), store.len());
+    assert_eq!(gcfg.params, cfg.params);
+    assert_eq!(gcfg.sliding_window, cfg.sliding_window);
+    let reference = Model::from_parts(cfg.clone(), store.clone()).unwrap();
+    let converted = Model::from_parts(gcfg, gstore).unwrap();
+    assert!(
+        logit_bits(&reference, &ctx) == logit_bits(&converted, &ctx),
+        "the Mixtral GGUF model's logits differ from the safetensors model's"
+    );
+
+    // One tensor per expert (llama.cpp's older layout): an error naming it.
+    let path = write(&mixtral_gguf(&cfg, &store, true, ""), "mixtral-per-expert");
+    let err = load_gguf(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("blk.0.ffn_gate.0.weight") && err.contains("one tensor per expert"),
+        "{err}"
+    );
+    // A missing expert count of a Mixtral file: an error naming the key.
+    let path = write(
+        &mixtral_gguf(&cfg, &store, false, "expert_used_count"),
+        "mixtral-no-used",
+    );
+    let err = load_gguf(&path).unwrap_err().to_string();
+    assert!(err.contains("llama.expert_used_count"), "{err}");
 }

@@ -1,7 +1,8 @@
 //! A GGUF file as a [`ModelConfig`] and a [`WeightStore`] under Hugging Face's
 //! tensor names, so the same model code runs it, for every architecture whose
 //! [`ArchSpec`] names its `general.architecture`
-//! (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`).
+//! (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`; a
+//! `llama` file with `llama.expert_count` is Mixtral).
 //!
 //! - **Metadata → config**: under the architecture's prefix `{arch}`:
 //!   `{arch}.embedding_length`, `{arch}.feed_forward_length`,
@@ -141,6 +142,10 @@ impl GgufMeta<'_> {
 fn architecture(file: &GgufFile) -> Result<(&'static ArchSpec, &str), LlmError> {
     match file.get("general.architecture").map(|v| (v, v.as_str())) {
         Some((_, Some(name))) => match Architecture::from_gguf_name(name) {
+            // llama.cpp writes Mixtral as `llama` with experts.
+            Some(Architecture::Llama) if file.get("llama.expert_count").is_some() => {
+                Ok((Architecture::Mixtral.spec(), name))
+            }
             Some(a) => Ok((a.spec(), name)),
             None => Err(bad(
                 file,

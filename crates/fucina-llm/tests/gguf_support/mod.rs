@@ -56,6 +56,23 @@ pub(crate) fn llama_hf_name(gguf: &str) -> String {
     llama_name(gguf, 1)
 }
 
+/// llama.cpp's row order for the q or k projection: its row `h·D + 2j + i` is
+/// Hugging Face's row `h·D + i·D/2 + j`.
+pub(crate) fn permute(bytes: &[u8], rows: usize, row_bytes: usize, head_dim: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..rows / head_dim {
+        for i in 0..2 {
+            for j in 0..head_dim / 2 {
+                let from = h * head_dim + i * head_dim / 2 + j;
+                let to = h * head_dim + 2 * j + i;
+                out[to * row_bytes..(to + 1) * row_bytes]
+                    .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
+            }
+        }
+    }
+    out
+}
+
 /// Builds GGUF images field by field.
 #[derive(Default)]
 pub(crate) struct Writer {
