@@ -446,6 +446,30 @@ SPECS = {
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                   "short_factor": SHORT_FACTOR, "long_factor": LONG_FACTOR}),
     ),
+    # Phi-4-mini's shape of Phi-3: a partial rotary embedding (factor 0.75: the
+    # first 12 of each head's 16 dimensions rotate), LongRoPE with 6 factors of
+    # each kind, tied embeddings, no window; the reference rotates with the long
+    # factors as for phi3_f32.
+    "phi4_mini_f32": dict(
+        cls=(Phi3Config, Phi3ForCausalLM),
+        dtype=torch.float32,
+        seed=15,
+        mix=4.0,
+        prepare=lambda model, model_dir, plain: (
+            npy_save(os.path.join(model_dir, "short_logits.npy"), plain), force_long_rope(model)),
+        check=check_changed,
+        features=[{"partial_rotary_factor": 0.5,
+                   "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": SHORT_FACTOR[:4],
+                                       "long_factor": LONG_FACTOR[:4]}}],
+        cfg=dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 original_max_position_embeddings=16, rms_norm_eps=1e-5, sliding_window=None,
+                 partial_rotary_factor=0.75, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                 tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": SHORT_FACTOR[:6], "long_factor": LONG_FACTOR[:6]}),
+    ),
     # Qwen3-MoE: 4 experts, 2 per token, normalized probabilities; layers 0 and 2
     # sparse, layer 1 dense (mlp_only_layers).
     "qwen3_moe_f32": dict(

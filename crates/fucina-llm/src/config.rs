@@ -34,7 +34,8 @@
 //! `original_max_position_embeddings` wins over the object's, and
 //! `max_position_embeddings` is used when neither gives it. Other RoPE types
 //! (`dynamic`, `yarn`, `longrope`, ...), per-layer-type RoPE parameters and a
-//! `partial_rotary_factor` other than 1 are refused.
+//! `partial_rotary_factor` other than 1 are refused (Phi-3's spec reads
+//! LongRoPE and a partial rotary embedding: [`crate::arch`]).
 //!
 //! **Biases.** Llama: `attention_bias` puts a bias on the q, k, v and o
 //! projections; `mlp_bias: true` is refused (not implemented). Qwen2: q, k and v
@@ -196,6 +197,13 @@ pub struct ModelConfig {
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 impl ModelConfig {
+    /// The dimensions of each head that RoPE rotates (the first ones, in the
+    /// rotate-half convention within them): `head_dim`, or fewer for a
+    /// partial rotary embedding ([`ArchParams::rotary_dim`](crate::arch::ArchParams::rotary_dim)).
+    pub fn rotary_dim(&self) -> usize {
+        self.params.rotary_dim.unwrap_or(self.head_dim)
+    }
+
     /// Reads `config.json` (`path` is the file) and, when a
     /// `generation_config.json` lies beside it, takes the `bos_token_id` and
     /// `eos_token_id` that file gives (see the [module docs](self)).
@@ -657,7 +665,6 @@ pub(crate) fn parse_rope(
     max_position_embeddings: usize,
     default_theta: f64,
 ) -> Result<(f64, RopeScaling), LlmError> {
-    let top_theta = o.positive_opt("rope_theta")?;
     if let Some(f) = o.f64_opt("partial_rotary_factor")?
         && f != 1.0
     {
@@ -666,6 +673,19 @@ pub(crate) fn parse_rope(
             format!("{f}: rotating part of each head is not supported"),
         ));
     }
+    parse_rope_with(o, max_position_embeddings, default_theta, false)
+}
+
+/// [`parse_rope`] for an architecture that reads `partial_rotary_factor`
+/// itself when `partial_ok` (Phi-3's spec), else refusing it as
+/// [`parse_rope`] does.
+pub(crate) fn parse_rope_with(
+    o: &Obj<'_>,
+    max_position_embeddings: usize,
+    default_theta: f64,
+    partial_ok: bool,
+) -> Result<(f64, RopeScaling), LlmError> {
+    let top_theta = o.positive_opt("rope_theta")?;
     // `transformers` takes `rope_scaling` over `rope_parameters` (an empty object
     // counts as absent).
     let nonempty = |key: &str| {
@@ -692,7 +712,14 @@ pub(crate) fn parse_rope(
             "RoPE parameters per layer type are not supported".to_string(),
         ));
     }
-    rope_object(o, &p, top_theta, default_theta, max_position_embeddings)
+    rope_object(
+        o,
+        &p,
+        top_theta,
+        default_theta,
+        max_position_embeddings,
+        partial_ok,
+    )
 }
 
 /// The RoPE base and rescaling an object of RoPE parameters `p` (found in
@@ -704,6 +731,7 @@ pub(crate) fn rope_object(
     top_theta: Option<f64>,
     default_theta: f64,
     max_position_embeddings: usize,
+    partial_ok: bool,
 ) -> Result<(f64, RopeScaling), LlmError> {
     let theta = p
         .positive_opt("rope_theta")?
@@ -711,6 +739,7 @@ pub(crate) fn rope_object(
         .unwrap_or(default_theta);
     if let Some(f) = p.f64_opt("partial_rotary_factor")?
         && f != 1.0
+        && !partial_ok
     {
         return Err(p.err(
             "partial_rotary_factor",

@@ -545,13 +545,24 @@ fn check_params(c: &ModelConfig) -> Result<(), LlmError> {
             return Err(invalid(op, format!("config: mixture of experts: {b}")));
         }
     }
+    if let Some(rd) = p.rotary_dim
+        && (rd == 0 || !rd.is_multiple_of(2) || rd > c.head_dim)
+    {
+        return Err(invalid(
+            op,
+            format!(
+                "config: rotary_dim {rd} is not an even number of dimensions in 2..={}",
+                c.head_dim
+            ),
+        ));
+    }
     if let Some(lr) = &p.longrope {
-        let half = c.head_dim / 2;
+        let half = c.rotary_dim() / 2;
         if lr.short_factor.len() != half || lr.long_factor.len() != half {
             return Err(invalid(
                 op,
                 format!(
-                    "config: LongRoPE has {} short and {} long factors, expected head_dim / 2 = {half}",
+                    "config: LongRoPE has {} short and {} long factors, expected rotary_dim / 2 = {half}",
                     lr.short_factor.len(),
                     lr.long_factor.len()
                 ),
@@ -574,7 +585,7 @@ fn checked_inv_freq(
     theta: f32,
     scaling: &crate::config::RopeScaling,
 ) -> Result<Vec<f32>, LlmError> {
-    let inv_freq = kernels::inv_freq(c.head_dim, theta, scaling);
+    let inv_freq = kernels::inv_freq(c.rotary_dim(), theta, scaling);
     // Every rotary angle `pos · inv_freq[i]` of a position the model
     // supports must be finite (a rope_theta of 1e-45 is a positive f32, and
     // its frequencies overflow; its cosines would be NaN).
@@ -731,8 +742,9 @@ impl Model {
         let (inv_freq, long_rope) = match &c.params.longrope {
             None => (checked_inv_freq(c, c.rope_theta, &c.rope_scaling)?, None),
             Some(lr) => {
-                let short = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.short_factor);
-                let long = kernels::inv_freq_with_factors(hd, c.rope_theta, &lr.long_factor);
+                let rd = c.rotary_dim();
+                let short = kernels::inv_freq_with_factors(rd, c.rope_theta, &lr.short_factor);
+                let long = kernels::inv_freq_with_factors(rd, c.rope_theta, &lr.long_factor);
                 for f in short.iter().chain(&long) {
                     if !(f.is_finite() && *f >= 0.0) {
                         return Err(invalid(
@@ -1242,7 +1254,7 @@ impl Model {
     /// the rows' positions (`s.positions`) into `s.cos`, `s.sin`.
     fn embed_rows(&self, tokens: &[u32], s: &mut Scratch) -> Result<(), LlmError> {
         let hid = self.config.hidden_size;
-        let half = self.config.head_dim / 2;
+        let half = self.config.rotary_dim() / 2;
         for (r, &t) in tokens.iter().enumerate() {
             let x = &mut s.x[r * hid..(r + 1) * hid];
             self.embed.row_to_f32(t as usize, x)?;
@@ -1290,7 +1302,7 @@ impl Model {
     ) -> Result<(), LlmError> {
         let c = &self.config;
         let layer = &self.layers[l];
-        let (hid, half) = (c.hidden_size, c.head_dim / 2);
+        let (hid, half, hd) = (c.hidden_size, c.rotary_dim() / 2, c.head_dim);
         let (qd, kvd) = (
             c.num_attention_heads * c.head_dim,
             c.num_key_value_heads * c.head_dim,
@@ -1346,8 +1358,8 @@ impl Model {
                 &cos[r * half..(r + 1) * half],
                 &sin[r * half..(r + 1) * half],
             );
-            kernels::apply_rope(&mut s.q[r * qd..(r + 1) * qd], cos, sin);
-            kernels::apply_rope(&mut s.k[r * kvd..(r + 1) * kvd], cos, sin);
+            kernels::apply_rope(&mut s.q[r * qd..(r + 1) * qd], hd, cos, sin);
+            kernels::apply_rope(&mut s.k[r * kvd..(r + 1) * kvd], hd, cos, sin);
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use fucina_llm::sample::{Sampler, SamplingParams};
 use serde_json::Value;
 
 /// Every fixture model directory.
-const MODELS: [&str; 13] = [
+const MODELS: [&str; 14] = [
     "llama_f32",
     "llama_bf16",
     "llama_f16",
@@ -30,6 +30,7 @@ const MODELS: [&str; 13] = [
     "gemma2_f32",
     "gemma3_f32",
     "phi3_f32",
+    "phi4_mini_f32",
     "qwen3_moe_f32",
     "mixtral_f32",
 ];
@@ -182,6 +183,7 @@ fn prefill_in_pieces_gives_the_reference_rows() {
         "gemma2_f32",
         "gemma3_f32",
         "phi3_f32",
+        "phi4_mini_f32",
         "qwen3_moe_f32",
         "mixtral_f32",
     ] {
@@ -370,31 +372,33 @@ fn npy_writer_gives_numpys_bytes() {
 }
 
 #[test]
-fn phi3_rotates_a_short_context_with_the_short_factors() {
+fn phi3_and_phi4_mini_rotate_a_short_context_with_the_short_factors() {
     // The reference of `phi3_f32` rotates with LongRoPE's long factors (the
     // test's cache of 42 positions exceeds the original context of 16); a
     // cache of at most 16 positions takes the short ones, whose prompt logits
-    // transformers wrote to short_logits.npy.
+    // transformers wrote to short_logits.npy. `phi4_mini_f32` rotates only
+    // the first 12 of each head's 16 dimensions (a partial rotary embedding).
     let ctx = ExecContext::with_threads(2);
-    let name = "phi3_f32";
-    let model = Model::load(fixture(name)).unwrap();
-    let vocab = model.config().vocab_size;
-    let r = reference(name, vocab);
-    let (shape, short) = npy::read_npy_f32(&fixture(name).join("short_logits.npy")).unwrap();
-    assert_eq!(shape, [r.prompt.len(), vocab]);
-    let run = |max_len: usize| {
-        let mut cache = model.new_cache(&ctx, max_len).unwrap();
-        let mut all = vec![0f32; r.prompt.len() * vocab];
-        let mut last = vec![0f32; vocab];
-        model
-            .prefill(&ctx, &mut cache, &r.prompt, Some(&mut all), &mut last)
-            .unwrap();
-        all
-    };
-    let d = max_abs_diff(&run(16), &short);
-    assert!(d <= TOL, "{name}: short-context logits differ by {d}");
-    let d = max_abs_diff(&run(17), &r.logits);
-    assert!(d <= TOL, "{name}: long-context logits differ by {d}");
-    // The two differ: the factors matter on this prompt.
-    assert!(max_abs_diff(&short, &r.logits) > 1e-2);
+    for name in ["phi3_f32", "phi4_mini_f32"] {
+        let model = Model::load(fixture(name)).unwrap();
+        let vocab = model.config().vocab_size;
+        let r = reference(name, vocab);
+        let (shape, short) = npy::read_npy_f32(&fixture(name).join("short_logits.npy")).unwrap();
+        assert_eq!(shape, [r.prompt.len(), vocab]);
+        let run = |max_len: usize| {
+            let mut cache = model.new_cache(&ctx, max_len).unwrap();
+            let mut all = vec![0f32; r.prompt.len() * vocab];
+            let mut last = vec![0f32; vocab];
+            model
+                .prefill(&ctx, &mut cache, &r.prompt, Some(&mut all), &mut last)
+                .unwrap();
+            all
+        };
+        let d = max_abs_diff(&run(16), &short);
+        assert!(d <= TOL, "{name}: short-context logits differ by {d}");
+        let d = max_abs_diff(&run(17), &r.logits);
+        assert!(d <= TOL, "{name}: long-context logits differ by {d}");
+        // The two differ: the factors matter on this prompt.
+        assert!(max_abs_diff(&short, &r.logits) > 1e-2);
+    }
 }

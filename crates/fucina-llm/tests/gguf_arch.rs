@@ -81,7 +81,7 @@ fn convert(arch: &str, cfg: &ModelConfig, store: &WeightStore) -> Vec<u8> {
         ),
         (k("attention.key_length"), 4, u32v(cfg.head_dim)),
         (k("attention.value_length"), 4, u32v(cfg.head_dim)),
-        (k("rope.dimension_count"), 4, u32v(cfg.head_dim)),
+        (k("rope.dimension_count"), 4, u32v(cfg.rotary_dim())),
         (k("context_length"), 4, u32v(cfg.max_position_embeddings)),
         (
             k("attention.layer_norm_rms_epsilon"),
@@ -243,6 +243,7 @@ fn converted_qwen3_gemma_and_phi3_give_the_same_logit_bits() {
         ("gemma2_f32", "gemma2", Architecture::Gemma2),
         ("gemma3_f32", "gemma3", Architecture::Gemma3),
         ("phi3_f32", "phi3", Architecture::Phi3),
+        ("phi4_mini_f32", "phi3", Architecture::Phi3),
         ("qwen3_moe_f32", "qwen3moe", Architecture::Qwen3Moe),
     ] {
         let dir = fixture(name);

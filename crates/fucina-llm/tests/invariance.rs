@@ -213,6 +213,15 @@ fn qwen3_gemma_and_phi3_decode_is_batch_thread_and_level_invariant() {
         attention_factor: 1.2,
     });
     check(&phi3, WeightFormat::BF16);
+
+    // Phi-4-mini: the same with a partial rotary embedding (12 of 16
+    // dimensions per head, 6 factors of each kind).
+    phi3.params.rotary_dim = Some(12);
+    if let Some(lr) = &mut phi3.params.longrope {
+        lr.short_factor.truncate(6);
+        lr.long_factor.truncate(6);
+    }
+    check(&phi3, WeightFormat::BF16);
 }
 
 /// A Qwen3-MoE-shaped model: 8 experts, 3 per token, layer 1 dense.

@@ -530,6 +530,14 @@ fn unsupported_rope_types_are_refused_by_name() {
     }
     let r = config_err(&with(l.clone(), "partial_rotary_factor", Some(json!(0.5))));
     assert!(r.contains("partial_rotary_factor"), "{r}");
+    // Phi-3 reads it (Phi-4-mini), as an even number of a head's dimensions.
+    let phi = |f: Value| with(base("Phi3ForCausalLM"), "partial_rotary_factor", Some(f));
+    let c = parse(&phi(json!(0.75))).unwrap();
+    assert_eq!(c.rotary_dim(), 3 * c.head_dim / 4);
+    for bad in [json!(0.7), json!(1.5), json!(-0.5), json!(0.01)] {
+        let r = config_err(&phi(bad.clone()));
+        assert!(r.contains("partial_rotary_factor"), "{bad}: {r}");
+    }
     let r = config_err(&with(l.clone(), "rope_scaling", Some(json!(4))));
     assert!(r.contains("rope_scaling"), "{r}");
     let r = config_err(&with(l, "rope_theta", Some(json!(-1.0))));

@@ -80,7 +80,7 @@ fn rope(o: &Obj<'_>, max_pos: usize, default_theta: f64) -> Result<(f64, RopeSca
                 path: o.path,
                 at: "rope_parameters.full_attention.",
             };
-            rope_object(o, &p, None, default_theta, max_pos)
+            rope_object(o, &p, None, default_theta, max_pos, false)
         }
         _ => parse_rope(o, max_pos, default_theta),
     }
@@ -99,7 +99,7 @@ fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
                 at: "rope_parameters.sliding_attention.",
             };
             let (theta, scaling) =
-                rope_object(o, &p, None, LOCAL_THETA, c.max_position_embeddings)?;
+                rope_object(o, &p, None, LOCAL_THETA, c.max_position_embeddings, false)?;
             if scaling != RopeScaling::None {
                 return Err(o.err(
                     "rope_parameters.sliding_attention",

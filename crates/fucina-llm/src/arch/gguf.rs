@@ -176,7 +176,8 @@ fn architecture(file: &GgufFile) -> Result<(&'static ArchSpec, &str), LlmError> 
 /// # Errors
 /// [`LlmError::BadFile`] naming the key for an architecture no spec names, a
 /// missing required key, a value of the wrong type or range, heads that do not
-/// divide the hidden size, partial rotary embeddings, a RoPE scaling other than
+/// divide the hidden size, partial rotary embeddings of an architecture whose
+/// q/k rows llama.cpp reorders, a RoPE scaling other than
 /// linear, or `rope_freqs.weight`; [`LlmError::BadTensor`] when
 /// `token_embd.weight` is missing.
 #[warn(clippy::arithmetic_side_effects)]
@@ -199,16 +200,23 @@ pub fn gguf_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
     }
     // `heads` is positive (required_u64); a 0 would be refused by the model.
     let head_dim = key_length.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
-    if let Some(rot) = m.u64_opt("rope.dimension_count")?
-        && rot != head_dim
-    {
-        return Err(bad(
-            file,
-            format!(
-                "{arch}.rope.dimension_count = {rot}: partial rotary embeddings are not supported (head dim {head_dim})"
-            ),
-        ));
-    }
+    // A partial rotary embedding (Phi-4-mini) rotates the first
+    // `rope.dimension_count` dimensions of each head; the architectures whose
+    // q/k rows llama.cpp reorders (Llama) rotate them all.
+    let rotary_dim = match m.u64_opt("rope.dimension_count")? {
+        Some(rot) if rot != head_dim => {
+            if spec.gguf_permuted_qk || rot > head_dim || !rot.is_multiple_of(2) {
+                return Err(bad(
+                    file,
+                    format!(
+                        "{arch}.rope.dimension_count = {rot}: this partial rotary embedding is not supported (head dim {head_dim})"
+                    ),
+                ));
+            }
+            Some(rot)
+        }
+        _ => None,
+    };
     if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(bad(
             file,
@@ -278,7 +286,10 @@ pub fn gguf_config(file: &GgufFile) -> Result<ModelConfig, LlmError> {
         sliding_window: None,
         bos_token_id: token("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: token("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
-        params: ArchParams::default(),
+        params: ArchParams {
+            rotary_dim,
+            ..ArchParams::default()
+        },
     };
     (spec.gguf_config)(&m, &mut config)?;
     Ok(config)

@@ -102,6 +102,10 @@ pub struct ArchParams {
     /// frequencies, short or long by position, and a factor on the cosines
     /// and sines.
     pub longrope: Option<LongRope>,
+    /// RoPE rotates only the first `rotary_dim` dimensions of each head
+    /// (Phi-4-mini's `partial_rotary_factor`, `int(head_dim · factor)`; even);
+    /// `None` when it rotates all of them. See [`ModelConfig::rotary_dim`].
+    pub rotary_dim: Option<usize>,
     /// The stored norm weights already hold the `1` of a
     /// [`NormStyle::RmsOnePlus`] norm (llama.cpp's converter adds it to the
     /// norms of Gemma models).

@@ -12,11 +12,17 @@
 //! `phi3.rope.scaling.original_context_length` and the attention factor as
 //! `phi3.rope.scaling.attn_factor` (computed as transformers does when
 //! absent).
+//!
+//! `partial_rotary_factor` (Phi-4-mini: 0.75, at the top level or in the RoPE
+//! object) rotates only the first `int(head_dim · factor)` dimensions of each
+//! head ([`ArchParams::rotary_dim`](super::ArchParams::rotary_dim)), the
+//! LongRoPE factors then one per pair of those; in GGUF it is
+//! `phi3.rope.dimension_count` below the head dim.
 
 use serde_json::{Map, Value};
 
 use super::{ArchSpec, COMMON_LAYER_NAMES, Defaults, GgufMeta, LongRope};
-use crate::config::{Architecture, ModelConfig, Obj, RopeScaling, parse_rope};
+use crate::config::{Architecture, ModelConfig, Obj, RopeScaling, parse_rope_with};
 use crate::error::LlmError;
 
 /// Phi-3's tensors: the common ones with the fused projections.
@@ -73,7 +79,7 @@ fn longrope_object<'a>(o: &'a Obj<'_>) -> Option<(&'static str, &'a Map<String, 
 
 fn rope(o: &Obj<'_>, max_pos: usize, default_theta: f64) -> Result<(f64, RopeScaling), LlmError> {
     let Some((key, map)) = longrope_object(o) else {
-        return parse_rope(o, max_pos, default_theta);
+        return parse_rope_with(o, max_pos, default_theta, true);
     };
     let at = format!("{key}.");
     let p = Obj {
@@ -81,16 +87,6 @@ fn rope(o: &Obj<'_>, max_pos: usize, default_theta: f64) -> Result<(f64, RopeSca
         path: o.path,
         at: &at,
     };
-    for q in [o, &p] {
-        if let Some(f) = q.f64_opt("partial_rotary_factor")?
-            && f != 1.0
-        {
-            return Err(q.err(
-                "partial_rotary_factor",
-                format!("{f}: rotating part of each head is not supported"),
-            ));
-        }
-    }
     let theta = match p.positive_opt("rope_theta")? {
         Some(t) => t,
         None => o.positive_opt("rope_theta")?.unwrap_or(default_theta),
@@ -106,7 +102,7 @@ fn factors(p: &Obj<'_>, key: &str, len: usize) -> Result<Vec<f32>, LlmError> {
     if items.len() != len {
         return Err(p.err(
             key,
-            format!("{} factors, expected head_dim / 2 = {len}", items.len()),
+            format!("{} factors, expected rotary_dim / 2 = {len}", items.len()),
         ));
     }
     items
@@ -130,8 +126,50 @@ fn default_attention_factor(factor: f64, original: usize) -> f32 {
     }
 }
 
+/// `partial_rotary_factor` at the top level of the config or in its RoPE
+/// object (`rope_scaling` or `rope_parameters`), as the rotary dimensions it
+/// gives: `int(head_dim · factor)` (transformers' rule), `None` for 1.
+fn partial_rotary(o: &Obj<'_>, head_dim: usize) -> Result<Option<usize>, LlmError> {
+    for key in ["rope_scaling", "rope_parameters"] {
+        if let Some(map) = o.get(key).and_then(Value::as_object) {
+            let at = format!("{key}.");
+            let p = Obj {
+                map,
+                path: o.path,
+                at: &at,
+            };
+            if let Some(f) = p.f64_opt("partial_rotary_factor")? {
+                return rotary_dims(&p, f, head_dim);
+            }
+        }
+    }
+    match o.f64_opt("partial_rotary_factor")? {
+        Some(f) => rotary_dims(o, f, head_dim),
+        None => Ok(None),
+    }
+}
+
+/// The rotary dimensions a `partial_rotary_factor` of `f` (read from `q`)
+/// gives a head of `head_dim`.
+fn rotary_dims(q: &Obj<'_>, f: f64, head_dim: usize) -> Result<Option<usize>, LlmError> {
+    if f == 1.0 {
+        return Ok(None);
+    }
+    let dims = head_dim as f64 * f;
+    if !(f > 0.0 && f < 1.0) || dims < 2.0 || !(dims as usize).is_multiple_of(2) {
+        return Err(q.err(
+            "partial_rotary_factor",
+            format!(
+                "{f}: the rotary part of a head of {head_dim} must be an even number of dimensions in 2..{head_dim}"
+            ),
+        ));
+    }
+    Ok(Some(dims as usize))
+}
+
 fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
     c.sliding_window = o.size_opt("sliding_window")?;
+    c.params.rotary_dim = partial_rotary(o, c.head_dim)?;
     let Some((key, map)) = longrope_object(o) else {
         return Ok(());
     };
@@ -141,7 +179,7 @@ fn parse(o: &Obj<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
         path: o.path,
         at: &at,
     };
-    let half = c.head_dim / 2;
+    let half = c.rotary_dim() / 2;
     let original = match p.size_opt("original_max_position_embeddings")? {
         Some(n) => n,
         None => o
@@ -197,7 +235,7 @@ fn gguf_config(m: &GgufMeta<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
     if !has("rope_factors_short.weight") && !has("rope_factors_long.weight") {
         return Ok(());
     }
-    let half = c.head_dim / 2;
+    let half = c.rotary_dim() / 2;
     let original = m
         .u64_opt("rope.scaling.original_context_length")?
         .unwrap_or(c.max_position_embeddings);

@@ -266,8 +266,8 @@ fn check_supported(c: &ModelConfig) -> Result<(), FinetuneError> {
         Some("fused projections")
     } else if p.moe.is_some() {
         Some("a mixture of experts")
-    } else if p.longrope.is_some() || p.local_rope_theta.is_some() {
-        Some("LongRoPE or per-layer RoPE bases")
+    } else if p.longrope.is_some() || p.local_rope_theta.is_some() || p.rotary_dim.is_some() {
+        Some("LongRoPE, per-layer RoPE bases or a partial rotary embedding")
     } else if p.attn_logit_softcapping.is_some()
         || p.final_logit_softcapping.is_some()
         || p.query_pre_attn_scalar.is_some()

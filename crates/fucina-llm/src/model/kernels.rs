@@ -227,13 +227,14 @@ pub(crate) fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &m
     }
 }
 
-/// Rotates every head of `row` (heads of `2 · cos.len()` elements) in place in
-/// the rotate-half convention of Hugging Face: element `i` pairs with element
-/// `i + head_dim / 2`.
-pub(crate) fn apply_rope(row: &mut [f32], cos: &[f32], sin: &[f32]) {
+/// Rotates every head of `row` (heads of `head_dim` elements) in place in the
+/// rotate-half convention of Hugging Face over its first `2 · cos.len()`
+/// elements (all of them, or the rotary part of a partial rotary embedding):
+/// element `i` pairs with element `i + cos.len()`; the rest pass unchanged.
+pub(crate) fn apply_rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = cos.len();
-    for head in row.chunks_exact_mut(2 * half) {
-        let (lo, hi) = head.split_at_mut(half);
+    for head in row.chunks_exact_mut(head_dim) {
+        let (lo, hi) = head[..2 * half].split_at_mut(half);
         for i in 0..half {
             let (a, b) = (lo[i], hi[i]);
             lo[i] = a * cos[i] - b * sin[i];
