@@ -595,11 +595,25 @@ BENCH_SHAPES = {
                  rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2,
                  tie_word_embeddings=False),
     ),
+    # A mixture of experts scaled down from Qwen3-30B-A3B (64 experts of 384, 8
+    # per token, 16 layers): 1.3 B parameters, about 0.23 B read per decoded
+    # token.
+    "qwen3-moe-1.3b-a0.2b-shape": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        cfg=dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072,
+                 moe_intermediate_size=384, num_hidden_layers=16, num_attention_heads=16,
+                 num_key_value_heads=4, head_dim=64, num_experts=64, num_experts_per_tok=8,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                 max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    ),
 }
 
 
-def bench_shapes(out_root):
+def bench_shapes(out_root, only=None):
     for name, spec in BENCH_SHAPES.items():
+        if only and name not in only:
+            continue
         cfg_cls, model_cls = spec["cls"]
         config = cfg_cls(**spec["cfg"])
         torch.manual_seed(0)
@@ -625,11 +639,11 @@ def main():
                     help="fixture root (default: the crate's tests/fixtures)")
     ap.add_argument("--bench-shapes", metavar="DIR",
                     help="write the bf16 benchmark-shape models to DIR instead")
-    ap.add_argument("--only", nargs="*", help="fixture names to rebuild (default: all)")
+    ap.add_argument("--only", nargs="*", help="fixture (or, with --bench-shapes, bench shape) names to build (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.bench_shapes:
-        bench_shapes(args.bench_shapes)
+        bench_shapes(args.bench_shapes, args.only)
         return
     os.makedirs(args.out, exist_ok=True)
     write_npy_samples(os.path.join(args.out, "npy"))
