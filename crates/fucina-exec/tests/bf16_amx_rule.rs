@@ -281,7 +281,7 @@ impl Case {
 fn configs() -> Vec<(SimdLevel, bool, &'static str)> {
     let mut v = Vec::new();
     for level in SimdLevel::ALL {
-        if level <= detected_simd_level() {
+        if level.is_supported() {
             let name = if level == SimdLevel::Avx512 {
                 "avx512"
             } else {

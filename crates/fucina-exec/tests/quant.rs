@@ -314,7 +314,7 @@ fn every_path_matches_the_reference_bit_for_bit() {
                 .iter()
                 .map(|&m| ref_matmul(&x[..m * cols], m, &w))
                 .collect();
-            for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            for level in SimdLevel::available() {
                 assert!(force_simd_level(level));
                 for threads in 1..=4 {
                     let ctx = ExecContext::with_threads(threads);
@@ -362,7 +362,7 @@ fn arbitrary_block_bytes_match_the_reference() {
         x[cols + 5] = 1e30;
         x[2 * cols..2 * cols + 32].fill(-127.0);
         let want = ref_matmul(&x, 3, &w);
-        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+        for level in SimdLevel::available() {
             assert!(force_simd_level(level));
             let mut out = vec![0.0; 3 * rows];
             ExecContext::new()
@@ -532,7 +532,7 @@ fn packed_matches_in_place_bit_for_bit() {
                         .map(|&m| ref_matmul(&x[..m * cols], m, &w))
                         .collect()
                 });
-            for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+            for level in SimdLevel::available() {
                 assert!(force_simd_level(level));
                 for threads in 1..=4 {
                     let ctx = ExecContext::with_threads(threads);
@@ -597,7 +597,7 @@ fn packed_arbitrary_block_bytes_match_the_reference() {
         } else {
             Vec::new()
         };
-        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+        for level in SimdLevel::available() {
             assert!(force_simd_level(level));
             let ctx = ExecContext::new();
             let packed = ctx.repack_quant(&w).unwrap();

@@ -487,7 +487,7 @@ fn every_path_matches_the_reference_bit_for_bit() {
                     .iter()
                     .map(|&m| ref_matmul(&x[..m * cols], m, &wm))
                     .collect();
-                for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+                for level in SimdLevel::available() {
                     assert!(force_simd_level(level));
                     for threads in 1..=4 {
                         let ctx = ExecContext::with_threads(threads);
@@ -581,7 +581,7 @@ fn extreme_codes_and_activations_match_the_reference() {
         }
         let w = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
         let want = ref_matmul(&x, 4, &w);
-        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+        for level in SimdLevel::available() {
             assert!(force_simd_level(level));
             for threads in [1, 2] {
                 let mut out = vec![0.0; 4 * rows];
@@ -623,7 +623,7 @@ fn accuracy_against_the_f64_product_is_within_the_bound() {
         let q = ctx.quantize(format, rows, cols, &w).unwrap();
         let wm = q.matrix();
         let (bb, be) = (format.block_bytes(), format.block_elements());
-        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+        for level in SimdLevel::available() {
             assert!(force_simd_level(level));
             let mut out = vec![0.0; m * rows];
             ctx.quant_matmul(&x, m, &wm, &mut out).unwrap();
@@ -672,7 +672,7 @@ fn a_prefill_sized_call_gives_each_row_its_own_bits() {
         let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
         let wm = q.matrix();
         let x = values(m * cols, 6, 2.0);
-        for level in SimdLevel::ALL.into_iter().filter(|&l| l <= best) {
+        for level in SimdLevel::available() {
             assert!(force_simd_level(level));
             let ctx = ExecContext::with_threads(2);
             let mut all = vec![f32::NAN; m * rows];

@@ -87,10 +87,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// The levels this CPU runs, lowest first.
 fn levels() -> Vec<SimdLevel> {
-    SimdLevel::ALL
-        .into_iter()
-        .filter(|&l| l <= detected_simd_level())
-        .collect()
+    SimdLevel::available().collect()
 }
 
 /// One case: weights `[rows, cols]` (stored one byte past an aligned start, so

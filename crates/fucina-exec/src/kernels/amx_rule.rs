@@ -584,7 +584,7 @@ fn portable_rows(
     let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
     // Fused multiply-adds only where they are instructions (at the portable
     // level `mul_add` is a library call, slower than the f64 steps).
-    let fma = super::simd::level() >= super::simd::SimdLevel::Avx2;
+    let fma = super::simd::CpuFeatures::enabled().has(super::simd::CpuFeatures::FMA);
     for i in rows {
         let mode = if fma && no_flush_possible(spans[i], span_b) {
             Mode::Fused

@@ -30,8 +30,13 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A vector instruction-set level the kernels can run at (see
-/// [`simd_level`](crate::simd_level)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// [`simd_level`](crate::simd_level)): a named set of CPU features
+/// ([`SimdLevel::features`]), not a rank. A level runs where the CPU has its
+/// features ([`SimdLevel::is_supported`]); the process starts at the first
+/// supported level of [`SimdLevel::PREFERENCE`]. Levels are deliberately not
+/// ordered, so that a level of another architecture (NEON, SVE) can join
+/// without meaning "more than AVX2".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SimdLevel {
     /// The baseline target of the build (SSE2 on x86_64, NEON on aarch64).
     Portable,
@@ -42,8 +47,44 @@ pub enum SimdLevel {
 }
 
 impl SimdLevel {
-    /// Every level, lowest first.
+    /// Every level (the portable one first).
     pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// The levels in the order the process prefers them: it runs at the first
+    /// one the CPU supports (the portable level is supported everywhere).
+    pub const PREFERENCE: [SimdLevel; 3] =
+        [SimdLevel::Avx512, SimdLevel::Avx2, SimdLevel::Portable];
+
+    /// The CPU features the level's kernels need.
+    pub const fn features(self) -> CpuFeatures {
+        match self {
+            SimdLevel::Portable => CpuFeatures::NONE,
+            SimdLevel::Avx2 => CpuFeatures::LEVEL_AVX2,
+            SimdLevel::Avx512 => CpuFeatures::LEVEL_AVX512,
+        }
+    }
+
+    /// The features beyond [`features`](SimdLevel::features) that kernels
+    /// may use at this level when the CPU has them (F16C at the AVX2 level;
+    /// VNNI and every other detected feature at the AVX-512 level).
+    const fn companions(self) -> CpuFeatures {
+        match self {
+            SimdLevel::Portable => CpuFeatures::NONE,
+            SimdLevel::Avx2 => CpuFeatures::F16C,
+            SimdLevel::Avx512 => CpuFeatures(u32::MAX),
+        }
+    }
+
+    /// Whether this CPU has every feature of the level.
+    pub fn is_supported(self) -> bool {
+        CpuFeatures::detected().has(self.features())
+    }
+
+    /// The levels this CPU supports, in [`SimdLevel::ALL`]'s order: what a
+    /// test that compares the levels' results runs.
+    pub fn available() -> impl Iterator<Item = SimdLevel> {
+        SimdLevel::ALL.into_iter().filter(|l| l.is_supported())
+    }
 
     /// The level's name as the `FUCINA_SIMD` environment variable spells it.
     pub fn name(self) -> &'static str {
@@ -128,14 +169,8 @@ impl CpuFeatures {
     /// [`simd_level`] (`FUCINA_SIMD`, [`force_simd_level`]): at the portable
     /// level none, at the AVX2 level none of the AVX-512 ones.
     pub fn enabled() -> CpuFeatures {
-        let d = CpuFeatures::detected();
-        match level() {
-            SimdLevel::Avx512 => d,
-            SimdLevel::Avx2 => {
-                CpuFeatures(d.0 & (CpuFeatures::AVX2.0 | CpuFeatures::FMA.0 | CpuFeatures::F16C.0))
-            }
-            SimdLevel::Portable => CpuFeatures::NONE,
-        }
+        let l = level();
+        CpuFeatures(CpuFeatures::detected().0 & (l.features().0 | l.companions().0))
     }
 }
 
@@ -165,20 +200,16 @@ fn detect_features() -> CpuFeatures {
     f
 }
 
-/// The best level this CPU supports.
+/// The first level of [`SimdLevel::PREFERENCE`] this CPU supports.
 pub(crate) fn detected() -> SimdLevel {
-    let f = CpuFeatures::detected();
-    if f.has(CpuFeatures::LEVEL_AVX512) {
-        SimdLevel::Avx512
-    } else if f.has(CpuFeatures::LEVEL_AVX2) {
-        SimdLevel::Avx2
-    } else {
-        SimdLevel::Portable
-    }
+    SimdLevel::PREFERENCE
+        .into_iter()
+        .find(|l| l.is_supported())
+        .unwrap_or(SimdLevel::Portable)
 }
 
-/// The detected level, lowered by `FUCINA_SIMD` (`portable`, `avx2`, `avx512`) when
-/// that names a level at or below it.
+/// The detected level, or the one `FUCINA_SIMD` (`portable`, `avx2`,
+/// `avx512`) names when the CPU supports it.
 #[cold]
 fn init() -> SimdLevel {
     let best = detected();
@@ -188,7 +219,7 @@ fn init() -> SimdLevel {
             .find(|l| l.name().eq_ignore_ascii_case(v.trim()))
     });
     let level = match wanted {
-        Some(l) if l <= best => l,
+        Some(l) if l.is_supported() => l,
         _ => best,
     };
     // A race with another first call or with `force` stores a supported level
@@ -209,22 +240,23 @@ pub(crate) fn level() -> SimdLevel {
 /// Makes every later kernel call use `level`, if the CPU supports it; returns
 /// whether it did (an unsupported level changes nothing).
 pub(crate) fn force(level: SimdLevel) -> bool {
-    if level > detected() {
+    if !level.is_supported() {
         return false;
     }
     LEVEL.store(level as u8, Ordering::Relaxed);
     true
 }
 
-/// The vector level the kernels run at now: the best one the CPU supports (detected
-/// once per process), lowered by the `FUCINA_SIMD` environment variable
-/// (`portable`, `avx2` or `avx512`, read on the first kernel call) or by
-/// [`force_simd_level`]. Results are bitwise the same at every level.
+/// The vector level the kernels run at now: the preferred one the CPU supports
+/// (detected once per process), or another supported one the `FUCINA_SIMD`
+/// environment variable names (`portable`, `avx2` or `avx512`, read on the
+/// first kernel call) or [`force_simd_level`] sets. Results are bitwise the
+/// same at every level.
 ///
 /// ```
 /// use fucina_exec::{ExecContext, SimdLevel, detected_simd_level, simd_level};
 ///
-/// assert!(simd_level() <= detected_simd_level());
+/// assert!(simd_level().is_supported());
 /// assert!(SimdLevel::ALL.contains(&simd_level()));
 /// let ctx = ExecContext::new();
 /// let x = ctx.from_slice(&[2, 3], &[1., 2., 3., 4., 5., 6.])?;
@@ -237,7 +269,8 @@ pub fn simd_level() -> SimdLevel {
     level()
 }
 
-/// The best vector level this CPU supports.
+/// The vector level the process starts at: the first of
+/// [`SimdLevel::PREFERENCE`] this CPU supports.
 pub fn detected_simd_level() -> SimdLevel {
     detected()
 }
@@ -346,11 +379,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_are_ordered_and_named() {
-        assert!(SimdLevel::Portable < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512);
+    fn levels_are_feature_sets_and_named() {
         for l in SimdLevel::ALL {
             assert_eq!(SimdLevel::from_u8(l as u8), l);
+            assert!(SimdLevel::PREFERENCE.contains(&l));
+            // A supported level's features are all detected, and the kernels
+            // see no feature of another level beyond its companions.
+            assert_eq!(l.is_supported(), CpuFeatures::detected().has(l.features()));
         }
+        assert!(SimdLevel::Portable.is_supported());
+        assert!(SimdLevel::Avx512.features().has(SimdLevel::Avx2.features()));
+        assert!(!SimdLevel::Avx2.features().has(CpuFeatures::AVX512F));
+        assert!(detected().is_supported());
+        assert_eq!(
+            SimdLevel::available().collect::<Vec<_>>(),
+            SimdLevel::ALL
+                .into_iter()
+                .filter(|l| l.is_supported())
+                .collect::<Vec<_>>()
+        );
         assert_eq!(SimdLevel::Avx512.name(), "avx512");
     }
 }

@@ -178,17 +178,15 @@ impl Tile<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::simd;
 
     /// Whether two results hold the same bits.
     fn same_bits(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
-    /// Every vector level this CPU can run, lowest first.
+    /// Every vector level this CPU can run.
     fn supported_levels() -> Vec<SimdLevel> {
-        let best = simd::detected();
-        SimdLevel::ALL.into_iter().filter(|&l| l <= best).collect()
+        SimdLevel::available().collect()
     }
 
     fn lcg(seed: &mut u64) -> f32 {
@@ -462,7 +460,7 @@ mod tests {
         assert_eq!(avx512::Avx512::detect().is_some(), has!("avx512f"));
         assert_eq!(avx2::Avx2::detect().is_some(), has!("avx2") && has!("fma"));
         for level in SimdLevel::ALL {
-            let supported = level <= simd::detected();
+            let supported = level.is_supported();
             assert_eq!(
                 avx512::Avx512::for_level(level).is_some(),
                 level == SimdLevel::Avx512 && supported,
