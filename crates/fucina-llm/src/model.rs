@@ -60,6 +60,7 @@
 //! capacity), than any call before; once it has seen the largest batch and
 //! cache, decoding allocates nothing.
 
+mod attention;
 mod fmath;
 mod kernels;
 mod moe;
@@ -306,7 +307,7 @@ impl Scratch {
         }
         for t in &mut self.tasks[..tasks] {
             grow(&mut t.out, task_rows * hd);
-            // Four rows' scores (`kernels::attend_four_rows`).
+            // Four rows' scores (`attention::attend_four_rows`).
             grow(&mut t.scores, 4 * span);
         }
     }
@@ -1415,7 +1416,7 @@ impl Model {
                 let lo = lo_of(pos);
                 let at = r * qd + t.head * hd;
                 if let Some(cap) = cap {
-                    kernels::attend_row_capped(
+                    attention::attend_row_capped(
                         &q[at..at + hd],
                         cache.keys_tiled(l, g),
                         lo,
@@ -1442,7 +1443,7 @@ impl Model {
                     let (o0, rest) = t.out[i * hd..(i + 4) * hd].split_at_mut(hd);
                     let (o1, rest) = rest.split_at_mut(hd);
                     let (o2, o3) = rest.split_at_mut(hd);
-                    kernels::attend_four_rows(
+                    attention::attend_four_rows(
                         qs,
                         cache.keys_tiled(l, g),
                         lo,
@@ -1462,7 +1463,7 @@ impl Model {
                     let pos_b = positions[r + 1];
                     let at_b = at + qd;
                     let (out_a, out_b) = t.out[i * hd..(i + 2) * hd].split_at_mut(hd);
-                    kernels::attend_two_rows(
+                    attention::attend_two_rows(
                         &q[at..at + hd],
                         &q[at_b..at_b + hd],
                         cache.keys_tiled(l, g),
@@ -1477,7 +1478,7 @@ impl Model {
                     r += 2;
                     continue;
                 }
-                kernels::attend_row(
+                attention::attend_row(
                     &q[at..at + hd],
                     cache.keys_tiled(l, g),
                     lo,
