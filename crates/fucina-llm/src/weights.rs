@@ -58,17 +58,17 @@ enum WeightBytes {
 
 /// One tensor of a model in its file format.
 ///
-/// A weight is either a float tensor ([`format`](Weight::format): f32, f16,
-/// bf16, read by [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul))
-/// or a block-quantized matrix ([`quant_format`](Weight::quant_format): Q8_0,
-/// Q4_0, Q4_K or Q6_K in llama.cpp's layout, read by
-/// [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul));
-/// [`matmul`](Weight::matmul) and [`row_to_f32`](Weight::row_to_f32) serve both.
+/// A weight is either a float tensor (`Storage::Float`: f32, f16, bf16, read
+/// by [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul)) or a
+/// block-quantized matrix (`Storage::Quant`: any block format of
+/// [`FORMATS`](fucina::exec::FORMATS) in llama.cpp's layout, read by
+/// [`ExecContext::quant_matmul`](fucina::ExecContext::quant_matmul)), one sum
+/// type ([`storage`](Weight::storage)); [`matmul`](Weight::matmul) and
+/// [`row_to_f32`](Weight::row_to_f32) serve both.
 #[derive(Clone, Debug)]
 pub struct Weight {
-    format: WeightFormat,
-    /// `Some` for a block-quantized matrix (then `format` is unused).
-    quant: Option<QuantFormat>,
+    /// A float tensor's element format or a matrix's block format.
+    storage: Storage,
     shape: Vec<usize>,
     bytes: WeightBytes,
     /// The kernels' strip layout of a quantized matrix, once
@@ -84,6 +84,19 @@ pub struct Weight {
 }
 
 impl Weight {
+    /// A weight of `storage` and `shape` over `bytes`, not yet checked, with no
+    /// kernel copies.
+    fn new(storage: Storage, shape: Vec<usize>, bytes: WeightBytes) -> Weight {
+        Weight {
+            storage,
+            shape,
+            bytes,
+            packed: None,
+            bf16: None,
+            bf16_rows: false,
+        }
+    }
+
     /// A weight owning `bytes` (little-endian elements of `format`), checked against
     /// `shape`.
     pub fn from_bytes(
@@ -109,15 +122,11 @@ impl Weight {
                 ),
             });
         }
-        Ok(Weight {
-            format,
-            quant: None,
-            shape: shape.to_vec(),
-            bytes: WeightBytes::Owned(bytes.into()),
-            packed: None,
-            bf16: None,
-            bf16_rows: false,
-        })
+        Ok(Weight::new(
+            Storage::Float(format),
+            shape.to_vec(),
+            WeightBytes::Owned(bytes.into()),
+        ))
     }
 
     /// A block-quantized `[rows, cols]` matrix over `bytes` (llama.cpp's blocks of
@@ -130,15 +139,11 @@ impl Weight {
         shape: &[usize],
         bytes: Vec<u8>,
     ) -> Result<Weight, LlmError> {
-        let w = Weight {
-            format: WeightFormat::F32,
-            quant: Some(format),
-            shape: shape.to_vec(),
-            bytes: WeightBytes::Owned(bytes.into()),
-            packed: None,
-            bf16: None,
-            bf16_rows: false,
-        };
+        let w = Weight::new(
+            Storage::Quant(format),
+            shape.to_vec(),
+            WeightBytes::Owned(bytes.into()),
+        );
         w.quant_matrix(name)?;
         Ok(w)
     }
@@ -152,15 +157,11 @@ impl Weight {
         map: Arc<memmap2::Mmap>,
         range: std::ops::Range<usize>,
     ) -> Result<Weight, LlmError> {
-        let w = Weight {
-            format: WeightFormat::F32,
-            quant: Some(format),
+        let w = Weight::new(
+            Storage::Quant(format),
             shape,
-            bytes: WeightBytes::Mapped { map, range },
-            packed: None,
-            bf16: None,
-            bf16_rows: false,
-        };
+            WeightBytes::Mapped { map, range },
+        );
         w.quant_matrix(name)?;
         Ok(w)
     }
@@ -172,7 +173,7 @@ impl Weight {
             name: name.to_string(),
             reason,
         };
-        let (Some(format), &[rows, cols]) = (self.quant, self.shape.as_slice()) else {
+        let (Some(format), &[rows, cols]) = (self.quant_format(), self.shape.as_slice()) else {
             return Err(bad(format!(
                 "shape {:?}: a quantized weight must be a matrix",
                 self.shape
@@ -183,15 +184,32 @@ impl Weight {
 
     /// The block-quantized format, or `None` for a float weight.
     pub fn quant_format(&self) -> Option<QuantFormat> {
-        self.quant
+        match self.storage {
+            Storage::Quant(q) => Some(q),
+            Storage::Float(_) => None,
+        }
+    }
+
+    /// The element format, or `None` for a block-quantized matrix.
+    pub fn float_format(&self) -> Option<WeightFormat> {
+        match self.storage {
+            Storage::Float(f) => Some(f),
+            Storage::Quant(_) => None,
+        }
+    }
+
+    /// How the weight is kept: a float tensor's element format or a matrix's
+    /// block format.
+    pub fn storage(&self) -> Storage {
+        self.storage
     }
 
     /// The format the weight is stored in: its block format, or its float
     /// format.
     pub fn tensor_format(&self) -> TensorFormat {
-        match self.quant {
-            Some(q) => q.into(),
-            None => self.format.into(),
+        match self.storage {
+            Storage::Quant(q) => q.into(),
+            Storage::Float(f) => f.into(),
         }
     }
 
@@ -211,7 +229,7 @@ impl Weight {
             ctx.bf16_matmul_amx_rule(x, m, b, out)?;
             return Ok(());
         }
-        match (&self.packed, self.quant) {
+        match (&self.packed, self.quant_format()) {
             (Some(p), _) => ctx.quant_matmul_packed(x, m, p, out)?,
             (None, None) => ctx.weight_matmul(x, m, &self.matrix()?, out)?,
             (None, Some(_)) => ctx.quant_matmul(x, m, &self.quant_matrix("")?, out)?,
@@ -233,7 +251,7 @@ impl Weight {
     /// # Errors
     /// Out of memory.
     pub fn repack(&mut self, ctx: &fucina::ExecContext) -> Result<bool, LlmError> {
-        if self.quant.is_none_or(|q| !q.repackable()) || self.packed.is_some() {
+        if self.quant_format().is_none_or(|q| !q.repackable()) || self.packed.is_some() {
             return Ok(false);
         }
         let packed = ctx.repack_quant(&self.quant_matrix("")?)?;
@@ -287,10 +305,10 @@ impl Weight {
         if self.bf16.is_some() {
             return Ok(false);
         }
-        if self.quant.is_some() || self.format != WeightFormat::BF16 || self.shape.len() != 2 {
-            let what = match self.quant {
-                Some(q) => format!("{q:?}"),
-                None => self.format.name().to_string(),
+        if self.storage != Storage::Float(WeightFormat::BF16) || self.shape.len() != 2 {
+            let what = match self.storage {
+                Storage::Quant(q) => format!("{q:?}"),
+                Storage::Float(f) => f.name().to_string(),
             };
             return Err(LlmError::InvalidRequest {
                 op: "Weight::pack_bf16_products",
@@ -344,7 +362,7 @@ impl Weight {
             })?;
             return Ok(());
         }
-        match (&self.packed, self.quant) {
+        match (&self.packed, self.quant_format()) {
             (Some(p), _) => p.dequantize_row(r, out)?,
             (None, Some(_)) => self.quant_matrix("")?.dequantize_row(r, out)?,
             (None, None) => {
@@ -392,15 +410,11 @@ impl Weight {
         }
         let mut bytes = vec![0u8; values.len() * format.size_bytes()];
         encode_f32(format, values, &mut bytes);
-        Ok(Weight {
-            format,
-            quant: None,
-            shape: shape.to_vec(),
-            bytes: WeightBytes::Owned(bytes.into()),
-            packed: None,
-            bf16: None,
-            bf16_rows: false,
-        })
+        Ok(Weight::new(
+            Storage::Float(format),
+            shape.to_vec(),
+            WeightBytes::Owned(bytes.into()),
+        ))
     }
 
     /// A weight over `range` of a memory-mapped file.
@@ -410,21 +424,18 @@ impl Weight {
         map: Arc<memmap2::Mmap>,
         range: std::ops::Range<usize>,
     ) -> Weight {
-        Weight {
-            format,
-            quant: None,
+        Weight::new(
+            Storage::Float(format),
             shape,
-            bytes: WeightBytes::Mapped { map, range },
-            packed: None,
-            bf16: None,
-            bf16_rows: false,
-        }
+            WeightBytes::Mapped { map, range },
+        )
     }
 
-    /// The element format of a float weight (meaningless when
-    /// [`quant_format`](Weight::quant_format) is `Some`).
+    /// The element format of a float weight; for a block-quantized matrix
+    /// (see [`storage`](Weight::storage)), f32, the format
+    /// [`row_to_f32`](Weight::row_to_f32) widens its rows to.
     pub fn format(&self) -> WeightFormat {
-        self.format
+        self.float_format().unwrap_or(WeightFormat::F32)
     }
 
     /// The shape.
@@ -449,19 +460,22 @@ impl Weight {
     /// The weight as a `[rows, cols]` matrix (a rank-2 tensor), for
     /// [`ExecContext::weight_matmul`](fucina::ExecContext::weight_matmul).
     pub fn matrix(&self) -> Result<WeightMatrix<'_>, LlmError> {
-        if let Some(q) = self.quant {
-            return Err(LlmError::BadTensor {
-                name: String::new(),
-                reason: format!("a {q:?} weight is read by quant_matmul, not weight_matmul"),
-            });
-        }
+        let format = match self.storage {
+            Storage::Float(f) => f,
+            Storage::Quant(q) => {
+                return Err(LlmError::BadTensor {
+                    name: String::new(),
+                    reason: format!("a {q:?} weight is read by quant_matmul, not weight_matmul"),
+                });
+            }
+        };
         let &[rows, cols] = self.shape.as_slice() else {
             return Err(LlmError::BadTensor {
                 name: String::new(),
                 reason: format!("rank {} where a matrix was expected", self.shape.len()),
             });
         };
-        Ok(WeightMatrix::new(self.format, rows, cols, self.bytes())?)
+        Ok(WeightMatrix::new(format, rows, cols, self.bytes())?)
     }
 
     /// The elements widened to f32 (exact; a quantized matrix is dequantized).
@@ -477,7 +491,7 @@ impl Weight {
         }
         let b = self.bytes();
         (0..self.shape.iter().product::<usize>())
-            .map(|i| self.format.element(b, i))
+            .map(|i| self.format().element(b, i))
             .collect()
     }
 }
@@ -807,16 +821,6 @@ impl WeightStore {
 /// values); the K formats are llama.cpp's super-block formats, made by
 /// `quantize`'s simpler K rules (their bytes differ from `llama-quantize`'s).
 pub type LoadDtype = TensorFormat;
-
-impl Weight {
-    /// How the weight is kept.
-    fn storage(&self) -> Storage {
-        match self.quant {
-            Some(q) => Storage::Quant(q),
-            None => Storage::Float(self.format),
-        }
-    }
-}
 
 /// The block format llama.cpp's `llama-quantize` takes for a tensor whose rows
 /// are not whole super-blocks of a K format (a format of blocks of 32: Q4_K →
