@@ -42,7 +42,7 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
 pub use format_report::{FormatChoice, FormatReport, TensorFormatEntry, conversion_target};
 pub use model::{Model, PREFILL_CHUNK};
-pub use open::{OpenedModel, open_model};
+pub use open::{OpenOptions, OpenedModel, open_model};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;
 pub use weights::{LoadDtype, Weight, WeightStore, k_fallback};

@@ -608,37 +608,39 @@ fn checked_inv_freq(
 }
 
 impl Model {
-    /// Loads the model in directory `dir`: `config.json` and the safetensors
-    /// weights (see [`ModelConfig::from_file`] and [`WeightStore::open`]), checked
-    /// by [`from_parts`](Model::from_parts).
-    pub fn load(dir: impl AsRef<Path>) -> Result<Model, LlmError> {
-        let dir = dir.as_ref();
-        let config = ModelConfig::from_file(dir.join("config.json"))?;
-        let weights = WeightStore::open(dir)?;
-        Model::from_parts(config, weights)
-    }
-
-    /// Loads the model in directory `dir` as [`load`](Model::load) does, with
-    /// its matrices converted to `dtype` by [`WeightStore::convert`] (quantized
-    /// on `ctx`'s team): `generate --dtype`. The embedding table and the output
-    /// projection are converted too, the norms and biases stay f32; see
-    /// [`WeightStore::convert`] for the rules (llama.cpp's).
+    /// Loads the model at `path` (a Hugging Face model directory or a GGUF
+    /// file, as [`OpenOptions::open`](crate::OpenOptions::open) reads them) in
+    /// its file's formats, quantized matrices read in place: the model of
+    /// `OpenOptions::new().in_place(true).open(path, ctx)`, without the
+    /// tokenizer and without a context (nothing is converted or repacked).
     ///
     /// # Errors
-    /// Those of [`load`](Model::load), and [`LlmError::BadTensor`] naming a
-    /// matrix whose column count is not a multiple of 32 when `dtype` is a
-    /// block format (see [`WeightStore::convert`]).
+    /// Those of [`OpenOptions::open`](crate::OpenOptions::open).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, LlmError> {
+        let parts = crate::open::read_parts(path.as_ref())?;
+        Model::from_parts(parts.config, parts.weights)
+    }
+
+    /// Loads the model at `path` with its matrices converted to `dtype` by
+    /// [`WeightStore::convert`] (quantized on `ctx`'s team) and repacked:
+    /// `OpenOptions::new().dtype(dtype).open(path, ctx)`'s model. The
+    /// embedding table and the output projection are converted too, the norms
+    /// and biases stay f32; see [`WeightStore::convert`] for the rules
+    /// (llama.cpp's).
+    ///
+    /// # Errors
+    /// Those of [`OpenOptions::open`](crate::OpenOptions::open), among them
+    /// [`LlmError::BadTensor`] naming a matrix whose column count is not a
+    /// multiple of 32 when `dtype` is a block format.
     pub fn load_as(
-        dir: impl AsRef<Path>,
+        path: impl AsRef<Path>,
         ctx: &ExecContext,
         dtype: LoadDtype,
     ) -> Result<Model, LlmError> {
-        let dir = dir.as_ref();
-        let config = ModelConfig::from_file(dir.join("config.json"))?;
-        let mut weights =
-            WeightStore::open(dir)?.convert(ctx, dtype, config.tie_word_embeddings)?;
-        weights.repack_quantized(ctx)?;
-        Model::from_parts(config, weights)
+        Ok(crate::OpenOptions::new()
+            .dtype(dtype)
+            .open(path, ctx)?
+            .model)
     }
 
     /// A model from a configuration and its weights (Hugging Face tensor names).
