@@ -3,7 +3,7 @@
 # same thread count, text prompts (bounded: benches/serve/load.py). Not CI.
 #
 #   cargo build --release -p fucina-serve && cargo build --release -p fucina-llm --example generate
-#   benches/serve/compare.sh MODEL.gguf /path/to/venv-with-llama-cpp-python/bin/python [THREADS]
+#   [VOCAB=32000] benches/serve/compare.sh MODEL.gguf /path/to/venv-with-llama-cpp-python/bin/python [THREADS]
 #
 # llama-cpp-python's server: `pip install 'llama-cpp-python[server]'` built as
 # the header of benches/llm/llamacpp_compare.py says. It runs with
@@ -15,7 +15,8 @@ M=$1
 PY=$2
 T=${3:-2}
 echo "== $(date -u +%H:%M:%S) $M; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); $T threads; load $(cut -d' ' -f1-3 /proc/loadavg)"
-IDS=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(3,49152)) for _ in range(256)))")
+VOCAB=${VOCAB:-49152}  # generate's prompt ids are drawn below it (TinyLlama: VOCAB=32000)
+IDS=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(3,$VOCAB)) for _ in range(256)))")
 echo "-- generate (the decode speed to compare 1 client with)"
 for i in 1 2 3; do
   target/release/examples/generate --model "$M" --prompt-ids "$IDS" --max-new-tokens 128 --threads "$T" 2>&1 | grep '^prefill'

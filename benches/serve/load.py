@@ -5,7 +5,9 @@ only.
 Each of --clients threads sends --requests streaming `/v1/completions`
 requests, one after the other: a prompt of --prompt-tokens random token ids
 (seeded per client and request, so every server gets the same prompts) and
-`max_tokens` = --max-tokens, greedy. It measures, per request, the time to the
+`max_tokens` = --max-tokens, greedy; with --system-tokens N every prompt
+starts with the same N-token prefix (a shared system prompt, the same for
+every client and request) before its own --prompt-tokens. It measures, per request, the time to the
 first streamed token and the tokens received, and prints one line:
 
     clients C: N requests, T output tokens in S s = X tok/s aggregate;
@@ -77,6 +79,13 @@ def run_level(args, clients, requests):
     lock = threading.Lock()
     deadline = time.monotonic() + args.deadline
 
+    shared = random.Random(99)
+    if args.prompt_kind == "ids":
+        system = [shared.randrange(3, args.vocab) for _ in range(args.system_tokens)]
+    else:
+        system = "".join(shared.choice("abcdefghijklmnopqrstuvwxyz")
+                         for _ in range(args.system_tokens))
+
     def client(c):
         rng = random.Random(1000 * c + 7)
         for r in range(requests):
@@ -89,6 +98,7 @@ def run_level(args, clients, requests):
                 # byte token, so the prompt has about --prompt-tokens tokens.
                 prompt = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
                                  for _ in range(args.prompt_tokens))
+            prompt = system + prompt
             try:
                 res = one_request(args.url, prompt, args.max_tokens, args.timeout, args.model)
                 with lock:
@@ -129,6 +139,8 @@ def main():
     p.add_argument("--requests", default="4",
                    help="requests per client: one number, or one per --clients level")
     p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--system-tokens", type=int, default=0,
+                   help="a prefix of this many tokens shared by every prompt")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--prompt-kind", choices=["ids", "text"], default="ids",

@@ -10,6 +10,15 @@
 //! never allocates. [`Model::prefill`] and [`Model::decode`] append to it;
 //! [`KvCache::clear`] makes it reusable for a new sequence.
 //!
+//! [`KvCache::export_block`] and [`KvCache::import_block`] copy the keys and
+//! values of [`KV_BLOCK`] positions out of one cache and append them to
+//! another of the same model: a server's prefix cache reuses a shared prompt
+//! prefix that way. A position's keys and values depend only on the tokens up
+//! to it (and on [`Model::kv_variant`](crate::model::Model::kv_variant)), not
+//! on how the prompt was split into prefill calls or the batch it was decoded
+//! in, so an imported block holds the bits a prefill of its tokens would
+//! write.
+//!
 //! [`Model::prefill`]: crate::model::Model::prefill
 //! [`Model::decode`]: crate::model::Model::decode
 
@@ -20,6 +29,10 @@ use crate::error::LlmError;
 
 /// Positions per tile of the key layout (see [`KvCache`]).
 pub(crate) const KEY_TILE: usize = 16;
+
+/// Positions per block of [`KvCache::export_block`] and
+/// [`KvCache::import_block`] (one tile of the key layout).
+pub const KV_BLOCK: usize = KEY_TILE;
 
 /// The keys and values of one sequence, for every layer, preallocated for
 /// [`capacity`](KvCache::capacity) positions in two buffers of the context's
@@ -168,6 +181,111 @@ impl KvCache {
     /// computes is what it would compute after a prefill of the kept tokens.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+
+    /// f32 elements of one block of [`KV_BLOCK`] positions, keys and values
+    /// of every layer: `2 · layers · kv_heads · head_dim · KV_BLOCK`.
+    pub fn block_elems(&self) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * KV_BLOCK
+    }
+
+    /// Copies the keys and values of positions
+    /// `block · KV_BLOCK .. (block + 1) · KV_BLOCK` into `out`
+    /// ([`block_elems`](KvCache::block_elems) values, in an order that only
+    /// [`import_block`](KvCache::import_block) reads).
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when the block's positions are not all
+    /// stored (past [`len`](KvCache::len)) or `out` has the wrong length.
+    pub fn export_block(&self, block: usize, out: &mut [f32]) -> Result<(), LlmError> {
+        let invalid = |reason: String| LlmError::InvalidRequest {
+            op: "KvCache::export_block",
+            reason,
+        };
+        if block
+            .checked_add(1)
+            .and_then(|b| b.checked_mul(KV_BLOCK))
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(invalid(format!(
+                "block {block} is not stored: the cache holds {} positions",
+                self.len
+            )));
+        }
+        if out.len() != self.block_elems() {
+            return Err(invalid(format!(
+                "out has {} elements, a block has {}",
+                out.len(),
+                self.block_elems()
+            )));
+        }
+        let piece = self.head_dim * KV_BLOCK;
+        let mut parts = out.chunks_exact_mut(piece);
+        for l in 0..self.layers {
+            for g in 0..self.kv_heads {
+                let at = self.block(l, g) + block * piece;
+                parts
+                    .next()
+                    .expect("sized")
+                    .copy_from_slice(&self.keys[at..at + piece]);
+                parts
+                    .next()
+                    .expect("sized")
+                    .copy_from_slice(&self.values[at..at + piece]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the [`KV_BLOCK`] positions of `data` (what
+    /// [`export_block`](KvCache::export_block) wrote from a cache of the same
+    /// model and [`kv_variant`](crate::model::Model::kv_variant)) at
+    /// positions `len() .. len() + KV_BLOCK`. What a later prefill or decode
+    /// computes is what it computes after a prefill of the block's tokens.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when [`len`](KvCache::len) is not a
+    /// multiple of [`KV_BLOCK`], the cache has no room for the block, `data`
+    /// has the wrong length, or the cache's buffers are shared with a clone
+    /// and the pool cannot provide their copy; nothing is changed then.
+    pub fn import_block(&mut self, data: &[f32]) -> Result<(), LlmError> {
+        const OP: &str = "KvCache::import_block";
+        let invalid = |reason: String| LlmError::InvalidRequest { op: OP, reason };
+        if !self.len.is_multiple_of(KV_BLOCK) {
+            return Err(invalid(format!(
+                "the cache holds {} positions, not a whole number of {KV_BLOCK}-position blocks",
+                self.len
+            )));
+        }
+        if self.remaining() < KV_BLOCK {
+            return Err(invalid(format!(
+                "no room for {KV_BLOCK} positions: {} of {} are stored",
+                self.len, self.capacity
+            )));
+        }
+        if data.len() != self.block_elems() {
+            return Err(invalid(format!(
+                "data has {} elements, a block has {}",
+                data.len(),
+                self.block_elems()
+            )));
+        }
+        self.make_writable(OP)?;
+        let piece = self.head_dim * KV_BLOCK;
+        let block = self.len / KV_BLOCK;
+        let mut parts = data.chunks_exact(piece);
+        const SHARED: &str = "KvCache::import_block: made writable above";
+        for l in 0..self.layers {
+            for g in 0..self.kv_heads {
+                let at = self.block(l, g) + block * piece;
+                let keys = self.keys.get_mut().expect(SHARED);
+                keys[at..at + piece].copy_from_slice(parts.next().expect("sized"));
+                let values = self.values.get_mut().expect(SHARED);
+                values[at..at + piece].copy_from_slice(parts.next().expect("sized"));
+            }
+        }
+        self.len += KV_BLOCK;
+        Ok(())
     }
 
     /// `(layers, kv_heads, head_dim)`: the model shape the cache was made for.

@@ -35,7 +35,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use arch::{Activation, ArchParams, ArchSpec, ExpertNames, LongRope, MoeParams, NormStyle};
-pub use cache::KvCache;
+pub use cache::{KV_BLOCK, KvCache};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};

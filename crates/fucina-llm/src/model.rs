@@ -991,9 +991,19 @@ impl Model {
     /// size, so that a position's rotation never changes as the sequence
     /// grows).
     fn long_context(&self, cache: &KvCache) -> bool {
+        self.kv_variant(cache.capacity()) == 1
+    }
+
+    /// Which rotation a cache of `capacity` positions gives its keys: 1 for a
+    /// LongRoPE model's cache longer than its original context (the long
+    /// factors), else 0. Caches of the same variant hold the same key and
+    /// value bits for the same tokens, so blocks moved between them by
+    /// [`KvCache::export_block`] and [`KvCache::import_block`] give the bits a
+    /// prefill would.
+    pub fn kv_variant(&self, capacity: usize) -> u32 {
         self.long_rope
             .as_ref()
-            .is_some_and(|(original, _, _)| cache.capacity() > *original)
+            .is_some_and(|(original, _, _)| capacity > *original) as u32
     }
 
     /// Checks that `token` is in the vocabulary.

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use fucina::ExecContext;
 use fucina::exec::WeightFormat;
 use fucina_llm::{
-    Architecture, KvCache, LlmError, Model, ModelConfig, PREFILL_CHUNK, RopeScaling, Weight,
-    WeightStore,
+    Architecture, KV_BLOCK, KvCache, LlmError, Model, ModelConfig, PREFILL_CHUNK, RopeScaling,
+    Weight, WeightStore,
 };
 use model_support::{llama, random_weights, tokens};
 
@@ -420,6 +420,136 @@ fn prefill_then_decode_gives_the_bits_of_one_prefill_with_a_window() {
     c.sliding_window = Some(9);
     c.qkv_bias = true;
     prefill_then_decode_is_prefill_of_the_whole(&c);
+}
+
+/// The keys and values of every whole block of `cache`, as bits.
+fn kv_blocks(cache: &KvCache) -> Vec<Vec<u32>> {
+    (0..cache.len() / KV_BLOCK)
+        .map(|b| {
+            let mut out = vec![0.0f32; cache.block_elems()];
+            cache.export_block(b, &mut out).unwrap();
+            bits(&out)
+        })
+        .collect()
+}
+
+#[test]
+fn kv_blocks_do_not_depend_on_chunks_or_batch_and_import_gives_prefill_bits() {
+    let mut c = llama(64);
+    c.architecture = Architecture::Mistral;
+    c.sliding_window = Some(21);
+    c.qkv_bias = true;
+    c.max_position_embeddings = 4 * PREFILL_CHUNK;
+    let model = model_support::model(&c, WeightFormat::BF16, 13);
+    let vocab = c.vocab_size;
+    let n = PREFILL_CHUNK + 2 * KV_BLOCK + 5;
+    let seq = tokens(77, n, vocab);
+    let other = tokens(78, n, vocab);
+    let mut last = vec![0.0f32; vocab];
+    for threads in [1, 2] {
+        let ctx = ExecContext::with_threads(threads);
+        // One prefill of the whole prompt.
+        let mut whole = model.new_cache(&ctx, n + 8).unwrap();
+        model
+            .prefill(&ctx, &mut whole, &seq, None, &mut last)
+            .unwrap();
+        let want = kv_blocks(&whole);
+        assert_eq!(want.len(), n / KV_BLOCK);
+        // Prefill in pieces across block and chunk boundaries, into a cache
+        // of another capacity.
+        let mut pieces = model.new_cache(&ctx, 3 * n).unwrap();
+        for piece in [&seq[..5], &seq[5..KV_BLOCK + 9], &seq[KV_BLOCK + 9..]] {
+            model
+                .prefill(&ctx, &mut pieces, piece, None, &mut last)
+                .unwrap();
+        }
+        assert_eq!(kv_blocks(&pieces), want, "pieces, {threads} threads");
+        // A prefix prefill, then decode one token at a time beside another
+        // sequence.
+        let mut dec = model.new_cache(&ctx, n).unwrap();
+        let mut mate = model.new_cache(&ctx, 2 * n).unwrap();
+        model
+            .prefill(&ctx, &mut dec, &seq[..3], None, &mut last)
+            .unwrap();
+        model
+            .prefill(&ctx, &mut mate, &other[..9], None, &mut last)
+            .unwrap();
+        let mut logits = vec![0.0f32; 2 * vocab];
+        for t in 3..n {
+            let toks = [seq[t], other[t]];
+            model
+                .decode(&ctx, &mut [&mut dec, &mut mate], &toks, &mut logits)
+                .unwrap();
+        }
+        assert_eq!(kv_blocks(&dec), want, "decode, {threads} threads");
+        // Import the first blocks, prefill the rest: the logits of one
+        // prefill, and the same cache.
+        let mut whole_logits = vec![0.0f32; vocab];
+        let mut fresh = model.new_cache(&ctx, n + 8).unwrap();
+        model
+            .prefill(&ctx, &mut fresh, &seq, None, &mut whole_logits)
+            .unwrap();
+        for k in 1..=n / KV_BLOCK {
+            let mut cache = model.new_cache(&ctx, n + 1).unwrap();
+            let mut block = vec![0.0f32; cache.block_elems()];
+            for b in 0..k {
+                pieces.export_block(b, &mut block).unwrap();
+                cache.import_block(&block).unwrap();
+            }
+            assert_eq!(cache.len(), k * KV_BLOCK);
+            model
+                .prefill(&ctx, &mut cache, &seq[k * KV_BLOCK..], None, &mut last)
+                .unwrap();
+            assert_eq!(bits(&last), bits(&whole_logits), "{k} blocks imported");
+            assert_eq!(kv_blocks(&cache), want);
+        }
+    }
+}
+
+#[test]
+fn kv_block_export_and_import_refuse_bad_requests() {
+    let c = llama(64);
+    let model = model_support::model(&c, WeightFormat::F32, 5);
+    let ctx = ExecContext::with_threads(1);
+    let vocab = c.vocab_size;
+    let mut last = vec![0.0f32; vocab];
+    let mut cache = model.new_cache(&ctx, 2 * KV_BLOCK).unwrap();
+    model
+        .prefill(
+            &ctx,
+            &mut cache,
+            &tokens(1, KV_BLOCK + 3, vocab),
+            None,
+            &mut last,
+        )
+        .unwrap();
+    let mut block = vec![0.0f32; cache.block_elems()];
+    let err = |r: Result<(), LlmError>| r.unwrap_err().to_string();
+    assert!(err(cache.export_block(1, &mut block)).contains("not stored"));
+    assert!(err(cache.export_block(usize::MAX, &mut block)).contains("not stored"));
+    assert!(err(cache.export_block(0, &mut block[1..])).contains("elements"));
+    cache.export_block(0, &mut block).unwrap();
+    // Not at a block boundary.
+    assert!(err(cache.import_block(&block)).contains("whole number"));
+    cache.truncate(KV_BLOCK);
+    assert!(err(cache.import_block(&block[1..])).contains("elements"));
+    assert_eq!(cache.len(), KV_BLOCK);
+    cache.import_block(&block).unwrap();
+    // Full.
+    assert!(err(cache.import_block(&block)).contains("no room"));
+    assert_eq!(cache.len(), 2 * KV_BLOCK);
+    // A shared clone is copied before the import writes.
+    let mut a = model.new_cache(&ctx, 2 * KV_BLOCK).unwrap();
+    a.import_block(&block).unwrap();
+    let b = a.clone();
+    a.truncate(0);
+    let mut zeros = block.clone();
+    zeros.fill(0.0);
+    a.import_block(&zeros).unwrap();
+    let mut got = vec![0.0f32; block.len()];
+    b.export_block(0, &mut got).unwrap();
+    assert_eq!(bits(&got), bits(&block));
+    assert_eq!(model.kv_variant(4096), 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -8,13 +8,18 @@
 //!    (`max_batch`) and their caches fit the KV budget (bytes, not a count);
 //! 3. drops the sequences whose client went away (their receiver was dropped);
 //! 4. prefills one chunk of the oldest sequence still reading its prompt (so a
-//!    long prompt never stalls the streams already running);
+//!    long prompt never stalls the streams already running), first copying
+//!    from the [prefix cache](crate::prefix) the blocks of its prompt that an
+//!    earlier request computed;
 //! 5. runs one batched decode step for every sequence that has a token to feed.
 //!
 //! **The promise**: a sequence's tokens and logprobs do not depend on the other
 //! sequences of the batch, on when they arrived, nor on how its prompt was
-//! chunked: [`Model::decode`] gives each sequence the same logit bits whatever
-//! the batch, prefill chunks give the same bits as one prefill, and each
+//! chunked, nor on a prefix cache hit: [`Model::decode`] gives each sequence
+//! the same logit bits whatever the batch, prefill chunks give the same bits as
+//! one prefill, a position's keys and values are the same bits however they
+//! were computed (so blocks copied from the prefix cache are those a prefill
+//! would write), and each
 //! sequence samples with its own seeded [`Sampler`] (whose draws depend only
 //! on its seed, its step and its logits).
 
@@ -25,10 +30,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use fucina_llm::fucina::ExecContext;
-use fucina_llm::{KvCache, LlmError, Model, OpenedModel, Sampler, SamplingParams, Tokenizer};
+use fucina_llm::{
+    KV_BLOCK, KvCache, LlmError, Model, OpenedModel, Sampler, SamplingParams, Tokenizer,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::metrics::Metrics;
+use crate::prefix::PrefixCache;
 use crate::text::{Advance, Detokenizer, TextStream};
 
 /// How the engine schedules: batch size, queue length, context length, KV
@@ -51,6 +59,10 @@ pub struct EngineOptions {
     pub kv_budget_bytes: Option<usize>,
     /// Prompt tokens prefilled per turn of the loop, between decode steps.
     pub prefill_chunk: usize,
+    /// The bytes of the [prefix cache](crate::prefix) (blocks of prompt
+    /// prefixes' keys and values kept for later requests), besides the KV
+    /// budget; 0 turns it off.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -62,6 +74,7 @@ impl Default for EngineOptions {
             ctx_len: 0,
             kv_budget_bytes: None,
             prefill_chunk: fucina_llm::PREFILL_CHUNK,
+            prefix_cache_bytes: 0,
         }
     }
 }
@@ -410,6 +423,8 @@ struct Seq {
     arrived: Instant,
     first_token: bool,
     cache_bytes: usize,
+    /// Whether blocks of the prompt came from the prefix cache.
+    prefix_hit: bool,
 }
 
 struct Scheduler {
@@ -424,6 +439,7 @@ struct Scheduler {
     used: usize,
     logits: Vec<f32>,
     last_logits: Vec<f32>,
+    prefix: Option<PrefixCache>,
 }
 
 impl Scheduler {
@@ -455,7 +471,11 @@ impl Scheduler {
             n => n,
         };
         // The bytes of one position of a cache (the cache's own accounting).
-        let bytes_per_position = model.new_cache(&ctx, 16)?.bytes() / 16;
+        let probe = model.new_cache(&ctx, KV_BLOCK)?;
+        let bytes_per_position = probe.bytes() / KV_BLOCK;
+        let prefix = (options.prefix_cache_bytes > 0)
+            .then(|| PrefixCache::new(options.prefix_cache_bytes, probe.block_elems()));
+        drop(probe);
         let one = ctx_len.next_multiple_of(16) * bytes_per_position;
         let budget = match options.kv_budget_bytes {
             Some(b) if b < one => {
@@ -488,6 +508,7 @@ impl Scheduler {
                 used: 0,
                 logits: Vec::new(),
                 last_logits: vec![0.0; vocab],
+                prefix,
             },
             info,
         ))
@@ -496,6 +517,9 @@ impl Scheduler {
     fn run(mut self, commands: mpsc::Receiver<Submitted>, shared: &Shared, info: &ModelInfo) {
         let metrics = &shared.metrics;
         metrics.set_budget(self.budget);
+        if let Some(prefix) = &self.prefix {
+            metrics.set_prefix_budget(prefix.budget());
+        }
         let mut waiting: VecDeque<Submitted> = VecDeque::new();
         let mut running: Vec<Seq> = Vec::new();
         let mut open = true;
@@ -596,6 +620,7 @@ impl Scheduler {
             arrived: s.arrived,
             first_token: true,
             cache_bytes,
+            prefix_hit: false,
             req: s.req,
         })
     }
@@ -620,6 +645,21 @@ impl Scheduler {
         else {
             return;
         };
+        let variant = self.model.kv_variant(seq.cache.capacity());
+        if let Some(prefix) = self.prefix.as_mut() {
+            // The last prompt token is always prefilled: its logits choose the
+            // first generated token.
+            let limit = seq.req.prompt.len() - 1;
+            match prefix.import(variant, &seq.req.prompt, limit, &mut seq.cache) {
+                Ok(0) => {}
+                Ok(n) => {
+                    metrics.prefix_hit(n, !seq.prefix_hit);
+                    seq.prefix_hit = true;
+                    seq.prefilled += n;
+                }
+                Err(e) => return fail(seq, &e, metrics),
+            }
+        }
         let end = (seq.prefilled + self.prefill_chunk).min(seq.req.prompt.len());
         let chunk = &seq.req.prompt[seq.prefilled..end];
         let r = self.model.prefill(
@@ -635,6 +675,11 @@ impl Scheduler {
         }
         metrics.prompt_tokens(chunk.len());
         seq.prefilled = end;
+        if let Some(prefix) = self.prefix.as_mut() {
+            // An export error would only leave the block out of the cache.
+            let _ = prefix.insert(variant, &seq.req.prompt[..end], &seq.cache);
+            metrics.set_prefix_cache(prefix.bytes());
+        }
         if end == seq.req.prompt.len() {
             let logits = std::mem::take(&mut self.last_logits);
             self.choose(seq, &logits, metrics);

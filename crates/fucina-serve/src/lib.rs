@@ -8,6 +8,8 @@
 //! bits of one prefill, and its sampler draws from its own seeded stream.
 //!
 //! The layers, bottom up:
+//! - [`prefix`]: the prefix cache (blocks of prompt prefixes' keys and values
+//!   reused by later requests with the same prefix).
 //! - [`engine`]: the scheduler thread (continuous batching, chunked prefill,
 //!   a KV-cache budget, a bounded waiting queue, cancellation).
 //! - [`api`]: OpenAI's request bodies, checked field by field, and its error
@@ -38,5 +40,6 @@ pub mod api;
 mod chat;
 pub mod engine;
 pub mod metrics;
+pub mod prefix;
 pub mod server;
 mod text;

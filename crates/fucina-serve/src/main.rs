@@ -49,6 +49,10 @@ struct Args {
     /// sequences of ctx-len positions).
     #[arg(long)]
     kv_budget_mib: Option<usize>,
+    /// Memory for the prefix cache (prompt prefixes' keys and values kept for
+    /// later requests), in MiB, besides the KV budget; 0 turns it off.
+    #[arg(long, default_value_t = 0)]
+    prefix_cache_mib: usize,
     /// The largest request body, in KiB.
     #[arg(long, default_value_t = 1024)]
     max_body_kib: usize,
@@ -80,6 +84,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_queue: args.max_queue,
         ctx_len: args.ctx_len,
         kv_budget_bytes: args.kv_budget_mib.map(|m| m.saturating_mul(1 << 20)),
+        prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         ..EngineOptions::default()
     };
     let (path, dtype) = (args.model.clone(), args.dtype);

@@ -25,6 +25,10 @@ pub struct Metrics {
     ttft_micros_sum: AtomicU64,
     ttft_count: AtomicU64,
     ttft_micros_max: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_hit_tokens: AtomicU64,
+    prefix_bytes: AtomicUsize,
+    prefix_budget: AtomicUsize,
     rate: Mutex<Rate>,
 }
 
@@ -55,6 +59,10 @@ impl Default for Metrics {
             ttft_micros_sum: AtomicU64::new(0),
             ttft_count: AtomicU64::new(0),
             ttft_micros_max: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_hit_tokens: AtomicU64::new(0),
+            prefix_bytes: AtomicUsize::new(0),
+            prefix_budget: AtomicUsize::new(0),
             rate: Mutex::new(Rate {
                 since: Instant::now(),
                 tokens_at_since: 0,
@@ -111,6 +119,37 @@ impl Metrics {
     /// Sequences cancelled because their client went away.
     pub fn cancelled_count(&self) -> u64 {
         self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// Sequences that copied at least one block from the prefix cache.
+    pub fn prefix_hits(&self) -> u64 {
+        self.prefix_hits.load(Ordering::Relaxed)
+    }
+
+    /// Prompt positions copied from the prefix cache instead of prefilled.
+    pub fn prefix_hit_tokens(&self) -> u64 {
+        self.prefix_hit_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of blocks the prefix cache holds.
+    pub fn prefix_cache_bytes(&self) -> usize {
+        self.prefix_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn prefix_hit(&self, tokens: usize, new_sequence: bool) {
+        if new_sequence {
+            self.prefix_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.prefix_hit_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_prefix_cache(&self, bytes: usize) {
+        self.prefix_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_prefix_budget(&self, bytes: usize) {
+        self.prefix_budget.store(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn set_waiting(&self, n: usize) {
@@ -211,6 +250,18 @@ impl Metrics {
             "KV cache bytes the running sequences may hold together.",
             &plain(self.budget_bytes.load(Ordering::Relaxed).to_string()),
         );
+        metric(
+            "fucina_prefix_cache_bytes",
+            "gauge",
+            "Bytes of prompt-prefix blocks the prefix cache holds.",
+            &plain(self.prefix_cache_bytes().to_string()),
+        );
+        metric(
+            "fucina_prefix_cache_budget_bytes",
+            "gauge",
+            "The prefix cache's budget in bytes (0: off).",
+            &plain(self.prefix_budget.load(Ordering::Relaxed).to_string()),
+        );
         for (name, help, v) in [
             (
                 "fucina_prompt_tokens_total",
@@ -241,6 +292,16 @@ impl Metrics {
                 "fucina_sequences_failed_total",
                 "Sequences that failed in the model's kernels.",
                 &self.failed,
+            ),
+            (
+                "fucina_prefix_cache_hits_total",
+                "Sequences that copied prompt blocks from the prefix cache.",
+                &self.prefix_hits,
+            ),
+            (
+                "fucina_prefix_cache_hit_tokens_total",
+                "Prompt positions copied from the prefix cache instead of prefilled.",
+                &self.prefix_hit_tokens,
             ),
         ] {
             metric(name, "counter", help, &plain(load(v).to_string()));

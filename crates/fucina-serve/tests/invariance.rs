@@ -72,21 +72,34 @@ fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<String> {
 }
 
 fn solo(engine: &Engine, n: usize) -> Vec<Vec<String>> {
+    solo_of(engine, n, request)
+}
+
+fn solo_of(engine: &Engine, n: usize, req: fn(usize) -> GenRequest) -> Vec<Vec<String>> {
     (0..n)
-        .map(|i| collect(engine.submit(request(i)).unwrap()))
+        .map(|i| collect(engine.submit(req(i)).unwrap()))
         .collect()
 }
 
 /// All `n` requests from their own threads, request `i` after a delay drawn
 /// from `i` and `salt` (so they join a batch that is already running).
 fn concurrent(engine: &Engine, n: usize, salt: usize) -> Vec<Vec<String>> {
+    concurrent_of(engine, n, salt, request)
+}
+
+fn concurrent_of(
+    engine: &Engine,
+    n: usize,
+    salt: usize,
+    req: fn(usize) -> GenRequest,
+) -> Vec<Vec<String>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 s.spawn(move || {
                     let delay = ((i * 37 + salt * 11) % 9) as u64;
                     std::thread::sleep(Duration::from_millis(delay));
-                    collect(engine.submit(request(i)).unwrap())
+                    collect(engine.submit(req(i)).unwrap())
                 })
             })
             .collect();
@@ -200,4 +213,92 @@ fn a_kv_budget_for_one_sequence_runs_them_one_at_a_time_and_equal_to_solo() {
         move |ctx| fucina_llm::open_model(&path, ctx, None),
     );
     assert!(e.is_err());
+}
+
+/// Request `i` of a mix that shares a 40-token system prompt (two whole
+/// blocks of the prefix cache and a part): its own continuation of 1 to 7
+/// tokens (20 more every third, a third block of its own), or (every fifth)
+/// only the first 32 tokens, a prompt of whole blocks.
+fn shared_prefix_request(i: usize) -> GenRequest {
+    let mut prompt: Vec<u32> = (0..40).map(|j| ((j * 29) % 300) as u32 + 3).collect();
+    if i.is_multiple_of(5) {
+        prompt.truncate(2 * fucina_llm::KV_BLOCK);
+    } else {
+        let extra = 1 + i % 7 + if i.is_multiple_of(3) { 20 } else { 0 };
+        prompt.extend((0..extra).map(|j| ((i * 41 + j * 13) % 300) as u32 + 3));
+    }
+    GenRequest {
+        prompt,
+        ..request(i)
+    }
+}
+
+fn engine_with(dtype: Option<fucina_llm::LoadDtype>, options: EngineOptions) -> Engine {
+    let path = support::fixture();
+    Engine::start(
+        options,
+        std::sync::Arc::new(fucina_serve::metrics::Metrics::default()),
+        move |ctx| fucina_llm::open_model(&path, ctx, dtype),
+    )
+    .expect("the fixture loads")
+}
+
+#[test]
+fn a_prefix_cache_hit_gives_the_bits_of_a_cold_prefill() {
+    const N: usize = 12;
+    // The fixture's blocks: 2 layers x 2 kv heads x 16 x 2 (k and v) x 16
+    // positions, f32.
+    let block_bytes = 2 * 2 * 16 * 2 * 16 * 4;
+    for dtype in [None, Some(fucina_llm::LoadDtype::Q8_0)] {
+        let reference = solo_of(
+            &engine_with(dtype, EngineOptions::default()),
+            N,
+            shared_prefix_request,
+        );
+        for threads in [1, 2] {
+            for chunk in [fucina_llm::PREFILL_CHUNK, 16, 5] {
+                let what = format!("{dtype:?}, {threads} threads, chunk {chunk}");
+                let options = EngineOptions {
+                    threads,
+                    prefill_chunk: chunk,
+                    prefix_cache_bytes: 1 << 20,
+                    ..EngineOptions::default()
+                };
+                let engine = engine_with(dtype, options.clone());
+                // One at a time: the first fills the cache, the others hit it.
+                let got = solo_of(&engine, N, shared_prefix_request);
+                assert_eq!(got, reference, "solo, {what}");
+                let m = engine.metrics();
+                let hits = m.prefix_hits();
+                assert_eq!(hits, N as u64 - 1, "{what}");
+                // Each copies the shared blocks, its last token excepted.
+                let shared: usize = (1..N)
+                    .map(|i| ((shared_prefix_request(i).prompt.len() - 1) / 16 * 16).min(32))
+                    .sum();
+                assert_eq!(m.prefix_hit_tokens(), shared as u64, "{what}");
+                // The two shared blocks and the whole blocks past them of
+                // every third.
+                let own: usize = (0..N)
+                    .map(|i| (shared_prefix_request(i).prompt.len() / 16).saturating_sub(2))
+                    .sum();
+                assert!(own >= 3);
+                assert_eq!(m.prefix_cache_bytes(), (2 + own) * block_bytes);
+                // All together, arriving at staggered times, on a warm cache.
+                let got = concurrent_of(&engine, N, threads + chunk, shared_prefix_request);
+                assert_eq!(got, reference, "concurrent, warm, {what}");
+                assert!(engine.metrics().prefix_hits() >= hits + N as u64, "{what}");
+                // All together on a cold cache of three blocks (evictions).
+                let engine = engine_with(
+                    dtype,
+                    EngineOptions {
+                        prefix_cache_bytes: 3 * block_bytes,
+                        ..options
+                    },
+                );
+                let got = concurrent_of(&engine, N, threads + chunk + 1, shared_prefix_request);
+                assert_eq!(got, reference, "concurrent, cold, {what}");
+                assert!(engine.metrics().prefix_cache_bytes() <= 3 * block_bytes);
+            }
+        }
+    }
 }
