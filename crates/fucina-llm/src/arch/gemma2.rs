@@ -108,7 +108,7 @@ pub(super) fn gguf_gemma(
     c: &mut ModelConfig,
     period: usize,
 ) -> Result<(), LlmError> {
-    c.sliding_window = m.u64_opt("attention.sliding_window")?;
+    c.sliding_window = m.window_opt("attention.sliding_window")?;
     c.params.sliding_layers = (0..c.num_hidden_layers)
         .map(|i| !(i + 1).is_multiple_of(period))
         .collect();

@@ -127,6 +127,16 @@ impl GgufMeta<'_> {
         optional_u64(self.file, &self.key(suffix))
     }
 
+    /// `{arch}.{suffix}` as a sliding window, if present: a positive
+    /// integer, or 0 for none (llama.cpp writes `phi3.attention.sliding_window
+    /// = 0` for Phi-4 models, which have no window).
+    pub(crate) fn window_opt(&self, suffix: &str) -> Result<Option<usize>, LlmError> {
+        match self.file.get(&self.key(suffix)).and_then(GgufValue::as_u64) {
+            Some(0) => Ok(None),
+            _ => self.u64_opt(suffix),
+        }
+    }
+
     /// `{arch}.{suffix}`, a positive integer.
     fn u64(&self, suffix: &str) -> Result<usize, LlmError> {
         required_u64(self.file, &self.key(suffix))

@@ -105,7 +105,7 @@ fn gguf_config(m: &GgufMeta<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
                 .into(),
         });
     }
-    c.sliding_window = m.u64_opt("attention.sliding_window")?;
+    c.sliding_window = m.window_opt("attention.sliding_window")?;
     c.params.moe = Some(MoeParams {
         num_experts: need("expert_count")?,
         num_experts_per_tok: need("expert_used_count")?,

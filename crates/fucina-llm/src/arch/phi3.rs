@@ -230,7 +230,7 @@ fn f32_tensor(m: &GgufMeta<'_>, name: &str, len: usize) -> Result<Vec<f32>, LlmE
 }
 
 fn gguf_config(m: &GgufMeta<'_>, c: &mut ModelConfig) -> Result<(), LlmError> {
-    c.sliding_window = m.u64_opt("attention.sliding_window")?;
+    c.sliding_window = m.window_opt("attention.sliding_window")?;
     let has = |n: &str| m.file.tensors().iter().any(|t| t.name == n);
     if !has("rope_factors_short.weight") && !has("rope_factors_long.weight") {
         return Ok(());
