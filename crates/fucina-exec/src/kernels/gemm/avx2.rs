@@ -1,12 +1,18 @@
-//! The x86-64 AVX2 + FMA micro-kernel: `3 x 32` tiles, four 8-lane accumulators
-//! per row, through a stack tile. `_mm256_fmadd_ps` is the same fused,
-//! once-rounded `a * b + c` as `f32::mul_add`, so it computes what the portable
-//! kernel computes, with a fixed register layout (the portable body is left to
-//! the auto-vectorizer, which for some tile heights picks gathers).
+//! The x86-64 AVX2 + FMA micro-kernel: `6 x 32` tiles, each run as two `6 x 16`
+//! halves over the same packed left-hand panel. A half keeps its 12 accumulators
+//! (6 rows x two 8-lane vectors), its two right-hand-side vectors and one
+//! broadcast in 15 of the 16 YMM registers, so nothing spills; per depth step it
+//! issues 12 fused multiply-adds against 2 vector loads and 6 broadcasts. Full
+//! tiles (32 columns) read and write `C` in place; a narrower tile goes through
+//! a stack tile. `_mm256_fmadd_ps` is the same fused, once-rounded `a * b + c`
+//! as `f32::mul_add`, so it computes what the portable kernel computes.
+//!
+//! Its blocking ([`Blocking::detected_avx2`]) comes from the cache sizes the CPU
+//! reports, not from constants.
 
 use std::arch::x86_64::*;
 
-use super::params::{MR_MAX, NR, StackTile};
+use super::params::{Blocking, MR_MAX, NR};
 use super::{MicroKernel, Tile};
 use crate::kernels::simd::SimdLevel;
 
@@ -18,10 +24,18 @@ pub(crate) struct Avx2 {
     _proof: (),
 }
 
+/// Micro-tile height of the AVX2 kernel: 12 accumulators, two right-hand-side
+/// vectors and a broadcast fit the 16 registers.
+const MR_AVX2: usize = 6;
+
+/// Columns of one half of a tile: two 8-lane vectors.
+const HALF: usize = NR / 2;
+
 impl MicroKernel for Avx2 {
-    const MR: usize = 3;
+    const MR: usize = MR_AVX2;
     const NR: usize = NR;
     const LEVEL: SimdLevel = SimdLevel::Avx2;
+    const PREFETCHES_C: bool = true;
 
     /// The kernel, when the CPU has AVX2 and FMA.
     #[inline]
@@ -33,56 +47,134 @@ impl MicroKernel for Avx2 {
     }
 
     #[inline]
-    fn tile(self, tile: Tile<'_>) {
-        tile.through_stack(|rows, a, b, t| {
+    fn blocking(self) -> Blocking {
+        Blocking::detected_avx2()
+    }
+
+    #[inline]
+    fn tile(self, t: Tile<'_>) {
+        if t.ncols == NR && t.ldb == NR {
             // SAFETY: `self` is an `Avx2`, which exists only when the CPU has
-            // avx2 and fma (`MicroKernel::detect`), the features `micro_avx2` enables.
-            unsafe { micro_avx2(rows, a, b, t) }
-        });
+            // avx2 and fma (`MicroKernel::detect`), the features
+            // `tile_direct_avx2` needs; it checks the tile's bounds itself.
+            unsafe { tile_direct_avx2(t.rows, t.kc, t.a, t.b, t.c, t.ldc, t.first) };
+        } else {
+            t.through_stack(|rows, a, b, tile| {
+                let kc = a.len() / rows;
+                // SAFETY: as above; the stack tile holds `rows <= MR_MAX` rows
+                // of NR floats, NR apart, and starts from the tile's `C` (or
+                // zeros), so the kernel continues the chains from it.
+                unsafe { tile_direct_avx2(rows, kc, a, b, tile.as_flattened_mut(), NR, false) };
+            });
+        }
     }
 }
 
-const _: () = assert!(Avx2::MR <= MR_MAX);
+const _: () = assert!(Avx2::MR <= MR_MAX && NR == 2 * HALF);
 
-/// Dispatches on the tile height `rows` (1..=[`Avx2::MR`]).
+/// Runs [`kernel_avx2`] on both halves of a `rows x 32` tile (`rows` in
+/// 1..=[`MR_AVX2`]): `a` holds `kc * rows` packed floats, right-hand-side row
+/// `kk` is `b[kk * NR..][..NR]`, and `c` starts at the tile's top-left element
+/// of a row-major `C` with row stride `ldc`, all 32 columns of every row
+/// written. Panics unless the slices hold those floats.
+///
+/// # Safety
+/// avx2 and fma are available (the caller holds an [`Avx2`]).
 #[target_feature(enable = "avx2,fma")]
-fn micro_avx2(rows: usize, a: &[f32], b: &[f32], tile: &mut StackTile) {
-    match rows {
-        1 => tile_avx2::<1>(a, b, tile),
-        2 => tile_avx2::<2>(a, b, tile),
-        3 => tile_avx2::<3>(a, b, tile),
-        _ => unreachable!("AVX2 micro-tile height {rows} is not in 1..=3"),
+unsafe fn tile_direct_avx2(
+    rows: usize,
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    first: bool,
+) {
+    assert!((1..=MR_AVX2).contains(&rows));
+    assert!(a.len() >= kc * rows && b.len() >= kc * NR);
+    assert!(c.len() >= (rows - 1) * ldc + NR);
+    let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    macro_rules! go {
+        ($($r:literal)*) => {
+            match rows {
+                $($r => {
+                    for h in 0..2 {
+                        // SAFETY: avx2 and fma are available (the caller's
+                        // contract); the asserts above give the bounds
+                        // `kernel_avx2` needs for R = rows, with `b` and `c`
+                        // moved to the half's first column (h * 16 + 16 <= NR).
+                        unsafe {
+                            kernel_avx2::<$r>(kc, ap, bp.add(h * HALF), cp.add(h * HALF), ldc, first)
+                        }
+                    }
+                },)*
+                _ => unreachable!("AVX2 micro-tile height {rows}"),
+            }
+        };
     }
+    go!(1 2 3 4 5 6);
 }
 
-/// The `R x 32` tile with four 8-lane accumulators per row:
-/// `tile[i][j] = fma(a[kk*R+i], b[kk*NR+j], tile[i][j])` for `kk` in increasing order.
+/// Software prefetch distance of the AVX2 kernel, in depth steps: the half-row
+/// of the packed right-hand-side panel (one cache line) is requested this far
+/// ahead of its load.
+const PF_B: usize = 16;
+
+/// The AVX2 `R x 16` micro-kernel on one half of a tile, reading and writing `C`
+/// in place: 2R accumulators, started from zero (`first`) or from `C`, then for
+/// `kk` in increasing order `acc[i][j] = fma(a[kk * R + i], b[kk * NR + j],
+/// acc[i][j])`, stored back to the 16 columns of each of the `R` rows.
+///
+/// # Safety
+/// avx2 and fma are available; `a` is valid for `kc * R` reads, `b + kk * NR`
+/// for 16 reads for every `kk < kc`, and `c + i * ldc + j` for reads and writes
+/// for `i < R`, `j < 16`.
 #[target_feature(enable = "avx2,fma")]
-fn tile_avx2<const R: usize>(a: &[f32], b: &[f32], tile: &mut StackTile) {
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
-    for (acc, t) in acc.iter_mut().zip(tile.iter()) {
-        for (q, x) in acc.iter_mut().enumerate() {
-            // SAFETY: `t` holds NR = 32 floats and q < 4: reads t[8q..8q + 8].
-            *x = unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * q)) };
-        }
-    }
-    for (av, bv) in a.chunks_exact(R).zip(b.chunks_exact(NR)) {
-        let mut bq = [_mm256_setzero_ps(); 4];
-        for (q, x) in bq.iter_mut().enumerate() {
-            // SAFETY: `bv` holds NR = 32 floats and q < 4: reads bv[8q..8q + 8].
-            *x = unsafe { _mm256_loadu_ps(bv.as_ptr().add(8 * q)) };
-        }
-        for (acc, &ai) in acc.iter_mut().zip(av) {
-            let ai = _mm256_set1_ps(ai);
-            for (x, &bx) in acc.iter_mut().zip(&bq) {
-                *x = _mm256_fmadd_ps(ai, bx, *x);
+#[inline]
+unsafe fn kernel_avx2<const R: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    first: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    if !first {
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: row i < R, columns 0..16 of the half (the caller's bounds).
+            unsafe {
+                let row = c.add(i * ldc);
+                acc[0] = _mm256_loadu_ps(row);
+                acc[1] = _mm256_loadu_ps(row.add(8));
             }
         }
     }
-    for (acc, t) in acc.iter().zip(tile.iter_mut()) {
-        for (q, &x) in acc.iter().enumerate() {
-            // SAFETY: `t` holds NR = 32 floats and q < 4: writes t[8q..8q + 8].
-            unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * q), x) };
+    let (mut ap, mut bp) = (a, b);
+    for _ in 0..kc {
+        // SAFETY: fewer than kc steps were taken, so `bp` points at 16 readable
+        // floats and `ap` at R readable floats (the caller's bounds); the
+        // prefetch only hints the cache (no access, computed with
+        // `wrapping_add`).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(NR * PF_B).cast());
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ai = _mm256_broadcast_ss(&*ap.add(i));
+                acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
+            }
+            ap = ap.add(R);
+            bp = bp.wrapping_add(NR);
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        // SAFETY: as for the loads above.
+        unsafe {
+            let row = c.add(i * ldc);
+            _mm256_storeu_ps(row, acc[0]);
+            _mm256_storeu_ps(row.add(8), acc[1]);
         }
     }
 }

@@ -7,7 +7,7 @@ use super::avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::Avx512;
 use super::pack::{a_scratch_len, pack_a};
-use super::params::{MC, NC, NR, depth_blocks, row_tiles};
+use super::params::{MC, NR, depth_blocks, row_tiles};
 use super::portable::Portable;
 use super::{MicroKernel, Tile};
 use crate::kernels::prefetch;
@@ -150,13 +150,14 @@ pub(crate) fn pack_lhs<F: Fn(usize) -> usize>(
         k: usize,
         dst: &mut [f32],
     ) {
+        let blk = kernel.blocking();
         let mut row_offs = [0usize; MC];
-        for i0 in (0..m).step_by(MC) {
-            let mc = MC.min(m - i0);
+        for i0 in (0..m).step_by(blk.mc) {
+            let mc = blk.mc.min(m - i0);
             for (i, o) in row_offs[..mc].iter_mut().enumerate() {
                 *o = (lhs.row_off)(i0 + i);
             }
-            for depth in depth_blocks(k) {
+            for depth in depth_blocks(k, blk.kc) {
                 let (p0, kc) = (depth.start, depth.len());
                 let block = &mut dst[i0 * k + p0 * mc..][..mc * kc];
                 pack_a(kernel, block, lhs.data, &row_offs[..mc], p0, lhs.cs, kc);
@@ -287,10 +288,12 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
             "gemm: an in-place right-hand side needs the AVX-512 kernel and whole panels"
         );
     }
+    let blk = kernel.blocking();
+    debug_assert!(blk.mc <= MC && blk.nc.is_multiple_of(NR) && blk.nc > 0);
     let mut row_offs = [0usize; MC];
     let mut tiles = [(0usize, 0usize); MC];
-    for i0 in (0..m).step_by(MC) {
-        let mc = MC.min(m - i0);
+    for i0 in (0..m).step_by(blk.mc) {
+        let mc = blk.mc.min(m - i0);
         for (i, o) in row_offs[..mc].iter_mut().enumerate() {
             *o = (lhs.row_off)(i0 + i);
         }
@@ -300,7 +303,7 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
             nq += 1;
         }
         let tiles = &tiles[..nq];
-        for depth in depth_blocks(k) {
+        for depth in depth_blocks(k, blk.kc) {
             let (p0, kc) = (depth.start, depth.len());
             let first = p0 == 0 && !args.accumulate;
             // The block's rows at this depth are packed once and reused by every
@@ -313,8 +316,8 @@ fn run<K: MicroKernel, F: Fn(usize) -> usize>(
                 }
                 LhsBuf::Packed(p) => &p[i0 * k + p0 * mc..][..mc * kc],
             };
-            for jc in (0..n_panels).step_by(NC / NR) {
-                let jp_end = (jc + NC / NR).min(n_panels);
+            for jc in (0..n_panels).step_by(blk.nc / NR) {
+                let jp_end = (jc + blk.nc / NR).min(n_panels);
                 // Tiles of this column block, row-tile-major: each left-hand
                 // micro-panel (`rows x kc`) stays in L1 while the block's
                 // right-hand-side panels stream past it from L2.

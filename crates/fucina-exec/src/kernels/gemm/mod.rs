@@ -4,14 +4,15 @@
 //! | file | holds |
 //! |---|---|
 //! | `mod.rs` | the [`MicroKernel`] trait, the [`Tile`] a kernel call works on, and these docs |
-//! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`) and the cuts into depth blocks and row tiles |
+//! | `params.rs` | the blocking constants ([`NR`], `KC`, `MC`, `NC`), the blocking sized from the detected caches (`Blocking`, `CacheSizes`) and the cuts into depth blocks and row tiles |
 //! | `pack.rs` | the right-hand-side packers ([`pack_b_panel`], [`pack_b_rows`]) and the left-hand block packer |
 //! | `driver.rs` | the operands ([`LhsRows`], [`Rhs`], [`GemmArgs`]), the loop nest ([`gemm`]; [`gemm_ldc_packed_lhs`] into a column block of a wider `C` with the left-hand side packed once by [`pack_lhs`]) and the choice of kernel by vector level |
 //! | `avx512.rs`, `avx2.rs`, `portable.rs` | one micro-kernel type each |
 //!
 //! A micro-kernel type exists per instruction set: `Avx512` (`12 x 32` tiles,
-//! accumulated in registers straight from and into `C`), `Avx2` (`3 x 32`, through
-//! a stack tile) and `Portable` (`4 x 32`, `f32::mul_add`, any CPU). The
+//! accumulated in registers straight from and into `C`), `Avx2` (`6 x 32`, as two
+//! `6 x 16` halves in 15 of the 16 YMM registers, straight from and into `C` for
+//! full tiles) and `Portable` (`4 x 32`, `f32::mul_add`, any CPU). The
 //! instruction-set types have a private field and one constructor
 //! ([`MicroKernel::detect`]) that asks the CPU: a value of `Avx512` is a proof that the CPU has avx512f,
 //! and the `SAFETY` comments of the calls into `target_feature` code rely on
@@ -36,11 +37,15 @@
 //!   row tile of the kernel's height, again through arbitrary strides (one offset
 //!   per row).
 //! - [`gemm`] loops `MC` row blocks, `KC` depth blocks (packing the row
-//!   block at that depth once) and `NC` column blocks; inside a column block,
+//!   block at that depth once) and `NC` column blocks (the kernel's
+//!   [`MicroKernel::blocking`]: these constants for the AVX-512 and portable
+//!   kernels; for the AVX2 kernel, sizes derived from the L1d and L2 sizes the
+//!   CPU reports, so Zen's 512 KiB and 1 MiB L2 and Intel's 1.25–2 MiB each get
+//!   their own); inside a column block,
 //!   row-tile-major: each packed left-hand micro-panel (`12 x KC`, 24 KiB, with
 //!   the AVX-512 kernel) is reused while the block's right-hand-side panels
 //!   stream past it from L2, one register-blocked micro-kernel call per tile
-//!   (with the AVX-512 kernel, the next tile's `C` rows prefetched during the
+//!   (with the AVX-512 and AVX2 kernels, the next tile's `C` rows prefetched during the
 //!   call).
 //!
 //! # Numerics and determinism
@@ -74,7 +79,7 @@ pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
 
 use crate::kernels::simd::SimdLevel;
-use params::{MR_MAX, StackTile};
+use params::{Blocking, MR_MAX, StackTile};
 
 /// A register-blocked micro-kernel: computes one `rows x ncols` tile of `C`
 /// (`rows <= MR`, `ncols <= NR`) from a packed left-hand micro-panel and `kc`
@@ -121,6 +126,14 @@ pub(crate) trait MicroKernel: Copy {
     #[inline]
     fn pack_a_panel(self, panel: &mut [f32], src: &[f32], rows: &[usize], p0: usize, kc: usize) {
         pack::pack_a_panel_rows(panel, src, rows, p0, kc);
+    }
+
+    /// The blocking of the driver's loop nest for this kernel (fixed for the
+    /// life of the process); the constants unless the kernel sizes its blocks
+    /// from the caches.
+    #[inline]
+    fn blocking(self) -> Blocking {
+        Blocking::FIXED
     }
 
     /// Runs the kernel on one tile.
@@ -433,11 +446,11 @@ mod tests {
         );
         #[cfg(target_arch = "x86_64")]
         {
-            assert_eq!((avx2::Avx2::MR, avx2::Avx2::NR), (3, NR));
+            assert_eq!((avx2::Avx2::MR, avx2::Avx2::NR), (6, NR));
             assert_eq!(avx2::Avx2::LEVEL, SimdLevel::Avx2);
             assert_eq!(
                 flags(avx2::Avx2::READS_RHS_IN_PLACE, avx2::Avx2::PREFETCHES_C),
-                (false, false)
+                (false, true)
             );
             assert_eq!((avx512::Avx512::MR, avx512::Avx512::NR), (12, NR));
             assert_eq!(avx512::Avx512::LEVEL, SimdLevel::Avx512);

@@ -37,6 +37,143 @@ pub(crate) const MC: usize = 256;
 /// row tile of the product streams it.
 pub(crate) const NC: usize = 512;
 
+/// The blocking of one kernel's loop nest: depth blocks of at most `kc`, row
+/// blocks of at most `mc` rows and column blocks of `nc` columns. Always
+/// `1 <= kc <= KC`, `1 <= mc <= MC` (the scratch [`super::a_scratch_len`] sizes
+/// for) and `nc` a positive multiple of [`NR`]. A kernel's blocking is fixed for
+/// the life of the process, so [`super::pack_lhs`] and the driver agree on the
+/// packed layout. It never changes a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blocking {
+    /// Largest depth of a block.
+    pub(crate) kc: usize,
+    /// Largest rows of a packed left-hand block.
+    pub(crate) mc: usize,
+    /// Columns of a column block.
+    pub(crate) nc: usize,
+}
+
+impl Blocking {
+    /// The constants [`KC`], [`MC`], [`NC`] (the AVX-512 and portable kernels).
+    pub(crate) const FIXED: Blocking = Blocking {
+        kc: KC,
+        mc: MC,
+        nc: NC,
+    };
+
+    /// The blocking of a kernel with `mr`-row tiles on a core with `caches`:
+    /// the left-hand micro-panel (`mr x kc`, kept in L1 while a column block's
+    /// right-hand-side panels stream past it) takes at most half of L1d and
+    /// `kc` at most [`KC`]; the right-hand-side block (`kc x nc`, which every
+    /// row tile streams from L2) at most half of L2; and `mc` is the largest
+    /// multiple of `mr` up to [`MC`] (no short tile inside a full row block).
+    /// On AMD Zen 3 (32 KiB, 512 KiB) a `6`-row kernel gets `kc = 512, nc =
+    /// 128`; on Zen 4 (1 MiB L2) `nc = 256`; on a 2 MiB L2 `nc = 512`.
+    pub(crate) fn for_caches(mr: usize, caches: CacheSizes) -> Blocking {
+        let mr = mr.clamp(1, MC);
+        let f = std::mem::size_of::<f32>();
+        let kc = (caches.l1d / 2 / (mr * f)).clamp(64, KC) / 8 * 8;
+        let nc = (caches.l2 / 2 / (kc * f) / NR * NR).clamp(2 * NR, 4096);
+        Blocking {
+            kc,
+            mc: MC / mr * mr,
+            nc,
+        }
+    }
+
+    /// The AVX2 kernel's blocking for this CPU's caches ([`CacheSizes::detected`]),
+    /// computed once.
+    pub(crate) fn detected_avx2() -> Blocking {
+        static B: std::sync::OnceLock<Blocking> = std::sync::OnceLock::new();
+        *B.get_or_init(|| Blocking::for_caches(6, CacheSizes::detected()))
+    }
+}
+
+/// The data-cache sizes of one core, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CacheSizes {
+    /// Level-1 data cache.
+    pub(crate) l1d: usize,
+    /// Level-2 cache (unified).
+    pub(crate) l2: usize,
+}
+
+impl CacheSizes {
+    /// What [`CacheSizes::detected`] assumes where the CPU does not say: the
+    /// smallest of current x86 cores (32 KiB L1d, 512 KiB L2, as on AMD Zen 2 and 3).
+    pub(crate) const FALLBACK: CacheSizes = CacheSizes {
+        l1d: 32 << 10,
+        l2: 512 << 10,
+    };
+
+    /// The sizes the CPU reports through CPUID (the deterministic cache
+    /// parameters, leaf 4 on Intel, 0x8000001D on AMD), computed once;
+    /// [`CacheSizes::FALLBACK`] for a size it does not report or reports
+    /// implausibly (under 4 KiB or over 64 MiB).
+    pub(crate) fn detected() -> CacheSizes {
+        static C: std::sync::OnceLock<CacheSizes> = std::sync::OnceLock::new();
+        *C.get_or_init(|| {
+            let (l1d, l2) = cpuid_caches();
+            let ok = |x: Option<usize>, d: usize| {
+                x.filter(|&x| (4 << 10..=64 << 20).contains(&x))
+                    .unwrap_or(d)
+            };
+            CacheSizes {
+                l1d: ok(l1d, Self::FALLBACK.l1d),
+                l2: ok(l2, Self::FALLBACK.l2),
+            }
+        })
+    }
+}
+
+/// The L1d and L2 sizes from the deterministic cache parameters of CPUID
+/// (leaf 4, else leaf 0x8000001D): each sub-leaf describes one cache until a
+/// sub-leaf of type 0; size = ways x partitions x line x sets.
+#[cfg(target_arch = "x86_64")]
+fn cpuid_caches() -> (Option<usize>, Option<usize>) {
+    use std::arch::x86_64::__cpuid_count;
+    let max_basic = __cpuid_count(0, 0).eax;
+    let max_ext = __cpuid_count(0x8000_0000, 0).eax;
+    let mut leaves = Vec::new();
+    if max_basic >= 4 {
+        leaves.push(4);
+    }
+    if max_ext >= 0x8000_001D {
+        leaves.push(0x8000_001D);
+    }
+    for leaf in leaves {
+        let (mut l1d, mut l2) = (None, None);
+        for sub in 0..16 {
+            let r = __cpuid_count(leaf, sub);
+            let kind = r.eax & 0x1f;
+            if kind == 0 {
+                break;
+            }
+            let level = (r.eax >> 5) & 7;
+            let size = ((r.ebx >> 22) as usize + 1)
+                * (((r.ebx >> 12) & 0x3ff) as usize + 1)
+                * ((r.ebx & 0xfff) as usize + 1)
+                * (r.ecx as usize + 1);
+            // Type 1 is a data cache, 3 a unified one.
+            match (level, kind) {
+                (1, 1) => l1d = Some(size),
+                (2, 1 | 3) => l2 = Some(size),
+                _ => {}
+            }
+        }
+        if l1d.is_some() || l2.is_some() {
+            return (l1d, l2);
+        }
+    }
+    (None, None)
+}
+
+/// Other architectures: no cache description read (the fallback sizes).
+#[cfg(not(target_arch = "x86_64"))]
+fn cpuid_caches() -> (Option<usize>, Option<usize>) {
+    (None, None)
+}
+
 /// The largest micro-tile height of the kernels that go through a stack tile
 /// (the portable and AVX2 kernels; the AVX-512 kernel reads and writes `C`
 /// directly).
@@ -46,10 +183,11 @@ pub(super) const MR_MAX: usize = 8;
 /// micro-kernel runs and out after it.
 pub(super) type StackTile = [[f32; NR]; MR_MAX];
 
-/// The depth blocks of a product with depth `k`: `ceil(k / KC)` consecutive ranges
-/// of equal depth (the first `k % blocks` one longer). Depends on `k` only.
-pub(super) fn depth_blocks(k: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    let blocks = k.div_ceil(KC).max(1);
+/// The depth blocks of a product with depth `k` for blocks at most `kc` deep
+/// (`kc >= 1`): `ceil(k / kc)` consecutive ranges of equal depth (the first `k %
+/// blocks` one longer). Depends on `k` and `kc` only.
+pub(super) fn depth_blocks(k: usize, kc: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let blocks = k.div_ceil(kc.max(1)).max(1);
     let (base, extra) = (k / blocks, k % blocks);
     (0..blocks).map(move |b| {
         let start = b * base + b.min(extra);
@@ -92,7 +230,7 @@ mod tests {
     #[test]
     fn depth_blocks_cover_the_depth_in_order_with_near_equal_lengths() {
         for k in [0, 1, 5, KC - 1, KC, KC + 1, 2 * KC + 7, 5000] {
-            let blocks: Vec<_> = depth_blocks(k).collect();
+            let blocks: Vec<_> = depth_blocks(k, KC).collect();
             assert_eq!(blocks.len(), k.div_ceil(KC).max(1), "k={k}");
             let mut next = 0;
             for b in &blocks {
@@ -107,6 +245,41 @@ mod tests {
             );
             assert!(hi - lo <= 1, "k={k}: lengths differ by at most one");
         }
+    }
+
+    #[test]
+    fn blockings_fit_the_scratch_and_the_caches() {
+        for (l1d, l2) in [
+            (32, 512),
+            (48, 2048),
+            (32, 1024),
+            (48, 1280),
+            (16, 256),
+            (4, 4),
+        ] {
+            let caches = CacheSizes {
+                l1d: l1d << 10,
+                l2: l2 << 10,
+            };
+            for mr in [1, 3, 4, 6, 12] {
+                let b = Blocking::for_caches(mr, caches);
+                assert!(
+                    (1..=KC).contains(&b.kc) && (1..=MC).contains(&b.mc),
+                    "{b:?}"
+                );
+                assert!(b.nc >= NR && b.nc.is_multiple_of(NR), "{b:?}");
+                assert!(b.mc.is_multiple_of(mr), "{b:?}");
+            }
+        }
+        let zen3 = Blocking::for_caches(6, CacheSizes::FALLBACK);
+        assert_eq!((zen3.kc, zen3.mc, zen3.nc), (512, 252, 128));
+        let spr = CacheSizes {
+            l1d: 48 << 10,
+            l2: 2 << 20,
+        };
+        assert_eq!(Blocking::for_caches(6, spr).nc, 512);
+        let d = CacheSizes::detected();
+        assert!(d.l1d >= 4 << 10 && d.l2 >= 4 << 10, "{d:?}");
     }
 
     #[test]
