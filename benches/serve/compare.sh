@@ -23,7 +23,8 @@ for i in 1 2 3; do
 done
 target/release/fucina-serve --model "$M" --port 18090 --threads "$T" --max-batch 16 --ctx-len 2048 > /tmp/fucina-serve-bench.log 2>&1 &
 FS=$!
-sleep 3
+# Wait until it answers (a large model takes a while to load on a busy machine).
+for _ in $(seq 600); do curl -sf http://127.0.0.1:18090/health > /dev/null && break; sleep 0.5; done
 echo "-- fucina-serve"
 timeout 900 python3 benches/serve/load.py --url http://127.0.0.1:18090 --clients 1,4,16 --requests 3,2,1 \
     --prompt-tokens 256 --max-tokens 128 --prompt-kind text --deadline 300
@@ -31,7 +32,7 @@ kill -TERM $FS; wait $FS
 "$PY" -m llama_cpp.server --model "$M" --n_threads "$T" --n_threads_batch "$T" --n_ctx 2048 --port 18091 \
     --interrupt_requests False > /tmp/llama-cpp-server-bench.log 2>&1 &
 LS=$!
-sleep 8
+for _ in $(seq 600); do curl -sf http://127.0.0.1:18091/v1/models > /dev/null && break; sleep 0.5; done
 echo "-- llama-cpp-python server $("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')"
 timeout 900 python3 benches/serve/load.py --url http://127.0.0.1:18091 --clients 1,4,16 --requests 3,2,1 \
     --prompt-tokens 256 --max-tokens 128 --prompt-kind text --deadline 300
