@@ -7,7 +7,10 @@
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
-//! [`AdaptiveAvgPool2d`], [`Flatten`]).
+//! [`AdaptiveAvgPool2d`], [`Flatten`], [`MaxPool1d`], [`AvgPool1d`],
+//! [`Upsample`], and the padding layers [`ZeroPad2d`], [`ConstantPad1d`],
+//! [`ConstantPad2d`], [`ReflectionPad1d`], [`ReflectionPad2d`],
+//! [`ReplicationPad1d`], [`ReplicationPad2d`]).
 //!
 //! Non-trainable state a layer saves with its weights (batch norm's running
 //! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
@@ -49,6 +52,7 @@ mod losses;
 mod multihead_attention;
 mod parameter;
 mod recurrent;
+mod resize;
 mod sequential;
 mod state_dict;
 
@@ -62,7 +66,10 @@ pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
 pub use instance_norm::{Identity, InstanceNorm1d, InstanceNorm2d};
-pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use layers::{
+    Dropout, Embedding, Gelu, GroupNorm, Hardswish, LayerNorm, Linear, LogSigmoid, Mish, Relu,
+    RmsNorm, Sigmoid, Silu, Softplus, Tanh,
+};
 pub use losses::{
     ClassLossOptions, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
     cross_entropy_with, huber_loss, kl_div, l1_loss, nll_loss_with, smooth_l1_loss,
@@ -70,6 +77,10 @@ pub use losses::{
 pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
 pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
+pub use resize::{
+    AvgPool1d, ConstantPad1d, ConstantPad2d, MaxPool1d, ReflectionPad1d, ReflectionPad2d,
+    ReplicationPad1d, ReplicationPad2d, Upsample, ZeroPad2d,
+};
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
 
