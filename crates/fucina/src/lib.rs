@@ -204,8 +204,9 @@ pub mod prelude {
         StateDict, Upsample, ZeroPad2d,
     };
     pub use crate::optim::{
-        Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,
-        clip_grad_norm, decay_groups,
+        Adagrad, AdagradConfig, Adam, AdamConfig, AdamW, AdamWConfig, Lion, LionConfig, Optimizer,
+        ParamGroup, RmsProp, RmsPropConfig, Sgd, SgdConfig, WarmupCosine, clip_grad_norm,
+        decay_groups,
     };
     pub use crate::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
 }
