@@ -201,7 +201,8 @@ pub mod prelude {
         Conv1d, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm,
         Gru, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, MaxPool1d, MaxPool2d, Module,
         MultiheadAttention, Parameter, ReflectionPad2d, Relu, RmsNorm, RnnOptions, Sequential,
-        StateDict, Upsample, ZeroPad2d,
+        StateDict, TransformerDecoderLayer, TransformerEncoderLayer, TransformerOptions, Upsample,
+        ZeroPad2d,
     };
     pub use crate::optim::{
         Adagrad, AdagradConfig, Adam, AdamConfig, AdamW, AdamWConfig, Lion, LionConfig, Optimizer,

@@ -3,7 +3,8 @@
 //! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], the losses
 //! [`l1_loss`], [`smooth_l1_loss`], [`huber_loss`], [`binary_cross_entropy`],
 //! [`binary_cross_entropy_with_logits`], [`kl_div`], [`cross_entropy_with`] and
-//! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), a small transformer
+//! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), PyTorch's
+//! [`TransformerEncoderLayer`] and [`TransformerDecoderLayer`], a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
@@ -55,6 +56,7 @@ mod recurrent;
 mod resize;
 mod sequential;
 mod state_dict;
+mod transformer;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
 pub use buffer::Buffer;
@@ -83,6 +85,9 @@ pub use resize::{
 };
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
+pub use transformer::{
+    TransformerActivation, TransformerDecoderLayer, TransformerEncoderLayer, TransformerOptions,
+};
 
 use std::collections::HashMap;
 
