@@ -184,6 +184,13 @@ struct Geometry {
     out: Dims,
 }
 
+impl Geometry {
+    /// `(h, w, oh, ow, sh, sw)`.
+    fn sizes(&self) -> (usize, usize, usize, usize, f32, f32) {
+        (self.h, self.w, self.oh, self.ow, self.sh, self.sw)
+    }
+}
+
 /// Where output index `o` of an axis (input size `n`, output size `out`,
 /// coordinate scale `scale`) reads: `(i0, i1, w0, w1)`, the two input indices
 /// and their weights (nearest: `i0 == i1`, weights 1 and 0).
@@ -256,15 +263,7 @@ impl ExecContext {
         let g = opts.geometry(op, x.shape())?;
         let xc = self.contiguous(x)?;
         let xs = xc.contiguous_slice();
-        let Geometry {
-            h,
-            w,
-            oh,
-            ow,
-            sh,
-            sw,
-            ..
-        } = g;
+        let (h, w, oh, ow, sh, sw) = g.sizes();
         let mode = opts.mode;
         self.new_tensor(op, g.out.as_slice(), |out| {
             let plane = oh * ow;
@@ -320,15 +319,7 @@ impl ExecContext {
         }
         let gc = self.contiguous(grad)?;
         let gs = gc.contiguous_slice();
-        let Geometry {
-            h,
-            w,
-            oh,
-            ow,
-            sh,
-            sw,
-            ..
-        } = g;
+        let (h, w, oh, ow, sh, sw) = g.sizes();
         let mode = opts.mode;
         self.new_tensor(op, x_shape, |out| {
             let plane = h * w;

@@ -344,20 +344,26 @@ pub(crate) fn train(
         losses.push(value);
         log(step, value);
     }
-    let (noisy, clean) = batch(
-        ctx,
-        cfg.batch,
-        cfg.size,
-        cfg.noise,
-        sub_seed(cfg.seed, HELD_OUT),
-    )?;
-    let _guard = no_grad();
-    let denoised = model.forward(ctx, &noisy)?;
+    let (noisy, denoised, clean) = held_out(ctx, model, cfg, cfg.batch)?;
     Ok(Report {
         losses,
         noisy_mse: noisy.mse_loss(ctx, &clean)?.item()?,
         denoised_mse: denoised.mse_loss(ctx, &clean)?.item()?,
     })
+}
+
+/// `count` held-out images: `(noisy, denoised, clean)`, without a graph.
+fn held_out(
+    ctx: &ExecContext,
+    model: &UNet,
+    cfg: &TrainConfig,
+    count: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let seed = sub_seed(cfg.seed, HELD_OUT);
+    let (noisy, clean) = batch(ctx, count, cfg.size, cfg.noise, seed)?;
+    let _guard = no_grad();
+    let denoised = model.forward(ctx, &noisy)?;
+    Ok((noisy, denoised, clean))
 }
 
 /// The loss curve as an SVG.
@@ -378,15 +384,7 @@ pub(crate) fn samples_svg(
     cfg: &TrainConfig,
     count: usize,
 ) -> Result<String> {
-    let (noisy, clean) = batch(
-        ctx,
-        count,
-        cfg.size,
-        cfg.noise,
-        sub_seed(cfg.seed, HELD_OUT),
-    )?;
-    let _guard = no_grad();
-    let denoised = model.forward(ctx, &noisy)?;
+    let (noisy, denoised, clean) = held_out(ctx, model, cfg, count)?;
     let (cell, gap, label) = (6.0f32, 12.0f32, 90.0f32);
     let side = cfg.size as f32 * cell;
     let (w, h) = (

@@ -61,7 +61,8 @@ mod transformer;
 pub use attention::{Block, CausalSelfAttention, Mlp};
 pub use buffer::Buffer;
 pub use conv::{
-    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
+    AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten,
+    MaxPool1d, MaxPool2d,
 };
 pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
@@ -80,8 +81,8 @@ pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
 pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
 pub use resize::{
-    AvgPool1d, ConstantPad1d, ConstantPad2d, MaxPool1d, ReflectionPad1d, ReflectionPad2d,
-    ReplicationPad1d, ReplicationPad2d, Upsample, ZeroPad2d,
+    ConstantPad1d, ConstantPad2d, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d,
+    ReplicationPad2d, Upsample, ZeroPad2d,
 };
 pub use sequential::Sequential;
 pub use state_dict::StateDict;

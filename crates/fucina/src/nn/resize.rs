@@ -1,13 +1,10 @@
-//! Layers without parameters that resize or pool the trailing axes:
-//! [`Upsample`] (PyTorch's `nn.Upsample`, nearest or bilinear), the 1-D pools
-//! [`MaxPool1d`] and [`AvgPool1d`], and the padding layers
+//! Layers without parameters that resize the trailing axes: [`Upsample`]
+//! (PyTorch's `nn.Upsample`, nearest or bilinear) and the padding layers
 //! [`ConstantPad1d`], [`ConstantPad2d`], [`ZeroPad2d`], [`ReflectionPad1d`],
 //! [`ReflectionPad2d`], [`ReplicationPad1d`], [`ReplicationPad2d`].
 
 use fucina_autograd::Tensor;
-use fucina_exec::{
-    ExecContext, InterpolateMode, InterpolateOptions, PadMode, PadOptions, Pool1dOptions,
-};
+use fucina_exec::{ExecContext, InterpolateMode, InterpolateOptions, PadMode, PadOptions};
 
 use super::{Forward, Module, Parameter};
 use crate::error::{Error, Result};
@@ -108,81 +105,6 @@ impl Forward for Upsample {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
         Upsample::forward(self, ctx, x)
     }
-}
-
-macro_rules! pool1d_layer {
-    ($(#[$doc:meta])* $name:ident, $what:literal, $op:ident) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub struct $name {
-            opts: Pool1dOptions,
-        }
-
-        impl $name {
-            /// A `kernel` window with PyTorch's defaults: the stride equal to
-            /// the kernel, no padding.
-            ///
-            /// # Errors
-            /// [`Error::InvalidArgument`] for a kernel of 0.
-            pub fn new(kernel: usize) -> Result<$name> {
-                $name::with_options(Pool1dOptions::new(kernel))
-            }
-
-            /// The window `opts`.
-            ///
-            /// # Errors
-            /// [`Error::InvalidArgument`] for a kernel or stride of 0 or a
-            /// padding above half the kernel.
-            pub fn with_options(opts: Pool1dOptions) -> Result<$name> {
-                let bad = |reason: String| Err(Error::invalid(concat!($what, "::new"), reason));
-                if opts.kernel == 0 || opts.stride == 0 {
-                    return bad(format!("the kernel and the stride must be at least 1 (got {opts:?})"));
-                }
-                if opts.padding > opts.kernel / 2 {
-                    return bad(format!("the padding must be at most half the kernel (got {opts:?})"));
-                }
-                Ok($name { opts })
-            }
-
-            /// The window.
-            pub fn options(&self) -> Pool1dOptions {
-                self.opts
-            }
-
-            /// Pools `x` (`[N, C, L]`).
-            ///
-            /// # Errors
-            /// The op's errors, naming it (a rank other than 3, a window
-            /// larger than the padded input).
-            pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-                Ok(x.$op(ctx, self.opts)?)
-            }
-        }
-
-        impl Module for $name {
-            fn named_parameters(&self) -> Vec<(String, Parameter)> {
-                Vec::new()
-            }
-        }
-
-        impl Forward for $name {
-            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-                $name::forward(self, ctx, x)
-            }
-        }
-    };
-}
-
-pool1d_layer! {
-    /// Max pooling over `[N, C, L]`, PyTorch's `nn.MaxPool1d` (a tie goes to
-    /// the first position of the window).
-    MaxPool1d, "MaxPool1d", max_pool1d
-}
-
-pool1d_layer! {
-    /// Average pooling over `[N, C, L]`, PyTorch's `nn.AvgPool1d` (padding
-    /// counts in the divisor, `count_include_pad = true`).
-    AvgPool1d, "AvgPool1d", avg_pool1d
 }
 
 macro_rules! pad_layer {

@@ -3,7 +3,7 @@
 
 use fucina_exec::ExecContext;
 
-use super::groups::{Groups, ParamGroup};
+use super::groups::Groups;
 use super::state::State;
 use super::{basic_optimizer, check_distinct, check_lr, check_nonneg};
 use crate::error::Result;
@@ -87,28 +87,6 @@ pub struct Adagrad {
 }
 
 impl Adagrad {
-    /// Adagrad over `params` with `cfg`: a full configuration, or a bare
-    /// learning rate (`f32`) for the defaults with that rate.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a
-    /// negative or non-finite value, or a parameter listed twice.
-    pub fn new(params: Vec<Parameter>, cfg: impl Into<AdagradConfig>) -> Result<Adagrad> {
-        Adagrad::build(params, cfg.into(), None)
-    }
-
-    /// Adagrad over parameter groups, each with its own weight decay (see
-    /// [`ParamGroup`]; the other hyperparameters are `cfg`'s).
-    ///
-    /// # Errors
-    /// As [`Adagrad::new`], and for a group's negative or non-finite weight
-    /// decay.
-    pub fn with_groups(groups: Vec<ParamGroup>, cfg: impl Into<AdagradConfig>) -> Result<Adagrad> {
-        let cfg = cfg.into();
-        let (params, groups) = Groups::build("Adagrad", groups, cfg.weight_decay)?;
-        Adagrad::build(params, cfg, Some(groups))
-    }
-
     fn build(
         params: Vec<Parameter>,
         cfg: AdagradConfig,
@@ -181,4 +159,4 @@ impl Adagrad {
     }
 }
 
-basic_optimizer!(Adagrad, AdagradConfig, "AdagradConfig", |_: &Adagrad| true);
+basic_optimizer!(Adagrad, AdagradConfig, "Adagrad");

@@ -3,7 +3,7 @@
 
 use fucina_exec::ExecContext;
 
-use super::groups::{Groups, ParamGroup};
+use super::groups::Groups;
 use super::state::State;
 use super::{basic_optimizer, check_distinct, check_lr, check_nonneg};
 use crate::error::{Error, Result};
@@ -77,28 +77,6 @@ pub struct Lion {
 }
 
 impl Lion {
-    /// Lion over `params` with `cfg`: a full configuration, or a bare
-    /// learning rate (`f32`) for the defaults with that rate.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, betas
-    /// above 1, or a parameter listed twice.
-    pub fn new(params: Vec<Parameter>, cfg: impl Into<LionConfig>) -> Result<Lion> {
-        Lion::build(params, cfg.into(), None)
-    }
-
-    /// Lion over parameter groups, each with its own weight decay (see
-    /// [`ParamGroup`]; the other hyperparameters are `cfg`'s).
-    ///
-    /// # Errors
-    /// As [`Lion::new`], and for a group's negative or non-finite weight
-    /// decay.
-    pub fn with_groups(groups: Vec<ParamGroup>, cfg: impl Into<LionConfig>) -> Result<Lion> {
-        let cfg = cfg.into();
-        let (params, groups) = Groups::build("Lion", groups, cfg.weight_decay)?;
-        Lion::build(params, cfg, Some(groups))
-    }
-
     fn build(params: Vec<Parameter>, cfg: LionConfig, groups: Option<Groups>) -> Result<Lion> {
         check_lr("LionConfig::lr", cfg.lr)?;
         check_nonneg(&[
@@ -170,4 +148,4 @@ impl Lion {
     }
 }
 
-basic_optimizer!(Lion, LionConfig, "LionConfig", |_: &Lion| true);
+basic_optimizer!(Lion, LionConfig, "Lion");

@@ -163,12 +163,43 @@ macro_rules! delegate_optimizer {
 }
 pub(crate) use delegate_optimizer;
 
-/// The inherent methods every optimizer with `params`, `cfg` (with `lr`),
-/// `groups` and `state` fields shares, and its [`Optimizer`] impl:
-/// `basic_optimizer!(Type, ConfigType, "name for errors", allow_bufs)`.
+/// The constructors and inherent methods every optimizer with `params`,
+/// `cfg` (with `lr` and `weight_decay`), `groups` and `state` fields and a
+/// `build(params, cfg, groups)` checking `cfg` shares, and its [`Optimizer`]
+/// impl: `basic_optimizer!(Type, ConfigType, "Type")`. Its state is loaded
+/// with buffers allowed.
 macro_rules! basic_optimizer {
-    ($t:ident, $cfg:ident, $what:literal, $allow_bufs:expr) => {
+    ($t:ident, $cfg:ident, $name:literal) => {
         impl $t {
+            #[doc = concat!("An optimizer over `params` with `cfg`: a full [`", stringify!($cfg), "`], or a")]
+            /// bare learning rate (`f32`) for the defaults with that rate.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a
+            /// hyperparameter outside its range (see the configuration's
+            /// fields) or a parameter listed twice.
+            pub fn new(params: Vec<$crate::nn::Parameter>, cfg: impl Into<$cfg>) -> $crate::Result<$t> {
+                $t::build(params, cfg.into(), None)
+            }
+
+            /// An optimizer over parameter groups, each with its own weight
+            /// decay (see [`ParamGroup`](crate::optim::ParamGroup); the other
+            /// hyperparameters are `cfg`'s). The state records the grouping
+            /// and the groups' decays.
+            ///
+            /// # Errors
+            /// As [`new`](Self::new), and for a group's negative or non-finite
+            /// weight decay.
+            pub fn with_groups(
+                groups: Vec<$crate::optim::ParamGroup>,
+                cfg: impl Into<$cfg>,
+            ) -> $crate::Result<$t> {
+                let cfg = cfg.into();
+                let (params, groups) =
+                    $crate::optim::groups::Groups::build($name, groups, cfg.weight_decay)?;
+                $t::build(params, cfg, Some(groups))
+            }
+
             /// The hyperparameters (with the current learning rate).
             pub fn config(&self) -> $cfg {
                 self.cfg
@@ -192,7 +223,7 @@ macro_rules! basic_optimizer {
             /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) unless
             /// `lr` is finite and `>= 0` (the rate is then unchanged).
             pub fn set_lr(&mut self, lr: f32) -> $crate::Result<()> {
-                $crate::optim::check_lr(concat!($what, "::lr"), lr)?;
+                $crate::optim::check_lr(concat!(stringify!($cfg), "::lr"), lr)?;
                 self.cfg.lr = lr;
                 Ok(())
             }
@@ -233,9 +264,8 @@ macro_rules! basic_optimizer {
                 ctx: &fucina_exec::ExecContext,
                 state: &[(String, fucina_autograd::Tensor)],
             ) -> $crate::Result<()> {
-                let allow: bool = $allow_bufs(&*self);
                 let (rest, wd) = $crate::optim::groups::split_state(self.groups.as_ref(), state)?;
-                self.state.load(ctx, &self.params, &rest, allow)?;
+                self.state.load(ctx, &self.params, &rest, true)?;
                 if let (Some(g), Some(wd)) = (&mut self.groups, wd) {
                     g.wd = wd;
                 }

@@ -3,7 +3,7 @@
 
 use fucina_exec::ExecContext;
 
-use super::groups::{Groups, ParamGroup};
+use super::groups::Groups;
 use super::state::State;
 use super::{basic_optimizer, check_distinct, check_lr, check_nonneg};
 use crate::error::{Error, Result};
@@ -94,28 +94,6 @@ pub struct RmsProp {
 }
 
 impl RmsProp {
-    /// RMSprop over `params` with `cfg`: a full configuration, or a bare
-    /// learning rate (`f32`) for the defaults with that rate.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a negative or non-finite value, an
-    /// `alpha` above 1, or a parameter listed twice.
-    pub fn new(params: Vec<Parameter>, cfg: impl Into<RmsPropConfig>) -> Result<RmsProp> {
-        RmsProp::build(params, cfg.into(), None)
-    }
-
-    /// RMSprop over parameter groups, each with its own weight decay (see
-    /// [`ParamGroup`]; the other hyperparameters are `cfg`'s).
-    ///
-    /// # Errors
-    /// As [`RmsProp::new`], and for a group's negative or non-finite weight
-    /// decay.
-    pub fn with_groups(groups: Vec<ParamGroup>, cfg: impl Into<RmsPropConfig>) -> Result<RmsProp> {
-        let cfg = cfg.into();
-        let (params, groups) = Groups::build("RmsProp", groups, cfg.weight_decay)?;
-        RmsProp::build(params, cfg, Some(groups))
-    }
-
     fn build(
         params: Vec<Parameter>,
         cfg: RmsPropConfig,
@@ -267,4 +245,4 @@ impl Hyper {
     }
 }
 
-basic_optimizer!(RmsProp, RmsPropConfig, "RmsPropConfig", |_: &RmsProp| true);
+basic_optimizer!(RmsProp, RmsPropConfig, "RmsProp");
