@@ -718,17 +718,7 @@ macro_rules! pool_layer {
             }
         }
 
-        impl Module for $name {
-            fn named_parameters(&self) -> Vec<(String, Parameter)> {
-                Vec::new()
-            }
-        }
-
-        impl Forward for $name {
-            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-                $name::forward(self, ctx, x)
-            }
-        }
+        parameterless_layer!($name);
     };
 }
 
@@ -792,17 +782,7 @@ impl AdaptiveAvgPool2d {
     }
 }
 
-impl Module for AdaptiveAvgPool2d {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        Vec::new()
-    }
-}
-
-impl Forward for AdaptiveAvgPool2d {
-    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        AdaptiveAvgPool2d::forward(self, ctx, x)
-    }
-}
+parameterless_layer!(AdaptiveAvgPool2d);
 
 /// Flattens every axis from `start_axis` on into one (PyTorch's `nn.Flatten`,
 /// whose default start is axis 1: `[N, C, H, W]` -> `[N, C * H * W]`).
@@ -837,14 +817,4 @@ impl Flatten {
     }
 }
 
-impl Module for Flatten {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        Vec::new()
-    }
-}
-
-impl Forward for Flatten {
-    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        Flatten::forward(self, ctx, x)
-    }
-}
+parameterless_layer!(Flatten);

@@ -43,6 +43,28 @@
 //! # Ok::<(), fucina::Error>(())
 //! ```
 
+/// `Module` (no parameters) and `Forward` (the type's inherent `forward`)
+/// for a layer without parameters: `parameterless_layer!(Type)`.
+macro_rules! parameterless_layer {
+    ($name:ident) => {
+        impl $crate::nn::Module for $name {
+            fn named_parameters(&self) -> Vec<(String, $crate::nn::Parameter)> {
+                Vec::new()
+            }
+        }
+
+        impl $crate::nn::Forward for $name {
+            fn forward(
+                &self,
+                ctx: &fucina_exec::ExecContext,
+                x: &fucina_autograd::Tensor,
+            ) -> $crate::Result<fucina_autograd::Tensor> {
+                $name::forward(self, ctx, x)
+            }
+        }
+    };
+}
+
 mod attention;
 mod buffer;
 mod conv;

@@ -6,7 +6,6 @@
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, InterpolateMode, InterpolateOptions, PadMode, PadOptions};
 
-use super::{Forward, Module, Parameter};
 use crate::error::{Error, Result};
 
 /// PyTorch's `nn.Upsample` over `[N, C, H, W]`: resize to a fixed size or by
@@ -95,17 +94,7 @@ impl Upsample {
     }
 }
 
-impl Module for Upsample {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        Vec::new()
-    }
-}
-
-impl Forward for Upsample {
-    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        Upsample::forward(self, ctx, x)
-    }
-}
+parameterless_layer!(Upsample);
 
 macro_rules! pad_layer {
     ($(#[$doc:meta])* $name:ident, $what:literal, $n:literal, $mode:expr, ($($value:ident)?)) => {
@@ -158,17 +147,7 @@ macro_rules! pad_layer {
             }
         }
 
-        impl Module for $name {
-            fn named_parameters(&self) -> Vec<(String, Parameter)> {
-                Vec::new()
-            }
-        }
-
-        impl Forward for $name {
-            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-                $name::forward(self, ctx, x)
-            }
-        }
+        parameterless_layer!($name);
     };
 }
 
