@@ -50,7 +50,9 @@ pub use tensor::Tensor;
 
 /// The option and result types of the convolutional-network ops, re-exported
 /// from the exec layer.
-pub use fucina_exec::{BatchNormStats, GroupNormOptions, Pool2dOp, Pool2dOptions};
+pub use fucina_exec::{BatchNormStats, GroupNormOptions, Pool1dOptions, Pool2dOp, Pool2dOptions};
+/// The options of [`Tensor::pad`] and [`Tensor::interpolate`].
+pub use fucina_exec::{InterpolateMode, InterpolateOptions, PadMode, PadOptions};
 
 /// The exec layer this crate is built on.
 pub use fucina_exec as exec;

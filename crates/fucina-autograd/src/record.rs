@@ -10,8 +10,8 @@
 
 use fucina_exec::{
     AxisReduction, AxisStatistic, BinaryOp, ClassLoss, Dims, ExecContext, FullReduction,
-    GroupNormOptions, MaskOp, NormOp, Pool2dOp, RawTensor, RegressionLoss, ScalarOp, SoftmaxOp,
-    UnaryOp,
+    GroupNormOptions, InterpolateOptions, MaskOp, NormOp, PadOptions, Pool2dOp, RawTensor,
+    RegressionLoss, ScalarOp, SoftmaxOp, UnaryOp,
 };
 use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
@@ -224,6 +224,15 @@ pub(crate) enum Saved {
         x: RawTensor,
         params: RawTensor,
         op: Pool2dOp,
+    },
+    /// The input shape and the options of a `pad` (its backward reads no
+    /// values).
+    Pad { shape: Dims, opts: PadOptions },
+    /// The input shape and the options of an `interpolate` (its backward
+    /// reads no values).
+    Interpolate {
+        shape: Dims,
+        opts: InterpolateOptions,
     },
 }
 

@@ -1,9 +1,13 @@
-//! Heap allocations of a pooling + batch-norm + group-norm training step after warm-up,
+//! Heap allocations of a pooling + batch-norm + group-norm + pad + interpolate +
+//! 1-D pooling training step after warm-up,
 //! counted by a global allocator of this test binary (each test in a process of
 //! its own, see `allocations.rs`).
 
 use fucina_autograd::exec::{ExecContext, RawTensor};
-use fucina_autograd::{GroupNormOptions, Pool2dOptions, Tensor, free_graph_nodes};
+use fucina_autograd::{
+    GroupNormOptions, InterpolateMode, InterpolateOptions, PadMode, PadOptions, Pool1dOptions,
+    Pool2dOptions, Tensor, free_graph_nodes,
+};
 
 #[path = "support/alloc_count.rs"]
 mod alloc_count;
@@ -22,7 +26,8 @@ struct Params {
 }
 
 /// max pool -> batch norm (training, with the statistics) -> group norm ->
-/// avg pool -> adaptive avg pool -> flatten -> cumsum -> scatter_add -> loss,
+/// reflect pad -> nearest and bilinear interpolate -> avg pool -> adaptive
+/// avg pool -> flatten -> 1-D max pool -> flatten -> cumsum -> scatter_add -> loss,
 /// backward, SGD; then an eval-mode forward. Returns the loss.
 fn step(
     ctx: &ExecContext,
@@ -44,6 +49,26 @@ fn step(
             GroupNormOptions::new(3),
         )
         .unwrap()
+        .pad(
+            ctx,
+            PadOptions::new(&[1, 1, 2, 0], PadMode::Reflect).unwrap(),
+        )
+        .unwrap()
+        .interpolate(
+            ctx,
+            InterpolateOptions::scale([2.0, 2.0], InterpolateMode::Nearest),
+        )
+        .unwrap()
+        .interpolate(
+            ctx,
+            InterpolateOptions::size(
+                [21, 20],
+                InterpolateMode::Bilinear {
+                    align_corners: false,
+                },
+            ),
+        )
+        .unwrap()
         .avg_pool2d(
             ctx,
             Pool2dOptions {
@@ -54,6 +79,17 @@ fn step(
         )
         .unwrap()
         .adaptive_avg_pool2d(ctx, [2, 2])
+        .unwrap()
+        .flatten(ctx, 2)
+        .unwrap()
+        .max_pool1d(
+            ctx,
+            Pool1dOptions {
+                kernel: 3,
+                stride: 1,
+                padding: 1,
+            },
+        )
         .unwrap()
         .flatten(ctx, 1)
         .unwrap()
@@ -145,10 +181,11 @@ fn run(threads: usize, scoped: bool) {
         allocs, 0,
         "heap allocations per step ({threads} threads, scoped {scoped})"
     );
-    // max_pool, batch_norm, group_norm, avg_pool, adaptive, reshape, cumsum,
-    // scatter_add, mul, mean_all: all released to the free list.
+    // max_pool, batch_norm, group_norm, pad, 2 interpolates, avg_pool,
+    // adaptive, reshape, max_pool1d (unsqueeze, pool, squeeze), reshape,
+    // cumsum, scatter_add, mul, mean_all: all released to the free list.
     let free = free_graph_nodes(&ctx);
-    assert_eq!(free, 10, "graph nodes back in the free list");
+    assert_eq!(free, 17, "graph nodes back in the free list");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Pooling, batch norm, group norm, flatten, cumsum and scatter_add: forward values against
+//! Pooling (2-D and 1-D), batch norm, group norm, flatten, cumsum, scatter_add, pad and
+//! interpolate: forward values against
 //! float64 references computed here with direct loops, gradcheck of every op and
 //! option, the max-pool tie rule, bad input, bit-identical results for 1-4
 //! threads, and batch invariance.
@@ -6,7 +7,10 @@
 mod support;
 
 use fucina_autograd::exec::{ExecContext, ExecError, RawTensor};
-use fucina_autograd::{AutogradError, GroupNormOptions, Pool2dOp, Pool2dOptions, Tensor};
+use fucina_autograd::{
+    AutogradError, GroupNormOptions, InterpolateMode, InterpolateOptions, PadMode, PadOptions,
+    Pool1dOptions, Pool2dOp, Pool2dOptions, Tensor,
+};
 use support::{check, check_layouts, values};
 
 fn opts(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Pool2dOptions {
@@ -1058,4 +1062,148 @@ fn gradcheck_through_a_small_cnn_block() {
     )
     .unwrap();
     assert!(r.passed && r.checked == 68, "{r:?}");
+}
+
+#[test]
+fn gradcheck_pad_every_mode_and_axis_count() {
+    let ctx = ExecContext::new();
+    for mode in [PadMode::Constant(0.7), PadMode::Reflect, PadMode::Replicate] {
+        for (s, pads) in [
+            (&[2, 3, 4][..], &[2, 3][..]),
+            (&[1, 2, 3, 4][..], &[1, 2, 2, 1][..]),
+            (&[3, 5][..], &[0, 4, 2, 0][..]),
+        ] {
+            let o = PadOptions::new(pads, mode).unwrap();
+            let n: usize = s.iter().product();
+            check_layouts(
+                &ctx,
+                &format!("pad {s:?} {o:?}"),
+                |ctx, t| t[0].pad(ctx, o),
+                &[(s, values(n, 201, -2.0, 2.0))],
+            );
+        }
+    }
+}
+
+#[test]
+fn gradcheck_interpolate_every_mode() {
+    let ctx = ExecContext::new();
+    for mode in [
+        InterpolateMode::Nearest,
+        InterpolateMode::Bilinear {
+            align_corners: false,
+        },
+        InterpolateMode::Bilinear {
+            align_corners: true,
+        },
+    ] {
+        for o in [
+            InterpolateOptions::scale([2.0, 2.0], mode),
+            InterpolateOptions::size([5, 2], mode),
+            InterpolateOptions::scale([1.5, 0.75], mode),
+        ] {
+            let s: &[usize] = &[2, 2, 3, 4];
+            check_layouts(
+                &ctx,
+                &format!("interpolate {o:?}"),
+                |ctx, t| t[0].interpolate(ctx, o),
+                &[(s, values(48, 202, -2.0, 2.0))],
+            );
+        }
+    }
+}
+
+#[test]
+fn pool1d_is_the_2d_pool_over_a_unit_height_and_passes_gradcheck() {
+    let ctx = ExecContext::new();
+    let s = [2, 3, 11];
+    let xv = distinct(66, 203);
+    for o in [
+        Pool1dOptions::new(2),
+        Pool1dOptions {
+            kernel: 3,
+            stride: 2,
+            padding: 1,
+        },
+        Pool1dOptions {
+            kernel: 4,
+            stride: 1,
+            padding: 2,
+        },
+    ] {
+        let x = Tensor::from_slice(&ctx, &s, &xv).unwrap();
+        let x4 = Tensor::from_slice(&ctx, &[2, 3, 1, 11], &xv).unwrap();
+        let mx = x.max_pool1d(&ctx, o).unwrap();
+        let av = x.avg_pool1d(&ctx, o).unwrap();
+        assert_eq!(
+            mx.shape(),
+            o.out_shape("max_pool1d", &s).unwrap().as_slice()
+        );
+        let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&mx), bits(&x4.max_pool2d(&ctx, o.to_2d()).unwrap()));
+        assert_eq!(bits(&av), bits(&x4.avg_pool2d(&ctx, o.to_2d()).unwrap()));
+        // Direct reference of the max and mean windows (padding -inf / 0).
+        let ol = mx.shape()[2];
+        for (r, row) in xv.chunks(11).enumerate() {
+            for i in 0..ol {
+                let lo = (i * o.stride) as isize - o.padding as isize;
+                let win = (lo..lo + o.kernel as isize).filter(|&j| (0..11).contains(&j));
+                let m = win
+                    .clone()
+                    .map(|j| row[j as usize])
+                    .fold(f32::MIN, f32::max);
+                let sum: f64 = win.map(|j| f64::from(row[j as usize])).sum();
+                assert_eq!(mx.to_vec()[r * ol + i], m);
+                let a = f64::from(av.to_vec()[r * ol + i]);
+                assert!((a - sum / o.kernel as f64).abs() < 1e-6);
+            }
+        }
+        for (name, avg) in [("max", false), ("avg", true)] {
+            check_layouts(
+                &ctx,
+                &format!("{name}_pool1d {o:?}"),
+                |ctx, t| {
+                    if avg {
+                        t[0].avg_pool1d(ctx, o)
+                    } else {
+                        t[0].max_pool1d(ctx, o)
+                    }
+                },
+                &[(&s, xv.clone())],
+            );
+        }
+    }
+    // Bad input names the 1-D op.
+    let x = Tensor::from_slice(&ctx, &s, &xv).unwrap();
+    for (o, what) in [
+        (Pool1dOptions::new(0), "kernel size"),
+        (
+            Pool1dOptions {
+                kernel: 2,
+                stride: 0,
+                padding: 0,
+            },
+            "stride",
+        ),
+        (
+            Pool1dOptions {
+                kernel: 2,
+                stride: 1,
+                padding: 2,
+            },
+            "padding",
+        ),
+        (Pool1dOptions::new(12), "larger than the padded input"),
+    ] {
+        let e = x.max_pool1d(&ctx, o).unwrap_err().to_string();
+        assert!(e.contains("max_pool1d") && e.contains(what), "{e}");
+        let e = x.avg_pool1d(&ctx, o).unwrap_err().to_string();
+        assert!(e.contains("avg_pool1d") && e.contains(what), "{e}");
+    }
+    let x4 = Tensor::from_slice(&ctx, &[2, 3, 1, 11], &xv).unwrap();
+    let e = x4
+        .max_pool1d(&ctx, Pool1dOptions::new(2))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_pool1d") && e.contains("rank 3"), "{e}");
 }

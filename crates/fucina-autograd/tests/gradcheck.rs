@@ -54,6 +54,9 @@ unary_checks! {
     gelu_erf: gelu_erf over values(6, 11, -3.0, 3.0);
     silu: silu over values(6, 12, -3.0, 3.0);
     softplus: softplus over values(6, 13, -3.0, 3.0);
+    logsigmoid: logsigmoid over values(6, 16, -3.0, 3.0);
+    mish: mish over values(6, 17, -3.0, 3.0);
+    hardswish: hardswish over away_from_zero(6, 18, 0.2, 2.5);
     sin: sin over values(6, 14, -3.0, 3.0);
     cos: cos over values(6, 15, -3.0, 3.0);
 }

@@ -84,11 +84,13 @@ pub use ops::conv_transpose::{ConvTranspose1dOptions, ConvTranspose2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
 pub use ops::gather::IndexOp;
 pub use ops::group_norm::GroupNormOptions;
+pub use ops::interpolate::{InterpolateMode, InterpolateOptions};
 pub use ops::join::JoinOp;
 pub use ops::loss::{ClassLoss, RegressionLoss};
 pub use ops::matmul::{MatmulOptions, ProductGrads, ProductOp, RhsLifetime};
 pub use ops::norm::NormOp;
-pub use ops::pool::{Pool2dOp, Pool2dOptions};
+pub use ops::pad::{PadMode, PadOptions};
+pub use ops::pool::{Pool1dOptions, Pool2dOp, Pool2dOptions};
 pub use ops::quant_format::{
     FORMATS, FormatRow, QuantFormat, Storage, TensorFormat, UnknownFormatName,
 };

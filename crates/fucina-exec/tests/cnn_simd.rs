@@ -1,4 +1,4 @@
-//! Pooling, batch norm, group norm, cumsum and scatter_add give the same bits at every
+//! Pooling, batch norm, group norm, cumsum, scatter_add, pad and interpolate give the same bits at every
 //! vector level the CPU supports (portable, AVX2, AVX-512), forward and
 //! backward, at 1 and 3 threads. One test function, because the level is a
 //! process-wide setting.
@@ -8,8 +8,8 @@
 mod support;
 
 use fucina_exec::{
-    ExecContext, ExecError, Pool2dOp, Pool2dOptions, SimdLevel, detected_simd_level,
-    force_simd_level,
+    ExecContext, ExecError, InterpolateMode, InterpolateOptions, PadMode, PadOptions, Pool2dOp,
+    Pool2dOptions, SimdLevel, detected_simd_level, force_simd_level,
 };
 use support::{nan_bits, values};
 
@@ -117,6 +117,38 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
         "scatter_add".into(),
         nan_bits(&ctx.scatter_add(&x, 1, &idx, &x)?),
     ));
+    // pad and interpolate, forward and backward, on the odd-sized planes.
+    let x = ctx.from_slice(&s, &values(n, 12))?;
+    for mode in [PadMode::Constant(0.5), PadMode::Reflect, PadMode::Replicate] {
+        let o = PadOptions::new(&[3, 2, 1, 4], mode)?;
+        let y = ctx.pad(&x, o)?;
+        let g = ctx.from_slice(y.shape(), &values(y.numel(), 13))?;
+        out.push((format!("{o:?}"), nan_bits(&y)));
+        out.push((
+            format!("{o:?} backward"),
+            nan_bits(&ctx.pad_backward(&g, &s, o)?),
+        ));
+    }
+    for mode in [
+        InterpolateMode::Nearest,
+        InterpolateMode::Bilinear {
+            align_corners: false,
+        },
+        InterpolateMode::Bilinear {
+            align_corners: true,
+        },
+    ] {
+        for o in [
+            InterpolateOptions::scale([2.0, 1.5], mode),
+            InterpolateOptions::size([20, 50], mode),
+        ] {
+            let y = ctx.interpolate(&x, o)?;
+            let g = ctx.from_slice(y.shape(), &values(y.numel(), 14))?;
+            out.push((format!("{o:?}"), nan_bits(&y)));
+            let gx = ctx.interpolate_backward(&g, &s, o)?;
+            out.push((format!("{o:?} backward"), nan_bits(&gx)));
+        }
+    }
     Ok(out)
 }
 

@@ -56,6 +56,30 @@ fn unary_table() -> Vec<UnaryRow> {
             |x| f64::from(x).exp().ln_1p() as f32,
             4.0,
         ),
+        (
+            "logsigmoid",
+            ExecContext::logsigmoid,
+            |x| -(-f64::from(x)).exp().ln_1p() as f32,
+            4.0,
+        ),
+        (
+            "mish",
+            ExecContext::mish,
+            |x| {
+                let x = f64::from(x);
+                (x * x.exp().ln_1p().tanh()) as f32
+            },
+            8.0,
+        ),
+        (
+            "hardswish",
+            ExecContext::hardswish,
+            |x| {
+                let x = f64::from(x);
+                (x * (x + 3.0).clamp(0.0, 6.0) / 6.0) as f32
+            },
+            2.0,
+        ),
     ]
 }
 
@@ -249,6 +273,9 @@ fn unary_backward_kernels_match_finite_differences() {
         (ExecContext::gelu_erf, ExecContext::gelu_erf_backward),
         (ExecContext::silu, ExecContext::silu_backward),
         (ExecContext::softplus, ExecContext::softplus_backward),
+        (ExecContext::logsigmoid, ExecContext::logsigmoid_backward),
+        (ExecContext::mish, ExecContext::mish_backward),
+        (ExecContext::hardswish, ExecContext::hardswish_backward),
         (ExecContext::sin, ExecContext::sin_backward),
         (ExecContext::cos, ExecContext::cos_backward),
         (ExecContext::relu, ExecContext::relu_backward),
@@ -497,7 +524,7 @@ fn ops_go_parallel_at_the_threshold() {
 fn unary_descriptors_name_their_kernels() {
     use fucina_exec::UnaryOp;
     type Bwd = fn(&ExecContext, &RawTensor, &RawTensor) -> Result<RawTensor, ExecError>;
-    let named: [(&str, Unary, &str, Bwd); 15] = [
+    let named: [(&str, Unary, &str, Bwd); 18] = [
         (
             "neg",
             ExecContext::neg,
@@ -575,6 +602,24 @@ fn unary_descriptors_name_their_kernels() {
             ExecContext::softplus,
             "softplus_backward",
             ExecContext::softplus_backward,
+        ),
+        (
+            "logsigmoid",
+            ExecContext::logsigmoid,
+            "logsigmoid_backward",
+            ExecContext::logsigmoid_backward,
+        ),
+        (
+            "mish",
+            ExecContext::mish,
+            "mish_backward",
+            ExecContext::mish_backward,
+        ),
+        (
+            "hardswish",
+            ExecContext::hardswish,
+            "hardswish_backward",
+            ExecContext::hardswish_backward,
         ),
         (
             "sin",

@@ -60,6 +60,10 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     push("gelu_erf", ctx.gelu_erf(&a)?);
     push("silu", ctx.silu(&a)?);
     push("softplus", ctx.softplus(&a)?);
+    push("logsigmoid", ctx.logsigmoid(&a)?);
+    push("mish", ctx.mish(&a)?);
+    push("hardswish", ctx.hardswish(&a)?);
+    push("hardswish_backward", ctx.hardswish_backward(&a, &b)?);
     // The libm-free transcendentals (`kernels::math`) on a wide range, with
     // special values: large magnitudes, zeros of both signs, infinities, NaN,
     // subnormals.
@@ -97,6 +101,10 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
         ("sigmoid_backward", ctx.sigmoid_backward(&w, &b)?),
         ("silu_backward", ctx.silu_backward(&w, &b)?),
         ("softplus_backward", ctx.softplus_backward(&w, &b)?),
+        ("logsigmoid_wide", ctx.logsigmoid(&w)?),
+        ("logsigmoid_backward", ctx.logsigmoid_backward(&w, &b)?),
+        ("mish_wide", ctx.mish(&w)?),
+        ("mish_backward", ctx.mish_backward(&w, &b)?),
         ("gelu_erf_backward", ctx.gelu_erf_backward(&a, &b)?),
         ("softmax_wide", ctx.softmax(&w, 1)?),
         ("log_softmax_wide", ctx.log_softmax(&w, 1)?),

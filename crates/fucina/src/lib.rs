@@ -193,17 +193,21 @@ pub use fucina_thread::{Team, TeamOptions};
 /// The names a training program uses, for `use fucina::prelude::*`.
 pub mod prelude {
     pub use crate::exec::{
-        Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, GroupNormOptions, Pool2dOptions,
+        Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, GroupNormOptions, InterpolateMode,
+        PadMode, PadOptions, Pool1dOptions, Pool2dOptions,
     };
     pub use crate::nn::{
         AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Block, Buffer, CausalSelfAttention,
         Conv1d, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm,
-        Gru, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, MaxPool2d, Module,
-        MultiheadAttention, Parameter, Relu, RmsNorm, RnnOptions, Sequential, StateDict,
+        Gru, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, MaxPool1d, MaxPool2d, Module,
+        MultiheadAttention, Parameter, ReflectionPad2d, Relu, RmsNorm, RnnOptions, Sequential,
+        StateDict, TransformerDecoderLayer, TransformerEncoderLayer, TransformerOptions, Upsample,
+        ZeroPad2d,
     };
     pub use crate::optim::{
-        Adam, AdamConfig, AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig, WarmupCosine,
-        clip_grad_norm, decay_groups,
+        Adagrad, AdagradConfig, Adam, AdamConfig, AdamW, AdamWConfig, Lion, LionConfig, Optimizer,
+        ParamGroup, RmsProp, RmsPropConfig, Sgd, SgdConfig, WarmupCosine, clip_grad_norm,
+        decay_groups,
     };
     pub use crate::{Error, ExecContext, RawTensor, Result, Tensor, no_grad};
 }

@@ -11,7 +11,10 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fucina::nn::{Linear, Module};
-use fucina::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig, clip_grad_norm};
+use fucina::optim::{
+    Adagrad, AdagradConfig, AdamW, AdamWConfig, Lion, Optimizer, RmsProp, RmsPropConfig, Sgd,
+    SgdConfig, clip_grad_norm,
+};
 use fucina::{ExecContext, Tensor};
 
 struct Counting;
@@ -120,4 +123,32 @@ fn steady_state_steps_do_not_allocate() {
     };
     let mut sgd = Sgd::new(p, cfg).unwrap();
     assert_eq!(allocations_of_steps(&ctx, &mut sgd, &m, false), 0, "SGD");
+    let (m, p) = model(&ctx);
+    let cfg = RmsPropConfig {
+        momentum: 0.9,
+        centered: true,
+        weight_decay: 1e-4,
+        ..RmsPropConfig::default()
+    };
+    let mut rms = RmsProp::new(p, cfg).unwrap();
+    assert_eq!(
+        allocations_of_steps(&ctx, &mut rms, &m, false),
+        0,
+        "RMSprop"
+    );
+    let (m, p) = model(&ctx);
+    let cfg = AdagradConfig {
+        lr_decay: 0.01,
+        initial_accumulator_value: 0.1,
+        ..AdagradConfig::default()
+    };
+    let mut adagrad = Adagrad::new(p, cfg).unwrap();
+    assert_eq!(
+        allocations_of_steps(&ctx, &mut adagrad, &m, false),
+        0,
+        "Adagrad"
+    );
+    let (m, p) = model(&ctx);
+    let mut lion = Lion::new(p, 1e-4).unwrap();
+    assert_eq!(allocations_of_steps(&ctx, &mut lion, &m, true), 0, "Lion");
 }

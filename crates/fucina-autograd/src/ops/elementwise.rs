@@ -82,6 +82,12 @@ unary! {
     silu => Silu;
     /// Softplus `ln(1 + e^x)`.
     softplus => Softplus;
+    /// Log-sigmoid `ln(sigmoid(x))`, stable for any `x`.
+    logsigmoid => LogSigmoid;
+    /// Mish `x * tanh(softplus(x))`.
+    mish => Mish;
+    /// Hard swish `x * relu6(x + 3) / 6`.
+    hardswish => Hardswish;
     /// Sine.
     sin => Sin;
     /// Cosine.

@@ -11,6 +11,7 @@ pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod resize;
 pub(crate) mod scan;
 pub(crate) mod view;
 

@@ -1,6 +1,8 @@
-//! 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`) and `flatten`.
+//! 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`), 1-D
+//! pooling (`max_pool1d`, `avg_pool1d`: the 2-D ops over a height of 1) and
+//! `flatten`.
 
-use fucina_exec::{Axis, ExecContext, Pool2dOp, Pool2dOptions};
+use fucina_exec::{Axis, ExecContext, Pool1dOptions, Pool2dOp, Pool2dOptions};
 
 use crate::error::Result;
 use crate::record::{grads, record};
@@ -135,6 +137,64 @@ impl Tensor {
     /// As [`pool2d`](Tensor::pool2d); an output size of 0.
     pub fn adaptive_avg_pool2d(&self, ctx: &ExecContext, size: [usize; 2]) -> Result<Tensor> {
         self.pool2d(ctx, Pool2dOp::AdaptiveAvg(size))
+    }
+
+    /// 1-D max pooling (`[N, C, L]` -> `[N, C, OL]`, `OL = (L + 2 * padding -
+    /// kernel) / stride + 1`; PyTorch's `max_pool1d`): the 2-D op over
+    /// `[N, C, 1, L]` with a `1 × kernel` window, so ties, padding and NaNs
+    /// behave as in [`max_pool2d`](Tensor::max_pool2d). Three nodes: the
+    /// unsqueeze, the pool and the squeeze.
+    ///
+    /// ```
+    /// use fucina_autograd::{Pool1dOptions, Tensor};
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::variable_from_slice(&ctx, &[1, 1, 5], &[1., 5., 2., 0., 3.])?;
+    /// let y = x.max_pool1d(&ctx, Pool1dOptions { kernel: 2, stride: 1, padding: 0 })?;
+    /// assert_eq!(y.to_vec(), [5., 5., 2., 3.]);
+    /// y.sum_all(&ctx)?.backward(&ctx)?;
+    /// assert_eq!(x.grad(&ctx)?.unwrap().to_vec(), [0., 2., 1., 0., 1.]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Pool1dOptions::out_shape`], naming `max_pool1d`: a rank other
+    /// than 3, a kernel or stride of 0, a padding above half the kernel, a
+    /// kernel larger than the padded input.
+    pub fn max_pool1d(&self, ctx: &ExecContext, opts: Pool1dOptions) -> Result<Tensor> {
+        self.pool1d(ctx, "max_pool1d", Pool2dOp::Max(opts.to_2d()), opts)
+    }
+
+    /// 1-D average pooling with `count_include_pad = true` (every window sum
+    /// divided by `kernel`; PyTorch's `avg_pool1d`): the 2-D op over `[N, C,
+    /// 1, L]` with a `1 × kernel` window.
+    ///
+    /// ```
+    /// use fucina_autograd::{Pool1dOptions, Tensor};
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let x = Tensor::from_slice(&ctx, &[1, 1, 4], &[1., 3., 5., 7.])?;
+    /// assert_eq!(x.avg_pool1d(&ctx, Pool1dOptions::new(2))?.to_vec(), [2., 6.]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`max_pool1d`](Tensor::max_pool1d), naming `avg_pool1d`.
+    pub fn avg_pool1d(&self, ctx: &ExecContext, opts: Pool1dOptions) -> Result<Tensor> {
+        self.pool1d(ctx, "avg_pool1d", Pool2dOp::Avg(opts.to_2d()), opts)
+    }
+
+    fn pool1d(
+        &self,
+        ctx: &ExecContext,
+        name: &'static str,
+        op: Pool2dOp,
+        opts: Pool1dOptions,
+    ) -> Result<Tensor> {
+        opts.out_shape(name, self.shape())?;
+        self.unsqueeze(ctx, 2)?.pool2d(ctx, op)?.squeeze(ctx, 2)
     }
 
     /// The axes from `start_axis` on merged into one (`[N, C, H, W]` ->

@@ -190,8 +190,8 @@ impl Run<'_> {
         let rank = x.shape().len();
         let out = match b.below(20) {
             0 | 1 => {
-                let k = b.below(15);
-                let bounded = k < 11;
+                let k = b.below(17);
+                let bounded = k < 13;
                 self.smooth &= bounded;
                 match k {
                     0 => x.neg(ctx),
@@ -205,9 +205,11 @@ impl Run<'_> {
                     8 => x.softplus(ctx),
                     9 => x.sin(ctx),
                     10 => x.cos(ctx),
-                    11 => x.exp(ctx),
-                    12 => x.log(ctx),
-                    13 => x.sqrt(ctx),
+                    11 => x.logsigmoid(ctx),
+                    12 => x.mish(ctx),
+                    13 => x.exp(ctx),
+                    14 => x.log(ctx),
+                    15 => x.sqrt(ctx),
                     _ => x.rsqrt(ctx),
                 }?
             }

@@ -92,6 +92,60 @@ pub(crate) fn softplus_grad(x: f32) -> f32 {
     if x > 20.0 { 1.0 } else { math::sigmoid(x) }
 }
 
+/// `ln(sigmoid(x)) = min(x, 0) - ln(1 + e^-|x|)`: no overflow for any `x`
+/// (PyTorch's `logsigmoid`).
+#[inline(always)]
+pub(crate) fn logsigmoid(x: f32) -> f32 {
+    x.min(0.0) - math::log1p_nonneg(math::exp(-x.abs()))
+}
+
+/// The derivative of [`logsigmoid`]: `sigmoid(-x)`.
+#[inline(always)]
+pub(crate) fn logsigmoid_grad(x: f32) -> f32 {
+    math::sigmoid(-x)
+}
+
+/// Hard swish `x * relu6(x + 3) / 6`: 0 at or below -3, `x` at or above 3,
+/// `x (x + 3) / 6` between (PyTorch's `hardswish`).
+#[inline(always)]
+pub(crate) fn hardswish(x: f32) -> f32 {
+    if x <= -3.0 {
+        0.0
+    } else if x >= 3.0 {
+        x
+    } else {
+        x * (x + 3.0) / 6.0
+    }
+}
+
+/// The derivative of [`hardswish`] as PyTorch takes it: 0 below -3, `x / 3 +
+/// 1/2` on `[-3, 3]`, 1 above 3.
+#[inline(always)]
+pub(crate) fn hardswish_grad(x: f32) -> f32 {
+    if x < -3.0 {
+        0.0
+    } else if x <= 3.0 {
+        x / 3.0 + 0.5
+    } else {
+        1.0
+    }
+}
+
+/// Mish `x * tanh(softplus(x))` (softplus with its threshold of 20, where
+/// `tanh` is 1 in f32 anyway).
+#[inline(always)]
+pub(crate) fn mish(x: f32) -> f32 {
+    x * math::tanh(softplus(x))
+}
+
+/// The derivative of [`mish`]: with `t = tanh(softplus(x))`,
+/// `t + x * sigmoid(x) * (1 - t^2)` (PyTorch's formula).
+#[inline(always)]
+pub(crate) fn mish_grad(x: f32) -> f32 {
+    let t = math::tanh(softplus(x));
+    t + x * math::sigmoid(x) * (1.0 - t * t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,14 +194,18 @@ mod tests {
     #[test]
     fn derivatives_match_finite_differences() {
         type F = fn(f32) -> f32;
-        let fs: [(F, F); 4] = [
+        let fs: [(F, F); 7] = [
             (gelu, gelu_grad),
             (gelu_erf, gelu_erf_grad),
             (silu, silu_grad),
             (softplus, softplus_grad),
+            (logsigmoid, logsigmoid_grad),
+            (hardswish, hardswish_grad),
+            (mish, mish_grad),
         ];
         for (f, g) in fs {
-            for x in [-3.0f32, -0.7, 0.0, 0.3, 1.9, 4.0] {
+            // Away from hardswish's kinks at -3 and 3.
+            for x in [-3.3f32, -2.5, -0.7, 0.0, 0.3, 1.9, 4.0] {
                 let h = 1e-2f32;
                 let fd = (f(x + h) - f(x - h)) / (2.0 * h);
                 assert!((fd - g(x)).abs() < 2e-3, "x = {x}: fd {fd} vs {}", g(x));

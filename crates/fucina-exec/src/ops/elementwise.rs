@@ -461,6 +461,14 @@ unary_ops! {
     silu / Silu, silu_backward, TRANSCENDENTAL => |x| unary::silu(x), |x| unary::silu_grad(x);
     /// Softplus `ln(1 + e^x)`, linear above 20 (PyTorch's threshold).
     softplus / Softplus, softplus_backward, TRANSCENDENTAL => |x| unary::softplus(x), |x| unary::softplus_grad(x);
+    /// Log-sigmoid `ln(1 / (1 + e^-x)) = min(x, 0) - ln(1 + e^-|x|)` (no
+    /// overflow for any `x`).
+    logsigmoid / LogSigmoid, logsigmoid_backward, TRANSCENDENTAL => |x| unary::logsigmoid(x), |x| unary::logsigmoid_grad(x);
+    /// Mish `x * tanh(softplus(x))`.
+    mish / Mish, mish_backward, TRANSCENDENTAL => |x| unary::mish(x), |x| unary::mish_grad(x);
+    /// Hard swish `x * min(max(x + 3, 0), 6) / 6` (derivative `x / 3 + 1/2` on
+    /// `[-3, 3]`, PyTorch's convention at the ends).
+    hardswish / Hardswish, hardswish_backward, CHEAP => |x| unary::hardswish(x), |x| unary::hardswish_grad(x);
     /// Sine.
     sin / Sin, sin_backward, TRANSCENDENTAL => |x| x.sin(), |x| x.cos();
     /// Cosine.

@@ -83,6 +83,102 @@ impl Pool2dOptions {
     }
 }
 
+/// The window of a 1-D pooling op over `[N, C, L]` (`avg_pool1d`,
+/// `max_pool1d` of the autograd layer, which run the 2-D ops on `[N, C, 1,
+/// L]`): its size, its step and the implicit padding on each side.
+/// [`Pool1dOptions::new`] gives PyTorch's default of a stride equal to the
+/// kernel.
+///
+/// ```
+/// use fucina_exec::Pool1dOptions;
+///
+/// let o = Pool1dOptions::new(3);
+/// assert_eq!((o.stride, o.padding), (3, 0));
+/// assert_eq!(o.out_shape("max_pool1d", &[2, 4, 10])?.as_slice(), [2, 4, 3]);
+/// assert!(o.out_shape("max_pool1d", &[2, 4, 2]).is_err()); // the kernel does not fit
+/// # Ok::<(), fucina_exec::ExecError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pool1dOptions {
+    /// The window size (at least 1).
+    pub kernel: usize,
+    /// The step between windows (at least 1).
+    pub stride: usize,
+    /// Implicit padding on both sides (at most half the kernel).
+    pub padding: usize,
+}
+
+impl Pool1dOptions {
+    /// A `kernel` window with the stride equal to the kernel and no padding.
+    pub fn new(kernel: usize) -> Self {
+        Pool1dOptions {
+            kernel,
+            stride: kernel,
+            padding: 0,
+        }
+    }
+
+    /// The 2-D window over `[N, C, 1, L]` with the same pooling.
+    pub fn to_2d(self) -> Pool2dOptions {
+        Pool2dOptions {
+            kernel: [1, self.kernel],
+            stride: [1, self.stride],
+            padding: [0, self.padding],
+        }
+    }
+
+    /// The output shape `[N, C, (L + 2 * padding - kernel) / stride + 1]` of
+    /// the 1-D op `op` for an input of shape `x`.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] naming `op` if `x` is not of rank 3 or has
+    /// a zero dimension, the kernel or the stride is 0, the padding is above
+    /// half the kernel or the kernel is larger than the padded input.
+    pub fn out_shape(&self, op: &'static str, x: &[usize]) -> Result<Dims, ExecError> {
+        if x.len() != 3 {
+            return Err(ExecError::InvalidShape {
+                op,
+                shape: Dims::new(x),
+                reason: "the input must be [N, C, L] (rank 3)",
+            });
+        }
+        check_shape(op, x)?;
+        let bad = |v: usize, reason| {
+            Err(ExecError::InvalidShape {
+                op,
+                shape: Dims::new(&[v]),
+                reason,
+            })
+        };
+        if self.kernel == 0 {
+            return bad(0, "the kernel size must be at least 1");
+        }
+        if self.stride == 0 {
+            return bad(0, "the stride must be at least 1");
+        }
+        if self.kernel.max(self.stride) > MAX_WINDOW {
+            return bad(
+                self.kernel.max(self.stride),
+                "a kernel or stride size is above 2^40",
+            );
+        }
+        if self.padding > self.kernel / 2 {
+            return bad(
+                self.padding,
+                "the padding must be at most half the kernel size",
+            );
+        }
+        let Some(room) = (x[2] + 2 * self.padding).checked_sub(self.kernel) else {
+            return Err(ExecError::InvalidShape {
+                op,
+                shape: Dims::new(x),
+                reason: "the kernel is larger than the padded input",
+            });
+        };
+        Ok(Dims::new(&[x[0], x[1], room / self.stride + 1]))
+    }
+}
+
 /// A 2-D pooling op and its parameters: the descriptor of the pooling family
 /// (see [`ExecContext::pool2d`] and [`ExecContext::pool2d_backward`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,10 +1,11 @@
 //! The layers of convolutional networks: [`Conv1d`], [`Conv2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
-//! [`AdaptiveAvgPool2d`] and [`Flatten`].
+//! [`AdaptiveAvgPool2d`], [`MaxPool1d`], [`AvgPool1d`] and [`Flatten`].
 
 use fucina_autograd::Tensor;
 use fucina_exec::{
-    BatchNormStats, Conv1dOptions, Conv2dOptions, ExecContext, Pool2dOp, Pool2dOptions,
+    BatchNormStats, Conv1dOptions, Conv2dOptions, ExecContext, Pool1dOptions, Pool2dOp,
+    Pool2dOptions,
 };
 
 use super::{Buffer, Forward, Module, Parameter, check_size, sub_seed, weight_and_bias};
@@ -639,15 +640,34 @@ batch_norm_layer! {
     BatchNorm1d, "BatchNorm1d", [2, 3], "[N, C] or [N, C, L]"
 }
 
+/// A pooling window: the 2-D options, or the 1-D ones (a `1 × kernel`
+/// window over a height of 1).
+trait Window: std::fmt::Debug {
+    fn as_2d(&self) -> Pool2dOptions;
+}
+
+impl Window for Pool2dOptions {
+    fn as_2d(&self) -> Pool2dOptions {
+        *self
+    }
+}
+
+impl Window for Pool1dOptions {
+    fn as_2d(&self) -> Pool2dOptions {
+        self.to_2d()
+    }
+}
+
 /// Checks a pooling window (sizes and strides at least 1, padding at most
 /// half the window).
-fn check_pool(what: &'static str, o: &Pool2dOptions) -> Result<()> {
+fn check_pool(what: &'static str, w: &impl Window) -> Result<()> {
+    let o = w.as_2d();
     for i in 0..2 {
         if o.kernel[i] == 0 || o.stride[i] == 0 || o.padding[i] > o.kernel[i] / 2 {
             return Err(Error::invalid(
                 what,
                 format!(
-                    "kernel and stride must be at least 1 and padding at most half the kernel (got {o:?})"
+                    "kernel and stride must be at least 1 and padding at most half the kernel (got {w:?})"
                 ),
             ));
         }
@@ -656,11 +676,11 @@ fn check_pool(what: &'static str, o: &Pool2dOptions) -> Result<()> {
 }
 
 macro_rules! pool_layer {
-    ($(#[$doc:meta])* $name:ident, $what:literal, $op:ident) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $op:ident, $opts:ident, $kernel:ty, $input:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct $name {
-            opts: Pool2dOptions,
+            opts: $opts,
         }
 
         impl $name {
@@ -669,8 +689,8 @@ macro_rules! pool_layer {
             ///
             /// # Errors
             /// [`Error::InvalidArgument`] for a zero kernel size.
-            pub fn new(kernel: [usize; 2]) -> Result<$name> {
-                $name::with_options(Pool2dOptions::new(kernel))
+            pub fn new(kernel: $kernel) -> Result<$name> {
+                $name::with_options($opts::new(kernel))
             }
 
             /// A window of `opts` (kernel, stride, padding).
@@ -678,50 +698,52 @@ macro_rules! pool_layer {
             /// # Errors
             /// [`Error::InvalidArgument`] for a zero kernel or stride, or a
             /// padding above half the kernel.
-            pub fn with_options(opts: Pool2dOptions) -> Result<$name> {
+            pub fn with_options(opts: $opts) -> Result<$name> {
                 check_pool(concat!($what, "::new"), &opts)?;
                 Ok($name { opts })
             }
 
             /// The window.
-            pub fn options(&self) -> Pool2dOptions {
+            pub fn options(&self) -> $opts {
                 self.opts
             }
 
-            /// Pools `x` (`[N, C, H, W]`).
+            #[doc = concat!("Pools `x` (`", $input, "`).")]
             ///
             /// # Errors
-            /// The op's errors (a rank other than 4, a window larger than the
-            /// padded input).
+            /// The op's errors, naming it (a wrong rank, a window larger than
+            /// the padded input).
             pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
                 Ok(x.$op(ctx, self.opts)?)
             }
         }
 
-        impl Module for $name {
-            fn named_parameters(&self) -> Vec<(String, Parameter)> {
-                Vec::new()
-            }
-        }
-
-        impl Forward for $name {
-            fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-                $name::forward(self, ctx, x)
-            }
-        }
+        parameterless_layer!($name);
     };
 }
 
 pool_layer! {
     /// Max pooling over `[N, C, H, W]`, PyTorch's `nn.MaxPool2d` (a tie goes to
     /// the first position of the window in row-major order).
-    MaxPool2d, "MaxPool2d", max_pool2d
+    MaxPool2d, "MaxPool2d", max_pool2d, Pool2dOptions, [usize; 2], "[N, C, H, W]"
 }
 
 pool_layer! {
     /// Average pooling over `[N, C, H, W]`, PyTorch's `nn.AvgPool2d` (padding
     /// counts in the divisor, PyTorch's default `count_include_pad = true`).
-    AvgPool2d, "AvgPool2d", avg_pool2d
+    AvgPool2d, "AvgPool2d", avg_pool2d, Pool2dOptions, [usize; 2], "[N, C, H, W]"
+}
+
+pool_layer! {
+    /// Max pooling over `[N, C, L]`, PyTorch's `nn.MaxPool1d` (a tie goes to
+    /// the first position of the window).
+    MaxPool1d, "MaxPool1d", max_pool1d, Pool1dOptions, usize, "[N, C, L]"
+}
+
+pool_layer! {
+    /// Average pooling over `[N, C, L]`, PyTorch's `nn.AvgPool1d` (padding
+    /// counts in the divisor, `count_include_pad = true`).
+    AvgPool1d, "AvgPool1d", avg_pool1d, Pool1dOptions, usize, "[N, C, L]"
 }
 
 /// Average pooling to a fixed output size `[oh, ow]`, PyTorch's
@@ -760,17 +782,7 @@ impl AdaptiveAvgPool2d {
     }
 }
 
-impl Module for AdaptiveAvgPool2d {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        Vec::new()
-    }
-}
-
-impl Forward for AdaptiveAvgPool2d {
-    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        AdaptiveAvgPool2d::forward(self, ctx, x)
-    }
-}
+parameterless_layer!(AdaptiveAvgPool2d);
 
 /// Flattens every axis from `start_axis` on into one (PyTorch's `nn.Flatten`,
 /// whose default start is axis 1: `[N, C, H, W]` -> `[N, C * H * W]`).
@@ -805,14 +817,4 @@ impl Flatten {
     }
 }
 
-impl Module for Flatten {
-    fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        Vec::new()
-    }
-}
-
-impl Forward for Flatten {
-    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        Flatten::forward(self, ctx, x)
-    }
-}
+parameterless_layer!(Flatten);

@@ -519,4 +519,17 @@ activation! {
     Gelu => gelu;
     /// `tanh(x)` as a layer.
     Tanh => tanh;
+    /// The logistic function as a layer (PyTorch's `nn.Sigmoid`).
+    Sigmoid => sigmoid;
+    /// SiLU `x * sigmoid(x)` as a layer (PyTorch's `nn.SiLU`).
+    Silu => silu;
+    /// Softplus `ln(1 + e^x)`, linear above 20, as a layer (PyTorch's
+    /// `nn.Softplus()` with its defaults `beta = 1`, `threshold = 20`).
+    Softplus => softplus;
+    /// `ln(sigmoid(x))` as a layer (PyTorch's `nn.LogSigmoid`).
+    LogSigmoid => logsigmoid;
+    /// Mish `x * tanh(softplus(x))` as a layer (PyTorch's `nn.Mish`).
+    Mish => mish;
+    /// Hard swish `x * relu6(x + 3) / 6` as a layer (PyTorch's `nn.Hardswish`).
+    Hardswish => hardswish;
 }

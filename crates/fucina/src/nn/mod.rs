@@ -3,11 +3,15 @@
 //! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], the losses
 //! [`l1_loss`], [`smooth_l1_loss`], [`huber_loss`], [`binary_cross_entropy`],
 //! [`binary_cross_entropy_with_logits`], [`kl_div`], [`cross_entropy_with`] and
-//! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), a small transformer
+//! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), PyTorch's
+//! [`TransformerEncoderLayer`] and [`TransformerDecoderLayer`], a small transformer
 //! ([`CausalSelfAttention`], [`Block`]), and the layers of convolutional
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
-//! [`AdaptiveAvgPool2d`], [`Flatten`]).
+//! [`AdaptiveAvgPool2d`], [`Flatten`], [`MaxPool1d`], [`AvgPool1d`],
+//! [`Upsample`], and the padding layers [`ZeroPad2d`], [`ConstantPad1d`],
+//! [`ConstantPad2d`], [`ReflectionPad1d`], [`ReflectionPad2d`],
+//! [`ReplicationPad1d`], [`ReplicationPad2d`]).
 //!
 //! Non-trainable state a layer saves with its weights (batch norm's running
 //! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
@@ -39,6 +43,28 @@
 //! # Ok::<(), fucina::Error>(())
 //! ```
 
+/// `Module` (no parameters) and `Forward` (the type's inherent `forward`)
+/// for a layer without parameters: `parameterless_layer!(Type)`.
+macro_rules! parameterless_layer {
+    ($name:ident) => {
+        impl $crate::nn::Module for $name {
+            fn named_parameters(&self) -> Vec<(String, $crate::nn::Parameter)> {
+                Vec::new()
+            }
+        }
+
+        impl $crate::nn::Forward for $name {
+            fn forward(
+                &self,
+                ctx: &fucina_exec::ExecContext,
+                x: &fucina_autograd::Tensor,
+            ) -> $crate::Result<fucina_autograd::Tensor> {
+                $name::forward(self, ctx, x)
+            }
+        }
+    };
+}
+
 mod attention;
 mod buffer;
 mod conv;
@@ -49,20 +75,26 @@ mod losses;
 mod multihead_attention;
 mod parameter;
 mod recurrent;
+mod resize;
 mod sequential;
 mod state_dict;
+mod transformer;
 
 pub use attention::{Block, CausalSelfAttention, Mlp};
 pub use buffer::Buffer;
 pub use conv::{
-    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten, MaxPool2d,
+    AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten,
+    MaxPool1d, MaxPool2d,
 };
 pub use conv_transpose::{ConvTranspose1d, ConvTranspose2d};
 /// `#[derive(Module)]`: implements [`Module`] for a struct from its fields
 /// (see the trait's documentation).
 pub use fucina_derive::Module;
 pub use instance_norm::{Identity, InstanceNorm1d, InstanceNorm2d};
-pub use layers::{Dropout, Embedding, Gelu, GroupNorm, LayerNorm, Linear, Relu, RmsNorm, Tanh};
+pub use layers::{
+    Dropout, Embedding, Gelu, GroupNorm, Hardswish, LayerNorm, Linear, LogSigmoid, Mish, Relu,
+    RmsNorm, Sigmoid, Silu, Softplus, Tanh,
+};
 pub use losses::{
     ClassLossOptions, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
     cross_entropy_with, huber_loss, kl_div, l1_loss, nll_loss_with, smooth_l1_loss,
@@ -70,8 +102,15 @@ pub use losses::{
 pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
 pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
+pub use resize::{
+    ConstantPad1d, ConstantPad2d, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d,
+    ReplicationPad2d, Upsample, ZeroPad2d,
+};
 pub use sequential::Sequential;
 pub use state_dict::StateDict;
+pub use transformer::{
+    TransformerActivation, TransformerDecoderLayer, TransformerEncoderLayer, TransformerOptions,
+};
 
 use std::collections::HashMap;
 

@@ -1,4 +1,5 @@
-//! Optimizers with PyTorch's update formulas ([`Sgd`], [`Adam`], [`AdamW`]),
+//! Optimizers with PyTorch's update formulas ([`Sgd`], [`Adam`], [`AdamW`],
+//! [`RmsProp`], [`Adagrad`]; [`Lion`] with its paper's),
 //! gradient clipping ([`clip_grad_norm`]) and a warmup + cosine learning-rate
 //! schedule ([`WarmupCosine`]), with PyTorch's schedulers ([`StepLr`],
 //! [`MultiStepLr`], [`ExponentialLr`], [`LinearLr`], [`OneCycleLr`],
@@ -19,7 +20,10 @@
 //! digits, least significant first; the `[1]` form of earlier versions, exact up
 //! to 2^24, is still read) and one
 //! entry per parameter and buffer, `"momentum_buffer.{i}"` for [`Sgd`],
-//! `"exp_avg.{i}"` and `"exp_avg_sq.{i}"` for [`Adam`] and [`AdamW`], where `i`
+//! `"exp_avg.{i}"` and `"exp_avg_sq.{i}"` for [`Adam`] and [`AdamW`],
+//! `"square_avg.{i}"` (and `"momentum_buffer.{i}"` with momentum,
+//! `"grad_avg.{i}"` when centered) for [`RmsProp`], `"sum.{i}"` for
+//! [`Adagrad`], `"exp_avg.{i}"` for [`Lion`] (PyTorch's names), where `i`
 //! is the parameter's index in the list the optimizer was built with.
 //! An optimizer built with [`ParamGroup`]s (`with_groups`; [`decay_groups`]
 //! gives the usual no-decay-on-vectors split) also records `"param_groups"`
@@ -54,21 +58,27 @@
 //! # Ok::<(), fucina::Error>(())
 //! ```
 
+mod adagrad;
 mod adam;
 mod clip;
 mod groups;
+mod lion;
 mod lr_schedules;
+mod rmsprop;
 mod schedule;
 mod sgd;
 mod state;
 
+pub use adagrad::{Adagrad, AdagradConfig};
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
 pub use clip::clip_grad_norm;
 pub use groups::{ParamGroup, decay_groups};
+pub use lion::{Lion, LionConfig};
 pub use lr_schedules::{
     Anneal, ExponentialLr, LinearLr, LrSchedule, MultiStepLr, OneCycleLr, PlateauMode,
     ReduceLrOnPlateau, StepLr, WithWarmup,
 };
+pub use rmsprop::{RmsProp, RmsPropConfig};
 pub use schedule::WarmupCosine;
 pub use sgd::{Sgd, SgdConfig};
 
@@ -152,6 +162,134 @@ macro_rules! delegate_optimizer {
     };
 }
 pub(crate) use delegate_optimizer;
+
+/// The constructors and inherent methods every optimizer with `params`,
+/// `cfg` (with `lr` and `weight_decay`), `groups` and `state` fields and a
+/// `build(params, cfg, groups)` checking `cfg` shares, and its [`Optimizer`]
+/// impl: `basic_optimizer!(Type, ConfigType, "Type")`. Its state is loaded
+/// with buffers allowed.
+macro_rules! basic_optimizer {
+    ($t:ident, $cfg:ident, $name:literal) => {
+        impl $t {
+            #[doc = concat!("An optimizer over `params` with `cfg`: a full [`", stringify!($cfg), "`], or a")]
+            /// bare learning rate (`f32`) for the defaults with that rate.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a
+            /// hyperparameter outside its range (see the configuration's
+            /// fields) or a parameter listed twice.
+            pub fn new(params: Vec<$crate::nn::Parameter>, cfg: impl Into<$cfg>) -> $crate::Result<$t> {
+                $t::build(params, cfg.into(), None)
+            }
+
+            /// An optimizer over parameter groups, each with its own weight
+            /// decay (see [`ParamGroup`](crate::optim::ParamGroup); the other
+            /// hyperparameters are `cfg`'s). The state records the grouping
+            /// and the groups' decays.
+            ///
+            /// # Errors
+            /// As [`new`](Self::new), and for a group's negative or non-finite
+            /// weight decay.
+            pub fn with_groups(
+                groups: Vec<$crate::optim::ParamGroup>,
+                cfg: impl Into<$cfg>,
+            ) -> $crate::Result<$t> {
+                let cfg = cfg.into();
+                let (params, groups) =
+                    $crate::optim::groups::Groups::build($name, groups, cfg.weight_decay)?;
+                $t::build(params, cfg, Some(groups))
+            }
+
+            /// The hyperparameters (with the current learning rate).
+            pub fn config(&self) -> $cfg {
+                self.cfg
+            }
+
+            /// Releases every parameter's gradient.
+            pub fn zero_grad(&self) {
+                for p in &self.params {
+                    p.zero_grad();
+                }
+            }
+
+            /// The learning rate.
+            pub fn lr(&self) -> f32 {
+                self.cfg.lr
+            }
+
+            /// Sets the learning rate.
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) unless
+            /// `lr` is finite and `>= 0` (the rate is then unchanged).
+            pub fn set_lr(&mut self, lr: f32) -> $crate::Result<()> {
+                $crate::optim::check_lr(concat!(stringify!($cfg), "::lr"), lr)?;
+                self.cfg.lr = lr;
+                Ok(())
+            }
+
+            /// The number of steps taken.
+            pub fn step_count(&self) -> u64 {
+                self.state.step
+            }
+
+            /// The parameters.
+            pub fn parameters(&self) -> &[$crate::nn::Parameter] {
+                &self.params
+            }
+
+            /// The state: `"step"` and the per-parameter buffers named in the
+            /// type's documentation (after the first step), and for an
+            /// optimizer built with groups `"param_groups"` and
+            /// `"group_weight_decay"`.
+            pub fn state_dict(&self) -> $crate::nn::StateDict {
+                let mut sd = self.state.state_dict();
+                if let Some(g) = &self.groups {
+                    for (n, t) in g.entries() {
+                        sd.insert(n, t)
+                            .expect("the grouping entries have names of their own");
+                    }
+                }
+                sd
+            }
+
+            /// Replaces the state (see
+            /// [`Optimizer::load_state_dict`](crate::optim::Optimizer::load_state_dict)).
+            ///
+            /// # Errors
+            /// [`Error::StateDict`](crate::Error::StateDict) naming the entry
+            /// that does not fit; nothing changes.
+            pub fn load_state_dict(
+                &mut self,
+                ctx: &fucina_exec::ExecContext,
+                state: &[(String, fucina_autograd::Tensor)],
+            ) -> $crate::Result<()> {
+                let (rest, wd) = $crate::optim::groups::split_state(self.groups.as_ref(), state)?;
+                self.state.load(ctx, &self.params, &rest, true)?;
+                if let (Some(g), Some(wd)) = (&mut self.groups, wd) {
+                    g.wd = wd;
+                }
+                Ok(())
+            }
+        }
+
+        $crate::optim::delegate_optimizer!($t);
+    };
+}
+pub(crate) use basic_optimizer;
+
+/// Checks that each `(name, value)` is finite and `>= 0`.
+pub(crate) fn check_nonneg(values: &[(&'static str, f32)]) -> Result<()> {
+    for &(what, v) in values {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(crate::Error::invalid(
+                what,
+                format!("must be finite and >= 0 (got {v})"),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Refuses a parameter list that names a parameter twice (it would be updated
 /// twice per step, or counted twice by [`clip_grad_norm`]). Allocation-free and

@@ -278,10 +278,11 @@ impl State {
 }
 
 /// Refuses a buffer holding a value no step could have produced: a NaN or an
-/// infinity, or a negative second moment (`exp_avg_sq`, a running mean of
-/// squares).
+/// infinity, or a negative second moment (`exp_avg_sq`, `square_avg`: running
+/// means of squares; `sum`: Adagrad's sum of squares, from a non-negative
+/// start).
 fn check_values(name: &str, kind: &str, t: &Tensor) -> Result<()> {
-    let nonneg = kind == "exp_avg_sq";
+    let nonneg = matches!(kind, "exp_avg_sq" | "square_avg" | "sum");
     let values = t.to_vec();
     let bad = values
         .iter()
@@ -349,7 +350,10 @@ mod tests {
     use super::fault::LEFT;
     use super::square;
     use crate::nn::Parameter;
-    use crate::optim::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+    use crate::optim::{
+        Adagrad, AdagradConfig, AdamW, AdamWConfig, Lion, Optimizer, RmsProp, RmsPropConfig, Sgd,
+        SgdConfig,
+    };
     use fucina_exec::ExecContext;
 
     /// Everything a step can change: parameters, state entries, step count.
@@ -392,6 +396,22 @@ mod tests {
         let opts: Vec<MakeOpt> = vec![
             Box::new(|p| Box::new(AdamW::new(p, AdamWConfig::default()).unwrap())),
             Box::new(move |p| Box::new(Sgd::new(p, sgd_cfg).unwrap())),
+            Box::new(|p| {
+                let cfg = RmsPropConfig {
+                    momentum: 0.5,
+                    centered: true,
+                    ..RmsPropConfig::default()
+                };
+                Box::new(RmsProp::new(p, cfg).unwrap())
+            }),
+            Box::new(|p| {
+                let cfg = AdagradConfig {
+                    initial_accumulator_value: 0.5,
+                    ..AdagradConfig::default()
+                };
+                Box::new(Adagrad::new(p, cfg).unwrap())
+            }),
+            Box::new(|p| Box::new(Lion::new(p, 0.01).unwrap())),
         ];
         for make_opt in &opts {
             // Fresh (the first step creates the state) and after one step.
