@@ -41,7 +41,7 @@
 
 use fucina::exec::WeightFormat;
 use fucina::nn::Parameter;
-use fucina::{ExecContext, RawTensor, Tensor, custom_vjp};
+use fucina::{ExecContext, RawTensor, Tensor, custom_vjp, custom_vjp_unsaved};
 
 use super::error::{FinetuneError, invalid};
 use super::lora::{LoraAdapter, LoraConfig, Target, adapter_seed};
@@ -143,11 +143,10 @@ impl Frozen {
 /// one, else (a quantized matrix) a product with `W` widened into a pooled f32
 /// matrix for the call.
 ///
-/// The product is a constant computed without a graph, plus a zero-storage
-/// gradient hook: a custom op of `x` whose output is a broadcast view of one
-/// zero (`[n, out]` with strides 0) and whose backward is `g · W`. The graph
-/// thus keeps `x` (shared with the adapter) and four bytes, not the
-/// product's `[n, out]` (which a custom op would keep as its output).
+/// One op of `x` that keeps nothing ([`custom_vjp_unsaved`]): its backward
+/// needs only the gradient and the weights its closure holds, so the graph
+/// keeps neither the product `[n, out]` nor `x` (which stays alive only while
+/// an adapter or another op holds it).
 fn frozen_file_linear(
     ctx: &ExecContext,
     w: &Weight,
@@ -156,22 +155,24 @@ fn frozen_file_linear(
 ) -> Result<Tensor, FinetuneError> {
     let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
     let n = x.shape()[0];
-    let y = {
-        let xc = ctx.contiguous(x.raw())?;
+    let fw = w.clone();
+    let forward = move |ctx: &ExecContext, xs: &[RawTensor]| {
+        let xc = ctx.contiguous(&xs[0])?;
         let mut y = ctx.empty(&[n, out_f])?;
-        w.matmul(ctx, xc.data()?, n, y.data_mut()?)?;
-        Tensor::constant(y)
+        fw.matmul(ctx, xc.data()?, n, y.data_mut()?)
+            .map_err(external)?;
+        Ok(y)
     };
     if !x.requires_grad() || !fucina::is_grad_enabled() {
-        return Ok(y);
+        return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
     }
     let bw = w.clone();
     let bwt = wt.cloned();
-    let hook = custom_vjp(
+    Ok(custom_vjp_unsaved(
         ctx,
         "frozen_linear",
         &[x],
-        move |ctx, _| Ok(ctx.zeros(&[1, 1])?.broadcast_to(&[n, out_f])?),
+        forward,
         move |ctx, a| {
             if !a.needs[0] {
                 return Ok(vec![None]);
@@ -190,8 +191,7 @@ fn frozen_file_linear(
             }
             Ok(vec![Some(ctx.matmul(&g, &wf)?)])
         },
-    )?;
-    Ok(y.add(ctx, &hook)?)
+    )?)
 }
 
 /// An error of the loader's types inside an op's closure.
@@ -815,7 +815,7 @@ fn checkpointed_layer(
             let y = layer_forward(ctx, &layer, &xv, &args).map_err(|e| {
                 fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
             })?;
-            y.backward_with_grad(ctx, a.grad)?;
+            y.backward_with(ctx, Some(a.grad), super::trainer::RELEASE_AS_IT_GOES)?;
             let mut grads = Vec::with_capacity(a.inputs.len());
             grads.push(match a.needs[0] {
                 true => xv.grad(ctx)?.map(|g| g.raw().clone()),
