@@ -754,16 +754,19 @@ fn layer_forward(
     let v = v
         .reshape(ctx, &[b, t, kvh, hd])?
         .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
-    let scores = q
-        .matmul(ctx, &k)?
-        .scale(ctx, a.scale)?
-        .reshape(ctx, &[b, kvh, rep, t, t])?
-        .add(ctx, &a.mask)?;
-    let p = scores
-        .softmax(ctx, -1)?
-        .reshape(ctx, &[b, kvh, rep * t, t])?;
-    let attn = p
-        .matmul(ctx, &v)? // [b, kvh, rep · t, hd] = [b, h, t, hd]
+    // The probabilities are recomputed in the backward, not kept.
+    let (scale, mask) = (a.scale, a.mask.clone());
+    let core = recomputed(ctx, "attention", &[&q, &k, &v], move |ctx, qkv| {
+        let p = qkv[0]
+            .matmul(ctx, &qkv[1])?
+            .scale(ctx, scale)?
+            .reshape(ctx, &[b, kvh, rep, t, t])?
+            .add(ctx, &mask)?
+            .softmax(ctx, -1)?
+            .reshape(ctx, &[b, kvh, rep * t, t])?;
+        Ok(p.matmul(ctx, &qkv[2])?) // [b, kvh, rep · t, hd] = [b, h, t, hd]
+    })?;
+    let attn = core
         .reshape(ctx, &[b, h, t, hd])?
         .permute(ctx, &[0, 2, 1, 3])?
         .materialize(ctx)?
@@ -773,7 +776,9 @@ fn layer_forward(
     let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
     let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
     let up = l.projs[5].forward(ctx, &xn, seed(5))?;
-    let act = gate.silu(ctx)?.mul(ctx, &up)?;
+    let act = recomputed(ctx, "swiglu", &[&gate, &up], |ctx, gu| {
+        Ok(gu[0].silu(ctx)?.mul(ctx, &gu[1])?)
+    })?;
     let down = l.projs[6].forward(ctx, &act, seed(6))?;
     Ok(x.add(ctx, &down)?)
 }
@@ -835,6 +840,66 @@ fn checkpointed_layer(
     Ok(out)
 }
 
+/// `f(inputs)` as one op that keeps only its inputs (not its output): the forward runs `f`
+/// without a graph; the backward runs it again with a graph over the saved
+/// inputs and backpropagates the output's gradient through it (the same ops
+/// in the same order, so the same gradients, bit for bit, as `f` recorded
+/// directly). `f` must not read parameters that need a gradient (those would
+/// get theirs from the inner backward and be missed by the outer one).
+///
+/// The attention core (whose softmax would keep the `[b, heads, t, t]`
+/// probabilities) and SwiGLU (`silu(gate)` and the product) use it: what the
+/// graph keeps between forward and backward is their inputs alone.
+fn recomputed<F>(
+    ctx: &ExecContext,
+    name: &'static str,
+    inputs: &[&Tensor],
+    f: F,
+) -> Result<Tensor, FinetuneError>
+where
+    F: Fn(&ExecContext, &[Tensor]) -> Result<Tensor, FinetuneError> + Send + Sync + 'static,
+{
+    if !fucina::is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+        return f(ctx, &inputs.iter().map(|&t| t.clone()).collect::<Vec<_>>());
+    }
+    let y = {
+        let _g = fucina::no_grad();
+        let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+        f(ctx, &detached)?
+    };
+    let out = y.raw().clone();
+    drop(y);
+    let saved: Vec<RawTensor> = inputs.iter().map(|t| t.raw().clone()).collect();
+    Ok(custom_vjp_unsaved(
+        ctx,
+        name,
+        inputs,
+        move |_, _| Ok(out),
+        move |ctx, a| {
+            let vars: Vec<Tensor> = saved
+                .iter()
+                .zip(a.needs)
+                .map(|(x, &need)| match need {
+                    true => Tensor::constant(x.clone()).into_variable(),
+                    false => Tensor::constant(x.clone()),
+                })
+                .collect();
+            let y = f(ctx, &vars).map_err(|e| {
+                fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
+            })?;
+            y.backward_with(ctx, Some(a.grad), super::trainer::RELEASE_AS_IT_GOES)?;
+            let mut grads = Vec::with_capacity(vars.len());
+            for (v, &need) in vars.iter().zip(a.needs) {
+                grads.push(match need {
+                    true => v.grad(ctx)?.map(|g| g.raw().clone()),
+                    false => None,
+                });
+            }
+            Ok(grads)
+        },
+    )?)
+}
+
 /// RoPE in the rotate-half convention on `x` `[b, t, heads, hd]` with tables
 /// `[t, 1, hd / 2]`.
 fn rope(
@@ -849,4 +914,82 @@ fn rope(
     let lo = x1.mul(ctx, cos)?.sub(ctx, &x2.mul(ctx, sin)?)?;
     let hi = x2.mul(ctx, cos)?.add(ctx, &x1.mul(ctx, sin)?)?;
     Ok(Tensor::concat(ctx, &[&lo, &hi], 3)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gradients of `f` through [`recomputed`] are those of `f` recorded
+    /// directly, bit for bit (a causal attention core over strided inputs,
+    /// one input constant).
+    #[test]
+    fn recomputed_blocks_give_the_same_gradient_bits() {
+        let ctx = ExecContext::with_threads(2);
+        let (b, kvh, rep, t, hd) = (2, 2, 3, 5, 4);
+        let vals = |n: usize, s: u64| -> Vec<f32> {
+            (0..n)
+                .map(|i| (fucina::rng::at(s, i as u64) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let mut m = vec![f32::NEG_INFINITY; t * t];
+        for i in 0..t {
+            for j in 0..=i {
+                m[i * t + j] = 0.0;
+            }
+        }
+        let mask = Tensor::from_slice(&ctx, &[t, t], &m).unwrap();
+        let core = move |ctx: &ExecContext, qkv: &[Tensor]| -> Result<Tensor, FinetuneError> {
+            let p = qkv[0]
+                .matmul(ctx, &qkv[1])?
+                .scale(ctx, 0.5)?
+                .reshape(ctx, &[b, kvh, rep, t, t])?
+                .add(ctx, &mask)?
+                .softmax(ctx, -1)?
+                .reshape(ctx, &[b, kvh, rep * t, t])?;
+            Ok(p.matmul(ctx, &qkv[2])?)
+        };
+        let run = |recompute: bool, v_const: bool| {
+            let q = Tensor::variable_from_slice(
+                &ctx,
+                &[b, kvh, rep * t, hd],
+                &vals(b * kvh * rep * t * hd, 1),
+            )
+            .unwrap();
+            let k0 =
+                Tensor::variable_from_slice(&ctx, &[b, kvh, t, hd], &vals(b * kvh * t * hd, 2))
+                    .unwrap();
+            let k = k0.permute(&ctx, &[0, 1, 3, 2]).unwrap();
+            let v = Tensor::from_slice(&ctx, &[b, kvh, t, hd], &vals(b * kvh * t * hd, 3)).unwrap();
+            let v = if v_const { v } else { v.into_variable() };
+            let y = match recompute {
+                true => recomputed(&ctx, "attention", &[&q, &k, &v], core.clone()).unwrap(),
+                false => core(&ctx, &[q.clone(), k.clone(), v.clone()]).unwrap(),
+            };
+            let w = Tensor::from_slice(&ctx, y.shape(), &vals(y.raw().numel(), 4)).unwrap();
+            y.mul(&ctx, &w)
+                .unwrap()
+                .sum_all(&ctx)
+                .unwrap()
+                .backward(&ctx)
+                .unwrap();
+            let bits = |t: &Tensor| -> Option<Vec<u32>> {
+                t.grad(&ctx)
+                    .unwrap()
+                    .map(|g| g.to_vec().iter().map(|x| x.to_bits()).collect())
+            };
+            (
+                y.to_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                bits(&q),
+                bits(&k0),
+                bits(&v),
+            )
+        };
+        for v_const in [false, true] {
+            let direct = run(false, v_const);
+            assert!(direct.1.is_some() && direct.2.is_some());
+            assert_eq!(direct.3.is_none(), v_const);
+            assert_eq!(run(true, v_const), direct);
+        }
+    }
 }
