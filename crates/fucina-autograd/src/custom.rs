@@ -85,3 +85,67 @@ where
         Ok(GradList::from(grads))
     })
 }
+
+/// What the backward of a [`custom_vjp_unsaved`] op receives: no inputs and no
+/// output (the op keeps none of them).
+#[derive(Debug)]
+pub struct CustomGradArgs<'a> {
+    /// The gradient of the output (the output's shape; any layout).
+    pub grad: &'a RawTensor,
+    /// Which inputs need a gradient (`false` for constants: return `None` there).
+    pub needs: &'a [bool],
+}
+
+/// A differentiable op that keeps neither its inputs nor its output for the
+/// backward: [`custom_vjp`] for a backward that needs only the output's
+/// gradient and what its closure captures (a linear map by a constant, whose
+/// VJP is the transposed map).
+///
+/// The graph holds the op's node and its closure, nothing of `[inputs]` or of
+/// the output: an activation the op consumed is freed as soon as nothing else
+/// holds it, and the output is the caller's alone (it is not kept until the
+/// backward). Everything else is as [`custom_vjp`].
+///
+/// ```
+/// use fucina_autograd::{Tensor, custom_vjp_unsaved};
+/// use fucina_autograd::exec::ExecContext;
+///
+/// let ctx = ExecContext::new();
+/// let x = Tensor::variable_from_slice(&ctx, &[3], &[1., 2., 3.])?;
+/// // y = 3 x: the backward needs only the gradient.
+/// let y = custom_vjp_unsaved(
+///     &ctx,
+///     "triple",
+///     &[&x],
+///     |ctx, xs| Ok(ctx.scale(&xs[0], 3.0)?),
+///     |ctx, a| Ok(vec![Some(ctx.scale(a.grad, 3.0)?)]),
+/// )?;
+/// y.sum_all(&ctx)?.backward(&ctx)?;
+/// assert_eq!(x.grad(&ctx)?.unwrap().to_vec(), [3., 3., 3.]);
+/// # Ok::<(), fucina_autograd::AutogradError>(())
+/// ```
+///
+/// # Errors
+/// As [`custom_vjp`].
+pub fn custom_vjp_unsaved<Fwd, Bwd>(
+    ctx: &ExecContext,
+    name: &'static str,
+    inputs: &[&Tensor],
+    forward: Fwd,
+    backward: Bwd,
+) -> Result<Tensor>
+where
+    Fwd: FnOnce(&ExecContext, &[RawTensor]) -> Result<RawTensor>,
+    Bwd: Fn(&ExecContext, &CustomGradArgs<'_>) -> Result<Grads> + Send + Sync + 'static,
+{
+    let out = {
+        let raws: Vec<RawTensor> = inputs.iter().map(|t| t.raw.clone()).collect();
+        forward(ctx, &raws)?
+    };
+    Tensor::finish_boxed(ctx, name, out, inputs, move |ctx, g, needs| {
+        Ok(GradList::from(backward(
+            ctx,
+            &CustomGradArgs { grad: g, needs },
+        )?))
+    })
+}

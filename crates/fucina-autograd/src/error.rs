@@ -62,7 +62,7 @@ pub enum AutogradError {
         got: usize,
     },
     /// The graph was already consumed by an earlier `backward` (its saved
-    /// tensors are released). Use `BackwardOptions { retain_graph: true }` on the
+    /// tensors are released). Use `BackwardOptions { retain_graph: true, ..BackwardOptions::default() }` on the
     /// earlier call to run backward more than once.
     #[error(
         "backward: the graph was already consumed by an earlier backward (retain it with BackwardOptions::retain_graph)"

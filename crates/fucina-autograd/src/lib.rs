@@ -40,7 +40,7 @@ mod ops;
 mod record;
 mod tensor;
 
-pub use custom::{CustomVjpArgs, custom_vjp};
+pub use custom::{CustomGradArgs, CustomVjpArgs, custom_vjp, custom_vjp_unsaved};
 pub use error::{AutogradError, ExternalError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
 pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};

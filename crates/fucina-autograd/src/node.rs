@@ -552,6 +552,16 @@ pub struct BackwardOptions {
     /// again. By default backward releases them as it goes, and a second backward
     /// over the same graph is [`AutogradError::BackwardAlreadyRun`].
     pub retain_graph: bool,
+    /// Without `retain_graph`: release each op's VJP (and the tensors it
+    /// saved) as soon as it has run, rather than once the whole pass has
+    /// succeeded. The pass's peak memory is then the part of the graph still
+    /// to run plus the gradients in flight, not the whole graph plus them
+    /// (what a training step's backward holds drops layer by layer). The
+    /// gradients are the same values. On an error no leaf's gradient has
+    /// changed, as always, but the ops that ran have released what they
+    /// saved: the graph cannot run again (a second backward over it is
+    /// [`AutogradError::BackwardAlreadyRun`]). Ignored with `retain_graph`.
+    pub release_as_it_goes: bool,
 }
 
 /// Runs backward from `root` seeded with `seed` (already checked to have the
@@ -561,8 +571,10 @@ pub struct BackwardOptions {
 /// changes the graph only once every VJP has succeeded. It then adds each
 /// leaf's sum to the leaf's gradient (the only step that could need memory is
 /// done first, for every leaf, before any leaf changes) and, without
-/// `retain_graph`, releases the VJPs that ran. On an error no leaf's gradient
-/// has changed and the graph is as it was: the same backward can run again.
+/// `retain_graph`, releases the VJPs that ran (with `release_as_it_goes`,
+/// each as soon as it has run). On an error no leaf's gradient has changed
+/// and (without `release_as_it_goes`) the graph is as it was: the same
+/// backward can run again.
 pub(crate) fn run_backward(
     ctx: &ExecContext,
     root: &NodeRef,
@@ -642,8 +654,9 @@ fn backward_into(
             }
         }
         Err(_) => {
-            // Undo the claims: the nodes that ran are runnable again.
-            if !opts.retain_graph {
+            // Undo the claims: the nodes that ran are runnable again (unless
+            // they released their VJPs as they went).
+            if !opts.retain_graph && !opts.release_as_it_goes {
                 for (n, s) in order.iter().zip(slots.iter()) {
                     if matches!(s, Slot::Ran) {
                         n.lock().consumed = false;
@@ -715,6 +728,13 @@ fn propagate(
             Some(r) => r?,
         };
         drop(g);
+        if opts.release_as_it_goes && !opts.retain_graph {
+            let vjp = std::mem::replace(
+                &mut *n.vjp.lock().unwrap_or_else(|e| e.into_inner()),
+                Vjp::None,
+            );
+            drop(vjp);
+        }
         let grads = grads.as_mut_slice();
         if grads.len() != links.len() {
             return Err(AutogradError::GradientCountMismatch {

@@ -115,7 +115,10 @@ fn a_retained_graph_stays_retained_after_a_failure() -> R {
     let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
     let fails = Arc::new(AtomicUsize::new(1));
     let loss = graph(&ctx, &w, &fails, true);
-    let keep = BackwardOptions { retain_graph: true };
+    let keep = BackwardOptions {
+        retain_graph: true,
+        ..BackwardOptions::default()
+    };
     assert!(loss.backward_with(&ctx, None, keep).is_err());
     assert_eq!(grad(&ctx, &w), None);
     loss.backward_with(&ctx, None, keep)?;
@@ -157,6 +160,83 @@ fn gradients_of_a_leaf_reached_twice_are_summed_then_added() -> R {
         if let Some(v) = view {
             assert_eq!(v.to_vec(), [1., 1.]); // a view never changes
         }
+    }
+    Ok(())
+}
+
+/// `release_as_it_goes`: a failed pass changes no leaf gradient, and the ops
+/// that ran have released what they saved (the graph is consumed).
+#[test]
+fn a_pass_releasing_as_it_goes_fails_without_changing_a_leaf() -> R {
+    let ctx = ExecContext::new();
+    let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+    let fails = Arc::new(AtomicUsize::new(1));
+    let loss = graph(&ctx, &w, &fails, false);
+    let early = BackwardOptions {
+        release_as_it_goes: true,
+        ..BackwardOptions::default()
+    };
+    assert!(loss.backward_with(&ctx, None, early).is_err());
+    assert_eq!(grad(&ctx, &w), None);
+    assert_eq!(
+        loss.backward_with(&ctx, None, early),
+        Err(AutogradError::BackwardAlreadyRun)
+    );
+    assert_eq!(grad(&ctx, &w), None);
+    Ok(())
+}
+
+/// An op whose VJP records whether `probe` (held only by the VJP of a later
+/// op) is still alive when it runs.
+fn observer(
+    ctx: &ExecContext,
+    x: &Tensor,
+    probe: std::sync::Weak<()>,
+    seen: &Arc<AtomicUsize>,
+) -> Tensor {
+    let seen = Arc::clone(seen);
+    custom_vjp(
+        ctx,
+        "observer",
+        &[x],
+        |_, xs| Ok(xs[0].clone()),
+        move |_, a| {
+            seen.store(1 + usize::from(probe.upgrade().is_some()), Ordering::SeqCst);
+            Ok(vec![Some(a.grad.clone())])
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn releasing_as_it_goes_frees_an_op_before_the_ops_before_it_run() -> R {
+    for early in [false, true] {
+        let ctx = ExecContext::new();
+        let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
+        let held = Arc::new(());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let first = observer(&ctx, &w, Arc::downgrade(&held), &seen);
+        // The later op's VJP holds the probe (as an op holds its saved tensors).
+        let holder = Arc::clone(&held);
+        drop(held);
+        let second = custom_vjp(
+            &ctx,
+            "holder",
+            &[&first],
+            |_, xs| Ok(xs[0].clone()),
+            move |_, a| {
+                let _ = &holder;
+                Ok(vec![Some(a.grad.clone())])
+            },
+        )?;
+        let opts = BackwardOptions {
+            release_as_it_goes: early,
+            ..BackwardOptions::default()
+        };
+        second.sum_all(&ctx)?.backward_with(&ctx, None, opts)?;
+        // 1: released before the earlier op ran; 2: still alive.
+        assert_eq!(seen.load(Ordering::SeqCst), if early { 1 } else { 2 });
+        assert_eq!(grad(&ctx, &w), Some(vec![1., 1.]));
     }
     Ok(())
 }

@@ -138,7 +138,10 @@ fn retained_graph_runs_twice() -> R {
     let ctx = ExecContext::new();
     let w = Tensor::variable_from_slice(&ctx, &[2], &[1., 2.])?;
     let loss = w.mul(&ctx, &w)?.sum_all(&ctx)?;
-    let keep = BackwardOptions { retain_graph: true };
+    let keep = BackwardOptions {
+        retain_graph: true,
+        ..BackwardOptions::default()
+    };
     loss.backward_with(&ctx, None, keep)?;
     loss.backward_with(&ctx, None, keep)?;
     assert_eq!(grad_of(&ctx, &w), [4., 8.]);
@@ -401,8 +404,15 @@ fn recycled_nodes_start_clean() {
     // A consumed graph, and a retained one, both released.
     square::backward_sum_of_squares(&ctx, &w);
     let loss = w.mul(&ctx, &w).unwrap().sum_all(&ctx).unwrap();
-    loss.backward_with(&ctx, None, BackwardOptions { retain_graph: true })
-        .unwrap();
+    loss.backward_with(
+        &ctx,
+        None,
+        BackwardOptions {
+            retain_graph: true,
+            ..BackwardOptions::default()
+        },
+    )
+    .unwrap();
     drop(loss);
     // The second graph reused the first one's two nodes.
     assert_eq!(fucina_autograd::free_graph_nodes(&ctx), 2);

@@ -179,9 +179,9 @@ pub mod rng {
 
 #[doc(inline)]
 pub use fucina_autograd::{
-    AutogradError, BackwardOptions, CustomVjpArgs, GradcheckMismatch, GradcheckOptions,
-    GradcheckResult, Grads, NoGradGuard, Tensor, custom_vjp, free_graph_nodes, gradcheck,
-    is_grad_enabled, no_grad,
+    AutogradError, BackwardOptions, CustomGradArgs, CustomVjpArgs, GradcheckMismatch,
+    GradcheckOptions, GradcheckResult, Grads, NoGradGuard, Tensor, custom_vjp, custom_vjp_unsaved,
+    free_graph_nodes, gradcheck, is_grad_enabled, no_grad,
 };
 #[doc(inline)]
 pub use fucina_exec::{Axis, ExecContext, ExecError, ExecScope, RawTensor};

@@ -41,7 +41,7 @@
 
 use fucina::exec::WeightFormat;
 use fucina::nn::Parameter;
-use fucina::{ExecContext, RawTensor, Tensor, custom_vjp};
+use fucina::{ExecContext, RawTensor, Tensor, custom_vjp, custom_vjp_unsaved};
 
 use super::error::{FinetuneError, invalid};
 use super::lora::{LoraAdapter, LoraConfig, Target, adapter_seed};
@@ -143,11 +143,10 @@ impl Frozen {
 /// one, else (a quantized matrix) a product with `W` widened into a pooled f32
 /// matrix for the call.
 ///
-/// The product is a constant computed without a graph, plus a zero-storage
-/// gradient hook: a custom op of `x` whose output is a broadcast view of one
-/// zero (`[n, out]` with strides 0) and whose backward is `g · W`. The graph
-/// thus keeps `x` (shared with the adapter) and four bytes, not the
-/// product's `[n, out]` (which a custom op would keep as its output).
+/// One op of `x` that keeps nothing ([`custom_vjp_unsaved`]): its backward
+/// needs only the gradient and the weights its closure holds, so the graph
+/// keeps neither the product `[n, out]` nor `x` (which stays alive only while
+/// an adapter or another op holds it).
 fn frozen_file_linear(
     ctx: &ExecContext,
     w: &Weight,
@@ -156,22 +155,24 @@ fn frozen_file_linear(
 ) -> Result<Tensor, FinetuneError> {
     let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
     let n = x.shape()[0];
-    let y = {
-        let xc = ctx.contiguous(x.raw())?;
+    let fw = w.clone();
+    let forward = move |ctx: &ExecContext, xs: &[RawTensor]| {
+        let xc = ctx.contiguous(&xs[0])?;
         let mut y = ctx.empty(&[n, out_f])?;
-        w.matmul(ctx, xc.data()?, n, y.data_mut()?)?;
-        Tensor::constant(y)
+        fw.matmul(ctx, xc.data()?, n, y.data_mut()?)
+            .map_err(external)?;
+        Ok(y)
     };
     if !x.requires_grad() || !fucina::is_grad_enabled() {
-        return Ok(y);
+        return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
     }
     let bw = w.clone();
     let bwt = wt.cloned();
-    let hook = custom_vjp(
+    Ok(custom_vjp_unsaved(
         ctx,
         "frozen_linear",
         &[x],
-        move |ctx, _| Ok(ctx.zeros(&[1, 1])?.broadcast_to(&[n, out_f])?),
+        forward,
         move |ctx, a| {
             if !a.needs[0] {
                 return Ok(vec![None]);
@@ -190,8 +191,7 @@ fn frozen_file_linear(
             }
             Ok(vec![Some(ctx.matmul(&g, &wf)?)])
         },
-    )?;
-    Ok(y.add(ctx, &hook)?)
+    )?)
 }
 
 /// An error of the loader's types inside an op's closure.
@@ -754,16 +754,19 @@ fn layer_forward(
     let v = v
         .reshape(ctx, &[b, t, kvh, hd])?
         .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
-    let scores = q
-        .matmul(ctx, &k)?
-        .scale(ctx, a.scale)?
-        .reshape(ctx, &[b, kvh, rep, t, t])?
-        .add(ctx, &a.mask)?;
-    let p = scores
-        .softmax(ctx, -1)?
-        .reshape(ctx, &[b, kvh, rep * t, t])?;
-    let attn = p
-        .matmul(ctx, &v)? // [b, kvh, rep · t, hd] = [b, h, t, hd]
+    // The probabilities are recomputed in the backward, not kept.
+    let (scale, mask) = (a.scale, a.mask.clone());
+    let core = recomputed(ctx, "attention", &[&q, &k, &v], move |ctx, qkv| {
+        let p = qkv[0]
+            .matmul(ctx, &qkv[1])?
+            .scale(ctx, scale)?
+            .reshape(ctx, &[b, kvh, rep, t, t])?
+            .add(ctx, &mask)?
+            .softmax(ctx, -1)?
+            .reshape(ctx, &[b, kvh, rep * t, t])?;
+        Ok(p.matmul(ctx, &qkv[2])?) // [b, kvh, rep · t, hd] = [b, h, t, hd]
+    })?;
+    let attn = core
         .reshape(ctx, &[b, h, t, hd])?
         .permute(ctx, &[0, 2, 1, 3])?
         .materialize(ctx)?
@@ -773,7 +776,9 @@ fn layer_forward(
     let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
     let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
     let up = l.projs[5].forward(ctx, &xn, seed(5))?;
-    let act = gate.silu(ctx)?.mul(ctx, &up)?;
+    let act = recomputed(ctx, "swiglu", &[&gate, &up], |ctx, gu| {
+        Ok(gu[0].silu(ctx)?.mul(ctx, &gu[1])?)
+    })?;
     let down = l.projs[6].forward(ctx, &act, seed(6))?;
     Ok(x.add(ctx, &down)?)
 }
@@ -815,7 +820,7 @@ fn checkpointed_layer(
             let y = layer_forward(ctx, &layer, &xv, &args).map_err(|e| {
                 fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
             })?;
-            y.backward_with_grad(ctx, a.grad)?;
+            y.backward_with(ctx, Some(a.grad), super::trainer::RELEASE_AS_IT_GOES)?;
             let mut grads = Vec::with_capacity(a.inputs.len());
             grads.push(match a.needs[0] {
                 true => xv.grad(ctx)?.map(|g| g.raw().clone()),
@@ -835,6 +840,66 @@ fn checkpointed_layer(
     Ok(out)
 }
 
+/// `f(inputs)` as one op that keeps only its inputs (not its output): the forward runs `f`
+/// without a graph; the backward runs it again with a graph over the saved
+/// inputs and backpropagates the output's gradient through it (the same ops
+/// in the same order, so the same gradients, bit for bit, as `f` recorded
+/// directly). `f` must not read parameters that need a gradient (those would
+/// get theirs from the inner backward and be missed by the outer one).
+///
+/// The attention core (whose softmax would keep the `[b, heads, t, t]`
+/// probabilities) and SwiGLU (`silu(gate)` and the product) use it: what the
+/// graph keeps between forward and backward is their inputs alone.
+fn recomputed<F>(
+    ctx: &ExecContext,
+    name: &'static str,
+    inputs: &[&Tensor],
+    f: F,
+) -> Result<Tensor, FinetuneError>
+where
+    F: Fn(&ExecContext, &[Tensor]) -> Result<Tensor, FinetuneError> + Send + Sync + 'static,
+{
+    if !fucina::is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+        return f(ctx, &inputs.iter().map(|&t| t.clone()).collect::<Vec<_>>());
+    }
+    let y = {
+        let _g = fucina::no_grad();
+        let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+        f(ctx, &detached)?
+    };
+    let out = y.raw().clone();
+    drop(y);
+    let saved: Vec<RawTensor> = inputs.iter().map(|t| t.raw().clone()).collect();
+    Ok(custom_vjp_unsaved(
+        ctx,
+        name,
+        inputs,
+        move |_, _| Ok(out),
+        move |ctx, a| {
+            let vars: Vec<Tensor> = saved
+                .iter()
+                .zip(a.needs)
+                .map(|(x, &need)| match need {
+                    true => Tensor::constant(x.clone()).into_variable(),
+                    false => Tensor::constant(x.clone()),
+                })
+                .collect();
+            let y = f(ctx, &vars).map_err(|e| {
+                fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
+            })?;
+            y.backward_with(ctx, Some(a.grad), super::trainer::RELEASE_AS_IT_GOES)?;
+            let mut grads = Vec::with_capacity(vars.len());
+            for (v, &need) in vars.iter().zip(a.needs) {
+                grads.push(match need {
+                    true => v.grad(ctx)?.map(|g| g.raw().clone()),
+                    false => None,
+                });
+            }
+            Ok(grads)
+        },
+    )?)
+}
+
 /// RoPE in the rotate-half convention on `x` `[b, t, heads, hd]` with tables
 /// `[t, 1, hd / 2]`.
 fn rope(
@@ -849,4 +914,82 @@ fn rope(
     let lo = x1.mul(ctx, cos)?.sub(ctx, &x2.mul(ctx, sin)?)?;
     let hi = x2.mul(ctx, cos)?.add(ctx, &x1.mul(ctx, sin)?)?;
     Ok(Tensor::concat(ctx, &[&lo, &hi], 3)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gradients of `f` through [`recomputed`] are those of `f` recorded
+    /// directly, bit for bit (a causal attention core over strided inputs,
+    /// one input constant).
+    #[test]
+    fn recomputed_blocks_give_the_same_gradient_bits() {
+        let ctx = ExecContext::with_threads(2);
+        let (b, kvh, rep, t, hd) = (2, 2, 3, 5, 4);
+        let vals = |n: usize, s: u64| -> Vec<f32> {
+            (0..n)
+                .map(|i| (fucina::rng::at(s, i as u64) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let mut m = vec![f32::NEG_INFINITY; t * t];
+        for i in 0..t {
+            for j in 0..=i {
+                m[i * t + j] = 0.0;
+            }
+        }
+        let mask = Tensor::from_slice(&ctx, &[t, t], &m).unwrap();
+        let core = move |ctx: &ExecContext, qkv: &[Tensor]| -> Result<Tensor, FinetuneError> {
+            let p = qkv[0]
+                .matmul(ctx, &qkv[1])?
+                .scale(ctx, 0.5)?
+                .reshape(ctx, &[b, kvh, rep, t, t])?
+                .add(ctx, &mask)?
+                .softmax(ctx, -1)?
+                .reshape(ctx, &[b, kvh, rep * t, t])?;
+            Ok(p.matmul(ctx, &qkv[2])?)
+        };
+        let run = |recompute: bool, v_const: bool| {
+            let q = Tensor::variable_from_slice(
+                &ctx,
+                &[b, kvh, rep * t, hd],
+                &vals(b * kvh * rep * t * hd, 1),
+            )
+            .unwrap();
+            let k0 =
+                Tensor::variable_from_slice(&ctx, &[b, kvh, t, hd], &vals(b * kvh * t * hd, 2))
+                    .unwrap();
+            let k = k0.permute(&ctx, &[0, 1, 3, 2]).unwrap();
+            let v = Tensor::from_slice(&ctx, &[b, kvh, t, hd], &vals(b * kvh * t * hd, 3)).unwrap();
+            let v = if v_const { v } else { v.into_variable() };
+            let y = match recompute {
+                true => recomputed(&ctx, "attention", &[&q, &k, &v], core.clone()).unwrap(),
+                false => core(&ctx, &[q.clone(), k.clone(), v.clone()]).unwrap(),
+            };
+            let w = Tensor::from_slice(&ctx, y.shape(), &vals(y.raw().numel(), 4)).unwrap();
+            y.mul(&ctx, &w)
+                .unwrap()
+                .sum_all(&ctx)
+                .unwrap()
+                .backward(&ctx)
+                .unwrap();
+            let bits = |t: &Tensor| -> Option<Vec<u32>> {
+                t.grad(&ctx)
+                    .unwrap()
+                    .map(|g| g.to_vec().iter().map(|x| x.to_bits()).collect())
+            };
+            (
+                y.to_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                bits(&q),
+                bits(&k0),
+                bits(&v),
+            )
+        };
+        for v_const in [false, true] {
+            let direct = run(false, v_const);
+            assert!(direct.1.is_some() && direct.2.is_some());
+            assert_eq!(direct.3.is_none(), v_const);
+            assert_eq!(run(true, v_const), direct);
+        }
+    }
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
-use fucina::{ExecContext, Tensor, no_grad};
+use fucina::{BackwardOptions, ExecContext, Tensor, no_grad};
 
 use super::data::{Batch, Example};
 use super::decoder::TrainableDecoder;
@@ -131,6 +131,14 @@ pub fn batch_loss(
     Ok(logits.cross_entropy(ctx, &labels)?)
 }
 
+/// The backward of a step: each op releases what it saved once its VJP has
+/// run, so the saved activations of a layer return to the pool before the
+/// layers below it allocate their gradients.
+pub(crate) const RELEASE_AS_IT_GOES: BackwardOptions = BackwardOptions {
+    retain_graph: false,
+    release_as_it_goes: true,
+};
+
 /// A running job: the model, its optimizer and schedule, and the step count.
 #[derive(Debug)]
 pub struct Trainer {
@@ -241,7 +249,9 @@ impl Trainer {
                     1 => loss,
                     _ => loss.scale(ctx, share as f32)?,
                 };
-                loss.backward(ctx)?;
+                // Each op's saved tensors go back to the pool as soon as
+                // its VJP has run (a failed step is not retried).
+                loss.backward_with(ctx, None, RELEASE_AS_IT_GOES)?;
             }
             if let Some(max) = me.opts.max_grad_norm {
                 clip_grad_norm(ctx, me.opt.parameters(), max)?;
