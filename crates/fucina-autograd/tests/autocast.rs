@@ -64,6 +64,17 @@ type Op = (
     fn(&ExecContext, &Tensor, &Tensor) -> Tensor,
 );
 
+/// A 3x3 convolution with padding 1.
+fn conv3x3(ctx: &ExecContext, a: &Tensor, b: &Tensor) -> Tensor {
+    let opts = Conv2dOptions {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    a.conv2d(ctx, b, None, opts).unwrap()
+}
+
 const OPS: &[Op] = &[
     ("matmul", &[6, 40], &[40, 9], |c, a, b| {
         a.matmul(c, b).unwrap()
@@ -74,15 +85,7 @@ const OPS: &[Op] = &[
     ("linear", &[6, 40], &[9, 40], |c, a, b| {
         a.linear(c, b, None).unwrap()
     }),
-    ("conv2d", &[2, 3, 9, 9], &[4, 3, 3, 3], |c, a, b| {
-        let opts = Conv2dOptions {
-            stride: [1, 1],
-            padding: [1, 1],
-            dilation: [1, 1],
-            groups: 1,
-        };
-        a.conv2d(c, b, None, opts).unwrap()
-    }),
+    ("conv2d", &[2, 3, 9, 9], &[4, 3, 3, 3], conv3x3),
     ("conv1d", &[2, 3, 17], &[4, 3, 3], |c, a, b| {
         a.conv1d(
             c,
@@ -213,15 +216,7 @@ fn all_bits(ctx: &ExecContext) -> Vec<u32> {
         ("matmul", &[96, 200], &[200, 80], |c, a, b| {
             a.matmul(c, b).unwrap()
         }),
-        ("conv2d", &[4, 8, 24, 24], &[16, 8, 3, 3], |c, a, b| {
-            let opts = Conv2dOptions {
-                stride: [1, 1],
-                padding: [1, 1],
-                dilation: [1, 1],
-                groups: 1,
-            };
-            a.conv2d(c, b, None, opts).unwrap()
-        }),
+        ("conv2d", &[4, 8, 24, 24], &[16, 8, 3, 3], conv3x3),
     ];
     let _g = autocast_bf16();
     let mut out = Vec::new();
