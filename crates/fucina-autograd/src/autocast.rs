@@ -28,7 +28,7 @@ pub fn is_autocast_bf16() -> bool {
 /// and the convolutions [`conv1d`](crate::Tensor::conv1d) and
 /// [`conv2d`](crate::Tensor::conv2d) (and everything built on them:
 /// [`einsum`](crate::einsum), the `fucina::nn` layers `Linear`, `Conv1d`,
-/// `Conv2d`, attention) round both operands — the input and the weight, not
+/// `Conv2d`, the attention layers, `Lstm` and `Gru`) round both operands — the input and the weight, not
 /// the bias — to the nearest bf16 value (ties to even,
 /// [`round_to_bf16`](fucina_exec::round_to_bf16)) and run the ordinary f32
 /// kernel on the rounded values. The product of two bf16 values is exact in
