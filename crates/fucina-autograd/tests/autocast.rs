@@ -82,6 +82,12 @@ const OPS: &[Op] = &[
     ("batched matmul", &[2, 5, 40], &[2, 40, 7], |c, a, b| {
         a.matmul(c, b).unwrap()
     }),
+    (
+        "matmul of a transposed view",
+        &[6, 40],
+        &[9, 40],
+        |c, a, b| a.matmul(c, &b.transpose(c, 0, 1).unwrap()).unwrap(),
+    ),
     ("linear", &[6, 40], &[9, 40], |c, a, b| {
         a.linear(c, b, None).unwrap()
     }),
