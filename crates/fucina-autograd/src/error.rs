@@ -76,6 +76,17 @@ pub enum AutogradError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// An [`einsum`](crate::einsum) spec that cannot be applied to its
+    /// operands: a malformed spec, an output letter that is repeated or not
+    /// among the inputs, an operand count other than one or two, a letter
+    /// count that is not an operand's rank, or a letter whose sizes differ.
+    #[error("einsum \"{spec}\": {reason}")]
+    Einsum {
+        /// The spec as given.
+        spec: Box<str>,
+        /// What is wrong (naming the letter or operand).
+        reason: Box<str>,
+    },
     /// An error of another type returned by user code that runs inside the
     /// autograd layer (a custom VJP's closures, for example an error of the
     /// `fucina` facade), kept whole: its message and source chain are shown

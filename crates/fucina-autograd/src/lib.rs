@@ -30,6 +30,7 @@
 //! drop-as-you-go, custom VJPs and gradcheck.
 #![forbid(unsafe_code)]
 
+mod autocast;
 mod custom;
 mod error;
 mod fill;
@@ -40,11 +41,13 @@ mod ops;
 mod record;
 mod tensor;
 
+pub use autocast::{AutocastGuard, autocast_bf16, is_autocast_bf16};
 pub use custom::{CustomGradArgs, CustomVjpArgs, custom_vjp, custom_vjp_unsaved};
 pub use error::{AutogradError, ExternalError, Result};
 pub use grad_mode::{NoGradGuard, is_grad_enabled, no_grad};
 pub use gradcheck::{GradcheckMismatch, GradcheckOptions, GradcheckResult, gradcheck};
 pub use node::{BackwardOptions, free_graph_nodes};
+pub use ops::einsum::einsum;
 pub use record::Grads;
 pub use tensor::Tensor;
 
@@ -67,6 +70,7 @@ mod static_checks {
     use super::*;
     static_assertions::assert_impl_all!(Tensor: Send, Sync, Clone);
     static_assertions::assert_not_impl_any!(NoGradGuard: Send, Sync);
+    static_assertions::assert_not_impl_any!(AutocastGuard: Send, Sync);
     static_assertions::assert_impl_all!(AutogradError: Send, Sync, std::error::Error);
     static_assertions::assert_not_impl_any!(exec::ExecContext: Sync);
 }

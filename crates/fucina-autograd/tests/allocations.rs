@@ -108,6 +108,18 @@ fn zero_allocations_per_mlp_step_two_threads() {
     });
 }
 
+#[test]
+fn zero_allocations_per_mlp_step_under_autocast_bf16() {
+    in_own_process("zero_allocations_per_mlp_step_under_autocast_bf16", || {
+        // The rounded operands come from the pool like every op's output.
+        let _bf16 = fucina_autograd::autocast_bf16();
+        assert!(fucina_autograd::is_autocast_bf16());
+        mlp_allocations(1, true);
+        mlp_allocations(1, false);
+        mlp_allocations(2, true);
+    });
+}
+
 /// The counter is not vacuous: it sees the test's thread and other threads.
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {

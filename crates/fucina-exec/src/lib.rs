@@ -78,6 +78,7 @@ pub use ops::bf16_matmul::{
     PackedBf16Matrix, amx_available, amx_rule_path, amx_rule_path_for, force_amx,
     set_amx_rule_min_rows,
 };
+pub use ops::bf16_round::round_to_bf16;
 pub use ops::common::BatchNormStats;
 pub use ops::conv::{Conv1dOptions, Conv2dOptions};
 pub use ops::conv_transpose::{ConvTranspose1dOptions, ConvTranspose2dOptions};

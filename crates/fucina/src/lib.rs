@@ -179,9 +179,10 @@ pub mod rng {
 
 #[doc(inline)]
 pub use fucina_autograd::{
-    AutogradError, BackwardOptions, CustomGradArgs, CustomVjpArgs, GradcheckMismatch,
-    GradcheckOptions, GradcheckResult, Grads, NoGradGuard, Tensor, custom_vjp, custom_vjp_unsaved,
-    free_graph_nodes, gradcheck, is_grad_enabled, no_grad,
+    AutocastGuard, AutogradError, BackwardOptions, CustomGradArgs, CustomVjpArgs,
+    GradcheckMismatch, GradcheckOptions, GradcheckResult, Grads, NoGradGuard, Tensor,
+    autocast_bf16, custom_vjp, custom_vjp_unsaved, einsum, free_graph_nodes, gradcheck,
+    is_autocast_bf16, is_grad_enabled, no_grad,
 };
 #[doc(inline)]
 pub use fucina_exec::{Axis, ExecContext, ExecError, ExecScope, RawTensor};

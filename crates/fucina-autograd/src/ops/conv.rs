@@ -3,6 +3,7 @@
 
 use fucina_exec::{Conv1dOptions, Conv2dOptions, ExecContext, RawTensor};
 
+use crate::autocast::product_operands;
 use crate::error::Result;
 use crate::record::{GradList, grads, record};
 use crate::tensor::Tensor;
@@ -14,7 +15,9 @@ impl Tensor {
     /// (depthwise included). See
     /// [`ExecContext::conv2d`](fucina_exec::ExecContext::conv2d) for the
     /// definition, the algorithm and the determinism promise; the gradients of
-    /// the input, the weight and the bias are recorded.
+    /// the input, the weight and the bias are recorded. Inside an
+    /// [`autocast_bf16`](crate::autocast_bf16) scope the input and the weight
+    /// are rounded to bf16 first, and the backward uses the rounded operands.
     ///
     /// ```
     /// use fucina_autograd::{Conv2dOptions, Tensor};
@@ -44,8 +47,8 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: Conv2dOptions,
     ) -> Result<Tensor> {
-        let out = ctx.conv2d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let (x, wr) = product_operands(ctx, &self.raw, &w.raw)?;
+        let out = ctx.conv2d(&x, &wr, bias.map(|b| &b.raw), opts)?;
         let inputs: &[&Tensor] = match bias {
             Some(b) => &[self, w, b],
             None => &[self, w],
@@ -83,7 +86,8 @@ impl Tensor {
     /// The 1-D convolution of `self` (`[N, C_in, L]`) with the weight `w`
     /// (`[C_out, C_in / groups, K]`) plus an optional `bias` (`[C_out]`):
     /// PyTorch's `conv1d` (the 2-D convolution with height 1), recording the
-    /// gradients of the input, the weight and the bias.
+    /// gradients of the input, the weight and the bias (bf16-rounded operands
+    /// inside an [`autocast_bf16`](crate::autocast_bf16) scope, as `conv2d`).
     ///
     /// ```
     /// use fucina_autograd::{Conv1dOptions, Tensor};
@@ -108,8 +112,8 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: Conv1dOptions,
     ) -> Result<Tensor> {
-        let out = ctx.conv1d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let (x, wr) = product_operands(ctx, &self.raw, &w.raw)?;
+        let out = ctx.conv1d(&x, &wr, bias.map(|b| &b.raw), opts)?;
         let inputs: &[&Tensor] = match bias {
             Some(b) => &[self, w, b],
             None => &[self, w],

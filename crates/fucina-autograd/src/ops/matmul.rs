@@ -3,6 +3,7 @@
 
 use fucina_exec::{ExecContext, MatmulOptions, ProductOp};
 
+use crate::autocast::product_operands;
 use crate::error::Result;
 use crate::record::{grads, record};
 use crate::tensor::Tensor;
@@ -13,7 +14,10 @@ impl Tensor {
     /// with the default [`MatmulOptions`], and the backward kernel, run by
     /// backward for the gradients asked for (`linear` skips `grad · w` when
     /// `self` needs no gradient). [`matmul`](Tensor::matmul) and
-    /// [`linear`](Tensor::linear) are this with their variant.
+    /// [`linear`](Tensor::linear) are this with their variant. Inside an
+    /// [`autocast_bf16`](crate::autocast_bf16) scope `self` and `w` (not the
+    /// bias) are rounded to bf16 first, and the backward uses the rounded
+    /// operands.
     ///
     /// ```
     /// use fucina_autograd::Tensor;
@@ -38,14 +42,8 @@ impl Tensor {
         w: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let out = ctx.product(
-            op,
-            &self.raw,
-            &w.raw,
-            bias.map(|b| &b.raw),
-            MatmulOptions::default(),
-        )?;
-        let (a, b) = (self.raw.clone(), w.raw.clone());
+        let (a, b) = product_operands(ctx, &self.raw, &w.raw)?;
+        let out = ctx.product(op, &a, &b, bias.map(|b| &b.raw), MatmulOptions::default())?;
         let inputs: &[&Tensor] = match bias {
             Some(bias) => &[self, w, bias],
             None => &[self, w],

@@ -4,6 +4,7 @@
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod conv_transpose;
+pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod group_norm;
 pub(crate) mod index;

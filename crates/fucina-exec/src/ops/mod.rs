@@ -5,6 +5,7 @@
 
 pub(crate) mod batch_norm;
 pub(crate) mod bf16_matmul;
+pub(crate) mod bf16_round;
 pub(crate) mod common;
 pub(crate) mod conv;
 pub(crate) mod conv_transpose;
