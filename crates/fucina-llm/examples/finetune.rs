@@ -136,6 +136,14 @@ struct Args {
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// The context pool's cache cap in MiB, both tiers (default 8192): a
+    /// training step's buffers come back from the pool the next step instead
+    /// of being freed past the pool's own caps (1 GiB shared, 256 MiB local)
+    /// and mapped, and zeroed by the kernel, again; measured on the SmolLM2
+    /// shape it is faster and lowers the peak resident memory. 0 keeps the
+    /// pool's caps.
+    #[arg(long, default_value_t = 8192)]
+    pool_cache_mib: usize,
     /// Write the training loss of every step as an SVG chart here.
     #[arg(long)]
     loss_svg: Option<PathBuf>,
@@ -170,6 +178,11 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         Some(n) => ExecContext::with_threads(n.max(1)),
         None => ExecContext::new(),
     };
+    if args.pool_cache_mib > 0 {
+        let bytes = args.pool_cache_mib.saturating_mul(1 << 20);
+        ctx.pool().pool().set_max_cached_bytes(bytes);
+        ctx.pool().set_max_cached_bytes(bytes);
+    }
     let lora = LoraConfig {
         r: args.lora_r,
         alpha: args.lora_alpha,

@@ -58,11 +58,12 @@ struct Args {
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
-    /// The context pool's cache cap in MiB, both tiers (default: the pool's,
-    /// 1 GiB shared and 256 MiB local): a step whose buffers are freed past the
-    /// cap maps (and the kernel zeroes) fresh pages for them the next step.
-    #[arg(long)]
-    pool_cache_mib: Option<usize>,
+    /// The context pool's cache cap in MiB, both tiers (default 8192, as the
+    /// `finetune` example: a step's buffers come back from the pool the next
+    /// step; 0 keeps the pool's own caps, 1 GiB shared and 256 MiB local,
+    /// past which a step maps, and the kernel zeroes, fresh pages).
+    #[arg(long, default_value_t = 8192)]
+    pool_cache_mib: usize,
 }
 
 /// `VmHWM` of `/proc/self/status` in kB, where there is one.
@@ -86,8 +87,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         Some(n) => ExecContext::with_threads(n.max(1)),
         None => ExecContext::new(),
     };
-    if let Some(mib) = args.pool_cache_mib {
-        let bytes = mib.saturating_mul(1 << 20);
+    if args.pool_cache_mib > 0 {
+        let bytes = args.pool_cache_mib.saturating_mul(1 << 20);
         ctx.pool().pool().set_max_cached_bytes(bytes);
         ctx.pool().set_max_cached_bytes(bytes);
     }
