@@ -611,13 +611,13 @@ impl Model {
     /// Loads the model at `path` (a Hugging Face model directory or a GGUF
     /// file, as [`OpenOptions::open`](crate::OpenOptions::open) reads them) in
     /// its file's formats, quantized matrices read in place: the model of
-    /// `OpenOptions::new().in_place(true).open(path, ctx)`, without the
-    /// tokenizer and without a context (nothing is converted or repacked).
+    /// `OpenOptions::new().in_place(true).open(path, ctx)`, without a context
+    /// (nothing is converted or repacked) and without reading the tokenizer.
     ///
     /// # Errors
     /// Those of [`OpenOptions::open`](crate::OpenOptions::open).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, LlmError> {
-        let parts = crate::open::read_parts(path.as_ref())?;
+        let parts = crate::open::read_parts(path.as_ref(), false)?;
         Model::from_parts(parts.config, parts.weights)
     }
 

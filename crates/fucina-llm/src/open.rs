@@ -109,7 +109,7 @@ impl OpenOptions {
     /// file, key or tensor at fault.
     pub fn open(&self, path: impl AsRef<Path>, ctx: &ExecContext) -> Result<OpenedModel, LlmError> {
         let path = path.as_ref();
-        let parts = read_parts(path)?;
+        let parts = read_parts(path, true)?;
         let mut weights = match self.dtype {
             Some(d) => parts
                 .weights
@@ -135,16 +135,16 @@ pub(crate) struct Parts {
     stop_tokens: Vec<u32>,
 }
 
-/// Reads the config, weights, tokenizer and stop tokens of a GGUF file or a
-/// model directory (see [`OpenOptions::open`]).
-pub(crate) fn read_parts(path: &Path) -> Result<Parts, LlmError> {
+/// Reads the config, weights, stop tokens and, when `with_tokenizer`, the
+/// tokenizer of a GGUF file or a model directory (see [`OpenOptions::open`]).
+pub(crate) fn read_parts(path: &Path, with_tokenizer: bool) -> Result<Parts, LlmError> {
     let is_gguf = !path.is_dir()
         && path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     if is_gguf {
         let (config, weights, file) = load_gguf(path)?;
-        let tokenizer = if file.get("tokenizer.ggml.model").is_some() {
+        let tokenizer = if with_tokenizer && file.get("tokenizer.ggml.model").is_some() {
             Some(Tokenizer::from_gguf(&file)?)
         } else {
             None
@@ -160,7 +160,7 @@ pub(crate) fn read_parts(path: &Path) -> Result<Parts, LlmError> {
     let config = ModelConfig::from_file(path.join("config.json"))?;
     let weights = WeightStore::open(path)?;
     let tok_path = path.join("tokenizer.json");
-    let tokenizer = match tok_path.exists() {
+    let tokenizer = match with_tokenizer && tok_path.exists() {
         true => Some(Tokenizer::from_file(&tok_path)?),
         false => None,
     };

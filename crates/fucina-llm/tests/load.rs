@@ -1406,3 +1406,28 @@ fn phi3_longrope_is_read_with_transformers_defaults() {
     let c = parse(&with(cfg, "rope_scaling", None)).unwrap();
     assert_eq!(c.params.longrope, None);
 }
+
+/// `Model::load` reads no tokenizer: a directory whose `tokenizer.json` is
+/// broken still loads, while `open_model` (which returns the tokenizer)
+/// names the file.
+#[test]
+fn model_load_skips_the_tokenizer_that_open_model_reads() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_f32");
+    let dir = std::env::temp_dir().join(format!("fucina-load-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() {
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("tokenizer.json"), b"{ not json").unwrap();
+    let model = fucina_llm::Model::load(&dir).unwrap();
+    assert_eq!(model.config().hidden_size, 64);
+    let ctx = fucina_llm::fucina::ExecContext::with_threads(1);
+    let err = fucina_llm::open_model(&dir, &ctx, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tokenizer.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
