@@ -20,6 +20,7 @@
 //! Not covered: Qwen3-MoE (llama.cpp's converter of the version used refuses a
 //! `qwen3moe` model with a dense layer, which the fixture has).
 
+mod llamacpp_support;
 #[path = "../examples/common/npy.rs"]
 mod npy;
 
@@ -28,61 +29,13 @@ use std::path::PathBuf;
 use fucina_llm::arch::gguf::load_gguf;
 use fucina_llm::fucina::ExecContext;
 use fucina_llm::{Architecture, Model};
+use llamacpp_support::{ids, teacher_forced_rows};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/llamacpp_arch")
         .join(name)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// fucina's logits rows of the prompt and of the teacher-forced greedy ids
-/// (`[prompt + greedy - 1, vocab]`, llama.cpp's layout), and how many of the
-/// greedy ids are its own argmax.
-fn rows(model: &Model, ctx: &ExecContext, prompt: &[u32], greedy: &[u32]) -> (Vec<f32>, usize) {
-    let vocab = model.config().vocab_size;
-    let (t, n) = (prompt.len(), greedy.len());
-    let mut cache = model.new_cache(ctx, t + n).unwrap();
-    let mut rows = vec![0f32; (t + n - 1) * vocab];
-    let mut logits = vec![0f32; vocab];
-    model
-        .prefill(
-            ctx,
-            &mut cache,
-            prompt,
-            Some(&mut rows[..t * vocab]),
-            &mut logits,
-        )
-        .unwrap();
-    let mut top1 = 0;
-    for (step, &tok) in greedy.iter().enumerate() {
-        top1 += usize::from(argmax(&logits) == tok);
-        if step + 1 < n {
-            model
-                .decode(ctx, &mut [&mut cache], &[tok], &mut logits)
-                .unwrap();
-            rows[(t + step) * vocab..(t + step + 1) * vocab].copy_from_slice(&logits);
-        }
-    }
-    (rows, top1)
 }
 
 #[test]
@@ -114,7 +67,7 @@ fn llama_cpp_converted_files_give_llama_cpp_logits() {
         let vocab = model.config().vocab_size;
         let (shape, want) = npy::read_npy_f32(&dir.join("logits.npy")).unwrap();
         assert_eq!(shape, [prompt.len() + greedy.len() - 1, vocab], "{name}");
-        let (got, top1) = rows(&model, &ctx, &prompt, &greedy);
+        let (got, top1) = teacher_forced_rows(&model, &ctx, &prompt, &greedy);
         let diff = got
             .iter()
             .zip(&want)

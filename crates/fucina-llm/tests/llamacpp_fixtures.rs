@@ -20,6 +20,7 @@
 //! rounding: there the two agree to float summation order.
 
 mod gguf_support;
+mod llamacpp_support;
 #[path = "../examples/common/npy.rs"]
 mod npy;
 
@@ -31,6 +32,7 @@ use fucina_llm::fucina::exec::WeightFormat;
 use fucina_llm::gguf::GgufFile;
 use fucina_llm::{Model, Weight, WeightStore, open_model};
 use gguf_support::llama_hf_name;
+use llamacpp_support::{argmax, ids, teacher_forced_rows};
 use serde_json::Value;
 
 /// One fixture and what it must meet.
@@ -107,18 +109,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/llamacpp")
         .join(name)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an array of ids")
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -243,30 +233,9 @@ fn agreement(
     greedy: &[u32],
     reference: &[f32],
 ) -> Agreement {
+    let t = prompt.len();
     let vocab = model.config().vocab_size;
-    let (t, n) = (prompt.len(), greedy.len());
-    let mut cache = model.new_cache(ctx, t + n).expect("a cache");
-    let mut rows = vec![0f32; (t + n - 1) * vocab];
-    let mut logits = vec![0f32; vocab];
-    model
-        .prefill(
-            ctx,
-            &mut cache,
-            prompt,
-            Some(&mut rows[..t * vocab]),
-            &mut logits,
-        )
-        .expect("prefill");
-    let mut top1 = 0;
-    for (step, &tok) in greedy.iter().enumerate() {
-        top1 += usize::from(argmax(&logits) == tok);
-        if step + 1 < n {
-            model
-                .decode(ctx, &mut [&mut cache], &[tok], &mut logits)
-                .expect("decode");
-            rows[(t + step) * vocab..(t + step + 1) * vocab].copy_from_slice(&logits);
-        }
-    }
+    let (rows, top1) = teacher_forced_rows(model, ctx, prompt, greedy);
     let sq: f64 = rows
         .iter()
         .zip(reference)
