@@ -138,20 +138,13 @@ pub(crate) enum Path {
 /// portable otherwise.
 pub(crate) fn path() -> Path {
     use super::simd::CpuFeatures as F;
-    let f = F::enabled();
-    let base = F::AVX2.with(F::FMA).with(F::F16C);
-    let vnni = base
+    let avx2 = F::AVX2.with(F::FMA).with(F::F16C);
+    let vnni = avx2
         .with(F::AVX512F)
         .with(F::AVX512BW)
         .with(F::AVX512VL)
         .with(F::AVX512VNNI);
-    if cfg!(target_arch = "x86_64") && f.has(vnni) {
-        return Path::Vnni;
-    }
-    if cfg!(target_arch = "x86_64") && f.has(base) {
-        return Path::Avx2;
-    }
-    Path::Portable
+    super::simd::choose(&[(Path::Vnni, vnni), (Path::Avx2, avx2)], Path::Portable)
 }
 
 /// Where a block-of-32 format's fields sit, for the vector kernels (its

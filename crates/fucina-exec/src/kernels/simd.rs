@@ -26,6 +26,14 @@
 //! `FUCINA_SIMD` and [`force_simd_level`] lower it too. Its kernels do use fused
 //! multiply-adds, on purpose and at every level (the portable kernel through
 //! `f32::mul_add`), so its results are also bitwise the same at every level.
+//!
+//! # Kernel families
+//! The families written with intrinsics (the quantized dots, the weight
+//! products, the AMX rule) each name their instruction-set kernels with the
+//! [`CpuFeatures`] they use, and pick one per call through `choose`: the first
+//! whose features the current level enables, else the portable kernel. The
+//! CPU is asked once ([`CpuFeatures::detected`]); no family calls
+//! `is_x86_feature_detected!` itself.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -172,6 +180,20 @@ impl CpuFeatures {
         let l = level();
         CpuFeatures(CpuFeatures::detected().0 & (l.features().0 | l.companions().0))
     }
+}
+
+/// The kernel a family runs now: the first of `kernels` (the family's
+/// instruction-set kernels in the order it prefers them, each with the CPU
+/// features its code uses) whose features [`CpuFeatures::enabled`] holds, else
+/// `portable`. Every kernel family picks its path through this one rule, so
+/// `FUCINA_SIMD` and [`force_simd_level`](crate::force_simd_level) move all of
+/// them together.
+pub(crate) fn choose<K: Copy>(kernels: &[(K, CpuFeatures)], portable: K) -> K {
+    let enabled = CpuFeatures::enabled();
+    kernels
+        .iter()
+        .find(|(_, needs)| enabled.has(*needs))
+        .map_or(portable, |&(k, _)| k)
 }
 
 /// Asks the CPU (the only `is_x86_feature_detected!` calls of the kernels'
@@ -399,5 +421,25 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(SimdLevel::Avx512.name(), "avx512");
+    }
+
+    #[test]
+    fn choose_takes_the_first_kernel_whose_features_are_enabled() {
+        // A feature no CPU reports (no detection sets bit 31).
+        let never = CpuFeatures(1 << 31);
+        assert_eq!(choose::<u8>(&[], 0), 0);
+        assert_eq!(choose(&[(1, never), (2, CpuFeatures::NONE)], 0), 2);
+        assert_eq!(
+            choose(&[(1, CpuFeatures::NONE), (2, CpuFeatures::NONE)], 0),
+            1
+        );
+        assert_eq!(choose(&[(1, never)], 0), 0);
+        let enabled = CpuFeatures::enabled();
+        for l in [SimdLevel::Avx512, SimdLevel::Avx2] {
+            let picked = choose(&[(1, l.features())], 0);
+            assert_eq!(picked == 1, enabled.has(l.features()), "{l:?}");
+        }
+        // The current level's own features are always enabled.
+        assert_eq!(choose(&[(1, level().features())], 0), 1);
     }
 }

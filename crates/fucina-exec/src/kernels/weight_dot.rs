@@ -89,21 +89,28 @@ const fn format_of(fmt: u8) -> WeightFormat {
     }
 }
 
-/// The vector level the kernels run at now, as a [`Kern`]: the one chosen by
-/// [`simd::level`], except that the AVX2 f16 path needs F16C as well (the
-/// portable kernel otherwise, with the same bits).
+/// The kernel family a call of `format` runs now ([`simd::choose`]): the
+/// AVX-512 one where the level enables AVX-512, the AVX2 one where it enables
+/// AVX2 and FMA (and F16C for f16 weights), the portable one otherwise (the
+/// same bits on each).
 fn kern_for(format: WeightFormat) -> Kern {
-    match simd::level() {
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => Kern::Avx512,
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2
-            if format != WeightFormat::F16
-                || simd::CpuFeatures::detected().has(simd::CpuFeatures::F16C) =>
-        {
-            Kern::Avx2
-        }
-        _ => Kern::Portable,
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::CpuFeatures as F;
+        let avx2 = if format == WeightFormat::F16 {
+            AVX2_F16C
+        } else {
+            F::LEVEL_AVX2
+        };
+        simd::choose(
+            &[(Kern::Avx512, F::LEVEL_AVX512), (Kern::Avx2, avx2)],
+            Kern::Portable,
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = format;
+        Kern::Portable
     }
 }
 

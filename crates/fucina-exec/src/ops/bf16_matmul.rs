@@ -4,7 +4,7 @@
 //! accumulator per block, exactly as Intel's AMX `TDPBF16PS` does, so that
 //! the AMX tiles, an AVX-512 emulation and a portable emulation give the same
 //! bits. The rule, the paths and why they agree are described in
-//! `kernels/amx_rule.rs` and in docs/DETERMINISM.md ("bf16 products with the
+//! `kernels/amx_rule/` and in docs/DETERMINISM.md ("bf16 products with the
 //! AMX rule").
 
 use crate::context::ExecContext;

@@ -84,6 +84,12 @@
 //! on this project's development machine (millions of random and exhaustive
 //! boundary cases, NaN payloads included); `tests/bf16_amx_rule.rs` compares
 //! the paths with each other and with an independent scalar model.
+//!
+//! # Layout
+//!
+//! As every kernel family: this file holds the rule, the layouts and the
+//! dispatch; `portable.rs` the emulation every CPU runs, `x86_avx512.rs` and
+//! `x86_amx.rs` the instruction-set kernels, compiled only for x86-64.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -374,68 +380,6 @@ fn add_finite(x: f32, y: f32) -> f32 {
     }
 }
 
-/// How [`portable_row`] computes a row against a panel.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Any values: the scalar rule with the NaN rules spelled out.
-    Exact,
-    /// Finite values: the branch-free f64 steps.
-    Finite,
-    /// Finite values that cannot produce a result below `2^-126` (see the
-    /// module docs), on a level with fused multiply-add instructions: plain
-    /// `f32::mul_add`.
-    Fused,
-}
-
-/// Portable emulation of one row `a` (`kblocks · 32` widened values) against
-/// panel tiles `bt` (`kblocks` tiles): 16 outputs into `out`.
-#[inline(always)]
-fn portable_row(a: &[f32], bt: &[u16], kblocks: usize, mode: Mode, out: &mut [f32]) {
-    let mut c = [0.0f32; NT];
-    for kb in 0..kblocks {
-        let (mut e, mut o) = ([0.0f32; NT], [0.0f32; NT]);
-        let ak = &a[kb * KB..(kb + 1) * KB];
-        let t = &bt[kb * TILE..(kb + 1) * TILE];
-        for p in 0..KB / 2 {
-            let (xe, xo) = (ak[2 * p], ak[2 * p + 1]);
-            // A tile row as 16 words: the even element in the low half (so
-            // `w << 16` is its f32), the odd one in the high half.
-            let tw: &[u32] = bytemuck::cast_slice(&t[p * 32..(p + 1) * 32]);
-            let tw: &[u32; NT] = tw.try_into().expect("a tile row");
-            let even = |q: usize| f32::from_bits(tw[q] << 16);
-            let odd = |q: usize| f32::from_bits(tw[q] & 0xffff_0000);
-            match mode {
-                Mode::Fused => {
-                    for q in 0..NT {
-                        e[q] = xe.mul_add(even(q), e[q]);
-                        o[q] = xo.mul_add(odd(q), o[q]);
-                    }
-                }
-                Mode::Finite => {
-                    for q in 0..NT {
-                        e[q] = step_finite(e[q], xe, even(q));
-                        o[q] = step_finite(o[q], xo, odd(q));
-                    }
-                }
-                Mode::Exact => {
-                    for q in 0..NT {
-                        e[q] = step(e[q], xe, even(q));
-                        o[q] = step(o[q], xo, odd(q));
-                    }
-                }
-            }
-        }
-        for q in 0..NT {
-            c[q] = if mode == Mode::Exact {
-                add(c[q], add(e[q], o[q]))
-            } else {
-                add_finite(c[q], add_finite(e[q], o[q]))
-            };
-        }
-    }
-    out[..NT].copy_from_slice(&c);
-}
-
 // ---------------------------------------------------------------- the drivers
 
 /// Which implementation an op call uses.
@@ -451,11 +395,10 @@ pub(crate) enum Path {
 
 /// The path of an op call of [`amx_min_rows`] rows or more starting now.
 pub(crate) fn path() -> Path {
-    use super::simd::{SimdLevel, level};
-    match level() {
-        SimdLevel::Avx512 if amx_on() => Path::Amx,
-        SimdLevel::Avx512 => Path::Avx512,
-        _ => Path::Portable,
+    use super::simd::{CpuFeatures, choose};
+    match choose(&[(Path::Avx512, CpuFeatures::LEVEL_AVX512)], Path::Portable) {
+        Path::Avx512 if amx_on() => Path::Amx,
+        p => p,
     }
 }
 
@@ -518,13 +461,13 @@ pub(crate) fn panel_pairs(
             // process use AMX tiles (`amx_on`); the buffers hold the tiles the
             // kernel reads (`m_pad / 16` groups of `a`, the pairs' panels of
             // `b`) and `t` the floats it writes, as the asserts check.
-            unsafe { amx::panel_pairs(a, b, m_pad, pairs, t) }
+            unsafe { x86_amx::panel_pairs(a, b, m_pad, pairs, t) }
         }
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx512, Acts::Rows { a, spans }) if m <= avx512::SMALL_ROWS => {
+        (Path::Avx512, Acts::Rows { a, spans }) if m <= x86_avx512::SMALL_ROWS => {
             // SAFETY: `path` is Avx512 only when `level()` is, which means the
             // CPU has AVX-512 F/BW/DQ/VL.
-            unsafe { avx512::few_rows(a, spans, b, m, 2 * pairs.start, t) }
+            unsafe { x86_avx512::few_rows(a, spans, b, m, 2 * pairs.start, t) }
         }
         #[cfg(target_arch = "x86_64")]
         (Path::Avx512, Acts::Rows { a, spans }) => {
@@ -533,7 +476,7 @@ pub(crate) fn panel_pairs(
                     let j = 2 * pi + h;
                     // SAFETY: `path` is Avx512 only when `level()` is, which
                     // means the CPU has AVX-512 F/BW/DQ/VL.
-                    unsafe { avx512::panel(a, spans, b, j, m, kb, tj) }
+                    unsafe { x86_avx512::panel(a, spans, b, j, m, kb, tj) }
                 }
             }
         }
@@ -544,532 +487,13 @@ pub(crate) fn panel_pairs(
     }
 }
 
-/// The portable emulation over whole panel pairs.
-#[inline(always)]
-fn portable_panels(
-    a: &[f32],
-    spans: &[u16],
-    b: &PackedB,
-    m: usize,
-    m_pad: usize,
-    pairs: std::ops::Range<usize>,
-    t: &mut [f32],
-) {
-    let kb = b.kblocks;
-    let ka = kb * KB;
-    let data = b.data();
-    for (pi, tp) in pairs.zip(t.chunks_exact_mut(2 * m_pad * NT)) {
-        for (h, tj) in tp.chunks_exact_mut(m_pad * NT).enumerate() {
-            let j = 2 * pi + h;
-            portable_rows(a, spans, data, b.spans[j], j, kb, 0..m, ka, tj);
-        }
-    }
-}
-
-/// Rows `rows` of the portable emulation against panel `j` (outputs at row
-/// `i` of `tj`).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn portable_rows(
-    a: &[f32],
-    spans: &[u16],
-    data: &[u16],
-    span_b: u16,
-    j: usize,
-    kb: usize,
-    rows: std::ops::Range<usize>,
-    ka: usize,
-    tj: &mut [f32],
-) {
-    let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
-    // Fused multiply-adds only where they are instructions (at the portable
-    // level `mul_add` is a library call, slower than the f64 steps).
-    let fma = super::simd::CpuFeatures::enabled().has(super::simd::CpuFeatures::FMA);
-    for i in rows {
-        let mode = if fma && no_flush_possible(spans[i], span_b) {
-            Mode::Fused
-        } else if finite(spans[i], span_b) {
-            Mode::Finite
-        } else {
-            Mode::Exact
-        };
-        portable_row(
-            &a[i * ka..(i + 1) * ka],
-            bt,
-            kb,
-            mode,
-            &mut tj[i * NT..(i + 1) * NT],
-        );
-    }
-}
-
+mod portable;
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{KB, NT, TILE, no_flush_possible, portable_rows};
-    use std::arch::x86_64::*;
-
-    /// Rows per register block.
-    const MR: usize = 8;
-
-    /// Panel `j` for every row: blocks of up to 8 rows that pass the no-flush
-    /// check run [`streams`] (one panel), the others the portable emulation.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    pub(super) fn panel(
-        a: &[f32],
-        spans: &[u16],
-        b: &super::PackedB,
-        j: usize,
-        m: usize,
-        kb: usize,
-        tj: &mut [f32],
-    ) {
-        let ka = kb * KB;
-        let data = b.data();
-        let bt = &data[j * kb * TILE..(j + 1) * kb * TILE];
-        let sb = b.spans[j];
-        let mut i = 0;
-        while i < m {
-            let r = MR.min(m - i);
-            let fast = (i..i + r).all(|ii| no_flush_possible(spans[ii], sb));
-            if !fast {
-                portable_rows(a, spans, data, sb, j, kb, i..i + r, ka, tj);
-            } else {
-                let a = &a[i * ka..(i + r) * ka];
-                let o = &mut tj[i * NT..(i + r) * NT];
-                streams_m::<1>(r, a, ka, bt, kb, o);
-            }
-            i += r;
-        }
-    }
-
-    /// Calls of at most this many rows take [`few_rows`] (the AMX row
-    /// threshold `AMX_MIN_ROWS` is one more).
-    pub(super) const SMALL_ROWS: usize = 8;
-
-    /// Panels read at once by [`few_rows`] (concurrent streams of weights).
-    const SP: usize = 4;
-
-    /// Tiles ahead of the tile row being read that [`streams`] prefetches in
-    /// each panel's stream.
-    const PF_TILES: usize = 2;
-
-    /// All `m <= SMALL_ROWS` rows against panels `j0 ..` (as many as `t`
-    /// holds, `m` rows of 16 floats each): groups of [`SP`] panels, else of
-    /// two, whose rows all pass the no-flush check run [`streams`]; a panel
-    /// in neither runs [`panel`] (which sends the rows that fail the check
-    /// to the portable emulation).
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    pub(super) fn few_rows(
-        a: &[f32],
-        spans: &[u16],
-        b: &super::PackedB,
-        m: usize,
-        j0: usize,
-        t: &mut [f32],
-    ) {
-        let kb = b.kblocks;
-        let ka = kb * KB;
-        let per = m * NT;
-        let np = t.len() / per;
-        let data = b.data();
-        let fast = |j: usize| (0..m).all(|i| no_flush_possible(spans[i], b.spans[j]));
-        let mut q = 0;
-        while q < np {
-            let g = [SP, 2]
-                .into_iter()
-                .find(|&g| np - q >= g && (q..q + g).all(|d| fast(j0 + d)))
-                .unwrap_or(1);
-            let tj = &mut t[q * per..(q + g) * per];
-            let j = j0 + q;
-            let bt = &data[j * kb * TILE..(j + g) * kb * TILE];
-            match g {
-                SP => streams_m::<SP>(m, a, ka, bt, kb, tj),
-                2 => streams_m::<2>(m, a, ka, bt, kb, tj),
-                _ => panel(a, spans, b, j, m, kb, tj),
-            }
-            q += g;
-        }
-    }
-
-    /// [`streams`] for `m` rows.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    fn streams_m<const P: usize>(
-        m: usize,
-        a: &[f32],
-        ka: usize,
-        bt: &[u16],
-        kb: usize,
-        tj: &mut [f32],
-    ) {
-        match m {
-            8 => streams::<8, P>(a, ka, bt, kb, tj),
-            7 => streams::<7, P>(a, ka, bt, kb, tj),
-            6 => streams::<6, P>(a, ka, bt, kb, tj),
-            5 => streams::<5, P>(a, ka, bt, kb, tj),
-            4 => streams::<4, P>(a, ka, bt, kb, tj),
-            3 => streams::<3, P>(a, ka, bt, kb, tj),
-            2 => streams::<2, P>(a, ka, bt, kb, tj),
-            _ => streams::<1, P>(a, ka, bt, kb, tj),
-        }
-    }
-
-    /// `R` rows against `P` consecutive panels (`bt`: their `P · kb` tiles),
-    /// the panels' tiles read depth block by depth block as `P` concurrent
-    /// streams, each prefetched [`PF_TILES`] tiles ahead: per panel and depth
-    /// block an even and an odd accumulator per row from `+0` (plain IEEE
-    /// fused multiply-adds), then `C = C + (even + odd)`, `C` per row and
-    /// panel in registers. Outputs `out[(q · R + r) · 16 ..]` for panel `q`,
-    /// row `r`. The caller has checked that no step can produce a nonzero
-    /// result below `2^-126`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    fn streams<const R: usize, const P: usize>(
-        a: &[f32],
-        ka: usize,
-        bt: &[u16],
-        kb: usize,
-        out: &mut [f32],
-    ) {
-        assert!(a.len() >= R * ka && ka >= kb * KB && bt.len() >= P * kb * TILE);
-        assert!(out.len() >= P * R * NT);
-        let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-        let mut c = [[_mm512_setzero_ps(); R]; P];
-        let ap = a.as_ptr();
-        let bp = bt.as_ptr();
-        for k in 0..kb {
-            // Near the end of the panels the prefetches run on into the same
-            // panels of the next group (`P · kb` tiles on), which the next
-            // call reads.
-            let skip = if (k + PF_TILES) < kb {
-                0
-            } else {
-                (P - 1) * kb * TILE
-            };
-            for (q, cq) in c.iter_mut().enumerate() {
-                let tile = (q * kb + k) * TILE;
-                let mut e = [_mm512_setzero_ps(); R];
-                let mut o = [_mm512_setzero_ps(); R];
-                for p in 0..KB / 2 {
-                    // A hint only: the address may lie past `bt` (it is
-                    // never dereferenced).
-                    let ahead = bp.wrapping_add(tile + p * 32 + PF_TILES * TILE + skip);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                    // SAFETY: tile `(q, k)` row `p` (64 bytes) lies inside
-                    // `bt`, and row `r`'s elements `k·32 + 2p (+1)` inside `a`
-                    // (asserted).
-                    unsafe {
-                        let raw = _mm512_loadu_si512(bp.add(tile + p * 32).cast());
-                        let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(raw));
-                        let bo = _mm512_castsi512_ps(_mm512_and_si512(raw, hi));
-                        for r in 0..R {
-                            let x = ap.add(r * ka + k * KB + 2 * p);
-                            e[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x), be, e[r]);
-                            o[r] = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(1)), bo, o[r]);
-                        }
-                    }
-                }
-                for r in 0..R {
-                    cq[r] = _mm512_add_ps(cq[r], _mm512_add_ps(e[r], o[r]));
-                }
-            }
-        }
-        for (q, cq) in c.iter().enumerate() {
-            for (r, cr) in cq.iter().enumerate() {
-                // SAFETY: panel `q` row `r`'s 16 floats lie inside `out`
-                // (asserted).
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((q * R + r) * NT), *cr) };
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------- AMX
-
+mod x86_amx;
 #[cfg(target_arch = "x86_64")]
-mod amx {
-    use super::{MT, NT, TILE};
-    use std::arch::asm;
+mod x86_avx512;
 
-    /// Depth blocks per chunk (see `panel_pairs`).
-    const KC: usize = 8;
-    /// Bytes of activation tiles per row block (see `panel_pairs`).
-    const RB_BYTES: usize = 1 << 20;
-
-    /// The 64-byte tile configuration (palette 1): `tmm0-7` all 16 rows × 64
-    /// bytes.
-    #[repr(C, align(64))]
-    struct TileCfg {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        colsb: [u16; 16],
-        rows: [u8; 16],
-    }
-
-    /// Panel pairs `pairs` for every row group pair: C tiles `tmm0-3` =
-    /// (g, j), (g, j+1), (g+1, j), (g+1, j+1), A tiles `tmm4-5`, B tiles
-    /// `tmm6-7`, one `TDPBF16PS` per tile pair and depth block.
-    ///
-    /// # Safety
-    /// AMX must be usable by this process ([`super::amx_on`]).
-    pub(super) unsafe fn panel_pairs(
-        a: &[u16],
-        b: &super::PackedB,
-        m_pad: usize,
-        pairs: std::ops::Range<usize>,
-        t: &mut [f32],
-    ) {
-        let kb = b.kblocks;
-        let groups = m_pad / MT;
-        assert!(groups.is_multiple_of(2) && a.len() >= groups * kb * TILE);
-        assert!(pairs.end * 2 <= b.panels && t.len() >= pairs.len() * 2 * m_pad * NT);
-        assert!(
-            (a.as_ptr() as usize).is_multiple_of(64) && (t.as_ptr() as usize).is_multiple_of(64)
-        );
-        let cfg = tile_config();
-        let data = b.data();
-        let stride = 64usize;
-        let step = kb * TILE * 2; // bytes from tile (g, kb) to (g + 1, kb)
-        // SAFETY: the configuration is a valid palette-1 layout; every tile
-        // access below reads or writes 16 rows of 64 bytes inside the asserted
-        // buffers (A tiles of groups g, g+1; B tiles of panels j, j+1; C rows
-        // g·16 .. g·16 + 32 of panels j, j+1 in `t`).
-        unsafe {
-            asm!("ldtilecfg [{cfg}]", cfg = in(reg) &raw const cfg, options(nostack));
-            // Row blocks of `rb` group pairs whose activations (about 1 MiB)
-            // stay in L2 while every panel pair of the call runs over them;
-            // per panel pair, depth chunks of KC blocks: the pair's weights
-            // for the chunk (16 KiB) stay in L1 while the block's group pairs
-            // run over them. C goes through `t` between chunks (the pair's C
-            // for the block stays in L1/L2) as the f32 it is in the tile:
-            // the same bits.
-            let rb = (RB_BYTES / (2 * kb * TILE * 2)).max(1);
-            let mut g0 = 0;
-            while g0 < groups / 2 {
-                let g1 = (g0 + rb).min(groups / 2);
-                for (pi, tp) in pairs.clone().zip(t.chunks_exact_mut(2 * m_pad * NT)) {
-                    let mut k0 = 0;
-                    while k0 < kb {
-                        let kn = KC.min(kb - k0);
-                        let bj = data.as_ptr().add((2 * pi * kb + k0) * TILE);
-                        // The next chunk: the pair's next depth chunk, else
-                        // the first of the next pair, else the first pair's
-                        // first chunk of the next row block (a hint only: the
-                        // prefetches may run past `data`).
-                        let nb = if k0 + kn < kb {
-                            bj.wrapping_add(kn * TILE)
-                        } else if pi + 1 < pairs.end {
-                            data.as_ptr().wrapping_add(2 * (pi + 1) * kb * TILE)
-                        } else {
-                            data.as_ptr().wrapping_add(2 * pairs.start * kb * TILE)
-                        };
-                        // Lines per panel each group pair prefetches, and
-                        // per block (at least one).
-                        let per_gp = (KC * 16).div_ceil(g1 - g0);
-                        let pl = per_gp.div_ceil(kn).max(1);
-                        for gg in g0..g1 {
-                            let ag = a.as_ptr().add((2 * gg * kb + k0) * TILE);
-                            let c0 = tp.as_mut_ptr().add(2 * gg * MT * NT);
-                            let c1 = c0.add(m_pad * NT);
-                            let (c2, c3) = (c0.add(MT * NT), c1.add(MT * NT));
-                            load_c(k0 == 0, [c0, c1, c2, c3], stride);
-                            let q = nb.wrapping_byte_add((gg - g0) * per_gp * 64);
-                            block_products(ag, bj, step, q, pl, kn, stride);
-                            store_c([c0, c1, c2, c3], stride);
-                        }
-                        k0 += kn;
-                    }
-                }
-                g0 = g1;
-            }
-            asm!("tilerelease", options(nostack, nomem));
-        }
-    }
-
-    /// Palette 1 with tiles 0-7 of 16 rows of 64 bytes (the C, A and B tiles
-    /// of [`panel_pairs`]).
-    fn tile_config() -> TileCfg {
-        let mut cfg = TileCfg {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
-        for i in 0..8 {
-            cfg.colsb[i] = 64;
-            cfg.rows[i] = 16;
-        }
-        cfg
-    }
-
-    /// Starts the four C tiles of a group pair and panel pair: zeroed for the
-    /// first depth chunk (`first`), else loaded from the f32 rows at `c` (the
-    /// sums of the chunks before, as the tiles held them).
-    ///
-    /// # Safety
-    /// [`panel_pairs`]' configuration is loaded, and each `c[i]` points to 16
-    /// rows of `stride` bytes that may be read.
-    #[inline(always)]
-    unsafe fn load_c(first: bool, c: [*mut f32; 4], stride: usize) {
-        let [c0, c1, c2, c3] = c;
-        // SAFETY: the caller's contract: a loaded configuration and readable
-        // C rows.
-        unsafe {
-            if first {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                );
-            } else {
-                asm!(
-                    "tileloadd tmm0, [{c0} + {s}*1]",
-                    "tileloadd tmm1, [{c1} + {s}*1]",
-                    "tileloadd tmm2, [{c2} + {s}*1]",
-                    "tileloadd tmm3, [{c3} + {s}*1]",
-                    c0 = in(reg) c0,
-                    c1 = in(reg) c1,
-                    c2 = in(reg) c2,
-                    c3 = in(reg) c3,
-                    s = in(reg) stride,
-                    options(nostack)
-                );
-            }
-        }
-    }
-
-    /// One depth chunk of `kn` blocks: A tiles from `ag` (and the next group,
-    /// `step` bytes on), B tiles from `bj` (and the next panel), the four
-    /// products per block into `tmm0-3`, with the prefetches of the next
-    /// block's activations and of `pl` lines from `q` of the next chunk's
-    /// weights (hints only).
-    ///
-    /// # Safety
-    /// [`panel_pairs`]' configuration is loaded; the `kn` blocks of A tiles at
-    /// `ag` and `ag + step` and of B tiles at `bj` and `bj + step` (16 rows of
-    /// `stride` bytes each, 1024 bytes apart) may be read; `kn` and `pl` are
-    /// at least 1.
-    #[inline(always)]
-    unsafe fn block_products(
-        ag: *const u16,
-        bj: *const u16,
-        step: usize,
-        q: *const u16,
-        pl: usize,
-        kn: usize,
-        stride: usize,
-    ) {
-        // SAFETY: the caller's contract: a loaded configuration, readable A
-        // and B tiles, non-zero counts (prefetches never fault).
-        unsafe {
-            // Tile registers are not renamed: a tile load
-            // waits for the products that read the register
-            // before, so its latency is not hidden. Each
-            // block prefetches the next block's activation
-            // tiles into L1 (they come from L2), and `pl`
-            // lines of the next chunk's weights of both
-            // panels into L2 (they come from memory or L3;
-            // the chunk's group pairs share that out).
-            asm!(
-                "2:",
-                "prefetcht0 [{pa} + 1024]",
-                "prefetcht0 [{pa1} + 1024]",
-                "prefetcht0 [{pa} + 1088]",
-                "prefetcht0 [{pa1} + 1088]",
-                "prefetcht0 [{pa} + 1152]",
-                "prefetcht0 [{pa1} + 1152]",
-                "prefetcht0 [{pa} + 1216]",
-                "prefetcht0 [{pa1} + 1216]",
-                "prefetcht0 [{pa} + 1280]",
-                "prefetcht0 [{pa1} + 1280]",
-                "prefetcht0 [{pa} + 1344]",
-                "prefetcht0 [{pa1} + 1344]",
-                "prefetcht0 [{pa} + 1408]",
-                "prefetcht0 [{pa1} + 1408]",
-                "prefetcht0 [{pa} + 1472]",
-                "prefetcht0 [{pa1} + 1472]",
-                "prefetcht0 [{pa} + 1536]",
-                "prefetcht0 [{pa1} + 1536]",
-                "prefetcht0 [{pa} + 1600]",
-                "prefetcht0 [{pa1} + 1600]",
-                "prefetcht0 [{pa} + 1664]",
-                "prefetcht0 [{pa1} + 1664]",
-                "prefetcht0 [{pa} + 1728]",
-                "prefetcht0 [{pa1} + 1728]",
-                "prefetcht0 [{pa} + 1792]",
-                "prefetcht0 [{pa1} + 1792]",
-                "prefetcht0 [{pa} + 1856]",
-                "prefetcht0 [{pa1} + 1856]",
-                "prefetcht0 [{pa} + 1920]",
-                "prefetcht0 [{pa1} + 1920]",
-                "prefetcht0 [{pa} + 1984]",
-                "prefetcht0 [{pa1} + 1984]",
-                "mov {c}, {pl}",
-                "3:",
-                "prefetcht1 [{q}]",
-                "prefetcht1 [{q} + {st}]",
-                "add {q}, 64",
-                "dec {c}",
-                "jnz 3b",
-                "tileloadd tmm4, [{pa} + {s}*1]",
-                "tileloadd tmm6, [{pb} + {s}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tileloadd tmm7, [{pb1} + {s}*1]",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tileloadd tmm5, [{pa1} + {s}*1]",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                "add {pa}, 1024",
-                "add {pb}, 1024",
-                "add {pa1}, 1024",
-                "add {pb1}, 1024",
-                "dec {n}",
-                "jnz 2b",
-                pa = inout(reg) ag => _,
-                pb = inout(reg) bj => _,
-                pa1 = inout(reg) ag.byte_add(step) => _,
-                pb1 = inout(reg) bj.byte_add(step) => _,
-                q = inout(reg) q => _,
-                st = in(reg) step,
-                pl = in(reg) pl,
-                c = out(reg) _,
-                n = inout(reg) kn => _,
-                s = in(reg) stride,
-                options(nostack)
-            );
-        }
-    }
-
-    /// Stores the four C tiles to the f32 rows at `c`.
-    ///
-    /// # Safety
-    /// [`panel_pairs`]' configuration is loaded, and each `c[i]` points to 16
-    /// rows of `stride` bytes that may be written.
-    #[inline(always)]
-    unsafe fn store_c(c: [*mut f32; 4], stride: usize) {
-        let [c0, c1, c2, c3] = c;
-        // SAFETY: the caller's contract: a loaded configuration and writable
-        // C rows.
-        unsafe {
-            asm!(
-                "tilestored [{c0} + {s}*1], tmm0",
-                "tilestored [{c1} + {s}*1], tmm1",
-                "tilestored [{c2} + {s}*1], tmm2",
-                "tilestored [{c3} + {s}*1], tmm3",
-                c0 = in(reg) c0,
-                c1 = in(reg) c1,
-                c2 = in(reg) c2,
-                c3 = in(reg) c3,
-                s = in(reg) stride,
-                options(nostack)
-            );
-        }
-    }
-}
+use portable::portable_panels;
 
 // ---------------------------------------------------------------- AMX availability
 
