@@ -595,6 +595,28 @@ BENCH_SHAPES = {
                  rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2,
                  tie_word_embeddings=False),
     ),
+    # Qwen3-0.6B's shape (q/k RMSNorm per head, head_dim 128, tied embeddings).
+    "qwen3-0.6b-shape": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM),
+        cfg=dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                 rope_theta=1000000.0, bos_token_id=1, eos_token_id=2,
+                 tie_word_embeddings=True),
+    ),
+    # Gemma 2 scaled down to about 0.5 B parameters (Gemma 2's 256k vocabulary,
+    # GeGLU, soft-capping, alternating 4096-token sliding windows).
+    "gemma2-0.5b-shape": dict(
+        cls=(Gemma2Config, Gemma2ForCausalLM),
+        cfg=dict(vocab_size=256000, hidden_size=1024, intermediate_size=4096,
+                 num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4,
+                 head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                 rope_theta=10000.0, attn_logit_softcapping=50.0,
+                 final_logit_softcapping=30.0, query_pre_attn_scalar=128,
+                 sliding_window=4096, hidden_activation="gelu_pytorch_tanh",
+                 bos_token_id=2, eos_token_id=1, pad_token_id=0,
+                 tie_word_embeddings=True),
+    ),
     # A mixture of experts scaled down from Qwen3-30B-A3B (64 experts of 384, 8
     # per token, 16 layers): 1.3 B parameters, about 0.23 B read per decoded
     # token.
