@@ -1,5 +1,5 @@
 //! bf16 autocast: a thread-local scope in which the matrix products and
-//! convolutions take bf16-rounded operands with f32 accumulation.
+//! convolutions (transposed ones included) take bf16-rounded operands with f32 accumulation.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -25,10 +25,13 @@ pub fn is_autocast_bf16() -> bool {
 ///
 /// Inside it, the products [`matmul`](crate::Tensor::matmul),
 /// [`linear`](crate::Tensor::linear) and [`product`](crate::Tensor::product),
-/// and the convolutions [`conv1d`](crate::Tensor::conv1d) and
-/// [`conv2d`](crate::Tensor::conv2d) (and everything built on them:
-/// [`einsum`](crate::einsum), the `fucina::nn` layers `Linear`, `Conv1d`,
-/// `Conv2d`, the attention layers, `Lstm` and `Gru`) round both operands — the input and the weight, not
+/// and the convolutions [`conv1d`](crate::Tensor::conv1d),
+/// [`conv2d`](crate::Tensor::conv2d),
+/// [`conv_transpose1d`](crate::Tensor::conv_transpose1d) and
+/// [`conv_transpose2d`](crate::Tensor::conv_transpose2d) (and everything
+/// built on them: [`einsum`](crate::einsum), the `fucina::nn` layers
+/// `Linear`, `Conv1d`, `Conv2d`, `ConvTranspose1d`, `ConvTranspose2d`, the
+/// attention layers, `Lstm` and `Gru`) round both operands — the input and the weight, not
 /// the bias — to the nearest bf16 value (ties to even,
 /// [`round_to_bf16`](fucina_exec::round_to_bf16)) and run the ordinary f32
 /// kernel on the rounded values. The product of two bf16 values is exact in

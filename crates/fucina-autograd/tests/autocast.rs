@@ -8,7 +8,8 @@ mod support;
 
 use fucina_autograd::exec::{ExecContext, SimdLevel, force_simd_level, round_to_bf16, simd_level};
 use fucina_autograd::{
-    Conv1dOptions, Conv2dOptions, Tensor, autocast_bf16, einsum, is_autocast_bf16,
+    Conv1dOptions, Conv2dOptions, ConvTranspose1dOptions, ConvTranspose2dOptions, Tensor,
+    autocast_bf16, einsum, is_autocast_bf16,
 };
 use support::values;
 
@@ -108,7 +109,37 @@ const OPS: &[Op] = &[
     ("einsum", &[2, 3, 4, 40], &[2, 3, 5, 40], |c, a, b| {
         einsum(c, "bhqd,bhkd->bhqk", &[a, b]).unwrap()
     }),
+    (
+        "conv_transpose2d",
+        &[2, 6, 5, 5],
+        &[6, 4, 3, 3],
+        |c, a, b| {
+            let opts = ConvTranspose2dOptions {
+                stride: [2, 1],
+                padding: [1, 0],
+                output_padding: [1, 0],
+                ..Default::default()
+            };
+            a.conv_transpose2d(c, b, None, opts).unwrap()
+        },
+    ),
+    ("conv_transpose1d", &[2, 6, 9], &[6, 4, 3], |c, a, b| {
+        let opts = ConvTranspose1dOptions {
+            stride: 2,
+            ..Default::default()
+        };
+        a.conv_transpose1d(c, b, None, opts).unwrap()
+    }),
 ];
+
+/// The U-Net up-step: kernel 2, stride 2.
+fn up2x2(ctx: &ExecContext, a: &Tensor, b: &Tensor) -> Tensor {
+    let opts = ConvTranspose2dOptions {
+        stride: [2, 2],
+        ..Default::default()
+    };
+    a.conv_transpose2d(ctx, b, None, opts).unwrap()
+}
 
 /// The output and both gradients (`sum` of the output weighted by a fixed
 /// pattern as the loss) of `op` on operands `a`, `b`.
@@ -218,11 +249,12 @@ fn the_backward_follows_where_the_product_was_recorded() {
 /// Every op's output and gradients inside the scope, as bits, on operands
 /// large enough that the kernels split the work.
 fn all_bits(ctx: &ExecContext) -> Vec<u32> {
-    let big: [Op; 2] = [
+    let big: [Op; 3] = [
         ("matmul", &[96, 200], &[200, 80], |c, a, b| {
             a.matmul(c, b).unwrap()
         }),
         ("conv2d", &[4, 8, 24, 24], &[16, 8, 3, 3], conv3x3),
+        ("conv_transpose2d", &[4, 16, 12, 12], &[16, 8, 2, 2], up2x2),
     ];
     let _g = autocast_bf16();
     let mut out = Vec::new();

@@ -3,7 +3,8 @@
 
 Run in a throwaway venv with torch installed, never in CI:
     python crates/fucina-exec/scripts/resize_oracle.py > /tmp/resize_ref.rs
-The input is x[i] = sin(0.7 i + 0.3) * 2 over [1, 2, 3, 4]; the output
+The input is x[i] = sin(0.7 i + 0.3) * 2 over [1, 2, 3, 4] (the 3-D pads:
+[1, 2, 3, 4, 5]); the output
 gradient g[j] = cos(0.37 j) (float64 throughout).
 """
 import math
@@ -42,3 +43,12 @@ run("PAD_REFLECT", S, lambda x: F.pad(x, (3, 1, 2, 1), mode="reflect"))
 run("PAD_REPLICATE", S, lambda x: F.pad(x, (2, 3, 1, 4), mode="replicate"))
 run("PAD_REFLECT_1D", [2, 3, 4], lambda x: F.pad(x, (3, 2), mode="reflect"))
 run("PAD_REPLICATE_1D", [2, 3, 4], lambda x: F.pad(x, (1, 5), mode="replicate"))
+run("PAD_CROP_CONSTANT", S, lambda x: F.pad(x, (-1, 2, 1, -2), mode="constant", value=0.5))
+run("PAD_CROP_REFLECT", S, lambda x: F.pad(x, (-2, 3, 2, -1), mode="reflect"))
+run("PAD_CROP_REPLICATE_1D", [2, 3, 4], lambda x: F.pad(x, (2, -3), mode="replicate"))
+S5 = [1, 2, 3, 4, 5]
+run("PAD3D_CONSTANT", S5, lambda x: F.pad(x, (1, 2, 0, 1, 2, 1), mode="constant", value=-0.25))
+run("PAD3D_REFLECT", S5, lambda x: F.pad(x, (4, 1, 2, 3, 2, 1), mode="reflect"))
+run("PAD3D_REPLICATE", S5, lambda x: F.pad(x, (2, 3, 1, 4, 3, 2), mode="replicate"))
+run("PAD3D_CROP", S5, lambda x: F.pad(x, (-2, 1, 1, -3, -1, 2), mode="constant", value=1.5))
+run("PAD3D_CROP_REFLECT", S5, lambda x: F.pad(x, (-1, 2, 1, -1, -2, 1), mode="reflect"))

@@ -109,6 +109,19 @@ pub enum ExecError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A signed option (a pad width, negative to crop) does not fit the
+    /// operand.
+    #[error("{op}: {name} = {value} is invalid: {reason}")]
+    InvalidSignedOption {
+        /// The operation.
+        op: &'static str,
+        /// The option (`"pads[0]"`, ...).
+        name: &'static str,
+        /// The value that was given.
+        value: isize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The buffer pool could not provide the memory.
     #[error("{op}: out of memory: {source}")]
     OutOfMemory {

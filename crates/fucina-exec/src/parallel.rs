@@ -37,6 +37,26 @@ impl ExecContext {
         team.parallel_chunks_mut(&mut pieces[..n], |(r, rows_out)| f(r.clone(), rows_out));
     }
 
+    /// [`par_rows`](Self::par_rows) over two outputs split by the same rows
+    /// (`a` and `b` hold `la` and `lb` items per row): `f(rows, a_rows,
+    /// b_rows)`.
+    pub(crate) fn par_rows2<A, B, F>(
+        &self,
+        a: (&mut [A], usize),
+        b: (&mut [B], usize),
+        work_per_row: usize,
+        f: F,
+    ) where
+        A: Send,
+        B: Send,
+        F: Fn(Range<usize>, &mut [A], &mut [B]) + Sync,
+    {
+        let mut none: [u8; 0] = [];
+        self.par_rows3(a, b, (&mut none[..], 0), work_per_row, |r, a, b, _| {
+            f(r, a, b)
+        });
+    }
+
     /// [`par_rows`](Self::par_rows) over three outputs split by the same rows
     /// (`a`, `b` and `c` hold `la`, `lb` and `lc` items per row):
     /// `f(rows, a_rows, b_rows, c_rows)`.

@@ -1,6 +1,6 @@
 //! `pad` and `interpolate` with their backward kernels: values and input
 //! gradients against PyTorch's (committed float64 references from
-//! `scripts/resize_oracle.py`), forward against float64 references computed
+//! `scripts/resize_oracle.py`, crops and 3-D pads among them), forward against float64 references computed
 //! here with direct loops over many shapes, the backward as the exact adjoint
 //! of the forward (`<f(x), g> = <x, f'(g)>` in f64), contiguous and strided
 //! inputs, bad input as an error naming the op and the value, the same bits
@@ -35,7 +35,7 @@ fn oracle_g(n: usize) -> Vec<f32> {
     (0..n).map(|j| (0.37 * j as f64).cos() as f32).collect()
 }
 
-fn pad(pads: &[usize], mode: PadMode) -> PadOptions {
+fn pad(pads: &[isize], mode: PadMode) -> PadOptions {
     PadOptions::new(pads, mode).unwrap()
 }
 
@@ -60,6 +60,7 @@ fn values_and_gradients_match_pytorch() -> Result<(), ExecError> {
     };
     let s4: &[usize] = &[1, 2, 3, 4];
     let s3: &[usize] = &[2, 3, 4];
+    let s5: &[usize] = &[1, 2, 3, 4, 5];
     type Case<'a> = (
         &'a str,
         &'a [usize],
@@ -152,6 +153,62 @@ fn values_and_gradients_match_pytorch() -> Result<(), ExecError> {
             PAD_REPLICATE_1D_Y,
             PAD_REPLICATE_1D_GX,
         ),
+        (
+            "pad crop constant",
+            s4,
+            padded(pad(&[-1, 2, 1, -2], PadMode::Constant(0.5))),
+            PAD_CROP_CONSTANT_Y,
+            PAD_CROP_CONSTANT_GX,
+        ),
+        (
+            "pad crop reflect",
+            s4,
+            padded(pad(&[-2, 3, 2, -1], PadMode::Reflect)),
+            PAD_CROP_REFLECT_Y,
+            PAD_CROP_REFLECT_GX,
+        ),
+        (
+            "pad crop replicate 1-D",
+            s3,
+            padded(pad(&[2, -3], PadMode::Replicate)),
+            PAD_CROP_REPLICATE_1D_Y,
+            PAD_CROP_REPLICATE_1D_GX,
+        ),
+        (
+            "pad 3-D constant",
+            s5,
+            padded(pad(&[1, 2, 0, 1, 2, 1], PadMode::Constant(-0.25))),
+            PAD3D_CONSTANT_Y,
+            PAD3D_CONSTANT_GX,
+        ),
+        (
+            "pad 3-D reflect",
+            s5,
+            padded(pad(&[4, 1, 2, 3, 2, 1], PadMode::Reflect)),
+            PAD3D_REFLECT_Y,
+            PAD3D_REFLECT_GX,
+        ),
+        (
+            "pad 3-D replicate",
+            s5,
+            padded(pad(&[2, 3, 1, 4, 3, 2], PadMode::Replicate)),
+            PAD3D_REPLICATE_Y,
+            PAD3D_REPLICATE_GX,
+        ),
+        (
+            "pad 3-D crop",
+            s5,
+            padded(pad(&[-2, 1, 1, -3, -1, 2], PadMode::Constant(1.5))),
+            PAD3D_CROP_Y,
+            PAD3D_CROP_GX,
+        ),
+        (
+            "pad 3-D crop reflect",
+            s5,
+            padded(pad(&[-1, 2, 1, -1, -2, 1], PadMode::Reflect)),
+            PAD3D_CROP_REFLECT_Y,
+            PAD3D_CROP_REFLECT_GX,
+        ),
     ];
     for (what, shape, (f, b), want_y, want_gx) in cases {
         let n: usize = shape.iter().product();
@@ -168,10 +225,16 @@ fn values_and_gradients_match_pytorch() -> Result<(), ExecError> {
 /// per axis (written independently of the crate's mapping).
 fn ref_pad(x: &[f32], shape: &[usize], o: PadOptions) -> (Vec<usize>, Vec<f64>) {
     let r = shape.len();
-    let w = shape[r - 1];
-    let h = if o.axes == 2 { shape[r - 2] } else { 1 };
-    let [l, rt, t, b] = o.pads;
-    let (oh, ow) = (h + t + b, w + l + rt);
+    // The last three axes' sizes and pads, the outermost first.
+    let mut n = [1i64; 3];
+    let mut before = [0i64; 3];
+    let mut on = [1i64; 3];
+    for a in 0..o.axes {
+        let k = 2 - a;
+        n[k] = shape[r - 1 - a] as i64;
+        before[k] = o.pads[2 * a] as i64;
+        on[k] = n[k] + o.pads[2 * a] as i64 + o.pads[2 * a + 1] as i64;
+    }
     let map = |i: i64, n: i64| -> Option<usize> {
         match o.mode {
             PadMode::Constant(_) => (i >= 0 && i < n).then_some(i as usize),
@@ -188,27 +251,32 @@ fn ref_pad(x: &[f32], shape: &[usize], o: PadOptions) -> (Vec<usize>, Vec<f64>) 
             }
         }
     };
-    let planes = x.len() / (h * w);
+    let vol = (n[0] * n[1] * n[2]) as usize;
     let mut out = Vec::new();
-    for p in 0..planes {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let sy = map(oy as i64 - t as i64, h as i64);
-                let sx = map(ox as i64 - l as i64, w as i64);
-                out.push(match (sy, sx) {
-                    (Some(sy), Some(sx)) => f64::from(x[p * h * w + sy * w + sx]),
-                    _ => match o.mode {
-                        PadMode::Constant(v) => f64::from(v),
-                        _ => unreachable!(),
-                    },
-                });
+    for p in 0..x.len() / vol {
+        for oz in 0..on[0] {
+            for oy in 0..on[1] {
+                for ox in 0..on[2] {
+                    let sz = map(oz - before[0], n[0]);
+                    let sy = map(oy - before[1], n[1]);
+                    let sx = map(ox - before[2], n[2]);
+                    out.push(match (sz, sy, sx) {
+                        (Some(sz), Some(sy), Some(sx)) => {
+                            let (h, w) = (n[1] as usize, n[2] as usize);
+                            f64::from(x[p * vol + (sz * h + sy) * w + sx])
+                        }
+                        _ => match o.mode {
+                            PadMode::Constant(v) => f64::from(v),
+                            _ => unreachable!(),
+                        },
+                    });
+                }
             }
         }
     }
     let mut s = shape.to_vec();
-    s[r - 1] = ow;
-    if o.axes == 2 {
-        s[r - 2] = oh;
+    for a in 0..o.axes {
+        s[r - 1 - a] = on[2 - a] as usize;
     }
     (s, out)
 }
@@ -293,6 +361,24 @@ fn pad_cases() -> Vec<(Vec<usize>, PadOptions)> {
     // Replicate and constant go past the axis size.
     cases.push((vec![2, 2, 2], pad(&[5, 7], PadMode::Replicate)));
     cases.push((vec![2, 2, 3], pad(&[4, 9, 3, 0], PadMode::Constant(2.0))));
+    // Negative widths crop, in every mode, on one to three axes; three-axis
+    // pads over ranks 3 to 5.
+    for mode in [PadMode::Constant(0.5), PadMode::Reflect, PadMode::Replicate] {
+        for (shape, pads) in [
+            (vec![2, 9], vec![-2, 3]),
+            (vec![3, 7], vec![-7, 1]),
+            (vec![2, 5, 6], vec![-1, -2, 2, -3]),
+            (vec![4, 3, 5], vec![1, 2, 1, 1, 2, 0]),
+            (vec![2, 3, 4, 5, 6], vec![2, -1, -3, 2, 1, 2]),
+            (vec![2, 4, 4, 5], vec![0, 0, 0, 0, -1, -2]),
+            (vec![3, 1, 2], vec![0, 1, 1, 0, 0, 0]),
+        ] {
+            if mode == PadMode::Reflect && shape == [3, 1, 2] {
+                continue; // a reflect pad of an axis of 1
+            }
+            cases.push((shape, pad(&pads, mode)));
+        }
+    }
     cases
 }
 
@@ -388,6 +474,11 @@ fn interpolate_matches_f64_reference_and_its_backward_is_the_adjoint() -> Result
     Ok(())
 }
 
+/// A 2-D input `[2, 3]`: fewer axes than a three-axis pad.
+fn v_of(ctx: &ExecContext) -> Result<RawTensor, ExecError> {
+    ctx.from_slice(&[2, 3], &values(6, 3))
+}
+
 fn err_text<T: std::fmt::Debug>(r: Result<T, ExecError>) -> String {
     r.expect_err("bad input must be an error").to_string()
 }
@@ -406,6 +497,20 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() -> Result<(), ExecError> 
     let x4 = ctx.from_slice(&[1, 2, 3, 4], &values(24, 2))?;
     let e = err_text(PadOptions::new(&[1, 2, 3], PadMode::Reflect));
     assert_names(&e, "pad", "2 widths");
+    // Crops larger than the axis (of 4), crops that leave it empty.
+    let e = err_text(ctx.pad(&x, pad(&[-5, 2], PadMode::Constant(0.0))));
+    assert_names(&e, "pad", "pads[0] = -5");
+    let e = err_text(ctx.pad(&x, pad(&[0, 0, 1, -4], PadMode::Replicate)));
+    assert_names(&e, "pad", "pads[3] = -4");
+    let e = err_text(ctx.pad(&x, pad(&[-2, -2], PadMode::Constant(0.0))));
+    assert_names(&e, "pad", "pads[0] = -2");
+    assert!(e.contains("no elements"), "{e}");
+    let e = err_text(ctx.pad(&x, pad(&[0, 0, 0, 0, -1, -1], PadMode::Reflect)));
+    assert_names(&e, "pad", "pads[4] = -1");
+    let e = err_text(ctx.pad(&x, pad(&[0, 0, 0, 0, 1, 2], PadMode::Reflect)));
+    assert_names(&e, "pad", "pads[5] = 2");
+    let e = err_text(ctx.pad(&v_of(&ctx)?, pad(&[0, 0, 0, 0, 1, 1], PadMode::Replicate)));
+    assert_names(&e, "pad", "fewer axes");
     let e = err_text(ctx.pad(&x, pad(&[4, 0], PadMode::Reflect)));
     assert_names(&e, "pad", "pads[0]");
     let e = err_text(ctx.pad(&x, pad(&[0, 0, 0, 3], PadMode::Reflect)));
@@ -414,16 +519,21 @@ fn bad_input_is_an_error_naming_the_op_and_the_value() -> Result<(), ExecError> 
     let e = err_text(ctx.pad(&v, pad(&[1, 1, 1, 1], PadMode::Replicate)));
     assert_names(&e, "pad", "fewer axes");
     let bad_axes = PadOptions {
-        axes: 3,
+        axes: 4,
         ..pad(&[1, 1], PadMode::Replicate)
     };
     assert_names(&err_text(ctx.pad(&x, bad_axes)), "pad", "axes");
     let stray = PadOptions {
-        pads: [1, 1, 1, 0],
+        pads: [1, 1, 1, 0, 0, 0],
         ..pad(&[1, 1], PadMode::Replicate)
     };
-    assert_names(&err_text(ctx.pad(&x, stray)), "pad", "pads[2]");
-    let huge = pad(&[usize::MAX - 1, 2], PadMode::Constant(0.0));
+    assert_names(&err_text(ctx.pad(&x, stray)), "pad", "pads[2..]");
+    let stray = PadOptions {
+        pads: [1, 1, 1, 0, 0, 1],
+        ..pad(&[1, 1, 1, 1], PadMode::Replicate)
+    };
+    assert_names(&err_text(ctx.pad(&x, stray)), "pad", "pads[4..]");
+    let huge = pad(&[isize::MAX - 1, 2], PadMode::Constant(0.0));
     assert_names(&err_text(ctx.pad(&x, huge)), "pad", "overflow");
     let g = ctx.zeros(&[2, 3, 5])?;
     let e = err_text(ctx.pad_backward(&g, &[2, 3, 4], pad(&[1, 1], PadMode::Reflect)));
@@ -478,6 +588,8 @@ fn all_bits(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
         pad(&[3, 2, 1, 4], PadMode::Reflect),
         pad(&[3, 2, 1, 4], PadMode::Replicate),
         pad(&[3, 2], PadMode::Constant(0.25)),
+        pad(&[-3, 2, 1, -4, 2, -1], PadMode::Reflect),
+        pad(&[2, -5, -1, 3, -1, 2], PadMode::Constant(0.5)),
     ] {
         let y = ctx.pad(&x, o)?;
         let g = ctx.from_slice(y.shape(), &values(y.numel(), 8))?;

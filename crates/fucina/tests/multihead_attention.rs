@@ -297,3 +297,60 @@ fn bad_arguments_and_inputs_are_errors() {
     assert_eq!(y.shape(), [2, 3, 8]);
     assert_eq!(w.unwrap().shape(), [2, 3, 5]);
 }
+
+/// The per-head weights of one call of a dropout-0.4 attention in training
+/// or evaluation mode, with the output's bits, on `threads` threads.
+fn dropped(threads: usize, training: bool, step: u64) -> (Vec<f32>, Vec<u32>) {
+    let ctx = ExecContext::with_threads(threads);
+    let mut mha = MultiheadAttention::new(&ctx, 16, 4, true, true, 9)
+        .unwrap()
+        .with_dropout(0.4)
+        .unwrap();
+    mha.train(training);
+    mha.attn_dropout().set_step(step);
+    let x = Tensor::uniform(&ctx, &[4, 24, 16], -1.0, 1.0, 1).unwrap();
+    let opts = AttentionOptions {
+        average_attn_weights: false,
+        ..Default::default()
+    };
+    let (y, w) = mha.forward(&ctx, &x, &x, &x, opts).unwrap();
+    let bits = y.to_vec().iter().map(|v| v.to_bits()).collect();
+    (w.unwrap().to_vec(), bits)
+}
+
+#[test]
+fn weight_dropout_statistics_determinism_and_eval() {
+    let (eval, eval_y) = dropped(1, false, 0);
+    let (train, train_y) = dropped(1, true, 0);
+    // Each weight is dropped (0) or kept and scaled by 1 / (1 - p).
+    let mut zeros = 0;
+    for (&t, &e) in train.iter().zip(&eval) {
+        if t == 0.0 {
+            zeros += 1;
+        } else {
+            assert!((t - e / 0.6).abs() <= 1e-6 * (1.0 + t.abs()), "{t} vs {e}");
+        }
+    }
+    let frac = zeros as f64 / train.len() as f64;
+    // 9216 weights: the dropped fraction within 5 sigma of p = 0.4.
+    let sigma = (0.4f64 * 0.6 / train.len() as f64).sqrt();
+    assert!((frac - 0.4).abs() < 5.0 * sigma, "dropped {frac}");
+    assert_ne!(train_y, eval_y);
+    // The same bits for 1 and 2 threads; the next call draws another mask,
+    // and restoring the counter repeats it.
+    assert_eq!(dropped(2, true, 0), (train.clone(), train_y.clone()));
+    let next = dropped(1, true, 1);
+    assert_ne!(next.0, train);
+    assert_eq!(dropped(2, true, 1), next);
+    // Evaluation mode is the layer without dropout.
+    let ctx = ExecContext::new();
+    let plain = MultiheadAttention::new(&ctx, 16, 4, true, true, 9).unwrap();
+    let x = Tensor::uniform(&ctx, &[4, 24, 16], -1.0, 1.0, 1).unwrap();
+    let y = Forward::forward(&plain, &ctx, &x).unwrap().to_vec();
+    let y: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(y, eval_y);
+    assert!(matches!(
+        plain.with_dropout(1.0),
+        Err(Error::InvalidArgument { .. })
+    ));
+}

@@ -7,9 +7,9 @@ use fucina::exec::{
     Conv2dOptions, InterpolateMode, InterpolateOptions, PadMode, PadOptions, Pool1dOptions,
 };
 use fucina::nn::{
-    AvgPool1d, ConstantPad1d, ConstantPad2d, Conv2d, Forward, Hardswish, LogSigmoid, MaxPool1d,
-    Mish, Module, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d, ReplicationPad2d, Sigmoid,
-    Silu, Softplus, Upsample, ZeroPad2d,
+    AvgPool1d, ConstantPad1d, ConstantPad2d, ConstantPad3d, Conv2d, Forward, Hardswish, LogSigmoid,
+    MaxPool1d, Mish, Module, ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d,
+    ReplicationPad2d, ReplicationPad3d, Sigmoid, Silu, Softplus, Upsample, ZeroPad2d, ZeroPad3d,
 };
 use fucina::{Error, ExecContext, Tensor};
 
@@ -109,7 +109,7 @@ fn pool1d_layers_are_their_ops() -> Result<(), Error> {
 fn pad_layers_are_their_ops() -> Result<(), Error> {
     let ctx = ExecContext::new();
     let x = Tensor::randn(&ctx, &[2, 3, 5, 6], 1.0, 5)?;
-    let o = |pads: &[usize], mode| PadOptions::new(pads, mode).unwrap();
+    let o = |pads: &[isize], mode| PadOptions::new(pads, mode).unwrap();
     let cases: Vec<(Box<dyn Forward>, PadOptions)> = vec![
         (
             Box::new(ZeroPad2d::new([1, 2, 3, 4])),
@@ -139,6 +139,26 @@ fn pad_layers_are_their_ops() -> Result<(), Error> {
             Box::new(ReplicationPad2d::new([1, 0, 6, 2])),
             o(&[1, 0, 6, 2], PadMode::Replicate),
         ),
+        (
+            Box::new(ZeroPad2d::new([-1, -1, -2, 0])),
+            o(&[-1, -1, -2, 0], PadMode::Constant(0.0)),
+        ),
+        (
+            Box::new(ConstantPad3d::new([1, -1, 0, 2, -1, 1], 0.5)),
+            o(&[1, -1, 0, 2, -1, 1], PadMode::Constant(0.5)),
+        ),
+        (
+            Box::new(ZeroPad3d::uniform(1)),
+            o(&[1, 1, 1, 1, 1, 1], PadMode::Constant(0.0)),
+        ),
+        (
+            Box::new(ReflectionPad3d::new([2, 1, -1, 3, 1, 2])),
+            o(&[2, 1, -1, 3, 1, 2], PadMode::Reflect),
+        ),
+        (
+            Box::new(ReplicationPad3d::new([-2, 4, 1, 1, 0, 3])),
+            o(&[-2, 4, 1, 1, 0, 3], PadMode::Replicate),
+        ),
     ];
     for (layer, opts) in cases {
         assert_eq!(
@@ -160,6 +180,15 @@ fn pad_layers_are_their_ops() -> Result<(), Error> {
         matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("ReflectionPad2d"),
         "{e}"
     );
+    let e = ReplicationPad3d::uniform(1)
+        .forward(&ctx, &Tensor::zeros(&ctx, &[4, 4, 4])?)
+        .unwrap_err();
+    assert!(e.to_string().contains("ReplicationPad3d"), "{e}");
+    // A crop past the axis names the op and the pad.
+    let e = ConstantPad3d::new([0, 0, 0, 0, -4, 0], 1.0)
+        .forward(&ctx, &x)
+        .unwrap_err();
+    assert!(e.to_string().contains("pads[4] = -4"), "{e}");
     Ok(())
 }
 

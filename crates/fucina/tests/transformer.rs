@@ -2,9 +2,10 @@
 //! and every gradient against PyTorch's layers run in float64 in evaluation
 //! mode (fixtures/transformer.txt, written by fixtures/transformer.py:
 //! post- and pre-norm, ReLU and GELU, batch-first and sequence-first, causal
-//! masks, key-padding masks on the target and the memory), loaded through a
-//! state dict by PyTorch's names in PyTorch's order; defaults; dropout in
-//! training mode only; bad input as errors.
+//! masks, key-padding masks on the target and the memory, `bias=False`),
+//! loaded through a state dict by PyTorch's names in PyTorch's order;
+//! defaults; dropout (the attention weights' too) in training mode only, the
+//! same bits for 1 and 2 threads; bad input as errors.
 
 use std::collections::HashMap;
 
@@ -36,7 +37,7 @@ fn parse() -> Vec<Case> {
             tensors: b.tensors,
         })
         .collect();
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 6);
     cases
 }
 
@@ -69,6 +70,7 @@ impl Case {
             },
             batch_first: self.flag("batch_first"),
             norm_first: self.flag("norm_first"),
+            bias: self.flag("bias"),
             ..TransformerOptions::default()
         }
     }
@@ -285,4 +287,107 @@ fn bad_arguments_and_inputs_are_errors() {
         ..Default::default()
     };
     assert!(enc.forward_with(&ctx, &tgt, masks).is_err());
+}
+
+#[test]
+fn no_bias_has_no_bias_parameters() {
+    let ctx = ExecContext::new();
+    let o = TransformerOptions {
+        dim_feedforward: 16,
+        bias: false,
+        ..TransformerOptions::default()
+    };
+    let enc = TransformerEncoderLayer::new(&ctx, 8, 2, o, 1).unwrap();
+    let names: Vec<String> = enc.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "self_attn.in_proj_weight",
+            "self_attn.out_proj.weight",
+            "linear1.weight",
+            "linear2.weight",
+            "norm1.weight",
+            "norm2.weight"
+        ]
+    );
+    let dec = TransformerDecoderLayer::new(&ctx, 8, 2, o, 1).unwrap();
+    assert_eq!(dec.named_parameters().len(), 9);
+    assert!(
+        dec.named_parameters()
+            .iter()
+            .all(|(n, _)| !n.contains("bias"))
+    );
+}
+
+/// One training-mode forward and backward of an encoder and a decoder layer
+/// with dropout on `threads` threads: the outputs and every gradient's bits.
+fn dropout_step(threads: usize) -> Vec<Vec<u32>> {
+    let ctx = ExecContext::with_threads(threads);
+    let o = TransformerOptions {
+        dim_feedforward: 24,
+        dropout: 0.3,
+        batch_first: true,
+        ..TransformerOptions::default()
+    };
+    let enc = TransformerEncoderLayer::new(&ctx, 16, 4, o, 7).unwrap();
+    let dec = TransformerDecoderLayer::new(&ctx, 16, 4, o, 8).unwrap();
+    let x0 = Tensor::uniform(&ctx, &[3, 9, 16], -1.0, 1.0, 1).unwrap();
+    let x = Tensor::variable_from_slice(&ctx, &[3, 9, 16], &x0.to_vec()).unwrap();
+    let mem = Tensor::uniform(&ctx, &[3, 5, 16], -1.0, 1.0, 2).unwrap();
+    let none = AttentionOptions::default;
+    let h = enc.forward(&ctx, &x).unwrap();
+    let y = dec.forward(&ctx, &h, &mem, none(), none()).unwrap();
+    y.mul(&ctx, &y)
+        .unwrap()
+        .sum_all(&ctx)
+        .unwrap()
+        .backward(&ctx)
+        .unwrap();
+    let bits = |t: &Tensor| t.to_vec().iter().map(|v| v.to_bits()).collect();
+    let mut out = vec![bits(&y), bits(&x.grad(&ctx).unwrap().unwrap())];
+    for (_, p) in enc
+        .named_parameters()
+        .into_iter()
+        .chain(dec.named_parameters())
+    {
+        out.push(bits(&p.tensor().grad(&ctx).unwrap().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn training_dropout_is_the_same_bits_for_any_thread_count() {
+    let one = dropout_step(1);
+    assert_eq!(one, dropout_step(2));
+    assert_eq!(one, dropout_step(1), "the same seed, the same masks");
+}
+
+#[test]
+fn attention_weight_dropout_is_on_in_training_only() {
+    // The attention's dropout draws a mask per training-mode call and none
+    // in evaluation mode.
+    let ctx = ExecContext::new();
+    let o = TransformerOptions {
+        dim_feedforward: 16,
+        dropout: 0.5,
+        batch_first: true,
+        ..TransformerOptions::default()
+    };
+    let mut enc = TransformerEncoderLayer::new(&ctx, 8, 2, o, 3).unwrap();
+    assert_eq!(enc.self_attn().attn_dropout().step(), 0);
+    let x = Tensor::uniform(&ctx, &[2, 6, 8], -1.0, 1.0, 4).unwrap();
+    enc.forward(&ctx, &x).unwrap();
+    assert_eq!(
+        enc.self_attn().attn_dropout().step(),
+        1,
+        "the attention drew one mask"
+    );
+    enc.train(false);
+    enc.forward(&ctx, &x).unwrap();
+    assert_eq!(
+        enc.self_attn().attn_dropout().step(),
+        1,
+        "none in eval mode"
+    );
+    assert!(!enc.self_attn().attn_dropout().is_training());
 }

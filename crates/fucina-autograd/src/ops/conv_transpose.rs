@@ -5,6 +5,7 @@
 use fucina_exec::{ConvTranspose1dOptions, ConvTranspose2dOptions, ExecContext};
 
 use super::conv::conv_vjp;
+use crate::autocast::product_operands;
 use crate::error::Result;
 use crate::record::record;
 use crate::tensor::Tensor;
@@ -26,7 +27,10 @@ impl Tensor {
     /// output_padding[0] + 1`. See
     /// [`ExecContext::conv_transpose2d`](fucina_exec::ExecContext::conv_transpose2d)
     /// for the definition and the determinism promise; the gradients of the
-    /// input, the weight and the bias are recorded.
+    /// input, the weight and the bias are recorded. Inside an
+    /// [`autocast_bf16`](crate::autocast_bf16) scope the input and the weight
+    /// are rounded to bf16 first, and the backward uses the rounded operands
+    /// (the rounding passed straight through, as for `conv2d`).
     ///
     /// ```
     /// use fucina_autograd::{ConvTranspose2dOptions, Tensor};
@@ -59,8 +63,8 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: ConvTranspose2dOptions,
     ) -> Result<Tensor> {
-        let out = ctx.conv_transpose2d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let (x, wr) = product_operands(ctx, &self.raw, &w.raw)?;
+        let out = ctx.conv_transpose2d(&x, &wr, bias.map(|b| &b.raw), opts)?;
         let inputs: &[&Tensor] = match bias {
             Some(b) => &[self, w, b],
             None => &[self, w],
@@ -104,7 +108,9 @@ impl Tensor {
     /// The 1-D transposed convolution of `self` (`[N, C_in, L]`) with the
     /// weight `w` (`[C_in, C_out / groups, K]`) plus an optional `bias`
     /// (`[C_out]`): PyTorch's `conv_transpose1d` (the 2-D one with height 1),
-    /// recording the gradients of the input, the weight and the bias.
+    /// recording the gradients of the input, the weight and the bias; inside
+    /// an [`autocast_bf16`](crate::autocast_bf16) scope on bf16-rounded
+    /// operands, as the 2-D one.
     ///
     /// ```
     /// use fucina_autograd::{ConvTranspose1dOptions, Tensor};
@@ -129,8 +135,8 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: ConvTranspose1dOptions,
     ) -> Result<Tensor> {
-        let out = ctx.conv_transpose1d(&self.raw, &w.raw, bias.map(|b| &b.raw), opts)?;
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let (x, wr) = product_operands(ctx, &self.raw, &w.raw)?;
+        let out = ctx.conv_transpose1d(&x, &wr, bias.map(|b| &b.raw), opts)?;
         let inputs: &[&Tensor] = match bias {
             Some(b) => &[self, w, b],
             None => &[self, w],

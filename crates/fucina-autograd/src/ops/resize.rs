@@ -9,7 +9,8 @@ use crate::record::{grads, record};
 use crate::tensor::Tensor;
 
 impl Tensor {
-    /// `self` padded on its last axis or its last two axes as `opts` says
+    /// `self` padded (or cropped, by negative widths) on its last one, two
+    /// or three axes as `opts` says
     /// (PyTorch's `torch.nn.functional.pad(x, pads, mode, value)`; see
     /// [`ExecContext::pad`]). The gradient adds each output gradient into the
     /// input element it was read from; the node keeps only the input's shape.
@@ -28,8 +29,10 @@ impl Tensor {
     /// ```
     ///
     /// # Errors
-    /// As [`ExecContext::pad`]: `axes` not 1 or 2, fewer axes than `axes`, a
-    /// reflect pad not smaller than its axis; out of memory.
+    /// As [`ExecContext::pad`]: `axes` not 1, 2 or 3, fewer axes than
+    /// `axes`, a reflect pad not smaller than its axis, a crop larger than its
+    /// axis or leaving it empty (each naming the pad and its value); out of
+    /// memory.
     pub fn pad(&self, ctx: &ExecContext, opts: PadOptions) -> Result<Tensor> {
         let out = ctx.pad(&self.raw, opts)?;
         let shape = self.raw.dims();

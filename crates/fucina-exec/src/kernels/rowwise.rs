@@ -4,6 +4,7 @@
 //! `#[inline(always)]`: the ops call them inside [`super::simd::vectorized!`], so
 //! they compile at the dispatched vector level.
 
+use super::batch_norm::plane_grad_sums;
 use super::math::{exp, log};
 use super::reduce::{map_store_sum, max_skip_nan, sum, sum_map, sum_map2};
 
@@ -122,8 +123,7 @@ pub(crate) fn layer_norm_backward(x: &[f32], gamma: &[f32], gy: &[f32], eps: f32
     layer_norm_backward_scaled(x, eps, gx);
 }
 
-/// [`layer_norm_backward`] once `g = gy * scale` is in `gx` (the scale per
-/// element for layer norm, per channel for group norm): replaces it with
+/// [`layer_norm_backward`] once `g = gy * scale` is in `gx`: replaces it with
 /// `rstd * (g - mean(g) - xhat * mean(g * xhat))`, the row statistics of `x`.
 #[inline(always)]
 pub(crate) fn layer_norm_backward_scaled(x: &[f32], eps: f32, gx: &mut [f32]) {
@@ -179,28 +179,44 @@ pub(crate) fn group_norm(
 }
 
 /// Group-norm input gradient of one group of one sample (planes as in
-/// [`group_norm`]): [`layer_norm_backward_scaled`] of `g = gy * w[j]` on plane
-/// `j` (`g = gy` without a weight, the same bits as a weight of ones).
+/// [`group_norm`]) in four passes over the row, with the per-channel sums
+/// of the parameter gradients on the way: with the row's `mean` and `rstd`,
+/// `a[j] = sum(gy)` and `b[j] = sum(gy * (x - mean))` over plane `j`
+/// ([`plane_grad_sums`]) go to `sums[2j]` and `sums[2j + 1]` (the latter
+/// times `rstd`); then `mean(g) = sum(w[j] a[j]) / n`, `mean(g xhat) = rstd
+/// sum(w[j] b[j]) / n` (`g = gy * w[j]`, the channels in order) and `gx =
+/// rstd * (g - mean(g) - xhat * mean(g xhat))`. A missing weight is `1`.
 #[inline(always)]
-pub(crate) fn group_norm_backward(
+pub(crate) fn group_norm_backward_sums(
     x: &[f32],
     weight: Option<&[f32]>,
     gy: &[f32],
     channels: usize,
     eps: f32,
     gx: &mut [f32],
+    sums: &mut [f32],
 ) {
-    match weight {
-        Some(w) => {
-            let plane = x.len() / channels;
-            let planes = gx.chunks_exact_mut(plane).zip(gy.chunks_exact(plane));
-            for ((o, g), &wj) in planes.zip(w) {
-                for (o, &a) in o.iter_mut().zip(g) {
-                    *o = a * wj;
-                }
-            }
-        }
-        None => gx.copy_from_slice(gy),
+    let n = x.len() as f32;
+    let plane = x.len() / channels;
+    let (mean, rstd) = layer_norm_stats(x, eps);
+    let (mut sg, mut sgx) = (0.0f32, 0.0f32);
+    let planes = x.chunks_exact(plane).zip(gy.chunks_exact(plane));
+    for (j, ((xp, gp), s)) in planes.zip(sums.chunks_exact_mut(2)).enumerate() {
+        let (a, b) = plane_grad_sums(gp, xp, mean);
+        let w = weight.map_or(1.0, |w| w[j]);
+        sg += w * a;
+        sgx += w * b;
+        s[0] = a;
+        s[1] = b * rstd;
     }
-    layer_norm_backward_scaled(x, eps, gx);
+    let mean_g = sg / n;
+    let mean_gx = sgx * rstd / n;
+    let planes = gx.chunks_exact_mut(plane).zip(x.chunks_exact(plane));
+    for (j, ((o, xp), gp)) in planes.zip(gy.chunks_exact(plane)).enumerate() {
+        let w = weight.map_or(1.0, |w| w[j]);
+        for ((o, &v), &g) in o.iter_mut().zip(xp).zip(gp) {
+            let xhat = (v - mean) * rstd;
+            *o = rstd * (g * w - mean_g - xhat * mean_gx);
+        }
+    }
 }

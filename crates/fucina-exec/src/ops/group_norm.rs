@@ -13,8 +13,9 @@
 //! layer-norm row kernels (the fixed-order sums of the reductions), so the
 //! bits never depend on the team size or the vector level, and a sample's
 //! result never depends on the other samples (batch invariance). The
-//! parameter gradients are summed per channel by one task, the samples in
-//! order.
+//! backward's row task writes the row's input gradient and its channels'
+//! plane sums in four passes over the row (statistics, sums, output); the
+//! parameter gradients add those sums per channel, the samples in order.
 
 use crate::context::ExecContext;
 use crate::error::ExecError;
@@ -188,34 +189,85 @@ impl ExecContext {
         check_grad_shape(OP, x, grad_y)?;
         let (xc, gyc) = (self.contiguous(x)?, self.contiguous(grad_y)?);
         let (xs, gys) = (xc.contiguous_slice(), gyc.contiguous_slice());
-        let (k, len) = (d.per_group, d.per_group * d.plane);
-        let (groups, eps) = (opts.num_groups, opts.eps);
-        let grad_x = if needs[0] {
+        if needs[0] {
             let wc = weight.map(|w| self.contiguous(w)).transpose()?;
             let ws = wc.as_ref().map(RawTensor::contiguous_slice);
-            Some(self.new_tensor(OP, x.shape(), |out| {
-                self.par_rows(out, len, len * ROW_WORK, |rows, o| {
-                    vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(len)) {
-                        let c0 = (r % groups) * k;
-                        let w = ws.map(|w| &w[c0..c0 + k]);
-                        let (xr, gr) = (&xs[r * len..][..len], &gys[r * len..][..len]);
-                        rowwise::group_norm_backward(xr, w, gr, k, eps, orow);
-                    })
-                });
-            })?)
-        } else {
-            None
-        };
+            let (gx, gw, gb) = fused_backward(self, OP, xs, ws, gys, x.shape(), d, opts, needs)?;
+            return Ok([Some(gx), gw, gb]);
+        }
         if !(needs[1] || needs[2]) {
-            return Ok([grad_x, None, None]);
+            return Ok([None, None, None]);
         }
         let (grad_weight, grad_bias) = param_grads(self, OP, xs, gys, d, opts)?;
         Ok([
-            grad_x,
+            None,
             needs[1].then_some(grad_weight),
             needs[2].then_some(grad_bias),
         ])
     }
+}
+
+/// The input gradient and, where `needs` asks, the parameter gradients in
+/// one sweep of the rows: each (sample, group) row's task writes its input
+/// gradient and its channels' plane sums
+/// ([`rowwise::group_norm_backward_sums`], four passes over the row, which
+/// stays in cache); the parameter gradients then add the samples' sums per
+/// channel in order: the same bits as [`param_grads`] (the same sums of the
+/// same values in the same order).
+#[allow(clippy::too_many_arguments)] // the operands, their shape, the options and needs
+fn fused_backward(
+    ctx: &ExecContext,
+    op: &'static str,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    gys: &[f32],
+    shape: &[usize],
+    d: GroupDims,
+    opts: GroupNormOptions,
+    needs: [bool; 3],
+) -> Result<(RawTensor, Option<RawTensor>, Option<RawTensor>), ExecError> {
+    let GroupDims {
+        n,
+        c,
+        per_group: k,
+        plane,
+    } = d;
+    let (groups, eps, len) = (opts.num_groups, opts.eps, k * plane);
+    let mut grad_x = None;
+    let row_sums = ctx.new_tensor(op, &[n * groups, 2 * k], |rs| {
+        grad_x = Some(ctx.new_tensor(op, shape, |gx| {
+            ctx.par_rows2((gx, len), (rs, 2 * k), len * ROW_WORK, |rows, o, s| {
+                let rows = rows.zip(o.chunks_exact_mut(len));
+                vectorized!(
+                    for ((r, orow), srow) in rows.zip(s.chunks_exact_mut(2 * k)) {
+                        let c0 = (r % groups) * k;
+                        let w = ws.map(|w| &w[c0..c0 + k]);
+                        let (xr, gr) = (&xs[r * len..][..len], &gys[r * len..][..len]);
+                        rowwise::group_norm_backward_sums(xr, w, gr, k, eps, orow, srow);
+                    }
+                )
+            });
+        }));
+    })?;
+    let grad_x = grad_x.expect("new_tensor runs its fill")?;
+    let rs = row_sums.contiguous_slice();
+    // Row `sample * groups + ch / k` holds channel `ch`'s sums at `ch % k`:
+    // sample by sample, in order.
+    let column = |j: usize| {
+        ctx.new_tensor(op, &[c], |out: &mut [f32]| {
+            for (ch, o) in out.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for sample in 0..n {
+                    let r = sample * groups + ch / k;
+                    acc += rs[r * 2 * k + 2 * (ch % k) + j];
+                }
+                *o = acc;
+            }
+        })
+    };
+    let gw = needs[1].then(|| column(1)).transpose()?;
+    let gb = needs[2].then(|| column(0)).transpose()?;
+    Ok((grad_x, gw, gb))
 }
 
 /// `(grad_weight, grad_bias)` of a group norm (see

@@ -139,13 +139,16 @@ impl Module for Embedding {
 }
 
 /// Layer normalization over the last axis with a learned scale (ones) and shift
-/// (zeros), PyTorch's `nn.LayerNorm(dim)`.
+/// (zeros), PyTorch's `nn.LayerNorm(dim)`; [`LayerNorm::no_bias`] is
+/// `nn.LayerNorm(dim, bias=False)` (the scale alone).
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     /// The scale, `[dim]`.
     pub weight: Parameter,
-    /// The shift, `[dim]`.
-    pub bias: Parameter,
+    /// The shift, `[dim]` (absent without a bias).
+    pub bias: Option<Parameter>,
+    /// `[dim]` zeros standing in for the shift when there is none.
+    zero_shift: Tensor,
     eps: f32,
 }
 
@@ -156,11 +159,23 @@ impl LayerNorm {
     /// [`Error::InvalidArgument`] for a zero `dim` or a negative, infinite or
     /// NaN `eps`.
     pub fn new(ctx: &ExecContext, dim: usize, eps: f32) -> Result<LayerNorm> {
+        let mut ln = LayerNorm::no_bias(ctx, dim, eps)?;
+        ln.bias = Some(Parameter::new(Tensor::zeros(ctx, &[dim])?));
+        Ok(ln)
+    }
+
+    /// Normalization with the scale alone (PyTorch's `bias=False`): the
+    /// output is `weight * (x - mean) / sqrt(var + eps)`.
+    ///
+    /// # Errors
+    /// As [`LayerNorm::new`].
+    pub fn no_bias(ctx: &ExecContext, dim: usize, eps: f32) -> Result<LayerNorm> {
         check_size("LayerNorm::new", "dim", dim)?;
         check_eps("LayerNorm::new", eps)?;
         Ok(LayerNorm {
             weight: Parameter::new(Tensor::ones(ctx, &[dim])?),
-            bias: Parameter::new(Tensor::zeros(ctx, &[dim])?),
+            bias: None,
+            zero_shift: Tensor::zeros(ctx, &[dim])?,
             eps,
         })
     }
@@ -172,16 +187,21 @@ impl LayerNorm {
     pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
         let dim = self.weight.numel();
         check_last_dim(|| format!("LayerNorm(dim = {dim})"), x, dim)?;
-        Ok(x.layer_norm(ctx, &self.weight.tensor(), &self.bias.tensor(), self.eps)?)
+        let shift = match &self.bias {
+            Some(b) => b.tensor(),
+            None => self.zero_shift.clone(),
+        };
+        Ok(x.layer_norm(ctx, &self.weight.tensor(), &shift, self.eps)?)
     }
 }
 
 impl Module for LayerNorm {
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        vec![
-            ("weight".to_string(), self.weight.clone()),
-            ("bias".to_string(), self.bias.clone()),
-        ]
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
     }
 }
 

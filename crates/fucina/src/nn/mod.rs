@@ -9,9 +9,10 @@
 //! networks ([`Conv1d`], [`Conv2d`], [`ConvTranspose1d`], [`ConvTranspose2d`],
 //! [`BatchNorm1d`], [`BatchNorm2d`], [`MaxPool2d`], [`AvgPool2d`],
 //! [`AdaptiveAvgPool2d`], [`Flatten`], [`MaxPool1d`], [`AvgPool1d`],
-//! [`Upsample`], and the padding layers [`ZeroPad2d`], [`ConstantPad1d`],
-//! [`ConstantPad2d`], [`ReflectionPad1d`], [`ReflectionPad2d`],
-//! [`ReplicationPad1d`], [`ReplicationPad2d`]).
+//! [`Upsample`], and the padding layers [`ZeroPad2d`], [`ZeroPad3d`],
+//! [`ConstantPad1d`], [`ConstantPad2d`], [`ConstantPad3d`],
+//! [`ReflectionPad1d`], [`ReflectionPad2d`], [`ReflectionPad3d`],
+//! [`ReplicationPad1d`], [`ReplicationPad2d`], [`ReplicationPad3d`]).
 //!
 //! Non-trainable state a layer saves with its weights (batch norm's running
 //! statistics) lives in [`Buffer`]s, listed by [`Module::named_buffers`] and
@@ -103,8 +104,8 @@ pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
 pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
 pub use resize::{
-    ConstantPad1d, ConstantPad2d, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d,
-    ReplicationPad2d, Upsample, ZeroPad2d,
+    ConstantPad1d, ConstantPad2d, ConstantPad3d, ReflectionPad1d, ReflectionPad2d, ReflectionPad3d,
+    ReplicationPad1d, ReplicationPad2d, ReplicationPad3d, Upsample, ZeroPad2d, ZeroPad3d,
 };
 pub use sequential::Sequential;
 pub use state_dict::StateDict;

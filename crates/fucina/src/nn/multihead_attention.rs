@@ -5,7 +5,7 @@
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, RawTensor};
 
-use super::{Forward, Linear, Module, Parameter, check_size, sub_seed};
+use super::{Dropout, Forward, Linear, Module, Parameter, check_size, sub_seed};
 use crate::error::{Error, Result};
 
 /// An attention mask (PyTorch's `attn_mask`), `[L, S]` for every sample and
@@ -55,8 +55,10 @@ impl Default for AttentionOptions<'_> {
 /// `out_proj` (`Linear(E, E)`, its bias zeros), so a PyTorch state dict
 /// loads by name (`in_proj_weight`, `in_proj_bias`, `out_proj.weight`,
 /// `out_proj.bias`). Inputs are `[L, N, E]` (`[N, L, E]` with
-/// `batch_first`). Not supported: `dropout` on the weights, `kdim`/`vdim`
-/// other than `E`, `add_bias_kv`, `add_zero_attn`, a float key-padding mask.
+/// `batch_first`). PyTorch's `dropout` on the attention weights is
+/// [`with_dropout`](MultiheadAttention::with_dropout) (off by default, as in
+/// PyTorch; training mode only). Not supported: `kdim`/`vdim` other than
+/// `E`, `add_bias_kv`, `add_zero_attn`, a float key-padding mask.
 ///
 /// ```
 /// use fucina::nn::{AttentionOptions, MultiheadAttention};
@@ -87,6 +89,9 @@ pub struct MultiheadAttention {
     pub in_proj_bias: Option<Parameter>,
     /// The output projection, `E -> E`.
     pub out_proj: Linear,
+    /// The dropout of the attention weights (`p = 0` unless set).
+    dropout: Dropout,
+    seed: u64,
     embed: usize,
     heads: usize,
     batch_first: bool,
@@ -137,10 +142,43 @@ impl MultiheadAttention {
             in_proj_weight: Parameter::new(w),
             in_proj_bias,
             out_proj,
+            dropout: Dropout::new(0.0, sub_seed(seed, 2))?,
+            seed,
             embed: embed_dim,
             heads: num_heads,
             batch_first,
         })
+    }
+
+    /// The layer with dropout of probability `p` on the attention weights
+    /// (PyTorch's `dropout` argument): in training mode each call draws a
+    /// new mask of the softmax's output from the layer's seed and a call
+    /// counter (the same bits for any thread count; see [`Dropout`]), scales
+    /// the kept weights by `1 / (1 - p)`, and returns the dropped weights
+    /// with `need_weights`, as PyTorch does. Evaluation mode
+    /// ([`Module::train`]`(false)`) passes the weights through.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `0 <= p < 1`.
+    pub fn with_dropout(mut self, p: f32) -> Result<MultiheadAttention> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid(
+                "MultiheadAttention::with_dropout",
+                format!("dropout must be in [0, 1) (got {p})"),
+            ));
+        }
+        let training = self.dropout.is_training();
+        let mut d = Dropout::new(p, sub_seed(self.seed, 2))?;
+        d.train(training);
+        d.set_step(self.dropout.step());
+        self.dropout = d;
+        Ok(self)
+    }
+
+    /// The dropout of the attention weights (its probability, mode and call
+    /// counter, which a checkpoint stores to resume the same masks).
+    pub fn attn_dropout(&self) -> &Dropout {
+        &self.dropout
     }
 
     /// The width `E`.
@@ -313,6 +351,7 @@ impl MultiheadAttention {
             .matmul(ctx, &k.transpose(ctx, 2, 3)?)?
             .scale(ctx, 1.0 / (hd as f32).sqrt())?;
         let att = self.masked(ctx, scores, sizes, &opts)?.softmax(ctx, 3)?;
+        let att = self.dropout.forward(ctx, &att)?;
         let y = att
             .matmul(ctx, &v)?
             .permute(ctx, &[0, 2, 1, 3])?
@@ -343,6 +382,10 @@ impl Module for MultiheadAttention {
             v.push(("out_proj.bias".to_string(), b.clone()));
         }
         v
+    }
+
+    fn train(&mut self, training: bool) {
+        self.dropout.train(training);
     }
 }
 

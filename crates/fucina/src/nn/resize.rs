@@ -1,7 +1,9 @@
 //! Layers without parameters that resize the trailing axes: [`Upsample`]
 //! (PyTorch's `nn.Upsample`, nearest or bilinear) and the padding layers
-//! [`ConstantPad1d`], [`ConstantPad2d`], [`ZeroPad2d`], [`ReflectionPad1d`],
-//! [`ReflectionPad2d`], [`ReplicationPad1d`], [`ReplicationPad2d`].
+//! [`ConstantPad1d`], [`ConstantPad2d`], [`ConstantPad3d`], [`ZeroPad2d`],
+//! [`ZeroPad3d`], [`ReflectionPad1d`], [`ReflectionPad2d`],
+//! [`ReflectionPad3d`], [`ReplicationPad1d`], [`ReplicationPad2d`],
+//! [`ReplicationPad3d`].
 
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, InterpolateMode, InterpolateOptions, PadMode, PadOptions};
@@ -106,9 +108,10 @@ macro_rules! pad_layer {
 
         impl $name {
             /// Padding by `pads` (PyTorch's tuple order: `[left, right]`, then
-            /// `[top, bottom]` for the 2-D layers).
-            pub fn new(pads: [usize; $n] $(, $value: f32)?) -> $name {
-                let mut p = [0; 4];
+            /// `[top, bottom]` for the 2-D and 3-D layers, then `[front,
+            /// back]` for the 3-D ones); a negative width crops.
+            pub fn new(pads: [isize; $n] $(, $value: f32)?) -> $name {
+                let mut p = [0; 6];
                 p[..$n].copy_from_slice(&pads);
                 $name {
                     opts: PadOptions {
@@ -120,7 +123,7 @@ macro_rules! pad_layer {
             }
 
             /// The same padding `p` on every side.
-            pub fn uniform(p: usize $(, $value: f32)?) -> $name {
+            pub fn uniform(p: isize $(, $value: f32)?) -> $name {
                 $name::new([p; $n] $(, $value)?)
             }
 
@@ -133,8 +136,10 @@ macro_rules! pad_layer {
             ///
             /// # Errors
             /// [`Error::ShapeMismatch`] naming the layer if `x` has fewer than
-            /// two axes (1-D) or three (2-D), PyTorch's unbatched minimum; the
-            /// op's errors (a reflect pad not smaller than its axis).
+            /// two axes (1-D), three (2-D) or four (3-D), PyTorch's unbatched
+            /// minimum; the op's errors naming the pad (a reflect pad not
+            /// smaller than its axis, a crop larger than its axis or leaving
+            /// it empty).
             pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
                 if x.shape().len() < $n / 2 + 1 {
                     return Err(Error::ShapeMismatch {
@@ -160,8 +165,16 @@ pad_layer! {
     ConstantPad2d, "ConstantPad2d", 4, PadMode::Constant(value), (value)
 }
 pad_layer! {
+    /// PyTorch's `nn.ConstantPad3d`: the last three axes padded with `value`.
+    ConstantPad3d, "ConstantPad3d", 6, PadMode::Constant(value), (value)
+}
+pad_layer! {
     /// PyTorch's `nn.ZeroPad2d`: the last two axes padded with zeros.
     ZeroPad2d, "ZeroPad2d", 4, PadMode::Constant(0.0), ()
+}
+pad_layer! {
+    /// PyTorch's `nn.ZeroPad3d`: the last three axes padded with zeros.
+    ZeroPad3d, "ZeroPad3d", 6, PadMode::Constant(0.0), ()
 }
 pad_layer! {
     /// PyTorch's `nn.ReflectionPad1d`: the last axis mirrored at its edges
@@ -174,6 +187,11 @@ pad_layer! {
     ReflectionPad2d, "ReflectionPad2d", 4, PadMode::Reflect, ()
 }
 pad_layer! {
+    /// PyTorch's `nn.ReflectionPad3d`: the last three axes mirrored at their
+    /// edges (each pad smaller than its axis).
+    ReflectionPad3d, "ReflectionPad3d", 6, PadMode::Reflect, ()
+}
+pad_layer! {
     /// PyTorch's `nn.ReplicationPad1d`: the last axis's edge elements
     /// repeated.
     ReplicationPad1d, "ReplicationPad1d", 2, PadMode::Replicate, ()
@@ -182,4 +200,9 @@ pad_layer! {
     /// PyTorch's `nn.ReplicationPad2d`: the last two axes' edge elements
     /// repeated.
     ReplicationPad2d, "ReplicationPad2d", 4, PadMode::Replicate, ()
+}
+pad_layer! {
+    /// PyTorch's `nn.ReplicationPad3d`: the last three axes' edge elements
+    /// repeated.
+    ReplicationPad3d, "ReplicationPad3d", 6, PadMode::Replicate, ()
 }

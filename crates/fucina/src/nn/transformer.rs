@@ -25,16 +25,15 @@ pub enum TransformerActivation {
 
 /// The options of the transformer layers: PyTorch's keyword arguments and
 /// their defaults (`dim_feedforward = 2048`, `dropout = 0.1`, ReLU,
-/// `layer_norm_eps = 1e-5`, `batch_first = false`, `norm_first = false`).
-/// PyTorch's `bias=False` is not supported: the projections and norms have
-/// biases.
+/// `layer_norm_eps = 1e-5`, `batch_first = false`, `norm_first = false`,
+/// `bias = true`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TransformerOptions {
     /// The hidden width of the feed-forward block.
     pub dim_feedforward: usize,
-    /// The dropout probability after the attention blocks, inside and after
-    /// the feed-forward block (training mode only). PyTorch also drops
-    /// attention weights inside its `MultiheadAttention`; these layers do not.
+    /// The dropout probability of the attention weights (inside each
+    /// [`MultiheadAttention`]), after the attention blocks, inside and after
+    /// the feed-forward block, as in PyTorch (training mode only).
     pub dropout: f32,
     /// The feed-forward activation.
     pub activation: TransformerActivation,
@@ -45,6 +44,9 @@ pub struct TransformerOptions {
     /// Pre-norm (`x + block(norm(x))`) instead of post-norm
     /// (`norm(x + block(x))`, PyTorch's default).
     pub norm_first: bool,
+    /// Biases in the attention projections, the feed-forward linears and the
+    /// layer norms (`false`: none anywhere, PyTorch's `bias=False`).
+    pub bias: bool,
 }
 
 impl Default for TransformerOptions {
@@ -56,6 +58,7 @@ impl Default for TransformerOptions {
             layer_norm_eps: 1e-5,
             batch_first: false,
             norm_first: false,
+            bias: true,
         }
     }
 }
@@ -95,23 +98,26 @@ impl Core {
                 format!("dropout must be in [0, 1) (got {})", opts.dropout),
             ));
         }
-        let linear = |i, o, s| Linear::new(ctx, i, o, sub_seed(seed, s));
+        let linear = |i, o, s| {
+            if opts.bias {
+                Linear::new(ctx, i, o, sub_seed(seed, s))
+            } else {
+                Linear::no_bias(ctx, i, o, sub_seed(seed, s))
+            }
+        };
         let mut norms = Vec::with_capacity(blocks);
         let mut dropouts = Vec::with_capacity(blocks + 1);
         for k in 0..blocks {
-            norms.push(LayerNorm::new(ctx, d_model, opts.layer_norm_eps)?);
+            norms.push(if opts.bias {
+                LayerNorm::new(ctx, d_model, opts.layer_norm_eps)?
+            } else {
+                LayerNorm::no_bias(ctx, d_model, opts.layer_norm_eps)?
+            });
             dropouts.push(Dropout::new(opts.dropout, sub_seed(seed, 10 + k as u64))?);
         }
         dropouts.push(Dropout::new(opts.dropout, sub_seed(seed, 9))?);
         Ok(Core {
-            self_attn: MultiheadAttention::new(
-                ctx,
-                d_model,
-                nhead,
-                true,
-                opts.batch_first,
-                sub_seed(seed, 0),
-            )?,
+            self_attn: attention(ctx, d_model, nhead, opts, sub_seed(seed, 0))?,
             linear1: linear(d_model, opts.dim_feedforward, 2)?,
             linear2: linear(opts.dim_feedforward, d_model, 3)?,
             norms,
@@ -209,10 +215,24 @@ impl Core {
     }
 
     fn train(&mut self, training: bool) {
+        self.self_attn.train(training);
         for d in &mut self.dropouts {
             d.train(training);
         }
     }
+}
+
+/// The attention of a transformer layer: biases and the weights' dropout
+/// from `opts`.
+fn attention(
+    ctx: &ExecContext,
+    d_model: usize,
+    nhead: usize,
+    opts: TransformerOptions,
+    seed: u64,
+) -> Result<MultiheadAttention> {
+    MultiheadAttention::new(ctx, d_model, nhead, opts.bias, opts.batch_first, seed)?
+        .with_dropout(opts.dropout)
 }
 
 /// PyTorch's `nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward,
@@ -230,8 +250,9 @@ impl Core {
 /// Parameters under PyTorch's names (`self_attn.in_proj_weight`, ...,
 /// `linear1.weight`, `linear2.bias`, `norm1.weight`, `norm2.bias`), so a
 /// PyTorch state dict loads by name. The dropouts act in training mode only
-/// ([`Module::train`]); PyTorch's dropout of the attention weights is not
-/// applied (in evaluation mode the outputs agree).
+/// ([`Module::train`]), the attention weights' dropout among them, as in
+/// PyTorch; with `bias: false` no projection, linear or norm has a bias (nor
+/// its parameter name).
 ///
 /// ```
 /// use fucina::nn::{Forward, TransformerEncoderLayer, TransformerOptions};
@@ -373,14 +394,7 @@ impl TransformerDecoderLayer {
     ) -> Result<TransformerDecoderLayer> {
         let what = "TransformerDecoderLayer::new";
         let core = Core::new(ctx, what, d_model, nhead, opts, seed, 3)?;
-        let multihead_attn = MultiheadAttention::new(
-            ctx,
-            d_model,
-            nhead,
-            true,
-            opts.batch_first,
-            sub_seed(seed, 1),
-        )?;
+        let multihead_attn = attention(ctx, d_model, nhead, opts, sub_seed(seed, 1))?;
         Ok(TransformerDecoderLayer {
             core,
             multihead_attn,
@@ -436,5 +450,6 @@ impl Module for TransformerDecoderLayer {
 
     fn train(&mut self, training: bool) {
         self.core.train(training);
+        self.multihead_attn.train(training);
     }
 }
