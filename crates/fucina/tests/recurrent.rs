@@ -3,7 +3,9 @@
 //! (fixtures/recurrent.txt, written by fixtures/recurrent.py: several layers,
 //! both directions, batch-first, with and without biases and initial
 //! states), a PyTorch state dict loaded by name, gradcheck on small sizes,
-//! PyTorch's init bounds, and bad input as errors.
+//! PyTorch's init bounds, and bad input as errors. The fused cells
+//! `lstm_cell` / `gru_cell` against PyTorch's `nn.LSTMCell` / `nn.GRUCell`
+//! (fixtures/recurrent_cells.txt).
 
 use std::collections::HashMap;
 
@@ -387,6 +389,75 @@ fn same_bits_for_every_thread_count() {
         match &want {
             None => want = Some(got),
             Some(w) => assert!(*w == got, "{threads} threads differ"),
+        }
+    }
+}
+
+/// The fused cells against PyTorch's `nn.LSTMCell` / `nn.GRUCell` in float64
+/// (fixtures/recurrent_cells.txt, written by fixtures/recurrent.py): one step
+/// from `x`, `h0` (and `c0`), the gates from `linear` into
+/// `Tensor::lstm_cell` / `Tensor::gru_cell`, with and without biases; the
+/// outputs and the gradients of every input and parameter.
+#[test]
+fn fused_cells_match_pytorch_lstm_cell_and_gru_cell() {
+    let ctx = ExecContext::with_threads(2);
+    let blocks = parse::blocks(include_str!("fixtures/recurrent_cells.txt"));
+    assert_eq!(blocks.len(), 4);
+    for b in blocks {
+        let kind = b.header[0].clone();
+        let bias = b.keys::<usize>()["bias"] == 1;
+        let t = |name: &str| {
+            let (shape, vals) = &b.tensors[name];
+            let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+            Tensor::variable_from_slice(&ctx, shape, &v).unwrap()
+        };
+        let want = |name: &str| &b.tensors[name].1;
+        let what = format!("{kind}_cell bias={bias}");
+        let (x, h0, w_ih, w_hh) = (t("x"), t("h0"), t("weight_ih"), t("weight_hh"));
+        let (b_ih, b_hh) = if bias {
+            (Some(t("bias_ih")), Some(t("bias_hh")))
+        } else {
+            (None, None)
+        };
+        let gi = x.linear(&ctx, &w_ih, b_ih.as_ref()).unwrap();
+        let gh = h0.linear(&ctx, &w_hh, b_hh.as_ref()).unwrap();
+        let dot = |y: &Tensor, name: &str| {
+            y.mul(&ctx, &t(name).detach())
+                .unwrap()
+                .sum_all(&ctx)
+                .unwrap()
+        };
+        let c0 = (kind == "lstm").then(|| t("c0"));
+        let loss = if let Some(c0) = &c0 {
+            let (h, c) = gi.lstm_cell(&ctx, &gh, c0).unwrap();
+            close(&format!("{what} h"), &h, want("h"));
+            close(&format!("{what} c"), &c, want("c"));
+            dot(&h, "gh").add(&ctx, &dot(&c, "gc")).unwrap()
+        } else {
+            let h = gi.gru_cell(&ctx, &gh, &h0).unwrap();
+            close(&format!("{what} h"), &h, want("h"));
+            dot(&h, "gh")
+        };
+        loss.backward(&ctx).unwrap();
+        let grad = |t: &Tensor| t.grad(&ctx).unwrap().expect("a variable");
+        let mut checks = vec![
+            ("x", &x),
+            ("h0", &h0),
+            ("weight_ih", &w_ih),
+            ("weight_hh", &w_hh),
+        ];
+        if let Some(c0) = &c0 {
+            checks.push(("c0", c0));
+        }
+        if let (Some(bi), Some(bh)) = (&b_ih, &b_hh) {
+            checks.extend([("bias_ih", bi), ("bias_hh", bh)]);
+        }
+        for (name, v) in checks {
+            close(
+                &format!("{what} grad {name}"),
+                &grad(v),
+                want(&format!("grad_{name}")),
+            );
         }
     }
 }

@@ -1,12 +1,13 @@
 //! The recurrent layers [`Lstm`] and [`Gru`] (PyTorch's `nn.LSTM` and
 //! `nn.GRU`: its gate order, parameter names and init, several layers, both
 //! directions, `batch_first`), and their functional forms [`lstm`] and
-//! [`gru`], built from the differentiable ops (`linear`, `sigmoid`, `tanh`,
-//! products and sums), so that autograd records every step.
+//! [`gru`], built from the differentiable ops (`linear` and the fused cells
+//! [`Tensor::lstm_cell`] and [`Tensor::gru_cell`]), so that autograd records
+//! every step.
 //!
 //! Each layer and direction runs the steps one after the other, each with
-//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the gate
-//! arithmetic; the steps pass from layer to layer as separate `[B, features]`
+//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the fused
+//! cell (the gate arithmetic in one pass, its backward in another); the steps pass from layer to layer as separate `[B, features]`
 //! tensors, so the backward's cost is linear in the sequence length (one
 //! sequence tensor sliced at every step would give every step's backward a
 //! gradient of the whole sequence to add up). The input's own steps are
@@ -202,7 +203,8 @@ fn check_forward(
 }
 
 /// One LSTM step: the gate pre-activations `gx` (`[B, 4H]`, the input's
-/// projection with `b_ih`) plus `h W_hhᵀ + b_hh`, then PyTorch's cell.
+/// projection with `b_ih`) and `h W_hhᵀ + b_hh` into the fused
+/// [`Tensor::lstm_cell`] (PyTorch's cell).
 fn lstm_step(
     ctx: &ExecContext,
     gx: &Tensor,
@@ -211,21 +213,12 @@ fn lstm_step(
     w_hh: &Tensor,
     b_hh: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
-    let hid = h.shape()[1];
-    let g = gx.add(ctx, &h.linear(ctx, w_hh, b_hh)?)?;
-    let s = g.sigmoid(ctx)?;
-    let i = s.narrow(ctx, 1, 0, hid)?;
-    let f = s.narrow(ctx, 1, hid, hid)?;
-    let o = s.narrow(ctx, 1, 3 * hid, hid)?;
-    let gg = g.narrow(ctx, 1, 2 * hid, hid)?.tanh(ctx)?;
-    let c = f.mul(ctx, c)?.add(ctx, &i.mul(ctx, &gg)?)?;
-    let h = o.mul(ctx, &c.tanh(ctx)?)?;
-    Ok((h, c))
+    Ok(gx.lstm_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, c)?)
 }
 
-/// One GRU step (PyTorch's cell): `r, z = σ(gx + h W_hhᵀ + b_hh)` over the
-/// first two blocks, `n = tanh(gx_n + r * (h W_hh,nᵀ + b_hh,n))`, `h' = n +
-/// z * (h - n)` (that is `(1 - z) * n + z * h`).
+/// One GRU step: the gate pre-activations `gx` and `h W_hhᵀ + b_hh` into the
+/// fused [`Tensor::gru_cell`] (PyTorch's cell: `r, z = σ(·)`, `n = tanh(gx_n
+/// + r * (h W_hnᵀ + b_hn))`, `h' = n + z * (h - n)`).
 fn gru_step(
     ctx: &ExecContext,
     gx: &Tensor,
@@ -233,19 +226,7 @@ fn gru_step(
     w_hh: &Tensor,
     b_hh: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let hid = h.shape()[1];
-    let gh = h.linear(ctx, w_hh, b_hh)?;
-    let rz = gx
-        .narrow(ctx, 1, 0, 2 * hid)?
-        .add(ctx, &gh.narrow(ctx, 1, 0, 2 * hid)?)?
-        .sigmoid(ctx)?;
-    let r = rz.narrow(ctx, 1, 0, hid)?;
-    let z = rz.narrow(ctx, 1, hid, hid)?;
-    let n = gx
-        .narrow(ctx, 1, 2 * hid, hid)?
-        .add(ctx, &r.mul(ctx, &gh.narrow(ctx, 1, 2 * hid, hid)?)?)?
-        .tanh(ctx)?;
-    Ok(n.add(ctx, &z.mul(ctx, &h.sub(ctx, &n)?)?)?)
+    Ok(gx.gru_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, h)?)
 }
 
 /// The layer `l`, direction `d` slice of an initial state, or zeros.
