@@ -9,20 +9,23 @@
 
 use super::math::{sigmoid, tanh};
 
-/// Splits a row of `k * h` items into its `k` gate blocks of `h`.
+/// Splits a row of `k * h` items into its `k` gate blocks of `h` (each
+/// resliced to exactly `h`, so that the loops over `0..h` carry no bounds
+/// checks and vectorize).
 #[inline(always)]
 fn blocks<const K: usize>(row: &[f32], h: usize) -> [&[f32]; K] {
-    std::array::from_fn(|j| &row[j * h..(j + 1) * h])
+    let row = &row[..K * h];
+    std::array::from_fn(|j| &row[j * h..][..h])
 }
 
 /// Splits a mutable row of `k * h` items into its `k` gate blocks of `h`.
 #[inline(always)]
 fn blocks_mut<const K: usize>(row: &mut [f32], h: usize) -> [&mut [f32]; K] {
-    let mut rest = row;
+    let mut rest = &mut row[..K * h];
     std::array::from_fn(|_| {
         let (head, tail) = std::mem::take(&mut rest).split_at_mut(h);
         rest = tail;
-        head
+        &mut head[..h]
     })
 }
 
@@ -44,7 +47,7 @@ pub(crate) fn lstm_cell(
     let [xi, xf, xg, xo] = blocks::<4>(gi, h);
     let [hi, hf, hg, ho] = blocks::<4>(gh, h);
     let [ai, af, ag, ao, at] = blocks_mut::<5>(act, h);
-    let (h_out, c_out) = (&mut h_out[..h], &mut c_out[..h]);
+    let (c, h_out, c_out) = (&c[..h], &mut h_out[..h], &mut c_out[..h]);
     for j in 0..h {
         let i = sigmoid(xi[j] + hi[j]);
         let f = sigmoid(xf[j] + hf[j]);
@@ -76,7 +79,7 @@ pub(crate) fn lstm_cell_backward(
     let h = c.len();
     let [ai, af, ag, ao, at] = blocks::<5>(act, h);
     let [di, df, dg, d_o] = blocks_mut::<4>(dgates, h);
-    let (dh, dc_out, dc) = (&dh[..h], &dc_out[..h], &mut dc[..h]);
+    let (c, dh, dc_out, dc) = (&c[..h], &dh[..h], &dc_out[..h], &mut dc[..h]);
     for j in 0..h {
         let (i, f, g, o, t) = (ai[j], af[j], ag[j], ao[j], at[j]);
         let dct = dc_out[j] + dh[j] * o * (1.0 - t * t);
@@ -100,7 +103,7 @@ pub(crate) fn gru_cell(gi: &[f32], gh: &[f32], hp: &[f32], h_out: &mut [f32], ac
     let [xr, xz, xn] = blocks::<3>(gi, h);
     let [hr, hz, hn] = blocks::<3>(gh, h);
     let [ar, az, an, ahn] = blocks_mut::<4>(act, h);
-    let h_out = &mut h_out[..h];
+    let (hp, h_out) = (&hp[..h], &mut h_out[..h]);
     for j in 0..h {
         let r = sigmoid(xr[j] + hr[j]);
         let z = sigmoid(xz[j] + hz[j]);
@@ -128,7 +131,7 @@ pub(crate) fn gru_cell_backward(
     let [ar, az, an, ahn] = blocks::<4>(act, h);
     let [ir, iz, inn] = blocks_mut::<3>(dgi, h);
     let [hr, hz, hn] = blocks_mut::<3>(dgh, h);
-    let (dh, dhp) = (&dh[..h], &mut dhp[..h]);
+    let (hp, dh, dhp) = (&hp[..h], &dh[..h], &mut dhp[..h]);
     for j in 0..h {
         let (r, z, n, ghn) = (ar[j], az[j], an[j], ahn[j]);
         let dn = dh[j] * (1.0 - z) * (1.0 - n * n);
