@@ -228,6 +228,12 @@ pub(crate) enum Saved {
     /// The input shape and the options of a `pad` (its backward reads no
     /// values).
     Pad { shape: Dims, opts: PadOptions },
+    /// The `[B, 5H]` saved gates (`i, f, g, o, tanh(c')`) and the cell state
+    /// read by an `lstm_cell`.
+    LstmCell { saved: RawTensor, c: RawTensor },
+    /// The `[B, 4H]` saved gates (`r, z, n`, the state's `n` block) and the
+    /// state read by a `gru_cell`.
+    GruCell { saved: RawTensor, h: RawTensor },
     /// The input shape and the options of an `interpolate` (its backward
     /// reads no values).
     Interpolate {

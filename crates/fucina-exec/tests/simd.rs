@@ -168,6 +168,25 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     push("embedding_backward", ctx.embedding_backward(&a, &ids, 5)?);
     let (v, _) = ctx.topk(&a, 5, 1, true)?;
     push("topk", v);
+    // The fused recurrent cells (hidden 37: vector bodies and scalar tails).
+    let (bsz, h) = (5, 37);
+    let g4 = |seed| ctx.from_slice(&[bsz, 4 * h], &values(bsz * 4 * h, seed));
+    let g3 = |seed| ctx.from_slice(&[bsz, 3 * h], &values(bsz * 3 * h, seed));
+    let st = ctx.from_slice(&[bsz, h], &values(bsz * h, 12))?;
+    let (hc, saved) = ctx.lstm_cell(&g4(10)?, &g4(11)?, &st)?;
+    let ghc = ctx.from_slice(&[2, bsz, h], &values(2 * bsz * h, 13))?;
+    let (dg, dc) = ctx.lstm_cell_backward(&saved, &st, &ghc)?;
+    push("lstm_cell", hc);
+    push("lstm_cell_saved", saved);
+    push("lstm_cell_backward_gates", dg);
+    push("lstm_cell_backward_c", dc);
+    let (h1, saved) = ctx.gru_cell(&g3(14)?, &g3(15)?, &st)?;
+    let (dgi, dgh, dh) = ctx.gru_cell_backward(&saved, &st, &h1)?;
+    push("gru_cell", h1);
+    push("gru_cell_saved", saved);
+    push("gru_cell_backward_gi", dgi);
+    push("gru_cell_backward_gh", dgh);
+    push("gru_cell_backward_h", dh);
     Ok(out)
 }
 

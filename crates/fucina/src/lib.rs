@@ -200,10 +200,10 @@ pub mod prelude {
     pub use crate::nn::{
         AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Block, Buffer, CausalSelfAttention,
         Conv1d, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten, Forward, Gelu, GroupNorm,
-        Gru, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, MaxPool1d, MaxPool2d, Module,
-        MultiheadAttention, Parameter, ReflectionPad2d, Relu, RmsNorm, RnnOptions, Sequential,
-        StateDict, TransformerDecoderLayer, TransformerEncoderLayer, TransformerOptions, Upsample,
-        ZeroPad2d,
+        Gru, GruCell, Identity, InstanceNorm2d, LayerNorm, Linear, Lstm, LstmCell, MaxPool1d,
+        MaxPool2d, Module, MultiheadAttention, Parameter, ReflectionPad2d, Relu, RmsNorm,
+        RnnOptions, Sequential, StateDict, TransformerDecoderLayer, TransformerEncoderLayer,
+        TransformerOptions, Upsample, ZeroPad2d,
     };
     pub use crate::optim::{
         Adagrad, AdagradConfig, Adam, AdamConfig, AdamW, AdamWConfig, Lion, LionConfig, Optimizer,

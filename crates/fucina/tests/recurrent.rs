@@ -3,7 +3,9 @@
 //! (fixtures/recurrent.txt, written by fixtures/recurrent.py: several layers,
 //! both directions, batch-first, with and without biases and initial
 //! states), a PyTorch state dict loaded by name, gradcheck on small sizes,
-//! PyTorch's init bounds, and bad input as errors.
+//! PyTorch's init bounds, and bad input as errors. The fused cells
+//! `lstm_cell` / `gru_cell` and the layers `LstmCell` / `GruCell` against
+//! PyTorch's `nn.LSTMCell` / `nn.GRUCell` (fixtures/recurrent_cells.txt).
 
 use std::collections::HashMap;
 
@@ -11,7 +13,7 @@ use std::collections::HashMap;
 mod parse;
 
 use fucina::autograd::{GradcheckOptions, gradcheck};
-use fucina::nn::{Gru, Lstm, Module, RnnOptions, StateDict, gru, lstm};
+use fucina::nn::{Gru, GruCell, Lstm, LstmCell, Module, RnnOptions, StateDict, gru, lstm};
 use fucina::{Error, ExecContext, Tensor};
 
 /// One case of the fixture: its options and its named tensors.
@@ -389,4 +391,164 @@ fn same_bits_for_every_thread_count() {
             Some(w) => assert!(*w == got, "{threads} threads differ"),
         }
     }
+}
+
+/// The fused cells against PyTorch's `nn.LSTMCell` / `nn.GRUCell` in float64
+/// (fixtures/recurrent_cells.txt, written by fixtures/recurrent.py): one step
+/// from `x`, `h0` (and `c0`), the gates from `linear` into
+/// `Tensor::lstm_cell` / `Tensor::gru_cell`, with and without biases; the
+/// outputs and the gradients of every input and parameter.
+#[test]
+fn fused_cells_match_pytorch_lstm_cell_and_gru_cell() {
+    let ctx = ExecContext::with_threads(2);
+    let blocks = parse::blocks(include_str!("fixtures/recurrent_cells.txt"));
+    assert_eq!(blocks.len(), 4);
+    for b in blocks {
+        let kind = b.header[0].clone();
+        let bias = b.keys::<usize>()["bias"] == 1;
+        let t = |name: &str| {
+            let (shape, vals) = &b.tensors[name];
+            let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+            Tensor::variable_from_slice(&ctx, shape, &v).unwrap()
+        };
+        let want = |name: &str| &b.tensors[name].1;
+        let what = format!("{kind}_cell bias={bias}");
+        let (x, h0, w_ih, w_hh) = (t("x"), t("h0"), t("weight_ih"), t("weight_hh"));
+        let (b_ih, b_hh) = if bias {
+            (Some(t("bias_ih")), Some(t("bias_hh")))
+        } else {
+            (None, None)
+        };
+        let gi = x.linear(&ctx, &w_ih, b_ih.as_ref()).unwrap();
+        let gh = h0.linear(&ctx, &w_hh, b_hh.as_ref()).unwrap();
+        let dot = |y: &Tensor, name: &str| {
+            y.mul(&ctx, &t(name).detach())
+                .unwrap()
+                .sum_all(&ctx)
+                .unwrap()
+        };
+        let c0 = (kind == "lstm").then(|| t("c0"));
+        let loss = if let Some(c0) = &c0 {
+            let (h, c) = gi.lstm_cell(&ctx, &gh, c0).unwrap();
+            close(&format!("{what} h"), &h, want("h"));
+            close(&format!("{what} c"), &c, want("c"));
+            dot(&h, "gh").add(&ctx, &dot(&c, "gc")).unwrap()
+        } else {
+            let h = gi.gru_cell(&ctx, &gh, &h0).unwrap();
+            close(&format!("{what} h"), &h, want("h"));
+            dot(&h, "gh")
+        };
+        loss.backward(&ctx).unwrap();
+        let grad = |t: &Tensor| t.grad(&ctx).unwrap().expect("a variable");
+        let mut checks = vec![
+            ("x", &x),
+            ("h0", &h0),
+            ("weight_ih", &w_ih),
+            ("weight_hh", &w_hh),
+        ];
+        if let Some(c0) = &c0 {
+            checks.push(("c0", c0));
+        }
+        if let (Some(bi), Some(bh)) = (&b_ih, &b_hh) {
+            checks.extend([("bias_ih", bi), ("bias_hh", bh)]);
+        }
+        for (name, v) in checks {
+            close(
+                &format!("{what} grad {name}"),
+                &grad(v),
+                want(&format!("grad_{name}")),
+            );
+        }
+    }
+}
+
+/// `LstmCell` and `GruCell`: PyTorch's parameter names, shapes and init
+/// bounds; a PyTorch `nn.LSTMCell` / `nn.GRUCell` state dict loads by name and
+/// gives PyTorch's step; the layer's bits are the fused op's; bad input is an
+/// error naming the layer.
+#[test]
+fn cell_layers_are_pytorchs_cells() {
+    let ctx = ExecContext::new();
+    for b in parse::blocks(include_str!("fixtures/recurrent_cells.txt")) {
+        let kv = b.keys::<usize>();
+        let (inp, hid, bias) = (kv["input"], kv["hidden"], kv["bias"] == 1);
+        let t = |name: &str| {
+            let (shape, vals) = &b.tensors[name];
+            let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+            Tensor::from_slice(&ctx, shape, &v).unwrap()
+        };
+        let params: Vec<String> = b
+            .order
+            .iter()
+            .filter(|n| n.starts_with("weight_") || n.starts_with("bias_"))
+            .cloned()
+            .collect();
+        let mut sd = StateDict::new();
+        for n in &params {
+            sd.insert(n.clone(), t(n)).unwrap();
+        }
+        let (x, h0) = (t("x"), t("h0"));
+        let k = 1.0 / (hid as f32).sqrt();
+        let check_init = |named: Vec<(String, fucina::nn::Parameter)>, gates: usize| {
+            let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+            assert_eq!(names, params);
+            for (n, p) in &named {
+                let v = p.tensor().to_vec();
+                assert_eq!(p.tensor().shape()[0], gates * hid, "{n}");
+                assert!(v.iter().all(|x| x.abs() <= k), "{n} within U(-k, k)");
+            }
+        };
+        if b.header[0] == "lstm" {
+            let cell = LstmCell::new(&ctx, inp, hid, bias, 3).unwrap();
+            assert_eq!((cell.input_size(), cell.hidden_size()), (inp, hid));
+            check_init(cell.named_parameters(), 4);
+            cell.load_state_dict(&sd).unwrap();
+            let c0 = t("c0");
+            let (h, c) = cell.forward(&ctx, &x, Some((&h0, &c0))).unwrap();
+            close("LstmCell h", &h, &b.tensors["h"].1);
+            close("LstmCell c", &c, &b.tensors["c"].1);
+            // The layer is the linear gates into the fused op, bit for bit.
+            let bi = bias.then(|| t("bias_ih"));
+            let bh = bias.then(|| t("bias_hh"));
+            let gi = x.linear(&ctx, &t("weight_ih"), bi.as_ref()).unwrap();
+            let gh = h0.linear(&ctx, &t("weight_hh"), bh.as_ref()).unwrap();
+            let (oh, oc) = gi.lstm_cell(&ctx, &gh, &c0).unwrap();
+            assert_eq!(oh.to_vec(), h.to_vec());
+            assert_eq!(oc.to_vec(), c.to_vec());
+            // A zero state is the default.
+            let z = Tensor::zeros(&ctx, h0.shape()).unwrap();
+            let (hz, _) = cell.forward(&ctx, &x, None).unwrap();
+            assert_eq!(
+                hz.to_vec(),
+                cell.forward(&ctx, &x, Some((&z, &z))).unwrap().0.to_vec()
+            );
+            let e = cell.forward(&ctx, &h0, None).unwrap_err();
+            assert!(
+                matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("LstmCell"),
+                "{e}"
+            );
+            let e = cell.forward(&ctx, &x, Some((&h0, &x))).unwrap_err();
+            assert!(e.to_string().contains("state"), "{e}");
+        } else {
+            let cell = GruCell::new(&ctx, inp, hid, bias, 3).unwrap();
+            assert_eq!((cell.input_size(), cell.hidden_size()), (inp, hid));
+            check_init(cell.named_parameters(), 3);
+            cell.load_state_dict(&sd).unwrap();
+            let h = cell.forward(&ctx, &x, Some(&h0)).unwrap();
+            close("GruCell h", &h, &b.tensors["h"].1);
+            let e = cell.forward(&ctx, &x, Some(&x)).unwrap_err();
+            assert!(
+                matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("GruCell"),
+                "{e}"
+            );
+        }
+    }
+    assert!(matches!(
+        LstmCell::new(&ctx, 0, 4, true, 1),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        GruCell::new(&ctx, 3, 0, false, 1),
+        Err(Error::InvalidArgument { .. })
+    ));
 }

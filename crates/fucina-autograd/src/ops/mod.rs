@@ -11,6 +11,7 @@ pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod pool;
+pub(crate) mod recurrent;
 pub(crate) mod reduce;
 pub(crate) mod resize;
 pub(crate) mod scan;

@@ -16,6 +16,7 @@ pub(crate) mod quant_block;
 pub(crate) mod quant_dot;
 pub(crate) mod quant_k;
 pub(crate) mod quant_packed;
+pub(crate) mod recurrent;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;
 pub(crate) mod simd;

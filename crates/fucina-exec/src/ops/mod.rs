@@ -23,6 +23,7 @@ pub(crate) mod quant;
 pub(crate) mod quant_format;
 pub(crate) mod quant_matrix;
 pub(crate) mod quant_packed;
+pub(crate) mod recurrent;
 pub(crate) mod reduce;
 pub(crate) mod scan;
 pub(crate) mod scatter;

@@ -1,6 +1,6 @@
 //! Layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`],
 //! [`GroupNorm`], [`InstanceNorm1d`], [`InstanceNorm2d`], [`Dropout`], [`Identity`], activations, [`Sequential`] composition, the
-//! recurrent layers [`Lstm`] and [`Gru`], [`MultiheadAttention`], the losses
+//! recurrent layers [`Lstm`] and [`Gru`] and their one-step cells [`LstmCell`] and [`GruCell`], [`MultiheadAttention`], the losses
 //! [`l1_loss`], [`smooth_l1_loss`], [`huber_loss`], [`binary_cross_entropy`],
 //! [`binary_cross_entropy_with_logits`], [`kl_div`], [`cross_entropy_with`] and
 //! [`nll_loss_with`] (PyTorch's, with a [`Reduction`]), PyTorch's
@@ -102,7 +102,7 @@ pub use losses::{
 };
 pub use multihead_attention::{AttentionOptions, AttnMask, MultiheadAttention};
 pub use parameter::Parameter;
-pub use recurrent::{Gru, Lstm, RnnOptions, gru, lstm};
+pub use recurrent::{Gru, GruCell, Lstm, LstmCell, RnnOptions, gru, lstm};
 pub use resize::{
     ConstantPad1d, ConstantPad2d, ConstantPad3d, ReflectionPad1d, ReflectionPad2d, ReflectionPad3d,
     ReplicationPad1d, ReplicationPad2d, ReplicationPad3d, Upsample, ZeroPad2d, ZeroPad3d,

@@ -1,12 +1,13 @@
 //! The recurrent layers [`Lstm`] and [`Gru`] (PyTorch's `nn.LSTM` and
 //! `nn.GRU`: its gate order, parameter names and init, several layers, both
 //! directions, `batch_first`), and their functional forms [`lstm`] and
-//! [`gru`], built from the differentiable ops (`linear`, `sigmoid`, `tanh`,
-//! products and sums), so that autograd records every step.
+//! [`gru`], built from the differentiable ops (`linear` and the fused cells
+//! [`Tensor::lstm_cell`] and [`Tensor::gru_cell`]), so that autograd records
+//! every step.
 //!
 //! Each layer and direction runs the steps one after the other, each with
-//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the gate
-//! arithmetic; the steps pass from layer to layer as separate `[B, features]`
+//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the fused
+//! cell (the gate arithmetic in one pass, its backward in another); the steps pass from layer to layer as separate `[B, features]`
 //! tensors, so the backward's cost is linear in the sequence length (one
 //! sequence tensor sliced at every step would give every step's backward a
 //! gradient of the whole sequence to add up). The input's own steps are
@@ -202,7 +203,8 @@ fn check_forward(
 }
 
 /// One LSTM step: the gate pre-activations `gx` (`[B, 4H]`, the input's
-/// projection with `b_ih`) plus `h W_hhᵀ + b_hh`, then PyTorch's cell.
+/// projection with `b_ih`) and `h W_hhᵀ + b_hh` into the fused
+/// [`Tensor::lstm_cell`] (PyTorch's cell).
 fn lstm_step(
     ctx: &ExecContext,
     gx: &Tensor,
@@ -211,21 +213,12 @@ fn lstm_step(
     w_hh: &Tensor,
     b_hh: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
-    let hid = h.shape()[1];
-    let g = gx.add(ctx, &h.linear(ctx, w_hh, b_hh)?)?;
-    let s = g.sigmoid(ctx)?;
-    let i = s.narrow(ctx, 1, 0, hid)?;
-    let f = s.narrow(ctx, 1, hid, hid)?;
-    let o = s.narrow(ctx, 1, 3 * hid, hid)?;
-    let gg = g.narrow(ctx, 1, 2 * hid, hid)?.tanh(ctx)?;
-    let c = f.mul(ctx, c)?.add(ctx, &i.mul(ctx, &gg)?)?;
-    let h = o.mul(ctx, &c.tanh(ctx)?)?;
-    Ok((h, c))
+    Ok(gx.lstm_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, c)?)
 }
 
-/// One GRU step (PyTorch's cell): `r, z = σ(gx + h W_hhᵀ + b_hh)` over the
-/// first two blocks, `n = tanh(gx_n + r * (h W_hh,nᵀ + b_hh,n))`, `h' = n +
-/// z * (h - n)` (that is `(1 - z) * n + z * h`).
+/// One GRU step: the gate pre-activations `gx` and `h W_hhᵀ + b_hh` into the
+/// fused [`Tensor::gru_cell`] (PyTorch's cell: `r, z = σ(·)`, `n = tanh(gx_n
+/// + r * (h W_hnᵀ + b_hn))`, `h' = n + z * (h - n)`).
 fn gru_step(
     ctx: &ExecContext,
     gx: &Tensor,
@@ -233,19 +226,7 @@ fn gru_step(
     w_hh: &Tensor,
     b_hh: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let hid = h.shape()[1];
-    let gh = h.linear(ctx, w_hh, b_hh)?;
-    let rz = gx
-        .narrow(ctx, 1, 0, 2 * hid)?
-        .add(ctx, &gh.narrow(ctx, 1, 0, 2 * hid)?)?
-        .sigmoid(ctx)?;
-    let r = rz.narrow(ctx, 1, 0, hid)?;
-    let z = rz.narrow(ctx, 1, hid, hid)?;
-    let n = gx
-        .narrow(ctx, 1, 2 * hid, hid)?
-        .add(ctx, &r.mul(ctx, &gh.narrow(ctx, 1, 2 * hid, hid)?)?)?
-        .tanh(ctx)?;
-    Ok(n.add(ctx, &z.mul(ctx, &h.sub(ctx, &n)?)?)?)
+    Ok(gx.gru_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, h)?)
 }
 
 /// The layer `l`, direction `d` slice of an initial state, or zeros.
@@ -661,5 +642,262 @@ recurrent_common!(Gru);
 impl Forward for Gru {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
         Ok(Gru::forward(self, ctx, x, None)?.0)
+    }
+}
+
+/// The parameters of a one-step cell in PyTorch's order (`weight_ih`,
+/// `weight_hh`, then with biases `bias_ih`, `bias_hh`), each `U(-k, k)` with
+/// `k = 1/sqrt(hidden)`, drawn from `sub_seed(seed, i)` for the `i`-th.
+#[derive(Debug, Clone)]
+struct CellParams {
+    weight_ih: Parameter,
+    weight_hh: Parameter,
+    bias: Option<(Parameter, Parameter)>,
+    input: usize,
+    hidden: usize,
+}
+
+impl CellParams {
+    #[allow(clippy::too_many_arguments)] // the layer's constructor arguments
+    fn new(
+        ctx: &ExecContext,
+        what: &'static str,
+        gates: usize,
+        input: usize,
+        hidden: usize,
+        bias: bool,
+        seed: u64,
+    ) -> Result<CellParams> {
+        check_size(what, "input_size", input)?;
+        check_size(what, "hidden_size", hidden)?;
+        let k = (1.0 / hidden as f64).sqrt() as f32;
+        let draw = |shape: &[usize], i: u64| -> Result<Parameter> {
+            Ok(Parameter::new(Tensor::uniform(
+                ctx,
+                shape,
+                -k,
+                k,
+                sub_seed(seed, i),
+            )?))
+        };
+        let rows = gates * hidden;
+        Ok(CellParams {
+            weight_ih: draw(&[rows, input], 0)?,
+            weight_hh: draw(&[rows, hidden], 1)?,
+            bias: if bias {
+                Some((draw(&[rows], 2)?, draw(&[rows], 3)?))
+            } else {
+                None
+            },
+            input,
+            hidden,
+        })
+    }
+
+    fn named(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![
+            ("weight_ih".to_string(), self.weight_ih.clone()),
+            ("weight_hh".to_string(), self.weight_hh.clone()),
+        ];
+        if let Some((bi, bh)) = &self.bias {
+            v.push(("bias_ih".to_string(), bi.clone()));
+            v.push(("bias_hh".to_string(), bh.clone()));
+        }
+        v
+    }
+
+    /// Checks `x` (`[B, input]`) and each present state (`[B, hidden]`);
+    /// returns `B`.
+    fn check(&self, layer: &str, x: &Tensor, states: &[Option<&Tensor>]) -> Result<usize> {
+        let s = x.shape();
+        if s.len() != 2 || s[1] != self.input {
+            return Err(Error::ShapeMismatch {
+                layer: layer.to_string(),
+                got: s.to_vec(),
+                reason: format!("the input must be [batch, {}]", self.input),
+            });
+        }
+        for st in states.iter().flatten() {
+            if st.shape() != [s[0], self.hidden] {
+                return Err(Error::ShapeMismatch {
+                    layer: layer.to_string(),
+                    got: st.shape().to_vec(),
+                    reason: format!(
+                        "a state must be [batch, hidden] = [{}, {}]",
+                        s[0], self.hidden
+                    ),
+                });
+            }
+        }
+        Ok(s[0])
+    }
+
+    /// The gate pre-activations `(x W_ihᵀ + b_ih, h W_hhᵀ + b_hh)`.
+    fn gates(&self, ctx: &ExecContext, x: &Tensor, h: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (bi, bh) = match &self.bias {
+            Some((bi, bh)) => (Some(bi.tensor()), Some(bh.tensor())),
+            None => (None, None),
+        };
+        let gi = x.linear(ctx, &self.weight_ih.tensor(), bi.as_ref())?;
+        let gh = h.linear(ctx, &self.weight_hh.tensor(), bh.as_ref())?;
+        Ok((gi, gh))
+    }
+}
+
+/// The accessors and the `Module` impl that [`LstmCell`] and [`GruCell`]
+/// share (both wrap a [`CellParams`]).
+macro_rules! cell_common {
+    ($t:ident) => {
+        impl $t {
+            /// The input features.
+            pub fn input_size(&self) -> usize {
+                self.p.input
+            }
+
+            /// The hidden state size (for the LSTM, also the cell state's).
+            pub fn hidden_size(&self) -> usize {
+                self.p.hidden
+            }
+        }
+
+        impl Module for $t {
+            fn named_parameters(&self) -> Vec<(String, Parameter)> {
+                self.p.named()
+            }
+        }
+    };
+}
+
+/// One LSTM step, PyTorch's `nn.LSTMCell(input_size, hidden_size, bias)`:
+/// the parameters `weight_ih` (`[4 * hidden, input]`), `weight_hh` (`[4 *
+/// hidden, hidden]`), `bias_ih` and `bias_hh` (`[4 * hidden]`), each
+/// `U(-1/sqrt(hidden), 1/sqrt(hidden))`; the gates `x W_ihᵀ + b_ih` and `h
+/// W_hhᵀ + b_hh` into the fused [`Tensor::lstm_cell`] (gates `i, f, g, o`).
+/// Not supported: unbatched 1-D input.
+///
+/// ```
+/// use fucina::nn::{LstmCell, Module};
+/// use fucina::{ExecContext, Tensor};
+///
+/// let ctx = ExecContext::new();
+/// let cell = LstmCell::new(&ctx, 3, 5, true, 1)?;
+/// let x = Tensor::zeros(&ctx, &[4, 3])?; // [batch, input]
+/// let (h, c) = cell.forward(&ctx, &x, None)?; // zero initial state
+/// let (h, c) = cell.forward(&ctx, &x, Some((&h, &c)))?;
+/// assert_eq!(h.shape(), [4, 5]);
+/// assert_eq!(c.shape(), [4, 5]);
+/// assert_eq!(cell.named_parameters().len(), 4);
+/// # Ok::<(), fucina::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct LstmCell {
+    p: CellParams,
+}
+
+impl LstmCell {
+    /// A cell from `input_size` features to `hidden_size`, with the biases
+    /// or not, its parameters drawn from `seed`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size; out of memory.
+    pub fn new(
+        ctx: &ExecContext,
+        input_size: usize,
+        hidden_size: usize,
+        bias: bool,
+        seed: u64,
+    ) -> Result<LstmCell> {
+        let p = CellParams::new(ctx, "LstmCell::new", 4, input_size, hidden_size, bias, seed)?;
+        Ok(LstmCell { p })
+    }
+
+    /// One step from `x` (`[B, input]`) and the state `(h, c)` (`[B, hidden]`
+    /// each; zeros when `None`): the next `(h', c')`.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] naming the layer for an input or a state of
+    /// the wrong shape; the ops' errors.
+    pub fn forward(
+        &self,
+        ctx: &ExecContext,
+        x: &Tensor,
+        state: Option<(&Tensor, &Tensor)>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, c) = state.unzip();
+        let b = self.p.check("LstmCell", x, &[h, c])?;
+        let (h, c) = match state {
+            Some((h, c)) => (h.clone(), c.clone()),
+            None => {
+                let z = Tensor::zeros(ctx, &[b, self.p.hidden])?;
+                (z.clone(), z)
+            }
+        };
+        let (gi, gh) = self.p.gates(ctx, x, &h)?;
+        Ok(gi.lstm_cell(ctx, &gh, &c)?)
+    }
+}
+
+cell_common!(LstmCell);
+
+/// One GRU step, PyTorch's `nn.GRUCell(input_size, hidden_size, bias)`: the
+/// parameters of [`LstmCell`] with `3 * hidden` rows (gates `r, z, n`), each
+/// `U(-1/sqrt(hidden), 1/sqrt(hidden))`; the gates into the fused
+/// [`Tensor::gru_cell`]. Not supported: unbatched 1-D input.
+///
+/// ```
+/// use fucina::nn::GruCell;
+/// use fucina::{ExecContext, Tensor};
+///
+/// let ctx = ExecContext::new();
+/// let cell = GruCell::new(&ctx, 3, 5, true, 1)?;
+/// let x = Tensor::zeros(&ctx, &[4, 3])?;
+/// let h = cell.forward(&ctx, &x, None)?;
+/// assert_eq!(cell.forward(&ctx, &x, Some(&h))?.shape(), [4, 5]);
+/// # Ok::<(), fucina::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GruCell {
+    p: CellParams,
+}
+
+impl GruCell {
+    /// A cell from `input_size` features to `hidden_size`, with the biases
+    /// or not, its parameters drawn from `seed`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero size; out of memory.
+    pub fn new(
+        ctx: &ExecContext,
+        input_size: usize,
+        hidden_size: usize,
+        bias: bool,
+        seed: u64,
+    ) -> Result<GruCell> {
+        let p = CellParams::new(ctx, "GruCell::new", 3, input_size, hidden_size, bias, seed)?;
+        Ok(GruCell { p })
+    }
+
+    /// One step from `x` (`[B, input]`) and the state `h` (`[B, hidden]`;
+    /// zeros when `None`): the next `h'`.
+    ///
+    /// # Errors
+    /// As [`LstmCell::forward`].
+    pub fn forward(&self, ctx: &ExecContext, x: &Tensor, h: Option<&Tensor>) -> Result<Tensor> {
+        let b = self.p.check("GruCell", x, &[h])?;
+        let h = match h {
+            Some(h) => h.clone(),
+            None => Tensor::zeros(ctx, &[b, self.p.hidden])?,
+        };
+        let (gi, gh) = self.p.gates(ctx, x, &h)?;
+        Ok(gi.gru_cell(ctx, &gh, &h)?)
+    }
+}
+
+cell_common!(GruCell);
+
+/// The new state alone, from a zero state.
+impl Forward for GruCell {
+    fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
+        GruCell::forward(self, ctx, x, None)
     }
 }
