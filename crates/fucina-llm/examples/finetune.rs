@@ -37,7 +37,9 @@
 //! same arguments give the same bits for any `--threads`. `--logits-ids 1,2,3
 //! --logits-out FILE.npy` also writes the logits of those ids with the trained
 //! adapters, which `scripts/peft_roundtrip.py` compares with what PEFT
-//! computes from the saved files.
+//! computes from the saved files. The same job data-parallel under `mpirun`,
+//! with the same bits for any rank count, is `fucina-dist`'s `finetune_dist`
+//! example (docs/FINETUNE.md, "Data-parallel under MPI").
 
 #[path = "common/npy.rs"]
 mod npy;
@@ -47,6 +49,7 @@ mod npy;
 #[path = "../../fucina/examples/common/train.rs"]
 mod train;
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -161,6 +164,58 @@ struct Args {
     logits_out: Option<PathBuf>,
 }
 
+/// Where a job stands after a step: what the progress display shows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Progress {
+    step: u64,
+    steps: u64,
+    loss: f32,
+    tokens_per_s: f64,
+    eta_s: f64,
+}
+
+impl Progress {
+    /// `step 3/10  loss 2.3456  812 tok/s  ETA 0:07` (a line per step when
+    /// stderr is not a terminal).
+    fn line(&self) -> String {
+        format!(
+            "step {}/{}  loss {:.4}  {:.0} tok/s  ETA {}",
+            self.step,
+            self.steps,
+            self.loss,
+            self.tokens_per_s,
+            clock(self.eta_s)
+        )
+    }
+
+    /// The line after a bar of `width` cells, filled in proportion to the
+    /// steps done: `[#########.....] step 3/10 ...`.
+    fn bar(&self, width: usize) -> String {
+        let filled = match self.steps {
+            0 => width,
+            n => ((self.step.min(n) as u128 * width as u128) / n as u128) as usize,
+        };
+        format!(
+            "[{}{}] {}",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.line()
+        )
+    }
+}
+
+/// `h:mm:ss` or `m:ss` of a duration in seconds (`?` when unknown).
+fn clock(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "?".to_string();
+    }
+    let s = s.round() as u64;
+    match s / 3600 {
+        0 => format!("{}:{:02}", s / 60, s % 60),
+        h => format!("{h}:{:02}:{:02}", s / 60 % 60, s % 60),
+    }
+}
+
 /// The ids of a comma-separated list.
 fn parse_ids(s: &str) -> Result<Vec<u32>, FinetuneError> {
     s.split(',')
@@ -245,6 +300,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     let mut tokens = 0usize;
     let mut losses = Vec::new();
     let first_epoch = (trainer.steps() / opts_steps_per_epoch.max(1)) as usize;
+    let first_step = trainer.steps();
+    let bar = std::io::stderr().is_terminal();
     trainer.fit(&ctx, &train, &eval, |trainer, e| {
         match e {
             Event::Step {
@@ -255,10 +312,25 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
                 tokens += t;
                 losses.push(loss);
                 println!("step {step} loss {loss}");
-                eprintln!(
-                    "  {step}/{steps}  {:.0} predicted tokens/s",
-                    tokens as f64 / start.elapsed().as_secs_f64()
-                );
+                let elapsed = start.elapsed().as_secs_f64();
+                let progress = Progress {
+                    step,
+                    steps,
+                    loss,
+                    tokens_per_s: tokens as f64 / elapsed,
+                    eta_s: elapsed / (step - first_step) as f64 * steps.saturating_sub(step) as f64,
+                };
+                match bar {
+                    // Redrawn in place; the stdout lines stay one per step.
+                    true => {
+                        eprint!("\r{}\x1b[K", progress.bar(30));
+                        if step == steps {
+                            eprintln!();
+                        }
+                        let _ = std::io::stderr().flush();
+                    }
+                    false => eprintln!("  {}", progress.line()),
+                }
                 if args.save_every > 0 && step % args.save_every == 0 {
                     trainer.save_checkpoint(&args.out, &base)?;
                 }
@@ -349,6 +421,33 @@ mod tests {
             "--threads",
             "2",
         ])
+    }
+
+    /// The progress display: the bar fills with the steps, the ETA reads as
+    /// a clock, an unknown one as `?`.
+    #[test]
+    fn progress_shows_steps_loss_speed_and_eta() {
+        let p = Progress {
+            step: 3,
+            steps: 10,
+            loss: 2.345_67,
+            tokens_per_s: 811.6,
+            eta_s: 7.4,
+        };
+        assert_eq!(p.line(), "step 3/10  loss 2.3457  812 tok/s  ETA 0:07");
+        assert_eq!(
+            p.bar(10),
+            "[###.......] step 3/10  loss 2.3457  812 tok/s  ETA 0:07"
+        );
+        let done = Progress {
+            step: 10,
+            eta_s: 0.0,
+            ..p
+        };
+        assert!(done.bar(4).starts_with("[####] step 10/10"));
+        assert_eq!(clock(3725.0), "1:02:05");
+        assert_eq!(clock(f64::NAN), "?");
+        assert_eq!(clock(f64::INFINITY), "?");
     }
 
     /// A short job on the fixture model writes PEFT's files.
