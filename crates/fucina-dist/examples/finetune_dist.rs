@@ -3,7 +3,7 @@
 //! process:
 //!
 //! ```text
-//! cargo build --release -p fucina-dist --example finetune_dist
+//! cargo build --release -p fucina-dist --features finetune --example finetune_dist
 //! mpirun -np 4 target/release/examples/finetune_dist --model DIR --data FILE.jsonl \
 //!     --grad-accum 4 --batch 2 --out adapters
 //! target/release/examples/finetune_dist --local --model DIR --data FILE.jsonl \
@@ -30,10 +30,11 @@
 //! fingerprint), and writes the adapters as PEFT does to `--out` when given.
 //! The flags are a subset of `finetune`'s with its defaults.
 //!
-//! The example lives in `fucina-dist` (with `fucina-llm` as a dev-dependency)
-//! rather than in `fucina-llm`: `fucina-llm` builds without MPI, and a
-//! feature turning MPI on there would be turned on by the workspace's
-//! `--all-features` builds, which must pass on machines without MPI.
+//! The example lives in `fucina-dist`, behind its `finetune` feature (an
+//! optional dependency on `fucina-llm`), rather than in `fucina-llm`:
+//! `fucina-llm` builds without MPI, and a feature turning MPI on there would
+//! be turned on by the workspace's `--all-features` builds, which must pass
+//! on machines without MPI.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -2,6 +2,8 @@
 //! the loss and adapter bits of the one-process run (the `finetune_dist`
 //! example on `fucina-llm`'s fixture model). Skipped, saying so, when
 //! `mpirun` is not on the PATH (a failure when `FUCINA_REQUIRE_MPI` is set).
+//! Built with the `finetune` feature (`cargo test -p fucina-dist --features
+//! finetune`; the workspace's `--all-features` runs include it).
 
 mod common;
 

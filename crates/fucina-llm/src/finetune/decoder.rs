@@ -504,24 +504,22 @@ impl TrainableDecoder {
         positions: Option<&[u32]>,
     ) -> Result<(Tensor, Tensor), FinetuneError> {
         let half = self.config.head_dim / 2;
-        let n = positions.map_or(t, <[u32]>::len);
-        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]);
+        let shape: &[usize] = match positions {
+            Some(_) => &[b, t, 1, half],
+            None => &[t, 1, half],
+        };
+        // Written in place into pooled tensors (no host vectors per step).
+        let (mut cos, mut sin) = (ctx.empty(shape)?, ctx.empty(shape)?);
         for (i, (c, s)) in cos
+            .data_mut()?
             .chunks_exact_mut(half)
-            .zip(sin.chunks_exact_mut(half))
+            .zip(sin.data_mut()?.chunks_exact_mut(half))
             .enumerate()
         {
             let p = positions.map_or(i, |p| p[i] as usize);
             crate::model::rope_angles(p, &self.inv_freq, c, s);
         }
-        let shape: &[usize] = match positions {
-            Some(_) => &[b, t, 1, half],
-            None => &[t, 1, half],
-        };
-        Ok((
-            Tensor::from_slice(ctx, shape, &cos)?,
-            Tensor::from_slice(ctx, shape, &sin)?,
-        ))
+        Ok((Tensor::constant(cos), Tensor::constant(sin)))
     }
 
     /// The additive attention mask: `0` where query `i` sees key `j` (`j <=
@@ -536,7 +534,14 @@ impl TrainableDecoder {
         segments: Option<&[u32]>,
     ) -> Result<Tensor, FinetuneError> {
         let rows = if segments.is_some() { b } else { 1 };
-        let mut m = vec![f32::NEG_INFINITY; rows * t * t];
+        let shape: &[usize] = match segments {
+            Some(_) => &[b, 1, 1, t, t],
+            None => &[t, t],
+        };
+        // Written in place into a pooled tensor (no host vector per step).
+        let mut out = ctx.empty(shape)?;
+        let m = out.data_mut()?;
+        m.fill(f32::NEG_INFINITY);
         for r in 0..rows {
             for i in 0..t {
                 for j in 0..=i {
@@ -547,11 +552,7 @@ impl TrainableDecoder {
                 }
             }
         }
-        let shape: &[usize] = match segments {
-            Some(_) => &[b, 1, 1, t, t],
-            None => &[t, t],
-        };
-        Ok(Tensor::from_slice(ctx, shape, &m)?)
+        Ok(Tensor::constant(out))
     }
 
     /// The final hidden states (after the final norm) of a batch of `b` rows
@@ -638,15 +639,19 @@ impl TrainableDecoder {
         }
         let (positions, segments) = (packing.map(|p| p.0), packing.map(|p| p.1));
         let (cos, sin) = self.rope_tables(ctx, b, t, positions)?;
-        let masks: Vec<(Option<usize>, Tensor)> = {
-            let mut v: Vec<(Option<usize>, Tensor)> = Vec::new();
-            for l in &self.layers {
-                if !v.iter().any(|(w, _)| *w == l.window) {
-                    v.push((l.window, Self::mask(ctx, b, t, l.window, segments)?));
-                }
+        // One mask per window the layers use: at most two (none, and the
+        // config's sliding window), so a fixed array (no vector per step).
+        let mut masks: [Option<(Option<usize>, Tensor)>; 2] = [None, None];
+        for l in &self.layers {
+            if masks.iter().flatten().any(|(w, _)| *w == l.window) {
+                continue;
             }
-            v
-        };
+            let slot = masks
+                .iter_mut()
+                .find(|m| m.is_none())
+                .expect("at most two windows: none and the config's");
+            *slot = Some((l.window, Self::mask(ctx, b, t, l.window, segments)?));
+        }
         let mut x = self.embed.rows(ctx, ids)?;
         for (li, l) in self.layers.iter().enumerate() {
             let args = LayerArgs {
@@ -659,6 +664,7 @@ impl TrainableDecoder {
                 sin: sin.clone(),
                 mask: masks
                     .iter()
+                    .flatten()
                     .find(|(w, _)| *w == l.window)
                     .expect("made")
                     .1

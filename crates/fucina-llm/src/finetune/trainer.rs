@@ -265,7 +265,6 @@ impl Trainer {
         }
         let count = self.opts.grad_accum.max(batches.len());
         let step_seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
-        let params = self.model.parameters();
         let mut run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
             let model = &me.model;
             let mut micro = |ctx: &ExecContext, k: usize| -> Result<f32, FinetuneError> {
@@ -287,7 +286,9 @@ impl Trainer {
                 loss.backward_with(ctx, None, RELEASE_AS_IT_GOES)?;
                 Ok(value)
             };
-            let value = acc.accumulate(ctx, &params, count, &mut micro)?;
+            // The optimizer's handles: the model's adapters, listed without
+            // building their names.
+            let value = acc.accumulate(ctx, me.opt.parameters(), count, &mut micro)?;
             if let Some(max) = me.opts.max_grad_norm {
                 clip_grad_norm(ctx, me.opt.parameters(), max)?;
             }
