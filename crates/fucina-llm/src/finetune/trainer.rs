@@ -484,8 +484,16 @@ impl Trainer {
     /// restores it.
     ///
     /// # Errors
-    /// I/O and checkpoint errors.
+    /// I/O and checkpoint errors; [`FinetuneError::Invalid`] for a full
+    /// fine-tune (no adapters: see [`TrainableDecoder::trained_store`]).
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>, base: &str) -> Result<(), FinetuneError> {
+        if self.model.is_full() {
+            return Err(invalid(
+                "Trainer::save_checkpoint",
+                "a full fine-tune has no adapters to checkpoint: write the model with \
+                 TrainableDecoder::trained_store and peft::write_model_dir",
+            ));
+        }
         let dir = dir.as_ref();
         super::peft::save_adapter(&self.model, dir, base)?;
         let step = self.step.to_string();
