@@ -10,30 +10,12 @@ mod common;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{example, have_mpirun, mpirun, run, temp_dir};
+use common::{example, have_mpirun, lines_starting, mpirun, run, temp_dir};
 
 /// The `step`, `eval loss` and `adapter` lines of a run (it must succeed and
 /// end with an `adapter` line).
 fn job_lines(out: &Output, what: &str) -> Vec<String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<String> = stdout
-        .lines()
-        .filter(|l| {
-            l.starts_with("step ") || l.starts_with("eval loss ") || l.starts_with("adapter ")
-        })
-        .map(str::to_string)
-        .collect();
-    assert!(
-        lines.last().is_some_and(|l| l.starts_with("adapter ")),
-        "{what}: no adapter line in\n{stdout}"
-    );
-    lines
+    lines_starting(out, what, &["step ", "eval loss ", "adapter "], "adapter ")
 }
 
 #[test]

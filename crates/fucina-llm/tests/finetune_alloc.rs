@@ -4,61 +4,26 @@
 //! bounded, constant from step to step, and all in the recomputed blocks (see
 //! [`PER_MICROBATCH`]).
 //!
-//! Only the allocations of the thread that runs the step are counted (the
-//! context has one thread): the test harness's own threads may allocate at any
-//! moment and must not make the count flaky.
+//! The counting allocator is the workspace's shared one (process-wide: the
+//! test runs alone in a process of its own, `counting::in_own_process`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fucina_llm::finetune::data::Batch;
 use fucina_llm::finetune::{Example, LoraConfig, Target, TrainOptions, TrainableDecoder, Trainer};
 use fucina_llm::fucina::ExecContext;
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Whether this thread's allocations are counted (const-initialized:
-    /// reading it never allocates).
-    static COUNTED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count() {
-    if COUNTED.with(Cell::get) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every method forwards to the system allocator with the caller's
-// arguments unchanged; the counter has no effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc`/`realloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "../../fucina-thread/tests/support/counting.rs"]
+mod counting;
+use counting::{Counting, allocations, check_the_counter, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+#[test]
+fn the_counter_counts() {
+    in_own_process("the_counter_counts", check_the_counter);
+}
 
 /// Allocations of each of `steps` steps of `step` after `warm` uncounted ones.
 fn per_step(warm: usize, steps: usize, mut step: impl FnMut()) -> Vec<usize> {
@@ -67,11 +32,9 @@ fn per_step(warm: usize, steps: usize, mut step: impl FnMut()) -> Vec<usize> {
     }
     (0..steps)
         .map(|_| {
-            let before = ALLOCS.load(Ordering::Relaxed);
-            COUNTED.with(|c| c.set(true));
+            let before = allocations();
             step();
-            COUNTED.with(|c| c.set(false));
-            ALLOCS.load(Ordering::Relaxed) - before
+            allocations() - before
         })
         .collect()
 }
@@ -123,6 +86,13 @@ const PER_MICROBATCH: usize = 50;
 
 #[test]
 fn steady_state_lora_steps_allocate_only_in_the_recomputed_blocks() {
+    in_own_process(
+        "steady_state_lora_steps_allocate_only_in_the_recomputed_blocks",
+        lora_steps,
+    );
+}
+
+fn lora_steps() {
     let ctx = ExecContext::with_threads(1);
     let mut t = trainer(&ctx, 1);
     let b = batch(0);
