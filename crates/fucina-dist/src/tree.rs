@@ -15,9 +15,11 @@
 //! it is the plain balanced tree: `((p0 + p1) + (p2 + p3)) + ...`.)
 //!
 //! The tree is run *in place* over `M` slots (one partial each): a node over
-//! `lo .. hi` leaves its value in slot `lo`. [`tree_ops`] lists the additions
+//! `lo .. hi` leaves its value in slot `lo`. `tree_ops` lists the additions
 //! `slot[dst] += slot[src]` in the order that does that (post-order), so a
-//! caller runs them over whatever layout its slots have.
+//! caller runs them over whatever layout its slots have. The tree's code is
+//! `fucina::optim`'s (`tree_sum_ops`, `run_tree_sum`), which `fucina-llm`'s
+//! fine-tuning follows too.
 
 #[cfg(test)]
 use std::ops::Range;
@@ -25,32 +27,13 @@ use std::ops::Range;
 #[cfg(test)]
 use crate::reduce::shard_range;
 
-/// The first microbatch of node `q` at depth `d` of the tree over `total`:
-/// `floor(total·q / 2^d)`.
-fn bound(total: usize, depth: u32, q: usize) -> usize {
-    ((total as u128 * q as u128) >> depth) as usize
-}
-
-/// The additions `slot[dst] += slot[src]` that sum the subtree of node `index`
-/// at depth `depth` of the tree over `total` microbatches, leaving the sum in
-/// the node's first slot, appended to `out` as `(dst − base, src − base)`
-/// pairs (post-order: both children before their parent). `tree_ops(M, 0, 0,
-/// 0, ..)` is the whole tree.
-pub(crate) fn tree_ops(
-    total: usize,
-    depth: u32,
-    index: usize,
-    base: usize,
-    out: &mut Vec<(usize, usize)>,
-) {
-    let (lo, hi) = (bound(total, depth, index), bound(total, depth, index + 1));
-    if hi - lo < 2 {
-        return;
-    }
-    tree_ops(total, depth + 1, 2 * index, base, out);
-    tree_ops(total, depth + 1, 2 * index + 1, base, out);
-    out.push((lo - base, bound(total, depth + 1, 2 * index + 1) - base));
-}
+// The tree itself lives in the facade (`fucina::optim`), where `fucina-llm`'s
+// fine-tuning accumulates its microbatches in the same order.
+#[cfg(test)]
+use fucina::optim::tree_node_start as bound;
+pub(crate) use fucina::optim::{
+    run_tree_sum as run_ops, tree_mean_from_sum as divide_into, tree_sum_ops as tree_ops,
+};
 
 /// Whether `ranks` ranks can reduce a step of `microbatches` microbatches with
 /// [`Reduction::Tree`](crate::Reduction::Tree): every rank's microbatches
@@ -69,42 +52,6 @@ pub(crate) fn tree_ops(
 /// ```
 pub fn tree_allows(microbatches: usize, ranks: usize) -> bool {
     ranks.is_power_of_two() && ranks <= microbatches
-}
-
-/// The in-place fixed-tree sum over `slots` slots of `len` floats each, slot
-/// `i` at `buf[at(i) .. at(i) + len]`, following `ops` (from [`tree_ops`]; the
-/// slot indices are those `at` takes). The slots must not overlap.
-pub(crate) fn run_ops(
-    buf: &mut [f32],
-    len: usize,
-    ops: &[(usize, usize)],
-    at: impl Fn(usize) -> usize,
-) {
-    for &(dst, src) in ops {
-        let (d, s) = (at(dst), at(src));
-        if d < s {
-            let (head, tail) = buf.split_at_mut(s);
-            add_into(&mut head[d..d + len], &tail[..len]);
-        } else {
-            let (head, tail) = buf.split_at_mut(d);
-            add_into(&mut tail[..len], &head[s..s + len]);
-        }
-    }
-}
-
-/// `dst[j] += src[j]`.
-fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += s;
-    }
-}
-
-/// `out[j] = sum[j] / count`: the step's mean from the tree's sum.
-pub(crate) fn divide_into(out: &mut [f32], sum: &[f32], count: usize) {
-    let n = count as f32;
-    for (o, &s) in out.iter_mut().zip(sum) {
-        *o = s / n;
-    }
 }
 
 /// The fixed-tree mean of `count` partials of `w` floats stored one after the

@@ -30,6 +30,11 @@
 //! `--grad-checkpoint` recomputes each layer in the backward instead of
 //! keeping its activations.
 //! `--loss-svg PATH` draws the loss of every step as an SVG chart.
+//! `--full` trains every weight of an f32 model instead of adapters and
+//! writes the trained model to `--out` as a Hugging Face directory (the LoRA
+//! flags, `--merge-lora`, `--resume` and `--save-every` are refused with it).
+//! Progress goes to stderr: a bar (step, loss, tokens/s, ETA) when stderr is
+//! a terminal, a line per step otherwise.
 //! `--merge-lora DIR` also writes the model with the adapters merged into its
 //! matrices (f32) as a Hugging Face directory, which transformers and
 //! `generate --model DIR` load (`generate --lora` applies the adapters
@@ -37,7 +42,9 @@
 //! same arguments give the same bits for any `--threads`. `--logits-ids 1,2,3
 //! --logits-out FILE.npy` also writes the logits of those ids with the trained
 //! adapters, which `scripts/peft_roundtrip.py` compares with what PEFT
-//! computes from the saved files.
+//! computes from the saved files. The same job data-parallel under `mpirun`,
+//! with the same bits for any rank count, is `fucina-dist`'s `finetune_dist`
+//! example (docs/FINETUNE.md, "Data-parallel under MPI").
 
 #[path = "common/npy.rs"]
 mod npy;
@@ -47,6 +54,7 @@ mod npy;
 #[path = "../../fucina/examples/common/train.rs"]
 mod train;
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -70,6 +78,12 @@ struct Args {
     /// JSONL training data.
     #[arg(long)]
     data: PathBuf,
+    /// Full fine-tuning: every weight of an f32 model trained, no adapters;
+    /// `--out` receives the trained model as a Hugging Face directory.
+    #[arg(long, conflicts_with_all = [
+        "lora_r", "lora_alpha", "lora_dropout", "target", "merge_lora", "resume", "save_every",
+    ])]
+    full: bool,
     /// Adapter rank.
     #[arg(long, default_value_t = 8)]
     lora_r: usize,
@@ -161,6 +175,58 @@ struct Args {
     logits_out: Option<PathBuf>,
 }
 
+/// Where a job stands after a step: what the progress display shows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Progress {
+    step: u64,
+    steps: u64,
+    loss: f32,
+    tokens_per_s: f64,
+    eta_s: f64,
+}
+
+impl Progress {
+    /// `step 3/10  loss 2.3456  812 tok/s  ETA 0:07` (a line per step when
+    /// stderr is not a terminal).
+    fn line(&self) -> String {
+        format!(
+            "step {}/{}  loss {:.4}  {:.0} tok/s  ETA {}",
+            self.step,
+            self.steps,
+            self.loss,
+            self.tokens_per_s,
+            clock(self.eta_s)
+        )
+    }
+
+    /// The line after a bar of `width` cells, filled in proportion to the
+    /// steps done: `[#########.....] step 3/10 ...`.
+    fn bar(&self, width: usize) -> String {
+        let filled = match self.steps {
+            0 => width,
+            n => ((self.step.min(n) as u128 * width as u128) / n as u128) as usize,
+        };
+        format!(
+            "[{}{}] {}",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.line()
+        )
+    }
+}
+
+/// `h:mm:ss` or `m:ss` of a duration in seconds (`?` when unknown).
+fn clock(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "?".to_string();
+    }
+    let s = s.round() as u64;
+    match s / 3600 {
+        0 => format!("{}:{:02}", s / 60, s % 60),
+        h => format!("{h}:{:02}:{:02}", s / 60 % 60, s % 60),
+    }
+}
+
 /// The ids of a comma-separated list.
 fn parse_ids(s: &str) -> Result<Vec<u32>, FinetuneError> {
     s.split(',')
@@ -196,7 +262,10 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
             reason: format!("--seq-len {} leaves nothing to predict", args.seq_len),
         });
     }
-    let mut model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
+    let mut model = match args.full {
+        true => TrainableDecoder::load_full(&ctx, &args.model)?,
+        false => TrainableDecoder::load(&ctx, &args.model, &lora)?,
+    };
     model.set_checkpointing(args.grad_checkpoint);
     let tok = Tokenizer::from_file(args.model.join("tokenizer.json"))?;
     let eos = model.config().eos_token_ids.first().copied();
@@ -229,7 +298,7 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     let steps = opts.total_steps_for(&train);
     let opts_steps_per_epoch = opts.steps_per_epoch(opts.rows(&train).len());
     eprintln!(
-        "{} training and {} held-out examples, {steps} steps, {} adapter values on {} threads",
+        "{} training and {} held-out examples, {steps} steps, {} trained values on {} threads",
         train.len(),
         eval.len(),
         model.parameters().iter().map(|p| p.numel()).sum::<usize>(),
@@ -245,6 +314,8 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     let mut tokens = 0usize;
     let mut losses = Vec::new();
     let first_epoch = (trainer.steps() / opts_steps_per_epoch.max(1)) as usize;
+    let first_step = trainer.steps();
+    let bar = std::io::stderr().is_terminal();
     trainer.fit(&ctx, &train, &eval, |trainer, e| {
         match e {
             Event::Step {
@@ -255,10 +326,25 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
                 tokens += t;
                 losses.push(loss);
                 println!("step {step} loss {loss}");
-                eprintln!(
-                    "  {step}/{steps}  {:.0} predicted tokens/s",
-                    tokens as f64 / start.elapsed().as_secs_f64()
-                );
+                let elapsed = start.elapsed().as_secs_f64();
+                let progress = Progress {
+                    step,
+                    steps,
+                    loss,
+                    tokens_per_s: tokens as f64 / elapsed,
+                    eta_s: elapsed / (step - first_step) as f64 * steps.saturating_sub(step) as f64,
+                };
+                match bar {
+                    // Redrawn in place; the stdout lines stay one per step.
+                    true => {
+                        eprint!("\r{}\x1b[K", progress.bar(30));
+                        if step == steps {
+                            eprintln!();
+                        }
+                        let _ = std::io::stderr().flush();
+                    }
+                    false => eprintln!("  {}", progress.line()),
+                }
                 if args.save_every > 0 && step % args.save_every == 0 {
                     trainer.save_checkpoint(&args.out, &base)?;
                 }
@@ -271,8 +357,15 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         }
         Ok(())
     })?;
-    trainer.save_checkpoint(&args.out, &base)?;
-    eprintln!("adapters written to {}", args.out.display());
+    if trainer.model().is_full() {
+        let store = fucina_llm::WeightStore::open(&args.model)?;
+        let trained = trainer.model().trained_store(&store)?;
+        peft::write_model_dir(&ctx, &trained, &args.model, &args.out)?;
+        eprintln!("trained model written to {}", args.out.display());
+    } else {
+        trainer.save_checkpoint(&args.out, &base)?;
+        eprintln!("adapters written to {}", args.out.display());
+    }
     if let Some(path) = &args.loss_svg {
         let svg = train::loss_svg(
             "finetune: training loss per step",
@@ -349,6 +442,119 @@ mod tests {
             "--threads",
             "2",
         ])
+    }
+
+    /// The progress display: the bar fills with the steps, the ETA reads as
+    /// a clock, an unknown one as `?`.
+    #[test]
+    fn progress_shows_steps_loss_speed_and_eta() {
+        let p = Progress {
+            step: 3,
+            steps: 10,
+            loss: 2.345_67,
+            tokens_per_s: 811.6,
+            eta_s: 7.4,
+        };
+        assert_eq!(p.line(), "step 3/10  loss 2.3457  812 tok/s  ETA 0:07");
+        assert_eq!(
+            p.bar(10),
+            "[###.......] step 3/10  loss 2.3457  812 tok/s  ETA 0:07"
+        );
+        let done = Progress {
+            step: 10,
+            eta_s: 0.0,
+            ..p
+        };
+        assert!(done.bar(4).starts_with("[####] step 10/10"));
+        assert_eq!(clock(3725.0), "1:02:05");
+        assert_eq!(clock(f64::NAN), "?");
+        assert_eq!(clock(f64::INFINITY), "?");
+    }
+
+    /// `--full` refuses the LoRA flags (and the adapter-only ones) by name.
+    #[test]
+    fn full_fine_tuning_refuses_lora_flags() {
+        let base = [
+            "finetune", "--model", "m", "--data", "d", "--out", "o", "--full",
+        ];
+        assert!(Args::try_parse_from(base).unwrap().full);
+        for extra in [
+            &["--lora-r", "4"][..],
+            &["--lora-alpha", "8"],
+            &["--lora-dropout", "0.1"],
+            &["--target", "all"],
+            &["--merge-lora", "x"],
+            &["--resume", "x"],
+            &["--save-every", "2"],
+        ] {
+            let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let e = Args::try_parse_from(&argv).unwrap_err().to_string();
+            assert!(
+                e.contains("cannot be used with") && e.contains(extra[0]),
+                "{extra:?}: {e}"
+            );
+        }
+    }
+
+    /// A short full fine-tune of the f32 fixture changes every kind of
+    /// weight and writes a model directory that loads back with the trained
+    /// values; a bf16 model is refused by name.
+    #[test]
+    fn a_full_fine_tune_writes_a_model_directory() {
+        let tmp = std::env::temp_dir().join(format!("fucina-finetune-full-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let data = tmp.join("data.jsonl");
+        let lines: String = (0..4)
+            .map(|i| {
+                format!(
+                    "{{\"prompt\": \"Q{i}: next?\", \"completion\": \" {}\"}}\n",
+                    i + 1
+                )
+            })
+            .collect();
+        std::fs::write(&data, lines).unwrap();
+        let out = tmp.join("model");
+        let a = Args::parse_from([
+            "finetune",
+            "--model",
+            fixture().to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--full",
+            "--seq-len",
+            "24",
+            "--batch",
+            "2",
+            "--lr",
+            "1e-2",
+            "--eval-fraction",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+            "--threads",
+            "1",
+        ]);
+        run(&a).unwrap();
+        let before = fucina_llm::WeightStore::open(fixture()).unwrap();
+        let after = fucina_llm::WeightStore::open(&out).unwrap();
+        for name in [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.1.mlp.down_proj.weight",
+            "model.layers.0.input_layernorm.weight",
+            "model.norm.weight",
+        ] {
+            let (b, t) = (before.get(name).unwrap(), after.get(name).unwrap());
+            assert_eq!(b.shape(), t.shape(), "{name}");
+            assert_ne!(b.to_f32_vec(), t.to_f32_vec(), "{name} did not train");
+        }
+        let bf16 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_bf16");
+        let ctx = ExecContext::with_threads(1);
+        let e = TrainableDecoder::load_full(&ctx, &bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f32 models only"), "{e}");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     /// A short job on the fixture model writes PEFT's files.

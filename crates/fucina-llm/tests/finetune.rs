@@ -893,3 +893,58 @@ fn loss_and_grads(
         .collect();
     (value, grads)
 }
+
+/// Full fine-tuning: every weight is a parameter, its logits before training
+/// are the LoRA decoder's with untouched adapters, a few steps lower the
+/// batch's loss, and gradient checkpointing gives the same bits (the
+/// recomputed layers hand their weights' gradients back through the inner
+/// backward).
+#[test]
+fn full_fine_tuning_trains_every_weight_with_or_without_checkpointing() {
+    let ctx = ExecContext::with_threads(2);
+    let dir = fixture("llama_f32");
+    let ex = examples(&prompt("llama_f32"));
+    let batch = Batch::new(&ex[..3].iter().collect::<Vec<_>>(), 0).unwrap();
+    let lora = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+    let full = TrainableDecoder::load_full(&ctx, &dir).unwrap();
+    assert!(full.is_full() && !lora.is_full());
+    let names: Vec<String> = full
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains(&"model.embed_tokens.weight".to_string()));
+    assert!(names.contains(&"model.layers.1.post_attention_layernorm.weight".to_string()));
+    assert!(names.contains(&"lm_head.weight".to_string()));
+    let ids = &batch.ids[..batch.t];
+    let (a, b) = (
+        lora.logits(&ctx, ids, 1, batch.t).unwrap().to_vec(),
+        full.logits(&ctx, ids, 1, batch.t).unwrap().to_vec(),
+    );
+    assert_eq!(a, b, "B = 0 adapters leave the base's logits");
+    let run = |checkpointing: bool| {
+        let mut model = TrainableDecoder::load_full(&ctx, &dir).unwrap();
+        model.set_checkpointing(checkpointing);
+        let opts = TrainOptions {
+            lr: 1e-3,
+            ..TrainOptions::default()
+        };
+        let mut t = Trainer::new(model, opts, 4).unwrap();
+        let losses: Vec<u32> = (0..4)
+            .map(|_| t.step(&ctx, &batch).unwrap().to_bits())
+            .collect();
+        let bits: Vec<Vec<u32>> = t
+            .model()
+            .parameters()
+            .iter()
+            .map(|p| p.to_vec().iter().map(|x| x.to_bits()).collect())
+            .collect();
+        (losses, bits)
+    };
+    let (losses, bits) = run(false);
+    assert!(
+        f32::from_bits(losses[3]) < f32::from_bits(losses[0]),
+        "{losses:?}"
+    );
+    assert_eq!(run(true), (losses, bits));
+}

@@ -126,6 +126,17 @@ pub(crate) fn mpirun(np: usize, exe: &Path, args: &[&str]) -> Output {
 /// The `epoch ...` and `params ...` lines of a training run (it must succeed
 /// and end with a `params` line).
 pub(crate) fn result_lines(out: &Output, what: &str) -> Vec<String> {
+    lines_starting(out, what, &["epoch ", "params "], "params ")
+}
+
+/// The stdout lines of a run that start with one of `prefixes` (it must
+/// succeed, and its last such line start with `last`).
+pub(crate) fn lines_starting(
+    out: &Output,
+    what: &str,
+    prefixes: &[&str],
+    last: &str,
+) -> Vec<String> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -135,12 +146,12 @@ pub(crate) fn result_lines(out: &Output, what: &str) -> Vec<String> {
     );
     let lines: Vec<String> = stdout
         .lines()
-        .filter(|l| l.starts_with("epoch ") || l.starts_with("params "))
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
         .map(str::to_string)
         .collect();
     assert!(
-        lines.last().is_some_and(|l| l.starts_with("params ")),
-        "{what}: no params line in\n{stdout}"
+        lines.last().is_some_and(|l| l.starts_with(last)),
+        "{what}: no {last:?} line in\n{stdout}"
     );
     lines
 }

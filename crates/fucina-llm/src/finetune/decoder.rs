@@ -32,6 +32,14 @@
 //! [`WeightStore::convert`]) has no transpose: its backward widens it into a
 //! pooled f32 matrix for the one product (one projection at a time).
 //!
+//! # Full fine-tuning
+//!
+//! [`TrainableDecoder::load_full`] makes every weight of an f32 model a
+//! trained parameter instead (a matrix multiplied by the runtime's `linear`,
+//! the embedding rows gathered by `index_select`, the norms and biases read
+//! through their parameter handles), with no adapter; any other format is
+//! refused by name.
+//!
 //! # Differences from the inference decoder
 //!
 //! The same weights, RoPE tables and scale; the sums run in the runtime's
@@ -58,6 +66,26 @@ enum Frozen {
     /// same format for the backward (`None` for a block-quantized matrix,
     /// whose backward widens it).
     File(Weight, Option<Weight>),
+    /// An f32 matrix trained itself (full fine-tuning).
+    Trained(Parameter),
+}
+
+/// A vector of the model (a norm's weight, a bias): frozen, or trained
+/// (full fine-tuning). A trained one is read through its parameter handle
+/// at every forward (the optimizer's updates are copy-on-write).
+#[derive(Clone, Debug)]
+enum Vector {
+    Frozen(Tensor),
+    Trained(Parameter),
+}
+
+impl Vector {
+    fn get(&self) -> Tensor {
+        match self {
+            Vector::Frozen(t) => t.clone(),
+            Vector::Trained(p) => p.tensor(),
+        }
+    }
 }
 
 /// `w` (`[rows, cols]` of a 2- or 4-byte float format) transposed, in the same
@@ -94,12 +122,18 @@ impl Frozen {
         }
     }
 
+    /// The trained form of the f32 matrix `name` (full fine-tuning).
+    fn trained(ctx: &ExecContext, name: &str, w: &Weight) -> Result<Frozen, FinetuneError> {
+        let t = Tensor::from_slice(ctx, w.shape(), &f32_values(name, w)?)?;
+        Ok(Frozen::Trained(Parameter::new(t)))
+    }
+
     fn shape(&self) -> [usize; 2] {
-        let s = match self {
-            Frozen::Dense(t) => t.shape(),
-            Frozen::File(w, _) => w.shape(),
-        };
-        [s[0], s[1]]
+        match self {
+            Frozen::Dense(t) => [t.shape()[0], t.shape()[1]],
+            Frozen::File(w, _) => [w.shape()[0], w.shape()[1]],
+            Frozen::Trained(p) => [p.shape()[0], p.shape()[1]],
+        }
     }
 
     /// `x · Wᵀ` for `x` `[n, in]`, differentiable in `x` only.
@@ -107,6 +141,7 @@ impl Frozen {
         match self {
             Frozen::Dense(w) => Ok(x.linear(ctx, &Tensor::constant(w.clone()), None)?),
             Frozen::File(w, wt) => frozen_file_linear(ctx, w, wt.as_ref(), x),
+            Frozen::Trained(p) => Ok(x.linear(ctx, &p.tensor(), None)?),
         }
     }
 
@@ -118,6 +153,11 @@ impl Frozen {
                 "TrainableDecoder",
                 format!("token id {bad} is past the vocabulary ({rows} ids)"),
             ));
+        }
+        if let Frozen::Trained(p) = self {
+            let idx: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+            let idx = ctx.from_slice_typed::<i64>(&[ids.len()], &idx)?;
+            return Ok(p.tensor().index_select(ctx, 0, &idx)?);
         }
         let mut out = ctx.empty(&[ids.len(), cols])?;
         let data = out.data_mut()?;
@@ -133,6 +173,7 @@ impl Frozen {
                     w.row_to_f32(i as usize, o)?;
                 }
             }
+            Frozen::Trained(_) => unreachable!("returned above"),
         }
         Ok(Tensor::constant(out))
     }
@@ -199,11 +240,11 @@ fn external(e: crate::error::LlmError) -> fucina::AutogradError {
     fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
 }
 
-/// A projection: the frozen base, its frozen bias, and an adapter.
+/// A projection: the base, its bias, and an adapter.
 #[derive(Clone, Debug)]
 struct Proj {
     base: Frozen,
-    bias: Option<Tensor>,
+    bias: Option<Vector>,
     lora: Option<LoraAdapter>,
 }
 
@@ -216,7 +257,7 @@ impl Proj {
     ) -> Result<Tensor, FinetuneError> {
         let mut y = self.base.forward(ctx, x)?;
         if let Some(b) = &self.bias {
-            y = y.add(ctx, b)?;
+            y = y.add(ctx, &b.get())?;
         }
         if let Some(l) = &self.lora {
             y = y.add(ctx, &l.forward(ctx, x, dropout_seed)?)?;
@@ -225,13 +266,40 @@ impl Proj {
     }
 }
 
+impl Layer {
+    /// The layer's trained tensors: its adapters' matrices, and under full
+    /// fine-tuning its weights, biases and norms.
+    fn trained(&self) -> Vec<Tensor> {
+        let mut out = Vec::new();
+        let vectors = [&self.input_norm, &self.post_norm]
+            .into_iter()
+            .chain(self.q_norm.as_ref())
+            .chain(self.k_norm.as_ref())
+            .chain(self.projs.iter().filter_map(|p| p.bias.as_ref()));
+        for v in vectors {
+            if let Vector::Trained(p) = v {
+                out.push(p.tensor());
+            }
+        }
+        for p in &self.projs {
+            if let Frozen::Trained(w) = &p.base {
+                out.push(w.tensor());
+            }
+            if let Some(a) = &p.lora {
+                out.extend([a.a.tensor(), a.b.tensor()]);
+            }
+        }
+        out
+    }
+}
+
 /// One decoder layer.
 #[derive(Clone, Debug)]
 struct Layer {
-    input_norm: Tensor,
-    post_norm: Tensor,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+    input_norm: Vector,
+    post_norm: Vector,
+    q_norm: Option<Vector>,
+    k_norm: Option<Vector>,
     window: Option<usize>,
     /// q, k, v, o, gate, up, down (the order of [`Target::ALL`]).
     projs: [Proj; 7],
@@ -245,7 +313,10 @@ pub struct TrainableDecoder {
     lora: LoraConfig,
     embed: Frozen,
     layers: Vec<Layer>,
-    final_norm: Tensor,
+    final_norm: Vector,
+    /// Full fine-tuning: every weight, by its Hugging Face name, in the
+    /// order of the file's names (empty with adapters).
+    full: Vec<(String, Parameter)>,
     /// `None` when tied to the embeddings.
     lm_head: Option<Frozen>,
     inv_freq: Vec<f32>,
@@ -288,15 +359,38 @@ fn check_supported(c: &ModelConfig) -> Result<(), FinetuneError> {
     }
 }
 
-/// The frozen f32 vector `name` of length `len`.
+/// The f32 vector `name` of length `len`, trained or frozen.
 fn vector(
     ctx: &ExecContext,
     store: &WeightStore,
     name: &str,
     len: usize,
-) -> Result<Tensor, FinetuneError> {
+    train: bool,
+) -> Result<Vector, FinetuneError> {
     let w = matrix_or_vector(store, name, &[len])?;
-    Ok(Tensor::from_slice(ctx, &[len], &w.to_f32_vec())?)
+    Ok(match train {
+        true => Vector::Trained(Parameter::new(Tensor::from_slice(
+            ctx,
+            &[len],
+            &f32_values(name, w)?,
+        )?)),
+        false => Vector::Frozen(Tensor::from_slice(ctx, &[len], &w.to_f32_vec())?),
+    })
+}
+
+/// The values of the f32 tensor `name`; full fine-tuning refuses any other
+/// format by name.
+fn f32_values(name: &str, w: &Weight) -> Result<Vec<f32>, FinetuneError> {
+    if w.quant_format().is_some() || w.format() != WeightFormat::F32 {
+        return Err(invalid(
+            "TrainableDecoder::load_full",
+            format!(
+                "{name} is {:?}: full fine-tuning trains f32 models only (use LoRA)",
+                w.format()
+            ),
+        ));
+    }
+    Ok(w.to_f32_vec())
 }
 
 /// The tensor `name`, checked to have `shape`.
@@ -348,6 +442,76 @@ impl TrainableDecoder {
         lora: &LoraConfig,
     ) -> Result<TrainableDecoder, FinetuneError> {
         lora.check()?;
+        Self::build(ctx, config, weights, lora, false)
+    }
+
+    /// Loads the model in `dir` for full fine-tuning: every weight (the
+    /// embeddings, every projection and bias, the norms, the output
+    /// projection) a trained f32 parameter, no adapter.
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] naming the first tensor that is not f32
+    /// (full fine-tuning trains f32 models only); those of
+    /// [`load`](TrainableDecoder::load).
+    pub fn load_full(
+        ctx: &ExecContext,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<TrainableDecoder, FinetuneError> {
+        let dir = dir.as_ref();
+        let config = ModelConfig::from_file(dir.join("config.json"))?;
+        let weights = WeightStore::open(dir)?;
+        TrainableDecoder::from_parts_full(ctx, config, &weights)
+    }
+
+    /// [`from_parts`](TrainableDecoder::from_parts) for full fine-tuning (see
+    /// [`load_full`](TrainableDecoder::load_full)).
+    ///
+    /// # Errors
+    /// As [`load_full`](TrainableDecoder::load_full).
+    pub fn from_parts_full(
+        ctx: &ExecContext,
+        config: ModelConfig,
+        weights: &WeightStore,
+    ) -> Result<TrainableDecoder, FinetuneError> {
+        let none = LoraConfig {
+            targets: Vec::new(),
+            ..LoraConfig::default()
+        };
+        Self::build(ctx, config, weights, &none, true)
+    }
+
+    /// Whether every weight is trained (full fine-tuning).
+    pub fn is_full(&self) -> bool {
+        !self.full.is_empty()
+    }
+
+    /// `base` (the store the model was loaded from) with every trained weight
+    /// of a full fine-tune replaced by its current f32 values (`base` itself
+    /// with adapters), for [`peft::write_model_dir`](super::peft::write_model_dir).
+    ///
+    /// # Errors
+    /// Out of memory.
+    pub fn trained_store(&self, base: &WeightStore) -> Result<WeightStore, FinetuneError> {
+        let mut tensors: std::collections::HashMap<String, Weight> = base
+            .iter()
+            .map(|(n, w)| (n.to_string(), w.clone()))
+            .collect();
+        for (name, p) in &self.full {
+            let w = Weight::from_f32(WeightFormat::F32, &p.shape(), &p.to_vec())?;
+            tensors.insert(name.clone(), w);
+        }
+        Ok(WeightStore::from_tensors(tensors))
+    }
+
+    /// The decoder, its weights trained (`full`) or frozen with `lora`'s
+    /// adapters.
+    fn build(
+        ctx: &ExecContext,
+        config: ModelConfig,
+        weights: &WeightStore,
+        lora: &LoraConfig,
+        full: bool,
+    ) -> Result<TrainableDecoder, FinetuneError> {
         check_supported(&config)?;
         // The inference decoder's checks of the sizes (none zero, heads
         // grouping evenly, an even head dimension, no overflow).
@@ -355,10 +519,29 @@ impl TrainableDecoder {
         let c = &config;
         let (hid, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
-        let embed = Frozen::new(
-            ctx,
-            matrix_or_vector(weights, "model.embed_tokens.weight", &[c.vocab_size, hid])?,
-        )?;
+        // Full fine-tuning: every trained weight by name, in load order.
+        let trained: std::cell::RefCell<Vec<(String, Parameter)>> = Default::default();
+        let matrix = |name: &str, shape: &[usize]| -> Result<Frozen, FinetuneError> {
+            let w = matrix_or_vector(weights, name, shape)?;
+            match full {
+                true => {
+                    let f = Frozen::trained(ctx, name, w)?;
+                    if let Frozen::Trained(p) = &f {
+                        trained.borrow_mut().push((name.to_string(), p.clone()));
+                    }
+                    Ok(f)
+                }
+                false => Frozen::new(ctx, w),
+            }
+        };
+        let vector = |name: &str, len: usize| -> Result<Vector, FinetuneError> {
+            let v = vector(ctx, weights, name, len, full)?;
+            if let Vector::Trained(p) = &v {
+                trained.borrow_mut().push((name.to_string(), p.clone()));
+            }
+            Ok(v)
+        };
+        let embed = matrix("model.embed_tokens.weight", &[c.vocab_size, hid])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         let mut k = 0u64;
         for i in 0..c.num_hidden_layers {
@@ -374,19 +557,14 @@ impl TrainableDecoder {
             ];
             let mut projs = Vec::with_capacity(7);
             for (t, shape) in Target::ALL.into_iter().zip(shapes) {
-                let w = matrix_or_vector(weights, &n(&format!("{}.weight", t.module())), &shape)?;
+                let base = matrix(&n(&format!("{}.weight", t.module())), &shape)?;
                 let has_bias = match t {
                     Target::QProj | Target::KProj | Target::VProj => c.qkv_bias,
                     Target::OProj => c.o_bias,
                     _ => false,
                 };
                 let bias = match has_bias {
-                    true => Some(vector(
-                        ctx,
-                        weights,
-                        &n(&format!("{}.bias", t.module())),
-                        shape[0],
-                    )?),
+                    true => Some(vector(&n(&format!("{}.bias", t.module())), shape[0])?),
                     false => None,
                 };
                 let adapter = match lora.targets.contains(&t) {
@@ -398,36 +576,34 @@ impl TrainableDecoder {
                     false => None,
                 };
                 projs.push(Proj {
-                    base: Frozen::new(ctx, w)?,
+                    base,
                     bias,
                     lora: adapter,
                 });
             }
             let qk_norm = c.architecture.spec().qk_norm;
-            let opt = |s: &str| -> Result<Option<Tensor>, FinetuneError> {
+            let opt = |s: &str| -> Result<Option<Vector>, FinetuneError> {
                 match qk_norm {
-                    true => Ok(Some(vector(ctx, weights, &n(s), hd)?)),
+                    true => Ok(Some(vector(&n(s), hd)?)),
                     false => Ok(None),
                 }
             };
             let sliding = c.params.sliding_layers.get(i).copied().unwrap_or(true);
             layers.push(Layer {
-                input_norm: vector(ctx, weights, &n("input_layernorm.weight"), hid)?,
-                post_norm: vector(ctx, weights, &n("post_attention_layernorm.weight"), hid)?,
+                input_norm: vector(&n("input_layernorm.weight"), hid)?,
+                post_norm: vector(&n("post_attention_layernorm.weight"), hid)?,
                 q_norm: opt("self_attn.q_norm.weight")?,
                 k_norm: opt("self_attn.k_norm.weight")?,
                 window: c.sliding_window.filter(|_| sliding),
                 projs: projs.try_into().expect("seven projections"),
             });
         }
-        let final_norm = vector(ctx, weights, "model.norm.weight", hid)?;
+        let final_norm = vector("model.norm.weight", hid)?;
         let lm_head = match c.tie_word_embeddings {
             true => None,
-            false => Some(Frozen::new(
-                ctx,
-                matrix_or_vector(weights, "lm_head.weight", &[c.vocab_size, hid])?,
-            )?),
+            false => Some(matrix("lm_head.weight", &[c.vocab_size, hid])?),
         };
+        let full = trained.into_inner();
         let inv_freq = crate::model::inv_freq(hd, c.rope_theta, &c.rope_scaling);
         let scale = crate::model::pow_f32(hd as f64, -0.5);
         Ok(TrainableDecoder {
@@ -436,6 +612,7 @@ impl TrainableDecoder {
             embed,
             layers,
             final_norm,
+            full,
             lm_head,
             inv_freq,
             scale,
@@ -470,7 +647,14 @@ impl TrainableDecoder {
     /// Every adapter matrix with its PEFT name
     /// (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), in
     /// layer order, `A` before `B`.
+    ///
+    /// Under full fine-tuning ([`load_full`](TrainableDecoder::load_full)):
+    /// every weight with its Hugging Face name (`model.embed_tokens.weight`,
+    /// ...), in load order.
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        if self.is_full() {
+            return self.full.clone();
+        }
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
             for (t, p) in Target::ALL.into_iter().zip(&l.projs) {
@@ -504,24 +688,22 @@ impl TrainableDecoder {
         positions: Option<&[u32]>,
     ) -> Result<(Tensor, Tensor), FinetuneError> {
         let half = self.config.head_dim / 2;
-        let n = positions.map_or(t, <[u32]>::len);
-        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]);
+        let shape: &[usize] = match positions {
+            Some(_) => &[b, t, 1, half],
+            None => &[t, 1, half],
+        };
+        // Written in place into pooled tensors (no host vectors per step).
+        let (mut cos, mut sin) = (ctx.empty(shape)?, ctx.empty(shape)?);
         for (i, (c, s)) in cos
+            .data_mut()?
             .chunks_exact_mut(half)
-            .zip(sin.chunks_exact_mut(half))
+            .zip(sin.data_mut()?.chunks_exact_mut(half))
             .enumerate()
         {
             let p = positions.map_or(i, |p| p[i] as usize);
             crate::model::rope_angles(p, &self.inv_freq, c, s);
         }
-        let shape: &[usize] = match positions {
-            Some(_) => &[b, t, 1, half],
-            None => &[t, 1, half],
-        };
-        Ok((
-            Tensor::from_slice(ctx, shape, &cos)?,
-            Tensor::from_slice(ctx, shape, &sin)?,
-        ))
+        Ok((Tensor::constant(cos), Tensor::constant(sin)))
     }
 
     /// The additive attention mask: `0` where query `i` sees key `j` (`j <=
@@ -536,7 +718,14 @@ impl TrainableDecoder {
         segments: Option<&[u32]>,
     ) -> Result<Tensor, FinetuneError> {
         let rows = if segments.is_some() { b } else { 1 };
-        let mut m = vec![f32::NEG_INFINITY; rows * t * t];
+        let shape: &[usize] = match segments {
+            Some(_) => &[b, 1, 1, t, t],
+            None => &[t, t],
+        };
+        // Written in place into a pooled tensor (no host vector per step).
+        let mut out = ctx.empty(shape)?;
+        let m = out.data_mut()?;
+        m.fill(f32::NEG_INFINITY);
         for r in 0..rows {
             for i in 0..t {
                 for j in 0..=i {
@@ -547,11 +736,7 @@ impl TrainableDecoder {
                 }
             }
         }
-        let shape: &[usize] = match segments {
-            Some(_) => &[b, 1, 1, t, t],
-            None => &[t, t],
-        };
-        Ok(Tensor::from_slice(ctx, shape, &m)?)
+        Ok(Tensor::constant(out))
     }
 
     /// The final hidden states (after the final norm) of a batch of `b` rows
@@ -638,15 +823,19 @@ impl TrainableDecoder {
         }
         let (positions, segments) = (packing.map(|p| p.0), packing.map(|p| p.1));
         let (cos, sin) = self.rope_tables(ctx, b, t, positions)?;
-        let masks: Vec<(Option<usize>, Tensor)> = {
-            let mut v: Vec<(Option<usize>, Tensor)> = Vec::new();
-            for l in &self.layers {
-                if !v.iter().any(|(w, _)| *w == l.window) {
-                    v.push((l.window, Self::mask(ctx, b, t, l.window, segments)?));
-                }
+        // One mask per window the layers use: at most two (none, and the
+        // config's sliding window), so a fixed array (no vector per step).
+        let mut masks: [Option<(Option<usize>, Tensor)>; 2] = [None, None];
+        for l in &self.layers {
+            if masks.iter().flatten().any(|(w, _)| *w == l.window) {
+                continue;
             }
-            v
-        };
+            let slot = masks
+                .iter_mut()
+                .find(|m| m.is_none())
+                .expect("at most two windows: none and the config's");
+            *slot = Some((l.window, Self::mask(ctx, b, t, l.window, segments)?));
+        }
         let mut x = self.embed.rows(ctx, ids)?;
         for (li, l) in self.layers.iter().enumerate() {
             let args = LayerArgs {
@@ -659,6 +848,7 @@ impl TrainableDecoder {
                 sin: sin.clone(),
                 mask: masks
                     .iter()
+                    .flatten()
                     .find(|(w, _)| *w == l.window)
                     .expect("made")
                     .1
@@ -670,7 +860,7 @@ impl TrainableDecoder {
                 false => layer_forward(ctx, l, &x, &args)?,
             };
         }
-        Ok(x.rms_norm(ctx, &self.final_norm, eps)?)
+        Ok(x.rms_norm(ctx, &self.final_norm.get(), eps)?)
     }
 
     /// The logits of hidden rows `[n, hidden]`: `[n, vocab]`.
@@ -733,15 +923,15 @@ fn layer_forward(
         a.seeds
             .map(|(s, li)| fucina::rng::at(s, (li * 7 + p) as u64))
     };
-    let xn = x.rms_norm(ctx, &l.input_norm, eps)?;
+    let xn = x.rms_norm(ctx, &l.input_norm.get(), eps)?;
     let q = l.projs[0].forward(ctx, &xn, seed(0))?;
     let k = l.projs[1].forward(ctx, &xn, seed(1))?;
     let v = l.projs[2].forward(ctx, &xn, seed(2))?;
     let mut q = q.reshape(ctx, &[b, t, h, hd])?;
     let mut k = k.reshape(ctx, &[b, t, kvh, hd])?;
     if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-        q = q.rms_norm(ctx, qn, eps)?;
-        k = k.rms_norm(ctx, kn, eps)?;
+        q = q.rms_norm(ctx, &qn.get(), eps)?;
+        k = k.rms_norm(ctx, &kn.get(), eps)?;
     }
     let q = rope(ctx, &q, &a.cos, &a.sin)?;
     let k = rope(ctx, &k, &a.cos, &a.sin)?;
@@ -773,7 +963,7 @@ fn layer_forward(
         .reshape(ctx, &[b * t, h * hd])?;
     let o = l.projs[3].forward(ctx, &attn, seed(3))?;
     let x = x.add(ctx, &o)?;
-    let xn = x.rms_norm(ctx, &l.post_norm, eps)?;
+    let xn = x.rms_norm(ctx, &l.post_norm.get(), eps)?;
     let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
     let up = l.projs[5].forward(ctx, &xn, seed(5))?;
     let act = recomputed(ctx, "swiglu", &[&gate, &up], |ctx, gu| {
@@ -794,12 +984,7 @@ fn checkpointed_layer(
     x: &Tensor,
     args: LayerArgs,
 ) -> Result<Tensor, FinetuneError> {
-    let params: Vec<Tensor> = l
-        .projs
-        .iter()
-        .filter_map(|p| p.lora.as_ref())
-        .flat_map(|a| [a.a.tensor(), a.b.tensor()])
-        .collect();
+    let params = l.trained();
     if !fucina::is_grad_enabled() || (params.is_empty() && !x.requires_grad()) {
         return layer_forward(ctx, l, x, &args);
     }
@@ -826,7 +1011,7 @@ fn checkpointed_layer(
                 true => xv.grad(ctx)?.map(|g| g.raw().clone()),
                 false => None,
             });
-            // The adapters' gradients are already theirs (the inner
+            // The trained tensors' gradients are already theirs (the inner
             // backward added them); the outer pass adds zeros.
             for (p, &need) in a.inputs[1..].iter().zip(&a.needs[1..]) {
                 grads.push(match need {

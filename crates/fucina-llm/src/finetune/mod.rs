@@ -5,9 +5,12 @@
 //! - [`lora`]: the adapters and their configuration;
 //! - [`data`]: JSONL records tokenized into examples, and their batches;
 //! - [`peft`]: adapters written and read as PEFT writes them;
+//! - [`accumulate`]: how a step combines its micro-batches' gradients (the
+//!   fixed tree that makes any number of MPI ranks give one process's bits);
 //! - [`trainer`]: the job (causal-LM loss on the completion tokens, AdamW,
 //!   warmup-cosine, gradient clipping, evaluation loss).
 
+pub mod accumulate;
 pub mod data;
 pub mod decoder;
 mod error;
@@ -15,6 +18,7 @@ pub mod lora;
 pub mod peft;
 pub mod trainer;
 
+pub use accumulate::{Accumulator, TreeAccumulator};
 pub use data::{Example, read_jsonl};
 pub use decoder::TrainableDecoder;
 pub use error::FinetuneError;

@@ -8,6 +8,7 @@ use std::path::Path;
 use fucina::optim::{AdamW, AdamWConfig, WarmupCosine, clip_grad_norm};
 use fucina::{BackwardOptions, ExecContext, Tensor, no_grad};
 
+use super::accumulate::{Accumulator, TreeAccumulator};
 use super::data::{Batch, Example};
 use super::decoder::TrainableDecoder;
 use super::error::{FinetuneError, invalid};
@@ -40,7 +41,10 @@ pub struct TrainOptions {
     pub pack: Option<usize>,
     /// Micro-batches per optimizer step (gradient accumulation; 1: none).
     /// The step's gradient is that of the mean loss over every predicted
-    /// token of its micro-batches, as one batch of them all would give.
+    /// token of its micro-batches, as one batch of them all would give, the
+    /// micro-batches' gradients summed in a fixed tree (see
+    /// [`accumulate`](super::accumulate)): the same bits on any number of
+    /// MPI ranks.
     pub grad_accum: usize,
     /// Passes over the training split.
     pub epochs: usize,
@@ -147,6 +151,7 @@ pub struct Trainer {
     schedule: WarmupCosine,
     opts: TrainOptions,
     step: u64,
+    local: TreeAccumulator,
 }
 
 impl Trainer {
@@ -185,6 +190,7 @@ impl Trainer {
             schedule,
             opts,
             step: 0,
+            local: TreeAccumulator::new(),
         })
     }
 
@@ -212,21 +218,43 @@ impl Trainer {
         self.step_accumulated(ctx, std::slice::from_ref(batch))
     }
 
-    /// One optimizer step over the micro-batches `batches`: for each, the
-    /// loss (dropout seeded by the job's seed, the step and the micro-batch)
-    /// weighted by its share of the predicted tokens, and its backward (the
-    /// gradients accumulate); then clipping, the scheduled learning rate,
-    /// AdamW. Returns the loss before the step (the mean over every predicted
-    /// token of the micro-batches).
+    /// One optimizer step over the micro-batches `batches`, in this process:
+    /// [`step_accumulated_with`](Trainer::step_accumulated_with) and a
+    /// [`TreeAccumulator`].
     ///
     /// # Errors
-    /// [`FinetuneError::Invalid`] for no micro-batch; those of
-    /// [`batch_loss`], backward and the optimizer. On an error the adapters
-    /// are unchanged and their gradients cleared.
+    /// As [`step_accumulated_with`](Trainer::step_accumulated_with).
     pub fn step_accumulated(
         &mut self,
         ctx: &ExecContext,
         batches: &[Batch],
+    ) -> Result<f32, FinetuneError> {
+        let mut local = std::mem::take(&mut self.local);
+        let res = self.step_accumulated_with(ctx, batches, &mut local);
+        self.local = local;
+        res
+    }
+
+    /// One optimizer step over the micro-batches `batches`: a step of `M =
+    /// max(grad_accum, batches.len())` micro-batches (those past `batches`,
+    /// the end of an epoch, are empty: a zero gradient and value), whose
+    /// micro-batch `k` runs the loss of `batches[k]` (dropout seeded by the
+    /// job's seed, the step and `k`) scaled by `M` times its share of the
+    /// predicted tokens, and its backward; `acc` combines the micro-batches'
+    /// gradients (the fixed tree's mean over the `M`: the gradient of the
+    /// mean loss over every predicted token); then clipping, the scheduled
+    /// learning rate, AdamW. Returns the loss before the step (the same mean
+    /// of the scaled losses: the mean over every predicted token).
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] for no micro-batch; those of
+    /// [`batch_loss`], backward, `acc` and the optimizer. On an error the
+    /// adapters are unchanged and their gradients cleared.
+    pub fn step_accumulated_with(
+        &mut self,
+        ctx: &ExecContext,
+        batches: &[Batch],
+        acc: &mut dyn Accumulator,
     ) -> Result<f32, FinetuneError> {
         let total: usize = batches.iter().map(|b| b.positions.len()).sum();
         if batches.is_empty() || total == 0 {
@@ -235,30 +263,38 @@ impl Trainer {
                 "the micro-batches predict no token",
             ));
         }
+        let count = self.opts.grad_accum.max(batches.len());
         let step_seed = fucina::rng::at(self.opts.seed ^ 0x4c6f_5241, self.step);
-        let run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
-            let mut sum = 0f64;
-            for (k, batch) in batches.iter().enumerate() {
+        let mut run = |me: &mut Trainer| -> Result<f32, FinetuneError> {
+            let model = &me.model;
+            let mut micro = |ctx: &ExecContext, k: usize| -> Result<f32, FinetuneError> {
+                let Some(batch) = batches.get(k) else {
+                    return Ok(0.0);
+                };
                 // No exec scope: drop-as-you-go keeps only what the backward
                 // reads (a scope would hold every intermediate to the end).
                 let seed = fucina::rng::at(step_seed, k as u64);
-                let loss = batch_loss(ctx, &me.model, batch, Some(seed))?;
-                let share = batch.positions.len() as f64 / total as f64;
-                sum += f64::from(loss.item()?) * share;
-                let loss = match batches.len() {
-                    1 => loss,
-                    _ => loss.scale(ctx, share as f32)?,
+                let loss = batch_loss(ctx, model, batch, Some(seed))?;
+                let weight = (batch.positions.len() as f64 / total as f64 * count as f64) as f32;
+                let value = loss.item()? * weight;
+                let loss = match weight == 1.0 {
+                    true => loss,
+                    false => loss.scale(ctx, weight)?,
                 };
                 // Each op's saved tensors go back to the pool as soon as
                 // its VJP has run (a failed step is not retried).
                 loss.backward_with(ctx, None, RELEASE_AS_IT_GOES)?;
-            }
+                Ok(value)
+            };
+            // The optimizer's handles: the model's adapters, listed without
+            // building their names.
+            let value = acc.accumulate(ctx, me.opt.parameters(), count, &mut micro)?;
             if let Some(max) = me.opts.max_grad_norm {
                 clip_grad_norm(ctx, me.opt.parameters(), max)?;
             }
             me.opt.set_lr(me.schedule.lr(me.step))?;
             me.opt.step(ctx)?;
-            Ok(sum as f32)
+            Ok(value)
         };
         let res = run(self);
         self.opt.zero_grad();
@@ -387,6 +423,27 @@ impl Trainer {
         ctx: &ExecContext,
         train: &[Example],
         eval: &[Example],
+        on: impl FnMut(&Trainer, Event) -> Result<(), FinetuneError>,
+    ) -> Result<(), FinetuneError> {
+        let mut local = std::mem::take(&mut self.local);
+        let res = self.fit_with(ctx, train, eval, &mut local, on);
+        self.local = local;
+        res
+    }
+
+    /// [`fit`](Trainer::fit) with the steps' micro-batch gradients combined
+    /// by `acc` ([`step_accumulated_with`](Trainer::step_accumulated_with)):
+    /// over MPI ranks, say, each computing its share of every step's
+    /// micro-batches.
+    ///
+    /// # Errors
+    /// As [`fit`](Trainer::fit), and `acc`'s.
+    pub fn fit_with(
+        &mut self,
+        ctx: &ExecContext,
+        train: &[Example],
+        eval: &[Example],
+        acc: &mut dyn Accumulator,
         mut on: impl FnMut(&Trainer, Event) -> Result<(), FinetuneError>,
     ) -> Result<(), FinetuneError> {
         let per_epoch = self.opts.steps_per_epoch(self.opts.rows(train).len());
@@ -399,7 +456,7 @@ impl Trainer {
             let batches = self.epoch_batches(train, epoch);
             let done = (self.step - epoch as u64 * per_epoch) as usize;
             for group in batches.chunks(accum).skip(done) {
-                let loss = self.step_accumulated(ctx, group)?;
+                let loss = self.step_accumulated_with(ctx, group, acc)?;
                 let event = Event::Step {
                     step: self.step,
                     loss,
@@ -427,8 +484,16 @@ impl Trainer {
     /// restores it.
     ///
     /// # Errors
-    /// I/O and checkpoint errors.
+    /// I/O and checkpoint errors; [`FinetuneError::Invalid`] for a full
+    /// fine-tune (no adapters: see [`TrainableDecoder::trained_store`]).
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>, base: &str) -> Result<(), FinetuneError> {
+        if self.model.is_full() {
+            return Err(invalid(
+                "Trainer::save_checkpoint",
+                "a full fine-tune has no adapters to checkpoint: write the model with \
+                 TrainableDecoder::trained_store and peft::write_model_dir",
+            ));
+        }
         let dir = dir.as_ref();
         super::peft::save_adapter(&self.model, dir, base)?;
         let step = self.step.to_string();

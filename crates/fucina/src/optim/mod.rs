@@ -68,6 +68,7 @@ mod rmsprop;
 mod schedule;
 mod sgd;
 mod state;
+mod tree;
 
 pub use adagrad::{Adagrad, AdagradConfig};
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
@@ -81,6 +82,7 @@ pub use lr_schedules::{
 pub use rmsprop::{RmsProp, RmsPropConfig};
 pub use schedule::WarmupCosine;
 pub use sgd::{Sgd, SgdConfig};
+pub use tree::{run_tree_sum, tree_mean_from_sum, tree_node_start, tree_sum_ops};
 
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
