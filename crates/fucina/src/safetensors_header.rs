@@ -357,30 +357,18 @@ impl HeaderError {
     }
 }
 
-/// A JSON object's entries in file order, repeated keys kept (a JSON map would
-/// keep only the last of them); the `__metadata__` value read the same way.
-struct Entries(Vec<(String, Entry)>);
+/// A JSON object's entries in file order, repeated keys kept (a JSON map
+/// keeps only the last of them), each value read as `V`: what a reader that
+/// must refuse repeated keys deserializes (the header here; fucina-llm's
+/// `model.safetensors.index.json`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectEntries<V>(pub Vec<(String, V)>);
 
-/// One value of the header object.
-enum Entry {
-    /// A tensor's entry.
-    Tensor(Value),
-    /// The `__metadata__` value: `null`, an object's entries in file order,
-    /// or anything else.
-    Metadata(Meta),
-}
-
-enum Meta {
-    Null,
-    Map(Vec<(String, Value)>),
-    Other(Value),
-}
-
-impl<'de> Deserialize<'de> for Entries {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for ObjectEntries<V> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Entries;
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = ObjectEntries<V>;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
@@ -389,19 +377,34 @@ impl<'de> Deserialize<'de> for Entries {
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<Entries, A::Error> {
+            ) -> Result<ObjectEntries<V>, A::Error> {
                 let mut out = Vec::new();
                 while let Some(key) = map.next_key::<String>()? {
-                    let entry = match key == METADATA_KEY {
-                        true => Entry::Metadata(map.next_value::<Meta>()?),
-                        false => Entry::Tensor(map.next_value::<Value>()?),
-                    };
-                    out.push((key, entry));
+                    out.push((key, map.next_value::<V>()?));
                 }
-                Ok(Entries(out))
+                Ok(ObjectEntries(out))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// One value of the header object: `null`, an object's entries in file
+/// order (repeated keys kept), or anything else.
+enum Meta {
+    Null,
+    Map(Vec<(String, Value)>),
+    Other(Value),
+}
+
+impl Meta {
+    /// The value as JSON (an object keeps the last of a repeated key).
+    fn into_value(self) -> Value {
+        match self {
+            Meta::Null => Value::Null,
+            Meta::Map(entries) => Value::Object(entries.into_iter().collect()),
+            Meta::Other(v) => v,
+        }
     }
 }
 
@@ -493,9 +496,10 @@ pub fn parse(bytes: &[u8], accept: &[Dtype]) -> Result<Header, HeaderError> {
     let n = usize::try_from(n).map_err(|_| past_end.clone())?;
     let data_start = LEN_PREFIX.checked_add(n).ok_or(past_end.clone())?;
     let header = bytes.get(LEN_PREFIX..data_start).ok_or(past_end)?;
-    let Entries(entries) = serde_json::from_slice(header).map_err(|e| HeaderError::NotJson {
-        reason: e.to_string(),
-    })?;
+    let ObjectEntries(entries) =
+        serde_json::from_slice(header).map_err(|e| HeaderError::NotJson {
+            reason: e.to_string(),
+        })?;
     let data_len = bytes.len() - data_start;
     let (infos, metadata) = read_entries(entries)?;
     let tensors = check_offsets(infos, accept, data_len)?;
@@ -509,22 +513,20 @@ pub fn parse(bytes: &[u8], accept: &[Dtype]) -> Result<Header, HeaderError> {
 /// The tensor entries (in file order) and the metadata of the header's
 /// entries, checked for names, repeats and form.
 fn read_entries(
-    entries: Vec<(String, Entry)>,
+    entries: Vec<(String, Meta)>,
 ) -> Result<(Vec<(String, RawInfo)>, Metadata), HeaderError> {
     let mut seen = HashSet::with_capacity(entries.len());
     let mut metadata = None;
     let mut infos = Vec::with_capacity(entries.len());
     for (name, entry) in entries {
-        let value = match entry {
-            Entry::Metadata(meta) => {
-                if metadata.is_some() {
-                    return Err(HeaderError::MetadataTwice);
-                }
-                metadata = Some(read_metadata(meta)?);
-                continue;
+        if name == METADATA_KEY {
+            if metadata.is_some() {
+                return Err(HeaderError::MetadataTwice);
             }
-            Entry::Tensor(value) => value,
-        };
+            metadata = Some(read_metadata(entry)?);
+            continue;
+        }
+        let value = entry.into_value();
         if name.is_empty() {
             return Err(HeaderError::EmptyName);
         }

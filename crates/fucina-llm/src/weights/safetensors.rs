@@ -2,7 +2,6 @@
 //! whole (see the [module docs](super)), then mapped.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use fucina::exec::WeightFormat;
-use fucina::safetensors_header::{self, Dtype, HeaderError, LEN_PREFIX};
+use fucina::safetensors_header::{self, Dtype, HeaderError, LEN_PREFIX, ObjectEntries};
 
 use crate::error::LlmError;
 
@@ -19,36 +18,7 @@ use super::{INDEX_FILE, Weight};
 /// `model.safetensors.index.json` (other keys, such as `metadata`, are ignored).
 #[derive(Deserialize)]
 pub(super) struct Index {
-    pub(super) weight_map: Entries,
-}
-
-/// A JSON object's entries in file order, repeated keys kept (a JSON map would
-/// keep only the last of them).
-pub(super) struct Entries(pub(super) Vec<(String, Value)>);
-
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Entries;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Entries, A::Error> {
-                let mut out = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    out.push((key, map.next_value::<Value>()?));
-                }
-                Ok(Entries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
+    pub(super) weight_map: ObjectEntries<Value>,
 }
 
 /// A checked, memory-mapped safetensors file.
