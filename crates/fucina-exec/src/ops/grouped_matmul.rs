@@ -79,10 +79,23 @@ pub struct GroupedProduct<'a> {
     pub out: &'a mut [f32],
 }
 
-/// Output features per work item of a float or in-place quantized product: a
-/// multiple of the kernels' row blocks (4 weight rows for `m = 1`) and of the
-/// strips of a packed matrix.
+/// The fewest output features per work item of a parallel call, and the
+/// multiple every item's length is rounded to: a multiple of the kernels'
+/// row blocks (4 weight rows for `m = 1`) and of the strips of a packed
+/// matrix (8 rows).
 const ITEM_ROWS: usize = 64;
+
+/// Output features per work item of a product of `rows` features: the whole
+/// product on one thread; else its share of `threads`, rounded up to a
+/// multiple of [`ITEM_ROWS`] (each item a long run of weight rows, which the
+/// kernels stream with their next block prefetched; the team's participants
+/// take the items of every product).
+fn item_rows(rows: usize, threads: usize) -> usize {
+    match threads {
+        0 | 1 => rows.max(1),
+        t => rows.div_ceil(t).next_multiple_of(ITEM_ROWS),
+    }
+}
 
 /// What one work item computes: a run of output features of one product.
 #[derive(Clone, Copy)]
@@ -255,14 +268,22 @@ impl ExecContext {
             }
         }
         let (xq, xs, xb, xsum) = (&xq[..], &xs[..], &xb[..], &xsum[..]);
+        let work = products
+            .iter()
+            .filter(|p| grouped(p))
+            .map(|p| p.weight.shape())
+            .fold(0usize, |w, (r, c)| w.saturating_add(r.saturating_mul(c)));
+        let team = self.team().filter(|_| {
+            self.threads() > 1 && work >= PARALLEL_THRESHOLD && !fucina_thread::in_parallel_region()
+        });
+        let threads = team.map_or(1, |t| t.participants());
         let mut items = Vec::new();
-        let mut work = 0usize;
         for (p, span) in products.iter_mut().zip(&spans) {
             if !grouped(p) {
                 continue;
             }
-            let (rows, cols) = p.weight.shape();
-            work = work.saturating_add(rows.saturating_mul(cols));
+            let (rows, _) = p.weight.shape();
+            let per_item = item_rows(rows, threads);
             let acts = span.map(|a| {
                 let nb = a.cols / QK;
                 let sums = match quant_format(&p.weight).needs_sums() {
@@ -286,7 +307,7 @@ impl ExecContext {
             let mut rest = &mut *p.out;
             let mut start = 0;
             while start < rows {
-                let end = rows.min(start + ITEM_ROWS);
+                let end = rows.min(start + per_item);
                 let (head, tail) = rest.split_at_mut(end - start);
                 let range = start / unit..end / unit;
                 items.push(Item {
@@ -297,15 +318,8 @@ impl ExecContext {
                 (start, rest) = (end, tail);
             }
         }
-        match self.team() {
-            Some(team)
-                if self.threads() > 1
-                    && items.len() > 1
-                    && work >= PARALLEL_THRESHOLD
-                    && !fucina_thread::in_parallel_region() =>
-            {
-                team.parallel_chunks_mut(&mut items, Item::run);
-            }
+        match team {
+            Some(team) if items.len() > 1 => team.parallel_chunks_mut(&mut items, Item::run),
             _ => items.iter_mut().for_each(Item::run),
         }
         drop(items);
