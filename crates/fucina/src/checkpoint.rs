@@ -64,17 +64,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::nn::{Module, StateDict};
 use crate::optim::Optimizer;
+use crate::safetensors_header::{
+    self, Dtype, HeaderError, HeaderTensor, LEN_PREFIX, MAX_HEADER_BYTES, METADATA_KEY,
+};
 use fucina_autograd::{AutogradError, Tensor};
 use fucina_exec::{ExecContext, MAX_RANK};
 use fucina_storage::half::f16;
-use safetensors::tensor::{Dtype, Metadata as Header, SafeTensors, TensorInfo};
-
-/// Bytes of the little-endian header-length prefix of a safetensors file.
-const LEN_PREFIX: usize = 8;
-/// The largest header the safetensors reader accepts.
-const MAX_HEADER_BYTES: usize = 100_000_000;
-/// The reserved header key that holds the metadata map.
-const METADATA_KEY: &str = "__metadata__";
 
 /// The string metadata stored with a checkpoint (sorted by key).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -275,7 +270,7 @@ pub fn save_to_bytes(
     for (_, t) in &sorted {
         write_values(&mut out, t);
     }
-    debug_assert!(SafeTensors::read_metadata(&out).is_ok());
+    debug_assert!(safetensors_header::parse(&out, &Dtype::ALL).is_ok());
     Ok(out)
 }
 
@@ -386,7 +381,7 @@ fn header_json(
     while header.len() % LEN_PREFIX != 0 {
         header.push(' ');
     }
-    if header.len() > MAX_HEADER_BYTES {
+    if header.len() as u64 > MAX_HEADER_BYTES {
         return Err(CheckpointError::Format {
             reason: format!(
                 "the header would take {} bytes, above the format's limit of {MAX_HEADER_BYTES}",
@@ -529,12 +524,12 @@ const READABLE_DTYPES: &str = "F32, F16 or BF16";
 
 /// Refuses a tensor not stored as `F32`, `F16` or `BF16` (the element types
 /// fucina reads; the half-precision ones are widened to `f32` exactly).
-fn check_dtype(name: &str, info: &TensorInfo) -> Result<(), CheckpointError> {
+fn check_dtype(info: &HeaderTensor) -> Result<(), CheckpointError> {
     if !matches!(info.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
         return Err(CheckpointError::DTypeMismatch {
-            name: name.to_string(),
+            name: info.name.clone(),
             expected: READABLE_DTYPES.to_string(),
-            found: format!("{:?}", info.dtype),
+            found: info.dtype.name().to_string(),
         });
     }
     Ok(())
@@ -542,46 +537,38 @@ fn check_dtype(name: &str, info: &TensorInfo) -> Result<(), CheckpointError> {
 
 /// A checked safetensors file: its header and data section.
 struct Parsed<'a> {
-    header: Header,
+    header: safetensors_header::Header,
     data: &'a [u8],
 }
 
 impl Parsed<'_> {
     /// The tensor names, sorted.
     fn names(&self) -> Vec<String> {
-        let mut names = self.header.offset_keys();
+        let mut names: Vec<String> = self.header.tensors.iter().map(|t| t.name.clone()).collect();
         names.sort_unstable();
         names
     }
 
-    fn metadata(&self) -> Metadata {
-        Metadata(
-            self.header
-                .metadata()
-                .iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        )
+    /// The header entry of tensor `name`.
+    fn info(&self, name: &str) -> Option<&HeaderTensor> {
+        self.header.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The elements of tensor `name` (whose header entry is `info`) as `f32`:
-    /// `F32` bit for bit, `F16` and `BF16` widened exactly.
-    fn decode(&self, name: &str, info: &TensorInfo) -> Result<Vec<f32>, CheckpointError> {
-        check_dtype(name, info)?;
-        let width = info.dtype.bitsize() / 8;
-        let (start, end) = info.data_offsets;
-        let numel = info
-            .shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
-        let bytes = self
-            .data
-            .get(start..end)
-            .filter(|b| numel.and_then(|n| n.checked_mul(width)) == Some(b.len()));
-        let Some(bytes) = bytes else {
+    fn metadata(&self) -> Metadata {
+        Metadata(self.header.metadata.clone())
+    }
+
+    /// The elements of tensor `info` as `f32`: `F32` bit for bit, `F16` and
+    /// `BF16` widened exactly.
+    fn decode(&self, info: &HeaderTensor) -> Result<Vec<f32>, CheckpointError> {
+        check_dtype(info)?;
+        // The header check put the range inside the data, of the shape's size.
+        let Some(bytes) = self.data.get(info.range.clone()) else {
             return Err(CheckpointError::Format {
-                reason: format!("tensor `{name}`: its data offsets do not match its shape"),
+                reason: format!(
+                    "tensor `{}`: its data offsets do not match its shape",
+                    info.name
+                ),
             });
         };
         Ok(match info.dtype {
@@ -603,184 +590,33 @@ impl Parsed<'_> {
     }
 }
 
-/// Checks the framing and header of a safetensors file (the header's JSON, every
-/// tensor's name, dtype, shape and offsets, and that the data section ends
-/// exactly at the end of `bytes`).
-///
-/// The header is first checked here, in a fixed order (entries sorted by their
-/// data offsets, then by name), so that a file with several faults always
-/// reports the same one: the `safetensors` reader's own checks walk a hash map.
+/// Checks the framing and header of a safetensors file with the shared
+/// validator ([`safetensors_header::parse`]: the header's JSON, every
+/// tensor's name, dtype, shape and offsets in a fixed order, and that the
+/// data section ends exactly at the end of `bytes`).
 fn parse(bytes: &[u8]) -> Result<Parsed<'_>, CheckpointError> {
-    if let Some(entries) = header_entries(bytes) {
-        check_entries(entries?, bytes.len())?;
-    }
-    let (n, header) = SafeTensors::read_metadata(bytes).map_err(format_error)?;
-    // `read_metadata` checked that `LEN_PREFIX + n <= bytes.len()`.
-    let data = bytes
-        .get(LEN_PREFIX + n..)
-        .ok_or_else(|| CheckpointError::Format {
-            reason: "the header runs past the end of the file".to_string(),
-        })?;
+    let header = safetensors_header::parse(bytes, &Dtype::ALL).map_err(header_error)?;
+    let data = &bytes[header.data_start..];
     Ok(Parsed { header, data })
 }
 
-/// The tensor entries of the header (name and entry, in file order) and the
-/// header's length, when the header can be read as a JSON object of the
-/// expected form; `None` otherwise (the full parse reports what is wrong).
-/// A repeated key is an error here: JSON readers keep the last of them.
-type Entries = (Vec<(String, TensorInfo)>, usize);
-
-fn header_entries(bytes: &[u8]) -> Option<Result<Entries, CheckpointError>> {
-    let prefix: [u8; LEN_PREFIX] = bytes.get(..LEN_PREFIX)?.try_into().ok()?;
-    let n = usize::try_from(u64::from_le_bytes(prefix)).ok()?;
-    if n > MAX_HEADER_BYTES {
-        return None;
-    }
-    let json = bytes.get(LEN_PREFIX..LEN_PREFIX.checked_add(n)?)?;
-    let HeaderCheck(r) = serde_json::from_slice::<HeaderCheck>(json).ok()?;
-    Some(r.map(|entries| (entries, n)))
-}
-
-/// Checks the tensor entries in a fixed order: names, then the offsets, which
-/// must tile the data section (`file_len` bytes after the header) exactly.
-fn check_entries((mut entries, n): Entries, file_len: usize) -> Result<(), CheckpointError> {
-    if entries.iter().any(|(name, _)| name.is_empty()) {
-        return Err(CheckpointError::InvalidName {
+/// A header fault as a checkpoint error: a repeated name or metadata key and
+/// an empty name as their own variants, the rest as
+/// [`CheckpointError::Format`] naming the tensor at fault.
+fn header_error(e: HeaderError) -> CheckpointError {
+    match e {
+        HeaderError::DuplicateName { name } => CheckpointError::DuplicateName { name },
+        HeaderError::DuplicateMetadataKey { key } => CheckpointError::DuplicateMetadataKey { key },
+        HeaderError::EmptyName => CheckpointError::InvalidName {
             name: String::new(),
             reason: "a tensor name must not be empty",
-        });
-    }
-    entries.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
-    let mut start = 0usize;
-    for (name, info) in &entries {
-        let (s, e) = info.data_offsets;
-        if s != start || e < s {
-            return Err(CheckpointError::Format {
-                reason: format!(
-                    "tensor `{name}`: data offsets [{s}, {e}], but its data should start at {start}"
-                ),
-            });
-        }
-        let bits = info
-            .shape
-            .iter()
-            .try_fold(info.dtype.bitsize(), |acc, &d| acc.checked_mul(d));
-        if bits.is_none_or(|b| b % 8 != 0 || b / 8 != e - s) {
-            return Err(CheckpointError::Format {
-                reason: format!(
-                    "tensor `{name}`: its data offsets [{s}, {e}] do not match its shape {:?} and dtype {:?}",
-                    info.shape, info.dtype
-                ),
-            });
-        }
-        start = e;
-    }
-    let data_len = file_len - LEN_PREFIX - n;
-    if start != data_len {
-        return Err(CheckpointError::Format {
-            reason: format!(
-                "the header's tensors take {start} bytes of data, the file holds {data_len}"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Records `key` in `seen`: `Some(key)` if it was already there (the one
-/// duplicate check of the header's tensor names and metadata keys).
-fn repeat_of(seen: &mut HashSet<String>, key: &str) -> Option<String> {
-    (!seen.insert(key.to_owned())).then(|| key.to_owned())
-}
-
-/// The header's JSON object read entry by entry: the tensor entries in file
-/// order, or the first repeated tensor name or metadata key.
-struct HeaderCheck(Result<Vec<(String, TensorInfo)>, CheckpointError>);
-
-/// The `__metadata__` map read for its keys: the first repeated key, if any.
-struct MetadataKeys(Option<String>);
-
-impl<'de> serde::Deserialize<'de> for HeaderCheck {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Entries;
-        impl<'de> serde::de::Visitor<'de> for Entries {
-            type Value = HeaderCheck;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<HeaderCheck, A::Error> {
-                let mut seen = HashSet::new();
-                let mut entries = Vec::new();
-                let mut metadata_seen = false;
-                let mut err = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == METADATA_KEY {
-                        let MetadataKeys(repeated) = map.next_value()?;
-                        if err.is_none() {
-                            if metadata_seen {
-                                err = Some(CheckpointError::Format {
-                                    reason: format!("the header holds `{METADATA_KEY}` twice"),
-                                });
-                            } else if let Some(key) = repeated {
-                                err = Some(CheckpointError::DuplicateMetadataKey { key });
-                            }
-                        }
-                        metadata_seen = true;
-                        continue;
-                    }
-                    let info: TensorInfo = map.next_value()?;
-                    if err.is_none()
-                        && let Some(name) = repeat_of(&mut seen, &key)
-                    {
-                        err = Some(CheckpointError::DuplicateName { name });
-                    }
-                    entries.push((key, info));
-                }
-                Ok(HeaderCheck(match err {
-                    Some(e) => Err(e),
-                    None => Ok(entries),
-                }))
-            }
-        }
-        d.deserialize_map(Entries)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for MetadataKeys {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Keys;
-        impl<'de> serde::de::Visitor<'de> for Keys {
-            type Value = MetadataKeys;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object of strings")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MetadataKeys, A::Error> {
-                let mut seen = HashSet::new();
-                let mut repeated = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    map.next_value::<String>()?;
-                    if repeated.is_none() {
-                        repeated = repeat_of(&mut seen, &key);
-                    }
-                }
-                Ok(MetadataKeys(repeated))
-            }
-
-            // `"__metadata__": null` is a valid header (no metadata).
-            fn visit_unit<E: serde::de::Error>(self) -> Result<MetadataKeys, E> {
-                Ok(MetadataKeys(None))
-            }
-        }
-        d.deserialize_any(Keys)
+        },
+        e => CheckpointError::Format {
+            reason: match e.tensor() {
+                Some(name) => format!("tensor `{name}`: {e}"),
+                None => e.to_string(),
+            },
+        },
     }
 }
 
@@ -868,12 +704,12 @@ pub fn load_into_from_bytes_with_options(
     // 1. Check and decode everything; nothing is written yet.
     let mut values = Vec::with_capacity(targets.len());
     for (name, target) in targets.iter() {
-        let Some(info) = parsed.header.info(name) else {
+        let Some(info) = parsed.info(name) else {
             return Err(CheckpointError::MissingTensor {
                 name: name.to_string(),
             });
         };
-        check_dtype(name, info)?;
+        check_dtype(info)?;
         if info.shape.as_slice() != target.shape() {
             return Err(CheckpointError::ShapeMismatch {
                 name: name.to_string(),
@@ -881,7 +717,7 @@ pub fn load_into_from_bytes_with_options(
                 found: info.shape.clone(),
             });
         }
-        values.push(parsed.decode(name, info)?);
+        values.push(parsed.decode(info)?);
     }
     // 2. Give every target contiguous storage of its own, with its current
     //    values: the only step that can fail (out of memory), and it changes no
@@ -929,14 +765,14 @@ pub fn read_from_bytes(
     let parsed = parse(bytes)?;
     let mut out = Vec::new();
     for name in parsed.names() {
-        let Some(info) = parsed.header.info(&name) else {
+        let Some(info) = parsed.info(&name) else {
             return Err(CheckpointError::Format {
                 reason: format!("the header lists `{name}` without an entry"),
             });
         };
         let shape_ok =
             (1..=MAX_RANK).contains(&info.shape.len()) && info.shape.iter().all(|&d| d > 0);
-        let values = parsed.decode(&name, info)?;
+        let values = parsed.decode(info)?;
         if !shape_ok {
             return Err(CheckpointError::UnsupportedShape {
                 name,

@@ -93,6 +93,7 @@ pub mod diag;
 mod error;
 pub mod nn;
 pub mod optim;
+pub mod safetensors_header;
 pub mod sample;
 
 pub use diag::{MemoryStats, MemoryStatsExt, memory_stats};

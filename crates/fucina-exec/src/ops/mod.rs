@@ -12,6 +12,7 @@ pub(crate) mod conv_transpose;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
 pub(crate) mod group_norm;
+pub(crate) mod grouped_matmul;
 pub(crate) mod interpolate;
 pub(crate) mod join;
 pub(crate) mod loss;

@@ -55,6 +55,10 @@ macro_rules! with_strip_format {
     }};
 }
 
+/// Rows per strip of a [`PackedQuantMatrix`]: the kernels write the outputs
+/// of whole strips.
+pub(crate) const STRIP_ROWS: usize = G;
+
 /// 64 bytes, 64-byte aligned: the unit of a [`PackedQuantMatrix`]'s storage.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -155,6 +159,25 @@ impl PackedQuantMatrix {
             dequantize_row(self.format, &blk[..bb], ob);
         }
         Ok(())
+    }
+}
+
+impl PackedQuantMatrix {
+    /// The outputs of the strips `strips` for the `m` quantized activation
+    /// rows `acts` (with their block sums `sums` for a format with a min
+    /// term) into `out_t` (`G · m` per strip): the kernel of
+    /// [`ExecContext::quant_matmul_packed`], for a caller that splits the
+    /// strips itself.
+    pub(crate) fn strip_rows(
+        &self,
+        strips: std::ops::Range<usize>,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        let data = line_bytes(&self.lines);
+        with_strip_format!(self.format, F => quant_packed::packed_rows::<F>(&self.layout, data, strips, acts, sums, m, out_t));
     }
 }
 

@@ -12,6 +12,7 @@
 //! levels give the same bits.
 
 use fucina::ExecContext;
+use fucina::exec::GroupedProduct;
 
 use super::kernels;
 use crate::arch::ExpertNames;
@@ -47,9 +48,12 @@ pub(super) struct MoeScratch {
     /// `[rows, top_k]` chosen experts and their weights, in increasing
     /// expert index.
     chosen: Vec<(usize, f32)>,
-    /// The rows routed to the current expert, and where their weight sits.
+    /// The rows routed to each chosen expert and their weights, expert after
+    /// expert in increasing index.
     members: Vec<(usize, f32)>,
-    /// `[members, hidden]` their inputs, then the expert's outputs.
+    /// `(expert, start, count)`: each chosen expert's run of `members`.
+    groups: Vec<(usize, usize, usize)>,
+    /// `[members, hidden]` their inputs, then the experts' outputs.
     input: Vec<f32>,
     output: Vec<f32>,
     /// `[members, inter]`.
@@ -121,42 +125,109 @@ impl Moe {
             }
             chosen.sort_by_key(|&(e, _)| e);
         }
+        self.route_members(rows, s);
+        let total = s.members.len();
+        grow(&mut s.input, total * hid);
+        grow(&mut s.output, total * hid);
+        grow(&mut s.gate, total * inter);
+        grow(&mut s.up, total * inter);
+        for (i, &(r, _)) in s.members.iter().enumerate() {
+            s.input[i * hid..(i + 1) * hid].copy_from_slice(&xn[r * hid..(r + 1) * hid]);
+        }
+        let (gate, up) = (&mut s.gate[..total * inter], &mut s.up[..total * inter]);
+        self.expert_products(
+            ctx,
+            &s.groups,
+            &s.input[..total * hid],
+            hid,
+            gate,
+            up,
+            |e| (&e.gate, &e.up),
+        )?;
+        kernels::swiglu(gate, up);
+        let y = &mut s.output[..total * hid];
+        self.expert_products(ctx, &s.groups, gate, inter, y, &mut [], |e| {
+            (&e.down, &e.down)
+        })?;
+        // Experts in increasing index: each row's sum in that order.
         out[..rows * hid].fill(0.0);
-        for (e, expert) in self.experts.iter().enumerate() {
-            s.members.clear();
-            for (r, ch) in s.chosen.chunks_exact(k).enumerate() {
-                if let Some(&(_, w)) = ch.iter().find(|(c, _)| *c == e) {
-                    s.members.push((r, w));
-                }
-            }
-            let m = s.members.len();
-            if m == 0 {
-                continue;
-            }
-            grow(&mut s.input, m * hid);
-            grow(&mut s.output, m * hid);
-            grow(&mut s.gate, m * inter);
-            grow(&mut s.up, m * inter);
-            for (i, &(r, _)) in s.members.iter().enumerate() {
-                s.input[i * hid..(i + 1) * hid].copy_from_slice(&xn[r * hid..(r + 1) * hid]);
-            }
-            let input = &s.input[..m * hid];
-            let (gate, up) = (&mut s.gate[..m * inter], &mut s.up[..m * inter]);
-            expert.gate.matmul(ctx, input, m, gate)?;
-            expert.up.matmul(ctx, input, m, up)?;
-            kernels::swiglu(gate, up);
-            let y = &mut s.output[..m * hid];
-            expert.down.matmul(ctx, gate, m, y)?;
-            // Experts in increasing index: each row's sum in that order.
-            for (i, &(r, w)) in s.members.iter().enumerate() {
-                for (o, &v) in out[r * hid..(r + 1) * hid]
-                    .iter_mut()
-                    .zip(&y[i * hid..(i + 1) * hid])
-                {
+        for &(_, start, m) in &s.groups {
+            for (i, &(r, w)) in s.members[start..start + m].iter().enumerate() {
+                let yi = &y[(start + i) * hid..(start + i + 1) * hid];
+                for (o, &v) in out[r * hid..(r + 1) * hid].iter_mut().zip(yi) {
                     *o += v * w;
                 }
             }
         }
+        Ok(())
+    }
+}
+
+impl Moe {
+    /// Fills `s.members` with the rows routed to each chosen expert (expert
+    /// after expert, in increasing index; each expert's rows in increasing
+    /// order, with their weights) and `s.groups` with `(expert, start, count)`
+    /// of each expert some row chose.
+    fn route_members(&self, rows: usize, s: &mut MoeScratch) {
+        let k = self.top_k;
+        s.members.clear();
+        s.groups.clear();
+        for e in 0..self.experts.len() {
+            let start = s.members.len();
+            for (r, ch) in s.chosen.chunks_exact(k).enumerate().take(rows) {
+                if let Some(&(_, w)) = ch.iter().find(|(c, _)| *c == e) {
+                    s.members.push((r, w));
+                }
+            }
+            if s.members.len() > start {
+                s.groups.push((e, start, s.members.len() - start));
+            }
+        }
+    }
+
+    /// The products of the chosen experts in one grouped call
+    /// ([`ExecContext::grouped_matmul`]): for each group `(expert, start, m)`,
+    /// its rows `start..start + m` of `x` (rows of `cols`) through the first
+    /// weight `pick` gives into `a`, and, when `b` is not empty, through the
+    /// second into `b` (rows of the weights' output features).
+    #[allow(clippy::too_many_arguments)] // two outputs and the weights' choice
+    fn expert_products<'w>(
+        &'w self,
+        ctx: &ExecContext,
+        groups: &[(usize, usize, usize)],
+        x: &[f32],
+        cols: usize,
+        a: &mut [f32],
+        b: &mut [f32],
+        pick: impl Fn(&'w Expert) -> (&'w Weight, &'w Weight),
+    ) -> Result<(), LlmError> {
+        let total: usize = groups.iter().map(|g| g.2).sum();
+        let width = a.len() / total.max(1);
+        let (mut ra, mut rb) = (a, b);
+        let mut products = Vec::with_capacity(2 * groups.len());
+        for &(e, start, m) in groups {
+            let (wa, wb) = pick(&self.experts[e]);
+            let xe = &x[start * cols..(start + m) * cols];
+            let (oa, rest) = std::mem::take(&mut ra).split_at_mut(m * width);
+            ra = rest;
+            products.push(GroupedProduct {
+                weight: wa.grouped()?,
+                x: xe,
+                m,
+                out: oa,
+            });
+            if !rb.is_empty() {
+                let (ob, rest) = std::mem::take(&mut rb).split_at_mut(m * width);
+                rb = rest;
+                products.push(GroupedProduct {
+                    weight: wb.grouped()?,
+                    x: xe,
+                    m,
+                    out: ob,
+                });
+            }
+        }
+        ctx.grouped_matmul(&mut products)?;
         Ok(())
     }
 }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use fucina::exec::{
-    PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, Storage, TensorFormat,
-    WeightFormat, WeightMatrix,
+    GroupedWeight, PackedBf16Matrix, PackedQuantMatrix, QuantFormat, QuantMatrix, Storage,
+    TensorFormat, WeightFormat, WeightMatrix,
 };
 
 use crate::error::LlmError;
@@ -202,6 +202,23 @@ impl Weight {
             (None, Some(_)) => ctx.quant_matmul(x, m, &self.quant_matrix("")?, out)?,
         }
         Ok(())
+    }
+
+    /// The weight as the kernel of [`matmul`](Weight::matmul) reads it, for
+    /// [`ExecContext::grouped_matmul`](fucina::ExecContext::grouped_matmul)
+    /// (the same bits as [`matmul`](Weight::matmul)).
+    ///
+    /// # Errors
+    /// A weight that is not a matrix.
+    pub fn grouped(&self) -> Result<GroupedWeight<'_>, LlmError> {
+        if let Some(b) = &self.bf16 {
+            return Ok(GroupedWeight::Bf16AmxRule(b));
+        }
+        Ok(match (&self.packed, self.quant_format()) {
+            (Some(p), _) => GroupedWeight::Packed(p),
+            (None, None) => GroupedWeight::Float(self.matrix()?),
+            (None, Some(_)) => GroupedWeight::Quant(self.quant_matrix("")?),
+        })
     }
 
     /// Makes the kernels' repacked copy of a quantized matrix
