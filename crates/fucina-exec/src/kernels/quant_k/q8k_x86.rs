@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::q8k::{GROUPS, KActs, Q8kVector};
-use super::x86::{drive, f16_pair};
+use super::x86::{drive, f16_pair, super_blocks};
 use super::{Q4_K, Q5_K, Q6_K, QK_K};
 use crate::kernels::quant_block::BlockFormat;
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
@@ -92,6 +92,50 @@ unsafe fn min_lanes<const M: usize>(mn: u64, bs: &[*const i16; M]) -> [__m256i; 
     out
 }
 
+/// The 16-bit lane `lo` of the lower half of `v` in every lane of the lower
+/// half, lane `hi` of the upper half in every lane of the upper half
+/// (`lo`, `hi` < 8; one `vpshufb`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lane16(v: __m256i, lo: usize, hi: usize) -> __m256i {
+    let (a, b) = (2 * lo as i8, 2 * hi as i8);
+    let idx = _mm256_setr_epi8(
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+    );
+    _mm256_shuffle_epi8(v, idx)
+}
+
 /// Bit `j` of each byte of `v`, in bit 4.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -124,6 +168,8 @@ unsafe fn q45k_lanes<const M: usize>(
     // SAFETY: 32 bytes of fifth bits (the caller's contract).
     let h = qh.map(|p| unsafe { _mm256_loadu_si256(p.cast()) });
     let low4 = _mm256_set1_epi8(0x0f);
+    // the eight scales as 16-bit lanes, in both halves
+    let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
     let mut iv = [_mm256_setzero_si256(); M];
     for c in 0..4 {
         // SAFETY: bytes 32 c .. +32 of the 128 (the caller's contract).
@@ -134,8 +180,7 @@ unsafe fn q45k_lanes<const M: usize>(
             lo = _mm256_or_si256(lo, fifth_bit(h, 2 * c));
             hi = _mm256_or_si256(hi, fifth_bit(h, 2 * c + 1));
         }
-        let s0 = _mm256_set1_epi16(((sc >> (16 * c)) & 0xff) as i16);
-        let s1 = _mm256_set1_epi16(((sc >> (16 * c + 8)) & 0xff) as i16);
+        let (s0, s1) = (lane16(scv, 2 * c, 2 * c), lane16(scv, 2 * c + 1, 2 * c + 1));
         // SAFETY: activations 64 c .. 64 c + 64 of the 256 (the caller's
         // contract).
         unsafe {
@@ -207,7 +252,12 @@ impl Q8kAvx2 for Q6_K {
         bs: &[*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
         // SAFETY: the 16 scales at 192..208 are inside the super-block.
-        let sc: [i8; 16] = unsafe { blk.add(192).cast::<[i8; 16]>().read_unaligned() };
+        let sc8 = unsafe { _mm_loadu_si128(blk.add(192).cast()) };
+        // scales 0..8 and 8..16 as 16-bit lanes, each in both halves
+        let sch = [
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(sc8))),
+        ];
         let low4 = _mm256_set1_epi8(0x0f);
         let mut iv = [_mm256_setzero_si256(); M];
         for half in 0..2 {
@@ -235,10 +285,8 @@ impl Q8kAvx2 for Q6_K {
                 );
                 let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
                 let j = 4 * half + g;
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(i16::from(sc[2 * j + 1])),
-                    _mm_set1_epi16(i16::from(sc[2 * j])),
-                );
+                // groups 2j, 2j + 1 (both in scales 8 half .. 8 half + 8)
+                let s = lane16(sch[half], 2 * g, 2 * g + 1);
                 // SAFETY: activations 32 j .. +32 of the 256 (the caller's
                 // contract).
                 unsafe { scaled(&mut iv, q, s, x, 32 * j) };
@@ -342,13 +390,12 @@ unsafe fn tile_body<F: Q8kVector, const R: usize, const M: usize>(
             }
             let mut heads = [(0.0f32, 0.0f32); R];
             let mut lanes = [([_mm256_setzero_si256(); M], [_mm256_setzero_si256(); M]); R];
+            // the super-blocks' addresses, the weights ahead prefetched as the
+            // blocks-of-32 K kernels do
+            let blks = super_blocks::<F, R>(w, row_bytes, j0, b);
             for r in 0..R {
-                let blk = w.as_ptr().add((j0 + r) * row_bytes + b * F::BYTES);
-                for l in 0..F::BYTES.div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(768 + 64 * l).cast());
-                }
-                heads[r] = F::head(blk);
-                lanes[r] = F::lanes::<M>(blk, &xp, &bp);
+                heads[r] = F::head(blks[r]);
+                lanes[r] = F::lanes::<M>(blks[r], &xp, &bp);
             }
             if M == 1 && R == 4 {
                 // one activation row: the four weight rows' outputs side by side
