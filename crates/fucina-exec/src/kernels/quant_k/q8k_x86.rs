@@ -260,7 +260,7 @@ impl Q8kAvx2 for Q6_K {
         ];
         let low4 = _mm256_set1_epi8(0x0f);
         let mut iv = [_mm256_setzero_si256(); M];
-        for half in 0..2 {
+        for (half, &sc_half) in sch.iter().enumerate() {
             // SAFETY: ql bytes 64 half .. +64 and qh bytes 128 + 32 half ..
             // +32 are inside the super-block.
             let (a, b, h) = unsafe {
@@ -286,7 +286,7 @@ impl Q8kAvx2 for Q6_K {
                 let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
                 let j = 4 * half + g;
                 // groups 2j, 2j + 1 (both in scales 8 half .. 8 half + 8)
-                let s = lane16(sch[half], 2 * g, 2 * g + 1);
+                let s = lane16(sc_half, 2 * g, 2 * g + 1);
                 // SAFETY: activations 32 j .. +32 of the 256 (the caller's
                 // contract).
                 unsafe { scaled(&mut iv, q, s, x, 32 * j) };
