@@ -537,6 +537,46 @@ fn every_path_matches_the_reference_bit_for_bit() {
     }
 }
 
+/// Q5_K in prefill-sized calls (`m ≥ 16`: at the AVX-512 VNNI level the
+/// GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
+/// super-blocks), quantized and arbitrary blocks: the reference's bits at
+/// every level and thread count.
+#[test]
+fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
+    let best = detected_simd_level();
+    let format = QuantFormat::Q5_K;
+    let (rows, cols, m) = (37usize, 1536usize, 29usize);
+    let w: Vec<f32> = values(rows * cols, 41, 0.5)
+        .iter()
+        .map(|v| v + 0.2)
+        .collect();
+    let quantized = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+    let arbitrary = random_blocks(format, rows * cols / 256, 43);
+    let x = values(m * cols, 45, 2.0);
+    for bytes in [quantized.bytes(), &arbitrary[..]] {
+        let wm = QuantMatrix::new(format, rows, cols, bytes).unwrap();
+        let want = ref_matmul(&x, m, &wm);
+        for level in SimdLevel::available() {
+            assert!(force_simd_level(level));
+            for threads in 1..=3 {
+                let ctx = ExecContext::with_threads(threads);
+                for mm in [16, m] {
+                    let mut out = vec![f32::NAN; mm * rows];
+                    ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
+                        .unwrap();
+                    assert_eq!(
+                        bits(&out),
+                        bits(&want[..mm * rows]),
+                        "m={mm} level={} threads={threads}",
+                        level.name()
+                    );
+                }
+            }
+        }
+        assert!(force_simd_level(best));
+    }
+}
+
 /// The formats with vector kernels (`kernels::quant_k`).
 const K_VECTOR: [QuantFormat; 4] = [
     QuantFormat::Q5_K,

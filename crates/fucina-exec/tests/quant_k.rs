@@ -485,6 +485,71 @@ fn arbitrary_block_bytes_match_the_reference() {
     }
 }
 
+/// Prefill-sized calls (`m ≥ 16`: at the AVX-512 VNNI level the GEMM over
+/// tiles of 16 weight rows; 37 rows make a partial last tile, 6 super-blocks
+/// a chunk of four and one of two) on quantized and arbitrary blocks (any
+/// code, scale and min, int8 scales of −128, negative super-block scales),
+/// with a zero, a huge and a −127 activation block: the reference's bits at
+/// every level, thread count and batch size.
+#[test]
+fn gemm_sized_calls_match_the_reference_bit_for_bit() {
+    let best = detected_simd_level();
+    let (rows, cols, m) = (37usize, 1536usize, 43usize);
+    for format in K_FORMATS {
+        let w: Vec<f32> = values(rows * cols, 31, 0.5)
+            .iter()
+            .map(|v| v + 0.2)
+            .collect();
+        let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+        let bb = format.block_bytes();
+        let mut arbitrary: Vec<u8> = (0..(rows * cols / 256 * bb) as u64)
+            .map(|i| (fucina_exec::rng::at(7, i) >> 56) as u8)
+            .collect();
+        for (b, blk) in arbitrary.chunks_mut(bb).enumerate() {
+            let v = values(2, 2000 + b as u64, 2.0);
+            match format {
+                QuantFormat::Q4_K => {
+                    blk[0..2].copy_from_slice(&f16_bytes(v[0]));
+                    blk[2..4].copy_from_slice(&f16_bytes(v[1]));
+                }
+                _ => {
+                    blk[208..210].copy_from_slice(&f16_bytes(v[0]));
+                    if b % 3 == 0 {
+                        blk[192..208].fill(0x80);
+                    }
+                }
+            }
+        }
+        let mut x = values(m * cols, 77, 2.0);
+        x[3 * cols..3 * cols + 256].fill(0.0);
+        x[5 * cols + 7] = 1e30;
+        x[9 * cols + 256..9 * cols + 512].fill(-127.0);
+        for bytes in [q.bytes(), &arbitrary[..]] {
+            let wm = QuantMatrix::new(format, rows, cols, bytes).unwrap();
+            let want = ref_matmul(&x, m, &wm);
+            for level in SimdLevel::available() {
+                assert!(force_simd_level(level));
+                for threads in 1..=3 {
+                    let ctx = ExecContext::with_threads(threads);
+                    for mm in [16, m] {
+                        let mut out = vec![f32::NAN; mm * rows];
+                        ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
+                            .unwrap();
+                        assert_eq!(
+                            bits(&out),
+                            bits(&want[..mm * rows]),
+                            "{} m={mm} level={} threads={threads}",
+                            format.name(),
+                            level.name()
+                        );
+                    }
+                }
+            }
+            assert!(force_simd_level(best));
+        }
+    }
+}
+
 #[test]
 fn non_finite_activations_give_nan_rows_only() {
     let ctx = ExecContext::new();

@@ -159,17 +159,36 @@ impl ExecContext {
     }
 }
 
-/// The row kernel of a format whose products take the super-block
-/// activations (`kernels::quant_k::q8k`: Q4_K, Q5_K, Q6_K).
-type Q8kKernel = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
+/// The kernels of a format whose products take the super-block activations
+/// (`kernels::quant_k::q8k`: Q4_K, Q5_K, Q6_K): the rows kernel
+/// (`q8k_rows`) and the GEMM over tiles of 16 weight rows (`gemm_tiles`,
+/// the weight row count its third argument).
+#[derive(Clone, Copy)]
+struct Q8kKernel {
+    rows: Q8kRows,
+    gemm: Q8kGemmTiles,
+}
+
+/// `q8k_rows`: weights, row bytes, weight rows, activations, `m`, output.
+type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
+
+/// `gemm_tiles`: weights, row bytes, weight row count, tiles, activations,
+/// `m`, output.
+type Q8kGemmTiles = fn(&[u8], usize, usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
 
 /// The [`Q8kKernel`] of `format`, if it takes the super-block activations.
 fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
     use crate::kernels::quant_block as qb;
+    fn of<F: q8k::Q8kVector>() -> Q8kKernel {
+        Q8kKernel {
+            rows: q8k::q8k_rows::<F>,
+            gemm: q8k::gemm_tiles::<F>,
+        }
+    }
     match format {
-        QuantFormat::Q4_K => Some(q8k::q8k_rows::<qb::Q4_K>),
-        QuantFormat::Q5_K => Some(q8k::q8k_rows::<qb::Q5_K>),
-        QuantFormat::Q6_K => Some(q8k::q8k_rows::<qb::Q6_K>),
+        QuantFormat::Q4_K => Some(of::<qb::Q4_K>()),
+        QuantFormat::Q5_K => Some(of::<qb::Q5_K>()),
+        QuantFormat::Q6_K => Some(of::<qb::Q6_K>()),
         _ => None,
     }
 }
@@ -199,9 +218,16 @@ impl ExecContext {
         let mut xb = pool
             .acquire_scratch::<i16>(m * nk * GROUPS)
             .map_err(lease)?;
-        let mut tr = match m {
-            1 => None,
-            _ => Some(pool.acquire_scratch::<f32>(no).map_err(lease)?),
+        let gemm = q8k::gemm_for(m);
+        let tiles = rows.div_ceil(q8k::GEMM_TILE);
+        let nt = match (m, gemm) {
+            (1, false) => 0,
+            (_, false) => no,
+            (_, true) => tiles * q8k::GEMM_TILE * m,
+        };
+        let mut tr = match nt {
+            0 => None,
+            _ => Some(pool.acquire_scratch::<f32>(nt).map_err(lease)?),
         };
         self.par_rows3(
             (&mut xq[..nx], cols),
@@ -226,12 +252,21 @@ impl ExecContext {
             cols,
         };
         let rb = w.row_bytes();
-        let run = |r: std::ops::Range<usize>, o: &mut [f32]| kernel(w.bytes, rb, r, &acts, m, o);
+        let run =
+            |r: std::ops::Range<usize>, o: &mut [f32]| (kernel.rows)(w.bytes, rb, r, &acts, m, o);
         match tr.as_deref_mut() {
             None => self.par_rows(out, 1, cols, run),
+            Some(t) if gemm => {
+                let t = &mut t[..nt];
+                let tile = q8k::GEMM_TILE * m;
+                self.par_rows(t, tile, tile * cols, |r, o| {
+                    (kernel.gemm)(w.bytes, rb, rows, r, &acts, m, o)
+                });
+                q8k::untranspose_tiles(t, m, rows, out);
+            }
             Some(t) => {
-                self.par_rows(t, m, m * cols, run);
-                untranspose(t, m, out);
+                self.par_rows(&mut t[..no], m, m * cols, run);
+                untranspose(&t[..no], m, out);
             }
         }
         Ok(())

@@ -312,12 +312,87 @@ pub(crate) fn q8k_rows<F: Q8kVector>(
 /// A [`Q8kDot`] format with vector kernels (on x86-64, its AVX2 integer
 /// sums).
 #[cfg(target_arch = "x86_64")]
-pub(crate) trait Q8kVector: Q8kDot + super::q8k_x86::Q8kAvx2 {}
+pub(crate) trait Q8kVector:
+    Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm
+{
+}
 #[cfg(target_arch = "x86_64")]
-impl<F: Q8kDot + super::q8k_x86::Q8kAvx2> Q8kVector for F {}
+impl<F: Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm> Q8kVector for F {}
 
 /// A [`Q8kDot`] format (no vector kernels on this architecture).
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) trait Q8kVector: Q8kDot {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<F: Q8kDot> Q8kVector for F {}
+
+/// Activation rows from which `quant_matmul` takes the GEMM ([`gemm_tiles`])
+/// where the level has one.
+pub(crate) const GEMM_MIN_M: usize = 16;
+
+/// Weight rows per tile of [`gemm_tiles`].
+pub(crate) const GEMM_TILE: usize = 16;
+
+/// The CPU features [`gemm_tiles`] needs.
+fn gemm_features() -> crate::kernels::simd::CpuFeatures {
+    use crate::kernels::simd::CpuFeatures as F;
+    F::AVX2
+        .with(F::FMA)
+        .with(F::F16C)
+        .with(F::AVX512F)
+        .with(F::AVX512BW)
+        .with(F::AVX512VL)
+        .with(F::AVX512VNNI)
+}
+
+/// Whether `quant_matmul` takes [`gemm_tiles`] for `m` activation rows at
+/// the current level (AVX-512 VNNI, `m ≥ GEMM_MIN_M`). The caller decides
+/// once per call (the level may change between calls, never the bits).
+pub(crate) fn gemm_for(m: usize) -> bool {
+    m >= GEMM_MIN_M
+        && cfg!(target_arch = "x86_64")
+        && crate::kernels::simd::CpuFeatures::enabled().has(gemm_features())
+}
+
+/// The outputs of weight rows `16 t .. 16 t + 16` for the tiles `t` in
+/// `tiles` (the last cut at `rows`) and all `m` activation rows, into
+/// `out_tiles` (`[tiles.len()][m][16]`), in the fixed order of the module
+/// docs; `untranspose_tiles` writes them to the product's output.
+///
+/// # Panics
+/// Where the CPU lacks AVX-512 VNNI (see [`gemm_for`]), or the slices are
+/// too short (caller bugs).
+pub(crate) fn gemm_tiles<F: Q8kVector>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out_tiles: &mut [f32],
+) {
+    assert!(
+        crate::kernels::simd::CpuFeatures::detected().has(gemm_features()),
+        "gemm_tiles: the CPU lacks AVX-512 VNNI"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
+    // (asserted); `gemm` checks the bounds.
+    unsafe {
+        super::q8k_gemm::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
+    }
+}
+
+/// Writes `t` (`[tiles][m][16]`, see [`gemm_tiles`]) into `out` (`[m, rows]`).
+pub(crate) fn untranspose_tiles(t: &[f32], m: usize, rows: usize, out: &mut [f32]) {
+    debug_assert!(out.len() >= m * rows);
+    for (tb, tt) in t.chunks_exact(m * GEMM_TILE).enumerate() {
+        let j0 = tb * GEMM_TILE;
+        if j0 >= rows {
+            break;
+        }
+        let n = (rows - j0).min(GEMM_TILE);
+        for (orow, trow) in out.chunks_exact_mut(rows).zip(tt.chunks_exact(GEMM_TILE)) {
+            orow[j0..j0 + n].copy_from_slice(&trow[..n]);
+        }
+    }
+}

@@ -139,7 +139,7 @@ fn lane16(v: __m256i, lo: usize, hi: usize) -> __m256i {
 /// Bit `j` of each byte of `v`, in bit 4.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn fifth_bit(v: __m256i, j: usize) -> __m256i {
+pub(super) fn fifth_bit(v: __m256i, j: usize) -> __m256i {
     // a 16-bit shift by at most 7 moves no bit that the mask keeps across bytes
     let b = _mm256_and_si256(
         _mm256_srl_epi16(v, _mm_cvtsi32_si128(j as i32)),

@@ -1,0 +1,438 @@
+//! The AVX-512 VNNI product of many activation rows with Q4_K, Q5_K and Q6_K
+//! weights on the super-block activations of `q8k` (a prefill, a batch):
+//! a GEMM in the layout of int8 GEMMs.
+//!
+//! The weight rows are taken 16 at a time (a *tile*). A few super-blocks of
+//! the tile are unpacked once into a buffer on the stack (`CHUNK` of them):
+//! the codes as unsigned bytes, transposed so that one 512-bit vector holds
+//! the four codes `4 g .. 4 g + 4` of each of the 16 rows; the integer
+//! sub-block (Q6_K: group) scales as i32, one vector per sub-block; the
+//! coefficients of the activation group sums as 16-bit pairs; `d` and `dmin`
+//! as f32. Then every activation row meets the unpacked chunk, eight rows at
+//! a time: `vpdpbusd` of a code vector with four activations broadcast
+//! (16 weight rows × 4 columns per instruction), one i32 accumulator per
+//! activation row and sub-block, multiplied by the sub-block scales
+//! (`vpmulld`) into the super-block's `I`; `vpdpwssd` of the group sums with
+//! the mins (Q6_K: with the scales, for its offset of 32) into `N`; then the
+//! float part of `q8k`'s order, lane `r` the output of weight row `r`, the
+//! same IEEE operations as the portable loop. The integers are exact, so the
+//! outputs are the same bits as every other path's.
+//!
+//! The outputs of a tile are `[m][16]` (activation row major, 16 weight rows
+//! side by side: one vector per activation row); they hold the running
+//! accumulators between chunks. `quant_matmul` writes them to its output
+//! with `q8k::untranspose_tiles`.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::q8k::{GROUPS, KActs, Q8kDot};
+use super::q8k_x86::fifth_bit;
+use super::{Q4_K, Q5_K, Q6_K, QK_K};
+use crate::kernels::quant_block::q4_k::q4k_scales;
+
+/// Weight rows per tile (the lanes of a 512-bit vector of i32).
+const TILE: usize = super::q8k::GEMM_TILE;
+
+/// Super-blocks unpacked at a time (`CHUNK · SB_VECS · 64` bytes of stack).
+const CHUNK: usize = 4;
+
+/// Activation rows per micro-kernel call.
+const MR: usize = 8;
+
+/// 64 bytes, aligned to a cache line (one 512-bit vector).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Z([u32; 16]);
+
+/// Vectors per unpacked super-block: 64 of codes, 16 of scales, 8 of group
+/// sum coefficients, `d`, `dmin`.
+const SB_VECS: usize = 64 + 16 + 8 + 2;
+const SCALES: usize = 64;
+const COEFS: usize = 80;
+const D: usize = 88;
+const DMIN: usize = 89;
+
+/// A format the GEMM unpacks.
+pub(crate) trait Q8kGemm: Q8kDot {
+    /// Scale groups per super-block: 8 (sub-blocks of 32) or 16 (groups of
+    /// 16).
+    const NS: usize;
+
+    /// The 256 codes of the super-block at `blk` as unsigned bytes, element
+    /// order, 32 per vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `blk` valid for reading `Self::BYTES` bytes.
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8];
+
+    /// The `NS` integer scales (zeros past `NS`) and, per group of 16, the
+    /// coefficient `c[g]` of the activation group sum `bs[g]` in `N = Σ c · bs`.
+    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]);
+}
+
+/// The Q4_K / Q5_K codes (`qs` the 128 nibble bytes, `qh` the fifth bits).
+///
+/// # Safety
+/// AVX2; `qs` valid for 128 bytes, `qh` (when given) for 32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q45k_codes(qs: *const u8, qh: Option<*const u8>) -> [__m256i; 8] {
+    let low4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: 32 bytes of fifth bits (the caller's contract).
+    let h = qh.map(|p| unsafe { _mm256_loadu_si256(p.cast()) });
+    let mut out = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        // SAFETY: bytes 32 c .. +32 of the 128 (the caller's contract).
+        let v = unsafe { _mm256_loadu_si256(qs.add(32 * c).cast()) };
+        let mut lo = _mm256_and_si256(v, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+        if let Some(h) = h {
+            lo = _mm256_or_si256(lo, fifth_bit(h, 2 * c));
+            hi = _mm256_or_si256(hi, fifth_bit(h, 2 * c + 1));
+        }
+        out[2 * c] = lo;
+        out[2 * c + 1] = hi;
+    }
+    out
+}
+
+/// Q4_K's and Q5_K's scales and min coefficients.
+#[inline(always)]
+fn q45k_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
+    let (sc, mn) = q4k_scales(&blk[4..16]);
+    let mut s = [0i32; 16];
+    let mut c = [0i16; 16];
+    for j in 0..8 {
+        s[j] = i32::from(sc[j]);
+        c[2 * j] = i16::from(mn[j]);
+        c[2 * j + 1] = i16::from(mn[j]);
+    }
+    (s, c)
+}
+
+impl Q8kGemm for Q4_K {
+    const NS: usize = 8;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the nibbles 16..144 are inside the super-block.
+        unsafe { q45k_codes(blk.add(16), None) }
+    }
+
+    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
+        q45k_scales(blk)
+    }
+}
+
+impl Q8kGemm for Q5_K {
+    const NS: usize = 8;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the fifth bits 16..48 and the nibbles 48..176 are inside
+        // the super-block.
+        unsafe { q45k_codes(blk.add(48), Some(blk.add(16))) }
+    }
+
+    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
+        q45k_scales(blk)
+    }
+}
+
+impl Q8kGemm for Q6_K {
+    const NS: usize = 16;
+
+    /// The unsigned 6-bit codes `q` (`0..=63`; the value is `q − 32`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut out = [_mm256_setzero_si256(); 8];
+        for half in 0..2 {
+            // SAFETY: ql bytes 64 half .. +64 and qh bytes 128 + 32 half ..
+            // +32 are inside the super-block.
+            let (a, b, h) = unsafe {
+                (
+                    _mm256_loadu_si256(blk.add(64 * half).cast()),
+                    _mm256_loadu_si256(blk.add(64 * half + 32).cast()),
+                    _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
+                )
+            };
+            for g in 0..4 {
+                let src = if g % 2 == 0 { a } else { b };
+                let lo = if g < 2 {
+                    _mm256_and_si256(src, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(src), low4)
+                };
+                // bits 2g, 2g + 1 of each qh byte to bits 4, 5 (a 16-bit
+                // shift by at most 6 moves no bit the mask keeps across bytes)
+                let hb = _mm256_and_si256(
+                    _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                out[4 * half + g] = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
+            }
+        }
+        out
+    }
+
+    /// The sixteen int8 group scales, and the same as the coefficients of the
+    /// group sums (the offset: `I = Σ sc · Σ q · x − 32 · Σ sc · bs`).
+    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
+        let mut s = [0i32; 16];
+        let mut c = [0i16; 16];
+        for g in 0..16 {
+            let v = blk[192 + g] as i8;
+            s[g] = i32::from(v);
+            c[g] = i16::from(v);
+        }
+        (s, c)
+    }
+}
+
+/// Transposes 16 vectors of 16 dwords: `out[k]` lane `r` = `v[r]` lane `k`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    // u[4 i + q], 128-bit lane L: column 4 L + q of rows 4 i .. 4 i + 4
+    let mut u = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0x88>(u[q], u[4 + q]);
+        let v1 = _mm512_shuffle_i32x4::<0xdd>(u[q], u[4 + q]);
+        let w0 = _mm512_shuffle_i32x4::<0x88>(u[8 + q], u[12 + q]);
+        let w1 = _mm512_shuffle_i32x4::<0xdd>(u[8 + q], u[12 + q]);
+        out[q] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+        out[4 + q] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+        out[8 + q] = _mm512_shuffle_i32x4::<0xdd>(v0, w0);
+        out[12 + q] = _mm512_shuffle_i32x4::<0xdd>(v1, w1);
+    }
+    out
+}
+
+/// Unpacks super-blocks `b0 .. b0 + nsb` of weight rows `j0 .. j0 + nr`
+/// (`nr ≤ 16`; the missing rows as zeros) into `buf`.
+///
+/// # Safety
+/// AVX-512 F/BW, AVX2; the rows and super-blocks inside `w` (checked by the
+/// caller).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn unpack<F: Q8kGemm>(
+    w: &[u8],
+    row_bytes: usize,
+    (j0, nr): (usize, usize),
+    (b0, nsb): (usize, usize),
+    buf: &mut [Z; CHUNK * SB_VECS],
+) {
+    let mut stage = [Z([0; 16]); 4 * TILE];
+    for s in 0..nsb {
+        let base = &mut buf[s * SB_VECS..(s + 1) * SB_VECS];
+        for r in 0..TILE {
+            let st = stage[4 * r..4 * r + 4].as_mut_ptr().cast::<__m256i>();
+            if r >= nr {
+                // SAFETY: 256 bytes of `stage` at row r.
+                unsafe { std::ptr::write_bytes(st, 0, 8) };
+                for v in &mut base[SCALES..DMIN + 1] {
+                    v.0[r] = 0;
+                }
+                continue;
+            }
+            let at = (j0 + r) * row_bytes + (b0 + s) * F::BYTES;
+            let blk = &w[at..at + F::BYTES];
+            // SAFETY: `blk` holds the super-block; 256 bytes of `stage`.
+            let codes = unsafe { F::codes(blk.as_ptr()) };
+            for (k, c) in codes.iter().enumerate() {
+                // SAFETY: vector k of row r's 256 bytes in `stage`.
+                unsafe { _mm256_storeu_si256(st.add(k), *c) };
+            }
+            let (sc, co) = F::int_scales(blk);
+            for (g, &v) in sc.iter().enumerate() {
+                base[SCALES + g].0[r] = v as u32;
+            }
+            for p in 0..8 {
+                let pair = u32::from(co[2 * p] as u16) | (u32::from(co[2 * p + 1] as u16) << 16);
+                base[COEFS + p].0[r] = pair;
+            }
+            let (d, dmin) = F::scales(blk);
+            base[D].0[r] = d.to_bits();
+            base[DMIN].0[r] = dmin.to_bits();
+        }
+        for q in 0..4 {
+            // SAFETY: `stage` holds 4 · 16 aligned vectors.
+            let rows: [__m512i; 16] = std::array::from_fn(|r| unsafe {
+                _mm512_load_si512(stage[4 * r + q].0.as_ptr().cast())
+            });
+            for (k, v) in transpose16(&rows).into_iter().enumerate() {
+                // SAFETY: vector 16 q + k of this super-block's codes.
+                unsafe { _mm512_store_si512(base[16 * q + k].0.as_mut_ptr().cast(), v) };
+            }
+        }
+    }
+}
+
+/// The `A` activation rows at `x` (their values at the chunk's first
+/// super-block; rows `x_stride` apart), group sums at `bs` (rows `bs_stride`
+/// apart), scales at `dx` (rows `nb` apart) meet the `nsb` unpacked
+/// super-blocks in `buf`: the accumulators at `acc` (`A` vectors of 16,
+/// zeros when `first`) take the float part of every super-block in turn.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; every read inside the activations (checked by the
+/// caller), `acc` valid for `16 · A` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)] // the activation rows' three arrays and their strides
+unsafe fn micro<F: Q8kGemm, const A: usize>(
+    buf: &[Z; CHUNK * SB_VECS],
+    nsb: usize,
+    (x, x_stride): (*const i8, usize),
+    (bs, bs_stride): (*const i16, usize),
+    (dx, nb): (*const f32, usize),
+    acc: *mut f32,
+    first: bool,
+) {
+    let kg_per = 64 / F::NS;
+    let bp = buf.as_ptr().cast::<__m512i>();
+    // SAFETY: the caller's contract (every read and write below).
+    unsafe {
+        let mut av: [__m512; A] = std::array::from_fn(|a| {
+            if first {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(acc.add(16 * a))
+            }
+        });
+        for s in 0..nsb {
+            let base = bp.add(s * SB_VECS);
+            let mut ii = [_mm512_setzero_si512(); A];
+            for g in 0..F::NS {
+                let mut p = [_mm512_setzero_si512(); A];
+                for kk in 0..kg_per {
+                    let kg = g * kg_per + kk;
+                    let wv = _mm512_load_si512(base.add(kg).cast());
+                    for (a, pa) in p.iter_mut().enumerate() {
+                        let xv = x
+                            .add(a * x_stride + s * QK_K + 4 * kg)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        *pa = _mm512_dpbusd_epi32(*pa, wv, _mm512_set1_epi32(xv));
+                    }
+                }
+                let sc = _mm512_load_si512(base.add(SCALES + g).cast());
+                for (ia, pa) in ii.iter_mut().zip(&p) {
+                    *ia = _mm512_add_epi32(*ia, _mm512_mullo_epi32(*pa, sc));
+                }
+            }
+            let mut t = [_mm512_setzero_si512(); A];
+            for pr in 0..8 {
+                let cv = _mm512_load_si512(base.add(COEFS + pr).cast());
+                for (a, ta) in t.iter_mut().enumerate() {
+                    let b2 = bs
+                        .add(a * bs_stride + s * GROUPS + 2 * pr)
+                        .cast::<i32>()
+                        .read_unaligned();
+                    *ta = _mm512_dpwssd_epi32(*ta, cv, _mm512_set1_epi32(b2));
+                }
+            }
+            let d = _mm512_castsi512_ps(_mm512_load_si512(base.add(D).cast()));
+            let dmin = _mm512_castsi512_ps(_mm512_load_si512(base.add(DMIN).cast()));
+            for a in 0..A {
+                let dxv = _mm512_set1_ps(*dx.add(a * nb + s));
+                if F::MIN {
+                    let v =
+                        _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(ii[a]), av[a]);
+                    av[a] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dxv), _mm512_cvtepi32_ps(t[a]), v);
+                } else {
+                    let i = _mm512_sub_epi32(ii[a], _mm512_slli_epi32::<5>(t[a]));
+                    av[a] = _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i), av[a]);
+                }
+            }
+        }
+        for (a, v) in av.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(16 * a), *v);
+        }
+    }
+}
+
+/// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
+/// one cut at `rows`) for all `m` activation rows, into `out`
+/// (`[tiles.len()][m][16]`).
+///
+/// # Panics
+/// If the slices are too short (caller bugs).
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VNNI, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+pub(super) unsafe fn gemm<F: Q8kGemm>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &mut [f32],
+) {
+    let nb = acts.cols / QK_K;
+    assert_eq!(row_bytes, nb * F::BYTES, "q8k gemm: row bytes");
+    assert!(rows * row_bytes <= w.len(), "q8k gemm: weight rows");
+    assert!(tiles.end * TILE < rows + TILE, "q8k gemm: tiles");
+    assert!(acts.q.len() >= m * acts.cols, "q8k gemm: activations");
+    assert!(acts.d.len() >= m * nb, "q8k gemm: scales");
+    assert!(acts.bsums.len() >= m * nb * GROUPS, "q8k gemm: sums");
+    assert!(out.len() >= tiles.len() * m * TILE, "q8k gemm: output");
+    let mut buf = [Z([0; 16]); CHUNK * SB_VECS];
+    for (ti, t) in tiles.enumerate() {
+        let j0 = t * TILE;
+        let nr = (rows - j0).min(TILE);
+        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
+        for b0 in (0..nb).step_by(CHUNK) {
+            let nsb = (nb - b0).min(CHUNK);
+            // SAFETY: the features (the caller's contract); the rows and
+            // super-blocks are inside `w` (asserted).
+            unsafe { unpack::<F>(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
+            let mut i0 = 0;
+            while i0 < m {
+                let a = (m - i0).min(MR);
+                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
+                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
+                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
+                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
+                let first = b0 == 0;
+                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
+                // of the activations are inside their slices (asserted);
+                // `acc` holds a · 16 floats.
+                unsafe {
+                    match a {
+                        8 => micro::<F, 8>(&buf, nsb, x, bs, dx, acc, first),
+                        7 => micro::<F, 7>(&buf, nsb, x, bs, dx, acc, first),
+                        6 => micro::<F, 6>(&buf, nsb, x, bs, dx, acc, first),
+                        5 => micro::<F, 5>(&buf, nsb, x, bs, dx, acc, first),
+                        4 => micro::<F, 4>(&buf, nsb, x, bs, dx, acc, first),
+                        3 => micro::<F, 3>(&buf, nsb, x, bs, dx, acc, first),
+                        2 => micro::<F, 2>(&buf, nsb, x, bs, dx, acc, first),
+                        _ => micro::<F, 1>(&buf, nsb, x, bs, dx, acc, first),
+                    }
+                }
+                i0 += a;
+            }
+        }
+    }
+}
