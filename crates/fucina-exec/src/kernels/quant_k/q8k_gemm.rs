@@ -29,7 +29,7 @@ use std::ops::Range;
 use super::q8k::{GROUPS, KActs, Q8kDot};
 use super::q8k_x86::fifth_bit;
 use super::{Q4_K, Q5_K, Q6_K, QK_K};
-use crate::kernels::quant_block::q4_k::q4k_scales;
+use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 
 /// Weight rows per tile (the lanes of a 512-bit vector of i32).
 const TILE: usize = super::q8k::GEMM_TILE;
@@ -45,13 +45,13 @@ const MR: usize = 8;
 #[repr(C, align(64))]
 struct Z([u32; 16]);
 
-/// Vectors per unpacked super-block: 64 of codes, 16 of scales, 8 of group
-/// sum coefficients, `d`, `dmin`.
-const SB_VECS: usize = 64 + 16 + 8 + 2;
-const SCALES: usize = 64;
-const COEFS: usize = 80;
-const D: usize = 88;
-const DMIN: usize = 89;
+/// Vectors per unpacked super-block: 64 of codes, then 32 of the format's
+/// meta dwords (scales, group sum coefficients, `d`, `dmin`; see
+/// [`Q8kGemm::meta`]).
+const SB_VECS: usize = 64 + 32;
+
+/// The first meta vector of an unpacked super-block.
+const META: usize = 64;
 
 /// A format the GEMM unpacks.
 pub(crate) trait Q8kGemm: Q8kDot {
@@ -66,9 +66,22 @@ pub(crate) trait Q8kGemm: Q8kDot {
     /// The CPU must have AVX2; `blk` valid for reading `Self::BYTES` bytes.
     unsafe fn codes(blk: *const u8) -> [__m256i; 8];
 
-    /// The `NS` integer scales (zeros past `NS`) and, per group of 16, the
-    /// coefficient `c[g]` of the activation group sum `bs[g]` in `N = Σ c · bs`.
-    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]);
+    /// The first of the 8 meta dwords holding the group sum coefficients as
+    /// 16-bit pairs `(c[2p], c[2p + 1])`, where `N = Σ_g c[g] · bs[g]`.
+    const COEF: usize;
+    /// The meta dword of `d` (f32 bits).
+    const D: usize;
+    /// The meta dword of `dmin` (f32 bits; a zero dword without a min).
+    const DMIN: usize;
+
+    /// The 32 meta dwords of the super-block at `blk`: dwords `0 .. NS` the
+    /// integer scales (i32), `COEF .. COEF + 8` the coefficient pairs, `D`
+    /// and `DMIN` the f32 scales, the others zero.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW, AVX2 and F16C; `blk` valid for
+    /// reading `Self::BYTES` bytes.
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2];
 }
 
 /// The Q4_K / Q5_K codes (`qs` the 128 nibble bytes, `qh` the fifth bits).
@@ -97,22 +110,39 @@ unsafe fn q45k_codes(qs: *const u8, qh: Option<*const u8>) -> [__m256i; 8] {
     out
 }
 
-/// Q4_K's and Q5_K's scales and min coefficients.
-#[inline(always)]
-fn q45k_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
-    let (sc, mn) = q4k_scales(&blk[4..16]);
-    let mut s = [0i32; 16];
-    let mut c = [0i16; 16];
-    for j in 0..8 {
-        s[j] = i32::from(sc[j]);
-        c[2 * j] = i16::from(mn[j]);
-        c[2 * j + 1] = i16::from(mn[j]);
-    }
-    (s, c)
+/// Q4_K's and Q5_K's meta dwords: the eight scales at 0, the pairs
+/// `(mn[j], mn[j])` at 8 (group sums `2j` and `2j + 1` share sub-block `j`'s
+/// min), `d` at 16, `dmin` at 17.
+///
+/// # Safety
+/// AVX-512 F/BW, AVX2, F16C; `blk` valid for 16 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+unsafe fn q45k_meta(blk: *const u8) -> [__m512i; 2] {
+    // SAFETY: the 16 header bytes (the caller's contract).
+    let head = unsafe { std::slice::from_raw_parts(blk, 16) };
+    let (sc, mn) = q4k_scales_u64(&head[4..16]);
+    let scv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+    let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    let co = _mm256_set_m128i(
+        _mm_unpackhi_epi16(mn16, mn16),
+        _mm_unpacklo_epi16(mn16, mn16),
+    );
+    // SAFETY: bytes 0..4 (`d`, `dmin`).
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+        blk.cast::<i32>().read_unaligned()
+    }));
+    [
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scv), co),
+        _mm512_zextsi128_si512(_mm_castps_si128(dd)),
+    ]
 }
 
 impl Q8kGemm for Q4_K {
     const NS: usize = 8;
+    const COEF: usize = 8;
+    const D: usize = 16;
+    const DMIN: usize = 17;
 
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -121,13 +151,19 @@ impl Q8kGemm for Q4_K {
         unsafe { q45k_codes(blk.add(16), None) }
     }
 
-    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
-        q45k_scales(blk)
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the header is inside the super-block.
+        unsafe { q45k_meta(blk) }
     }
 }
 
 impl Q8kGemm for Q5_K {
     const NS: usize = 8;
+    const COEF: usize = 8;
+    const D: usize = 16;
+    const DMIN: usize = 17;
 
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -137,13 +173,19 @@ impl Q8kGemm for Q5_K {
         unsafe { q45k_codes(blk.add(48), Some(blk.add(16))) }
     }
 
-    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
-        q45k_scales(blk)
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the header is inside the super-block.
+        unsafe { q45k_meta(blk) }
     }
 }
 
 impl Q8kGemm for Q6_K {
     const NS: usize = 16;
+    const COEF: usize = 16;
+    const D: usize = 24;
+    const DMIN: usize = 25;
 
     /// The unsigned 6-bit codes `q` (`0..=63`; the value is `q − 32`).
     #[inline]
@@ -180,17 +222,26 @@ impl Q8kGemm for Q6_K {
         out
     }
 
-    /// The sixteen int8 group scales, and the same as the coefficients of the
-    /// group sums (the offset: `I = Σ sc · Σ q · x − 32 · Σ sc · bs`).
-    fn int_scales(blk: &[u8]) -> ([i32; 16], [i16; 16]) {
-        let mut s = [0i32; 16];
-        let mut c = [0i16; 16];
-        for g in 0..16 {
-            let v = blk[192 + g] as i8;
-            s[g] = i32::from(v);
-            c[g] = i16::from(v);
-        }
-        (s, c)
+    /// The sixteen int8 group scales at 0, the same as the coefficients of
+    /// the group sums at 16 (the offset: `I = Σ sc · Σ q · x − 32 · Σ sc ·
+    /// bs`), `d` at 24.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
+        // super-block.
+        let (s8, d) = unsafe {
+            (
+                _mm_loadu_si128(blk.add(192).cast()),
+                blk.add(208).cast::<u16>().read_unaligned(),
+            )
+        };
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        let co = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(s8));
+        [
+            _mm512_cvtepi8_epi32(s8),
+            _mm512_inserti32x4::<2>(co, _mm_castps_si128(d)),
+        ]
     }
 }
 
@@ -226,13 +277,14 @@ fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
 }
 
 /// Unpacks super-blocks `b0 .. b0 + nsb` of weight rows `j0 .. j0 + nr`
-/// (`nr ≤ 16`; the missing rows as zeros) into `buf`.
+/// (`nr ≤ 16`; the missing rows as zeros) into `buf`: each row's codes and
+/// meta dwords staged, then transposed 16 rows at a time.
 ///
 /// # Safety
-/// AVX-512 F/BW, AVX2; the rows and super-blocks inside `w` (checked by the
-/// caller).
+/// AVX-512 F/BW, AVX2, F16C; the rows and super-blocks inside `w` (checked
+/// by the caller).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
 unsafe fn unpack<F: Q8kGemm>(
     w: &[u8],
     row_bytes: usize,
@@ -240,46 +292,38 @@ unsafe fn unpack<F: Q8kGemm>(
     (b0, nsb): (usize, usize),
     buf: &mut [Z; CHUNK * SB_VECS],
 ) {
-    let mut stage = [Z([0; 16]); 4 * TILE];
+    // row r's codes in vectors 4 r .. 4 r + 4, its meta in 64 + 2 r, 65 + 2 r
+    let mut stage = [Z([0; 16]); 6 * TILE];
     for s in 0..nsb {
-        let base = &mut buf[s * SB_VECS..(s + 1) * SB_VECS];
-        for r in 0..TILE {
-            let st = stage[4 * r..4 * r + 4].as_mut_ptr().cast::<__m256i>();
-            if r >= nr {
-                // SAFETY: 256 bytes of `stage` at row r.
-                unsafe { std::ptr::write_bytes(st, 0, 8) };
-                for v in &mut base[SCALES..DMIN + 1] {
-                    v.0[r] = 0;
-                }
-                continue;
-            }
+        for r in 0..nr {
             let at = (j0 + r) * row_bytes + (b0 + s) * F::BYTES;
-            let blk = &w[at..at + F::BYTES];
-            // SAFETY: `blk` holds the super-block; 256 bytes of `stage`.
-            let codes = unsafe { F::codes(blk.as_ptr()) };
-            for (k, c) in codes.iter().enumerate() {
-                // SAFETY: vector k of row r's 256 bytes in `stage`.
-                unsafe { _mm256_storeu_si256(st.add(k), *c) };
+            let blk = w[at..at + F::BYTES].as_ptr();
+            // SAFETY: `blk` holds the super-block (sliced above); the stores
+            // are inside `stage`.
+            unsafe {
+                let st = stage[4 * r..4 * r + 4].as_mut_ptr().cast::<__m256i>();
+                for (k, c) in F::codes(blk).iter().enumerate() {
+                    _mm256_storeu_si256(st.add(k), *c);
+                }
+                let mt = stage[64 + 2 * r..66 + 2 * r].as_mut_ptr().cast::<__m512i>();
+                let [m0, m1] = F::meta(blk);
+                _mm512_store_si512(mt, m0);
+                _mm512_store_si512(mt.add(1), m1);
             }
-            let (sc, co) = F::int_scales(blk);
-            for (g, &v) in sc.iter().enumerate() {
-                base[SCALES + g].0[r] = v as u32;
-            }
-            for p in 0..8 {
-                let pair = u32::from(co[2 * p] as u16) | (u32::from(co[2 * p + 1] as u16) << 16);
-                base[COEFS + p].0[r] = pair;
-            }
-            let (d, dmin) = F::scales(blk);
-            base[D].0[r] = d.to_bits();
-            base[DMIN].0[r] = dmin.to_bits();
         }
-        for q in 0..4 {
-            // SAFETY: `stage` holds 4 · 16 aligned vectors.
+        // (rows past `nr` keep the zeros they were made with)
+        let base = &mut buf[s * SB_VECS..(s + 1) * SB_VECS];
+        for (q, (first, stride)) in (0..4)
+            .map(|q| (q, 4))
+            .chain((0..2).map(|q| (64 + q, 2)))
+            .enumerate()
+        {
+            // SAFETY: `stage` holds 6 · 16 aligned vectors.
             let rows: [__m512i; 16] = std::array::from_fn(|r| unsafe {
-                _mm512_load_si512(stage[4 * r + q].0.as_ptr().cast())
+                _mm512_load_si512(stage[first + stride * r].0.as_ptr().cast())
             });
             for (k, v) in transpose16(&rows).into_iter().enumerate() {
-                // SAFETY: vector 16 q + k of this super-block's codes.
+                // SAFETY: vector 16 q + k of this super-block's 96.
                 unsafe { _mm512_store_si512(base[16 * q + k].0.as_mut_ptr().cast(), v) };
             }
         }
@@ -334,14 +378,14 @@ unsafe fn micro<F: Q8kGemm, const A: usize>(
                         *pa = _mm512_dpbusd_epi32(*pa, wv, _mm512_set1_epi32(xv));
                     }
                 }
-                let sc = _mm512_load_si512(base.add(SCALES + g).cast());
+                let sc = _mm512_load_si512(base.add(META + g).cast());
                 for (ia, pa) in ii.iter_mut().zip(&p) {
                     *ia = _mm512_add_epi32(*ia, _mm512_mullo_epi32(*pa, sc));
                 }
             }
             let mut t = [_mm512_setzero_si512(); A];
             for pr in 0..8 {
-                let cv = _mm512_load_si512(base.add(COEFS + pr).cast());
+                let cv = _mm512_load_si512(base.add(META + F::COEF + pr).cast());
                 for (a, ta) in t.iter_mut().enumerate() {
                     let b2 = bs
                         .add(a * bs_stride + s * GROUPS + 2 * pr)
@@ -350,8 +394,8 @@ unsafe fn micro<F: Q8kGemm, const A: usize>(
                     *ta = _mm512_dpwssd_epi32(*ta, cv, _mm512_set1_epi32(b2));
                 }
             }
-            let d = _mm512_castsi512_ps(_mm512_load_si512(base.add(D).cast()));
-            let dmin = _mm512_castsi512_ps(_mm512_load_si512(base.add(DMIN).cast()));
+            let d = _mm512_castsi512_ps(_mm512_load_si512(base.add(META + F::D).cast()));
+            let dmin = _mm512_castsi512_ps(_mm512_load_si512(base.add(META + F::DMIN).cast()));
             for a in 0..A {
                 let dxv = _mm512_set1_ps(*dx.add(a * nb + s));
                 if F::MIN {
@@ -379,7 +423,7 @@ unsafe fn micro<F: Q8kGemm, const A: usize>(
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VNNI, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
 pub(super) unsafe fn gemm<F: Q8kGemm>(
     w: &[u8],
