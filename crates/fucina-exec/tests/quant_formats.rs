@@ -537,7 +537,7 @@ fn every_path_matches_the_reference_bit_for_bit() {
     }
 }
 
-/// Q5_K in prefill-sized calls (`m ≥ 16`: at the AVX-512 VNNI level the
+/// Q5_K in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the
 /// GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
 /// super-blocks), quantized and arbitrary blocks: the reference's bits at
 /// every level and thread count.

@@ -485,7 +485,7 @@ fn arbitrary_block_bytes_match_the_reference() {
     }
 }
 
-/// Prefill-sized calls (`m ≥ 16`: at the AVX-512 VNNI level the GEMM over
+/// Prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the GEMM over
 /// tiles of 16 weight rows; 37 rows make a partial last tile, 6 super-blocks
 /// a chunk of four and one of two) on quantized and arbitrary blocks (any
 /// code, scale and min, int8 scales of −128, negative super-block scales),

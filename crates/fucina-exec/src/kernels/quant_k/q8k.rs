@@ -327,7 +327,7 @@ impl<F: Q8kDot> Q8kVector for F {}
 
 /// Activation rows from which `quant_matmul` takes the GEMM ([`gemm_tiles`])
 /// where the level has one.
-pub(crate) const GEMM_MIN_M: usize = 16;
+pub(crate) const GEMM_MIN_M: usize = 8;
 
 /// Weight rows per tile of [`gemm_tiles`].
 pub(crate) const GEMM_TILE: usize = 16;

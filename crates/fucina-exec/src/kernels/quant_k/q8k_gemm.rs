@@ -1,5 +1,6 @@
 //! The AVX-512 VNNI product of many activation rows with Q4_K, Q5_K and Q6_K
-//! weights on the super-block activations of `q8k` (a prefill, a batch):
+//! weights on the super-block activations of `q8k` (a prefill, a batch of
+//! 8 or more):
 //! a GEMM in the layout of int8 GEMMs.
 //!
 //! The weight rows are taken 16 at a time (a *tile*). A few super-blocks of
