@@ -17,6 +17,9 @@ use fucina_exec::{
 };
 use fucina_storage::half::f16;
 
+#[path = "support/q8k.rs"]
+mod q8k;
+
 const FORMATS: [QuantFormat; 8] = [
     QuantFormat::Q4_1,
     QuantFormat::Q5_0,
@@ -389,8 +392,7 @@ fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// The documented order. Blocks of 32: eight lanes of four,
 /// `acc[l] = fma(d · dx, p[l], acc[l])` (`p` the exact integer sum of value ×
 /// x̂), then for Q4_1/Q5_1 `acc[0] = fma(m · dx, Σ x̂, acc[0])`; the lanes fold
-/// in halves. Q5_K: as Q4_K (sixteen lanes, even sub-blocks in 0..8, the min
-/// term per super-block on lanes 0..8, `acc[l] += acc[l + 8]`, fold); IQ4_XS
+/// in halves (Q5_K takes the super-block order of `support/q8k.rs`); IQ4_XS
 /// and Q3_K the same sixteen lanes without a min term (the lane scale that of
 /// its group); Q2_K the sixteen lanes, then each group of 16's min term on
 /// lane `g`.
@@ -430,15 +432,6 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
                 acc[g] = (-t).mul_add(sum as f32, acc[g]);
             }
         }
-        if f == QuantFormat::Q5_K {
-            for l in 0..8 {
-                let b = 8 * bi + l;
-                let (_, mn) = k_scale_min(&blk[4..16], l);
-                let t = (f16_val(&blk[2..]) * f32::from(mn)) * xs[b];
-                let sum: i32 = xq[32 * b..32 * b + 32].iter().map(|&v| i32::from(v)).sum();
-                acc[l] = (-t).mul_add(sum as f32, acc[l]);
-            }
-        }
     }
     let first = if be == 256 { 8 } else { 4 };
     let mut h = first;
@@ -451,7 +444,41 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
     acc[0]
 }
 
+/// Q5_K's integer parts `(sc, mn, q)` of element `e` (its product takes the
+/// super-block activations of `support/q8k.rs`).
+fn q5k_int_parts(blk: &[u8], e: usize) -> (i32, i32, i32) {
+    let (j, k) = (e / 32, e % 32);
+    let (sc, mn) = k_scale_min(&blk[4..16], j);
+    let byte = blk[48 + 32 * (j / 2) + k];
+    let lo = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+    let q = i32::from(lo) | (i32::from((blk[16 + k] >> j) & 1) << 4);
+    (i32::from(sc), i32::from(mn), q)
+}
+
+/// Q5_K's reference: the documented super-block order (`support/q8k.rs`).
+fn ref_matmul_q5k(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
+    let bb = w.format().block_bytes();
+    let mut out = vec![0.0; m * w.rows()];
+    for i in 0..m {
+        let (xq, xd) = q8k::q8k_acts(&x[i * w.cols()..(i + 1) * w.cols()]);
+        for j in 0..w.rows() {
+            let row = &w.bytes()[j * w.row_bytes()..(j + 1) * w.row_bytes()];
+            let blk = |b: usize| &row[b * bb..(b + 1) * bb];
+            out[i * w.rows() + j] = q8k::q8k_dot(
+                &xq,
+                &xd,
+                |b| (f16_val(blk(b)), Some(f16_val(&blk(b)[2..]))),
+                |b, e| q5k_int_parts(blk(b), e),
+            );
+        }
+    }
+    out
+}
+
 fn ref_matmul(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
+    if w.format() == QuantFormat::Q5_K {
+        return ref_matmul_q5k(x, m, w);
+    }
     let mut out = vec![0.0; m * w.rows()];
     for i in 0..m {
         let (xq, xs) = ref_quantize_acts(&x[i * w.cols()..(i + 1) * w.cols()]);
@@ -507,6 +534,46 @@ fn every_path_matches_the_reference_bit_for_bit() {
                 assert!(force_simd_level(best));
             }
         }
+    }
+}
+
+/// Q5_K in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the
+/// GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
+/// super-blocks), quantized and arbitrary blocks: the reference's bits at
+/// every level and thread count.
+#[test]
+fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
+    let best = detected_simd_level();
+    let format = QuantFormat::Q5_K;
+    let (rows, cols, m) = (37usize, 1536usize, 29usize);
+    let w: Vec<f32> = values(rows * cols, 41, 0.5)
+        .iter()
+        .map(|v| v + 0.2)
+        .collect();
+    let quantized = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+    let arbitrary = random_blocks(format, rows * cols / 256, 43);
+    let x = values(m * cols, 45, 2.0);
+    for bytes in [quantized.bytes(), &arbitrary[..]] {
+        let wm = QuantMatrix::new(format, rows, cols, bytes).unwrap();
+        let want = ref_matmul(&x, m, &wm);
+        for level in SimdLevel::available() {
+            assert!(force_simd_level(level));
+            for threads in 1..=3 {
+                let ctx = ExecContext::with_threads(threads);
+                for mm in [16, m] {
+                    let mut out = vec![f32::NAN; mm * rows];
+                    ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
+                        .unwrap();
+                    assert_eq!(
+                        bits(&out),
+                        bits(&want[..mm * rows]),
+                        "m={mm} level={} threads={threads}",
+                        level.name()
+                    );
+                }
+            }
+        }
+        assert!(force_simd_level(best));
     }
 }
 
@@ -630,7 +697,14 @@ fn accuracy_against_the_f64_product_is_within_the_bound() {
             let mut worst = 0.0f64;
             for i in 0..m {
                 let xi = &x[i * cols..(i + 1) * cols];
-                let (xq, xs) = ref_quantize_acts(xi);
+                // Q5_K's activations come in blocks of 256 (one scale each)
+                let (xq, xs, xb) = if format == QuantFormat::Q5_K {
+                    let (q, d) = q8k::q8k_acts(xi);
+                    (q, d, 256)
+                } else {
+                    let (q, s) = ref_quantize_acts(xi);
+                    (q, s, 32)
+                };
                 for j in 0..rows {
                     let row = &wm.bytes()[j * wm.row_bytes()..(j + 1) * wm.row_bytes()];
                     let (mut exact, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
@@ -638,7 +712,7 @@ fn accuracy_against_the_f64_product_is_within_the_bound() {
                         let (s, off, qv) = parts(format, &row[k / be * bb..][..bb], k % be);
                         let (sq, off) = (f64::from(s) * f64::from(qv), f64::from(off));
                         let what = sq + off;
-                        let xhat = f64::from(xq[k]) * f64::from(xs[k / 32]);
+                        let xhat = f64::from(xq[k]) * f64::from(xs[k / xb]);
                         exact += f64::from(xi[k]) * what;
                         bound += what.abs() * (f64::from(xi[k]) - xhat).abs();
                         mag += xhat.abs() * (sq.abs() + off.abs());

@@ -18,6 +18,8 @@ use fucina_storage::half::f16;
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
+#[path = "support/q8k.rs"]
+mod q8k;
 use counting::{ALLOCATIONS, Counting, in_own_process};
 
 #[global_allocator]
@@ -346,84 +348,40 @@ fn bad_shapes_and_lengths_are_errors() {
 
 // ------------------------------------------------------------- the product
 
-/// The activation quantization the docs define: per block of 32,
-/// `d = amax / 127` (f32), `q = clamp(round(x / d))` with `x · (1 / d)`.
-fn ref_quantize_acts(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
-    let mut q = Vec::new();
-    let mut s = Vec::new();
-    for b in x.chunks(32) {
-        let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        q.extend(
-            b.iter()
-                .map(|&v| (v * id).round().clamp(-127.0, 127.0) as i8),
-        );
-        s.push(d);
-    }
-    (q, s)
-}
-
-/// The documented order. Per activation block `b` (sub-block `j = b % 8` of
-/// super-block `b / 8`): eight lanes of four, `p[l]` the exact integer sum,
-/// `acc[8 (j % 2) + l] = fma(ws[l] · dx, p[l], ·)` with `ws[l]` the lane's exact
-/// f32 weight scale (sixteen accumulators: even sub-blocks in 0..8, odd ones in
-/// 8..16); Q4_K closes each super-block with
-/// `acc[l] = fma(−(dmin · mn[l]) · dx[l], Σ x̂ over block l, acc[l])` for
-/// `l < 8`; then `acc[l] += acc[l + 8]` and the eight lanes fold in halves.
-fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
+/// The documented order (`support/q8k.rs`) with Q4_K's parts (scale, min,
+/// nibble per sub-block of 32) or Q6_K's (scale per group of 16, code − 32).
+fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xd: &[f32]) -> f32 {
     let bb = w.format().block_bytes();
     let row = &w.bytes()[r * w.row_bytes()..(r + 1) * w.row_bytes()];
-    let mut acc16 = [0.0f32; 16];
-    for (sb, blk) in row.chunks(bb).enumerate() {
-        for j in 0..8 {
-            let b = 8 * sb + j;
-            let acc = &mut acc16[8 * (j % 2)..8 * (j % 2) + 8];
-            for (l, a) in acc.iter_mut().enumerate() {
-                let (mut p, mut ws) = (0i32, 0.0f32);
-                for k in 4 * l..4 * l + 4 {
-                    let e = 32 * j + k;
-                    let x = i32::from(xq[32 * b + k]);
-                    match w.format() {
-                        QuantFormat::Q4_K => {
-                            let (sc, _, q) = q4k_parts(blk, e);
-                            p += i32::from(q) * x;
-                            ws = f16_val(&blk[0..]) * f32::from(sc);
-                        }
-                        _ => {
-                            let (sc, q) = q6k_parts(blk, e);
-                            p += (i32::from(q) - 32) * x;
-                            ws = f16_val(&blk[208..]) * f32::from(sc);
-                        }
-                    }
-                }
-                *a = (ws * xs[b]).mul_add(p as f32, *a);
-            }
-        }
-        if w.format() == QuantFormat::Q4_K {
-            for (l, a) in acc16[..8].iter_mut().enumerate() {
-                let b = 8 * sb + l;
-                let (_, mn, _) = q4k_parts(blk, 32 * l);
-                let t = (f16_val(&blk[2..]) * f32::from(mn)) * xs[b];
-                let s: i32 = xq[32 * b..32 * b + 32].iter().map(|&v| i32::from(v)).sum();
-                *a = (-t).mul_add(s as f32, *a);
-            }
-        }
+    let blk = |b: usize| &row[b * bb..(b + 1) * bb];
+    match w.format() {
+        QuantFormat::Q4_K => q8k::q8k_dot(
+            xq,
+            xd,
+            |b| (f16_val(&blk(b)[0..]), Some(f16_val(&blk(b)[2..]))),
+            |b, e| {
+                let (sc, mn, q) = q4k_parts(blk(b), e);
+                (i32::from(sc), i32::from(mn), i32::from(q))
+            },
+        ),
+        _ => q8k::q8k_dot(
+            xq,
+            xd,
+            |b| (f16_val(&blk(b)[208..]), None),
+            |b, e| {
+                let (sc, q) = q6k_parts(blk(b), e);
+                (i32::from(sc), 0, i32::from(q) - 32)
+            },
+        ),
     }
-    for h in [8, 4, 2, 1] {
-        for l in 0..h {
-            acc16[l] += acc16[l + h];
-        }
-    }
-    acc16[0]
 }
 
 fn ref_matmul(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
     let mut out = vec![0.0; m * w.rows()];
     for i in 0..m {
-        let (xq, xs) = ref_quantize_acts(&x[i * w.cols()..(i + 1) * w.cols()]);
+        let (xq, xd) = q8k::q8k_acts(&x[i * w.cols()..(i + 1) * w.cols()]);
         for j in 0..w.rows() {
-            out[i * w.rows() + j] = ref_dot(w, j, &xq, &xs);
+            out[i * w.rows() + j] = ref_dot(w, j, &xq, &xd);
         }
     }
     out
@@ -527,6 +485,71 @@ fn arbitrary_block_bytes_match_the_reference() {
     }
 }
 
+/// Prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the GEMM over
+/// tiles of 16 weight rows; 37 rows make a partial last tile, 6 super-blocks
+/// a chunk of four and one of two) on quantized and arbitrary blocks (any
+/// code, scale and min, int8 scales of −128, negative super-block scales),
+/// with a zero, a huge and a −127 activation block: the reference's bits at
+/// every level, thread count and batch size.
+#[test]
+fn gemm_sized_calls_match_the_reference_bit_for_bit() {
+    let best = detected_simd_level();
+    let (rows, cols, m) = (37usize, 1536usize, 43usize);
+    for format in K_FORMATS {
+        let w: Vec<f32> = values(rows * cols, 31, 0.5)
+            .iter()
+            .map(|v| v + 0.2)
+            .collect();
+        let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+        let bb = format.block_bytes();
+        let mut arbitrary: Vec<u8> = (0..(rows * cols / 256 * bb) as u64)
+            .map(|i| (fucina_exec::rng::at(7, i) >> 56) as u8)
+            .collect();
+        for (b, blk) in arbitrary.chunks_mut(bb).enumerate() {
+            let v = values(2, 2000 + b as u64, 2.0);
+            match format {
+                QuantFormat::Q4_K => {
+                    blk[0..2].copy_from_slice(&f16_bytes(v[0]));
+                    blk[2..4].copy_from_slice(&f16_bytes(v[1]));
+                }
+                _ => {
+                    blk[208..210].copy_from_slice(&f16_bytes(v[0]));
+                    if b % 3 == 0 {
+                        blk[192..208].fill(0x80);
+                    }
+                }
+            }
+        }
+        let mut x = values(m * cols, 77, 2.0);
+        x[3 * cols..3 * cols + 256].fill(0.0);
+        x[5 * cols + 7] = 1e30;
+        x[9 * cols + 256..9 * cols + 512].fill(-127.0);
+        for bytes in [q.bytes(), &arbitrary[..]] {
+            let wm = QuantMatrix::new(format, rows, cols, bytes).unwrap();
+            let want = ref_matmul(&x, m, &wm);
+            for level in SimdLevel::available() {
+                assert!(force_simd_level(level));
+                for threads in 1..=3 {
+                    let ctx = ExecContext::with_threads(threads);
+                    for mm in [16, m] {
+                        let mut out = vec![f32::NAN; mm * rows];
+                        ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
+                            .unwrap();
+                        assert_eq!(
+                            bits(&out),
+                            bits(&want[..mm * rows]),
+                            "{} m={mm} level={} threads={threads}",
+                            format.name(),
+                            level.name()
+                        );
+                    }
+                }
+            }
+            assert!(force_simd_level(best));
+        }
+    }
+}
+
 #[test]
 fn non_finite_activations_give_nan_rows_only() {
     let ctx = ExecContext::new();
@@ -543,9 +566,10 @@ fn non_finite_activations_give_nan_rows_only() {
 
 /// `|y − Σ x̂ ŵ| ≤ Σ |ŵ| |x − x̂| + ε` against the f64 product of the
 /// dequantized weights `ŵ` and the f32 activations: the activations' int8
-/// rounding plus the f32 rounding of the fixed order (each sub-block adds a
-/// rounded scale product and a fused multiply-add per lane, Q4_K's min term
-/// two more per super-block), `ε = (nb + 8) · 2^−22 · Σ |x̂ ŵ|` (generously).
+/// rounding (per block of 256) plus the f32 rounding of the fixed order (each
+/// super-block adds a rounded scale product, a rounded integer and a fused
+/// multiply-add, Q4_K's min term three more), `ε = (nb + 8) · 2^−22 · Σ |x̂ ŵ|`
+/// with `nb = cols / 32` (generously).
 #[test]
 fn accuracy_against_the_dequantized_product_is_within_the_bound() {
     let ctx = ExecContext::with_threads(2);
@@ -564,12 +588,12 @@ fn accuracy_against_the_dequantized_product_is_within_the_bound() {
         let mut worst = 0.0f64;
         for i in 0..m {
             let xi = &x[i * cols..(i + 1) * cols];
-            let (xq, xs) = ref_quantize_acts(xi);
+            let (xq, xd) = q8k::q8k_acts(xi);
             for j in 0..rows {
                 let wqj = &wq[j * cols..(j + 1) * cols];
                 let (mut exact, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
                 for k in 0..cols {
-                    let xhat = f64::from(xq[k]) * f64::from(xs[k / 32]);
+                    let xhat = f64::from(xq[k]) * f64::from(xd[k / 256]);
                     exact += f64::from(xi[k]) * f64::from(wqj[k]);
                     bound += f64::from(wqj[k]).abs() * (f64::from(xi[k]) - xhat).abs();
                     mag += (xhat * f64::from(wqj[k])).abs();

@@ -48,12 +48,12 @@
 //! of four elements, blocks in increasing order, a fused multiply-add by the
 //! product of the two scales, then the lanes folded in halves), so a result is
 //! the same bits on every vector level, for every thread count, and whatever the
-//! other rows of the batch. For Q4_K and Q6_K the weight scale of a lane is
-//! that of its sub-block (Q6_K: of its group of 16), an exact f32 product
-//! `d · sc`; the even and odd sub-blocks accumulate in two sets of eight lanes
-//! (folded together at the end), and Q4_K closes each super-block with its min
-//! term, lane `l` taking `fma(−(dmin · mn[l]) · dx, Σ x̂, acc[l])` for
-//! sub-block `l` (see `kernels::quant_k`).
+//! other rows of the batch. Q4_K, Q5_K and Q6_K take their activations in
+//! blocks of 256 instead (llama.cpp's Q8_K: one f32 scale per block, int8
+//! values, the sums of each group of 16) and apply their sub-block scales and
+//! mins as integer multiplies: per super-block and output two exact integers
+//! and one or two fused multiply-adds, super-blocks in increasing order (see
+//! `kernels::quant_k::q8k`), the same bits everywhere by the same argument.
 //!
 //! # Lifetime of the weights
 //! [`ExecContext::quant_matmul`] reads the llama.cpp layout directly: a
@@ -73,6 +73,9 @@ use crate::error::ExecError;
 use crate::kernels::quant_block;
 use crate::kernels::quant_dot::{self, Acts, LANES, QK};
 use crate::kernels::quant_k;
+use crate::kernels::quant_k::QK_K;
+use crate::kernels::quant_k::q8k::{self, GROUPS, KActs};
+use crate::ops::quant_format::QuantFormat;
 use crate::ops::quant_format::with_block_format;
 use crate::ops::quant_matrix::QuantMatrix;
 use crate::tensor::layout::Dims;
@@ -81,7 +84,8 @@ impl ExecContext {
     /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for `m` rows of `x` (`[m, w.cols()]`,
     /// row-major, f32) into `out` (`[m, w.rows()]`), reading `w` in its block
     /// format: each row of `x` is quantized to int8 blocks of 32 (f32 scale
-    /// `amax / 127`), then every block pair is an exact integer dot product,
+    /// `amax / 127`; for Q4_K, Q5_K and Q6_K blocks of 256 with llama.cpp's
+    /// Q8_K rule), then every block pair is an exact integer dot product,
     /// accumulated in the fixed order of the module docs. Each row's result is
     /// the same bits for any `m`, thread count and vector level; a row of `x`
     /// holding a non-finite value gives NaN outputs.
@@ -106,15 +110,19 @@ impl ExecContext {
         let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
             return Ok(());
         };
-        let nb = cols / QK;
         let format = w.format;
+        if let Some(kernel) = q8k_kernel(format) {
+            return self.quant_matmul_q8k(x, m, w, out, kernel);
+        }
+        let nb = cols / QK;
         let offset = format.act_offset();
         let lease = |e| ExecError::storage(op, e);
         let pool = self.pool();
         let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
         let mut xs = pool.acquire_scratch::<f32>(m * nb).map_err(lease)?;
         let mut xb = pool.acquire_scratch::<i32>(m * nb * LANES).map_err(lease)?;
-        // A format with a min term (Q4_K) needs each activation block's sum.
+        // A format with a min term (Q4_1, Q5_1, Q2_K) needs each activation
+        // block's sum.
         let mut sums = match format.needs_sums() {
             true => Some(pool.acquire_scratch::<f32>(m * nb).map_err(lease)?),
             false => None,
@@ -145,6 +153,120 @@ impl ExecContext {
                 // contiguous, so the chunks split the weight rows.
                 self.par_rows(t, m, m * cols, kernel);
                 untranspose(t, m, out);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kernels of a format whose products take the super-block activations
+/// (`kernels::quant_k::q8k`: Q4_K, Q5_K, Q6_K): the rows kernel
+/// (`q8k_rows`) and the GEMM over tiles of 16 weight rows (`gemm_tiles`,
+/// the weight row count its third argument).
+#[derive(Clone, Copy)]
+struct Q8kKernel {
+    rows: Q8kRows,
+    gemm: Q8kGemmTiles,
+}
+
+/// `q8k_rows`: weights, row bytes, weight rows, activations, `m`, output.
+type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
+
+/// `gemm_tiles`: weights, row bytes, weight row count, tiles, activations,
+/// `m`, output.
+type Q8kGemmTiles = fn(&[u8], usize, usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
+
+/// The [`Q8kKernel`] of `format`, if it takes the super-block activations.
+fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
+    use crate::kernels::quant_block as qb;
+    fn of<F: q8k::Q8kVector>() -> Q8kKernel {
+        Q8kKernel {
+            rows: q8k::q8k_rows::<F>,
+            gemm: q8k::gemm_tiles::<F>,
+        }
+    }
+    match format {
+        QuantFormat::Q4_K => Some(of::<qb::Q4_K>()),
+        QuantFormat::Q5_K => Some(of::<qb::Q5_K>()),
+        QuantFormat::Q6_K => Some(of::<qb::Q6_K>()),
+        _ => None,
+    }
+}
+
+impl ExecContext {
+    /// [`quant_matmul`](Self::quant_matmul) for a format with a
+    /// [`Q8kKernel`]: the activations quantized to blocks of 256 (rows in
+    /// parallel), then the kernel over the weight rows in parallel.
+    fn quant_matmul_q8k(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &QuantMatrix<'_>,
+        out: &mut [f32],
+        kernel: Q8kKernel,
+    ) -> Result<(), ExecError> {
+        let op = "quant_matmul";
+        let (rows, cols) = (w.rows, w.cols);
+        let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
+            return Ok(());
+        };
+        let nk = cols / QK_K;
+        let lease = |e| ExecError::storage(op, e);
+        let pool = self.pool();
+        let mut xq = pool.acquire_scratch::<i8>(nx).map_err(lease)?;
+        let mut xd = pool.acquire_scratch::<f32>(m * nk).map_err(lease)?;
+        let mut xb = pool
+            .acquire_scratch::<i16>(m * nk * GROUPS)
+            .map_err(lease)?;
+        let gemm = q8k::gemm_for(m);
+        let tiles = rows.div_ceil(q8k::GEMM_TILE);
+        let nt = match (m, gemm) {
+            (1, false) => 0,
+            (_, false) => no,
+            (_, true) => tiles * q8k::GEMM_TILE * m,
+        };
+        let mut tr = match nt {
+            0 => None,
+            _ => Some(pool.acquire_scratch::<f32>(nt).map_err(lease)?),
+        };
+        self.par_rows3(
+            (&mut xq[..nx], cols),
+            (&mut xd[..m * nk], nk),
+            (&mut xb[..m * nk * GROUPS], nk * GROUPS),
+            4 * cols,
+            |ri, xq, xd, xb| {
+                for (k, i) in ri.enumerate() {
+                    q8k::quantize_row(
+                        &x[i * cols..(i + 1) * cols],
+                        &mut xq[k * cols..(k + 1) * cols],
+                        &mut xd[k * nk..(k + 1) * nk],
+                        &mut xb[k * nk * GROUPS..(k + 1) * nk * GROUPS],
+                    );
+                }
+            },
+        );
+        let acts = KActs {
+            q: &xq,
+            d: &xd,
+            bsums: &xb,
+            cols,
+        };
+        let rb = w.row_bytes();
+        let run =
+            |r: std::ops::Range<usize>, o: &mut [f32]| (kernel.rows)(w.bytes, rb, r, &acts, m, o);
+        match tr.as_deref_mut() {
+            None => self.par_rows(out, 1, cols, run),
+            Some(t) if gemm => {
+                let t = &mut t[..nt];
+                let tile = q8k::GEMM_TILE * m;
+                self.par_rows(t, tile, tile * cols, |r, o| {
+                    (kernel.gemm)(w.bytes, rb, rows, r, &acts, m, o)
+                });
+                q8k::untranspose_tiles(t, m, rows, out);
+            }
+            Some(t) => {
+                self.par_rows(&mut t[..no], m, m * cols, run);
+                untranspose(&t[..no], m, out);
             }
         }
         Ok(())

@@ -1,10 +1,16 @@
 //! The vector kernels of the super-block ("K") formats Q4_K, Q5_K, Q6_K,
 //! Q3_K, Q2_K and IQ4_XS (their layouts and block coding are in
-//! `quant_block`): integer dot products with activations quantized to int8
-//! blocks of 32 (see `quant_dot`), read in place.
+//! `quant_block`), read in place. `quant_matmul` runs Q4_K, Q5_K and Q6_K on
+//! the super-block activations of [`q8k`] (one scale per 256, the sub-block
+//! scales as integers); Q3_K, Q2_K and IQ4_XS on activations quantized to
+//! int8 blocks of 32 (see `quant_dot`), in the order below (which the
+//! `BlockFormat` dot of Q4_K, Q5_K and Q6_K also keeps).
 //!
 //! | file | what it holds |
 //! |---|---|
+//! | `q8k.rs` | the super-block activations, their order, the portable product and its dispatch |
+//! | `q8k_x86.rs` | the AVX2 tile of that product (also compiled for AVX-512 VNNI) |
+//! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations) |
 //! | `mod.rs` | these docs, [`KVector`] (a format's kernel traits and min term), the dispatch [`simd_rows`], [`quantize_acts`] |
 //! | `x86.rs` | what both x86 kernels share: the tile driver, bounds checks, the lane fold, the group sums |
 //! | `x86_avx2.rs` | the AVX2 tile (`vpmaddubsw`/`vpmaddwd`) and each format's sub-block decoding for it |
@@ -50,6 +56,11 @@ use super::quant_block::BlockFormat;
 use super::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 use super::quant_dot::{self, Acts, LANES, QK};
 
+pub(crate) mod q8k;
+#[cfg(target_arch = "x86_64")]
+mod q8k_gemm;
+#[cfg(target_arch = "x86_64")]
+mod q8k_x86;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{Acts, KVector, LANES, MinTerm, QK};
+use crate::kernels::quant_block::BlockFormat;
 use crate::kernels::quant_block::iq4_nl::KVALUES;
 
 /// How far ahead of the super-block being read the weights are prefetched.
@@ -48,7 +49,7 @@ pub(super) fn check_tile<F: KVector, const R: usize, const M: usize>(
 /// [`PREFETCH_BYTES`] ahead of each prefetched. Each address is valid for
 /// reading `F::BYTES` bytes when [`check_tile`] passed for the tile.
 #[inline(always)]
-pub(super) fn super_blocks<F: KVector, const R: usize>(
+pub(super) fn super_blocks<F: BlockFormat, const R: usize>(
     w: &[u8],
     row_bytes: usize,
     j0: usize,

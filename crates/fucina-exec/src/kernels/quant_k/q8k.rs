@@ -1,0 +1,398 @@
+//! The super-block activations of the K formats Q4_K, Q5_K and Q6_K
+//! (llama.cpp's Q8_K: one f32 scale per 256 values, int8 values, the sums of
+//! each group of 16) and their dot products with the weights, whose 6-bit
+//! (Q6_K: 8-bit) sub-block scales and mins are applied as integer multiplies.
+//!
+//! # The activations
+//! Each activation row is cut into blocks of 256 and quantized once per call
+//! ([`quantize_row`]), as llama.cpp's `quantize_row_q8_K`: `max` the signed
+//! value of largest magnitude (the first on a tie), `is = −127 / max`,
+//! `q = round(is · x)` (ties to even, clamped to `−127..=127`), `d = 1 / is`
+//! (f32), and `bs[g] = Σ q` over each group of 16. A block of zeros gets
+//! `d = 0`, a block holding a non-finite value `d = NaN` (so every output of
+//! the row is NaN).
+//!
+//! # The order (the same bits on every path)
+//! For one output, super-block `b` of the weight row (f16 `d`, `dmin` widened
+//! to f32; integer scales `sc`, mins `mn`) and of the activation row (scale
+//! `dx`) give two exact integers:
+//! - Q4_K, Q5_K: `I = Σ_j sc[j] · Σ_{k ∈ j} q · x` (sub-blocks `j` of 32,
+//!   `q` the 4- or 5-bit code) and `N = Σ_j mn[j] · (bs[2j] + bs[2j + 1])`;
+//! - Q6_K: `I = Σ_g sc[g] · Σ_{k ∈ g} (q − 32) · x` (groups `g` of 16), no
+//!   `N`.
+//!
+//! (`|I| < 2^28`, exact in i32.) One f32 accumulator per output takes, block
+//! after block in increasing order, `acc = fma(d · dx, I, acc)` and, for
+//! Q4_K and Q5_K, `acc = fma(−(dmin · dx), N, acc)` (each product of scales
+//! one rounding, each integer converted to f32 with one rounding); the
+//! output is `acc`. The integers are exact whatever order a path sums them
+//! in, and every path (portable, AVX2, AVX-512 VNNI) performs exactly these
+//! float operations, so a result is the same bits on every path, for every
+//! split of the rows among threads and for every batch size.
+
+use std::ops::Range;
+
+use super::QK_K;
+use crate::kernels::quant_block::q4_k::{q4k_scales, unpack_q4k};
+use crate::kernels::quant_block::{BlockFormat, Q4_K, Q5_K, Q6_K, f16_at};
+use crate::kernels::quant_dot;
+
+/// Groups of 16 per super-block (the activation group sums).
+pub(crate) const GROUPS: usize = QK_K / 16;
+
+/// The activations of one call after [`quantize_row`]: row `i`'s block `b` is
+/// `q[i * cols + 256 b..][..256]`, its scale `d[i * nb + b]`, its group sums
+/// `bsums[(i * nb + b) * 16..][..16]` (`nb = cols / 256`).
+#[derive(Clone, Copy)]
+pub(crate) struct KActs<'a> {
+    /// Quantized values, `[m, cols]`.
+    pub q: &'a [i8],
+    /// Block scales, `[m, nb]`.
+    pub d: &'a [f32],
+    /// Group sums, `[m, nb, 16]`.
+    pub bsums: &'a [i16],
+    /// Elements per row (a multiple of 256).
+    pub cols: usize,
+}
+
+/// Quantizes one activation row `x` (a multiple of 256 long) into `q`, `d`
+/// and `bsums` (see the module docs). Every step is exact or one IEEE
+/// rounding (the quotient `−127 / max`, the product `is · x`, the quotient
+/// `1 / is`), so every vector level gives the same values.
+pub(crate) fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    crate::kernels::simd::vectorized!(quantize_row_body(x, q, d, bsums))
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    let blocks = x
+        .chunks_exact(QK_K)
+        .zip(q.chunks_exact_mut(QK_K))
+        .zip(d.iter_mut())
+        .zip(bsums.chunks_exact_mut(GROUPS));
+    for (((xb, qb), d), bs) in blocks {
+        let xb: &[f32; QK_K] = xb.try_into().expect("a block of 256");
+        let bad = xb.iter().fold(0u32, |b, v| {
+            b | u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000)
+        });
+        // the first value of largest magnitude (a strict comparison, as
+        // llama.cpp's)
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if bad != 0 || amax == 0.0 {
+            *d = if bad != 0 { f32::NAN } else { 0.0 };
+            qb.fill(0);
+            bs.fill(0);
+            continue;
+        }
+        let is = -127.0 / max;
+        let mut qi = [0i32; QK_K];
+        for (o, &v) in qi.iter_mut().zip(xb) {
+            // |is · x| <= 127 up to one rounding; adding and taking away
+            // 1.5 · 2^23 rounds it to an integer, ties to even (as
+            // llama.cpp's `nearest_int`), with two exact IEEE additions
+            let r = (is * v + 12_582_912.0) - 12_582_912.0;
+            *o = (r as i32).clamp(-127, 127);
+        }
+        for (o, &v) in qb.iter_mut().zip(&qi) {
+            *o = v as i8;
+        }
+        for (s, g) in bs.iter_mut().zip(qi.chunks_exact(16)) {
+            *s = g.iter().sum::<i32>() as i16;
+        }
+        *d = 1.0 / is;
+    }
+}
+
+/// A K format whose products take the super-block activations of this module.
+pub(crate) trait Q8kDot: BlockFormat {
+    /// Whether it has a min term `N` (Q4_K, Q5_K).
+    const MIN: bool;
+
+    /// The f32 super-block scale `d` and min scale `dmin` (0 without a min).
+    fn scales(blk: &[u8]) -> (f32, f32);
+
+    /// The exact integers `(I, N)` of one super-block `blk` with the
+    /// activations `xq` (256) and their group sums `bs` (16); `N` is 0
+    /// without a min.
+    fn int_dot(blk: &[u8], xq: &[i8], bs: &[i16]) -> (i32, i32);
+}
+
+/// `Σ v · x` over a sub-block of 32 (exact).
+#[inline(always)]
+fn dot32(v: &[i8; 32], x: &[i8]) -> i32 {
+    let x: &[i8; 32] = x[..32].try_into().expect("32 activations");
+    let mut s = 0i32;
+    for (&a, &b) in v.iter().zip(x) {
+        s += i32::from(a) * i32::from(b);
+    }
+    s
+}
+
+/// `N = Σ_j mn[j] · (bs[2j] + bs[2j + 1])`.
+#[inline(always)]
+fn min_sum(mn: &[u8; 8], bs: &[i16]) -> i32 {
+    mn.iter()
+        .enumerate()
+        .map(|(j, &m)| i32::from(m) * (i32::from(bs[2 * j]) + i32::from(bs[2 * j + 1])))
+        .sum()
+}
+
+impl Q8kDot for Q4_K {
+    const MIN: bool = true;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(&blk[0..]), f16_at(&blk[2..]))
+    }
+
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], bs: &[i16]) -> (i32, i32) {
+        let (sc, mn) = q4k_scales(&blk[4..16]);
+        let mut v = [0i8; 32];
+        let mut i = 0i32;
+        for (j, &s) in sc.iter().enumerate() {
+            unpack_q4k(&blk[16..144], j, &mut v);
+            i += i32::from(s) * dot32(&v, &xq[32 * j..]);
+        }
+        (i, min_sum(&mn, bs))
+    }
+}
+
+impl Q8kDot for Q5_K {
+    const MIN: bool = true;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(&blk[0..]), f16_at(&blk[2..]))
+    }
+
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], bs: &[i16]) -> (i32, i32) {
+        let (sc, mn) = q4k_scales(&blk[4..16]);
+        let qh: &[u8; 32] = blk[16..48].try_into().expect("32 high-bit bytes");
+        let mut v = [0i8; 32];
+        let mut i = 0i32;
+        for (j, &s) in sc.iter().enumerate() {
+            unpack_q4k(&blk[48..176], j, &mut v);
+            for (v, &h) in v.iter_mut().zip(qh) {
+                *v |= (((h >> j) & 1) << 4) as i8;
+            }
+            i += i32::from(s) * dot32(&v, &xq[32 * j..]);
+        }
+        (i, min_sum(&mn, bs))
+    }
+}
+
+impl Q8kDot for Q6_K {
+    const MIN: bool = false;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(&blk[208..]), 0.0)
+    }
+
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], _bs: &[i16]) -> (i32, i32) {
+        let mut i = 0i32;
+        let mut v = [0i8; 32];
+        for half in 0..2 {
+            let ql = &blk[64 * half..64 * half + 64];
+            let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+            for g in 0..4 {
+                for (k, v) in v.iter_mut().enumerate() {
+                    let l = ql[32 * (g % 2) + k];
+                    let lo = if g < 2 { l & 0x0f } else { l >> 4 };
+                    *v = (lo | (((qh[k] >> (2 * g)) & 3) << 4)) as i8 - 32;
+                }
+                let j = 4 * half + g;
+                let x = &xq[32 * j..];
+                let (a, b) = (v[..16].iter(), v[16..].iter());
+                let s0: i32 = a
+                    .zip(&x[..16])
+                    .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                    .sum();
+                let s1: i32 = b
+                    .zip(&x[16..32])
+                    .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                    .sum();
+                let sc = |g: usize| i32::from(blk[192 + g] as i8);
+                i += sc(2 * j) * s0 + sc(2 * j + 1) * s1;
+            }
+        }
+        (i, 0)
+    }
+}
+
+/// One output's float part for super-block `blk` (see the module docs).
+#[inline(always)]
+fn accumulate<F: Q8kDot>(blk: &[u8], dx: f32, i: i32, n: i32, acc: f32) -> f32 {
+    let (d, dmin) = F::scales(blk);
+    let acc = (d * dx).mul_add(i as f32, acc);
+    if F::MIN {
+        (-(dmin * dx)).mul_add(n as f32, acc)
+    } else {
+        acc
+    }
+}
+
+/// The portable product: for each (weight row, activation row) pair, the
+/// super-blocks in increasing order.
+#[inline(always)]
+fn portable_rows<F: Q8kDot>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let nb = acts.cols / QK_K;
+    for (jj, j) in rows.enumerate() {
+        let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
+        for i in 0..m {
+            let mut acc = 0.0f32;
+            for (b, blk) in wrow.chunks_exact(F::BYTES).enumerate() {
+                let xq = &acts.q[i * acts.cols + b * QK_K..][..QK_K];
+                let bs = &acts.bsums[(i * nb + b) * GROUPS..][..GROUPS];
+                let (ii, n) = F::int_dot(blk, xq, bs);
+                acc = accumulate::<F>(blk, acts.d[i * nb + b], ii, n, acc);
+            }
+            out_t[jj * m + i] = acc;
+        }
+    }
+}
+
+/// Computes the outputs of weight rows `rows` for all `m` activation rows:
+/// `out_t[(j - rows.start) * m + i] = dot(w row j, activation row i)` in the
+/// fixed order of the module docs, with the vector kernels of the current
+/// level (the portable loop where there are none).
+///
+/// # Panics
+/// If `w`, `acts` or `out_t` are too short for `rows` and `m`, or
+/// `row_bytes` is not a whole number of blocks of `acts.cols` columns (caller
+/// bugs).
+pub(crate) fn q8k_rows<F: Q8kVector>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let nb = acts.cols / QK_K;
+    assert!(acts.cols.is_multiple_of(QK_K), "q8k_rows: columns");
+    assert_eq!(row_bytes, nb * F::BYTES, "q8k_rows: row bytes");
+    assert!(rows.end * row_bytes <= w.len(), "q8k_rows: weight rows");
+    assert!(acts.q.len() >= m * acts.cols, "q8k_rows: activation values");
+    assert!(acts.d.len() >= m * nb, "q8k_rows: activation scales");
+    assert!(acts.bsums.len() >= m * nb * GROUPS, "q8k_rows: group sums");
+    assert!(out_t.len() >= rows.len() * m, "q8k_rows: output");
+    match quant_dot::path() {
+        #[cfg(target_arch = "x86_64")]
+        quant_dot::Path::Vnni => {
+            // SAFETY: `path` returns Vnni only when the CPU has every feature
+            // `rows_vnni` enables; the bounds were checked above.
+            unsafe { super::q8k_x86::rows_vnni::<F>(w, row_bytes, rows, acts, m, out_t) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        quant_dot::Path::Avx2 => {
+            // SAFETY: `path` returns Avx2 only when the CPU has AVX2, FMA and
+            // F16C; the bounds were checked above.
+            unsafe { super::q8k_x86::rows_avx2::<F>(w, row_bytes, rows, acts, m, out_t) }
+        }
+        _ => crate::kernels::simd::vectorized!(portable_rows::<F>(
+            w, row_bytes, rows, acts, m, out_t
+        )),
+    }
+}
+
+/// A [`Q8kDot`] format with vector kernels (on x86-64, its AVX2 integer
+/// sums).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait Q8kVector:
+    Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm
+{
+}
+#[cfg(target_arch = "x86_64")]
+impl<F: Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm> Q8kVector for F {}
+
+/// A [`Q8kDot`] format (no vector kernels on this architecture).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait Q8kVector: Q8kDot {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<F: Q8kDot> Q8kVector for F {}
+
+/// Activation rows from which `quant_matmul` takes the GEMM ([`gemm_tiles`])
+/// where the level has one.
+pub(crate) const GEMM_MIN_M: usize = 8;
+
+/// Weight rows per tile of [`gemm_tiles`].
+pub(crate) const GEMM_TILE: usize = 16;
+
+/// The CPU features [`gemm_tiles`] needs.
+fn gemm_features() -> crate::kernels::simd::CpuFeatures {
+    use crate::kernels::simd::CpuFeatures as F;
+    F::AVX2
+        .with(F::FMA)
+        .with(F::F16C)
+        .with(F::AVX512F)
+        .with(F::AVX512BW)
+        .with(F::AVX512VL)
+        .with(F::AVX512VNNI)
+}
+
+/// Whether `quant_matmul` takes [`gemm_tiles`] for `m` activation rows at
+/// the current level (AVX-512 VNNI, `m ≥ GEMM_MIN_M`). The caller decides
+/// once per call (the level may change between calls, never the bits).
+pub(crate) fn gemm_for(m: usize) -> bool {
+    m >= GEMM_MIN_M
+        && cfg!(target_arch = "x86_64")
+        && crate::kernels::simd::CpuFeatures::enabled().has(gemm_features())
+}
+
+/// The outputs of weight rows `16 t .. 16 t + 16` for the tiles `t` in
+/// `tiles` (the last cut at `rows`) and all `m` activation rows, into
+/// `out_tiles` (`[tiles.len()][m][16]`), in the fixed order of the module
+/// docs; `untranspose_tiles` writes them to the product's output.
+///
+/// # Panics
+/// Where the CPU lacks AVX-512 VNNI (see [`gemm_for`]), or the slices are
+/// too short (caller bugs).
+pub(crate) fn gemm_tiles<F: Q8kVector>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out_tiles: &mut [f32],
+) {
+    assert!(
+        crate::kernels::simd::CpuFeatures::detected().has(gemm_features()),
+        "gemm_tiles: the CPU lacks AVX-512 VNNI"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
+    // (asserted); `gemm` checks the bounds.
+    unsafe {
+        super::q8k_gemm::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
+    }
+}
+
+/// Writes `t` (`[tiles][m][16]`, see [`gemm_tiles`]) into `out` (`[m, rows]`).
+pub(crate) fn untranspose_tiles(t: &[f32], m: usize, rows: usize, out: &mut [f32]) {
+    debug_assert!(out.len() >= m * rows);
+    for (tb, tt) in t.chunks_exact(m * GEMM_TILE).enumerate() {
+        let j0 = tb * GEMM_TILE;
+        if j0 >= rows {
+            break;
+        }
+        let n = (rows - j0).min(GEMM_TILE);
+        for (orow, trow) in out.chunks_exact_mut(rows).zip(tt.chunks_exact(GEMM_TILE)) {
+            orow[j0..j0 + n].copy_from_slice(&trow[..n]);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The AVX-512 VNNI product of many activation rows with Q4_K, Q5_K and Q6_K
+//! weights on the super-block activations of `q8k` (a prefill, a batch of
+//! 8 or more):
+//! a GEMM in the layout of int8 GEMMs.
+//!
+//! The weight rows are taken 16 at a time (a *tile*). A few super-blocks of
+//! the tile are unpacked once into a buffer on the stack (`CHUNK` of them):
+//! the codes as unsigned bytes, transposed so that one 512-bit vector holds
+//! the four codes `4 g .. 4 g + 4` of each of the 16 rows; the integer
+//! sub-block (Q6_K: group) scales as i32, one vector per sub-block; the
+//! coefficients of the activation group sums as 16-bit pairs; `d` and `dmin`
+//! as f32. Then every activation row meets the unpacked chunk, eight rows at
+//! a time: `vpdpbusd` of a code vector with four activations broadcast
+//! (16 weight rows × 4 columns per instruction), one i32 accumulator per
+//! activation row and sub-block, multiplied by the sub-block scales
+//! (`vpmulld`) into the super-block's `I`; `vpdpwssd` of the group sums with
+//! the mins (Q6_K: with the scales, for its offset of 32) into `N`; then the
+//! float part of `q8k`'s order, lane `r` the output of weight row `r`, the
+//! same IEEE operations as the portable loop. The integers are exact, so the
+//! outputs are the same bits as every other path's.
+//!
+//! The outputs of a tile are `[m][16]` (activation row major, 16 weight rows
+//! side by side: one vector per activation row); they hold the running
+//! accumulators between chunks. `quant_matmul` writes them to its output
+//! with `q8k::untranspose_tiles`.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::q8k::{GROUPS, KActs, Q8kDot};
+use super::q8k_x86::{q6k_codes, q45k_codes};
+use super::{Q4_K, Q5_K, Q6_K, QK_K};
+use crate::kernels::quant_block::q4_k::q4k_scales_u64;
+
+/// Weight rows per tile (the lanes of a 512-bit vector of i32).
+const TILE: usize = super::q8k::GEMM_TILE;
+
+/// Super-blocks unpacked at a time (`CHUNK · SB_VECS · 64` bytes of stack).
+const CHUNK: usize = 4;
+
+/// Activation rows per micro-kernel call.
+const MR: usize = 8;
+
+/// 64 bytes, aligned to a cache line (one 512-bit vector).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Z([u32; 16]);
+
+/// Vectors per unpacked super-block: 64 of codes, then 32 of the format's
+/// meta dwords (scales, group sum coefficients, `d`, `dmin`; see
+/// [`Q8kGemm::meta`]).
+const SB_VECS: usize = 64 + 32;
+
+/// The first meta vector of an unpacked super-block.
+const META: usize = 64;
+
+/// A format the GEMM unpacks.
+pub(crate) trait Q8kGemm: Q8kDot {
+    /// Scale groups per super-block: 8 (sub-blocks of 32) or 16 (groups of
+    /// 16).
+    const NS: usize;
+
+    /// The 256 codes of the super-block at `blk` as unsigned bytes, element
+    /// order, 32 per vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `blk` valid for reading `Self::BYTES` bytes.
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8];
+
+    /// The first of the 8 meta dwords holding the group sum coefficients as
+    /// 16-bit pairs `(c[2p], c[2p + 1])`, where `N = Σ_g c[g] · bs[g]`.
+    const COEF: usize;
+    /// The meta dword of `d` (f32 bits).
+    const D: usize;
+    /// The meta dword of `dmin` (f32 bits; a zero dword without a min).
+    const DMIN: usize;
+
+    /// The 32 meta dwords of the super-block at `blk`: dwords `0 .. NS` the
+    /// integer scales (i32), `COEF .. COEF + 8` the coefficient pairs, `D`
+    /// and `DMIN` the f32 scales, the others zero.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW, AVX2 and F16C; `blk` valid for
+    /// reading `Self::BYTES` bytes.
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2];
+}
+
+/// Q4_K's and Q5_K's meta dwords: the eight scales at 0, the pairs
+/// `(mn[j], mn[j])` at 8 (group sums `2j` and `2j + 1` share sub-block `j`'s
+/// min), `d` at 16, `dmin` at 17.
+///
+/// # Safety
+/// AVX-512 F/BW, AVX2, F16C; `blk` valid for 16 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+unsafe fn q45k_meta(blk: *const u8) -> [__m512i; 2] {
+    // SAFETY: the 16 header bytes (the caller's contract).
+    let head = unsafe { std::slice::from_raw_parts(blk, 16) };
+    let (sc, mn) = q4k_scales_u64(&head[4..16]);
+    let scv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+    let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    let co = _mm256_set_m128i(
+        _mm_unpackhi_epi16(mn16, mn16),
+        _mm_unpacklo_epi16(mn16, mn16),
+    );
+    // SAFETY: bytes 0..4 (`d`, `dmin`).
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+        blk.cast::<i32>().read_unaligned()
+    }));
+    [
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scv), co),
+        _mm512_zextsi128_si512(_mm_castps_si128(dd)),
+    ]
+}
+
+impl Q8kGemm for Q4_K {
+    const NS: usize = 8;
+    const COEF: usize = 8;
+    const D: usize = 16;
+    const DMIN: usize = 17;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the nibbles 16..144 are inside the super-block.
+        unsafe { q45k_codes(blk.add(16), None) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the header is inside the super-block.
+        unsafe { q45k_meta(blk) }
+    }
+}
+
+impl Q8kGemm for Q5_K {
+    const NS: usize = 8;
+    const COEF: usize = 8;
+    const D: usize = 16;
+    const DMIN: usize = 17;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the fifth bits 16..48 and the nibbles 48..176 are inside
+        // the super-block.
+        unsafe { q45k_codes(blk.add(48), Some(blk.add(16))) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the header is inside the super-block.
+        unsafe { q45k_meta(blk) }
+    }
+}
+
+impl Q8kGemm for Q6_K {
+    const NS: usize = 16;
+    const COEF: usize = 16;
+    const D: usize = 24;
+    const DMIN: usize = 25;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the super-block (the caller's contract).
+        unsafe { q6k_codes(blk) }
+    }
+
+    /// The sixteen int8 group scales at 0, the same as the coefficients of
+    /// the group sums at 16 (the offset: `I = Σ sc · Σ q · x − 32 · Σ sc ·
+    /// bs`), `d` at 24.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
+        // super-block.
+        let (s8, d) = unsafe {
+            (
+                _mm_loadu_si128(blk.add(192).cast()),
+                blk.add(208).cast::<u16>().read_unaligned(),
+            )
+        };
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        let co = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(s8));
+        [
+            _mm512_cvtepi8_epi32(s8),
+            _mm512_inserti32x4::<2>(co, _mm_castps_si128(d)),
+        ]
+    }
+}
+
+/// Transposes 16 vectors of 16 dwords: `out[k]` lane `r` = `v[r]` lane `k`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    // u[4 i + q], 128-bit lane L: column 4 L + q of rows 4 i .. 4 i + 4
+    let mut u = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0x88>(u[q], u[4 + q]);
+        let v1 = _mm512_shuffle_i32x4::<0xdd>(u[q], u[4 + q]);
+        let w0 = _mm512_shuffle_i32x4::<0x88>(u[8 + q], u[12 + q]);
+        let w1 = _mm512_shuffle_i32x4::<0xdd>(u[8 + q], u[12 + q]);
+        out[q] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+        out[4 + q] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+        out[8 + q] = _mm512_shuffle_i32x4::<0xdd>(v0, w0);
+        out[12 + q] = _mm512_shuffle_i32x4::<0xdd>(v1, w1);
+    }
+    out
+}
+
+/// Unpacks super-blocks `b0 .. b0 + nsb` of weight rows `j0 .. j0 + nr`
+/// (`nr ≤ 16`; the missing rows as zeros) into `buf`: each row's codes and
+/// meta dwords staged, then transposed 16 rows at a time.
+///
+/// # Safety
+/// AVX-512 F/BW, AVX2, F16C; the rows and super-blocks inside `w` (checked
+/// by the caller).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+unsafe fn unpack<F: Q8kGemm>(
+    w: &[u8],
+    row_bytes: usize,
+    (j0, nr): (usize, usize),
+    (b0, nsb): (usize, usize),
+    buf: &mut [Z; CHUNK * SB_VECS],
+) {
+    // row r's codes in vectors 4 r .. 4 r + 4, its meta in 64 + 2 r, 65 + 2 r
+    let mut stage = [Z([0; 16]); 6 * TILE];
+    for s in 0..nsb {
+        for r in 0..nr {
+            let at = (j0 + r) * row_bytes + (b0 + s) * F::BYTES;
+            let blk = w[at..at + F::BYTES].as_ptr();
+            // SAFETY: `blk` holds the super-block (sliced above); the stores
+            // are inside `stage`.
+            unsafe {
+                let st = stage[4 * r..4 * r + 4].as_mut_ptr().cast::<__m256i>();
+                for (k, c) in F::codes(blk).iter().enumerate() {
+                    _mm256_storeu_si256(st.add(k), *c);
+                }
+                let mt = stage[64 + 2 * r..66 + 2 * r].as_mut_ptr().cast::<__m512i>();
+                let [m0, m1] = F::meta(blk);
+                _mm512_store_si512(mt, m0);
+                _mm512_store_si512(mt.add(1), m1);
+            }
+        }
+        // (rows past `nr` keep the zeros they were made with)
+        let base = &mut buf[s * SB_VECS..(s + 1) * SB_VECS];
+        for (q, (first, stride)) in (0..4)
+            .map(|q| (q, 4))
+            .chain((0..2).map(|q| (64 + q, 2)))
+            .enumerate()
+        {
+            // SAFETY: `stage` holds 6 · 16 aligned vectors.
+            let rows: [__m512i; 16] = std::array::from_fn(|r| unsafe {
+                _mm512_load_si512(stage[first + stride * r].0.as_ptr().cast())
+            });
+            for (k, v) in transpose16(&rows).into_iter().enumerate() {
+                // SAFETY: vector 16 q + k of this super-block's 96.
+                unsafe { _mm512_store_si512(base[16 * q + k].0.as_mut_ptr().cast(), v) };
+            }
+        }
+    }
+}
+
+/// The `A` activation rows at `x` (their values at the chunk's first
+/// super-block; rows `x_stride` apart), group sums at `bs` (rows `bs_stride`
+/// apart), scales at `dx` (rows `nb` apart) meet the `nsb` unpacked
+/// super-blocks in `buf`: the accumulators at `acc` (`A` vectors of 16,
+/// zeros when `first`) take the float part of every super-block in turn.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; every read inside the activations (checked by the
+/// caller), `acc` valid for `16 · A` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)] // the activation rows' three arrays and their strides
+unsafe fn micro<F: Q8kGemm, const A: usize>(
+    buf: &[Z; CHUNK * SB_VECS],
+    nsb: usize,
+    (x, x_stride): (*const i8, usize),
+    (bs, bs_stride): (*const i16, usize),
+    (dx, nb): (*const f32, usize),
+    acc: *mut f32,
+    first: bool,
+) {
+    let kg_per = 64 / F::NS;
+    let bp = buf.as_ptr().cast::<__m512i>();
+    // SAFETY: the caller's contract (every read and write below).
+    unsafe {
+        let mut av: [__m512; A] = std::array::from_fn(|a| {
+            if first {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(acc.add(16 * a))
+            }
+        });
+        for s in 0..nsb {
+            let base = bp.add(s * SB_VECS);
+            let mut ii = [_mm512_setzero_si512(); A];
+            for g in 0..F::NS {
+                let mut p = [_mm512_setzero_si512(); A];
+                for kk in 0..kg_per {
+                    let kg = g * kg_per + kk;
+                    let wv = _mm512_load_si512(base.add(kg).cast());
+                    for (a, pa) in p.iter_mut().enumerate() {
+                        let xv = x
+                            .add(a * x_stride + s * QK_K + 4 * kg)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        *pa = _mm512_dpbusd_epi32(*pa, wv, _mm512_set1_epi32(xv));
+                    }
+                }
+                let sc = _mm512_load_si512(base.add(META + g).cast());
+                for (ia, pa) in ii.iter_mut().zip(&p) {
+                    *ia = _mm512_add_epi32(*ia, _mm512_mullo_epi32(*pa, sc));
+                }
+            }
+            let mut t = [_mm512_setzero_si512(); A];
+            for pr in 0..8 {
+                let cv = _mm512_load_si512(base.add(META + F::COEF + pr).cast());
+                for (a, ta) in t.iter_mut().enumerate() {
+                    let b2 = bs
+                        .add(a * bs_stride + s * GROUPS + 2 * pr)
+                        .cast::<i32>()
+                        .read_unaligned();
+                    *ta = _mm512_dpwssd_epi32(*ta, cv, _mm512_set1_epi32(b2));
+                }
+            }
+            let d = _mm512_castsi512_ps(_mm512_load_si512(base.add(META + F::D).cast()));
+            let dmin = _mm512_castsi512_ps(_mm512_load_si512(base.add(META + F::DMIN).cast()));
+            for a in 0..A {
+                let dxv = _mm512_set1_ps(*dx.add(a * nb + s));
+                if F::MIN {
+                    let v =
+                        _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(ii[a]), av[a]);
+                    av[a] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dxv), _mm512_cvtepi32_ps(t[a]), v);
+                } else {
+                    let i = _mm512_sub_epi32(ii[a], _mm512_slli_epi32::<5>(t[a]));
+                    av[a] = _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i), av[a]);
+                }
+            }
+        }
+        for (a, v) in av.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(16 * a), *v);
+        }
+    }
+}
+
+/// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
+/// one cut at `rows`) for all `m` activation rows, into `out`
+/// (`[tiles.len()][m][16]`).
+///
+/// # Panics
+/// If the slices are too short (caller bugs).
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VNNI, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+pub(super) unsafe fn gemm<F: Q8kGemm>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &mut [f32],
+) {
+    let nb = acts.cols / QK_K;
+    assert_eq!(row_bytes, nb * F::BYTES, "q8k gemm: row bytes");
+    assert!(rows * row_bytes <= w.len(), "q8k gemm: weight rows");
+    assert!(tiles.end * TILE < rows + TILE, "q8k gemm: tiles");
+    assert!(acts.q.len() >= m * acts.cols, "q8k gemm: activations");
+    assert!(acts.d.len() >= m * nb, "q8k gemm: scales");
+    assert!(acts.bsums.len() >= m * nb * GROUPS, "q8k gemm: sums");
+    assert!(out.len() >= tiles.len() * m * TILE, "q8k gemm: output");
+    let mut buf = [Z([0; 16]); CHUNK * SB_VECS];
+    for (ti, t) in tiles.enumerate() {
+        let j0 = t * TILE;
+        let nr = (rows - j0).min(TILE);
+        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
+        for b0 in (0..nb).step_by(CHUNK) {
+            let nsb = (nb - b0).min(CHUNK);
+            // SAFETY: the features (the caller's contract); the rows and
+            // super-blocks are inside `w` (asserted).
+            unsafe { unpack::<F>(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
+            let mut i0 = 0;
+            while i0 < m {
+                let a = (m - i0).min(MR);
+                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
+                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
+                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
+                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
+                let first = b0 == 0;
+                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
+                // of the activations are inside their slices (asserted);
+                // `acc` holds a · 16 floats.
+                unsafe {
+                    match a {
+                        8 => micro::<F, 8>(&buf, nsb, x, bs, dx, acc, first),
+                        7 => micro::<F, 7>(&buf, nsb, x, bs, dx, acc, first),
+                        6 => micro::<F, 6>(&buf, nsb, x, bs, dx, acc, first),
+                        5 => micro::<F, 5>(&buf, nsb, x, bs, dx, acc, first),
+                        4 => micro::<F, 4>(&buf, nsb, x, bs, dx, acc, first),
+                        3 => micro::<F, 3>(&buf, nsb, x, bs, dx, acc, first),
+                        2 => micro::<F, 2>(&buf, nsb, x, bs, dx, acc, first),
+                        _ => micro::<F, 1>(&buf, nsb, x, bs, dx, acc, first),
+                    }
+                }
+                i0 += a;
+            }
+        }
+    }
+}
