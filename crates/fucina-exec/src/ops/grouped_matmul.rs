@@ -16,7 +16,9 @@
 //! activations (a quantized product's activations are quantized by the same
 //! routine), so every output is the same bits as the single call gives, for
 //! every thread count and vector level. The other products (several rows, a
-//! [`PackedBf16Matrix`], a packed matrix whose rows end inside a strip) run
+//! [`PackedBf16Matrix`], a packed matrix whose rows end inside a strip, the
+//! super-block formats Q4_K, Q5_K and Q6_K, whose activations are quantized
+//! per 256 rather than per block of 32) run
 //! through their single call, one after another, after the grouped ones.
 
 use std::ops::Range;
@@ -136,7 +138,11 @@ fn grouped(p: &GroupedProduct<'_>) -> bool {
         && rows > 0
         && cols > 0
         && match p.weight {
-            GroupedWeight::Float(_) | GroupedWeight::Quant(_) => true,
+            GroupedWeight::Float(_) => true,
+            // The formats with super-block activations (Q4_K, Q5_K, Q6_K)
+            // run their single call: the grouped items quantize activations
+            // in blocks of 32, which would give other bits.
+            GroupedWeight::Quant(w) => !crate::ops::quant::takes_super_block_acts(w.format),
             GroupedWeight::Packed(_) => rows.is_multiple_of(STRIP_ROWS),
             GroupedWeight::Bf16AmxRule(_) => false,
         }

@@ -176,6 +176,12 @@ type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut 
 /// `m`, output.
 type Q8kGemmTiles = fn(&[u8], usize, usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
 
+/// Whether products of `format` take the super-block activations (their
+/// single call quantizes the activations per 256, not per block of 32).
+pub(crate) fn takes_super_block_acts(format: QuantFormat) -> bool {
+    q8k_kernel(format).is_some()
+}
+
 /// The [`Q8kKernel`] of `format`, if it takes the super-block activations.
 fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
     use crate::kernels::quant_block as qb;
