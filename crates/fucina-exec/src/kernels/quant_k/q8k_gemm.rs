@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::q8k::{GROUPS, KActs, Q8kDot};
-use super::q8k_x86::{q6k_codes, q45k_codes};
+use super::q8k_x86::fifth_bit;
 use super::{Q4_K, Q5_K, Q6_K, QK_K};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 
@@ -83,6 +83,32 @@ pub(crate) trait Q8kGemm: Q8kDot {
     /// The CPU must have AVX-512 F/BW, AVX2 and F16C; `blk` valid for
     /// reading `Self::BYTES` bytes.
     unsafe fn meta(blk: *const u8) -> [__m512i; 2];
+}
+
+/// The Q4_K / Q5_K codes (`qs` the 128 nibble bytes, `qh` the fifth bits).
+///
+/// # Safety
+/// AVX2; `qs` valid for 128 bytes, `qh` (when given) for 32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q45k_codes(qs: *const u8, qh: Option<*const u8>) -> [__m256i; 8] {
+    let low4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: 32 bytes of fifth bits (the caller's contract).
+    let h = qh.map(|p| unsafe { _mm256_loadu_si256(p.cast()) });
+    let mut out = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        // SAFETY: bytes 32 c .. +32 of the 128 (the caller's contract).
+        let v = unsafe { _mm256_loadu_si256(qs.add(32 * c).cast()) };
+        let mut lo = _mm256_and_si256(v, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+        if let Some(h) = h {
+            lo = _mm256_or_si256(lo, fifth_bit(h, 2 * c));
+            hi = _mm256_or_si256(hi, fifth_bit(h, 2 * c + 1));
+        }
+        out[2 * c] = lo;
+        out[2 * c + 1] = hi;
+    }
+    out
 }
 
 /// Q4_K's and Q5_K's meta dwords: the eight scales at 0, the pairs
@@ -162,11 +188,39 @@ impl Q8kGemm for Q6_K {
     const D: usize = 24;
     const DMIN: usize = 25;
 
+    /// The unsigned 6-bit codes `q` (`0..=63`; the value is `q − 32`).
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
-        // SAFETY: the super-block (the caller's contract).
-        unsafe { q6k_codes(blk) }
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut out = [_mm256_setzero_si256(); 8];
+        for half in 0..2 {
+            // SAFETY: ql bytes 64 half .. +64 and qh bytes 128 + 32 half ..
+            // +32 are inside the super-block.
+            let (a, b, h) = unsafe {
+                (
+                    _mm256_loadu_si256(blk.add(64 * half).cast()),
+                    _mm256_loadu_si256(blk.add(64 * half + 32).cast()),
+                    _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
+                )
+            };
+            for g in 0..4 {
+                let src = if g % 2 == 0 { a } else { b };
+                let lo = if g < 2 {
+                    _mm256_and_si256(src, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(src), low4)
+                };
+                // bits 2g, 2g + 1 of each qh byte to bits 4, 5 (a 16-bit
+                // shift by at most 6 moves no bit the mask keeps across bytes)
+                let hb = _mm256_and_si256(
+                    _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                out[4 * half + g] = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
+            }
+        }
+        out
     }
 
     /// The sixteen int8 group scales at 0, the same as the coefficients of

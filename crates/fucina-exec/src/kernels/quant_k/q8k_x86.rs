@@ -139,7 +139,7 @@ fn lane16(v: __m256i, lo: usize, hi: usize) -> __m256i {
 /// Bit `j` of each byte of `v`, in bit 4.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn fifth_bit(v: __m256i, j: usize) -> __m256i {
+pub(super) fn fifth_bit(v: __m256i, j: usize) -> __m256i {
     // a 16-bit shift by at most 7 moves no bit that the mask keeps across bytes
     let b = _mm256_and_si256(
         _mm256_srl_epi16(v, _mm_cvtsi32_si128(j as i32)),
@@ -165,13 +165,21 @@ unsafe fn q45k_lanes<const M: usize>(
 ) -> ([__m256i; M], [__m256i; M]) {
     // SAFETY: 16 header bytes (the caller's contract).
     let (sc, mn) = q4k_scales_u64(unsafe { &std::slice::from_raw_parts(head, 16)[4..16] });
-    // SAFETY: the caller's contract.
-    let codes = unsafe { q45k_codes(qs, qh) };
+    // SAFETY: 32 bytes of fifth bits (the caller's contract).
+    let h = qh.map(|p| unsafe { _mm256_loadu_si256(p.cast()) });
+    let low4 = _mm256_set1_epi8(0x0f);
     // the eight scales as 16-bit lanes, in both halves
     let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
     let mut iv = [_mm256_setzero_si256(); M];
     for c in 0..4 {
-        let (lo, hi) = (codes[2 * c], codes[2 * c + 1]);
+        // SAFETY: bytes 32 c .. +32 of the 128 (the caller's contract).
+        let v = unsafe { _mm256_loadu_si256(qs.add(32 * c).cast()) };
+        let mut lo = _mm256_and_si256(v, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+        if let Some(h) = h {
+            lo = _mm256_or_si256(lo, fifth_bit(h, 2 * c));
+            hi = _mm256_or_si256(hi, fifth_bit(h, 2 * c + 1));
+        }
         let (s0, s1) = (lane16(scv, 2 * c, 2 * c), lane16(scv, 2 * c + 1, 2 * c + 1));
         // SAFETY: activations 64 c .. 64 c + 64 of the 256 (the caller's
         // contract).
@@ -182,72 +190,6 @@ unsafe fn q45k_lanes<const M: usize>(
     }
     // SAFETY: the caller's contract.
     (iv, unsafe { min_lanes(mn, bs) })
-}
-
-/// The Q4_K / Q5_K codes in element order, 32 per vector (`qs` the 128
-/// nibble bytes, `qh` the fifth bits of Q5_K).
-///
-/// # Safety
-/// AVX2; `qs` valid for 128 bytes, `qh` (when given) for 32.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn q45k_codes(qs: *const u8, qh: Option<*const u8>) -> [__m256i; 8] {
-    let low4 = _mm256_set1_epi8(0x0f);
-    // SAFETY: 32 bytes of fifth bits (the caller's contract).
-    let h = qh.map(|p| unsafe { _mm256_loadu_si256(p.cast()) });
-    let mut out = [_mm256_setzero_si256(); 8];
-    for c in 0..4 {
-        // SAFETY: bytes 32 c .. +32 of the 128 (the caller's contract).
-        let v = unsafe { _mm256_loadu_si256(qs.add(32 * c).cast()) };
-        let mut lo = _mm256_and_si256(v, low4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
-        if let Some(h) = h {
-            lo = _mm256_or_si256(lo, fifth_bit(h, 2 * c));
-            hi = _mm256_or_si256(hi, fifth_bit(h, 2 * c + 1));
-        }
-        out[2 * c] = lo;
-        out[2 * c + 1] = hi;
-    }
-    out
-}
-
-/// Q6_K's unsigned 6-bit codes `q` (`0..=63`; the value is `q − 32`) in
-/// element order, 32 per vector.
-///
-/// # Safety
-/// AVX2; `blk` valid for reading a Q6_K super-block (210 bytes).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn q6k_codes(blk: *const u8) -> [__m256i; 8] {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let mut out = [_mm256_setzero_si256(); 8];
-    for half in 0..2 {
-        // SAFETY: ql bytes 64 half .. +64 and qh bytes 128 + 32 half ..
-        // +32 are inside the super-block (the caller's contract).
-        let (a, b, h) = unsafe {
-            (
-                _mm256_loadu_si256(blk.add(64 * half).cast()),
-                _mm256_loadu_si256(blk.add(64 * half + 32).cast()),
-                _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
-            )
-        };
-        for g in 0..4 {
-            let src = if g % 2 == 0 { a } else { b };
-            let lo = if g < 2 {
-                _mm256_and_si256(src, low4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(src), low4)
-            };
-            // bits 2g, 2g + 1 of each qh byte to bits 4, 5 (a 16-bit
-            // shift by at most 6 moves no bit the mask keeps across bytes)
-            let hb = _mm256_and_si256(
-                _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g as i32)),
-                _mm256_set1_epi8(3),
-            );
-            out[4 * half + g] = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
-        }
-    }
-    out
 }
 
 impl Q8kAvx2 for Q4_K {
@@ -316,12 +258,32 @@ impl Q8kAvx2 for Q6_K {
             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(sc8))),
         ];
-        // SAFETY: the super-block (the caller's contract).
-        let codes = unsafe { q6k_codes(blk) };
+        let low4 = _mm256_set1_epi8(0x0f);
         let mut iv = [_mm256_setzero_si256(); M];
         for (half, &sc_half) in sch.iter().enumerate() {
+            // SAFETY: ql bytes 64 half .. +64 and qh bytes 128 + 32 half ..
+            // +32 are inside the super-block.
+            let (a, b, h) = unsafe {
+                (
+                    _mm256_loadu_si256(blk.add(64 * half).cast()),
+                    _mm256_loadu_si256(blk.add(64 * half + 32).cast()),
+                    _mm256_loadu_si256(blk.add(128 + 32 * half).cast()),
+                )
+            };
             for g in 0..4 {
-                let q = codes[4 * half + g];
+                let src = if g % 2 == 0 { a } else { b };
+                let lo = if g < 2 {
+                    _mm256_and_si256(src, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(src), low4)
+                };
+                // bits 2g, 2g + 1 of each qh byte to bits 4, 5 (a 16-bit shift
+                // by at most 6 moves no bit the mask keeps across bytes)
+                let hb = _mm256_and_si256(
+                    _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
                 let j = 4 * half + g;
                 // groups 2j, 2j + 1 (both in scales 8 half .. 8 half + 8)
                 let s = lane16(sc_half, 2 * g, 2 * g + 1);
