@@ -98,40 +98,13 @@ unsafe fn min_lanes<const M: usize>(mn: u64, bs: &[*const i16; M]) -> [__m256i; 
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lane16(v: __m256i, lo: usize, hi: usize) -> __m256i {
-    let (a, b) = (2 * lo as i8, 2 * hi as i8);
-    let idx = _mm256_setr_epi8(
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
+    // the byte pair (2 lane, 2 lane + 1) as one 16-bit word, broadcast in
+    // each half: a few instructions whatever `lo` and `hi` are (sixteen
+    // byte inserts per half when a loop over the lanes is not unrolled)
+    let pair = |lane: usize| (2 * lane as i16) | ((2 * lane as i16 + 1) << 8);
+    let idx = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_set1_epi16(pair(lo))),
+        _mm_set1_epi16(pair(hi)),
     );
     _mm256_shuffle_epi8(v, idx)
 }
