@@ -177,10 +177,48 @@ pub(crate) fn attend_row(
 
 /// [`attend_row`] with soft-capped scores: each scaled score `s` becomes
 /// `cap · tanh(s / cap)` before the softmax ([`softcap`]); the rest as
-/// [`attend_row`], compiled for the baseline level only (every level of
-/// [`attend_row`] gives these bits).
+/// [`attend_row`], at the same vector levels and with the same bits on each
+/// (the scores' and sums' fused multiply-adds are exactly rounded: at the
+/// baseline level they are library calls, so the AVX2 and AVX-512 levels run
+/// the body compiled for their instructions).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_row_capped(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    scale: f32,
+    cap: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    use fucina::exec::SimdLevel;
+    match fucina::exec::simd_level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx512 only when the CPU has every
+        // feature `with_avx512` enables.
+        SimdLevel::Avx512 => unsafe {
+            with_avx512(
+                #[inline(always)]
+                || capped_body::<4, true>(q, keys_t, lo, values, scale, cap, scores, out),
+            )
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2 and FMA.
+        SimdLevel::Avx2 => unsafe {
+            with_avx2(
+                #[inline(always)]
+                || capped_body::<4, false>(q, keys_t, lo, values, scale, cap, scores, out),
+            )
+        },
+        _ => capped_body::<TILES, false>(q, keys_t, lo, values, scale, cap, scores, out),
+    }
+}
+
+/// [`attend_row_capped`]'s body (as [`attend_row_body`], with the cap).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn capped_body<const T: usize, const AVX512: bool>(
     q: &[f32],
     keys_t: &[f32],
     lo: usize,
@@ -193,10 +231,10 @@ pub(crate) fn attend_row_capped(
     let d = q.len();
     let n = values.len() / d;
     let scores = &mut scores[..n];
-    scores_range::<TILES, false>(q, keys_t, lo, lo..lo + n, scale, scores);
+    scores_range::<T, AVX512>(q, keys_t, lo, lo..lo + n, scale, scores);
     softcap(scores, cap);
     softmax_in_place(scores);
-    weighted_sums::<TILES, false>(scores, values, d, out);
+    weighted_sums::<T, AVX512>(scores, values, d, out);
 }
 
 /// [`attend_row`]'s body, `T` key tiles (and output blocks) at a time;
