@@ -152,27 +152,7 @@ pub(crate) fn attend_row(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    use fucina::exec::SimdLevel;
-    match fucina::exec::simd_level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `simd_level` returns Avx512 only when the CPU has every
-        // feature `with_avx512` enables.
-        SimdLevel::Avx512 => unsafe {
-            with_avx512(
-                #[inline(always)]
-                || attend_row_body::<4, true>(q, keys_t, lo, values, scale, scores, out),
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `simd_level` returns Avx2 only when the CPU has AVX2 and FMA.
-        SimdLevel::Avx2 => unsafe {
-            with_avx2(
-                #[inline(always)]
-                || attend_row_body::<4, false>(q, keys_t, lo, values, scale, scores, out),
-            )
-        },
-        _ => attend_row_body::<TILES, false>(q, keys_t, lo, values, scale, scores, out),
-    }
+    row_at_level(q, keys_t, lo, values, scale, None, scores, out);
 }
 
 /// [`attend_row`] with soft-capped scores: each scaled score `s` becomes
@@ -192,6 +172,22 @@ pub(crate) fn attend_row_capped(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    row_at_level(q, keys_t, lo, values, scale, Some(cap), scores, out);
+}
+
+/// [`attend_row`] (`cap` `None`) or [`attend_row_capped`] at the process's
+/// vector level.
+#[allow(clippy::too_many_arguments)]
+fn row_at_level(
+    q: &[f32],
+    keys_t: &[f32],
+    lo: usize,
+    values: &[f32],
+    scale: f32,
+    cap: Option<f32>,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     use fucina::exec::SimdLevel;
     match fucina::exec::simd_level() {
         #[cfg(target_arch = "x86_64")]
@@ -200,7 +196,7 @@ pub(crate) fn attend_row_capped(
         SimdLevel::Avx512 => unsafe {
             with_avx512(
                 #[inline(always)]
-                || capped_body::<4, true>(q, keys_t, lo, values, scale, cap, scores, out),
+                || row_body::<4, true>(q, keys_t, lo, values, scale, cap, scores, out),
             )
         },
         #[cfg(target_arch = "x86_64")]
@@ -208,23 +204,26 @@ pub(crate) fn attend_row_capped(
         SimdLevel::Avx2 => unsafe {
             with_avx2(
                 #[inline(always)]
-                || capped_body::<4, false>(q, keys_t, lo, values, scale, cap, scores, out),
+                || row_body::<4, false>(q, keys_t, lo, values, scale, cap, scores, out),
             )
         },
-        _ => capped_body::<TILES, false>(q, keys_t, lo, values, scale, cap, scores, out),
+        _ => row_body::<TILES, false>(q, keys_t, lo, values, scale, cap, scores, out),
     }
 }
 
-/// [`attend_row_capped`]'s body (as [`attend_row_body`], with the cap).
+/// One row's attention, `T` key tiles (and output blocks) at a time, the
+/// scaled scores soft-capped first when `cap` is given; `AVX512`: the tiles
+/// through the AVX-512 kernels of [`avx512`] (the same operations on
+/// 16-lane registers; only inside [`with_avx512`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn capped_body<const T: usize, const AVX512: bool>(
+fn row_body<const T: usize, const AVX512: bool>(
     q: &[f32],
     keys_t: &[f32],
     lo: usize,
     values: &[f32],
     scale: f32,
-    cap: f32,
+    cap: Option<f32>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -232,7 +231,9 @@ fn capped_body<const T: usize, const AVX512: bool>(
     let n = values.len() / d;
     let scores = &mut scores[..n];
     scores_range::<T, AVX512>(q, keys_t, lo, lo..lo + n, scale, scores);
-    softcap(scores, cap);
+    if let Some(cap) = cap {
+        softcap(scores, cap);
+    }
     softmax_in_place(scores);
     weighted_sums::<T, AVX512>(scores, values, d, out);
 }
@@ -250,12 +251,7 @@ fn attend_row_body<const T: usize, const AVX512: bool>(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let d = q.len();
-    let n = values.len() / d;
-    let scores = &mut scores[..n];
-    scores_range::<T, AVX512>(q, keys_t, lo, lo..lo + n, scale, scores);
-    softmax_in_place(scores);
-    weighted_sums::<T, AVX512>(scores, values, d, out);
+    row_body::<T, AVX512>(q, keys_t, lo, values, scale, None, scores, out);
 }
 
 /// The scaled scores `scores[j - lo]` of the positions `range` (which starts
