@@ -3,7 +3,7 @@
 use fucina_exec::{ExecContext, RawTensor};
 
 use crate::error::Result;
-use crate::record::{GradList, Grads};
+use crate::record::GradList;
 use crate::tensor::Tensor;
 
 /// What the backward of a [`custom_vjp`] op receives.
@@ -24,8 +24,14 @@ pub struct CustomVjpArgs<'a> {
 /// `forward` computes the output from the inputs' raw tensors. When gradients
 /// are enabled and an input requires one, a graph node is recorded whose VJP is
 /// `backward`: it returns one gradient per input (`None` for no gradient), each of
-/// that input's shape. The result follows the rules of every op: adopted by the
-/// innermost exec scope if one is open, caller-owned otherwise.
+/// that input's shape, as a [`Grads`](crate::Grads) vector or an array
+/// `[Option<RawTensor>; N]` (which allocates nothing). The result follows the
+/// rules of every op: adopted by the innermost exec scope if one is open,
+/// caller-owned otherwise.
+///
+/// The closure is kept in a recycled slot (see `docs/AUTOGRAD.md`, "Custom
+/// VJPs"): with up to four inputs and an array of gradients, a custom op in a
+/// training step allocates nothing after warm-up.
 ///
 /// `backward` must not capture [`Tensor`]s that require a gradient (the graph
 /// would keep itself alive); it may capture raw tensors and plain values.
@@ -58,7 +64,7 @@ pub struct CustomVjpArgs<'a> {
 /// if it returns another number of gradients than inputs, and
 /// [`AutogradError::GradientShapeMismatch`](crate::AutogradError::GradientShapeMismatch)
 /// if a gradient has the wrong shape.
-pub fn custom_vjp<Fwd, Bwd>(
+pub fn custom_vjp<Fwd, Bwd, G>(
     ctx: &ExecContext,
     name: &'static str,
     inputs: &[&Tensor],
@@ -67,22 +73,23 @@ pub fn custom_vjp<Fwd, Bwd>(
 ) -> Result<Tensor>
 where
     Fwd: FnOnce(&ExecContext, &[RawTensor]) -> Result<RawTensor>,
-    Bwd: Fn(&ExecContext, &CustomVjpArgs<'_>) -> Result<Grads> + Send + Sync + 'static,
+    Bwd: Fn(&ExecContext, &CustomVjpArgs<'_>) -> Result<G> + Send + Sync + 'static,
+    G: IntoIterator<Item = Option<RawTensor>>,
 {
-    let raws: Vec<RawTensor> = inputs.iter().map(|t| t.raw.clone()).collect();
-    let out = forward(ctx, &raws)?;
+    let raws = Raws::of(inputs);
+    let out = forward(ctx, raws.as_slice())?;
     let saved_out = out.clone();
     Tensor::finish_boxed(ctx, name, out, inputs, move |ctx, g, needs| {
         let grads = backward(
             ctx,
             &CustomVjpArgs {
-                inputs: &raws,
+                inputs: raws.as_slice(),
                 output: &saved_out,
                 grad: g,
                 needs,
             },
         )?;
-        Ok(GradList::from(grads))
+        Ok(grads.into_iter().collect::<GradList>())
     })
 }
 
@@ -127,7 +134,7 @@ pub struct CustomGradArgs<'a> {
 ///
 /// # Errors
 /// As [`custom_vjp`].
-pub fn custom_vjp_unsaved<Fwd, Bwd>(
+pub fn custom_vjp_unsaved<Fwd, Bwd, G>(
     ctx: &ExecContext,
     name: &'static str,
     inputs: &[&Tensor],
@@ -136,16 +143,45 @@ pub fn custom_vjp_unsaved<Fwd, Bwd>(
 ) -> Result<Tensor>
 where
     Fwd: FnOnce(&ExecContext, &[RawTensor]) -> Result<RawTensor>,
-    Bwd: Fn(&ExecContext, &CustomGradArgs<'_>) -> Result<Grads> + Send + Sync + 'static,
+    Bwd: Fn(&ExecContext, &CustomGradArgs<'_>) -> Result<G> + Send + Sync + 'static,
+    G: IntoIterator<Item = Option<RawTensor>>,
 {
-    let out = {
-        let raws: Vec<RawTensor> = inputs.iter().map(|t| t.raw.clone()).collect();
-        forward(ctx, &raws)?
-    };
+    let out = forward(ctx, Raws::of(inputs).as_slice())?;
     Tensor::finish_boxed(ctx, name, out, inputs, move |ctx, g, needs| {
-        Ok(GradList::from(backward(
-            ctx,
-            &CustomGradArgs { grad: g, needs },
-        )?))
+        let grads = backward(ctx, &CustomGradArgs { grad: g, needs })?;
+        Ok(grads.into_iter().collect::<GradList>())
     })
+}
+
+/// The most inputs whose handles a custom op keeps without a list on the heap.
+const INLINE_INPUTS: usize = 4;
+
+/// The inputs' raw handles as a custom op passes them to its closures: inline
+/// for up to [`INLINE_INPUTS`] inputs (the slots past the inputs hold more
+/// handles of the first, never read), on the heap beyond. Inline on purpose:
+/// the list lives in the op's recycled closure slot, and boxing it would
+/// allocate on every op.
+#[allow(clippy::large_enum_variant)]
+enum Raws {
+    Inline([RawTensor; INLINE_INPUTS], usize),
+    Heap(Vec<RawTensor>),
+}
+
+impl Raws {
+    fn of(inputs: &[&Tensor]) -> Raws {
+        match inputs.first() {
+            Some(first) if inputs.len() <= INLINE_INPUTS => Raws::Inline(
+                std::array::from_fn(|i| inputs.get(i).unwrap_or(first).raw.clone()),
+                inputs.len(),
+            ),
+            _ => Raws::Heap(inputs.iter().map(|t| t.raw.clone()).collect()),
+        }
+    }
+
+    fn as_slice(&self) -> &[RawTensor] {
+        match self {
+            Raws::Inline(a, n) => &a[..*n],
+            Raws::Heap(v) => v,
+        }
+    }
 }

@@ -9,13 +9,18 @@
 //! is one fixed-size allocation, and a released node is not deallocated: it goes
 //! back, emptied, to the free list of the context that made it ([`NodePool`], kept
 //! in the context's extension slot), and the next op on that context reuses it.
-//! After a warm-up step, recording a graph allocates nothing.
+//! A custom op's VJP closure lives in a boxed slot that goes back, emptied, to
+//! the same pool (one free list per closure type) and is refilled by the next
+//! op with a closure of that type; leaves return to a free list of the thread
+//! that made them; each backward pass takes its work lists from a per-thread
+//! stack (a backward inside a VJP takes the next). After a warm-up step,
+//! recording a graph and running its backward allocate nothing.
 //!
 //! Nodes are numbered from one process-wide counter in creation order; an op's
 //! inputs always exist before it, so sorting the reachable nodes by decreasing
 //! number gives a valid reverse topological order without recursion.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use fucina_exec::{Dims, ExecContext, RawTensor, ScopeNode};
 
 use crate::error::{AutogradError, Result};
-use crate::record::{GradList, Vjp};
+use crate::record::{BoxedVjp, GradList, Vjp};
 
 const INLINE: usize = 3;
 
@@ -94,7 +99,10 @@ impl<T> FromIterator<Option<T>> for Small<T> {
         let mut it = iter.into_iter();
         for x in it.by_ref() {
             if n == INLINE {
-                let mut v: Vec<Option<T>> = a.into_iter().collect();
+                // One allocation for the whole list when the iterator knows
+                // its length.
+                let mut v = Vec::with_capacity(INLINE + 1 + it.size_hint().0);
+                v.extend(a);
                 v.push(x);
                 v.extend(it);
                 return Small::Heap(v);
@@ -124,8 +132,9 @@ pub(crate) struct Node {
     visited: AtomicU64,
     state: Mutex<State>,
     vjp: Mutex<Vjp>,
-    /// The free list this node returns to when its last handle drops (`None` for
-    /// leaves, and while the node sits in the free list).
+    /// The free list this node returns to when its last handle drops (its
+    /// context's for an op node, its thread's for a leaf; `None` while the
+    /// node sits in a free list).
     home: Option<Arc<NodePool>>,
 }
 
@@ -145,17 +154,28 @@ struct State {
 /// step that records more ops than this allocates the excess.
 pub(crate) const MAX_FREE_NODES: usize = 1 << 14;
 
-/// A context's free list of emptied nodes (kept in the context's extension
-/// slot; nodes that outlive their context keep it alive and return to it, and it
-/// is freed with the last of them).
+/// The most emptied closure slots of one type a context keeps for reuse
+/// (beyond this, released slots are deallocated).
+const MAX_FREE_SLOTS: usize = 1 << 12;
+
+/// A context's free list of emptied nodes, and of emptied VJP closure slots by
+/// closure type (kept in the context's extension slot; nodes that outlive
+/// their context keep it alive and return to it, and it is freed with the last
+/// of them).
 #[derive(Default)]
 pub(crate) struct NodePool {
     free: Mutex<Vec<Arc<Node>>>,
+    /// Emptied boxed closure slots (see [`BoxedVjp`]), one list per slot type.
+    slots: Mutex<Vec<(TypeId, Vec<BoxedVjp>)>>,
 }
 
 impl NodePool {
     fn lock(&self) -> MutexGuard<'_, Vec<Arc<Node>>> {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_slots(&self) -> MutexGuard<'_, Vec<(TypeId, Vec<BoxedVjp>)>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The pool of `ctx` (created on first use).
@@ -180,6 +200,37 @@ impl NodePool {
 
     fn take(&self) -> Option<Arc<Node>> {
         self.lock().pop()
+    }
+
+    /// An emptied closure slot of type `ty`, if one is waiting.
+    pub(crate) fn take_slot(&self, ty: TypeId) -> Option<BoxedVjp> {
+        let mut slots = self.lock_slots();
+        slots.iter_mut().find(|(t, _)| *t == ty)?.1.pop()
+    }
+
+    /// Releases a VJP: a closure slot is emptied (its captures dropped, outside
+    /// the lock: they may hold graph nodes that come back here) and kept for
+    /// reuse; anything else is dropped.
+    fn put_vjp(&self, vjp: Vjp) {
+        let Vjp::Boxed(mut slot) = vjp else {
+            return;
+        };
+        slot.clear();
+        let ty = slot.slot_type();
+        let mut slots = self.lock_slots();
+        let list = match slots.iter().position(|(t, _)| *t == ty) {
+            Some(i) => &mut slots[i].1,
+            None => {
+                slots.push((ty, Vec::new()));
+                &mut slots.last_mut().expect("just pushed").1
+            }
+        };
+        if list.len() < MAX_FREE_SLOTS {
+            list.push(slot);
+        } else {
+            drop(slots);
+            drop(slot);
+        }
     }
 }
 
@@ -267,6 +318,19 @@ impl Node {
         drop(old);
     }
 
+    /// Releases the VJP (and what it saved): a closure slot goes back,
+    /// emptied, to the node's free list.
+    fn release_vjp(&self) {
+        let vjp = std::mem::replace(
+            &mut *self.vjp.lock().unwrap_or_else(|e| e.into_inner()),
+            Vjp::None,
+        );
+        match &self.home {
+            Some(home) => home.put_vjp(vjp),
+            None => drop(vjp),
+        }
+    }
+
     /// Runs the VJP (`None` if it was released). The VJP is kept: a pass
     /// releases the VJPs it ran only once it has succeeded.
     fn run_vjp(
@@ -279,7 +343,7 @@ impl Node {
         match &*slot {
             Vjp::None => None,
             Vjp::Fn(f, s) => Some(f(ctx, s, g, needs)),
-            Vjp::Boxed(f) => Some(f(ctx, g, needs)),
+            Vjp::Boxed(f) => f.call(ctx, g, needs),
         }
     }
 
@@ -373,7 +437,7 @@ fn release_node(mut n: Arc<Node>) {
         return; // shared: only the count drops
     };
     let Some(home) = node.home.take() else {
-        return; // a leaf, or a node made without a pool: deallocated normally
+        return; // a node made without a pool: deallocated normally
     };
     let links = node.links.take();
     let vjp = std::mem::replace(
@@ -386,7 +450,8 @@ fn release_node(mut n: Arc<Node>) {
         .unwrap_or_else(|e| e.into_inner())
         .grad
         .take();
-    drop((vjp, grad));
+    home.put_vjp(vjp);
+    drop(grad);
     release_links(links);
     home.put(n);
 }
@@ -418,15 +483,28 @@ pub fn free_graph_nodes(ctx: &ExecContext) -> usize {
     NodePool::of(ctx).free_len()
 }
 
-/// A new leaf node (a plain allocation: leaves are made once per parameter).
+thread_local! {
+    /// The free list of this thread's leaf nodes: a leaf made on this thread
+    /// (a parameter, or a variable of an inner graph a VJP builds at every
+    /// step, such as a recomputed block's) reuses a released one.
+    static LEAVES: Arc<NodePool> = Arc::new(NodePool::default());
+}
+
+/// A new leaf node, reusing a released leaf of this thread's free list when
+/// there is one.
 pub(crate) fn leaf(dims: Dims) -> NodeRef {
-    NodeRef(Some(Arc::new(Node::new(
+    let node = Node::new(
         "leaf",
         dims,
         Small::Inline([None, None, None], 0),
         true,
         Vjp::None,
-    ))))
+    );
+    match LEAVES.try_with(Arc::clone) {
+        Ok(pool) => recycled(&pool, node),
+        // During thread teardown: a plain allocation.
+        Err(_) => NodeRef(Some(Arc::new(node))),
+    }
 }
 
 /// A new op node, reusing a released node of `ctx`'s free list when there is one.
@@ -437,8 +515,12 @@ pub(crate) fn op(
     links: Small<NodeRef>,
     vjp: Vjp,
 ) -> NodeRef {
-    let pool = NodePool::of(ctx);
-    let mut node = Node::new(name, dims, links, false, vjp);
+    recycled(NodePool::of(ctx), Node::new(name, dims, links, false, vjp))
+}
+
+/// `node` in a released node of `pool` when there is one (else a new
+/// allocation), with `pool` as its home.
+fn recycled(pool: &Arc<NodePool>, mut node: Node) -> NodeRef {
     node.home = Some(Arc::clone(pool));
     match pool.take() {
         Some(mut free) => {
@@ -454,17 +536,21 @@ pub(crate) fn op(
 thread_local! {
     /// Reused by every drop of a graph on this thread (no allocation once grown).
     static DROP_STACK: RefCell<Vec<Small<NodeRef>>> = const { RefCell::new(Vec::new()) };
-    /// Reused by every backward on this thread.
-    static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch { order: Vec::new(), slots: Vec::new() })
-    };
+    /// The work lists of the backward passes on this thread, reused: a pass
+    /// takes one (the last) and puts it back when it ends, so a backward
+    /// inside a VJP (a recomputed block's, a checkpointed layer's) takes
+    /// another and, after a warm-up step, neither allocates.
+    static SCRATCH: RefCell<Vec<Scratch>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The work lists of one backward pass: the reachable nodes in reverse
-/// creation order, and beside each the gradient it has received so far.
+/// creation order, beside each the gradient it has received so far, and the
+/// flags of which inputs need a gradient (for ops of more than three inputs).
+#[derive(Default)]
 struct Scratch {
     order: Vec<NodeRef>,
     slots: Vec<Slot>,
+    needs: Vec<bool>,
 }
 
 /// What one backward pass holds for one reachable node. Gradients live here,
@@ -584,25 +670,19 @@ pub(crate) fn run_backward(
     if !root.is_leaf() && root.lock().consumed {
         return Err(AutogradError::BackwardAlreadyRun);
     }
-    let reused = SCRATCH.try_with(|s| {
-        s.try_borrow_mut()
-            .map(|mut s| backward_into(ctx, root, seed.clone(), opts, &mut s))
-            .ok()
+    let mut scratch = SCRATCH
+        .try_with(|s| s.try_borrow_mut().ok()?.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let result = backward_into(ctx, root, seed, opts, &mut scratch);
+    // Back for the next pass (during thread teardown it is dropped instead).
+    let _ = SCRATCH.try_with(|s| {
+        if let Ok(mut stack) = s.try_borrow_mut() {
+            stack.push(scratch);
+        }
     });
-    match reused {
-        Ok(Some(r)) => r,
-        // A backward from inside a VJP, or during thread teardown.
-        _ => backward_into(
-            ctx,
-            root,
-            seed,
-            opts,
-            &mut Scratch {
-                order: Vec::new(),
-                slots: Vec::new(),
-            },
-        ),
-    }
+    result
 }
 
 fn backward_into(
@@ -612,7 +692,11 @@ fn backward_into(
     opts: BackwardOptions,
     scratch: &mut Scratch,
 ) -> Result<()> {
-    let Scratch { order, slots } = scratch;
+    let Scratch {
+        order,
+        slots,
+        needs,
+    } = scratch;
     order.clear();
     slots.clear();
     // Collect the reachable nodes iteratively: `order` doubles as the work list
@@ -636,7 +720,7 @@ fn backward_into(
     slots.resize_with(order.len(), || Slot::Empty);
     slots[0] = Slot::Pending(seed);
 
-    let result = propagate(ctx, order, slots, opts).and_then(|()| commit(ctx, order, slots));
+    let result = propagate(ctx, order, slots, needs, opts).and_then(|()| commit(ctx, order, slots));
     match &result {
         Ok(()) => {
             // Release what ran (the VJPs and the tensors they saved), unless
@@ -644,11 +728,7 @@ fn backward_into(
             if !opts.retain_graph {
                 for (n, s) in order.iter().zip(slots.iter()) {
                     if matches!(s, Slot::Ran) {
-                        let vjp = std::mem::replace(
-                            &mut *n.vjp.lock().unwrap_or_else(|e| e.into_inner()),
-                            Vjp::None,
-                        );
-                        drop(vjp);
+                        n.release_vjp();
                     }
                 }
             }
@@ -686,6 +766,7 @@ fn propagate(
     ctx: &ExecContext,
     order: &[NodeRef],
     slots: &mut [Slot],
+    heap: &mut Vec<bool>,
     opts: BackwardOptions,
 ) -> Result<()> {
     for (k, n) in order.iter().enumerate() {
@@ -713,15 +794,15 @@ fn propagate(
         let h: &Node = n;
         let links = h.links.as_slice();
         let mut inline = [false; INLINE];
-        let mut heap = Vec::new();
         let needs: &[bool] = if links.len() <= INLINE {
             for (k, l) in inline.iter_mut().zip(links) {
                 *k = l.is_some();
             }
             &inline[..links.len()]
         } else {
+            heap.clear();
             heap.extend(links.iter().map(Option::is_some));
-            &heap
+            heap
         };
         let mut grads = match n.run_vjp(ctx, &g, needs) {
             None => return Err(AutogradError::BackwardAlreadyRun),
@@ -729,11 +810,7 @@ fn propagate(
         };
         drop(g);
         if opts.release_as_it_goes && !opts.retain_graph {
-            let vjp = std::mem::replace(
-                &mut *n.vjp.lock().unwrap_or_else(|e| e.into_inner()),
-                Vjp::None,
-            );
-            drop(vjp);
+            n.release_vjp();
         }
         let grads = grads.as_mut_slice();
         if grads.len() != links.len() {

@@ -1,7 +1,7 @@
 //! The op record schema: what a built-in op keeps for its backward (one
 //! [`Saved`] variant per op or group of ops, written by [`record!`]), the forms
 //! of an op's backward a node holds ([`Vjp`]: a function pointer over the
-//! [`Saved`] record, or a boxed closure), and the gradient lists a backward
+//! [`Saved`] record, or a closure in a recycled boxed slot), and the gradient lists a backward
 //! returns ([`GradList`], [`Grads`]).
 //!
 //! A new standalone op adds its variant here; the graph memory (nodes, their
@@ -15,11 +15,14 @@ use fucina_exec::{
 };
 use fucina_exec::{IndexOp, JoinOp, ProductOp, ViewOp};
 
+use std::any::{Any, TypeId};
+
 use crate::error::Result;
 use crate::node::Small;
 
 /// The gradients a custom backward returns, one per input of the op (`None` where
-/// the input needs none).
+/// the input needs none), as a vector; an array `[Option<RawTensor>; N]` does
+/// too, without allocating.
 pub type Grads = Vec<Option<RawTensor>>;
 
 /// The gradients a built-in VJP returns (inline for up to three inputs).
@@ -273,10 +276,47 @@ pub(crate) use record;
 /// gradient and which inputs need one.
 pub(crate) type VjpFn = fn(&ExecContext, &Saved, &RawTensor, &[bool]) -> Result<GradList>;
 
-/// A VJP closure (custom ops, and ops whose saved state is not a [`Saved`]): one
-/// heap allocation unless the closure captures nothing.
-pub(crate) type BoxedVjp =
-    Box<dyn Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync>;
+/// A VJP closure (custom ops, and ops whose saved state is not a [`Saved`]) in
+/// a boxed slot of its own type: the first op of a closure type allocates the
+/// slot; when the node releases its VJP, the closure is dropped (its captures
+/// with it) and the empty slot goes back to the context's free list
+/// ([`NodePool`](crate::node::NodePool)), where the next op with a closure of
+/// the same type refills it in place. After a warm-up step, recording a
+/// custom op allocates nothing.
+pub(crate) type BoxedVjp = Box<dyn VjpSlot>;
+
+/// A boxed slot that holds a VJP closure of one type, or nothing.
+pub(crate) trait VjpSlot: Send + Sync {
+    /// Runs the closure (`None` if the slot is empty).
+    fn call(&self, ctx: &ExecContext, g: &RawTensor, needs: &[bool]) -> Option<Result<GradList>>;
+    /// Drops the closure (and what it captured), leaving the slot empty.
+    fn clear(&mut self);
+    /// The slot as `Any`, for refilling with a closure of its type.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The slot's type (`TypeId` of `Option<F>`), the key of its free list.
+    fn slot_type(&self) -> TypeId;
+}
+
+impl<F> VjpSlot for Option<F>
+where
+    F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
+{
+    fn call(&self, ctx: &ExecContext, g: &RawTensor, needs: &[bool]) -> Option<Result<GradList>> {
+        self.as_ref().map(|f| f(ctx, g, needs))
+    }
+
+    fn clear(&mut self) {
+        *self = None;
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn slot_type(&self) -> TypeId {
+        TypeId::of::<Option<F>>()
+    }
+}
 
 /// An op's backward, until backward releases it.
 // `Saved` lives inline on purpose: the node is allocated once and recycled;

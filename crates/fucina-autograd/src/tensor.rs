@@ -7,7 +7,7 @@ use fucina_exec::{ExecContext, ExecError, RawTensor};
 use crate::error::{AutogradError, Result};
 use crate::fill::{par_fill, seed_at};
 use crate::grad_mode::is_grad_enabled;
-use crate::node::{self, BackwardOptions, NodeRef, Small, run_backward};
+use crate::node::{self, BackwardOptions, NodePool, NodeRef, Small, run_backward};
 use crate::record::{GradList, Saved, Vjp, VjpFn};
 
 /// A differentiable tensor: a [`RawTensor`] (shared, immutable storage plus a
@@ -504,9 +504,10 @@ impl Tensor {
         Tensor::finish_vjp(ctx, name, raw, inputs, || Vjp::Fn(vjp, saved))
     }
 
-    /// [`finish`](Tensor::finish) with a VJP closure (one heap allocation per
-    /// recorded op unless the closure captures nothing): for custom VJPs and ops
-    /// whose saved state does not fit a [`Saved`].
+    /// [`finish`](Tensor::finish) with a VJP closure, for custom VJPs and ops
+    /// whose saved state does not fit a [`Saved`]: stored in a boxed slot of
+    /// its type from the context's free list (a new one only when none is
+    /// free: no allocation after warm-up; see [`BoxedVjp`](crate::record::BoxedVjp)).
     pub(crate) fn finish_boxed<F>(
         ctx: &ExecContext,
         name: &'static str,
@@ -517,7 +518,19 @@ impl Tensor {
     where
         F: Fn(&ExecContext, &RawTensor, &[bool]) -> Result<GradList> + Send + Sync + 'static,
     {
-        Tensor::finish_vjp(ctx, name, raw, inputs, || Vjp::Boxed(Box::new(vjp)))
+        Tensor::finish_vjp(ctx, name, raw, inputs, || {
+            let ty = std::any::TypeId::of::<Option<F>>();
+            match NodePool::of(ctx).take_slot(ty) {
+                Some(mut slot) => {
+                    *slot
+                        .as_any_mut()
+                        .downcast_mut::<Option<F>>()
+                        .expect("a free slot has the type of its list") = Some(vjp);
+                    Vjp::Boxed(slot)
+                }
+                None => Vjp::Boxed(Box::new(Some(vjp))),
+            }
+        })
     }
 
     fn finish_vjp(

@@ -4,8 +4,10 @@
 //! test runs alone in a process of its own (`counting::in_own_process`) under
 //! plain `cargo test` as under nextest.
 
-use fucina_autograd::exec::ExecContext;
-use fucina_autograd::{Tensor, free_graph_nodes};
+use fucina_autograd::exec::{ExecContext, RawTensor};
+use fucina_autograd::{
+    AutogradError, BackwardOptions, Tensor, custom_vjp, custom_vjp_unsaved, free_graph_nodes,
+};
 
 #[path = "support/mlp.rs"]
 mod mlp;
@@ -121,6 +123,73 @@ fn zero_allocations_per_mlp_step_under_autocast_bf16() {
 }
 
 /// The counter is not vacuous: it sees the test's thread and other threads.
+/// `tanh(w * x)` as one op that recomputes itself in its backward: the
+/// forward runs without a graph, the backward records it again over fresh
+/// variables of the saved inputs and runs a backward of its own (the
+/// gradient checkpointing pattern).
+fn recomputed(ctx: &ExecContext, w: &Tensor, x: &Tensor) -> Tensor {
+    let f = |ctx: &ExecContext, w: &Tensor, x: &Tensor| w.mul(ctx, x)?.tanh(ctx);
+    let out = {
+        let _g = fucina_autograd::no_grad();
+        f(ctx, w, x).unwrap().raw().clone()
+    };
+    let saved = [w.raw().clone(), x.raw().clone()];
+    custom_vjp_unsaved(
+        ctx,
+        "recomputed",
+        &[w, x],
+        move |_, _| Ok(out),
+        move |ctx, a| {
+            let wv = Tensor::constant(saved[0].clone()).into_variable();
+            let y = f(ctx, &wv, &Tensor::constant(saved[1].clone()))?;
+            y.backward_with(ctx, Some(a.grad), BackwardOptions::default())?;
+            let gw: Option<RawTensor> = wv.grad(ctx)?.map(|g| g.raw().clone());
+            Ok([gw, None])
+        },
+    )
+    .unwrap()
+}
+
+/// A step through custom ops: a recomputed block, a `custom_vjp` that keeps
+/// its inputs, and a `concat` of two parts; backward, SGD, `zero_grad`.
+fn custom_step(ctx: &ExecContext, w: &mut Tensor, x: &Tensor) {
+    let y = recomputed(ctx, w, x);
+    let z = custom_vjp(
+        ctx,
+        "double",
+        &[&y],
+        |ctx, a| Ok(ctx.scale(&a[0], 2.0)?),
+        |ctx, a| -> Result<[Option<RawTensor>; 1], AutogradError> {
+            Ok([Some(ctx.scale(a.grad, 2.0)?)])
+        },
+    )
+    .unwrap();
+    let loss = Tensor::concat(ctx, &[&y, &z], 0)
+        .unwrap()
+        .sum_all(ctx)
+        .unwrap();
+    loss.backward(ctx).unwrap();
+    drop((y, z, loss));
+    w.sgd_step_(0.1).unwrap();
+    w.zero_grad();
+}
+
+#[test]
+fn zero_allocations_per_step_through_custom_ops_and_an_inner_backward() {
+    in_own_process(
+        "zero_allocations_per_step_through_custom_ops_and_an_inner_backward",
+        || {
+            let ctx = ExecContext::with_threads(1);
+            let x = Tensor::randn(&ctx, &[4, 8], 1.0, 1).unwrap();
+            let mut w = Tensor::randn(&ctx, &[8], 0.1, 3).unwrap().into_variable();
+            custom_step(&ctx, &mut w, &x);
+            let (per_step, misses) = count(|| custom_step(&ctx, &mut w, &x));
+            assert_eq!(misses, 0, "pool misses after warm-up");
+            assert_eq!(per_step, 0, "{per_step} heap allocations per step");
+        },
+    );
+}
+
 #[test]
 fn the_counter_sees_the_test_thread_and_other_threads() {
     in_own_process(

@@ -1,10 +1,11 @@
 //! The heap allocations of a LoRA training step after warm-up (a counting
-//! global allocator around `Trainer::step` and `Trainer::step_accumulated`
-//! on the `llama_f32` fixture, one thread, dropout on): not zero yet, but
-//! bounded, constant from step to step, and all in the recomputed blocks (see
-//! [`PER_MICROBATCH`]).
+//! global allocator around `Trainer::step` and `Trainer::step_accumulated`,
+//! one thread, dropout on): none, on an f32 base (runtime tensors) and on a
+//! bf16 base (read in place by the inference kernel), with one micro-batch
+//! or two; with gradient checkpointing on, the exact count of
+//! [`CHECKPOINTED_PER_LAYER`] per layer and micro-batch.
 //!
-//! The counting allocator is the workspace's shared one (process-wide: the
+//! The counting allocator is the workspace's shared one (process-wide: each
 //! test runs alone in a process of its own, `counting::in_own_process`).
 
 use std::path::Path;
@@ -39,8 +40,10 @@ fn per_step(warm: usize, steps: usize, mut step: impl FnMut()) -> Vec<usize> {
         .collect()
 }
 
-fn trainer(ctx: &ExecContext, grad_accum: usize) -> Trainer {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_f32");
+fn trainer(ctx: &ExecContext, fixture: &str, grad_accum: usize, checkpointing: bool) -> Trainer {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
     let lora = LoraConfig {
         r: 4,
         alpha: 8.0,
@@ -48,7 +51,8 @@ fn trainer(ctx: &ExecContext, grad_accum: usize) -> Trainer {
         targets: Target::ALL.to_vec(),
         seed: 3,
     };
-    let model = TrainableDecoder::load(ctx, &dir, &lora).unwrap();
+    let mut model = TrainableDecoder::load(ctx, &dir, &lora).unwrap();
+    model.set_checkpointing(checkpointing);
     let opts = TrainOptions {
         lr: 1e-3,
         warmup_steps: 2,
@@ -70,45 +74,55 @@ fn batch(offset: u32) -> Batch {
     Batch::new(&ex.iter().collect::<Vec<_>>(), 0).unwrap()
 }
 
-/// The heap allocations one micro-batch (forward and backward) still makes
-/// after warm-up on this fixture (2 layers, all seven targets: 25 a layer), every one of
-/// them in the two blocks per layer that recompute in the backward
-/// (`decoder::recomputed`: the attention core and SwiGLU) and in RoPE's
-/// `concat`: the boxed forward and backward closures of the custom op and the
-/// vectors of its inputs, the variable leaves of the inner graph its backward
-/// builds and that inner backward's work lists, and the join's list of sizes.
-/// Everything else of a step (the forward's other ops, the RoPE tables and
-/// masks, written into pooled tensors, the loss, the backward, the
-/// accumulation of micro-batches in the fixed tree, clipping, AdamW) makes
-/// none. Counted with a fixed seed and shapes: a change that adds an
-/// allocation to the step fails here.
-const PER_MICROBATCH: usize = 50;
+/// The heap allocations that one micro-batch makes per decoder layer after
+/// warm-up with gradient checkpointing on, all in `decoder::checkpointed_layer`
+/// (its one custom op has an input per trained tensor of the layer, 15 here,
+/// past what the graph keeps inline): the layer's list of trained tensors,
+/// the op's list of inputs, the node's list of input links, the op's saved
+/// input handles (`custom_vjp`), the backward's gradient list and the
+/// node's copy of it. Counted with a fixed seed and shapes: a change that adds
+/// an allocation to the step fails here.
+const CHECKPOINTED_PER_LAYER: usize = 6;
 
-#[test]
-fn steady_state_lora_steps_allocate_only_in_the_recomputed_blocks() {
-    in_own_process(
-        "steady_state_lora_steps_allocate_only_in_the_recomputed_blocks",
-        lora_steps,
-    );
-}
-
-fn lora_steps() {
+/// Allocations per step of one micro-batch and of two, four steps each after
+/// three warm-up steps, on `fixture`.
+fn one_and_two(fixture: &str, checkpointing: bool) -> (Vec<usize>, Vec<usize>) {
     let ctx = ExecContext::with_threads(1);
-    let mut t = trainer(&ctx, 1);
+    let mut t = trainer(&ctx, fixture, 1, checkpointing);
     let b = batch(0);
     let one = per_step(3, 4, || {
         t.step(&ctx, &b).unwrap();
     });
-    eprintln!("allocations per step (one micro-batch): {one:?}");
-    let mut t = trainer(&ctx, 2);
+    eprintln!("{fixture}: allocations per step (one micro-batch): {one:?}");
+    let mut t = trainer(&ctx, fixture, 2, checkpointing);
     let bs = [batch(0), batch(5)];
     let two = per_step(3, 4, || {
         t.step_accumulated(&ctx, &bs).unwrap();
     });
-    eprintln!("allocations per step (two micro-batches): {two:?}");
-    // The same count every step: nothing grows after warm-up.
-    assert!(one.iter().all(|&n| n == one[0]), "{one:?}");
-    assert!(two.iter().all(|&n| n == two[0]), "{two:?}");
-    assert!(one[0] <= PER_MICROBATCH, "{one:?}");
-    assert!(two[0] <= 2 * PER_MICROBATCH, "{two:?}");
+    eprintln!("{fixture}: allocations per step (two micro-batches): {two:?}");
+    (one, two)
+}
+
+#[test]
+fn steady_state_lora_steps_allocate_nothing() {
+    in_own_process("steady_state_lora_steps_allocate_nothing", || {
+        for fixture in ["llama_f32", "llama_bf16"] {
+            let (one, two) = one_and_two(fixture, false);
+            assert_eq!(one, [0; 4], "{fixture}");
+            assert_eq!(two, [0; 4], "{fixture}");
+        }
+    });
+}
+
+#[test]
+fn checkpointed_lora_steps_allocate_a_fixed_count_per_layer() {
+    in_own_process(
+        "checkpointed_lora_steps_allocate_a_fixed_count_per_layer",
+        || {
+            let layers = 2; // the fixture's `num_hidden_layers`
+            let (one, two) = one_and_two("llama_f32", true);
+            assert_eq!(one, [CHECKPOINTED_PER_LAYER * layers; 4]);
+            assert_eq!(two, [2 * CHECKPOINTED_PER_LAYER * layers; 4]);
+        },
+    );
 }

@@ -63,8 +63,20 @@ impl Tensor {
         parts: &[&Tensor],
         axis: impl Axis,
     ) -> Result<Tensor> {
-        let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
-        let out = ctx.join(op, &raws, axis)?;
+        // The parts' handles, inline up to eight parts.
+        let out = match parts.first() {
+            Some(first) if parts.len() <= MAX_RANK => {
+                let mut raws = [&first.raw; MAX_RANK];
+                for (r, t) in raws.iter_mut().zip(parts) {
+                    *r = &t.raw;
+                }
+                ctx.join(op, &raws[..parts.len()], axis)?
+            }
+            _ => {
+                let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
+                ctx.join(op, &raws, axis)?
+            }
+        };
         // The exec call succeeded, so `parts` is non-empty and the axis valid.
         let axis = axis.resolve(op.name(), op.axis_rank(parts[0].raw.rank()))?;
         if op == JoinOp::Concat && parts.len() > MAX_RANK {

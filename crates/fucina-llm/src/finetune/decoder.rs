@@ -47,6 +47,8 @@
 //! kernels', so the logits agree within rounding (`tests/finetune.rs` bounds
 //! the difference) rather than bit for bit.
 
+use std::sync::Arc;
+
 use fucina::exec::WeightFormat;
 use fucina::nn::Parameter;
 use fucina::{ExecContext, RawTensor, Tensor, custom_vjp, custom_vjp_unsaved};
@@ -64,8 +66,9 @@ enum Frozen {
     Dense(RawTensor),
     /// Another format, read in place, with its transpose `[in, out]` in the
     /// same format for the backward (`None` for a block-quantized matrix,
-    /// whose backward widens it).
-    File(Weight, Option<Weight>),
+    /// whose backward widens it); shared, so that the op of each step holds
+    /// them without a copy or an allocation.
+    File(Arc<Weight>, Option<Arc<Weight>>),
     /// An f32 matrix trained itself (full fine-tuning).
     Trained(Parameter),
 }
@@ -114,11 +117,14 @@ impl Frozen {
     /// bf16 or f16 matrix kept with its transpose, a quantized one as it is.
     fn new(ctx: &ExecContext, w: &Weight) -> Result<Frozen, FinetuneError> {
         if w.quant_format().is_some() {
-            Ok(Frozen::File(w.clone(), None))
+            Ok(Frozen::File(Arc::new(w.clone()), None))
         } else if w.format() == WeightFormat::F32 {
             Ok(Frozen::Dense(ctx.from_slice(w.shape(), &w.to_f32_vec())?))
         } else {
-            Ok(Frozen::File(w.clone(), Some(transposed(w)?)))
+            Ok(Frozen::File(
+                Arc::new(w.clone()),
+                Some(Arc::new(transposed(w)?)),
+            ))
         }
     }
 
@@ -190,13 +196,13 @@ impl Frozen {
 /// an adapter or another op holds it).
 fn frozen_file_linear(
     ctx: &ExecContext,
-    w: &Weight,
-    wt: Option<&Weight>,
+    w: &Arc<Weight>,
+    wt: Option<&Arc<Weight>>,
     x: &Tensor,
 ) -> Result<Tensor, FinetuneError> {
     let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
     let n = x.shape()[0];
-    let fw = w.clone();
+    let fw = Arc::clone(w);
     let forward = move |ctx: &ExecContext, xs: &[RawTensor]| {
         let xc = ctx.contiguous(&xs[0])?;
         let mut y = ctx.empty(&[n, out_f])?;
@@ -207,7 +213,7 @@ fn frozen_file_linear(
     if !x.requires_grad() || !fucina::is_grad_enabled() {
         return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
     }
-    let bw = w.clone();
+    let bw = Arc::clone(w);
     let bwt = wt.cloned();
     Ok(custom_vjp_unsaved(
         ctx,
@@ -216,21 +222,21 @@ fn frozen_file_linear(
         forward,
         move |ctx, a| {
             if !a.needs[0] {
-                return Ok(vec![None]);
+                return Ok([None]);
             }
             let g = ctx.contiguous(a.grad)?;
             if let Some(wt) = &bwt {
                 let mut dx = ctx.empty(&[n, in_f])?;
                 wt.matmul(ctx, g.data()?, n, dx.data_mut()?)
                     .map_err(external)?;
-                return Ok(vec![Some(dx)]);
+                return Ok([Some(dx)]);
             }
             let mut wf = ctx.empty(&[out_f, in_f])?;
             let data = wf.data_mut()?;
             for (r, row) in data.chunks_exact_mut(in_f).enumerate() {
                 bw.row_to_f32(r, row).map_err(external)?;
             }
-            Ok(vec![Some(ctx.matmul(&g, &wf)?)])
+            Ok([Some(ctx.matmul(&g, &wf)?)])
         },
     )?)
 }
@@ -270,7 +276,9 @@ impl Layer {
     /// The layer's trained tensors: its adapters' matrices, and under full
     /// fine-tuning its weights, biases and norms.
     fn trained(&self) -> Vec<Tensor> {
-        let mut out = Vec::new();
+        // At most the two norms, the q/k norms, seven biases, seven weights
+        // and seven adapters' two matrices: one allocation.
+        let mut out = Vec::with_capacity(4 + 7 * 4);
         let vectors = [&self.input_norm, &self.post_norm]
             .into_iter()
             .chain(self.q_norm.as_ref())
@@ -946,7 +954,7 @@ fn layer_forward(
         .permute(ctx, &[0, 2, 1, 3])?; // [b, kvh, t, hd]
     // The probabilities are recomputed in the backward, not kept.
     let (scale, mask) = (a.scale, a.mask.clone());
-    let core = recomputed(ctx, "attention", &[&q, &k, &v], move |ctx, qkv| {
+    let core = recomputed(ctx, "attention", [&q, &k, &v], move |ctx, qkv| {
         let p = qkv[0]
             .matmul(ctx, &qkv[1])?
             .scale(ctx, scale)?
@@ -966,7 +974,7 @@ fn layer_forward(
     let xn = x.rms_norm(ctx, &l.post_norm.get(), eps)?;
     let gate = l.projs[4].forward(ctx, &xn, seed(4))?;
     let up = l.projs[5].forward(ctx, &xn, seed(5))?;
-    let act = recomputed(ctx, "swiglu", &[&gate, &up], |ctx, gu| {
+    let act = recomputed(ctx, "swiglu", [&gate, &up], |ctx, gu| {
         Ok(gu[0].silu(ctx)?.mul(ctx, &gu[1])?)
     })?;
     let down = l.projs[6].forward(ctx, &act, seed(6))?;
@@ -992,7 +1000,8 @@ fn checkpointed_layer(
         let _g = fucina::no_grad();
         layer_forward(ctx, l, &x.detach(), &args)?
     };
-    let mut inputs: Vec<&Tensor> = vec![x];
+    let mut inputs: Vec<&Tensor> = Vec::with_capacity(1 + params.len());
+    inputs.push(x);
     inputs.extend(params.iter());
     let layer = l.clone();
     let out = custom_vjp(
@@ -1035,50 +1044,49 @@ fn checkpointed_layer(
 /// The attention core (whose softmax would keep the `[b, heads, t, t]`
 /// probabilities) and SwiGLU (`silu(gate)` and the product) use it: what the
 /// graph keeps between forward and backward is their inputs alone.
-fn recomputed<F>(
+fn recomputed<F, const N: usize>(
     ctx: &ExecContext,
     name: &'static str,
-    inputs: &[&Tensor],
+    inputs: [&Tensor; N],
     f: F,
 ) -> Result<Tensor, FinetuneError>
 where
     F: Fn(&ExecContext, &[Tensor]) -> Result<Tensor, FinetuneError> + Send + Sync + 'static,
 {
     if !fucina::is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
-        return f(ctx, &inputs.iter().map(|&t| t.clone()).collect::<Vec<_>>());
+        return f(ctx, &inputs.map(Tensor::clone));
     }
     let y = {
         let _g = fucina::no_grad();
-        let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
-        f(ctx, &detached)?
+        f(ctx, &inputs.map(Tensor::detach))?
     };
     let out = y.raw().clone();
     drop(y);
-    let saved: Vec<RawTensor> = inputs.iter().map(|t| t.raw().clone()).collect();
+    // Arrays, not lists: with the op's closure in a recycled slot, a step
+    // through this block allocates nothing after warm-up.
+    let saved: [RawTensor; N] = inputs.map(|t| t.raw().clone());
     Ok(custom_vjp_unsaved(
         ctx,
         name,
-        inputs,
+        &inputs,
         move |_, _| Ok(out),
         move |ctx, a| {
-            let vars: Vec<Tensor> = saved
-                .iter()
-                .zip(a.needs)
-                .map(|(x, &need)| match need {
-                    true => Tensor::constant(x.clone()).into_variable(),
-                    false => Tensor::constant(x.clone()),
-                })
-                .collect();
+            let vars: [Tensor; N] = std::array::from_fn(|i| {
+                let x = Tensor::constant(saved[i].clone());
+                match a.needs[i] {
+                    true => x.into_variable(),
+                    false => x,
+                }
+            });
             let y = f(ctx, &vars).map_err(|e| {
                 fucina::AutogradError::External(fucina::autograd::ExternalError::new(e))
             })?;
             y.backward_with(ctx, Some(a.grad), super::trainer::RELEASE_AS_IT_GOES)?;
-            let mut grads = Vec::with_capacity(vars.len());
-            for (v, &need) in vars.iter().zip(a.needs) {
-                grads.push(match need {
-                    true => v.grad(ctx)?.map(|g| g.raw().clone()),
-                    false => None,
-                });
+            let mut grads: [Option<RawTensor>; N] = std::array::from_fn(|_| None);
+            for ((g, v), &need) in grads.iter_mut().zip(&vars).zip(a.needs) {
+                if need {
+                    *g = v.grad(ctx)?.map(|g| g.raw().clone());
+                }
             }
             Ok(grads)
         },
@@ -1148,7 +1156,7 @@ mod tests {
             let v = Tensor::from_slice(&ctx, &[b, kvh, t, hd], &vals(b * kvh * t * hd, 3)).unwrap();
             let v = if v_const { v } else { v.into_variable() };
             let y = match recompute {
-                true => recomputed(&ctx, "attention", &[&q, &k, &v], core.clone()).unwrap(),
+                true => recomputed(&ctx, "attention", [&q, &k, &v], core.clone()).unwrap(),
                 false => core(&ctx, &[q.clone(), k.clone(), v.clone()]).unwrap(),
             };
             let w = Tensor::from_slice(&ctx, y.shape(), &vals(y.raw().numel(), 4)).unwrap();
