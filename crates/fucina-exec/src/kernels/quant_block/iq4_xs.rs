@@ -28,6 +28,13 @@ fn scale_code(blk: &[u8], j: usize) -> i32 {
     i32::from(lo) | (i32::from((h >> (2 * j)) & 3) << 4)
 }
 
+/// The eight sub-block scales `ls − 32` (`−32..=31`) of the super-block
+/// `blk`.
+#[inline(always)]
+pub(crate) fn signed_scales(blk: &[u8]) -> [i8; 8] {
+    std::array::from_fn(|j| (scale_code(blk, j) - 32) as i8)
+}
+
 impl BlockFormat for IQ4_XS {
     const ELEMS: usize = 256;
     const BYTES: usize = 136;

@@ -42,6 +42,32 @@ fn scale_code(blk: &[u8], g: usize) -> i32 {
     i32::from(low | (high << 4))
 }
 
+/// The sixteen group scales `ls − 32` (`−32..=31`) of the 12 scale bytes
+/// `s` (bytes 96..108 of a super-block), group `g` in byte `g`: the low
+/// nibbles from bytes 0..8 (low halves for groups 0..8, high halves for
+/// 8..16), the top two bits from bytes 8..12, four groups per 32-bit word.
+#[inline(always)]
+pub(crate) fn signed_scales(s: &[u8]) -> [i8; 16] {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, top) = (word(0), word(4), word(8));
+    let (nib, two) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+    // groups 4 k .. 4 k + 4: low nibbles, then their top bits (bits 2 k..)
+    let w = [
+        (a & nib) | ((top & two) << 4),
+        (b & nib) | (((top >> 2) & two) << 4),
+        ((a >> 4) & nib) | (((top >> 4) & two) << 4),
+        ((b >> 4) & nib) | (((top >> 6) & two) << 4),
+    ];
+    let mut out = [0i8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(w) {
+        // each code 0..=63, less 32
+        for (o, b) in o.iter_mut().zip(w.to_le_bytes()) {
+            *o = b as i8 - 32;
+        }
+    }
+    out
+}
+
 impl BlockFormat for Q3_K {
     const ELEMS: usize = 256;
     const BYTES: usize = 110;
