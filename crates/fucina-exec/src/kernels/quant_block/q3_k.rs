@@ -8,13 +8,8 @@
 //! nibble for `g < 8`, high for `g ≥ 8`) and its top two from bits
 //! `2 (g / 4)..` of byte `8 + g mod 4`. Weight `e` is `(d · (ls[e / 16] − 32)) · q`.
 
-use std::ops::Range;
-
-use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, lane_sums, nearest, signed_amax,
-    via_f16,
-};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, signed_amax, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q3_K (ggml type 11).
 #[allow(non_camel_case_types)]
@@ -151,17 +146,5 @@ impl BlockFormat for Q3_K {
                 *a = s.mul_add(p as f32, *a);
             }
         }
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -29,10 +29,11 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::QK_K;
 use super::q8k::{GROUPS, KActs, Q8kDot};
-use super::q8k_x86::{fifth_bit, iq4xs_values, low2_codes, q3k_codes};
-use super::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K};
+use super::q8k_x86::{fifth_bit, iq4xs_table, iq4xs_value, low2, q3k_code};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
+use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 use crate::kernels::quant_block::{iq4_xs, q3_k};
 
 /// Weight rows per tile (the lanes of a 512-bit vector of i32).
@@ -287,8 +288,18 @@ impl Q8kGemm for Q3_K {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
-        // SAFETY: the super-block (the caller's contract).
-        unsafe { q3k_codes(blk) }
+        // SAFETY: hmask 0..32 and the codes 32..96 are inside the
+        // super-block.
+        let (hm, v) = unsafe {
+            (
+                _mm256_loadu_si256(blk.cast()),
+                [
+                    _mm256_loadu_si256(blk.add(32).cast()),
+                    _mm256_loadu_si256(blk.add(64).cast()),
+                ],
+            )
+        };
+        std::array::from_fn(|j| q3k_code(v[j / 4], hm, j))
     }
 
     /// The sixteen group scales `ls − 32` at 0 and as the coefficients at
@@ -324,7 +335,13 @@ impl Q8kGemm for Q2_K {
     #[target_feature(enable = "avx2")]
     unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
         // SAFETY: the codes 16..80 are inside the super-block.
-        unsafe { low2_codes(blk.add(16)) }
+        let v = unsafe {
+            [
+                _mm256_loadu_si256(blk.add(16).cast()),
+                _mm256_loadu_si256(blk.add(48).cast()),
+            ]
+        };
+        std::array::from_fn(|j| low2(v[j / 4], j % 4))
     }
 
     /// The sixteen 4-bit scales at 0, the sixteen 4-bit mins as the
@@ -358,14 +375,10 @@ impl Q8kGemm for IQ4_XS {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
-        // SAFETY: the super-block (the caller's contract).
-        let mut v = unsafe { iq4xs_values(blk) };
-        let bias = _mm256_set1_epi8(-128);
-        for v in v.iter_mut() {
-            // v + 128 as an unsigned byte is v with its top bit flipped
-            *v = _mm256_xor_si256(*v, bias);
-        }
-        v
+        let (table, bias) = (iq4xs_table(), _mm256_set1_epi8(-128));
+        // SAFETY: the super-block (the caller's contract); j < 8. v + 128 as
+        // an unsigned byte is v with its top bit flipped.
+        std::array::from_fn(|j| _mm256_xor_si256(unsafe { iq4xs_value(blk, j, table) }, bias))
     }
 
     /// The eight sub-block scales `ls − 32` at 0, the pairs `(sc[j], sc[j])`

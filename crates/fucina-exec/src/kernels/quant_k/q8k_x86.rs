@@ -17,12 +17,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::QK_K;
 use super::q8k::{GROUPS, KActs, Q8kVector};
 use super::x86::{drive, f16_pair, super_blocks};
-use super::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K};
 use crate::kernels::quant_block::iq4_nl::KVALUES;
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 use crate::kernels::quant_block::{BlockFormat, iq4_xs, q3_k};
+use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 
 /// A format's integer lanes for the AVX2 tile.
 pub(crate) trait Q8kAvx2: BlockFormat {
@@ -299,69 +300,56 @@ unsafe fn offset_fix<const M: usize>(
     }
 }
 
-/// The 2-bit codes of Q2_K and Q3_K (`qs` their 64 code bytes), sub-block
-/// `j` (elements `32 j ..`) in vector `j`: bits `2 (j mod 4)` of the 32
-/// bytes of half `j / 4`.
-///
-/// # Safety
-/// `qs` valid for reading 64 bytes.
+/// Run `r` (`0..4`, bits `2 r`) of the 2-bit codes of Q2_K and Q3_K in the
+/// 32 code bytes `v` of a half: the codes of sub-block `4 · half + r`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn low2_codes(qs: *const u8) -> [__m256i; 8] {
-    let three = _mm256_set1_epi8(3);
-    let mut out = [_mm256_setzero_si256(); 8];
-    for half in 0..2 {
-        // SAFETY: bytes 32 half .. +32 of the 64 (the caller's contract).
-        let v = unsafe { _mm256_loadu_si256(qs.add(32 * half).cast()) };
-        for r in 0..4 {
-            // a 16-bit shift by at most 6 moves no bit the mask keeps across
-            // bytes
-            out[4 * half + r] =
-                _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * r as i32)), three);
-        }
-    }
-    out
+pub(super) fn low2(v: __m256i, r: usize) -> __m256i {
+    // a 16-bit shift by at most 6 moves no bit the mask keeps across bytes
+    _mm256_and_si256(
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * r as i32)),
+        _mm256_set1_epi8(3),
+    )
 }
 
-/// Q3_K's codes read unsigned, `q + 4` in `0..=7`: the low two bits, and
-/// bit 2 sub-block `j`'s bit `j` of `hmask`.
-///
-/// # Safety
-/// `blk` valid for reading 110 bytes.
+/// Q3_K's codes of sub-block `j` read unsigned, `q + 4` in `0..=7`: the low
+/// two bits (run `j mod 4` of the half's code bytes `v`) and, as bit 2, bit
+/// `j` of `hmask` (`hm`).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn q3k_codes(blk: *const u8) -> [__m256i; 8] {
-    // SAFETY: hmask 0..32 and the codes 32..96 are inside the super-block.
-    let (hm, mut out) = unsafe { (_mm256_loadu_si256(blk.cast()), low2_codes(blk.add(32))) };
-    let one = _mm256_set1_epi8(1);
-    for (j, o) in out.iter_mut().enumerate() {
-        // a 16-bit shift by at most 7 moves no bit the mask keeps across bytes
-        let h = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32)), one);
-        *o = _mm256_or_si256(*o, _mm256_slli_epi16::<2>(h));
-    }
-    out
+pub(super) fn q3k_code(v: __m256i, hm: __m256i, j: usize) -> __m256i {
+    // a 16-bit shift by at most 7 moves no bit the mask keeps across bytes
+    let h = _mm256_and_si256(
+        _mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32)),
+        _mm256_set1_epi8(1),
+    );
+    _mm256_or_si256(low2(v, j % 4), _mm256_slli_epi16::<2>(h))
 }
 
-/// IQ4_XS's values `KVALUES[n]` (signed bytes), sub-block `j` in vector `j`.
+/// IQ4_XS's values `KVALUES[n]` (signed bytes) of sub-block `j` of the
+/// super-block at `blk`, `table` the 16 values in both halves.
 ///
 /// # Safety
-/// `blk` valid for reading 136 bytes.
+/// `blk` valid for reading 136 bytes; `j < 8`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn iq4xs_values(blk: *const u8) -> [__m256i; 8] {
+pub(super) unsafe fn iq4xs_value(blk: *const u8, j: usize, table: __m256i) -> __m256i {
+    // SAFETY: sub-block j's 16 bytes at 8 + 16 j are inside the super-block.
+    let b = unsafe { _mm_loadu_si128(blk.add(8 + 16 * j).cast()) };
+    // elements 0..16 the low nibbles, 16..32 the high ones
+    let n = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
+        _mm256_set1_epi8(0x0f),
+    );
+    _mm256_shuffle_epi8(table, n)
+}
+
+/// IQ4_XS's table of values in both halves of a vector.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn iq4xs_table() -> __m256i {
     // SAFETY: the 16-byte table.
-    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES.as_ptr().cast()) });
-    let low4 = _mm256_set1_epi8(0x0f);
-    let mut out = [_mm256_setzero_si256(); 8];
-    for (j, o) in out.iter_mut().enumerate() {
-        // SAFETY: sub-block j's 16 bytes at 8 + 16 j are inside the
-        // super-block.
-        let b = unsafe { _mm_loadu_si128(blk.add(8 + 16 * j).cast()) };
-        // elements 0..16 the low nibbles, 16..32 the high ones
-        let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), low4);
-        *o = _mm256_shuffle_epi8(table, n);
-    }
-    out
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES.as_ptr().cast()) })
 }
 
 impl Q8kAvx2 for Q3_K {
@@ -390,12 +378,18 @@ impl Q8kAvx2 for Q3_K {
             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(sc8))),
         ];
         let mut iv = [_mm256_setzero_si256(); M];
-        // SAFETY: the super-block (the caller's contract); activations 32 j
-        // .. +32 and the group sums (the caller's contract).
+        // SAFETY: hmask 0..32 and the codes 32..96 are inside the
+        // super-block; activations 32 j .. +32 and the group sums (the
+        // caller's contract).
         unsafe {
-            for (j, &q) in q3k_codes(blk).iter().enumerate() {
-                let s = lane16(sch[j / 4], 2 * (j % 4), 2 * (j % 4) + 1);
-                scaled(&mut iv, q, s, x, 32 * j);
+            let hm = _mm256_loadu_si256(blk.cast());
+            for (half, &sc_half) in sch.iter().enumerate() {
+                let v = _mm256_loadu_si256(blk.add(32 + 32 * half).cast());
+                for r in 0..4 {
+                    let j = 4 * half + r;
+                    let s = lane16(sc_half, 2 * r, 2 * r + 1);
+                    scaled(&mut iv, q3k_code(v, hm, j), s, x, 32 * j);
+                }
             }
             offset_fix(&mut iv, _mm256_cvtepi8_epi16(sc8), bs, 2);
         }
@@ -433,9 +427,12 @@ impl Q8kAvx2 for Q2_K {
         // SAFETY: the codes 16..80 are inside the super-block; the
         // activations and group sums (the caller's contract).
         unsafe {
-            for (j, &q) in low2_codes(blk.add(16)).iter().enumerate() {
-                let s = lane16(sch[j / 4], 2 * (j % 4), 2 * (j % 4) + 1);
-                scaled(&mut iv, q, s, x, 32 * j);
+            for (half, &sc_half) in sch.iter().enumerate() {
+                let v = _mm256_loadu_si256(blk.add(16 + 32 * half).cast());
+                for r in 0..4 {
+                    let s = lane16(sc_half, 2 * r, 2 * r + 1);
+                    scaled(&mut iv, low2(v, r), s, x, 32 * (4 * half + r));
+                }
             }
             for (n, &p) in nv.iter_mut().zip(bs) {
                 *n = _mm256_madd_epi16(_mm256_loadu_si256(p.cast()), mn);
@@ -466,14 +463,14 @@ impl Q8kAvx2 for IQ4_XS {
         // SAFETY: the super-block (the caller's contract).
         let sc = iq4_xs::signed_scales(unsafe { std::slice::from_raw_parts(blk, 136) });
         let mut iv = [_mm256_setzero_si256(); M];
-        // SAFETY: the super-block; activations 32 j .. +32 (the caller's
-        // contract).
-        let vals = unsafe { iq4xs_values(blk) };
-        for (j, &v) in vals.iter().enumerate() {
+        let table = iq4xs_table();
+        for (j, &sj) in sc.iter().enumerate() {
+            // SAFETY: the super-block (the caller's contract).
+            let v = unsafe { iq4xs_value(blk, j, table) };
             let a = _mm256_abs_epi8(v);
-            let s = _mm256_set1_epi16(i16::from(sc[j]));
+            let s = _mm256_set1_epi16(i16::from(sj));
             for (acc, &xp) in iv.iter_mut().zip(x) {
-                // SAFETY: as above.
+                // SAFETY: activations 32 j .. +32 (the caller's contract).
                 let xv = unsafe { load32(xp.add(32 * j)) };
                 let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xv, v));
                 *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, s));
