@@ -250,12 +250,7 @@ impl Q8kGemm for Q6_K {
                 blk.add(208).cast::<u16>().read_unaligned(),
             )
         };
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
-        let co = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(s8));
-        [
-            _mm512_cvtepi8_epi32(s8),
-            _mm512_inserti32x4::<2>(co, _mm_castps_si128(d)),
-        ]
+        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
     }
 }
 
