@@ -91,6 +91,29 @@ fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
+/// Q3_K's 6-bit scale code of group `g` (llama.cpp's unpacking of the 12
+/// scale bytes into 16 codes).
+fn q3k_ls(blk: &[u8], g: usize) -> i32 {
+    let sb = &blk[96..108];
+    let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
+    let (a0, a1, a2) = (word(0), word(4), word(8));
+    let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+    let r = [
+        (a0 & k2) | ((a2 & k1) << 4),
+        (a1 & k2) | (((a2 >> 2) & k1) << 4),
+        ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4),
+        ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4),
+    ];
+    ((r[g / 4] >> (8 * (g % 4))) & 0xff) as i32
+}
+
+/// IQ4_XS's 6-bit scale code of sub-block `j`: a nibble of scales_l, two bits
+/// of scales_h.
+fn iq4xs_ls(blk: &[u8], j: usize) -> i32 {
+    let h = u16::from_le_bytes([blk[2], blk[3]]);
+    i32::from((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (i32::from((h >> (2 * j)) & 3) << 4)
+}
+
 /// `(weight scale, weight offset, integer value)` of element `e` of a block:
 /// the weight is `scale · value + offset` (offset `−dmin · mn` for Q5_K).
 fn parts(format: QuantFormat, blk: &[u8], e: usize) -> (f32, f32, i32) {
@@ -128,20 +151,11 @@ fn parts(format: QuantFormat, blk: &[u8], e: usize) -> (f32, f32, i32) {
             let low = i32::from((blk[32 + 32 * h + l] >> (2 * j)) & 3);
             let high = (blk[l] >> (4 * h + j)) & 1;
             let q = if high == 1 { low } else { low - 4 };
-            // llama.cpp's unpacking of the 12 scale bytes into 16 6-bit codes
-            let sb = &blk[96..108];
-            let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
-            let (a0, a1, a2) = (word(0), word(4), word(8));
-            let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
-            let r = [
-                (a0 & k2) | ((a2 & k1) << 4),
-                (a1 & k2) | (((a2 >> 2) & k1) << 4),
-                ((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4),
-                ((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4),
-            ];
-            let g = e / 16;
-            let ls = (r[g / 4] >> (8 * (g % 4))) & 0xff;
-            (f16_val(&blk[108..]) * (ls as i32 - 32) as f32, 0.0, q)
+            (
+                f16_val(&blk[108..]) * (q3k_ls(blk, e / 16) - 32) as f32,
+                0.0,
+                q,
+            )
         }
         QuantFormat::IQ4_NL => {
             let byte = blk[2 + e % 16];
@@ -152,12 +166,13 @@ fn parts(format: QuantFormat, blk: &[u8], e: usize) -> (f32, f32, i32) {
             // sub-block j's 16 bytes at 8 + 16 j; its 6-bit scale from
             // scales_l (a nibble per sub-block) and scales_h (2 bits each)
             let (j, k) = (e / 32, e % 32);
-            let h = u16::from_le_bytes([blk[2], blk[3]]);
-            let ls = i32::from((blk[4 + j / 2] >> (4 * (j % 2))) & 15)
-                | (i32::from((h >> (2 * j)) & 3) << 4);
             let byte = blk[8 + 16 * j + k % 16];
             let n = if k < 16 { byte & 15 } else { byte >> 4 };
-            (f16_val(blk) * (ls - 32) as f32, 0.0, KV[usize::from(n)])
+            (
+                f16_val(blk) * (iq4xs_ls(blk, j) - 32) as f32,
+                0.0,
+                KV[usize::from(n)],
+            )
         }
         _ => {
             // Q5_K: sub-block j, element k; nibbles as Q4_K's at 48.., the
@@ -444,20 +459,54 @@ fn ref_dot(w: &QuantMatrix<'_>, r: usize, xq: &[i8], xs: &[f32]) -> f32 {
     acc[0]
 }
 
-/// Q5_K's integer parts `(sc, mn, q)` of element `e` (its product takes the
-/// super-block activations of `support/q8k.rs`).
-fn q5k_int_parts(blk: &[u8], e: usize) -> (i32, i32, i32) {
-    let (j, k) = (e / 32, e % 32);
-    let (sc, mn) = k_scale_min(&blk[4..16], j);
-    let byte = blk[48 + 32 * (j / 2) + k];
-    let lo = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
-    let q = i32::from(lo) | (i32::from((blk[16 + k] >> j) & 1) << 4);
-    (i32::from(sc), i32::from(mn), q)
+/// The integer parts `(sc, mn, q)` of element `e` of a K format's
+/// super-block (its product takes the super-block activations of
+/// `support/q8k.rs`): the integer scale of its group, its integer min (0
+/// without one), its signed value.
+fn k_int_parts(format: QuantFormat, blk: &[u8], e: usize) -> (i32, i32, i32) {
+    match format {
+        QuantFormat::Q2_K => {
+            let (h, w) = (e / 128, e % 128);
+            let q = (blk[16 + 32 * h + w % 32] >> (2 * (w / 32))) & 3;
+            let sm = blk[e / 16];
+            (i32::from(sm & 15), i32::from(sm >> 4), i32::from(q))
+        }
+        QuantFormat::Q3_K => (q3k_ls(blk, e / 16) - 32, 0, parts(format, blk, e).2),
+        QuantFormat::IQ4_XS => (iq4xs_ls(blk, e / 32) - 32, 0, parts(format, blk, e).2),
+        _ => {
+            let (j, k) = (e / 32, e % 32);
+            let (sc, mn) = k_scale_min(&blk[4..16], j);
+            let byte = blk[48 + 32 * (j / 2) + k];
+            let lo = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+            let q = i32::from(lo) | (i32::from((blk[16 + k] >> j) & 1) << 4);
+            (i32::from(sc), i32::from(mn), q)
+        }
+    }
 }
 
-/// Q5_K's reference: the documented super-block order (`support/q8k.rs`).
-fn ref_matmul_q5k(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
-    let bb = w.format().block_bytes();
+/// A K format's `d` and, with a min, `dmin`.
+fn head(format: QuantFormat, blk: &[u8]) -> (f32, Option<f32>) {
+    match format {
+        QuantFormat::Q2_K => (f16_val(&blk[80..]), Some(f16_val(&blk[82..]))),
+        QuantFormat::Q3_K => (f16_val(&blk[108..]), None),
+        QuantFormat::IQ4_XS => (f16_val(blk), None),
+        _ => (f16_val(blk), Some(f16_val(&blk[2..]))),
+    }
+}
+
+/// The formats whose products take the super-block activations.
+fn takes_q8k(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q2_K | QuantFormat::Q3_K | QuantFormat::Q5_K | QuantFormat::IQ4_XS
+    )
+}
+
+/// A K format's reference: the documented super-block order
+/// (`support/q8k.rs`).
+fn ref_matmul_q8k(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
+    let f = w.format();
+    let bb = f.block_bytes();
     let mut out = vec![0.0; m * w.rows()];
     for i in 0..m {
         let (xq, xd) = q8k::q8k_acts(&x[i * w.cols()..(i + 1) * w.cols()]);
@@ -467,8 +516,8 @@ fn ref_matmul_q5k(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
             out[i * w.rows() + j] = q8k::q8k_dot(
                 &xq,
                 &xd,
-                |b| (f16_val(blk(b)), Some(f16_val(&blk(b)[2..]))),
-                |b, e| q5k_int_parts(blk(b), e),
+                |b| head(f, blk(b)),
+                |b, e| k_int_parts(f, blk(b), e),
             );
         }
     }
@@ -476,8 +525,8 @@ fn ref_matmul_q5k(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
 }
 
 fn ref_matmul(x: &[f32], m: usize, w: &QuantMatrix<'_>) -> Vec<f32> {
-    if w.format() == QuantFormat::Q5_K {
-        return ref_matmul_q5k(x, m, w);
+    if takes_q8k(w.format()) {
+        return ref_matmul_q8k(x, m, w);
     }
     let mut out = vec![0.0; m * w.rows()];
     for i in 0..m {
@@ -537,14 +586,28 @@ fn every_path_matches_the_reference_bit_for_bit() {
     }
 }
 
-/// Q5_K in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the
-/// GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
+/// The formats with vector kernels on the super-block activations
+/// (`kernels::quant_k::q8k`).
+const K_VECTOR: [QuantFormat; 4] = [
+    QuantFormat::Q5_K,
+    QuantFormat::IQ4_XS,
+    QuantFormat::Q3_K,
+    QuantFormat::Q2_K,
+];
+
+/// The K formats in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level
+/// the GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
 /// super-blocks), quantized and arbitrary blocks: the reference's bits at
 /// every level and thread count.
 #[test]
-fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
+fn k_gemm_sized_calls_match_the_reference_bit_for_bit() {
+    for format in K_VECTOR {
+        gemm_sized_calls_match(format);
+    }
+}
+
+fn gemm_sized_calls_match(format: QuantFormat) {
     let best = detected_simd_level();
-    let format = QuantFormat::Q5_K;
     let (rows, cols, m) = (37usize, 1536usize, 29usize);
     let w: Vec<f32> = values(rows * cols, 41, 0.5)
         .iter()
@@ -567,7 +630,8 @@ fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
                     assert_eq!(
                         bits(&out),
                         bits(&want[..mm * rows]),
-                        "m={mm} level={} threads={threads}",
+                        "{} m={mm} level={} threads={threads}",
+                        format.name(),
                         level.name()
                     );
                 }
@@ -576,14 +640,6 @@ fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
         assert!(force_simd_level(best));
     }
 }
-
-/// The formats with vector kernels (`kernels::quant_k`).
-const K_VECTOR: [QuantFormat; 4] = [
-    QuantFormat::Q5_K,
-    QuantFormat::IQ4_XS,
-    QuantFormat::Q3_K,
-    QuantFormat::Q2_K,
-];
 
 /// Weight bytes at the ends of the ranges (every byte 0x00: the most negative
 /// value of each format, IQ4_XS's −127; every byte 0xff: the largest codes,
@@ -595,28 +651,31 @@ const K_VECTOR: [QuantFormat; 4] = [
 fn extreme_codes_and_activations_match_the_reference() {
     let best = detected_simd_level();
     let (rows, cols) = (6, 512);
-    let mut x = vec![0.0f32; 4 * cols];
+    // rows 4..8 are rows 0..4 negated (8 rows: the GEMM at AVX-512 VNNI)
+    let mut x = vec![0.0f32; 8 * cols];
     for (k, v) in x.iter_mut().enumerate() {
-        *v = match (k / cols, k % cols) {
-            (0, _) => -1.0,
-            (1, c) if c < 32 => 0.0,
-            (1, 40) => 1e30,
-            (1, c) => {
-                if c % 2 == 0 {
-                    1.0
-                } else {
-                    -1.0
+        let sign = if k / cols >= 4 { -1.0 } else { 1.0 };
+        *v = sign
+            * match (k / cols % 4, k % cols) {
+                (0, _) => -1.0,
+                (1, c) if c < 32 => 0.0,
+                (1, 40) => 1e30,
+                (1, c) => {
+                    if c % 2 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
                 }
-            }
-            (2, c) => {
-                if c % 64 < 32 {
-                    1.0
-                } else {
-                    -1.0
+                (2, c) => {
+                    if c % 64 < 32 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
                 }
-            }
-            _ => 1.0,
-        };
+                _ => 1.0,
+            };
     }
     for format in K_VECTOR {
         let bb = format.block_bytes();
@@ -647,18 +706,18 @@ fn extreme_codes_and_activations_match_the_reference() {
             }
         }
         let w = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
-        let want = ref_matmul(&x, 4, &w);
+        let want = ref_matmul(&x, 8, &w);
         for level in SimdLevel::available() {
             assert!(force_simd_level(level));
-            for threads in [1, 2] {
-                let mut out = vec![0.0; 4 * rows];
+            for (threads, m) in [(1, 4), (2, 4), (1, 8), (2, 8)] {
+                let mut out = vec![0.0; m * rows];
                 ExecContext::with_threads(threads)
-                    .quant_matmul(&x, 4, &w, &mut out)
+                    .quant_matmul(&x[..m * cols], m, &w, &mut out)
                     .unwrap();
                 assert_eq!(
                     bits(&out),
-                    bits(&want),
-                    "{} {} threads={threads}",
+                    bits(&want[..m * rows]),
+                    "{} {} threads={threads} m={m}",
                     format.name(),
                     level.name()
                 );
@@ -697,8 +756,9 @@ fn accuracy_against_the_f64_product_is_within_the_bound() {
             let mut worst = 0.0f64;
             for i in 0..m {
                 let xi = &x[i * cols..(i + 1) * cols];
-                // Q5_K's activations come in blocks of 256 (one scale each)
-                let (xq, xs, xb) = if format == QuantFormat::Q5_K {
+                // the K formats' activations come in blocks of 256 (one scale
+                // each)
+                let (xq, xs, xb) = if takes_q8k(format) {
                     let (q, d) = q8k::q8k_acts(xi);
                     (q, d, 256)
                 } else {

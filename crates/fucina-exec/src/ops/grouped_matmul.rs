@@ -17,7 +17,7 @@
 //! routine), so every output is the same bits as the single call gives, for
 //! every thread count and vector level. The other products (several rows, a
 //! [`PackedBf16Matrix`], a packed matrix whose rows end inside a strip, the
-//! super-block formats Q4_K, Q5_K and Q6_K, whose activations are quantized
+//! K formats and IQ4_XS, whose activations are quantized
 //! per 256 rather than per block of 32) run
 //! through their single call, one after another, after the grouped ones.
 
@@ -139,7 +139,7 @@ fn grouped(p: &GroupedProduct<'_>) -> bool {
         && cols > 0
         && match p.weight {
             GroupedWeight::Float(_) => true,
-            // The formats with super-block activations (Q4_K, Q5_K, Q6_K)
+            // The formats with super-block activations (the K formats, IQ4_XS)
             // run their single call: the grouped items quantize activations
             // in blocks of 32, which would give other bits.
             GroupedWeight::Quant(w) => !crate::ops::quant::takes_super_block_acts(w.format),

@@ -48,7 +48,8 @@
 //! of four elements, blocks in increasing order, a fused multiply-add by the
 //! product of the two scales, then the lanes folded in halves), so a result is
 //! the same bits on every vector level, for every thread count, and whatever the
-//! other rows of the batch. Q4_K, Q5_K and Q6_K take their activations in
+//! other rows of the batch. The K formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and
+//! IQ4_XS take their activations in
 //! blocks of 256 instead (llama.cpp's Q8_K: one f32 scale per block, int8
 //! values, the sums of each group of 16) and apply their sub-block scales and
 //! mins as integer multiplies: per super-block and output two exact integers
@@ -84,7 +85,7 @@ impl ExecContext {
     /// `out[i, j] = Σ_k x[i, k] · w[j, k]` for `m` rows of `x` (`[m, w.cols()]`,
     /// row-major, f32) into `out` (`[m, w.rows()]`), reading `w` in its block
     /// format: each row of `x` is quantized to int8 blocks of 32 (f32 scale
-    /// `amax / 127`; for Q4_K, Q5_K and Q6_K blocks of 256 with llama.cpp's
+    /// `amax / 127`; for the K formats and IQ4_XS blocks of 256 with llama.cpp's
     /// Q8_K rule), then every block pair is an exact integer dot product,
     /// accumulated in the fixed order of the module docs. Each row's result is
     /// the same bits for any `m`, thread count and vector level; a row of `x`
@@ -160,7 +161,7 @@ impl ExecContext {
 }
 
 /// The kernels of a format whose products take the super-block activations
-/// (`kernels::quant_k::q8k`: Q4_K, Q5_K, Q6_K): the rows kernel
+/// (`kernels::quant_k::q8k`: the K formats and IQ4_XS): the rows kernel
 /// (`q8k_rows`) and the GEMM over tiles of 16 weight rows (`gemm_tiles`,
 /// the weight row count its third argument).
 #[derive(Clone, Copy)]
@@ -195,6 +196,9 @@ fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
         QuantFormat::Q4_K => Some(of::<qb::Q4_K>()),
         QuantFormat::Q5_K => Some(of::<qb::Q5_K>()),
         QuantFormat::Q6_K => Some(of::<qb::Q6_K>()),
+        QuantFormat::Q3_K => Some(of::<qb::Q3_K>()),
+        QuantFormat::Q2_K => Some(of::<qb::Q2_K>()),
+        QuantFormat::IQ4_XS => Some(of::<qb::IQ4_XS>()),
         _ => None,
     }
 }

@@ -4,13 +4,9 @@
 //! `ls = (scales_l[j / 2] >> 4 (j mod 2)) & 15 | ((scales_h >> 2 j) & 3) << 4`;
 //! weight `k` of sub-block `j` is `(d · (ls − 32)) · KVALUES[n]`.
 
-use std::ops::Range;
-
 use super::iq4_nl::{KVALUES, code_indices, dot_indices, index};
-use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, nearest, signed_amax, via_f16,
-};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, signed_amax, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's IQ4_XS (ggml type 23).
 #[allow(non_camel_case_types)]
@@ -26,6 +22,15 @@ fn scale_code(blk: &[u8], j: usize) -> i32 {
     let h = u16::from_le_bytes([blk[2], blk[3]]);
     let lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 15;
     i32::from(lo) | (i32::from((h >> (2 * j)) & 3) << 4)
+}
+
+/// The eight sub-block scales `ls − 32` (`−32..=31`) of the super-block
+/// `blk`.
+#[inline(always)]
+pub(crate) fn signed_scales(blk: &[u8]) -> [i8; 8] {
+    let h = u32::from(u16::from_le_bytes([blk[2], blk[3]]));
+    let l = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+    std::array::from_fn(|j| (((l >> (4 * j)) & 15) | (((h >> (2 * j)) & 3) << 4)) as i8 - 32)
 }
 
 impl BlockFormat for IQ4_XS {
@@ -92,17 +97,5 @@ impl BlockFormat for IQ4_XS {
                 &mut acc[LANES * (j % 2)..LANES * (j % 2) + LANES],
             );
         }
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -17,7 +17,6 @@
 use std::ops::Range;
 
 use super::quant_dot::{Acts, LANES, QK, f16_to_f32};
-use super::quant_k::KVector;
 use crate::kernels::reduce::fold_lanes;
 
 pub(crate) mod iq4_nl;
@@ -190,24 +189,6 @@ pub(crate) fn block32_rows<F: super::quant_dot::Block32>(
     out_t: &mut [f32],
 ) {
     if !super::quant_dot::simd_rows::<F>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
-        super::simd::vectorized!(portable_rows::<F>(w, row_bytes, rows, acts, sums, m, out_t));
-    }
-}
-
-/// The [`BlockFormat::rows`] of a K format with vector kernels: those of the
-/// current level (`quant_k::simd_rows`), or where it has none
-/// [`portable_rows`] compiled for it (the same bits either way).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn k_vector_rows<F: KVector>(
-    w: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    acts: &Acts<'_>,
-    sums: &[f32],
-    m: usize,
-    out_t: &mut [f32],
-) {
-    if !super::quant_k::simd_rows::<F>(w, row_bytes, rows.clone(), acts, sums, m, out_t) {
         super::simd::vectorized!(portable_rows::<F>(w, row_bytes, rows, acts, sums, m, out_t));
     }
 }

@@ -5,10 +5,8 @@
 //! bits `2j, 2j + 1` of those bytes (weight `l` of the run in byte `l`).
 //! Weight `e` is `(d · sc[e / 16]) · q − dmin · mn[e / 16]`, `q` in `0..=3`.
 
-use std::ops::Range;
-
-use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, lane_sums, nearest, via_f16};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q2_K (ggml type 10).
 #[allow(non_camel_case_types)]
@@ -115,17 +113,5 @@ impl BlockFormat for Q2_K {
             let sum: i32 = xq[16 * g..16 * g + 16].iter().map(|&v| i32::from(v)).sum();
             *a = (-t).mul_add(sum as f32, *a);
         }
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

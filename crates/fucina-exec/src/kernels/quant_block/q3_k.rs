@@ -8,13 +8,8 @@
 //! nibble for `g < 8`, high for `g ≥ 8`) and its top two from bits
 //! `2 (g / 4)..` of byte `8 + g mod 4`. Weight `e` is `(d · (ls[e / 16] − 32)) · q`.
 
-use std::ops::Range;
-
-use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, lane_sums, nearest, signed_amax,
-    via_f16,
-};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, lane_sums, nearest, signed_amax, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q3_K (ggml type 11).
 #[allow(non_camel_case_types)]
@@ -40,6 +35,32 @@ fn scale_code(blk: &[u8], g: usize) -> i32 {
     let low = if g < 8 { s[g] & 15 } else { s[g - 8] >> 4 };
     let high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
     i32::from(low | (high << 4))
+}
+
+/// The sixteen group scales `ls − 32` (`−32..=31`) of the 12 scale bytes
+/// `s` (bytes 96..108 of a super-block), group `g` in byte `g`: the low
+/// nibbles from bytes 0..8 (low halves for groups 0..8, high halves for
+/// 8..16), the top two bits from bytes 8..12, four groups per 32-bit word.
+#[inline(always)]
+pub(crate) fn signed_scales(s: &[u8]) -> [i8; 16] {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, top) = (word(0), word(4), word(8));
+    let (nib, two) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+    // groups 4 k .. 4 k + 4: low nibbles, then their top bits (bits 2 k..)
+    let w = [
+        (a & nib) | ((top & two) << 4),
+        (b & nib) | (((top >> 2) & two) << 4),
+        ((a >> 4) & nib) | (((top >> 4) & two) << 4),
+        ((b >> 4) & nib) | (((top >> 6) & two) << 4),
+    ];
+    let mut out = [0i8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(w) {
+        // each code 0..=63, less 32
+        for (o, b) in o.iter_mut().zip(w.to_le_bytes()) {
+            *o = b as i8 - 32;
+        }
+    }
+    out
 }
 
 impl BlockFormat for Q3_K {
@@ -125,17 +146,5 @@ impl BlockFormat for Q3_K {
                 *a = s.mul_add(p as f32, *a);
             }
         }
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -9,12 +9,8 @@
 //! nibbles, element `k` of the sub-block in byte `k`. Weight `k` of sub-block
 //! `j` is `(d · sc[j]) · q − dmin · mn[j]`.
 
-use std::ops::Range;
-
-use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, k_vector_rows, lane_sums, nearest, via_f16,
-};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, fma_lanes, lane_sums, nearest, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q4_K (ggml type 12).
 #[allow(non_camel_case_types)]
@@ -217,17 +213,5 @@ impl BlockFormat for Q4_K {
     fn dot_block(blk: &[u8], xq: &[i8], xs: &[f32], sums: &[f32], acc: &mut LaneAcc) {
         let qs = &blk[16..];
         dot_scaled_min(blk, |j, v| unpack_q4k(qs, j, v), xq, xs, sums, acc);
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -4,13 +4,11 @@
 //! element `k` of sub-block `j`. Weight `k` of sub-block `j` is
 //! `(d · sc[j]) · q − dmin · mn[j]` with `q` in `0..=31`.
 
-use std::ops::Range;
-
 use super::q4_k::{
     code_sub_blocks, dot_scaled_min, nearest_code, q4k_scales, q4k_value, unpack_q4k,
 };
-use super::{BlockFormat, LaneAcc, f16_at, k_vector_rows};
-use crate::kernels::quant_dot::{Acts, QK};
+use super::{BlockFormat, LaneAcc, f16_at};
+use crate::kernels::quant_dot::QK;
 
 /// llama.cpp's Q5_K (ggml type 13).
 #[allow(non_camel_case_types)]
@@ -78,17 +76,5 @@ impl BlockFormat for Q5_K {
             }
         };
         dot_scaled_min(blk, unpack, xq, xs, sums, acc);
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

@@ -5,12 +5,8 @@
 //! (`g ≥ 2`) nibbles of `ql[32 · (g % 2)..][..32]` and bits `2g..2g + 2` of
 //! `qh[..32]`. Weight `e` is `(d · scales[e / 16]) · (q − 32)`.
 
-use std::ops::Range;
-
-use super::{
-    BlockFormat, LaneAcc, f16_at, f16_bytes, k_vector_rows, nearest, signed_amax, via_f16,
-};
-use crate::kernels::quant_dot::{Acts, LANES, QK};
+use super::{BlockFormat, LaneAcc, f16_at, f16_bytes, nearest, signed_amax, via_f16};
+use crate::kernels::quant_dot::{LANES, QK};
 
 /// llama.cpp's Q6_K (ggml type 14).
 #[allow(non_camel_case_types)]
@@ -111,17 +107,5 @@ impl BlockFormat for Q6_K {
                 *a = s.mul_add(p as f32, *a);
             }
         }
-    }
-
-    fn rows(
-        w: &[u8],
-        row_bytes: usize,
-        rows: Range<usize>,
-        acts: &Acts<'_>,
-        sums: &[f32],
-        m: usize,
-        out_t: &mut [f32],
-    ) {
-        k_vector_rows::<Self>(w, row_bytes, rows, acts, sums, m, out_t);
     }
 }

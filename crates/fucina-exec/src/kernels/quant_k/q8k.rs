@@ -1,7 +1,8 @@
-//! The super-block activations of the K formats Q4_K, Q5_K and Q6_K
-//! (llama.cpp's Q8_K: one f32 scale per 256 values, int8 values, the sums of
-//! each group of 16) and their dot products with the weights, whose 6-bit
-//! (Q6_K: 8-bit) sub-block scales and mins are applied as integer multiplies.
+//! The super-block activations of the K formats Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K and of IQ4_XS (llama.cpp's Q8_K: one f32 scale per 256 values, int8
+//! values, the sums of each group of 16) and their dot products with the
+//! weights, whose integer sub-block (or group) scales and mins are applied as
+//! integer multiplies.
 //!
 //! # The activations
 //! Each activation row is cut into blocks of 256 and quantized once per call
@@ -19,11 +20,17 @@
 //! - Q4_K, Q5_K: `I = Σ_j sc[j] · Σ_{k ∈ j} q · x` (sub-blocks `j` of 32,
 //!   `q` the 4- or 5-bit code) and `N = Σ_j mn[j] · (bs[2j] + bs[2j + 1])`;
 //! - Q6_K: `I = Σ_g sc[g] · Σ_{k ∈ g} (q − 32) · x` (groups `g` of 16), no
-//!   `N`.
+//!   `N`;
+//! - Q3_K: `I = Σ_g (ls[g] − 32) · Σ_{k ∈ g} q · x` (groups of 16, `q` in
+//!   `−4..=3`), no `N`;
+//! - Q2_K: `I = Σ_g sc[g] · Σ_{k ∈ g} q · x` (groups of 16, the 4-bit
+//!   scales, `q` in `0..=3`) and `N = Σ_g mn[g] · bs[g]` (the 4-bit mins);
+//! - IQ4_XS: `I = Σ_j (ls[j] − 32) · Σ_{k ∈ j} KVALUES[n] · x` (sub-blocks of
+//!   32), no `N`.
 //!
 //! (`|I| < 2^28`, exact in i32.) One f32 accumulator per output takes, block
 //! after block in increasing order, `acc = fma(d · dx, I, acc)` and, for
-//! Q4_K and Q5_K, `acc = fma(−(dmin · dx), N, acc)` (each product of scales
+//! Q2_K, Q4_K and Q5_K, `acc = fma(−(dmin · dx), N, acc)` (each product of scales
 //! one rounding, each integer converted to f32 with one rounding); the
 //! output is `acc`. The integers are exact whatever order a path sums them
 //! in, and every path (portable, AVX2, AVX-512 VNNI) performs exactly these
@@ -33,8 +40,9 @@
 use std::ops::Range;
 
 use super::QK_K;
+use crate::kernels::quant_block::iq4_nl::KVALUES;
 use crate::kernels::quant_block::q4_k::{q4k_scales, unpack_q4k};
-use crate::kernels::quant_block::{BlockFormat, Q4_K, Q5_K, Q6_K, f16_at};
+use crate::kernels::quant_block::{BlockFormat, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, f16_at};
 use crate::kernels::quant_dot;
 
 /// Groups of 16 per super-block (the activation group sums).
@@ -111,7 +119,7 @@ fn quantize_row_body(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i16]) 
 
 /// A K format whose products take the super-block activations of this module.
 pub(crate) trait Q8kDot: BlockFormat {
-    /// Whether it has a min term `N` (Q4_K, Q5_K).
+    /// Whether it has a min term `N` (Q2_K, Q4_K, Q5_K).
     const MIN: bool;
 
     /// The f32 super-block scale `d` and min scale `dmin` (0 without a min).
@@ -221,6 +229,111 @@ impl Q8kDot for Q6_K {
                 let sc = |g: usize| i32::from(blk[192 + g] as i8);
                 i += sc(2 * j) * s0 + sc(2 * j + 1) * s1;
             }
+        }
+        (i, 0)
+    }
+}
+
+/// `sc0 · Σ v · x` over the first 16 of `v` plus `sc1 · Σ v · x` over the
+/// last 16 (two groups of 16 with their scales; exact).
+#[inline(always)]
+fn dot16x2(v: &[i8; 32], x: &[i8], sc0: i32, sc1: i32) -> i32 {
+    let x: &[i8; 32] = x[..32].try_into().expect("32 activations");
+    let half = |r: std::ops::Range<usize>| -> i32 {
+        v[r.clone()]
+            .iter()
+            .zip(&x[r])
+            .map(|(&q, &x)| i32::from(q) * i32::from(x))
+            .sum()
+    };
+    sc0 * half(0..16) + sc1 * half(16..32)
+}
+
+/// The 2-bit codes of sub-block `j` of Q2_K and Q3_K: run `j mod 4` (bits
+/// `2 (j mod 4)`) of the 32 code bytes of half `j / 4` in `qs` (64 bytes).
+#[inline(always)]
+fn low2(qs: &[u8], j: usize, v: &mut [i8; 32]) {
+    let codes = &qs[32 * (j / 4)..32 * (j / 4) + 32];
+    for (v, &c) in v.iter_mut().zip(codes) {
+        *v = ((c >> (2 * (j % 4))) & 3) as i8;
+    }
+}
+
+impl Q8kDot for Q3_K {
+    const MIN: bool = false;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(&blk[108..]), 0.0)
+    }
+
+    /// `I = Σ_g (ls[g] − 32) · Σ_{k ∈ g} q · x`, `q` in `−4..=3` (the high
+    /// bit of sub-block `j` is bit `j` of `hmask`; clear means `− 4`).
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], _bs: &[i16]) -> (i32, i32) {
+        let sc = crate::kernels::quant_block::q3_k::signed_scales(&blk[96..108]);
+        let hmask = &blk[..32];
+        let mut v = [0i8; 32];
+        let mut i = 0i32;
+        for j in 0..8 {
+            low2(&blk[32..96], j, &mut v);
+            for (v, &h) in v.iter_mut().zip(hmask) {
+                *v -= 4 * (1 - ((h >> j) & 1) as i8);
+            }
+            let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+            i += dot16x2(&v, &xq[32 * j..], s0, s1);
+        }
+        (i, 0)
+    }
+}
+
+impl Q8kDot for Q2_K {
+    const MIN: bool = true;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(&blk[80..]), f16_at(&blk[82..]))
+    }
+
+    /// `I = Σ_g sc[g] · Σ_{k ∈ g} q · x` (`q` in `0..=3`, `sc` the low
+    /// nibble of byte `g`), `N = Σ_g mn[g] · bs[g]` (`mn` the high nibble).
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], bs: &[i16]) -> (i32, i32) {
+        let mut v = [0i8; 32];
+        let mut i = 0i32;
+        for j in 0..8 {
+            low2(&blk[16..80], j, &mut v);
+            let (s0, s1) = (i32::from(blk[2 * j] & 15), i32::from(blk[2 * j + 1] & 15));
+            i += dot16x2(&v, &xq[32 * j..], s0, s1);
+        }
+        let n = blk[..16]
+            .iter()
+            .zip(bs)
+            .map(|(&s, &b)| i32::from(s >> 4) * i32::from(b))
+            .sum();
+        (i, n)
+    }
+}
+
+impl Q8kDot for IQ4_XS {
+    const MIN: bool = false;
+
+    fn scales(blk: &[u8]) -> (f32, f32) {
+        (f16_at(blk), 0.0)
+    }
+
+    /// `I = Σ_j (ls[j] − 32) · Σ_{k ∈ j} KVALUES[n] · x` over the sub-blocks
+    /// of 32.
+    #[inline(always)]
+    fn int_dot(blk: &[u8], xq: &[i8], _bs: &[i16]) -> (i32, i32) {
+        let sc = crate::kernels::quant_block::iq4_xs::signed_scales(blk);
+        let mut v = [0i8; 32];
+        let mut i = 0i32;
+        for (j, &s) in sc.iter().enumerate() {
+            let qs = &blk[8 + 16 * j..8 + 16 * j + 16];
+            for (k, &b) in qs.iter().enumerate() {
+                v[k] = KVALUES[usize::from(b & 15)];
+                v[k + 16] = KVALUES[usize::from(b >> 4)];
+            }
+            i += i32::from(s) * dot32(&v, &xq[32 * j..]);
         }
         (i, 0)
     }

@@ -1,23 +1,25 @@
-//! The AVX-512 VNNI product of many activation rows with Q4_K, Q5_K and Q6_K
-//! weights on the super-block activations of `q8k` (a prefill, a batch of
-//! 8 or more):
-//! a GEMM in the layout of int8 GEMMs.
+//! The AVX-512 VNNI product of many activation rows with K-format (Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS weights on the super-block activations
+//! of `q8k` (a prefill, a batch of 8 or more): a GEMM in the layout of int8
+//! GEMMs.
 //!
 //! The weight rows are taken 16 at a time (a *tile*). A few super-blocks of
 //! the tile are unpacked once into a buffer on the stack (`CHUNK` of them):
-//! the codes as unsigned bytes, transposed so that one 512-bit vector holds
-//! the four codes `4 g .. 4 g + 4` of each of the 16 rows; the integer
-//! sub-block (Q6_K: group) scales as i32, one vector per sub-block; the
-//! coefficients of the activation group sums as 16-bit pairs; `d` and `dmin`
-//! as f32. Then every activation row meets the unpacked chunk, eight rows at
-//! a time: `vpdpbusd` of a code vector with four activations broadcast
-//! (16 weight rows × 4 columns per instruction), one i32 accumulator per
-//! activation row and sub-block, multiplied by the sub-block scales
-//! (`vpmulld`) into the super-block's `I`; `vpdpwssd` of the group sums with
-//! the mins (Q6_K: with the scales, for its offset of 32) into `N`; then the
-//! float part of `q8k`'s order, lane `r` the output of weight row `r`, the
-//! same IEEE operations as the portable loop. The integers are exact, so the
-//! outputs are the same bits as every other path's.
+//! the codes as unsigned bytes (Q3_K's `q + 4`, Q6_K's `q + 32` and IQ4_XS's
+//! table values `+ 128`, each offset taken back out with the group sums),
+//! transposed so that one 512-bit vector holds the four codes `4 g .. 4 g + 4`
+//! of each of the 16 rows; the integer sub-block (Q2_K, Q3_K, Q6_K: group)
+//! scales as i32, one vector per sub-block; the coefficients of the
+//! activation group sums as 16-bit pairs; `d` and `dmin` as f32. Then every
+//! activation row meets the unpacked chunk, eight rows at a time: `vpdpbusd`
+//! of a code vector with four activations broadcast (16 weight rows × 4
+//! columns per instruction), one i32 accumulator per activation row and
+//! sub-block, multiplied by the sub-block scales (`vpmulld`) into the
+//! super-block's `I`; `vpdpwssd` of the group sums with the mins (Q3_K, Q6_K,
+//! IQ4_XS: with the scales, for their code offset) into `N`; then the float
+//! part of `q8k`'s order, lane `r` the output of weight row `r`, the same IEEE
+//! operations as the portable loop. The integers are exact, so the outputs
+//! are the same bits as every other path's.
 //!
 //! The outputs of a tile are `[m][16]` (activation row major, 16 weight rows
 //! side by side: one vector per activation row); they hold the running
@@ -27,10 +29,12 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::QK_K;
 use super::q8k::{GROUPS, KActs, Q8kDot};
-use super::q8k_x86::fifth_bit;
-use super::{Q4_K, Q5_K, Q6_K, QK_K};
+use super::q8k_x86::{fifth_bit, iq4xs_table, iq4xs_value, low2, q3k_code};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
+use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
+use crate::kernels::quant_block::{iq4_xs, q3_k};
 
 /// Weight rows per tile (the lanes of a 512-bit vector of i32).
 const TILE: usize = super::q8k::GEMM_TILE;
@@ -66,6 +70,12 @@ pub(crate) trait Q8kGemm: Q8kDot {
     /// # Safety
     /// The CPU must have AVX2; `blk` valid for reading `Self::BYTES` bytes.
     unsafe fn codes(blk: *const u8) -> [__m256i; 8];
+
+    /// The offset of the unsigned codes of a format without a min: the
+    /// value is `code − OFFSET`, and `I` is `Σ sc · Σ code · x − OFFSET · N`
+    /// with `N = Σ_g c[g] · bs[g]` (the coefficients `c` the group scales);
+    /// 0 for a format with a min.
+    const OFFSET: i32;
 
     /// The first of the 8 meta dwords holding the group sum coefficients as
     /// 16-bit pairs `(c[2p], c[2p + 1])`, where `N = Σ_g c[g] · bs[g]`.
@@ -140,6 +150,7 @@ unsafe fn q45k_meta(blk: *const u8) -> [__m512i; 2] {
 }
 
 impl Q8kGemm for Q4_K {
+    const OFFSET: i32 = 0;
     const NS: usize = 8;
     const COEF: usize = 8;
     const D: usize = 16;
@@ -161,6 +172,7 @@ impl Q8kGemm for Q4_K {
 }
 
 impl Q8kGemm for Q5_K {
+    const OFFSET: i32 = 0;
     const NS: usize = 8;
     const COEF: usize = 8;
     const D: usize = 16;
@@ -183,6 +195,7 @@ impl Q8kGemm for Q5_K {
 }
 
 impl Q8kGemm for Q6_K {
+    const OFFSET: i32 = 32;
     const NS: usize = 16;
     const COEF: usize = 16;
     const D: usize = 24;
@@ -237,11 +250,153 @@ impl Q8kGemm for Q6_K {
                 blk.add(208).cast::<u16>().read_unaligned(),
             )
         };
+        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+    }
+}
+
+/// The meta of a format with sixteen group scales: the scales `sc` (int8 or
+/// unsigned bytes, `signed` saying which) at 0, the group sum coefficients
+/// `co` (the same kind) at 16, the f32 `d` and `dmin` of `dd` at 24, 25.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+fn meta16(sc: __m128i, co: __m128i, signed: bool, dd: __m128) -> [__m512i; 2] {
+    let (s32, c16) = if signed {
+        (_mm512_cvtepi8_epi32(sc), _mm256_cvtepi8_epi16(co))
+    } else {
+        (_mm512_cvtepu8_epi32(sc), _mm256_cvtepu8_epi16(co))
+    };
+    let lo2 = _mm_castps_si128(_mm_movelh_ps(dd, _mm_setzero_ps()));
+    [
+        s32,
+        _mm512_inserti32x4::<2>(_mm512_zextsi256_si512(c16), lo2),
+    ]
+}
+
+impl Q8kGemm for Q3_K {
+    const OFFSET: i32 = 4;
+    const NS: usize = 16;
+    const COEF: usize = 16;
+    const D: usize = 24;
+    const DMIN: usize = 25;
+
+    /// The unsigned codes `q + 4` (`0..=7`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: hmask 0..32 and the codes 32..96 are inside the
+        // super-block.
+        let (hm, v) = unsafe {
+            (
+                _mm256_loadu_si256(blk.cast()),
+                [
+                    _mm256_loadu_si256(blk.add(32).cast()),
+                    _mm256_loadu_si256(blk.add(64).cast()),
+                ],
+            )
+        };
+        std::array::from_fn(|j| q3k_code(v[j / 4], hm, j))
+    }
+
+    /// The sixteen group scales `ls − 32` at 0 and as the coefficients at
+    /// 16 (the offset: `I = Σ sc · Σ (q + 4) · x − 4 · Σ sc · bs`), `d` at
+    /// 24.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
+        // super-block.
+        let (sc, d) = unsafe {
+            (
+                q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
+                blk.add(108).cast::<u16>().read_unaligned(),
+            )
+        };
+        // SAFETY: 16 bytes.
+        let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
         let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
-        let co = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(s8));
+        meta16(s8, s8, true, d)
+    }
+}
+
+impl Q8kGemm for Q2_K {
+    const OFFSET: i32 = 0;
+    const NS: usize = 16;
+    const COEF: usize = 16;
+    const D: usize = 24;
+    const DMIN: usize = 25;
+
+    /// The 2-bit codes (`0..=3`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        // SAFETY: the codes 16..80 are inside the super-block.
+        let v = unsafe {
+            [
+                _mm256_loadu_si256(blk.add(16).cast()),
+                _mm256_loadu_si256(blk.add(48).cast()),
+            ]
+        };
+        std::array::from_fn(|j| low2(v[j / 4], j % 4))
+    }
+
+    /// The sixteen 4-bit scales at 0, the sixteen 4-bit mins as the
+    /// coefficients at 16, `d` at 24, `dmin` at 25.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
+        // super-block.
+        let (sb, dd) = unsafe {
+            (
+                _mm_loadu_si128(blk.cast()),
+                blk.add(80).cast::<i32>().read_unaligned(),
+            )
+        };
+        let low4 = _mm_set1_epi8(0x0f);
+        let sc = _mm_and_si128(sb, low4);
+        let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
+        meta16(sc, mn, false, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+    }
+}
+
+impl Q8kGemm for IQ4_XS {
+    const OFFSET: i32 = 128;
+    const NS: usize = 8;
+    const COEF: usize = 8;
+    const D: usize = 16;
+    const DMIN: usize = 17;
+
+    /// The unsigned codes `KVALUES[n] + 128` (`1..=241`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes(blk: *const u8) -> [__m256i; 8] {
+        let (table, bias) = (iq4xs_table(), _mm256_set1_epi8(-128));
+        // SAFETY: the super-block (the caller's contract); j < 8. v + 128 as
+        // an unsigned byte is v with its top bit flipped.
+        std::array::from_fn(|j| _mm256_xor_si256(unsafe { iq4xs_value(blk, j, table) }, bias))
+    }
+
+    /// The eight sub-block scales `ls − 32` at 0, the pairs `(sc[j], sc[j])`
+    /// at 8 (groups `2j`, `2j + 1` share sub-block `j`'s scale; the offset:
+    /// `I = Σ sc · Σ (v + 128) · x − 128 · Σ sc · bs`), `d` at 16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
+        // SAFETY: the super-block (the caller's contract).
+        let (sc, d) = unsafe {
+            (
+                iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
+                blk.cast::<u16>().read_unaligned(),
+            )
+        };
+        let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
+        let scv = _mm256_cvtepi8_epi32(s8);
+        let s16 = _mm_cvtepi8_epi16(s8);
+        let co = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
         [
-            _mm512_cvtepi8_epi32(s8),
-            _mm512_inserti32x4::<2>(co, _mm_castps_si128(d)),
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scv), co),
+            _mm512_zextsi128_si512(_mm_castps_si128(d)),
         ]
     }
 }
@@ -404,7 +559,8 @@ unsafe fn micro<F: Q8kGemm, const A: usize>(
                         _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(ii[a]), av[a]);
                     av[a] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dxv), _mm512_cvtepi32_ps(t[a]), v);
                 } else {
-                    let i = _mm512_sub_epi32(ii[a], _mm512_slli_epi32::<5>(t[a]));
+                    let off = _mm512_mullo_epi32(t[a], _mm512_set1_epi32(F::OFFSET));
+                    let i = _mm512_sub_epi32(ii[a], off);
                     av[a] = _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i), av[a]);
                 }
             }

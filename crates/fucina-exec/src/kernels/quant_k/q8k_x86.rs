@@ -3,8 +3,11 @@
 //! driver). Per super-block and output, `vpmaddubsw` multiplies each weight
 //! sub-block's unsigned codes by the activations (pair sums at most
 //! `2 · 63 · 127`: never saturating) and `vpmaddwd` multiplies the pair sums
-//! by the 16-bit sub-block (Q6_K: group) scale, into eight i32 lanes; the
-//! mins take `vpmaddwd` of the group sums and the mins. The lanes of four
+//! by the 16-bit sub-block (Q2_K, Q3_K, Q6_K: group) scale, into eight i32
+//! lanes; the mins (Q2_K, Q4_K, Q5_K) and the code offsets (Q3_K's 4, Q6_K's
+//! 32) take `vpmaddwd` of the group sums with the mins or scales. IQ4_XS,
+//! whose table values `+ 128` would saturate the pair sums, multiplies
+//! `|v|` by `x · sign v` instead (pairs of at most `2 · 127 · 127`). The lanes of four
 //! outputs are summed together (`vphaddd`), and the float part of the module
 //! order runs on the four outputs at once, lane by lane the same IEEE
 //! operations as the portable loop. The AVX-512 VNNI level runs the same
@@ -14,11 +17,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::QK_K;
 use super::q8k::{GROUPS, KActs, Q8kVector};
 use super::x86::{drive, f16_pair, super_blocks};
-use super::{Q4_K, Q5_K, Q6_K, QK_K};
-use crate::kernels::quant_block::BlockFormat;
+use crate::kernels::quant_block::iq4_nl::KVALUES;
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
+use crate::kernels::quant_block::{BlockFormat, iq4_xs, q3_k};
+use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 
 /// A format's integer lanes for the AVX2 tile.
 pub(crate) trait Q8kAvx2: BlockFormat {
@@ -265,12 +270,211 @@ impl Q8kAvx2 for Q6_K {
                 unsafe { scaled(&mut iv, q, s, x, 32 * j) };
             }
         }
-        // SAFETY: as above.
-        let s16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(blk.add(192).cast()) });
-        for (a, &p) in iv.iter_mut().zip(bs) {
-            // SAFETY: 16 i16 group sums (the caller's contract).
-            let b = _mm256_madd_epi16(unsafe { _mm256_loadu_si256(p.cast()) }, s16);
-            *a = _mm256_sub_epi32(*a, _mm256_slli_epi32::<5>(b));
+        // SAFETY: as above; the group sums are the caller's contract.
+        unsafe {
+            let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192).cast()));
+            offset_fix(&mut iv, s16, bs, 5);
+        }
+        (iv, [_mm256_setzero_si256(); M])
+    }
+}
+
+/// `iv[i] −= 2^shift · Σ_g s16[g] · bs[i][g]`: the correction of codes read
+/// unsigned as `q + 2^shift` under the group scales `s16` (16-bit lanes).
+///
+/// # Safety
+/// Each `bs[i]` valid for reading 16 `i16`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn offset_fix<const M: usize>(
+    iv: &mut [__m256i; M],
+    s16: __m256i,
+    bs: &[*const i16; M],
+    shift: i32,
+) {
+    let sh = _mm_cvtsi32_si128(shift);
+    for (a, &p) in iv.iter_mut().zip(bs) {
+        // SAFETY: 16 i16 group sums (the caller's contract).
+        let b = _mm256_madd_epi16(unsafe { _mm256_loadu_si256(p.cast()) }, s16);
+        *a = _mm256_sub_epi32(*a, _mm256_sll_epi32(b, sh));
+    }
+}
+
+/// Run `r` (`0..4`, bits `2 r`) of the 2-bit codes of Q2_K and Q3_K in the
+/// 32 code bytes `v` of a half: the codes of sub-block `4 · half + r`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn low2(v: __m256i, r: usize) -> __m256i {
+    // a 16-bit shift by at most 6 moves no bit the mask keeps across bytes
+    _mm256_and_si256(
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * r as i32)),
+        _mm256_set1_epi8(3),
+    )
+}
+
+/// Q3_K's codes of sub-block `j` read unsigned, `q + 4` in `0..=7`: the low
+/// two bits (run `j mod 4` of the half's code bytes `v`) and, as bit 2, bit
+/// `j` of `hmask` (`hm`).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q3k_code(v: __m256i, hm: __m256i, j: usize) -> __m256i {
+    // a 16-bit shift by at most 7 moves no bit the mask keeps across bytes
+    let h = _mm256_and_si256(
+        _mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32)),
+        _mm256_set1_epi8(1),
+    );
+    _mm256_or_si256(low2(v, j % 4), _mm256_slli_epi16::<2>(h))
+}
+
+/// IQ4_XS's values `KVALUES[n]` (signed bytes) of sub-block `j` of the
+/// super-block at `blk`, `table` the 16 values in both halves.
+///
+/// # Safety
+/// `blk` valid for reading 136 bytes; `j < 8`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn iq4xs_value(blk: *const u8, j: usize, table: __m256i) -> __m256i {
+    // SAFETY: sub-block j's 16 bytes at 8 + 16 j are inside the super-block.
+    let b = unsafe { _mm_loadu_si128(blk.add(8 + 16 * j).cast()) };
+    // elements 0..16 the low nibbles, 16..32 the high ones
+    let n = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
+        _mm256_set1_epi8(0x0f),
+    );
+    _mm256_shuffle_epi8(table, n)
+}
+
+/// IQ4_XS's table of values in both halves of a vector.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn iq4xs_table() -> __m256i {
+    // SAFETY: the 16-byte table.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES.as_ptr().cast()) })
+}
+
+impl Q8kAvx2 for Q3_K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn head(blk: *const u8) -> (f32, f32) {
+        // SAFETY: bytes 106..110 of the super-block (the caller's contract).
+        (unsafe { f16_pair(blk.add(106)) }.1, 0.0)
+    }
+
+    /// `Σ sc[g] · (q + 4) · x` over the groups of 16, less
+    /// `4 · Σ sc[g] · bs[g]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes<const M: usize>(
+        blk: *const u8,
+        x: &[*const i8; M],
+        bs: &[*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
+        // SAFETY: the scale bytes 96..108 are inside the super-block.
+        let sc = q3_k::signed_scales(unsafe { std::slice::from_raw_parts(blk.add(96), 12) });
+        // SAFETY: 16 bytes.
+        let sc8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+        let sch = [
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(sc8))),
+        ];
+        let mut iv = [_mm256_setzero_si256(); M];
+        // SAFETY: hmask 0..32 and the codes 32..96 are inside the
+        // super-block; activations 32 j .. +32 and the group sums (the
+        // caller's contract).
+        unsafe {
+            let hm = _mm256_loadu_si256(blk.cast());
+            for (half, &sc_half) in sch.iter().enumerate() {
+                let v = _mm256_loadu_si256(blk.add(32 + 32 * half).cast());
+                for r in 0..4 {
+                    let j = 4 * half + r;
+                    let s = lane16(sc_half, 2 * r, 2 * r + 1);
+                    scaled(&mut iv, q3k_code(v, hm, j), s, x, 32 * j);
+                }
+            }
+            offset_fix(&mut iv, _mm256_cvtepi8_epi16(sc8), bs, 2);
+        }
+        (iv, [_mm256_setzero_si256(); M])
+    }
+}
+
+impl Q8kAvx2 for Q2_K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn head(blk: *const u8) -> (f32, f32) {
+        // SAFETY: bytes 80..84 of the super-block (the caller's contract).
+        unsafe { f16_pair(blk.add(80)) }
+    }
+
+    /// `Σ sc[g] · q · x` over the groups of 16; the mins `Σ mn[g] · bs[g]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes<const M: usize>(
+        blk: *const u8,
+        x: &[*const i8; M],
+        bs: &[*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
+        // SAFETY: the 16 scale bytes 0..16 are inside the super-block.
+        let sb = unsafe { _mm_loadu_si128(blk.cast()) };
+        let low4 = _mm_set1_epi8(0x0f);
+        let sc = _mm_and_si128(sb, low4);
+        let mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sb), low4));
+        let sch = [
+            _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc)),
+            _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128::<8>(sc))),
+        ];
+        let mut iv = [_mm256_setzero_si256(); M];
+        let mut nv = [_mm256_setzero_si256(); M];
+        // SAFETY: the codes 16..80 are inside the super-block; the
+        // activations and group sums (the caller's contract).
+        unsafe {
+            for (half, &sc_half) in sch.iter().enumerate() {
+                let v = _mm256_loadu_si256(blk.add(16 + 32 * half).cast());
+                for r in 0..4 {
+                    let s = lane16(sc_half, 2 * r, 2 * r + 1);
+                    scaled(&mut iv, low2(v, r), s, x, 32 * (4 * half + r));
+                }
+            }
+            for (n, &p) in nv.iter_mut().zip(bs) {
+                *n = _mm256_madd_epi16(_mm256_loadu_si256(p.cast()), mn);
+            }
+        }
+        (iv, nv)
+    }
+}
+
+impl Q8kAvx2 for IQ4_XS {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn head(blk: *const u8) -> (f32, f32) {
+        // SAFETY: bytes 0..4 of the super-block (the caller's contract).
+        (unsafe { f16_pair(blk) }.0, 0.0)
+    }
+
+    /// `Σ sc[j] · v · x` over the sub-blocks of 32 with the sign trick
+    /// (`|v| · (x · sign v)`: pairs of at most `2 · 127 · 127`, never
+    /// saturating `vpmaddubsw`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes<const M: usize>(
+        blk: *const u8,
+        x: &[*const i8; M],
+        _bs: &[*const i16; M],
+    ) -> ([__m256i; M], [__m256i; M]) {
+        // SAFETY: the super-block (the caller's contract).
+        let sc = iq4_xs::signed_scales(unsafe { std::slice::from_raw_parts(blk, 136) });
+        let mut iv = [_mm256_setzero_si256(); M];
+        let table = iq4xs_table();
+        for (j, &sj) in sc.iter().enumerate() {
+            // SAFETY: the super-block (the caller's contract).
+            let v = unsafe { iq4xs_value(blk, j, table) };
+            let a = _mm256_abs_epi8(v);
+            let s = _mm256_set1_epi16(i16::from(sj));
+            for (acc, &xp) in iv.iter_mut().zip(x) {
+                // SAFETY: activations 32 j .. +32 (the caller's contract).
+                let xv = unsafe { load32(xp.add(32 * j)) };
+                let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xv, v));
+                *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, s));
+            }
         }
         (iv, [_mm256_setzero_si256(); M])
     }
