@@ -235,7 +235,7 @@ fn recycle<T, U>(v: Vec<T>) -> Vec<U> {
 
 /// The fewest output features per work item of a parallel call, and the
 /// multiple every item's length is rounded to: a multiple of the kernels'
-/// row blocks (4 weight rows for `m = 1`) and of the strips of a packed
+/// row blocks and of the strips of a packed
 /// matrix (8 rows).
 const ITEM_ROWS: usize = 64;
 
