@@ -13,24 +13,13 @@ use std::time::Instant;
 
 use fucina_exec::{ExecContext, GroupedProduct, GroupedWeight, WeightFormat, WeightMatrix};
 
+mod common;
+use common::bf16_bytes;
+
 const EXPERTS: usize = 64;
 const TOP_K: usize = 8;
 const HIDDEN: usize = 1024;
 const INTER: usize = 384;
-
-/// A deterministic bf16 matrix of `n` elements (values in about ±0.05).
-fn bf16_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .flat_map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
-            ((v.to_bits() >> 16) as u16).to_le_bytes()
-        })
-        .collect()
-}
 
 struct Expert {
     gate: Vec<u8>,

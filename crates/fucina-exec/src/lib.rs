@@ -85,7 +85,7 @@ pub use ops::conv_transpose::{ConvTranspose1dOptions, ConvTranspose2dOptions};
 pub use ops::elementwise::{BinaryOp, CompareOp, MaskOp, ScalarOp, UnaryOp};
 pub use ops::gather::IndexOp;
 pub use ops::group_norm::GroupNormOptions;
-pub use ops::grouped_matmul::{GroupedProduct, GroupedWeight};
+pub use ops::grouped_matmul::{GroupedList, GroupedProduct, GroupedScratch, GroupedWeight};
 pub use ops::interpolate::{InterpolateMode, InterpolateOptions};
 pub use ops::join::JoinOp;
 pub use ops::loss::{ClassLoss, RegressionLoss};

@@ -10,9 +10,9 @@
 mod support;
 
 use fucina_exec::{
-    ExecContext, ExecError, GroupedProduct, GroupedWeight, PackedBf16Matrix, PackedQuantMatrix,
-    QuantFormat, QuantizedWeights, SimdLevel, WeightFormat, WeightMatrix, detected_simd_level,
-    force_simd_level,
+    ExecContext, ExecError, GroupedProduct, GroupedScratch, GroupedWeight, PackedBf16Matrix,
+    PackedQuantMatrix, QuantFormat, QuantizedWeights, SimdLevel, WeightFormat, WeightMatrix,
+    detected_simd_level, force_simd_level,
 };
 use fucina_storage::half::{bf16, f16};
 use support::values;
@@ -196,6 +196,81 @@ fn a_grouped_call_gives_the_single_calls_bits_at_every_level_and_thread_count() 
         }
     }
     assert!(force_simd_level(detected_simd_level()));
+}
+
+/// The cases through one run of a list from `scratch`.
+fn grouped_kept(
+    ctx: &ExecContext,
+    scratch: &mut GroupedScratch,
+    cases: &[&Case],
+) -> Result<Vec<Vec<f32>>, ExecError> {
+    let mut outs: Vec<Vec<f32>> = cases.iter().map(|c| vec![f32::NAN; c.m * c.rows]).collect();
+    let mut list = scratch.list();
+    for (c, out) in cases.iter().zip(outs.iter_mut()) {
+        list.push(GroupedProduct {
+            weight: c.w.weight(),
+            x: &c.x,
+            m: c.m,
+            out,
+        });
+    }
+    assert_eq!(list.len(), cases.len());
+    list.run(ctx)?;
+    drop(list);
+    Ok(outs)
+}
+
+#[test]
+fn a_kept_scratch_gives_the_single_calls_bits_for_lists_of_any_size() {
+    let setup = ExecContext::with_threads(1);
+    let mut cases = cases(&setup);
+    // Products of the super-block formats several super-blocks deep, whose
+    // rows end inside a work item: their activations quantized per 256.
+    for (i, q) in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K]
+        .into_iter()
+        .enumerate()
+    {
+        let (rows, cols) = (136 + 4 * i, 768);
+        let w = setup
+            .quantize(q, rows, cols, &values(rows * cols, 40 + i as u64))
+            .unwrap();
+        let x = values(cols, 50 + i as u64);
+        cases.push(Case {
+            w: Owned::Quant(w),
+            rows,
+            cols,
+            m: 1,
+            x,
+        });
+    }
+    let want = single(&setup, &cases);
+    let all: Vec<&Case> = cases.iter().collect();
+    let some: Vec<&Case> = cases.iter().rev().step_by(3).collect();
+    let want_some: Vec<&Vec<f32>> = want.iter().rev().step_by(3).collect();
+    for threads in [1, 2] {
+        let ctx = ExecContext::with_threads(threads);
+        let mut scratch = GroupedScratch::new();
+        // A long list, a shorter one in another order, the long one again.
+        for round in 0..3 {
+            let (list, want): (&[&Case], Vec<&Vec<f32>>) = match round {
+                1 => (&some, want_some.clone()),
+                _ => (&all, want.iter().collect()),
+            };
+            let got = grouped_kept(&ctx, &mut scratch, list).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let c = list[i];
+                let what = format!(
+                    "round {round} product {i} ({:?} [{}, {}] m {}) threads {threads}",
+                    c.w.weight(),
+                    c.rows,
+                    c.cols,
+                    c.m
+                );
+                assert!(w.iter().all(|v| v.is_finite()), "{what}: the single call");
+                assert_eq!(bits(g), bits(w), "{what}");
+            }
+        }
+    }
 }
 
 /// The call on a good float product followed by `second` (whose weight,

@@ -1,15 +1,19 @@
 //! After a warm-up step with the largest batch, decoding allocates nothing:
 //! no heap allocation per decoded token (on any thread of the process, team
 //! workers included), whether the attention runs on the caller or is split
-//! over the team. A repeated prefill of the same length allocates nothing
+//! over the team, for a dense decoder and a mixture-of-experts one (whose
+//! expert products run as one grouped call), in float and block-quantized
+//! weights. A repeated prefill of the same length allocates nothing
 //! either. Each test runs alone in a process of its own
 //! (`counting::in_own_process`), the counting allocator being process-wide.
 
 mod model_support;
 
+use std::collections::HashMap;
+
 use fucina::ExecContext;
-use fucina::exec::WeightFormat;
-use fucina_llm::KvCache;
+use fucina::exec::{QuantFormat, WeightFormat};
+use fucina_llm::{KvCache, Model, ModelConfig, Weight, WeightStore};
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
@@ -26,6 +30,13 @@ fn decode_steps(threads: usize, bf16_products: bool) {
     if bf16_products {
         model.use_bf16_products().unwrap();
     }
+    decode_steps_of(&model, &c, threads);
+}
+
+/// Prefills three caches, warms up with batches of three, then counts the
+/// allocations of 10 decode steps of three sequences and of a batch of one
+/// and of two: none.
+fn decode_steps_of(model: &Model, c: &ModelConfig, threads: usize) {
     let vocab = c.vocab_size;
     let ctx = ExecContext::with_threads(threads);
     // Three sequences of different lengths; their attention (3 x 4 heads x
@@ -85,6 +96,76 @@ fn decode_steps(threads: usize, bf16_products: bool) {
     );
 }
 
+/// A Qwen3-MoE-shaped model, 256 wide (a whole Q4_K super-block): 8 experts,
+/// 3 per token, layer 1 dense; every matrix but the embedding stored as
+/// `quant` (f32 when `None`), repacked where the format is.
+fn moe_model(quant: Option<QuantFormat>) -> (Model, ModelConfig) {
+    let mut c = model_support::llama(256);
+    c.architecture = fucina_llm::Architecture::Qwen3Moe;
+    c.num_hidden_layers = 3;
+    c.head_dim = 64;
+    c.params.moe = Some(fucina_llm::MoeParams {
+        num_experts: 8,
+        num_experts_per_tok: 3,
+        moe_intermediate_size: 256,
+        norm_topk_prob: true,
+        sparse_layers: vec![true, false, true],
+    });
+    let ctx = ExecContext::new();
+    let mut tensors: HashMap<String, Weight> =
+        model_support::random_weights(&c, WeightFormat::F32, 8);
+    if let Some(q) = quant {
+        for (name, w) in tensors.iter_mut() {
+            if w.shape().len() != 2 || name.contains("embed_tokens") {
+                continue;
+            }
+            let (rows, cols) = (w.shape()[0], w.shape()[1]);
+            let bytes = ctx
+                .quantize(q, rows, cols, &w.to_f32_vec())
+                .unwrap()
+                .into_bytes();
+            *w = Weight::quantized(name, q, &[rows, cols], bytes).unwrap();
+        }
+    }
+    let mut store = WeightStore::from_tensors(tensors);
+    store.repack_quantized(&ctx).unwrap();
+    (Model::from_parts(c.clone(), store).unwrap(), c)
+}
+
+/// The MoE model's formats: f32, Q8_0 (repacked strips) and Q4_K (read in
+/// place, super-block activations).
+fn moe_formats() -> [Option<QuantFormat>; 3] {
+    [None, Some(QuantFormat::Q8_0), Some(QuantFormat::Q4_K)]
+}
+
+#[test]
+fn a_moe_decode_step_allocates_nothing_at_steady_state() {
+    in_own_process(
+        "a_moe_decode_step_allocates_nothing_at_steady_state",
+        || {
+            for q in moe_formats() {
+                let (model, c) = moe_model(q);
+                for threads in [1, 2] {
+                    eprintln!("{q:?}, {threads} threads");
+                    decode_steps_of(&model, &c, threads);
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn a_repeated_moe_prefill_allocates_nothing() {
+    in_own_process("a_repeated_moe_prefill_allocates_nothing", || {
+        for q in moe_formats() {
+            let (model, c) = moe_model(q);
+            for threads in [1, 2] {
+                repeated_prefill(&model, &c, threads);
+            }
+        }
+    });
+}
+
 #[test]
 fn the_counter_counts() {
     in_own_process("the_counter_counts", check_the_counter);
@@ -118,26 +199,32 @@ fn a_repeated_prefill_allocates_nothing() {
         bf16_model.use_bf16_products().unwrap();
         // 4 threads: each head's rows are split in two attention tasks.
         for (model, threads) in [(&f32_model, 2), (&f32_model, 4), (&bf16_model, 2)] {
-            let ctx = ExecContext::with_threads(threads);
-            let prompt = model_support::tokens(9, 100, c.vocab_size);
-            let mut cache = model.new_cache(&ctx, 100).unwrap();
-            let mut all = vec![0.0f32; 100 * c.vocab_size];
-            let mut last = vec![0.0f32; c.vocab_size];
-            model
-                .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
-                .unwrap();
-            let before = allocations();
-            for _ in 0..3 {
-                cache.clear();
-                model
-                    .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
-                    .unwrap();
-            }
-            assert_eq!(
-                allocations() - before,
-                0,
-                "heap allocations in 3 prefills ({threads} threads)"
-            );
+            repeated_prefill(model, &c, threads);
         }
     });
+}
+
+/// Prefills 100 tokens once, then counts the allocations of three more
+/// prefills of them: none.
+fn repeated_prefill(model: &Model, c: &ModelConfig, threads: usize) {
+    let ctx = ExecContext::with_threads(threads);
+    let prompt = model_support::tokens(9, 100, c.vocab_size);
+    let mut cache = model.new_cache(&ctx, 100).unwrap();
+    let mut all = vec![0.0f32; 100 * c.vocab_size];
+    let mut last = vec![0.0f32; c.vocab_size];
+    model
+        .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
+        .unwrap();
+    let before = allocations();
+    for _ in 0..3 {
+        cache.clear();
+        model
+            .prefill(&ctx, &mut cache, &prompt, Some(&mut all), &mut last)
+            .unwrap();
+    }
+    assert_eq!(
+        allocations() - before,
+        0,
+        "heap allocations in 3 prefills ({threads} threads)"
+    );
 }

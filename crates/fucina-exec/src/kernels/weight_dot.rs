@@ -27,7 +27,7 @@
 //!   (one shuffle in place of a zero-extension and a shift; not timed apart
 //!   from the other changes), f16 by `vcvtph2ps` (exact). The last, partial step uses masked
 //!   loads (masked-off lanes read as 0 and are never touched in memory).
-//!   `R = 4`, `MB = 1` for `m = 1`; `R = 3`, `MB = 8` otherwise (24
+//!   `R = 1`, `MB = 1` for `m = 1` (see "Decode" below); `R = 3`, `MB = 8` otherwise (24
 //!   accumulators, 3 weight vectors, one activation vector: 28 of the 32
 //!   registers); leftover activation rows in blocks of 4, 2, 1. With `m > 1`
 //!   the walk is tiled (`avx512::drive_tiled`): tiles of 24 weight rows, and
@@ -45,7 +45,7 @@
 //! - AVX2 + FMA: a lane chain is two `ymm` (lanes 0–7 and 8–15); the fold starts
 //!   by adding the two. f16 needs F16C (`vcvtph2ps`); without it the f16 path runs
 //!   the portable kernel (same bits). The partial step is copied into zeroed stack
-//!   buffers. `R = 4`, `MB = 1` for `m = 1`; `R = 2`, `MB = 2` otherwise.
+//!   buffers. `R = 1`, `MB = 1` for `m = 1`; `R = 2`, `MB = 2` otherwise.
 //! - Portable: `[f32; 16]` accumulators and `f32::mul_add` (a fused
 //!   multiply-add on every target), elements widened by
 //!   [`WeightFormat::element`].
@@ -54,6 +54,16 @@
 //! The order pads each row with `0 · 0` terms up to the next multiple of 16
 //! (see `src/ops/weight_matmul.rs`), which is what masked loads (AVX-512),
 //! zero-padded copies (AVX2) and zero-filled lanes (portable) compute.
+//!
+//! # Decode (`m = 1`)
+//! With one activation row the kernel walks one weight row at a time, so the
+//! matrix is read as one sequential stream, which the hardware prefetchers
+//! follow. Four rows at a time (four chains, four streams each one row long,
+//! the previous blocking) computes twice as fast from the L2 cache but read
+//! memory at about 0.4 of the streaming bandwidth on Zen 4 (bf16, 1024
+//! columns, one thread), one row at a time at 0.6–0.76, its one chain (a
+//! fused multiply-add every 4 cycles) still faster than a core's share of
+//! memory (`examples/bf16_decode_probe.rs`; docs/BENCHMARKS-JOURNAL.md).
 //!
 //! # Prefetch
 //! With `m = 1` nothing but the weights leave the caches; while a block of `R`
@@ -143,7 +153,9 @@ impl Kern {
     /// `(R, MB)`: weight rows and activation rows per block kernel.
     fn blocking(self, m: usize) -> (usize, usize) {
         match (self, m) {
-            (_, 1) => (4, 1),
+            // One weight row at a time: the matrix read as one sequential
+            // stream (see "Decode" in the module docs).
+            (_, 1) => (1, 1),
             #[cfg(target_arch = "x86_64")]
             (Kern::Avx512, _) => (3, 8),
             #[cfg(target_arch = "x86_64")]

@@ -165,26 +165,20 @@ impl ExecContext {
 /// (`q8k_rows`) and the GEMM over tiles of 16 weight rows (`gemm_tiles`,
 /// the weight row count its third argument).
 #[derive(Clone, Copy)]
-struct Q8kKernel {
-    rows: Q8kRows,
+pub(crate) struct Q8kKernel {
+    pub(crate) rows: Q8kRows,
     gemm: Q8kGemmTiles,
 }
 
 /// `q8k_rows`: weights, row bytes, weight rows, activations, `m`, output.
-type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
+pub(crate) type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
 
 /// `gemm_tiles`: weights, row bytes, weight row count, tiles, activations,
 /// `m`, output.
 type Q8kGemmTiles = fn(&[u8], usize, usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
 
-/// Whether products of `format` take the super-block activations (their
-/// single call quantizes the activations per 256, not per block of 32).
-pub(crate) fn takes_super_block_acts(format: QuantFormat) -> bool {
-    q8k_kernel(format).is_some()
-}
-
 /// The [`Q8kKernel`] of `format`, if it takes the super-block activations.
-fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
+pub(crate) fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
     use crate::kernels::quant_block as qb;
     fn of<F: q8k::Q8kVector>() -> Q8kKernel {
         Q8kKernel {

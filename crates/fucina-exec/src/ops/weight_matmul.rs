@@ -28,8 +28,8 @@
 //! AVX2 + FMA + F16C (a chain is two `ymm`, lanes 0–7 and 8–15; the partial step
 //! from zero-padded copies) and portable (`[f32; 16]` and `f32::mul_add`). Each
 //! block kernel keeps one accumulator chain per output for a block of weight
-//! rows and activation rows: 4 weight rows for `m = 1`, so decoding reads every
-//! weight byte once, in four streams with the next block prefetched; 3 weight
+//! rows and activation rows: 1 weight row for `m = 1`, so decoding reads every
+//! weight byte once, in one sequential stream with the next row prefetched; 3 weight
 //! rows × 8 activation rows on AVX-512 (2 × 2 on AVX2) for `m > 1`, so each
 //! widened weight vector serves 8 rows of `x`. [`ExecContext::weight_matmul`]
 //! splits the output features `j` over the team with the deterministic chunks of

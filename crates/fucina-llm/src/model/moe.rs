@@ -12,7 +12,7 @@
 //! levels give the same bits.
 
 use fucina::ExecContext;
-use fucina::exec::GroupedProduct;
+use fucina::exec::{GroupedProduct, GroupedScratch};
 
 use super::kernels;
 use crate::arch::ExpertNames;
@@ -59,6 +59,8 @@ pub(super) struct MoeScratch {
     /// `[members, inter]`.
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// The grouped calls' work lists.
+    grouped: GroupedScratch,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -135,18 +137,15 @@ impl Moe {
             s.input[i * hid..(i + 1) * hid].copy_from_slice(&xn[r * hid..(r + 1) * hid]);
         }
         let (gate, up) = (&mut s.gate[..total * inter], &mut s.up[..total * inter]);
-        self.expert_products(
-            ctx,
-            &s.groups,
-            &s.input[..total * hid],
-            hid,
-            gate,
-            up,
-            |e| (&e.gate, &e.up),
-        )?;
+        let groups = &s.groups;
+        let grouped = &mut s.grouped;
+        let input = &s.input[..total * hid];
+        self.expert_products(ctx, grouped, groups, input, hid, gate, up, |e| {
+            (&e.gate, &e.up)
+        })?;
         kernels::swiglu(gate, up);
         let y = &mut s.output[..total * hid];
-        self.expert_products(ctx, &s.groups, gate, inter, y, &mut [], |e| {
+        self.expert_products(ctx, grouped, groups, gate, inter, y, &mut [], |e| {
             (&e.down, &e.down)
         })?;
         // Experts in increasing index: each row's sum in that order.
@@ -189,11 +188,13 @@ impl Moe {
     /// ([`ExecContext::grouped_matmul`]): for each group `(expert, start, m)`,
     /// its rows `start..start + m` of `x` (rows of `cols`) through the first
     /// weight `pick` gives into `a`, and, when `b` is not empty, through the
-    /// second into `b` (rows of the weights' output features).
+    /// second into `b` (rows of the weights' output features). The call's
+    /// work lists come from `scratch` (no allocation at steady state).
     #[allow(clippy::too_many_arguments)] // two outputs and the weights' choice
     fn expert_products<'w>(
         &'w self,
         ctx: &ExecContext,
+        scratch: &mut GroupedScratch,
         groups: &[(usize, usize, usize)],
         x: &[f32],
         cols: usize,
@@ -204,7 +205,7 @@ impl Moe {
         let total: usize = groups.iter().map(|g| g.2).sum();
         let width = a.len() / total.max(1);
         let (mut ra, mut rb) = (a, b);
-        let mut products = Vec::with_capacity(2 * groups.len());
+        let mut products = scratch.list();
         for &(e, start, m) in groups {
             let (wa, wb) = pick(&self.experts[e]);
             let xe = &x[start * cols..(start + m) * cols];
@@ -227,7 +228,7 @@ impl Moe {
                 });
             }
         }
-        ctx.grouped_matmul(&mut products)?;
+        products.run(ctx)?;
         Ok(())
     }
 }
