@@ -35,6 +35,9 @@ fn join_grads(
         .collect()
 }
 
+/// Most parts of a join whose raw tensors are passed inline.
+const INLINE_PARTS: usize = 8;
+
 impl Tensor {
     /// Joins `parts` along `axis` with the joining op `op` (the descriptor names
     /// the forward kernel, run now, and the backward kernel, run by backward:
@@ -63,8 +66,22 @@ impl Tensor {
         parts: &[&Tensor],
         axis: impl Axis,
     ) -> Result<Tensor> {
-        let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
-        let out = ctx.join(op, &raws, axis)?;
+        // Up to eight parts (the layers' joins) pass their raw tensors inline,
+        // without a heap list.
+        let out = match parts {
+            [] => ctx.join(op, &[], axis)?,
+            [first, ..] if parts.len() <= INLINE_PARTS => {
+                let mut raws = [&first.raw; INLINE_PARTS];
+                for (r, t) in raws.iter_mut().zip(parts) {
+                    *r = &t.raw;
+                }
+                ctx.join(op, &raws[..parts.len()], axis)?
+            }
+            _ => {
+                let raws: Vec<&RawTensor> = parts.iter().map(|t| &t.raw).collect();
+                ctx.join(op, &raws, axis)?
+            }
+        };
         // The exec call succeeded, so `parts` is non-empty and the axis valid.
         let axis = axis.resolve(op.name(), op.axis_rank(parts[0].raw.rank()))?;
         if op == JoinOp::Concat && parts.len() > MAX_RANK {
