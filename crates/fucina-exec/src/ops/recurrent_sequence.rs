@@ -188,6 +188,27 @@ impl ExecContext {
         Ok((gi, packed, b_hh))
     }
 
+    /// The checks and the common start of a backward: the sizes, the
+    /// contiguous `saved` (`[T, B, keep·H]`) and `grad` (`[T + extra, B,
+    /// H]`), and `W_hh` packed once as the right-hand side of `dgates · W_hh`.
+    fn backward_prologue(
+        &self,
+        op: &'static str,
+        gates: usize,
+        [keep, extra]: [usize; 2],
+        [x, w, saved, grad]: [&RawTensor; 4],
+    ) -> Result<(Seq, RawTensor, RawTensor, PackedRhs), ExecError> {
+        let sz = check_seq(op, gates, x, w)?;
+        let (t, b, h) = (sz.t, sz.b, sz.h);
+        let why = "the saved tensor must be the forward's [steps, batch, k * hidden]";
+        check_shape(op, saved, &[t, b, keep * h], why)?;
+        let why = "the output gradient must have the shape of the forward's output";
+        check_shape(op, grad, &[t + extra, b, h], why)?;
+        let (sc, gc) = (self.contiguous(saved)?, self.contiguous(grad)?);
+        let packed = self.pack_rhs_once(op, &sz.w_hh(w)?)?;
+        Ok((sz, sc, gc, packed))
+    }
+
     /// PyTorch's LSTM over a whole sequence, one direction of one layer:
     /// `x` is `[T, B, I]`, `w` the flat weight `[4H, I + H (+ 2)]` (`W_ih`,
     /// `W_hh`, then optionally the `b_ih` and `b_hh` columns; gates `i, f, g,
@@ -332,15 +353,9 @@ impl ExecContext {
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "lstm_sequence_backward";
-        let sz = check_seq(OP, 4, x, w)?;
+        let (sz, sc, gc, packed) = self.backward_prologue(OP, 4, [7, 1], [x, w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
-        let why = "the saved tensor must be the forward's [steps, batch, 7 * hidden]";
-        check_shape(OP, saved, &[t, b, 7 * h], why)?;
-        let why = "the output gradient must be [steps + 1, batch, hidden]";
-        check_shape(OP, grad, &[t + 1, b, h], why)?;
-        let (sc, gc) = (self.contiguous(saved)?, self.contiguous(grad)?);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
-        let packed = self.pack_rhs_once(OP, &sz.w_hh(w)?)?;
         let mut lease = self
             .pool()
             .acquire_scratch::<f32>(3 * b * h)
@@ -528,15 +543,9 @@ impl ExecContext {
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "gru_sequence_backward";
-        let sz = check_seq(OP, 3, x, w)?;
+        let (sz, sc, gc, packed) = self.backward_prologue(OP, 3, [5, 0], [x, w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
-        let why = "the saved tensor must be the forward's [steps, batch, 5 * hidden]";
-        check_shape(OP, saved, &[t, b, 5 * h], why)?;
-        let why = "the output gradient must be [steps, batch, hidden]";
-        check_shape(OP, grad, &[t, b, h], why)?;
-        let (sc, gc) = (self.contiguous(saved)?, self.contiguous(grad)?);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
-        let packed = self.pack_rhs_once(OP, &sz.w_hh(w)?)?;
         let mut lease = self
             .pool()
             .acquire_scratch::<f32>(2 * b * h)
