@@ -27,6 +27,8 @@
 //! of the team, a row's result depends on that row alone: the same bits for
 //! every team size, vector level and batch composition.
 
+use fucina_storage::ScratchLease;
+
 use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::recurrent as kern;
@@ -151,6 +153,13 @@ fn pieces<const N: usize>(mut rest: &mut [f32], lens: [usize; N]) -> [&mut [f32]
 }
 
 impl ExecContext {
+    /// `len` floats of pool scratch for the steps of `op`.
+    fn seq_scratch(&self, op: &'static str, len: usize) -> Result<ScratchLease<f32>, ExecError> {
+        self.pool()
+            .acquire_scratch::<f32>(len)
+            .map_err(|e| ExecError::storage(op, e))
+    }
+
     /// One state product of a step: `gh = h · W_hhᵀ + b_hh` on the packed
     /// `W_hhᵀ` (the chain started from the bias, as `linear`'s).
     fn state_gates(
@@ -256,10 +265,7 @@ impl ExecContext {
         let (gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
         let st = self.contiguous(state)?;
         let (b, h) = (sz.b, sz.h);
-        let mut lease = self
-            .pool()
-            .acquire_scratch::<f32>(b * (sz.g + 3 * h))
-            .map_err(|e| ExecError::storage(OP, e))?;
+        let mut lease = self.seq_scratch(OP, b * (sz.g + 3 * h))?;
         let [gh, hc, cc, cn] = pieces(&mut lease, [b * sz.g, b * h, b * h, b * h]);
         let (h0, c0) = st.contiguous_slice().split_at(b * h);
         hc.copy_from_slice(h0);
@@ -356,10 +362,7 @@ impl ExecContext {
         let (sz, sc, gc, packed) = self.backward_prologue(OP, 4, [7, 1], [x, w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
-        let mut lease = self
-            .pool()
-            .acquire_scratch::<f32>(3 * b * h)
-            .map_err(|e| ExecError::storage(OP, e))?;
+        let mut lease = self.seq_scratch(OP, 3 * b * h)?;
         let [dh, mut dc, mut dcn] = pieces(&mut lease, [b * h, b * h, b * h]);
         dh.fill(0.0);
         dc.copy_from_slice(&dy[t * b * h..]);
@@ -478,10 +481,7 @@ impl ExecContext {
         let (gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
         let h0 = self.contiguous(h0)?;
         let (b, h, g) = (sz.b, sz.h, sz.g);
-        let mut lease = self
-            .pool()
-            .acquire_scratch::<f32>(b * (g + h))
-            .map_err(|e| ExecError::storage(OP, e))?;
+        let mut lease = self.seq_scratch(OP, b * (g + h))?;
         let [gh, hc] = pieces(&mut lease, [b * g, b * h]);
         hc.copy_from_slice(h0.contiguous_slice());
         let (mut saved, mut done) = (None, Ok(()));
@@ -546,10 +546,7 @@ impl ExecContext {
         let (sz, sc, gc, packed) = self.backward_prologue(OP, 3, [5, 0], [x, w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
-        let mut lease = self
-            .pool()
-            .acquire_scratch::<f32>(2 * b * h)
-            .map_err(|e| ExecError::storage(OP, e))?;
+        let mut lease = self.seq_scratch(OP, 2 * b * h)?;
         let [mut dh, mut dhn] = pieces(&mut lease, [b * h, b * h]);
         dh.fill(0.0);
         let (mut done, mut dgh, bh, s5) = (Ok(()), None, b * h, 5 * h);
