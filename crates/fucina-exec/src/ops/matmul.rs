@@ -1099,13 +1099,6 @@ pub(crate) fn bias_grad(
     })
 }
 
-/// Most rows of a [`ExecContext::gemm_packed`] product run by column blocks.
-const FEW_ROWS: usize = 64;
-
-/// Bytes of packed right-hand side per column block of a few-row product:
-/// a block stays in L2 while each row tile of the left-hand side passes over it.
-const COLUMN_BLOCK_BYTES: usize = 128 << 10;
-
 /// A right-hand matrix packed once into pool scratch for many products with
 /// it (the recurrent sequence ops multiply every step's state by the same
 /// `W_hhᵀ`): the panels of [`pack_rhs`], the depth `k` and the width `n`.
@@ -1166,9 +1159,6 @@ impl ExecContext {
         let level = simd::level();
         let len = rhs.n.div_ceil(NR) * k * NR;
         let packed = &rhs.panels[..len];
-        if m <= FEW_ROWS && n.is_multiple_of(NR) {
-            return self.gemm_packed_by_columns(op, a, packed, (m, k, n), out, accumulate);
-        }
         let work_per_row = row_split_work(m, k, n, self.threads());
         self.par_rows_with_scratch(
             op,
@@ -1194,74 +1184,5 @@ impl ExecContext {
                 gemm::gemm(&args, c, scratch);
             },
         )
-    }
-
-    /// [`gemm_packed`](Self::gemm_packed) for a product of few rows (`m <=
-    /// FEW_ROWS`, `n` whole panels): the row split would stream the whole
-    /// packed right-hand side through the cache once per row tile on every
-    /// thread. Here the columns are cut into blocks of whole panels of about
-    /// [`COLUMN_BLOCK_BYTES`], the team splits the blocks, and each block's
-    /// `[m, cb]` product goes to its own contiguous piece of scratch (copied
-    /// into `out` after): each panel is read from memory once. Every element
-    /// is the same fused multiply-add chain over `k` as on the row split.
-    fn gemm_packed_by_columns(
-        &self,
-        op: &'static str,
-        a: &[f32],
-        packed: &[f32],
-        (m, k, n): (usize, usize, usize),
-        out: &mut [f32],
-        accumulate: bool,
-    ) -> Result<(), ExecError> {
-        let level = simd::level();
-        let panels = n / NR;
-        // The most whole panels per block within the byte budget that divide
-        // the panel count (at least one).
-        let fit = (COLUMN_BLOCK_BYTES / (k * NR * 4).max(1)).clamp(1, panels);
-        let per = (1..=fit)
-            .rev()
-            .find(|p| panels.is_multiple_of(*p))
-            .unwrap_or(1);
-        let cb = per * NR;
-        let blocks = n / cb;
-        let mut blk = self
-            .pool()
-            .acquire_scratch::<f32>(m * n)
-            .map_err(|e| ExecError::storage(op, e))?;
-        let blk = &mut blk[..m * n];
-        if accumulate {
-            for (bi, piece) in blk.chunks_exact_mut(m * cb).enumerate() {
-                for (r, row) in piece.chunks_exact_mut(cb).enumerate() {
-                    row.copy_from_slice(&out[r * n + bi * cb..][..cb]);
-                }
-            }
-        }
-        let work = (m * k * cb / WORK_DIV).max(1);
-        self.par_rows_with_scratch(op, blk, m * cb, work, a_scratch_len(m), |bs, c, scratch| {
-            let lhs = LhsRows {
-                data: a,
-                row_off: |i| i * k,
-                cs: 1,
-            };
-            for (bi, piece) in bs.zip(c.chunks_exact_mut(m * cb)) {
-                let args = GemmArgs {
-                    level,
-                    lhs: &lhs,
-                    m,
-                    k,
-                    n: cb,
-                    rhs: Rhs::Packed(&packed[bi * cb * k..][..cb * k]),
-                    accumulate,
-                };
-                gemm::gemm(&args, piece, scratch);
-            }
-        })?;
-        for (bi, piece) in blk.chunks_exact(m * cb).enumerate() {
-            for (r, row) in piece.chunks_exact(cb).enumerate() {
-                out[r * n + bi * cb..][..cb].copy_from_slice(row);
-            }
-        }
-        debug_assert_eq!(blocks * cb, n);
-        Ok(())
     }
 }
