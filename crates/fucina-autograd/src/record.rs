@@ -234,10 +234,9 @@ pub(crate) enum Saved {
     /// The `[B, 4H]` saved gates (`r, z, n`, the state's `n` block) and the
     /// state read by a `gru_cell`.
     GruCell { saved: RawTensor, h: RawTensor },
-    /// The input, the flat weight and the saved tensor of an `lstm_sequence`
-    /// (`lstm`) or a `gru_sequence`, and its direction.
+    /// The flat weight and the saved tensor (which keeps the input's rows) of
+    /// an `lstm_sequence` (`lstm`) or a `gru_sequence`, and its direction.
     RecurrentSequence {
-        x: RawTensor,
         w: RawTensor,
         saved: RawTensor,
         lstm: bool,

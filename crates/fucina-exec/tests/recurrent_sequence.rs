@@ -154,9 +154,9 @@ fn the_backward_matches_central_differences() {
             };
             let grad = ctx.from_slice(out_shape, &r).unwrap();
             let (gx, gw, gs) = if lstm {
-                ctx.lstm_sequence_backward(&ins[0], &ins[1], &saved, &grad, reverse)
+                ctx.lstm_sequence_backward(&ins[1], &saved, &grad, reverse)
             } else {
-                ctx.gru_sequence_backward(&ins[0], &ins[1], &saved, &grad, reverse)
+                ctx.gru_sequence_backward(&ins[1], &saved, &grad, reverse)
             }
             .unwrap();
             for (k, got) in [gx, gw, gs].iter().enumerate() {
@@ -206,9 +206,9 @@ fn run_all(ctx: &ExecContext) -> Vec<Vec<u32>> {
             }
             .unwrap();
             let (gx, gw, gs) = if lstm {
-                ctx.lstm_sequence_backward(&x, &w, &saved, &grad, reverse)
+                ctx.lstm_sequence_backward(&w, &saved, &grad, reverse)
             } else {
-                ctx.gru_sequence_backward(&x, &w, &saved, &grad, reverse)
+                ctx.gru_sequence_backward(&w, &saved, &grad, reverse)
             }
             .unwrap();
             bits.extend([out, saved, gx, gw, gs].iter().map(nan_bits));
@@ -255,16 +255,16 @@ fn bad_shapes_are_errors_naming_the_op() {
     let (_, saved) = ctx.lstm_sequence(&x, &w4, &s2, false).unwrap();
     let g = t(&ctx, &[steps + 1, b, h], 7, 1.0);
     refused(
-        ctx.lstm_sequence_backward(&x, &w4, &s2, &g, false),
+        ctx.lstm_sequence_backward(&w4, &s2, &g, false),
         "lstm_sequence_backward",
     );
     refused(
-        ctx.lstm_sequence_backward(&x, &w4, &saved, &s2, false),
+        ctx.lstm_sequence_backward(&w4, &saved, &s2, false),
         "lstm_sequence_backward",
     );
     let (_, saved) = ctx.gru_sequence(&x, &w3, &s1, false).unwrap();
     refused(
-        ctx.gru_sequence_backward(&x, &w3, &saved, &g, false),
+        ctx.gru_sequence_backward(&w3, &saved, &g, false),
         "gru_sequence_backward",
     );
 }

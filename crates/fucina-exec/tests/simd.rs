@@ -197,11 +197,11 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
                 let st = ctx.from_slice(&[2, bsz, h], &values(2 * bsz * h, 18))?;
                 let (out, saved) = ctx.lstm_sequence(&x, &w, &st, reverse)?;
                 let g = ctx.from_slice(&[4, bsz, h], &values(4 * bsz * h, 19))?;
-                let grads = ctx.lstm_sequence_backward(&x, &w, &saved, &g, reverse)?;
+                let grads = ctx.lstm_sequence_backward(&w, &saved, &g, reverse)?;
                 ("lstm_sequence", (out, saved, grads))
             } else {
                 let (out, saved) = ctx.gru_sequence(&x, &w, &st, reverse)?;
-                let grads = ctx.gru_sequence_backward(&x, &w, &saved, &out, reverse)?;
+                let grads = ctx.gru_sequence_backward(&w, &saved, &out, reverse)?;
                 ("gru_sequence", (out, saved, grads))
             };
             for (part, t) in [

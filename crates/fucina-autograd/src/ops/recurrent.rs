@@ -209,14 +209,13 @@ impl Tensor {
         lstm: bool,
         reverse: bool,
     ) -> Result<Tensor> {
-        let (x, wr) = (self.raw.clone(), w.raw.clone());
+        let wr = w.raw.clone();
         record!(
             ctx,
             name,
             out,
             &[self, w, state],
             RecurrentSequence {
-                x,
                 w: wr,
                 saved,
                 lstm,
@@ -224,9 +223,9 @@ impl Tensor {
             },
             |ctx, g, needs| {
                 let (dx, dw, ds) = if *lstm {
-                    ctx.lstm_sequence_backward(x, w, saved, g, *reverse)?
+                    ctx.lstm_sequence_backward(w, saved, g, *reverse)?
                 } else {
-                    ctx.gru_sequence_backward(x, w, saved, g, *reverse)?
+                    ctx.gru_sequence_backward(w, saved, g, *reverse)?
                 };
                 Ok(grads![
                     needs[0].then_some(dx),

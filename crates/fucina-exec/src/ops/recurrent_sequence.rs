@@ -74,23 +74,18 @@ impl Seq {
 
 /// Checks the input `x` (`[T, B, I]`) and the flat weight `w` (`[G·H, I + H
 /// (+ 2)]`); returns the sizes.
-fn check_seq(
-    op: &'static str,
-    gates: usize,
-    x: &RawTensor,
-    w: &RawTensor,
-) -> Result<Seq, ExecError> {
-    let &[t, b, i] = x.shape() else {
+fn check_seq(op: &'static str, gates: usize, x: &[usize], w: &RawTensor) -> Result<Seq, ExecError> {
+    let &[t, b, i] = x else {
         return Err(ExecError::InvalidShape {
             op,
-            shape: x.dims(),
+            shape: Dims::new(x),
             reason: "the input must be [steps, batch, features]",
         });
     };
     let bad_w = |reason| ExecError::ShapeMismatch {
         op,
         lhs: w.dims(),
-        rhs: x.dims(),
+        rhs: Dims::new(x),
         reason,
     };
     let reason = if gates == 4 {
@@ -143,6 +138,14 @@ fn time(s: usize, t: usize, reverse: bool) -> usize {
     if reverse { t - 1 - s } else { s }
 }
 
+/// Copies the input's rows (`i` floats each) into the last columns of the
+/// saved rows (`at + i` floats each), where the backward's `dW_ih` reads them.
+fn keep_input(saved: &mut [f32], at: usize, x: &[f32], i: usize) {
+    for (row, xr) in saved.chunks_exact_mut(at + i).zip(x.chunks_exact(i)) {
+        row[at..].copy_from_slice(xr);
+    }
+}
+
 /// Splits a pool lease into consecutive mutable pieces of the given lengths.
 fn pieces<const N: usize>(mut rest: &mut [f32], lens: [usize; N]) -> [&mut [f32]; N] {
     lens.map(|len| {
@@ -186,7 +189,7 @@ impl ExecContext {
         sz: Seq,
         x: &RawTensor,
         w: &RawTensor,
-    ) -> Result<(RawTensor, PackedRhs, Option<RawTensor>), ExecError> {
+    ) -> Result<(RawTensor, RawTensor, PackedRhs, Option<RawTensor>), ExecError> {
         let x2 = self.contiguous(x)?.reshape(&[sz.t * sz.b, sz.i])?;
         let gi = self.linear(&x2, &sz.w_ih(w)?, sz.bias_col(w, 0)?.as_ref())?;
         let packed = self.pack_rhs_once(op, &sz.w_hh(w)?.transpose(0, 1)?)?;
@@ -194,7 +197,7 @@ impl ExecContext {
             .bias_col(w, 1)?
             .map(|b| self.contiguous(&b))
             .transpose()?;
-        Ok((gi, packed, b_hh))
+        Ok((x2, gi, packed, b_hh))
     }
 
     /// The checks and the common start of a backward: the sizes, the
@@ -205,12 +208,25 @@ impl ExecContext {
         op: &'static str,
         gates: usize,
         [keep, extra]: [usize; 2],
-        [x, w, saved, grad]: [&RawTensor; 4],
+        [w, saved, grad]: [&RawTensor; 3],
     ) -> Result<(Seq, RawTensor, RawTensor, PackedRhs), ExecError> {
-        let sz = check_seq(op, gates, x, w)?;
-        let (t, b, h) = (sz.t, sz.b, sz.h);
-        let why = "the saved tensor must be the forward's [steps, batch, k * hidden]";
-        check_shape(op, saved, &[t, b, keep * h], why)?;
+        let why = "the saved tensor must be the forward's [steps, batch, k * hidden + features]";
+        let bad = |reason| ExecError::ShapeMismatch {
+            op,
+            lhs: saved.dims(),
+            rhs: w.dims(),
+            reason,
+        };
+        let (&[t, b, width], &[rows, _]) = (saved.shape(), w.shape()) else {
+            return Err(bad(why));
+        };
+        let i = width
+            .checked_sub(keep * (rows / gates))
+            .filter(|&i| i > 0)
+            .ok_or_else(|| bad(why))?;
+        let sz = check_seq(op, gates, &[t, b, i], w)?;
+        let h = sz.h;
+        check_shape(op, saved, &[t, b, keep * h + sz.i], why)?;
         let why = "the output gradient must have the shape of the forward's output";
         check_shape(op, grad, &[t + extra, b, h], why)?;
         let (sc, gc) = (self.contiguous(saved)?, self.contiguous(grad)?);
@@ -227,8 +243,8 @@ impl ExecContext {
     /// b_hh`, with the same bits. Returns `(out, saved)`: `out` is `[T + 1, B,
     /// H]` (rows `0..T` the state `h` after each time step, row `T` the final
     /// cell state `c_n`; the final `h_n` is row `T - 1`, or row 0 with
-    /// `reverse`), `saved` (`[T, B, 7H]`: the cell's five saved gates, the `c`
-    /// and `h` it read) is what
+    /// `reverse`), `saved` (`[T, B, 7H + I]`: the cell's five saved gates, the
+    /// `c` and `h` it read, the input row) is what
     /// [`lstm_sequence_backward`](Self::lstm_sequence_backward) reads.
     ///
     /// ```
@@ -259,10 +275,10 @@ impl ExecContext {
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor), ExecError> {
         const OP: &str = "lstm_sequence";
-        let sz = check_seq(OP, 4, x, w)?;
+        let sz = check_seq(OP, 4, x.shape(), w)?;
         let reason = "the state must be [2, batch, hidden] (h_0, then c_0)";
         check_shape(OP, state, &[2, sz.b, sz.h], reason)?;
-        let (gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
+        let (x2, gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
         let st = self.contiguous(state)?;
         let (b, h) = (sz.b, sz.h);
         let mut lease = self.seq_scratch(OP, b * (sz.g + 3 * h))?;
@@ -272,9 +288,10 @@ impl ExecContext {
         cc.copy_from_slice(c0);
         let (mut saved, mut done) = (None, Ok(()));
         let out = self.new_tensor(OP, &[sz.t + 1, b, h], |out| {
-            saved = Some(self.new_tensor(OP, &[sz.t, b, 7 * h], |sv| {
+            saved = Some(self.new_tensor(OP, &[sz.t, b, 7 * h + sz.i], |sv| {
                 let bias = b_hh.as_ref().map(|t| t.contiguous_slice());
                 let gis = gi.contiguous_slice();
+                keep_input(sv, 7 * h, x2.contiguous_slice(), sz.i);
                 let scratch = [gh, hc, cc, cn];
                 done = self.lstm_steps(sz, reverse, gis, &packed, bias, scratch, out, sv);
             }));
@@ -301,7 +318,7 @@ impl ExecContext {
         let [gh, hc, mut cc, mut cn] = scratch;
         const OP: &str = "lstm_sequence";
         let (b, h, g) = (sz.b, sz.h, sz.g);
-        let (bh, s7) = (b * h, 7 * h);
+        let (bh, s7) = (b * h, 7 * h + sz.i);
         for s in 0..sz.t {
             let tt = time(s, sz.t, reverse);
             self.state_gates(OP, hc, packed, b_hh, gh)?;
@@ -323,7 +340,7 @@ impl ExecContext {
                             let (act, keep) = sr.split_at_mut(5 * h);
                             let (cp, hp) = (&c_prev[r * h..][..h], &h_prev[r * h..][..h]);
                             keep[..h].copy_from_slice(cp);
-                            keep[h..].copy_from_slice(hp);
+                            keep[h..2 * h].copy_from_slice(hp);
                             let (gi, gh) = (&gi_t[r * g..][..g], &gh_t[r * g..][..g]);
                             kern::lstm_cell(gi, gh, cp, hr, cr, act);
                         }
@@ -337,8 +354,8 @@ impl ExecContext {
         Ok(())
     }
 
-    /// The backward of [`lstm_sequence`](Self::lstm_sequence): from its input
-    /// `x`, flat weight `w`, `saved` tensor (`[T, B, 7H]`) and the gradient of
+    /// The backward of [`lstm_sequence`](Self::lstm_sequence): from its flat
+    /// weight `w`, its `saved` tensor (`[T, B, 7H + I]`) and the gradient of
     /// its output `grad` (`[T + 1, B, H]`: of every step's `h`, then of
     /// `c_n`), returns `(grad_x, grad_w, grad_state)` (`[T, B, I]`, `w`'s
     /// shape, `[2, B, H]`). The steps run in the opposite order of the
@@ -347,26 +364,25 @@ impl ExecContext {
     /// rows (the same for `b_ih` and `b_hh`).
     ///
     /// # Errors
-    /// As [`lstm_sequence`](Self::lstm_sequence) for `x` and `w`;
-    /// [`ExecError::ShapeMismatch`] if `saved` is not `[T, B, 7H]` or `grad`
+    /// As [`lstm_sequence`](Self::lstm_sequence) for `w`;
+    /// [`ExecError::ShapeMismatch`] if `saved` is not `[T, B, 7H + I]` or `grad`
     /// not `[T + 1, B, H]`; [`ExecError::OutOfMemory`].
     pub fn lstm_sequence_backward(
         &self,
-        x: &RawTensor,
         w: &RawTensor,
         saved: &RawTensor,
         grad: &RawTensor,
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "lstm_sequence_backward";
-        let (sz, sc, gc, packed) = self.backward_prologue(OP, 4, [7, 1], [x, w, saved, grad])?;
+        let (sz, sc, gc, packed) = self.backward_prologue(OP, 4, [7, 1], [w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
         let mut lease = self.seq_scratch(OP, 3 * b * h)?;
         let [dh, mut dc, mut dcn] = pieces(&mut lease, [b * h, b * h, b * h]);
         dh.fill(0.0);
         dc.copy_from_slice(&dy[t * b * h..]);
-        let (mut done, bh, s7) = (Ok(()), b * h, 7 * h);
+        let (mut done, bh, s7) = (Ok(()), b * h, 7 * h + sz.i);
         let dgates = self.new_tensor(OP, &[t * b, g], |dg| {
             done = (|| {
                 for s in 0..t {
@@ -406,8 +422,9 @@ impl ExecContext {
             st[..bh].copy_from_slice(dh);
             st[bh..].copy_from_slice(dc);
         })?;
-        let hprev = sc.reshape(&[t * b, s7])?.narrow(1, 6 * h, h)?;
-        let (gx, gw) = self.seq_weight_grads(OP, sz, x, w, [&dgates, &dgates], &hprev)?;
+        let rows = sc.reshape(&[t * b, s7])?;
+        let (hprev, x2) = (rows.narrow(1, 6 * h, h)?, rows.narrow(1, 7 * h, sz.i)?);
+        let (gx, gw) = self.seq_weight_grads(OP, sz, &x2, w, [&dgates, &dgates], &hprev)?;
         Ok((gx, gw, grad_state))
     }
 
@@ -418,15 +435,14 @@ impl ExecContext {
         &self,
         op: &'static str,
         sz: Seq,
-        x: &RawTensor,
+        x2: &RawTensor,
         w: &RawTensor,
         [dgi, dgh]: [&RawTensor; 2],
         hprev: &RawTensor,
     ) -> Result<(RawTensor, RawTensor), ExecError> {
-        let (rows, i, h, g) = (sz.t * sz.b, sz.i, sz.h, sz.g);
-        let x2 = self.contiguous(x)?.reshape(&[rows, i])?;
+        let (i, h, g) = (sz.i, sz.h, sz.g);
         let gx = self.matmul(dgi, &sz.w_ih(w)?)?.reshape(&[sz.t, sz.b, i])?;
-        let dw_ih = self.matmul(&dgi.transpose(0, 1)?, &x2)?;
+        let dw_ih = self.matmul(&dgi.transpose(0, 1)?, x2)?;
         let dw_hh = self.matmul(&dgh.transpose(0, 1)?, hprev)?;
         let biases = if sz.bias {
             let bi = bias_grad(self, op, dgi)?;
@@ -460,8 +476,8 @@ impl ExecContext {
     /// step is [`gru_cell`](Self::gru_cell) of `x_t W_ihᵀ + b_ih` and
     /// `h W_hhᵀ + b_hh`, with the same bits. Returns `(out, saved)`: `out` is `[T, B,
     /// H]` (the state after each time step; `h_n` is row `T - 1`, or row 0 with
-    /// `reverse`), `saved` (`[T, B, 5H]`: the cell's four saved blocks and the
-    /// `h` it read) is what
+    /// `reverse`), `saved` (`[T, B, 5H + I]`: the cell's four saved blocks, the
+    /// `h` it read, the input row) is what
     /// [`gru_sequence_backward`](Self::gru_sequence_backward) reads.
     ///
     /// # Errors
@@ -476,20 +492,21 @@ impl ExecContext {
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor), ExecError> {
         const OP: &str = "gru_sequence";
-        let sz = check_seq(OP, 3, x, w)?;
+        let sz = check_seq(OP, 3, x.shape(), w)?;
         check_shape(OP, h0, &[sz.b, sz.h], "the state must be [batch, hidden]")?;
-        let (gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
+        let (x2, gi, packed, b_hh) = self.seq_prologue(OP, sz, x, w)?;
         let h0 = self.contiguous(h0)?;
         let (b, h, g) = (sz.b, sz.h, sz.g);
         let mut lease = self.seq_scratch(OP, b * (g + h))?;
         let [gh, hc] = pieces(&mut lease, [b * g, b * h]);
         hc.copy_from_slice(h0.contiguous_slice());
         let (mut saved, mut done) = (None, Ok(()));
-        let (bh, s5) = (b * h, 5 * h);
+        let (bh, s5) = (b * h, 5 * h + sz.i);
         let gis = gi.contiguous_slice();
         let bias = b_hh.as_ref().map(|t| t.contiguous_slice());
         let out = self.new_tensor(OP, &[sz.t, b, h], |out| {
             saved = Some(self.new_tensor(OP, &[sz.t, b, s5], |sv| {
+                keep_input(sv, 5 * h, x2.contiguous_slice(), sz.i);
                 done = (|| {
                     for s in 0..sz.t {
                         let tt = time(s, sz.t, reverse);
@@ -507,7 +524,7 @@ impl ExecContext {
                                     for ((r, hr), sr) in rows.zip(so.chunks_exact_mut(s5)) {
                                         let (act, keep) = sr.split_at_mut(4 * h);
                                         let hp = &h_prev[r * h..][..h];
-                                        keep.copy_from_slice(hp);
+                                        keep[..h].copy_from_slice(hp);
                                         let (gi, gh) = (&gi_t[r * g..][..g], &gh_t[r * g..][..g]);
                                         kern::gru_cell(gi, gh, hp, hr, act);
                                     }
@@ -524,32 +541,31 @@ impl ExecContext {
         Ok((out, saved.expect("the output's fill ran")?))
     }
 
-    /// The backward of [`gru_sequence`](Self::gru_sequence): from its input
-    /// `x`, flat weight `w`, `saved` tensor (`[T, B, 5H]`) and the gradient of
+    /// The backward of [`gru_sequence`](Self::gru_sequence): from its flat
+    /// weight `w`, its `saved` tensor (`[T, B, 5H + I]`) and the gradient of
     /// its output `grad` (`[T, B, H]`), returns `(grad_x, grad_w, grad_h0)`
     /// (`[T, B, I]`, `w`'s shape, `[B, H]`), as
     /// [`lstm_sequence_backward`](Self::lstm_sequence_backward).
     ///
     /// # Errors
-    /// As [`gru_sequence`](Self::gru_sequence) for `x` and `w`;
-    /// [`ExecError::ShapeMismatch`] if `saved` is not `[T, B, 5H]` or `grad`
+    /// As [`gru_sequence`](Self::gru_sequence) for `w`;
+    /// [`ExecError::ShapeMismatch`] if `saved` is not `[T, B, 5H + I]` or `grad`
     /// not `[T, B, H]`; [`ExecError::OutOfMemory`].
     pub fn gru_sequence_backward(
         &self,
-        x: &RawTensor,
         w: &RawTensor,
         saved: &RawTensor,
         grad: &RawTensor,
         reverse: bool,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         const OP: &str = "gru_sequence_backward";
-        let (sz, sc, gc, packed) = self.backward_prologue(OP, 3, [5, 0], [x, w, saved, grad])?;
+        let (sz, sc, gc, packed) = self.backward_prologue(OP, 3, [5, 0], [w, saved, grad])?;
         let (t, b, h, g) = (sz.t, sz.b, sz.h, sz.g);
         let (ss, dy) = (sc.contiguous_slice(), gc.contiguous_slice());
         let mut lease = self.seq_scratch(OP, 2 * b * h)?;
         let [mut dh, mut dhn] = pieces(&mut lease, [b * h, b * h]);
         dh.fill(0.0);
-        let (mut done, mut dgh, bh, s5) = (Ok(()), None, b * h, 5 * h);
+        let (mut done, mut dgh, bh, s5) = (Ok(()), None, b * h, 5 * h + sz.i);
         let dgi = self.new_tensor(OP, &[t * b, g], |dgi| {
             dgh = Some(self.new_tensor(OP, &[t * b, g], |dgh| {
                 done = (|| {
@@ -571,7 +587,7 @@ impl ExecContext {
                                         rows.zip(ho.chunks_exact_mut(g).zip(po.chunks_exact_mut(h)))
                                     {
                                         let sr = &sv_t[r * s5..][..s5];
-                                        let (act, hp) = (&sr[..4 * h], &sr[4 * h..]);
+                                        let (act, hp) = (&sr[..4 * h], &sr[4 * h..5 * h]);
                                         let d = &dh_in[r * h..][..h];
                                         kern::gru_cell_backward(act, hp, d, ir, hr, pr);
                                     }
@@ -589,8 +605,9 @@ impl ExecContext {
         done?;
         let dgh = dgh.expect("the gradient's fill ran")?;
         let grad_h0 = self.new_tensor(OP, &[b, h], |o| o.copy_from_slice(dh))?;
-        let hprev = sc.reshape(&[t * b, s5])?.narrow(1, 4 * h, h)?;
-        let (gx, gw) = self.seq_weight_grads(OP, sz, x, w, [&dgi, &dgh], &hprev)?;
+        let rows = sc.reshape(&[t * b, s5])?;
+        let (hprev, x2) = (rows.narrow(1, 4 * h, h)?, rows.narrow(1, 5 * h, sz.i)?);
+        let (gx, gw) = self.seq_weight_grads(OP, sz, &x2, w, [&dgi, &dgh], &hprev)?;
         Ok((gx, gw, grad_h0))
     }
 }
