@@ -237,6 +237,14 @@ pub(crate) enum Saved {
     /// The `[B, 4H]` saved gates (`r, z, n`, the state's `n` block) and the
     /// state read by a `gru_cell`.
     GruCell { saved: RawTensor, h: RawTensor },
+    /// The flat weight and the saved tensor (which keeps the input's rows) of
+    /// an `lstm_sequence` (`lstm`) or a `gru_sequence`, and its direction.
+    RecurrentSequence {
+        w: RawTensor,
+        saved: RawTensor,
+        lstm: bool,
+        reverse: bool,
+    },
     /// The input shape and the options of an `interpolate` (its backward
     /// reads no values).
     Interpolate {

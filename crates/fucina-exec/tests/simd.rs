@@ -187,6 +187,34 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     push("gru_cell_backward_gi", dgi);
     push("gru_cell_backward_gh", dgh);
     push("gru_cell_backward_h", dh);
+    // The sequence ops (3 steps, batch 5, 6 features, hidden 37).
+    let x = ctx.from_slice(&[3, bsz, 6], &values(3 * bsz * 6, 16))?;
+    for (lstm, g) in [(true, 4 * h), (false, 3 * h)] {
+        let w = ctx.from_slice(&[g, 6 + h + 2], &values(g * (h + 8), 17))?;
+        let w = ctx.scale(&w, 0.3)?;
+        for reverse in [false, true] {
+            let (name, (out, saved, (gx, gw, gs))) = if lstm {
+                let st = ctx.from_slice(&[2, bsz, h], &values(2 * bsz * h, 18))?;
+                let (out, saved) = ctx.lstm_sequence(&x, &w, &st, reverse)?;
+                let g = ctx.from_slice(&[4, bsz, h], &values(4 * bsz * h, 19))?;
+                let grads = ctx.lstm_sequence_backward(&w, &saved, &g, reverse)?;
+                ("lstm_sequence", (out, saved, grads))
+            } else {
+                let (out, saved) = ctx.gru_sequence(&x, &w, &st, reverse)?;
+                let grads = ctx.gru_sequence_backward(&w, &saved, &out, reverse)?;
+                ("gru_sequence", (out, saved, grads))
+            };
+            for (part, t) in [
+                ("", out),
+                ("_saved", saved),
+                ("_dx", gx),
+                ("_dw", gw),
+                ("_ds", gs),
+            ] {
+                push(&format!("{name}{part}_{reverse}"), t);
+            }
+        }
+    }
     Ok(out)
 }
 

@@ -235,6 +235,30 @@ impl Plan {
         })
     }
 
+    /// The plan of one `[k, n]` right-hand matrix alone (what [`pack_rhs`]
+    /// reads), for a one-row left operand.
+    fn for_rhs(b: &RawTensor, k: usize, n: usize) -> Plan {
+        Plan {
+            out: Dims::new(&[1, n]),
+            result: Dims::new(&[1, n]),
+            batch: Dims::default(),
+            m: 1,
+            k,
+            n,
+            a_off: 0,
+            a_bstrides: Dims::default(),
+            a_rs: k,
+            a_cs: 1,
+            b_batch: Dims::default(),
+            b_batch_strides: Dims::default(),
+            b_index_strides: Dims::default(),
+            b_off: b.offset(),
+            b_rs: b.strides()[0],
+            b_cs: b.strides()[1],
+            nb: 1,
+        }
+    }
+
     /// Storage offset of row `g` (over all batches) of the left operand.
     fn a_row_off(&self, g: usize) -> usize {
         let (bi, i) = (g / self.m, g % self.m);
@@ -1056,7 +1080,11 @@ fn linear_param_grads(
 /// and without the input's gradient) use it, so the bias gradient has the same
 /// bits whichever operands need gradients; columns are split over the team,
 /// never rows, so the bits do not depend on the thread count either.
-fn bias_grad(ctx: &ExecContext, op: &'static str, g2: &RawTensor) -> Result<RawTensor, ExecError> {
+pub(crate) fn bias_grad(
+    ctx: &ExecContext,
+    op: &'static str,
+    g2: &RawTensor,
+) -> Result<RawTensor, ExecError> {
     let (rows, out_f) = (g2.shape()[0], g2.shape()[1]);
     let gs = g2.contiguous_slice();
     ctx.new_tensor(op, &[out_f], |out| {
@@ -1069,4 +1097,92 @@ fn bias_grad(ctx: &ExecContext, op: &'static str, g2: &RawTensor) -> Result<RawT
             }
         });
     })
+}
+
+/// A right-hand matrix packed once into pool scratch for many products with
+/// it (the recurrent sequence ops multiply every step's state by the same
+/// `W_hhᵀ`): the panels of [`pack_rhs`], the depth `k` and the width `n`.
+pub(crate) struct PackedRhs {
+    panels: fucina_storage::ScratchLease<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl ExecContext {
+    /// Packs the 2-D right-hand side `b` (`[k, n]`, any strides) once, for
+    /// [`gemm_packed`](Self::gemm_packed).
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidShape`] if `b` is not 2-D; [`ExecError::OutOfMemory`].
+    pub(crate) fn pack_rhs_once(
+        &self,
+        op: &'static str,
+        b: &RawTensor,
+    ) -> Result<PackedRhs, ExecError> {
+        let &[k, n] = b.shape() else {
+            return Err(ExecError::InvalidShape {
+                op,
+                shape: b.dims(),
+                reason: "a packed right-hand side must be 2-D",
+            });
+        };
+        let plan = Plan::for_rhs(b, k, n);
+        let len = plan.packed_len();
+        let mut panels = self
+            .pool()
+            .acquire_scratch::<f32>(len)
+            .map_err(|e| ExecError::storage(op, e))?;
+        pack_rhs(self, &plan, b, &mut panels[..len]);
+        Ok(PackedRhs { panels, k, n })
+    }
+
+    /// `out (+)= a · B` for `B` packed by [`pack_rhs_once`](Self::pack_rhs_once):
+    /// `a` is `m` contiguous rows of `k`, `out` `m` rows of `n`; with
+    /// `accumulate` each element's fused multiply-add chain over `k` starts
+    /// from `out`'s value (a bias or a gradient copied there), else from `+0`.
+    /// The chain is [`linear`](Self::linear)'s, so the bits are those of the
+    /// same product through `linear` or `matmul`, for every team size.
+    ///
+    /// # Errors
+    /// [`ExecError::OutOfMemory`] for the scratch of a team member.
+    pub(crate) fn gemm_packed(
+        &self,
+        op: &'static str,
+        a: &[f32],
+        rhs: &PackedRhs,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ExecError> {
+        let (k, n) = (rhs.k, rhs.n);
+        let m = out.len() / n;
+        debug_assert_eq!(a.len(), m * k, "gemm_packed: a is m rows of k");
+        let level = simd::level();
+        let len = rhs.n.div_ceil(NR) * k * NR;
+        let packed = &rhs.panels[..len];
+        let work_per_row = row_split_work(m, k, n, self.threads());
+        self.par_rows_with_scratch(
+            op,
+            out,
+            n,
+            work_per_row,
+            a_scratch_len(m),
+            |rows, c, scratch| {
+                let lhs = LhsRows {
+                    data: a,
+                    row_off: |i| (rows.start + i) * k,
+                    cs: 1,
+                };
+                let args = GemmArgs {
+                    level,
+                    lhs: &lhs,
+                    m: rows.len(),
+                    k,
+                    n,
+                    rhs: Rhs::Packed(packed),
+                    accumulate,
+                };
+                gemm::gemm(&args, c, scratch);
+            },
+        )
+    }
 }

@@ -25,6 +25,7 @@ pub(crate) mod quant_format;
 pub(crate) mod quant_matrix;
 pub(crate) mod quant_packed;
 pub(crate) mod recurrent;
+pub(crate) mod recurrent_sequence;
 pub(crate) mod reduce;
 pub(crate) mod scan;
 pub(crate) mod scatter;

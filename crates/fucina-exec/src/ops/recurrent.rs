@@ -24,7 +24,7 @@ use crate::tensor::RawTensor;
 use crate::tensor::layout::Dims;
 
 /// Per-element work weight of a cell row (a few `exp`s per element).
-const CELL_WORK: usize = 64;
+pub(crate) const CELL_WORK: usize = 64;
 
 /// Checks the gate pre-activations `gi` and `gh` (equal `[B, gates * H]`
 /// shapes) and the state `s` (`[B, H]`); returns `(B, H)`.

@@ -343,13 +343,16 @@ impl MultiheadAttention {
                 Ok(t.transpose(ctx, 0, 1)?.materialize(ctx)?)
             }
         };
-        let q = self.project(ctx, &first(query)?, 0)?;
+        let hd = self.embed / self.heads;
+        // The scale on `q` (`[N, heads, L, E / heads]`), not on the scores
+        // (`[N, heads, L, S]`, `S / (E / heads)` times larger), as PyTorch's
+        // math path does; it also leaves `q` contiguous for the product.
+        let q = self
+            .project(ctx, &first(query)?, 0)?
+            .scale(ctx, 1.0 / (hd as f32).sqrt())?;
         let k = self.project(ctx, &first(key)?, 1)?;
         let v = self.project(ctx, &first(value)?, 2)?;
-        let hd = self.embed / self.heads;
-        let scores = q
-            .matmul(ctx, &k.transpose(ctx, 2, 3)?)?
-            .scale(ctx, 1.0 / (hd as f32).sqrt())?;
+        let scores = q.matmul(ctx, &k.transpose(ctx, 2, 3)?)?;
         let att = self.masked(ctx, scores, sizes, &opts)?.softmax(ctx, 3)?;
         let att = self.dropout.forward(ctx, &att)?;
         let y = att

@@ -1,18 +1,17 @@
 //! The recurrent layers [`Lstm`] and [`Gru`] (PyTorch's `nn.LSTM` and
 //! `nn.GRU`: its gate order, parameter names and init, several layers, both
-//! directions, `batch_first`), and their functional forms [`lstm`] and
-//! [`gru`], built from the differentiable ops (`linear` and the fused cells
-//! [`Tensor::lstm_cell`] and [`Tensor::gru_cell`]), so that autograd records
-//! every step.
+//! directions, `batch_first`), their functional forms [`lstm`] and [`gru`],
+//! and the one-step cells [`LstmCell`] and [`GruCell`].
 //!
-//! Each layer and direction runs the steps one after the other, each with
-//! two products (`x_t · W_ihᵀ + b_ih` and `h · W_hhᵀ + b_hh`) and the fused
-//! cell (the gate arithmetic in one pass, its backward in another); the steps pass from layer to layer as separate `[B, features]`
-//! tensors, so the backward's cost is linear in the sequence length (one
-//! sequence tensor sliced at every step would give every step's backward a
-//! gradient of the whole sequence to add up). The input's own steps are
-//! slices of it: when the input requires a gradient, that part of the
-//! backward is still quadratic in `T` (in the input's size, `T * B * in`).
+//! Each layer and direction of [`Lstm`] and [`Gru`] is one differentiable
+//! sequence node ([`Tensor::lstm_sequence`], [`Tensor::gru_sequence`]) on
+//! the flat weight of its parameters ([`Tensor::rnn_flat_weight`]): the
+//! input's projection of every step is one GEMM, `W_hh` is packed once for
+//! the sequence, the steps run the fused cell; the backward runs the steps
+//! in reverse and ends with one GEMM each for the input's and the weights'
+//! gradients. The forward has the bits of the step-by-step loop of `linear`
+//! and the fused cells [`Tensor::lstm_cell`] and [`Tensor::gru_cell`] (which
+//! the cells [`LstmCell`] and [`GruCell`] run, for users who step by hand).
 
 use fucina_autograd::Tensor;
 use fucina_exec::ExecContext;
@@ -126,13 +125,6 @@ fn parameter_shape(
     }
 }
 
-/// The sizes a forward found in its input: `(T, B, features)`.
-struct Sizes {
-    steps: usize,
-    batch: usize,
-    input: usize,
-}
-
 /// Checks the input, the weights and the initial states of a forward.
 fn check_forward(
     cell: Cell,
@@ -141,7 +133,7 @@ fn check_forward(
     weights: &[Tensor],
     hidden: usize,
     opts: RnnOptions,
-) -> Result<Sizes> {
+) -> Result<()> {
     let what = cell.name();
     let mismatch = |got: &[usize], reason: String| Error::ShapeMismatch {
         layer: what.to_string(),
@@ -159,16 +151,8 @@ fn check_forward(
         };
         return Err(mismatch(s, format!("the input must be 3-D {layout}")));
     }
-    let (steps, batch) = if opts.batch_first {
-        (s[1], s[0])
-    } else {
-        (s[0], s[1])
-    };
-    let sizes = Sizes {
-        steps,
-        batch,
-        input: s[2],
-    };
+    let batch = if opts.batch_first { s[0] } else { s[1] };
+    let input = s[2];
     let count = opts.num_layers * opts.directions() * opts.per_cell();
     if weights.len() != count {
         return Err(Error::invalid(
@@ -182,7 +166,7 @@ fn check_forward(
     }
     let names = parameter_names(opts);
     for (i, w) in weights.iter().enumerate() {
-        let want = parameter_shape(cell, sizes.input, hidden, opts, i);
+        let want = parameter_shape(cell, input, hidden, opts, i);
         if w.shape() != want.as_slice() {
             return Err(mismatch(
                 w.shape(),
@@ -199,37 +183,11 @@ fn check_forward(
             ));
         }
     }
-    Ok(sizes)
+    Ok(())
 }
 
-/// One LSTM step: the gate pre-activations `gx` (`[B, 4H]`, the input's
-/// projection with `b_ih`) and `h W_hhᵀ + b_hh` into the fused
-/// [`Tensor::lstm_cell`] (PyTorch's cell).
-fn lstm_step(
-    ctx: &ExecContext,
-    gx: &Tensor,
-    h: &Tensor,
-    c: &Tensor,
-    w_hh: &Tensor,
-    b_hh: Option<&Tensor>,
-) -> Result<(Tensor, Tensor)> {
-    Ok(gx.lstm_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, c)?)
-}
-
-/// One GRU step: the gate pre-activations `gx` and `h W_hhᵀ + b_hh` into the
-/// fused [`Tensor::gru_cell`] (PyTorch's cell: `r, z = σ(·)`, `n = tanh(gx_n
-/// + r * (h W_hnᵀ + b_hn))`, `h' = n + z * (h - n)`).
-fn gru_step(
-    ctx: &ExecContext,
-    gx: &Tensor,
-    h: &Tensor,
-    w_hh: &Tensor,
-    b_hh: Option<&Tensor>,
-) -> Result<Tensor> {
-    Ok(gx.gru_cell(ctx, &h.linear(ctx, w_hh, b_hh)?, h)?)
-}
-
-/// The layer `l`, direction `d` slice of an initial state, or zeros.
+/// The layer `l`, direction `d` slice (`idx = l * dirs + d`) of an initial
+/// state, or zeros.
 fn initial(
     ctx: &ExecContext,
     state: Option<&Tensor>,
@@ -243,9 +201,55 @@ fn initial(
     }
 }
 
+/// One direction of one layer over the whole sequence `input` (`[T, B,
+/// features]`): the fused [`Tensor::lstm_sequence`] or
+/// [`Tensor::gru_sequence`] on the flat weight of the direction's
+/// parameters `w`. Returns the output `[T, B, H]`, the final `h` and (LSTM)
+/// the final `c`.
+#[allow(clippy::too_many_arguments)]
+fn direction(
+    ctx: &ExecContext,
+    cell: Cell,
+    input: &Tensor,
+    w: &[Tensor],
+    [h0, c0]: [Option<&Tensor>; 2],
+    idx: usize,
+    hidden: usize,
+    reverse: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (steps, batch) = (input.shape()[0], input.shape()[1]);
+    let biases = (w.len() == 4).then(|| (&w[2], &w[3]));
+    let flat = Tensor::rnn_flat_weight(ctx, &w[0], &w[1], biases)?;
+    let h = initial(ctx, h0, idx, batch, hidden)?;
+    let last = if reverse { 0 } else { steps - 1 };
+    match cell {
+        Cell::Lstm => {
+            let state = match (h0, c0) {
+                (None, None) => Tensor::zeros(ctx, &[2, batch, hidden])?,
+                _ => {
+                    let c = initial(ctx, c0, idx, batch, hidden)?;
+                    Tensor::stack(ctx, &[&h, &c], 0)?
+                }
+            };
+            let out = input.lstm_sequence(ctx, &flat, &state, reverse)?;
+            let y = out.narrow(ctx, 0, 0, steps)?;
+            let h_n = y.narrow(ctx, 0, last, 1)?.squeeze(ctx, 0)?;
+            let c_n = out.narrow(ctx, 0, steps, 1)?.squeeze(ctx, 0)?;
+            Ok((y, h_n, c_n))
+        }
+        Cell::Gru => {
+            let y = input.gru_sequence(ctx, &flat, &h, reverse)?;
+            let h_n = y.narrow(ctx, 0, last, 1)?.squeeze(ctx, 0)?;
+            Ok((y, h_n.clone(), h_n))
+        }
+    }
+}
+
 /// The forward of both kinds from the initial `[h0, c0]` (`c0` for the LSTM
 /// only): the output `[T, B, dirs * H]` (or batch-first) and the final `h`
-/// and (LSTM) `c`, `[layers * dirs, B, H]` each.
+/// and (LSTM) `c`, `[layers * dirs, B, H]` each. Each layer and direction is
+/// one sequence node; the two directions' outputs are concatenated along the
+/// features for the next layer.
 fn run(
     ctx: &ExecContext,
     cell: Cell,
@@ -255,63 +259,34 @@ fn run(
     hidden: usize,
     opts: RnnOptions,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-    let sz = check_forward(cell, x, &[h0, c0], weights, hidden, opts)?;
-    let (steps, batch) = (sz.steps, sz.batch);
-    let seq = if opts.batch_first {
+    check_forward(cell, x, &[h0, c0], weights, hidden, opts)?;
+    let mut input = if opts.batch_first {
         x.transpose(ctx, 0, 1)?.materialize(ctx)?
     } else {
         x.clone()
     };
-    // The layers pass their steps on as separate `[B, features]` tensors:
-    // slicing one sequence tensor per step would give each step's backward
-    // a gradient of the whole sequence to add up (quadratic in `T`). Only
-    // the input's own steps are slices of it (their gradients reach `x`
-    // only when it requires one).
-    let mut input: Vec<Tensor> = (0..steps)
-        .map(|t| Ok(seq.narrow(ctx, 0, t, 1)?.squeeze(ctx, 0)?))
-        .collect::<Result<_>>()?;
     let dirs = opts.directions();
     let (mut hs, mut cs) = (Vec::new(), Vec::new());
     for layer in 0..opts.num_layers {
-        let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(dirs);
+        let mut outs: Vec<Tensor> = Vec::with_capacity(dirs);
         for d in 0..dirs {
             let idx = layer * dirs + d;
             let w = &weights[idx * opts.per_cell()..][..opts.per_cell()];
-            let (b_ih, b_hh) = if opts.bias {
-                (Some(&w[2]), Some(&w[3]))
-            } else {
-                (None, None)
-            };
-            let mut h = initial(ctx, h0, idx, batch, hidden)?;
-            let mut c = initial(ctx, c0, idx, batch, hidden)?;
-            let mut out: Vec<Option<Tensor>> = vec![None; steps];
-            for s in 0..steps {
-                let t = if d == 0 { s } else { steps - 1 - s };
-                let g = input[t].linear(ctx, &w[0], b_ih)?;
-                match cell {
-                    Cell::Lstm => (h, c) = lstm_step(ctx, &g, &h, &c, &w[1], b_hh)?,
-                    Cell::Gru => h = gru_step(ctx, &g, &h, &w[1], b_hh)?,
-                }
-                out[t] = Some(h.clone());
-            }
-            outs.push(out.into_iter().flatten().collect());
+            let (y, h, c) = direction(ctx, cell, &input, w, [h0, c0], idx, hidden, d == 1)?;
+            outs.push(y);
             hs.push(h);
             cs.push(c);
         }
         input = if dirs == 2 {
-            (0..steps)
-                .map(|t| Ok(Tensor::concat(ctx, &[&outs[0][t], &outs[1][t]], 1)?))
-                .collect::<Result<_>>()?
+            Tensor::concat(ctx, &[&outs[0], &outs[1]], 2)?
         } else {
             outs.swap_remove(0)
         };
     }
-    let refs: Vec<&Tensor> = input.iter().collect();
-    let output = Tensor::stack(ctx, &refs, 0)?;
     let output = if opts.batch_first {
-        output.transpose(ctx, 0, 1)?.materialize(ctx)?
+        input.transpose(ctx, 0, 1)?.materialize(ctx)?
     } else {
-        output
+        input
     };
     let stack = |v: &[Tensor]| -> Result<Tensor> {
         let refs: Vec<&Tensor> = v.iter().collect();
