@@ -537,10 +537,10 @@ fn every_path_matches_the_reference_bit_for_bit() {
     }
 }
 
-/// Q5_K in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the
-/// GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
-/// super-blocks), quantized and arbitrary blocks: the reference's bits at
-/// every level and thread count.
+/// Q5_K in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI and AVX2
+/// levels the GEMMs over tiles of 16 weight rows, `m = 7` the tile below the
+/// switch; a partial last tile, chunks of super-blocks), quantized and
+/// arbitrary blocks: the reference's bits at every level and thread count.
 #[test]
 fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
     let best = detected_simd_level();
@@ -560,7 +560,7 @@ fn q5_k_gemm_sized_calls_match_the_reference_bit_for_bit() {
             assert!(force_simd_level(level));
             for threads in 1..=3 {
                 let ctx = ExecContext::with_threads(threads);
-                for mm in [16, m] {
+                for mm in [7, 8, 9, 16, m] {
                     let mut out = vec![f32::NAN; mm * rows];
                     ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
                         .unwrap();

@@ -11,6 +11,7 @@
 //! | `q8k.rs` | the super-block activations, their order, the portable product and its dispatch |
 //! | `q8k_x86.rs` | the AVX2 tile of that product (also compiled for AVX-512 VNNI) |
 //! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations) |
+//! | `q8k_gemm_avx2.rs` | the AVX2 twin of that GEMM (`vpmaddubsw` summed in 16 bits over spans that cannot overflow, `vpmaddwd` by the scale pairs; tiles of 16 weight rows as two halves of 8, three activation rows per micro-kernel) |
 //! | `mod.rs` | these docs, [`KVector`] (a format's kernel traits and min term), the dispatch [`simd_rows`], [`quantize_acts`] |
 //! | `x86.rs` | what both x86 kernels share: the tile driver, bounds checks, the lane fold, the group sums |
 //! | `x86_avx2.rs` | the AVX2 tile (`vpmaddubsw`/`vpmaddwd`) and each format's sub-block decoding for it |
@@ -59,6 +60,8 @@ use super::quant_dot::{self, Acts, LANES, QK};
 pub(crate) mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod q8k_gemm;
+#[cfg(target_arch = "x86_64")]
+mod q8k_gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod q8k_x86;
 #[cfg(target_arch = "x86_64")]
