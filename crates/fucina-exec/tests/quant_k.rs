@@ -485,14 +485,13 @@ fn arbitrary_block_bytes_match_the_reference() {
     }
 }
 
-/// Prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI and AVX2 levels the
-/// GEMMs over tiles of 16 weight rows, `m = 7` the tile just below the
-/// switch; 37 rows make a partial last tile, 6 super-blocks a chunk of four
-/// and one of two at AVX-512, three of two at AVX2; 7, 8 and 9 rows end the
-/// AVX2 GEMM's groups of three activation rows with 1, 2 and 3) on quantized and arbitrary blocks (any
-/// code, scale and min, int8 scales of −128, negative super-block scales),
-/// with a zero, a huge and a −127 activation block: the reference's bits at
-/// every level, thread count and batch size.
+/// Prefill-sized calls (the GEMMs over tiles of 16 weight rows: from
+/// `m` = 8 at AVX-512 VNNI, 16 at AVX2; `m` = 7, 8, 9 below or at the
+/// switches); 37 rows make a partial last tile, 6 super-blocks a chunk of
+/// four and one of two at AVX-512, three of two at AVX2; on quantized and
+/// arbitrary blocks (any code, scale and min, int8 scales of −128, negative
+/// super-block scales), with a zero, a huge and a −127 activation block: the
+/// reference's bits at every level, thread count and batch size.
 #[test]
 fn gemm_sized_calls_match_the_reference_bit_for_bit() {
     let best = detected_simd_level();
@@ -554,8 +553,8 @@ fn gemm_sized_calls_match_the_reference_bit_for_bit() {
 
 /// Weight row counts that leave a tile of 16 with 1, 9 or 15 rows (and a
 /// single row), an odd number of super-blocks (a partial chunk at every
-/// level), `m` from below the GEMM switch to above it: the reference's bits
-/// at every level.
+/// level), `m` around the GEMM switches (8 at AVX-512 VNNI, 16 at AVX2):
+/// the reference's bits at every level.
 #[test]
 fn odd_tiles_around_the_gemm_switch_match_the_reference() {
     let best = detected_simd_level();
@@ -568,12 +567,12 @@ fn odd_tiles_around_the_gemm_switch_match_the_reference() {
                 .collect();
             let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
             let wm = q.matrix();
-            let x = values(12 * cols, 53, 2.0);
-            let want = ref_matmul(&x, 12, &wm);
+            let x = values(17 * cols, 53, 2.0);
+            let want = ref_matmul(&x, 17, &wm);
             for level in SimdLevel::available() {
                 assert!(force_simd_level(level));
                 let ctx = ExecContext::with_threads(2);
-                for m in 6..=12 {
+                for m in (6..=12).chain(15..=17) {
                     let mut out = vec![f32::NAN; m * rows];
                     ctx.quant_matmul(&x[..m * cols], m, &wm, &mut out).unwrap();
                     assert_eq!(

@@ -325,8 +325,8 @@ pub(crate) trait Q8kVector: Q8kDot {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<F: Q8kDot> Q8kVector for F {}
 
-/// Activation rows from which `quant_matmul` takes the GEMM ([`gemm_tiles`])
-/// where the level has one.
+/// Activation rows from which `quant_matmul` takes the AVX-512 VNNI GEMM
+/// ([`gemm_tiles`]).
 pub(crate) const GEMM_MIN_M: usize = 8;
 
 /// Weight rows per tile of [`gemm_tiles`].
@@ -364,12 +364,21 @@ fn gemm_kernel() -> Gemm {
     crate::kernels::simd::choose(&gemm_kernels(), Gemm::None)
 }
 
+/// Activation rows from which `quant_matmul` takes the AVX2 GEMM (below,
+/// the four-row tile: at 8 rows, a batch-8 decode step, the tile measured
+/// faster end to end, the GEMM's unpacking then shared by too few rows).
+pub(crate) const GEMM_MIN_M_AVX2: usize = 16;
+
 /// Whether `quant_matmul` takes [`gemm_tiles`] for `m` activation rows at
-/// the current level (AVX-512 VNNI or AVX2, `m ≥ GEMM_MIN_M`). The caller
-/// decides once per call (the level may change between calls, never the
-/// bits).
+/// the current level (AVX-512 VNNI from `GEMM_MIN_M` rows, AVX2 from
+/// `GEMM_MIN_M_AVX2`). The caller decides once per call (the level may
+/// change between calls, never the bits).
 pub(crate) fn gemm_for(m: usize) -> bool {
-    m >= GEMM_MIN_M && gemm_kernel() != Gemm::None
+    match gemm_kernel() {
+        Gemm::Vnni => m >= GEMM_MIN_M,
+        Gemm::Avx2 => m >= GEMM_MIN_M_AVX2,
+        Gemm::None => false,
+    }
 }
 
 /// The outputs of weight rows `16 t .. 16 t + 16` for the tiles `t` in
