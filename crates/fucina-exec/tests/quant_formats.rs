@@ -596,7 +596,8 @@ const K_VECTOR: [QuantFormat; 4] = [
 ];
 
 /// The K formats in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level
-/// the GEMM over tiles of 16 weight rows; a partial last tile, two chunks of
+/// the GEMM over tiles of 16 weight rows, at AVX2 from `m = 16` for Q5_K;
+/// `m = 7` the tile below the switch; a partial last tile, chunks of
 /// super-blocks), quantized and arbitrary blocks: the reference's bits at
 /// every level and thread count.
 #[test]
@@ -623,7 +624,7 @@ fn gemm_sized_calls_match(format: QuantFormat) {
             assert!(force_simd_level(level));
             for threads in 1..=3 {
                 let ctx = ExecContext::with_threads(threads);
-                for mm in [16, m] {
+                for mm in [7, 8, 9, 16, m] {
                     let mut out = vec![f32::NAN; mm * rows];
                     ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
                         .unwrap();

@@ -485,12 +485,13 @@ fn arbitrary_block_bytes_match_the_reference() {
     }
 }
 
-/// Prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level the GEMM over
-/// tiles of 16 weight rows; 37 rows make a partial last tile, 6 super-blocks
-/// a chunk of four and one of two) on quantized and arbitrary blocks (any
-/// code, scale and min, int8 scales of −128, negative super-block scales),
-/// with a zero, a huge and a −127 activation block: the reference's bits at
-/// every level, thread count and batch size.
+/// Prefill-sized calls (the GEMMs over tiles of 16 weight rows: from
+/// `m` = 8 at AVX-512 VNNI, 16 at AVX2; `m` = 7, 8, 9 below or at the
+/// switches); 37 rows make a partial last tile, 6 super-blocks a chunk of
+/// four and one of two at AVX-512, three of two at AVX2; on quantized and
+/// arbitrary blocks (any code, scale and min, int8 scales of −128, negative
+/// super-block scales), with a zero, a huge and a −127 activation block: the
+/// reference's bits at every level, thread count and batch size.
 #[test]
 fn gemm_sized_calls_match_the_reference_bit_for_bit() {
     let best = detected_simd_level();
@@ -531,7 +532,7 @@ fn gemm_sized_calls_match_the_reference_bit_for_bit() {
                 assert!(force_simd_level(level));
                 for threads in 1..=3 {
                     let ctx = ExecContext::with_threads(threads);
-                    for mm in [16, m] {
+                    for mm in [7, 8, 9, 16, m] {
                         let mut out = vec![f32::NAN; mm * rows];
                         ctx.quant_matmul(&x[..mm * cols], mm, &wm, &mut out)
                             .unwrap();
@@ -543,6 +544,44 @@ fn gemm_sized_calls_match_the_reference_bit_for_bit() {
                             level.name()
                         );
                     }
+                }
+            }
+            assert!(force_simd_level(best));
+        }
+    }
+}
+
+/// Weight row counts that leave a tile of 16 with 1, 9 or 15 rows (and a
+/// single row), an odd number of super-blocks (a partial chunk at every
+/// level), `m` around the GEMM switches (8 at AVX-512 VNNI, 16 at AVX2):
+/// the reference's bits at every level.
+#[test]
+fn odd_tiles_around_the_gemm_switch_match_the_reference() {
+    let best = detected_simd_level();
+    let cols = 768;
+    for format in K_FORMATS {
+        for rows in [1usize, 9, 15, 33] {
+            let w: Vec<f32> = values(rows * cols, 51 + rows as u64, 0.5)
+                .iter()
+                .map(|v| v + 0.2)
+                .collect();
+            let q = ExecContext::new().quantize(format, rows, cols, &w).unwrap();
+            let wm = q.matrix();
+            let x = values(17 * cols, 53, 2.0);
+            let want = ref_matmul(&x, 17, &wm);
+            for level in SimdLevel::available() {
+                assert!(force_simd_level(level));
+                let ctx = ExecContext::with_threads(2);
+                for m in (6..=12).chain(15..=17) {
+                    let mut out = vec![f32::NAN; m * rows];
+                    ctx.quant_matmul(&x[..m * cols], m, &wm, &mut out).unwrap();
+                    assert_eq!(
+                        bits(&out),
+                        bits(&want[..m * rows]),
+                        "{} rows={rows} m={m} level={}",
+                        format.name(),
+                        level.name()
+                    );
                 }
             }
             assert!(force_simd_level(best));

@@ -168,6 +168,8 @@ impl ExecContext {
 pub(crate) struct Q8kKernel {
     pub(crate) rows: Q8kRows,
     gemm: Q8kGemmTiles,
+    /// `gemm_for`: whether `gemm` runs `m` activation rows at this level.
+    gemm_for: fn(usize) -> bool,
 }
 
 /// `q8k_rows`: weights, row bytes, weight rows, activations, `m`, output.
@@ -184,6 +186,7 @@ pub(crate) fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
         Q8kKernel {
             rows: q8k::q8k_rows::<F>,
             gemm: q8k::gemm_tiles::<F>,
+            gemm_for: q8k::gemm_for::<F>,
         }
     }
     match format {
@@ -222,7 +225,7 @@ impl ExecContext {
         let mut xb = pool
             .acquire_scratch::<i16>(m * nk * GROUPS)
             .map_err(lease)?;
-        let gemm = q8k::gemm_for(m);
+        let gemm = (kernel.gemm_for)(m);
         let tiles = rows.div_ceil(q8k::GEMM_TILE);
         let nt = match (m, gemm) {
             (1, false) => 0,

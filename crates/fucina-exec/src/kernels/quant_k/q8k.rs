@@ -426,11 +426,11 @@ pub(crate) fn q8k_rows<F: Q8kVector>(
 /// sums).
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait Q8kVector:
-    Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm
+    Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm_avx2::Q8kGemmAvx2
 {
 }
 #[cfg(target_arch = "x86_64")]
-impl<F: Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm::Q8kGemm> Q8kVector for F {}
+impl<F: Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm_avx2::Q8kGemmAvx2> Q8kVector for F {}
 
 /// A [`Q8kDot`] format (no vector kernels on this architecture).
 #[cfg(not(target_arch = "x86_64"))]
@@ -438,32 +438,73 @@ pub(crate) trait Q8kVector: Q8kDot {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<F: Q8kDot> Q8kVector for F {}
 
-/// Activation rows from which `quant_matmul` takes the GEMM ([`gemm_tiles`])
-/// where the level has one.
+/// Activation rows from which `quant_matmul` takes the AVX-512 VNNI GEMM
+/// ([`gemm_tiles`]).
 pub(crate) const GEMM_MIN_M: usize = 8;
 
 /// Weight rows per tile of [`gemm_tiles`].
 pub(crate) const GEMM_TILE: usize = 16;
 
-/// The CPU features [`gemm_tiles`] needs.
-fn gemm_features() -> crate::kernels::simd::CpuFeatures {
+/// The GEMM a level runs ([`gemm_tiles`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gemm {
+    /// None: the rows kernel for every `m`.
+    None,
+    /// The AVX2 GEMM (`q8k_gemm_avx2`; AVX2, FMA, F16C).
+    Avx2,
+    /// The AVX-512 VNNI GEMM (`q8k_gemm`).
+    Vnni,
+}
+
+/// The GEMMs with the CPU features each needs, in the order preferred.
+fn gemm_kernels() -> [(Gemm, crate::kernels::simd::CpuFeatures); 2] {
     use crate::kernels::simd::CpuFeatures as F;
-    F::AVX2
-        .with(F::FMA)
-        .with(F::F16C)
+    let avx2 = F::AVX2.with(F::FMA).with(F::F16C);
+    let vnni = avx2
         .with(F::AVX512F)
         .with(F::AVX512BW)
         .with(F::AVX512VL)
-        .with(F::AVX512VNNI)
+        .with(F::AVX512VNNI);
+    [(Gemm::Vnni, vnni), (Gemm::Avx2, avx2)]
 }
 
+/// The GEMM of the current level, through the one kernel-selection rule
+/// (`simd::choose`).
+fn gemm_kernel() -> Gemm {
+    if !cfg!(target_arch = "x86_64") {
+        return Gemm::None;
+    }
+    crate::kernels::simd::choose(&gemm_kernels(), Gemm::None)
+}
+
+/// Activation rows from which `quant_matmul` takes the AVX2 GEMM (below,
+/// the four-row tile: at 8 rows, a batch-8 decode step, the tile measured
+/// faster end to end, the GEMM's unpacking then shared by too few rows).
+pub(crate) const GEMM_MIN_M_AVX2: usize = 16;
+
 /// Whether `quant_matmul` takes [`gemm_tiles`] for `m` activation rows at
-/// the current level (AVX-512 VNNI, `m ≥ GEMM_MIN_M`). The caller decides
-/// once per call (the level may change between calls, never the bits).
-pub(crate) fn gemm_for(m: usize) -> bool {
-    m >= GEMM_MIN_M
-        && cfg!(target_arch = "x86_64")
-        && crate::kernels::simd::CpuFeatures::enabled().has(gemm_features())
+/// the current level (AVX-512 VNNI from `GEMM_MIN_M` rows, AVX2 from
+/// `GEMM_MIN_M_AVX2`). The caller decides once per call (the level may
+/// change between calls, never the bits).
+pub(crate) fn gemm_for<F: Q8kVector>(m: usize) -> bool {
+    match gemm_kernel() {
+        Gemm::Vnni => m >= GEMM_MIN_M,
+        Gemm::Avx2 => has_avx2_gemm::<F>() && m >= GEMM_MIN_M_AVX2,
+        Gemm::None => false,
+    }
+}
+
+/// Whether the AVX2 GEMM runs format `F` (Q4_K, Q5_K, Q6_K; the others keep
+/// the tile at the AVX2 level).
+fn has_avx2_gemm<F: Q8kVector>() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        <F as super::q8k_gemm_avx2::Q8kGemmAvx2>::SPAN > 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The outputs of weight rows `16 t .. 16 t + 16` for the tiles `t` in
@@ -472,8 +513,8 @@ pub(crate) fn gemm_for(m: usize) -> bool {
 /// docs; `untranspose_tiles` writes them to the product's output.
 ///
 /// # Panics
-/// Where the CPU lacks AVX-512 VNNI (see [`gemm_for`]), or the slices are
-/// too short (caller bugs).
+/// Where the CPU has no GEMM (see [`gemm_for`]), or the slices are too
+/// short (caller bugs).
 pub(crate) fn gemm_tiles<F: Q8kVector>(
     w: &[u8],
     row_bytes: usize,
@@ -483,15 +524,36 @@ pub(crate) fn gemm_tiles<F: Q8kVector>(
     m: usize,
     out_tiles: &mut [f32],
 ) {
-    assert!(
-        crate::kernels::simd::CpuFeatures::detected().has(gemm_features()),
-        "gemm_tiles: the CPU lacks AVX-512 VNNI"
-    );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the CPU has AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C
-    // (asserted); `gemm` checks the bounds.
-    unsafe {
-        super::q8k_gemm::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
+    let kernel = match gemm_kernel() {
+        // the level was lowered since the caller's `gemm_for` (a test forcing
+        // levels on another thread): any GEMM the CPU has gives the same bits
+        // (or raised to AVX2 for a format without its AVX2 GEMM)
+        Gemm::None | Gemm::Avx2
+            if !matches!(gemm_kernel(), Gemm::Avx2) || !has_avx2_gemm::<F>() =>
+        {
+            let cpu = crate::kernels::simd::CpuFeatures::detected();
+            let has = gemm_kernels()
+                .into_iter()
+                .filter(|&(k, _)| k != Gemm::Avx2 || has_avx2_gemm::<F>())
+                .find(|&(_, f)| cpu.has(f));
+            has.map_or(Gemm::None, |(k, _)| k)
+        }
+        k => k,
+    };
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `choose` (or the detected features) gives Vnni only where the CPU has AVX-512
+        // F/BW/VL/VNNI, AVX2, FMA and F16C; `gemm` checks the bounds.
+        Gemm::Vnni => unsafe {
+            super::q8k_gemm::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `choose` (or the detected features) gives Avx2 only where the CPU has AVX2, FMA and
+        // F16C; `gemm` checks the bounds.
+        Gemm::Avx2 => unsafe {
+            super::q8k_gemm_avx2::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
+        },
+        _ => panic!("gemm_tiles: no GEMM at this level (see gemm_for)"),
     }
 }
 
