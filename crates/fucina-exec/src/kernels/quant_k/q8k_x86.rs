@@ -20,9 +20,9 @@ use std::ops::Range;
 use super::QK_K;
 use super::q8k::{GROUPS, KActs, Q8kVector};
 use super::x86::{drive, f16_pair, super_blocks};
+use crate::kernels::quant_block::BlockFormat;
 use crate::kernels::quant_block::iq4_nl::KVALUES;
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
-use crate::kernels::quant_block::{BlockFormat, iq4_xs, q3_k};
 use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 
 /// A format's integer lanes for the AVX2 tile.
@@ -352,6 +352,39 @@ pub(super) fn iq4xs_table() -> __m256i {
     _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(KVALUES.as_ptr().cast()) })
 }
 
+/// Q3_K's sixteen signed 6-bit group scales (`q3_k::signed_scales`, the same
+/// values) from the 12 scale bytes at `p`, in registers: the low nibbles of
+/// bytes 0..8 (groups 0..8) and their high nibbles (8..16), each with its two
+/// top bits from bytes 8..12 (word `k` of the groups `4 k ..` shifted by
+/// `2 k`), less 32.
+///
+/// # Safety
+/// `p` valid for reading 12 bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q3k_scales(p: *const u8) -> __m128i {
+    // SAFETY: bytes 0..8 and 8..12 (the caller's contract).
+    let (lo, top) = unsafe {
+        (
+            p.cast::<u64>().read_unaligned(),
+            p.add(8).cast::<u32>().read_unaligned(),
+        )
+    };
+    // per byte, bits 4..8 of `lo >> 4`'s byte k are the high nibble of byte k
+    let nib = _mm_and_si128(
+        _mm_set_epi64x((lo >> 4) as i64, lo as i64),
+        _mm_set1_epi8(0x0f),
+    );
+    let two = _mm_and_si128(
+        _mm_srlv_epi32(_mm_set1_epi32(top as i32), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3),
+    );
+    _mm_sub_epi8(
+        _mm_or_si128(nib, _mm_slli_epi32::<4>(two)),
+        _mm_set1_epi8(32),
+    )
+}
+
 impl Q8kAvx2 for Q3_K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -370,9 +403,7 @@ impl Q8kAvx2 for Q3_K {
         bs: &[*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
         // SAFETY: the scale bytes 96..108 are inside the super-block.
-        let sc = q3_k::signed_scales(unsafe { std::slice::from_raw_parts(blk.add(96), 12) });
-        // SAFETY: 16 bytes.
-        let sc8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+        let sc8 = unsafe { q3k_scales(blk.add(96)) };
         let sch = [
             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(sc8))),
@@ -442,6 +473,48 @@ impl Q8kAvx2 for Q2_K {
     }
 }
 
+/// IQ4_XS's eight signed 6-bit sub-block scales (`iq4_xs::signed_scales`,
+/// the same values), lane `j` the scale of sub-block `j` as the 16-bit pair
+/// `(s, s)` (the second factor of `vpmaddwd`): the nibble `j` of bytes 4..8
+/// with bits `2 j ..` of bytes 2..4 as its top two bits, less 32.
+///
+/// # Safety
+/// `blk` valid for reading 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq4xs_scale_pairs(blk: *const u8) -> __m256i {
+    // SAFETY: bytes 2..4 and 4..8 (the caller's contract).
+    let (h, l) = unsafe {
+        (
+            blk.add(2).cast::<u16>().read_unaligned(),
+            blk.add(4).cast::<u32>().read_unaligned(),
+        )
+    };
+    let lo = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(l as i32),
+            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+        ),
+        _mm256_set1_epi32(15),
+    );
+    let hi = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(i32::from(h)),
+            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+        ),
+        _mm256_set1_epi32(3),
+    );
+    let v = _mm256_sub_epi32(
+        _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+        _mm256_set1_epi32(32),
+    );
+    // (s, s) as i16: the low half of `v` (−32..=31) in both halves
+    _mm256_or_si256(
+        _mm256_and_si256(v, _mm256_set1_epi32(0xffff)),
+        _mm256_slli_epi32::<16>(v),
+    )
+}
+
 impl Q8kAvx2 for IQ4_XS {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -461,14 +534,14 @@ impl Q8kAvx2 for IQ4_XS {
         _bs: &[*const i16; M],
     ) -> ([__m256i; M], [__m256i; M]) {
         // SAFETY: the super-block (the caller's contract).
-        let sc = iq4_xs::signed_scales(unsafe { std::slice::from_raw_parts(blk, 136) });
+        let sc = unsafe { iq4xs_scale_pairs(blk) };
         let mut iv = [_mm256_setzero_si256(); M];
         let table = iq4xs_table();
-        for (j, &sj) in sc.iter().enumerate() {
+        for j in 0..8 {
             // SAFETY: the super-block (the caller's contract).
             let v = unsafe { iq4xs_value(blk, j, table) };
             let a = _mm256_abs_epi8(v);
-            let s = _mm256_set1_epi16(i16::from(sj));
+            let s = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j as i32));
             for (acc, &xp) in iv.iter_mut().zip(x) {
                 // SAFETY: activations 32 j .. +32 (the caller's contract).
                 let xv = unsafe { load32(xp.add(32 * j)) };
