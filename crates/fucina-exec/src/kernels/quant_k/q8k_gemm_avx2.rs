@@ -87,7 +87,7 @@ pub(crate) trait Q8kGemmAvx2: Q8kGemm {
 /// Eight i32 `v` (each in `−32768..=32767`) as the 16-bit pairs `(v, v)`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn pairs16(v: __m256i) -> __m256i {
+pub(super) fn pairs16(v: __m256i) -> __m256i {
     _mm256_or_si256(
         _mm256_and_si256(v, _mm256_set1_epi32(0xffff)),
         _mm256_slli_epi32::<16>(v),

@@ -508,11 +508,7 @@ unsafe fn iq4xs_scale_pairs(blk: *const u8) -> __m256i {
         _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
         _mm256_set1_epi32(32),
     );
-    // (s, s) as i16: the low half of `v` (−32..=31) in both halves
-    _mm256_or_si256(
-        _mm256_and_si256(v, _mm256_set1_epi32(0xffff)),
-        _mm256_slli_epi32::<16>(v),
-    )
+    super::q8k_gemm_avx2::pairs16(v)
 }
 
 impl Q8kAvx2 for IQ4_XS {
