@@ -438,6 +438,35 @@ pub(crate) trait Q8kVector: Q8kDot {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<F: Q8kDot> Q8kVector for F {}
 
+/// The bounds both GEMMs (`q8k_gemm`, `q8k_gemm_avx2`) assert before their
+/// unchecked walk: `w` holds `rows` rows of `row_bytes` (whole super-blocks
+/// of `block_bytes`), the tiles end inside `rows`, and the activations and
+/// the `[tiles][m][16]` output are long enough.
+///
+/// # Panics
+/// Where one does not hold (caller bugs), naming the GEMM `who`.
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn check_gemm(
+    who: &str,
+    w: &[u8],
+    (row_bytes, block_bytes): (usize, usize),
+    rows: usize,
+    tiles: &Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &[f32],
+) {
+    let nb = acts.cols / QK_K;
+    assert_eq!(row_bytes, nb * block_bytes, "{who}: row bytes");
+    assert!(rows * row_bytes <= w.len(), "{who}: weight rows");
+    assert!(tiles.end * GEMM_TILE < rows + GEMM_TILE, "{who}: tiles");
+    assert!(acts.q.len() >= m * acts.cols, "{who}: activations");
+    assert!(acts.d.len() >= m * nb, "{who}: scales");
+    assert!(acts.bsums.len() >= m * nb * GROUPS, "{who}: sums");
+    assert!(out.len() >= tiles.len() * m * GEMM_TILE, "{who}: output");
+}
+
 /// Activation rows from which `quant_matmul` takes the AVX-512 VNNI GEMM
 /// ([`gemm_tiles`]).
 pub(crate) const GEMM_MIN_M: usize = 8;

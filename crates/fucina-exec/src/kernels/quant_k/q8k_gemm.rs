@@ -592,13 +592,16 @@ pub(super) unsafe fn gemm<F: Q8kGemm>(
     out: &mut [f32],
 ) {
     let nb = acts.cols / QK_K;
-    assert_eq!(row_bytes, nb * F::BYTES, "q8k gemm: row bytes");
-    assert!(rows * row_bytes <= w.len(), "q8k gemm: weight rows");
-    assert!(tiles.end * TILE < rows + TILE, "q8k gemm: tiles");
-    assert!(acts.q.len() >= m * acts.cols, "q8k gemm: activations");
-    assert!(acts.d.len() >= m * nb, "q8k gemm: scales");
-    assert!(acts.bsums.len() >= m * nb * GROUPS, "q8k gemm: sums");
-    assert!(out.len() >= tiles.len() * m * TILE, "q8k gemm: output");
+    super::q8k::check_gemm(
+        "q8k gemm",
+        w,
+        (row_bytes, F::BYTES),
+        rows,
+        &tiles,
+        acts,
+        m,
+        out,
+    );
     let mut buf = [Z([0; 16]); CHUNK * SB_VECS];
     for (ti, t) in tiles.enumerate() {
         let j0 = t * TILE;

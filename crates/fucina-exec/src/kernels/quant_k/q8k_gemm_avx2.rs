@@ -392,13 +392,16 @@ pub(super) unsafe fn gemm<F: Q8kGemmAvx2>(
 ) {
     assert!(F::SPAN > 0, "q8k avx2 gemm: a format without the AVX2 GEMM");
     let nb = acts.cols / QK_K;
-    assert_eq!(row_bytes, nb * F::BYTES, "q8k avx2 gemm: row bytes");
-    assert!(rows * row_bytes <= w.len(), "q8k avx2 gemm: weight rows");
-    assert!(tiles.end * TILE < rows + TILE, "q8k avx2 gemm: tiles");
-    assert!(acts.q.len() >= m * acts.cols, "q8k avx2 gemm: activations");
-    assert!(acts.d.len() >= m * nb, "q8k avx2 gemm: scales");
-    assert!(acts.bsums.len() >= m * nb * GROUPS, "q8k avx2 gemm: sums");
-    assert!(out.len() >= tiles.len() * m * TILE, "q8k avx2 gemm: output");
+    super::q8k::check_gemm(
+        "q8k avx2 gemm",
+        w,
+        (row_bytes, F::BYTES),
+        rows,
+        &tiles,
+        acts,
+        m,
+        out,
+    );
     let mut buf = [Y([0; 8]); CHUNK * SB_VECS];
     for (ti, t) in tiles.enumerate() {
         let j0 = t * TILE;
