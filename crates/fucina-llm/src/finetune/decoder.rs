@@ -199,9 +199,18 @@ fn widened_forward(
     w: &Weight,
     x: &RawTensor,
 ) -> Result<RawTensor, fucina::AutogradError> {
-    let [out_f, _] = [w.shape()[0], w.shape()[1]];
+    widened_forward_in(ctx, w, x, wide_block_rows(w))
+}
+
+/// [`widened_forward`] in blocks of `block` rows.
+fn widened_forward_in(
+    ctx: &ExecContext,
+    w: &Weight,
+    x: &RawTensor,
+    block: usize,
+) -> Result<RawTensor, fucina::AutogradError> {
+    let out_f = w.shape()[0];
     let n = x.shape()[0];
-    let block = wide_block_rows(w);
     if block >= out_f {
         return Ok(ctx.linear(x, &widened_rows(ctx, w, 0, out_f)?, None)?);
     }
@@ -229,8 +238,17 @@ fn widened_backward(
     w: &Weight,
     g: &RawTensor,
 ) -> Result<RawTensor, fucina::AutogradError> {
+    widened_backward_in(ctx, w, g, wide_block_rows(w))
+}
+
+/// [`widened_backward`] in blocks of `block` rows.
+fn widened_backward_in(
+    ctx: &ExecContext,
+    w: &Weight,
+    g: &RawTensor,
+    block: usize,
+) -> Result<RawTensor, fucina::AutogradError> {
     let out_f = w.shape()[0];
-    let block = wide_block_rows(w);
     if block >= out_f {
         return Ok(ctx.matmul(g, &widened_rows(ctx, w, 0, out_f)?)?);
     }
@@ -1164,6 +1182,64 @@ fn rope(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The widened bf16 products in blocks of rows: forward the bits of one
+    /// `linear` over the whole widened matrix; backward the blocks' products
+    /// added in order; both the same bits for 1 and 2 threads and for a row
+    /// alone as within its batch.
+    #[test]
+    fn widened_blocks_keep_the_bits_of_a_row() {
+        let (out_f, in_f, n, block) = (11, 7, 5, 4);
+        let vals = |len: usize, s: u64| -> Vec<f32> {
+            (0..len)
+                .map(|i| (fucina::rng::at(s, i as u64) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let wv = vals(out_f * in_f, 1);
+        let bytes: Vec<u8> = wv
+            .iter()
+            .flat_map(|&v| fucina::storage::half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let w = Weight::from_bytes("w", WeightFormat::BF16, &[out_f, in_f], bytes).unwrap();
+        let one = ExecContext::with_threads(1);
+        let two = ExecContext::with_threads(2);
+        let x = one.from_slice(&[n, in_f], &vals(n * in_f, 2)).unwrap();
+        let g = one.from_slice(&[n, out_f], &vals(n * out_f, 3)).unwrap();
+        let wide = widened_rows(&one, &w, 0, out_f).unwrap();
+
+        let y = widened_forward_in(&one, &w, &x, block).unwrap().to_vec();
+        assert_eq!(y, one.linear(&x, &wide, None).unwrap().to_vec());
+        assert_eq!(y, widened_forward_in(&two, &w, &x, block).unwrap().to_vec());
+        let row = one.contiguous(&x.narrow(0, 2, 1).unwrap()).unwrap();
+        let alone = widened_forward_in(&one, &w, &row, block).unwrap().to_vec();
+        assert_eq!(alone, y[2 * out_f..3 * out_f]);
+
+        let dx = widened_backward_in(&one, &w, &g, block).unwrap().to_vec();
+        let mut want = vec![0.0f32; n * in_f];
+        for r0 in (0..out_f).step_by(block) {
+            let rows = block.min(out_f - r0);
+            let part = one
+                .matmul(
+                    &g.narrow(1, r0, rows).unwrap(),
+                    &wide.narrow(0, r0, rows).unwrap(),
+                )
+                .unwrap()
+                .to_vec();
+            for (acc, p) in want.iter_mut().zip(part) {
+                *acc = if r0 == 0 { p } else { *acc + p };
+            }
+        }
+        assert_eq!(dx, want);
+        assert_eq!(
+            dx,
+            widened_backward_in(&two, &w, &g, block).unwrap().to_vec()
+        );
+        let grow = one.contiguous(&g.narrow(0, 2, 1).unwrap()).unwrap();
+        let alone = widened_backward_in(&one, &w, &grow, block)
+            .unwrap()
+            .to_vec();
+        assert_eq!(alone, dx[2 * in_f..3 * in_f]);
+    }
 
     /// The gradients of `f` through [`recomputed`] are those of `f` recorded
     /// directly, bit for bit (a causal attention core over strided inputs,
