@@ -85,7 +85,7 @@ def main():
     print(f"median step {med:.3f} s; {tokens / med:.1f} training tokens/s")
     hwm = vm_hwm_kb()
     if hwm is not None:
-        print(f"peak RSS {hwm / 1024:.1f} MB")
+        print(f"peak RSS {hwm / 1024:.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -23,14 +23,19 @@
 //! The base projections are constants: backward computes the gradient of
 //! their input only, never of the weight. An f32 matrix is copied once at load
 //! into a runtime tensor and multiplied by the runtime's `linear`. A bf16 or
-//! f16 matrix stays in its format (memory-mapped, as inference reads it) and
-//! gets a transposed copy in the same format, made once at load: the forward
-//! `x · Wᵀ` is the inference kernel ([`Weight::matmul`]) over the matrix, the
-//! backward's `dx = g · W` the same kernel over the transpose, so nothing is
-//! widened or copied per step (the base costs twice its file size in memory,
-//! half of an f32 copy). A block-quantized matrix (a base loaded with
-//! [`WeightStore::convert`]) has no transpose: its backward widens it into a
-//! pooled f32 matrix for the one product (one projection at a time).
+//! f16 matrix stays in its format (memory-mapped, as inference reads it):
+//! each product widens it to f32 in blocks of rows (at most 8 MiB of f32 at a
+//! time: a projection whole, the output projection in blocks of 3640 rows of
+//! the vocabulary) into pooled buffers and runs the runtime's f32 GEMM, the
+//! forward's `x · Wᵀ` by `linear`, the backward's `dx = g · W` by `matmul`
+//! over the same rows (no transposed copy: the base costs its file size). The
+//! products are exact (a bf16 or f16 value is an f32 one), and each output
+//! is the GEMM's fused multiply-add chain, whole over the depth forward and
+//! per block of rows, added in order, backward: the blocks depend on the
+//! matrix's shape only, so the bits depend on neither the thread count nor
+//! the other rows of a batch. A block-quantized matrix (a base loaded with
+//! [`WeightStore::convert`]) goes forward through the inference kernel
+//! ([`Weight::matmul`]) and is widened the same way for its backward.
 //!
 //! # Full fine-tuning
 //!
@@ -43,8 +48,8 @@
 //! # Differences from the inference decoder
 //!
 //! The same weights, RoPE tables and scale; the sums run in the runtime's
-//! orders (its `linear`, `rms_norm`, `softmax`) rather than the inference
-//! kernels', so the logits agree within rounding (`tests/finetune.rs` bounds
+//! orders (its f32 GEMM over the widened base, `rms_norm`, `softmax`)
+//! rather than the inference kernels', so the logits agree within rounding (`tests/finetune.rs` bounds
 //! the difference) rather than bit for bit.
 
 use std::sync::Arc;
@@ -64,11 +69,10 @@ use crate::weights::{Weight, WeightStore};
 enum Frozen {
     /// An f32 matrix, as a runtime tensor.
     Dense(RawTensor),
-    /// Another format, read in place, with its transpose `[in, out]` in the
-    /// same format for the backward (`None` for a block-quantized matrix,
-    /// whose backward widens it); shared, so that the op of each step holds
-    /// them without a copy or an allocation.
-    File(Arc<Weight>, Option<Arc<Weight>>),
+    /// Another format, read in place (a bf16 or f16 matrix widened to f32 per
+    /// block of rows as each product reads it); shared, so that the op of
+    /// each step holds it without a copy or an allocation.
+    File(Arc<Weight>),
     /// An f32 matrix trained itself (full fine-tuning).
     Trained(Parameter),
 }
@@ -91,41 +95,15 @@ impl Vector {
     }
 }
 
-/// `w` (`[rows, cols]` of a 2- or 4-byte float format) transposed, in the same
-/// format.
-fn transposed(w: &Weight) -> Result<Weight, FinetuneError> {
-    let (rows, cols) = (w.shape()[0], w.shape()[1]);
-    let size = w.format().size_bytes();
-    let src = w.bytes();
-    let mut out = vec![0u8; src.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            let (s, d) = ((r * cols + c) * size, (c * rows + r) * size);
-            out[d..d + size].copy_from_slice(&src[s..s + size]);
-        }
-    }
-    Ok(Weight::from_bytes(
-        "transposed base weight",
-        w.format(),
-        &[cols, rows],
-        out,
-    )?)
-}
-
 impl Frozen {
     /// The frozen form of `w`: an f32 matrix copied into a runtime tensor, a
-    /// bf16 or f16 matrix kept with its transpose, a quantized one as it is.
+    /// bf16 or f16 matrix kept in its format (widened per block of rows as
+    /// the products read it), a quantized one as it is.
     fn new(ctx: &ExecContext, w: &Weight) -> Result<Frozen, FinetuneError> {
-        if w.quant_format().is_some() {
-            Ok(Frozen::File(Arc::new(w.clone()), None))
-        } else if w.format() == WeightFormat::F32 {
-            Ok(Frozen::Dense(ctx.from_slice(w.shape(), &w.to_f32_vec())?))
-        } else {
-            Ok(Frozen::File(
-                Arc::new(w.clone()),
-                Some(Arc::new(transposed(w)?)),
-            ))
+        if w.quant_format().is_none() && w.format() == WeightFormat::F32 {
+            return Ok(Frozen::Dense(ctx.from_slice(w.shape(), &w.to_f32_vec())?));
         }
+        Ok(Frozen::File(Arc::new(w.clone())))
     }
 
     /// The trained form of the f32 matrix `name` (full fine-tuning).
@@ -137,7 +115,7 @@ impl Frozen {
     fn shape(&self) -> [usize; 2] {
         match self {
             Frozen::Dense(t) => [t.shape()[0], t.shape()[1]],
-            Frozen::File(w, _) => [w.shape()[0], w.shape()[1]],
+            Frozen::File(w) => [w.shape()[0], w.shape()[1]],
             Frozen::Trained(p) => [p.shape()[0], p.shape()[1]],
         }
     }
@@ -146,7 +124,7 @@ impl Frozen {
     fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor, FinetuneError> {
         match self {
             Frozen::Dense(w) => Ok(x.linear(ctx, &Tensor::constant(w.clone()), None)?),
-            Frozen::File(w, wt) => frozen_file_linear(ctx, w, wt.as_ref(), x),
+            Frozen::File(w) => frozen_file_linear(ctx, w, x),
             Frozen::Trained(p) => Ok(x.linear(ctx, &p.tensor(), None)?),
         }
     }
@@ -174,7 +152,7 @@ impl Frozen {
                     o.copy_from_slice(&src[i as usize * cols..(i as usize + 1) * cols]);
                 }
             }
-            Frozen::File(w, _) => {
+            Frozen::File(w) => {
                 for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
                     w.row_to_f32(i as usize, o)?;
                 }
@@ -185,26 +163,130 @@ impl Frozen {
     }
 }
 
-/// `x · Wᵀ` with `W` read in its file format by the inference kernel; the
-/// backward's `g · W` is the same kernel over the transpose `wt` when there is
-/// one, else (a quantized matrix) a product with `W` widened into a pooled f32
-/// matrix for the call.
+/// The most f32 values a widened block of a frozen matrix holds (8 MiB): a
+/// projection of the bench shapes widens whole, the output projection over
+/// the vocabulary in blocks of rows. A function of the matrix's columns only,
+/// so the blocks (and the bits) do not depend on the rows of a call.
+const WIDE_BLOCK_FLOATS: usize = 1 << 21;
+
+/// The rows of `w` per widened block.
+fn wide_block_rows(w: &Weight) -> usize {
+    (WIDE_BLOCK_FLOATS / w.shape()[1].max(1)).max(1)
+}
+
+/// Rows `r0..r0 + rows` of `w` widened to f32 into a pooled `[rows, cols]`
+/// tensor.
+fn widened_rows(
+    ctx: &ExecContext,
+    w: &Weight,
+    r0: usize,
+    rows: usize,
+) -> Result<RawTensor, fucina::AutogradError> {
+    let cols = w.shape()[1];
+    let mut t = ctx.empty(&[rows, cols])?;
+    for (i, row) in t.data_mut()?.chunks_exact_mut(cols).enumerate() {
+        w.row_to_f32(r0 + i, row).map_err(external)?;
+    }
+    Ok(t)
+}
+
+/// `x · Wᵀ` (`x` `[n, in]` contiguous, `W` `[out, in]`) by the runtime's
+/// `linear` over blocks of `W`'s rows widened to f32: each output is the
+/// f32 GEMM's fused multiply-add chain over `in` whole, so a row's bits do
+/// not depend on the other rows, the blocks or the team.
+fn widened_forward(
+    ctx: &ExecContext,
+    w: &Weight,
+    x: &RawTensor,
+) -> Result<RawTensor, fucina::AutogradError> {
+    widened_forward_in(ctx, w, x, wide_block_rows(w))
+}
+
+/// [`widened_forward`] in blocks of `block` rows.
+fn widened_forward_in(
+    ctx: &ExecContext,
+    w: &Weight,
+    x: &RawTensor,
+    block: usize,
+) -> Result<RawTensor, fucina::AutogradError> {
+    let out_f = w.shape()[0];
+    let n = x.shape()[0];
+    if block >= out_f {
+        return Ok(ctx.linear(x, &widened_rows(ctx, w, 0, out_f)?, None)?);
+    }
+    let mut y = ctx.empty(&[n, out_f])?;
+    let yd = y.data_mut()?;
+    for r0 in (0..out_f).step_by(block) {
+        let rows = block.min(out_f - r0);
+        let part = ctx.linear(x, &widened_rows(ctx, w, r0, rows)?, None)?;
+        for (dst, src) in yd
+            .chunks_exact_mut(out_f)
+            .zip(part.data()?.chunks_exact(rows))
+        {
+            dst[r0..r0 + rows].copy_from_slice(src);
+        }
+    }
+    Ok(y)
+}
+
+/// `g · W` (`g` `[n, out]` contiguous, `W` `[out, in]`) by the runtime's
+/// `matmul` over blocks of `W`'s rows widened to f32: the depth `out` is
+/// summed per block (one fused multiply-add chain each) and the blocks'
+/// products added in order; the blocks depend on `W`'s shape only.
+fn widened_backward(
+    ctx: &ExecContext,
+    w: &Weight,
+    g: &RawTensor,
+) -> Result<RawTensor, fucina::AutogradError> {
+    widened_backward_in(ctx, w, g, wide_block_rows(w))
+}
+
+/// [`widened_backward`] in blocks of `block` rows.
+fn widened_backward_in(
+    ctx: &ExecContext,
+    w: &Weight,
+    g: &RawTensor,
+    block: usize,
+) -> Result<RawTensor, fucina::AutogradError> {
+    let out_f = w.shape()[0];
+    if block >= out_f {
+        return Ok(ctx.matmul(g, &widened_rows(ctx, w, 0, out_f)?)?);
+    }
+    let mut dx: Option<RawTensor> = None;
+    for r0 in (0..out_f).step_by(block) {
+        let rows = block.min(out_f - r0);
+        let part = ctx.matmul(&g.narrow(1, r0, rows)?, &widened_rows(ctx, w, r0, rows)?)?;
+        dx = Some(match dx {
+            None => part,
+            Some(d) => ctx.add(&d, &part)?,
+        });
+    }
+    Ok(dx.expect("a matrix with rows has a block"))
+}
+
+/// `x · Wᵀ` with `W` read in its file format. A bf16 or f16 matrix is
+/// widened to f32 per block of rows and multiplied by the runtime's GEMM
+/// ([`widened_forward`], [`widened_backward`]); a quantized one goes
+/// through the inference kernel forward ([`Weight::matmul`]) and is widened
+/// the same way for the backward's `g · W`.
 ///
 /// One op of `x` that keeps nothing ([`custom_vjp_unsaved`]): its backward
-/// needs only the gradient and the weights its closure holds, so the graph
+/// needs only the gradient and the weight its closure holds, so the graph
 /// keeps neither the product `[n, out]` nor `x` (which stays alive only while
 /// an adapter or another op holds it).
 fn frozen_file_linear(
     ctx: &ExecContext,
     w: &Arc<Weight>,
-    wt: Option<&Arc<Weight>>,
     x: &Tensor,
 ) -> Result<Tensor, FinetuneError> {
-    let [out_f, in_f] = [w.shape()[0], w.shape()[1]];
+    let out_f = w.shape()[0];
     let n = x.shape()[0];
     let fw = Arc::clone(w);
     let forward = move |ctx: &ExecContext, xs: &[RawTensor]| {
         let xc = ctx.contiguous(&xs[0])?;
+        if fw.quant_format().is_none() {
+            return widened_forward(ctx, &fw, &xc);
+        }
         let mut y = ctx.empty(&[n, out_f])?;
         fw.matmul(ctx, xc.data()?, n, y.data_mut()?)
             .map_err(external)?;
@@ -214,7 +296,6 @@ fn frozen_file_linear(
         return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
     }
     let bw = Arc::clone(w);
-    let bwt = wt.cloned();
     Ok(custom_vjp_unsaved(
         ctx,
         "frozen_linear",
@@ -225,18 +306,7 @@ fn frozen_file_linear(
                 return Ok([None]);
             }
             let g = ctx.contiguous(a.grad)?;
-            if let Some(wt) = &bwt {
-                let mut dx = ctx.empty(&[n, in_f])?;
-                wt.matmul(ctx, g.data()?, n, dx.data_mut()?)
-                    .map_err(external)?;
-                return Ok([Some(dx)]);
-            }
-            let mut wf = ctx.empty(&[out_f, in_f])?;
-            let data = wf.data_mut()?;
-            for (r, row) in data.chunks_exact_mut(in_f).enumerate() {
-                bw.row_to_f32(r, row).map_err(external)?;
-            }
-            Ok([Some(ctx.matmul(&g, &wf)?)])
+            Ok([Some(widened_backward(ctx, &bw, &g)?)])
         },
     )?)
 }
@@ -1112,6 +1182,64 @@ fn rope(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The widened bf16 products in blocks of rows: forward the bits of one
+    /// `linear` over the whole widened matrix; backward the blocks' products
+    /// added in order; both the same bits for 1 and 2 threads and for a row
+    /// alone as within its batch.
+    #[test]
+    fn widened_blocks_keep_the_bits_of_a_row() {
+        let (out_f, in_f, n, block) = (11, 7, 5, 4);
+        let vals = |len: usize, s: u64| -> Vec<f32> {
+            (0..len)
+                .map(|i| (fucina::rng::at(s, i as u64) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let wv = vals(out_f * in_f, 1);
+        let bytes: Vec<u8> = wv
+            .iter()
+            .flat_map(|&v| fucina::storage::half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let w = Weight::from_bytes("w", WeightFormat::BF16, &[out_f, in_f], bytes).unwrap();
+        let one = ExecContext::with_threads(1);
+        let two = ExecContext::with_threads(2);
+        let x = one.from_slice(&[n, in_f], &vals(n * in_f, 2)).unwrap();
+        let g = one.from_slice(&[n, out_f], &vals(n * out_f, 3)).unwrap();
+        let wide = widened_rows(&one, &w, 0, out_f).unwrap();
+
+        let y = widened_forward_in(&one, &w, &x, block).unwrap().to_vec();
+        assert_eq!(y, one.linear(&x, &wide, None).unwrap().to_vec());
+        assert_eq!(y, widened_forward_in(&two, &w, &x, block).unwrap().to_vec());
+        let row = one.contiguous(&x.narrow(0, 2, 1).unwrap()).unwrap();
+        let alone = widened_forward_in(&one, &w, &row, block).unwrap().to_vec();
+        assert_eq!(alone, y[2 * out_f..3 * out_f]);
+
+        let dx = widened_backward_in(&one, &w, &g, block).unwrap().to_vec();
+        let mut want = vec![0.0f32; n * in_f];
+        for r0 in (0..out_f).step_by(block) {
+            let rows = block.min(out_f - r0);
+            let part = one
+                .matmul(
+                    &g.narrow(1, r0, rows).unwrap(),
+                    &wide.narrow(0, r0, rows).unwrap(),
+                )
+                .unwrap()
+                .to_vec();
+            for (acc, p) in want.iter_mut().zip(part) {
+                *acc = if r0 == 0 { p } else { *acc + p };
+            }
+        }
+        assert_eq!(dx, want);
+        assert_eq!(
+            dx,
+            widened_backward_in(&two, &w, &g, block).unwrap().to_vec()
+        );
+        let grow = one.contiguous(&g.narrow(0, 2, 1).unwrap()).unwrap();
+        let alone = widened_backward_in(&one, &w, &grow, block)
+            .unwrap()
+            .to_vec();
+        assert_eq!(alone, dx[2 * in_f..3 * in_f]);
+    }
 
     /// The gradients of `f` through [`recomputed`] are those of `f` recorded
     /// directly, bit for bit (a causal attention core over strided inputs,
