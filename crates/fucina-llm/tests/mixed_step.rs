@@ -176,16 +176,7 @@ fn a_mixed_step_gives_each_row_the_bits_of_prefill_and_decode() {
 
 #[test]
 fn a_moe_mixed_step_gives_each_row_the_bits_of_prefill_and_decode() {
-    let mut c = model_support::llama(64);
-    c.architecture = fucina_llm::Architecture::Qwen3Moe;
-    c.num_hidden_layers = 3;
-    c.params.moe = Some(fucina_llm::MoeParams {
-        num_experts: 8,
-        num_experts_per_tok: 3,
-        moe_intermediate_size: 48,
-        norm_topk_prob: true,
-        sparse_layers: vec![true, false, true],
-    });
+    let c = model_support::moe(64);
     check(&c, WeightFormat::F32);
 }
 
