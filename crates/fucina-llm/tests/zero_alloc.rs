@@ -138,17 +138,10 @@ fn mixed_steps(model: &Model, ctx: &ExecContext, caches: &mut [KvCache]) {
 /// 3 per token, layer 1 dense; every matrix but the embedding stored as
 /// `quant` (f32 when `None`), repacked where the format is.
 fn moe_model(quant: Option<QuantFormat>) -> (Model, ModelConfig) {
-    let mut c = model_support::llama(256);
-    c.architecture = fucina_llm::Architecture::Qwen3Moe;
-    c.num_hidden_layers = 3;
-    c.head_dim = 64;
-    c.params.moe = Some(fucina_llm::MoeParams {
-        num_experts: 8,
-        num_experts_per_tok: 3,
-        moe_intermediate_size: 256,
-        norm_topk_prob: true,
-        sparse_layers: vec![true, false, true],
-    });
+    let mut c = model_support::moe(256);
+    if let Some(m) = &mut c.params.moe {
+        m.moe_intermediate_size = 256;
+    }
     let ctx = ExecContext::new();
     let mut tensors: HashMap<String, Weight> =
         model_support::random_weights(&c, WeightFormat::F32, 8);
