@@ -41,7 +41,7 @@ pub use config::GenerationConfig;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LlmError;
 pub use format_report::{FormatChoice, FormatReport, TensorFormatEntry, conversion_target};
-pub use model::{Model, PREFILL_CHUNK};
+pub use model::{Model, PREFILL_CHUNK, PromptChunk};
 pub use open::{OpenOptions, OpenedModel, open_model};
 pub use sample::{Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -64,6 +64,9 @@ mod attention;
 mod fmath;
 mod kernels;
 mod moe;
+mod step;
+
+pub use step::PromptChunk;
 
 // The RoPE tables and the attention scale, for the trainable decoder of
 // `crate::finetune` (the same values as this decoder's).
@@ -221,7 +224,8 @@ impl std::fmt::Debug for Model {
 /// share nothing mutable.
 #[derive(Default)]
 struct HeadTask {
-    /// Index of the sequence (decode) in the call's caches; 0 in prefill.
+    /// Index of the sequence in the call's caches (a decode row's; a step's
+    /// prompt chunk reads the one past the decoding sequences; 0 in prefill).
     seq: usize,
     /// Query head.
     head: usize,
@@ -259,6 +263,9 @@ struct Scratch {
     long_context: Vec<bool>,
     tasks: Vec<HeadTask>,
     moe: moe::MoeScratch,
+    /// A step's logits when the prompt chunk's last row goes through
+    /// `lm_head` with the decode rows.
+    logits: Vec<f32>,
 }
 
 /// Grows `v` to at least `n` elements (never shrinks).
@@ -1129,7 +1136,7 @@ impl Model {
                     n_tasks += 1;
                 }
             }
-            self.embed_rows(chunk, s)?;
+            self.embed_rows(0, chunk, s)?;
             for l in 0..self.layers.len() {
                 self.attention_inputs(ctx, l, rows, s)?;
                 for r in 0..rows {
@@ -1188,87 +1195,16 @@ impl Model {
         tokens: &[u32],
         logits: &mut [f32],
     ) -> Result<(), LlmError> {
-        const OP: &str = "Model::decode";
-        let vocab = self.config.vocab_size;
-        let batch = caches.len();
-        if tokens.len() != batch {
-            return Err(invalid(
-                OP,
-                format!("{} tokens for {batch} caches", tokens.len()),
-            ));
-        }
-        if batch == 0 {
-            return Err(invalid(OP, "no sequences to decode".to_string()));
-        }
-        if logits.len() != batch * vocab {
-            return Err(invalid(
-                OP,
-                format!(
-                    "logits has {} elements, expected {batch} sequences x {vocab}",
-                    logits.len()
-                ),
-            ));
-        }
-        let mut span = 0;
-        for (i, (cache, &t)) in caches.iter().zip(tokens).enumerate() {
-            self.check_cache(OP, cache)?;
-            self.check_token(OP, t)?;
-            if cache.remaining() == 0 {
-                return Err(invalid(
-                    OP,
-                    format!(
-                        "sequence {i}: the cache is full ({} positions; the model's \
-                         max_position_embeddings is {})",
-                        cache.capacity(),
-                        self.config.max_position_embeddings
-                    ),
-                ));
-            }
-            // Scores for the caches' whole capacity: the next steps never grow them.
-            span = span.max(cache.capacity());
-        }
-        for cache in caches.iter_mut() {
-            cache.make_writable(OP)?;
-        }
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let s = &mut *scratch;
-        let heads = self.config.num_attention_heads;
-        s.ensure(&self.config, batch, batch * heads, 1, span);
-        for (p, cache) in s.positions.iter_mut().zip(caches.iter()) {
-            *p = cache.len();
-        }
-        for (l, cache) in s.long_context.iter_mut().zip(caches.iter()) {
-            *l = self.long_context(cache);
-        }
-        for (i, t) in s.tasks[..batch * heads].iter_mut().enumerate() {
-            let b = i / heads;
-            (t.seq, t.head, t.rows) = (b, i % heads, b..b + 1);
-        }
-        self.embed_rows(tokens, s)?;
-        for l in 0..self.layers.len() {
-            self.attention_inputs(ctx, l, batch, s)?;
-            for (r, cache) in caches.iter_mut().enumerate() {
-                self.store_kv(l, s, r, cache);
-            }
-            let caches_ro: &[&mut KvCache] = caches;
-            self.attention(ctx, l, batch * heads, s, |b| &*caches_ro[b]);
-            self.attention_output_and_mlp(ctx, l, batch, s)?;
-        }
-        let hid = self.config.hidden_size;
-        self.logits(ctx, &s.x[..batch * hid], &mut s.xn[..batch * hid], logits)?;
-        for cache in caches.iter_mut() {
-            let n = cache.len() + 1;
-            cache.set_len(n);
-        }
-        Ok(())
+        self.mixed_step("Model::decode", ctx, None, caches, tokens, logits)
     }
 
-    /// Loads the embedding rows of `tokens` into `s.x` and the RoPE angles of
-    /// the rows' positions (`s.positions`) into `s.cos`, `s.sin`.
-    fn embed_rows(&self, tokens: &[u32], s: &mut Scratch) -> Result<(), LlmError> {
+    /// Loads the embedding rows of `tokens` into `s.x` from row `first` on,
+    /// and the RoPE angles of the rows' positions (`s.positions`) into `s.cos`,
+    /// `s.sin`.
+    fn embed_rows(&self, first: usize, tokens: &[u32], s: &mut Scratch) -> Result<(), LlmError> {
         let hid = self.config.hidden_size;
         let half = self.config.rotary_dim() / 2;
-        for (r, &t) in tokens.iter().enumerate() {
+        for (r, &t) in (first..).zip(tokens) {
             let x = &mut s.x[r * hid..(r + 1) * hid];
             self.embed.row_to_f32(t as usize, x)?;
             if let Some(k) = self.embed_scale {

@@ -224,32 +224,17 @@ fn qwen3_gemma_and_phi3_decode_is_batch_thread_and_level_invariant() {
     check(&phi3, WeightFormat::BF16);
 }
 
-/// A Qwen3-MoE-shaped model: 8 experts, 3 per token, layer 1 dense.
-fn moe_config() -> ModelConfig {
-    let mut c = model_support::llama(64);
-    c.architecture = fucina_llm::Architecture::Qwen3Moe;
-    c.num_hidden_layers = 3;
-    c.params.moe = Some(fucina_llm::MoeParams {
-        num_experts: 8,
-        num_experts_per_tok: 3,
-        moe_intermediate_size: 48,
-        norm_topk_prob: true,
-        sparse_layers: vec![true, false, true],
-    });
-    c
-}
-
 #[test]
 fn moe_decode_is_batch_thread_and_level_invariant() {
     // The tokens of a batch (and of a prefill) routed to an expert share one
     // product; a token's logits must not depend on which others share it.
-    check(&moe_config(), WeightFormat::F32);
-    check(&moe_config(), WeightFormat::BF16);
+    check(&model_support::moe(64), WeightFormat::F32);
+    check(&model_support::moe(64), WeightFormat::BF16);
 }
 
 #[test]
 fn moe_prefill_gives_the_bits_of_token_by_token_decoding() {
-    let c = moe_config();
+    let c = model_support::moe(64);
     let model = model_support::model(&c, WeightFormat::F32, 5);
     let ctx = ExecContext::with_threads(2);
     let prompt = tokens(9, 40, c.vocab_size);

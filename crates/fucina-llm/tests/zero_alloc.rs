@@ -3,8 +3,9 @@
 //! workers included), whether the attention runs on the caller or is split
 //! over the team, for a dense decoder and a mixture-of-experts one (whose
 //! expert products run as one grouped call), in float and block-quantized
-//! weights. A repeated prefill of the same length allocates nothing
-//! either. Each test runs alone in a process of its own
+//! weights; nor does a mixed step (a prompt chunk with the decode batch)
+//! after a warm-up one. A repeated prefill of the same length allocates
+//! nothing either. Each test runs alone in a process of its own
 //! (`counting::in_own_process`), the counting allocator being process-wide.
 
 mod model_support;
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 
 use fucina::ExecContext;
 use fucina::exec::{QuantFormat, WeightFormat};
-use fucina_llm::{KvCache, Model, ModelConfig, Weight, WeightStore};
+use fucina_llm::{KvCache, Model, ModelConfig, PromptChunk, Weight, WeightStore};
 
 #[path = "../../fucina-thread/tests/support/counting.rs"]
 mod counting;
@@ -94,23 +95,53 @@ fn decode_steps_of(model: &Model, c: &ModelConfig, threads: usize) {
         0,
         "smaller batches allocate nothing"
     );
+    mixed_steps(model, &ctx, &mut caches);
+}
+
+/// A fourth sequence's prompt in chunks of 16 tokens, each in a mixed step
+/// with the three caches decoding: after a warm-up step, none allocates (with
+/// and without the chunk's last logits).
+fn mixed_steps(model: &Model, ctx: &ExecContext, caches: &mut [KvCache]) {
+    let vocab = model.config().vocab_size;
+    let mut reader = model.new_cache(ctx, 128).unwrap();
+    let prompt = model_support::tokens(9, 64, vocab);
+    let mut logits = vec![0.0f32; 3 * vocab];
+    let mut last = vec![0.0f32; vocab];
+    let mut counted = 0;
+    for (i, chunk) in prompt.chunks(16).enumerate() {
+        let [a, b, c] = caches else { unreachable!() };
+        let t = i as u32;
+        let before = allocations();
+        let chunk = PromptChunk {
+            cache: &mut reader,
+            tokens: chunk,
+            last_logits: (i % 2 == 0).then_some(&mut last[..]),
+        };
+        model
+            .step(
+                ctx,
+                Some(chunk),
+                &mut [a, b, c],
+                &[t, t + 1, t + 2],
+                &mut logits,
+            )
+            .unwrap();
+        if i > 0 {
+            counted += allocations() - before;
+        }
+    }
+    assert_eq!(reader.len(), 64);
+    assert_eq!(counted, 0, "heap allocations in 3 mixed steps");
 }
 
 /// A Qwen3-MoE-shaped model, 256 wide (a whole Q4_K super-block): 8 experts,
 /// 3 per token, layer 1 dense; every matrix but the embedding stored as
 /// `quant` (f32 when `None`), repacked where the format is.
 fn moe_model(quant: Option<QuantFormat>) -> (Model, ModelConfig) {
-    let mut c = model_support::llama(256);
-    c.architecture = fucina_llm::Architecture::Qwen3Moe;
-    c.num_hidden_layers = 3;
-    c.head_dim = 64;
-    c.params.moe = Some(fucina_llm::MoeParams {
-        num_experts: 8,
-        num_experts_per_tok: 3,
-        moe_intermediate_size: 256,
-        norm_topk_prob: true,
-        sparse_layers: vec![true, false, true],
-    });
+    let mut c = model_support::moe(256);
+    if let Some(m) = &mut c.params.moe {
+        m.moe_intermediate_size = 256;
+    }
     let ctx = ExecContext::new();
     let mut tensors: HashMap<String, Weight> =
         model_support::random_weights(&c, WeightFormat::F32, 8);

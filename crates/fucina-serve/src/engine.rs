@@ -31,7 +31,8 @@ use std::time::Instant;
 
 use fucina_llm::fucina::ExecContext;
 use fucina_llm::{
-    KV_BLOCK, KvCache, LlmError, Model, OpenedModel, Sampler, SamplingParams, Tokenizer,
+    KV_BLOCK, KvCache, LlmError, Model, OpenedModel, PREFILL_CHUNK, PromptChunk, Sampler,
+    SamplingParams, Tokenizer,
 };
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -581,8 +582,7 @@ impl Scheduler {
             if running.is_empty() {
                 continue;
             }
-            self.prefill_step(&mut running, metrics);
-            self.decode_step(&mut running, metrics);
+            self.step(&mut running, metrics);
             self.retire(&mut running);
             metrics.set_running(running.len(), self.used);
         }
@@ -637,6 +637,62 @@ impl Scheduler {
         self.used = used;
     }
 
+    /// One turn's model work: a prompt chunk of the oldest sequence still
+    /// reading its prompt and a decode step for every sequence with a token
+    /// to feed, in one pass ([`Model::step`]) when both are pending, else
+    /// whichever is (a sequence whose prompt ends here then decodes at once).
+    fn step(&mut self, running: &mut [Seq], metrics: &Metrics) {
+        let reading = running
+            .iter()
+            .position(|s| !s.finished && s.prefilled < s.req.prompt.len());
+        let decoding = running.iter().any(|s| !s.finished && s.next.is_some());
+        match reading {
+            Some(i) if decoding => self.mixed_step(running, i, metrics),
+            _ => {
+                self.prefill_step(running, metrics);
+                self.decode_step(running, metrics);
+            }
+        }
+    }
+
+    /// Copies into `seq`'s cache the blocks of the prefix cache that continue
+    /// its prompt; false when that failed (the sequence failed then).
+    fn import_prefix(&mut self, seq: &mut Seq, metrics: &Metrics) -> bool {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return true;
+        };
+        let variant = self.model.kv_variant(seq.cache.capacity());
+        // The last prompt token is always prefilled: its logits choose the
+        // first generated token.
+        let limit = seq.req.prompt.len() - 1;
+        match prefix.import(variant, &seq.req.prompt, limit, &mut seq.cache) {
+            Ok(0) => {}
+            Ok(n) => {
+                metrics.prefix_hit(n, !seq.prefix_hit);
+                seq.prefix_hit = true;
+                seq.prefilled += n;
+            }
+            Err(e) => {
+                fail(seq, &e, metrics);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Records that `seq`'s prompt is prefilled up to `end` (the prefix cache
+    /// takes its new whole blocks).
+    fn prefilled(&mut self, seq: &mut Seq, end: usize, metrics: &Metrics) {
+        metrics.prompt_tokens(end - seq.prefilled);
+        seq.prefilled = end;
+        if let Some(prefix) = self.prefix.as_mut() {
+            let variant = self.model.kv_variant(seq.cache.capacity());
+            // An export error would only leave the block out of the cache.
+            let _ = prefix.insert(variant, &seq.req.prompt[..end], &seq.cache);
+            metrics.set_prefix_cache(prefix.bytes());
+        }
+    }
+
     /// One prompt chunk of the oldest sequence still reading its prompt.
     fn prefill_step(&mut self, running: &mut [Seq], metrics: &Metrics) {
         let Some(seq) = running
@@ -645,20 +701,8 @@ impl Scheduler {
         else {
             return;
         };
-        let variant = self.model.kv_variant(seq.cache.capacity());
-        if let Some(prefix) = self.prefix.as_mut() {
-            // The last prompt token is always prefilled: its logits choose the
-            // first generated token.
-            let limit = seq.req.prompt.len() - 1;
-            match prefix.import(variant, &seq.req.prompt, limit, &mut seq.cache) {
-                Ok(0) => {}
-                Ok(n) => {
-                    metrics.prefix_hit(n, !seq.prefix_hit);
-                    seq.prefix_hit = true;
-                    seq.prefilled += n;
-                }
-                Err(e) => return fail(seq, &e, metrics),
-            }
+        if !self.import_prefix(seq, metrics) {
+            return;
         }
         let end = (seq.prefilled + self.prefill_chunk).min(seq.req.prompt.len());
         let chunk = &seq.req.prompt[seq.prefilled..end];
@@ -673,14 +717,62 @@ impl Scheduler {
             fail(seq, &e, metrics);
             return;
         }
-        metrics.prompt_tokens(chunk.len());
-        seq.prefilled = end;
-        if let Some(prefix) = self.prefix.as_mut() {
-            // An export error would only leave the block out of the cache.
-            let _ = prefix.insert(variant, &seq.req.prompt[..end], &seq.cache);
-            metrics.set_prefix_cache(prefix.bytes());
-        }
+        self.prefilled(seq, end, metrics);
         if end == seq.req.prompt.len() {
+            let logits = std::mem::take(&mut self.last_logits);
+            self.choose(seq, &logits, metrics);
+            self.last_logits = logits;
+        }
+    }
+
+    /// A prompt chunk of `running[reader]` (at most [`PREFILL_CHUNK`] tokens)
+    /// and a decode step of every sequence with a token to feed, in one pass.
+    /// When the pass fails, the separate steps run instead (so that an error
+    /// fails only the sequences it concerns).
+    fn mixed_step(&mut self, running: &mut [Seq], reader: usize, metrics: &Metrics) {
+        let vocab = self.last_logits.len();
+        let (before, rest) = running.split_at_mut(reader);
+        let (seq, after) = rest.split_first_mut().expect("reader is in running");
+        if !self.import_prefix(seq, metrics) {
+            return self.decode_step(running, metrics);
+        }
+        let prompt_len = seq.req.prompt.len();
+        let end = (seq.prefilled + self.prefill_chunk.min(PREFILL_CHUNK)).min(prompt_len);
+        let mut members: Vec<&mut Seq> = before
+            .iter_mut()
+            .chain(after.iter_mut())
+            .filter(|s| !s.finished && s.next.is_some())
+            .collect();
+        let tokens: Vec<u32> = members.iter().map(|s| s.next.expect("filtered")).collect();
+        self.logits.resize(members.len() * vocab, 0.0);
+        let mut caches: Vec<&mut KvCache> = members.iter_mut().map(|s| &mut s.cache).collect();
+        let chunk = PromptChunk {
+            cache: &mut seq.cache,
+            tokens: &seq.req.prompt[seq.prefilled..end],
+            last_logits: (end == prompt_len).then_some(&mut self.last_logits[..]),
+        };
+        let r = self.model.step(
+            &self.ctx,
+            Some(chunk),
+            &mut caches,
+            &tokens,
+            &mut self.logits,
+        );
+        drop(caches);
+        if r.is_err() {
+            drop(members);
+            self.prefill_step(running, metrics);
+            return self.decode_step(running, metrics);
+        }
+        metrics.decode_step();
+        metrics.mixed_step();
+        self.prefilled(seq, end, metrics);
+        let logits = std::mem::take(&mut self.logits);
+        for (member, row) in members.into_iter().zip(logits.chunks_exact(vocab)) {
+            self.choose(member, row, metrics);
+        }
+        self.logits = logits;
+        if end == prompt_len {
             let logits = std::mem::take(&mut self.last_logits);
             self.choose(seq, &logits, metrics);
             self.last_logits = logits;

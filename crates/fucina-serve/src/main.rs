@@ -49,6 +49,10 @@ struct Args {
     /// sequences of ctx-len positions).
     #[arg(long)]
     kv_budget_mib: Option<usize>,
+    /// Prompt tokens per prefill chunk, between decode steps (a chunk that
+    /// rides along with a decode step holds at most 256).
+    #[arg(long, default_value_t = fucina_llm::PREFILL_CHUNK)]
+    prefill_chunk: usize,
     /// Memory for the prefix cache (prompt prefixes' keys and values kept for
     /// later requests), in MiB, besides the KV budget; 0 turns it off.
     #[arg(long, default_value_t = 0)]
@@ -85,7 +89,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         ctx_len: args.ctx_len,
         kv_budget_bytes: args.kv_budget_mib.map(|m| m.saturating_mul(1 << 20)),
         prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
-        ..EngineOptions::default()
+        prefill_chunk: args.prefill_chunk,
     };
     let (path, dtype) = (args.model.clone(), args.dtype);
     eprintln!("fucina-serve: loading {}", path.display());

@@ -19,6 +19,7 @@ pub struct Metrics {
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     decode_steps: AtomicU64,
+    mixed_steps: AtomicU64,
     completed: AtomicU64,
     cancelled: AtomicU64,
     failed: AtomicU64,
@@ -53,6 +54,7 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             decode_steps: AtomicU64::new(0),
+            mixed_steps: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -111,9 +113,15 @@ impl Metrics {
         self.generated_tokens.load(Ordering::Relaxed)
     }
 
-    /// Batched decode steps run so far.
+    /// Batched decode steps run so far (mixed steps included).
     pub fn decode_steps(&self) -> u64 {
         self.decode_steps.load(Ordering::Relaxed)
+    }
+
+    /// Decode steps that carried a prompt chunk in the same pass
+    /// (`Model::step`).
+    pub fn mixed_steps(&self) -> u64 {
+        self.mixed_steps.load(Ordering::Relaxed)
     }
 
     /// Sequences cancelled because their client went away.
@@ -182,6 +190,10 @@ impl Metrics {
 
     pub(crate) fn decode_step(&self) {
         self.decode_steps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn mixed_step(&self) {
+        self.mixed_steps.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn completed(&self) {
@@ -275,8 +287,13 @@ impl Metrics {
             ),
             (
                 "fucina_decode_steps_total",
-                "Batched decode steps.",
+                "Batched decode steps (mixed steps included).",
                 &self.decode_steps,
+            ),
+            (
+                "fucina_mixed_steps_total",
+                "Decode steps that carried a prompt chunk in the same pass.",
+                &self.mixed_steps,
             ),
             (
                 "fucina_sequences_completed_total",

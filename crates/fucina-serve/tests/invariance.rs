@@ -142,6 +142,8 @@ fn answers_do_not_depend_on_the_load_threads_chunks_or_vector_level() {
                     m.decode_steps(),
                     m.generated_tokens()
                 );
+                // Prompt chunks rode along with decode steps.
+                assert!(m.mixed_steps() > 0, "no mixed step ran");
                 for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
                     assert_eq!(
                         g, r,

@@ -1,5 +1,5 @@
 //! Tiny random-weight decoders for the model tests (shared by `model.rs`,
-//! `invariance.rs` and `zero_alloc.rs` through `mod model_support;`).
+//! `invariance.rs`, `mixed_step.rs` and `zero_alloc.rs` through `mod model_support;`).
 
 #![allow(dead_code)] // each test binary uses part of it
 
@@ -32,6 +32,22 @@ pub(crate) fn llama(hidden: usize) -> ModelConfig {
         eos_token_ids: vec![2],
         params: Default::default(),
     }
+}
+
+/// A Qwen3-MoE-shaped [`llama`] config, `hidden` wide, 3 layers: 8 experts
+/// of 48, 3 per token, normalized, layer 1 dense.
+pub(crate) fn moe(hidden: usize) -> ModelConfig {
+    let mut c = llama(hidden);
+    c.architecture = Architecture::Qwen3Moe;
+    c.num_hidden_layers = 3;
+    c.params.moe = Some(fucina_llm::MoeParams {
+        num_experts: 8,
+        num_experts_per_tok: 3,
+        moe_intermediate_size: 48,
+        norm_topk_prob: true,
+        sparse_layers: vec![true, false, true],
+    });
+    c
 }
 
 /// Uniform values in `[-a, a)` from `seed` (fucina's counter-based RNG).
