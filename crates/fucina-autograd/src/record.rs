@@ -245,6 +245,16 @@ pub(crate) enum Saved {
         lstm: bool,
         reverse: bool,
     },
+    /// The operands, the attention weights (`[N, heads, L, S]`), the heads
+    /// and the scale of an `attention`.
+    Attention {
+        q: RawTensor,
+        k: RawTensor,
+        v: RawTensor,
+        probs: RawTensor,
+        heads: usize,
+        scale: f32,
+    },
     /// The input shape and the options of an `interpolate` (its backward
     /// reads no values).
     Interpolate {
