@@ -44,22 +44,34 @@ fn gradcheck_attention_every_input_and_layout() {
         |c, t| t[0].attention(c, &t[0], &t[0], 2, 0.6)?.tanh(c),
         &ins[..1],
     );
+    let packed: [(&[usize], Vec<f32>); 1] = [(&[2, 3, 12], values(72, 4, -1.0, 1.0))];
+    check_layouts(
+        &ctx,
+        "attention_packed, 2 heads",
+        |c, t| t[0].attention_packed(c, 2, 0.9)?.tanh(c),
+        &packed,
+    );
 }
 
-/// Self-attention of `x` through the projection `w`, a loss, backward, SGD.
-fn step(ctx: &ExecContext, w: &mut Tensor, x: &Tensor, scoped: bool) -> f32 {
+/// Self-attention of `x` through the projection `w` (`attention`) and the
+/// packed one `w3` (`attention_packed`), a loss, backward, SGD.
+fn step(ctx: &ExecContext, (w, w3): (&mut Tensor, &mut Tensor), x: &Tensor, scoped: bool) -> f32 {
     let scope = scoped.then(|| ctx.open_exec_scope());
     let p = x.linear(ctx, w, None).unwrap();
     let y = p.attention(ctx, &p, &p, 4, 0.25).unwrap();
-    let loss = y.mul(ctx, &y).unwrap().mean_all(ctx).unwrap();
+    let packed = x.linear(ctx, w3, None).unwrap();
+    let z = packed.attention_packed(ctx, 4, 0.25).unwrap();
+    let loss = y.mul(ctx, &z).unwrap().mean_all(ctx).unwrap();
     let value = loss.item().unwrap();
     loss.backward(ctx).unwrap();
-    drop((p, y, loss));
+    drop((p, y, packed, z, loss));
     if let Some(scope) = scope {
         ctx.close_exec_scope(scope);
     }
-    w.sgd_step_(0.5).unwrap();
-    w.zero_grad();
+    for t in [w, w3] {
+        t.sgd_step_(0.5).unwrap();
+        t.zero_grad();
+    }
     value
 }
 
@@ -69,12 +81,15 @@ fn run(threads: usize, scoped: bool) {
     let mut w = Tensor::randn(&ctx, &[32, 32], 0.3, 2)
         .unwrap()
         .into_variable();
-    let first = step(&ctx, &mut w, &x, scoped); // warm-up
-    step(&ctx, &mut w, &x, scoped);
+    let mut w3 = Tensor::randn(&ctx, &[96, 32], 0.3, 3)
+        .unwrap()
+        .into_variable();
+    let first = step(&ctx, (&mut w, &mut w3), &x, scoped); // warm-up
+    step(&ctx, (&mut w, &mut w3), &x, scoped);
     let mut last = first;
     let (allocs, misses) = count(|| {
         for _ in 0..3 {
-            last = step(&ctx, &mut w, &x, scoped);
+            last = step(&ctx, (&mut w, &mut w3), &x, scoped);
         }
     });
     assert!(

@@ -165,6 +165,29 @@ fn a_sample_does_not_depend_on_the_others() {
     assert_eq!(nan_bits(&one(&dq)), nan_bits(&dq2));
 }
 
+#[test]
+fn the_packed_operand_gives_the_bits_of_its_three_parts() {
+    let ctx = ExecContext::with_threads(2);
+    for (n, l, e, heads) in [(3, 7, 64, 2), (2, 5, 12, 3)] {
+        let x = t(&ctx, &[n, l, 3 * e], 11);
+        let g = t(&ctx, &[n, l, e], 12);
+        let part = |i: usize| ctx.contiguous(&x.narrow(2, i * e, e).unwrap()).unwrap();
+        let (q, k, v) = (part(0), part(1), part(2));
+        let (y, p) = ctx.attention(&q, &k, &v, heads, 0.6).unwrap();
+        let (yp, pp) = ctx.attention_packed(&x, heads, 0.6).unwrap();
+        assert_eq!(nan_bits(&y), nan_bits(&yp));
+        assert_eq!(nan_bits(&p), nan_bits(&pp));
+        let (dq, dk, dv) = ctx
+            .attention_backward(&q, &k, &v, &p, &g, heads, 0.6)
+            .unwrap();
+        let dx = ctx
+            .attention_packed_backward(&x, &pp, &g, heads, 0.6)
+            .unwrap();
+        let joined = ctx.concat(&[&dq, &dk, &dv], 2).unwrap();
+        assert_eq!(nan_bits(&dx), nan_bits(&joined));
+    }
+}
+
 fn refused<T>(r: Result<T, ExecError>, op: &str) {
     match r {
         Ok(_) => panic!("{op}: a bad operand was accepted"),
@@ -189,6 +212,15 @@ fn bad_operands_are_errors_naming_the_op() {
     refused(ctx.attention(&q, &k, &k, 3, 1.0), op);
     refused(ctx.attention(&q, &k, &k, 0, 1.0), op);
     refused(ctx.attention(&q, &k, &k, 2, f32::NAN), op);
+    let op = "attention_packed";
+    refused(ctx.attention_packed(&flat, 2, 1.0), op);
+    refused(ctx.attention_packed(&q, 2, 1.0), op); // 8 is not 3E
+    let x = t(&ctx, &[2, 3, 12], 7);
+    refused(ctx.attention_packed(&x, 3, 1.0), op);
+    let (yx, px) = ctx.attention_packed(&x, 2, 1.0).unwrap();
+    let op = "attention_packed_backward";
+    refused(ctx.attention_packed_backward(&x, &yx, &yx, 2, 1.0), op);
+    refused(ctx.attention_packed_backward(&x, &px, &x, 2, 1.0), op);
     let (y, p) = ctx.attention(&q, &k, &k, 2, 1.0).unwrap();
     let op = "attention_backward";
     refused(ctx.attention_backward(&q, &k, &k, &y, &y, 2, 1.0), op);

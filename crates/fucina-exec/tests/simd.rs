@@ -45,6 +45,12 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
         for (part, t) in [("", y), ("_p", p), ("_dq", dq), ("_dk", dk), ("_dv", dv)] {
             push(&format!("attention_e{e}{part}"), t);
         }
+        let x = ctx.from_slice(&[2, 5, 3 * e], &values(30 * e, 42))?;
+        let (y, p) = ctx.attention_packed(&x, heads, 0.4)?;
+        let g = ctx.from_slice(&[2, 5, e], &values(10 * e, 43))?;
+        let dx = ctx.attention_packed_backward(&x, &p, &g, heads, 0.4)?;
+        push(&format!("attention_packed_e{e}"), y);
+        push(&format!("attention_packed_e{e}_dx"), dx);
     }
     push("add", ctx.add(&a, &b)?);
     push("add_row", ctx.add(&a, &row)?);

@@ -67,4 +67,48 @@ impl Tensor {
             }
         )
     }
+
+    /// [`attention`](Tensor::attention) of a sequence to itself from one
+    /// packed operand `self` (`[N, L, 3E]`: each row its query, key and
+    /// value side by side, the output of one projection by a stacked `[3E,
+    /// E]` weight). One node records the packed gradient, so the projection
+    /// runs one GEMM forward and one per gradient backward instead of three.
+    /// See [`ExecContext::attention_packed`].
+    ///
+    /// ```
+    /// use fucina_autograd::Tensor;
+    /// use fucina_autograd::exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let qkv = Tensor::randn(&ctx, &[2, 5, 24], 1.0, 1)?.into_variable();
+    /// let y = qkv.attention_packed(&ctx, 2, 0.5)?; // E = 8, 2 heads
+    /// assert_eq!(y.shape(), [2, 5, 8]);
+    /// y.sum_all(&ctx)?.backward(&ctx)?;
+    /// assert_eq!(qkv.grad(&ctx)?.expect("a variable").shape(), [2, 5, 24]);
+    /// # Ok::<(), fucina_autograd::AutogradError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ExecContext::attention_packed`]: `self` not 3-D or its last
+    /// dimension not `3E`, `heads` not dividing `E`, a scale that is not
+    /// finite; out of memory.
+    pub fn attention_packed(&self, ctx: &ExecContext, heads: usize, scale: f32) -> Result<Tensor> {
+        let (out, probs) = ctx.attention_packed(&self.raw, heads, scale)?;
+        let qkv = self.raw.clone();
+        record!(
+            ctx,
+            "attention_packed",
+            out,
+            &[self],
+            AttentionPacked {
+                qkv,
+                probs,
+                heads,
+                scale,
+            },
+            |ctx, g, _| Ok(grads![Some(
+                ctx.attention_packed_backward(qkv, probs, g, *heads, *scale)?
+            )])
+        )
+    }
 }

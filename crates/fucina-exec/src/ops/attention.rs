@@ -68,6 +68,53 @@ impl Geom {
 
 const OP: &str = "attention";
 const BACKWARD: &str = "attention_backward";
+const PACKED: &str = "attention_packed";
+const PACKED_BACKWARD: &str = "attention_packed_backward";
+
+/// One operand of one sample: row `i`'s `E` features at `data[off + i *
+/// rs..]`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    off: usize,
+    rs: usize,
+}
+
+/// The operands of a call: three `[N, T, E]` tensors, or one `[N, L, 3E]`
+/// whose rows hold `q`, `k` and `v` side by side.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Three(&'a [f32], &'a [f32], &'a [f32]),
+    Packed(&'a [f32]),
+}
+
+impl<'a> Src<'a> {
+    /// The operands `(q, k, v)` of sample `i`.
+    fn sample(self, g: &Geom, i: usize) -> (Rows<'a>, Rows<'a>, Rows<'a>) {
+        let e = g.e;
+        match self {
+            Src::Three(q, k, v) => {
+                let (le, se) = (g.l * e, g.s * e);
+                let rows = |data: &'a [f32], len: usize| Rows {
+                    data: &data[i * len..][..len],
+                    off: 0,
+                    rs: e,
+                };
+                (rows(q, le), rows(k, se), rows(v, se))
+            }
+            Src::Packed(x) => {
+                let len = 3 * g.l * e;
+                let data = &x[i * len..][..len];
+                let part = |p: usize| Rows {
+                    data,
+                    off: p * e,
+                    rs: 3 * e,
+                };
+                (part(0), part(1), part(2))
+            }
+        }
+    }
+}
 
 fn shape_err(op: &'static str, t: &RawTensor, reason: &'static str) -> ExecError {
     ExecError::InvalidShape {
@@ -223,13 +270,13 @@ fn pieces<const N: usize>(mut rest: &mut [f32], lens: [usize; N]) -> [&mut [f32]
 }
 
 /// The forward of one sample: `out` (`[L, E]`) and its weights `p`
-/// (`[heads, L, S]`) from its `q` (`[L, E]`), `k` and `v` (`[S, E]`).
+/// (`[heads, L, S]`) from its `q` (`L` rows), `k` and `v` (`S` rows).
 #[allow(clippy::too_many_arguments)] // one sample's operands and scratch
 fn forward_sample(
     g: &Geom,
     level: SimdLevel,
     scale: f32,
-    (q, k, v): (&[f32], &[f32], &[f32]),
+    (q, k, v): (Rows<'_>, Rows<'_>, Rows<'_>),
     out: &mut [f32],
     p: &mut [f32],
     scratch: &mut [f32],
@@ -247,10 +294,11 @@ fn forward_sample(
     );
     for (h, pb) in p.chunks_exact_mut(l * s).enumerate() {
         let col = h * d;
-        let rhs = packed_transposed(k, col, e, d, s, kt);
-        product(level, q, |i| i * e + col, 1, (l, d, s), rhs, st, a_scr);
+        let rhs = packed_transposed(k.data, k.off + col, k.rs, d, s, kt);
+        let q_row = |i| q.off + i * q.rs + col;
+        product(level, q.data, q_row, 1, (l, d, s), rhs, st, a_scr);
         vectorized!(scaled_softmax_rows(st, pb, s, scale));
-        let rhs = rows_rhs(level, l, v, col, e, s, d, vb);
+        let rhs = rows_rhs(level, l, v.data, v.off + col, v.rs, s, d, vb);
         product(level, pb, |i| i * s, 1, (l, s, d), rhs, ot, a_scr);
         scatter_head(ot, out, l, d, e, col);
     }
@@ -282,15 +330,18 @@ fn scaled_softmax_backward_rows(p: &[f32], dp: &[f32], ds: &mut [f32], s: usize,
     }
 }
 
-/// The backward of one sample: `dq` (`[L, E]`), `dk` and `dv` (`[S, E]`)
-/// from its operands, weights `p` and output gradient `gy` (`[L, E]`).
+/// The backward of one sample from its operands, weights `p` and output
+/// gradient `gy` (`[L, E]`): `put(part, block, rows, col)` receives the
+/// `rows x d` block of head columns `col..col + d` of `dq` (part 0), `dk`
+/// (1) or `dv` (2).
 #[allow(clippy::too_many_arguments)] // one sample's operands and scratch
 fn backward_sample(
     g: &Geom,
     level: SimdLevel,
     scale: f32,
-    (q, k, v, p, gy): (&[f32], &[f32], &[f32], &[f32], &[f32]),
-    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    (q, k, v): (Rows<'_>, Rows<'_>, Rows<'_>),
+    (p, gy): (&[f32], &[f32]),
+    put: &mut impl FnMut(usize, &[f32], usize, usize),
     scratch: &mut [f32],
 ) {
     let (l, s, e, d) = (g.l, g.s, g.e, g.d);
@@ -308,21 +359,21 @@ fn backward_sample(
     for (h, pb) in p.chunks_exact(l * s).enumerate() {
         let col = h * d;
         // dP = dO_h · v_hᵀ, then dS = scale · P ⊙ (dP - rowsum(dP ⊙ P)).
-        let rhs = packed_transposed(v, col, e, d, s, vt);
+        let rhs = packed_transposed(v.data, v.off + col, v.rs, d, s, vt);
         product(level, gy, |i| i * e + col, 1, (l, d, s), rhs, dp, a_scr);
         vectorized!(scaled_softmax_backward_rows(pb, dp, ds, s, scale));
         // dv_h = Pᵀ · dO_h.
         let rhs = rows_rhs(level, s, gy, col, e, l, d, rb);
         product(level, pb, |j| j, s, (s, l, d), rhs, ot, a_scr);
-        scatter_head(ot, dv, s, d, e, col);
+        put(2, ot, s, col);
         // dq_h = dS · k_h.
-        let rhs = rows_rhs(level, l, k, col, e, s, d, rb);
+        let rhs = rows_rhs(level, l, k.data, k.off + col, k.rs, s, d, rb);
         product(level, ds, |i| i * s, 1, (l, s, d), rhs, ot, a_scr);
-        scatter_head(ot, dq, l, d, e, col);
+        put(0, ot, l, col);
         // dk_h = dSᵀ · q_h.
-        let rhs = rows_rhs(level, s, q, col, e, l, d, rb);
+        let rhs = rows_rhs(level, s, q.data, q.off + col, q.rs, l, d, rb);
         product(level, ds, |j| j, s, (s, l, d), rhs, ot, a_scr);
-        scatter_head(ot, dk, s, d, e, col);
+        put(1, ot, s, col);
     }
 }
 
@@ -341,6 +392,70 @@ fn keep_err(slot: &Mutex<Option<ExecError>>, e: ExecError) {
     slot.lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert(e);
+}
+
+/// The scratch floats of one forward task.
+fn forward_scratch(g: &Geom) -> usize {
+    a_scratch_len(g.l.max(g.s))
+        + packed_b_len(g.d, g.s).expect("checked sizes")
+        + g.packed_rows()
+        + g.l * g.s
+        + g.l * g.d
+}
+
+/// The scratch floats of one backward task.
+fn backward_scratch(g: &Geom) -> usize {
+    a_scratch_len(g.l.max(g.s))
+        + packed_b_len(g.d, g.s).expect("checked sizes")
+        + 2 * g.l * g.s
+        + g.packed_rows()
+        + g.l.max(g.s) * g.d
+}
+
+/// The sizes of a packed `[N, L, 3E]` operand, or the error naming the
+/// misfit.
+fn check_packed(
+    op: &'static str,
+    qkv: &RawTensor,
+    heads: usize,
+    scale: f32,
+) -> Result<Geom, ExecError> {
+    let &[_, _, e3] = qkv.shape() else {
+        return Err(shape_err(
+            op,
+            qkv,
+            "the packed operand must be 3-D [N, L, 3E]",
+        ));
+    };
+    if !e3.is_multiple_of(3) {
+        return Err(shape_err(
+            op,
+            qkv,
+            "the packed operand's last dimension must be 3E (q, k and v)",
+        ));
+    }
+    let q = qkv.narrow(2, 0, e3 / 3)?;
+    check(op, &q, &q, &q, heads, scale)
+}
+
+/// Checks the weights and the output gradient of a backward.
+fn check_backward(
+    op: &'static str,
+    g: &Geom,
+    probs: &RawTensor,
+    grad: &RawTensor,
+) -> Result<(), ExecError> {
+    if probs.shape() != [g.n, g.h, g.l, g.s] {
+        return Err(shape_err(op, probs, "the weights must be [N, heads, L, S]"));
+    }
+    if grad.shape() != [g.n, g.l, g.e] {
+        return Err(shape_err(
+            op,
+            grad,
+            "the output's gradient must be [N, L, E], the forward's output",
+        ));
+    }
+    Ok(())
 }
 
 impl ExecContext {
@@ -366,11 +481,11 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidShape`] for an operand that is not 3-D or zero
-    /// lengths or features, [`ExecError::ShapeMismatch`] for a key whose
-    /// batch or features differ from the query's or a value whose shape
-    /// differs from the key's, [`ExecError::InvalidArgument`] for `heads`
-    /// zero or not dividing `E` or a scale that is not finite; out of memory.
+    /// [`ExecError::InvalidShape`] for an operand that is not 3-D,
+    /// [`ExecError::ShapeMismatch`] for a key whose batch or features differ
+    /// from the query's or a value whose shape differs from the key's,
+    /// [`ExecError::InvalidArgument`] for `heads` zero or not dividing `E`
+    /// or a scale that is not finite; out of memory.
     pub fn attention(
         &self,
         q: &RawTensor,
@@ -385,25 +500,54 @@ impl ExecContext {
             self.contiguous(k)?,
             self.contiguous(v)?,
         );
-        let (qs, ks, vs) = (
+        let src = Src::Three(
             qc.contiguous_slice(),
             kc.contiguous_slice(),
             vc.contiguous_slice(),
         );
+        self.attention_run(OP, &g, src, scale)
+    }
+
+    /// [`attention`](Self::attention) of a sequence to itself from one
+    /// packed operand `qkv` (`[N, L, 3E]`: each row its query, key and value
+    /// side by side, the output of one projection by the stacked `[3E, E]`
+    /// weight, as in `nn::MultiheadAttention`'s `in_proj_weight`). The
+    /// bits of `attention` on the three parts;
+    /// [`attention_packed_backward`](Self::attention_packed_backward) returns
+    /// one packed gradient.
+    ///
+    /// # Errors
+    /// As [`attention`](Self::attention), and [`ExecError::InvalidShape`]
+    /// for a last dimension that is not a multiple of 3; out of memory.
+    pub fn attention_packed(
+        &self,
+        qkv: &RawTensor,
+        heads: usize,
+        scale: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let g = check_packed(PACKED, qkv, heads, scale)?;
+        let xc = self.contiguous(qkv)?;
+        self.attention_run(PACKED, &g, Src::Packed(xc.contiguous_slice()), scale)
+    }
+
+    /// The forward over every sample, one sample per task.
+    fn attention_run(
+        &self,
+        op: &'static str,
+        g: &Geom,
+        src: Src<'_>,
+        scale: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
         let level = simd::level();
-        let scratch = a_scratch_len(g.l.max(g.s))
-            + packed_b_len(g.d, g.s).expect("checked sizes")
-            + g.packed_rows()
-            + g.l * g.s
-            + g.l * g.d;
-        let (le, se, hls) = (g.l * g.e, g.s * g.e, g.h * g.l * g.s);
+        let scratch = forward_scratch(g);
+        let (le, hls) = (g.l * g.e, g.h * g.l * g.s);
         let failed = Mutex::new(None);
         let pool = self.pool().pool();
         let mut probs = None;
-        let out = self.new_tensor(OP, &[g.n, g.l, g.e], |out| {
-            probs = Some(self.new_tensor(OP, &[g.n, g.h, g.l, g.s], |p| {
+        let out = self.new_tensor(op, &[g.n, g.l, g.e], |out| {
+            probs = Some(self.new_tensor(op, &[g.n, g.h, g.l, g.s], |p| {
                 self.par_rows2((out, le), (p, hls), g.work(), |rows, out, p| {
-                    let mut buf = match task_scratch(pool, OP, scratch) {
+                    let mut buf = match task_scratch(pool, op, scratch) {
                         Ok(b) => b,
                         Err(e) => return keep_err(&failed, e),
                     };
@@ -411,12 +555,7 @@ impl ExecContext {
                         .zip(out.chunks_exact_mut(le))
                         .zip(p.chunks_exact_mut(hls))
                     {
-                        let ins = (
-                            &qs[i * le..][..le],
-                            &ks[i * se..][..se],
-                            &vs[i * se..][..se],
-                        );
-                        forward_sample(&g, level, scale, ins, o, pp, &mut buf);
+                        forward_sample(g, level, scale, src.sample(g, i), o, pp, &mut buf);
                     }
                 });
             }));
@@ -435,9 +574,10 @@ impl ExecContext {
     /// composition.
     ///
     /// # Errors
-    /// As [`attention`](Self::attention), and
-    /// [`ExecError::ShapeMismatch`] for `probs` or `grad` of another shape
-    /// than the forward's weights and output; out of memory.
+    /// As [`attention`](Self::attention), and [`ExecError::InvalidShape`]
+    /// for `probs` or `grad` of another shape than the forward's weights and
+    /// output; out of memory.
+    #[allow(clippy::too_many_arguments)] // the forward's operands and options
     pub fn attention_backward(
         &self,
         q: &RawTensor,
@@ -449,77 +589,112 @@ impl ExecContext {
         scale: f32,
     ) -> Result<(RawTensor, RawTensor, RawTensor), ExecError> {
         let g = check(BACKWARD, q, k, v, heads, scale)?;
-        if probs.shape() != [g.n, g.h, g.l, g.s] {
-            return Err(shape_err(
-                BACKWARD,
-                probs,
-                "the weights must be [N, heads, L, S]",
-            ));
-        }
-        if grad.shape() != q.shape() {
-            return Err(ExecError::ShapeMismatch {
-                op: BACKWARD,
-                lhs: q.dims(),
-                rhs: grad.dims(),
-                reason: "the output's gradient must have the query's shape",
-            });
-        }
-        let cs = [q, k, v, probs, grad].map(|t| self.contiguous(t));
-        let [qc, kc, vc, pc, gc] = cs;
+        check_backward(BACKWARD, &g, probs, grad)?;
+        let [qc, kc, vc, pc, gc] = [q, k, v, probs, grad].map(|t| self.contiguous(t));
         let (qc, kc, vc, pc, gc) = (qc?, kc?, vc?, pc?, gc?);
-        let (qs, ks, vs, ps, gs) = (
+        let src = Src::Three(
             qc.contiguous_slice(),
             kc.contiguous_slice(),
             vc.contiguous_slice(),
-            pc.contiguous_slice(),
-            gc.contiguous_slice(),
         );
+        let (ps, gs) = (pc.contiguous_slice(), gc.contiguous_slice());
+        let (e, le, se, hls) = (g.e, g.l * g.e, g.s * g.e, g.h * g.l * g.s);
         let level = simd::level();
-        let scratch = a_scratch_len(g.l.max(g.s))
-            + packed_b_len(g.d, g.s).expect("checked sizes")
-            + 2 * g.l * g.s
-            + g.packed_rows()
-            + g.l.max(g.s) * g.d;
-        let (le, se, hls) = (g.l * g.e, g.s * g.e, g.h * g.l * g.s);
+        let scratch = backward_scratch(&g);
         let failed = Mutex::new(None);
         let pool = self.pool().pool();
         let (mut dk, mut dv) = (None, None);
         let dq = self.new_tensor(BACKWARD, &[g.n, g.l, g.e], |dq| {
             dk = Some(self.new_tensor(BACKWARD, &[g.n, g.s, g.e], |dk| {
                 dv = Some(self.new_tensor(BACKWARD, &[g.n, g.s, g.e], |dv| {
-                    self.par_rows3(
-                        (dq, le),
-                        (dk, se),
-                        (dv, se),
-                        2 * g.work(),
-                        |rows, dq, dk, dv| {
-                            let mut buf = match task_scratch(pool, BACKWARD, scratch) {
-                                Ok(b) => b,
-                                Err(e) => return keep_err(&failed, e),
+                    let work = 2 * g.work();
+                    self.par_rows3((dq, le), (dk, se), (dv, se), work, |rows, dq, dk, dv| {
+                        let mut buf = match task_scratch(pool, BACKWARD, scratch) {
+                            Ok(b) => b,
+                            Err(err) => return keep_err(&failed, err),
+                        };
+                        let outs = dq
+                            .chunks_exact_mut(le)
+                            .zip(dk.chunks_exact_mut(se))
+                            .zip(dv.chunks_exact_mut(se));
+                        for (i, ((dqi, dki), dvi)) in rows.zip(outs) {
+                            let mut put = |part: usize, b: &[f32], r: usize, col: usize| {
+                                let dst: &mut [f32] = match part {
+                                    0 => dqi,
+                                    1 => dki,
+                                    _ => dvi,
+                                };
+                                scatter_head(b, dst, r, g.d, e, col);
                             };
-                            let outs = dq
-                                .chunks_exact_mut(le)
-                                .zip(dk.chunks_exact_mut(se))
-                                .zip(dv.chunks_exact_mut(se));
-                            for (i, ((dqi, dki), dvi)) in rows.zip(outs) {
-                                let ins = (
-                                    &qs[i * le..][..le],
-                                    &ks[i * se..][..se],
-                                    &vs[i * se..][..se],
-                                    &ps[i * hls..][..hls],
-                                    &gs[i * le..][..le],
-                                );
-                                backward_sample(&g, level, scale, ins, (dqi, dki, dvi), &mut buf);
-                            }
-                        },
-                    );
+                            let pg = (&ps[i * hls..][..hls], &gs[i * le..][..le]);
+                            backward_sample(
+                                &g,
+                                level,
+                                scale,
+                                src.sample(&g, i),
+                                pg,
+                                &mut put,
+                                &mut buf,
+                            );
+                        }
+                    });
                 }));
             }));
         })?;
         let (dk, dv) = (dk.expect("the fill ran")?, dv.expect("the fill ran")?);
         match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
+            Some(err) => Err(err),
             None => Ok((dq, dk, dv)),
+        }
+    }
+
+    /// The gradient of [`attention_packed`](Self::attention_packed) at
+    /// `qkv` (`[N, L, 3E]`, the three parts' gradients side by side in each
+    /// row), from its weights `probs` and the output's gradient `grad`.
+    /// The bits of [`attention_backward`](Self::attention_backward) on the
+    /// three parts.
+    ///
+    /// # Errors
+    /// As [`attention_packed`](Self::attention_packed), and
+    /// [`ExecError::InvalidShape`] for `probs` or `grad` of another shape
+    /// than the forward's weights and output; out of memory.
+    pub fn attention_packed_backward(
+        &self,
+        qkv: &RawTensor,
+        probs: &RawTensor,
+        grad: &RawTensor,
+        heads: usize,
+        scale: f32,
+    ) -> Result<RawTensor, ExecError> {
+        let g = check_packed(PACKED_BACKWARD, qkv, heads, scale)?;
+        check_backward(PACKED_BACKWARD, &g, probs, grad)?;
+        let [xc, pc, gc] = [qkv, probs, grad].map(|t| self.contiguous(t));
+        let (xc, pc, gc) = (xc?, pc?, gc?);
+        let src = Src::Packed(xc.contiguous_slice());
+        let (ps, gs) = (pc.contiguous_slice(), gc.contiguous_slice());
+        let (e, le, hls) = (g.e, g.l * g.e, g.h * g.l * g.s);
+        let level = simd::level();
+        let scratch = backward_scratch(&g);
+        let failed = Mutex::new(None);
+        let pool = self.pool().pool();
+        let dx = self.new_tensor(PACKED_BACKWARD, &[g.n, g.l, 3 * g.e], |dx| {
+            self.par_rows(dx, 3 * le, 2 * g.work(), |rows, dx| {
+                let mut buf = match task_scratch(pool, PACKED_BACKWARD, scratch) {
+                    Ok(b) => b,
+                    Err(err) => return keep_err(&failed, err),
+                };
+                for (i, dxi) in rows.zip(dx.chunks_exact_mut(3 * le)) {
+                    let mut put = |part: usize, b: &[f32], r: usize, col: usize| {
+                        scatter_head(b, dxi, r, g.d, 3 * e, part * e + col);
+                    };
+                    let pg = (&ps[i * hls..][..hls], &gs[i * le..][..le]);
+                    backward_sample(&g, level, scale, src.sample(&g, i), pg, &mut put, &mut buf);
+                }
+            });
+        })?;
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(err) => Err(err),
+            None => Ok(dx),
         }
     }
 }

@@ -359,10 +359,20 @@ impl MultiheadAttention {
         if fused {
             // No masks, no weights to return, no dropout: the fused op on
             // the projections' `[N, T, E]` layout, no head copies.
-            let q = self.in_proj(ctx, &first(query)?, 0)?;
-            let k = self.in_proj(ctx, &first(key)?, 1)?;
-            let v = self.in_proj(ctx, &first(value)?, 2)?;
-            let y = q.attention(ctx, &k, &v, self.heads, 1.0 / (hd as f32).sqrt())?;
+            let scale = 1.0 / (hd as f32).sqrt();
+            let y = if std::ptr::eq(query, key) && std::ptr::eq(key, value) {
+                // Self-attention: one projection by the whole `[3E, E]`
+                // weight (the same bits as the three narrowed ones).
+                let bias = self.in_proj_bias.as_ref().map(|b| b.tensor());
+                first(query)?
+                    .linear(ctx, &self.in_proj_weight.tensor(), bias.as_ref())?
+                    .attention_packed(ctx, self.heads, scale)?
+            } else {
+                let q = self.in_proj(ctx, &first(query)?, 0)?;
+                let k = self.in_proj(ctx, &first(key)?, 1)?;
+                let v = self.in_proj(ctx, &first(value)?, 2)?;
+                q.attention(ctx, &k, &v, self.heads, scale)?
+            };
             let y = self.out_proj.forward(ctx, &y)?;
             let y = if self.batch_first {
                 y
