@@ -245,16 +245,6 @@ pub(crate) enum Saved {
         lstm: bool,
         reverse: bool,
     },
-    /// The operands, the attention weights (`[N, heads, L, S]`), the heads
-    /// and the scale of an `attention`.
-    Attention {
-        q: RawTensor,
-        k: RawTensor,
-        v: RawTensor,
-        probs: RawTensor,
-        heads: usize,
-        scale: f32,
-    },
     /// The packed operand, the attention weights, the heads and the scale
     /// of an `attention_packed`.
     AttentionPacked {

@@ -43,28 +43,23 @@ impl Tensor {
         scale: f32,
     ) -> Result<Tensor> {
         let (out, probs) = ctx.attention(&self.raw, &k.raw, &v.raw, heads, scale)?;
-        let (qr, kr, vr) = (self.raw.clone(), k.raw.clone(), v.raw.clone());
-        record!(
+        let (q, k_raw, v_raw) = (self.raw.clone(), k.raw.clone(), v.raw.clone());
+        // Four saved tensors do not fit a node's `Saved` (768 bytes): a VJP
+        // closure in a recycled slot (no allocation after warm-up).
+        Tensor::finish_boxed(
             ctx,
             "attention",
             out,
             &[self, k, v],
-            Attention {
-                q: qr,
-                k: kr,
-                v: vr,
-                probs,
-                heads,
-                scale,
-            },
-            |ctx, g, needs| {
-                let (dq, dk, dv) = ctx.attention_backward(q, k, v, probs, g, *heads, *scale)?;
+            move |ctx, g, needs| {
+                let (dq, dk, dv) =
+                    ctx.attention_backward(&q, &k_raw, &v_raw, &probs, g, heads, scale)?;
                 Ok(grads![
                     needs[0].then_some(dq),
                     needs[1].then_some(dk),
                     needs[2].then_some(dv)
                 ])
-            }
+            },
         )
     }
 
