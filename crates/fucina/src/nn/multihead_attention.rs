@@ -1,6 +1,8 @@
 //! [`MultiheadAttention`]: PyTorch's `nn.MultiheadAttention` (self- and
 //! cross-attention, key-padding and attention masks, the attention weights
-//! on request), built from the differentiable ops.
+//! on request): without masks, weights or dropout on the fused op
+//! `attention` (`attention_packed` for self-attention), else built from the
+//! differentiable ops.
 
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, RawTensor};
