@@ -245,6 +245,14 @@ pub(crate) enum Saved {
         lstm: bool,
         reverse: bool,
     },
+    /// The packed operand, the attention weights, the heads and the scale
+    /// of an `attention_packed`.
+    AttentionPacked {
+        qkv: RawTensor,
+        probs: RawTensor,
+        heads: usize,
+        scale: f32,
+    },
     /// The input shape and the options of an `interpolate` (its backward
     /// reads no values).
     Interpolate {

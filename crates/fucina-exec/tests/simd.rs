@@ -35,6 +35,23 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
     let w = ctx.from_slice(&[c, 64], &values(c * 64, 9))?;
     push("matmul_packed", ctx.matmul(&a, &b.transpose(0, 1)?)?);
     push("matmul_in_place", ctx.matmul(&a, &w)?);
+    // The fused attention: 32-wide heads (the value read in place on
+    // AVX-512) and 6-wide ones (packed), 33 keys (two panels).
+    for (e, heads) in [(64, 2), (12, 2)] {
+        let q = ctx.from_slice(&[2, 5, e], &values(10 * e, 40))?;
+        let kv = ctx.from_slice(&[2, 33, e], &values(66 * e, 41))?;
+        let (y, p) = ctx.attention(&q, &kv, &kv, heads, 0.4)?;
+        let (dq, dk, dv) = ctx.attention_backward(&q, &kv, &kv, &p, &q, heads, 0.4)?;
+        for (part, t) in [("", y), ("_p", p), ("_dq", dq), ("_dk", dk), ("_dv", dv)] {
+            push(&format!("attention_e{e}{part}"), t);
+        }
+        let x = ctx.from_slice(&[2, 5, 3 * e], &values(30 * e, 42))?;
+        let (y, p) = ctx.attention_packed(&x, heads, 0.4)?;
+        let g = ctx.from_slice(&[2, 5, e], &values(10 * e, 43))?;
+        let dx = ctx.attention_packed_backward(&x, &p, &g, heads, 0.4)?;
+        push(&format!("attention_packed_e{e}"), y);
+        push(&format!("attention_packed_e{e}_dx"), dx);
+    }
     push("add", ctx.add(&a, &b)?);
     push("add_row", ctx.add(&a, &row)?);
     push("add_transposed", ctx.add(&a, &at)?);

@@ -354,3 +354,102 @@ fn weight_dropout_statistics_determinism_and_eval() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+/// The output and the gradients (`[y, dq, (dk, dv), parameters...]`) of
+/// `sum(y * y)`, the gradients cleared after.
+fn outputs_and_grads(
+    ctx: &ExecContext,
+    mha: &MultiheadAttention,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    need_weights: bool,
+) -> Vec<Vec<f32>> {
+    let opts = AttentionOptions {
+        need_weights,
+        ..Default::default()
+    };
+    let (y, _) = mha.forward(ctx, q, k, v, opts).unwrap();
+    y.mul(ctx, &y)
+        .unwrap()
+        .sum_all(ctx)
+        .unwrap()
+        .backward(ctx)
+        .unwrap();
+    let mut out = vec![y.to_vec()];
+    let mut inputs = vec![q];
+    if !std::ptr::eq(q, k) {
+        inputs.extend([k, v]);
+    }
+    for t in inputs {
+        out.push(t.grad(ctx).unwrap().expect("a variable").to_vec());
+        t.zero_grad();
+    }
+    for (_, p) in mha.named_parameters() {
+        out.push(p.grad(ctx).unwrap().expect("a gradient").to_vec());
+        p.zero_grad();
+    }
+    out
+}
+
+#[test]
+fn the_fused_paths_match_pytorch_and_the_composition() {
+    let ctx = ExecContext::with_threads(2);
+    // The fixture's first case (self-attention, no mask) without the
+    // weights: the packed fused path, its output against PyTorch.
+    let c = &parse()[0];
+    assert!(c.flag("self") && c.kv["mask"] == "none");
+    let mha = c.layer(&ctx);
+    let q = c.tensor(&ctx, "query");
+    let opts = AttentionOptions {
+        need_weights: false,
+        ..Default::default()
+    };
+    let (y, w) = mha.forward(&ctx, &q, &q, &q, opts).unwrap();
+    assert!(w.is_none());
+    close("fused self-attention y", &y, c.want("y"));
+    // Self-attention (one tensor: the packed op) and cross-attention (three:
+    // the three-operand op), batch-first and sequence-first: the output and
+    // every gradient as the composition's (`need_weights` takes it).
+    for batch_first in [true, false] {
+        let mha = MultiheadAttention::new(&ctx, 16, 4, true, batch_first, 21).unwrap();
+        let x = Tensor::randn(&ctx, &[3, 5, 16], 1.0, 22)
+            .unwrap()
+            .into_variable();
+        let k = Tensor::randn(&ctx, &[3, 7, 16], 1.0, 23)
+            .unwrap()
+            .into_variable();
+        let v = Tensor::randn(&ctx, &[3, 7, 16], 1.0, 24)
+            .unwrap()
+            .into_variable();
+        let (k, v) = if batch_first {
+            (k, v)
+        } else {
+            // [S, N, E] with N = 3: another batch, the same shapes.
+            (
+                k.reshape(&ctx, &[7, 3, 16]).unwrap(),
+                v.reshape(&ctx, &[7, 3, 16]).unwrap(),
+            )
+        };
+        let (k, v) = (k.detach().into_variable(), v.detach().into_variable());
+        let x = if batch_first {
+            x
+        } else {
+            x.reshape(&ctx, &[5, 3, 16])
+                .unwrap()
+                .detach()
+                .into_variable()
+        };
+        for (name, ins) in [("self", (&x, &x, &x)), ("cross", (&x, &k, &v))] {
+            let fused = outputs_and_grads(&ctx, &mha, ins, false);
+            let composed = outputs_and_grads(&ctx, &mha, ins, true);
+            assert_eq!(fused.len(), composed.len());
+            for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
+                for (j, (&p, &r)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (p - r).abs() <= 1e-4 * (1.0 + r.abs()),
+                        "{name} batch_first {batch_first}: output {i}[{j}]: fused {p}, composed {r}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The differentiable op surface: each op runs the exec layer's forward kernel,
 //! then records a VJP built from the exec layer's backward kernels.
 
+pub(crate) mod attention;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod conv_transpose;

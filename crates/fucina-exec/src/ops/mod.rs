@@ -3,6 +3,7 @@
 //! context's pool, and runs a kernel of [`crate::kernels`] over it, in parallel
 //! chunks above [`crate::PARALLEL_THRESHOLD`].
 
+pub(crate) mod attention;
 pub(crate) mod batch_norm;
 pub(crate) mod bf16_matmul;
 pub(crate) mod bf16_round;

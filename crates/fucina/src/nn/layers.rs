@@ -482,13 +482,24 @@ impl Dropout {
         self.training
     }
 
+    /// The probability of dropping an element (in training mode).
+    pub fn p(&self) -> f32 {
+        self.p
+    }
+
+    /// Whether [`forward`](Dropout::forward) passes its input through now
+    /// (evaluation mode, or `p == 0`).
+    pub fn passes_through(&self) -> bool {
+        !self.training || self.p == 0.0
+    }
+
     /// Applies dropout (training mode) or passes `x` through (evaluation mode, or
     /// `p == 0`).
     ///
     /// # Errors
     /// Out of memory.
     pub fn forward(&self, ctx: &ExecContext, x: &Tensor) -> Result<Tensor> {
-        if !self.training || self.p == 0.0 {
+        if self.passes_through() {
             return Ok(x.clone());
         }
         let k = self.step.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,8 @@
 //! [`MultiheadAttention`]: PyTorch's `nn.MultiheadAttention` (self- and
 //! cross-attention, key-padding and attention masks, the attention weights
-//! on request), built from the differentiable ops.
+//! on request): without masks, weights or dropout on the fused op
+//! `attention` (`attention_packed` for self-attention), else built from the
+//! differentiable ops.
 
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, RawTensor};
@@ -252,17 +254,25 @@ impl MultiheadAttention {
     }
 
     /// `x` (`[N, T, E]` after the layout) projected by rows `part * E..` of
-    /// the in-projection and split into heads: `[N, heads, T, E / heads]`.
-    fn project(&self, ctx: &ExecContext, x: &Tensor, part: usize) -> Result<Tensor> {
+    /// the in-projection: `[N, T, E]`, the heads `E / heads` consecutive
+    /// features each.
+    fn in_proj(&self, ctx: &ExecContext, x: &Tensor, part: usize) -> Result<Tensor> {
         let e = self.embed;
         let w = self.in_proj_weight.tensor().narrow(ctx, 0, part * e, e)?;
         let b = match &self.in_proj_bias {
             Some(b) => Some(b.tensor().narrow(ctx, 0, part * e, e)?),
             None => None,
         };
+        Ok(x.linear(ctx, &w, b.as_ref())?)
+    }
+
+    /// [`in_proj`](Self::in_proj) split into heads: `[N, heads, T, E /
+    /// heads]`.
+    fn project(&self, ctx: &ExecContext, x: &Tensor, part: usize) -> Result<Tensor> {
         let (n, t) = (x.shape()[0], x.shape()[1]);
-        Ok(x.linear(ctx, &w, b.as_ref())?
-            .reshape(ctx, &[n, t, self.heads, e / self.heads])?
+        Ok(self
+            .in_proj(ctx, x, part)?
+            .reshape(ctx, &[n, t, self.heads, self.embed / self.heads])?
             .permute(ctx, &[0, 2, 1, 3])?)
     }
 
@@ -344,6 +354,35 @@ impl MultiheadAttention {
             }
         };
         let hd = self.embed / self.heads;
+        let fused = opts.attn_mask.is_none()
+            && opts.key_padding_mask.is_none()
+            && !opts.need_weights
+            && self.dropout.passes_through();
+        if fused {
+            // No masks, no weights to return, no dropout: the fused op on
+            // the projections' `[N, T, E]` layout, no head copies.
+            let scale = 1.0 / (hd as f32).sqrt();
+            let y = if std::ptr::eq(query, key) && std::ptr::eq(key, value) {
+                // Self-attention: one projection by the whole `[3E, E]`
+                // weight (the same bits as the three narrowed ones).
+                let bias = self.in_proj_bias.as_ref().map(|b| b.tensor());
+                first(query)?
+                    .linear(ctx, &self.in_proj_weight.tensor(), bias.as_ref())?
+                    .attention_packed(ctx, self.heads, scale)?
+            } else {
+                let q = self.in_proj(ctx, &first(query)?, 0)?;
+                let k = self.in_proj(ctx, &first(key)?, 1)?;
+                let v = self.in_proj(ctx, &first(value)?, 2)?;
+                q.attention(ctx, &k, &v, self.heads, scale)?
+            };
+            let y = self.out_proj.forward(ctx, &y)?;
+            let y = if self.batch_first {
+                y
+            } else {
+                y.transpose(ctx, 0, 1)?.materialize(ctx)?
+            };
+            return Ok((y, None));
+        }
         // The scale on `q` (`[N, heads, L, E / heads]`), not on the scores
         // (`[N, heads, L, S]`, `S / (E / heads)` times larger), as PyTorch's
         // math path does; it also leaves `q` contiguous for the product.
