@@ -31,7 +31,7 @@ use std::ops::Range;
 
 use super::QK_K;
 use super::q8k::{GROUPS, KActs};
-use super::q8k_gemm::Q8kGemm;
+use super::q8k_gemm::{GemmMicro, Q8kGemm, drive};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 
@@ -51,7 +51,7 @@ const MR: usize = 3;
 /// 32 bytes, aligned (one 256-bit vector).
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct Y([u32; 8]);
+pub(super) struct Y([u32; 8]);
 
 /// Code vectors per unpacked super-block: 64 groups of four codes × 2
 /// halves (vector `2 g + h`: codes `4 g .. 4 g + 4` of rows `8 h .. 8 h + 8`).
@@ -370,12 +370,62 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
     }
 }
 
+/// The AVX2 micro-kernel (`q8k_gemm::GemmMicro`).
+pub(super) struct Avx2;
+
+impl<F: Q8kGemmAvx2> GemmMicro<F> for Avx2 {
+    const NAME: &'static str = "q8k avx2 gemm";
+    const CHUNK: usize = CHUNK;
+    const MR: usize = MR;
+    type Buf = [Y; CHUNK * SB_VECS];
+
+    #[inline(always)]
+    fn buf() -> Self::Buf {
+        [Y([0; 8]); CHUNK * SB_VECS]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn unpack(
+        w: &[u8],
+        row_bytes: usize,
+        rows: (usize, usize),
+        sbs: (usize, usize),
+        buf: &mut Self::Buf,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { unpack::<F>(w, row_bytes, rows, sbs, buf) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn micro(
+        buf: &Self::Buf,
+        a: usize,
+        nsb: usize,
+        x: (*const i8, usize),
+        bs: (*const i16, usize),
+        dx: (*const f32, usize),
+        acc: *mut f32,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match a {
+                3 => micro::<F, 3>(buf, nsb, x, bs, dx, acc, first),
+                2 => micro::<F, 2>(buf, nsb, x, bs, dx, acc, first),
+                _ => micro::<F, 1>(buf, nsb, x, bs, dx, acc, first),
+            }
+        }
+    }
+}
+
 /// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
 /// one cut at `rows`) for all `m` activation rows, into `out`
-/// (`[tiles.len()][m][16]`).
+/// (`[tiles.len()][m][16]`): `q8k_gemm::drive` with the AVX2 micro-kernel.
 ///
 /// # Panics
-/// If the slices are too short (caller bugs).
+/// If the slices are too short, or `F` has no AVX2 GEMM (caller bugs).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -391,47 +441,6 @@ pub(super) unsafe fn gemm<F: Q8kGemmAvx2>(
     out: &mut [f32],
 ) {
     assert!(F::SPAN > 0, "q8k avx2 gemm: a format without the AVX2 GEMM");
-    let nb = acts.cols / QK_K;
-    super::q8k::check_gemm(
-        "q8k avx2 gemm",
-        w,
-        (row_bytes, F::BYTES),
-        rows,
-        &tiles,
-        acts,
-        m,
-        out,
-    );
-    let mut buf = [Y([0; 8]); CHUNK * SB_VECS];
-    for (ti, t) in tiles.enumerate() {
-        let j0 = t * TILE;
-        let nr = (rows - j0).min(TILE);
-        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
-        for b0 in (0..nb).step_by(CHUNK) {
-            let nsb = (nb - b0).min(CHUNK);
-            // SAFETY: the features (the caller's contract); the rows and
-            // super-blocks are inside `w` (asserted).
-            unsafe { unpack::<F>(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
-            let mut i0 = 0;
-            while i0 < m {
-                let a = (m - i0).min(MR);
-                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
-                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
-                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
-                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
-                let first = b0 == 0;
-                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
-                // of the activations are inside their slices (asserted);
-                // `acc` holds a · 16 floats.
-                unsafe {
-                    match a {
-                        3 => micro::<F, 3>(&buf, nsb, x, bs, dx, acc, first),
-                        2 => micro::<F, 2>(&buf, nsb, x, bs, dx, acc, first),
-                        _ => micro::<F, 1>(&buf, nsb, x, bs, dx, acc, first),
-                    }
-                }
-                i0 += a;
-            }
-        }
-    }
+    // SAFETY: the features (the caller's contract).
+    unsafe { drive::<F, Avx2>(w, row_bytes, rows, tiles, acts, m, out) }
 }
