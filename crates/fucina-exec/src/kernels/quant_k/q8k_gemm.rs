@@ -247,15 +247,9 @@ impl Q8kGemm for Q6_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
-        // super-block.
-        let (s8, d) = unsafe {
-            (
-                _mm_loadu_si128(blk.add(192).cast()),
-                blk.add(208).cast::<u16>().read_unaligned(),
-            )
-        };
-        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q6k_head(blk) };
+        meta16(s8, s8, true, d)
     }
 }
 
@@ -308,17 +302,8 @@ impl Q8kGemm for Q3_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
-        // super-block.
-        let (sc, d) = unsafe {
-            (
-                q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
-                blk.add(108).cast::<u16>().read_unaligned(),
-            )
-        };
-        // SAFETY: 16 bytes.
-        let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q3k_head(blk) };
         meta16(s8, s8, true, d)
     }
 }
@@ -349,18 +334,9 @@ impl Q8kGemm for Q2_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
-        // super-block.
-        let (sb, dd) = unsafe {
-            (
-                _mm_loadu_si128(blk.cast()),
-                blk.add(80).cast::<i32>().read_unaligned(),
-            )
-        };
-        let low4 = _mm_set1_epi8(0x0f);
-        let sc = _mm_and_si128(sb, low4);
-        let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
-        meta16(sc, mn, false, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+        // SAFETY: the super-block (the caller's contract).
+        let (sc, mn, dd) = unsafe { q2k_head(blk) };
+        meta16(sc, mn, false, dd)
     }
 }
 
@@ -388,22 +364,96 @@ impl Q8kGemm for IQ4_XS {
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
         // SAFETY: the super-block (the caller's contract).
-        let (sc, d) = unsafe {
-            (
-                iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
-                blk.cast::<u16>().read_unaligned(),
-            )
-        };
-        let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
+        let (s8, d) = unsafe { iq4xs_head(blk) };
         let scv = _mm256_cvtepi8_epi32(s8);
         let s16 = _mm_cvtepi8_epi16(s8);
         let co = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
         [
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scv), co),
             _mm512_zextsi128_si512(_mm_castps_si128(d)),
         ]
     }
+}
+
+/// Q6_K's sixteen int8 group scales and its f32 `d` (lane 0; the others
+/// zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q6_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q6k_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the scales 192..208 and `d` 208..210 are inside the
+    // super-block.
+    let (s8, d) = unsafe {
+        (
+            _mm_loadu_si128(blk.add(192).cast()),
+            blk.add(208).cast::<u16>().read_unaligned(),
+        )
+    };
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+}
+
+/// Q3_K's sixteen group scales `ls − 32` (int8) and its f32 `d` (lane 0;
+/// the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q3_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q3k_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
+    // super-block.
+    let (sc, d) = unsafe {
+        (
+            q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
+            blk.add(108).cast::<u16>().read_unaligned(),
+        )
+    };
+    // SAFETY: 16 bytes.
+    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+}
+
+/// Q2_K's sixteen 4-bit scales and mins (unsigned bytes) and its f32 `d`,
+/// `dmin` (lanes 0, 1; the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q2_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q2k_head(blk: *const u8) -> (__m128i, __m128i, __m128) {
+    // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
+    // super-block.
+    let (sb, dd) = unsafe {
+        (
+            _mm_loadu_si128(blk.cast()),
+            blk.add(80).cast::<i32>().read_unaligned(),
+        )
+    };
+    let low4 = _mm_set1_epi8(0x0f);
+    let sc = _mm_and_si128(sb, low4);
+    let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
+    (sc, mn, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+}
+
+/// IQ4_XS's eight sub-block scales `ls − 32` (int8, the low 8 bytes) and
+/// its f32 `d` (lane 0; the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading an IQ4_XS super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn iq4xs_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the super-block (the caller's contract).
+    let (sc, d) = unsafe {
+        (
+            iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
+            blk.cast::<u16>().read_unaligned(),
+        )
+    };
+    let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
 }
 
 /// Transposes 16 vectors of 16 dwords: `out[k]` lane `r` = `v[r]` lane `k`.

@@ -37,10 +37,9 @@ use std::ops::Range;
 
 use super::QK_K;
 use super::q8k::{GROUPS, KActs};
-use super::q8k_gemm::{GemmMicro, Q8kGemm, drive};
+use super::q8k_gemm::{GemmMicro, Q8kGemm, drive, iq4xs_head, q2k_head, q3k_head, q6k_head};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
-use crate::kernels::quant_block::{iq4_xs, q3_k};
 
 /// Weight rows per tile.
 const TILE: usize = super::q8k::GEMM_TILE;
@@ -162,15 +161,9 @@ impl Q8kGemmAvx2 for Q6_K {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
-        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
-        // super-block.
-        let (s8, d) = unsafe {
-            (
-                _mm_loadu_si128(blk.add(192).cast()),
-                blk.add(208).cast::<u16>().read_unaligned(),
-            )
-        };
-        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q6k_head(blk) };
+        meta16(s8, s8, true, d)
     }
 }
 
@@ -214,17 +207,9 @@ impl Q8kGemmAvx2 for Q3_K {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
-        // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
-        // super-block.
-        let (sc, d) = unsafe {
-            (
-                q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
-                blk.add(108).cast::<u16>().read_unaligned(),
-            )
-        };
-        // SAFETY: 16 bytes.
-        let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
-        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q3k_head(blk) };
+        meta16(s8, s8, true, d)
     }
 }
 
@@ -238,18 +223,9 @@ impl Q8kGemmAvx2 for Q2_K {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
-        // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
-        // super-block.
-        let (sb, dd) = unsafe {
-            (
-                _mm_loadu_si128(blk.cast()),
-                blk.add(80).cast::<i32>().read_unaligned(),
-            )
-        };
-        let low4 = _mm_set1_epi8(0x0f);
-        let sc = _mm_and_si128(sb, low4);
-        let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
-        meta16(sc, mn, false, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+        // SAFETY: the super-block (the caller's contract).
+        let (sc, mn, dd) = unsafe { q2k_head(blk) };
+        meta16(sc, mn, false, dd)
     }
 }
 
@@ -264,14 +240,7 @@ impl Q8kGemmAvx2 for IQ4_XS {
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
         // SAFETY: the super-block (the caller's contract).
-        let (sc, d) = unsafe {
-            (
-                iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
-                blk.cast::<u16>().read_unaligned(),
-            )
-        };
-        let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        let (s8, d) = unsafe { iq4xs_head(blk) };
         [
             pairs16(_mm256_cvtepi8_epi32(s8)),
             _mm256_setzero_si256(),
