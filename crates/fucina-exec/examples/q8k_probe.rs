@@ -1,6 +1,6 @@
-//! Times `quant_matmul` of a K-format matrix (Q4_K, Q5_K, Q6_K; the
-//! TinyLlama-1.1B FFN shape, 5632 × 2048) at several activation row counts
-//! `m`, two ways alternated call by call so that both see the same load: one
+//! Times `quant_matmul` of a K-format matrix (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
+//! IQ4_XS; the TinyLlama-1.1B FFN shape, 5632 × 2048) at several activation
+//! row counts `m`, two ways alternated call by call so that both see the same load: one
 //! call of `m` rows (at `m ≥ 8` the level's GEMM where it has one) and the
 //! same rows as calls of at most 4 (the four-row tile). Prints the median
 //! and the minimum microseconds per activation row of each (a quick probe, not a benchmark).
@@ -43,7 +43,14 @@ fn main() {
         "level {} threads {threads}",
         fucina_exec::simd_level().name()
     );
-    for format in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K] {
+    for format in [
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+        QuantFormat::Q3_K,
+        QuantFormat::Q2_K,
+        QuantFormat::IQ4_XS,
+    ] {
         let q = ctx
             .quantize(format, rows, cols, &values(rows * cols, 3))
             .expect("quantize");

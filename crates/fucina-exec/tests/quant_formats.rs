@@ -596,7 +596,8 @@ const K_VECTOR: [QuantFormat; 4] = [
 ];
 
 /// The K formats in prefill-sized calls (`m ≥ 8`: at the AVX-512 VNNI level
-/// the GEMM over tiles of 16 weight rows, at AVX2 from `m = 16` for Q5_K;
+/// the GEMM over tiles of 16 weight rows, at AVX2 from `m = 16` (Q2_K and
+/// Q3_K with their offset or min, IQ4_XS with its values read signed);
 /// `m = 7` the tile below the switch; a partial last tile, chunks of
 /// super-blocks), quantized and arbitrary blocks: the reference's bits at
 /// every level and thread count.
@@ -647,15 +648,17 @@ fn gemm_sized_calls_match(format: QuantFormat) {
 /// scales and mins) under normal f16 scales of either sign, with activations at
 /// the ends of theirs (blocks of ±127, alternating signs, a zero block, a single
 /// huge value): the reference's bits at every level, where the 16-bit pair sums
-/// of `vpmaddubsw` are closest to saturating.
+/// of `vpmaddubsw` are closest to saturating (16 activation rows: the GEMMs
+/// of both levels).
 #[test]
 fn extreme_codes_and_activations_match_the_reference() {
     let best = detected_simd_level();
     let (rows, cols) = (6, 512);
-    // rows 4..8 are rows 0..4 negated (8 rows: the GEMM at AVX-512 VNNI)
-    let mut x = vec![0.0f32; 8 * cols];
+    // rows 4..8 are rows 0..4 negated (8 rows: the GEMM at AVX-512 VNNI),
+    // rows 8..16 rows 0..8 again (16: the GEMM at AVX2)
+    let mut x = vec![0.0f32; 16 * cols];
     for (k, v) in x.iter_mut().enumerate() {
-        let sign = if k / cols >= 4 { -1.0 } else { 1.0 };
+        let sign = if k / cols % 8 >= 4 { -1.0 } else { 1.0 };
         *v = sign
             * match (k / cols % 4, k % cols) {
                 (0, _) => -1.0,
@@ -707,10 +710,10 @@ fn extreme_codes_and_activations_match_the_reference() {
             }
         }
         let w = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
-        let want = ref_matmul(&x, 8, &w);
+        let want = ref_matmul(&x, 16, &w);
         for level in SimdLevel::available() {
             assert!(force_simd_level(level));
-            for (threads, m) in [(1, 4), (2, 4), (1, 8), (2, 8)] {
+            for (threads, m) in [(1, 4), (2, 4), (1, 8), (2, 8), (1, 16), (2, 16)] {
                 let mut out = vec![0.0; m * rows];
                 ExecContext::with_threads(threads)
                     .quant_matmul(&x[..m * cols], m, &w, &mut out)

@@ -11,8 +11,8 @@
 //! |---|---|
 //! | `q8k.rs` | the super-block activations, their order, the portable product and its dispatch |
 //! | `q8k_x86.rs` | the AVX2 tile of that product (also compiled for AVX-512 VNNI) |
-//! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations) |
-//! | `q8k_gemm_avx2.rs` | the AVX2 twin of that GEMM (`vpmaddubsw` summed in 16 bits over spans that cannot overflow, `vpmaddwd` by the scale pairs; tiles of 16 weight rows as two halves of 8, three activation rows per micro-kernel; Q4_K, Q5_K and Q6_K) |
+//! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations), and the driver both GEMMs share (generic over their micro-kernel) |
+//! | `q8k_gemm_avx2.rs` | the AVX2 twin of that GEMM (`vpmaddubsw` summed in 16 bits over spans that cannot overflow, `vpmaddwd` by the scale pairs; tiles of 16 weight rows as two halves of 8, three activation rows per micro-kernel; every K format and IQ4_XS, whose values it reads signed) |
 //! | `mod.rs` | these docs, [`quantize_acts`] (blocks of 32 with their sums, for the formats of blocks of 32 with a min) |
 //! | `x86.rs` | what the x86 tiles share: the tile driver, the weights' addresses and prefetch, the f16 scale pair |
 

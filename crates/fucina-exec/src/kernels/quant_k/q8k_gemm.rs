@@ -25,6 +25,11 @@
 //! side by side: one vector per activation row); they hold the running
 //! accumulators between chunks. `quant_matmul` writes them to its output
 //! with `q8k::untranspose_tiles`.
+//!
+//! The walk over tiles, chunks and activation rows ([`drive`]) is shared
+//! with the AVX2 GEMM (`q8k_gemm_avx2`): each level gives its micro-kernel
+//! ([`GemmMicro`]: the chunk size, the activation rows per call, its
+//! unpacking and its inner product).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -48,7 +53,7 @@ const MR: usize = 8;
 /// 64 bytes, aligned to a cache line (one 512-bit vector).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Z([u32; 16]);
+pub(super) struct Z([u32; 16]);
 
 /// Vectors per unpacked super-block: 64 of codes, then 32 of the format's
 /// meta dwords (scales, group sum coefficients, `d`, `dmin`; see
@@ -242,15 +247,9 @@ impl Q8kGemm for Q6_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
-        // super-block.
-        let (s8, d) = unsafe {
-            (
-                _mm_loadu_si128(blk.add(192).cast()),
-                blk.add(208).cast::<u16>().read_unaligned(),
-            )
-        };
-        meta16(s8, s8, true, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q6k_head(blk) };
+        meta16(s8, s8, true, d)
     }
 }
 
@@ -303,17 +302,8 @@ impl Q8kGemm for Q3_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
-        // super-block.
-        let (sc, d) = unsafe {
-            (
-                q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
-                blk.add(108).cast::<u16>().read_unaligned(),
-            )
-        };
-        // SAFETY: 16 bytes.
-        let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q3k_head(blk) };
         meta16(s8, s8, true, d)
     }
 }
@@ -344,18 +334,9 @@ impl Q8kGemm for Q2_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
-        // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
-        // super-block.
-        let (sb, dd) = unsafe {
-            (
-                _mm_loadu_si128(blk.cast()),
-                blk.add(80).cast::<i32>().read_unaligned(),
-            )
-        };
-        let low4 = _mm_set1_epi8(0x0f);
-        let sc = _mm_and_si128(sb, low4);
-        let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
-        meta16(sc, mn, false, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+        // SAFETY: the super-block (the caller's contract).
+        let (sc, mn, dd) = unsafe { q2k_head(blk) };
+        meta16(sc, mn, false, dd)
     }
 }
 
@@ -383,22 +364,96 @@ impl Q8kGemm for IQ4_XS {
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     unsafe fn meta(blk: *const u8) -> [__m512i; 2] {
         // SAFETY: the super-block (the caller's contract).
-        let (sc, d) = unsafe {
-            (
-                iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
-                blk.cast::<u16>().read_unaligned(),
-            )
-        };
-        let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
+        let (s8, d) = unsafe { iq4xs_head(blk) };
         let scv = _mm256_cvtepi8_epi32(s8);
         let s16 = _mm_cvtepi8_epi16(s8);
         let co = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
         [
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scv), co),
             _mm512_zextsi128_si512(_mm_castps_si128(d)),
         ]
     }
+}
+
+/// Q6_K's sixteen int8 group scales and its f32 `d` (lane 0; the others
+/// zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q6_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q6k_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the scales 192..208 and `d` 208..210 are inside the
+    // super-block.
+    let (s8, d) = unsafe {
+        (
+            _mm_loadu_si128(blk.add(192).cast()),
+            blk.add(208).cast::<u16>().read_unaligned(),
+        )
+    };
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+}
+
+/// Q3_K's sixteen group scales `ls − 32` (int8) and its f32 `d` (lane 0;
+/// the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q3_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q3k_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the scale bytes 96..108 and `d` 108..110 are inside the
+    // super-block.
+    let (sc, d) = unsafe {
+        (
+            q3_k::signed_scales(std::slice::from_raw_parts(blk.add(96), 12)),
+            blk.add(108).cast::<u16>().read_unaligned(),
+        )
+    };
+    // SAFETY: 16 bytes.
+    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
+}
+
+/// Q2_K's sixteen 4-bit scales and mins (unsigned bytes) and its f32 `d`,
+/// `dmin` (lanes 0, 1; the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading a Q2_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q2k_head(blk: *const u8) -> (__m128i, __m128i, __m128) {
+    // SAFETY: the scales 0..16 and `d`, `dmin` 80..84 are inside the
+    // super-block.
+    let (sb, dd) = unsafe {
+        (
+            _mm_loadu_si128(blk.cast()),
+            blk.add(80).cast::<i32>().read_unaligned(),
+        )
+    };
+    let low4 = _mm_set1_epi8(0x0f);
+    let sc = _mm_and_si128(sb, low4);
+    let mn = _mm_and_si128(_mm_srli_epi16::<4>(sb), low4);
+    (sc, mn, _mm_cvtph_ps(_mm_cvtsi32_si128(dd)))
+}
+
+/// IQ4_XS's eight sub-block scales `ls − 32` (int8, the low 8 bytes) and
+/// its f32 `d` (lane 0; the others zero).
+///
+/// # Safety
+/// F16C; `blk` valid for reading an IQ4_XS super-block.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn iq4xs_head(blk: *const u8) -> (__m128i, __m128) {
+    // SAFETY: the super-block (the caller's contract).
+    let (sc, d) = unsafe {
+        (
+            iq4_xs::signed_scales(std::slice::from_raw_parts(blk, 136)),
+            blk.cast::<u16>().read_unaligned(),
+        )
+    };
+    let s8 = _mm_cvtsi64_si128(i64::from_le_bytes(sc.map(|v| v as u8)));
+    (s8, _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))))
 }
 
 /// Transposes 16 vectors of 16 dwords: `out[k]` lane `r` = `v[r]` lane `k`.
@@ -571,9 +626,177 @@ unsafe fn micro<F: Q8kGemm, const A: usize>(
     }
 }
 
+/// The micro-kernel of a super-block GEMM for format `F` (one per vector
+/// level: `Vnni` here, `q8k_gemm_avx2::Avx2`): how a chunk of a tile's
+/// super-blocks is unpacked and how activation rows meet it. [`drive`] walks
+/// the tiles, chunks and activation rows the same way for every level.
+pub(super) trait GemmMicro<F: Q8kDot> {
+    /// The GEMM's name in its panics.
+    const NAME: &'static str;
+    /// Super-blocks unpacked at a time.
+    const CHUNK: usize;
+    /// Activation rows per micro-kernel call.
+    const MR: usize;
+    /// The unpacked super-blocks of a tile (`CHUNK` of them, on the stack).
+    type Buf;
+
+    /// A zeroed buffer.
+    fn buf() -> Self::Buf;
+
+    /// Unpacks super-blocks `b0 .. b0 + nsb` (`nsb ≤ CHUNK`) of weight rows
+    /// `j0 .. j0 + nr` (`nr ≤ 16`; the missing rows as zeros) into `buf`.
+    ///
+    /// # Safety
+    /// The CPU features of the level; the rows and super-blocks inside `w`.
+    unsafe fn unpack(
+        w: &[u8],
+        row_bytes: usize,
+        rows: (usize, usize),
+        sbs: (usize, usize),
+        buf: &mut Self::Buf,
+    );
+
+    /// The `a` (`1 ..= MR`) activation rows at `x` (their values at the
+    /// chunk's first super-block; rows `x_stride` apart), group sums at `bs`
+    /// (rows `bs_stride` apart), scales at `dx` (rows `nb` apart) meet the
+    /// `nsb` unpacked super-blocks in `buf`: the accumulators at `acc` (`a`
+    /// runs of 16, zeros when `first`) take the float part of every
+    /// super-block in turn.
+    ///
+    /// # Safety
+    /// The CPU features of the level; every read inside the activations,
+    /// `acc` valid for `16 · a` floats.
+    #[allow(clippy::too_many_arguments)] // the activation rows' three arrays and their strides
+    unsafe fn micro(
+        buf: &Self::Buf,
+        a: usize,
+        nsb: usize,
+        x: (*const i8, usize),
+        bs: (*const i16, usize),
+        dx: (*const f32, usize),
+        acc: *mut f32,
+        first: bool,
+    );
+}
+
 /// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
 /// one cut at `rows`) for all `m` activation rows, into `out`
-/// (`[tiles.len()][m][16]`).
+/// (`[tiles.len()][m][16]`), with micro-kernel `K`: each tile's
+/// super-blocks `K::CHUNK` at a time unpacked once, then met by the
+/// activation rows `K::MR` at a time.
+///
+/// # Panics
+/// If the slices are too short (caller bugs).
+///
+/// # Safety
+/// The CPU must have the features of `K`'s level.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+pub(super) unsafe fn drive<F: Q8kDot, K: GemmMicro<F>>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &mut [f32],
+) {
+    let nb = acts.cols / QK_K;
+    super::q8k::check_gemm(
+        K::NAME,
+        w,
+        (row_bytes, F::BYTES),
+        rows,
+        &tiles,
+        acts,
+        m,
+        out,
+    );
+    let mut buf = K::buf();
+    for (ti, t) in tiles.enumerate() {
+        let j0 = t * TILE;
+        let nr = (rows - j0).min(TILE);
+        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
+        for b0 in (0..nb).step_by(K::CHUNK) {
+            let nsb = (nb - b0).min(K::CHUNK);
+            // SAFETY: the features (the caller's contract); the rows and
+            // super-blocks are inside `w` (asserted).
+            unsafe { K::unpack(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
+            let mut i0 = 0;
+            while i0 < m {
+                let a = (m - i0).min(K::MR);
+                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
+                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
+                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
+                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
+                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
+                // of the activations are inside their slices (asserted);
+                // `acc` holds a · 16 floats.
+                unsafe { K::micro(&buf, a, nsb, x, bs, dx, acc, b0 == 0) };
+                i0 += a;
+            }
+        }
+    }
+}
+
+/// The AVX-512 VNNI micro-kernel ([`GemmMicro`]).
+pub(super) struct Vnni;
+
+impl<F: Q8kGemm> GemmMicro<F> for Vnni {
+    const NAME: &'static str = "q8k gemm";
+    const CHUNK: usize = CHUNK;
+    const MR: usize = MR;
+    type Buf = [Z; CHUNK * SB_VECS];
+
+    #[inline(always)]
+    fn buf() -> Self::Buf {
+        [Z([0; 16]); CHUNK * SB_VECS]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn unpack(
+        w: &[u8],
+        row_bytes: usize,
+        rows: (usize, usize),
+        sbs: (usize, usize),
+        buf: &mut Self::Buf,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { unpack::<F>(w, row_bytes, rows, sbs, buf) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    unsafe fn micro(
+        buf: &Self::Buf,
+        a: usize,
+        nsb: usize,
+        x: (*const i8, usize),
+        bs: (*const i16, usize),
+        dx: (*const f32, usize),
+        acc: *mut f32,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match a {
+                8 => micro::<F, 8>(buf, nsb, x, bs, dx, acc, first),
+                7 => micro::<F, 7>(buf, nsb, x, bs, dx, acc, first),
+                6 => micro::<F, 6>(buf, nsb, x, bs, dx, acc, first),
+                5 => micro::<F, 5>(buf, nsb, x, bs, dx, acc, first),
+                4 => micro::<F, 4>(buf, nsb, x, bs, dx, acc, first),
+                3 => micro::<F, 3>(buf, nsb, x, bs, dx, acc, first),
+                2 => micro::<F, 2>(buf, nsb, x, bs, dx, acc, first),
+                _ => micro::<F, 1>(buf, nsb, x, bs, dx, acc, first),
+            }
+        }
+    }
+}
+
+/// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
+/// one cut at `rows`) for all `m` activation rows, into `out`
+/// (`[tiles.len()][m][16]`): [`drive`] with the AVX-512 VNNI micro-kernel.
 ///
 /// # Panics
 /// If the slices are too short (caller bugs).
@@ -591,52 +814,6 @@ pub(super) unsafe fn gemm<F: Q8kGemm>(
     m: usize,
     out: &mut [f32],
 ) {
-    let nb = acts.cols / QK_K;
-    super::q8k::check_gemm(
-        "q8k gemm",
-        w,
-        (row_bytes, F::BYTES),
-        rows,
-        &tiles,
-        acts,
-        m,
-        out,
-    );
-    let mut buf = [Z([0; 16]); CHUNK * SB_VECS];
-    for (ti, t) in tiles.enumerate() {
-        let j0 = t * TILE;
-        let nr = (rows - j0).min(TILE);
-        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
-        for b0 in (0..nb).step_by(CHUNK) {
-            let nsb = (nb - b0).min(CHUNK);
-            // SAFETY: the features (the caller's contract); the rows and
-            // super-blocks are inside `w` (asserted).
-            unsafe { unpack::<F>(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
-            let mut i0 = 0;
-            while i0 < m {
-                let a = (m - i0).min(MR);
-                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
-                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
-                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
-                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
-                let first = b0 == 0;
-                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
-                // of the activations are inside their slices (asserted);
-                // `acc` holds a · 16 floats.
-                unsafe {
-                    match a {
-                        8 => micro::<F, 8>(&buf, nsb, x, bs, dx, acc, first),
-                        7 => micro::<F, 7>(&buf, nsb, x, bs, dx, acc, first),
-                        6 => micro::<F, 6>(&buf, nsb, x, bs, dx, acc, first),
-                        5 => micro::<F, 5>(&buf, nsb, x, bs, dx, acc, first),
-                        4 => micro::<F, 4>(&buf, nsb, x, bs, dx, acc, first),
-                        3 => micro::<F, 3>(&buf, nsb, x, bs, dx, acc, first),
-                        2 => micro::<F, 2>(&buf, nsb, x, bs, dx, acc, first),
-                        _ => micro::<F, 1>(&buf, nsb, x, bs, dx, acc, first),
-                    }
-                }
-                i0 += a;
-            }
-        }
-    }
+    // SAFETY: the features (the caller's contract).
+    unsafe { drive::<F, Vnni>(w, row_bytes, rows, tiles, acts, m, out) }
 }

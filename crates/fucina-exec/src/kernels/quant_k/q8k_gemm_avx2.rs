@@ -1,26 +1,32 @@
-//! The AVX2 product of many activation rows with Q4_K, Q5_K and Q6_K weights
-//! on the super-block activations of `q8k` (a prefill, a batch): the twin of
-//! the AVX-512 VNNI GEMM (`q8k_gemm`) for 16 YMM registers and no
+//! The AVX2 product of many activation rows with K-format (Q2_K, Q3_K,
+//! Q4_K, Q5_K, Q6_K) and IQ4_XS weights on the super-block activations of
+//! `q8k` (a prefill, a batch): the twin of the AVX-512 VNNI GEMM
+//! (`q8k_gemm`, whose driver it shares) for 16 YMM registers and no
 //! `vpdpbusd`.
 //!
 //! The weight rows are taken 16 at a time (a *tile*, two halves of 8). A
 //! few super-blocks of the tile are unpacked once into a buffer on the stack
-//! (`CHUNK` of them): the codes as unsigned bytes, transposed so that one
-//! 256-bit vector holds the four codes `4 g .. 4 g + 4` of each of 8 rows;
-//! the meta dwords of `q8k_gemm` (the integer sub-block, or Q6_K group,
-//! scales; the coefficients of the activation group sums as 16-bit pairs;
-//! `d`, `dmin`), transposed the same way, each scale as a 16-bit pair
-//! `(sc, sc)`. Then every activation row meets the unpacked chunk, three rows
-//! at a time: `vpmaddubsw` of a code vector with four activations broadcast
-//! (8 weight rows × 4 columns: 16-bit sums of pairs, at most
-//! `2 · 63 · 127 = 16002`), summed in 16 bits over a *span* of consecutive
-//! code vectors that cannot overflow (Q4_K: 8, `8 · 2 · 15 · 127 = 30480`;
-//! Q5_K: 4, `4 · 2 · 31 · 127 = 31496`; Q6_K: 2, `2 · 16002 = 32004`; the
-//! activations are never −128), then `vpmaddwd` with the `(sc, sc)` pairs
-//! into the i32 sum `I` of the super-block; `vpmaddwd` of the group sums
-//! with the coefficient pairs into `N` (Q6_K: its offset of 32). Then the
-//! float part of `q8k`'s order, lane `r` the output of weight row `r`, the
-//! same IEEE operations as the portable loop. The integers are exact, so the
+//! (`CHUNK` of them): the codes as unsigned bytes (IQ4_XS: its table values
+//! as signed bytes), transposed so that one 256-bit vector holds the four
+//! codes `4 g .. 4 g + 4` of each of 8 rows; the meta dwords of `q8k_gemm`
+//! (the integer sub-block, or Q2_K/Q3_K/Q6_K group, scales; the coefficients
+//! of the activation group sums as 16-bit pairs; `d`, `dmin`), transposed
+//! the same way, each scale as a 16-bit pair `(sc, sc)`. Then every
+//! activation row meets the unpacked chunk, three rows at a time:
+//! `vpmaddubsw` of a code vector with four activations broadcast (8 weight
+//! rows × 4 columns: 16-bit sums of pairs, at most `2 · 63 · 127 = 16002`),
+//! summed in 16 bits over a *span* of consecutive code vectors that cannot
+//! overflow (Q4_K: 8, `8 · 2 · 15 · 127 = 30480`; Q5_K: 4, `4 · 2 · 31 ·
+//! 127 = 31496`; Q6_K: 2, `2 · 16002 = 32004`; Q3_K's `q + 4` and Q2_K: 4,
+//! at most `4 · 2 · 7 · 127 = 7112`; the activations are never −128), then
+//! `vpmaddwd` with the `(sc, sc)` pairs into the i32 sum `I` of the
+//! super-block; `vpmaddwd` of the group sums with the coefficient pairs into
+//! `N` (the mins; Q3_K, Q6_K: their offsets of 4 and 32). IQ4_XS's values
+//! `+ 128` would saturate the pair sums, so its codes stay signed and
+//! `vpmaddubsw` multiplies `|v|` by `x · sign v` (`vpsignb`; pairs of at
+//! most `2 · 127 · 127 = 32258`, a span of 1, no offset). Then the float
+//! part of `q8k`'s order, lane `r` the output of weight row `r`, the same
+//! IEEE operations as the portable loop. The integers are exact, so the
 //! outputs are the same bits as every other path's.
 //!
 //! The outputs of a tile are `[m][16]`, as `q8k_gemm`'s; the float
@@ -31,7 +37,7 @@ use std::ops::Range;
 
 use super::QK_K;
 use super::q8k::{GROUPS, KActs};
-use super::q8k_gemm::Q8kGemm;
+use super::q8k_gemm::{GemmMicro, Q8kGemm, drive, iq4xs_head, q2k_head, q3k_head, q6k_head};
 use crate::kernels::quant_block::q4_k::q4k_scales_u64;
 use crate::kernels::quant_block::{IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
 
@@ -51,7 +57,7 @@ const MR: usize = 3;
 /// 32 bytes, aligned (one 256-bit vector).
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct Y([u32; 8]);
+pub(super) struct Y([u32; 8]);
 
 /// Code vectors per unpacked super-block: 64 groups of four codes × 2
 /// halves (vector `2 g + h`: codes `4 g .. 4 g + 4` of rows `8 h .. 8 h + 8`).
@@ -68,10 +74,15 @@ const SB_VECS: usize = CODE_VECS + 2 * 32;
 /// meta dwords in [`Q8kGemm`]'s places with the scales as 16-bit pairs.
 pub(crate) trait Q8kGemmAvx2: Q8kGemm {
     /// Code vectors whose 16-bit pair sums add up without overflow (a
-    /// divisor of the code vectors per scale group, `64 / NS`); 0 for a
-    /// format this GEMM does not run (its AVX2 level keeps the four-row
-    /// tile for every `m`: see [`no_avx2_gemm`]).
+    /// divisor of the code vectors per scale group, `64 / NS`; more than 0,
+    /// which `q8k::gemm_for` would read as a format without this GEMM).
     const SPAN: usize;
+
+    /// Whether the codes are read signed (IQ4_XS: its table values, whose
+    /// `+ 128` of [`Q8kGemm::codes`] would saturate the 16-bit pair sums):
+    /// `vpmaddubsw` then multiplies `|v|` by `x · sign v` (pairs of at most
+    /// `2 · 127 · 127`, `SPAN` 1) and no offset is taken back out.
+    const SIGNED: bool = false;
 
     /// The 32 meta dwords of the super-block at `blk` (four vectors of
     /// eight): dwords `0 .. NS` the integer scales as pairs `(sc, sc)` of
@@ -119,23 +130,6 @@ unsafe fn q45k_meta(blk: *const u8) -> [__m256i; 4] {
     ]
 }
 
-/// The formats without this GEMM (`SPAN = 0`): Q3_K and Q2_K (their
-/// groups of 16 and offsets not yet written for it) and IQ4_XS (its table
-/// values read unsigned, `+ 128`, would saturate `vpmaddubsw`'s 16-bit pair
-/// sums). `q8k::gemm_for` gives them the tile at the AVX2 level.
-macro_rules! no_avx2_gemm {
-    ($($f:ty),*) => {$(
-        impl Q8kGemmAvx2 for $f {
-            const SPAN: usize = 0;
-
-            unsafe fn meta_avx2(_blk: *const u8) -> [__m256i; 4] {
-                unreachable!("q8k avx2 gemm: {} has no AVX2 GEMM (SPAN = 0)", stringify!($f))
-            }
-        }
-    )*};
-}
-no_avx2_gemm!(Q3_K, Q2_K, IQ4_XS);
-
 impl Q8kGemmAvx2 for Q4_K {
     const SPAN: usize = 8;
 
@@ -167,20 +161,91 @@ impl Q8kGemmAvx2 for Q6_K {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
-        // SAFETY: the scales 192..208 and `d` 208..210 are inside the
-        // super-block.
-        let (s8, d) = unsafe {
-            (
-                _mm_loadu_si128(blk.add(192).cast()),
-                blk.add(208).cast::<u16>().read_unaligned(),
-            )
-        };
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)));
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q6k_head(blk) };
+        meta16(s8, s8, true, d)
+    }
+}
+
+/// The meta dwords of a format with sixteen group scales: the scales `sc`
+/// (int8 or unsigned bytes, `signed` saying which) as pairs at 0, the group
+/// sum coefficients `co` (the same kind) at 16, the f32 `d` and `dmin` of
+/// `dd` at 24, 25.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn meta16(sc: __m128i, co: __m128i, signed: bool, dd: __m128) -> [__m256i; 4] {
+    let hi = _mm_srli_si128::<8>(sc);
+    let (s0, s1, c16) = if signed {
+        (
+            _mm256_cvtepi8_epi32(sc),
+            _mm256_cvtepi8_epi32(hi),
+            _mm256_cvtepi8_epi16(co),
+        )
+    } else {
+        (
+            _mm256_cvtepu8_epi32(sc),
+            _mm256_cvtepu8_epi32(hi),
+            _mm256_cvtepu8_epi16(co),
+        )
+    };
+    [
+        pairs16(s0),
+        pairs16(s1),
+        c16,
+        _mm256_zextsi128_si256(_mm_castps_si128(dd)),
+    ]
+}
+
+impl Q8kGemmAvx2 for Q3_K {
+    /// The codes `q + 4` (`0..=7`): four code vectors (a group of 16) sum to
+    /// at most `4 · 2 · 7 · 127 = 7112`.
+    const SPAN: usize = 4;
+
+    /// The sixteen group scales `ls − 32` as pairs at 0 and as the
+    /// coefficients at 16 (the offset: `I = Σ sc · Σ (q + 4) · x − 4 · Σ sc
+    /// · bs`), `d` at 24.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { q3k_head(blk) };
+        meta16(s8, s8, true, d)
+    }
+}
+
+impl Q8kGemmAvx2 for Q2_K {
+    /// The codes `0..=3`: four code vectors sum to at most `4 · 2 · 3 · 127
+    /// = 3048`.
+    const SPAN: usize = 4;
+
+    /// The sixteen 4-bit scales as pairs at 0, the sixteen 4-bit mins as the
+    /// coefficients at 16, `d` at 24, `dmin` at 25.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
+        // SAFETY: the super-block (the caller's contract).
+        let (sc, mn, dd) = unsafe { q2k_head(blk) };
+        meta16(sc, mn, false, dd)
+    }
+}
+
+impl Q8kGemmAvx2 for IQ4_XS {
+    /// One code vector: `|v| · x` pairs of at most `2 · 127 · 127 = 32258`.
+    const SPAN: usize = 1;
+    const SIGNED: bool = true;
+
+    /// The eight sub-block scales `ls − 32` as pairs at 0, no coefficients
+    /// (the codes read signed: no offset), `d` at 16.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn meta_avx2(blk: *const u8) -> [__m256i; 4] {
+        // SAFETY: the super-block (the caller's contract).
+        let (s8, d) = unsafe { iq4xs_head(blk) };
         [
             pairs16(_mm256_cvtepi8_epi32(s8)),
-            pairs16(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(s8))),
-            _mm256_cvtepi8_epi16(s8),
+            _mm256_setzero_si256(),
             _mm256_zextsi128_si256(_mm_castps_si128(d)),
+            _mm256_setzero_si256(),
         ]
     }
 }
@@ -237,8 +302,11 @@ unsafe fn unpack<F: Q8kGemmAvx2>(
             // are inside `stage`.
             unsafe {
                 let st = stage[8 * r..8 * r + 8].as_mut_ptr().cast::<__m256i>();
+                // (IQ4_XS: `v + 128` as an unsigned byte is `v` with its top
+                // bit flipped)
+                let flip = _mm256_set1_epi8(if F::SIGNED { -128 } else { 0 });
                 for (k, c) in F::codes(blk).iter().enumerate() {
-                    _mm256_store_si256(st.add(k), *c);
+                    _mm256_store_si256(st.add(k), _mm256_xor_si256(*c, flip));
                 }
                 let mt = stage[128 + 4 * r..132 + 4 * r]
                     .as_mut_ptr()
@@ -301,6 +369,8 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
     first: bool,
 ) {
     let kg_per = 64 / F::NS;
+    // the code offset taken back out (none for codes read signed)
+    let offset = if F::SIGNED { 0 } else { F::OFFSET };
     let bp = buf.as_ptr().cast::<__m256i>();
     // SAFETY: the caller's contract (every read and write below).
     unsafe {
@@ -315,10 +385,22 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
                         let kg = g * kg_per + sp * F::SPAN + kk;
                         let w0 = _mm256_load_si256(base.add(2 * kg));
                         let w1 = _mm256_load_si256(base.add(2 * kg + 1));
-                        for a in 0..A {
-                            let xv = bcast(x.add(a * x_stride + s * QK_K + 4 * kg));
-                            p[0][a] = _mm256_add_epi16(p[0][a], _mm256_maddubs_epi16(w0, xv));
-                            p[1][a] = _mm256_add_epi16(p[1][a], _mm256_maddubs_epi16(w1, xv));
+                        if F::SIGNED {
+                            // |v| · (x · sign v): the activations are never
+                            // −128, so the negated ones fit
+                            let (u0, u1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+                            for a in 0..A {
+                                let xv = bcast(x.add(a * x_stride + s * QK_K + 4 * kg));
+                                let (x0, x1) = (_mm256_sign_epi8(xv, w0), _mm256_sign_epi8(xv, w1));
+                                p[0][a] = _mm256_add_epi16(p[0][a], _mm256_maddubs_epi16(u0, x0));
+                                p[1][a] = _mm256_add_epi16(p[1][a], _mm256_maddubs_epi16(u1, x1));
+                            }
+                        } else {
+                            for a in 0..A {
+                                let xv = bcast(x.add(a * x_stride + s * QK_K + 4 * kg));
+                                p[0][a] = _mm256_add_epi16(p[0][a], _mm256_maddubs_epi16(w0, xv));
+                                p[1][a] = _mm256_add_epi16(p[1][a], _mm256_maddubs_epi16(w1, xv));
+                            }
                         }
                     }
                     for h in 0..2 {
@@ -331,7 +413,7 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
             }
             for h in 0..2 {
                 let mut t = [_mm256_setzero_si256(); A];
-                for pr in 0..8 {
+                for pr in 0..if F::MIN || offset != 0 { 8 } else { 0 } {
                     let cv = _mm256_load_si256(base.add(META + 32 * h + F::COEF + pr));
                     for (a, ta) in t.iter_mut().enumerate() {
                         let b2 = bs
@@ -360,7 +442,8 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
                         );
                         _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dxv), _mm256_cvtepi32_ps(t[a]), v)
                     } else {
-                        let i = _mm256_sub_epi32(ii[h][a], _mm256_slli_epi32::<5>(t[a]));
+                        let off = _mm256_mullo_epi32(t[a], _mm256_set1_epi32(offset));
+                        let i = _mm256_sub_epi32(ii[h][a], off);
                         _mm256_fmadd_ps(_mm256_mul_ps(d, dxv), _mm256_cvtepi32_ps(i), av)
                     };
                     _mm256_storeu_ps(o, v);
@@ -370,12 +453,62 @@ unsafe fn micro<F: Q8kGemmAvx2, const A: usize>(
     }
 }
 
+/// The AVX2 micro-kernel (`q8k_gemm::GemmMicro`).
+pub(super) struct Avx2;
+
+impl<F: Q8kGemmAvx2> GemmMicro<F> for Avx2 {
+    const NAME: &'static str = "q8k avx2 gemm";
+    const CHUNK: usize = CHUNK;
+    const MR: usize = MR;
+    type Buf = [Y; CHUNK * SB_VECS];
+
+    #[inline(always)]
+    fn buf() -> Self::Buf {
+        [Y([0; 8]); CHUNK * SB_VECS]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn unpack(
+        w: &[u8],
+        row_bytes: usize,
+        rows: (usize, usize),
+        sbs: (usize, usize),
+        buf: &mut Self::Buf,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { unpack::<F>(w, row_bytes, rows, sbs, buf) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn micro(
+        buf: &Self::Buf,
+        a: usize,
+        nsb: usize,
+        x: (*const i8, usize),
+        bs: (*const i16, usize),
+        dx: (*const f32, usize),
+        acc: *mut f32,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match a {
+                3 => micro::<F, 3>(buf, nsb, x, bs, dx, acc, first),
+                2 => micro::<F, 2>(buf, nsb, x, bs, dx, acc, first),
+                _ => micro::<F, 1>(buf, nsb, x, bs, dx, acc, first),
+            }
+        }
+    }
+}
+
 /// The outputs of tiles `tiles` (weight rows `16 t .. 16 t + 16`, the last
 /// one cut at `rows`) for all `m` activation rows, into `out`
-/// (`[tiles.len()][m][16]`).
+/// (`[tiles.len()][m][16]`): `q8k_gemm::drive` with the AVX2 micro-kernel.
 ///
 /// # Panics
-/// If the slices are too short (caller bugs).
+/// If the slices are too short, or `F` has no AVX2 GEMM (caller bugs).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -391,47 +524,6 @@ pub(super) unsafe fn gemm<F: Q8kGemmAvx2>(
     out: &mut [f32],
 ) {
     assert!(F::SPAN > 0, "q8k avx2 gemm: a format without the AVX2 GEMM");
-    let nb = acts.cols / QK_K;
-    super::q8k::check_gemm(
-        "q8k avx2 gemm",
-        w,
-        (row_bytes, F::BYTES),
-        rows,
-        &tiles,
-        acts,
-        m,
-        out,
-    );
-    let mut buf = [Y([0; 8]); CHUNK * SB_VECS];
-    for (ti, t) in tiles.enumerate() {
-        let j0 = t * TILE;
-        let nr = (rows - j0).min(TILE);
-        let o = &mut out[ti * m * TILE..(ti + 1) * m * TILE];
-        for b0 in (0..nb).step_by(CHUNK) {
-            let nsb = (nb - b0).min(CHUNK);
-            // SAFETY: the features (the caller's contract); the rows and
-            // super-blocks are inside `w` (asserted).
-            unsafe { unpack::<F>(w, row_bytes, (j0, nr), (b0, nsb), &mut buf) };
-            let mut i0 = 0;
-            while i0 < m {
-                let a = (m - i0).min(MR);
-                let x = (acts.q[i0 * acts.cols + b0 * QK_K..].as_ptr(), acts.cols);
-                let bs = (acts.bsums[(i0 * nb + b0) * GROUPS..].as_ptr(), nb * GROUPS);
-                let dx = (acts.d[i0 * nb + b0..].as_ptr(), nb);
-                let acc = o[i0 * TILE..(i0 + a) * TILE].as_mut_ptr();
-                let first = b0 == 0;
-                // SAFETY: rows i0 .. i0 + a and super-blocks b0 .. b0 + nsb
-                // of the activations are inside their slices (asserted);
-                // `acc` holds a · 16 floats.
-                unsafe {
-                    match a {
-                        3 => micro::<F, 3>(&buf, nsb, x, bs, dx, acc, first),
-                        2 => micro::<F, 2>(&buf, nsb, x, bs, dx, acc, first),
-                        _ => micro::<F, 1>(&buf, nsb, x, bs, dx, acc, first),
-                    }
-                }
-                i0 += a;
-            }
-        }
-    }
+    // SAFETY: the features (the caller's contract).
+    unsafe { drive::<F, Avx2>(w, row_bytes, rows, tiles, acts, m, out) }
 }
