@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `q8k.rs` | the super-block activations, their order, the portable product and its dispatch |
 //! | `q8k_x86.rs` | the AVX2 tile of that product (also compiled for AVX-512 VNNI) |
+//! | `q8k_zmm.rs` | the AVX-512 VNNI tile of that product for one activation row (batch-1 decode: two sub-blocks per 512-bit `vpmaddubsw` / `vpdpwssd`; Q4_K, Q5_K, Q6_K, the others on the AVX2 tile's lanes) |
 //! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations), and the driver both GEMMs share (generic over their micro-kernel) |
 //! | `q8k_gemm_avx2.rs` | the AVX2 twin of that GEMM (`vpmaddubsw` summed in 16 bits over spans that cannot overflow, `vpmaddwd` by the scale pairs; tiles of 16 weight rows as two halves of 8, three activation rows per micro-kernel; every K format and IQ4_XS, whose values it reads signed) |
 //! | `mod.rs` | these docs, [`quantize_acts`] (blocks of 32 with their sums, for the formats of blocks of 32 with a min) |
@@ -25,6 +26,8 @@ mod q8k_gemm;
 mod q8k_gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod q8k_x86;
+#[cfg(target_arch = "x86_64")]
+mod q8k_zmm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -426,11 +426,11 @@ pub(crate) fn q8k_rows<F: Q8kVector>(
 /// sums).
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait Q8kVector:
-    Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm_avx2::Q8kGemmAvx2
+    Q8kDot + super::q8k_zmm::Q8kZmm + super::q8k_gemm_avx2::Q8kGemmAvx2
 {
 }
 #[cfg(target_arch = "x86_64")]
-impl<F: Q8kDot + super::q8k_x86::Q8kAvx2 + super::q8k_gemm_avx2::Q8kGemmAvx2> Q8kVector for F {}
+impl<F: Q8kDot + super::q8k_zmm::Q8kZmm + super::q8k_gemm_avx2::Q8kGemmAvx2> Q8kVector for F {}
 
 /// A [`Q8kDot`] format (no vector kernels on this architecture).
 #[cfg(not(target_arch = "x86_64"))]

@@ -86,7 +86,7 @@ unsafe fn scaled<const M: usize>(
 /// Each `bs[i]` valid for reading 16 `i16`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn min_lanes<const M: usize>(mn: u64, bs: &[*const i16; M]) -> [__m256i; M] {
+pub(super) unsafe fn min_lanes<const M: usize>(mn: u64, bs: &[*const i16; M]) -> [__m256i; M] {
     let m = _mm_cvtsi64_si128(mn as i64);
     let mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
     let mut out = [_mm256_setzero_si256(); M];
@@ -286,7 +286,7 @@ impl Q8kAvx2 for Q6_K {
 /// Each `bs[i]` valid for reading 16 `i16`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn offset_fix<const M: usize>(
+pub(super) unsafe fn offset_fix<const M: usize>(
     iv: &mut [__m256i; M],
     s16: __m256i,
     bs: &[*const i16; M],
@@ -563,7 +563,7 @@ fn hsum4<const N: usize>(v: &[__m256i; N]) -> __m128i {
 
 /// Checks a tile's reads against the slices (once per tile).
 #[inline(always)]
-fn check_tile<F: BlockFormat, const R: usize, const M: usize>(
+pub(super) fn check_tile<F: BlockFormat, const R: usize, const M: usize>(
     w: &[u8],
     row_bytes: usize,
     j0: usize,
@@ -600,6 +600,28 @@ fn float_part<F: Q8kVector>(
     } else {
         acc
     }
+}
+
+/// One super-block of four weight rows with one activation row (scale
+/// `dx`): their `(d, dmin)` `heads` and integer lanes `iv`, `nv` summed and
+/// taken through [`float_part`] side by side.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn float_four<F: Q8kVector>(
+    acc: __m128,
+    heads: &[(f32, f32); 4],
+    iv: &[__m256i; 4],
+    nv: &[__m256i; 4],
+    dx: f32,
+) -> __m128 {
+    let d = _mm_setr_ps(heads[0].0, heads[1].0, heads[2].0, heads[3].0);
+    let dmin = _mm_setr_ps(heads[0].1, heads[1].1, heads[2].1, heads[3].1);
+    let n = if F::MIN {
+        hsum4(nv)
+    } else {
+        _mm_setzero_si128()
+    };
+    float_part::<F>(acc, d, dmin, _mm_set1_ps(dx), hsum4(iv), n)
 }
 
 /// The outputs of weight rows `j0..j0 + R` × activation rows `i0..i0 + M`:
@@ -647,14 +669,8 @@ unsafe fn tile_body<F: Q8kVector, const R: usize, const M: usize>(
                 // one activation row: the four weight rows' outputs side by side
                 let iv: [__m256i; 4] = std::array::from_fn(|r| lanes[r].0[0]);
                 let nv: [__m256i; 4] = std::array::from_fn(|r| lanes[r].1[0]);
-                let d = _mm_setr_ps(heads[0].0, heads[1].0, heads[2].0, heads[3].0);
-                let dmin = _mm_setr_ps(heads[0].1, heads[1].1, heads[2].1, heads[3].1);
-                let n = if F::MIN {
-                    hsum4(&nv)
-                } else {
-                    _mm_setzero_si128()
-                };
-                acc1 = float_part::<F>(acc1, d, dmin, _mm_set1_ps(dx[0]), hsum4(&iv), n);
+                let heads: [(f32, f32); 4] = std::array::from_fn(|r| heads[r]);
+                acc1 = float_four::<F>(acc1, &heads, &iv, &nv, dx[0]);
             } else {
                 let dxv = _mm_loadu_ps(dx.as_ptr());
                 for r in 0..R {
@@ -704,7 +720,7 @@ fn tile_avx2<F: Q8kVector, const R: usize, const M: usize>(
 /// The tile compiled for AVX-512 VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn tile_vnni<F: Q8kVector, const R: usize, const M: usize>(
+pub(super) fn tile_vnni<F: Q8kVector, const R: usize, const M: usize>(
     w: &[u8],
     row_bytes: usize,
     j0: usize,
@@ -734,7 +750,8 @@ pub(super) unsafe fn rows_avx2<F: Q8kVector>(
     drive!(tile_avx2, 4, F, w, row_bytes, rows, acts, sums, m, out_t)
 }
 
-/// The AVX-512 VNNI kernel over `rows` (see `q8k::q8k_rows`).
+/// The AVX-512 VNNI kernel over `rows` (see `q8k::q8k_rows`): one
+/// activation row on `q8k_zmm`'s tile, more on this module's.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the slices
@@ -748,6 +765,10 @@ pub(super) unsafe fn rows_vnni<F: Q8kVector>(
     m: usize,
     out_t: &mut [f32],
 ) {
+    if m == 1 {
+        // SAFETY: the caller's contract (the features and the bounds).
+        return unsafe { super::q8k_zmm::rows_m1::<F>(w, row_bytes, rows, acts, out_t) };
+    }
     let sums = ();
     drive!(tile_vnni, 4, F, w, row_bytes, rows, acts, sums, m, out_t)
 }
