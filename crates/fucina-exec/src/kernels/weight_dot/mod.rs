@@ -56,21 +56,30 @@
 //! zero-padded copies (AVX2) and zero-filled lanes (portable) compute.
 //!
 //! # Decode (`m = 1`)
-//! With one activation row the kernel walks one weight row at a time, so the
-//! matrix is read as one sequential stream, which the hardware prefetchers
-//! follow. Four rows at a time (four chains, four streams each one row long,
-//! the previous blocking) computes twice as fast from the L2 cache but read
-//! memory at about 0.4 of the streaming bandwidth on Zen 4 (bf16, 1024
-//! columns, one thread), one row at a time at 0.6–0.76, its one chain (a
-//! fused multiply-add every 4 cycles) still faster than a core's share of
-//! memory (`examples/bf16_decode_probe.rs`; docs/BENCHMARKS-JOURNAL.md).
+//! With one activation row every weight byte is read once, and the speed is
+//! that of the weight stream. At AVX-512 (`x86_avx512::drive_decode`) the
+//! rows of a call are cut into two halves, and row `s + i` of the first half
+//! is computed together with row `s + h + i` of the second: two chains, so
+//! the core overlaps two fused multiply-adds where one chain alone (a fused
+//! multiply-add every 4 cycles, 32 bytes of bf16) caps a core at about 8
+//! bytes a cycle, and two weight streams, each walking its half's rows one
+//! after another, so each is one sequential stream that a prefetch a fixed
+//! distance ahead (`x86_avx512::DECODE_PREFETCH`, 512 bytes) serves across
+//! row ends (TinyLlama's rows are 4 and 11 KiB, one page or more). Two
+//! adjacent rows per block instead would make each stream skip every other
+//! row. The previous walk (one row at a time, prefetching the same offset of
+//! the next row, so a whole row ahead) read TinyLlama's bf16 shapes at 0.61
+//! of the streaming read on Zen 4, 0.63 of llama.cpp's speed; the two
+//! streams decode 1.26–1.61 × as fast (docs/BENCHMARKS.md, "bf16 decode in
+//! two streams"). The other levels still walk one weight row at a time.
 //!
 //! # Prefetch
-//! With `m = 1` nothing but the weights leave the caches; while a block of `R`
-//! rows is read (`R` streams), each 64 bytes of each row also prefetch the
-//! same line of the matching row of the next block, so that the next block's
-//! row starts are in flight before they are needed (short rows, 576 bf16
-//! columns, gained most: see `prefetch_next_block`).
+//! Apart from the AVX-512 decode walk above: with `m = 1` nothing but the
+//! weights leave the caches; while a block of `R` rows is read (`R`
+//! streams), each 64 bytes of each row also prefetch the same line of the
+//! matching row of the next block, so that the next block's row starts are
+//! in flight before they are needed (short rows, 576 bf16 columns, gained
+//! most: see `prefetch_next_block`).
 //!
 //! # Layout
 //!
@@ -221,6 +230,17 @@ fn weight_rows_with(
         WeightFormat::F16 => drive::<F16>,
         WeightFormat::BF16 => drive::<BF16>,
     };
+    #[cfg(target_arch = "x86_64")]
+    if kern == Kern::Avx512 && m == 1 && rows.len() >= 2 {
+        let two = match w.format {
+            WeightFormat::F32 => x86_avx512::drive_decode::<F32>,
+            WeightFormat::F16 => x86_avx512::drive_decode::<F16>,
+            WeightFormat::BF16 => x86_avx512::drive_decode::<BF16>,
+        };
+        // SAFETY: `kern`'s features were just checked.
+        unsafe { two(x, w.bytes, cols, rows, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if kern == Kern::Avx512 && m > 1 {
         let tiled = match w.format {

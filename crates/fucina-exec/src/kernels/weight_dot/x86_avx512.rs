@@ -154,6 +154,95 @@ unsafe fn block_impl<const FMT: u8, const R: usize, const MB: usize>(
     }
 }
 
+/// How far ahead (bytes) [`drive_decode`] prefetches within each of its two
+/// streams (512, 1024 and 2048 measured alike on a loaded machine; see
+/// docs/BENCHMARKS.md, "bf16 decode in two streams").
+pub(super) const DECODE_PREFETCH: usize = 512;
+
+/// The `m = 1` driver: the rows are cut into two halves, and row `s + i`
+/// of the first half is computed together with row `s + h + i` of the
+/// second (two chains, so the fused multiply-adds of one wait for the
+/// other's less; two weight streams, each reading its half's rows one after
+/// another as one sequential stream and prefetching a fixed distance ahead
+/// in it, across row ends). A row left over (an odd count) runs alone.
+/// Each output is still its own chain in the fixed order.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/DQ/VL and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+pub(super) unsafe fn drive_decode<const FMT: u8>(
+    x: &[f32],
+    bytes: &[u8],
+    cols: usize,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let es = elem_size(FMT);
+    let rb = cols * es;
+    let n = rows.len();
+    assert!(
+        x.len() >= cols && out.len() >= n && bytes.len() >= rows.end * rb,
+        "weight_rows: decode operands"
+    );
+    let h = n.div_ceil(2);
+    let pf = DECODE_PREFETCH;
+    let spread = std::hint::black_box(SPREAD);
+    let full = cols / L;
+    let tail = cols - full * L;
+    let xp = x.as_ptr();
+    for i in 0..n - h {
+        let (j0, j1) = (rows.start + i, rows.start + h + i);
+        // SAFETY: rows `j0` and `j1` lie inside `bytes` (asserted); the
+        // prefetched addresses are hints, never dereferenced.
+        let (w0, w1) = unsafe { (bytes.as_ptr().add(j0 * rb), bytes.as_ptr().add(j1 * rb)) };
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for b in 0..full {
+            let k = b * L;
+            if (k * es).is_multiple_of(64) {
+                _mm_prefetch::<_MM_HINT_T0>(w0.wrapping_add(k * es + pf).cast());
+                _mm_prefetch::<_MM_HINT_T0>(w1.wrapping_add(k * es + pf).cast());
+            }
+            // SAFETY: features from the caller; `k + 16 <= cols`: the 16
+            // elements lie within both rows and `x`.
+            unsafe {
+                let xv = _mm512_loadu_ps(xp.add(k));
+                let v0 = load16::<FMT, false>(w0.add(k * es), !0, spread);
+                let v1 = load16::<FMT, false>(w1.add(k * es), !0, spread);
+                a0 = _mm512_fmadd_ps(xv, v0, a0);
+                a1 = _mm512_fmadd_ps(xv, v1, a1);
+            }
+        }
+        if tail > 0 {
+            let k = full * L;
+            let mask: __mmask16 = (1u16 << tail) - 1;
+            // SAFETY: features from the caller; the mask selects the
+            // `tail < 16` columns `k..cols`, within both rows and `x`.
+            unsafe {
+                let xv = _mm512_maskz_loadu_ps(mask, xp.add(k));
+                let v0 = load16::<FMT, true>(w0.add(k * es), mask, spread);
+                let v1 = load16::<FMT, true>(w1.add(k * es), mask, spread);
+                a0 = _mm512_fmadd_ps(xv, v0, a0);
+                a1 = _mm512_fmadd_ps(xv, v1, a1);
+            }
+        }
+        out[i] = fold(a0);
+        out[h + i] = fold(a1);
+    }
+    if n % 2 == 1 {
+        let j = rows.start + h - 1;
+        // SAFETY: the caller guarantees the features.
+        unsafe {
+            block_impl::<FMT, 1, 1>(
+                &x[..cols],
+                cols,
+                &bytes[j * rb..(j + 1) * rb],
+                &mut out[h - 1..h],
+                1,
+            )
+        };
+    }
+}
+
 /// Weight blocks (of `TILE_R` rows) per tile of [`drive_tiled`].
 const TILE_BLOCKS: usize = 8;
 /// Weight rows per block of [`drive_tiled`].
