@@ -673,7 +673,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_two_avx512_kernels_agree() {
-        use super::simd::CpuFeatures as F;
+        use crate::kernels::simd::CpuFeatures as F;
         if !F::detected().has(F::LEVEL_AVX512.with(F::AVX512BF16)) {
             return;
         }
