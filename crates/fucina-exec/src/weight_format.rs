@@ -3,7 +3,7 @@
 //! ([`WEIGHT_DOT_LANES`]). The ops that read such weights
 //! ([`ExecContext::weight_matmul`](crate::ExecContext::weight_matmul),
 //! [`PackedBf16Matrix::new`](crate::PackedBf16Matrix::new)) and their kernels
-//! (`kernels/weight_dot.rs`, `kernels/amx_rule/`) both use these types, so
+//! (`kernels/weight_dot/`, `kernels/amx_rule/`) both use these types, so
 //! they sit below both.
 
 use crate::error::ExecError;

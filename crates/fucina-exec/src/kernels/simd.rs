@@ -146,6 +146,8 @@ impl CpuFeatures {
     pub const AVX512VL: CpuFeatures = CpuFeatures(1 << 6);
     /// x86_64 AVX-512 VNNI (`vpdpbusd`).
     pub const AVX512VNNI: CpuFeatures = CpuFeatures(1 << 7);
+    /// x86_64 AVX512_BF16 (`vdpbf16ps`).
+    pub const AVX512BF16: CpuFeatures = CpuFeatures(1 << 8);
 
     /// The features of the [`SimdLevel::Avx2`] level: AVX2 and FMA.
     pub const LEVEL_AVX2: CpuFeatures = CpuFeatures::AVX2.with(CpuFeatures::FMA);
@@ -213,6 +215,7 @@ fn detect_features() -> CpuFeatures {
             (has!("avx512dq"), CpuFeatures::AVX512DQ),
             (has!("avx512vl"), CpuFeatures::AVX512VL),
             (has!("avx512vnni"), CpuFeatures::AVX512VNNI),
+            (has!("avx512bf16"), CpuFeatures::AVX512BF16),
         ] {
             if yes {
                 f = f.with(feature);

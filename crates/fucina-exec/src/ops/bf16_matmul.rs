@@ -189,7 +189,8 @@ impl ExecContext {
     /// result does not depend on the other rows. The output features are
     /// split over the team in panels of 32; each output is computed whole by
     /// one thread. No heap allocation: pooled scratch only (the rounded
-    /// activations and a panel-major copy of the output).
+    /// activations, where the `vdpbf16ps` kernel runs also as its bf16
+    /// pairs, and a panel-major copy of the output).
     ///
     /// ```
     /// use fucina_exec::{ExecContext, PackedBf16Matrix, WeightFormat, WeightMatrix};
@@ -269,7 +270,7 @@ impl ExecContext {
         let pool = self.pool();
         let mut t = pool.acquire_scratch::<f32>(nt).map_err(lease)?;
         // The activations in the path's form.
-        let (mut tiles, mut rows, mut spans);
+        let (mut tiles, mut rows, mut spans, pairs);
         let acts = if path == Path::Amx {
             let per_group = kb * TILE;
             let len = (m_pad / MT)
@@ -285,9 +286,21 @@ impl ExecContext {
             rows = pool.acquire_scratch::<f32>(len).map_err(lease)?;
             spans = pool.acquire_scratch::<u16>(m).map_err(lease)?;
             amx_rule::widen_a(x, kk, ka, &mut rows, &mut spans);
+            // The `vdpbf16ps` kernel's form too, where the call runs it.
+            pairs = if amx_rule::wants_pairs(path, m) {
+                let mut p = pool.acquire_scratch::<u32>(len / 2).map_err(lease)?;
+                let rows = &rows[..];
+                self.par_rows(&mut p[..], ka / 2, ka, |ri, o| {
+                    amx_rule::pack_pairs(&rows[ri.start * ka..ri.end * ka], o)
+                });
+                Some(p)
+            } else {
+                None
+            };
             Acts::Rows {
                 a: &rows[..],
                 spans: &spans[..],
+                pairs: pairs.as_ref().map_or(&[][..], |p| &p[..]),
             }
         };
         // Multiply-adds per panel pair.

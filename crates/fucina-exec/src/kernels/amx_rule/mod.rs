@@ -68,6 +68,15 @@
 //!   (or two) panels at once, depth block by depth block, as concurrent
 //!   prefetched streams (one stream per panel runs at about 0.75 of the
 //!   memory bandwidth on the development machine, four at about all of it).
+//!   Where the CPU has AVX512_BF16 (and its `vdpbf16ps` passes a check of
+//!   its order and roundings once per process), calls of more rows run
+//!   `x86_avx512::dot_rows` on the rows that pass the check: `vdpbf16ps`
+//!   computes per lane `acc + x₁ · y₁` then `+ x₀ · y₀`, each rounded once,
+//!   so a dword of two even positions (`4q` high, `4q + 2` low: activations
+//!   packed so by [`pack_pairs`], weights rearranged in registers from the
+//!   tile's lines) is two consecutive steps of the even accumulator, in the
+//!   rule's order; the same for the odd one. Twice the products per
+//!   instruction of the fused multiply-adds, the same bits.
 //! * **Portable emulation** (every level, vectorized by `vectorized!` at
 //!   AVX2/AVX-512): each step in f64, `s = acc + x · y` (the product is exact,
 //!   the sum rounds once to 53 bits, and double rounding to 24 bits is harmless
@@ -304,6 +313,42 @@ pub(crate) fn widen_a(x: &[f32], k: usize, ka: usize, out: &mut [f32], spans: &m
     }
 }
 
+/// Whether a call of `m` rows on `path` runs the `vdpbf16ps` kernel (and so
+/// wants its activations as [`pack_pairs`] dwords too): the AVX-512
+/// emulation for calls of more than its few-rows size, where the level
+/// enables AVX512_BF16 and the instruction passed the check of its order
+/// and roundings (`x86_avx512::dot_matches_rule`).
+pub(crate) fn wants_pairs(path: Path, m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::simd::CpuFeatures as F;
+        path == Path::Avx512
+            && m > x86_avx512::SMALL_ROWS
+            && F::enabled().has(F::LEVEL_AVX512.with(F::AVX512BF16))
+            && x86_avx512::dot_matches_rule()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (path, m);
+        false
+    }
+}
+
+/// Widened rows (`a`: whole rows of `kblocks · 32` floats, each an exact
+/// bf16 value, as [`widen_a`] writes them) as the dwords of the `vdpbf16ps`
+/// kernel: for each quad of elements `4q .. 4q + 4` of a row,
+/// `(hi a[4q], lo a[4q + 2])` (two steps of the even chain) then
+/// `(hi a[4q + 1], lo a[4q + 3])` (two of the odd chain); `out` holds
+/// `a.len() / 2` dwords.
+pub(crate) fn pack_pairs(a: &[f32], out: &mut [u32]) {
+    assert_eq!(out.len() * 2, a.len(), "pack_pairs: lengths");
+    for (o, q) in out.chunks_exact_mut(2).zip(a.chunks_exact(4)) {
+        let h = |i: usize| q[i].to_bits() >> 16;
+        o[0] = (h(0) << 16) | h(2);
+        o[1] = (h(1) << 16) | h(3);
+    }
+}
+
 // ---------------------------------------------------------------- the scalar rule
 
 #[inline(always)]
@@ -437,8 +482,14 @@ pub(crate) fn path_for(m: usize) -> Path {
 pub(crate) enum Acts<'a> {
     /// AMX tiles, `groups` (even) row groups × `kblocks`.
     Tiles(&'a [u16]),
-    /// Widened rows of `kblocks · 32` floats and their span summaries.
-    Rows { a: &'a [f32], spans: &'a [u16] },
+    /// Widened rows of `kblocks · 32` floats and their span summaries, and
+    /// (where [`wants_pairs`] says so, else empty) the same rows as
+    /// [`pack_pairs`] dwords.
+    Rows {
+        a: &'a [f32],
+        spans: &'a [u16],
+        pairs: &'a [u32],
+    },
 }
 
 /// Computes panels `2 · pairs.start ..` of the output into `t` (per panel,
@@ -464,23 +515,31 @@ pub(crate) fn panel_pairs(
             unsafe { x86_amx::panel_pairs(a, b, m_pad, pairs, t) }
         }
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx512, Acts::Rows { a, spans }) if m <= x86_avx512::SMALL_ROWS => {
+        (Path::Avx512, Acts::Rows { a, spans, .. }) if m <= x86_avx512::SMALL_ROWS => {
             // SAFETY: `path` is Avx512 only when `level()` is, which means the
             // CPU has AVX-512 F/BW/DQ/VL.
             unsafe { x86_avx512::few_rows(a, spans, b, m, 2 * pairs.start, t) }
         }
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx512, Acts::Rows { a, spans }) => {
+        (
+            Path::Avx512,
+            Acts::Rows {
+                a,
+                spans,
+                pairs: ap,
+            },
+        ) => {
             for (pi, tp) in pairs.zip(t.chunks_exact_mut(2 * m_pad * NT)) {
                 for (h, tj) in tp.chunks_exact_mut(m_pad * NT).enumerate() {
                     let j = 2 * pi + h;
                     // SAFETY: `path` is Avx512 only when `level()` is, which
-                    // means the CPU has AVX-512 F/BW/DQ/VL.
-                    unsafe { x86_avx512::panel(a, spans, b, j, m, kb, tj) }
+                    // means the CPU has AVX-512 F/BW/DQ/VL; `ap` is not empty
+                    // only where `wants_pairs` found AVX512_BF16 enabled.
+                    unsafe { x86_avx512::panel_with(a, ap, spans, b, j, m, kb, tj) }
                 }
             }
         }
-        (_, Acts::Rows { a, spans }) => {
+        (_, Acts::Rows { a, spans, .. }) => {
             super::simd::vectorized!(portable_panels(a, spans, b, m, m_pad, pairs.clone(), t))
         }
         _ => unreachable!("amx_rule: the activations do not match the path"),
@@ -602,5 +661,77 @@ mod tests {
         let b = -(2f32.powi(-87)); // a·b = -2^-150
         assert_eq!(step(t, a, b).to_bits(), 0);
         assert_eq!(step(t, a, -(2f32.powi(-89))), t); // t - 2^-152 -> 2^-126
+    }
+
+    /// The `vdpbf16ps` kernel against the `vfmadd231ps` one (and both
+    /// against the portable emulation), panel by panel, on values with wide
+    /// exponents, cancelling signs, a short last depth block and rows that
+    /// fail the no-flush check: the same bits. (`tests/bf16_amx_rule.rs`
+    /// checks the op's paths against an independent oracle; on a CPU with
+    /// AVX512_BF16 its AVX-512 path runs the `vdpbf16ps` kernel for calls of
+    /// more than 8 rows, so this test is what keeps the other one tested.)
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_two_avx512_kernels_agree() {
+        use crate::kernels::simd::CpuFeatures as F;
+        if !F::detected().has(F::LEVEL_AVX512.with(F::AVX512BF16)) {
+            return;
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for &(m, n, k) in &[(19usize, 40usize, 100usize), (9, 16, 64), (27, 33, 301)] {
+            let mut val = |tiny: bool| {
+                let r = next();
+                let e = if tiny { 1 + r % 40 } else { 100 + r % 50 } as u32;
+                f32::from_bits(((r >> 8) as u32 & 0x8000_0000) | (e << 23) | (r as u32 & 0x7f_0000))
+            };
+            // Row 3 holds tiny values: it fails the check (portable path).
+            let x: Vec<f32> = (0..m * k).map(|i| val(i / k == 3 && i % 7 == 0)).collect();
+            let w: Vec<u8> = (0..n * k)
+                .flat_map(|_| ((val(false).to_bits() >> 16) as u16).to_le_bytes())
+                .collect();
+            let kblocks = k.div_ceil(KB);
+            let ka = kblocks * KB;
+            let mut lines = vec![Line([0; 32]); packed_b_lines(n, k).unwrap()];
+            let mut bspans = Vec::new();
+            pack_b(&w, n, k, &mut lines, &mut bspans);
+            let b = PackedB {
+                n,
+                k,
+                kblocks,
+                panels: n.div_ceil(NT).next_multiple_of(2),
+                lines,
+                spans: bspans,
+            };
+            let mut a = vec![0.0f32; m * ka];
+            let mut spans = vec![0u16; m];
+            widen_a(&x, k, ka, &mut a, &mut spans);
+            let mut pairs = vec![0u32; m * ka / 2];
+            pack_pairs(&a, &mut pairs);
+            for j in 0..b.panels {
+                let (mut t0, mut t1) = (vec![0.0f32; m * NT], vec![0.0f32; m * NT]);
+                // SAFETY: the CPU has AVX-512 F/BW/DQ/VL and AVX512_BF16
+                // (checked above).
+                unsafe {
+                    x86_avx512::panel(&a, &spans, &b, j, m, kblocks, &mut t0);
+                    x86_avx512::panel_with(&a, &pairs, &spans, &b, j, m, kblocks, &mut t1);
+                }
+                let mut both = vec![0.0f32; 2 * m * NT];
+                portable_panels(&a, &spans, &b, m, m, j / 2..j / 2 + 1, &mut both);
+                let t2 = &both[(j % 2) * m * NT..][..m * NT];
+                let bits = |t: &[f32]| t.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&t0),
+                    bits(&t1),
+                    "m={m} n={n} k={k} panel {j}: fma vs dp"
+                );
+                assert_eq!(bits(&t0), bits(t2), "m={m} n={n} k={k} panel {j}: portable");
+            }
+        }
     }
 }
