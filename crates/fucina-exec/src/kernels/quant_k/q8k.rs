@@ -518,21 +518,8 @@ pub(crate) const GEMM_MIN_M_AVX2: usize = 16;
 pub(crate) fn gemm_for<F: Q8kVector>(m: usize) -> bool {
     match gemm_kernel() {
         Gemm::Vnni => m >= GEMM_MIN_M,
-        Gemm::Avx2 => has_avx2_gemm::<F>() && m >= GEMM_MIN_M_AVX2,
+        Gemm::Avx2 => m >= GEMM_MIN_M_AVX2,
         Gemm::None => false,
-    }
-}
-
-/// Whether the AVX2 GEMM runs format `F` (Q4_K, Q5_K, Q6_K; the others keep
-/// the tile at the AVX2 level).
-fn has_avx2_gemm<F: Q8kVector>() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        <F as super::q8k_gemm_avx2::Q8kGemmAvx2>::SPAN > 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -556,15 +543,9 @@ pub(crate) fn gemm_tiles<F: Q8kVector>(
     let kernel = match gemm_kernel() {
         // the level was lowered since the caller's `gemm_for` (a test forcing
         // levels on another thread): any GEMM the CPU has gives the same bits
-        // (or raised to AVX2 for a format without its AVX2 GEMM)
-        Gemm::None | Gemm::Avx2
-            if !matches!(gemm_kernel(), Gemm::Avx2) || !has_avx2_gemm::<F>() =>
-        {
+        Gemm::None => {
             let cpu = crate::kernels::simd::CpuFeatures::detected();
-            let has = gemm_kernels()
-                .into_iter()
-                .filter(|&(k, _)| k != Gemm::Avx2 || has_avx2_gemm::<F>())
-                .find(|&(_, f)| cpu.has(f));
+            let has = gemm_kernels().into_iter().find(|&(_, f)| cpu.has(f));
             has.map_or(Gemm::None, |(k, _)| k)
         }
         k => k,
