@@ -6,13 +6,13 @@
 
 mod support;
 
+use fucina_autograd::Tensor;
 use fucina_autograd::exec::ExecContext;
-use fucina_autograd::{Tensor, free_graph_nodes};
 use support::{check_layouts, values};
 
 #[path = "support/alloc_count.rs"]
 mod alloc_count;
-use alloc_count::{Counting, count, in_own_process};
+use alloc_count::{Counting, assert_steady_step, count, in_own_process};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -92,21 +92,11 @@ fn run(threads: usize, scoped: bool) {
             last = step(&ctx, (&mut w, &mut w3), &x, scoped);
         }
     });
-    assert!(
-        last.is_finite() && last != first,
-        "the step trains ({first} -> {last})"
-    );
-    assert_eq!(
-        misses, 0,
-        "pool misses after warm-up ({threads} threads, scoped {scoped})"
-    );
-    assert_eq!(
-        allocs, 0,
-        "heap allocations per step ({threads} threads, scoped {scoped})"
-    );
-    assert!(
-        free_graph_nodes(&ctx) > 0,
-        "the step's nodes are back in the free list"
+    assert_steady_step(
+        &ctx,
+        (first, last),
+        (allocs, misses),
+        &format!("{threads} threads, scoped {scoped}"),
     );
 }
 
