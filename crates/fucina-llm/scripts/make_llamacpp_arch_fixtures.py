@@ -89,13 +89,18 @@ def convert(llama_cpp, src, out):
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
 
-    C.TextModel._create_vocab_sentencepiece = lambda self: minimal_vocab(self.hparams["vocab_size"])
+    # Newer llama.cpp keeps the model classes in its `conversion` package.
+    text_model = getattr(C, "TextModel", None) or __import__("conversion").TextModel
+    text_model._create_vocab_sentencepiece = lambda self: minimal_vocab(self.hparams["vocab_size"])
     # The config as rewritten (the converter would read it through transformers,
     # which turns the older keys back into transformers 5's).
     C.ModelBase.load_hparams = staticmethod(lambda *a, **k: dict(cfg))
     with torch.inference_mode():
         arch = C.get_model_architecture(cfg, C.ModelType.TEXT)
-        cls = C.ModelBase.from_model_architecture(arch, model_type=C.ModelType.TEXT)
+        if hasattr(C, "get_model_class"):  # newer llama.cpp imports model classes on demand
+            cls = C.get_model_class(arch)
+        else:
+            cls = C.ModelBase.from_model_architecture(arch, model_type=C.ModelType.TEXT)
         cls.set_vocab = set_vocab
         out.parent.mkdir(parents=True, exist_ok=True)
         cls(tmp, gguf.LlamaFileType.ALL_F32, out, eager=True).write()
