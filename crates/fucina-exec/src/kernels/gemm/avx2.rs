@@ -8,7 +8,9 @@
 //! as `f32::mul_add`, so it computes what the portable kernel computes.
 //!
 //! Its blocking ([`Blocking::detected_avx2`]) comes from the cache sizes the CPU
-//! reports, not from constants.
+//! reports, not from constants. Its full `6`-row left-hand panels are packed by
+//! [`pack_a6_avx2`] (8 x 8 transposes in registers), the same floats as the
+//! portable packer.
 
 use std::arch::x86_64::*;
 
