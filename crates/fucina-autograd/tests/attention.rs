@@ -1,5 +1,6 @@
 //! The fused multi-head attention `Tensor::attention`: gradcheck of every
-//! input (contiguous, transposed and narrowed), self-attention with one
+//! input (contiguous, transposed and narrowed), with and without a
+//! key-padding mask, self-attention with one
 //! operand in all three places, and zero heap allocations and pool misses
 //! per training step after warm-up (a counting global allocator; each test
 //! in a process of its own, see `allocations.rs`).
@@ -49,6 +50,31 @@ fn gradcheck_attention_every_input_and_layout() {
         &ctx,
         "attention_packed, 2 heads",
         |c, t| t[0].attention_packed(c, 2, 0.9)?.tanh(c),
+        &packed,
+    );
+    // Key padding: sample 0 ignores keys 1 and 3, sample 1 key 0.
+    let pad = ctx
+        .from_slice_typed::<bool>(
+            &[n, s],
+            &[false, true, false, true, true, false, false, false],
+        )
+        .unwrap();
+    check_layouts(
+        &ctx,
+        "attention_masked, 2 heads",
+        |c, t| {
+            t[0].attention_masked(c, &t[1], &t[2], &pad, 2, 0.8)?
+                .tanh(c)
+        },
+        &ins,
+    );
+    let pad3 = ctx
+        .from_slice_typed::<bool>(&[2, 3], &[false, false, true, true, false, false])
+        .unwrap();
+    check_layouts(
+        &ctx,
+        "attention_packed_masked, 2 heads",
+        |c, t| t[0].attention_packed_masked(c, &pad3, 2, 0.9)?.tanh(c),
         &packed,
     );
 }
