@@ -8,7 +8,7 @@
 mod support;
 
 use fucina_autograd::Tensor;
-use fucina_autograd::exec::ExecContext;
+use fucina_autograd::exec::{ExecContext, RawTensor};
 use support::{check_layouts, values};
 
 #[path = "support/alloc_count.rs"]
@@ -80,17 +80,30 @@ fn gradcheck_attention_every_input_and_layout() {
 }
 
 /// Self-attention of `x` through the projection `w` (`attention`) and the
-/// packed one `w3` (`attention_packed`), a loss, backward, SGD.
-fn step(ctx: &ExecContext, (w, w3): (&mut Tensor, &mut Tensor), x: &Tensor, scoped: bool) -> f32 {
+/// packed one `w3` (`attention_packed`, and `attention_packed_masked` with
+/// the key-padding mask `pad`), a loss, backward, SGD.
+fn step(
+    ctx: &ExecContext,
+    (w, w3): (&mut Tensor, &mut Tensor),
+    (x, pad): (&Tensor, &RawTensor<bool>),
+    scoped: bool,
+) -> f32 {
     let scope = scoped.then(|| ctx.open_exec_scope());
     let p = x.linear(ctx, w, None).unwrap();
     let y = p.attention(ctx, &p, &p, 4, 0.25).unwrap();
     let packed = x.linear(ctx, w3, None).unwrap();
     let z = packed.attention_packed(ctx, 4, 0.25).unwrap();
-    let loss = y.mul(ctx, &z).unwrap().mean_all(ctx).unwrap();
+    let zm = packed.attention_packed_masked(ctx, pad, 4, 0.25).unwrap();
+    let loss = y
+        .mul(ctx, &z)
+        .unwrap()
+        .add(ctx, &zm)
+        .unwrap()
+        .mean_all(ctx)
+        .unwrap();
     let value = loss.item().unwrap();
     loss.backward(ctx).unwrap();
-    drop((p, y, packed, z, loss));
+    drop((p, y, packed, z, zm, loss));
     if let Some(scope) = scope {
         ctx.close_exec_scope(scope);
     }
@@ -110,12 +123,14 @@ fn run(threads: usize, scoped: bool) {
     let mut w3 = Tensor::randn(&ctx, &[96, 32], 0.3, 3)
         .unwrap()
         .into_variable();
-    let first = step(&ctx, (&mut w, &mut w3), &x, scoped); // warm-up
-    step(&ctx, (&mut w, &mut w3), &x, scoped);
+    let flags: Vec<bool> = (0..4 * 16).map(|i| i % 5 == 3).collect();
+    let pad = ctx.from_slice_typed::<bool>(&[4, 16], &flags).unwrap();
+    let first = step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped); // warm-up
+    step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped);
     let mut last = first;
     let (allocs, misses) = count(|| {
         for _ in 0..3 {
-            last = step(&ctx, (&mut w, &mut w3), &x, scoped);
+            last = step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped);
         }
     });
     assert_steady_step(
