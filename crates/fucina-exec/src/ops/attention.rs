@@ -606,8 +606,9 @@ impl ExecContext {
     /// let pad = ctx.from_slice_typed::<bool>(&[1, 2], &[false, true])?;
     /// // One head; the second key is padding, so the output is the first value.
     /// let (y, w) = ctx.attention_masked(&q, &kv, &kv, &pad, 1, 1.0)?;
-    /// assert_eq!(y.to_vec(), [1.0, 2.0]);
-    /// assert_eq!(w.to_vec(), [1.0, 0.0]);
+    /// assert_eq!(w.to_vec()[1], 0.0);
+    /// let y = y.to_vec();
+    /// assert!((y[0] - 1.0).abs() < 1e-6 && (y[1] - 2.0).abs() < 1e-6);
     /// # Ok::<(), fucina_exec::ExecError>(())
     /// ```
     ///
