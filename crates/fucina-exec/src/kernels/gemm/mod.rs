@@ -71,10 +71,9 @@ mod pack;
 mod params;
 mod portable;
 
-#[cfg(test)]
-pub(crate) use driver::gemm_ldc;
 pub(crate) use driver::{
-    GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc_packed_lhs, pack_lhs, packed_lhs_len,
+    GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc, gemm_ldc_packed_lhs, pack_lhs,
+    packed_lhs_len,
 };
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;
