@@ -321,6 +321,20 @@ pub(crate) fn gemm_path(m: usize) -> bool {
     }
 }
 
+/// Whether the CPU has every feature the GEMM's kernels enable (AVX-512
+/// F/BW/VL/VNNI, AVX2, FMA, F16C), whatever the current level.
+fn cpu_has_vnni() -> bool {
+    use super::simd::CpuFeatures as C;
+    let needs = C::AVX2
+        .with(C::FMA)
+        .with(C::F16C)
+        .with(C::AVX512F)
+        .with(C::AVX512BW)
+        .with(C::AVX512VL)
+        .with(C::AVX512VNNI);
+    cfg!(target_arch = "x86_64") && C::detected().has(needs)
+}
+
 #[cfg(test)]
 /// The unsigned codes `w + F::ACT_OFFSET` of row `r`'s block `b` in `strip`
 /// (the operand of `vpdpbusd`, whose lane bias takes the offset back): Q8_0's
@@ -410,8 +424,8 @@ fn fill_tile(lay: &StripLayout, data: &[u8], s: usize, count: usize, tile: &mut 
 /// are those of the fixed order, in the same order per output.
 ///
 /// # Panics
-/// As [`packed_rows`], and if the level is not AVX-512 VNNI ([`gemm_path`])
-/// or `scratch` is too short (caller bugs).
+/// As [`packed_rows`], and if the CPU lacks AVX-512 VNNI (see
+/// [`gemm_path`]) or `scratch` is too short (caller bugs).
 #[allow(clippy::too_many_arguments)] // packed_rows' operands and the scratch
 pub(crate) fn packed_gemm<F: Block32>(
     lay: &StripLayout,
@@ -440,7 +454,10 @@ pub(crate) fn packed_gemm<F: Block32>(
     if F::NEEDS_SUMS {
         assert!(sums.len() >= m * nb, "packed_gemm: sums");
     }
-    assert!(gemm_path(m), "packed_gemm: level");
+    // The caller chose the GEMM by `gemm_path` (at the level of that moment;
+    // a level forced since by another thread changes no bit): the CPU must
+    // have the features, whatever the level is now.
+    assert!(cpu_has_vnni(), "packed_gemm: CPU features");
     let tile_bytes = nb * tile_block_bytes(lay.min);
     let skip = scratch.as_ptr().align_offset(64);
     assert!(
@@ -453,8 +470,9 @@ pub(crate) fn packed_gemm<F: Block32>(
         let mut s = strips.start;
         while s < strips.end {
             let count = (strips.end - s).min(2);
-            // SAFETY: gemm_path: the CPU has every feature the fill and the
-            // micro-kernel enable; both check their bounds.
+            // SAFETY: cpu_has_vnni (asserted above): the CPU has every
+            // feature the fill and the micro-kernel enable; both check their
+            // bounds.
             unsafe { x86::fill_tile_vnni(lay, data, s, count, tile) };
             let base = (s - strips.start) * m * G;
             let mut i = 0;
