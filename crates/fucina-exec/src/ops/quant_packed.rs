@@ -411,9 +411,24 @@ impl ExecContext {
             cols,
         };
         let data = line_bytes(&w.lines);
-        self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
-            with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, sums, m, o));
-        });
+        if quant_packed::gemm_path(m) {
+            // A prefill: each chunk of strips unpacks its tiles into its own
+            // scratch (taken from the pool before the team runs).
+            self.par_rows_with_scratch(
+                op,
+                &mut t,
+                G * m,
+                G * m * cols,
+                lay.gemm_scratch_bytes(),
+                |r, o, scratch: &mut [u8]| {
+                    with_strip_format!(w.format, F => quant_packed::packed_gemm::<F>(&lay, data, r, &acts, sums, m, o, scratch));
+                },
+            )?;
+        } else {
+            self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
+                with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, sums, m, o));
+            });
+        }
         debug_assert_eq!(out.len(), no);
         if m == 1 {
             out.copy_from_slice(&t[..rows]);
