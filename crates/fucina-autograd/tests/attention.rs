@@ -1,5 +1,6 @@
 //! The fused multi-head attention `Tensor::attention`: gradcheck of every
-//! input (contiguous, transposed and narrowed), self-attention with one
+//! input (contiguous, transposed and narrowed), with and without a
+//! key-padding mask, self-attention with one
 //! operand in all three places, and zero heap allocations and pool misses
 //! per training step after warm-up (a counting global allocator; each test
 //! in a process of its own, see `allocations.rs`).
@@ -7,7 +8,7 @@
 mod support;
 
 use fucina_autograd::Tensor;
-use fucina_autograd::exec::ExecContext;
+use fucina_autograd::exec::{ExecContext, RawTensor};
 use support::{check_layouts, values};
 
 #[path = "support/alloc_count.rs"]
@@ -51,20 +52,58 @@ fn gradcheck_attention_every_input_and_layout() {
         |c, t| t[0].attention_packed(c, 2, 0.9)?.tanh(c),
         &packed,
     );
+    // Key padding: sample 0 ignores keys 1 and 3, sample 1 key 0.
+    let pad = ctx
+        .from_slice_typed::<bool>(
+            &[n, s],
+            &[false, true, false, true, true, false, false, false],
+        )
+        .unwrap();
+    check_layouts(
+        &ctx,
+        "attention_masked, 2 heads",
+        |c, t| {
+            t[0].attention_masked(c, &t[1], &t[2], &pad, 2, 0.8)?
+                .tanh(c)
+        },
+        &ins,
+    );
+    let pad3 = ctx
+        .from_slice_typed::<bool>(&[2, 3], &[false, false, true, true, false, false])
+        .unwrap();
+    check_layouts(
+        &ctx,
+        "attention_packed_masked, 2 heads",
+        |c, t| t[0].attention_packed_masked(c, &pad3, 2, 0.9)?.tanh(c),
+        &packed,
+    );
 }
 
 /// Self-attention of `x` through the projection `w` (`attention`) and the
-/// packed one `w3` (`attention_packed`), a loss, backward, SGD.
-fn step(ctx: &ExecContext, (w, w3): (&mut Tensor, &mut Tensor), x: &Tensor, scoped: bool) -> f32 {
+/// packed one `w3` (`attention_packed`, and `attention_packed_masked` with
+/// the key-padding mask `pad`), a loss, backward, SGD.
+fn step(
+    ctx: &ExecContext,
+    (w, w3): (&mut Tensor, &mut Tensor),
+    (x, pad): (&Tensor, &RawTensor<bool>),
+    scoped: bool,
+) -> f32 {
     let scope = scoped.then(|| ctx.open_exec_scope());
     let p = x.linear(ctx, w, None).unwrap();
     let y = p.attention(ctx, &p, &p, 4, 0.25).unwrap();
     let packed = x.linear(ctx, w3, None).unwrap();
     let z = packed.attention_packed(ctx, 4, 0.25).unwrap();
-    let loss = y.mul(ctx, &z).unwrap().mean_all(ctx).unwrap();
+    let zm = packed.attention_packed_masked(ctx, pad, 4, 0.25).unwrap();
+    let loss = y
+        .mul(ctx, &z)
+        .unwrap()
+        .add(ctx, &zm)
+        .unwrap()
+        .mean_all(ctx)
+        .unwrap();
     let value = loss.item().unwrap();
     loss.backward(ctx).unwrap();
-    drop((p, y, packed, z, loss));
+    drop((p, y, packed, z, zm, loss));
     if let Some(scope) = scope {
         ctx.close_exec_scope(scope);
     }
@@ -84,12 +123,14 @@ fn run(threads: usize, scoped: bool) {
     let mut w3 = Tensor::randn(&ctx, &[96, 32], 0.3, 3)
         .unwrap()
         .into_variable();
-    let first = step(&ctx, (&mut w, &mut w3), &x, scoped); // warm-up
-    step(&ctx, (&mut w, &mut w3), &x, scoped);
+    let flags: Vec<bool> = (0..4 * 16).map(|i| i % 5 == 3).collect();
+    let pad = ctx.from_slice_typed::<bool>(&[4, 16], &flags).unwrap();
+    let first = step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped); // warm-up
+    step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped);
     let mut last = first;
     let (allocs, misses) = count(|| {
         for _ in 0..3 {
-            last = step(&ctx, (&mut w, &mut w3), &x, scoped);
+            last = step(&ctx, (&mut w, &mut w3), (&x, &pad), scoped);
         }
     });
     assert_steady_step(

@@ -2,7 +2,10 @@
 //! gradients against a float64 reference computed with direct loops (head
 //! widths inside one GEMM panel and across panels, query and key lengths that
 //! differ), bad operands as errors naming the op, the same bits for 1 to 4
-//! threads, and a sample's results independent of the other samples.
+//! threads, and a sample's results independent of the other samples; the
+//! key-padding forms (`attention_masked`, `attention_packed_masked`) against
+//! the reference with the masked keys left out, and with no key masked, the
+//! bits of the unmasked ops.
 
 #![allow(clippy::result_large_err)] // ExecError holds inline shapes, like RawTensor
 
@@ -23,6 +26,7 @@ fn reference(
     (q, k, v, g): (&[f32], &[f32], &[f32], &[f32]),
     (n, l, s, e, heads): (usize, usize, usize, usize, usize),
     scale: f64,
+    pad: Option<&[bool]>,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
     let d = e / heads;
     let (mut out, mut dq) = (vec![0.0; n * l * e], vec![0.0; n * l * e]);
@@ -36,7 +40,12 @@ fn reference(
             let cols = h * d..(h + 1) * d;
             for i in 0..l {
                 let sc: Vec<f64> = (0..s)
-                    .map(|j| scale * cols.clone().map(|c| qa(b, i, c) * ka(b, j, c)).sum::<f64>())
+                    .map(|j| {
+                        if pad.is_some_and(|m| m[b * s + j]) {
+                            return f64::NEG_INFINITY;
+                        }
+                        scale * cols.clone().map(|c| qa(b, i, c) * ka(b, j, c)).sum::<f64>()
+                    })
                     .collect();
                 let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let ex: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
@@ -102,13 +111,72 @@ fn values_and_gradients_match_float64() {
             .attention_backward(&q, &k, &v, &p, &g, heads, scale)
             .unwrap();
         let (qv, kv, vv, gv) = (q.to_vec(), k.to_vec(), v.to_vec(), g.to_vec());
-        let (wy, wdq, wdk, wdv) =
-            reference((&qv, &kv, &vv, &gv), (n, l, s, e, heads), f64::from(scale));
+        let (wy, wdq, wdk, wdv) = reference(
+            (&qv, &kv, &vv, &gv),
+            (n, l, s, e, heads),
+            f64::from(scale),
+            None,
+        );
         close(&format!("case {case} out"), &y, &wy);
         close(&format!("case {case} dq"), &dq, &wdq);
         close(&format!("case {case} dk"), &dk, &wdk);
         close(&format!("case {case} dv"), &dv, &wdv);
     }
+}
+
+#[test]
+fn the_key_padding_mask_leaves_the_masked_keys_out() {
+    let ctx = ExecContext::with_threads(2);
+    for (case, &(n, l, s, e, heads)) in [(3, 5, 7, 12, 3), (2, 3, 33, 64, 2)].iter().enumerate() {
+        let seed = 100 + 10 * case as u64;
+        let q = t(&ctx, &[n, l, e], seed + 1);
+        let k = t(&ctx, &[n, s, e], seed + 2);
+        let v = t(&ctx, &[n, s, e], seed + 3);
+        let g = t(&ctx, &[n, l, e], seed + 4);
+        // Sample b ignores every key j with (j + b) % 3 == 0.
+        let flags: Vec<bool> = (0..n * s).map(|i| (i % s + i / s) % 3 == 0).collect();
+        let pad = ctx.from_slice_typed::<bool>(&[n, s], &flags).unwrap();
+        let (y, p) = ctx.attention_masked(&q, &k, &v, &pad, heads, 0.7).unwrap();
+        let (dq, dk, dv) = ctx
+            .attention_backward(&q, &k, &v, &p, &g, heads, 0.7)
+            .unwrap();
+        let (qv, kv, vv, gv) = (q.to_vec(), k.to_vec(), v.to_vec(), g.to_vec());
+        let (wy, wdq, wdk, wdv) =
+            reference((&qv, &kv, &vv, &gv), (n, l, s, e, heads), 0.7, Some(&flags));
+        close(&format!("masked case {case} out"), &y, &wy);
+        close(&format!("masked case {case} dq"), &dq, &wdq);
+        close(&format!("masked case {case} dk"), &dk, &wdk);
+        close(&format!("masked case {case} dv"), &dv, &wdv);
+        // The masked keys' weights are exactly zero.
+        let pv = p.to_vec();
+        for (i, &w) in pv.iter().enumerate() {
+            let (b, j) = (i / (heads * l * s), i % s);
+            if flags[b * s + j] {
+                assert_eq!(w, 0.0, "masked case {case}: weight {i}");
+            }
+        }
+    }
+    // No key masked: the bits of the unmasked ops, packed or not; every key
+    // of a sample masked: NaN (as PyTorch).
+    let (n, l, e, heads) = (2, 6, 16, 2);
+    let x = t(&ctx, &[n, l, 3 * e], 7);
+    let q = t(&ctx, &[n, l, e], 8);
+    let none = ctx.from_slice_typed::<bool>(&[n, l], &[false; 12]).unwrap();
+    let (y0, p0) = ctx.attention(&q, &q, &q, heads, 0.5).unwrap();
+    let (y1, p1) = ctx.attention_masked(&q, &q, &q, &none, heads, 0.5).unwrap();
+    assert_eq!(nan_bits(&y0), nan_bits(&y1));
+    assert_eq!(nan_bits(&p0), nan_bits(&p1));
+    let (y0, p0) = ctx.attention_packed(&x, heads, 0.5).unwrap();
+    let (y1, p1) = ctx.attention_packed_masked(&x, &none, heads, 0.5).unwrap();
+    assert_eq!(nan_bits(&y0), nan_bits(&y1));
+    assert_eq!(nan_bits(&p0), nan_bits(&p1));
+    let mut flags = [false; 12];
+    flags[..l].fill(true);
+    let all = ctx.from_slice_typed::<bool>(&[n, l], &flags).unwrap();
+    let (y, _) = ctx.attention_packed_masked(&x, &all, heads, 0.5).unwrap();
+    let y = y.to_vec();
+    assert!(y[..l * e].iter().all(|v| v.is_nan()));
+    assert!(y[l * e..].iter().all(|v| v.is_finite()));
 }
 
 #[test]
@@ -212,6 +280,19 @@ fn bad_operands_are_errors_naming_the_op() {
     refused(ctx.attention(&q, &k, &k, 3, 1.0), op);
     refused(ctx.attention(&q, &k, &k, 0, 1.0), op);
     refused(ctx.attention(&q, &k, &k, 2, f32::NAN), op);
+    // A key-padding mask of the query's length (3), not the key's (5).
+    let pad = ctx.from_slice_typed::<bool>(&[2, 3], &[false; 6]).unwrap();
+    refused(
+        ctx.attention_masked(&q, &k, &k, &pad, 2, 1.0),
+        "attention_masked",
+    );
+    let pad5 = ctx.from_slice_typed::<bool>(&[2, 5], &[false; 10]).unwrap();
+    assert!(ctx.attention_masked(&q, &k, &k, &pad5, 2, 1.0).is_ok());
+    let x = t(&ctx, &[2, 3, 24], 6);
+    refused(
+        ctx.attention_packed_masked(&x, &pad5, 2, 1.0),
+        "attention_packed_masked",
+    );
     let op = "attention_packed";
     refused(ctx.attention_packed(&flat, 2, 1.0), op);
     refused(ctx.attention_packed(&q, 2, 1.0), op); // 8 is not 3E

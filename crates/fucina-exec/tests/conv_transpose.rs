@@ -109,6 +109,21 @@ fn cases() -> Vec<Case> {
             o2([2, 2], [0, 0], [1, 1], [1, 1], 1),
             false,
         ),
+        // stride 1 with dilation (the flipped-weight convolution, padded by
+        // dilation * (K - 1) - padding), and a padding above dilation * (K -
+        // 1) (the input-gradient form)
+        c(
+            [2, 3, 6, 5],
+            [3, 4, 3, 2],
+            o2([1, 1], [2, 1], [0, 0], [2, 2], 1),
+            true,
+        ),
+        c(
+            [1, 3, 5, 5],
+            [3, 2, 1, 1],
+            o2([1, 1], [1, 1], [0, 0], [1, 1], 1),
+            true,
+        ),
         // padding that crops most of the full output
         c(
             [1, 2, 4, 4],

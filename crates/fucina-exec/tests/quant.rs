@@ -566,6 +566,72 @@ fn packed_matches_in_place_bit_for_bit() {
     }
 }
 
+/// Prefill-sized calls (the AVX-512 VNNI level's GEMM from 32 rows): the
+/// in-place kernel's bits on every level, for 1-3 threads, around the switch
+/// and at odd row counts (a last tile of one strip, partial strips), on
+/// quantized data and on arbitrary block bytes with edge activations (zero
+/// blocks, a huge value, a block of -127, a non-finite row).
+#[test]
+fn packed_gemm_sized_calls_match_in_place_bit_for_bit() {
+    let best = detected_simd_level();
+    let shapes = [(37usize, 256usize), (9, 96), (130, 64)];
+    let ms = [31usize, 32, 33, 50, 97];
+    for format in REPACKABLE {
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            let ctx = ExecContext::new();
+            let q = ctx
+                .quantize(
+                    format,
+                    rows,
+                    cols,
+                    &values(rows * cols, 41 + si as u64, 0.5),
+                )
+                .unwrap();
+            // the same shape from arbitrary bytes (any code, negative scales)
+            let n = rows * cols / 32 * format.block_bytes();
+            let mut bytes: Vec<u8> = (0..n as u64)
+                .map(|i| (fucina_exec::rng::at(9 + si as u64, i) >> 56) as u8)
+                .collect();
+            for (b, blk) in bytes.chunks_mut(format.block_bytes()).enumerate() {
+                blk[..2].copy_from_slice(&f16_bytes(values(1, 3000 + b as u64, 2.0)[0]));
+                if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
+                    blk[2..4].copy_from_slice(&f16_bytes(values(1, 5000 + b as u64, 2.0)[0]));
+                }
+            }
+            let arbitrary = QuantMatrix::new(format, rows, cols, &bytes).unwrap();
+            let mut x = values(97 * cols, 87 + si as u64, 2.0);
+            x[..32].fill(0.0);
+            x[cols + 5] = 1e30;
+            x[2 * cols..2 * cols + 32].fill(-127.0);
+            x[40 * cols + 3] = f32::NAN;
+            for w in [q.matrix(), arbitrary] {
+                for level in SimdLevel::available() {
+                    assert!(force_simd_level(level));
+                    for threads in 1..=3 {
+                        let ctx = ExecContext::with_threads(threads);
+                        let packed = ctx.repack_quant(&w).unwrap();
+                        for &m in &ms {
+                            let (mut a, mut b) =
+                                (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+                            ctx.quant_matmul(&x[..m * cols], m, &w, &mut a).unwrap();
+                            ctx.quant_matmul_packed(&x[..m * cols], m, &packed, &mut b)
+                                .unwrap();
+                            assert_eq!(
+                                bits_nan_as_one(&b),
+                                bits_nan_as_one(&a),
+                                "packed vs in place: {} {rows}x{cols} m={m} level={} threads={threads}",
+                                format.name(),
+                                level.name()
+                            );
+                        }
+                    }
+                }
+                assert!(force_simd_level(best));
+            }
+        }
+    }
+}
+
 /// Arbitrary block bytes (Q8_0 -128, every nibble, negative scales) and edge
 /// activations (zero blocks, a huge value, a non-finite row) through the
 /// repacked layout: the reference's bits on every level.
@@ -772,6 +838,46 @@ fn steady_state_allocates_nothing() {
             }
         }
     }
+}
+
+fn gemm_steady_state_allocates_nothing() {
+    counting::check_the_counter();
+    for threads in [1, 2, 3] {
+        let ctx = ExecContext::with_threads(threads);
+        for format in [QuantFormat::Q8_0, QuantFormat::Q5_1] {
+            let (rows, cols) = (257, 512);
+            let q = ctx
+                .quantize(format, rows, cols, &values(rows * cols, 8, 1.0))
+                .unwrap();
+            let packed = ctx.repack_quant(&q.matrix()).unwrap();
+            let m = 64;
+            let x = values(m * cols, 9, 1.0);
+            let mut out = vec![0.0; m * rows];
+            ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+            ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+            let misses = ctx.pool().stats().misses;
+            let before = ALLOCATIONS.load(Ordering::SeqCst);
+            for _ in 0..5 {
+                ctx.quant_matmul_packed(&x, m, &packed, &mut out).unwrap();
+            }
+            let allocs = ALLOCATIONS.load(Ordering::SeqCst) - before;
+            assert_eq!(
+                allocs,
+                0,
+                "heap allocations in 5 prefill-sized quant_matmul_packed calls ({} m={m}, {threads} threads)",
+                format.name()
+            );
+            assert_eq!(ctx.pool().stats().misses, misses, "pool misses (GEMM)");
+        }
+    }
+}
+
+#[test]
+fn prefill_sized_packed_products_allocate_nothing_at_steady_state() {
+    in_own_process(
+        "prefill_sized_packed_products_allocate_nothing_at_steady_state",
+        gemm_steady_state_allocates_nothing,
+    );
 }
 
 #[test]

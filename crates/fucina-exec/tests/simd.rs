@@ -50,6 +50,11 @@ fn run_all(ctx: &ExecContext) -> Result<Vec<(String, Vec<u32>)>, ExecError> {
         let g = ctx.from_slice(&[2, 5, e], &values(10 * e, 43))?;
         let dx = ctx.attention_packed_backward(&x, &p, &g, heads, 0.4)?;
         push(&format!("attention_packed_e{e}"), y);
+        let flags: Vec<bool> = (0..10).map(|i| i % 4 == 1).collect();
+        let pad = ctx.from_slice_typed::<bool>(&[2, 5], &flags)?;
+        let (ym, pm) = ctx.attention_packed_masked(&x, &pad, heads, 0.4)?;
+        push(&format!("attention_packed_masked_e{e}"), ym);
+        push(&format!("attention_packed_masked_e{e}_p"), pm);
         push(&format!("attention_packed_e{e}_dx"), dx);
     }
     push("add", ctx.add(&a, &b)?);

@@ -10,8 +10,9 @@
 //! GGUF file (a path ending in `.gguf`, loaded through
 //! `fucina_llm::arch::gguf::load_gguf`: float tensors and block-quantized
 //! matrices kept in llama.cpp's blocks, the blocks of 32 (Q8_0, Q4_0, Q5_0,
-//! Q4_1, Q5_1, IQ4_NL) then repacked once for the kernels as `open_model` does, unless
-//! `--in-place`; the other block formats are always read in place), so the
+//! Q4_1, Q5_1, IQ4_NL) and the Q4_K matrices of a multiple of eight rows then
+//! repacked once for the kernels as `open_model` does, unless `--in-place`;
+//! the other block formats are always read in place), so the
 //! very files llama.cpp runs can be measured here
 //! (`benches/llm/llamacpp_compare.py` does both).
 //! `--dtype` converts the matrices at load as `generate --dtype` does. The
@@ -76,7 +77,7 @@ struct Args {
     /// the fallbacks.
     #[arg(long)]
     verbose: bool,
-    /// Read the repackable formats (the blocks of 32) in place
+    /// Read the repackable matrices (the blocks of 32, Q4_K of whole strips) in place
     /// (`quant_matmul`) instead of from the kernels' repacked strips that
     /// `open_model` makes (`quant_matmul_packed`).
     #[arg(long)]

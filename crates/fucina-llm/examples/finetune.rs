@@ -107,6 +107,12 @@ struct Args {
     /// backward, which runs the layer again (less memory, more compute).
     #[arg(long)]
     grad_checkpoint: bool,
+    /// bf16 products for the frozen bf16 base (forward and backward, the
+    /// output projection included): inputs rounded to bf16, sums with the
+    /// AMX rule, as a bf16 base computes them (faster where the CPU has
+    /// AVX512_BF16 or AMX; the same bits on every CPU and thread count).
+    #[arg(long, conflicts_with = "full")]
+    bf16_products: bool,
     /// Pack several examples into each row of `--seq-len` tokens (each
     /// attends only to itself, from position 0): fewer, fuller rows.
     #[arg(long)]
@@ -267,6 +273,9 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
         false => TrainableDecoder::load(&ctx, &args.model, &lora)?,
     };
     model.set_checkpointing(args.grad_checkpoint);
+    if args.bf16_products {
+        model.use_bf16_products()?;
+    }
     let tok = Tokenizer::from_file(args.model.join("tokenizer.json"))?;
     let eos = model.config().eos_token_ids.first().copied();
     let examples = read_jsonl(&args.data, &tok, eos, args.seq_len)?;

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p fucina-llm --example finetune_bench -- \
 //!     --model DIR --batch 4 --seq-len 256 --lora-r 8 --target all --steps 5 --threads 2 \
-//!     [--grad-checkpoint]
+//!     [--grad-checkpoint] [--bf16-products] [--pool-cache-mib N]
 //! ```
 //!
 //! Each step is a full optimizer step (forward, backward, clipping, AdamW) on
@@ -55,6 +55,10 @@ struct Args {
     /// Gradient checkpointing per layer.
     #[arg(long)]
     grad_checkpoint: bool,
+    /// bf16 products with the AMX rule for the frozen bf16 base
+    /// (`TrainableDecoder::use_bf16_products`).
+    #[arg(long)]
+    bf16_products: bool,
     /// Worker threads (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
@@ -102,6 +106,9 @@ fn run(args: &Args) -> Result<(), FinetuneError> {
     let t = Instant::now();
     let mut model = TrainableDecoder::load(&ctx, &args.model, &lora)?;
     model.set_checkpointing(args.grad_checkpoint);
+    if args.bf16_products {
+        model.use_bf16_products()?;
+    }
     eprintln!("loaded in {:.2} s", t.elapsed().as_secs_f64());
     let vocab = model.config().vocab_size;
     let examples: Vec<Example> = (0..args.batch)

@@ -947,3 +947,55 @@ fn full_fine_tuning_trains_every_weight_with_or_without_checkpointing() {
     );
     assert_eq!(run(true), (losses, bits));
 }
+
+/// bf16 products (`TrainableDecoder::use_bf16_products`): the inputs of the
+/// frozen products are rounded to bf16, so the logits move off the exact
+/// ones by a bf16-sized amount and come near the inference decoder's own
+/// bf16 products (`Model::use_bf16_products`, the same rule over activations
+/// computed in other orders); training still lowers the loss; an f32 base is
+/// refused naming its first matrix, and the model is left as it was.
+#[test]
+fn bf16_products_round_the_frozen_products_inputs() {
+    let ctx = ExecContext::new();
+    let dir = fixture("llama_bf16");
+    let ids = prompt("llama_bf16");
+    let exact = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+    let mut bf = TrainableDecoder::load(&ctx, &dir, &all_targets(4)).unwrap();
+    assert!(!bf.uses_bf16_products());
+    bf.use_bf16_products().unwrap();
+    assert!(bf.uses_bf16_products());
+    let a = exact.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    let b = bf.logits(&ctx, &ids, 1, ids.len()).unwrap().to_vec();
+    let off_exact = max_diff(&a, &b);
+    let mut m = Model::load(&dir).unwrap();
+    m.use_bf16_products().unwrap();
+    let inf = inference_logits(&ctx, &m, &ids);
+    let off_inference = max_diff(&b, &inf);
+    eprintln!(
+        "bf16 products: max |logit diff| {off_exact:.2e} from the exact products, \
+         {off_inference:.2e} from the inference decoder's bf16 products"
+    );
+    assert!(off_exact > 0.0 && off_exact < 0.1, "{off_exact}");
+    assert!(off_inference < off_exact, "{off_inference} vs {off_exact}");
+
+    let opts = TrainOptions {
+        lr: 1e-2,
+        batch: 2,
+        ..TrainOptions::default()
+    };
+    let ex = examples(&ids);
+    let mut trainer = Trainer::new(bf, opts, 6).unwrap();
+    let batch = trainer.epoch_batches(&ex, 0).into_iter().next().unwrap();
+    let first = trainer.step(&ctx, &batch).unwrap();
+    let mut last = first;
+    for _ in 0..5 {
+        last = trainer.step(&ctx, &batch).unwrap();
+    }
+    assert!(last < first, "{first} -> {last}");
+
+    let mut f32_model =
+        TrainableDecoder::load(&ctx, fixture("llama_f32"), &all_targets(4)).unwrap();
+    let e = f32_model.use_bf16_products().unwrap_err().to_string();
+    assert!(e.contains("model.embed_tokens.weight"), "{e}");
+    assert!(!f32_model.uses_bf16_products());
+}

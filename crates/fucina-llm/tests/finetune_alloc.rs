@@ -40,7 +40,13 @@ fn per_step(warm: usize, steps: usize, mut step: impl FnMut()) -> Vec<usize> {
         .collect()
 }
 
-fn trainer(ctx: &ExecContext, fixture: &str, grad_accum: usize, checkpointing: bool) -> Trainer {
+fn trainer(
+    ctx: &ExecContext,
+    fixture: &str,
+    grad_accum: usize,
+    checkpointing: bool,
+    bf16_products: bool,
+) -> Trainer {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(fixture);
@@ -53,6 +59,9 @@ fn trainer(ctx: &ExecContext, fixture: &str, grad_accum: usize, checkpointing: b
     };
     let mut model = TrainableDecoder::load(ctx, &dir, &lora).unwrap();
     model.set_checkpointing(checkpointing);
+    if bf16_products {
+        model.use_bf16_products().unwrap();
+    }
     let opts = TrainOptions {
         lr: 1e-3,
         warmup_steps: 2,
@@ -86,15 +95,19 @@ const CHECKPOINTED_PER_LAYER: usize = 6;
 
 /// Allocations per step of one micro-batch and of two, four steps each after
 /// three warm-up steps, on `fixture`.
-fn one_and_two(fixture: &str, checkpointing: bool) -> (Vec<usize>, Vec<usize>) {
+fn one_and_two(
+    fixture: &str,
+    checkpointing: bool,
+    bf16_products: bool,
+) -> (Vec<usize>, Vec<usize>) {
     let ctx = ExecContext::with_threads(1);
-    let mut t = trainer(&ctx, fixture, 1, checkpointing);
+    let mut t = trainer(&ctx, fixture, 1, checkpointing, bf16_products);
     let b = batch(0);
     let one = per_step(3, 4, || {
         t.step(&ctx, &b).unwrap();
     });
     eprintln!("{fixture}: allocations per step (one micro-batch): {one:?}");
-    let mut t = trainer(&ctx, fixture, 2, checkpointing);
+    let mut t = trainer(&ctx, fixture, 2, checkpointing, bf16_products);
     let bs = [batch(0), batch(5)];
     let two = per_step(3, 4, || {
         t.step_accumulated(&ctx, &bs).unwrap();
@@ -107,10 +120,21 @@ fn one_and_two(fixture: &str, checkpointing: bool) -> (Vec<usize>, Vec<usize>) {
 fn steady_state_lora_steps_allocate_nothing() {
     in_own_process("steady_state_lora_steps_allocate_nothing", || {
         for fixture in ["llama_f32", "llama_bf16"] {
-            let (one, two) = one_and_two(fixture, false);
+            let (one, two) = one_and_two(fixture, false, false);
             assert_eq!(one, [0; 4], "{fixture}");
             assert_eq!(two, [0; 4], "{fixture}");
         }
+    });
+}
+
+/// The same with the frozen bf16 products on the AMX rule
+/// (`TrainableDecoder::use_bf16_products`): their scratch is pooled too.
+#[test]
+fn steady_state_bf16_product_steps_allocate_nothing() {
+    in_own_process("steady_state_bf16_product_steps_allocate_nothing", || {
+        let (one, two) = one_and_two("llama_bf16", false, true);
+        assert_eq!(one, [0; 4]);
+        assert_eq!(two, [0; 4]);
     });
 }
 
@@ -120,7 +144,7 @@ fn checkpointed_lora_steps_allocate_a_fixed_count_per_layer() {
         "checkpointed_lora_steps_allocate_a_fixed_count_per_layer",
         || {
             let layers = 2; // the fixture's `num_hidden_layers`
-            let (one, two) = one_and_two("llama_f32", true);
+            let (one, two) = one_and_two("llama_f32", true, false);
             assert_eq!(one, [CHECKPOINTED_PER_LAYER * layers; 4]);
             assert_eq!(two, [2 * CHECKPOINTED_PER_LAYER * layers; 4]);
         },

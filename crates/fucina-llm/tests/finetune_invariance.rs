@@ -1,7 +1,10 @@
 //! A LoRA fine-tune gives the same bits — every loss, the evaluation loss and
 //! every adapter value — for 1, 2 and 4 threads and at every vector level the
 //! CPU has, with the adapters' dropout on, on f32 and bf16 base weights (the
-//! bf16 job with packed rows).
+//! bf16 job with packed rows), and on the bf16 base with bf16 products on
+//! the AMX rule (`TrainableDecoder::use_bf16_products`: the `vdpbf16ps`
+//! kernel where the CPU has AVX512_BF16, the portable emulation at the
+//! other levels).
 //! (One test binary of its own: it switches the process's vector level.)
 
 mod model_support;
@@ -33,6 +36,7 @@ fn run(
     c: &ModelConfig,
     store: &WeightStore,
     pack: Option<usize>,
+    bf16_products: bool,
     threads: usize,
 ) -> (Vec<u32>, u32, Vec<u32>) {
     let ctx = ExecContext::with_threads(threads);
@@ -43,7 +47,10 @@ fn run(
         targets: Target::ALL.to_vec(),
         seed: 3,
     };
-    let model = TrainableDecoder::from_parts(&ctx, c.clone(), store, &lora).unwrap();
+    let mut model = TrainableDecoder::from_parts(&ctx, c.clone(), store, &lora).unwrap();
+    if bf16_products {
+        model.use_bf16_products().unwrap();
+    }
     let opts = TrainOptions {
         lr: 1e-2,
         warmup_steps: 1,
@@ -76,18 +83,38 @@ fn a_fine_tune_is_the_same_bits_for_every_thread_count_and_vector_level() {
     let levels: Vec<SimdLevel> = SimdLevel::available().collect();
     eprintln!("levels compared: {levels:?}");
     // The f32 base one example per row, the bf16 base packed (six rows of
-    // one or two examples).
-    for (format, pack) in [(WeightFormat::F32, None), (WeightFormat::BF16, Some(48))] {
+    // one or two examples), and the bf16 base on bf16 products both ways.
+    let jobs = [
+        (WeightFormat::F32, None, false),
+        (WeightFormat::BF16, Some(48), false),
+        (WeightFormat::BF16, None, true),
+        (WeightFormat::BF16, Some(48), true),
+    ];
+    let mut exact_bf16 = None;
+    for (format, pack, bf16) in jobs {
         let store = WeightStore::from_tensors(model_support::random_weights(&c, format, 11));
-        let reference = run(&c, &store, pack, 1);
+        let reference = run(&c, &store, pack, bf16, 1);
+        // bf16 products change the losses (the inputs are rounded), a little.
+        if format == WeightFormat::BF16 && pack.is_some() {
+            match exact_bf16.take() {
+                None => exact_bf16 = Some(reference.0.clone()),
+                Some(exact) => {
+                    assert_ne!(exact, reference.0, "bf16 products changed nothing");
+                    for (&a, &b) in exact.iter().zip(&reference.0) {
+                        let (a, b) = (f32::from_bits(a), f32::from_bits(b));
+                        assert!((a - b).abs() <= 1e-2 * a.abs(), "loss {a} against {b}");
+                    }
+                }
+            }
+        }
         assert_eq!(reference.0.len(), 2);
         for &level in &levels {
             assert!(force_simd_level(level));
             for threads in [1, 2, 4] {
                 assert_eq!(
-                    run(&c, &store, pack, threads),
+                    run(&c, &store, pack, bf16, threads),
                     reference,
-                    "{format:?} at {level:?} on {threads} threads"
+                    "{format:?} (bf16 products: {bf16}) at {level:?} on {threads} threads"
                 );
             }
         }

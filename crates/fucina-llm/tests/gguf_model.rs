@@ -620,7 +620,8 @@ fn dequantized(store: &WeightStore) -> WeightStore {
 
 /// A GGUF file with Q4_K and Q6_K matrices (llama.cpp's Q4_K_M choice: Q6_K for
 /// the output projection, the v and down projections; Q4_K elsewhere) loads
-/// with its blocks mapped, is not repacked, and gives logits close to the same
+/// with its blocks mapped, has its Q4_K matrices of whole strips repacked
+/// (the same bits), and gives logits close to the same
 /// model with its weights dequantized to f32 (the same greedy ids at every
 /// position), the same bits for 1 and 3 threads, and close to the f32 original.
 #[test]
@@ -654,17 +655,39 @@ fn k_quant_gguf_models_match_their_dequantized_weights() {
             assert!(w.is_mapped(), "{name} is read in place");
         }
     }
-    // The K formats are read in place: nothing is repacked.
+    // Q4_K matrices of a multiple of 8 rows are repacked (strips of eight
+    // rows), the others (Q6_K, a row count off the strips, the embedding
+    // table beside its own lm_head) read in place.
     let mut repacked = gstore.clone();
-    assert_eq!(repacked.repack_quantized(&ExecContext::new()).unwrap(), 0);
+    let n = repacked.repack_quantized(&ExecContext::new()).unwrap();
+    let mut want = 0;
+    for (name, w) in repacked.iter() {
+        // (the embedding table, only read by rows beside its own lm_head,
+        // stays in place)
+        let strips = w.quant_format() == Some(QuantFormat::Q4_K)
+            && w.shape().len() == 2
+            && w.shape()[0] % 8 == 0
+            && name != "model.embed_tokens.weight";
+        assert_eq!(w.is_repacked(), strips, "{name}");
+        want += usize::from(strips);
+    }
+    assert_eq!(n, want);
+    assert!(n > 0, "some Q4_K matrix is repacked");
     let deq = logits(
         &Model::from_parts(gcfg.clone(), dequantized(&gstore)).unwrap(),
         1,
     );
-    let model = Model::from_parts(gcfg, gstore).unwrap();
+    let model = Model::from_parts(gcfg.clone(), gstore).unwrap();
     let one = logits(&model, 1);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&logits(&model, 3)), bits(&one), "1 and 3 threads");
+    let repacked = Model::from_parts(gcfg, repacked).unwrap();
+    assert_eq!(bits(&logits(&repacked, 1)), bits(&one), "repacked Q4_K");
+    assert_eq!(
+        bits(&logits(&repacked, 3)),
+        bits(&one),
+        "repacked, 3 threads"
+    );
     let diff = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)

@@ -362,9 +362,11 @@ fn outputs_and_grads(
     mha: &MultiheadAttention,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     need_weights: bool,
+    key_padding_mask: Option<&RawTensor<bool>>,
 ) -> Vec<Vec<f32>> {
     let opts = AttentionOptions {
         need_weights,
+        key_padding_mask,
         ..Default::default()
     };
     let (y, _) = mha.forward(ctx, q, k, v, opts).unwrap();
@@ -438,9 +440,20 @@ fn the_fused_paths_match_pytorch_and_the_composition() {
                 .detach()
                 .into_variable()
         };
-        for (name, ins) in [("self", (&x, &x, &x)), ("cross", (&x, &k, &v))] {
-            let fused = outputs_and_grads(&ctx, &mha, ins, false);
-            let composed = outputs_and_grads(&ctx, &mha, ins, true);
+        // Key padding (`[N, S]`): sample b ignores the keys j with (j + b) % 3
+        // == 1; the fused ops take it in, the composition fills the scores.
+        let flags =
+            |s: usize| -> Vec<bool> { (0..3 * s).map(|i| (i % s + i / s) % 3 == 1).collect() };
+        let pad_self = ctx.from_slice_typed::<bool>(&[3, 5], &flags(5)).unwrap();
+        let pad_cross = ctx.from_slice_typed::<bool>(&[3, 7], &flags(7)).unwrap();
+        for (name, ins, pad) in [
+            ("self", (&x, &x, &x), None),
+            ("cross", (&x, &k, &v), None),
+            ("self, key padding", (&x, &x, &x), Some(&pad_self)),
+            ("cross, key padding", (&x, &k, &v), Some(&pad_cross)),
+        ] {
+            let fused = outputs_and_grads(&ctx, &mha, ins, false, pad);
+            let composed = outputs_and_grads(&ctx, &mha, ins, true, pad);
             assert_eq!(fused.len(), composed.len());
             for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
                 for (j, (&p, &r)) in a.iter().zip(b).enumerate() {

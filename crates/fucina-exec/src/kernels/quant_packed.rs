@@ -281,6 +281,234 @@ pub(crate) fn packed_rows<F: Block32>(
     }
 }
 
+/// Activation rows from which [`gemm_path`] takes the GEMM ([`packed_gemm`]):
+/// below it the tile's unpacking costs more than it saves (measured with the
+/// `q32_probe` example on the TinyLlama shapes, 2 threads: at 8 and 16 rows
+/// the GEMM took 1.3–1.6× the strip kernel's CPU time, at 32 the same, at
+/// 64 less, at 512 0.7×).
+pub(crate) const GEMM_MIN_ROWS: usize = 32;
+
+/// Weight rows of a GEMM tile (two strips).
+const TILE_ROWS: usize = 2 * G;
+
+/// Bytes of one block of a GEMM tile: the codes (eight lanes of 64 bytes:
+/// lane `l` holds elements `4l..4l + 4` of each of the 16 rows, unsigned, row
+/// after row), the 16 rows' scales widened to f32, and for a format with a
+/// min (`min`) the 16 rows' mins widened to f32.
+const fn tile_block_bytes(min: bool) -> usize {
+    8 * 64 + 64 + if min { 64 } else { 0 }
+}
+
+impl StripLayout {
+    /// Bytes of scratch [`packed_gemm`] needs (one tile of all `nb` blocks,
+    /// plus room to align it to 64 bytes).
+    pub(crate) fn gemm_scratch_bytes(&self) -> usize {
+        self.nb * tile_block_bytes(self.min) + 64
+    }
+}
+
+/// Whether a product of `m` activation rows takes [`packed_gemm`] at the
+/// current vector level (AVX-512 VNNI, from [`GEMM_MIN_ROWS`] rows).
+pub(crate) fn gemm_path(m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        m >= GEMM_MIN_ROWS && path() == Path::Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = m;
+        false
+    }
+}
+
+/// Whether the CPU has every feature the GEMM's kernels enable (AVX-512
+/// F/BW/VL/VNNI, AVX2, FMA, F16C), whatever the current level.
+fn cpu_has_vnni() -> bool {
+    use super::simd::CpuFeatures as C;
+    let needs = C::AVX2
+        .with(C::FMA)
+        .with(C::F16C)
+        .with(C::AVX512F)
+        .with(C::AVX512BW)
+        .with(C::AVX512VL)
+        .with(C::AVX512VNNI);
+    cfg!(target_arch = "x86_64") && C::detected().has(needs)
+}
+
+#[cfg(test)]
+/// The unsigned codes `w + F::ACT_OFFSET` of row `r`'s block `b` in `strip`
+/// (the operand of `vpdpbusd`, whose lane bias takes the offset back): Q8_0's
+/// value `+ 128`, a Q4 nibble, a Q5 code, IQ4_NL's table value `+ 128`.
+fn unsigned_codes(lay: &StripLayout, strip: &[u8], r: usize, b: usize) -> [u8; QK] {
+    let sh = lay.shape;
+    let rv = lay.row_values();
+    let v = &strip[lay.values_offset() + b * G * rv + r * rv..][..rv];
+    let mut u = [0u8; QK];
+    if !sh.nibbles() {
+        for (u, &v) in u.iter_mut().zip(v) {
+            *u = v ^ 0x80;
+        }
+        return u;
+    }
+    let qh = match sh.high {
+        Some(_) => {
+            let (lo, hi) = high_offsets(b, r);
+            let h = &strip[lay.high_offset()..];
+            u32::from(u16::from_le_bytes([h[lo], h[lo + 1]]))
+                | u32::from(u16::from_le_bytes([h[hi], h[hi + 1]])) << 16
+        }
+        None => 0,
+    };
+    for (k, u) in u.iter_mut().enumerate() {
+        let n = (v[k % 16] >> (4 * (k / 16))) & 0x0f;
+        let n = n | (((qh >> k) & 1) as u8) << 4;
+        *u = if sh.table {
+            (super::quant_block::iq4_nl::KVALUES[usize::from(n)] as u8) ^ 0x80
+        } else {
+            n
+        };
+    }
+    u
+}
+
+/// Unpacks strips `s..s + count` (`count` 1 or 2) of `data` into the GEMM
+/// tile `tile` (`nb` blocks of [`tile_block_bytes`]); the rows of a missing
+/// second strip get codes 0 and scale 0 (their outputs are not written). The
+/// plain reference of the vector fill (`x86::fill_tile_vnni`), for the tests.
+#[cfg(test)]
+fn fill_tile(lay: &StripLayout, data: &[u8], s: usize, count: usize, tile: &mut [u8]) {
+    let tb = tile_block_bytes(lay.min);
+    let sb = lay.strip_bytes;
+    for (b, blk) in tile.chunks_exact_mut(tb).take(lay.nb).enumerate() {
+        for h in 0..2 {
+            let strip = (h < count).then(|| &data[(s + h) * sb..(s + h + 1) * sb]);
+            for r in 0..G {
+                let t = h * G + r;
+                let (codes, d, mn) = match strip {
+                    Some(strip) => {
+                        let f16 = |region: usize| {
+                            let o = region + b * 2 * G + 2 * r;
+                            super::quant_dot::f16_to_f32(u16::from_le_bytes([
+                                strip[o],
+                                strip[o + 1],
+                            ]))
+                        };
+                        let mn = if lay.min { f16(lay.scale_bytes) } else { 0.0 };
+                        (unsigned_codes(lay, strip, r, b), f16(0), mn)
+                    }
+                    None => ([0; QK], 0.0, 0.0),
+                };
+                for l in 0..LANES {
+                    blk[64 * l + 4 * t..][..4].copy_from_slice(&codes[4 * l..4 * l + 4]);
+                }
+                blk[512 + 4 * t..][..4].copy_from_slice(&d.to_le_bytes());
+                if lay.min {
+                    blk[576 + 4 * t..][..4].copy_from_slice(&mn.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// [`packed_rows`] for many activation rows (a prefill): the same outputs,
+/// bit for bit, into the same places of `out_t`, computed as a GEMM at the
+/// AVX-512 VNNI level. Each pair of strips is unpacked once into `scratch`
+/// (at least [`StripLayout::gemm_scratch_bytes`] long) as a tile of 16 rows
+/// whose code vectors hold one lane (four consecutive codes) of each of the
+/// 16 rows; then two activation rows at a time meet it: per block, one
+/// product `dw · dx` for the 16 rows of each activation row, and per lane
+/// `vpdpbusd` of the lane's code vector with the lane's four activations
+/// broadcast (the lane bias its start) gives the 16 rows' exact lane sums,
+/// which the lane's accumulator takes by `fma(s, p, acc)`; the lanes fold in
+/// halves at the end, vector by vector. The integers and the f32 operations
+/// are those of the fixed order, in the same order per output.
+///
+/// # Panics
+/// As [`packed_rows`], and if the CPU lacks AVX-512 VNNI (see
+/// [`gemm_path`]) or `scratch` is too short (caller bugs).
+#[allow(clippy::too_many_arguments)] // packed_rows' operands and the scratch
+pub(crate) fn packed_gemm<F: Block32>(
+    lay: &StripLayout,
+    data: &[u8],
+    strips: Range<usize>,
+    acts: &Acts<'_>,
+    sums: &[f32],
+    m: usize,
+    out_t: &mut [f32],
+    scratch: &mut [u8],
+) {
+    let nb = lay.nb;
+    assert!(
+        lay.shape == F::SHAPE && lay.block_bytes == F::BYTES,
+        "packed_gemm: format"
+    );
+    assert_eq!(acts.cols, nb * QK, "packed_gemm: columns");
+    assert!(
+        strips.end * lay.strip_bytes <= data.len(),
+        "packed_gemm: strips"
+    );
+    assert!(acts.q.len() >= m * acts.cols, "packed_gemm: activations");
+    assert!(acts.scale.len() >= m * nb, "packed_gemm: scales");
+    assert!(acts.bias.len() >= m * nb * LANES, "packed_gemm: biases");
+    assert!(out_t.len() >= strips.len() * G * m, "packed_gemm: output");
+    if F::NEEDS_SUMS {
+        assert!(sums.len() >= m * nb, "packed_gemm: sums");
+    }
+    // The caller chose the GEMM by `gemm_path` (at the level of that moment;
+    // a level forced since by another thread changes no bit): the CPU must
+    // have the features, whatever the level is now.
+    assert!(cpu_has_vnni(), "packed_gemm: CPU features");
+    let tile_bytes = nb * tile_block_bytes(lay.min);
+    let skip = scratch.as_ptr().align_offset(64);
+    assert!(
+        skip <= 64 && scratch.len() >= skip + tile_bytes,
+        "packed_gemm: scratch"
+    );
+    let tile = &mut scratch[skip..skip + tile_bytes];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut s = strips.start;
+        while s < strips.end {
+            let count = (strips.end - s).min(2);
+            // SAFETY: cpu_has_vnni (asserted above): the CPU has every
+            // feature the fill and the micro-kernel enable; both check their
+            // bounds.
+            unsafe { x86::fill_tile_vnni(lay, data, s, count, tile) };
+            let base = (s - strips.start) * m * G;
+            let mut i = 0;
+            while i < m {
+                let mm = (m - i).min(2);
+                macro_rules! run {
+                    ($mm:literal) => {{
+                        // SAFETY: as above.
+                        let res = unsafe {
+                            if F::NEEDS_SUMS {
+                                x86::tile_vnni::<true, $mm>(tile, nb, acts, sums, i)
+                            } else {
+                                x86::tile_vnni::<false, $mm>(tile, nb, acts, sums, i)
+                            }
+                        };
+                        for (k, row) in res.iter().enumerate() {
+                            for h in 0..count {
+                                let o = base + (h * m + i + k) * G;
+                                out_t[o..o + G].copy_from_slice(&row[h * G..(h + 1) * G]);
+                            }
+                        }
+                    }};
+                }
+                match mm {
+                    1 => run!(1),
+                    _ => run!(2),
+                }
+                i += mm;
+            }
+            s += count;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (tile, data, strips, acts, sums, out_t);
+}
+
 /// One strip times activation row `i`, plainly: the portable path (each row's
 /// blocks rebuilt and taken through the format's `dot_block`).
 fn strip_portable<F: Block32>(
@@ -320,7 +548,9 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{Acts, Block32, G, LANES, QK, StripLayout, fold_lanes};
+    use super::{
+        Acts, Block32, G, LANES, QK, StripLayout, TILE_ROWS, fold_lanes, tile_block_bytes,
+    };
     use crate::kernels::quant_block::iq4_nl::KVALUES;
     use crate::kernels::quant_dot::x86::high_bits;
 
@@ -680,6 +910,232 @@ mod x86 {
         out
     }
 
+    /// The GEMM's micro-kernel: the tile `tile` (`nb` blocks, see
+    /// `packed_gemm`) times activation rows `i0..i0 + R`, the 16 rows'
+    /// folded outputs per activation row.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn tile_vnni<const MIN: bool, const R: usize>(
+        tile: &[u8],
+        nb: usize,
+        acts: &Acts<'_>,
+        sums: &[f32],
+        i0: usize,
+    ) -> [[f32; TILE_ROWS]; R] {
+        let min = MIN;
+        let tb = tile_block_bytes(min);
+        assert!(tile.len() >= nb * tb, "gemm tile: bytes");
+        assert_eq!(tile.as_ptr() as usize % 64, 0, "gemm tile: alignment");
+        assert_eq!(acts.cols, nb * QK, "gemm tile: columns");
+        assert!(
+            (i0 + R) * acts.cols <= acts.q.len(),
+            "gemm tile: activations"
+        );
+        assert!((i0 + R) * nb <= acts.scale.len(), "gemm tile: scales");
+        assert!(
+            (i0 + R) * nb * LANES <= acts.bias.len(),
+            "gemm tile: biases"
+        );
+        assert!(!min || (i0 + R) * nb <= sums.len(), "gemm tile: sums");
+        let tp = tile.as_ptr();
+        let cols = acts.cols;
+        let mut acc = [[_mm512_setzero_ps(); LANES]; R];
+        for b in 0..nb {
+            // SAFETY: the asserts above: block b of the tile is tb bytes at
+            // b · tb (64-byte aligned: tb is a multiple of 64), and each
+            // activation row i0 + r < i0 + R has block b's 32 values, scale,
+            // eight biases (and sum).
+            unsafe {
+                let blk = tp.add(b * tb);
+                let dw = _mm512_load_ps(blk.add(512).cast());
+                let mut s = [_mm512_setzero_ps(); R];
+                for (r, s) in s.iter_mut().enumerate() {
+                    let dx = *acts.scale.get_unchecked((i0 + r) * nb + b);
+                    *s = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
+                }
+                for l in 0..LANES {
+                    let w = _mm512_load_si512(blk.add(64 * l).cast());
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let row = i0 + r;
+                        let x = acts
+                            .q
+                            .as_ptr()
+                            .add(row * cols + b * QK + 4 * l)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        let bias = *acts.bias.get_unchecked((row * nb + b) * LANES + l);
+                        let p =
+                            _mm512_dpbusd_epi32(_mm512_set1_epi32(bias), w, _mm512_set1_epi32(x));
+                        acc_r[l] = _mm512_fmadd_ps(s[r], _mm512_cvtepi32_ps(p), acc_r[l]);
+                    }
+                }
+                if min {
+                    // each row's lane 0: acc[0] = fma(m · dx, S, acc[0])
+                    let mw = _mm512_load_ps(blk.add(576).cast());
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let k = (i0 + r) * nb + b;
+                        let t = _mm512_mul_ps(mw, _mm512_set1_ps(*acts.scale.get_unchecked(k)));
+                        acc_r[0] =
+                            _mm512_fmadd_ps(t, _mm512_set1_ps(*sums.get_unchecked(k)), acc_r[0]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; TILE_ROWS]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            // fold_lanes, lane vector by lane vector: l + 4, l + 2, l + 1
+            let a0 = _mm512_add_ps(a[0], a[4]);
+            let a1 = _mm512_add_ps(a[1], a[5]);
+            let a2 = _mm512_add_ps(a[2], a[6]);
+            let a3 = _mm512_add_ps(a[3], a[7]);
+            let a0 = _mm512_add_ps(a0, a2);
+            let a1 = _mm512_add_ps(a1, a3);
+            // SAFETY: 16 f32 of room.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_add_ps(a0, a1)) };
+        }
+        out
+    }
+
+    /// `fill_tile` with AVX-512: per block, the 16 rows' four-byte lanes
+    /// gathered from the two strips' value regions (a nibble lane's dword
+    /// gives lanes `l` and `l + 4`), the Q5 fifth bits spread to bytes by a
+    /// multiply, IQ4_NL's table looked up by `vpshufb`; the same bytes as the
+    /// portable `fill_tile`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn fill_tile_vnni(
+        lay: &StripLayout,
+        data: &[u8],
+        s: usize,
+        count: usize,
+        tile: &mut [u8],
+    ) {
+        let nb = lay.nb;
+        let sb = lay.strip_bytes;
+        let tb = tile_block_bytes(lay.min);
+        assert!((1..=2).contains(&count), "gemm fill: strips");
+        assert!((s + count) * sb <= data.len(), "gemm fill: strips");
+        assert!(tile.len() >= nb * tb, "gemm fill: tile");
+        assert_eq!(tile.as_ptr() as usize % 64, 0, "gemm fill: alignment");
+        // The second strip's offset from the first (0 when it is missing:
+        // its rows then read the first strip's and are masked to zero).
+        let far = i32::try_from(if count == 2 { sb } else { 0 }).expect("gemm fill: strip size");
+        let keep: __mmask16 = if count == 2 { 0xffff } else { 0x00ff };
+        let sh = lay.shape;
+        let rv = lay.row_values() as i32;
+        let s0 = data.as_ptr().wrapping_add(s * sb);
+        let s1 = s0.wrapping_add(far as usize);
+        let rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        let halves =
+            _mm512_mask_blend_epi32(0xff00, _mm512_setzero_si512(), _mm512_set1_epi32(far));
+        // offset of row t's first value byte of block 0 from the first strip
+        let row_off = _mm512_add_epi32(_mm512_mullo_epi32(rows, _mm512_set1_epi32(rv)), halves);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let flip = _mm512_set1_epi8(-128);
+        let table = _mm512_broadcast_i32x4(iq4_table(true));
+        let spread = _mm512_set1_epi32(0x0020_4081);
+        let ones = _mm512_set1_epi32(0x0101_0101);
+        let tp = tile.as_mut_ptr();
+        let vo = lay.values_offset();
+        let ho = lay.high_offset();
+        let widen = |p: *const u8, o: usize| {
+            // SAFETY: o + 16 <= the region's bytes within each strip (16
+            // bytes per block in the scale and min regions).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.add(o).cast())) }
+        };
+        for b in 0..nb {
+            // SAFETY: the asserts above: block b of the tile is tb bytes at b · tb
+            // (64-aligned); every read below is inside strip s or s + 1 (the
+            // scales, mins and fifth bits of block b, its values).
+            unsafe {
+                let blk = tp.add(b * tb);
+                for (region, at) in [(0usize, 512usize), (lay.scale_bytes, 576)] {
+                    if region != 0 && !lay.min {
+                        continue;
+                    }
+                    let lo = widen(s0, region + b * 2 * G);
+                    let hi = widen(s1, region + b * 2 * G);
+                    let v = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+                    _mm512_store_ps(blk.add(at).cast(), _mm512_maskz_mov_ps(keep, v));
+                }
+                let base = _mm512_add_epi32(
+                    row_off,
+                    _mm512_set1_epi32((vo + b * G * rv as usize) as i32),
+                );
+                if !sh.nibbles() {
+                    for l in 0..8 {
+                        let idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * l));
+                        let g = _mm512_mask_i32gather_epi32::<1>(
+                            _mm512_setzero_si512(),
+                            keep,
+                            idx,
+                            s0.cast(),
+                        );
+                        let g = _mm512_maskz_mov_epi32(keep, _mm512_xor_si512(g, flip));
+                        _mm512_store_si512(blk.add(64 * l as usize).cast(), g);
+                    }
+                    continue;
+                }
+                let (qlo, qhi) = match sh.high {
+                    Some(_) => {
+                        let q = |o: usize| {
+                            let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                s0.add(ho + b * 4 * G + o).cast(),
+                            ));
+                            let c = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                s1.add(ho + b * 4 * G + o).cast(),
+                            ));
+                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
+                        };
+                        (q(0), q(2 * G))
+                    }
+                    None => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                };
+                for l in 0..4 {
+                    let idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * l));
+                    let g = _mm512_mask_i32gather_epi32::<1>(
+                        _mm512_setzero_si512(),
+                        keep,
+                        idx,
+                        s0.cast(),
+                    );
+                    let mut lo = _mm512_and_si512(g, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(g), m4);
+                    if sh.high.is_some() {
+                        // bits 4l..4l + 4 of each row's mask to bit 4 of the
+                        // lane's four bytes: (t · 0x204081) & 0x01010101 puts
+                        // bit j at bit 8j (no two partial products meet)
+                        let bits = |q: __m512i| {
+                            let t = _mm512_and_si512(
+                                _mm512_srlv_epi32(q, _mm512_set1_epi32(4 * l)),
+                                _mm512_set1_epi32(0xf),
+                            );
+                            let t = _mm512_and_si512(_mm512_mullo_epi32(t, spread), ones);
+                            _mm512_slli_epi32::<4>(t)
+                        };
+                        lo = _mm512_or_si512(lo, bits(qlo));
+                        hi = _mm512_or_si512(hi, bits(qhi));
+                    } else if sh.table {
+                        lo = _mm512_shuffle_epi8(table, lo);
+                        hi = _mm512_shuffle_epi8(table, hi);
+                    }
+                    _mm512_store_si512(
+                        blk.add(64 * l as usize).cast(),
+                        _mm512_maskz_mov_epi32(keep, lo),
+                    );
+                    _mm512_store_si512(
+                        blk.add(64 * (l as usize + 4)).cast(),
+                        _mm512_maskz_mov_epi32(keep, hi),
+                    );
+                }
+            }
+        }
+    }
+
     /// Q8_0 strip × activation row `i` with `vpmaddubsw` + `vpmaddwd` on
     /// 256-bit vectors (`|w| · (x · sign w)`, as the in-place AVX2 kernel), one
     /// row per vector.
@@ -843,5 +1299,76 @@ mod x86 {
             }
         }
         out
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::kernels::quant_block::{IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+
+    /// Arbitrary block bytes (finite f16 scales and mins), `rows` rows of
+    /// `nb` blocks of `F`.
+    fn blocks<F: Block32>(rows: usize, nb: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut v: Vec<u8> = (0..rows * nb * F::BYTES)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 32) as u8
+            })
+            .collect();
+        for blk in v.chunks_exact_mut(F::BYTES) {
+            blk[1] &= 0xbf; // exponent below 31: finite
+            if F::NEEDS_SUMS {
+                blk[3] &= 0xbf;
+            }
+        }
+        v
+    }
+
+    fn fill_matches<F: Block32>() {
+        if path() != Path::Vnni {
+            return;
+        }
+        for (rows, nb) in [(8usize, 1usize), (16, 3), (11, 5), (24, 2)] {
+            let lay = StripLayout::new::<F>(nb).expect("layout");
+            let src = blocks::<F>(rows, nb, rows as u64 * 31 + nb as u64);
+            let strips = rows.div_ceil(G);
+            // 64-byte aligned strips, as a PackedQuantMatrix holds them
+            let mut lines = vec![[0u64; 8]; strips * lay.strip_bytes / 64];
+            // SAFETY: [u64; 8] is 64 plain bytes.
+            let data: &mut [u8] = unsafe {
+                std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64)
+            };
+            for s in 0..strips {
+                let sb = lay.strip_bytes;
+                repack_strip(&lay, &src, rows, s, &mut data[s * sb..(s + 1) * sb]);
+            }
+            let tb = tile_block_bytes(lay.min);
+            for s in 0..strips {
+                for count in 1..=(strips - s).min(2) {
+                    let mut want = vec![0xa5u8; nb * tb];
+                    fill_tile(&lay, data, s, count, &mut want);
+                    let mut room = vec![0x5au8; nb * tb + 64];
+                    let skip = room.as_ptr().align_offset(64);
+                    let got = &mut room[skip..skip + nb * tb];
+                    // SAFETY: path() is Vnni.
+                    unsafe { x86::fill_tile_vnni(&lay, data, s, count, got) };
+                    assert_eq!(want, got, "rows {rows}, nb {nb}, strip {s}, count {count}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_vector_tile_fill_gives_the_plain_bytes() {
+        fill_matches::<Q8_0>();
+        fill_matches::<Q4_0>();
+        fill_matches::<Q4_1>();
+        fill_matches::<Q5_0>();
+        fill_matches::<Q5_1>();
+        fill_matches::<IQ4_NL>();
     }
 }

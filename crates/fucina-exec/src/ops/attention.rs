@@ -8,6 +8,13 @@
 //! back. The attention weights `[N, heads, L, S]` come back too; the backward
 //! reads them instead of recomputing the softmax.
 //!
+//! **Key padding.** The `_masked` forms take PyTorch's boolean
+//! `key_padding_mask` (`[N, S]`, `true` for the keys a sample ignores): the
+//! scaled scores of those keys become `-inf` before the softmax, so their
+//! weights are zero (a query whose keys are all masked gets NaN, as in
+//! PyTorch). The backward is the unmasked one: it reads the weights, whose
+//! zeros carry the mask.
+//!
 //! **Work.** One sample per task, its heads in increasing order. Per head the
 //! forward runs `q_h · k_hᵀ` (the GEMM of `kernels/gemm`, `k_hᵀ` packed from
 //! its strided rows) into the weights' block, the scaled softmax of each row
@@ -16,7 +23,8 @@
 //! runs `dP = dO_h · v_hᵀ`, the softmax's backward row by row (times the
 //! scale), `dv_h = Pᵀ · dO_h`, `dq_h = dS · k_h` and `dk_h = dSᵀ · q_h`. The
 //! scratch comes from the context's pool once per task: no allocation after
-//! warm-up.
+//! warm-up. Each product writes its head's columns of the output (or of a
+//! gradient) in place, `E` (or `3E`) floats apart: no head block is copied.
 //!
 //! **Bits.** Every product is the GEMM's fused multiply-add chain in
 //! increasing depth order, every softmax row the row kernel's fixed order,
@@ -53,6 +61,18 @@ struct Geom {
     d: usize,
 }
 
+/// The key-padding mask of a call: `N` rows of `S` flags (`true`: the key is
+/// ignored), or none.
+#[derive(Clone, Copy)]
+struct KeyPadding<'a>(Option<&'a [bool]>);
+
+impl<'a> KeyPadding<'a> {
+    /// The `S` flags of sample `i`.
+    fn sample(self, g: &Geom, i: usize) -> Option<&'a [bool]> {
+        self.0.map(|m| &m[i * g.s..][..g.s])
+    }
+}
+
 impl Geom {
     /// Fused multiply-adds of one sample's forward (for the team's split).
     fn work(&self) -> usize {
@@ -70,6 +90,8 @@ const OP: &str = "attention";
 const BACKWARD: &str = "attention_backward";
 const PACKED: &str = "attention_packed";
 const PACKED_BACKWARD: &str = "attention_packed_backward";
+const MASKED: &str = "attention_masked";
+const PACKED_MASKED: &str = "attention_packed_masked";
 
 /// One operand of one sample: row `i`'s `E` features at `data[off + i *
 /// rs..]`.
@@ -223,7 +245,8 @@ fn packed_transposed<'a>(
     Rhs::Packed(&buf[..len])
 }
 
-/// `c = A · B` (`m x n`) with `A[i, kk] = a[row_off(i) + kk * cs]`.
+/// `c = A · B` (`m x n`, row `i` at `c[i * ldc..][..n]`) with `A[i, kk] =
+/// a[row_off(i) + kk * cs]`.
 #[allow(clippy::too_many_arguments)] // the operands of one product
 fn product(
     level: SimdLevel,
@@ -232,7 +255,7 @@ fn product(
     cs: usize,
     (m, k, n): (usize, usize, usize),
     rhs: Rhs<'_>,
-    c: &mut [f32],
+    (c, ldc): (&mut [f32], usize),
     a_scratch: &mut [f32],
 ) {
     let lhs = LhsRows {
@@ -249,14 +272,33 @@ fn product(
         rhs,
         accumulate: false,
     };
-    gemm::gemm(&args, &mut c[..m * n], a_scratch);
+    gemm::gemm_ldc(&args, &mut c[..(m - 1) * ldc + n], ldc, a_scratch);
 }
 
-/// Copies the `rows x d` block `src` into the columns `col..col + d` of the
-/// `e`-wide rows of `dst`.
-fn scatter_head(src: &[f32], dst: &mut [f32], rows: usize, d: usize, e: usize, col: usize) {
-    for (s, o) in src[..rows * d].chunks_exact(d).zip(dst.chunks_exact_mut(e)) {
-        o[col..col + d].copy_from_slice(s);
+/// Where the backward of one sample writes its gradients: part 0 (`dq`), 1
+/// (`dk`) or 2 (`dv`), each head's columns written in place by its product.
+trait GradRows {
+    /// The slice whose row `i`, `ldc` floats apart, starts at column `col`
+    /// of row `i` of `part`, and `ldc`.
+    fn at(&mut self, part: usize, col: usize) -> (&mut [f32], usize);
+}
+
+/// Three `[T, E]` gradients (`dq`, `dk`, `dv`).
+struct ThreeGrads<'a>([&'a mut [f32]; 3], usize);
+
+impl GradRows for ThreeGrads<'_> {
+    fn at(&mut self, part: usize, col: usize) -> (&mut [f32], usize) {
+        (&mut self.0[part][col..], self.1)
+    }
+}
+
+/// One `[L, 3E]` gradient, the three parts side by side in each row.
+struct PackedGrads<'a>(&'a mut [f32], usize);
+
+impl GradRows for PackedGrads<'_> {
+    fn at(&mut self, part: usize, col: usize) -> (&mut [f32], usize) {
+        let e = self.1;
+        (&mut self.0[part * e + col..], 3 * e)
     }
 }
 
@@ -277,39 +319,55 @@ fn forward_sample(
     level: SimdLevel,
     scale: f32,
     (q, k, v): (Rows<'_>, Rows<'_>, Rows<'_>),
+    pad: Option<&[bool]>,
     out: &mut [f32],
     p: &mut [f32],
     scratch: &mut [f32],
 ) {
     let (l, s, e, d) = (g.l, g.s, g.e, g.d);
-    let [a_scr, kt, vb, st, ot] = pieces(
+    let [a_scr, kt, vb, st] = pieces(
         scratch,
         [
             a_scratch_len(l.max(s)),
             packed_b_len(d, s).expect("checked sizes"),
             g.packed_rows(),
             l * s,
-            l * d,
         ],
     );
     for (h, pb) in p.chunks_exact_mut(l * s).enumerate() {
         let col = h * d;
         let rhs = packed_transposed(k.data, k.off + col, k.rs, d, s, kt);
         let q_row = |i| q.off + i * q.rs + col;
-        product(level, q.data, q_row, 1, (l, d, s), rhs, st, a_scr);
-        vectorized!(scaled_softmax_rows(st, pb, s, scale));
+        product(level, q.data, q_row, 1, (l, d, s), rhs, (st, s), a_scr);
+        vectorized!(scaled_softmax_rows(st, pb, s, scale, pad));
         let rhs = rows_rhs(level, l, v.data, v.off + col, v.rs, s, d, vb);
-        product(level, pb, |i| i * s, 1, (l, s, d), rhs, ot, a_scr);
-        scatter_head(ot, out, l, d, e, col);
+        product(
+            level,
+            pb,
+            |i| i * s,
+            1,
+            (l, s, d),
+            rhs,
+            (&mut out[col..], e),
+            a_scr,
+        );
     }
 }
 
-/// `p = softmax(scale · x)` row by row (rows of `s`); `x` is scaled in place.
+/// `p = softmax(scale · x)` row by row (rows of `s`); `x` is scaled in place,
+/// and its columns flagged in `pad` set to `-inf` (weight zero).
 #[inline(always)]
-fn scaled_softmax_rows(x: &mut [f32], p: &mut [f32], s: usize, scale: f32) {
+fn scaled_softmax_rows(x: &mut [f32], p: &mut [f32], s: usize, scale: f32, pad: Option<&[bool]>) {
     for (xr, pr) in x.chunks_exact_mut(s).zip(p.chunks_exact_mut(s)) {
         for v in xr.iter_mut() {
             *v *= scale;
+        }
+        if let Some(pad) = pad {
+            for (v, &m) in xr.iter_mut().zip(pad) {
+                if m {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
         }
         rowwise::softmax(xr, pr);
     }
@@ -331,9 +389,8 @@ fn scaled_softmax_backward_rows(p: &[f32], dp: &[f32], ds: &mut [f32], s: usize,
 }
 
 /// The backward of one sample from its operands, weights `p` and output
-/// gradient `gy` (`[L, E]`): `put(part, block, rows, col)` receives the
-/// `rows x d` block of head columns `col..col + d` of `dq` (part 0), `dk`
-/// (1) or `dv` (2).
+/// gradient `gy` (`[L, E]`): each product writes the head columns `col..col
+/// + d` of `dq` (part 0), `dk` (1) or `dv` (2) where `out` puts them.
 #[allow(clippy::too_many_arguments)] // one sample's operands and scratch
 fn backward_sample(
     g: &Geom,
@@ -341,11 +398,11 @@ fn backward_sample(
     scale: f32,
     (q, k, v): (Rows<'_>, Rows<'_>, Rows<'_>),
     (p, gy): (&[f32], &[f32]),
-    put: &mut impl FnMut(usize, &[f32], usize, usize),
+    out: &mut impl GradRows,
     scratch: &mut [f32],
 ) {
     let (l, s, e, d) = (g.l, g.s, g.e, g.d);
-    let [a_scr, vt, dp, ds, rb, ot] = pieces(
+    let [a_scr, vt, dp, ds, rb] = pieces(
         scratch,
         [
             a_scratch_len(l.max(s)),
@@ -353,27 +410,41 @@ fn backward_sample(
             l * s,
             l * s,
             g.packed_rows(),
-            l.max(s) * d,
         ],
     );
     for (h, pb) in p.chunks_exact(l * s).enumerate() {
         let col = h * d;
         // dP = dO_h · v_hᵀ, then dS = scale · P ⊙ (dP - rowsum(dP ⊙ P)).
         let rhs = packed_transposed(v.data, v.off + col, v.rs, d, s, vt);
-        product(level, gy, |i| i * e + col, 1, (l, d, s), rhs, dp, a_scr);
+        product(
+            level,
+            gy,
+            |i| i * e + col,
+            1,
+            (l, d, s),
+            rhs,
+            (dp, s),
+            a_scr,
+        );
         vectorized!(scaled_softmax_backward_rows(pb, dp, ds, s, scale));
         // dv_h = Pᵀ · dO_h.
         let rhs = rows_rhs(level, s, gy, col, e, l, d, rb);
-        product(level, pb, |j| j, s, (s, l, d), rhs, ot, a_scr);
-        put(2, ot, s, col);
+        product(level, pb, |j| j, s, (s, l, d), rhs, out.at(2, col), a_scr);
         // dq_h = dS · k_h.
         let rhs = rows_rhs(level, l, k.data, k.off + col, k.rs, s, d, rb);
-        product(level, ds, |i| i * s, 1, (l, s, d), rhs, ot, a_scr);
-        put(0, ot, l, col);
+        product(
+            level,
+            ds,
+            |i| i * s,
+            1,
+            (l, s, d),
+            rhs,
+            out.at(0, col),
+            a_scr,
+        );
         // dk_h = dSᵀ · q_h.
         let rhs = rows_rhs(level, s, q.data, q.off + col, q.rs, l, d, rb);
-        product(level, ds, |j| j, s, (s, l, d), rhs, ot, a_scr);
-        put(1, ot, s, col);
+        product(level, ds, |j| j, s, (s, l, d), rhs, out.at(1, col), a_scr);
     }
 }
 
@@ -400,7 +471,6 @@ fn forward_scratch(g: &Geom) -> usize {
         + packed_b_len(g.d, g.s).expect("checked sizes")
         + g.packed_rows()
         + g.l * g.s
-        + g.l * g.d
 }
 
 /// The scratch floats of one backward task.
@@ -409,7 +479,6 @@ fn backward_scratch(g: &Geom) -> usize {
         + packed_b_len(g.d, g.s).expect("checked sizes")
         + 2 * g.l * g.s
         + g.packed_rows()
-        + g.l.max(g.s) * g.d
 }
 
 /// The sizes of a packed `[N, L, 3E]` operand, or the error naming the
@@ -436,6 +505,18 @@ fn check_packed(
     }
     let q = qkv.narrow(2, 0, e3 / 3)?;
     check(op, &q, &q, &q, heads, scale)
+}
+
+/// Checks a key-padding mask against the call's sizes: `[N, S]`.
+fn check_padding(op: &'static str, g: &Geom, pad: &RawTensor<bool>) -> Result<(), ExecError> {
+    if pad.shape() != [g.n, g.s] {
+        return Err(ExecError::InvalidShape {
+            op,
+            shape: pad.dims(),
+            reason: "the key padding mask must be [N, S]: the batch and the key length",
+        });
+    }
+    Ok(())
 }
 
 /// Checks the weights and the output gradient of a backward.
@@ -505,7 +586,59 @@ impl ExecContext {
             kc.contiguous_slice(),
             vc.contiguous_slice(),
         );
-        self.attention_run(OP, &g, src, scale)
+        self.attention_run(OP, &g, src, KeyPadding(None), scale)
+    }
+
+    /// [`attention`](Self::attention) with PyTorch's boolean key-padding
+    /// mask `key_padding` (`[N, S]`, `true` for the keys a sample ignores):
+    /// their scaled scores become `-inf` before the softmax, so their
+    /// weights are zero; a query whose keys are all masked gets NaN, as in
+    /// PyTorch. With no flag set, the bits of `attention`.
+    /// [`attention_backward`](Self::attention_backward) takes its weights
+    /// unchanged (their zeros carry the mask).
+    ///
+    /// ```
+    /// use fucina_exec::ExecContext;
+    ///
+    /// let ctx = ExecContext::new();
+    /// let q = ctx.from_slice(&[1, 1, 2], &[1.0, 1.0])?;
+    /// let kv = ctx.from_slice(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0])?;
+    /// let pad = ctx.from_slice_typed::<bool>(&[1, 2], &[false, true])?;
+    /// // One head; the second key is padding, so the output is the first value.
+    /// let (y, w) = ctx.attention_masked(&q, &kv, &kv, &pad, 1, 1.0)?;
+    /// assert_eq!(w.to_vec()[1], 0.0);
+    /// let y = y.to_vec();
+    /// assert!((y[0] - 1.0).abs() < 1e-6 && (y[1] - 2.0).abs() < 1e-6);
+    /// # Ok::<(), fucina_exec::ExecError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`attention`](Self::attention), and [`ExecError::InvalidShape`]
+    /// for a mask that is not `[N, S]`; out of memory.
+    pub fn attention_masked(
+        &self,
+        q: &RawTensor,
+        k: &RawTensor,
+        v: &RawTensor,
+        key_padding: &RawTensor<bool>,
+        heads: usize,
+        scale: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let g = check(MASKED, q, k, v, heads, scale)?;
+        check_padding(MASKED, &g, key_padding)?;
+        let (qc, kc, vc, mc) = (
+            self.contiguous(q)?,
+            self.contiguous(k)?,
+            self.contiguous(v)?,
+            self.contiguous(key_padding)?,
+        );
+        let src = Src::Three(
+            qc.contiguous_slice(),
+            kc.contiguous_slice(),
+            vc.contiguous_slice(),
+        );
+        let pad = KeyPadding(Some(mc.contiguous_slice()));
+        self.attention_run(MASKED, &g, src, pad, scale)
     }
 
     /// [`attention`](Self::attention) of a sequence to itself from one
@@ -527,7 +660,33 @@ impl ExecContext {
     ) -> Result<(RawTensor, RawTensor), ExecError> {
         let g = check_packed(PACKED, qkv, heads, scale)?;
         let xc = self.contiguous(qkv)?;
-        self.attention_run(PACKED, &g, Src::Packed(xc.contiguous_slice()), scale)
+        let src = Src::Packed(xc.contiguous_slice());
+        self.attention_run(PACKED, &g, src, KeyPadding(None), scale)
+    }
+
+    /// [`attention_packed`](Self::attention_packed) with PyTorch's boolean
+    /// key-padding mask `key_padding` (`[N, L]`: the keys are the query
+    /// rows), as in [`attention_masked`](Self::attention_masked);
+    /// [`attention_packed_backward`](Self::attention_packed_backward) takes
+    /// its weights unchanged.
+    ///
+    /// # Errors
+    /// As [`attention_packed`](Self::attention_packed), and
+    /// [`ExecError::InvalidShape`] for a mask that is not `[N, L]`; out of
+    /// memory.
+    pub fn attention_packed_masked(
+        &self,
+        qkv: &RawTensor,
+        key_padding: &RawTensor<bool>,
+        heads: usize,
+        scale: f32,
+    ) -> Result<(RawTensor, RawTensor), ExecError> {
+        let g = check_packed(PACKED_MASKED, qkv, heads, scale)?;
+        check_padding(PACKED_MASKED, &g, key_padding)?;
+        let (xc, mc) = (self.contiguous(qkv)?, self.contiguous(key_padding)?);
+        let src = Src::Packed(xc.contiguous_slice());
+        let pad = KeyPadding(Some(mc.contiguous_slice()));
+        self.attention_run(PACKED_MASKED, &g, src, pad, scale)
     }
 
     /// The forward over every sample, one sample per task.
@@ -536,6 +695,7 @@ impl ExecContext {
         op: &'static str,
         g: &Geom,
         src: Src<'_>,
+        pad: KeyPadding<'_>,
         scale: f32,
     ) -> Result<(RawTensor, RawTensor), ExecError> {
         let level = simd::level();
@@ -555,7 +715,8 @@ impl ExecContext {
                         .zip(out.chunks_exact_mut(le))
                         .zip(p.chunks_exact_mut(hls))
                     {
-                        forward_sample(g, level, scale, src.sample(g, i), o, pp, &mut buf);
+                        let ops = src.sample(g, i);
+                        forward_sample(g, level, scale, ops, pad.sample(g, i), o, pp, &mut buf);
                     }
                 });
             }));
@@ -618,14 +779,7 @@ impl ExecContext {
                             .zip(dk.chunks_exact_mut(se))
                             .zip(dv.chunks_exact_mut(se));
                         for (i, ((dqi, dki), dvi)) in rows.zip(outs) {
-                            let mut put = |part: usize, b: &[f32], r: usize, col: usize| {
-                                let dst: &mut [f32] = match part {
-                                    0 => dqi,
-                                    1 => dki,
-                                    _ => dvi,
-                                };
-                                scatter_head(b, dst, r, g.d, e, col);
-                            };
+                            let mut put = ThreeGrads([dqi, dki, dvi], e);
                             let pg = (&ps[i * hls..][..hls], &gs[i * le..][..le]);
                             backward_sample(
                                 &g,
@@ -684,9 +838,7 @@ impl ExecContext {
                     Err(err) => return keep_err(&failed, err),
                 };
                 for (i, dxi) in rows.zip(dx.chunks_exact_mut(3 * le)) {
-                    let mut put = |part: usize, b: &[f32], r: usize, col: usize| {
-                        scatter_head(b, dxi, r, g.d, 3 * e, part * e + col);
-                    };
+                    let mut put = PackedGrads(dxi, e);
                     let pg = (&ps[i * hls..][..hls], &gs[i * le..][..le]);
                     backward_sample(&g, level, scale, src.sample(&g, i), pg, &mut put, &mut buf);
                 }

@@ -19,6 +19,14 @@
 //! So no kernel is new: the packed GEMMs, the implicit im2col and col2im, the
 //! depthwise kernels and their split over the team are those of `conv2d`.
 //!
+//! A 2-D forward of **stride 1 and one group** (with a padding of at most
+//! `dilation · (K - 1)`, e.g. the U-Net's 3x3, padding 1) runs instead as
+//! the convolution's forward with the flipped weight (`w'[o, c, r, s] =
+//! w[c, o, KH - 1 - r, KW - 1 - s]`) and padding `dilation · (K - 1) -
+//! padding`: one GEMM of depth `C_in · KH · KW` per block, written once,
+//! instead of a GEMM of depth `C_in` into a `KH · KW` times larger column
+//! matrix added back by col2im.
+//!
 //! # Determinism
 //! That of the convolutions: every output element is one fused multiply-add
 //! chain in a fixed order (the bias added after it), each sample is computed
@@ -356,7 +364,58 @@ fn forward(
     bias: Option<&RawTensor>,
 ) -> Result<RawTensor, ExecError> {
     let out = out_geometry(spec, x.shape(), w.shape(), bias.map(|b| b.shape()))?;
+    if let Some(o) = as_convolution(spec, w.shape()) {
+        let flipped = flip_weight(ctx, spec.op, w)?;
+        return conv::conv_forward(ctx, Spec::d2(spec.op, o), x, &flipped, bias);
+    }
     conv::input_grad(ctx, spec.conv(), out.as_slice(), w, x, bias)
+}
+
+/// The options of the convolution that computes a 2-D transposed
+/// convolution of stride 1 and one group directly (a convolution of the
+/// input with the flipped weight, [`flip_weight`], padded by `dilation ·
+/// (K - 1) - padding`), or `None` where it does not apply (another stride,
+/// groups, a padding larger than `dilation · (K - 1)`, 1-D).
+///
+/// Both compute every output element as the sum of the same products; the
+/// convolution's forward is one GEMM of depth `C_in · KH · KW` written once
+/// into the output, where the input-gradient form is a GEMM of depth `C_in`
+/// into a `KH · KW` times larger column matrix added back by col2im.
+fn as_convolution(spec: TSpec, w: &[usize]) -> Option<Conv2dOptions> {
+    let o = spec.o;
+    if spec.one_d || o.groups != 1 || o.stride != [1, 1] {
+        return None;
+    }
+    let pad = |a: usize| (o.dilation[a] * (w[2 + a] - 1)).checked_sub(o.padding[a]);
+    Some(Conv2dOptions {
+        stride: [1, 1],
+        padding: [pad(0)?, pad(1)?],
+        dilation: o.dilation,
+        groups: 1,
+    })
+}
+
+/// The weight `[C_out, C_in, KH, KW]` of the convolution
+/// [`as_convolution`] describes, from the transposed convolution's `[C_in,
+/// C_out, KH, KW]` (one group): the channels exchanged and the taps
+/// reversed, `w'[o, c, r, s] = w[c, o, KH - 1 - r, KW - 1 - s]`.
+fn flip_weight(ctx: &ExecContext, op: &'static str, w: &RawTensor) -> Result<RawTensor, ExecError> {
+    let &[c_in, c_out, kh, kw] = w.shape() else {
+        unreachable!("out_geometry checked a 4-D weight")
+    };
+    let w = ctx.contiguous(w)?;
+    let ws = w.contiguous_slice();
+    let taps = kh * kw;
+    ctx.new_tensor(op, &[c_out, c_in, kh, kw], |out| {
+        for (oc, rows) in out.chunks_exact_mut(c_in * taps).enumerate() {
+            for (c, dst) in rows.chunks_exact_mut(taps).enumerate() {
+                let src = &ws[(c * c_out + oc) * taps..][..taps];
+                for (d, &v) in dst.iter_mut().zip(src.iter().rev()) {
+                    *d = v;
+                }
+            }
+        }
+    })
 }
 
 fn input_grad(
@@ -396,7 +455,8 @@ impl ExecContext {
     /// `[N, C_out, OH, OW]`, `OH = (H - 1) * stride[0] - 2 * padding[0] +
     /// dilation[0] * (KH - 1) + output_padding[0] + 1` (likewise `OW`): the
     /// input gradient of `conv2d` with these options, which is how it runs
-    /// (see the module docs).
+    /// (with stride 1 and one group: as `conv2d` of the flipped weight; see
+    /// the module docs).
     ///
     /// Each sample's result is bitwise the same alone or in any batch, for any
     /// team size and vector level.

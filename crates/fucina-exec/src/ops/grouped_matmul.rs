@@ -45,7 +45,7 @@ use crate::kernels::quant_k::q8k::{self, GROUPS, KActs};
 use crate::kernels::quant_k::{self, QK_K};
 use crate::kernels::weight_dot::weight_rows;
 use crate::ops::bf16_matmul::PackedBf16Matrix;
-use crate::ops::quant::{Q8kRows, q8k_kernel};
+use crate::ops::quant::{Q8kRows, q4k_packed_kernel, q8k_kernel};
 use crate::ops::quant_format::{QuantFormat, with_block_format};
 use crate::ops::quant_matrix::QuantMatrix;
 use crate::ops::quant_packed::{PackedQuantMatrix, STRIP_ROWS};
@@ -262,6 +262,9 @@ enum Kernel<'a> {
     Super(QuantMatrix<'a>, KActs<'a>, Q8kRows),
     /// A packed matrix; the item's range counts strips.
     Packed(&'a PackedQuantMatrix, Acts<'a>, &'a [f32]),
+    /// A packed Q4_K matrix, super-block activations; the item's range
+    /// counts strips.
+    SuperPacked(&'a PackedQuantMatrix, KActs<'a>),
 }
 
 /// One work item: the kernel, its range of output features (strips for a
@@ -283,6 +286,7 @@ impl Item<'_> {
             }
             Kernel::Super(w, acts, rows) => rows(w.bytes, w.row_bytes(), r, acts, 1, self.out),
             Kernel::Packed(w, acts, sums) => w.strip_rows(r, acts, sums, 1, self.out),
+            Kernel::SuperPacked(w, acts) => w.strip_rows_k(r, acts, 1, self.out),
         }
     }
 }
@@ -356,6 +360,9 @@ impl ActForm {
         let format = quant_format(w);
         match (w, q8k_kernel(format)) {
             (GroupedWeight::Quant(_), Some(k)) => ActForm::Super(k.rows),
+            (GroupedWeight::Packed(p), _) if p.takes_super_blocks() => {
+                ActForm::Super(q4k_packed_kernel().rows)
+            }
             _ => ActForm::Blocks {
                 offset: format.act_offset(),
                 sums: format.needs_sums(),
@@ -455,10 +462,11 @@ impl<'a> ActBufs<'a> {
                     bsums: &self.g[a.g..a.g + nk * GROUPS],
                     cols: a.cols,
                 };
-                let GroupedWeight::Quant(w) = weight else {
-                    unreachable!("super-block activations are for in-place matrices")
-                };
-                Kernel::Super(w, acts, rows)
+                match weight {
+                    GroupedWeight::Quant(w) => Kernel::Super(w, acts, rows),
+                    GroupedWeight::Packed(w) => Kernel::SuperPacked(w, acts),
+                    _ => unreachable!("a float weight has no quantized activations"),
+                }
             }
             ActForm::Blocks { sums, .. } => {
                 let nb = a.cols / QK;
@@ -620,7 +628,7 @@ impl ExecContext {
             let per_item = item_rows(rows, threads);
             let kernel = bufs.kernel(p.weight, p.x, span);
             let unit = match kernel {
-                Kernel::Packed(..) => STRIP_ROWS,
+                Kernel::Packed(..) | Kernel::SuperPacked(..) => STRIP_ROWS,
                 _ => 1,
             };
             let mut rest = &mut *p.out;

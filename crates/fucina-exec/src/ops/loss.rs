@@ -148,12 +148,45 @@ impl ExecContext {
         labels: &RawTensor<i64>,
         grad: f32,
     ) -> Result<RawTensor, ExecError> {
-        const OP: &str = "cross_entropy_backward";
-        let (n, c, lab) = check_labels(self, OP, logits, labels)?;
+        let n = logits.shape().first().copied().unwrap_or(0);
+        self.ce_backward(
+            "cross_entropy_backward",
+            logits,
+            labels,
+            grad / n.max(1) as f32,
+        )
+    }
+
+    /// `(softmax(logits) - onehot(labels)) * s`, shape `[N, C]`: the gradient
+    /// of the rows of a larger batch's mean cross-entropy, for `s` the loss
+    /// gradient divided by that batch's row count (what
+    /// [`cross_entropy_backward`](ExecContext::cross_entropy_backward)
+    /// computes with `s = grad / N`, the same bits row for row). Lets a
+    /// caller compute a large batch's logits and their gradient a block of
+    /// rows at a time.
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](ExecContext::cross_entropy).
+    pub fn cross_entropy_backward_scaled(
+        &self,
+        logits: &RawTensor,
+        labels: &RawTensor<i64>,
+        s: f32,
+    ) -> Result<RawTensor, ExecError> {
+        self.ce_backward("cross_entropy_backward_scaled", logits, labels, s)
+    }
+
+    fn ce_backward(
+        &self,
+        op: &'static str,
+        logits: &RawTensor,
+        labels: &RawTensor<i64>,
+        s: f32,
+    ) -> Result<RawTensor, ExecError> {
+        let (n, c, lab) = check_labels(self, op, logits, labels)?;
         let xc = self.contiguous(logits)?;
         let (xs, ls) = (xc.contiguous_slice(), lab.contiguous_slice());
-        let s = grad / n as f32;
-        self.new_tensor(OP, &[n, c], |out| {
+        self.new_tensor(op, &[n, c], |out| {
             self.par_rows(out, c, c * 8, |rows, o| {
                 let end = rows.end;
                 vectorized!(for (r, orow) in rows.zip(o.chunks_exact_mut(c)) {

@@ -113,7 +113,7 @@ impl ExecContext {
         };
         let format = w.format;
         if let Some(kernel) = q8k_kernel(format) {
-            return self.quant_matmul_q8k(x, m, w, out, kernel);
+            return self.quant_matmul_q8k("quant_matmul", x, m, w, out, (kernel, 1));
         }
         let nb = cols / QK;
         let offset = format.act_offset();
@@ -179,6 +179,17 @@ pub(crate) type Q8kRows = fn(&[u8], usize, std::ops::Range<usize>, &KActs<'_>, u
 /// `m`, output.
 type Q8kGemmTiles = fn(&[u8], usize, usize, std::ops::Range<usize>, &KActs<'_>, usize, &mut [f32]);
 
+/// The [`Q8kKernel`] of a repacked Q4_K matrix (`quant_k::q4k_packed`:
+/// whole strips of eight rows; the same bits as Q4_K's in place).
+pub(crate) fn q4k_packed_kernel() -> Q8kKernel {
+    use crate::kernels::quant_k::q4k_packed;
+    Q8kKernel {
+        rows: q4k_packed::packed_rows,
+        gemm: q4k_packed::gemm_tiles,
+        gemm_for: q8k::gemm_for::<crate::kernels::quant_block::Q4_K>,
+    }
+}
+
 /// The [`Q8kKernel`] of `format`, if it takes the super-block activations.
 pub(crate) fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
     use crate::kernels::quant_block as qb;
@@ -203,16 +214,17 @@ pub(crate) fn q8k_kernel(format: QuantFormat) -> Option<Q8kKernel> {
 impl ExecContext {
     /// [`quant_matmul`](Self::quant_matmul) for a format with a
     /// [`Q8kKernel`]: the activations quantized to blocks of 256 (rows in
-    /// parallel), then the kernel over the weight rows in parallel.
-    fn quant_matmul_q8k(
+    /// parallel), then the kernel over the weight rows in parallel, split
+    /// into runs of `unit` weight rows (1, or a repacked matrix's strip).
+    pub(crate) fn quant_matmul_q8k(
         &self,
+        op: &'static str,
         x: &[f32],
         m: usize,
         w: &QuantMatrix<'_>,
         out: &mut [f32],
-        kernel: Q8kKernel,
+        (kernel, unit): (Q8kKernel, usize),
     ) -> Result<(), ExecError> {
-        let op = "quant_matmul";
         let (rows, cols) = (w.rows, w.cols);
         let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
             return Ok(());
@@ -259,10 +271,12 @@ impl ExecContext {
             cols,
         };
         let rb = w.row_bytes();
-        let run =
-            |r: std::ops::Range<usize>, o: &mut [f32]| (kernel.rows)(w.bytes, rb, r, &acts, m, o);
+        // `r` counts runs of `unit` weight rows
+        let run = |r: std::ops::Range<usize>, o: &mut [f32]| {
+            (kernel.rows)(w.bytes, rb, r.start * unit..r.end * unit, &acts, m, o)
+        };
         match tr.as_deref_mut() {
-            None => self.par_rows(out, 1, cols, run),
+            None => self.par_rows(out, unit, unit * cols, run),
             Some(t) if gemm => {
                 let t = &mut t[..nt];
                 let tile = q8k::GEMM_TILE * m;
@@ -272,7 +286,7 @@ impl ExecContext {
                 q8k::untranspose_tiles(t, m, rows, out);
             }
             Some(t) => {
-                self.par_rows(&mut t[..no], m, m * cols, run);
+                self.par_rows(&mut t[..no], unit * m, unit * m * cols, run);
                 untranspose(&t[..no], m, out);
             }
         }

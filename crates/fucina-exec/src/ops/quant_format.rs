@@ -169,6 +169,16 @@ impl QuantFormat {
         )
     }
 
+    /// Whether [`ExecContext::repack_quant`](crate::ExecContext::repack_quant)
+    /// accepts a matrix of the format with `rows` rows: every
+    /// [`repackable`](Self::repackable) format (the blocks of 32), and Q4_K
+    /// when `rows` is a multiple of 8 (its strips of eight rows, see
+    /// [`PackedQuantMatrix`](crate::PackedQuantMatrix)); the others are read
+    /// in place only.
+    pub const fn repackable_rows(self, rows: usize) -> bool {
+        self.repackable() || (matches!(self, QuantFormat::Q4_K) && rows.is_multiple_of(8))
+    }
+
     /// The offset of the activations' lane biases the format's kernels need
     /// (`BlockFormat::ACT_OFFSET`).
     pub(crate) fn act_offset(self) -> i32 {

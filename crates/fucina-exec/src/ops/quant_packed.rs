@@ -1,7 +1,7 @@
 //! [`PackedQuantMatrix`]: a block-of-32 matrix (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1,
-//! IQ4_NL) repacked once into the
-//! kernels' strip layout (`kernels::quant_packed`) for a weight that lives for
-//! the process, [`ExecContext::repack_quant`] that makes it and
+//! IQ4_NL) or a Q4_K matrix of a multiple of eight rows repacked once into the
+//! kernels' strip layout (`kernels::quant_packed`, `kernels::quant_k::q4k_packed`)
+//! for a weight that lives for the process, [`ExecContext::repack_quant`] that makes it and
 //! [`ExecContext::quant_matmul_packed`] that reads it (the same bits as
 //! [`ExecContext::quant_matmul`] on the original blocks).
 
@@ -9,9 +9,11 @@ use crate::context::ExecContext;
 use crate::error::ExecError;
 use crate::kernels::quant_dot::{Acts, LANES, QK};
 use crate::kernels::quant_k;
+use crate::kernels::quant_k::q4k_packed;
+use crate::kernels::quant_k::q8k::KActs;
 use crate::kernels::quant_packed::{self, G, StripLayout};
 use crate::memory::advise_huge_pages;
-use crate::ops::quant::check_product;
+use crate::ops::quant::{check_product, q4k_packed_kernel};
 use crate::ops::quant_format::QuantFormat;
 use crate::ops::quant_matrix::{QuantMatrix, check_row, dequantize_row};
 use crate::tensor::layout::Dims;
@@ -83,7 +85,10 @@ fn line_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
 /// llama.cpp blocks it was made from ([`ExecContext::repack_quant`]), laid out
 /// in 64-byte aligned strips of eight rows with the eight rows' f16 scales side
 /// by side, so a decode step reads one sequential stream per thread and
-/// converts eight scales at once. [`ExecContext::quant_matmul_packed`] gives
+/// converts eight scales at once. A Q4_K matrix (a multiple of eight rows)
+/// keeps its size exactly: each super-block of a strip is one tile of the
+/// eight rows' scales and codes interleaved, so that one 64-byte load holds
+/// codes of all eight rows (see docs/QUANTIZATION.md). [`ExecContext::quant_matmul_packed`] gives
 /// the same bits as [`ExecContext::quant_matmul`] on the original matrix.
 ///
 /// This is the prepared form of a weight that lives for the process
@@ -95,8 +100,18 @@ pub struct PackedQuantMatrix {
     format: QuantFormat,
     rows: usize,
     cols: usize,
-    layout: StripLayout,
+    layout: Layout,
     lines: Vec<Line>,
+}
+
+/// How a [`PackedQuantMatrix`]'s strips are laid out.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// The blocks of 32 (`kernels::quant_packed`).
+    Blocks(StripLayout),
+    /// Q4_K (`kernels::quant_k::q4k_packed`): each strip the bytes of its
+    /// eight rows, `row_bytes` per row.
+    Q4K { row_bytes: usize },
 }
 
 impl std::fmt::Debug for PackedQuantMatrix {
@@ -149,7 +164,20 @@ impl PackedQuantMatrix {
             self.cols,
             out.len(),
         )?;
-        let lay = &self.layout;
+        let lay = match self.layout {
+            Layout::Blocks(ref lay) => lay,
+            Layout::Q4K { row_bytes } => {
+                let sb = q4k_packed::G * row_bytes;
+                let s = r / q4k_packed::G;
+                let strip = &line_bytes(&self.lines)[s * sb..(s + 1) * sb];
+                let mut blk = [0u8; 144];
+                for (b, ob) in out.chunks_exact_mut(quant_k::QK_K).enumerate() {
+                    q4k_packed::block_of(strip, r % q4k_packed::G, b, &mut blk);
+                    dequantize_row(self.format, &blk, ob);
+                }
+                return Ok(());
+            }
+        };
         let sb = lay.strip_bytes;
         let strip = &line_bytes(&self.lines)[r / G * sb..(r / G + 1) * sb];
         let mut blk = [0u8; 34];
@@ -177,7 +205,42 @@ impl PackedQuantMatrix {
         out_t: &mut [f32],
     ) {
         let data = line_bytes(&self.lines);
-        with_strip_format!(self.format, F => quant_packed::packed_rows::<F>(&self.layout, data, strips, acts, sums, m, out_t));
+        let Layout::Blocks(lay) = &self.layout else {
+            panic!("strip_rows: a Q4_K matrix takes super-block activations (strip_rows_k)");
+        };
+        with_strip_format!(self.format, F => quant_packed::packed_rows::<F>(lay, data, strips, acts, sums, m, out_t));
+    }
+
+    /// Whether the kernels read the super-block activations
+    /// (`quant_k::q8k`) for this matrix (a repacked Q4_K matrix), through
+    /// [`strip_rows_k`](Self::strip_rows_k).
+    pub(crate) fn takes_super_blocks(&self) -> bool {
+        matches!(self.layout, Layout::Q4K { .. })
+    }
+
+    /// The outputs of the strips `strips` of a repacked Q4_K matrix for the
+    /// `m` super-block activation rows `acts` into `out_t` (`[rows][m]`, the
+    /// strips' rows in order): the rows kernel of
+    /// [`ExecContext::quant_matmul_packed`], for a caller that splits the
+    /// strips itself.
+    ///
+    /// # Panics
+    /// For a matrix of blocks of 32 (see
+    /// [`takes_super_blocks`](Self::takes_super_blocks)), or slices too short
+    /// (caller bugs).
+    pub(crate) fn strip_rows_k(
+        &self,
+        strips: std::ops::Range<usize>,
+        acts: &KActs<'_>,
+        m: usize,
+        out_t: &mut [f32],
+    ) {
+        let Layout::Q4K { row_bytes } = self.layout else {
+            panic!("strip_rows_k: only a repacked Q4_K matrix takes super-block activations");
+        };
+        let g = q4k_packed::G;
+        let rows = strips.start * g..strips.end * g;
+        q4k_packed::packed_rows(line_bytes(&self.lines), row_bytes, rows, acts, m, out_t);
     }
 }
 
@@ -202,18 +265,22 @@ impl ExecContext {
     /// ```
     ///
     /// # Errors
-    /// [`ExecError::InvalidArgument`] for a matrix of another format (see
-    /// [`QuantFormat::repackable`]: those are read in place by
+    /// [`ExecError::InvalidArgument`] for a matrix of another format, or a
+    /// Q4_K matrix whose row count is not a multiple of 8 (see
+    /// [`QuantFormat::repackable_rows`]: those are read in place by
     /// [`quant_matmul`](Self::quant_matmul)), [`ExecError::Overflow`] if the
     /// size overflows, [`ExecError::OutOfMemory`] if the copy cannot be
     /// allocated.
     pub fn repack_quant(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
         let op = "repack_quant";
-        if !w.format.repackable() {
+        if !w.format.repackable_rows(w.rows) {
             return Err(ExecError::InvalidArgument {
                 op,
-                reason: "only q8_0, q4_0, q5_0, q4_1, q5_1 and iq4_nl matrices are repacked; the others are read in place by quant_matmul",
+                reason: "only q8_0, q4_0, q5_0, q4_1, q5_1 and iq4_nl matrices, and q4_k matrices of a multiple of 8 rows, are repacked; the others are read in place by quant_matmul",
             });
+        }
+        if w.format == QuantFormat::Q4_K {
+            return self.repack_q4k(w);
         }
         let overflow = || ExecError::Overflow {
             op,
@@ -247,7 +314,41 @@ impl ExecContext {
             format: w.format,
             rows: w.rows,
             cols: w.cols,
-            layout,
+            layout: Layout::Blocks(layout),
+            lines,
+        })
+    }
+
+    /// [`repack_quant`](Self::repack_quant) of a Q4_K matrix of a multiple
+    /// of eight rows: strips of eight rows, each the size of its rows.
+    fn repack_q4k(&self, w: &QuantMatrix<'_>) -> Result<PackedQuantMatrix, ExecError> {
+        let op = "repack_quant";
+        let row_bytes = w.row_bytes();
+        let nbytes = w.bytes.len();
+        debug_assert_eq!(nbytes, w.rows * row_bytes);
+        let mut lines: Vec<Line> = Vec::new();
+        lines.try_reserve_exact(nbytes.div_ceil(64)).map_err(|_| {
+            ExecError::storage(
+                op,
+                fucina_storage::StorageError::AllocationFailed { bytes: nbytes },
+            )
+        })?;
+        advise_huge_pages(lines.as_ptr().cast(), nbytes);
+        lines.resize(nbytes.div_ceil(64), Line([0; 64]));
+        let sb = q4k_packed::G * row_bytes;
+        if nbytes > 0 {
+            let bytes = &mut line_bytes_mut(&mut lines)[..nbytes];
+            self.par_rows(bytes, sb, sb, |r, out| {
+                for (s, o) in r.zip(out.chunks_exact_mut(sb)) {
+                    q4k_packed::repack_strip(w.bytes, row_bytes, s, o);
+                }
+            });
+        }
+        Ok(PackedQuantMatrix {
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            layout: Layout::Q4K { row_bytes },
             lines,
         })
     }
@@ -268,6 +369,17 @@ impl ExecContext {
     ) -> Result<(), ExecError> {
         let op = "quant_matmul_packed";
         let (rows, cols) = (w.rows, w.cols);
+        let lay = match w.layout {
+            Layout::Blocks(lay) => lay,
+            Layout::Q4K { row_bytes } => {
+                // the strips hold the original's bytes count, row by row in
+                // runs of eight (a view of the same size)
+                let bytes = &line_bytes(&w.lines)[..rows * row_bytes];
+                let q = QuantMatrix::new(w.format, rows, cols, bytes)?;
+                let kernel = (q4k_packed_kernel(), q4k_packed::G);
+                return self.quant_matmul_q8k(op, x, m, &q, out, kernel);
+            }
+        };
         let Some((nx, no)) = check_product(op, x, m, rows, cols, out)? else {
             return Ok(());
         };
@@ -299,10 +411,24 @@ impl ExecContext {
             cols,
         };
         let data = line_bytes(&w.lines);
-        let lay = w.layout;
-        self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
-            with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, sums, m, o));
-        });
+        if quant_packed::gemm_path(m) {
+            // A prefill: each chunk of strips unpacks its tiles into its own
+            // scratch (taken from the pool before the team runs).
+            self.par_rows_with_scratch(
+                op,
+                &mut t,
+                G * m,
+                G * m * cols,
+                lay.gemm_scratch_bytes(),
+                |r, o, scratch: &mut [u8]| {
+                    with_strip_format!(w.format, F => quant_packed::packed_gemm::<F>(&lay, data, r, &acts, sums, m, o, scratch));
+                },
+            )?;
+        } else {
+            self.par_rows(&mut t, G * m, G * m * cols, |r, o| {
+                with_strip_format!(w.format, F => quant_packed::packed_rows::<F>(&lay, data, r, &acts, sums, m, o));
+            });
+        }
         debug_assert_eq!(out.len(), no);
         if m == 1 {
             out.copy_from_slice(&t[..rows]);

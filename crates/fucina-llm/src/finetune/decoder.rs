@@ -75,6 +75,61 @@ enum Frozen {
     File(Arc<Weight>),
     /// An f32 matrix trained itself (full fine-tuning).
     Trained(Parameter),
+    /// A bf16 matrix on bf16 products with the AMX rule
+    /// ([`TrainableDecoder::use_bf16_products`]).
+    Bf16(Arc<Bf16Base>),
+}
+
+/// A frozen bf16 matrix `W` (`[out, in]`) for bf16 products with the AMX
+/// rule ([`ExecContext::bf16_matmul_amx_rule`]): `W`'s tiles (its
+/// [`Weight::matmul`] and [`Weight::row_to_f32`] read them; the file's
+/// pages are released) for the forward's `x · Wᵀ`, and the tiles of `Wᵀ`
+/// for the backward's `g · W`.
+#[derive(Debug)]
+struct Bf16Base {
+    w: Weight,
+    t: fucina::exec::PackedBf16Matrix,
+}
+
+impl Bf16Base {
+    /// Packs the bf16 matrix `w` (named `name` in errors) both ways.
+    fn new(name: &str, w: &Weight) -> Result<Bf16Base, FinetuneError> {
+        let not_bf16 = || {
+            invalid(
+                "TrainableDecoder::use_bf16_products",
+                format!(
+                    "{name} is {:?}, shape {:?}: bf16 products need a bf16 base matrix",
+                    w.tensor_format(),
+                    w.shape()
+                ),
+            )
+        };
+        if w.quant_format().is_some() || w.format() != WeightFormat::BF16 || w.shape().len() != 2 {
+            return Err(not_bf16());
+        }
+        let (rows, cols) = (w.shape()[0], w.shape()[1]);
+        // Wᵀ's bytes, `[cols, rows]`, in blocks of 64 × 64 elements (a
+        // temporary: the tiles replace it).
+        let src = w.bytes();
+        let mut tb = vec![0u8; src.len()];
+        const B: usize = 64;
+        for r0 in (0..rows).step_by(B) {
+            for c0 in (0..cols).step_by(B) {
+                for r in r0..(r0 + B).min(rows) {
+                    for c in c0..(c0 + B).min(cols) {
+                        let (s, d) = (2 * (r * cols + c), 2 * (c * rows + r));
+                        tb[d..d + 2].copy_from_slice(&src[s..s + 2]);
+                    }
+                }
+            }
+        }
+        let wt = fucina::exec::WeightMatrix::new(WeightFormat::BF16, cols, rows, &tb)?;
+        let t = fucina::exec::PackedBf16Matrix::new(&wt)?;
+        drop(tb);
+        let mut w = w.clone();
+        w.pack_bf16_products()?;
+        Ok(Bf16Base { w, t })
+    }
 }
 
 /// A vector of the model (a norm's weight, a bias): frozen, or trained
@@ -117,6 +172,7 @@ impl Frozen {
             Frozen::Dense(t) => [t.shape()[0], t.shape()[1]],
             Frozen::File(w) => [w.shape()[0], w.shape()[1]],
             Frozen::Trained(p) => [p.shape()[0], p.shape()[1]],
+            Frozen::Bf16(b) => [b.w.shape()[0], b.w.shape()[1]],
         }
     }
 
@@ -126,6 +182,7 @@ impl Frozen {
             Frozen::Dense(w) => Ok(x.linear(ctx, &Tensor::constant(w.clone()), None)?),
             Frozen::File(w) => frozen_file_linear(ctx, w, x),
             Frozen::Trained(p) => Ok(x.linear(ctx, &p.tensor(), None)?),
+            Frozen::Bf16(b) => frozen_bf16_linear(ctx, b, x),
         }
     }
 
@@ -155,6 +212,11 @@ impl Frozen {
             Frozen::File(w) => {
                 for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
                     w.row_to_f32(i as usize, o)?;
+                }
+            }
+            Frozen::Bf16(b) => {
+                for (o, &i) in data.chunks_exact_mut(cols).zip(ids) {
+                    b.w.row_to_f32(i as usize, o)?;
                 }
             }
             Frozen::Trained(_) => unreachable!("returned above"),
@@ -209,16 +271,30 @@ fn widened_forward_in(
     x: &RawTensor,
     block: usize,
 ) -> Result<RawTensor, fucina::AutogradError> {
-    let out_f = w.shape()[0];
+    blocked_forward(ctx, w.shape()[0], block, x, |r0, rows| {
+        widened_rows(ctx, w, r0, rows)
+    })
+}
+
+/// `x · Wᵀ` by the runtime's `linear` over the blocks of `block` rows of an
+/// `[out_f, in]` matrix that `wblock(r0, rows)` gives widened to f32 (one
+/// `linear` when one block holds every row).
+fn blocked_forward(
+    ctx: &ExecContext,
+    out_f: usize,
+    block: usize,
+    x: &RawTensor,
+    mut wblock: impl FnMut(usize, usize) -> Result<RawTensor, fucina::AutogradError>,
+) -> Result<RawTensor, fucina::AutogradError> {
     let n = x.shape()[0];
     if block >= out_f {
-        return Ok(ctx.linear(x, &widened_rows(ctx, w, 0, out_f)?, None)?);
+        return Ok(ctx.linear(x, &wblock(0, out_f)?, None)?);
     }
     let mut y = ctx.empty(&[n, out_f])?;
     let yd = y.data_mut()?;
     for r0 in (0..out_f).step_by(block) {
         let rows = block.min(out_f - r0);
-        let part = ctx.linear(x, &widened_rows(ctx, w, r0, rows)?, None)?;
+        let part = ctx.linear(x, &wblock(r0, rows)?, None)?;
         for (dst, src) in yd
             .chunks_exact_mut(out_f)
             .zip(part.data()?.chunks_exact(rows))
@@ -248,14 +324,28 @@ fn widened_backward_in(
     g: &RawTensor,
     block: usize,
 ) -> Result<RawTensor, fucina::AutogradError> {
-    let out_f = w.shape()[0];
+    blocked_backward(ctx, w.shape()[0], block, g, |r0, rows| {
+        widened_rows(ctx, w, r0, rows)
+    })
+}
+
+/// `g · W` by the runtime's `matmul` over the blocks of `block` rows of an
+/// `[out_f, in]` matrix that `wblock(r0, rows)` gives widened to f32: the
+/// depth summed per block, the blocks' products added in order.
+fn blocked_backward(
+    ctx: &ExecContext,
+    out_f: usize,
+    block: usize,
+    g: &RawTensor,
+    mut wblock: impl FnMut(usize, usize) -> Result<RawTensor, fucina::AutogradError>,
+) -> Result<RawTensor, fucina::AutogradError> {
     if block >= out_f {
-        return Ok(ctx.matmul(g, &widened_rows(ctx, w, 0, out_f)?)?);
+        return Ok(ctx.matmul(g, &wblock(0, out_f)?)?);
     }
     let mut dx: Option<RawTensor> = None;
     for r0 in (0..out_f).step_by(block) {
         let rows = block.min(out_f - r0);
-        let part = ctx.matmul(&g.narrow(1, r0, rows)?, &widened_rows(ctx, w, r0, rows)?)?;
+        let part = ctx.matmul(&g.narrow(1, r0, rows)?, &wblock(r0, rows)?)?;
         dx = Some(match dx {
             None => part,
             Some(d) => ctx.add(&d, &part)?,
@@ -309,6 +399,168 @@ fn frozen_file_linear(
             Ok([Some(widened_backward(ctx, &bw, &g)?)])
         },
     )?)
+}
+
+/// `x · Wᵀ` for a bf16 `W` with bf16 products on the AMX rule
+/// ([`ExecContext::bf16_matmul_amx_rule`]: `x` rounded to bf16, the depth
+/// summed in blocks of 32 with an even and an odd accumulator): forward over
+/// `W`'s tiles, backward `g · W` over `Wᵀ`'s (the gradient rounded to bf16
+/// likewise). Every row's bits are a function of that row alone, whatever
+/// the thread count, the vector level or the other rows. One op of `x` that
+/// keeps nothing, as [`frozen_file_linear`].
+fn frozen_bf16_linear(
+    ctx: &ExecContext,
+    b: &Arc<Bf16Base>,
+    x: &Tensor,
+) -> Result<Tensor, FinetuneError> {
+    let (out_f, in_f) = (b.w.shape()[0], b.w.shape()[1]);
+    let n = x.shape()[0];
+    let fb = Arc::clone(b);
+    let forward = move |ctx: &ExecContext, xs: &[RawTensor]| {
+        let xc = ctx.contiguous(&xs[0])?;
+        let mut y = ctx.empty(&[n, out_f])?;
+        fb.w.matmul(ctx, xc.data()?, n, y.data_mut()?)
+            .map_err(external)?;
+        Ok(y)
+    };
+    if !x.requires_grad() || !fucina::is_grad_enabled() {
+        return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
+    }
+    let bb = Arc::clone(b);
+    Ok(custom_vjp_unsaved(
+        ctx,
+        "frozen_bf16_linear",
+        &[x],
+        forward,
+        move |ctx, a| {
+            if !a.needs[0] {
+                return Ok([None]);
+            }
+            let g = ctx.contiguous(a.grad)?;
+            let mut dx = ctx.empty(&[n, in_f])?;
+            ctx.bf16_matmul_amx_rule(g.data()?, n, &bb.t, dx.data_mut()?)?;
+            Ok([Some(dx)])
+        },
+    )?)
+}
+
+/// Rows per block of the fused output projection and loss
+/// ([`TrainableDecoder::loss`]): the `[rows, vocab]` logits and their
+/// gradient exist one block at a time (48 MiB each for a vocabulary of
+/// 49152).
+const HEAD_BLOCK_ROWS: usize = 256;
+
+/// The frozen output projection of the fused loss, in the form its products
+/// read: the matrix widened to f32 whole (a bf16 or f16 base: read in the
+/// blocks of [`widened_forward`] and [`widened_backward`], widened once for
+/// the whole loss instead of once per product), or the AMX-rule tiles.
+enum HeadProducts {
+    Widened { w: Arc<Weight>, wide: RawTensor },
+    Bf16(Arc<Bf16Base>),
+}
+
+/// The fused loss's products of `head`, or `None` where the loss takes the
+/// separate ops (an f32 or quantized base, a trained matrix).
+fn head_products(
+    ctx: &ExecContext,
+    head: &Frozen,
+) -> Result<Option<HeadProducts>, fucina::AutogradError> {
+    Ok(match head {
+        Frozen::File(w) if w.quant_format().is_none() => Some(HeadProducts::Widened {
+            w: Arc::clone(w),
+            wide: widened_rows(ctx, w, 0, w.shape()[0])?,
+        }),
+        Frozen::Bf16(b) => Some(HeadProducts::Bf16(Arc::clone(b))),
+        _ => None,
+    })
+}
+
+impl HeadProducts {
+    /// `x · Wᵀ` for `x` `[rows, in]` contiguous: the bits of the frozen op's
+    /// forward, row for row.
+    fn forward(
+        &self,
+        ctx: &ExecContext,
+        x: &RawTensor,
+    ) -> Result<RawTensor, fucina::AutogradError> {
+        match self {
+            HeadProducts::Widened { w, wide } => {
+                blocked_forward(ctx, w.shape()[0], wide_block_rows(w), x, |r0, rows| {
+                    Ok(wide.narrow(0, r0, rows)?)
+                })
+            }
+            HeadProducts::Bf16(b) => {
+                let n = x.shape()[0];
+                let mut y = ctx.empty(&[n, b.w.shape()[0]])?;
+                b.w.matmul(ctx, x.data()?, n, y.data_mut()?)
+                    .map_err(external)?;
+                Ok(y)
+            }
+        }
+    }
+
+    /// `g · W` for `g` `[rows, out]` contiguous: the bits of the frozen op's
+    /// backward, row for row.
+    fn backward(
+        &self,
+        ctx: &ExecContext,
+        g: &RawTensor,
+    ) -> Result<RawTensor, fucina::AutogradError> {
+        match self {
+            HeadProducts::Widened { w, wide } => {
+                blocked_backward(ctx, w.shape()[0], wide_block_rows(w), g, |r0, rows| {
+                    Ok(wide.narrow(0, r0, rows)?)
+                })
+            }
+            HeadProducts::Bf16(b) => {
+                let n = g.shape()[0];
+                let mut dx = ctx.empty(&[n, b.w.shape()[1]])?;
+                ctx.bf16_matmul_amx_rule(g.data()?, n, &b.t, dx.data_mut()?)?;
+                Ok(dx)
+            }
+        }
+    }
+}
+
+/// The fused output projection and mean cross-entropy of `h` (`[n, in]`
+/// contiguous) against `labels` (`[n]`), `block` rows at a time: the loss
+/// (`[1]`), and with `grad` the gradient of `h` for that loss gradient
+/// (`[n, in]`). Each block's logits are the frozen op's, row for row; the
+/// per-row terms are `cross_entropy`'s and the loss their fixed-order mean
+/// over all `n` rows (`mean_all`, the reduction `cross_entropy` runs); each
+/// block's logit gradient is `cross_entropy_backward`'s rows (`s = grad /
+/// n`) and its product the frozen op's backward, row for row: the bits of
+/// `project` then `cross_entropy`, without the `[n, vocab]` logits.
+fn fused_head_loss(
+    ctx: &ExecContext,
+    head: &HeadProducts,
+    h: &RawTensor,
+    labels: &fucina::RawTensor<i64>,
+    grad: Option<f32>,
+    block: usize,
+) -> Result<(RawTensor, Option<RawTensor>), fucina::AutogradError> {
+    let (n, in_f) = (h.shape()[0], h.shape()[1]);
+    let mut terms = ctx.empty(&[n])?;
+    let mut dh = match grad {
+        Some(_) => Some(ctx.empty(&[n, in_f])?),
+        None => None,
+    };
+    let s = grad.map(|g| g / n as f32);
+    for r0 in (0..n).step_by(block.max(1)) {
+        let rows = block.max(1).min(n - r0);
+        let x = ctx.contiguous(&h.narrow(0, r0, rows)?)?;
+        let lab = labels.narrow(0, r0, rows)?;
+        let logits = head.forward(ctx, &x)?;
+        let t = ctx.cross_entropy_per_row(&logits, &lab)?;
+        terms.data_mut()?[r0..r0 + rows].copy_from_slice(t.data()?);
+        if let (Some(s), Some(dh)) = (s, dh.as_mut()) {
+            let g = ctx.cross_entropy_backward_scaled(&logits, &lab, s)?;
+            drop(logits);
+            let d = head.backward(ctx, &g)?;
+            dh.data_mut()?[r0 * in_f..(r0 + rows) * in_f].copy_from_slice(d.data()?);
+        }
+    }
+    Ok((ctx.mean_all(&terms)?, dh))
 }
 
 /// An error of the loader's types inside an op's closure.
@@ -712,6 +964,76 @@ impl TrainableDecoder {
         self.checkpointing
     }
 
+    /// Switches the frozen base products to **bf16 products**: every frozen
+    /// projection and the output projection (the embedding matrix when tied)
+    /// rounds its input to bf16 and sums with the AMX rule
+    /// ([`ExecContext::bf16_matmul_amx_rule`](fucina::ExecContext::bf16_matmul_amx_rule):
+    /// the depth in blocks of 32, an even and an odd f32 accumulator per
+    /// block), forward `x · Wᵀ` and backward `g · W` (the gradient rounded
+    /// to bf16 too), as a base run in bf16 computes them (PyTorch's bf16
+    /// base). On AMX tiles where the CPU has them, on `vdpbf16ps` where
+    /// AVX512_BF16 passes the rule's check, by an emulation elsewhere: the
+    /// same bits on every path, vector level and thread count, and a row's
+    /// bits do not depend on the other rows. Everything else (the adapters,
+    /// norms, attention, SwiGLU, the loss) stays f32.
+    ///
+    /// Each matrix is packed in both orientations (its tiles replace the
+    /// file's pages, which are released; the transposed tiles cost the
+    /// matrix's size once more). The default (without this call) is the
+    /// exact product of the widened matrix.
+    ///
+    /// # Errors
+    /// [`FinetuneError::Invalid`] naming the first base matrix that is not
+    /// bf16 (an f32, f16 or quantized base, or a fully trained one); out of
+    /// memory. The model is unchanged on an error.
+    pub fn use_bf16_products(&mut self) -> Result<(), FinetuneError> {
+        let pack = |name: &str, f: &Frozen| -> Result<Frozen, FinetuneError> {
+            match f {
+                Frozen::Bf16(_) => Ok(f.clone()),
+                Frozen::File(w) => Ok(Frozen::Bf16(Arc::new(Bf16Base::new(name, w)?))),
+                Frozen::Dense(_) | Frozen::Trained(_) => Err(invalid(
+                    "TrainableDecoder::use_bf16_products",
+                    format!(
+                        "{name} is an f32 matrix{}: bf16 products need a bf16 base",
+                        if matches!(f, Frozen::Trained(_)) {
+                            " trained in full"
+                        } else {
+                            ""
+                        }
+                    ),
+                )),
+            }
+        };
+        let embed = pack("model.embed_tokens.weight", &self.embed)?;
+        let lm_head = match &self.lm_head {
+            Some(h) => Some(pack("lm_head.weight", h)?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            let mut bases = Vec::with_capacity(7);
+            for (t, p) in Target::ALL.into_iter().zip(&l.projs) {
+                let name = format!("model.layers.{i}.{}.weight", t.module());
+                bases.push(pack(&name, &p.base)?);
+            }
+            layers.push(bases);
+        }
+        self.embed = embed;
+        self.lm_head = lm_head;
+        for (l, bases) in self.layers.iter_mut().zip(layers) {
+            for (p, b) in l.projs.iter_mut().zip(bases) {
+                p.base = b;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`use_bf16_products`](TrainableDecoder::use_bf16_products)
+    /// switched the frozen products to bf16 products.
+    pub fn uses_bf16_products(&self) -> bool {
+        matches!(self.embed, Frozen::Bf16(_))
+    }
+
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -950,6 +1272,66 @@ impl TrainableDecoder {
             .as_ref()
             .unwrap_or(&self.embed)
             .forward(ctx, hidden)
+    }
+
+    /// The mean cross-entropy of the logits of `hidden` rows (`[n, hidden]`)
+    /// against `labels` (`[n]`), shape `[1]`: the bits of
+    /// [`project`](TrainableDecoder::project) then `cross_entropy`, and the
+    /// same gradient, without the `[n, vocab]` logits and their gradient.
+    /// For a bf16 or f16 base (exact or on bf16 products) the output
+    /// projection and the loss run a block of 256 rows at a time, and the
+    /// gradient of `hidden` is computed with the loss, for a loss gradient
+    /// of `grad` (what the backward will bring: 1, or the scale the loss is
+    /// multiplied by), then kept (`[n, hidden]`) until the backward; a
+    /// backward that brings another gradient computes the blocks again for
+    /// it. The exact products widen the matrix once for the whole loss (one
+    /// f32 copy of the output projection during the call, in place of the
+    /// two widenings of the separate products). An f32 or quantized base, and
+    /// a trained output projection, take `project` then `cross_entropy`.
+    ///
+    /// # Errors
+    /// A label outside the vocabulary; op errors.
+    pub fn loss(
+        &self,
+        ctx: &ExecContext,
+        hidden: &Tensor,
+        labels: &fucina::RawTensor<i64>,
+        grad: f32,
+    ) -> Result<Tensor, FinetuneError> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let Some(hp) = head_products(ctx, head)? else {
+            return Ok(self.project(ctx, hidden)?.cross_entropy(ctx, labels)?);
+        };
+        let need = hidden.requires_grad() && fucina::is_grad_enabled();
+        let h = ctx.contiguous(hidden.raw())?;
+        let (loss, dh) =
+            fused_head_loss(ctx, &hp, &h, labels, need.then_some(grad), HEAD_BLOCK_ROWS)?;
+        drop(hp);
+        let Some(dh) = dh else {
+            return Ok(Tensor::constant(loss));
+        };
+        let head = head.clone();
+        let labels = labels.clone();
+        let hint = grad.to_bits();
+        Ok(custom_vjp_unsaved(
+            ctx,
+            "lm_head_cross_entropy",
+            &[hidden],
+            move |_, _| Ok(loss),
+            move |ctx, a| {
+                if !a.needs[0] {
+                    return Ok([None]);
+                }
+                let g = ctx.contiguous(a.grad)?.data()?[0];
+                if g.to_bits() == hint {
+                    return Ok([Some(dh.clone())]);
+                }
+                // Another gradient than announced: the blocks again.
+                let hp = head_products(ctx, &head)?.expect("the head had products");
+                let (_, d) = fused_head_loss(ctx, &hp, &h, &labels, Some(g), HEAD_BLOCK_ROWS)?;
+                Ok([d])
+            },
+        )?)
     }
 
     /// The logits of every position of a batch (`[b · t, vocab]`), without
@@ -1239,6 +1621,51 @@ mod tests {
             .unwrap()
             .to_vec();
         assert_eq!(alone, dx[2 * in_f..3 * in_f]);
+    }
+
+    /// The fused output projection and loss, in blocks of 2 rows, give the
+    /// bits of the frozen op then `cross_entropy` (its loss, and the
+    /// gradient of the hidden rows under a scaled loss), on the widened
+    /// products and on bf16 products.
+    #[test]
+    fn the_fused_head_loss_keeps_the_bits_of_the_separate_ops() {
+        let (vocab, in_f, n) = (11, 7, 5);
+        let vals = |len: usize, s: u64| -> Vec<f32> {
+            (0..len)
+                .map(|i| (fucina::rng::at(s, i as u64) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let bytes: Vec<u8> = vals(vocab * in_f, 1)
+            .iter()
+            .flat_map(|&v| fucina::storage::half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let w = Weight::from_bytes("w", WeightFormat::BF16, &[vocab, in_f], bytes).unwrap();
+        let ctx = ExecContext::with_threads(2);
+        let labels = ctx
+            .from_slice_typed::<i64>(&[n], &[3, 0, 10, 7, 3])
+            .unwrap();
+        let hv = vals(n * in_f, 2);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let heads = [
+            Frozen::File(Arc::new(w.clone())),
+            Frozen::Bf16(Arc::new(Bf16Base::new("w", &w).unwrap())),
+        ];
+        for head in &heads {
+            let h = Tensor::variable_from_slice(&ctx, &[n, in_f], &hv).unwrap();
+            let loss = head
+                .forward(&ctx, &h)
+                .unwrap()
+                .cross_entropy(&ctx, &labels)
+                .unwrap();
+            let want_loss = loss.to_vec();
+            loss.scale(&ctx, 0.375).unwrap().backward(&ctx).unwrap();
+            let want_dh = h.grad(&ctx).unwrap().unwrap().to_vec();
+            let hp = head_products(&ctx, head).unwrap().unwrap();
+            let (got_loss, got_dh) =
+                fused_head_loss(&ctx, &hp, h.raw(), &labels, Some(0.375), 2).unwrap();
+            assert_eq!(bits(&got_loss.to_vec()), bits(&want_loss));
+            assert_eq!(bits(&got_dh.unwrap().to_vec()), bits(&want_dh));
+        }
     }
 
     /// The gradients of `f` through [`recomputed`] are those of `f` recorded

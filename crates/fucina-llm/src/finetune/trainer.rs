@@ -119,6 +119,24 @@ pub fn batch_loss(
     batch: &Batch,
     train: Option<u64>,
 ) -> Result<Tensor, FinetuneError> {
+    batch_loss_for(ctx, model, batch, train, 1.0)
+}
+
+/// [`batch_loss`] for a backward that gives the loss the gradient `grad`
+/// (1 for a plain backward, the factor a micro-batch's loss is scaled by):
+/// [`TrainableDecoder::loss`] computes the gradient of the output
+/// projection's input with the loss, a block of rows at a time, for that
+/// gradient (another one costs the blocks again; the bits are the same).
+///
+/// # Errors
+/// As [`batch_loss`].
+pub fn batch_loss_for(
+    ctx: &ExecContext,
+    model: &TrainableDecoder,
+    batch: &Batch,
+    train: Option<u64>,
+    grad: f32,
+) -> Result<Tensor, FinetuneError> {
     if batch.positions.is_empty() {
         return Err(invalid("batch_loss", "the batch predicts no token"));
     }
@@ -131,8 +149,7 @@ pub fn batch_loss(
     let rows = ctx.from_slice_typed::<i64>(&[n], &batch.positions)?;
     let labels = ctx.from_slice_typed::<i64>(&[n], &batch.labels)?;
     let h = h.index_select(ctx, 0, &rows)?;
-    let logits = model.project(ctx, &h)?;
-    Ok(logits.cross_entropy(ctx, &labels)?)
+    model.loss(ctx, &h, &labels, grad)
 }
 
 /// The backward of a step: each op releases what it saved once its VJP has
@@ -274,8 +291,8 @@ impl Trainer {
                 // No exec scope: drop-as-you-go keeps only what the backward
                 // reads (a scope would hold every intermediate to the end).
                 let seed = fucina::rng::at(step_seed, k as u64);
-                let loss = batch_loss(ctx, model, batch, Some(seed))?;
                 let weight = (batch.positions.len() as f64 / total as f64 * count as f64) as f32;
+                let loss = batch_loss_for(ctx, model, batch, Some(seed), weight)?;
                 let value = loss.item()? * weight;
                 let loss = match weight == 1.0 {
                     true => loss,

@@ -178,12 +178,23 @@ impl WeightStore {
     /// call it): the decode kernels then read the repacked strips. Returns how
     /// many were repacked.
     ///
+    /// A Q4_K token embedding table (`model.embed_tokens.weight`) beside an
+    /// output projection of its own (`lm_head.weight`) stays in place: it is
+    /// only read a row at a time, which reads in place page in only the rows
+    /// used, where a copy would hold the whole table in memory.
+    ///
     /// # Errors
     /// Out of memory (the weights repacked so far keep their copies).
     pub fn repack_quantized(&mut self, ctx: &fucina::ExecContext) -> Result<usize, LlmError> {
+        let own_head = self.tensors.contains_key("lm_head.weight");
         let mut n = 0;
-        for w in self.tensors.values_mut() {
-            n += usize::from(w.repack(ctx)?);
+        for (name, w) in self.tensors.iter_mut() {
+            let rows_only = own_head
+                && name == "model.embed_tokens.weight"
+                && w.quant_format() == Some(fucina::exec::QuantFormat::Q4_K);
+            if !rows_only {
+                n += usize::from(w.repack(ctx)?);
+            }
         }
         Ok(n)
     }

@@ -229,13 +229,15 @@ impl Weight {
     /// memory bandwidth). The copy lives as long as the weight (and its
     /// clones); the original bytes stay for [`bytes`](Weight::bytes). Returns
     /// whether a copy was made (`false` for a float weight, one already
-    /// repacked, or a matrix of a format read in place, see
-    /// [`QuantFormat::repackable`]).
+    /// repacked, or a matrix read in place, see
+    /// [`QuantFormat::repackable_rows`]: a format other than the blocks of 32
+    /// and Q4_K, or a Q4_K matrix whose rows are not a multiple of 8).
     ///
     /// # Errors
     /// Out of memory.
     pub fn repack(&mut self, ctx: &fucina::ExecContext) -> Result<bool, LlmError> {
-        if self.quant_format().is_none_or(|q| !q.repackable()) || self.packed.is_some() {
+        let rows = self.shape.first().copied().unwrap_or(0);
+        if self.quant_format().is_none_or(|q| !q.repackable_rows(rows)) || self.packed.is_some() {
             return Ok(false);
         }
         let packed = ctx.repack_quant(&self.quant_matrix("")?)?;

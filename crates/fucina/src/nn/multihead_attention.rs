@@ -1,8 +1,8 @@
 //! [`MultiheadAttention`]: PyTorch's `nn.MultiheadAttention` (self- and
 //! cross-attention, key-padding and attention masks, the attention weights
-//! on request): without masks, weights or dropout on the fused op
-//! `attention` (`attention_packed` for self-attention), else built from the
-//! differentiable ops.
+//! on request): without an attention mask, weights or dropout on the fused
+//! op `attention` (`attention_packed` for self-attention; their `_masked`
+//! forms with a key-padding mask), else built from the differentiable ops.
 
 use fucina_autograd::Tensor;
 use fucina_exec::{ExecContext, RawTensor};
@@ -354,26 +354,40 @@ impl MultiheadAttention {
             }
         };
         let hd = self.embed / self.heads;
-        let fused = opts.attn_mask.is_none()
-            && opts.key_padding_mask.is_none()
-            && !opts.need_weights
-            && self.dropout.passes_through();
+        let fused = opts.attn_mask.is_none() && !opts.need_weights && self.dropout.passes_through();
         if fused {
-            // No masks, no weights to return, no dropout: the fused op on
-            // the projections' `[N, T, E]` layout, no head copies.
+            // No attention mask, no weights to return, no dropout: the fused
+            // op on the projections' `[N, T, E]` layout, no head copies; a
+            // key-padding mask goes into it.
+            let [_, _, s] = sizes;
+            if let Some(m) = opts.key_padding_mask
+                && m.shape() != [n, s]
+            {
+                return Err(self.mismatch(
+                    m.shape(),
+                    format!("the key padding mask must be [N, S] = [{n}, {s}]"),
+                ));
+            }
             let scale = 1.0 / (hd as f32).sqrt();
+            let pad = opts.key_padding_mask;
             let y = if std::ptr::eq(query, key) && std::ptr::eq(key, value) {
                 // Self-attention: one projection by the whole `[3E, E]`
                 // weight (the same bits as the three narrowed ones).
                 let bias = self.in_proj_bias.as_ref().map(|b| b.tensor());
-                first(query)?
-                    .linear(ctx, &self.in_proj_weight.tensor(), bias.as_ref())?
-                    .attention_packed(ctx, self.heads, scale)?
+                let qkv =
+                    first(query)?.linear(ctx, &self.in_proj_weight.tensor(), bias.as_ref())?;
+                match pad {
+                    None => qkv.attention_packed(ctx, self.heads, scale)?,
+                    Some(m) => qkv.attention_packed_masked(ctx, m, self.heads, scale)?,
+                }
             } else {
                 let q = self.in_proj(ctx, &first(query)?, 0)?;
                 let k = self.in_proj(ctx, &first(key)?, 1)?;
                 let v = self.in_proj(ctx, &first(value)?, 2)?;
-                q.attention(ctx, &k, &v, self.heads, scale)?
+                match pad {
+                    None => q.attention(ctx, &k, &v, self.heads, scale)?,
+                    Some(m) => q.attention_masked(ctx, &k, &v, m, self.heads, scale)?,
+                }
             };
             let y = self.out_proj.forward(ctx, &y)?;
             let y = if self.batch_first {

@@ -8,7 +8,9 @@
 //! as `f32::mul_add`, so it computes what the portable kernel computes.
 //!
 //! Its blocking ([`Blocking::detected_avx2`]) comes from the cache sizes the CPU
-//! reports, not from constants.
+//! reports, not from constants. Its full `6`-row left-hand panels are packed by
+//! [`pack_a6_avx2`] (8 x 8 transposes in registers), the same floats as the
+//! portable packer.
 
 use std::arch::x86_64::*;
 
@@ -49,6 +51,21 @@ impl MicroKernel for Avx2 {
     #[inline]
     fn blocking(self) -> Blocking {
         Blocking::detected_avx2()
+    }
+
+    /// Full `6`-row panels through [`pack_a6_avx2`] (8 x 8 in-register
+    /// transposes); other heights through the portable packer. The same floats.
+    #[inline]
+    fn pack_a_panel(self, panel: &mut [f32], src: &[f32], rows: &[usize], p0: usize, kc: usize) {
+        if let [r0, r1, r2, r3, r4, r5] = *rows {
+            let r = [r0, r1, r2, r3, r4, r5].map(|o| &src[o + p0..][..kc]);
+            // SAFETY: `self` is an `Avx2`, which exists only when the CPU has
+            // avx2 and fma (`MicroKernel::detect`), the features `pack_a6_avx2`
+            // enables; it checks its own bounds.
+            unsafe { pack_a6_avx2(panel, &r) };
+        } else {
+            super::pack::pack_a_panel_rows(panel, src, rows, p0, kc);
+        }
     }
 
     #[inline]
@@ -115,6 +132,76 @@ unsafe fn tile_direct_avx2(
     go!(1 2 3 4 5 6);
 }
 
+/// Packs one `6`-row left-hand micro-panel: `panel[kk * 6 + i] = rows[i][kk]`
+/// for `kk < kc`, `kc = rows[0].len()`, as the portable packer does. Blocks of
+/// 8 depth steps are loaded as 6 row vectors (two zero rows beside them),
+/// transposed in registers, and each transposed column's 8 floats stored at
+/// `kk * 6`: its two trailing floats land on the next column's first two,
+/// which the next store (or the scalar tail) overwrites, except after the
+/// panel's last column, whose store is masked to 6 floats. The depth steps
+/// past the last whole block of 8 are copied one by one. Panics unless every
+/// row holds `kc` floats and `panel` at least `6 * kc`.
+///
+/// # Safety
+/// avx2 is available (the caller holds an [`Avx2`]).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a6_avx2(panel: &mut [f32], rows: &[&[f32]; 6]) {
+    let kc = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == kc) && panel.len() >= 6 * kc);
+    let k8 = kc / 8 * 8;
+    let d = panel.as_mut_ptr();
+    // The store of the panel's last column keeps its first 6 lanes only.
+    let six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+    for k0 in (0..k8).step_by(8) {
+        // SAFETY: `k0 + 8 <= kc`, so each row holds the 8 floats read; the
+        // stores write floats `(k0 + j) * 6 .. (k0 + j) * 6 + 8`, below
+        // `6 * kc <= panel.len()` for every column but the panel's last, whose
+        // masked store writes 6 floats ending at `6 * kc`.
+        unsafe {
+            let v: [__m256; 6] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i].as_ptr().add(k0)));
+            let z = _mm256_setzero_ps();
+            let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+            let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+            let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+            let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+            let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+            let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let s4 = _mm256_shuffle_ps::<0x44>(t4, z);
+            let s5 = _mm256_shuffle_ps::<0xEE>(t4, z);
+            let s6 = _mm256_shuffle_ps::<0x44>(t5, z);
+            let s7 = _mm256_shuffle_ps::<0xEE>(t5, z);
+            // Column j of the block: rows 0..6 of depth step k0 + j, two zeros.
+            let cols = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            for (j, c) in cols.into_iter().enumerate() {
+                let at = d.add((k0 + j) * 6);
+                if k0 + j + 1 == kc {
+                    _mm256_maskstore_ps(at, six, c);
+                } else {
+                    _mm256_storeu_ps(at, c);
+                }
+            }
+        }
+    }
+    for kk in k8..kc {
+        for (i, r) in rows.iter().enumerate() {
+            panel[kk * 6 + i] = r[kk];
+        }
+    }
+}
+
 /// Software prefetch distance of the AVX2 kernel, in depth steps: the half-row
 /// of the packed right-hand-side panel (one cache line) is requested this far
 /// ahead of its load.
@@ -175,6 +262,37 @@ unsafe fn kernel_avx2<const R: usize>(
             let row = c.add(i * ldc);
             _mm256_storeu_ps(row, acc[0]);
             _mm256_storeu_ps(row.add(8), acc[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 `6`-row packer writes the portable packer's floats (every depth
+    /// around the blocks of 8, rows at scattered offsets) and nothing past the
+    /// panel.
+    #[test]
+    fn the_six_row_packer_writes_the_portable_packers_floats() {
+        let Some(kernel) = Avx2::detect() else {
+            return;
+        };
+        let src: Vec<f32> = (0..4000).map(|i| i as f32 * 0.25 - 300.0).collect();
+        let rows = [0, 517, 61, 1200, 2333, 3001];
+        for kc in 1..=41 {
+            for p0 in [0, 3] {
+                let mut want = vec![f32::NAN; 6 * kc + 4];
+                super::super::pack::pack_a_panel_rows(&mut want[..6 * kc], &src, &rows, p0, kc);
+                let mut got = vec![f32::NAN; 6 * kc + 4];
+                kernel.pack_a_panel(&mut got[..6 * kc], &src, &rows, p0, kc);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "kc {kc} p0 {p0}");
+                assert!(
+                    got[6 * kc..].iter().all(|x| x.is_nan()),
+                    "kc {kc}: past the panel"
+                );
+            }
         }
     }
 }

@@ -110,8 +110,8 @@ pub(crate) fn gemm<F: Fn(usize) -> usize>(
 /// a wider row-major matrix): row `i` of the product is `c[i * ldc..][..n]`, and
 /// `c` holds at least `(m - 1) * ldc + n` floats. The floats between the rows'
 /// `n` columns are neither read nor written. Same bits as [`gemm`]. (The
-/// convolutions use [`gemm_ldc_packed_lhs`]; this one is the tests' reference.)
-#[cfg(test)]
+/// convolutions use [`gemm_ldc_packed_lhs`]; the fused attention writes each
+/// head's columns of its outputs with this one.)
 pub(crate) fn gemm_ldc<F: Fn(usize) -> usize>(
     args: &GemmArgs<'_, F>,
     c: &mut [f32],

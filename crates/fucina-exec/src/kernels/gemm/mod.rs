@@ -35,7 +35,8 @@
 //!   row strides that are multiples of 4 KiB).
 //! - The left-hand side is packed per `MC x KC` block into row panels, one per
 //!   row tile of the kernel's height, again through arbitrary strides (one offset
-//!   per row).
+//!   per row); row-major panels of 4, 8 or 12 rows (AVX-512 kernel) and of 6
+//!   rows (AVX2 kernel) are packed with in-register transposes.
 //! - [`gemm`] loops `MC` row blocks, `KC` depth blocks (packing the row
 //!   block at that depth once) and `NC` column blocks (the kernel's
 //!   [`MicroKernel::blocking`]: these constants for the AVX-512 and portable
@@ -70,10 +71,9 @@ mod pack;
 mod params;
 mod portable;
 
-#[cfg(test)]
-pub(crate) use driver::gemm_ldc;
 pub(crate) use driver::{
-    GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc_packed_lhs, pack_lhs, packed_lhs_len,
+    GemmArgs, LhsRows, Rhs, direct_rhs_ok, gemm, gemm_ldc, gemm_ldc_packed_lhs, pack_lhs,
+    packed_lhs_len,
 };
 pub(crate) use pack::{a_scratch_len, pack_b_panel, pack_b_rows, packed_b_len};
 pub(crate) use params::NR;

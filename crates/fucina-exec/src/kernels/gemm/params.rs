@@ -65,20 +65,21 @@ impl Blocking {
     /// the left-hand micro-panel (`mr x kc`, kept in L1 while a column block's
     /// right-hand-side panels stream past it) takes at most half of L1d and
     /// `kc` at most [`KC`]; the right-hand-side block (`kc x nc`, which every
-    /// row tile streams from L2) at most half of L2; and `mc` is the largest
-    /// multiple of `mr` up to [`MC`] (no short tile inside a full row block).
-    /// On AMD Zen 3 (32 KiB, 512 KiB) a `6`-row kernel gets `kc = 512, nc =
-    /// 128`; on Zen 4 (1 MiB L2) `nc = 256`; on a 2 MiB L2 `nc = 512`.
+    /// row tile streams from L2) at most half of L2; and `mc` is [`MC`]. On
+    /// AMD Zen 3 (32 KiB, 512 KiB) a `6`-row kernel gets `kc = 512, nc = 128`;
+    /// on Zen 4 (1 MiB L2) `nc = 256`; on a 2 MiB L2 `nc = 512`.
+    ///
+    /// `mc` is not rounded down to a multiple of `mr`: the matmul op hands the
+    /// GEMM chunks of 256 rows (its row grain), and a 252-row block left each
+    /// such chunk a 4-row block that streamed the whole right-hand side from
+    /// L3 once more for 4 rows of work at two-thirds of the tile height; a
+    /// 256-row block ends instead in two 5-row tiles ([`row_tiles`]).
     pub(crate) fn for_caches(mr: usize, caches: CacheSizes) -> Blocking {
         let mr = mr.clamp(1, MC);
         let f = std::mem::size_of::<f32>();
         let kc = (caches.l1d / 2 / (mr * f)).clamp(64, KC) / 8 * 8;
         let nc = (caches.l2 / 2 / (kc * f) / NR * NR).clamp(2 * NR, 4096);
-        Blocking {
-            kc,
-            mc: MC / mr * mr,
-            nc,
-        }
+        Blocking { kc, mc: MC, nc }
     }
 
     /// The AVX2 kernel's blocking for this CPU's caches ([`CacheSizes::detected`]),
@@ -268,11 +269,11 @@ mod tests {
                     "{b:?}"
                 );
                 assert!(b.nc >= NR && b.nc.is_multiple_of(NR), "{b:?}");
-                assert!(b.mc.is_multiple_of(mr), "{b:?}");
+                assert_eq!(b.mc, MC, "{b:?}");
             }
         }
         let zen3 = Blocking::for_caches(6, CacheSizes::FALLBACK);
-        assert_eq!((zen3.kc, zen3.mc, zen3.nc), (512, 252, 128));
+        assert_eq!((zen3.kc, zen3.mc, zen3.nc), (512, MC, 128));
         let spr = CacheSizes {
             l1d: 48 << 10,
             l2: 2 << 20,

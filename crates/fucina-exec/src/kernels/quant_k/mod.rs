@@ -14,11 +14,13 @@
 //! | `q8k_zmm.rs` | the AVX-512 VNNI tile of that product for one activation row (batch-1 decode: two sub-blocks per 512-bit `vpmaddubsw` / `vpdpwssd`; Q4_K, Q5_K, Q6_K, the others on the AVX2 tile's lanes) |
 //! | `q8k_gemm.rs` | the AVX-512 VNNI GEMM of that product for many activation rows (unpacked tiles of 16 weight rows, `vpdpbusd` with broadcast activations), and the driver both GEMMs share (generic over their micro-kernel) |
 //! | `q8k_gemm_avx2.rs` | the AVX2 twin of that GEMM (`vpmaddubsw` summed in 16 bits over spans that cannot overflow, `vpmaddwd` by the scale pairs; tiles of 16 weight rows as two halves of 8, three activation rows per micro-kernel; every K format and IQ4_XS, whose values it reads signed) |
+//! | `q4k_packed.rs` (`q4k_packed/x86.rs`) | Q4_K repacked in strips of eight rows (`PackedQuantMatrix`): the layout, its repacking, the strip tiles (AVX-512 VNNI up to four activation rows, AVX2 up to two; one 64-byte load feeds eight rows), the portable path and the GEMMs over it |
 //! | `mod.rs` | these docs, [`quantize_acts`] (blocks of 32 with their sums, for the formats of blocks of 32 with a min) |
 //! | `x86.rs` | what the x86 tiles share: the tile driver, the weights' addresses and prefetch, the f16 scale pair |
 
 use super::quant_dot::{self, LANES, QK};
 
+pub(crate) mod q4k_packed;
 pub(crate) mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod q8k_gemm;

@@ -476,7 +476,7 @@ pub(crate) const GEMM_TILE: usize = 16;
 
 /// The GEMM a level runs ([`gemm_tiles`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Gemm {
+pub(super) enum Gemm {
     /// None: the rows kernel for every `m`.
     None,
     /// The AVX2 GEMM (`q8k_gemm_avx2`; AVX2, FMA, F16C).
@@ -540,17 +540,7 @@ pub(crate) fn gemm_tiles<F: Q8kVector>(
     m: usize,
     out_tiles: &mut [f32],
 ) {
-    let kernel = match gemm_kernel() {
-        // the level was lowered since the caller's `gemm_for` (a test forcing
-        // levels on another thread): any GEMM the CPU has gives the same bits
-        Gemm::None => {
-            let cpu = crate::kernels::simd::CpuFeatures::detected();
-            let has = gemm_kernels().into_iter().find(|&(_, f)| cpu.has(f));
-            has.map_or(Gemm::None, |(k, _)| k)
-        }
-        k => k,
-    };
-    match kernel {
+    match gemm_level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `choose` (or the detected features) gives Vnni only where the CPU has AVX-512
         // F/BW/VL/VNNI, AVX2, FMA and F16C; `gemm` checks the bounds.
@@ -564,6 +554,20 @@ pub(crate) fn gemm_tiles<F: Q8kVector>(
             super::q8k_gemm_avx2::gemm::<F>(w, row_bytes, rows, tiles, acts, m, out_tiles)
         },
         _ => panic!("gemm_tiles: no GEMM at this level (see gemm_for)"),
+    }
+}
+
+/// The GEMM [`gemm_tiles`] runs: the current level's, or, where the level
+/// was lowered since the caller's [`gemm_for`] (a test forcing levels on
+/// another thread), any GEMM the CPU has (the same bits).
+pub(super) fn gemm_level() -> Gemm {
+    match gemm_kernel() {
+        Gemm::None => {
+            let cpu = crate::kernels::simd::CpuFeatures::detected();
+            let has = gemm_kernels().into_iter().find(|&(_, f)| cpu.has(f));
+            has.map_or(Gemm::None, |(k, _)| k)
+        }
+        k => k,
     }
 }
 

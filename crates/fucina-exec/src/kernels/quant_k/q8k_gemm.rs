@@ -45,7 +45,7 @@ use crate::kernels::quant_block::{iq4_xs, q3_k};
 const TILE: usize = super::q8k::GEMM_TILE;
 
 /// Super-blocks unpacked at a time (`CHUNK · SB_VECS · 64` bytes of stack).
-const CHUNK: usize = 4;
+pub(super) const CHUNK: usize = 4;
 
 /// Activation rows per micro-kernel call.
 const MR: usize = 8;
@@ -58,10 +58,10 @@ pub(super) struct Z([u32; 16]);
 /// Vectors per unpacked super-block: 64 of codes, then 32 of the format's
 /// meta dwords (scales, group sum coefficients, `d`, `dmin`; see
 /// [`Q8kGemm::meta`]).
-const SB_VECS: usize = 64 + 32;
+pub(super) const SB_VECS: usize = 64 + 32;
 
 /// The first meta vector of an unpacked super-block.
-const META: usize = 64;
+pub(super) const META: usize = 64;
 
 /// A format the GEMM unpacks.
 pub(crate) trait Q8kGemm: Q8kDot {
@@ -816,4 +816,24 @@ pub(super) unsafe fn gemm<F: Q8kGemm>(
 ) {
     // SAFETY: the features (the caller's contract).
     unsafe { drive::<F, Vnni>(w, row_bytes, rows, tiles, acts, m, out) }
+}
+
+/// [`gemm`] with the micro-kernel `K` (a [`Vnni`] over another weight
+/// layout).
+///
+/// # Safety
+/// As [`gemm`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+pub(super) unsafe fn gemm_with<F: Q8kDot, K: GemmMicro<F>>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the features (the caller's contract).
+    unsafe { drive::<F, K>(w, row_bytes, rows, tiles, acts, m, out) }
 }

@@ -527,3 +527,24 @@ pub(super) unsafe fn gemm<F: Q8kGemmAvx2>(
     // SAFETY: the features (the caller's contract).
     unsafe { drive::<F, Avx2>(w, row_bytes, rows, tiles, acts, m, out) }
 }
+
+/// [`gemm`] with the micro-kernel `K` (an [`Avx2`] over another weight
+/// layout).
+///
+/// # Safety
+/// As [`gemm`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the weights, their shape, the tiles, the activations, the output
+pub(super) unsafe fn gemm_with<F: Q8kGemmAvx2, K: GemmMicro<F>>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tiles: Range<usize>,
+    acts: &KActs<'_>,
+    m: usize,
+    out: &mut [f32],
+) {
+    assert!(F::SPAN > 0, "q8k avx2 gemm: a format without the AVX2 GEMM");
+    // SAFETY: the features (the caller's contract).
+    unsafe { drive::<F, K>(w, row_bytes, rows, tiles, acts, m, out) }
+}
