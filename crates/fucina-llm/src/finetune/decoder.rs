@@ -382,13 +382,32 @@ fn frozen_file_linear(
             .map_err(external)?;
         Ok(y)
     };
+    let bw = Arc::clone(w);
+    frozen_op(ctx, "frozen_linear", x, forward, move |ctx, g| {
+        widened_backward(ctx, &bw, g)
+    })
+}
+
+/// The op of a frozen product `x · Wᵀ`: `forward` alone (a constant) where no
+/// gradient is wanted, else one op of `x` that keeps nothing
+/// ([`custom_vjp_unsaved`]) whose backward is `grad_x` of the contiguous
+/// output gradient.
+fn frozen_op(
+    ctx: &ExecContext,
+    name: &'static str,
+    x: &Tensor,
+    forward: impl FnOnce(&ExecContext, &[RawTensor]) -> Result<RawTensor, fucina::AutogradError>,
+    grad_x: impl Fn(&ExecContext, &RawTensor) -> Result<RawTensor, fucina::AutogradError>
+    + Send
+    + Sync
+    + 'static,
+) -> Result<Tensor, FinetuneError> {
     if !x.requires_grad() || !fucina::is_grad_enabled() {
         return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
     }
-    let bw = Arc::clone(w);
     Ok(custom_vjp_unsaved(
         ctx,
-        "frozen_linear",
+        name,
         &[x],
         forward,
         move |ctx, a| {
@@ -396,7 +415,7 @@ fn frozen_file_linear(
                 return Ok([None]);
             }
             let g = ctx.contiguous(a.grad)?;
-            Ok([Some(widened_backward(ctx, &bw, &g)?)])
+            Ok([Some(grad_x(ctx, &g)?)])
         },
     )?)
 }
@@ -423,25 +442,12 @@ fn frozen_bf16_linear(
             .map_err(external)?;
         Ok(y)
     };
-    if !x.requires_grad() || !fucina::is_grad_enabled() {
-        return Ok(Tensor::constant(forward(ctx, &[x.raw().clone()])?));
-    }
     let bb = Arc::clone(b);
-    Ok(custom_vjp_unsaved(
-        ctx,
-        "frozen_bf16_linear",
-        &[x],
-        forward,
-        move |ctx, a| {
-            if !a.needs[0] {
-                return Ok([None]);
-            }
-            let g = ctx.contiguous(a.grad)?;
-            let mut dx = ctx.empty(&[n, in_f])?;
-            ctx.bf16_matmul_amx_rule(g.data()?, n, &bb.t, dx.data_mut()?)?;
-            Ok([Some(dx)])
-        },
-    )?)
+    frozen_op(ctx, "frozen_bf16_linear", x, forward, move |ctx, g| {
+        let mut dx = ctx.empty(&[n, in_f])?;
+        ctx.bf16_matmul_amx_rule(g.data()?, n, &bb.t, dx.data_mut()?)?;
+        Ok(dx)
+    })
 }
 
 /// Rows per block of the fused output projection and loss
